@@ -1,0 +1,278 @@
+"""Attention capture: exact maps, exact logits, clean exit, clear refusals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import timm
+import torch
+from torch import nn
+
+import vitlab
+from vitlab.capture import AttentionCaptureError
+from conftest import tiny_timm, tiny_vit
+
+
+def reference_attention(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """(L, B, H, T, T) recomputed from each block's qkv weights: softmax(q k^T / sqrt(d)), in float64."""
+    inputs = []
+    handles = [blk.attn.register_forward_pre_hook(lambda m, a: inputs.append(a[0].detach()))
+               for blk in model.blocks]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    out = []
+    for blk, h in zip(model.blocks, inputs):
+        at = blk.attn
+        h = h.double()
+        B, N, _ = h.shape
+        w, b = at.qkv.weight.double(), at.qkv.bias
+        qkv = h @ w.T + (b.double() if b is not None else 0)
+        q, k, _ = qkv.view(B, N, 3, at.num_heads, at.head_dim).unbind(2)  # (B, N, H, d)
+        with torch.no_grad():
+            q, k = at.q_norm.double()(q), at.k_norm.double()(k)
+        at.float()
+        s = torch.einsum("bnhd,bmhd->bhnm", q, k) / math.sqrt(at.head_dim)
+        e = (s - s.amax(-1, keepdim=True)).exp()
+        out.append(e / e.sum(-1, keepdim=True))
+    return torch.stack(out)
+
+
+def reference_pool(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """(B, H, Lq, N) of timm's AttentionPoolLatent recomputed from its weights."""
+    pool = model.attn_pool
+    feats = []
+    h = pool.register_forward_pre_hook(lambda m, a: feats.append(a[0].detach()))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        h.remove()
+    t = feats[0].double()
+    if pool.pos_embed is not None:
+        t = t + pool.pos_embed.double()
+    B, N, C = t.shape
+    d = pool.head_dim
+    q = (pool.latent.double() @ pool.q.weight.double().T + pool.q.bias.double()).view(1, -1, pool.num_heads, d)
+    kv = (t @ pool.kv.weight.double().T + pool.kv.bias.double()).view(B, N, 2, pool.num_heads, d)
+    k = kv[:, :, 0]
+    with torch.no_grad():
+        q, k = pool.q_norm.double()(q), pool.k_norm.double()(k)
+    pool.float()
+    s = torch.einsum("xlhd,bnhd->bhln", q, k) / math.sqrt(d)
+    return s.softmax(-1)
+
+
+CASES = {
+    "vitlab_ti4": lambda: tiny_vit(),
+    "vitlab_avgpool_sincos": lambda: tiny_vit(readout="avg", pos_embed="sincos"),
+    "vitlab_no_posembed": lambda: tiny_vit(pos_embed="none"),
+    "deit_distilled": lambda: tiny_timm("deit_tiny_distilled_patch16_224", img_size=64),
+    "dinov2_registers": lambda: tiny_timm("vit_small_patch14_reg4_dinov2", img_size=56),
+    "qk_norm": lambda: timm.models.VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4,
+                                                     qk_norm=True, num_classes=5).eval(),
+    "map_pool": lambda: timm.models.VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4,
+                                                      global_pool="map", class_token=False, num_classes=5).eval(),
+}
+EXPECTED_PREFIX = {"deit_distilled": 2, "dinov2_registers": 5, "vitlab_avgpool_sincos": 0, "map_pool": 0}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_maps_match_independent_softmax_and_logits_unchanged(case):
+    model = CASES[case]()
+    size = model.patch_embed.img_size
+    x = torch.randn(3, 3, *size)
+    with torch.no_grad():
+        plain = model(x)
+        with vitlab.capture_attention(model) as cap:
+            captured_logits = model(x)
+    maps = cap.stack()
+    ref = reference_attention(model, x)
+    info = vitlab.model_info(model)
+    assert maps.dtype == torch.float32
+    assert maps.shape == (info.depth, 3, info.num_heads, info.num_tokens, info.num_tokens)
+    assert info.num_prefix_tokens == EXPECTED_PREFIX.get(case, 1)
+    torch.testing.assert_close(maps.double(), ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(captured_logits, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(maps.sum(-1), torch.ones_like(maps.sum(-1)), atol=1e-5, rtol=0)
+
+
+def test_attention_pool_reported_separately():
+    model = CASES["map_pool"]()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(), vitlab.capture_attention(model) as cap:
+        model(x)
+    pool = cap.pool_maps()
+    assert pool.shape == (2, 4, 1, 16)  # latent query over the 16 patch tokens
+    torch.testing.assert_close(pool.double(), reference_pool(model, x), atol=1e-5, rtol=0)
+    assert cap.stack().shape[0] == 2  # the pool is not counted as a layer
+
+
+def test_non_square_dynamic_input():
+    model = tiny_timm("vit_small_patch14_reg4_dinov2", img_size=56, dynamic_img_size=True)
+    x = torch.randn(2, 3, 42, 70)  # 3 x 5 patches
+    maps = vitlab.attention_maps(model, x)
+    info = vitlab.model_info(model, img_size=(42, 70))
+    assert info.grid_size == (3, 5)
+    assert maps.shape == (2, 2, 6, 5 + 15, 5 + 15)
+    torch.testing.assert_close(maps.double(), reference_attention(model, x), atol=1e-5, rtol=0)
+
+
+def test_any_resolution_after_resize():
+    model = tiny_vit()
+    vitlab.resize_for_finetuning(model, 48)
+    maps = vitlab.attention_maps(model, torch.randn(1, 3, 48, 48))
+    assert maps.shape[-1] == 1 + 12 * 12
+
+
+def test_model_restored_after_exception_inside_block():
+    model = tiny_vit()
+    model.train()
+    model.blocks[1].train(False)  # a mixed state must come back exactly
+    before_modes = [m.training for m in model.modules()]
+    before_fused = [blk.attn.fused_attn for blk in model.blocks]
+    with pytest.raises(ZeroDivisionError):
+        with vitlab.capture_attention(model, keep_grad=True):
+            assert not model.training
+            assert not any(blk.attn.fused_attn for blk in model.blocks)
+            model(torch.randn(1, 3, 32, 32))
+            1 / 0
+    assert [m.training for m in model.modules()] == before_modes
+    assert [blk.attn.fused_attn for blk in model.blocks] == before_fused
+    for m in model.modules():
+        assert not m._forward_hooks and not m._forward_pre_hooks
+
+
+def test_restored_after_exception_raised_inside_forward():
+    model = CASES["map_pool"]()
+    x = torch.randn(1, 3, 32, 32)
+
+    def boom(m, a):
+        raise RuntimeError("inside forward")
+
+    h = model.attn_pool.kv.register_forward_pre_hook(boom)  # raises between the pool's pre- and post-hook
+    with pytest.raises(RuntimeError, match="inside forward"):
+        with vitlab.capture_attention(model):
+            model(x)
+    h.remove()
+    assert torch._C._len_torch_function_stack() == 0
+    assert model.attn_pool.fused_attn == timm.layers.use_fused_attn()
+    for m in model.modules():
+        assert not m._forward_hooks and not m._forward_pre_hooks
+
+
+def test_dropout_never_applied():
+    model = tiny_timm("vit_tiny_patch16_224", img_size=32, attn_drop_rate=0.5).train()
+    x = torch.randn(2, 3, 32, 32)
+    a = vitlab.attention_maps(model, x)
+    b = vitlab.attention_maps(model, x)
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+    torch.testing.assert_close(a.sum(-1), torch.ones_like(a.sum(-1)), atol=1e-5, rtol=0)
+    assert model.training  # put back
+
+
+def test_reductions_inside_hook_agree_with_full_maps(vit):
+    x = torch.randn(4, 3, 32, 32)
+    full = vitlab.attention_maps(vit, x)
+    torch.testing.assert_close(vitlab.attention_maps(vit, x, head_fusion="mean"), full.mean(2, keepdim=True))
+    torch.testing.assert_close(vitlab.attention_maps(vit, x, head_fusion="max"), full.amax(2, keepdim=True))
+    torch.testing.assert_close(vitlab.attention_maps(vit, x, head_fusion="min"), full.amin(2, keepdim=True))
+    torch.testing.assert_close(vitlab.attention_maps(vit, x, queries="prefix"), full[..., :1, :])
+    torch.testing.assert_close(vitlab.attention_maps(vit, x, queries=[3, 7]), full[..., [3, 7], :])
+    torch.testing.assert_close(vitlab.attention_maps(vit, x, layers=[-1, 0]), full[[0, 2]])
+    torch.testing.assert_close(vitlab.attention_maps(vit, x, batch_size=3), full)
+
+
+def test_only_selected_layers_are_unfused(vit):
+    seen = []
+    with vitlab.capture_attention(vit, layers=[1]):
+        seen = [blk.attn.fused_attn for blk in vit.blocks]
+    assert seen == [True, False, True] or not timm.layers.use_fused_attn()
+
+
+def test_gradients_are_each_layers_own():
+    """grads() agrees with a finite difference of the logit under a perturbation of one layer's map."""
+    model = tiny_vit().double()
+    x = torch.randn(1, 3, 32, 32, dtype=torch.float64)
+    with vitlab.capture_attention(model, keep_grad=True) as cap:
+        logit = model(x)[0, 3]
+        logit.backward()
+    grads = cap.grads()
+    assert grads.shape == cap.stack().shape
+    direction = torch.randn(grads.shape[1:], dtype=torch.float64)
+    for layer in range(3):
+        eps = 1e-6
+
+        def bump(m, a, out, s):
+            return out + s * eps * direction
+
+        vals = []
+        for s in (1, -1):
+            h = model.blocks[layer].attn.attn_drop.register_forward_hook(lambda m, a, o, s=s: bump(m, a, o, s))
+            try:
+                with vitlab.capture_attention(model, layers=[layer]), torch.no_grad():
+                    vals.append(model(x)[0, 3].item())
+            finally:
+                h.remove()
+        fd = (vals[0] - vals[1]) / (2 * eps)
+        assert fd == pytest.approx((grads[layer].double() * direction).sum().item(), rel=1e-4, abs=1e-8)
+
+
+def test_refuses_models_without_attention():
+    with pytest.raises(AttentionCaptureError, match="no self-attention"):
+        vitlab.attention_maps(timm.create_model("resnet18"), torch.randn(1, 3, 32, 32))
+
+
+class _AlwaysFused(nn.Module):
+    """An attention that always runs a fused kernel: nothing to capture."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.num_heads = inner.num_heads
+        self.fused_attn = True
+        self.attn_drop = nn.Dropout(0.0)
+
+    def forward(self, x, **kw):
+        self.inner.fused_attn = True
+        return self.inner(x)
+
+
+def test_error_when_captured_maps_differ_from_depth():
+    model = tiny_vit()
+    model.blocks[1].attn = _AlwaysFused(model.blocks[1].attn)
+    with pytest.raises(AttentionCaptureError, match="differs from the depth"):
+        vitlab.attention_maps(model, torch.randn(1, 3, 32, 32))
+    for m in model.modules():
+        assert not m._forward_hooks
+
+
+def test_error_when_model_not_run_inside_block(vit):
+    with vitlab.capture_attention(vit) as cap:
+        pass
+    with pytest.raises(AttentionCaptureError, match="no attention maps were recorded"):
+        cap.stack()
+
+
+def test_windowed_attention_refused_clearly():
+    model = timm.create_model("samvit_base_patch16", pretrained=False, depth=2, img_size=64, window_size=2,
+                              global_attn_indexes=(1,), num_classes=0).eval()
+    with pytest.raises(AttentionCaptureError, match="window|different"):
+        vitlab.attention_maps(model, torch.randn(1, 3, 64, 64))
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="head_fusion"):
+        with vitlab.capture_attention(tiny_vit(), head_fusion="median"):
+            pass
+    with pytest.raises(ValueError, match="keep_grad"):
+        with vitlab.capture_attention(tiny_vit(), keep_grad=True, head_fusion="mean"):
+            pass
+    with pytest.raises(ValueError, match="out of range"):
+        vitlab.attention_maps(tiny_vit(), torch.randn(1, 3, 32, 32), layers=[7])
+    with pytest.raises(AttentionCaptureError, match="prefix"):
+        vitlab.attention_maps(tiny_vit(readout="avg"), torch.randn(1, 3, 32, 32), queries="prefix")
