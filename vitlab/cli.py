@@ -1,0 +1,133 @@
+"""The ``vitlab`` command. Every subcommand has ``--help``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+
+
+def _parse_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import vitlab
+
+    model = vitlab.load_model(args.model, pretrained=args.pretrained)
+    info = vitlab.model_info(model, img_size=tuple(args.img_size) if args.img_size else None)
+    d = dataclasses.asdict(info)
+    d.update(num_tokens=info.num_tokens, prefix_kinds=list(info.prefix_kinds),
+             parameters=sum(p.numel() for p in model.parameters()))
+    print(json.dumps(d, indent=2))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from vitlab.train import PRESETS, train
+
+    if args.preset not in PRESETS:
+        print(f"unknown preset {args.preset!r}; choose one of {', '.join(sorted(PRESETS))}", file=sys.stderr)
+        return 2
+    cfg = PRESETS[args.preset]
+    changes = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep or key not in {f.name for f in dataclasses.fields(cfg)} or key == "model":
+            print(f"--set {item!r}: expected FIELD=VALUE with FIELD one of "
+                  f"{', '.join(f.name for f in dataclasses.fields(cfg) if f.name != 'model')}", file=sys.stderr)
+            return 2
+        changes[key] = _parse_value(value)
+    if args.epochs is not None:
+        changes["epochs"] = args.epochs
+    if args.data is not None:
+        changes["data"] = args.data
+    cfg = dataclasses.replace(cfg, **changes)
+    train(cfg, args.run or f"runs/{args.preset}", resume=args.resume, progress=not args.quiet)
+    return 0
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    import torch
+    from safetensors.torch import save_file
+
+    import vitlab
+    from vitlab.report import load_images
+
+    model = vitlab.load_model(args.model, pretrained=args.pretrained)
+    names, x = load_images(model, args.images)
+    maps = vitlab.attention_maps(model, x, head_fusion=args.head_fusion, queries=args.queries,
+                                 batch_size=args.batch_size)
+    save_file({"attention": maps.contiguous()}, args.out, metadata={"images": json.dumps(names)})
+    print(f"wrote {args.out}: attention {tuple(maps.shape)} (L, B, H, Q, T) for {len(names)} images")
+    del torch
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from vitlab.report import reproduce
+
+    out = reproduce(model=args.model, images=args.images, out=args.out, pretrained=args.pretrained)
+    print(f"report: {out / 'report.html'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vitlab", description="Look inside Vision Transformers.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def model_args(sp: argparse.ArgumentParser, default=None) -> None:
+        sp.add_argument("--model", default=default,
+                        help="timm model name, vitlab checkpoint folder, or omit for the embedded default")
+        sp.add_argument("--no-pretrained", dest="pretrained", action="store_false",
+                        help="for timm names: random weights instead of downloading pretrained ones")
+
+    sp = sub.add_parser("info", help="print what vitlab knows about a model (grid, prefix tokens, readout, ...)")
+    model_args(sp)
+    sp.add_argument("--img-size", type=int, nargs=2, metavar=("H", "W"), help="input size to describe")
+    sp.set_defaults(func=cmd_info)
+
+    sp = sub.add_parser("capture", help="save attention maps (L, B, H, T, T) of a model on images to safetensors")
+    model_args(sp)
+    sp.add_argument("--images", help="folder of images (default: the photos shipped with scikit-learn)")
+    sp.add_argument("--out", default="attention.safetensors", help="output file")
+    sp.add_argument("--head-fusion", choices=["mean", "max", "min"], help="fuse heads inside the hook")
+    sp.add_argument("--queries", choices=["all", "prefix"], default=None, help="keep only the readout rows")
+    sp.add_argument("--batch-size", type=int, default=None)
+    sp.set_defaults(func=cmd_capture)
+
+    sp = sub.add_parser("train", help="train a preset (resumable; metrics in RUN/metrics.jsonl)")
+    sp.add_argument("--preset", default="vit_cifar10", help="vit_cifar10, bit_cifar10, hybrid_cifar10, vit_shapes, tiny")
+    sp.add_argument("--run", help="run folder (default runs/PRESET)")
+    sp.add_argument("--resume", action="store_true", help="continue the run in --run from its last checkpoint")
+    sp.add_argument("--epochs", type=int, help="override the preset's number of epochs")
+    sp.add_argument("--data", help="dataset: cifar10, cifar100, or an ImageFolder folder/zip")
+    sp.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override any TrainConfig field")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
+    sp.set_defaults(func=cmd_train)
+
+    sp = sub.add_parser("reproduce", help="run the inspection experiments and write an HTML report")
+    model_args(sp)
+    sp.add_argument("--images", help="folder of images (default: embedded images)")
+    sp.add_argument("--out", default="out", help="output folder")
+    sp.set_defaults(func=cmd_reproduce)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError, TypeError) as e:
+        name = type(e).__name__
+        print(f"vitlab {args.command}: {name}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

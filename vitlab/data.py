@@ -1,0 +1,257 @@
+"""Datasets as decoded uint8 tensors, batched augmentation, and samplers.
+
+Small-image datasets (CIFAR-10/100, an ImageFolder folder or zip) are decoded once into one
+``(N, H, W, 3)`` uint8 array and cached on disk (``~/.cache/vitlab`` or ``$VITLAB_CACHE``), so an epoch never
+decodes JPEGs again. Augmentation then runs on whole batches of tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import zipfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch import Tensor
+
+__all__ = [
+    "ImageArray",
+    "DataError",
+    "load_image_folder",
+    "load_cifar",
+    "load_dataset",
+    "sample_images",
+    "random_crop_flip",
+    "normalize",
+    "k_shot_indices",
+    "nested_subsets",
+    "IMAGE_SUFFIXES",
+]
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+class DataError(ValueError):
+    """A dataset could not be read; the message names the files and the fix."""
+
+
+@dataclass(frozen=True)
+class ImageArray:
+    """A decoded dataset: ``images`` (N, H, W, 3) uint8, ``labels`` (N,) int64, class names."""
+
+    images: Tensor
+    labels: Tensor
+    classes: tuple[str, ...]
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, index: Tensor | Sequence[int]) -> ImageArray:
+        index = torch.as_tensor(index, dtype=torch.long)
+        return ImageArray(self.images[index], self.labels[index], self.classes, f"{self.source}[subset {len(index)}]")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("VITLAB_CACHE", Path.home() / ".cache" / "vitlab"))
+
+
+def _to_rgb(img: Image.Image, name: str, size: tuple[int, int] | None, problems: list[str]) -> np.ndarray | None:
+    if img.mode in ("P", "PA", "LA", "RGBA", "L", "I", "I;16", "F", "CMYK", "1"):
+        img = img.convert("RGBA").convert("RGB") if "A" in img.mode or img.mode == "P" else img.convert("RGB")
+    elif img.mode != "RGB":
+        img = img.convert("RGB")
+    if size is not None and img.size != (size[1], size[0]):
+        img = img.resize((size[1], size[0]), Image.Resampling.BICUBIC)
+    return np.asarray(img, dtype=np.uint8)
+
+
+def _decode(blob: bytes, name: str, size: tuple[int, int] | None, problems: list[str]) -> np.ndarray | None:
+    try:
+        with Image.open(io.BytesIO(blob)) as img:
+            img.load()
+            return _to_rgb(img, name, size, problems)
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        problems.append(f"{name}: {type(e).__name__}: {e}")
+        return None
+
+
+def _members(root: Path) -> Iterator[tuple[str, str, callable]]:
+    """(class, name, read) for every image under root (a folder or a zip), in sorted order."""
+    if root.is_file() and zipfile.is_zipfile(root):
+        zf = zipfile.ZipFile(root)
+        names = sorted(n for n in zf.namelist() if n.lower().endswith(IMAGE_SUFFIXES))
+        for n in names:
+            parts = Path(n).parts
+            if len(parts) < 2:
+                continue
+            yield parts[-2], n, (lambda n=n: zf.read(n))
+    elif root.is_dir():
+        for p in sorted(root.rglob("*")):
+            if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file() and p.parent != root:
+                yield p.parent.name, str(p), p.read_bytes
+    else:
+        raise DataError(f"{root} is neither a folder nor a zip file of images (ImageFolder layout: class/image.jpg)")
+
+
+def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | None = None,
+                      cache: bool = True, progress: bool = True) -> ImageArray:
+    """Decode an ImageFolder directory or zip (``[split/]class/img.jpg``) into an ``ImageArray``.
+
+    Grayscale, RGBA and palette images are converted to RGB; with ``size`` every image is resized to it,
+    otherwise all images must share one size. Unreadable files raise ``DataError`` naming them.
+    """
+    from tqdm.auto import tqdm
+
+    root = Path(root)
+    size = (size, size) if isinstance(size, int) else size
+    key = None
+    if cache:
+        st = root.stat()
+        key = hashlib.sha1(f"{root.resolve()}|{st.st_size}|{st.st_mtime_ns}|{size}".encode()).hexdigest()[:16]
+        hit = cache_dir() / f"images-{key}.npz"
+        if hit.is_file():
+            with np.load(hit, allow_pickle=False) as z:
+                return ImageArray(torch.from_numpy(z["images"]), torch.from_numpy(z["labels"]),
+                                  tuple(str(c) for c in z["classes"]), str(root))
+    members = list(_members(root))
+    if not members:
+        raise DataError(f"no images found in {root}: expected an ImageFolder layout (class/image.jpg)")
+    classes = sorted({c for c, _, _ in members})
+    index = {c: i for i, c in enumerate(classes)}
+    problems: list[str] = []
+    images, labels = [], []
+    for cls, name, read in tqdm(members, desc=f"decoding {root.name}", disable=not progress, leave=False):
+        arr = _decode(read(), name, size, problems)
+        if arr is not None:
+            images.append(arr)
+            labels.append(index[cls])
+    if problems:
+        shown = "\n  ".join(problems[:10])
+        more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
+        raise DataError(f"{len(problems)} unreadable image(s) in {root} (remove or replace them):\n  {shown}{more}")
+    shapes = {a.shape for a in images}
+    if len(shapes) > 1:
+        raise DataError(f"images in {root} have mixed sizes {sorted(shapes)[:5]}: pass size=(H, W) to resize them")
+    data = ImageArray(torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.long),
+                      tuple(classes), str(root))
+    if cache:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        tmp = cache_dir() / f".images-{key}.{os.getpid()}.npz"
+        np.savez(tmp, images=data.images.numpy(), labels=data.labels.numpy(), classes=np.array(classes))
+        os.replace(tmp, cache_dir() / f"images-{key}.npz")
+    return data
+
+
+SHARED_CIFAR10 = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "cifar10"
+
+
+def load_cifar(name: str = "cifar10", split: str = "train", root: str | os.PathLike | None = None,
+               download: bool = True) -> ImageArray:
+    """CIFAR-10/100 through torchvision (downloaded when online), or the ImageFolder zips in ``root``."""
+    if split not in ("train", "test"):
+        raise DataError(f"split must be 'train' or 'test', got {split!r}")
+    candidates = [Path(root)] if root is not None else []
+    if name == "cifar10":
+        candidates.append(SHARED_CIFAR10)
+    for base in candidates:
+        z = base / f"{split}.zip"
+        if z.is_file():
+            return load_image_folder(z)
+        if (base / split).is_dir():
+            return load_image_folder(base / split)
+    import torchvision
+
+    cls = {"cifar10": torchvision.datasets.CIFAR10, "cifar100": torchvision.datasets.CIFAR100}.get(name)
+    if cls is None:
+        raise DataError(f"unknown dataset {name!r}: use cifar10, cifar100 or a folder/zip path")
+    tv_root = Path(root) if root is not None else cache_dir() / "torchvision"
+    try:
+        ds = cls(str(tv_root), train=split == "train", download=download)
+    except Exception as e:  # noqa: BLE001 - offline downloads fail in many ways
+        raise DataError(
+            f"could not read or download {name} into {tv_root} ({type(e).__name__}: {e}). Offline, pass root= a "
+            "folder holding train.zip/test.zip in ImageFolder layout or torchvision's extracted files"
+        ) from e
+    return ImageArray(torch.from_numpy(np.asarray(ds.data)), torch.tensor(ds.targets, dtype=torch.long),
+                      tuple(ds.classes), f"torchvision:{name}")
+
+
+def load_dataset(spec: str, split: str = "train") -> ImageArray:
+    """``cifar10`` / ``cifar100`` (optionally ``cifar10:/path/to/root``) or a folder/zip path."""
+    name, _, root = spec.partition(":")
+    if name in ("cifar10", "cifar100"):
+        return load_cifar(name, split, root or None)
+    path = Path(spec)
+    for cand in (path / f"{split}.zip", path / split, path):
+        if cand.exists():
+            return load_image_folder(cand)
+    raise DataError(f"dataset {spec!r} not found: use cifar10, cifar100, or an existing ImageFolder folder or zip")
+
+
+def sample_images() -> list[tuple[str, np.ndarray]]:
+    """The real photos scikit-learn ships (china, flower): (name, (H, W, 3) uint8), for offline demos."""
+    from sklearn.datasets import load_sample_images
+
+    d = load_sample_images()
+    return [(Path(f).stem, img) for f, img in zip(d.filenames, d.images)]
+
+
+# ---------------------------------------------------------------------------------------------- batch ops
+
+
+def random_crop_flip(images: Tensor, padding: int, generator: torch.Generator) -> Tensor:
+    """(B, H, W, C) uint8 -> same shape: zero-pad by ``padding``, random crop back, random horizontal flip."""
+    B, H, W, C = images.shape
+    padded = torch.nn.functional.pad(images, (0, 0, padding, padding, padding, padding))
+    dy = torch.randint(0, 2 * padding + 1, (B,), generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (B,), generator=generator)
+    rows = (dy[:, None] + torch.arange(H)[None])[:, :, None]  # (B, H, 1)
+    cols = dx[:, None] + torch.arange(W)[None]  # (B, W)
+    flip = torch.rand(B, generator=generator) < 0.5
+    cols = torch.where(flip[:, None], cols.flip(1), cols)[:, None, :]  # (B, 1, W)
+    return padded[torch.arange(B)[:, None, None], rows, cols]
+
+
+def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    """(B, H, W, 3) uint8 -> (B, 3, H, W) float32 normalised."""
+    x = images.permute(0, 3, 1, 2).float().div_(255)
+    m = torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
+    return x.sub_(m).div_(s)
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+def k_shot_indices(labels: Tensor, k: int, seed: int = 0) -> Tensor:
+    """Indices of ``k`` examples per class, drawn without replacement; a class with fewer is an error."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for c in torch.unique(labels).tolist():
+        idx = torch.nonzero(labels == c).flatten()
+        if len(idx) < k:
+            raise DataError(f"class {c} has {len(idx)} examples, fewer than k={k} shots")
+        out.append(idx[torch.randperm(len(idx), generator=g)[:k]])
+    return torch.cat(out).sort().values
+
+
+def nested_subsets(labels: Tensor, sizes: Sequence[int], seed: int = 0) -> list[Tensor]:
+    """Class-balanced subsets, each containing every smaller one (one fixed per-class order, cut at each size)."""
+    sizes = sorted(sizes)
+    classes = torch.unique(labels).tolist()
+    if sizes[-1] > len(labels):
+        raise DataError(f"largest subset {sizes[-1]} exceeds the {len(labels)} examples available")
+    g = torch.Generator().manual_seed(seed)
+    orders = [torch.nonzero(labels == c).flatten()[torch.randperm(int((labels == c).sum()), generator=g)]
+              for c in classes]
+    interleaved = torch.stack([o[: min(len(x) for x in orders)] for o in orders], dim=1).flatten()
+    leftovers = torch.cat([o[min(len(x) for x in orders):] for o in orders])
+    order = torch.cat([interleaved, leftovers])
+    return [order[:n].sort().values for n in sizes]

@@ -1,0 +1,342 @@
+"""A readable training loop: AdamW, warmup + cosine, label smoothing, clipping, mixup/cutmix, bf16, EMA.
+
+Resumable by construction: every source of randomness (data order, augmentation, mixup, dropout) is
+seeded from ``(seed, epoch)`` at the start of each epoch, and a checkpoint is written atomically at the end
+of each epoch with the model, optimizer and EMA state. ``--resume`` after a ``kill -9`` therefore ends
+exactly where an uninterrupted run would. A non-finite loss stops the run and keeps the last good
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import timm
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from vitlab.data import ImageArray, load_dataset, normalize, random_crop_flip
+from vitlab.models import (
+    CIFAR_MEAN,
+    CIFAR_STD,
+    BiTConfig,
+    HybridConfig,
+    Preprocess,
+    ViTConfig,
+    build_model,
+    config_from_dict,
+    config_to_dict,
+    save_checkpoint,
+    _load_vitlab_checkpoint,
+)
+
+__all__ = ["TrainConfig", "PRESETS", "train", "TrainingDiverged", "evaluate"]
+
+CIFAR_PRE = Preprocess(mean=CIFAR_MEAN, std=CIFAR_STD, interpolation="bicubic", crop_pct=1.0)
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines a training run (with the data it reads)."""
+
+    model: ViTConfig | HybridConfig | BiTConfig
+    data: str = "cifar10"
+    epochs: int = 200
+    batch_size: int = 128
+    lr: float = 1e-3  # peak, for batch_size; not rescaled
+    min_lr: float = 1e-5
+    weight_decay: float = 0.05
+    warmup_epochs: float = 5.0
+    label_smoothing: float = 0.1
+    grad_clip: float = 1.0
+    crop_padding: int = 4
+    randaugment: str | None = None  # timm RandAugment spec, e.g. "rand-m9-n2-mstd0.5"
+    mixup_alpha: float = 0.8
+    cutmix_alpha: float = 1.0
+    mixup_prob: float = 1.0  # 0 disables mixup and cutmix
+    bf16: bool = True
+    ema_decay: float | None = None
+    seed: int = 0
+    eval_every: int = 1
+    max_train_examples: int | None = None  # for quick runs and tests
+
+
+def _vit32(**kw: Any) -> ViTConfig:
+    base = dict(embed_dim=256, depth=7, num_heads=4, mlp_dim=512, patch_size=4, img_size=32, num_classes=10,
+                drop_path_rate=0.1, preprocess=CIFAR_PRE)
+    base.update(kw)
+    return ViTConfig(**base)
+
+
+PRESETS: dict[str, TrainConfig] = {
+    # The default ViT for 32 px images: ViT-Lite-7/4 of the CCT paper (4 px patches, 64 tokens, 7 blocks, 256 wide).
+    "vit_cifar10": TrainConfig(model=_vit32(), epochs=200, batch_size=128, lr=1e-3, weight_decay=0.05,
+                               randaugment="rand-m9-n2-mstd0.5"),
+    "bit_cifar10": TrainConfig(
+        model=BiTConfig(layers=(2, 2, 2, 2), num_classes=10, img_size=32, stem="cifar", preprocess=CIFAR_PRE),
+        epochs=200, batch_size=128, lr=1e-3, weight_decay=0.05, randaugment="rand-m9-n2-mstd0.5"),
+    "hybrid_cifar10": TrainConfig(
+        model=HybridConfig(vit=_vit32(patch_size=2, depth=6), layers=(1, 1), stem="cifar"),
+        epochs=200, batch_size=128, lr=1e-3, weight_decay=0.05, randaugment="rand-m9-n2-mstd0.5"),
+    "vit_shapes": TrainConfig(model=_vit32(depth=4, embed_dim=128, num_heads=4, mlp_dim=256, num_classes=4),
+                              data="shapes", epochs=30, batch_size=64, lr=1e-3, mixup_prob=0.0),
+    # Tiny: for tests; trains in seconds.
+    "tiny": TrainConfig(model=_vit32(depth=2, embed_dim=32, num_heads=2, mlp_dim=64, drop_path_rate=0.0),
+                        epochs=2, batch_size=16, lr=1e-3, warmup_epochs=0.5, mixup_prob=0.0, bf16=False),
+}
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def lr_at(step: int, total: int, warmup: int, peak: float, floor: float) -> float:
+    """Linear warmup to ``peak`` over ``warmup`` steps, then cosine down to ``floor`` at ``total``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def _seed_epoch(cfg: TrainConfig, epoch: int, rank: int = 0) -> torch.Generator:
+    seed = (cfg.seed * 100_003 + epoch) % 2**31
+    torch.manual_seed(seed * 7 + rank)
+    np.random.seed(seed)  # timm's Mixup draws from numpy
+    return torch.Generator().manual_seed(seed)
+
+
+def _randaugment(images: Tensor, spec: str, generator: torch.Generator) -> Tensor:
+    """Per-image timm RandAugment on (B, H, W, 3) uint8, seeded from ``generator``."""
+    import random
+
+    from PIL import Image
+    from timm.data.auto_augment import rand_augment_transform
+
+    random.seed(int(torch.randint(0, 2**31, (1,), generator=generator)))
+    tf = rand_augment_transform(spec, {"translate_const": int(images.shape[1] * 0.45), "img_mean": (125, 123, 114)})
+    out = np.empty_like(images.numpy())
+    for i, img in enumerate(images.numpy()):
+        out[i] = np.asarray(tf(Image.fromarray(img)))
+    return torch.from_numpy(out)
+
+
+def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim <= 1 or name.endswith(("pos_embed", "cls_token", "reg_token")) else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999))
+
+
+def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict]:
+    sd = opt.state_dict()
+    tensors = {}
+    for idx, st in sd["state"].items():
+        for k, v in st.items():
+            tensors[f"state.{idx}.{k}"] = torch.as_tensor(v).detach().cpu().contiguous()
+    return tensors, {"param_groups": sd["param_groups"]}
+
+
+def _unflatten_optimizer(tensors: dict[str, Tensor], meta: dict) -> dict:
+    state: dict[int, dict[str, Tensor]] = {}
+    for key, v in tensors.items():
+        _, idx, k = key.split(".", 2)
+        state.setdefault(int(idx), {})[k] = v
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def train_config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    d = dataclasses.asdict(cfg)
+    d["model"] = config_to_dict(cfg.model)
+    return d
+
+
+def train_config_from_dict(d: dict[str, Any]) -> TrainConfig:
+    d = dict(d)
+    d["model"] = config_from_dict(d["model"])
+    return TrainConfig(**d)
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bool = False) -> float:
+    """Top-1 accuracy of ``model`` on ``data`` with the model's own normalisation (no augmentation)."""
+    pc = model.pretrained_cfg
+    was = model.training
+    model.eval()
+    correct = 0
+    try:
+        for i in range(0, len(data), batch_size):
+            x = normalize(data.images[i : i + batch_size], pc["mean"], pc["std"])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                logits = model(x)
+            correct += int((logits.argmax(-1) == data.labels[i : i + batch_size]).sum())
+    finally:
+        model.train(was)
+    return correct / len(data)
+
+
+# ---------------------------------------------------------------------------------------------- the loop
+
+
+def _write_run_checkpoint(run: Path, model: nn.Module, opt: torch.optim.Optimizer, ema: nn.Module | None,
+                          state: dict[str, Any], cfg: TrainConfig, half: bool = False) -> None:
+    """Write ``run/checkpoint`` atomically: the model checkpoint plus optimizer/EMA/trainer state."""
+    tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=run))
+    try:
+        ck = save_checkpoint(model, tmp / "checkpoint", extra={"train": train_config_to_dict(cfg), **state})
+        tensors, meta = _flatten_optimizer(opt)
+        save_file(tensors, str(ck / "optimizer.safetensors"))
+        (ck / "optimizer.json").write_text(json.dumps(meta))
+        if ema is not None:
+            save_file({k: v.detach().cpu().contiguous() for k, v in ema.state_dict().items()},
+                      str(ck / "ema.safetensors"))
+        target, old = run / "checkpoint", run / ".checkpoint.old"
+        if old.exists():
+            shutil.rmtree(old)
+        if target.exists():
+            os.replace(target, old)
+        os.replace(ck, target)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _environment() -> dict[str, Any]:
+    return {"torch": torch.__version__, "timm": timm.__version__, "host": socket.gethostname(),
+            "cpu_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
+
+
+def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False, progress: bool = True,
+          train_data: ImageArray | None = None, test_data: ImageArray | None = None) -> nn.Module:
+    """Train ``cfg`` into ``run_dir`` (``checkpoint/``, ``metrics.jsonl``, ``train_config.json``)."""
+    from tqdm.auto import tqdm
+
+    run = Path(run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    cfg_file = run / "train_config.json"
+    if resume:
+        if not (run / "checkpoint" / "config.json").is_file():
+            raise FileNotFoundError(f"--resume: {run} has no checkpoint to resume from; start without --resume")
+        saved = train_config_from_dict(json.loads(cfg_file.read_text()))
+        if saved != cfg:
+            raise ValueError(f"--resume: {run} was started with a different config; use a new run folder. "
+                             f"saved={saved} requested={cfg}")
+    elif (run / "checkpoint").exists():
+        raise FileExistsError(f"{run} already holds a checkpoint: pass --resume to continue it, or choose a new folder")
+    cfg_file.write_text(json.dumps(train_config_to_dict(cfg), indent=2) + "\n")
+
+    train_data = train_data if train_data is not None else load_dataset(cfg.data, "train")
+    test_data = test_data if test_data is not None else load_dataset(cfg.data, "test")
+    if cfg.max_train_examples:
+        train_data = train_data.subset(range(min(cfg.max_train_examples, len(train_data))))
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model)
+    opt = _optimizer(model, cfg)
+    ema = timm.utils.ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema_decay else None
+    start_epoch, elapsed = 0, 0.0
+    if resume:
+        ck = run / "checkpoint"
+        model.load_state_dict(_load_vitlab_checkpoint(ck).state_dict())
+        opt.load_state_dict(_unflatten_optimizer(load_file(str(ck / "optimizer.safetensors")),
+                                                 json.loads((ck / "optimizer.json").read_text())))
+        if ema is not None:
+            ema.load_state_dict(load_file(str(ck / "ema.safetensors")))
+        meta = json.loads((ck / "config.json").read_text())
+        start_epoch, elapsed = meta["epoch"], meta.get("train_seconds", 0.0)
+
+    mixup = None
+    if cfg.mixup_prob > 0:
+        from timm.data import Mixup
+
+        mixup = Mixup(mixup_alpha=cfg.mixup_alpha, cutmix_alpha=cfg.cutmix_alpha, prob=cfg.mixup_prob,
+                      label_smoothing=cfg.label_smoothing, num_classes=cfg_num_classes(cfg))
+    pc = model.pretrained_cfg
+    steps_per_epoch = len(train_data) // cfg.batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(f"batch_size={cfg.batch_size} exceeds the {len(train_data)} training examples")
+    total, warmup = cfg.epochs * steps_per_epoch, int(cfg.warmup_epochs * steps_per_epoch)
+    metrics_file = run / "metrics.jsonl"
+    model.train()
+    for epoch in range(start_epoch, cfg.epochs):
+        t0 = time.time()
+        g = _seed_epoch(cfg, epoch)
+        order = torch.randperm(len(train_data), generator=g)
+        loss_sum, seen = 0.0, 0
+        bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not progress, leave=False)
+        for it in bar:
+            step = epoch * steps_per_epoch + it
+            idx = order[it * cfg.batch_size : (it + 1) * cfg.batch_size]
+            imgs = random_crop_flip(train_data.images[idx], cfg.crop_padding, g) if cfg.crop_padding else train_data.images[idx]
+            if cfg.randaugment:
+                imgs = _randaugment(imgs, cfg.randaugment, g)
+            x, y = normalize(imgs, pc["mean"], pc["std"]), train_data.labels[idx]
+            if mixup is not None:
+                x, target = mixup(x, y)
+            else:
+                target = F.one_hot(y, cfg_num_classes(cfg)).float() * (1 - cfg.label_smoothing) \
+                    + cfg.label_smoothing / cfg_num_classes(cfg)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, total, warmup, cfg.lr, cfg.min_lr)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                logits = model(x)
+            loss = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+            if not torch.isfinite(loss):
+                raise TrainingDiverged(
+                    f"loss became {loss.item()} at epoch {epoch + 1}, step {it}: stopping. The last good checkpoint "
+                    f"({run / 'checkpoint'}, epoch {epoch}) is kept; lower lr (now {cfg.lr}) or raise warmup"
+                )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            if ema is not None:
+                ema.update(model, step=step)
+            loss_sum += loss.item() * len(idx)
+            seen += len(idx)
+            bar.set_postfix(loss=f"{loss_sum / seen:.3f}")
+        elapsed += time.time() - t0
+        record: dict[str, Any] = {"epoch": epoch + 1, "train_loss": loss_sum / seen, "lr": opt.param_groups[0]["lr"],
+                                  "epoch_seconds": round(time.time() - t0, 2),
+                                  "images_per_second": round(seen / (time.time() - t0), 1)}
+        last = epoch + 1 == cfg.epochs
+        if cfg.eval_every and ((epoch + 1) % cfg.eval_every == 0 or last):
+            record["test_accuracy"] = evaluate(model, test_data, bf16=cfg.bf16)
+            if ema is not None:
+                record["test_accuracy_ema"] = evaluate(ema.module, test_data, bf16=cfg.bf16)
+        state = {"epoch": epoch + 1, "train_seconds": round(elapsed, 1), "metrics": record,
+                 "data": {"train": train_data.source, "test": test_data.source, "train_examples": len(train_data)},
+                 "environment": _environment()}
+        _write_run_checkpoint(run, model, opt, ema, state, cfg)
+        with open(metrics_file, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if progress:
+            tqdm.write(json.dumps(record))
+    return model.eval()
+
+
+def cfg_num_classes(cfg: TrainConfig) -> int:
+    m = cfg.model
+    return m.vit.num_classes if isinstance(m, HybridConfig) else m.num_classes
