@@ -53,19 +53,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    import torch
     from safetensors.torch import save_file
 
     import vitlab
     from vitlab.report import load_images
 
     model = vitlab.load_model(args.model, pretrained=args.pretrained)
-    names, x = load_images(model, args.images)
+    names, x, _ = load_images(model, args.images)
     maps = vitlab.attention_maps(model, x, head_fusion=args.head_fusion, queries=args.queries,
                                  batch_size=args.batch_size)
     save_file({"attention": maps.contiguous()}, args.out, metadata={"images": json.dumps(names)})
     print(f"wrote {args.out}: attention {tuple(maps.shape)} (L, B, H, Q, T) for {len(names)} images")
-    del torch
     return 0
 
 

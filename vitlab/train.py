@@ -17,7 +17,7 @@ import shutil
 import socket
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -233,23 +233,23 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     from tqdm.auto import tqdm
 
     run = Path(run_dir)
-    run.mkdir(parents=True, exist_ok=True)
+    if not resume and (run / "checkpoint").exists():
+        raise FileExistsError(f"{run} already holds a checkpoint: pass --resume to continue it, or choose a new folder")
+    if resume and not (run / "checkpoint" / "config.json").is_file():
+        raise FileNotFoundError(f"--resume: {run} has no checkpoint to resume from; start without --resume")
+    train_data = train_data if train_data is not None else load_dataset(cfg.data, "train")
+    test_data = test_data if test_data is not None else load_dataset(cfg.data, "test")
+    cfg = with_num_classes(cfg, len(train_data.classes))
+    if cfg.max_train_examples:
+        train_data = train_data.subset(range(min(cfg.max_train_examples, len(train_data))))
     cfg_file = run / "train_config.json"
     if resume:
-        if not (run / "checkpoint" / "config.json").is_file():
-            raise FileNotFoundError(f"--resume: {run} has no checkpoint to resume from; start without --resume")
         saved = train_config_from_dict(json.loads(cfg_file.read_text()))
         if saved != cfg:
             raise ValueError(f"--resume: {run} was started with a different config; use a new run folder. "
                              f"saved={saved} requested={cfg}")
-    elif (run / "checkpoint").exists():
-        raise FileExistsError(f"{run} already holds a checkpoint: pass --resume to continue it, or choose a new folder")
+    run.mkdir(parents=True, exist_ok=True)
     cfg_file.write_text(json.dumps(train_config_to_dict(cfg), indent=2) + "\n")
-
-    train_data = train_data if train_data is not None else load_dataset(cfg.data, "train")
-    test_data = test_data if test_data is not None else load_dataset(cfg.data, "test")
-    if cfg.max_train_examples:
-        train_data = train_data.subset(range(min(cfg.max_train_examples, len(train_data))))
 
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model)
@@ -335,6 +335,18 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
         if progress:
             tqdm.write(json.dumps(record))
     return model.eval()
+
+
+def with_num_classes(cfg: TrainConfig, n: int) -> TrainConfig:
+    """``cfg`` with the model's head sized for ``n`` classes (the data decides, not the preset)."""
+    m = cfg.model
+    if cfg_num_classes(cfg) == n:
+        return cfg
+    if isinstance(m, HybridConfig):
+        m = dataclasses.replace(m, vit=dataclasses.replace(m.vit, num_classes=n))
+    else:
+        m = dataclasses.replace(m, num_classes=n)
+    return dataclasses.replace(cfg, model=m)
 
 
 def cfg_num_classes(cfg: TrainConfig) -> int:

@@ -1,0 +1,81 @@
+"""The `vitlab` command and the report it writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import vitlab
+from vitlab.cli import build_parser, main
+from conftest import tiny_vit
+
+
+def _subcommands() -> list[str]:
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return sorted(action.choices)
+
+
+@pytest.mark.parametrize("cmd", _subcommands())
+def test_every_subcommand_has_help(cmd, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--help"])
+    assert e.value.code == 0
+    assert "usage: vitlab " + cmd in capsys.readouterr().out
+
+
+def test_console_script_installed():
+    out = subprocess.run([sys.executable, "-m", "vitlab.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "reproduce" in out.stdout
+
+
+def test_info_on_a_timm_name(capsys):
+    assert main(["info", "--model", "deit_tiny_distilled_patch16_224", "--no-pretrained"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["num_prefix_tokens"] == 2 and d["prefix_kinds"] == ["class", "dist"] and d["grid_size"] == [14, 14]
+    assert d["parameters"] == 5_910_800
+
+
+def test_unknown_model_is_a_clear_error(capsys):
+    assert main(["info", "--model", "vit_tinyy_patch16_224"]) == 1
+    err = capsys.readouterr().err
+    assert "neither a file nor a timm model name" in err and "vit_tiny" in err
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    return vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
+
+
+def test_reproduce_writes_report(tmp_path, checkpoint):
+    out = tmp_path / "out"
+    assert main(["reproduce", "--model", str(checkpoint), "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["attention_shape"] == [3, 2, 3, 65, 65]
+    assert [p["image"] for p in metrics["predictions"]] == ["china", "flower"]
+    page = (out / "report.html").read_text()
+    assert "plotly" in page.lower() and "<script" in page  # plotly embedded: opens offline
+
+
+def test_reproduce_bad_images_leaves_nothing(tmp_path, checkpoint, capsys):
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    out = tmp_path / "out"
+    assert main(["reproduce", "--model", str(checkpoint), "--images", str(imgs), "--out", str(out)]) == 1
+    assert "no images" in capsys.readouterr().err
+    (imgs / "x.jpg").write_bytes(b"broken")
+    assert main(["reproduce", "--model", str(checkpoint), "--images", str(imgs), "--out", str(out)]) == 1
+    assert "x.jpg" in capsys.readouterr().err
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_capture_command(tmp_path, checkpoint):
+    from safetensors.torch import load_file
+
+    f = tmp_path / "a.safetensors"
+    assert main(["capture", "--model", str(checkpoint), "--out", str(f), "--head-fusion", "mean",
+                 "--queries", "prefix"]) == 0
+    assert load_file(str(f))["attention"].shape == (3, 2, 1, 1, 65)

@@ -1,0 +1,128 @@
+"""Datasets, conversions, bad input, samplers and batch augmentation."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitlab.data import (
+    SHARED_CIFAR10,
+    DataError,
+    k_shot_indices,
+    load_image_folder,
+    nested_subsets,
+    normalize,
+    random_crop_flip,
+    sample_images,
+)
+
+
+def make_folder(root: Path, n_per_class: int = 3, size: int = 8, classes=("a", "b")) -> Path:
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n_per_class):
+            Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    return root
+
+
+def test_folder_and_zip_give_the_same_array(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    root = make_folder(tmp_path / "train")
+    with zipfile.ZipFile(tmp_path / "train.zip", "w") as zf:
+        for p in sorted(root.rglob("*.png")):
+            zf.write(p, f"train/{p.parent.name}/{p.name}")
+    a = load_image_folder(root, progress=False)
+    b = load_image_folder(tmp_path / "train.zip", progress=False)
+    assert a.images.shape == (6, 8, 8, 3) and a.images.dtype == torch.uint8
+    assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
+    assert a.classes == ("a", "b") and a.labels.tolist() == [0, 0, 0, 1, 1, 1]
+    again = load_image_folder(root, progress=False)  # from the cache
+    assert torch.equal(again.images, a.images)
+    assert list((tmp_path / "cache").glob("images-*.npz"))
+
+
+def test_grayscale_rgba_palette_converted(tmp_path):
+    root = make_folder(tmp_path / "d", n_per_class=1)
+    Image.new("L", (8, 8), 100).save(root / "a" / "gray.png")
+    Image.new("RGBA", (8, 8), (10, 20, 30, 255)).save(root / "a" / "rgba.png")
+    Image.new("P", (8, 8)).save(root / "b" / "pal.png")
+    d = load_image_folder(root, cache=False, progress=False)
+    assert d.images.shape == (5, 8, 8, 3)
+    gray = d.images[d.labels == 0][0]  # sorted: 0.png, gray.png, rgba.png
+    assert (d.images[1] == 100).all() and gray.shape == (8, 8, 3)
+    assert d.images[2, 0, 0].tolist() == [10, 20, 30]
+
+
+def test_broken_and_mixed_size_images_are_named(tmp_path):
+    root = make_folder(tmp_path / "d", n_per_class=1)
+    (root / "a" / "broken.jpg").write_bytes(b"not a jpeg")
+    good = (root / "b" / "0.png").read_bytes()
+    (root / "b" / "trunc.png").write_bytes(good[: len(good) // 2])
+    with pytest.raises(DataError, match=r"(?s)2 unreadable.*broken\.jpg.*trunc\.png"):
+        load_image_folder(root, cache=False, progress=False)
+    root2 = make_folder(tmp_path / "e", n_per_class=1)
+    Image.new("RGB", (9, 7)).save(root2 / "a" / "big.png")
+    with pytest.raises(DataError, match="mixed sizes"):
+        load_image_folder(root2, cache=False, progress=False)
+    d = load_image_folder(root2, size=8, cache=False, progress=False)
+    assert d.images.shape == (3, 8, 8, 3)
+    with pytest.raises(DataError, match="no images"):
+        (tmp_path / "empty" / "a").mkdir(parents=True)
+        load_image_folder(tmp_path / "empty", cache=False, progress=False)
+
+
+def test_random_crop_flip_is_a_shifted_window():
+    g = torch.Generator().manual_seed(0)
+    x = torch.arange(2 * 6 * 6 * 3, dtype=torch.int64).reshape(2, 6, 6, 3).to(torch.uint8)
+    y = random_crop_flip(x, 2, g)
+    assert y.shape == x.shape
+    padded = torch.nn.functional.pad(x, (0, 0, 2, 2, 2, 2))
+    for i in range(2):  # each output equals some window of the padded image, possibly mirrored
+        hits = [(dy, dx, f) for dy in range(5) for dx in range(5) for f in (False, True)
+                if torch.equal(y[i], (lambda w: w.flip(1) if f else w)(padded[i, dy:dy + 6, dx:dx + 6]))]
+        assert hits
+
+
+def test_normalize_matches_manual():
+    x = torch.randint(0, 256, (2, 4, 4, 3), dtype=torch.uint8)
+    out = normalize(x, (0.5, 0.4, 0.3), (0.2, 0.25, 0.5))
+    ref = (x.permute(0, 3, 1, 2).float() / 255 - torch.tensor([0.5, 0.4, 0.3])[:, None, None]) / torch.tensor(
+        [0.2, 0.25, 0.5])[:, None, None]
+    torch.testing.assert_close(out, ref)
+
+
+def test_k_shot_and_nested_subsets():
+    labels = torch.arange(100) % 4
+    idx = k_shot_indices(labels, 5, seed=1)
+    assert len(idx) == 20 and torch.bincount(labels[idx]).tolist() == [5, 5, 5, 5]
+    assert len(set(idx.tolist())) == 20
+    assert not torch.equal(idx, k_shot_indices(labels, 5, seed=2))
+    with pytest.raises(DataError, match="fewer than k=30"):
+        k_shot_indices(labels, 30)
+    subsets = nested_subsets(labels, [8, 40, 16, 100], seed=0)
+    assert [len(s) for s in subsets] == [8, 16, 40, 100]
+    for small, big in zip(subsets, subsets[1:]):
+        assert set(small.tolist()) <= set(big.tolist())
+    assert torch.bincount(labels[subsets[1]]).tolist() == [4, 4, 4, 4]  # class balanced
+
+
+def test_sample_images_shipped_with_scikit_learn():
+    imgs = sample_images()
+    assert [n for n, _ in imgs] == ["china", "flower"]
+    assert imgs[0][1].shape == (427, 640, 3) and imgs[0][1].dtype == np.uint8
+
+
+@pytest.mark.skipif(not (SHARED_CIFAR10 / "test.zip").is_file(), reason="../shared CIFAR-10 not present")
+def test_shared_cifar10_test_split():
+    from vitlab.data import load_cifar
+
+    d = load_cifar("cifar10", "test")
+    assert d.images.shape == (10000, 32, 32, 3)
+    assert torch.bincount(d.labels).tolist() == [1000] * 10
+    assert d.classes[0] == "airplane" and d.classes[-1] == "truck"

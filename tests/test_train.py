@@ -1,0 +1,108 @@
+"""Training: resume after kill -9 ends where an uninterrupted run does; divergence keeps the last good state."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vitlab
+from vitlab.train import PRESETS, TrainingDiverged, lr_at, train
+from test_data import make_folder
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imgs")
+    make_folder(root / "train", n_per_class=48, size=32, classes=("a", "b", "c"))
+    make_folder(root / "test", n_per_class=8, size=32, classes=("a", "b", "c"))
+    return root
+
+
+def _cli(*args: str, env=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "vitlab.cli", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _epoch(run: Path) -> int:
+    try:
+        return json.loads((run / "checkpoint" / "config.json").read_text())["epoch"]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return 0
+
+
+def test_lr_schedule_shape():
+    lrs = [lr_at(s, 100, 10, 1.0, 0.0) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # cosine decays monotonically
+    assert lrs[55] == pytest.approx(0.5, abs=0.02)
+
+
+def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
+    env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    common = ["train", "--preset", "tiny", "--data", str(tiny_data), "--epochs", "6", "--quiet",
+              "--set", "mixup_prob=0.5", "--set", "crop_padding=4"]
+    full = _cli(*common, "--run", str(tmp_path / "full"), env=env)
+    assert full.wait(timeout=300) == 0, full.stdout.read()
+
+    killed = _cli(*common, "--run", str(tmp_path / "killed"), env=env)
+    deadline = time.time() + 240
+    while _epoch(tmp_path / "killed") < 2 and time.time() < deadline and killed.poll() is None:
+        time.sleep(0.05)
+    if killed.poll() is not None:
+        pytest.skip("the run finished before it could be killed")
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait()
+    assert 2 <= _epoch(tmp_path / "killed") < 6
+    resumed = _cli(*common, "--run", str(tmp_path / "killed"), "--resume", env=env)
+    assert resumed.wait(timeout=300) == 0, resumed.stdout.read()
+
+    a = load_file(str(tmp_path / "full" / "checkpoint" / "model.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "checkpoint" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    opt_a = load_file(str(tmp_path / "full" / "checkpoint" / "optimizer.safetensors"))
+    opt_b = load_file(str(tmp_path / "killed" / "checkpoint" / "optimizer.safetensors"))
+    assert all(torch.equal(opt_a[k], opt_b[k]) for k in opt_a)
+    lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["epoch"] == 6
+    model = vitlab.load_model(tmp_path / "killed" / "checkpoint")  # a checkpoint is a loadable model
+    assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 3)
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_data, monkeypatch):
+    import vitlab.train as T
+
+    real = T.lr_at
+    cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "data": str(tiny_data), "epochs": 3})
+    steps = 144 // cfg.batch_size
+    monkeypatch.setattr(T, "lr_at", lambda s, *a: float("nan") if s >= steps else real(s, *a))
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(TrainingDiverged, match="last good checkpoint"):
+        train(cfg, tmp_path / "run", progress=False)
+    assert _epoch(tmp_path / "run") == 1
+    model = vitlab.load_model(tmp_path / "run" / "checkpoint")
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert not list((tmp_path / "run").glob(".checkpoint*"))
+
+
+def test_refuses_to_overwrite_or_resume_wrong_run(tmp_path, tiny_data, monkeypatch):
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "data": str(tiny_data), "epochs": 1})
+    train(cfg, tmp_path / "run", progress=False)
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(cfg, tmp_path / "run", progress=False)
+    other = cfg.__class__(**{**cfg.__dict__, "lr": 0.5})
+    with pytest.raises(ValueError, match="different config"):
+        train(other, tmp_path / "run", resume=True, progress=False)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        train(cfg, tmp_path / "fresh", resume=True, progress=False)
