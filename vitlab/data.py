@@ -26,6 +26,7 @@ __all__ = [
     "load_image_folder",
     "load_cifar",
     "load_dataset",
+    "load_shapes",
     "sample_images",
     "random_crop_flip",
     "normalize",
@@ -49,13 +50,16 @@ class ImageArray:
     labels: Tensor
     classes: tuple[str, ...]
     source: str
+    masks: Tensor | None = None  # (N, H, W) bool object masks, where the dataset has them
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def subset(self, index: Tensor | Sequence[int]) -> ImageArray:
         index = torch.as_tensor(index, dtype=torch.long)
-        return ImageArray(self.images[index], self.labels[index], self.classes, f"{self.source}[subset {len(index)}]")
+        masks = self.masks[index] if self.masks is not None else None
+        return ImageArray(self.images[index], self.labels[index], self.classes,
+                          f"{self.source}[subset {len(index)}]", masks)
 
 
 def cache_dir() -> Path:
@@ -183,9 +187,25 @@ def load_cifar(name: str = "cifar10", split: str = "train", root: str | os.PathL
                       tuple(ds.classes), f"torchvision:{name}")
 
 
+SHAPES_SIZES = {"train": (8000, 0), "test": (2000, 1)}
+
+
+def load_shapes(split: str = "train", n: int | None = None, size: int = 32) -> ImageArray:
+    """The synthetic shapes dataset with object masks (train: 8,000 images, seed 0; test: 2,000, seed 1)."""
+    from vitlab.shapes import SHAPE_CLASSES, make_shapes
+
+    if split not in SHAPES_SIZES:
+        raise DataError(f"split must be 'train' or 'test', got {split!r}")
+    count, seed = SHAPES_SIZES[split]
+    images, labels, masks = make_shapes(n or count, size=size, seed=seed)
+    return ImageArray(images, labels, SHAPE_CLASSES, f"shapes:{split}:seed{seed}", masks)
+
+
 def load_dataset(spec: str, split: str = "train") -> ImageArray:
-    """``cifar10`` / ``cifar100`` (optionally ``cifar10:/path/to/root``) or a folder/zip path."""
+    """``cifar10`` / ``cifar100`` (optionally ``cifar10:/path/to/root``), ``shapes``, or a folder/zip path."""
     name, _, root = spec.partition(":")
+    if name == "shapes":
+        return load_shapes(split)
     if name in ("cifar10", "cifar100"):
         return load_cifar(name, split, root or None)
     path = Path(spec)
