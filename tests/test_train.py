@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitlab
-from vitlab.train import PRESETS, TrainingDiverged, lr_at, train
+from vitlab.train import PRESETS, TrainingDiverged, lr_at, train, with_num_classes
 from test_data import make_folder
 
 
@@ -50,10 +50,10 @@ def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
     env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     common = ["train", "--preset", "tiny", "--data", str(tiny_data), "--epochs", "6", "--quiet",
               "--set", "mixup_prob=0.5", "--set", "crop_padding=4"]
-    full = _cli(*common, "--run", str(tmp_path / "full"), env=env)
+    full = _cli(*common, "--run-dir", str(tmp_path / "full"), env=env)
     assert full.wait(timeout=300) == 0, full.stdout.read()
 
-    killed = _cli(*common, "--run", str(tmp_path / "killed"), env=env)
+    killed = _cli(*common, "--run-dir", str(tmp_path / "killed"), env=env)
     deadline = time.time() + 240
     while _epoch(tmp_path / "killed") < 2 and time.time() < deadline and killed.poll() is None:
         time.sleep(0.05)
@@ -62,7 +62,7 @@ def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
     os.kill(killed.pid, signal.SIGKILL)
     killed.wait()
     assert 2 <= _epoch(tmp_path / "killed") < 6
-    resumed = _cli(*common, "--run", str(tmp_path / "killed"), "--resume", env=env)
+    resumed = _cli(*common, "--run-dir", str(tmp_path / "killed"), "--resume", env=env)
     assert resumed.wait(timeout=300) == 0, resumed.stdout.read()
 
     a = load_file(str(tmp_path / "full" / "checkpoint" / "model.safetensors"))
@@ -106,3 +106,24 @@ def test_refuses_to_overwrite_or_resume_wrong_run(tmp_path, tiny_data, monkeypat
         train(other, tmp_path / "run", resume=True, progress=False)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         train(cfg, tmp_path / "fresh", resume=True, progress=False)
+
+
+def test_two_process_ddp_matches_single_process(tmp_path, tiny_data):
+    """torchrun with 2 CPU processes (gloo) follows the single-process run with the same global batch."""
+    env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    common = ["train", "--preset", "tiny", "--data", str(tiny_data), "--epochs", "2", "--quiet", "--device", "cpu"]
+    single = _cli(*common, "--run-dir", str(tmp_path / "single"), env=env)
+    assert single.wait(timeout=300) == 0, single.stdout.read()
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          "--master_port", "29517", "-m", "vitlab.cli", *common, "--run-dir", str(tmp_path / "ddp")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert ddp.returncode == 0, ddp.stdout + ddp.stderr
+    meta = json.loads((tmp_path / "ddp" / "checkpoint" / "config.json").read_text())
+    assert meta["environment"]["world_size"] == 2
+    a = load_file(str(tmp_path / "single" / "checkpoint" / "model.safetensors"))
+    b = load_file(str(tmp_path / "ddp" / "checkpoint" / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=2e-5, rtol=1e-4, msg=k)
+    torch.manual_seed(0)
+    start = vitlab.build_model(with_num_classes(PRESETS["tiny"], 3).model).state_dict()
+    assert max((a[k] - start[k]).abs().max() for k in a) > 1e-3  # the run really moved the weights

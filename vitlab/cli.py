@@ -48,7 +48,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.data is not None:
         changes["data"] = args.data
     cfg = dataclasses.replace(cfg, **changes)
-    train(cfg, args.run or f"runs/{args.preset}", resume=args.resume, progress=not args.quiet)
+    train(cfg, args.run or f"runs/{args.preset}", resume=args.resume, progress=not args.quiet, device=args.device)
     return 0
 
 
@@ -101,11 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("train", help="train a preset (resumable; metrics in RUN/metrics.jsonl)")
     sp.add_argument("--preset", default="vit_cifar10", help="vit_cifar10, bit_cifar10, hybrid_cifar10, vit_shapes, tiny")
-    sp.add_argument("--run", help="run folder (default runs/PRESET)")
-    sp.add_argument("--resume", action="store_true", help="continue the run in --run from its last checkpoint")
+    sp.add_argument("--run-dir", dest="run", help="run folder (default runs/PRESET)")
+    sp.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     sp.add_argument("--epochs", type=int, help="override the preset's number of epochs")
     sp.add_argument("--data", help="dataset: cifar10, cifar100, or an ImageFolder folder/zip")
     sp.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override any TrainConfig field")
+    sp.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available); under torchrun, "
+                    "one process per device")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_train)
 

@@ -187,10 +187,11 @@ def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bo
     correct = 0
     try:
         for i in range(0, len(data), batch_size):
-            x = normalize(data.images[i : i + batch_size], pc["mean"], pc["std"])
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            dev = next(model.parameters()).device
+            x = normalize(data.images[i : i + batch_size], pc["mean"], pc["std"]).to(dev)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
                 logits = model(x)
-            correct += int((logits.argmax(-1) == data.labels[i : i + batch_size]).sum())
+            correct += int((logits.argmax(-1).cpu() == data.labels[i : i + batch_size]).sum())
     finally:
         model.train(was)
     return correct / len(data)
@@ -227,16 +228,71 @@ def _environment() -> dict[str, Any]:
             "cpu_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
 
 
+@dataclass(frozen=True)
+class _Dist:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def _dist_setup(device: str | None) -> _Dist:
+    """One process (default) or one of ``torchrun``'s (``WORLD_SIZE`` > 1): gloo on CPU, nccl on GPU."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
+    if world == 1:
+        return _Dist(device=torch.device(device or ("cuda" if cuda else "cpu")))
+    import torch.distributed as dist
+
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    dev = torch.device(f"cuda:{local}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    return _Dist(rank, world, dev)
+
+
+def _mean_over_ranks(value: float, d: _Dist) -> float:
+    if d.world == 1:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device=d.device)
+    dist.all_reduce(t)
+    return float(t) / d.world
+
+
+def _barrier(d: _Dist) -> None:
+    if d.world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
 def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False, progress: bool = True,
-          train_data: ImageArray | None = None, test_data: ImageArray | None = None) -> nn.Module:
-    """Train ``cfg`` into ``run_dir`` (``checkpoint/``, ``metrics.jsonl``, ``train_config.json``)."""
+          train_data: ImageArray | None = None, test_data: ImageArray | None = None,
+          device: str | None = None) -> nn.Module:
+    """Train ``cfg`` into ``run_dir`` (``checkpoint/``, ``metrics.jsonl``, ``train_config.json``).
+
+    Under ``torchrun`` each process takes its slice of every global batch of ``cfg.batch_size`` images
+    (augmented identically on every rank before slicing), so the run follows the same trajectory as one
+    process with the same global batch (up to the order of floating-point reductions; mixup and
+    stochastic depth draw per process).
+    """
     from tqdm.auto import tqdm
 
+    d = _dist_setup(device)
     run = Path(run_dir)
     if not resume and (run / "checkpoint").exists():
         raise FileExistsError(f"{run} already holds a checkpoint: pass --resume to continue it, or choose a new folder")
     if resume and not (run / "checkpoint" / "config.json").is_file():
         raise FileNotFoundError(f"--resume: {run} has no checkpoint to resume from; start without --resume")
+    if cfg.batch_size % d.world:
+        raise ValueError(f"batch_size={cfg.batch_size} must be divisible by the {d.world} processes")
     train_data = train_data if train_data is not None else load_dataset(cfg.data, "train")
     test_data = test_data if test_data is not None else load_dataset(cfg.data, "test")
     cfg = with_num_classes(cfg, len(train_data.classes))
@@ -248,64 +304,78 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
         if saved != cfg:
             raise ValueError(f"--resume: {run} was started with a different config; use a new run folder. "
                              f"saved={saved} requested={cfg}")
-    run.mkdir(parents=True, exist_ok=True)
-    cfg_file.write_text(json.dumps(train_config_to_dict(cfg), indent=2) + "\n")
+    if d.main:
+        run.mkdir(parents=True, exist_ok=True)
+        cfg_file.write_text(json.dumps(train_config_to_dict(cfg), indent=2) + "\n")
 
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model)
+    start_epoch, elapsed = 0, 0.0
+    ck = run / "checkpoint"
+    if resume:
+        model.load_state_dict(_load_vitlab_checkpoint(ck).state_dict())
+    model.to(d.device)
     opt = _optimizer(model, cfg)
     ema = timm.utils.ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema_decay else None
-    start_epoch, elapsed = 0, 0.0
     if resume:
-        ck = run / "checkpoint"
-        model.load_state_dict(_load_vitlab_checkpoint(ck).state_dict())
         opt.load_state_dict(_unflatten_optimizer(load_file(str(ck / "optimizer.safetensors")),
                                                  json.loads((ck / "optimizer.json").read_text())))
         if ema is not None:
-            ema.load_state_dict(load_file(str(ck / "ema.safetensors")))
+            ema.load_state_dict(load_file(str(ck / "ema.safetensors"), device=str(d.device)))
         meta = json.loads((ck / "config.json").read_text())
         start_epoch, elapsed = meta["epoch"], meta.get("train_seconds", 0.0)
+    net = model
+    if d.world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        net = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
 
     mixup = None
+    n_cls = cfg_num_classes(cfg)
     if cfg.mixup_prob > 0:
         from timm.data import Mixup
 
         mixup = Mixup(mixup_alpha=cfg.mixup_alpha, cutmix_alpha=cfg.cutmix_alpha, prob=cfg.mixup_prob,
-                      label_smoothing=cfg.label_smoothing, num_classes=cfg_num_classes(cfg))
+                      label_smoothing=cfg.label_smoothing, num_classes=n_cls)
     pc = model.pretrained_cfg
     steps_per_epoch = len(train_data) // cfg.batch_size
     if steps_per_epoch == 0:
         raise ValueError(f"batch_size={cfg.batch_size} exceeds the {len(train_data)} training examples")
     total, warmup = cfg.epochs * steps_per_epoch, int(cfg.warmup_epochs * steps_per_epoch)
-    metrics_file = run / "metrics.jsonl"
+    per_rank = cfg.batch_size // d.world
+    mine = slice(d.rank * per_rank, (d.rank + 1) * per_rank)
+    amp = dict(device_type=d.device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
     model.train()
     for epoch in range(start_epoch, cfg.epochs):
         t0 = time.time()
-        g = _seed_epoch(cfg, epoch)
+        g = _seed_epoch(cfg, epoch, d.rank)
         order = torch.randperm(len(train_data), generator=g)
         loss_sum, seen = 0.0, 0
-        bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not progress, leave=False)
+        bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}",
+                   disable=not (progress and d.main), leave=False)
         for it in bar:
             step = epoch * steps_per_epoch + it
             idx = order[it * cfg.batch_size : (it + 1) * cfg.batch_size]
-            imgs = random_crop_flip(train_data.images[idx], cfg.crop_padding, g) if cfg.crop_padding else train_data.images[idx]
+            imgs = train_data.images[idx]
+            if cfg.crop_padding:
+                imgs = random_crop_flip(imgs, cfg.crop_padding, g)
             if cfg.randaugment:
                 imgs = _randaugment(imgs, cfg.randaugment, g)
-            x, y = normalize(imgs, pc["mean"], pc["std"]), train_data.labels[idx]
+            x = normalize(imgs[mine], pc["mean"], pc["std"]).to(d.device, non_blocking=True)
+            y = train_data.labels[idx][mine].to(d.device, non_blocking=True)
             if mixup is not None:
                 x, target = mixup(x, y)
             else:
-                target = F.one_hot(y, cfg_num_classes(cfg)).float() * (1 - cfg.label_smoothing) \
-                    + cfg.label_smoothing / cfg_num_classes(cfg)
+                target = F.one_hot(y, n_cls).float() * (1 - cfg.label_smoothing) + cfg.label_smoothing / n_cls
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, total, warmup, cfg.lr, cfg.min_lr)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                logits = model(x)
+            with torch.autocast(**amp):
+                logits = net(x)
             loss = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
                     f"loss became {loss.item()} at epoch {epoch + 1}, step {it}: stopping. The last good checkpoint "
-                    f"({run / 'checkpoint'}, epoch {epoch}) is kept; lower lr (now {cfg.lr}) or raise warmup"
+                    f"({ck}, epoch {epoch}) is kept; lower lr (now {cfg.lr}) or raise warmup"
                 )
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -314,26 +384,30 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
             opt.step()
             if ema is not None:
                 ema.update(model, step=step)
-            loss_sum += loss.item() * len(idx)
-            seen += len(idx)
-            bar.set_postfix(loss=f"{loss_sum / seen:.3f}")
+            loss_sum += loss.item() * len(y)
+            seen += len(y)
+            if it % 10 == 0:
+                bar.set_postfix(loss=f"{loss_sum / seen:.3f}")
         elapsed += time.time() - t0
-        record: dict[str, Any] = {"epoch": epoch + 1, "train_loss": loss_sum / seen, "lr": opt.param_groups[0]["lr"],
-                                  "epoch_seconds": round(time.time() - t0, 2),
-                                  "images_per_second": round(seen / (time.time() - t0), 1)}
-        last = epoch + 1 == cfg.epochs
-        if cfg.eval_every and ((epoch + 1) % cfg.eval_every == 0 or last):
-            record["test_accuracy"] = evaluate(model, test_data, bf16=cfg.bf16)
-            if ema is not None:
-                record["test_accuracy_ema"] = evaluate(ema.module, test_data, bf16=cfg.bf16)
-        state = {"epoch": epoch + 1, "train_seconds": round(elapsed, 1), "metrics": record,
-                 "data": {"train": train_data.source, "test": test_data.source, "train_examples": len(train_data)},
-                 "environment": _environment()}
-        _write_run_checkpoint(run, model, opt, ema, state, cfg)
-        with open(metrics_file, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if progress:
-            tqdm.write(json.dumps(record))
+        record: dict[str, Any] = {"epoch": epoch + 1, "train_loss": _mean_over_ranks(loss_sum / seen, d),
+                                  "lr": opt.param_groups[0]["lr"], "epoch_seconds": round(time.time() - t0, 2),
+                                  "images_per_second": round(seen * d.world / (time.time() - t0), 1)}
+        if d.main:
+            last = epoch + 1 == cfg.epochs
+            if cfg.eval_every and ((epoch + 1) % cfg.eval_every == 0 or last):
+                record["test_accuracy"] = evaluate(model, test_data, bf16=cfg.bf16)
+                if ema is not None:
+                    record["test_accuracy_ema"] = evaluate(ema.module, test_data, bf16=cfg.bf16)
+            state = {"epoch": epoch + 1, "train_seconds": round(elapsed, 1), "metrics": record,
+                     "data": {"train": train_data.source, "test": test_data.source,
+                              "train_examples": len(train_data)},
+                     "environment": {**_environment(), "world_size": d.world, "device": str(d.device)}}
+            _write_run_checkpoint(run, model, opt, ema, state, cfg)
+            with open(run / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+            if progress:
+                tqdm.write(json.dumps(record))
+        _barrier(d)
     return model.eval()
 
 
