@@ -127,3 +127,25 @@ def test_two_process_ddp_matches_single_process(tmp_path, tiny_data):
     torch.manual_seed(0)
     start = vitlab.build_model(with_num_classes(PRESETS["tiny"], 3).model).state_dict()
     assert max((a[k] - start[k]).abs().max() for k in a) > 1e-3  # the run really moved the weights
+
+
+def test_export_ships_half_precision_with_a_card_that_reproduces(tmp_path, tiny_data, monkeypatch):
+    from vitlab.cli import main
+    from vitlab.data import load_dataset
+    from vitlab.export import timm_pipeline_accuracy
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "data": str(tiny_data), "epochs": 2})
+    train(cfg, tmp_path / "run", progress=False)
+    out = tmp_path / "shipped"
+    assert main(["export", "--run-dir", str(tmp_path / "run"), "--out", str(out),
+                 "--command-line", "vitlab train --preset tiny"]) == 0
+    card = json.loads((out / "card.json").read_text())
+    model = vitlab.load_model(out)
+    assert all(v.dtype == torch.float16 for v in load_file(str(out / "model.safetensors")).values())
+    test = load_dataset(str(tiny_data), "test")
+    assert timm_pipeline_accuracy(model, test) == card["test_accuracy"]
+    text = (out / "MODEL_CARD.md").read_text()
+    assert "vitlab train --preset tiny" in text and f"{card['test_accuracy']:.2%}" in text
+    cfg_t = __import__("timm").data.resolve_data_config({}, model=model)
+    assert cfg_t["input_size"] == (3, 32, 32) and cfg_t["mean"] == pytest.approx((0.4914, 0.4822, 0.4465))

@@ -52,6 +52,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from vitlab.export import export_run
+
+    facts = export_run(args.run_dir, args.out, command=args.command_line, hardware=args.hardware)
+    print(json.dumps(facts, indent=2))
+    return 0
+
+
 def cmd_capture(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
@@ -110,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "one process per device")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_train)
+
+    sp = sub.add_parser("export", help="ship a run's last checkpoint in half precision with a model card")
+    sp.add_argument("--run-dir", required=True, help="the run folder written by vitlab train")
+    sp.add_argument("--out", required=True, help="output folder, e.g. data/checkpoints/vit_cifar10")
+    sp.add_argument("--command-line", required=True, help="the training command, recorded on the card")
+    sp.add_argument("--hardware", help="where it trained (default: this machine)")
+    sp.set_defaults(func=cmd_export)
 
     sp = sub.add_parser("reproduce", help="run the inspection experiments and write an HTML report")
     model_args(sp)

@@ -1,0 +1,109 @@
+"""Ship a trained run: a half-precision checkpoint plus a model card whose accuracy is measured on export.
+
+The accuracy on the card is computed from the exported (half-precision) weights, fed through the transform
+that ``timm.data.resolve_data_config({}, model=model)`` gives, so anyone loading the checkpoint the
+documented way reproduces it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+import timm
+import torch
+from PIL import Image
+from torch import nn
+
+from vitlab.data import ImageArray, load_dataset
+from vitlab.models import _load_vitlab_checkpoint, save_checkpoint
+
+CARD_NAME = "MODEL_CARD.md"
+
+
+@torch.no_grad()
+def timm_pipeline_accuracy(model: nn.Module, data: ImageArray, batch_size: int = 500) -> float:
+    """Top-1 accuracy with the model's own timm eval transform applied to each image as a PIL image."""
+    from tqdm.auto import tqdm
+
+    cfg = timm.data.resolve_data_config({}, model=model)
+    tf = timm.data.create_transform(**cfg)
+    model = model.float().eval()
+    correct = 0
+    for i in tqdm(range(0, len(data), batch_size), desc="accuracy", leave=False):
+        imgs = data.images[i : i + batch_size].numpy()
+        x = torch.stack([tf(Image.fromarray(np.ascontiguousarray(a))) for a in imgs])
+        correct += int((model(x).argmax(-1) == data.labels[i : i + batch_size]).sum())
+    return correct / len(data)
+
+
+def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: str,
+               dtype: torch.dtype = torch.float16, hardware: str | None = None) -> dict:
+    """Write ``out`` (checkpoint + ``MODEL_CARD.md``) from the last checkpoint of ``run_dir``; returns the card facts."""
+    run = Path(run_dir)
+    ck = run / "checkpoint"
+    meta = json.loads((ck / "config.json").read_text())
+    model = _load_vitlab_checkpoint(ck)
+    train_cfg = meta["train"]
+    test = load_dataset(train_cfg["data"], "test")
+    tmp_out = save_checkpoint(model, out, dtype=dtype, extra={
+        "epoch": meta["epoch"], "train": train_cfg, "metrics": meta.get("metrics"), "data": meta.get("data"),
+        "environment": meta.get("environment"), "train_seconds": meta.get("train_seconds")})
+    shipped = _load_vitlab_checkpoint(tmp_out)
+    acc = timm_pipeline_accuracy(shipped, test)
+    history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    facts = {
+        "command": command,
+        "epochs_done": meta["epoch"],
+        "epochs_planned": train_cfg["epochs"],
+        "train_seconds": meta.get("train_seconds"),
+        "hardware": hardware or f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "data": meta.get("data"),
+        "test_accuracy": acc,
+        "test_accuracy_during_training_bf16": meta.get("metrics", {}).get("test_accuracy"),
+        "parameters": sum(p.numel() for p in shipped.parameters()),
+        "file_bytes": (Path(out) / "model.safetensors").stat().st_size,
+        "dtype": str(dtype).replace("torch.", ""),
+        "versions": {"torch": torch.__version__, "timm": timm.__version__},
+    }
+    (Path(out) / CARD_NAME).write_text(_card(facts, train_cfg, history, shipped))
+    (Path(out) / "card.json").write_text(json.dumps(facts, indent=2) + "\n")
+    return facts
+
+
+def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> str:
+    pc = model.pretrained_cfg
+    rows = "\n".join(f"| {h['epoch']} | {h['train_loss']:.4f} | {h.get('test_accuracy', float('nan')):.4f} | "
+                     f"{h.get('images_per_second', '')} |" for h in history)
+    done = f["epochs_done"] == f["epochs_planned"]
+    return f"""# Model card: {train_cfg['model']['kind']} trained on {train_cfg['data']}
+
+* **Test accuracy: {f['test_accuracy']:.2%}** on the {f['data']['test'] if f.get('data') else 'test'} split
+  ({f['dtype']} weights as shipped, through `timm.data.resolve_data_config({{}}, model=model)` and
+  `timm.data.create_transform(**cfg)`).
+* Command: `{f['command']}`
+* Epochs: {f['epochs_done']} of {f['epochs_planned']} planned{'' if done else ' (the run is not finished; it resumes with --resume)'}.
+* Training wall time: {f['train_seconds']:.0f} s on {f['hardware']}.
+* Data: {f['data']}.
+* Parameters: {f['parameters']:,}; file: {f['file_bytes'] / 1e6:.1f} MB ({f['dtype']}).
+* Preprocessing (from the model's pretrained config): input {tuple(pc['input_size'])}, mean {tuple(pc['mean'])},
+  std {tuple(pc['std'])}, interpolation {pc['interpolation']}, crop_pct {pc['crop_pct']}.
+* Versions: torch {f['versions']['torch']}, timm {f['versions']['timm']}.
+
+Load it with `vitlab.load_model()` (the default) or `vitlab.load_model("<this folder>")`.
+
+## Training configuration
+
+```json
+{json.dumps(train_cfg, indent=2)}
+```
+
+## Per-epoch metrics (test accuracy measured in bf16 during training)
+
+| epoch | train loss | test accuracy | images/s |
+|---|---|---|---|
+{rows}
+"""
