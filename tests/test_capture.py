@@ -7,11 +7,11 @@ import math
 import pytest
 import timm
 import torch
+from conftest import tiny_timm, tiny_vit
 from torch import nn
 
 import vitlab
 from vitlab.capture import AttentionCaptureError
-from conftest import tiny_timm, tiny_vit
 
 
 def reference_attention(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

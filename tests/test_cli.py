@@ -7,10 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import tiny_vit
 
 import vitlab
 from vitlab.cli import build_parser, main
-from conftest import tiny_vit
 
 
 def _subcommands() -> list[str]:

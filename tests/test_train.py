@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_data import make_folder
 
 import vitlab
 from vitlab.train import PRESETS, TrainingDiverged, lr_at, train, with_num_classes
-from test_data import make_folder
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from torch import nn
 
 __all__ = ["ModelInfo", "model_info"]
@@ -56,6 +58,13 @@ def _pair(v) -> tuple[int, int]:
     return (int(v[0]), int(v[1]))
 
 
+def _img_size_arg(img_size: int | tuple[int, int]) -> tuple[int, int]:
+    size = _pair(img_size)
+    if min(size) < 1:
+        raise ValueError(f"img_size must be positive, got {img_size!r}")
+    return size
+
+
 def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> ModelInfo:
     """Facts about ``model``; ``img_size`` (H, W) gives the grid for inputs of another size.
 
@@ -69,40 +78,19 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
             "model_info describes timm VisionTransformer-like models"
         )
     hybrid = hasattr(pe, "backbone")
-    default_img = _pair(getattr(pe, "img_size", None) or model.pretrained_cfg["input_size"][-2:])
-    size = default_img if img_size is None else _pair(img_size)
-    if hybrid:
-        ratio = pe.feat_ratio(as_scalar=False) if hasattr(pe, "feat_ratio") else None
-        default_grid = _pair(pe.grid_size)
-        stride = _pair(ratio) if ratio is not None else (default_img[0] // default_grid[0], default_img[1] // default_grid[1])
-        patch = stride
-        grid = default_grid if size == default_img else (size[0] // stride[0], size[1] // stride[1])
-    else:
-        patch = _pair(pe.patch_size)
-        if size == default_img and getattr(pe, "grid_size", None) is not None:
-            grid = _pair(pe.grid_size)
-        elif hasattr(pe, "dynamic_feat_size"):
-            grid = _pair(pe.dynamic_feat_size(size))
-        else:
-            grid = (size[0] // patch[0], size[1] // patch[1])
+    pcfg = getattr(model, "pretrained_cfg", None) or {}
+    default_img = _pair(getattr(pe, "img_size", None) or pcfg.get("input_size", (3, 224, 224))[-2:])
+    size = default_img if img_size is None else _img_size_arg(img_size)
+    default_grid, patch = _default_grid_and_patch(pe, default_img, hybrid)
+    grid = default_grid if size == default_img else _grid_for(pe, size, patch)
 
-    n_prefix = int(getattr(model, "num_prefix_tokens", 1 if getattr(model, "cls_token", None) is not None else 0))
-    n_cls = 1 if getattr(model, "cls_token", None) is not None else 0
-    n_dist = 1 if getattr(model, "dist_token", None) is not None else 0
-    n_reg = int(getattr(model, "num_reg_tokens", 0) or 0)
-    if not n_reg and getattr(model, "reg_token", None) is not None:
-        n_reg = model.reg_token.shape[1]
-    if n_cls + n_dist + n_reg != n_prefix:  # a family that counts differently: trust num_prefix_tokens
-        n_reg = max(0, n_prefix - n_cls - n_dist)
-
+    n_prefix, n_cls, n_dist, n_reg = _prefix_counts(model)
     pos = getattr(model, "pos_embed", None)
     if pos is None or not isinstance(pos, nn.Parameter):
         pos_kind, has_prefix = "none", False
     else:
-        pos_kind = "learn" if pos.requires_grad else "fixed"
-        has_prefix = not bool(getattr(model, "no_embed_class", False)) and n_prefix > 0
-        if pos.shape[1] == grid[0] * grid[1] and size == default_img:
-            has_prefix = False
+        pos_kind = _pos_embed_kind(model, pos, default_grid)
+        has_prefix = n_prefix > 0 and _pos_has_prefix(model, pos, n_prefix, default_grid)
 
     if getattr(model, "attn_pool", None) is not None:
         readout = "map"
@@ -113,7 +101,7 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
     heads = int(getattr(attn, "num_heads", 0) or 0)
     dim = int(getattr(model, "embed_dim", getattr(model, "num_features", 0)))
     return ModelInfo(
-        architecture=str(getattr(model, "pretrained_cfg", {}).get("architecture", type(model).__name__)),
+        architecture=str(pcfg.get("architecture", type(model).__name__)),
         img_size=size,
         patch_size=patch,
         grid_size=grid,
@@ -130,3 +118,76 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
         dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)),
         hybrid=hybrid,
     )
+
+
+def _default_grid_and_patch(
+    pe: nn.Module, default_img: tuple[int, int], hybrid: bool
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(gh, gw) at the model's own size and pixels per token side (a hybrid's: the backbone's total stride)."""
+    grid = getattr(pe, "grid_size", None)
+    if hybrid:
+        grid = _pair(grid)
+        if hasattr(pe, "feat_ratio"):
+            return grid, _pair(pe.feat_ratio(as_scalar=False))
+        return grid, (default_img[0] // grid[0], default_img[1] // grid[1])
+    patch = _pair(pe.patch_size)
+    if grid is not None:
+        return _pair(grid), patch
+    return _grid_for(pe, default_img, patch), patch
+
+
+def _grid_for(pe: nn.Module, size: tuple[int, int], patch: tuple[int, int]) -> tuple[int, int]:
+    """Tokens per side for an (H, W) input: timm's own rule when it has one (padding, feature maps)."""
+    if hasattr(pe, "dynamic_feat_size"):
+        return _pair(pe.dynamic_feat_size(size))
+    return (size[0] // patch[0], size[1] // patch[1])
+
+
+def _prefix_counts(model: nn.Module) -> tuple[int, int, int, int]:
+    """(total, class, distillation, register) prefix tokens, in timm's order class, dist, registers."""
+    n_cls = 1 if getattr(model, "cls_token", None) is not None else 0
+    n_dist = 1 if getattr(model, "dist_token", None) is not None else 0
+    n_prefix = int(getattr(model, "num_prefix_tokens", n_cls + n_dist))
+    n_reg = int(getattr(model, "num_reg_tokens", 0) or 0)
+    if not n_reg and getattr(model, "reg_token", None) is not None:
+        n_reg = model.reg_token.shape[1]
+    if n_cls + n_dist + n_reg != n_prefix:  # a family that counts differently: trust num_prefix_tokens
+        n_reg = max(0, n_prefix - n_cls - n_dist)
+    return n_prefix, n_cls, n_dist, n_reg
+
+
+def _pos_has_prefix(model: nn.Module, pos: nn.Parameter, n_prefix: int, default_grid: tuple[int, int]) -> bool:
+    """Rows for the prefix tokens: read from pos_embed's length at the model's own grid, else ``no_embed_class``."""
+    n_patch = default_grid[0] * default_grid[1]
+    if pos.shape[1] == n_prefix + n_patch:
+        return True
+    if pos.shape[1] == n_patch:
+        return False
+    return not bool(getattr(model, "no_embed_class", False))
+
+
+def _pos_embed_kind(model: nn.Module, pos: nn.Parameter, grid: tuple[int, int]) -> str:
+    """'fixed' or 'learn', from the vitlab config when there is one, else from the tensor itself.
+
+    A frozen pos_embed is 'fixed' when it holds the 2D sin-cos table or when the rest of the model trains;
+    a model frozen as a whole (``requires_grad_(False)`` for inspection) keeps a learned embedding: 'learn'.
+    """
+    cfg = getattr(model, "vitlab_config", None)
+    cfg = getattr(cfg, "vit", cfg)
+    if getattr(cfg, "pos_embed", None) in ("learn", "sincos"):
+        return "fixed" if cfg.pos_embed == "sincos" else "learn"
+    if pos.requires_grad:
+        return "learn"
+    if _is_sincos_table(pos, grid):
+        return "fixed"
+    others_train = any(p.requires_grad for p in model.parameters() if p is not pos)
+    return "fixed" if others_train else "learn"
+
+
+def _is_sincos_table(pos: torch.Tensor, grid: tuple[int, int]) -> bool:
+    """Whether the patch rows (the last gh*gw) of pos_embed (1, N, D) are timm's 2D sin-cos table."""
+    n, dim = grid[0] * grid[1], pos.shape[-1]
+    if dim % 4 or pos.shape[1] < n:
+        return False
+    table = build_sincos2d_pos_embed(list(grid), dim=dim, device=pos.device).to(pos.dtype)
+    return bool(torch.allclose(pos.detach()[0, -n:], table, atol=1e-5))

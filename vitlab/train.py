@@ -36,11 +36,11 @@ from vitlab.models import (
     HybridConfig,
     Preprocess,
     ViTConfig,
+    _load_vitlab_checkpoint,
     build_model,
     config_from_dict,
     config_to_dict,
     save_checkpoint,
-    _load_vitlab_checkpoint,
 )
 
 __all__ = ["TrainConfig", "PRESETS", "train", "TrainingDiverged", "evaluate"]

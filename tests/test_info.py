@@ -1,0 +1,133 @@
+"""model_info: read every fact from the model, checked against what the model actually does."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from conftest import tiny_timm, tiny_vit
+from timm.models import VisionTransformer
+from torch import nn
+
+import vitlab
+from vitlab import BiTConfig, HybridConfig, model_info, vit_config
+
+
+def tiny_hybrid() -> nn.Module:
+    vit = vit_config("Ti/4", img_size=32, depth=1, num_classes=10)
+    return vitlab.build_model(HybridConfig(vit=vit, layers=(1,), stem="imagenet")).eval()
+
+
+def map_pool_vit() -> nn.Module:
+    """A SigLIP-style ViT: no class token, attention-pool ('map') readout."""
+    return VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_classes=10,
+                             class_token=False, global_pool="map").eval()
+
+
+def tokens(model: nn.Module, h: int, w: int) -> int:
+    """T, the number of tokens the blocks really see for an (h, w) input."""
+    with torch.no_grad():
+        return model.forward_features(torch.randn(1, 3, h, w)).shape[1]
+
+
+MODELS = {
+    "vitlab_token": lambda: tiny_vit(),
+    "vitlab_avg": lambda: tiny_vit(readout="avg"),
+    "vitlab_sincos": lambda: tiny_vit(pos_embed="sincos"),
+    "vitlab_nopos": lambda: tiny_vit(pos_embed="none"),
+    "deit_distilled": lambda: tiny_timm("deit_tiny_distilled_patch16_224", img_size=64),
+    "dinov2_reg4": lambda: tiny_timm("vit_small_patch14_reg4_dinov2", img_size=56),
+    "map_pool": map_pool_vit,
+    "vitlab_hybrid": tiny_hybrid,
+    "timm_hybrid": lambda: tiny_timm("vit_tiny_r_s16_p8_224", img_size=64),
+}
+
+#: name -> (grid, patch, prefix kinds, pos_embed, pos_embed_has_prefix, readout, depth, heads, dim, hybrid)
+EXPECTED = {
+    "vitlab_token": ((8, 8), (4, 4), ("class",), "learn", True, "token", 3, 3, 192, False),
+    "vitlab_avg": ((8, 8), (4, 4), (), "learn", False, "avg", 3, 3, 192, False),
+    "vitlab_sincos": ((8, 8), (4, 4), ("class",), "fixed", True, "token", 3, 3, 192, False),
+    "vitlab_nopos": ((8, 8), (4, 4), ("class",), "none", False, "token", 3, 3, 192, False),
+    "deit_distilled": ((4, 4), (16, 16), ("class", "dist"), "learn", True, "token", 2, 3, 192, False),
+    "dinov2_reg4": ((4, 4), (14, 14), ("class", "reg", "reg", "reg", "reg"), "learn", False, "token", 2, 6, 384,
+                    False),
+    "map_pool": ((4, 4), (8, 8), (), "learn", False, "map", 2, 2, 64, False),
+    "vitlab_hybrid": ((8, 8), (4, 4), ("class",), "learn", True, "token", 1, 3, 192, True),
+    "timm_hybrid": ((2, 2), (32, 32), ("class",), "learn", True, "token", 2, 3, 192, True),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_model_info(name):
+    model = MODELS[name]()
+    info = model_info(model)
+    grid, patch, kinds, pos, has_prefix, readout, depth, heads, dim, hybrid = EXPECTED[name]
+    assert info.grid_size == grid and info.num_patches == grid[0] * grid[1]
+    assert info.patch_size == patch
+    assert info.prefix_kinds == kinds and info.num_prefix_tokens == len(kinds)
+    assert (info.num_class_tokens, info.num_dist_tokens, info.num_reg_tokens) == (
+        kinds.count("class"), kinds.count("dist"), kinds.count("reg"))
+    assert (info.pos_embed, info.pos_embed_has_prefix) == (pos, has_prefix)
+    assert (info.readout, info.depth, info.num_heads, info.embed_dim, info.hybrid) == (readout, depth, heads, dim,
+                                                                                        hybrid)
+    assert info.img_size == (grid[0] * patch[0], grid[1] * patch[1])
+    # cross-checks against the model itself
+    assert tokens(model, *info.img_size) == info.num_tokens
+    assert info.num_prefix_tokens == model.num_prefix_tokens
+    if model.pos_embed is not None:
+        assert model.pos_embed.shape[1] == info.num_patches + info.num_prefix_tokens * info.pos_embed_has_prefix
+
+
+def test_architecture_names():
+    assert model_info(tiny_vit()).architecture == "vitlab_vit"
+    assert model_info(tiny_hybrid()).architecture == "vitlab_hybrid"
+    assert model_info(MODELS["deit_distilled"]()).architecture == "deit_tiny_distilled_patch16_224"
+
+
+def test_dynamic_model_at_a_non_square_size():
+    model = tiny_timm("vit_tiny_patch16_224", img_size=64, dynamic_img_size=True)
+    info = model_info(model, img_size=(48, 80))
+    assert info.img_size == (48, 80) and info.grid_size == (3, 5) and info.num_tokens == 16
+    assert info.dynamic_img_size
+    assert info.pos_embed_has_prefix  # read at the model's own grid, whatever the input size
+    assert tokens(model, 48, 80) == info.num_tokens
+    assert model_info(model).grid_size == (4, 4)
+
+
+def test_img_size_int_and_hybrid_at_another_size():
+    assert model_info(tiny_vit(), img_size=48).grid_size == (12, 12)
+    info = model_info(tiny_hybrid(), img_size=(48, 64))
+    assert info.grid_size == (12, 16) and info.patch_size == (4, 4)
+
+
+def test_non_square_vitlab_model():
+    model = vitlab.build_model(vit_config("Ti/4", img_size=(32, 48), depth=1))
+    info = model_info(model)
+    assert info.img_size == (32, 48) and info.grid_size == (8, 12)
+
+
+def test_frozen_model_keeps_a_learned_embedding():
+    """Freezing a model for inspection does not turn its learned pos_embed into a 'fixed' one."""
+    vitlab_model = tiny_vit().requires_grad_(False)
+    timm_model = tiny_timm("vit_tiny_patch16_224", img_size=32).requires_grad_(False)
+    assert model_info(vitlab_model).pos_embed == "learn"
+    assert model_info(timm_model).pos_embed == "learn"
+
+
+def test_frozen_pos_embed_alone_is_fixed():
+    model = tiny_timm("vit_tiny_patch16_224", img_size=32)
+    model.pos_embed.requires_grad_(False)
+    assert model_info(model).pos_embed == "fixed"
+
+
+def test_resnets_are_refused_clearly():
+    bit = vitlab.build_model(BiTConfig(layers=(1, 1), stem="cifar", img_size=32, num_classes=10))
+    with pytest.raises(TypeError, match="ResNetV2 is not a ViT-family model"):
+        model_info(bit)
+    with pytest.raises(TypeError, match="not a ViT-family model"):
+        model_info(timm.create_model("resnet18", pretrained=False, num_classes=10))
+
+
+def test_bad_img_size():
+    with pytest.raises(ValueError, match="img_size"):
+        model_info(tiny_vit(), img_size=0)
