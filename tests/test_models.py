@@ -695,3 +695,25 @@ def test_resize_rejects_bad_sizes_without_changing_the_model():
     assert model.patch_embed.grid_size == (8, 8) and model.pos_embed.shape == (1, 65, 192)
     with pytest.raises(TypeError, match="needs a timm VisionTransformer.*ResNetV2"):
         vitlab.resize_for_finetuning(tiny_bit(), 64)
+
+
+@pytest.mark.parametrize("layers,timm_name", [((2, 2, 2, 2), "resnetv2_18"), ((3, 4, 6, 3), "resnetv2_34")])
+def test_basic_bit_resnets_match_timm_layout(layers, timm_name):
+    """Basic-block BiT ResNets have exactly timm's ResNet-v2 18/34 tensors, with GroupNorm and StdConv."""
+    from timm.layers import GroupNormAct, StdConv2d
+
+    cfg = BiTConfig(layers=layers, channels=(64, 128, 256, 512), basic=True)
+    ours = meta_model(lambda: vitlab.build_model(cfg))
+    ref = meta_model(lambda: timm.create_model(timm_name))
+    shapes = {k: v.shape for k, v in ref.state_dict().items() if "running_" not in k and "num_batches" not in k}
+    assert {k: v.shape for k, v in ours.state_dict().items()} == shapes
+    assert any(isinstance(m, StdConv2d) for m in ours.modules())
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in ours.modules())
+    assert any(isinstance(m, GroupNormAct) for m in ours.modules())
+
+
+def test_bit_channels_validated():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        BiTConfig(layers=(2, 2), channels=(48, 96))
+    with pytest.raises(ValueError, match="one width per stage"):
+        BiTConfig(layers=(2, 2), channels=(64,))

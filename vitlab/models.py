@@ -178,6 +178,8 @@ class BiTConfig:
 
     layers: tuple[int, ...] = (3, 4, 6, 3)  # ResNet-50
     width_factor: int = 1
+    channels: tuple[int, ...] | None = None  # stage output widths; None: 256, 512, 1024, ... (bottleneck)
+    basic: bool = False  # two 3x3 convolutions per block (ResNet-18/34 style) instead of bottlenecks
     num_classes: int = 1000
     in_chans: int = 3
     img_size: int = 224
@@ -189,6 +191,12 @@ class BiTConfig:
         if isinstance(self.layers, list):
             object.__setattr__(self, "layers", tuple(self.layers))
         _check_resnet(self.layers, self.stem)
+        if isinstance(self.channels, list):
+            object.__setattr__(self, "channels", tuple(self.channels))
+        if self.channels is not None and (len(self.channels) != len(self.layers) or min(self.channels) < 32
+                                          or any(c % 32 for c in self.channels)):
+            raise ValueError(f"channels must give one width per stage ({len(self.layers)}), each a multiple of 32 "
+                             f"(GroupNorm has 32 groups), got {self.channels!r}")
         if not isinstance(self.width_factor, int) or self.width_factor < 1:
             raise ValueError(f"width_factor must be a positive int, got {self.width_factor!r}")
         _size2(self.img_size)
@@ -229,9 +237,12 @@ def _resnet_stride(layers: tuple[int, ...], stem: str) -> int:
     return stem_stride * 2 ** (len(layers) - 1)
 
 
-def _resnet_v2(layers: tuple[int, ...], stem: str, preact: bool, **kwargs: Any) -> ResNetV2:
+def _resnet_v2(layers: tuple[int, ...], stem: str, preact: bool, channels: tuple[int, ...] | None = None,
+               basic: bool = False, **kwargs: Any) -> ResNetV2:
     """A BiT-style ResNet-v2 (StdConv2d + GroupNorm(32)); the 'cifar' stem keeps full resolution."""
-    channels = tuple(256 * 2**i for i in range(len(layers)))
+    channels = channels or tuple(256 * 2**i for i in range(len(layers)))
+    if basic:
+        kwargs.update(basic=True, bottle_ratio=1.0, stem_chs=channels[0])
     model = ResNetV2(
         layers=list(layers),
         channels=channels,
@@ -328,6 +339,8 @@ def build_model(cfg: ModelConfig) -> nn.Module:
             cfg.layers,
             cfg.stem,
             preact=True,
+            channels=cfg.channels,
+            basic=cfg.basic,
             num_classes=cfg.num_classes,
             in_chans=cfg.in_chans,
             width_factor=cfg.width_factor,

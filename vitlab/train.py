@@ -90,7 +90,9 @@ PRESETS: dict[str, TrainConfig] = {
     "vit_cifar10": TrainConfig(model=_vit32(), epochs=200, batch_size=128, lr=1e-3, weight_decay=0.05,
                                randaugment="rand-m9-n2-mstd0.5"),
     "bit_cifar10": TrainConfig(
-        model=BiTConfig(layers=(2, 2, 2, 2), num_classes=10, img_size=32, stem="cifar", preprocess=CIFAR_PRE),
+        # BiT-style ResNet-18 at half width (pre-activation, GroupNorm, weight standardisation): 2.8M parameters
+        model=BiTConfig(layers=(2, 2, 2, 2), channels=(32, 64, 128, 256), basic=True, num_classes=10, img_size=32,
+                        stem="cifar", preprocess=CIFAR_PRE),
         epochs=200, batch_size=128, lr=1e-3, weight_decay=0.05, randaugment="rand-m9-n2-mstd0.5"),
     "hybrid_cifar10": TrainConfig(
         model=HybridConfig(vit=_vit32(patch_size=2, depth=6), layers=(1, 1), stem="cifar"),
