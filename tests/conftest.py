@@ -33,3 +33,34 @@ def tiny_timm(name: str, **kwargs) -> torch.nn.Module:
 @pytest.fixture
 def vit():
     return tiny_vit()
+
+
+def tiny_hybrid(**vit_overrides) -> torch.nn.Module:
+    """R(1)+ViT-Ti: the ImageNet stem and one stage, stride 4, so a 32 px image gives an 8x8 grid of 1x1 patches."""
+    vit = vitlab.vit_config("Ti/4", img_size=32, depth=1, num_classes=10, **vit_overrides)
+    return vitlab.build_model(vitlab.HybridConfig(vit=vit, layers=(1,), stem="imagenet")).eval()
+
+
+def tiny_bit() -> torch.nn.Module:
+    """A two-stage BiT ResNet-v2 with the 32 px stem, 10 classes, eval mode."""
+    return vitlab.build_model(vitlab.BiTConfig(layers=(1, 1), stem="cifar", img_size=32, num_classes=10)).eval()
+
+
+def ref_sincos(gh: int, gw: int, dim: int) -> torch.Tensor:
+    """(gh*gw, dim) 2D sin-cos table written out: [sin(y w), sin(x w), cos(y w), cos(x w)], w = 1/10000^(k/(dim/4))."""
+    d = dim // 4
+    omega = 1.0 / 10000 ** (torch.arange(d, dtype=torch.float64) / d)
+    y, x = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64), indexing="ij")
+    y, x = y.reshape(-1, 1) * omega, x.reshape(-1, 1) * omega
+    return torch.cat([y.sin(), x.sin(), y.cos(), x.cos()], dim=1).float()
+
+
+def outputs(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's output for ``x`` in eval mode, without autograd."""
+    with torch.no_grad():
+        return model.eval()(x)
+
+
+@pytest.fixture
+def x32() -> torch.Tensor:
+    return torch.randn(2, 3, 32, 32)

@@ -7,18 +7,12 @@ from vitlab.capture import (
     capture_attention,
     find_attention_modules,
 )
+from vitlab.checkpoint import load_checkpoint, save_checkpoint
+from vitlab.errors import ModelLoadError
+from vitlab.finetune import resize_for_finetuning
 from vitlab.info import ModelInfo, model_info
-from vitlab.models import (
-    BiTConfig,
-    HybridConfig,
-    ModelLoadError,
-    ViTConfig,
-    build_model,
-    load_model,
-    resize_for_finetuning,
-    save_checkpoint,
-    vit_config,
-)
+from vitlab.models import load_model
+from vitlab.zoo import BiTConfig, HybridConfig, ViTConfig, build_model, vit_config
 
 __version__ = "0.1.0"
 
@@ -34,6 +28,7 @@ __all__ = [
     "build_model",
     "capture_attention",
     "find_attention_modules",
+    "load_checkpoint",
     "load_model",
     "model_info",
     "resize_for_finetuning",

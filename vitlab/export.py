@@ -18,8 +18,8 @@ import torch
 from PIL import Image
 from torch import nn
 
+from vitlab.checkpoint import load_checkpoint, save_checkpoint
 from vitlab.data import ImageArray, load_dataset
-from vitlab.models import _load_vitlab_checkpoint, save_checkpoint
 
 CARD_NAME = "MODEL_CARD.md"
 
@@ -46,13 +46,13 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
     run = Path(run_dir)
     ck = run / "checkpoint"
     meta = json.loads((ck / "config.json").read_text())
-    model = _load_vitlab_checkpoint(ck)
+    model = load_checkpoint(ck)
     train_cfg = meta["train"]
     test = load_dataset(train_cfg["data"], "test")
     tmp_out = save_checkpoint(model, out, dtype=dtype, extra={
         "epoch": meta["epoch"], "train": train_cfg, "metrics": meta.get("metrics"), "data": meta.get("data"),
         "environment": meta.get("environment"), "train_seconds": meta.get("train_seconds")})
-    shipped = _load_vitlab_checkpoint(tmp_out)
+    shipped = load_checkpoint(tmp_out)
     acc = timm_pipeline_accuracy(shipped, test)
     history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     facts = {

@@ -28,19 +28,18 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from vitlab.checkpoint import load_checkpoint, save_checkpoint
 from vitlab.data import ImageArray, load_dataset, normalize, random_crop_flip
-from vitlab.models import (
+from vitlab.zoo import (
     CIFAR_MEAN,
     CIFAR_STD,
     BiTConfig,
     HybridConfig,
     Preprocess,
     ViTConfig,
-    _load_vitlab_checkpoint,
     build_model,
     config_from_dict,
     config_to_dict,
-    save_checkpoint,
 )
 
 __all__ = ["TrainConfig", "PRESETS", "train", "TrainingDiverged", "evaluate"]
@@ -315,7 +314,7 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     start_epoch, elapsed = 0, 0.0
     ck = run / "checkpoint"
     if resume:
-        model.load_state_dict(_load_vitlab_checkpoint(ck).state_dict())
+        model.load_state_dict(load_checkpoint(ck).state_dict())
     model.to(d.device)
     opt = _optimizer(model, cfg)
     ema = timm.utils.ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema_decay else None

@@ -1,0 +1,181 @@
+"""Checkpoints (vitlab.checkpoint): exact round trips, atomic saves, clear errors for damaged files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import outputs, tiny_bit, tiny_hybrid, tiny_timm, tiny_vit
+from safetensors import safe_open
+from timm.data import resolve_data_config
+
+import vitlab
+import vitlab.checkpoint as vc
+from vitlab import ModelLoadError, vit_config
+from vitlab.zoo import Preprocess
+
+
+@pytest.mark.parametrize("make", [tiny_vit, tiny_hybrid, tiny_bit, lambda: tiny_vit(pos_embed="sincos", readout="avg"),
+                                  lambda: tiny_vit(pos_embed="none")])
+def test_checkpoint_round_trip_is_exact(tmp_path, make, x32):
+    model = make()
+    out = vitlab.save_checkpoint(model, tmp_path / "ckpt", extra={"epoch": 3, "note": "hi"})
+    assert out == tmp_path / "ckpt"
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+    loaded = vitlab.load_model(out)
+    assert not loaded.training
+    assert loaded.vitlab_config == model.vitlab_config
+    assert torch.equal(outputs(loaded, x32), outputs(model, x32))
+    assert loaded.vitlab_checkpoint["epoch"] == 3 and loaded.vitlab_checkpoint["note"] == "hi"
+    assert loaded.vitlab_checkpoint["path"] == str(out)
+    assert resolve_data_config({}, model=loaded) == resolve_data_config({}, model=model)
+
+
+def test_checkpoint_keeps_custom_preprocessing(tmp_path):
+    pre = Preprocess(mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6), interpolation="bilinear", crop_pct=0.9)
+    model = vitlab.build_model(vit_config("Ti/4", img_size=32, depth=1, preprocess=pre))
+    loaded = vitlab.load_model(vitlab.save_checkpoint(model, tmp_path / "c"))
+    assert loaded.vitlab_config.preprocess == pre
+    cfg = resolve_data_config({}, model=loaded)
+    assert (cfg["mean"], cfg["std"], cfg["interpolation"], cfg["crop_pct"]) == (pre.mean, pre.std, "bilinear", 0.9)
+
+
+def test_checkpoint_loads_from_either_file(tmp_path, x32):
+    model = tiny_vit()
+    d = vitlab.save_checkpoint(model, tmp_path / "c")
+    for p in (d / "config.json", d / "model.safetensors", str(d)):
+        assert torch.equal(outputs(vitlab.load_model(p), x32), outputs(model, x32))
+
+
+def test_checkpoint_in_float16(tmp_path, x32):
+    model = tiny_vit()
+    d = vitlab.save_checkpoint(model, tmp_path / "c", dtype=torch.float16)
+    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}
+    loaded = vitlab.load_model(d)
+    assert all(p.dtype == torch.float32 for p in loaded.parameters())
+    torch.testing.assert_close(outputs(loaded, x32), outputs(model, x32), atol=2e-2, rtol=2e-2)
+
+
+def test_checkpoint_files_are_plain_json_and_safetensors(tmp_path):
+    d = vitlab.save_checkpoint(tiny_vit(), tmp_path / "c")
+    meta = json.loads((d / "config.json").read_text())
+    assert meta["format"] == "vitlab-checkpoint" and meta["config"]["kind"] == "vit"
+    assert (d / "model.safetensors").read_bytes()[8:9] == b"{"  # safetensors header, not a pickle
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, x32):
+    first, second = tiny_vit(), tiny_vit()
+    d = vitlab.save_checkpoint(first, tmp_path / "c", extra={"v": 1})
+
+    def broken_save(state, filename, metadata=None):
+        Path(filename).write_bytes(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(vc, "save_file", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        vitlab.save_checkpoint(second, d, extra={"v": 2})
+    assert [p.name for p in tmp_path.iterdir()] == ["c"]  # no temporary folders left behind
+    loaded = vitlab.load_model(d)
+    assert loaded.vitlab_checkpoint["v"] == 1
+    assert torch.equal(outputs(loaded, x32), outputs(first, x32))
+
+
+def test_failed_final_rename_restores_the_previous_checkpoint(tmp_path, monkeypatch, x32):
+    first = tiny_vit()
+    d = vitlab.save_checkpoint(first, tmp_path / "c", extra={"v": 1})
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if ".tmp." in Path(src).name:
+            raise OSError("rename failed")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(vc.os, "replace", replace)
+    with pytest.raises(OSError, match="rename failed"):
+        vitlab.save_checkpoint(tiny_vit(), d, extra={"v": 2})
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["c"]
+    loaded = vitlab.load_model(d)
+    assert loaded.vitlab_checkpoint["v"] == 1
+    assert torch.equal(outputs(loaded, x32), outputs(first, x32))
+
+
+def test_save_replaces_a_previous_checkpoint(tmp_path, x32):
+    d = vitlab.save_checkpoint(tiny_vit(), tmp_path / "c", extra={"v": 1})
+    second = tiny_vit(readout="avg")
+    vitlab.save_checkpoint(second, d, extra={"v": 2})
+    assert [p.name for p in tmp_path.iterdir()] == ["c"]  # the old copy is gone too
+    loaded = vitlab.load_model(d)
+    assert loaded.vitlab_checkpoint["v"] == 2
+    assert torch.equal(outputs(loaded, x32), outputs(second, x32))
+
+
+def test_save_refuses_to_replace_other_folders(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="non-empty folder"):
+        vitlab.save_checkpoint(tiny_vit(), tmp_path / "results")
+    assert (tmp_path / "results" / "notes.txt").read_text() == "keep me"
+    (tmp_path / "empty").mkdir()
+    vitlab.save_checkpoint(tiny_vit(), tmp_path / "empty")  # an empty folder is fine
+
+
+def test_save_rejects_bad_extra_before_writing(tmp_path):
+    with pytest.raises(ValueError, match="reserved"):
+        vitlab.save_checkpoint(tiny_vit(), tmp_path / "c", extra={"config": {}})
+    with pytest.raises(ValueError, match="JSON"):
+        vitlab.save_checkpoint(tiny_vit(), tmp_path / "c", extra={"t": torch.zeros(1)})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_needs_a_vitlab_model(tmp_path):
+    with pytest.raises(ValueError, match="no vitlab config"):
+        vitlab.save_checkpoint(tiny_timm("vit_tiny_patch16_224", img_size=32), tmp_path / "c")
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "no 'config' entry"),
+    ('{"config": {"kind": "mlp"}}', "kind='mlp'"),
+    ('{"config": {"kind": "vit", "depth": 0}}', "invalid.*depth"),
+    ('{"config": {"kind": "vit", "colour": 1}}', "unknown fields"),
+    ('{"format_version": 99, "config": {"kind": "vit"}}', "newer"),
+])
+def test_damaged_config_is_a_clear_error(tmp_path, text, match):
+    d = vitlab.save_checkpoint(tiny_vit(), tmp_path / "c")
+    (d / "config.json").write_text(text)
+    with pytest.raises(ModelLoadError, match=match):
+        vitlab.load_model(d)
+
+
+def test_weights_from_another_model_are_a_clear_error(tmp_path):
+    a = vitlab.save_checkpoint(tiny_vit(), tmp_path / "a")
+    b = vitlab.save_checkpoint(vitlab.build_model(vit_config("Ti/4", img_size=32, depth=2, num_classes=10)),
+                               tmp_path / "b")
+    c = vitlab.save_checkpoint(vitlab.build_model(vit_config("Ti/4", img_size=48, depth=3, num_classes=10)),
+                               tmp_path / "c")
+    os.replace(b / "model.safetensors", a / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"does not match its config.json: missing \['blocks.2"):
+        vitlab.load_model(a)
+    os.replace(c / "model.safetensors", a / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"shape mismatches \['pos_embed: file \(1, 145, 192\) vs model \(1, 65"):
+        vitlab.load_model(a)
+
+
+def test_truncated_weights_are_a_clear_error(tmp_path):
+    d = vitlab.save_checkpoint(tiny_vit(), tmp_path / "c")
+    data = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="could not be read.*damaged"):
+        vitlab.load_model(d)
+
+
+def test_folder_without_checkpoint_files(tmp_path):
+    (tmp_path / "c").mkdir()
+    with pytest.raises(ModelLoadError, match="not a vitlab checkpoint.*config.json.*model.safetensors"):
+        vitlab.load_model(tmp_path / "c")

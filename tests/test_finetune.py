@@ -1,0 +1,143 @@
+"""Fine-tuning at another resolution (vitlab.finetune): position embeddings against F.interpolate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import outputs, ref_sincos, tiny_bit, tiny_hybrid, tiny_timm, tiny_vit
+from timm.data import resolve_data_config
+from torch import nn
+
+import vitlab
+
+
+def ref_resample(grid_rows: torch.Tensor, old: tuple[int, int], new: tuple[int, int], mode: str,
+                 antialias: bool = False) -> torch.Tensor:
+    """(new gh*gw, D) from (old gh*gw, D) by F.interpolate of the (1, D, gh, gw) image."""
+    d = grid_rows.shape[-1]
+    img = grid_rows.reshape(1, *old, d).permute(0, 3, 1, 2)
+    out = F.interpolate(img, size=new, mode=mode, antialias=antialias)
+    return out.permute(0, 2, 3, 1).reshape(-1, d)
+
+
+# ---------------------------------------------------------------------------------------------- resize
+
+
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear", "nearest"])
+@pytest.mark.parametrize("size, grid", [(48, (12, 12)), ((32, 64), (8, 16))])
+def test_resize_interpolates_position_embeddings(mode, size, grid):
+    model = tiny_vit()
+    old = model.pos_embed.detach().clone()  # (1, 1 + 64, D)
+    vitlab.resize_for_finetuning(model, size, interpolation=mode)
+    new = model.pos_embed
+    assert new.shape == (1, 1 + grid[0] * grid[1], 192) and new.requires_grad
+    assert torch.equal(new[0, 0], old[0, 0])  # the class token's row is kept
+    torch.testing.assert_close(new[0, 1:], ref_resample(old[0, 1:], (8, 8), grid, mode), atol=1e-6, rtol=1e-6)
+
+
+def test_resize_down_is_antialiased():
+    model = tiny_vit()
+    old = model.pos_embed.detach().clone()
+    vitlab.resize_for_finetuning(model, 16)
+    ref = ref_resample(old[0, 1:], (8, 8), (4, 4), "bicubic", antialias=True)
+    torch.testing.assert_close(model.pos_embed[0, 1:], ref, atol=1e-6, rtol=1e-6)
+
+
+def test_resize_to_the_same_size_is_the_identity(x32):
+    model = tiny_vit()
+    before, pe = outputs(model, x32), model.pos_embed.detach().clone()
+    vitlab.resize_for_finetuning(model, 32)
+    assert torch.equal(model.pos_embed, pe)
+    assert torch.equal(outputs(model, x32), before)
+
+
+def test_resize_a_frozen_model_still_interpolates():
+    """A frozen learned embedding is not mistaken for the fixed sin-cos one."""
+    model = tiny_vit().requires_grad_(False)
+    old = model.pos_embed.detach().clone()
+    vitlab.resize_for_finetuning(model, 48)
+    assert not model.pos_embed.requires_grad
+    torch.testing.assert_close(model.pos_embed[0, 1:], ref_resample(old[0, 1:], (8, 8), (12, 12), "bicubic"))
+
+
+def test_resize_rebuilds_sincos_exactly():
+    model = tiny_vit(pos_embed="sincos")
+    vitlab.resize_for_finetuning(model, (48, 64))
+    pe = model.pos_embed
+    assert pe.shape == (1, 1 + 12 * 16, 192) and not pe.requires_grad
+    assert torch.equal(pe[0, 0], torch.zeros(192))
+    torch.testing.assert_close(pe[0, 1:], ref_sincos(12, 16, 192), atol=1e-5, rtol=0)
+
+
+def test_resize_replaces_the_head_with_zeros():
+    model = tiny_vit()
+    vitlab.resize_for_finetuning(model, 48, num_classes=5)
+    assert isinstance(model.head, nn.Linear) and model.head.weight.shape == (5, 192)
+    logits = outputs(model, torch.randn(2, 3, 48, 48))
+    assert torch.equal(logits, torch.zeros(2, 5))
+    assert model.vitlab_config.img_size == 48 and model.vitlab_config.num_classes == 5
+    assert resolve_data_config({}, model=model)["input_size"] == (3, 48, 48)
+    assert model.pretrained_cfg["num_classes"] == 5
+
+
+def test_resize_to_features_only_and_round_trip(tmp_path):
+    model = tiny_vit()
+    vitlab.resize_for_finetuning(model, (32, 48), num_classes=0)
+    x = torch.randn(2, 3, 32, 48)
+    assert outputs(model, x).shape == (2, 192)
+    assert model.vitlab_config.num_classes == 0 and model.vitlab_config.img_size == (32, 48)
+    loaded = vitlab.load_model(vitlab.save_checkpoint(model, tmp_path / "c"))
+    assert torch.equal(outputs(loaded, x), outputs(model, x))
+    assert resolve_data_config({}, model=loaded)["input_size"] == (3, 32, 48)
+
+
+def test_resize_keeps_the_model_trainable():
+    model = tiny_vit().train()
+    vitlab.resize_for_finetuning(model, 48, num_classes=5)
+    loss = F.cross_entropy(model(torch.randn(2, 3, 48, 48)), torch.tensor([0, 1]))
+    loss.backward()
+    assert model.head.weight.grad is not None and model.head.weight.grad.abs().sum() > 0
+
+
+def test_resize_hybrid_grows_the_grid_with_the_image(tmp_path):
+    model = tiny_hybrid()
+    old = model.pos_embed.detach().clone()
+    vitlab.resize_for_finetuning(model, 48, num_classes=3)
+    assert model.patch_embed.grid_size == (12, 12)
+    assert vitlab.model_info(model).grid_size == (12, 12)
+    torch.testing.assert_close(model.pos_embed[0, 1:], ref_resample(old[0, 1:], (8, 8), (12, 12), "bicubic"))
+    x = torch.randn(2, 3, 48, 48)
+    assert model.forward_features(x).shape == (2, 1 + 144, 192)
+    assert torch.equal(outputs(model, x), torch.zeros(2, 3))
+    loaded = vitlab.load_model(vitlab.save_checkpoint(model, tmp_path / "c"))
+    assert torch.equal(outputs(loaded, x), outputs(model, x))
+
+
+def test_resize_timm_distilled_model():
+    model = tiny_timm("deit_tiny_distilled_patch16_224", img_size=32)
+    old = model.pos_embed.detach().clone()  # (1, 2 + 4, D)
+    vitlab.resize_for_finetuning(model, 64, num_classes=7)
+    assert torch.equal(model.pos_embed[0, :2], old[0, :2])
+    torch.testing.assert_close(model.pos_embed[0, 2:], ref_resample(old[0, 2:], (2, 2), (4, 4), "bicubic"))
+    assert torch.equal(model.head_dist.weight, torch.zeros(7, 192))
+    assert torch.equal(outputs(model, torch.randn(1, 3, 64, 64)), torch.zeros(1, 7))
+
+
+def test_resize_timm_registers_without_prefix_rows():
+    model = tiny_timm("vit_small_patch14_reg4_dinov2", img_size=56)
+    old = model.pos_embed.detach().clone()  # (1, 16, D): no rows for the class and register tokens
+    vitlab.resize_for_finetuning(model, 84)
+    torch.testing.assert_close(model.pos_embed[0], ref_resample(old[0], (4, 4), (6, 6), "bicubic"))
+    assert model.forward_features(torch.randn(1, 3, 84, 84)).shape == (1, 5 + 36, 384)
+
+
+def test_resize_rejects_bad_sizes_without_changing_the_model():
+    model = tiny_vit()
+    with pytest.raises(ValueError, match="not a multiple of the patch size"):
+        vitlab.resize_for_finetuning(model, 30)
+    with pytest.raises(ValueError, match="img_size"):
+        vitlab.resize_for_finetuning(model, 0)
+    assert model.patch_embed.grid_size == (8, 8) and model.pos_embed.shape == (1, 65, 192)
+    with pytest.raises(TypeError, match="needs a timm VisionTransformer.*ResNetV2"):
+        vitlab.resize_for_finetuning(tiny_bit(), 64)

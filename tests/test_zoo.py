@@ -1,0 +1,252 @@
+"""The model zoo (vitlab.zoo): pinned parameter counts, timm's own layouts as references, config checks.
+
+Big models are only built on the meta device (shapes, no memory, no init); everything that runs is tiny.
+"""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from conftest import ref_sincos, tiny_bit, tiny_hybrid, tiny_vit
+from timm.data import resolve_data_config
+from timm.layers import GroupNormAct, StdConv2d
+from torch import nn
+
+import vitlab
+from vitlab import BiTConfig, HybridConfig, vit_config
+from vitlab.zoo import Preprocess
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def meta_model(build) -> nn.Module:
+    with torch.device("meta"):
+        return build()
+
+
+def shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+# ---------------------------------------------------------------------------------------------- the family
+
+
+@pytest.mark.parametrize("name, count", [("B/16", 86_567_656), ("L/16", 304_326_632), ("H/14", 632_045_800)])
+def test_table1_parameter_counts(name, count):
+    model = meta_model(lambda: vitlab.build_model(vit_config(name)))
+    assert n_params(model) == count
+
+
+@pytest.mark.parametrize("name, timm_name", [("Ti/16", "vit_tiny_patch16_224"), ("S/16", "vit_small_patch16_224"),
+                                             ("B/32", "vit_base_patch32_224"), ("L/32", "vit_large_patch32_224"),
+                                             ("H/14", "vit_huge_patch14_224")])
+def test_family_matches_timm_shapes(name, timm_name):
+    ours = meta_model(lambda: vitlab.build_model(vit_config(name)))
+    ref = meta_model(lambda: timm.create_model(timm_name, pretrained=False, num_classes=1000))
+    assert shapes(ours) == shapes(ref)
+
+
+def test_hybrid_matches_timm_r50_vit_b16():
+    """Independent check: with no head, our R50+ViT-B/16 has exactly timm's vit_base_r50_s16_224 tensors."""
+    ours = meta_model(lambda: vitlab.build_model(HybridConfig(vit=vit_config("B/16", num_classes=0))))
+    ref = meta_model(lambda: timm.create_model("vit_base_r50_s16_224", pretrained=False, num_classes=0))
+    assert shapes(ours) == shapes(ref)
+    assert ours.patch_embed.grid_size == (14, 14)
+    assert ours.patch_embed.proj.kernel_size == (1, 1)  # the feature map is cut into 1x1 patches
+
+
+def test_bit_r50x1_matches_timm():
+    ours = meta_model(lambda: vitlab.build_model(BiTConfig()))
+    ref = meta_model(lambda: timm.create_model("resnetv2_50x1_bit", pretrained=False))
+    assert n_params(ours) == 25_549_352 == n_params(ref)
+    assert shapes(ours) == shapes(ref)
+
+
+def test_bit_uses_group_norm_and_weight_standardisation():
+    model = tiny_bit()
+    convs = [m for name, m in model.named_modules() if isinstance(m, nn.Conv2d) and not name.startswith("head")]
+    assert convs and all(isinstance(m, StdConv2d) for m in convs)  # the head is a plain 1x1 conv, as in timm
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    assert any(isinstance(m, GroupNormAct) and m.num_groups == 32 for m in model.modules())
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert [f["reduction"] for f in model.feature_info] == [1, 1, 2]  # 32 px stem keeps full resolution
+
+
+def test_hybrid_runs_and_backbone_is_bit_style(x32):
+    model = tiny_hybrid()
+    assert model.patch_embed.grid_size == (8, 8)
+    assert all(isinstance(m, StdConv2d) for m in model.patch_embed.backbone.modules() if isinstance(m, nn.Conv2d))
+    assert any(isinstance(m, GroupNormAct) for m in model.patch_embed.backbone.modules())
+    assert model.forward_features(x32).shape == (2, 1 + 64, 192)
+    assert model(x32).shape == (2, 10)
+
+
+def test_hybrid_with_the_small_image_stem():
+    """The 32 px stem keeps full resolution: two stages give stride 2, so 16 px make an 8x8 grid."""
+    cfg = HybridConfig(vit=vit_config("Ti/2", img_size=16, depth=1, num_classes=10), layers=(1, 1), stem="cifar")
+    model = vitlab.build_model(cfg).eval()
+    assert model.patch_embed.grid_size == (8, 8)
+    assert model(torch.randn(1, 3, 16, 16)).shape == (1, 10)
+
+
+def test_small_image_variant(x32):
+    model = tiny_vit()
+    assert model.patch_embed.grid_size == (8, 8)
+    assert model.patch_embed.proj.kernel_size == (4, 4)
+    assert model(x32).shape == (2, 10)
+
+
+def test_non_square_images():
+    model = vitlab.build_model(vit_config("Ti/4", img_size=(32, 48), depth=1, num_classes=3)).eval()
+    assert model.patch_embed.grid_size == (8, 12)
+    assert model(torch.randn(1, 3, 32, 48)).shape == (1, 3)
+    assert resolve_data_config({}, model=model)["input_size"] == (3, 32, 48)
+
+
+def test_token_readout_reads_the_class_token(x32):
+    model = tiny_vit()
+    assert model.cls_token is not None and model.global_pool == "token"
+    feats = model.forward_features(x32)  # (B, 1 + 64, D), final norm applied
+    assert torch.equal(model.forward_head(feats, pre_logits=True), feats[:, 0])
+
+
+def test_avg_readout_has_no_class_token_and_averages(x32):
+    model = tiny_vit(readout="avg")
+    assert model.cls_token is None and model.num_prefix_tokens == 0
+    feats = model.forward_features(x32)  # (B, 64, D)
+    assert feats.shape == (2, 64, 192)
+    torch.testing.assert_close(model.forward_head(feats, pre_logits=True), model.fc_norm(feats.mean(1)))
+
+
+def test_learned_position_embedding():
+    model = tiny_vit()
+    assert isinstance(model.pos_embed, nn.Parameter) and model.pos_embed.requires_grad
+    assert model.pos_embed.shape == (1, 1 + 64, 192)
+
+
+def test_sincos_position_embedding_is_the_fixed_2d_table():
+    model = tiny_vit(pos_embed="sincos")
+    pe = model.pos_embed
+    assert not pe.requires_grad
+    assert pe.shape == (1, 1 + 64, 192)
+    assert torch.equal(pe[0, 0], torch.zeros(192))  # the class token gets no position
+    torch.testing.assert_close(pe[0, 1:], ref_sincos(8, 8, 192), atol=1e-5, rtol=0)
+    assert not any(p is pe for p in model.parameters() if p.requires_grad)
+
+
+def test_no_position_embedding_makes_the_model_blind_to_patch_order():
+    """Table 8's 'no positional embedding': permuting the patches of the image leaves the logits unchanged."""
+    model = tiny_vit(pos_embed="none", readout="avg")
+    assert model.pos_embed is None
+    x = torch.randn(2, 3, 32, 32)
+    patches = x.reshape(2, 3, 8, 4, 8, 4).permute(0, 2, 4, 1, 3, 5).reshape(2, 64, 3, 4, 4)
+    perm = torch.randperm(64)
+    shuffled = patches[:, perm].reshape(2, 8, 8, 3, 4, 4).permute(0, 3, 1, 4, 2, 5).reshape(2, 3, 32, 32)
+    assert not torch.equal(shuffled, x)
+    with torch.no_grad():
+        torch.testing.assert_close(model(shuffled), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_learned_position_embedding_makes_the_model_see_patch_order(x32):
+    model = tiny_vit(readout="avg")
+    flipped = x32.reshape(2, 3, 8, 4, 32).flip(2).reshape(2, 3, 32, 32)  # rows of patches in reverse order
+    with torch.no_grad():
+        assert not torch.allclose(model(flipped), model(x32), atol=1e-4)
+
+
+def test_every_model_is_a_plain_timm_module():
+    assert type(tiny_vit()).__name__ == "VisionTransformer"
+    assert type(tiny_bit()).__name__ == "ResNetV2"
+    assert tiny_vit().vitlab_config == vit_config("Ti/4", img_size=32, depth=3, num_classes=10)
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("name", ["X/16", "B16", "B/x", "B/0", "B/-4", "B/16/2", ""])
+def test_vit_config_rejects_bad_names(name):
+    with pytest.raises(ValueError, match="SIZE/PATCH"):
+        vit_config(name)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(img_size=100), "not a multiple of patch_size"),
+    (dict(img_size=(224, 100)), "not a multiple of patch_size"),
+    (dict(img_size=0), "img_size"),
+    (dict(num_heads=5), "divisible by num_heads"),
+    (dict(readout="cls"), "readout"),
+    (dict(pos_embed="1d"), "pos_embed"),
+    (dict(depth=0), "depth"),
+    (dict(num_classes=-1), "num_classes"),
+    (dict(embed_dim=6, num_heads=1, pos_embed="sincos"), "divisible by 4"),
+])
+def test_vit_config_rejects_bad_fields(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        vit_config("B/16", **overrides)
+
+
+def test_vit_config_unknown_field():
+    with pytest.raises(TypeError, match="unknown ViTConfig fields.*patch"):
+        vit_config("B/16", patch=8)
+
+
+def test_other_configs_reject_bad_fields():
+    with pytest.raises(ValueError, match="vit.patch_size must be 16"):
+        HybridConfig(vit=vit_config("B/32"))
+    with pytest.raises(ValueError, match="stem"):
+        BiTConfig(stem="tiny")
+    with pytest.raises(ValueError, match="layers"):
+        BiTConfig(layers=())
+    with pytest.raises(TypeError, match="ViTConfig, HybridConfig or BiTConfig"):
+        vitlab.build_model({"kind": "vit"})
+
+
+# ---------------------------------------------------------------------------------------------- preprocessing
+
+
+def test_preprocessing_comes_from_the_models_own_config():
+    pre = Preprocess(mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6), interpolation="bilinear")
+    model = vitlab.build_model(vit_config("Ti/4", img_size=32, depth=1, preprocess=pre))
+    cfg = resolve_data_config({}, model=model)
+    assert cfg["input_size"] == (3, 32, 32)
+    assert cfg["mean"] == (0.1, 0.2, 0.3) and cfg["std"] == (0.4, 0.5, 0.6)
+    assert cfg["interpolation"] == "bilinear"
+    assert cfg["crop_pct"] == 1.0
+
+
+@pytest.mark.parametrize("make, size", [(tiny_hybrid, 32), (tiny_bit, 32),
+                                        (lambda: meta_model(lambda: vitlab.build_model(vit_config("B/16"))), 224)])
+def test_preprocessing_defaults(make, size):
+    cfg = resolve_data_config({}, model=make())
+    assert cfg["input_size"] == (3, size, size)
+    assert cfg["mean"] == cfg["std"] == (0.5, 0.5, 0.5)
+    assert cfg["interpolation"] == "bicubic"
+
+
+def test_input_size_follows_in_chans():
+    model = vitlab.build_model(vit_config("Ti/4", img_size=32, depth=1, in_chans=1))
+    assert resolve_data_config({}, model=model)["input_size"] == (1, 32, 32)
+
+
+@pytest.mark.parametrize("layers,timm_name", [((2, 2, 2, 2), "resnetv2_18"), ((3, 4, 6, 3), "resnetv2_34")])
+def test_basic_bit_resnets_match_timm_layout(layers, timm_name):
+    """Basic-block BiT ResNets have exactly timm's ResNet-v2 18/34 tensors, with GroupNorm and StdConv."""
+    from timm.layers import GroupNormAct, StdConv2d
+
+    cfg = BiTConfig(layers=layers, channels=(64, 128, 256, 512), basic=True)
+    ours = meta_model(lambda: vitlab.build_model(cfg))
+    ref = meta_model(lambda: timm.create_model(timm_name))
+    shapes = {k: v.shape for k, v in ref.state_dict().items() if "running_" not in k and "num_batches" not in k}
+    assert {k: v.shape for k, v in ours.state_dict().items()} == shapes
+    assert any(isinstance(m, StdConv2d) for m in ours.modules())
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in ours.modules())
+    assert any(isinstance(m, GroupNormAct) for m in ours.modules())
+
+
+def test_bit_channels_validated():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        BiTConfig(layers=(2, 2), channels=(48, 96))
+    with pytest.raises(ValueError, match="one width per stage"):
+        BiTConfig(layers=(2, 2), channels=(64,))

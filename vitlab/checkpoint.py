@@ -1,0 +1,213 @@
+"""vitlab checkpoints: a folder with ``model.safetensors`` + ``config.json``, written atomically, read strictly.
+
+``save_checkpoint`` writes one; ``load_checkpoint`` rebuilds the model from the config and loads the
+weights, turning every kind of damage into a ``ModelLoadError`` that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from vitlab.errors import ModelLoadError
+from vitlab.zoo import ModelConfig, build_model, config_from_dict, config_to_dict
+
+__all__ = ["save_checkpoint", "load_checkpoint", "CONFIG_NAME", "WEIGHTS_NAME"]
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+FORMAT_NAME = "vitlab-checkpoint"
+FORMAT_VERSION = 1
+#: Keys of config.json that ``save_checkpoint(extra=...)`` may not overwrite.
+RESERVED_META_KEYS = frozenset({"format", "format_version", "config", "pretrained_cfg", "versions", "path"})
+
+
+def save_checkpoint(
+    model: nn.Module,
+    directory: str | os.PathLike,
+    *,
+    extra: dict[str, Any] | None = None,
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write ``model.safetensors`` + ``config.json`` into ``directory`` atomically.
+
+    Both files are written to a temporary folder beside ``directory`` and moved into place by renames, so
+    a crash leaves either the previous checkpoint or the new one, never a mix; if the save fails, the
+    previous checkpoint is put back. (Folders cannot be swapped in one rename: a hard crash between the
+    two renames leaves the previous checkpoint complete in a hidden ``.NAME.old.*`` folder beside it.) ``directory`` is replaced as a whole, so it must be new, empty or a
+    vitlab checkpoint. ``dtype`` (e.g. ``torch.float16``) converts floating-point tensors for a smaller
+    file. ``extra`` (JSON-serialisable) is stored in config.json and comes back as ``model.vitlab_checkpoint``.
+    """
+    cfg = getattr(model, "vitlab_config", None)
+    if cfg is None:
+        raise ValueError(
+            "this model has no vitlab config (it was not built by vitlab.build_model); "
+            "save timm models with timm's own tools, or build the model with vitlab.build_model"
+        )
+    directory = Path(directory)
+    _check_replaceable(directory)
+    text = _meta_json(model, cfg, extra)
+    state = _state_for_saving(model, dtype)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp.", dir=directory.parent))
+    try:
+        save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        (tmp / CONFIG_NAME).write_text(text)
+        _swap_in(tmp, directory)
+    finally:
+        _rmtree(tmp)  # gone already after a successful swap
+    return directory
+
+
+def _check_replaceable(directory: Path) -> None:
+    """Refuse to replace a file or a folder that holds something other than a vitlab checkpoint."""
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise FileExistsError(f"{directory} exists and is not a folder; save_checkpoint writes a folder")
+    if any(directory.iterdir()) and not _is_checkpoint_dir(directory):
+        raise FileExistsError(
+            f"{directory} is a non-empty folder without a vitlab checkpoint; save_checkpoint replaces the "
+            "whole folder, so give it a new or empty folder (or a previous checkpoint's folder)"
+        )
+
+
+def _is_checkpoint_dir(directory: Path) -> bool:
+    try:
+        meta = json.loads((directory / CONFIG_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT_NAME
+
+
+def _meta_json(model: nn.Module, cfg: ModelConfig, extra: dict[str, Any] | None) -> str:
+    """config.json's text; checked before anything is written so a bad ``extra`` cannot half-save."""
+    extra = dict(extra or {})
+    clash = sorted(RESERVED_META_KEYS & set(extra))
+    if clash:
+        raise ValueError(f"extra may not use the reserved keys {clash}")
+    pcfg = getattr(model, "pretrained_cfg", None) or {}
+    meta = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "config": config_to_dict(cfg),
+        "pretrained_cfg": {k: list(v) if isinstance(v, tuple) else v for k, v in pcfg.items()},
+        "versions": {"torch": torch.__version__, "timm": timm.__version__},
+        **extra,
+    }
+    try:
+        return json.dumps(meta, indent=2, sort_keys=True) + "\n"
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"extra must be JSON-serialisable: {e}") from None
+
+
+def _state_for_saving(model: nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """CPU, contiguous copies of the state dict; floating-point tensors cast to ``dtype`` when given."""
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype such as torch.float16, got {dtype}")
+    state = {}
+    for k, v in model.state_dict().items():
+        v = v.detach().cpu()
+        if dtype is not None and v.is_floating_point():
+            v = v.to(dtype)
+        state[k] = v.contiguous()
+    return state
+
+
+def _swap_in(tmp: Path, directory: Path) -> None:
+    """Move ``tmp`` to ``directory`` by renames; on failure the previous ``directory`` is restored."""
+    old = None
+    if directory.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
+        old.rmdir()  # only the unique name is wanted: os.replace needs the target not to exist
+        os.replace(directory, old)
+    try:
+        os.replace(tmp, directory)
+    except BaseException:
+        if old is not None and not directory.exists():
+            os.replace(old, directory)
+        raise
+    if old is not None:
+        _rmtree(old)
+
+
+def _rmtree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _read_meta(cfg_file: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(cfg_file.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{cfg_file} is not valid JSON ({e}); the checkpoint is damaged") from None
+    if not isinstance(meta, dict) or "config" not in meta:
+        raise ModelLoadError(f"{cfg_file} has no 'config' entry; the checkpoint is damaged or not from vitlab")
+    version = meta.get("format_version", FORMAT_VERSION)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ModelLoadError(
+            f"{cfg_file} has format_version={version!r}, newer than this vitlab reads ({FORMAT_VERSION}); "
+            "upgrade vitlab"
+        )
+    return meta
+
+
+def _read_weights(weights: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(weights))
+    except Exception as e:  # safetensors raises its own error type for damaged files
+        raise ModelLoadError(
+            f"{weights} could not be read ({type(e).__name__}: {e}); the checkpoint is damaged"
+        ) from None
+
+
+def _check_state(state: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], weights: Path) -> None:
+    """Same keys and shapes as the model built from the config, or a ModelLoadError listing the differences."""
+    missing = sorted(set(ref) - set(state))
+    unexpected = sorted(set(state) - set(ref))
+    shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(ref[k].shape)}"
+              for k in ref if k in state and state[k].shape != ref[k].shape]
+    if missing or unexpected or shapes:
+        raise ModelLoadError(
+            f"{weights} does not match its {CONFIG_NAME}: missing {missing[:5]}, unexpected {unexpected[:5]}, "
+            f"shape mismatches {shapes[:5]} (first 5 of each shown); the checkpoint is damaged or its files "
+            "come from different saves"
+        )
+
+
+def load_checkpoint(path: str | os.PathLike) -> nn.Module:
+    """The model saved by ``save_checkpoint``, in eval mode; ``path`` is its folder or either of its files.
+
+    The config's ``extra`` entries come back as ``model.vitlab_checkpoint`` (with the folder as ``"path"``).
+    Every problem (missing files, damaged JSON or weights, weights that do not fit the config) is a
+    ``ModelLoadError`` saying what is wrong.
+    """
+    path = Path(path)
+    directory = path if path.is_dir() else path.parent
+    cfg_file, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
+    if not cfg_file.is_file() or not weights.is_file():
+        raise ModelLoadError(
+            f"{directory} is not a vitlab checkpoint: it needs both {CONFIG_NAME} and {WEIGHTS_NAME} "
+            "(as written by vitlab.save_checkpoint); for a timm weights file use "
+            "vitlab.load_model('<timm name>', weights=path)"
+        )
+    meta = _read_meta(cfg_file)
+    model = build_model(config_from_dict(meta["config"]))
+    ref = model.state_dict()
+    state = _read_weights(weights)
+    _check_state(state, ref, weights)
+    model.load_state_dict({k: v.to(ref[k].dtype) for k, v in state.items()}, strict=True)
+    if isinstance(meta.get("pretrained_cfg"), dict):
+        pc = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["pretrained_cfg"].items()}
+        model.pretrained_cfg = model.default_cfg = pc
+    model.vitlab_checkpoint = {k: v for k, v in meta.items() if k not in ("config", "pretrained_cfg")}
+    model.vitlab_checkpoint["path"] = str(directory)
+    return model.eval()

@@ -1,0 +1,128 @@
+"""Fine-tuning at another resolution (paper section 3.2): resample the position embeddings, reset the head."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from timm.layers import HybridEmbed, resample_abs_pos_embed
+from timm.models import VisionTransformer
+from torch import nn
+
+from vitlab.zoo import HybridConfig, ModelConfig, ViTConfig, _sincos_grid, _size2
+
+__all__ = ["resize_for_finetuning"]
+
+
+def resize_for_finetuning(model: nn.Module, img_size: int | tuple[int, int], num_classes: int | None = None,
+                          interpolation: str = "bicubic") -> nn.Module:
+    """Prepare a ViT for fine-tuning at another resolution, as in the paper's section 3.2.
+
+    The patch size stays, so the grid grows; the learned position embeddings of the patch grid are
+    resampled by 2D interpolation (``interpolation`` is the ``F.interpolate`` mode; antialiased only when
+    the grid shrinks), prefix rows kept as they are; fixed sin-cos embeddings are rebuilt exactly for the
+    new grid; with ``num_classes`` the head is replaced by a zero-initialised linear layer (0: no head).
+    For a hybrid the grid is the backbone's feature map at the new size. Works in place and returns the model.
+    """
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(f"resize_for_finetuning needs a timm VisionTransformer, got {type(model).__name__}")
+    size = _size2(img_size)
+    if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 0):
+        raise ValueError(f"num_classes must be an int >= 0 (0: no head), got {num_classes!r}")
+    embed = model.patch_embed
+    if not isinstance(embed, HybridEmbed) and not getattr(embed, "dynamic_img_pad", False):
+        ph, pw = embed.patch_size
+        if size[0] % ph or size[1] % pw:
+            raise ValueError(f"img_size {size} is not a multiple of the patch size {(ph, pw)}")
+    new_cfg = _resized_config(getattr(model, "vitlab_config", None), size, num_classes)  # validates before changes
+    pe = model.pos_embed
+    sincos = pe is not None and _is_sincos(model)
+    old_grid = tuple(embed.grid_size)
+    embed.set_input_size(img_size=size)  # hybrid: runs the backbone once to read the new feature map size
+    new_grid = tuple(embed.grid_size)
+    if pe is not None:
+        n_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+        with torch.no_grad():
+            new = _resized_pos_embed(pe, n_prefix, old_grid, new_grid, sincos, interpolation)
+        model.pos_embed = nn.Parameter(new, requires_grad=pe.requires_grad)
+    if num_classes is not None:
+        _zero_head(model, num_classes)
+    _record_size(model, size, num_classes, new_cfg)
+    return model
+
+
+def _resized_config(cfg: ModelConfig | None, size: tuple[int, int], num_classes: int | None) -> ModelConfig | None:
+    """The vitlab config of the resized model (so a checkpoint of it rebuilds the right shapes)."""
+    img: int | tuple[int, int] = size[0] if size[0] == size[1] else size
+    if isinstance(cfg, ViTConfig):
+        ncls = cfg.num_classes if num_classes is None else num_classes
+        return dataclasses.replace(cfg, img_size=img, num_classes=ncls)
+    if isinstance(cfg, HybridConfig):
+        ncls = cfg.vit.num_classes if num_classes is None else num_classes
+        return dataclasses.replace(cfg, vit=dataclasses.replace(cfg.vit, img_size=img, num_classes=ncls))
+    return cfg
+
+
+def _is_sincos(model: VisionTransformer) -> bool:
+    """Whether pos_embed is the fixed sin-cos table: from the vitlab config, else by comparing the values.
+
+    (``requires_grad`` is no evidence: a user may have frozen a learned embedding.)
+    """
+    cfg = getattr(model, "vitlab_config", None)
+    cfg = cfg.vit if isinstance(cfg, HybridConfig) else cfg
+    if isinstance(cfg, ViTConfig):
+        return cfg.pos_embed == "sincos"
+    pe, grid = model.pos_embed, tuple(model.patch_embed.grid_size)
+    n = grid[0] * grid[1]
+    if pe.shape[-1] % 4 or pe.shape[1] < n:
+        return False
+    table = _sincos_grid(grid, pe.shape[-1], pe.detach())
+    return bool(torch.allclose(pe.detach()[0, -n:], table, atol=1e-5))
+
+
+def _resized_pos_embed(pe: torch.Tensor, n_prefix: int, old_grid: tuple[int, int], new_grid: tuple[int, int],
+                       sincos: bool, interpolation: str) -> torch.Tensor:
+    """(1, n_prefix + new gh*gw, D) from (1, n_prefix + old gh*gw, D); prefix rows are copied unchanged."""
+    if pe.shape[1] != n_prefix + old_grid[0] * old_grid[1]:
+        raise ValueError(
+            f"pos_embed has {pe.shape[1]} rows but the model has {n_prefix} prefix rows and a {old_grid} grid"
+        )
+    if sincos:
+        table = _sincos_grid(new_grid, pe.shape[-1], pe)
+        return torch.cat([pe[:, :n_prefix].detach(), table[None]], dim=1)
+    shrink = new_grid[0] < old_grid[0] or new_grid[1] < old_grid[1]
+    antialias = shrink and interpolation in ("bilinear", "bicubic")
+    return resample_abs_pos_embed(pe.detach(), new_size=list(new_grid), old_size=list(old_grid),
+                                  num_prefix_tokens=n_prefix, interpolation=interpolation, antialias=antialias)
+
+
+def _zero_head(model: VisionTransformer, num_classes: int) -> None:
+    """A fresh D x K head with zero weight and bias (paper section 3.2), on the model's device and dtype."""
+    ref = model.pos_embed if model.pos_embed is not None else next(model.parameters())
+    model.reset_classifier(num_classes)
+    for name in ("head", "head_dist"):  # DeiT-distilled models have a second head
+        head = getattr(model, name, None)
+        if isinstance(head, nn.Linear):
+            nn.init.zeros_(head.weight)
+            nn.init.zeros_(head.bias)
+            head.to(device=ref.device, dtype=ref.dtype)
+
+
+def _record_size(model: VisionTransformer, size: tuple[int, int], num_classes: int | None,
+                 cfg: ModelConfig | None) -> None:
+    """Make pretrained_cfg (read by timm.data.resolve_data_config) and the vitlab config tell the new size."""
+    pc = dict(getattr(model, "pretrained_cfg", {}) or {})
+    chans = (pc.get("input_size") or (getattr(model.patch_embed, "in_chans", 3),))[0]
+    pc["input_size"] = (chans, *size)
+    pc.pop("test_input_size", None)
+    if num_classes is not None:
+        pc["num_classes"] = num_classes
+    model.pretrained_cfg = model.default_cfg = pc
+    try:
+        from timm.models._input import update_model_input_size
+    except ImportError:  # older timm keeps no size traits
+        pass
+    else:
+        update_model_input_size(model, size)
+    if cfg is not None:
+        model.vitlab_config = cfg

@@ -1,0 +1,377 @@
+"""The paper's model zoo: a small frozen config per family, built into a plain timm module.
+
+Three families, each described by a small frozen config:
+
+* ``ViTConfig``    the ViT family of Table 1 (Ti/S/B/L/H, any patch size and resolution), class-token or
+                   global-average-pool readout, learned 1D, fixed 2D sin-cos or no position embedding.
+* ``HybridConfig`` a ResNet (v2, GroupNorm + weight standardisation) feature map cut into 1x1 patches
+                   and fed to a ViT (paper section 3.1, "Hybrid Architecture").
+* ``BiTConfig``    BiT-style ResNet baselines (pre-activation ResNet-v2, GroupNorm, StdConv).
+
+Every model is a plain timm module (``VisionTransformer`` or ``ResNetV2``), so timm's named stages
+(``forward_features``, ``forward_head(pre_logits=True)``) and ``timm.data.resolve_data_config`` work on it.
+``config_to_dict`` / ``config_from_dict`` give the configs' JSON form (as stored in checkpoints).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal
+
+import torch
+from timm.layers import GroupNormAct, HybridEmbed, StdConv2d
+from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
+from timm.models import VisionTransformer
+from timm.models.resnetv2 import ResNetV2
+from torch import nn
+
+from vitlab.errors import ModelLoadError
+
+__all__ = [
+    "VIT_SIZES",
+    "CIFAR_MEAN",
+    "CIFAR_STD",
+    "IMAGENET_INCEPTION",
+    "Preprocess",
+    "ViTConfig",
+    "HybridConfig",
+    "BiTConfig",
+    "ModelConfig",
+    "vit_config",
+    "build_model",
+    "config_to_dict",
+    "config_from_dict",
+]
+
+#: Table 1 of the paper (plus DeiT's Tiny and Small): width, depth, heads, MLP width.
+VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
+    "Ti": (192, 12, 3, 768),
+    "S": (384, 12, 6, 1536),
+    "B": (768, 12, 12, 3072),
+    "L": (1024, 24, 16, 4096),
+    "H": (1280, 32, 16, 5120),
+}
+
+#: Preprocessing for models trained from scratch by vitlab unless a config says otherwise (CIFAR-10 statistics).
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.2470, 0.2435, 0.2616)
+IMAGENET_INCEPTION = (0.5, 0.5, 0.5)
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """What the model expects at its input; becomes the timm ``pretrained_cfg``."""
+
+    mean: tuple[float, float, float] = CIFAR_MEAN
+    std: tuple[float, float, float] = CIFAR_STD
+    interpolation: str = "bicubic"
+    crop_pct: float = 1.0
+
+
+def _size2(v: int | tuple[int, int] | list[int], what: str = "img_size") -> tuple[int, int]:
+    """``v`` as (H, W) of positive ints; a clear ValueError otherwise."""
+    pair = (v, v) if isinstance(v, int) else tuple(v)
+    if len(pair) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in pair):
+        raise ValueError(f"{what} must be a positive int or a pair (H, W) of positive ints, got {v!r}")
+    return pair  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """One member of the ViT family. ``vit_config("B/16")`` gives the paper's ViT-B/16.
+
+    ``img_size`` is an int (square) or (H, W); each side must be a whole number of patches.
+    """
+
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_dim: int = 3072
+    patch_size: int = 16
+    img_size: int | tuple[int, int] = 224
+    num_classes: int = 1000
+    in_chans: int = 3
+    readout: Literal["token", "avg"] = "token"
+    pos_embed: Literal["learn", "sincos", "none"] = "learn"
+    drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    preprocess: Preprocess = Preprocess(mean=IMAGENET_INCEPTION, std=IMAGENET_INCEPTION)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.img_size, list):  # from JSON
+            object.__setattr__(self, "img_size", tuple(self.img_size))
+        for name in ("embed_dim", "depth", "num_heads", "mlp_dim", "patch_size", "in_chans"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if not isinstance(self.num_classes, int) or self.num_classes < 0:
+            raise ValueError(f"num_classes must be an int >= 0 (0: no head), got {self.num_classes!r}")
+        h, w = _size2(self.img_size)
+        if h % self.patch_size or w % self.patch_size:
+            raise ValueError(
+                f"img_size={self.img_size} is not a multiple of patch_size={self.patch_size}: "
+                "pick sizes so the image splits into whole patches"
+            )
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim={self.embed_dim} must be divisible by num_heads={self.num_heads}")
+        if self.readout not in ("token", "avg"):
+            raise ValueError(f"readout must be 'token' or 'avg', got {self.readout!r}")
+        if self.pos_embed not in ("learn", "sincos", "none"):
+            raise ValueError(f"pos_embed must be 'learn', 'sincos' or 'none', got {self.pos_embed!r}")
+        if self.pos_embed == "sincos" and self.embed_dim % 4:
+            raise ValueError(f"2D sin-cos position embeddings need embed_dim divisible by 4, got {self.embed_dim}")
+
+
+def _check_resnet(layers: tuple[int, ...], stem: str) -> None:
+    if not layers or not all(isinstance(n, int) and n >= 1 for n in layers):
+        raise ValueError(f"layers must be a non-empty tuple of block counts >= 1, got {layers!r}")
+    if stem not in ("imagenet", "cifar"):
+        raise ValueError(f"stem must be 'imagenet' (7x7/2 conv + max pool) or 'cifar' (3x3/1 conv), got {stem!r}")
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    """R?+ViT: a ResNet-v2 stem and stages whose feature map is cut into 1x1 patches (paper section 3.1)."""
+
+    vit: ViTConfig = ViTConfig()  # vit.patch_size is the backbone's total stride
+    layers: tuple[int, ...] = (3, 4, 9)  # R50 hybrid: the first three stages of ResNet-50
+    stem: Literal["imagenet", "cifar"] = "imagenet"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layers, list):
+            object.__setattr__(self, "layers", tuple(self.layers))
+        _check_resnet(self.layers, self.stem)
+        stride = _resnet_stride(self.layers, self.stem)
+        if stride != self.vit.patch_size:
+            raise ValueError(
+                f"the backbone with layers={self.layers} and stem={self.stem!r} has stride {stride}, "
+                f"so vit.patch_size must be {stride} (got {self.vit.patch_size})"
+            )
+
+
+@dataclass(frozen=True)
+class BiTConfig:
+    """A BiT-style ResNet-v2 (pre-activation, GroupNorm, weight-standardised convolutions)."""
+
+    layers: tuple[int, ...] = (3, 4, 6, 3)  # ResNet-50
+    width_factor: int = 1
+    channels: tuple[int, ...] | None = None  # stage output widths; None: 256, 512, 1024, ... (bottleneck)
+    basic: bool = False  # two 3x3 convolutions per block (ResNet-18/34 style) instead of bottlenecks
+    num_classes: int = 1000
+    in_chans: int = 3
+    img_size: int = 224
+    stem: Literal["imagenet", "cifar"] = "imagenet"
+    drop_path_rate: float = 0.0
+    preprocess: Preprocess = Preprocess(mean=IMAGENET_INCEPTION, std=IMAGENET_INCEPTION)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layers, list):
+            object.__setattr__(self, "layers", tuple(self.layers))
+        _check_resnet(self.layers, self.stem)
+        if isinstance(self.channels, list):
+            object.__setattr__(self, "channels", tuple(self.channels))
+        if self.channels is not None and (len(self.channels) != len(self.layers) or min(self.channels) < 32
+                                          or any(c % 32 for c in self.channels)):
+            raise ValueError(f"channels must give one width per stage ({len(self.layers)}), each a multiple of 32 "
+                             f"(GroupNorm has 32 groups), got {self.channels!r}")
+        if not isinstance(self.width_factor, int) or self.width_factor < 1:
+            raise ValueError(f"width_factor must be a positive int, got {self.width_factor!r}")
+        _size2(self.img_size)
+
+
+ModelConfig = ViTConfig | HybridConfig | BiTConfig
+_KINDS: dict[str, type] = {"vit": ViTConfig, "hybrid": HybridConfig, "bit": BiTConfig}
+
+
+def vit_config(name: str = "B/16", **overrides: Any) -> ViTConfig:
+    """The paper's naming: ``"B/16"``, ``"L/32"``, ``"Ti/4"`` (any patch size) plus field overrides."""
+    try:
+        size, patch = name.split("/")
+        width, depth, heads, mlp = VIT_SIZES[size]
+        patch_size = int(patch)
+        if patch_size < 1:
+            raise ValueError
+    except (ValueError, KeyError, AttributeError):
+        raise ValueError(
+            f"unknown ViT name {name!r}: use SIZE/PATCH with SIZE in {list(VIT_SIZES)} and a positive patch "
+            "size, e.g. 'B/16' or 'Ti/4'"
+        ) from None
+    fields = {f.name for f in dataclasses.fields(ViTConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise TypeError(f"unknown ViTConfig fields {unknown}; valid fields: {sorted(fields)}")
+    values = dict(embed_dim=width, depth=depth, num_heads=heads, mlp_dim=mlp, patch_size=patch_size)
+    values.update(overrides)
+    return ViTConfig(**values)
+
+
+# ---------------------------------------------------------------------------------------------- build
+
+
+def _resnet_stride(layers: tuple[int, ...], stem: str) -> int:
+    """Total stride of stem + stages: the stem gives 4 (imagenet) or 1 (cifar), every stage after the first 2."""
+    stem_stride = 4 if stem == "imagenet" else 1
+    return stem_stride * 2 ** (len(layers) - 1)
+
+
+def _resnet_v2(layers: tuple[int, ...], stem: str, preact: bool, channels: tuple[int, ...] | None = None,
+               basic: bool = False, **kwargs: Any) -> ResNetV2:
+    """A BiT-style ResNet-v2 (StdConv2d + GroupNorm(32)); the 'cifar' stem keeps full resolution."""
+    channels = channels or tuple(256 * 2**i for i in range(len(layers)))
+    if basic:
+        kwargs.update(basic=True, bottle_ratio=1.0, stem_chs=channels[0])
+    model = ResNetV2(
+        layers=list(layers),
+        channels=channels,
+        preact=preact,
+        stem_type="fixed" if stem == "imagenet" else "",
+        conv_layer=partial(StdConv2d, eps=1e-8),
+        norm_layer=partial(GroupNormAct, num_groups=32),
+        **kwargs,
+    )
+    if stem == "cifar":  # 32 px images: a 3x3 stride-1 stem instead of 7x7/2 conv + 3x3/2 max pool
+        stem_chs = model.stem.conv.out_channels
+        model.stem = nn.Sequential()
+        model.stem.add_module("conv", StdConv2d(kwargs.get("in_chans", 3), stem_chs, 3, stride=1, padding=1, eps=1e-8))
+        if not preact:
+            model.stem.add_module("norm", GroupNormAct(stem_chs, num_groups=32))
+        model.feature_info[0]["reduction"] = 1
+        for info in model.feature_info[1:]:  # the stages lost the stem's stride of 4 too
+            info["reduction"] //= 4
+    return model
+
+
+def _vit_kwargs(cfg: ViTConfig) -> dict[str, Any]:
+    return dict(
+        img_size=cfg.img_size,
+        patch_size=cfg.patch_size,
+        in_chans=cfg.in_chans,
+        num_classes=cfg.num_classes,
+        embed_dim=cfg.embed_dim,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        mlp_ratio=cfg.mlp_dim / cfg.embed_dim,
+        class_token=cfg.readout == "token",
+        global_pool=cfg.readout,
+        pos_embed="none" if cfg.pos_embed == "none" else "learn",
+        drop_rate=cfg.drop_rate,
+        drop_path_rate=cfg.drop_path_rate,
+    )
+
+
+def _pretrained_cfg(arch: str, img_size: int | tuple[int, int], in_chans: int, num_classes: int,
+                    pre: Preprocess, first_conv: str, classifier: str) -> dict[str, Any]:
+    """The timm ``pretrained_cfg`` that ``timm.data.resolve_data_config`` reads the preprocessing from."""
+    return dict(
+        architecture=arch,
+        input_size=(in_chans, *_size2(img_size)),
+        mean=tuple(pre.mean),
+        std=tuple(pre.std),
+        interpolation=pre.interpolation,
+        crop_pct=pre.crop_pct,
+        crop_mode="center",
+        num_classes=num_classes,
+        first_conv=first_conv,
+        classifier=classifier,
+    )
+
+
+def _sincos_grid(grid: tuple[int, int], dim: int, like: torch.Tensor) -> torch.Tensor:
+    """(gh*gw, D) fixed 2D sin-cos table, rows in the patch order (row-major over the grid)."""
+    return build_sincos2d_pos_embed(list(grid), dim=dim, device=like.device).to(like.dtype)
+
+
+def _set_sincos(model: VisionTransformer) -> None:
+    """Fixed 2D sin-cos position embedding (Table 8's "2-D" variant without learning); prefix rows are zero."""
+    gh, gw = model.patch_embed.grid_size
+    pe = torch.zeros_like(model.pos_embed)  # (1, prefix + gh*gw, D)
+    pe[0, pe.shape[1] - gh * gw :] = _sincos_grid((gh, gw), model.embed_dim, pe)
+    model.pos_embed = nn.Parameter(pe, requires_grad=False)
+
+
+def _build_vit(cfg: ViTConfig, embed_layer: Any = None) -> VisionTransformer:
+    kwargs = _vit_kwargs(cfg)
+    if embed_layer is not None:
+        kwargs.update(patch_size=1, embed_layer=embed_layer)
+    model = VisionTransformer(**kwargs)
+    if cfg.pos_embed == "sincos":
+        _set_sincos(model)
+    return model
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """Build a randomly initialised model from a config. The config is attached as ``model.vitlab_config``."""
+    if isinstance(cfg, ViTConfig):
+        model = _build_vit(cfg)
+        pcfg = _pretrained_cfg("vitlab_vit", cfg.img_size, cfg.in_chans, cfg.num_classes, cfg.preprocess,
+                               "patch_embed.proj", "head")
+    elif isinstance(cfg, HybridConfig):
+        backbone = _resnet_v2(cfg.layers, cfg.stem, preact=False, num_classes=0, global_pool="",
+                              in_chans=cfg.vit.in_chans)
+        model = _build_vit(cfg.vit, embed_layer=partial(HybridEmbed, backbone=backbone))
+        pcfg = _pretrained_cfg("vitlab_hybrid", cfg.vit.img_size, cfg.vit.in_chans, cfg.vit.num_classes,
+                               cfg.vit.preprocess, "patch_embed.backbone.stem.conv", "head")
+    elif isinstance(cfg, BiTConfig):
+        model = _resnet_v2(
+            cfg.layers,
+            cfg.stem,
+            preact=True,
+            channels=cfg.channels,
+            basic=cfg.basic,
+            num_classes=cfg.num_classes,
+            in_chans=cfg.in_chans,
+            width_factor=cfg.width_factor,
+            drop_path_rate=cfg.drop_path_rate,
+        )
+        pcfg = _pretrained_cfg("vitlab_bit", cfg.img_size, cfg.in_chans, cfg.num_classes, cfg.preprocess,
+                               "stem.conv", "head.fc")
+    else:
+        raise TypeError(f"expected ViTConfig, HybridConfig or BiTConfig, got {type(cfg).__name__}")
+    model.pretrained_cfg = pcfg
+    model.default_cfg = model.pretrained_cfg
+    model.vitlab_config = cfg
+    return model
+
+
+# ---------------------------------------------------------------------------------------------- config <-> json
+
+
+def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
+    """JSON-ready dict: ``{"kind": "vit" | "hybrid" | "bit", **fields}``."""
+    kind = {ViTConfig: "vit", HybridConfig: "hybrid", BiTConfig: "bit"}[type(cfg)]
+    return {"kind": kind, **dataclasses.asdict(cfg)}
+
+
+def config_from_dict(d: dict[str, Any]) -> ModelConfig:
+    """Inverse of ``config_to_dict``; any problem is a ``ModelLoadError`` naming it."""
+    if not isinstance(d, dict):
+        raise ModelLoadError(f"checkpoint config must be a JSON object, got {type(d).__name__}")
+    d = dict(d)
+    kind = d.pop("kind", None)
+    if kind not in _KINDS:
+        raise ModelLoadError(f"checkpoint config has kind={kind!r}; expected one of {sorted(_KINDS)}")
+    try:
+        return _from_fields(_KINDS[kind], d)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise ModelLoadError(f"checkpoint config for a {kind!r} model is invalid: {e}") from None
+
+
+def _from_fields(cls: type, d: dict[str, Any]) -> Any:
+    if not isinstance(d, dict):
+        raise TypeError(f"{cls.__name__} fields must be a JSON object, got {type(d).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - names
+    if unknown:
+        raise ModelLoadError(f"checkpoint config has unknown fields {sorted(unknown)} for {cls.__name__}")
+    out = {}
+    for name, v in d.items():
+        if name == "preprocess":
+            v = Preprocess(**{k: tuple(x) if isinstance(x, list) else x for k, x in v.items()})
+        elif name == "vit":
+            v = _from_fields(ViTConfig, v)
+        elif isinstance(v, list):
+            v = tuple(v)
+        out[name] = v
+    return cls(**out)
