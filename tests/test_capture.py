@@ -258,13 +258,6 @@ def test_error_when_model_not_run_inside_block(vit):
         cap.stack()
 
 
-def test_windowed_attention_refused_clearly():
-    model = timm.create_model("samvit_base_patch16", pretrained=False, depth=2, img_size=64, window_size=2,
-                              global_attn_indexes=(1,), num_classes=0).eval()
-    with pytest.raises(AttentionCaptureError, match="window|different"):
-        vitlab.attention_maps(model, torch.randn(1, 3, 64, 64))
-
-
 def test_bad_options():
     with pytest.raises(ValueError, match="head_fusion"):
         with vitlab.capture_attention(tiny_vit(), head_fusion="median"):
@@ -276,3 +269,76 @@ def test_bad_options():
         vitlab.attention_maps(tiny_vit(), torch.randn(1, 3, 32, 32), layers=[7])
     with pytest.raises(AttentionCaptureError, match="prefix"):
         vitlab.attention_maps(tiny_vit(readout="avg"), torch.randn(1, 3, 32, 32), queries="prefix")
+
+
+class SoftmaxRecorder(torch.overrides.TorchFunctionMode):
+    """An independent recorder: every 3D/4D softmax output computed while active (test-only)."""
+
+    def __init__(self):
+        super().__init__()
+        self.out = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        r = func(*args, **(kwargs or {}))
+        if func in (torch.Tensor.softmax, torch.softmax, torch.nn.functional.softmax) and r.dim() in (3, 4):
+            self.out.append(r.detach())
+        return r
+
+
+def unfused_softmaxes(model, x):
+    """Softmax outputs of a forward with every attention module unfused, in call order."""
+    flags = [(m, m.fused_attn) for m in model.modules() if isinstance(getattr(m, "fused_attn", None), bool)]
+    try:
+        for m, _ in flags:
+            m.fused_attn = False
+        with torch.no_grad(), SoftmaxRecorder() as rec:
+            model(x)
+    finally:
+        for m, f in flags:
+            m.fused_attn = f
+    return rec.out
+
+
+def test_parallel_attention_branches_join_their_heads():
+    model = tiny_timm("vit_small_patch16_18x2_224", img_size=32)  # two attentions side by side in each block
+    x = torch.randn(2, 3, 32, 32)
+    maps = vitlab.attention_maps(model, x)
+    soft = unfused_softmaxes(model, x)  # block 0 branch 0, branch 1, block 1 branch 0, branch 1
+    assert maps.shape == (2, 2, 12, 5, 5)
+    torch.testing.assert_close(maps[0], torch.cat(soft[0:2], dim=1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(maps[1], torch.cat(soft[2:4], dim=1), atol=1e-6, rtol=0)
+    pooled = vitlab.attention_maps(model, x, head_fusion="mean")
+    torch.testing.assert_close(pooled, maps.mean(2, keepdim=True))
+
+
+def test_block_that_is_its_own_attention():
+    model = tiny_timm("vit_base_patch16_xp_224", img_size=32)  # ParallelScalingBlock: attention + MLP fused
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        plain = model(x)
+        with vitlab.capture_attention(model) as cap:
+            logits = model(x)
+    torch.testing.assert_close(logits, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cap.stack(), torch.stack(unfused_softmaxes(model, x)), atol=1e-6, rtol=0)
+
+
+def test_differential_attention_refused():
+    model = tiny_timm("vit_dwee_patch16_reg1_gap_256", img_size=32)
+    with pytest.raises(AttentionCaptureError, match="differential attention"):
+        vitlab.attention_maps(model, torch.randn(1, 3, 32, 32))
+
+
+def test_sam_global_layers_captured_windowed_refused():
+    model = timm.create_model("samvit_base_patch16", pretrained=False, depth=2, img_size=64, window_size=2,
+                              global_attn_indexes=(1,), num_classes=0).eval()
+    x = torch.randn(2, 3, 64, 64)
+    maps = vitlab.attention_maps(model, x, layers=[1])  # heads folded into the batch are unfolded
+    soft = unfused_softmaxes(model, x)
+    assert maps.shape == (1, 2, 12, 16, 16)
+    torch.testing.assert_close(maps[0], soft[1].view(2, 12, 16, 16), atol=1e-6, rtol=0)
+    with pytest.raises(AttentionCaptureError, match=r"layers=\[1\]"):
+        with torch.no_grad(), vitlab.capture_attention(model) as cap:
+            model(x)
+        cap.stack()
+    with pytest.raises(AttentionCaptureError, match="windowed attention"):
+        vitlab.attention_maps(model, x)

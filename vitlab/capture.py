@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -33,6 +34,7 @@ __all__ = [
     "capture_attention",
     "attention_maps",
     "find_attention_modules",
+    "AttentionLayer",
 ]
 
 HeadFusion = Literal["mean", "max", "min"]
@@ -48,41 +50,75 @@ def _is_attention(m: nn.Module) -> bool:
     return (has_drop or hasattr(m, "fused_attn")) and hasattr(m, "num_heads")
 
 
-def _attention_in(block: nn.Module) -> tuple[str, nn.Module] | None:
-    attn = getattr(block, "attn", None)
-    if isinstance(attn, nn.Module) and _is_attention(attn):
-        return "attn", attn
-    for name, m in block.named_modules():
-        if name and _is_attention(m):
-            return name, m
+def _unsupported(m: nn.Module) -> str | None:
+    """Why an attention module's softmax is not the map it applies to its values, or None."""
+    if hasattr(m, "_compute_lambda") or "Diff" in type(m).__name__:
+        return ("differential attention: the map applied to the values is the difference of two softmax maps "
+                "(rows do not sum to 1), not a post-softmax attention")
+    if hasattr(m, "proj_l") and hasattr(m, "proj_w"):
+        return "talking-heads attention: heads are mixed after the softmax, so no per-head post-softmax map exists"
     return None
 
 
-def find_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The self-attention module of each transformer block, in depth order, as ``(name, module)``."""
+@dataclass(frozen=True)
+class AttentionLayer:
+    """The attention of one transformer block: usually one module; parallel branches have their heads joined."""
+
+    index: int
+    names: tuple[str, ...]
+    modules: tuple[nn.Module, ...]
+
+
+def _attention_in(block: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Outermost attention modules of a block (the block itself when it is one, e.g. parallel-scaling blocks)."""
+    if _is_attention(block):
+        return [("", block)]
+    found: list[tuple[str, nn.Module]] = []
+    for name, m in block.named_modules():
+        if name and _is_attention(m) and not any(name.startswith(p + ".") for p, _ in found):
+            found.append((name, m))
+    return found
+
+
+def _layer(index: int, prefix: str, hits: list[tuple[str, nn.Module]]) -> AttentionLayer:
+    for name, m in hits:
+        why = _unsupported(m)
+        if why:
+            raise AttentionCaptureError(f"{prefix}{'.' + name if name else ''} ({type(m).__name__}) uses {why}; "
+                                        "vitlab reports only exact post-softmax maps")
+    names = tuple(f"{prefix}.{n}" if n else prefix for n, _ in hits)
+    return AttentionLayer(index, names, tuple(m for _, m in hits))
+
+
+def find_attention_modules(model: nn.Module) -> list[AttentionLayer]:
+    """The self-attention of each transformer block, in depth order.
+
+    A block with several attention modules in parallel (timm's ``ParallelThingsBlock``) is one layer whose
+    heads are the branches' heads, concatenated in branch order. Attentions whose applied map is not a
+    post-softmax map (differential, talking-heads) raise ``AttentionCaptureError``.
+    """
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, (nn.Sequential, nn.ModuleList)) and len(blocks):
-        found = []
+        layers = []
         for i, blk in enumerate(blocks):
-            hit = _attention_in(blk)
-            if hit is None:
+            hits = _attention_in(blk)
+            if not hits:
                 raise AttentionCaptureError(
                     f"block {i} ({type(blk).__name__}) of {type(model).__name__} has no attention module that "
                     "vitlab can capture (looked for a module with num_heads and attn_drop or fused_attn)"
                 )
-            found.append((f"blocks.{i}.{hit[0]}", hit[1]))
-        return found
-    found, inside = [], []
+            layers.append(_layer(i, f"blocks.{i}", hits))
+        return layers
+    found: list[tuple[str, nn.Module]] = []
     for name, m in model.named_modules():
-        if _is_attention(m) and "pool" not in name and not any(name.startswith(p + ".") for p in inside):
+        if _is_attention(m) and "pool" not in name and not any(name.startswith(p + ".") for p, _ in found):
             found.append((name, m))
-            inside.append(name)
     if not found:
         raise AttentionCaptureError(
             f"{type(model).__name__} has no self-attention layers that vitlab can capture: attention maps exist "
             "only for transformer models (timm ViT, DeiT, EVA, BEiT, ...), not for CNNs such as ResNets"
         )
-    return found
+    return [_layer(i, name, [("", m)]) for i, (name, m) in enumerate(found)]
 
 
 def _find_pool(model: nn.Module) -> nn.Module | None:
@@ -109,18 +145,25 @@ class _SoftmaxRecorder(TorchFunctionMode):
 class AttentionCapture:
     """What ``capture_attention`` records; read it with ``stack()``, ``pool_maps()`` and ``grads()``."""
 
-    def __init__(self, layers: tuple[int, ...], names: tuple[str, ...], depth: int,
-                 head_fusion: HeadFusion | None, queries: Queries, keep_grad: bool, num_prefix_tokens: int):
-        self.layers = layers  # indices of the captured blocks
-        self.names = names
+    def __init__(self, layers: tuple[AttentionLayer, ...], depth: int, head_fusion: HeadFusion | None,
+                 queries: Queries, keep_grad: bool, num_prefix_tokens: int, total_batch: int | None = None):
+        self.layers = tuple(la.index for la in layers)  # indices of the captured blocks
+        self.names = tuple(n for la in layers for n in la.names)
         self.depth = depth
         self.head_fusion = head_fusion
         self.queries = queries
         self.keep_grad = keep_grad
         self.num_prefix_tokens = num_prefix_tokens
-        self.maps: dict[int, list[Tensor]] = {i: [] for i in layers}  # per layer, one (B, H, Q, T) per call
+        self._branches = {la.index: len(la.modules) for la in layers}
+        self._slot = {la.index: k for k, la in enumerate(layers)}
+        self.maps: dict[int, list[Tensor]] = {i: [] for i in self.layers}  # per layer, one (B, H, Q, T) per call
         self.pool: list[Tensor] = []  # per call, (B, H, Lq, N)
-        self._raw: dict[int, list[Tensor]] = {i: [] for i in layers}  # graph tensors when keep_grad
+        self._raw: dict[int, list[list[Tensor]]] = {i: [] for i in self.layers}  # graph tensors per call and branch
+        self._pending: dict[int, dict[int, Tensor]] = {i: {} for i in self.layers}
+        # attention_maps() knows the batch in advance: maps are then copied once, into one preallocated result
+        self._total = total_batch
+        self._out: Tensor | None = None
+        self._filled = {i: 0 for i in self.layers}
 
     # ------------------------------------------------------------------ recording
     def _reduce(self, attn: Tensor) -> Tensor:  # (B, H, T, T) -> (B, H', Q, T)
@@ -145,25 +188,56 @@ class AttentionCapture:
             attn = attn.amin(dim=1, keepdim=True)
         return attn
 
-    def _record(self, layer: int, attn: Tensor) -> None:
+    def _record(self, layer: int, branch: int, attn: Tensor, num_heads: int) -> None:
+        if attn.dim() == 3 and attn.shape[0] % num_heads == 0:  # heads folded into the batch (SAM): (B*H, N, N)
+            attn = attn.view(-1, num_heads, *attn.shape[-2:])
         if attn.dim() != 4:
             raise AttentionCaptureError(
                 f"layer {layer} produced an attention tensor of shape {tuple(attn.shape)}, expected (B, heads, "
                 "queries, keys): this attention folds heads or windows into one axis (windowed attention?), and "
                 "vitlab's (L, B, H, T, T) format needs global self-attention over all tokens"
             )
-        if self.keep_grad:
-            if attn.requires_grad:
-                attn.retain_grad()
-            self._raw[layer].append(attn)
-            self.maps[layer].append(attn.detach().float())
+        n = self._branches[layer]
+        if self.keep_grad and attn.requires_grad:
+            attn.retain_grad()
+        if n > 1:
+            self._pending[layer][branch] = attn
+            if len(self._pending[layer]) < n:
+                return
+            parts = [self._pending[layer].pop(b) for b in range(n)]
         else:
-            with torch.no_grad():
-                self.maps[layer].append(self._reduce(attn.detach()).float())
+            parts = [attn]
+        if self.keep_grad:
+            self._raw[layer].append(parts)
+        with torch.no_grad():
+            full = parts[0] if n == 1 else torch.cat(parts, dim=1)  # (B, H_total, T, T)
+            self._store(layer, full.detach() if self.keep_grad else self._reduce(full.detach()))
+
+    def _store(self, layer: int, t: Tensor) -> None:
+        if self._total is None:
+            self.maps[layer].append(t.float())
+            return
+        if self._out is None:
+            self._out = torch.empty(len(self.layers), self._total, *t.shape[1:], dtype=torch.float32, device=t.device)
+        start, out = self._filled[layer], self._out[self._slot[layer]]
+        if t.shape[1:] != out.shape[1:] or start + len(t) > self._total:
+            raise AttentionCaptureError(
+                f"layer {layer} produced maps of shape {tuple(t.shape)} while earlier layers gave "
+                f"{tuple(out.shape[1:])} per image: layers attend over different token sets or fold windows into "
+                "the batch (windowed attention?). vitlab's (L, B, H, T, T) format needs global self-attention; "
+                "capture the global layers alone with layers=[...], or use capture_attention and read capture.maps"
+            )
+        out[start : start + len(t)].copy_(t)
+        self._filled[layer] = start + len(t)
 
     # ------------------------------------------------------------------ reading
+    def _counts(self) -> dict[int, int]:
+        if self._total is not None:
+            return {i: (1 if f == self._total else 0) if f else 0 for i, f in self._filled.items()}
+        return {i: len(v) for i, v in self.maps.items()}
+
     def _check(self) -> int:
-        counts = {i: len(v) for i, v in self.maps.items()}
+        counts = self._counts()
         n = max(counts.values(), default=0)
         if n == 0:
             raise AttentionCaptureError(
@@ -182,19 +256,20 @@ class AttentionCapture:
     def stack(self) -> Tensor:
         """(L, B, H, Q, T) float32 over all recorded forward calls (batches concatenated)."""
         self._check()
-        per_layer = [torch.cat(self.maps[i], dim=0) for i in self.layers]
+        if self._out is not None:
+            return self._out
+        per_layer = [v[0] if len(v) == 1 else torch.cat(v, dim=0) for v in (self.maps[i] for i in self.layers)]
         shapes = {tuple(t.shape[1:]) for t in per_layer}
-        if len(shapes) != 1:
+        batch = {t.shape[0] for t in per_layer}
+        if len(shapes) != 1 or len(batch) != 1:
+            common = min(batch)
+            tokens = max(t.shape[-1] for t in per_layer)
+            glob = [i for i, t in zip(self.layers, per_layer) if t.shape[0] == common and t.shape[-1] == tokens]
             detail = ", ".join(f"layer {i}: {tuple(t.shape)}" for i, t in zip(self.layers, per_layer))
             raise AttentionCaptureError(
-                "layers attend over different token sets (windowed or pooled attention?), so their maps cannot "
-                f"be stacked into (L, B, H, T, T): {detail}. Read capture.maps per layer instead"
-            )
-        batch = {t.shape[0] for t in per_layer}
-        if len(batch) != 1:
-            raise AttentionCaptureError(
-                f"layers saw different batch sizes {sorted(batch)}: windowed attention folds windows into the "
-                "batch; vitlab's (L, B, H, T, T) format needs global self-attention"
+                "layers attend over different token sets or fold windows into the batch (windowed attention), so "
+                f"their maps cannot be stacked into (L, B, H, T, T): {detail}. Layers with global attention: "
+                f"{glob}; capture them alone with layers={glob}, or read capture.maps per layer"
             )
         return torch.stack(per_layer)
 
@@ -205,13 +280,15 @@ class AttentionCapture:
         self._check()
         out = []
         for i in self.layers:
-            gs = [t.grad for t in self._raw[i]]
-            if any(g is None for g in gs):
-                raise AttentionCaptureError(
-                    f"layer {i} has no gradient: call .backward() on an output inside the capture block, "
-                    "with gradients enabled"
-                )
-            out.append(torch.cat([g.float() for g in gs], dim=0))
+            calls = []
+            for parts in self._raw[i]:
+                if any(p.grad is None for p in parts):
+                    raise AttentionCaptureError(
+                        f"layer {i} has no gradient: call .backward() on an output inside the capture block, "
+                        "with gradients enabled"
+                    )
+                calls.append(torch.cat([p.grad.float() for p in parts], dim=1))
+            out.append(torch.cat(calls, dim=0))
         return torch.stack(out)
 
     def pool_maps(self) -> Tensor | None:
@@ -222,6 +299,8 @@ class AttentionCapture:
         for v in (*self.maps.values(), *self._raw.values()):
             v.clear()
         self.pool.clear()
+        self._out = None
+        self._filled = {i: 0 for i in self.layers}
 
 
 def _normalise_layers(layers: Sequence[int] | None, depth: int) -> tuple[int, ...]:
@@ -245,6 +324,7 @@ def capture_attention(
     queries: Queries = None,
     keep_grad: bool = False,
     pool: bool = True,
+    _total_batch: int | None = None,
 ) -> Iterator[AttentionCapture]:
     """Record post-softmax attention while the caller runs ``model`` inside the block.
 
@@ -259,12 +339,12 @@ def capture_attention(
         raise ValueError(f"head_fusion must be None, 'mean', 'max' or 'min', got {head_fusion!r}")
     if keep_grad and (head_fusion is not None or queries not in (None, "all")):
         raise ValueError("keep_grad=True records full maps; fuse heads or select queries after reading grads()")
-    modules = find_attention_modules(model)
-    depth = len(modules)
+    found = find_attention_modules(model)
+    depth = len(found)
     chosen = _normalise_layers(layers, depth)
     n_prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
-    cap = AttentionCapture(chosen, tuple(modules[i][0] for i in chosen), depth, head_fusion, queries,
-                           keep_grad, n_prefix)
+    cap = AttentionCapture(tuple(found[i] for i in chosen), depth, head_fusion, queries, keep_grad, n_prefix,
+                           total_batch=_total_batch)
     pool_module = _find_pool(model) if pool else None
 
     modes = [(m, m.training) for m in model.modules()]
@@ -290,15 +370,17 @@ def capture_attention(
     try:
         model.eval()
         for i in chosen:
-            m = modules[i][1]
-            if hasattr(m, "fused_attn"):
-                fused.append((m, m.fused_attn))
-                m.fused_attn = False
-            drop = getattr(m, "attn_drop", None)
-            if isinstance(drop, nn.Module):
-                handles.append(drop.register_forward_hook(lambda _m, _a, out, i=i: cap._record(i, out)))
-            else:
-                softmax_hooks(m, lambda a, i=i: cap._record(i, a))
+            for b, m in enumerate(found[i].modules):
+                if hasattr(m, "fused_attn"):
+                    fused.append((m, m.fused_attn))
+                    m.fused_attn = False
+                heads = int(m.num_heads)
+                drop = getattr(m, "attn_drop", None)
+                if isinstance(drop, nn.Module):
+                    handles.append(drop.register_forward_hook(
+                        lambda _m, _a, out, i=i, b=b, h=heads: cap._record(i, b, out, h)))
+                else:
+                    softmax_hooks(m, lambda a, i=i, b=b, h=heads: cap._record(i, b, a, h))
         if pool_module is not None:
             if hasattr(pool_module, "fused_attn"):
                 fused.append((pool_module, pool_module.fused_attn))
@@ -337,7 +419,8 @@ def attention_maps(
         raise ValueError(f"images must be a (B, C, H, W) batch, got shape {tuple(images.shape)}")
     chunks = images.split(batch_size or len(images))
     show = len(chunks) > 1 if progress is None else progress
-    with torch.no_grad(), capture_attention(model, layers=layers, head_fusion=head_fusion, queries=queries) as cap:
+    with torch.no_grad(), capture_attention(model, layers=layers, head_fusion=head_fusion, queries=queries,
+                                            _total_batch=len(images)) as cap:
         for chunk in tqdm(chunks, desc="attention", disable=not show, leave=False):
             model(chunk)
         return cap.stack()

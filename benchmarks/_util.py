@@ -1,0 +1,103 @@
+"""Helpers shared by the benchmarks: switching attention to the unfused path, machine description."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import platform
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import timm
+import torch
+from torch import nn
+
+
+@contextlib.contextmanager
+def all_unfused(model: nn.Module) -> Iterator[None]:
+    """Every module's boolean ``fused_attn`` flag set to False (explicit softmax path), restored on exit."""
+    flags = [(m, m.fused_attn) for m in model.modules() if isinstance(getattr(m, "fused_attn", None), bool)]
+    try:
+        for m, _ in flags:
+            m.fused_attn = False
+        yield
+    finally:
+        for m, flag in flags:
+            m.fused_attn = flag
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process (Linux /proc/self/statm; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+class PeakRSS:
+    """Samples resident memory every ``interval`` seconds while active; ``extra`` = peak minus start, bytes.
+
+    Torch kernels release the GIL, so the sampling thread runs during forwards; peaks shorter than the
+    interval can be missed, so this is a lower bound.
+    """
+
+    def __init__(self, interval: float = 0.002) -> None:
+        self.interval = interval
+        self.start = self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __enter__(self) -> PeakRSS:
+        self.start = self.peak = rss_bytes()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def extra(self) -> int:
+        return self.peak - self.start
+
+
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo (or the platform's processor string)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def load_average() -> str:
+    """1/5/15-minute load averages, or '?' where the OS does not report them."""
+    try:
+        return " / ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on: CPU, cores, threads, library versions, date, load."""
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "timm": timm.__version__,
+        "python": platform.python_version(),
+        "date": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "load_average": load_average(),
+    }
