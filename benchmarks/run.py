@@ -24,6 +24,7 @@ if __package__ in (None, ""):  # run as a script: make the `benchmarks` package 
 
 from benchmarks import capture_coverage as coverage
 from benchmarks import capture_speed as speed
+from benchmarks import train_speed
 from benchmarks._util import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,6 +136,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, help="coverage: at most this many names")
     p.add_argument("--no-speed", action="store_true")
     p.add_argument("--no-coverage", action="store_true")
+    p.add_argument("--no-train", action="store_true", help="skip the training-throughput benchmark")
+    p.add_argument("--train-steps", type=int, default=12, help="training benchmark: timed steps per variant")
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="JSON output folder")
     p.add_argument("--markdown", type=Path, default=ROOT / "BENCHMARKS.md")
     p.add_argument("--no-markdown", action="store_true", help="print only; leave BENCHMARKS.md alone")
@@ -159,6 +162,13 @@ def main(argv: list[str] | None = None) -> int:
         results, summary, seconds = coverage.timed_coverage(args.filter, args.limit)
         coverage.write_json(args.results / "capture_coverage.json", results, summary, seconds)
         sections["coverage"] = coverage_section(results, summary, seconds, cov_info)
+    if not args.no_train:
+        train_res = train_speed.run(steps=args.train_steps)
+        (args.results / "train_speed.json").write_text(json.dumps({"machine": machine_info(), **train_res}, indent=1))
+        sections["train"] = (f"{stamp(machine_info())} Preset `{train_res['preset']}` on {train_res['data']}, batch "
+                             f"{train_res['batch']}, {train_res['steps']} steps per variant, "
+                             f"{train_res['threads']} torch threads.\n\n{train_speed.format_table(train_res)}")
+        print("\n" + train_speed.format_table(train_res))
     print(summary_table(rows, summary))
     if not args.no_markdown:
         update_markdown(args.markdown, sections)
