@@ -425,7 +425,8 @@ def compare_block_maps(maps: Tensor, ref: Reference, n_blocks: int, batch: int) 
     """Problems with vitlab's ``(L, B, H, T, T)`` maps against the reference, and the max abs difference.
 
     Per block the map must be ``(B, H, T, T)`` with T the block's token count, equal one of the block's
-    softmax outputs, and equal the matrix the block then multiplies into its values.
+    softmax outputs, and equal the matrix the block then multiplies into its values. A block with parallel
+    attention branches must give the branches' maps joined along the head axis, in branch order.
     """
     if maps.dim() != 5 or maps.shape[0] != n_blocks:
         return [f"stack() shape {tuple(maps.shape)} for {n_blocks} blocks"], float("inf")
@@ -435,7 +436,9 @@ def compare_block_maps(maps: Tensor, ref: Reference, n_blocks: int, batch: int) 
         T = ref.tokens.get(key)
         if got.shape[0] != batch or got.shape[-1] != T or got.shape[-2] != T:
             problems.append(f"block {i}: map {tuple(got.shape)} is not (B={batch}, H, T={T}, T={T})")
-        same = [w for w in ref.maps.get(key, []) if w.shape == got.shape]
+        outs = [w for w in ref.maps.get(key, []) if w.dim() == 4]
+        candidates = outs + ([torch.cat(outs, dim=1)] if len(outs) > 1 else [])
+        same = [w for w in candidates if w.shape == got.shape]
         if not same:
             why = f"{ref.sdpa[key]} fused SDPA call(s)" if ref.sdpa[key] else "no 4-D softmax of that shape"
             problems.append(f"block {i}: reference softmax outputs {[tuple(w.shape) for w in ref.maps.get(key, [])]}"
@@ -453,10 +456,11 @@ def compare_block_maps(maps: Tensor, ref: Reference, n_blocks: int, batch: int) 
 def compare_applied(i: int, got: Tensor, applied: list[Tensor]) -> list[str]:
     """Problems when block ``i``'s captured map ``(B, H, T, T)`` is not the one matrix it multiplies into V."""
     if len(applied) > 1:
-        hits = [j for j, a in enumerate(applied)
-                if a.shape == got.shape and float((a - got).abs().max()) <= MAP_ATOL]
-        return [f"block {i} multiplies {len(applied)} attention matrices into values (parallel attention "
-                f"branches); vitlab returns one map per block (matching branch {hits or 'none'})"]
+        joined = torch.cat(applied, dim=1) if len({a.shape[2:] for a in applied}) == 1 else None
+        if joined is None or joined.shape != got.shape or float((joined - got).abs().max()) > MAP_ATOL:
+            return [f"block {i} multiplies {len(applied)} attention matrices into values (parallel attention "
+                    f"branches) and vitlab's map is not their head-wise concatenation"]
+        return []
     if applied and (applied[0].shape != got.shape or float((applied[0] - got).abs().max()) > MAP_ATOL):
         return [f"block {i}: the captured softmax {tuple(got.shape)} is not the attention matrix the block "
                 f"multiplies into its values {tuple(applied[0].shape)}"]
