@@ -18,6 +18,12 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    """Decoded-image caches go to a temporary folder, never the user's ~/.cache/vitlab."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path_factory.getbasetemp() / "vitlab-cache"))
+
+
 def tiny_vit(**overrides) -> torch.nn.Module:
     """A 3-block ViT-Ti/4 at 32 px, randomly initialised, in eval mode."""
     cfg = vitlab.vit_config("Ti/4", img_size=32, depth=3, num_classes=10, **overrides)

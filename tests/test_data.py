@@ -126,3 +126,18 @@ def test_shared_cifar10_test_split():
     assert d.images.shape == (10000, 32, 32, 3)
     assert torch.bincount(d.labels).tolist() == [1000] * 10
     assert d.classes[0] == "airplane" and d.classes[-1] == "truck"
+
+
+def test_empty_class_folder_and_missing_split_are_errors(tmp_path):
+    from vitlab.data import load_dataset
+
+    root = make_folder(tmp_path / "d" / "train")
+    (root / "c").mkdir()
+    with pytest.raises(DataError, match=r"class folder\(s\) \['c'\].*hold no images"):
+        load_image_folder(root, cache=False, progress=False)
+    (root / "c").rmdir()
+    assert len(load_dataset(str(tmp_path / "d"), "train")) == 6
+    with pytest.raises(DataError, match="no 'test' split"):
+        load_dataset(str(tmp_path / "d"), "test")
+    with pytest.raises(DataError, match="not found"):
+        load_dataset(str(tmp_path / "nowhere"))

@@ -128,6 +128,11 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
     if not members:
         raise DataError(f"no images found in {root}: expected an ImageFolder layout (class/image.jpg)")
     classes = sorted({c for c, _, _ in members})
+    if root.is_dir():
+        empty = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in classes)
+        if empty:
+            raise DataError(f"class folder(s) {empty} in {root} hold no images ({', '.join(IMAGE_SUFFIXES)}): "
+                            "add images or remove the folders")
     index = {c: i for i, c in enumerate(classes)}
     problems: list[str] = []
     images, labels = [], []
@@ -209,10 +214,16 @@ def load_dataset(spec: str, split: str = "train") -> ImageArray:
     if name in ("cifar10", "cifar100"):
         return load_cifar(name, split, root or None)
     path = Path(spec)
-    for cand in (path / f"{split}.zip", path / split, path):
+    if not path.exists():
+        raise DataError(f"dataset {spec!r} not found: use cifar10, cifar100, shapes, or an existing ImageFolder "
+                        "folder or zip")
+    for cand in (path / f"{split}.zip", path / split):
         if cand.exists():
             return load_image_folder(cand)
-    raise DataError(f"dataset {spec!r} not found: use cifar10, cifar100, or an existing ImageFolder folder or zip")
+    splits = sorted(p.stem for p in path.iterdir() if p.stem in ("train", "test", "val")) if path.is_dir() else []
+    if splits:
+        raise DataError(f"{path} has no {split!r} split (found {splits}): add {path / split}/ or {split}.zip")
+    return load_image_folder(path)
 
 
 def sample_images() -> list[tuple[str, np.ndarray]]:
