@@ -160,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_coverage:
         cov_info = machine_info()
         results, summary, seconds = coverage.timed_coverage(args.filter, args.limit)
-        coverage.write_json(args.results / "capture_coverage.json", results, summary, seconds)
+        partial = args.filter is not None or args.limit is not None  # never overwrite the full run's record
+        name = "capture_coverage.partial.json" if partial else "capture_coverage.json"
+        coverage.write_json(args.results / name, results, summary, seconds)
         sections["coverage"] = coverage_section(results, summary, seconds, cov_info)
     if not args.no_train:
         train_res = train_speed.run(steps=args.train_steps)

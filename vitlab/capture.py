@@ -164,6 +164,7 @@ class AttentionCapture:
         self._total = total_batch
         self._out: Tensor | None = None
         self._filled = {i: 0 for i in self.layers}
+        self.global_layers: tuple[int, ...] = ()  # for windowed models: blocks that attend globally
 
     # ------------------------------------------------------------------ recording
     def _reduce(self, attn: Tensor) -> Tensor:  # (B, H, T, T) -> (B, H', Q, T)
@@ -224,11 +225,17 @@ class AttentionCapture:
             raise AttentionCaptureError(
                 f"layer {layer} produced maps of shape {tuple(t.shape)} while earlier layers gave "
                 f"{tuple(out.shape[1:])} per image: layers attend over different token sets or fold windows into "
-                "the batch (windowed attention?). vitlab's (L, B, H, T, T) format needs global self-attention; "
-                "capture the global layers alone with layers=[...], or use capture_attention and read capture.maps"
+                f"the batch (windowed attention?). {self.global_hint()}"
             )
         out[start : start + len(t)].copy_(t)
         self._filled[layer] = start + len(t)
+
+    def global_hint(self) -> str:
+        if self.global_layers:
+            return (f"Layers with global attention: {list(self.global_layers)}; capture them alone with "
+                    f"layers={list(self.global_layers)}, or read capture.maps per layer")
+        return ("vitlab's (L, B, H, T, T) format needs global self-attention: capture layers of one kind with "
+                "layers=[...], or read capture.maps per layer")
 
     # ------------------------------------------------------------------ reading
     def _counts(self) -> dict[int, int]:
@@ -262,14 +269,10 @@ class AttentionCapture:
         shapes = {tuple(t.shape[1:]) for t in per_layer}
         batch = {t.shape[0] for t in per_layer}
         if len(shapes) != 1 or len(batch) != 1:
-            common = min(batch)
-            tokens = max(t.shape[-1] for t in per_layer)
-            glob = [i for i, t in zip(self.layers, per_layer) if t.shape[0] == common and t.shape[-1] == tokens]
             detail = ", ".join(f"layer {i}: {tuple(t.shape)}" for i, t in zip(self.layers, per_layer))
             raise AttentionCaptureError(
                 "layers attend over different token sets or fold windows into the batch (windowed attention), so "
-                f"their maps cannot be stacked into (L, B, H, T, T): {detail}. Layers with global attention: "
-                f"{glob}; capture them alone with layers={glob}, or read capture.maps per layer"
+                f"their maps cannot be stacked into (L, B, H, T, T): {detail}. {self.global_hint()}"
             )
         return torch.stack(per_layer)
 
@@ -346,6 +349,9 @@ def capture_attention(
     cap = AttentionCapture(tuple(found[i] for i in chosen), depth, head_fusion, queries, keep_grad, n_prefix,
                            total_batch=_total_batch)
     pool_module = _find_pool(model) if pool else None
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, (nn.Sequential, nn.ModuleList)) and any(hasattr(b, "window_size") for b in blocks):
+        cap.global_layers = tuple(i for i, b in enumerate(blocks) if not getattr(b, "window_size", 0))
 
     modes = [(m, m.training) for m in model.modules()]
     fused: list[tuple[nn.Module, bool]] = []
