@@ -11,6 +11,13 @@ from vitlab.checkpoint import load_checkpoint, save_checkpoint
 from vitlab.errors import ModelLoadError
 from vitlab.finetune import resize_for_finetuning
 from vitlab.info import ModelInfo, model_info
+from vitlab.inspect import (
+    attention_rollout,
+    embedding_filter_pca,
+    mean_attention_distance,
+    position_embedding_similarity,
+    position_structure_score,
+)
 from vitlab.models import load_model
 from vitlab.zoo import BiTConfig, HybridConfig, ViTConfig, build_model, vit_config
 
@@ -25,6 +32,11 @@ __all__ = [
     "ModelLoadError",
     "ViTConfig",
     "attention_maps",
+    "attention_rollout",
+    "embedding_filter_pca",
+    "mean_attention_distance",
+    "position_embedding_similarity",
+    "position_structure_score",
     "build_model",
     "capture_attention",
     "find_attention_modules",

@@ -1,0 +1,205 @@
+"""The inspection analyses against known answers and independent (loop) implementations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import tiny_timm, tiny_vit
+
+import vitlab
+from vitlab.inspect import (
+    attention_distance_from_maps,
+    attention_rollout,
+    embedding_filter_pca,
+    mean_attention_distance,
+    patch_distances,
+    position_embedding_similarity,
+    position_structure_score,
+    rollout_from_maps,
+)
+
+
+def random_maps(L=2, B=3, H=2, T=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(L, B, H, T, T, generator=g).softmax(-1)
+
+
+def test_patch_distances_known_answer():
+    d = patch_distances((1, 3), (4, 4))
+    assert d.tolist() == [[0, 4, 8], [4, 0, 4], [8, 4, 0]]
+    d2 = patch_distances((2, 2), (3, 4))  # rows 3 px apart, columns 4 px apart
+    assert d2[0, 3].item() == pytest.approx(5.0)
+
+
+def loop_distance(maps, grid, patch, p, renormalize):
+    """Per-patch Python loops, as in the probing-vits notebook."""
+    L, B, H = maps.shape[:3]
+    gh, gw = grid
+    out = torch.zeros(L, B, H, dtype=torch.float64)
+    for layer in range(L):
+        for b in range(B):
+            for h in range(H):
+                total = 0.0
+                for qi in range(gh * gw):
+                    row = maps[layer, b, h, p + qi, p:].double()
+                    if renormalize:
+                        row = row / row.sum()
+                    acc = 0.0
+                    for kj in range(gh * gw):
+                        dy = (qi // gw - kj // gw) * patch[0]
+                        dx = (qi % gw - kj % gw) * patch[1]
+                        acc += row[kj].item() * math.hypot(dy, dx)
+                    total += acc
+                out[layer, b, h] = total / (gh * gw)
+    return out
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_distance_matches_loop_reference(renormalize):
+    maps = random_maps(T=1 + 3 * 4)
+    fast = attention_distance_from_maps(maps, (3, 4), (8, 8), 1, renormalize)
+    torch.testing.assert_close(fast, loop_distance(maps, (3, 4), (8, 8), 1, renormalize))
+
+
+def test_distance_known_answers():
+    n = 9
+    eye = torch.eye(n).expand(1, 1, 1, n, n)
+    assert attention_distance_from_maps(eye, (3, 3), (16, 16), 0).item() == 0.0
+    uniform = torch.full((1, 1, 1, n, n), 1 / n)
+    d = patch_distances((3, 3), (16, 16))
+    assert attention_distance_from_maps(uniform, (3, 3), (16, 16), 0).item() == pytest.approx(d.mean().item())
+    # all weight on the class token: dropped without renormalising, so the distance is 0
+    to_cls = torch.zeros(1, 1, 1, n + 1, n + 1)
+    to_cls[..., 0] = 1
+    assert attention_distance_from_maps(to_cls, (3, 3), (16, 16), 1).item() == 0.0
+    with pytest.raises(ValueError, match="do not match"):
+        attention_distance_from_maps(uniform, (2, 2), (16, 16), 0)
+
+
+def test_mean_attention_distance_on_a_model():
+    model = tiny_vit()
+    x = torch.randn(5, 3, 32, 32)
+    per = mean_attention_distance(model, x, batch_size=2, per_image=True)
+    assert per.shape == (3, 5, 3)
+    torch.testing.assert_close(mean_attention_distance(model, x), per.mean(1))
+    maps = vitlab.attention_maps(model, x)
+    torch.testing.assert_close(per, attention_distance_from_maps(maps, (8, 8), (4, 4), 1).float())
+    assert 0 < per.min() and per.max() < patch_distances((8, 8), (4, 4)).max()
+
+
+def loop_rollout(maps, discard_ratio, residual, start_layer):
+    """Per image, as vit-explain does it (with its discard applied to every image, not only the first)."""
+    L, B, H, T, _ = maps.shape
+    out = []
+    for b in range(B):
+        result = torch.eye(T, dtype=torch.float64)
+        for layer in range(start_layer, L):
+            fused = maps[layer, b].double().mean(0)
+            flat = fused.reshape(-1).clone()
+            k = int(flat.numel() * discard_ratio)
+            if k:
+                idx = flat.topk(k, largest=False).indices
+                idx = idx[idx != 0]
+                flat[idx] = 0
+            a = residual * torch.eye(T, dtype=torch.float64) + (1 - residual) * flat.view(T, T)
+            a = a / a.sum(-1, keepdim=True)
+            result = a @ result
+        out.append(result)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("discard,residual,start", [(0.0, 0.5, 0), (0.9, 0.5, 0), (0.5, 0.3, 1)])
+def test_rollout_matches_per_image_loop(discard, residual, start):
+    maps = random_maps(L=3, B=4, T=7, seed=1)
+    torch.testing.assert_close(rollout_from_maps(maps, "mean", discard, residual, start),
+                               loop_rollout(maps, discard, residual, start))
+
+
+def test_rollout_known_answers():
+    T = 5
+    uniform = torch.full((2, 1, 1, T, T), 1 / T)
+    joint = rollout_from_maps(uniform, residual=0.0)
+    torch.testing.assert_close(joint, torch.full((1, T, T), 1 / T, dtype=torch.float64))
+    assert torch.equal(rollout_from_maps(random_maps(T=T), residual=1.0), torch.eye(T, dtype=torch.float64)[None]
+                       .expand(3, T, T))
+    with pytest.raises(ValueError, match="discard_ratio"):
+        rollout_from_maps(uniform, discard_ratio=1.0)
+
+
+def test_attention_rollout_readouts():
+    x = torch.randn(2, 3, 32, 32)
+    model = tiny_vit()
+    r = attention_rollout(model, x)
+    assert r.shape == (2, 8, 8)
+    joint = rollout_from_maps(vitlab.attention_maps(model, x))
+    torch.testing.assert_close(r, joint[:, 0, 1:].reshape(2, 8, 8).float())
+    assert (r.flatten(1).sum(1) < 1).all()  # the class token keeps some weight on itself
+    avg = tiny_vit(readout="avg")
+    ra = attention_rollout(avg, x)
+    joint = rollout_from_maps(vitlab.attention_maps(avg, x))
+    torch.testing.assert_close(ra, joint.mean(1).reshape(2, 8, 8).float())
+    torch.testing.assert_close(ra.flatten(1).sum(1), torch.ones(2))  # no prefix tokens: rows stay stochastic
+    pooled = timm_map_model()
+    rp = attention_rollout(pooled, torch.randn(2, 3, 32, 32))
+    assert rp.shape == (2, 4, 4)
+    torch.testing.assert_close(rp.flatten(1).sum(1), torch.ones(2))
+
+
+def timm_map_model():
+    import timm
+
+    return timm.models.VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4,
+                                         global_pool="map", class_token=False, num_classes=5).eval()
+
+
+def test_position_similarity_structure():
+    sincos = tiny_vit(pos_embed="sincos")
+    sim = position_embedding_similarity(sincos)
+    assert sim.shape == (8, 8, 8, 8)
+    torch.testing.assert_close(torch.diagonal(sim.reshape(64, 64)), torch.ones(64))
+    assert position_structure_score(sim) < -0.5  # 2D sin-cos embeddings are spatially local by construction
+    rand = tiny_vit()  # random learned embeddings: no structure
+    assert abs(position_structure_score(position_embedding_similarity(rand))) < 0.1
+    assert position_embedding_similarity(sincos, grid=(12, 12)).shape == (12, 12, 12, 12)
+    reg = tiny_timm("vit_small_patch14_reg4_dinov2", img_size=56)  # no prefix rows in pos_embed
+    assert position_embedding_similarity(reg).shape == (4, 4, 4, 4)
+    with pytest.raises(ValueError, match="no absolute position embedding"):
+        position_embedding_similarity(tiny_vit(pos_embed="none"))
+
+
+def test_spearman_matches_scipy():
+    from scipy.stats import spearmanr
+
+    sim = torch.randn(3, 4, 3, 4)
+    sim = (sim + sim.permute(2, 3, 0, 1)) / 2
+    ys = torch.arange(3).repeat_interleave(4).double()
+    xs = torch.arange(4).repeat(3).double()
+    dist = torch.sqrt((ys[:, None] - ys[None]) ** 2 + (xs[:, None] - xs[None]) ** 2)
+    iu = torch.triu_indices(12, 12, offset=1)
+    expected = spearmanr(sim.reshape(12, 12)[iu[0], iu[1]].numpy(), dist[iu[0], iu[1]].numpy()).statistic
+    assert position_structure_score(sim) == pytest.approx(expected)
+
+
+def test_filter_pca_matches_scikit_learn():
+    from sklearn.decomposition import PCA
+
+    model = tiny_vit()
+    comps, ratio = embedding_filter_pca(model, k=10)
+    w = model.patch_embed.proj.weight.detach().reshape(192, -1).double().numpy()
+    ref = PCA(n_components=10).fit(w)
+    assert comps.shape == (10, 3, 4, 4)
+    torch.testing.assert_close(ratio.double(), torch.from_numpy(ref.explained_variance_ratio_), atol=1e-6, rtol=1e-5)
+    ours = comps.reshape(10, -1).double()
+    theirs = torch.from_numpy(ref.components_)
+    torch.testing.assert_close((ours * theirs).sum(1).abs(), torch.ones(10, dtype=torch.float64), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="k must be"):
+        embedding_filter_pca(model, k=0)
+
+
+def test_filter_pca_refuses_hybrid_clearly():
+    hybrid = vitlab.build_model(vitlab.HybridConfig(vit=vitlab.vit_config("Ti/4", img_size=32, depth=1),
+                                                    layers=(1,), stem="imagenet"))
+    with pytest.raises(TypeError, match="hybrid"):
+        embedding_filter_pca(hybrid)

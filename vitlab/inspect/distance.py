@@ -1,0 +1,64 @@
+"""Mean attention distance (paper Fig. 7 right, Fig. 11, App. D.7).
+
+For each head: the attention-weighted distance, in pixels, between a query patch and the patches it attends
+to, averaged over query patches and then over images. The paper computes it on 128 images.
+
+Prefix-token policy (stated, not hidden): by default queries and keys are the patch tokens and the prefix
+tokens are dropped *without* renormalising the remaining weights (the convention of the widely used code,
+so a head that attends to the class token looks "closer"); ``renormalize=True`` divides by the attention mass
+that falls on patch keys instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from vitlab.capture import capture_attention
+from vitlab.info import model_info
+
+
+def patch_distances(grid: tuple[int, int], patch: tuple[int, int], dtype=torch.float64) -> Tensor:
+    """(N, N) Euclidean distances in pixels between patch centres of a (gh, gw) grid, N = gh * gw, row-major."""
+    gh, gw = grid
+    ys = torch.arange(gh, dtype=dtype).repeat_interleave(gw) * patch[0]
+    xs = torch.arange(gw, dtype=dtype).repeat(gh) * patch[1]
+    return torch.sqrt((ys[:, None] - ys[None]) ** 2 + (xs[:, None] - xs[None]) ** 2)
+
+
+def attention_distance_from_maps(maps: Tensor, grid: tuple[int, int], patch: tuple[int, int],
+                                 num_prefix_tokens: int, renormalize: bool = False) -> Tensor:
+    """(L, B, H, T, T) attention maps -> (L, B, H) mean attention distance in pixels, per image."""
+    p = num_prefix_tokens
+    n = grid[0] * grid[1]
+    if maps.shape[-1] != p + n or maps.shape[-2] != p + n:
+        raise ValueError(f"maps over {maps.shape[-1]} tokens do not match {p} prefix tokens + {grid} grid")
+    a = maps[..., p:, p:].double()  # (L, B, H, N, N): patch queries, patch keys
+    if renormalize:
+        a = a / a.sum(-1, keepdim=True).clamp_min(1e-12)
+    d = patch_distances(grid, patch).to(a.device)
+    per_query = (a * d).sum(-1)  # (L, B, H, N)
+    return per_query.mean(-1)
+
+
+@torch.no_grad()
+def mean_attention_distance(model: nn.Module, images: Tensor, *, batch_size: int = 32, renormalize: bool = False,
+                            per_image: bool = False, progress: bool | None = None) -> Tensor:
+    """(L, H) mean attention distance in pixels over ``images`` (or (L, B, H) with ``per_image=True``).
+
+    ``images``: a preprocessed (B, C, H, W) batch (the paper uses 128 images). Maps are captured batch by
+    batch and reduced at once, so memory stays at one batch of maps.
+    """
+    from tqdm.auto import tqdm
+
+    info = model_info(model, img_size=tuple(images.shape[-2:]))
+    chunks = images.split(batch_size)
+    out = []
+    show = len(chunks) > 1 if progress is None else progress
+    for chunk in tqdm(chunks, desc="attention distance", disable=not show, leave=False):
+        with capture_attention(model) as cap:
+            model(chunk)
+        out.append(attention_distance_from_maps(cap.stack(), info.grid_size, info.patch_size,
+                                                info.num_prefix_tokens, renormalize))
+    per = torch.cat(out, dim=1).float()  # (L, B, H)
+    return per if per_image else per.mean(1)

@@ -1,0 +1,50 @@
+"""Principal components of the patch-embedding filters (paper Fig. 7 left).
+
+The D filters of the linear patch embedding are D samples of C*P*P features; like
+``sklearn.decomposition.PCA`` they are mean-centred, and the top ``k`` right singular vectors are the
+components, reshaped back to (C, P, P) filters. Conv (timm ``PatchEmbed.proj``) and linear layouts both work.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def _filters(model: nn.Module) -> Tensor:
+    """(D, C, P, P) patch-embedding filters."""
+    pe = getattr(model, "patch_embed", None)
+    if pe is None:
+        raise TypeError(f"{type(model).__name__} has no patch_embed: not a ViT-family model")
+    if hasattr(pe, "backbone"):
+        raise TypeError("this is a hybrid model: its patch embedding is a 1x1 projection of ResNet features, not a "
+                        "filter over pixels, so its components cannot be shown as image patches (Fig. 7 left needs "
+                        "a pixel-patch ViT)")
+    proj = getattr(pe, "proj", None)
+    if isinstance(proj, nn.Conv2d):
+        return proj.weight.detach().float()  # (D, C, P, P)
+    if isinstance(proj, nn.Linear):  # flattened patches: weight (D, P*P*C), timm's NHWC flattening order
+        ph, pw = pe.patch_size
+        d = proj.weight.shape[0]
+        c = proj.weight.shape[1] // (ph * pw)
+        return proj.weight.detach().float().reshape(d, ph, pw, c).permute(0, 3, 1, 2)
+    raise TypeError(f"unsupported patch embedding projection {type(proj).__name__}")
+
+
+def embedding_filter_pca(model: nn.Module, k: int = 28) -> tuple[Tensor, Tensor]:
+    """(components (k, C, P, P), explained_variance_ratio (k,)) of the mean-centred patch-embedding filters."""
+    w = _filters(model)
+    d, c, ph, pw = w.shape
+    k_max = min(d, c * ph * pw)
+    if not 1 <= k <= k_max:
+        raise ValueError(f"k must be in [1, {k_max}] for {d} filters of {c}x{ph}x{pw}, got {k}")
+    x = w.reshape(d, -1).double()
+    x = x - x.mean(0, keepdim=True)
+    _, s, vh = torch.linalg.svd(x, full_matrices=False)
+    var = s**2
+    ratio = var / var.sum()
+    comps = vh[:k]
+    # the sign of a singular vector is arbitrary: fix it so the largest-magnitude entry is positive (as sklearn)
+    signs = torch.sign(comps.gather(1, comps.abs().argmax(1, keepdim=True)))
+    comps = comps * signs
+    return comps.reshape(k, c, ph, pw).float(), ratio[:k].float()

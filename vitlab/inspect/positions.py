@@ -1,0 +1,65 @@
+"""Position-embedding similarity (paper Fig. 7 centre).
+
+Cosine similarity between the learned position embeddings of every pair of patches, prefix rows excluded
+(whether or not ``pos_embed`` has rows for the prefix tokens). The paper reads 2D structure off it:
+nearby patches have similar embeddings, and row/column structure appears. ``position_structure_score``
+summarises that as the Spearman rank correlation between similarity and grid distance (near -1: strongly
+2D-local; near 0: no spatial structure).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timm.layers import resample_abs_pos_embed
+from torch import Tensor, nn
+
+from vitlab.info import model_info
+
+
+def _grid_embeddings(model: nn.Module, grid: tuple[int, int] | None = None) -> tuple[Tensor, tuple[int, int]]:
+    """(gh, gw, D) patch position embeddings, optionally resampled (bicubic, as timm) to ``grid``."""
+    info = model_info(model)
+    pe = getattr(model, "pos_embed", None)
+    if info.pos_embed == "none" or pe is None:
+        raise ValueError(f"{info.architecture} has no absolute position embedding (pos_embed is None): "
+                         "nothing to compare")
+    n_prefix = info.num_prefix_tokens if info.pos_embed_has_prefix else 0
+    patches = pe.detach()[:, n_prefix:].float()  # (1, gh*gw, D)
+    src = info.grid_size
+    if grid is not None and tuple(grid) != tuple(src):
+        patches = resample_abs_pos_embed(patches, new_size=list(grid), old_size=list(src), num_prefix_tokens=0)
+        src = tuple(grid)
+    return patches[0].reshape(*src, -1), src
+
+
+def position_embedding_similarity(model: nn.Module, grid: tuple[int, int] | None = None) -> Tensor:
+    """(gh, gw, gh, gw) cosine similarity of patch position embeddings; ``grid`` resamples them first."""
+    emb, (gh, gw) = _grid_embeddings(model, grid)
+    flat = F.normalize(emb.reshape(gh * gw, -1), dim=-1)
+    return (flat @ flat.T).reshape(gh, gw, gh, gw)
+
+
+def _rank(x: Tensor) -> Tensor:
+    """Average ranks (ties share their mean rank), as scipy.stats.rankdata."""
+    order = x.argsort()
+    ranks = torch.empty_like(x, dtype=torch.float64)
+    ranks[order] = torch.arange(len(x), dtype=torch.float64)
+    uniq, inverse = torch.unique(x, return_inverse=True)
+    sums = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inverse, ranks)
+    counts = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inverse, torch.ones_like(ranks))
+    return (sums / counts)[inverse]
+
+
+def position_structure_score(similarity: Tensor) -> float:
+    """Spearman correlation between similarity and grid distance over all distinct patch pairs."""
+    gh, gw = similarity.shape[:2]
+    ys = torch.arange(gh).repeat_interleave(gw).double()
+    xs = torch.arange(gw).repeat(gh).double()
+    dist = torch.sqrt((ys[:, None] - ys[None]) ** 2 + (xs[:, None] - xs[None]) ** 2)
+    iu = torch.triu_indices(gh * gw, gh * gw, offset=1)
+    sim = similarity.reshape(gh * gw, gh * gw).double()[iu[0], iu[1]]
+    d = dist[iu[0], iu[1]]
+    rs, rd = _rank(sim), _rank(d)
+    rs, rd = rs - rs.mean(), rd - rd.mean()
+    return float((rs * rd).sum() / torch.sqrt((rs**2).sum() * (rd**2).sum()))
