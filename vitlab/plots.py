@@ -41,3 +41,36 @@ def layer_lines(values: np.ndarray, ylabel: str, title: str) -> go.Figure:
                              line=dict(color="black")))
     fig.update_layout(title=title, xaxis_title="network depth (layer)", yaxis_title=ylabel, width=700, height=450)
     return fig
+
+
+def filter_grid(components: np.ndarray, ratio: np.ndarray, cols: int = 7, title: str = "") -> go.Figure:
+    """(k, C, P, P) filters as RGB tiles (each min-max scaled on its own), titled by explained variance."""
+    k = components.shape[0]
+    rows = int(np.ceil(k / cols))
+    fig = make_subplots(rows=rows, cols=cols, horizontal_spacing=0.01, vertical_spacing=0.04,
+                        subplot_titles=[f"{i + 1}: {100 * r:.1f}%" for i, r in enumerate(ratio)])
+    for i in range(k):
+        f = components[i].transpose(1, 2, 0)
+        f = (f - f.min()) / max(float(f.max() - f.min()), 1e-12)
+        if f.shape[-1] != 3:
+            f = np.repeat(f.mean(-1, keepdims=True), 3, axis=-1)
+        fig.add_trace(go.Image(z=(f * 255).astype(np.uint8)), row=i // cols + 1, col=i % cols + 1)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.update_annotations(font_size=9)
+    fig.update_layout(title=title, height=110 * rows + 80, width=110 * cols + 40, margin=dict(l=10, r=10, t=70, b=10))
+    return fig
+
+
+def similarity_tiles(sim: np.ndarray, title: str = "") -> go.Figure:
+    """(gh, gw, gh, gw) similarities as one heatmap of gh x gw tiles: tile (i, j) is patch (i, j)'s map."""
+    gh, gw = sim.shape[:2]
+    pad = np.full((gh, gw, gh + 1, gw + 1), np.nan)
+    pad[:, :, :gh, :gw] = sim
+    big = pad.transpose(0, 2, 1, 3).reshape(gh * (gh + 1), gw * (gw + 1))
+    fig = go.Figure(go.Heatmap(z=big[::-1], colorscale="Viridis", zmin=-1, zmax=1,
+                               colorbar=dict(title="cosine"), hoverongaps=False))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False, scaleanchor="x")
+    fig.update_layout(title=title, width=640, height=600)
+    return fig

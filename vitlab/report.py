@@ -22,7 +22,14 @@ from torch import Tensor, nn
 
 import vitlab
 from vitlab.data import IMAGE_SUFFIXES, DataError, sample_images
-from vitlab.plots import image_grid_with_maps, layer_lines
+from vitlab.inspect import (
+    attention_rollout,
+    embedding_filter_pca,
+    mean_attention_distance,
+    position_embedding_similarity,
+    position_structure_score,
+)
+from vitlab.plots import filter_grid, image_grid_with_maps, layer_lines, similarity_tiles
 
 
 def _transform(model: nn.Module):
@@ -101,17 +108,46 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         "attention_entropy_per_layer_nats": entropy.mean(1).tolist(),
         "predictions": [{"image": n, "class": int(c), "probability": float(p)}
                         for n, c, p in zip(names, top.indices, top.values)],
-        "seconds": round(time.time() - t0, 2),
     }
     layers = [0, info.depth // 2, info.depth - 1]
+    figures: list[tuple[object, str]] = []
+    if not info.hybrid:
+        comps, ratio = embedding_filter_pca(net, k=min(28, info.embed_dim))
+        metrics["filter_pca_explained_variance_top28"] = ratio.tolist()
+        figures.append((filter_grid(comps.numpy(), ratio.numpy(), title="Patch-embedding filters: principal "
+                                    "components (Fig. 7 left)"),
+                        "Paper: the top components resemble plausible basis functions for a low-dimensional "
+                        "representation of the fine structure within each patch."))
+    if info.pos_embed != "none":
+        sim = position_embedding_similarity(net)
+        score = position_structure_score(sim)
+        metrics["position_embedding_structure_spearman"] = score
+        figures.append((similarity_tiles(sim.numpy(), title="Position-embedding cosine similarity (Fig. 7 centre)"),
+                        f"Paper: closer patches have more similar embeddings, with row/column structure. Here: "
+                        f"Spearman correlation of similarity with grid distance = {score:.3f} (-1: perfectly local)."))
+    dist = mean_attention_distance(net, x)
+    metrics["mean_attention_distance_px"] = dist.tolist()
+    figures.append((layer_lines(dist.numpy(), "mean attention distance (pixels)",
+                                "Mean attention distance per head (Fig. 7 right)"),
+                    f"Paper (ViT-L/16, 128 images): some heads attend globally already in the lowest layers, others "
+                    f"locally; the distance grows with depth. Here on {len(names)} image(s), pixel units of a "
+                    f"{info.img_size[0]}x{info.img_size[1]} input."))
+    roll = attention_rollout(net, x)
+    figures.append((image_grid_with_maps(shown, roll[:, None].numpy(), names, ["rollout"],
+                                         title="Attention rollout (Fig. 6)"),
+                    "Paper: the rolled-out attention of the output token concentrates on the semantically "
+                    "relevant object."))
     fig_maps = image_grid_with_maps(shown, readout[layers].permute(1, 0, 2, 3).numpy(), names,
                                     [f"layer {i + 1}" for i in layers],
                                     title="Readout attention over patches (head mean)")
     fig_entropy = layer_lines(entropy.numpy(), "attention entropy (nats)",
                               "Attention entropy per head against depth")
+    figures += [(fig_maps, "Raw attention of the readout in a few layers."),
+                (fig_entropy, "Entropy of the attention rows: low = focused heads.")]
+    metrics["seconds"] = round(time.time() - t0, 2)
     caption = html.escape(json.dumps(stamp))
-    body = "".join(f"<section><p><small>{caption}</small></p>{f.to_html(full_html=False, include_plotlyjs=i == 0)}</section>"
-                   for i, f in enumerate([fig_maps, fig_entropy]))
+    body = "".join(f"<section>{f.to_html(full_html=False, include_plotlyjs=i == 0)}<p>{html.escape(text)}</p>"
+                   f"<p><small>{caption}</small></p></section>" for i, (f, text) in enumerate(figures))
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>vitlab report</title></head><body>"
             f"<h1>vitlab report</h1><pre>{html.escape(json.dumps(metrics['model_info'], indent=1))}</pre>{body}</body></html>")
     out.parent.mkdir(parents=True, exist_ok=True)
