@@ -1,0 +1,60 @@
+"""The embedded default model: loadable, small, declares its preprocessing, reproduces its model card."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+
+import vitlab
+from vitlab.data import SHARED_CIFAR10
+from vitlab.models import DEFAULT_CHECKPOINT
+
+shipped = pytest.mark.skipif(not (DEFAULT_CHECKPOINT / "model.safetensors").is_file(),
+                             reason="the default checkpoint is not in this checkout")
+
+
+@shipped
+def test_default_loads_small_and_declares_preprocessing():
+    model = vitlab.load_model()
+    assert not model.training
+    weights = DEFAULT_CHECKPOINT / "model.safetensors"
+    assert weights.stat().st_size <= 15 * 1024 * 1024
+    assert all(t.dtype == torch.float16 for t in load_file(str(weights)).values())
+    cfg = timm.data.resolve_data_config({}, model=model)
+    assert cfg["input_size"] == (3, 32, 32)
+    assert cfg["mean"] == pytest.approx((0.4914, 0.4822, 0.4465)) and cfg["std"] == pytest.approx((0.2470, 0.2435, 0.2616))
+    card = json.loads((DEFAULT_CHECKPOINT / "card.json").read_text())
+    assert "vitlab train --preset vit_cifar10" in card["command"]
+    assert (DEFAULT_CHECKPOINT / "MODEL_CARD.md").read_text().count(f"{card['test_accuracy']:.2%}") >= 1
+    maps = vitlab.attention_maps(model.float(), torch.randn(2, 3, 32, 32))
+    assert maps.shape[-1] == 65
+
+
+@shipped
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED_CIFAR10 / "test.zip").is_file(), reason="../shared CIFAR-10 not present")
+def test_default_reproduces_card_accuracy():
+    from vitlab.data import load_cifar
+    from vitlab.export import timm_pipeline_accuracy
+
+    card = json.loads((DEFAULT_CHECKPOINT / "card.json").read_text())
+    acc = timm_pipeline_accuracy(vitlab.load_model(), load_cifar("cifar10", "test"))
+    assert acc == pytest.approx(card["test_accuracy"], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_full_size_vit_b16_capture_is_exact():
+    from test_capture import reference_attention
+
+    model = vitlab.build_model(vitlab.vit_config("B/16")).eval()
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        plain = model(x)
+        with vitlab.capture_attention(model) as cap:
+            logits = model(x)
+    torch.testing.assert_close(logits, plain, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(cap.stack().double(), reference_attention(model, x), atol=1e-5, rtol=0)
