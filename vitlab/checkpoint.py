@@ -60,7 +60,9 @@ def save_checkpoint(
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp.", dir=directory.parent))
     try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary readable folder
         save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        (tmp / WEIGHTS_NAME).chmod(0o644)
         (tmp / CONFIG_NAME).write_text(text)
         _swap_in(tmp, directory)
     finally:
