@@ -42,6 +42,15 @@ def reference_attention(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return torch.stack(out)
 
 
+def plain_and_captured(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits of a plain forward, logits of a forward inside capture_attention, the captured (L, B, H, T, T))."""
+    with torch.no_grad():
+        plain = model(x)
+        with vitlab.capture_attention(model) as cap:
+            captured = model(x)
+    return plain, captured, cap.stack()
+
+
 def reference_pool(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """(B, H, Lq, N) of timm's AttentionPoolLatent recomputed from its weights."""
     pool = model.attn_pool
@@ -86,11 +95,7 @@ def test_maps_match_independent_softmax_and_logits_unchanged(case):
     model = CASES[case]()
     size = model.patch_embed.img_size
     x = torch.randn(3, 3, *size)
-    with torch.no_grad():
-        plain = model(x)
-        with vitlab.capture_attention(model) as cap:
-            captured_logits = model(x)
-    maps = cap.stack()
+    plain, captured_logits, maps = plain_and_captured(model, x)
     ref = reference_attention(model, x)
     info = vitlab.model_info(model)
     assert maps.dtype == torch.float32
@@ -314,12 +319,9 @@ def test_parallel_attention_branches_join_their_heads():
 def test_block_that_is_its_own_attention():
     model = tiny_timm("vit_base_patch16_xp_224", img_size=32)  # ParallelScalingBlock: attention + MLP fused
     x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        plain = model(x)
-        with vitlab.capture_attention(model) as cap:
-            logits = model(x)
+    plain, logits, maps = plain_and_captured(model, x)
     torch.testing.assert_close(logits, plain, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(cap.stack(), torch.stack(unfused_softmaxes(model, x)), atol=1e-6, rtol=0)
+    torch.testing.assert_close(maps, torch.stack(unfused_softmaxes(model, x)), atol=1e-6, rtol=0)
 
 
 def test_differential_attention_refused():

@@ -48,13 +48,10 @@ def test_default_reproduces_card_accuracy():
 
 @pytest.mark.slow
 def test_full_size_vit_b16_capture_is_exact():
-    from test_capture import reference_attention
+    from test_capture import plain_and_captured, reference_attention
 
     model = vitlab.build_model(vitlab.vit_config("B/16")).eval()
     x = torch.randn(2, 3, 224, 224)
-    with torch.no_grad():
-        plain = model(x)
-        with vitlab.capture_attention(model) as cap:
-            logits = model(x)
+    plain, logits, maps = plain_and_captured(model, x)
     torch.testing.assert_close(logits, plain, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(cap.stack().double(), reference_attention(model, x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(maps.double(), reference_attention(model, x), atol=1e-5, rtol=0)
