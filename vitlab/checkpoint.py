@@ -64,7 +64,7 @@ def save_checkpoint(
         save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         (tmp / WEIGHTS_NAME).chmod(0o644)
         (tmp / CONFIG_NAME).write_text(text)
-        _swap_in(tmp, directory)
+        replace_dir(tmp, directory)
     finally:
         _rmtree(tmp)  # gone already after a successful swap
     return directory
@@ -125,7 +125,7 @@ def _state_for_saving(model: nn.Module, dtype: torch.dtype | None) -> dict[str, 
     return state
 
 
-def _swap_in(tmp: Path, directory: Path) -> None:
+def replace_dir(tmp: Path, directory: Path) -> None:
     """Move ``tmp`` to ``directory`` by renames; on failure the previous ``directory`` is restored."""
     old = None
     if directory.exists():

@@ -21,6 +21,7 @@ from PIL import Image
 from torch import Tensor, nn
 
 import vitlab
+from vitlab.checkpoint import replace_dir
 from vitlab.data import IMAGE_SUFFIXES, DataError, sample_images
 from vitlab.inspect import (
     attention_rollout,
@@ -156,9 +157,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         tmp.chmod(0o755)
         (tmp / "report.html").write_text(page)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from vitlab.checkpoint import load_checkpoint, save_checkpoint
+from vitlab.checkpoint import load_checkpoint, replace_dir, save_checkpoint
 from vitlab.data import ImageArray, load_dataset, normalize, random_crop_flip
 from vitlab.zoo import (
     CIFAR_MEAN,
@@ -202,7 +202,7 @@ def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bo
 
 
 def _write_run_checkpoint(run: Path, model: nn.Module, opt: torch.optim.Optimizer, ema: nn.Module | None,
-                          state: dict[str, Any], cfg: TrainConfig, half: bool = False) -> None:
+                          state: dict[str, Any], cfg: TrainConfig) -> None:
     """Write ``run/checkpoint`` atomically: the model checkpoint plus optimizer/EMA/trainer state."""
     tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=run))
     try:
@@ -213,13 +213,7 @@ def _write_run_checkpoint(run: Path, model: nn.Module, opt: torch.optim.Optimize
         if ema is not None:
             save_file({k: v.detach().cpu().contiguous() for k, v in ema.state_dict().items()},
                       str(ck / "ema.safetensors"))
-        target, old = run / "checkpoint", run / ".checkpoint.old"
-        if old.exists():
-            shutil.rmtree(old)
-        if target.exists():
-            os.replace(target, old)
-        os.replace(ck, target)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(ck, run / "checkpoint")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
