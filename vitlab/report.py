@@ -70,6 +70,34 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None,
     return names, x, shown
 
 
+def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, list[np.ndarray]]:
+    """``n`` deterministic square crops of the photos scikit-learn ships, preprocessed for ``model``.
+
+    The first two are the central squares of the two photos; then crops at 1/2 and 1/3 of the short side on a
+    regular grid, alternating between the photos. Returns what ``load_images`` returns.
+    """
+    tf, cfg = _transform(model)
+    photos = sample_images()
+    crops: list[tuple[str, np.ndarray]] = []
+    for div in (1, 2, 3):
+        per_photo = []
+        for name, arr in photos:
+            h, w = arr.shape[:2]
+            side = min(h, w) // div
+            ys = [(h - side) // 2] if div == 1 else np.linspace(0, h - side, div).astype(int).tolist()
+            xs = [(w - side) // 2] if div == 1 else np.linspace(0, w - side, div + 1).astype(int).tolist()
+            per_photo.append([(f"{name}_{div}_{y}_{x}", arr[y:y + side, x:x + side]) for y in ys for x in xs])
+        for group in zip(*per_photo):
+            crops.extend(group)
+    if not 1 <= n <= len(crops):
+        raise ValueError(f"n must be in [1, {len(crops)}], got {n}")
+    size = cfg["input_size"][-2:]
+    items = [(name, Image.fromarray(np.ascontiguousarray(arr))) for name, arr in crops[:n]]
+    x = torch.stack([tf(im) for _, im in items])
+    shown = [np.asarray(im.resize((size[1], size[0]), Image.Resampling.BICUBIC)) for _, im in items]
+    return [name for name, _ in items], x, shown
+
+
 def _readout_maps(maps: Tensor, info: vitlab.ModelInfo) -> Tensor:
     """(L, B, H, T, T) -> (L, B, gh, gw): head-mean attention of the readout over the patch tokens."""
     p = info.num_prefix_tokens

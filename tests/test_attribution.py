@@ -1,0 +1,196 @@
+"""Class-specific maps and their faithfulness scores: known answers and independent computations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+from conftest import tiny_hybrid, tiny_vit
+
+import vitlab
+from vitlab.capture import capture_attention
+from vitlab.inspect.attribution import (
+    gradient_rollout,
+    integrated_gradients,
+    occlusion,
+    patch_mask,
+)
+from vitlab.inspect.faithfulness import (
+    deletion_insertion,
+    localisation,
+    randomization_sanity,
+    randomized_copy,
+    rank_correlation,
+)
+
+
+def _untouched(model: torch.nn.Module, flags: list[bool]) -> None:
+    assert [p.requires_grad for p in model.parameters()] == flags
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_patch_mask_tiles_the_image_row_major():
+    info = vitlab.model_info(tiny_vit())
+    mask = patch_mask(info)[0, 0]
+    assert mask.shape == (32, 32)
+    assert mask[0, 0] == 0 and mask[0, 4] == 1 and mask[4, 0] == 8 and mask[31, 31] == 63
+    assert torch.equal(torch.bincount(mask.flatten()), torch.full((64,), 16))
+
+
+def test_gradient_rollout_equals_product_of_identity_plus_weighted_attention():
+    model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    flags = [p.requires_grad for p in model.parameters()]
+    target = torch.tensor([3, 7])
+    out = gradient_rollout(model, x, target)
+    _untouched(model, flags)
+    # independent: autograd.grad of the target logit w.r.t. each captured map, then (I+A_L)...(I+A_1)
+    xg = x.clone().requires_grad_(True)
+    with capture_attention(model, keep_grad=True) as cap:
+        logits = model(xg)
+        maps = [parts[0] for parts in (cap._raw[i][0] for i in cap.layers)]
+        grads = torch.autograd.grad(logits[torch.arange(2), target].sum(), maps)
+    T = maps[0].shape[-1]
+    R = torch.eye(T, dtype=torch.float64)
+    for a, g in zip(maps, grads):
+        R = (torch.eye(T) + (a * g).clamp_min(0).mean(1)).double() @ R
+    np.testing.assert_allclose(out.numpy(), R[:, 0, 1:].reshape(2, 8, 8).float().detach().numpy(), rtol=1e-4,
+                               atol=1e-7)
+    assert not torch.allclose(out, gradient_rollout(model, x, torch.tensor([0, 1])))  # class-specific
+
+
+def test_gradient_rollout_without_class_token_and_on_a_hybrid():
+    m = tiny_vit(readout="avg")
+    out = gradient_rollout(m, torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 8, 8) and torch.isfinite(out).all() and (out >= 0).all()
+    assert gradient_rollout(tiny_hybrid(), torch.randn(1, 3, 32, 32)).shape == (1, 8, 8)
+
+
+def test_integrated_gradients_is_complete():
+    """IG's completeness axiom: the patch attributions sum to logit(x) - logit(baseline)."""
+    model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    flags = [p.requires_grad for p in model.parameters()]
+    target = torch.tensor([1, 4])
+    out = integrated_gradients(model, x, target, steps=128)
+    _untouched(model, flags)
+    with torch.no_grad():
+        diff = model(x)[torch.arange(2), target] - model(torch.zeros_like(x))[torch.arange(2), target]
+    np.testing.assert_allclose(out.flatten(1).sum(1).numpy(), diff.numpy(), rtol=0.02, atol=2e-3)
+
+
+def test_occlusion_is_the_logit_drop_of_each_patch():
+    model, x = tiny_vit(), torch.randn(1, 3, 32, 32)
+    out = occlusion(model, x, target=5)
+    assert out.shape == (1, 8, 8)
+    with torch.no_grad():
+        full = model(x)[0, 5]
+        for r, c in [(0, 0), (3, 6), (7, 7)]:
+            y = x.clone()
+            y[..., 4 * r:4 * r + 4, 4 * c:4 * c + 4] = 0
+            assert out[0, r, c].item() == pytest.approx((full - model(y)[0, 5]).item(), abs=1e-5)
+
+
+def test_target_is_checked():
+    with pytest.raises(ValueError, match="one per image"):
+        gradient_rollout(tiny_vit(), torch.randn(2, 3, 32, 32), torch.tensor([1, 2, 3]))
+
+
+# ---------------------------------------------------------------------------------------------- faithfulness
+
+
+def test_deletion_insertion_curves_end_at_the_image_and_the_baseline():
+    model, x = tiny_vit(), torch.randn(3, 3, 32, 32)
+    maps = torch.rand(3, 8, 8)
+    r = deletion_insertion(model, x, maps, steps=8, baseline=0.0)
+    with torch.no_grad():
+        target = model(x).argmax(-1)
+        p_img = model(x).softmax(-1)[torch.arange(3), target]
+        p_base = model(torch.zeros_like(x)).softmax(-1)[torch.arange(3), target]
+        # half the patches (the top 32 of each map) deleted, written out by hand
+        y = x.clone()
+        for b in range(3):
+            for n in maps[b].flatten().argsort(descending=True, stable=True)[:32].tolist():
+                y[b, :, 4 * (n // 8):4 * (n // 8) + 4, 4 * (n % 8):4 * (n % 8) + 4] = 0
+        p_half = model(y).softmax(-1)[torch.arange(3), target]
+    d, i = r["deletion_curve"], r["insertion_curve"]
+    np.testing.assert_allclose(d[:, 0], p_img, atol=1e-5)
+    np.testing.assert_allclose(i[:, -1], p_img, atol=1e-5)
+    np.testing.assert_allclose(d[:, -1], p_base, atol=1e-5)
+    np.testing.assert_allclose(i[:, 0], p_base, atol=1e-5)
+    np.testing.assert_allclose(d[:, 4], p_half, atol=1e-5)
+    np.testing.assert_allclose(r["deletion"], np.trapezoid(d.numpy(), dx=1 / 8, axis=1), atol=1e-6)
+    assert ((r["insertion"] >= 0) & (r["insertion"] <= 1)).all()
+
+
+def test_the_oracle_order_beats_its_reverse_on_the_shipped_model():
+    """On the trained default, deleting the patches occlusion ranks highest first hurts more (lower deletion
+    AUC) than deleting them last, and inserting them first helps more."""
+    model = vitlab.load_model()
+    from vitlab.report import embedded_images
+
+    x = embedded_images(model, 8)[1]
+    occ = occlusion(model, x)
+    good = deletion_insertion(model, x, occ, steps=8)
+    bad = deletion_insertion(model, x, -occ, steps=8)
+    assert good["deletion"].mean() < bad["deletion"].mean()
+    assert good["insertion"].mean() > bad["insertion"].mean()
+
+
+def test_deletion_insertion_rejects_bad_maps():
+    model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    with pytest.raises(ValueError, match="shape"):
+        deletion_insertion(model, x, torch.rand(2, 4, 4))
+    with pytest.raises(ValueError, match="NaN"):
+        deletion_insertion(model, x, torch.full((2, 8, 8), float("nan")))
+
+
+def test_rank_correlation_matches_scipy_with_ties():
+    a = torch.tensor([[1.0, 2.0, 2.0, 5.0, 0.0, 3.0], [4.0, 4.0, 4.0, 1.0, 2.0, 9.0]])
+    b = torch.tensor([[0.5, 1.0, 3.0, 3.0, -1.0, 2.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])
+    ours = rank_correlation(a, b)
+    for k in range(2):
+        assert ours[k].item() == pytest.approx(scipy.stats.spearmanr(a[k], b[k]).statistic, abs=1e-6)
+
+
+def test_randomized_copy_leaves_the_original_and_keeps_scales():
+    model = tiny_vit()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rand = randomized_copy(model, seed=1)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+    r = dict(rand.named_parameters())
+    for name, p in model.named_parameters():
+        if p.ndim >= 2:
+            assert not torch.equal(p, r[name])
+            assert r[name].std().item() == pytest.approx(p.std().item(), rel=0.2)
+        else:
+            assert torch.equal(p, r[name])
+
+
+def test_sanity_check_separates_model_dependent_from_model_blind_maps():
+    model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+
+    def brightness(m, images, target):  # ignores the model: an edge-detector-like map
+        return torch.nn.functional.avg_pool2d(images.abs().sum(1, keepdim=True), 4)[:, 0]
+
+    np.testing.assert_allclose(randomization_sanity(brightness, model, x), 1.0, atol=1e-6)
+    assert randomization_sanity(occlusion, model, x).abs().max() < 0.9
+
+
+def test_localisation_known_answers():
+    masks = torch.zeros(3, 32, 32, dtype=torch.bool)
+    masks[:, 8:16, 8:16] = True  # the object fills patches (2..3, 2..3) of the 8x8 grid
+    on = torch.zeros(8, 8)
+    on[2, 2] = 1.0
+    off = torch.zeros(8, 8)
+    off[6, 6] = 1.0
+    r = localisation(torch.stack([on, off, torch.ones(8, 8)]), masks)
+    np.testing.assert_allclose(r["mass_in_mask"], [1.0, 0.0, 64 / 1024])
+    np.testing.assert_allclose(r["pointing"], [1.0, 0.0, 0.0])  # a flat map points at its first patch, (0, 0)
+    np.testing.assert_allclose(r["chance"], 64 / 1024)
+    half = torch.zeros(1, 32, 32, dtype=torch.bool)
+    half[:, :, :2] = True  # half of each patch in the first column
+    edge = torch.zeros(1, 8, 8)
+    edge[0, :, 0] = 1.0
+    edge[0, :, 1] = 1.0
+    np.testing.assert_allclose(localisation(edge, half)["mass_in_mask"], 0.25)

@@ -1,0 +1,166 @@
+"""Class-specific maps in the rollout's (B, gh, gw) patch format.
+
+* ``gradient_rollout``: each layer's attention weighted by its own gradient of the target logit, positive
+  part, heads averaged, accumulated as ``R <- R + A R`` from the identity (Chefer et al. 2021, "Generic
+  attention-model explainability"); the readout row over the patches is returned.
+* ``integrated_gradients``: captum's IntegratedGradients on the pixels, summed over channels and over
+  the pixels of each patch.
+* ``occlusion``: captum's FeatureAblation with one feature per patch (patch-aligned masks): the drop of
+  the target logit when that patch is replaced by the baseline.
+
+All take ``target`` as (B,) class indices, or None for the model's own prediction. Models keep their
+parameters' ``requires_grad`` flags and gain no ``.grad``: gradients are taken with respect to the
+inputs and the captured maps only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from vitlab.capture import capture_attention
+from vitlab.info import ModelInfo, model_info
+from vitlab.inspect.rollout import attention_rollout
+
+__all__ = ["gradient_rollout", "integrated_gradients", "occlusion", "patch_mask", "ATTRIBUTION_METHODS",
+           "attribution", "predicted_class"]
+
+
+@contextlib.contextmanager
+def frozen_parameters(model: nn.Module) -> Iterator[None]:
+    """Parameters stop requiring grad inside the block (so nothing accumulates in ``.grad``); restored after."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+@torch.no_grad()
+def predicted_class(model: nn.Module, images: Tensor, batch_size: int = 64) -> Tensor:
+    """(B,) argmax of the logits."""
+    return torch.cat([model(images[i:i + batch_size]).argmax(-1) for i in range(0, len(images), batch_size)])
+
+
+def _targets(model: nn.Module, images: Tensor, target: Tensor | int | None) -> Tensor:
+    if target is None:
+        return predicted_class(model, images)
+    t = torch.as_tensor(target, dtype=torch.long, device=images.device)
+    t = t.expand(len(images)) if t.dim() == 0 else t
+    if t.shape != (len(images),):
+        raise ValueError(f"target must be one class index or one per image ({len(images)}), got shape "
+                         f"{tuple(t.shape)}")
+    return t
+
+
+def _readout_row(joint: Tensor, info: ModelInfo, pool: Tensor | None) -> Tensor:
+    """(B, T, T) joint attention -> (B, N) weights of the readout over the patch tokens."""
+    p = info.num_prefix_tokens
+    if info.readout == "map" and pool is not None:
+        w = pool.double().mean(1).mean(1)  # (B, N_keys)
+        return (w.unsqueeze(1) @ joint[:, -w.shape[-1]:, :]).squeeze(1)[:, p:]
+    if info.num_class_tokens:
+        return joint[:, 0, p:]
+    return joint[:, p:, p:].mean(1)
+
+
+def gradient_rollout(model: nn.Module, images: Tensor, target: Tensor | int | None = None,
+                     start_layer: int = 0) -> Tensor:
+    """(B, gh, gw) gradient-weighted rollout of the readout over the patches, for class ``target``.
+
+    Per layer l (from ``start_layer``): ``A_l = mean_heads(relu(grad_l * attn_l))`` with ``grad_l`` the
+    gradient of the target logit with respect to that layer's attention; ``R <- R + A_l R`` from ``R = I``.
+    """
+    info = model_info(model, img_size=tuple(images.shape[-2:]))
+    if not 0 <= start_layer < info.depth:
+        raise ValueError(f"start_layer must be in [0, {info.depth}), got {start_layer}")
+    t = _targets(model, images, target)
+    x = images.detach().clone().requires_grad_(True)
+    with frozen_parameters(model), torch.enable_grad(), capture_attention(model, keep_grad=True) as cap:
+        logits = model(x)
+        logits.gather(1, t[:, None]).sum().backward()
+        maps, grads, pool = cap.stack(), cap.grads(), cap.pool_maps()
+    L, B, _, T, _ = maps.shape
+    joint = torch.eye(T, dtype=torch.float64).expand(B, T, T).clone()
+    for layer in range(start_layer, L):
+        a = (grads[layer].double() * maps[layer].double()).clamp_min(0).mean(1)  # (B, T, T)
+        joint = joint + a @ joint
+    return _readout_row(joint, info, pool).reshape(B, *info.grid_size).float()
+
+
+def patch_mask(info: ModelInfo, device: torch.device | None = None) -> Tensor:
+    """(1, 1, H, W) int64: the index of the patch token each pixel belongs to (row-major over the grid)."""
+    (gh, gw), (ph, pw) = info.grid_size, info.patch_size
+    ids = torch.arange(gh * gw, device=device).view(gh, gw)
+    mask = ids.repeat_interleave(ph, 0).repeat_interleave(pw, 1)
+    H, W = info.img_size
+    if mask.shape != (H, W):  # a hybrid's stride may not tile the image exactly: pad with the edge patches
+        mask = torch.nn.functional.pad(mask[None, None].float(), (0, W - mask.shape[1], 0, H - mask.shape[0]),
+                                       mode="replicate")[0, 0].long()
+    return mask[None, None]
+
+
+def _pool_to_patches(attr: Tensor, info: ModelInfo) -> Tensor:
+    """(B, C, H, W) pixel attributions -> (B, gh, gw): summed over channels and the pixels of each patch."""
+    mask = patch_mask(info, attr.device).view(-1)
+    per_pixel = attr.sum(1).flatten(1).double()  # (B, H*W)
+    out = torch.zeros(len(attr), info.num_patches, dtype=torch.float64, device=attr.device)
+    out.index_add_(1, mask, per_pixel)
+    return out.view(len(attr), *info.grid_size).float()
+
+
+def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int | None = None, steps: int = 32,
+                         baseline: float = 0.0, internal_batch_size: int = 64) -> Tensor:
+    """(B, gh, gw) integrated gradients (captum) of the target logit, summed per patch.
+
+    ``baseline`` is a constant in the model's input space (0 = the normalisation mean, a grey image).
+    """
+    from captum.attr import IntegratedGradients
+
+    info = model_info(model, img_size=tuple(images.shape[-2:]))
+    t = _targets(model, images, target)
+    with frozen_parameters(model), torch.enable_grad():
+        attr = IntegratedGradients(model).attribute(images, baselines=baseline, target=t, n_steps=steps,
+                                                    internal_batch_size=internal_batch_size)
+    return _pool_to_patches(attr.detach(), info)
+
+
+@torch.no_grad()
+def occlusion(model: nn.Module, images: Tensor, target: Tensor | int | None = None, baseline: float = 0.0,
+              perturbations_per_eval: int = 16) -> Tensor:
+    """(B, gh, gw) drop of the target logit when each patch alone is replaced by ``baseline`` (captum)."""
+    from captum.attr import FeatureAblation
+
+    info = model_info(model, img_size=tuple(images.shape[-2:]))
+    t = _targets(model, images, target)
+    mask = patch_mask(info, images.device)
+    attr = FeatureAblation(model).attribute(images, baselines=baseline, target=t, feature_mask=mask,
+                                            perturbations_per_eval=perturbations_per_eval)
+    # every pixel of a patch carries the patch's value: read one pixel per patch
+    (ph, pw) = info.patch_size
+    return attr[:, 0, ::ph, ::pw][:, : info.grid_size[0], : info.grid_size[1]].float()
+
+
+def _rollout(model: nn.Module, images: Tensor, target: Tensor | int | None = None) -> Tensor:
+    return attention_rollout(model, images)
+
+
+ATTRIBUTION_METHODS: dict[str, Callable[..., Tensor]] = {
+    "rollout": _rollout,
+    "gradient rollout": gradient_rollout,
+    "integrated gradients": integrated_gradients,
+    "occlusion": occlusion,
+}
+
+
+def attribution(method: str, model: nn.Module, images: Tensor, target: Tensor | int | None = None) -> Tensor:
+    """(B, gh, gw) map of ``method`` (a key of ``ATTRIBUTION_METHODS``); rollout ignores ``target``."""
+    if method not in ATTRIBUTION_METHODS:
+        raise ValueError(f"unknown method {method!r}: choose one of {sorted(ATTRIBUTION_METHODS)}")
+    return ATTRIBUTION_METHODS[method](model, images, target)

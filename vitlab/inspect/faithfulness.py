@@ -1,0 +1,155 @@
+"""Is a (B, gh, gw) map faithful to the model, and does it find the object?
+
+* ``deletion_insertion``: patches removed (deletion) or revealed (insertion) in the map's order, most
+  important first; the target probability traced over the fraction of patches changed and its area under
+  the curve taken (Petsiuk et al. 2018, at patch level). Deletion: lower is better; insertion: higher.
+* ``randomization_sanity``: the map recomputed on a copy of the model with re-initialised weights
+  (Adebayo et al. 2018); the Spearman correlation with the original map should be low for a method that
+  depends on what the model learned.
+* ``localisation``: on images with object masks, the share of the map's positive mass on the object and
+  the pointing game (does the top patch touch the object?), beside the chance level of a uniform map.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitlab.info import model_info
+from vitlab.inspect.attribution import patch_mask
+
+__all__ = ["deletion_insertion", "randomization_sanity", "localisation", "rank_correlation", "randomized_copy"]
+
+
+def _check_maps(maps: Tensor, images: Tensor, grid: tuple[int, int]) -> None:
+    if maps.shape != (len(images), *grid):
+        raise ValueError(f"maps must have shape (B, gh, gw) = {(len(images), *grid)} for these images, got "
+                         f"{tuple(maps.shape)}")
+    if not torch.isfinite(maps).all():
+        raise ValueError("maps contain NaN or infinite values")
+
+
+@torch.no_grad()
+def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: Tensor | None = None,
+                       steps: int = 16, baseline: str | float = "blur", batch_size: int = 64) -> dict[str, Tensor]:
+    """Deletion and insertion curves and AUCs for each image.
+
+    ``images`` (B, C, H, W) as the model takes them; ``maps`` (B, gh, gw); ``target`` (B,) classes (default:
+    the prediction). At step s of ``steps``, the top ``round(s / steps * N)`` patches of the map are replaced
+    by the baseline (deletion) or taken from the image into the baseline (insertion). ``baseline``:
+    ``"blur"`` (a heavily blurred copy, as RISE uses for insertion) or a constant in input space (0 = the
+    normalisation mean). Returns ``deletion``/``insertion`` (B,) AUCs in [0, 1] and the (B, steps + 1) curves.
+    """
+    info = model_info(model, img_size=tuple(images.shape[-2:]))
+    _check_maps(maps, images, info.grid_size)
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    B, N = len(images), info.num_patches
+    if target is None:
+        target = torch.cat([model(images[i:i + batch_size]).argmax(-1) for i in range(0, B, batch_size)])
+    if baseline == "blur":
+        k = max(3, (min(images.shape[-2:]) // 4) | 1)
+        base = _gaussian_blur(images, k, sigma=k / 3)
+    elif isinstance(baseline, (int, float)):
+        base = torch.full_like(images, float(baseline))
+    else:
+        raise ValueError(f"baseline must be 'blur' or a number, got {baseline!r}")
+    # rank[b, n]: position of patch n in image b's order (0 = most important); ties keep grid order
+    order = maps.flatten(1).double().argsort(dim=1, descending=True, stable=True)
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(N).expand(B, N).contiguous())
+    pix = patch_mask(info, images.device).view(1, -1)  # (1, H*W) patch index per pixel
+    pix_rank = rank.gather(1, pix.expand(B, -1)).view(B, 1, *images.shape[-2:])  # (B, 1, H, W)
+    counts = [round(s / steps * N) for s in range(steps + 1)]
+    curves = {"deletion": torch.empty(B, steps + 1), "insertion": torch.empty(B, steps + 1)}
+    for s, k in enumerate(counts):
+        changed = pix_rank < k  # the top-k patches
+        deleted = torch.where(changed, base, images)
+        inserted = torch.where(changed, images, base)
+        for name, batch in (("deletion", deleted), ("insertion", inserted)):
+            probs = torch.cat([model(batch[i:i + batch_size]).softmax(-1) for i in range(0, B, batch_size)])
+            curves[name][:, s] = probs.gather(1, target[:, None].to(probs.device)).squeeze(1).float().cpu()
+    x = torch.tensor(counts, dtype=torch.float64) / N
+    auc = {k: torch.trapezoid(v.double(), x, dim=1).float() for k, v in curves.items()}
+    return {**auc, "deletion_curve": curves["deletion"], "insertion_curve": curves["insertion"],
+            "fraction": x.float()}
+
+
+def _gaussian_blur(images: Tensor, k: int, sigma: float) -> Tensor:
+    ax = torch.arange(k, dtype=images.dtype, device=images.device) - (k - 1) / 2
+    g = torch.exp(-(ax**2) / (2 * sigma**2))
+    g = g / g.sum()
+    C = images.shape[1]
+    x = F.pad(images, (k // 2,) * 4, mode="replicate")
+    x = F.conv2d(x, g.view(1, 1, 1, k).expand(C, 1, 1, k), groups=C)
+    return F.conv2d(x, g.view(1, 1, k, 1).expand(C, 1, k, 1), groups=C)
+
+
+def rank_correlation(a: Tensor, b: Tensor) -> Tensor:
+    """(B,) Spearman correlation between the flattened maps of ``a`` and ``b`` (B, ...), per image."""
+    def ranks(t: Tensor) -> Tensor:
+        flat = t.flatten(1).double()
+        # average ranks for ties, as scipy.stats.spearmanr
+        r = flat.argsort(1).argsort(1).double()
+        out = torch.empty_like(r)
+        for i in range(len(flat)):
+            _, inv, counts = torch.unique(flat[i], return_inverse=True, return_counts=True)
+            mean_rank = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inv, r[i]) / counts
+            out[i] = mean_rank[inv]
+        return out
+
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(1, keepdim=True), rb - rb.mean(1, keepdim=True)
+    den = (ra.norm(dim=1) * rb.norm(dim=1)).clamp_min(1e-300)
+    return ((ra * rb).sum(1) / den).float()
+
+
+def randomized_copy(model: nn.Module, seed: int = 0) -> nn.Module:
+    """A copy of ``model`` whose weight tensors (every parameter with 2 or more dimensions: projections,
+    convolutions, position embeddings, prefix tokens) are re-drawn from N(0, s^2), s the tensor's own
+    standard deviation, so activations keep their scale but nothing learned remains; 1-d parameters (norm
+    scales, biases, layer scales) are kept. The original model is untouched."""
+    rand = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in rand.parameters():
+            if p.ndim >= 2:
+                std = p.float().std().clamp_min(1e-6) if p.numel() > 1 else torch.tensor(0.02)
+                p.copy_((torch.randn(p.shape, generator=g) * std).to(p))
+    return rand
+
+
+def randomization_sanity(method: Callable[..., Tensor], model: nn.Module, images: Tensor,
+                         target: Tensor | None = None, seed: int = 0) -> Tensor:
+    """(B,) Spearman correlation between ``method(model, images, target)`` and the same on a
+    re-initialised copy of the model (same targets). Near 0: the map depends on the learned weights."""
+    if target is None:
+        with torch.no_grad():
+            target = model(images).argmax(-1)
+    original = method(model, images, target)
+    randomized = method(randomized_copy(model, seed), images, target)
+    return rank_correlation(original, randomized)
+
+
+def localisation(maps: Tensor, masks: Tensor) -> dict[str, Tensor]:
+    """Share of positive map mass on the object, and the pointing game, per image.
+
+    ``maps`` (B, gh, gw); ``masks`` (B, H, W) bool object masks with H, W multiples of gh, gw. A patch's
+    mass is spread evenly over its pixels. Returns ``mass_in_mask``, ``pointing`` (1.0 when the top patch
+    overlaps the object) and ``chance`` (the object's area share: what a uniform map scores), each (B,).
+    """
+    B, gh, gw = maps.shape
+    if masks.shape[0] != B or masks.dim() != 3 or masks.shape[1] % gh or masks.shape[2] % gw:
+        raise ValueError(f"masks must be (B, H, W) with B = {B} and H, W multiples of the grid ({gh}, {gw}), got "
+                         f"{tuple(masks.shape)}")
+    frac = F.avg_pool2d(masks[:, None].double(), (masks.shape[1] // gh, masks.shape[2] // gw))[:, 0]  # (B, gh, gw)
+    pos = maps.double().clamp_min(0)
+    total = pos.flatten(1).sum(1)
+    mass = (pos * frac).flatten(1).sum(1) / total.clamp_min(1e-300)
+    mass = torch.where(total > 0, mass, frac.flatten(1).mean(1))  # an all-zero map scores chance
+    top = maps.flatten(1).argmax(1)
+    pointing = (frac.flatten(1).gather(1, top[:, None]).squeeze(1) > 0).double()
+    return {"mass_in_mask": mass.float(), "pointing": pointing.float(), "chance": frac.flatten(1).mean(1).float()}
