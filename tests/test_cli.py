@@ -50,28 +50,6 @@ def checkpoint(tmp_path):
     return vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
 
 
-def test_reproduce_writes_report(tmp_path, checkpoint):
-    out = tmp_path / "out"
-    assert main(["reproduce", "--model", str(checkpoint), "--out", str(out)]) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["attention_shape"] == [3, 2, 3, 65, 65]
-    assert [p["image"] for p in metrics["predictions"]] == ["china", "flower"]
-    page = (out / "report.html").read_text()
-    assert "plotly" in page.lower() and "<script" in page  # plotly embedded: opens offline
-
-
-def test_reproduce_bad_images_leaves_nothing(tmp_path, checkpoint, capsys):
-    imgs = tmp_path / "imgs"
-    imgs.mkdir()
-    out = tmp_path / "out"
-    assert main(["reproduce", "--model", str(checkpoint), "--images", str(imgs), "--out", str(out)]) == 1
-    assert "no images" in capsys.readouterr().err
-    (imgs / "x.jpg").write_bytes(b"broken")
-    assert main(["reproduce", "--model", str(checkpoint), "--images", str(imgs), "--out", str(out)]) == 1
-    assert "x.jpg" in capsys.readouterr().err
-    assert not out.exists() and not list(tmp_path.glob(".out*"))
-
-
 def test_capture_command(tmp_path, checkpoint):
     from safetensors.torch import load_file
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name where they differ
+CONDA_NAMES = {"torch": "pytorch", "kaleido": "python-kaleido"}  # PyPI name -> conda-forge name where they differ
 
 
 def _split(req: str) -> tuple[str, str]:

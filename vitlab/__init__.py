@@ -13,10 +13,17 @@ from vitlab.finetune import resize_for_finetuning
 from vitlab.info import ModelInfo, model_info
 from vitlab.inspect import (
     attention_rollout,
+    compare_methods,
+    deletion_insertion,
     embedding_filter_pca,
+    gradient_rollout,
+    integrated_gradients,
+    localisation,
     mean_attention_distance,
+    occlusion,
     position_embedding_similarity,
     position_structure_score,
+    randomization_sanity,
 )
 from vitlab.models import load_model
 from vitlab.zoo import BiTConfig, HybridConfig, ViTConfig, build_model, vit_config
@@ -33,6 +40,13 @@ __all__ = [
     "ViTConfig",
     "attention_maps",
     "attention_rollout",
+    "compare_methods",
+    "deletion_insertion",
+    "gradient_rollout",
+    "integrated_gradients",
+    "localisation",
+    "occlusion",
+    "randomization_sanity",
     "embedding_filter_pca",
     "mean_attention_distance",
     "position_embedding_similarity",

@@ -78,7 +78,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from vitlab.report import reproduce
 
-    out = reproduce(model=args.model, images=args.images, out=args.out, pretrained=args.pretrained)
+    out = reproduce(model=args.model, images=args.images, out=args.out, pretrained=args.pretrained,
+                    num_images=args.num_images, shapes=args.shapes, png=args.png, progress=not args.quiet)
     print(f"report: {out / 'report.html'}")
     return 0
 
@@ -129,7 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("reproduce", help="run the inspection experiments and write an HTML report")
     model_args(sp)
     sp.add_argument("--images", help="folder of images (default: embedded images)")
-    sp.add_argument("--out", default="out", help="output folder")
+    sp.add_argument("--out", default="out", help="output folder (replaced only when the report is complete)")
+    sp.add_argument("--num-images", type=int, default=16, help="images to analyse (default 16)")
+    sp.add_argument("--no-shapes", dest="shapes", action="store_false",
+                    help="skip the localisation table of the shipped shapes ViT")
+    sp.add_argument("--no-png", dest="png", action="store_false", help="skip the PNG export (needs Chromium)")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_reproduce)
     return p
 

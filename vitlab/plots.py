@@ -30,15 +30,19 @@ def image_grid_with_maps(images: Sequence[np.ndarray], maps: np.ndarray, titles:
     return fig
 
 
-def layer_lines(values: np.ndarray, ylabel: str, title: str) -> go.Figure:
-    """(L, H) per-head values against depth: one dot per head, the head mean as a line."""
+def layer_lines(values: np.ndarray, ylabel: str, title: str, spread: np.ndarray | None = None) -> go.Figure:
+    """(L, H) per-head values against depth: one dot per head, the head mean as a line.
+
+    ``spread`` (L,): error bars on the head mean (for example the standard deviation over images).
+    """
     L, H = values.shape
     fig = go.Figure()
     for h in range(H):
         fig.add_trace(go.Scatter(x=np.arange(1, L + 1), y=values[:, h], mode="markers", name=f"head {h}",
                                  marker=dict(size=6), hovertemplate=f"layer %{{x}}, head {h}: %{{y:.3f}}<extra></extra>"))
     fig.add_trace(go.Scatter(x=np.arange(1, L + 1), y=values.mean(1), mode="lines", name="mean over heads",
-                             line=dict(color="black")))
+                             line=dict(color="black"),
+                             error_y=None if spread is None else dict(type="data", array=spread, visible=True)))
     fig.update_layout(title=title, xaxis_title="network depth (layer)", yaxis_title=ylabel, width=700, height=450)
     return fig
 
@@ -73,4 +77,21 @@ def similarity_tiles(sim: np.ndarray, title: str = "") -> go.Figure:
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, scaleanchor="x")
     fig.update_layout(title=title, width=640, height=600)
+    return fig
+
+
+def table_figure(header: Sequence[str], rows: Sequence[Sequence[object]], title: str = "") -> go.Figure:
+    """A plotly table; floats shown with 3 decimals."""
+    cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in col] for col in zip(*rows)]
+    fig = go.Figure(go.Table(header=dict(values=list(header), align="left", fill_color="#e8e8f0"),
+                             cells=dict(values=cells, align="left")))
+    fig.update_layout(title=title, width=180 * len(header) + 40, height=60 + 32 * (len(rows) + 2),
+                      margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def curves(x: np.ndarray, ys: dict[str, np.ndarray], xlabel: str, ylabel: str, title: str = "") -> go.Figure:
+    """One line per entry of ``ys`` (each shaped like ``x``)."""
+    fig = go.Figure([go.Scatter(x=x, y=y, mode="lines+markers", name=name) for name, y in ys.items()])
+    fig.update_layout(title=title, xaxis_title=xlabel, yaxis_title=ylabel, width=700, height=420)
     return fig

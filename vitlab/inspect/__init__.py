@@ -1,17 +1,36 @@
 """The paper's inspection analyses, one module per figure: tensors or a model in, tensors out (no plotting)."""
 
+from vitlab.inspect.attribution import (
+    ATTRIBUTION_METHODS,
+    attribution,
+    gradient_rollout,
+    integrated_gradients,
+    occlusion,
+)
+from vitlab.inspect.compare import MethodScores, compare_methods
 from vitlab.inspect.distance import attention_distance_from_maps, mean_attention_distance, patch_distances
+from vitlab.inspect.faithfulness import deletion_insertion, localisation, randomization_sanity
 from vitlab.inspect.filters import embedding_filter_pca
 from vitlab.inspect.positions import position_embedding_similarity, position_structure_score
 from vitlab.inspect.rollout import attention_rollout, rollout_from_maps
 
 __all__ = [
+    "ATTRIBUTION_METHODS",
+    "MethodScores",
     "attention_distance_from_maps",
     "attention_rollout",
+    "attribution",
+    "compare_methods",
+    "deletion_insertion",
     "embedding_filter_pca",
+    "gradient_rollout",
+    "integrated_gradients",
+    "localisation",
     "mean_attention_distance",
+    "occlusion",
     "patch_distances",
     "position_embedding_similarity",
     "position_structure_score",
+    "randomization_sanity",
     "rollout_from_maps",
 ]

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from vitlab.capture import capture_attention
 from vitlab.info import ModelInfo, model_info
-from vitlab.inspect.rollout import attention_rollout
+from vitlab.inspect.rollout import attention_rollout, readout_vector
 
 __all__ = ["gradient_rollout", "integrated_gradients", "occlusion", "patch_mask", "ATTRIBUTION_METHODS",
            "attribution", "predicted_class"]
@@ -59,17 +59,6 @@ def _targets(model: nn.Module, images: Tensor, target: Tensor | int | None) -> T
     return t
 
 
-def _readout_row(joint: Tensor, info: ModelInfo, pool: Tensor | None) -> Tensor:
-    """(B, T, T) joint attention -> (B, N) weights of the readout over the patch tokens."""
-    p = info.num_prefix_tokens
-    if info.readout == "map" and pool is not None:
-        w = pool.double().mean(1).mean(1)  # (B, N_keys)
-        return (w.unsqueeze(1) @ joint[:, -w.shape[-1]:, :]).squeeze(1)[:, p:]
-    if info.num_class_tokens:
-        return joint[:, 0, p:]
-    return joint[:, p:, p:].mean(1)
-
-
 def gradient_rollout(model: nn.Module, images: Tensor, target: Tensor | int | None = None,
                      start_layer: int = 0) -> Tensor:
     """(B, gh, gw) gradient-weighted rollout of the readout over the patches, for class ``target``.
@@ -86,12 +75,12 @@ def gradient_rollout(model: nn.Module, images: Tensor, target: Tensor | int | No
         logits = model(x)
         logits.gather(1, t[:, None]).sum().backward()
         maps, grads, pool = cap.stack(), cap.grads(), cap.pool_maps()
-    L, B, _, T, _ = maps.shape
-    joint = torch.eye(T, dtype=torch.float64).expand(B, T, T).clone()
-    for layer in range(start_layer, L):
-        a = (grads[layer].double() * maps[layer].double()).clamp_min(0).mean(1)  # (B, T, T)
-        joint = joint + a @ joint
-    return _readout_row(joint, info, pool).reshape(B, *info.grid_size).float()
+    L, B = maps.shape[:2]
+    v = readout_vector(info, B, pool).unsqueeze(1)  # (B, 1, T): the readout row, carried down the layers
+    for layer in range(L - 1, start_layer - 1, -1):
+        a = (grads[layer] * maps[layer]).clamp_min(0).mean(1).double()  # (B, T, T)
+        v = v + v @ a  # v (I + A_L) ... (I + A_start)
+    return v.squeeze(1)[:, info.num_prefix_tokens:].reshape(B, *info.grid_size).float()
 
 
 def patch_mask(info: ModelInfo, device: torch.device | None = None) -> Tensor:
@@ -116,7 +105,7 @@ def _pool_to_patches(attr: Tensor, info: ModelInfo) -> Tensor:
 
 
 def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int | None = None, steps: int = 32,
-                         baseline: float = 0.0, internal_batch_size: int = 64) -> Tensor:
+                         baseline: float = 0.0, internal_batch_size: int = 256) -> Tensor:
     """(B, gh, gw) integrated gradients (captum) of the target logit, summed per patch.
 
     ``baseline`` is a constant in the model's input space (0 = the normalisation mean, a grey image).
@@ -133,7 +122,7 @@ def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int 
 
 @torch.no_grad()
 def occlusion(model: nn.Module, images: Tensor, target: Tensor | int | None = None, baseline: float = 0.0,
-              perturbations_per_eval: int = 16) -> Tensor:
+              perturbations_per_eval: int = 64) -> Tensor:
     """(B, gh, gw) drop of the target logit when each patch alone is replaced by ``baseline`` (captum)."""
     from captum.attr import FeatureAblation
 

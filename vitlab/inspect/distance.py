@@ -33,12 +33,20 @@ def attention_distance_from_maps(maps: Tensor, grid: tuple[int, int], patch: tup
     n = grid[0] * grid[1]
     if maps.shape[-1] != p + n or maps.shape[-2] != p + n:
         raise ValueError(f"maps over {maps.shape[-1]} tokens do not match {p} prefix tokens + {grid} grid")
-    a = maps[..., p:, p:].double()  # (L, B, H, N, N): patch queries, patch keys
+    d = patch_distances(grid, patch).to(maps.device)
     if renormalize:
+        a = maps[..., p:, p:].double()  # (L, B, H, N, N): patch queries, patch keys
         a = a / a.sum(-1, keepdim=True).clamp_min(1e-12)
-    d = patch_distances(grid, patch).to(a.device)
-    per_query = (a * d).sum(-1)  # (L, B, H, N)
-    return per_query.mean(-1)
+        return (a * d).sum(-1).mean(-1)  # per query, then the mean over queries
+    # mean_i sum_j a_ij d_ij = <A, D> / N: one matrix-vector product over the flattened maps, with D padded by
+    # zero rows and columns for the prefix tokens so the maps need no slicing or copying
+    T = p + n
+    full = torch.zeros(T, T, dtype=maps.dtype, device=maps.device)
+    full[p:, p:] = d.to(maps.dtype)
+    flat = maps.reshape(-1, T * T)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    return (flat @ full.reshape(T * T)).double().view(maps.shape[:-2]) / n
 
 
 @torch.no_grad()

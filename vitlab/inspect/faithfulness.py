@@ -63,15 +63,23 @@ def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: T
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(N).expand(B, N).contiguous())
     pix = patch_mask(info, images.device).view(1, -1)  # (1, H*W) patch index per pixel
     pix_rank = rank.gather(1, pix.expand(B, -1)).view(B, 1, *images.shape[-2:])  # (B, 1, H, W)
-    counts = [round(s / steps * N) for s in range(steps + 1)]
-    curves = {"deletion": torch.empty(B, steps + 1), "insertion": torch.empty(B, steps + 1)}
-    for s, k in enumerate(counts):
-        changed = pix_rank < k  # the top-k patches
-        deleted = torch.where(changed, base, images)
-        inserted = torch.where(changed, images, base)
-        for name, batch in (("deletion", deleted), ("insertion", inserted)):
-            probs = torch.cat([model(batch[i:i + batch_size]).softmax(-1) for i in range(0, B, batch_size)])
-            curves[name][:, s] = probs.gather(1, target[:, None].to(probs.device)).squeeze(1).float().cpu()
+    counts = torch.tensor([round(s / steps * N) for s in range(steps + 1)])
+    # all (step, image) variants of both curves, evaluated in chunks of ``batch_size``
+    pairs = [(s, b) for s in range(steps + 1) for b in range(B)]
+    probs = {"deletion": torch.empty(B, steps + 1), "insertion": torch.empty(B, steps + 1)}
+    for start in range(0, len(pairs), max(1, batch_size // 2)):
+        chunk = pairs[start:start + max(1, batch_size // 2)]
+        s_idx = torch.tensor([s for s, _ in chunk])
+        b_idx = torch.tensor([b for _, b in chunk])
+        changed = pix_rank[b_idx] < counts[s_idx].view(-1, 1, 1, 1).to(pix_rank.device)  # the top-k patches
+        img, bas = images[b_idx], base[b_idx]
+        batch = torch.cat([torch.where(changed, bas, img), torch.where(changed, img, bas)])
+        p = model(batch).softmax(-1).gather(1, target[b_idx].repeat(2)[:, None].to(batch.device)).squeeze(1)
+        p = p.float().cpu()
+        probs["deletion"][b_idx, s_idx] = p[: len(chunk)]
+        probs["insertion"][b_idx, s_idx] = p[len(chunk):]
+    curves = probs
+    counts = counts.tolist()
     x = torch.tensor(counts, dtype=torch.float64) / N
     auc = {k: torch.trapezoid(v.double(), x, dim=1).float() for k, v in curves.items()}
     return {**auc, "deletion_curve": curves["deletion"], "insertion_curve": curves["insertion"],
@@ -123,13 +131,15 @@ def randomized_copy(model: nn.Module, seed: int = 0) -> nn.Module:
 
 
 def randomization_sanity(method: Callable[..., Tensor], model: nn.Module, images: Tensor,
-                         target: Tensor | None = None, seed: int = 0) -> Tensor:
+                         target: Tensor | None = None, seed: int = 0, original: Tensor | None = None) -> Tensor:
     """(B,) Spearman correlation between ``method(model, images, target)`` and the same on a
-    re-initialised copy of the model (same targets). Near 0: the map depends on the learned weights."""
+    re-initialised copy of the model (same targets). Near 0: the map depends on the learned weights.
+    ``original``: the map on ``model`` when already computed."""
     if target is None:
         with torch.no_grad():
             target = model(images).argmax(-1)
-    original = method(model, images, target)
+    if original is None:
+        original = method(model, images, target)
     randomized = method(randomized_copy(model, seed), images, target)
     return rank_correlation(original, randomized)
 

@@ -17,34 +17,77 @@ from vitlab.capture import capture_attention
 from vitlab.info import model_info
 
 
-def rollout_from_maps(maps: Tensor, head_fusion: Literal["mean", "max", "min"] = "mean", discard_ratio: float = 0.0,
-                      residual: float = 0.5, start_layer: int = 0) -> Tensor:
-    """(L, B, H, T, T) attention -> (B, T, T) rolled-out joint attention (row i: how token i draws on inputs)."""
+def _check(maps: Tensor, discard_ratio: float, residual: float, start_layer: int, head_fusion: str) -> None:
     if not 0.0 <= discard_ratio < 1.0:
         raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
     if not 0.0 <= residual <= 1.0:
         raise ValueError(f"residual must be in [0, 1], got {residual}")
-    L, B, _, T, _ = maps.shape
-    if not 0 <= start_layer < L:
-        raise ValueError(f"start_layer must be in [0, {L}), got {start_layer}")
-    fuse = {"mean": lambda a: a.mean(1), "max": lambda a: a.amax(1), "min": lambda a: a.amin(1)}
-    if head_fusion not in fuse:
+    if not 0 <= start_layer < maps.shape[0]:
+        raise ValueError(f"start_layer must be in [0, {maps.shape[0]}), got {start_layer}")
+    if head_fusion not in _FUSE:
         raise ValueError(f"head_fusion must be 'mean', 'max' or 'min', got {head_fusion!r}")
-    eye = torch.eye(T, dtype=torch.float64, device=maps.device)
-    joint = eye.expand(B, T, T).clone()
+
+
+_FUSE = {"mean": lambda a: a.mean(1), "max": lambda a: a.amax(1), "min": lambda a: a.amin(1)}
+
+
+def _layer_matrix(layer_maps: Tensor, head_fusion: str, discard_ratio: float, residual: float) -> Tensor:
+    """(B, H, T, T) one layer's maps -> (B, T, T) float64 ``residual * I + (1 - residual) * A``, rows summing to 1."""
+    B, _, T, _ = layer_maps.shape
+    a = _FUSE[head_fusion](layer_maps).double()  # fuse in the maps' precision, then float64
+    k = int(T * T * discard_ratio)
+    if k:
+        flat = a.reshape(B, T * T)
+        weakest = torch.zeros_like(flat, dtype=torch.bool).scatter_(1, flat.topk(k, -1, largest=False).indices,
+                                                                      True)  # per image
+        weakest[:, 0] = False  # entry (0, 0) is kept, as in vit-explain
+        a = flat.masked_fill(weakest, 0.0).view(B, T, T)
+    a = (1 - residual) * a
+    a.diagonal(dim1=-2, dim2=-1).add_(residual)
+    return a / a.sum(-1, keepdim=True)
+
+
+def rollout_from_maps(maps: Tensor, head_fusion: Literal["mean", "max", "min"] = "mean", discard_ratio: float = 0.0,
+                      residual: float = 0.5, start_layer: int = 0) -> Tensor:
+    """(L, B, H, T, T) attention -> (B, T, T) rolled-out joint attention (row i: how token i draws on inputs)."""
+    _check(maps, discard_ratio, residual, start_layer, head_fusion)
+    L, B, _, T, _ = maps.shape
+    joint = torch.eye(T, dtype=torch.float64, device=maps.device).expand(B, T, T).clone()
     for layer in range(start_layer, L):
-        a = fuse[head_fusion](maps[layer].double())  # (B, T, T)
-        k = int(T * T * discard_ratio)
-        if k:
-            flat = a.reshape(B, T * T)
-            weakest = torch.zeros_like(flat, dtype=torch.bool).scatter_(1, flat.topk(k, -1, largest=False).indices,
-                                                                          True)  # per image
-            weakest[:, 0] = False  # entry (0, 0) is kept, as in vit-explain
-            a = flat.masked_fill(weakest, 0.0).view(B, T, T)
-        a = residual * eye + (1 - residual) * a
-        a = a / a.sum(-1, keepdim=True)
-        joint = a @ joint
+        joint = _layer_matrix(maps[layer], head_fusion, discard_ratio, residual) @ joint
     return joint
+
+
+def rollout_row(maps: Tensor, readout: Tensor, head_fusion: Literal["mean", "max", "min"] = "mean",
+                discard_ratio: float = 0.0, residual: float = 0.5, start_layer: int = 0) -> Tensor:
+    """(B, T) ``readout @ rollout_from_maps(...)`` without forming the (T, T) product.
+
+    ``readout`` (B, T) weights over the last layer's tokens (a one-hot class token, or a mean over rows).
+    The row is carried down from the last layer, a vector-matrix product per layer: O(T^2) instead of O(T^3).
+    """
+    _check(maps, discard_ratio, residual, start_layer, head_fusion)
+    v = readout.double().unsqueeze(1)  # (B, 1, T)
+    for layer in range(maps.shape[0] - 1, start_layer - 1, -1):
+        v = v @ _layer_matrix(maps[layer], head_fusion, discard_ratio, residual)
+    return v.squeeze(1)
+
+
+def readout_vector(info, batch: int, pool: Tensor | None = None) -> Tensor:
+    """(B, T) float64 weights of the model's readout over the tokens of the last block.
+
+    The class token (one-hot); without one, the mean over the patch rows; for an attention pool, the pool's
+    own weights (latent queries and heads averaged) over the tokens it attends to.
+    """
+    T, p = info.num_tokens, info.num_prefix_tokens
+    v = torch.zeros(batch, T, dtype=torch.float64)
+    if info.readout == "map" and pool is not None:
+        w = pool.double().mean(1).mean(1)  # (B, N_keys)
+        v[:, T - w.shape[-1]:] = w
+    elif info.num_class_tokens:
+        v[:, 0] = 1.0
+    else:
+        v[:, p:] = 1.0 / (T - p)
+    return v
 
 
 @torch.no_grad()
@@ -53,19 +96,12 @@ def attention_rollout(model: nn.Module, images: Tensor, head_fusion: Literal["me
     """(B, gh, gw) raw rollout weights of the readout over the patch tokens (not rescaled).
 
     Readout: the class token's row; for models without one, the mean over patch rows; for an attention
-    pool, the pool's own (head-mean) weights times the rolled-out patch rows.
+    pool, the pool's own (head-mean) weights times the rolled-out rows. Heads are fused inside the capture,
+    so memory holds one (T, T) map per layer and image.
     """
     info = model_info(model, img_size=tuple(images.shape[-2:]))
-    with capture_attention(model) as cap:
+    with capture_attention(model, head_fusion=head_fusion) as cap:
         model(images)
-    joint = rollout_from_maps(cap.stack(), head_fusion, discard_ratio, residual, start_layer)  # (B, T, T)
-    p = info.num_prefix_tokens
-    if info.readout == "map" and cap.pool_maps() is not None:
-        pool = cap.pool_maps().double().mean(1).mean(1)  # (B, N_keys): latent queries and heads averaged
-        rows = joint[:, -pool.shape[-1]:, :]  # the pool attends over the tokens it is given (patches)
-        weights = (pool.unsqueeze(1) @ rows).squeeze(1)[:, p:]
-    elif info.num_class_tokens:
-        weights = joint[:, 0, p:]
-    else:
-        weights = joint[:, p:, p:].mean(1)
-    return weights.reshape(len(images), *info.grid_size).float()
+    v = readout_vector(info, len(images), cap.pool_maps()).to(images.device)
+    row = rollout_row(cap.stack(), v, "mean", discard_ratio, residual, start_layer)  # heads already fused
+    return row[:, info.num_prefix_tokens:].reshape(len(images), *info.grid_size).float()

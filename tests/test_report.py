@@ -1,0 +1,92 @@
+"""`vitlab reproduce`: every figure stamped and set beside the paper, bad input leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import tiny_bit, tiny_vit
+
+import vitlab
+from vitlab.cli import main
+from vitlab.report import _find_chromium, embedded_images
+
+FIGURES = {"filters", "positions", "positions_resampled", "distance", "rollout", "faithfulness", "faithfulness_curves",
+           "readout_attention", "entropy"}
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    return vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
+
+
+def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint):
+    out = tmp_path / "out"
+    assert main(["reproduce", "--model", str(checkpoint), "--out", str(out), "--num-images", "3", "--no-png",
+                 "--no-shapes", "--quiet"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["attention_shape"] == [3, 3, 3, 65, 65]
+    assert [p["image"] for p in metrics["predictions"]] == embedded_images(tiny_vit(), 3)[0]
+    assert {f["slug"] for f in metrics["figures"]} == FIGURES
+    for f in metrics["figures"]:
+        assert f["paper"] and f["ours"]
+        assert f["stamp"]["weights"] == str(checkpoint)
+        assert set(f["stamp"]["versions"]) == {"vitlab", "torch", "timm"} and "settings" in f["stamp"]
+    assert [r["method"] for r in metrics["methods"]] == ["rollout", "gradient rollout", "integrated gradients",
+                                                         "occlusion", "random map"]
+    assert len(metrics["mean_attention_distance_px"]) == 3 and len(metrics["mean_attention_distance_px"][0]) == 3
+    page = (out / "report.html").read_text()
+    assert "plotly" in page.lower() and "<script" in page  # plotly embedded: opens offline
+    assert all(f"id='{slug}'" in page for slug in FIGURES)
+    assert metrics["png"] == "not asked for" and not list(out.glob("*.png"))
+
+
+def test_reproduce_scores_localisation_on_the_shipped_shapes_model(tmp_path, checkpoint):
+    from vitlab.report import SHAPES_CHECKPOINT
+
+    if not (SHAPES_CHECKPOINT / "model.safetensors").exists():
+        pytest.skip("no shapes checkpoint shipped yet")
+    out = tmp_path / "out"
+    assert main(["reproduce", "--model", str(checkpoint), "--out", str(out), "--num-images", "2", "--no-png",
+                 "--quiet"]) == 0
+    loc = json.loads((out / "metrics.json").read_text())["shapes_localisation"]
+    rows = {r["method"]: r for r in loc["methods"]}
+    assert 0 < loc["stamp"]["chance"] < 0.5
+    assert all(0 <= r["mass_in_mask"] <= 1 and 0 <= r["pointing"] <= 1 for r in rows.values())
+
+
+@pytest.mark.skipif(_find_chromium() is None, reason="no Chromium for static export")
+def test_reproduce_writes_pngs_with_chromium(tmp_path, checkpoint):
+    out = tmp_path / "out"
+    assert main(["reproduce", "--model", str(checkpoint), "--out", str(out), "--num-images", "2", "--no-shapes",
+                 "--quiet"]) == 0
+    assert json.loads((out / "metrics.json").read_text())["png"].startswith("written")
+    pngs = {p.stem: p.read_bytes() for p in out.glob("*.png")}
+    assert set(pngs) == FIGURES and all(b.startswith(b"\x89PNG") for b in pngs.values())
+
+
+def _keeps_previous(out, argv, capsys, needle):
+    out.mkdir(exist_ok=True)
+    (out / "previous.txt").write_text("an earlier report")
+    assert main(argv + ["--out", str(out), "--no-png", "--no-shapes", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert needle in err, err
+    assert [p.name for p in out.iterdir()] == ["previous.txt"]  # untouched, nothing half-written
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".out")]
+
+
+def test_bad_images_leave_the_previous_report(tmp_path, checkpoint, capsys):
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    _keeps_previous(tmp_path / "out", ["reproduce", "--model", str(checkpoint), "--images", str(imgs)], capsys,
+                    "no images")
+    (imgs / "x.jpg").write_bytes(b"broken")
+    _keeps_previous(tmp_path / "out", ["reproduce", "--model", str(checkpoint), "--images", str(imgs)], capsys,
+                    "x.jpg")
+
+
+def test_unknown_model_and_model_without_attention(tmp_path, capsys):
+    _keeps_previous(tmp_path / "out", ["reproduce", "--model", "vit_tinyy_patch16_224"], capsys,
+                    "neither a file nor a timm model name")
+    bit = vitlab.save_checkpoint(tiny_bit(), tmp_path / "bit")
+    _keeps_previous(tmp_path / "out", ["reproduce", "--model", str(bit)], capsys, "attention")

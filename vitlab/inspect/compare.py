@@ -1,0 +1,72 @@
+"""One table that compares the map methods on a model: faithfulness, sanity and (with masks) localisation."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from vitlab.info import model_info
+from vitlab.inspect.attribution import ATTRIBUTION_METHODS, predicted_class
+from vitlab.inspect.faithfulness import deletion_insertion, localisation, randomization_sanity
+
+__all__ = ["MethodScores", "compare_methods"]
+
+
+@dataclass(frozen=True)
+class MethodScores:
+    """Scores of one method, each averaged over the images (``None`` where not measured)."""
+
+    method: str
+    seconds: float  # computing the maps, all images
+    deletion_auc: float  # lower is better
+    insertion_auc: float  # higher is better
+    sanity_spearman: float | None  # map vs the same on re-initialised weights: near 0 is better
+    mass_in_mask: float | None = None  # share of positive mass on the object; chance = object area
+    pointing: float | None = None  # share of images whose top patch touches the object
+    deletion_curve: list[float] = field(default_factory=list, repr=False)
+    insertion_curve: list[float] = field(default_factory=list, repr=False)
+
+
+def compare_methods(model: nn.Module, images: Tensor, target: Tensor | None = None, masks: Tensor | None = None,
+                    methods: Sequence[str] = tuple(ATTRIBUTION_METHODS), steps: int = 16, sanity: bool = True,
+                    random_baseline: bool = True, seed: int = 0, progress: bool | None = None
+                    ) -> tuple[list[MethodScores], dict[str, Tensor]]:
+    """Scores per method (plus a random-map baseline) and the (B, gh, gw) maps, keyed by method.
+
+    ``target`` (B,) defaults to the model's predictions; ``masks`` (B, H, W) adds localisation scores.
+    """
+    unknown = [m for m in methods if m not in ATTRIBUTION_METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}: choose from {sorted(ATTRIBUTION_METHODS)}")
+    if target is None:
+        target = predicted_class(model, images)
+    rows, maps = [], {}
+    names = list(methods) + (["random map"] if random_baseline else [])
+    for name in tqdm(names, desc="methods", disable=progress is False or (progress is None and len(names) < 3)):
+        t0 = time.perf_counter()
+        if name == "random map":
+            g = torch.Generator().manual_seed(seed)
+            m = torch.rand(len(images), *model_info(model, img_size=tuple(images.shape[-2:])).grid_size, generator=g)
+        else:
+            m = ATTRIBUTION_METHODS[name](model, images, target)
+        seconds = time.perf_counter() - t0
+        maps[name] = m
+        di = deletion_insertion(model, images, m, target, steps=steps)
+        san = None
+        if sanity and name != "random map":
+            san = float(randomization_sanity(ATTRIBUTION_METHODS[name], model, images, target, seed=seed,
+                                             original=m).mean())
+        loc = localisation(m, masks) if masks is not None else None
+        rows.append(MethodScores(
+            method=name, seconds=round(seconds, 3), deletion_auc=float(di["deletion"].mean()),
+            insertion_auc=float(di["insertion"].mean()), sanity_spearman=san,
+            mass_in_mask=None if loc is None else float(loc["mass_in_mask"].mean()),
+            pointing=None if loc is None else float(loc["pointing"].mean()),
+            deletion_curve=di["deletion_curve"].mean(0).tolist(), insertion_curve=di["insertion_curve"].mean(0).tolist(),
+        ))
+    return rows, maps
