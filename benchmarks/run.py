@@ -24,6 +24,7 @@ if __package__ in (None, ""):  # run as a script: make the `benchmarks` package 
 
 from benchmarks import capture_coverage as coverage
 from benchmarks import capture_speed as speed
+from benchmarks import inspect_speed
 from benchmarks import train_speed
 from benchmarks._util import machine_info
 
@@ -137,6 +138,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-speed", action="store_true")
     p.add_argument("--no-coverage", action="store_true")
     p.add_argument("--no-train", action="store_true", help="skip the training-throughput benchmark")
+    p.add_argument("--no-inspect", action="store_true", help="skip the distance/rollout benchmark (ViT-B/16)")
+    p.add_argument("--inspect-model", default="vit_base_patch16_224", help="inspection benchmark: timm model")
     p.add_argument("--train-steps", type=int, default=12, help="training benchmark: timed steps per variant")
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="JSON output folder")
     p.add_argument("--markdown", type=Path, default=ROOT / "BENCHMARKS.md")
@@ -171,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
                              f"{train_res['batch']}, {train_res['steps']} steps per variant, "
                              f"{train_res['threads']} torch threads.\n\n{train_speed.format_table(train_res)}")
         print("\n" + train_speed.format_table(train_res))
+    if not args.no_inspect:
+        res = inspect_speed.run(args.inspect_model)
+        (args.results / "inspect_speed.json").write_text(json.dumps({"machine": machine_info(), **res}, indent=1))
+        sections["inspect"] = (f"{stamp(machine_info())} `{res['model']}` at {res['img_size'][0]} px (random weights: "
+                               f"speed does not depend on them), {res['threads']} torch threads, one timed run each, "
+                               f"in one process.\n\n{inspect_speed.format_table(res)}")
+        print("\n" + inspect_speed.format_table(res))
     print(summary_table(rows, summary))
     if not args.no_markdown:
         update_markdown(args.markdown, sections)

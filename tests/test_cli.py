@@ -57,3 +57,17 @@ def test_capture_command(tmp_path, checkpoint):
     assert main(["capture", "--model", str(checkpoint), "--out", str(f), "--head-fusion", "mean",
                  "--queries", "prefix"]) == 0
     assert load_file(str(f))["attention"].shape == (3, 2, 1, 1, 65)
+
+
+def test_probe_command(tmp_path, checkpoint, capsys):
+    f = tmp_path / "probe.json"
+    assert main(["probe", "--model", str(checkpoint), "--data", "shapes", "--max-train", "40", "--max-test", "20",
+                 "--shots", "1", "5", "--seeds", "2", "--json", str(f), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "40 train / 20 test images" in out and "logistic regression" in out
+    d = json.loads(f.read_text())
+    assert set(d["few_shot"]) == {"1", "5"} and len(d["few_shot"]["5"]["per_seed"]) == 2
+    assert 0 <= d["linear_probe"] <= 1
+    assert main(["probe", "--model", str(checkpoint), "--data", "shapes", "--max-train", "40", "--shots", "25",
+                 "--quiet"]) == 1
+    assert "class 0 has only 10" in capsys.readouterr().err

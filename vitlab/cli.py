@@ -60,6 +60,37 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    import torch
+
+    import vitlab
+    from vitlab.data import load_dataset, nested_subsets
+    from vitlab.features import extract_features
+    from vitlab.probe import few_shot_accuracy, format_table, linear_probe_accuracy
+
+    model = vitlab.load_model(args.model, pretrained=args.pretrained)
+    train, test = load_dataset(args.data, "train"), load_dataset(args.data, "test")
+    if args.max_train is not None and args.max_train < len(train):
+        train = train.subset(nested_subsets(train.labels, [args.max_train], seed=0)[0])
+    if args.max_test is not None and args.max_test < len(test):
+        test = test.subset(nested_subsets(test.labels, [args.max_test], seed=0)[0])
+    progress = not args.quiet
+    ftr = extract_features(model, train, batch_size=args.batch_size, progress=progress)
+    fte = extract_features(model, test, batch_size=args.batch_size, progress=progress)
+    res = few_shot_accuracy(ftr, train.labels, fte, test.labels, shots=args.shots, seeds=range(args.seeds),
+                            l2=args.l2)
+    full = linear_probe_accuracy(ftr, train.labels, fte, test.labels) if args.full else None
+    print(f"{args.model or 'embedded default'} on {args.data}: {len(train)} train / {len(test)} test images, "
+          f"{ftr.shape[1]}-d features, l2 = {args.l2:g}, {args.seeds} seeds")
+    print(format_table(res, full))
+    if args.json:
+        out = {"model": args.model, "data": args.data, "l2": args.l2, "train": len(train), "test": len(test),
+               "few_shot": {k: dataclasses.asdict(r) for k, r in res.items()}, "linear_probe": full,
+               "versions": {"vitlab": vitlab.__version__, "torch": torch.__version__}}
+        print(json.dumps(out, indent=2), file=open(args.json, "w"))
+    return 0
+
+
 def cmd_capture(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
@@ -126,6 +157,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--command-line", required=True, help="the training command, recorded on the card")
     sp.add_argument("--hardware", help="where it trained (default: this machine)")
     sp.set_defaults(func=cmd_export)
+
+    sp = sub.add_parser("probe", help="few-shot linear probe (paper section 4.1) of a model's frozen features")
+    model_args(sp)
+    sp.add_argument("--data", required=True, help="cifar10, cifar100, shapes, or an ImageFolder folder/zip with "
+                    "train and test splits")
+    sp.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25], help="examples per class (default 1 5 "
+                    "10 25)")
+    sp.add_argument("--seeds", type=int, default=3, help="random draws per shot count (default 3)")
+    sp.add_argument("--l2", type=float, default=2.0**10, help="ridge regularisation (default 2**10, as big_vision)")
+    sp.add_argument("--no-full", dest="full", action="store_false",
+                    help="skip the logistic-regression probe on all training features")
+    sp.add_argument("--max-train", type=int, help="use a class-balanced subset of this many training images")
+    sp.add_argument("--max-test", type=int, help="use a class-balanced subset of this many test images")
+    sp.add_argument("--batch-size", type=int, default=128)
+    sp.add_argument("--json", help="also write the results to this JSON file")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
+    sp.set_defaults(func=cmd_probe)
 
     sp = sub.add_parser("reproduce", help="run the inspection experiments and write an HTML report")
     model_args(sp)

@@ -1,0 +1,108 @@
+"""Frozen features for probing: ``forward_head(forward_features(x), pre_logits=True)``, batched, cached on disk.
+
+The cache key covers the model (architecture config and a hash of every weight), the data (its source, size
+and a hash of its pixels and labels) and the transform (input size, mean, std, interpolation), so a change to
+any of them misses the cache instead of returning stale features. Files are safetensors, written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from vitlab.data import ImageArray, cache_dir
+
+__all__ = ["extract_features", "feature_key", "preprocess_uint8"]
+
+
+def _hash_tensor(h, t: Tensor) -> None:
+    t = t.detach().cpu().contiguous()
+    h.update(str((t.dtype, tuple(t.shape))).encode())
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def _transform(model: nn.Module) -> dict:
+    cfg = getattr(model, "pretrained_cfg", {}) or {}
+    size = cfg.get("input_size", (3, 224, 224))
+    return {"input_size": [int(v) for v in size[-2:]], "mean": [float(v) for v in cfg.get("mean", (0.5,) * 3)],
+            "std": [float(v) for v in cfg.get("std", (0.5,) * 3)],
+            "interpolation": str(cfg.get("interpolation", "bicubic"))}
+
+
+def feature_key(model: nn.Module, data: ImageArray) -> str:
+    """A hex digest of (model config and weights, data, transform)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(type(model).__name__.encode())
+    h.update(json.dumps(_transform(model), sort_keys=True).encode())
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        _hash_tensor(h, t)
+    h.update(data.source.encode())
+    _hash_tensor(h, data.images)
+    _hash_tensor(h, data.labels)
+    return h.hexdigest()
+
+
+def preprocess_uint8(images: Tensor, transform: dict) -> Tensor:
+    """(B, H, W, 3) uint8 -> (B, 3, h, w) float32 resized to the model's input (bicubic, antialiased) and
+    normalised with its mean and std."""
+    x = images.permute(0, 3, 1, 2).float().div_(255)
+    size = tuple(transform["input_size"])
+    if tuple(x.shape[-2:]) != size:
+        mode = "bilinear" if transform["interpolation"] == "bilinear" else "bicubic"
+        x = F.interpolate(x, size=size, mode=mode, antialias=True, align_corners=False).clamp_(0, 1)
+    mean = torch.tensor(transform["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(transform["std"]).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+@torch.no_grad()
+def extract_features(model: nn.Module, data: ImageArray, batch_size: int = 128, cache: bool = True,
+                     progress: bool | None = None, device: str | torch.device | None = None) -> Tensor:
+    """(N, D) float32 pre-logit features of ``data`` (the representation a linear probe reads).
+
+    Images are resized and normalised as the model's pretrained config says. With ``cache=True`` features
+    are stored under ``$VITLAB_CACHE/features`` and reused when model, weights, data and transform match.
+    The model's train/eval mode is restored afterwards.
+    """
+    if not hasattr(model, "forward_head") or not hasattr(model, "forward_features"):
+        raise TypeError(f"{type(model).__name__} has no forward_features/forward_head: extract_features needs a "
+                        "timm model (a ViT, hybrid or ResNet)")
+    path = None
+    if cache:
+        path = cache_dir() / "features" / f"{feature_key(model, data)}.safetensors"
+        if path.exists():
+            return load_file(path)["features"]
+    tf = _transform(model)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = []
+    try:
+        starts = range(0, len(data), batch_size)
+        for i in tqdm(starts, desc="features", disable=progress is False or (progress is None and len(starts) < 4),
+                      leave=False):
+            x = preprocess_uint8(data.images[i:i + batch_size], tf).to(device)
+            out.append(model.forward_head(model.forward_features(x), pre_logits=True).float().cpu())
+    finally:
+        model.train(was_training)
+    feats = torch.cat(out) if out else torch.empty(0, 0)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file({"features": feats.contiguous()}, tmp, metadata={"source": data.source, "n": str(len(data))})
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    return feats
