@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.vitlab-installed
-EXTRAS ?= dev,notebooks
+EXTRAS ?= dev,notebooks,ray
 OUT    ?= out
 
 .PHONY: reproduce test test-slow bench install clean

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-CONDA_NAMES = {"torch": "pytorch", "kaleido": "python-kaleido"}  # PyPI name -> conda-forge name where they differ
+CONDA_NAMES = {"torch": "pytorch", "kaleido": "python-kaleido", "ray": "ray-core"}  # PyPI name -> conda-forge name where they differ
 
 
 def _split(req: str) -> tuple[str, str]:
@@ -21,8 +21,8 @@ def _split(req: str) -> tuple[str, str]:
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = [*project["dependencies"]]
-    for extra in ("notebooks", "dev"):
-        wanted += project["optional-dependencies"][extra]
+    for extra in project["optional-dependencies"].values():  # every extra: the Makefile installs them all
+        wanted += extra
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     assert env["channels"] == ["conda-forge"]
     conda = {}

@@ -91,6 +91,31 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from vitlab.plots import scaling_curves
+    from vitlab.scaling import ResultsStore, load_sweep_config, run_sweep, summarise
+
+    sweep = load_sweep_config(args.config)
+    results = args.results or f"runs/sweeps/{sweep.name}.jsonl"
+    new = run_sweep(sweep, results, executor=args.executor, workers=args.workers, address=args.address,
+                    work_dir=args.work_dir, progress=not args.quiet)
+    records = [r for r in ResultsStore(results).latest().values() if r["sweep"] == sweep.name]
+    failed = [r for r in records if r["status"] != "ok"]
+    print(f"sweep {sweep.name}: {len(new)} run(s) now, {len(records) - len(failed)} of {len(sweep.runs())} done, "
+          f"{len(failed)} failed; results in {results}")
+    for r in failed:
+        print(f"  failed {r['run_id']}: {r['error']}")
+    shots = max(sweep.shots) if args.shots is None else args.shots
+    for fam, by_size in summarise(records, shots).items():
+        print(f"  {fam}: " + ", ".join(f"{n}: {100 * v['mean']:.1f}%" for n, v in by_size.items()) + f" ({shots}-shot)")
+    if args.plot:
+        fig = scaling_curves(summarise(records, shots), title=f"Sweep {sweep.name}: {shots}-shot accuracy on held-out "
+                             "classes against pre-training set size")
+        fig.write_html(args.plot, include_plotlyjs=True)
+        print(f"plot: {args.plot}")
+    return 1 if failed else 0
+
+
 def cmd_capture(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
@@ -174,6 +199,22 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", help="also write the results to this JSON file")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_probe)
+
+    sp = sub.add_parser("sweep", help="data-scaling sweep (paper Fig. 3/4): pre-train on nested subsets, probe "
+                        "few-shot; resumable")
+    sp.add_argument("--config", default="cifar10", help="a named sweep (cifar10, quick) or a JSON file of "
+                    "SweepConfig fields")
+    sp.add_argument("--results", help="JSONL results store (default runs/sweeps/NAME.jsonl); finished runs in it "
+                    "are skipped")
+    sp.add_argument("--executor", choices=["local", "ray"], default="local")
+    sp.add_argument("--workers", type=int, default=1, help="parallel runs (local: processes, 0 = in this process; "
+                    "ray: CPUs of a local runtime)")
+    sp.add_argument("--address", help="ray: address of a running cluster (default: start a local runtime)")
+    sp.add_argument("--work-dir", help="scratch folder for run checkpoints (default: the system temp folder)")
+    sp.add_argument("--shots", type=int, help="shot count to summarise and plot (default: the largest)")
+    sp.add_argument("--plot", help="write the scaling curves to this HTML file")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
+    sp.set_defaults(func=cmd_sweep)
 
     sp = sub.add_parser("reproduce", help="run the inspection experiments and write an HTML report")
     model_args(sp)

@@ -69,6 +69,10 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
         "dtype": str(dtype).replace("torch.", ""),
         "versions": {"torch": torch.__version__, "timm": timm.__version__},
     }
+    from vitlab.models import DEFAULT_CHECKPOINT
+
+    facts["path"] = str(out)
+    facts["is_default"] = Path(out).resolve() == Path(DEFAULT_CHECKPOINT).resolve()
     (Path(out) / CARD_NAME).write_text(_card(facts, train_cfg, history, shipped))
     (Path(out) / "card.json").write_text(json.dumps(facts, indent=2) + "\n")
     return facts
@@ -93,7 +97,7 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
   std {tuple(pc['std'])}, interpolation {pc['interpolation']}, crop_pct {pc['crop_pct']}.
 * Versions: torch {f['versions']['torch']}, timm {f['versions']['timm']}.
 
-Load it with `vitlab.load_model()` (the default) or `vitlab.load_model("<this folder>")`.
+Load it with `vitlab.load_model("{f['path']}")`{' or `vitlab.load_model()` (it is the embedded default)' if f['is_default'] else ''}.
 
 ## Training configuration
 

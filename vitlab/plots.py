@@ -95,3 +95,19 @@ def curves(x: np.ndarray, ys: dict[str, np.ndarray], xlabel: str, ylabel: str, t
     fig = go.Figure([go.Scatter(x=x, y=y, mode="lines+markers", name=name) for name, y in ys.items()])
     fig.update_layout(title=title, xaxis_title=xlabel, yaxis_title=ylabel, width=700, height=420)
     return fig
+
+
+def scaling_curves(summary: dict[str, dict[int, dict[str, float]]], title: str = "",
+                   ylabel: str = "few-shot accuracy on held-out classes") -> go.Figure:
+    """Fig. 3/4 style: accuracy against pre-training set size (log x), one line per family, error bars = std
+    over seeds. ``summary``: ``vitlab.scaling.summarise`` output."""
+    fig = go.Figure()
+    for fam, by_size in summary.items():
+        sizes = sorted(by_size)
+        fig.add_trace(go.Scatter(
+            x=sizes, y=[100 * by_size[n]["mean"] for n in sizes], mode="lines+markers", name=fam,
+            error_y=dict(type="data", array=[100 * by_size[n]["std"] for n in sizes], visible=True),
+            hovertemplate=f"{fam}: %{{x}} images, %{{y:.1f}}%<extra></extra>"))
+    fig.update_xaxes(type="log", title="pre-training images")
+    fig.update_layout(title=title, yaxis_title=ylabel + " (%)", width=700, height=450)
+    return fig

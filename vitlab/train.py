@@ -97,11 +97,13 @@ PRESETS: dict[str, TrainConfig] = {
         model=HybridConfig(vit=_vit32(patch_size=2, depth=6), layers=(1, 1), stem="cifar"),
         epochs=200, batch_size=128, lr=1e-3, weight_decay=0.05, randaugment="rand-m9-n2-mstd0.5"),
     # The shapes ViT: 8 px patches (a 4x4 grid). With 4 px patches this small ViT stayed near chance for
-    # thousands of steps on 8,000 images; with 8 px it reaches ~80% in 2,900 steps.
+    # thousands of steps on 8,000 images; with 8 px it escapes the chance plateau after a few epochs, but
+    # not for every seed: seed 0 (and label_smoothing=0) still sat at chance after 15 epochs, seed 1 left
+    # it by epoch 5 and reached 90% (the shipped model).
     "vit_shapes": TrainConfig(model=_vit32(depth=4, embed_dim=128, num_heads=4, mlp_dim=256, num_classes=4,
                                            patch_size=8, drop_path_rate=0.0),
                               data="shapes", epochs=40, batch_size=64, lr=1e-3, warmup_epochs=1.0, mixup_prob=0.0,
-                              crop_padding=2),
+                              crop_padding=2, seed=1),
     # Tiny: for tests; trains in seconds.
     "tiny": TrainConfig(model=_vit32(depth=2, embed_dim=32, num_heads=2, mlp_dim=64, drop_path_rate=0.0),
                         epochs=2, batch_size=16, lr=1e-3, warmup_epochs=0.5, mixup_prob=0.0, bf16=False),

@@ -1,0 +1,90 @@
+"""Scaling sweeps: results store, resume after a kill, failures recorded, local and Ray executors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from vitlab.cli import main
+from vitlab.scaling import SWEEPS, ResultsStore, RunSpec, SweepConfig, run_sweep, summarise
+
+QUICK = SWEEPS["quick"]
+
+
+def test_store_appends_tolerates_a_torn_line_and_keeps_the_latest(tmp_path):
+    store = ResultsStore(tmp_path / "r.jsonl")
+    store.append({"run_id": "a", "status": "failed", "sweep": "s"})
+    with open(store.path, "a") as f:
+        f.write('{"run_id": "b", "sta')  # a crash mid-write
+    store.append({"run_id": "a", "status": "ok", "sweep": "s"})
+    assert [r["run_id"] for r in store.records()] == ["a", "a"]
+    assert store.latest()["a"]["status"] == "ok" and store.done("s") == {"a"} and store.done("other") == set()
+    assert store.path.read_text().count("\n") == 3  # the torn line was closed before the next record
+
+
+def test_sweep_runs_resumes_and_skips_finished_runs(tmp_path):
+    results = tmp_path / "r.jsonl"
+    new = run_sweep(QUICK, results, workers=0, progress=False)
+    assert sorted(r["run_id"] for r in new) == sorted(s.run_id for s in QUICK.runs())
+    for r in new:
+        assert r["status"] == "ok", r.get("traceback")
+        assert set(r["metrics"]["few_shot"]) == {"1", "5"}
+        assert r["provenance"]["torch"] and r["config"]["name"] == "quick"
+    assert run_sweep(QUICK, results, workers=0, progress=False) == []  # all done: nothing reruns
+    # a sweep killed during its last run: that run's line was never written (or was torn)
+    lines = results.read_text().splitlines()
+    results.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:25])
+    again = run_sweep(QUICK, results, workers=0, progress=False)
+    assert [r["run_id"] for r in again] == [json.loads(lines[-1])["run_id"]]
+    assert len(ResultsStore(results).done("quick")) == len(QUICK.runs())
+
+
+def test_a_failed_run_is_recorded_and_the_others_go_on(tmp_path, capsys):
+    sweep = dataclasses.replace(QUICK, name="bad", families=("vit_tiny",), sizes=(40, 10**6))
+    cfg = tmp_path / "bad.json"
+    cfg.write_text(json.dumps(dataclasses.asdict(sweep)))
+    results = tmp_path / "r.jsonl"
+    assert main(["sweep", "--config", str(cfg), "--results", str(results), "--workers", "0", "--quiet"]) == 1
+    latest = ResultsStore(results).latest()
+    assert latest["vit_tiny-n40-s0"]["status"] == "ok"
+    failed = latest["vit_tiny-n1000000-s0"]
+    assert failed["status"] == "failed" and "exceeds the 4000 pre-training images" in failed["error"]
+    assert "failed vit_tiny-n1000000-s0" in capsys.readouterr().out
+
+
+def test_local_process_pool(tmp_path):
+    sweep = dataclasses.replace(QUICK, name="pool", families=("bit_tiny",), sizes=(40,), seeds=(0, 1))
+    new = run_sweep(sweep, tmp_path / "r.jsonl", workers=2, progress=False)
+    assert sorted(r["run_id"] for r in new) == ["bit_tiny-n40-s0", "bit_tiny-n40-s1"]
+    assert all(r["status"] == "ok" for r in new)
+
+
+def test_two_runs_on_a_local_ray_runtime(tmp_path):
+    pytest.importorskip("ray")
+    sweep = dataclasses.replace(QUICK, name="ray", sizes=(40,))
+    new = run_sweep(sweep, tmp_path / "r.jsonl", executor="ray", workers=2, progress=False)
+    assert sorted(r["run_id"] for r in new) == ["bit_tiny-n40-s0", "vit_tiny-n40-s0"]
+    assert all(r["status"] == "ok" for r in new), [r.get("traceback") for r in new]
+
+
+def test_summarise_means_and_spreads_over_seeds():
+    def rec(fam, n, seed, acc, status="ok"):
+        return {"status": status, "spec": {"family": fam, "size": n, "seed": seed},
+                "metrics": {"few_shot": {"10": {"mean": acc}}}}
+
+    s = summarise([rec("vit", 100, 0, 0.5), rec("vit", 100, 1, 0.7), rec("vit", 50, 0, 0.4),
+                   rec("bit", 100, 0, 0.9, status="failed")], shots=10)
+    assert set(s) == {"vit"} and list(s["vit"]) == [50, 100]
+    assert s["vit"][100]["mean"] == pytest.approx(0.6) and s["vit"][100]["std"] == pytest.approx(0.1414213, 1e-5)
+    assert s["vit"][50] == {"mean": 0.4, "std": 0.0, "n": 1}
+
+
+def test_sweep_config_is_checked():
+    with pytest.raises(ValueError, match="both pre-training and probe"):
+        run_sweep(dataclasses.replace(QUICK, probe_classes=(1, 2)), "unused.jsonl")
+    with pytest.raises(ValueError, match="unknown model families"):
+        run_sweep(dataclasses.replace(QUICK, families=("vit_huge",)), "unused.jsonl")
+    assert RunSpec("vit", 500, 1).run_id == "vit-n500-s1"
+    assert len(SweepConfig("x").runs()) == 2 * 5 * 2

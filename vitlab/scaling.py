@@ -1,0 +1,373 @@
+"""Data-scaling curves (paper Fig. 3/4) in miniature: pre-train on nested subsets, score by few-shot probing.
+
+The paper pre-trains ViTs and BiT ResNets on growing subsets of JFT-300M and probes the frozen features
+few-shot on ImageNet. The analogue here: pre-train on a class-balanced nested subset of *some* classes of a
+dataset (default: CIFAR-10 classes 0-4, from 500 to 10,000 images), then probe the frozen features few-shot
+on the *other* classes (5-9), which the model never saw. Limits: 32 px images, two orders of magnitude less
+data and compute, and transfer between halves of one dataset instead of across datasets, so the curves show
+the trend (do ViTs gain more from data than ResNets?), not the paper's numbers.
+
+A sweep is a grid of runs (family x subset size x seed). Every finished run is appended to a JSONL results
+store (one line, flushed and fsynced, under a file lock) with its config, metrics and provenance; a failed
+run is recorded with its error and the others go on. Running the sweep again skips the runs already done,
+so a killed sweep resumes. Executors: ``local`` (a process pool, or in-process with ``workers=0``) and
+``ray`` (joins a running cluster by address, or starts a local one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import fcntl
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from vitlab.data import ImageArray, load_dataset, nested_subsets
+from vitlab.zoo import BiTConfig, ViTConfig
+
+__all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "run_one", "run_sweep", "summarise"]
+
+
+def _vit(**kw: Any) -> ViTConfig:
+    from vitlab.train import CIFAR_PRE
+
+    base = dict(embed_dim=128, depth=6, num_heads=4, mlp_dim=256, patch_size=4, img_size=32, num_classes=10,
+                drop_path_rate=0.0, preprocess=CIFAR_PRE)
+    return ViTConfig(**{**base, **kw})
+
+
+def _bit(**kw: Any) -> BiTConfig:
+    from vitlab.train import CIFAR_PRE
+
+    base = dict(layers=(2, 2, 2, 2), channels=(32, 64, 128, 256), basic=True, num_classes=10, img_size=32,
+                stem="cifar", preprocess=CIFAR_PRE)
+    return BiTConfig(**{**base, **kw})
+
+
+# Model families of the sweep: small enough that a grid trains on a CPU in under an hour.
+FAMILIES: dict[str, Any] = {
+    "vit": lambda: _vit(),  # ViT 6 blocks x 128, 4 px patches: 1.2 M parameters
+    "bit": lambda: _bit(channels=(16, 32, 64, 128)),  # BiT-style ResNet-18 at quarter width: 0.7 M parameters
+    "vit_tiny": lambda: _vit(depth=2, embed_dim=32, num_heads=2, mlp_dim=64),  # for tests
+    "bit_tiny": lambda: _bit(layers=(1, 1), channels=(32, 32)),  # for tests
+}
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A grid of pre-training runs and how each is probed."""
+
+    name: str
+    families: tuple[str, ...] = ("vit", "bit")
+    sizes: tuple[int, ...] = (500, 1000, 2500, 5000, 10000)  # pre-training images (class-balanced, nested)
+    seeds: tuple[int, ...] = (0, 1)  # each seed: its own nested subsets, init and data order
+    data: str = "cifar10"
+    pretrain_classes: tuple[int, ...] = (0, 1, 2, 3, 4)
+    probe_classes: tuple[int, ...] = (5, 6, 7, 8, 9)
+    epochs: int = 10
+    min_steps: int = 400  # small subsets train for more epochs, so every run takes at least this many steps
+    batch_size: int = 128
+    lr: float = 1e-3
+    shots: tuple[int, ...] = (1, 5, 10, 25)
+    probe_seeds: tuple[int, ...] = (0, 1, 2)
+    l2: float = 2.0**10
+    probe_pool_per_class: int = 100  # training examples per probe class the shots are drawn from
+    probe_test_per_class: int = 200  # test examples per probe class
+
+    def runs(self) -> list[RunSpec]:
+        return [RunSpec(f, n, s) for f in self.families for n in sorted(self.sizes) for s in self.seeds]
+
+    def validate(self) -> None:
+        unknown = [f for f in self.families if f not in FAMILIES]
+        if unknown:
+            raise ValueError(f"unknown model families {unknown}: choose from {sorted(FAMILIES)}")
+        overlap = set(self.pretrain_classes) & set(self.probe_classes)
+        if overlap:
+            raise ValueError(f"classes {sorted(overlap)} are both pre-training and probe classes: the probe must "
+                             "measure transfer to classes the model never saw")
+        if max(self.shots) > self.probe_pool_per_class:
+            raise ValueError(f"{max(self.shots)} shots exceed probe_pool_per_class={self.probe_pool_per_class}")
+
+
+SWEEPS: dict[str, SweepConfig] = {
+    "cifar10": SweepConfig("cifar10"),
+    "quick": SweepConfig("quick", families=("vit_tiny", "bit_tiny"), sizes=(40, 80), seeds=(0,), data="shapes",
+                         pretrain_classes=(0, 1), probe_classes=(2, 3), epochs=1, min_steps=2, batch_size=16,
+                         shots=(1, 5), probe_seeds=(0, 1), probe_pool_per_class=10, probe_test_per_class=20),
+}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    family: str
+    size: int
+    seed: int
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.family}-n{self.size}-s{self.seed}"
+
+
+# ---------------------------------------------------------------------------------------------- results store
+
+
+class ResultsStore:
+    """Append-only JSONL: one record per finished (or failed) run; the latest record of a run id wins."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def records(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line torn by a crash mid-write: that run simply reruns
+                continue
+        return out
+
+    def latest(self) -> dict[str, dict]:
+        return {r["run_id"]: r for r in self.records()}
+
+    def done(self, sweep: str | None = None) -> set[str]:
+        return {k for k, r in self.latest().items() if r["status"] == "ok" and (sweep is None or r["sweep"] == sweep)}
+
+    def append(self, record: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(record, sort_keys=True) + "\n"
+        with open(self.path, "a+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                f.seek(0, os.SEEK_END)
+                if f.tell():  # a torn last line from a crash: start on a fresh line
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        f.write(b"\n")
+                f.write(line.encode())
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------------------------------------- one run
+
+
+def _classes(data: ImageArray, classes: Sequence[int], per_class: int | None = None, seed: int = 0) -> ImageArray:
+    """The examples of ``classes``, relabelled 0..len(classes)-1, optionally ``per_class`` of each."""
+    keep = torch.isin(data.labels, torch.tensor(list(classes)))
+    idx = torch.nonzero(keep).flatten()
+    sub = data.subset(idx)
+    remap = torch.full((int(data.labels.max()) + 1,), -1, dtype=torch.long)
+    remap[torch.tensor(list(classes))] = torch.arange(len(classes))
+    sub = ImageArray(sub.images, remap[sub.labels], tuple(data.classes[c] for c in classes),
+                     f"{data.source}[classes {list(classes)}]", sub.masks)
+    if per_class is not None:
+        sub = sub.subset(nested_subsets(sub.labels, [min(per_class * len(classes), len(sub))], seed=seed)[0])
+    return sub
+
+
+def _train_config(sweep: SweepConfig, spec: RunSpec, n: int):
+    from vitlab.train import TrainConfig
+
+    model = dataclasses.replace(FAMILIES[spec.family](), num_classes=len(sweep.pretrain_classes))
+    steps_per_epoch = max(1, n // sweep.batch_size)
+    epochs = max(sweep.epochs, math.ceil(sweep.min_steps / steps_per_epoch))
+    return TrainConfig(model=model, data=f"{sweep.data}[classes {list(sweep.pretrain_classes)}, n={n}]",
+                       epochs=epochs, batch_size=min(sweep.batch_size, n), lr=sweep.lr, warmup_epochs=min(1.0, epochs / 5),
+                       mixup_prob=0.0, seed=spec.seed, eval_every=epochs)
+
+
+def provenance() -> dict:
+    import timm
+
+    import vitlab
+
+    commit = None
+    with contextlib.suppress(Exception):
+        import subprocess
+
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    return {"vitlab": vitlab.__version__, "torch": torch.__version__, "timm": timm.__version__,
+            "python": platform.python_version(), "host": platform.node(), "machine": platform.machine(),
+            "git_commit": commit, "threads": torch.get_num_threads()}
+
+
+def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | None = None,
+            device: str | None = None) -> dict:
+    """Pre-train one model on its nested subset, probe it few-shot on the held-out classes: the metrics."""
+    from vitlab.features import extract_features
+    from vitlab.probe import few_shot_accuracy
+    from vitlab.train import train
+
+    t0 = time.time()
+    full_train, full_test = load_dataset(sweep.data, "train"), load_dataset(sweep.data, "test")
+    pre = _classes(full_train, sweep.pretrain_classes)
+    if spec.size > len(pre):
+        raise ValueError(f"subset size {spec.size} exceeds the {len(pre)} pre-training images of classes "
+                         f"{list(sweep.pretrain_classes)}")
+    subset = pre.subset(nested_subsets(pre.labels, [spec.size], seed=spec.seed)[0])
+    pre_test = _classes(full_test, sweep.pretrain_classes)
+    cfg = _train_config(sweep, spec, spec.size)
+    with tempfile.TemporaryDirectory(dir=work_dir, prefix=f"{spec.run_id}.") as tmp:
+        model = train(cfg, Path(tmp) / "run", progress=False, train_data=subset, test_data=pre_test, device=device)
+        log = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+    model.eval()
+    probe_train = _classes(full_train, sweep.probe_classes, sweep.probe_pool_per_class, seed=spec.seed)
+    probe_test = _classes(full_test, sweep.probe_classes, sweep.probe_test_per_class, seed=0)
+    ftr = extract_features(model, probe_train, cache=False, progress=False)
+    fte = extract_features(model, probe_test, cache=False, progress=False)
+    fs = few_shot_accuracy(ftr, probe_train.labels, fte, probe_test.labels, shots=sweep.shots,
+                           seeds=sweep.probe_seeds, l2=sweep.l2)
+    return {
+        "few_shot": {str(k): {"mean": r.mean, "std": r.std, "per_seed": list(r.per_seed)} for k, r in fs.items()},
+        "pretrain_test_accuracy": log[-1].get("test_accuracy"),
+        "pretrain_final_loss": log[-1]["train_loss"],
+        "epochs": cfg.epochs,
+        "steps": cfg.epochs * (spec.size // cfg.batch_size),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "train_seconds": round(sum(x["epoch_seconds"] for x in log), 2),
+        "seconds": round(time.time() - t0, 2),
+    }
+
+
+def _run_record(sweep: SweepConfig, spec: RunSpec, work_dir: str | None, threads: int | None) -> dict:
+    """``run_one`` wrapped for executors: never raises; the record carries either metrics or the error."""
+    if threads:
+        torch.set_num_threads(threads)
+    started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    rec: dict[str, Any] = {"sweep": sweep.name, "run_id": spec.run_id, "spec": dataclasses.asdict(spec),
+                           "config": dataclasses.asdict(sweep), "started": started}
+    try:
+        rec.update(status="ok", metrics=run_one(sweep, spec, work_dir))
+    except Exception as e:  # recorded, and the sweep goes on
+        rec.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8))
+    rec["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    rec["provenance"] = provenance()
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------- executors
+
+
+@contextlib.contextmanager
+def _ray_runtime(address: str | None, workers: int) -> Iterator[Any]:
+    try:
+        import ray
+    except ImportError as e:
+        raise RuntimeError("--executor ray needs Ray: pip install 'vitlab[ray]' (or pip install ray)") from e
+    started = not ray.is_initialized()
+    if started:
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"VITLAB_CACHE": os.environ.get("VITLAB_CACHE", "")}}
+                     if os.environ.get("VITLAB_CACHE") else None)
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "local", workers: int = 1,
+              address: str | None = None, work_dir: str | os.PathLike | None = None,
+              progress: bool | None = None) -> list[dict]:
+    """Run every run of ``sweep`` not yet in ``results`` and append its record there; returns the new records.
+
+    ``executor``: ``"local"`` (``workers`` processes; 0 runs in this process) or ``"ray"`` (``address`` of a
+    running cluster, or a local runtime with ``workers`` CPUs). Each worker gets cpu_count/workers threads.
+    """
+    sweep.validate()
+    if executor not in ("local", "ray"):
+        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
+    store = ResultsStore(results)
+    done = store.done(sweep.name)
+    todo = [s for s in sweep.runs() if s.run_id not in done]
+    if work_dir is not None:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+    wd = None if work_dir is None else str(work_dir)
+    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    new: list[dict] = []
+    bar = tqdm(total=len(todo), desc=f"sweep {sweep.name}", disable=progress is False)
+
+    def finish(rec: dict) -> None:
+        store.append(rec)
+        new.append(rec)
+        bar.set_postfix_str(f"{rec['run_id']}: {rec['status']}")
+        bar.update()
+
+    try:
+        if not todo:
+            return new
+        if executor == "local" and workers == 0:
+            for spec in todo:
+                finish(_run_record(sweep, spec, wd, None))
+        elif executor == "local":
+            import concurrent.futures as cf
+            import multiprocessing as mp
+
+            with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+                futures = [pool.submit(_run_record, sweep, spec, wd, threads) for spec in todo]
+                for fut in cf.as_completed(futures):
+                    finish(fut.result())
+        else:
+            with _ray_runtime(address, workers) as ray:
+                remote = ray.remote(num_cpus=1)(_run_record)
+                pending = [remote.remote(sweep, spec, wd, threads) for spec in todo]
+                while pending:
+                    ready, pending = ray.wait(pending, num_returns=1)
+                    finish(ray.get(ready[0]))
+    finally:
+        bar.close()
+    return new
+
+
+def summarise(records: Sequence[dict], shots: int = 10) -> dict[str, dict[int, dict[str, float]]]:
+    """{family: {size: {"mean", "std", "n"}}} of the ``shots``-shot accuracy over seeds (ok runs only)."""
+    import numpy as np
+
+    acc: dict[str, dict[int, list[float]]] = {}
+    for r in records:
+        if r.get("status") != "ok" or str(shots) not in r["metrics"]["few_shot"]:
+            continue
+        acc.setdefault(r["spec"]["family"], {}).setdefault(r["spec"]["size"], []).append(
+            r["metrics"]["few_shot"][str(shots)]["mean"])
+    return {fam: {n: {"mean": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, "n": len(v)}
+                  for n, v in sorted(by.items())} for fam, by in acc.items()}
+
+
+def load_sweep_config(spec: str) -> SweepConfig:
+    """A named sweep (``SWEEPS``) or a JSON file of ``SweepConfig`` fields."""
+    if spec in SWEEPS:
+        return SWEEPS[spec]
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"unknown sweep {spec!r}: use one of {sorted(SWEEPS)} or a JSON file of SweepConfig fields")
+    d = json.loads(path.read_text())
+    fields = {f.name for f in dataclasses.fields(SweepConfig)}
+    unknown = sorted(set(d) - fields)
+    if unknown:
+        raise ValueError(f"{path}: unknown fields {unknown}; valid: {sorted(fields)}")
+    return SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
