@@ -24,8 +24,7 @@ if __package__ in (None, ""):  # run as a script: make the `benchmarks` package 
 
 from benchmarks import capture_coverage as coverage
 from benchmarks import capture_speed as speed
-from benchmarks import inspect_speed
-from benchmarks import train_speed
+from benchmarks import inspect_speed, train_speed
 from benchmarks._util import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
