@@ -24,7 +24,7 @@ if __package__ in (None, ""):  # run as a script: make the `benchmarks` package 
 
 from benchmarks import capture_coverage as coverage
 from benchmarks import capture_speed as speed
-from benchmarks import inspect_speed, train_speed
+from benchmarks import inspect_speed, probe_speed, train_speed
 from benchmarks._util import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,6 +137,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-speed", action="store_true")
     p.add_argument("--no-coverage", action="store_true")
     p.add_argument("--no-train", action="store_true", help="skip the training-throughput benchmark")
+    p.add_argument("--no-probe", action="store_true", help="skip the probing benchmark")
     p.add_argument("--no-inspect", action="store_true", help="skip the distance/rollout benchmark (ViT-B/16)")
     p.add_argument("--inspect-model", default="vit_base_patch16_224", help="inspection benchmark: timm model")
     p.add_argument("--train-steps", type=int, default=12, help="training benchmark: timed steps per variant")
@@ -180,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
                                f"speed does not depend on them), {res['threads']} torch threads, one timed run each, "
                                f"in one process.\n\n{inspect_speed.format_table(res)}")
         print("\n" + inspect_speed.format_table(res))
+    if not args.no_probe:
+        res = probe_speed.run()
+        (args.results / "probe_speed.json").write_text(json.dumps({"machine": machine_info(), **res}, indent=1))
+        sections["probe"] = (f"{stamp(machine_info())} Embedded default model, {res['train']} training and "
+                             f"{res['test']} test images of {res['data']}, {res['seeds']} seeds (median time, mean "
+                             f"accuracy), {res['threads']} torch threads.\n\n{probe_speed.format_table(res)}")
+        print("\n" + probe_speed.format_table(res))
     print(summary_table(rows, summary))
     if not args.no_markdown:
         update_markdown(args.markdown, sections)

@@ -1,0 +1,89 @@
+"""Widget logic without a browser: setting a control's value changes the figure's data."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_vit
+from PIL import Image
+
+pytest.importorskip("ipywidgets")
+from vitlab.widgets import AttentionExplorer, DistanceExplorer, PositionExplorer  # noqa: E402
+
+
+@pytest.fixture
+def explorer():
+    model = tiny_vit()
+    x = torch.randn(2, 3, 32, 32)
+    shown = [np.zeros((32, 32, 3), np.uint8), np.full((32, 32, 3), 255, np.uint8)]
+    return AttentionExplorer(model, (["a", "b"], x, shown))
+
+
+def _z(ex) -> np.ndarray:
+    return np.array(ex.figure.data[1].z, dtype=float)
+
+
+def test_every_control_redraws_the_heatmap(explorer):
+    before = _z(explorer)
+    assert before.shape == (8, 8) and explorer.layer.value == 3
+    explorer.layer.value = 1
+    after_layer = _z(explorer)
+    assert not np.allclose(after_layer, before)
+    explorer.head.value = "head 1"
+    assert not np.allclose(_z(explorer), after_layer)
+    explorer.method.value = "rollout"
+    rollout = _z(explorer)
+    explorer.discard.value = 0.5
+    assert not np.allclose(_z(explorer), rollout)
+    explorer.image.value = 1
+    assert np.array_equal(np.array(explorer.figure.data[0].z), explorer.shown[1])
+
+
+def test_attention_rows_match_the_captured_maps(explorer):
+    import vitlab
+
+    maps = vitlab.attention_maps(explorer.model, explorer.x[:1])  # (L, 1, H, T, T)
+    explorer.layer.value, explorer.head.value = 2, "head 0"
+    np.testing.assert_allclose(_z(explorer), maps[1, 0, 0, 0, 1:].reshape(8, 8).numpy(), rtol=1e-5)
+    explorer.select_patch(2, 5)  # a click on patch (2, 5) makes it the query
+    np.testing.assert_allclose(_z(explorer), maps[1, 0, 0, 1 + 2 * 8 + 5, 1:].reshape(8, 8).numpy(), rtol=1e-5)
+    explorer.head.value = "max"
+    np.testing.assert_allclose(_z(explorer), maps[1, 0, :, 1 + 21, 1:].amax(0).reshape(8, 8).numpy(), rtol=1e-5)
+    with pytest.raises(ValueError, match="outside the 8x8 grid"):
+        explorer.select_patch(8, 0)
+
+
+def test_class_specific_methods(explorer):
+    for m in ("gradient rollout", "integrated gradients", "occlusion"):
+        explorer.method.value = m
+        assert _z(explorer).shape == (8, 8) and np.isfinite(_z(explorer)).all()
+
+
+def test_upload_adds_an_image_and_broken_bytes_are_reported(explorer):
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (50, 40, 3), dtype=np.uint8)).save(buf, "PNG")
+    explorer.add_image("mine.png", buf.getvalue())
+    assert explorer.names[-1] == "mine.png" and explorer.image.value == 2
+    assert np.array(explorer.figure.data[0].z).shape == (32, 32, 3)
+    explorer.add_image("broken.png", b"not an image")
+    assert "could not read broken.png" in explorer.status.value and len(explorer.names) == 3
+
+
+def test_position_explorer_click_selects_a_patch():
+    model = tiny_vit()
+    ex = PositionExplorer(model)
+    ex.select(0, 0)
+    z = np.array(ex.figure.data[0].z, dtype=float)
+    assert z[0, 0] == pytest.approx(1.0, abs=1e-5)  # a patch is most similar to itself
+    ex.select(7, 7)
+    assert np.array(ex.figure.data[0].z, dtype=float)[7, 7] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_distance_explorer_opens_a_head_in_the_attention_explorer(explorer):
+    d = DistanceExplorer(explorer.model, explorer.x, explorer)
+    assert len(d.figure.data[0].x) == 3 * 3  # one dot per (layer, head)
+    assert d.open(5) == (2, 2)  # dot 5 = layer 2, head 2
+    assert explorer.layer.value == 2 and explorer.head.value == "head 2" and explorer.method.value == "attention"
