@@ -1,0 +1,66 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # A tour of vitlab
+#
+# vitlab looks inside Vision Transformers the way Dosovitskiy et al. do in "An Image is Worth 16x16 Words"
+# (ICLR 2021). This tour loads a model, captures its attention and opens the interactive explorers. The
+# following notebooks take one experiment of the paper each.
+
+# %% tags=["parameters"]
+import os
+
+SMOKE = os.environ.get("VITLAB_SMOKE") == "1"  # quick run for the test suite
+MODEL = os.environ.get("VITLAB_MODEL") or None  # None: the embedded default; or any timm ViT name (online)
+
+# %%
+import vitlab
+from vitlab.report import embedded_images
+
+model = vitlab.load_model(MODEL)
+info = vitlab.model_info(model)
+info
+
+# %% [markdown]
+# `model_info` reads the grid, patch size, prefix tokens and readout from the model itself. Attention maps
+# come out as one tensor `(layers, images, heads, tokens, tokens)`, exact post-softmax values:
+
+# %%
+names, x, shown = embedded_images(model, 4 if SMOKE else 8)
+maps = vitlab.attention_maps(model, x)
+print(tuple(maps.shape), "rows sum to", float(maps[0, 0, 0, 0].sum()))
+
+# %% [markdown]
+# ## The explorers
+# Pick an image (or upload one), a layer, a head or a fusion of heads, and a method; click a patch to make it
+# the query. Hover a dot of the distance plot for its layer and head, click it to open that head above.
+
+# %%
+from vitlab.widgets import explorers
+
+attention, positions, distance = explorers(model, (names, x, shown))
+attention
+
+# %%
+positions
+
+# %%
+distance
+
+# %% [markdown]
+# **Paper vs. here.** The paper's figures are for ViT-L at 224 px trained on JFT-300M; the embedded default is a
+# 3.7 M-parameter ViT trained on CIFAR-10 at 32 px, so expect the same kinds of structure, weaker. The notebooks
+# that follow set each figure beside the paper's statement.

@@ -1,0 +1,69 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Attention rollout (Fig. 6 and 14, App. D.8)
+# Rollout (Abnar & Zuidema 2020) multiplies the head-averaged attention of all layers, with the residual
+# connection as an identity, to get the output token's attention to the input patches. Beside it: the
+# class-specific gradient rollout, integrated gradients and occlusion, and how faithful each is.
+
+# %% tags=["parameters"]
+import os
+
+SMOKE = os.environ.get("VITLAB_SMOKE") == "1"
+MODEL = os.environ.get("VITLAB_MODEL") or None
+N_IMAGES = 4 if SMOKE else 16
+
+# %%
+import torch
+
+import vitlab
+from vitlab.inspect import ATTRIBUTION_METHODS
+from vitlab.plots import image_grid_with_maps
+from vitlab.report import embedded_images
+
+model = vitlab.load_model(MODEL)
+names, x, shown = embedded_images(model, N_IMAGES)
+rows, maps = vitlab.compare_methods(model, x, sanity=not SMOKE)
+show = torch.stack([maps[m][:4] for m in ATTRIBUTION_METHODS], 1)
+image_grid_with_maps(shown[:4], show.numpy(), names[:4], list(ATTRIBUTION_METHODS), title="Maps per method")
+
+# %%
+for r in rows:
+    print(f"{r.method:22s} deletion {r.deletion_auc:.3f}  insertion {r.insertion_auc:.3f}  "
+          f"sanity {r.sanity_spearman if r.sanity_spearman is None else round(r.sanity_spearman, 3)}")
+
+# %% [markdown]
+# ## Localisation on the synthetic shapes
+# The shipped shapes ViT was trained to name the shape; the masks say where it is.
+
+# %%
+from vitlab.data import load_shapes, normalize
+from vitlab.report import SHAPES_CHECKPOINT
+
+shapes_model = vitlab.load_model(str(SHAPES_CHECKPOINT))
+data = load_shapes("test", n=8 if SMOKE else 64)
+cfg = shapes_model.pretrained_cfg
+sx = normalize(data.images, cfg["mean"], cfg["std"])
+loc_rows, _ = vitlab.compare_methods(shapes_model, sx, data.labels, masks=data.masks, sanity=False)
+print(f"chance (object area): {float(data.masks.double().mean()):.3f}")
+for r in loc_rows:
+    print(f"{r.method:22s} mass in object {r.mass_in_mask:.3f}  pointing {r.pointing:.3f}")
+
+# %% [markdown]
+# **Paper:** the rolled-out attention of the output token lands on the object that decides the class (Fig. 6).
+# **Here:** the maps above, a deletion/insertion comparison against a random map (lower deletion and higher
+# insertion than random mean the map ranks patches the model relies on), a sanity check (near-zero correlation
+# with the maps of a re-initialised model) and the share of map mass on the object for the shapes.
