@@ -116,6 +116,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_app(args: argparse.Namespace) -> int:
+    from vitlab.app import serve
+
+    proc = serve(args.model, port=args.port, open_browser=args.open, num_images=args.num_images)
+    print(f"serving the attention explorer on http://127.0.0.1:{args.port} (Ctrl-C to stop)")
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        return 0
+
+
 def cmd_capture(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
@@ -215,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--plot", help="write the scaling curves to this HTML file")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_sweep)
+
+    sp = sub.add_parser("app", help="serve the attention explorer as a standalone page (Voila)")
+    sp.add_argument("--model", help="timm model name or vitlab checkpoint (default: the embedded default)")
+    sp.add_argument("--port", type=int, default=8866)
+    sp.add_argument("--num-images", type=int, default=8, help="embedded images to offer (default 8)")
+    sp.add_argument("--open", action="store_true", help="open a browser")
+    sp.set_defaults(func=cmd_app)
 
     sp = sub.add_parser("reproduce", help="run the inspection experiments and write an HTML report")
     model_args(sp)

@@ -1,0 +1,37 @@
+"""``vitlab app``: the attention explorer as a standalone page served by Voila."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+NOTEBOOK = Path(__file__).resolve().parent / "explorer.ipynb"
+
+
+def voila_command(port: int = 8866, open_browser: bool = False) -> list[str]:
+    """The Voila command line that serves the explorer notebook on localhost:``port``."""
+    if shutil.which("voila") is None and not _has_module("voila"):
+        raise RuntimeError("`vitlab app` needs Voila: pip install 'vitlab[notebooks]' (or pip install voila)")
+    cmd = [sys.executable, "-m", "voila", str(NOTEBOOK), f"--port={port}", "--Voila.ip=127.0.0.1",
+           "--theme=light"]
+    if not open_browser:
+        cmd.append("--no-browser")
+    return cmd
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def serve(model: str | None = None, port: int = 8866, open_browser: bool = False,
+          num_images: int = 8) -> subprocess.Popen:
+    """Start Voila in a subprocess (the caller waits on or terminates it)."""
+    env = {**os.environ, "VITLAB_APP_IMAGES": str(num_images)}
+    if model:
+        env["VITLAB_MODEL"] = model
+    return subprocess.Popen(voila_command(port, open_browser), env=env)
