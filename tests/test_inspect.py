@@ -118,6 +118,25 @@ def test_rollout_matches_per_image_loop(discard, residual, start):
                                loop_rollout(maps, discard, residual, start))
 
 
+@pytest.mark.parametrize("fusion,discard,residual,start", [("mean", 0.0, 0.5, 0), ("max", 0.9, 0.5, 0),
+                                                          ("min", 0.5, 0.3, 1), ("mean", 0.3, 0.0, 2)])
+def test_rollout_row_is_the_readout_times_the_joint_attention(fusion, discard, residual, start):
+    from vitlab.inspect.rollout import rollout_row
+
+    maps = random_maps(L=4, B=3, T=7, seed=2)
+    readout = torch.rand(3, 7, dtype=torch.float64)
+    joint = rollout_from_maps(maps, fusion, discard, residual, start)
+    torch.testing.assert_close(rollout_row(maps, readout, fusion, discard, residual, start),
+                               (readout.unsqueeze(1) @ joint).squeeze(1))
+
+
+def test_avg_readout_with_a_class_token_uses_the_patch_rows():
+    m = tiny_timm("vit_tiny_patch16_224", img_size=32, patch_size=4, class_token=True, global_pool="avg")
+    x = torch.randn(2, 3, 32, 32)
+    joint = rollout_from_maps(vitlab.attention_maps(m, x))
+    torch.testing.assert_close(vitlab.attention_rollout(m, x), joint[:, 1:, 1:].mean(1).reshape(2, 8, 8).float())
+
+
 def test_rollout_known_answers():
     T = 5
     uniform = torch.full((2, 1, 1, T, T), 1 / T)

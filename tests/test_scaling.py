@@ -21,7 +21,9 @@ def test_store_appends_tolerates_a_torn_line_and_keeps_the_latest(tmp_path):
     store.append({"run_id": "a", "status": "ok", "sweep": "s"})
     assert [r["run_id"] for r in store.records()] == ["a", "a"]
     assert store.latest()["a"]["status"] == "ok" and store.done("s") == {"a"} and store.done("other") == set()
-    assert store.path.read_text().count("\n") == 3  # the torn line was closed before the next record
+    store.append({"run_id": "a", "status": "failed", "sweep": "other"})  # another sweep in the same file
+    assert store.done("s") == {"a"}
+    assert store.path.read_text().count("\n") == 4  # the torn line was closed before the next record
 
 
 def test_sweep_runs_resumes_and_skips_finished_runs(tmp_path):
@@ -38,7 +40,17 @@ def test_sweep_runs_resumes_and_skips_finished_runs(tmp_path):
     results.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:25])
     again = run_sweep(QUICK, results, workers=0, progress=False)
     assert [r["run_id"] for r in again] == [json.loads(lines[-1])["run_id"]]
-    assert len(ResultsStore(results).done("quick")) == len(QUICK.runs())
+    assert len(ResultsStore(results).done("quick", QUICK.fingerprint())) == len(QUICK.runs())
+
+
+def test_a_changed_config_is_not_taken_as_done(tmp_path):
+    results = tmp_path / "r.jsonl"
+    one = dataclasses.replace(QUICK, families=("vit_tiny",), sizes=(40,))
+    assert len(run_sweep(one, results, workers=0, progress=False)) == 1
+    assert run_sweep(one, results, workers=0, progress=False) == []
+    changed = dataclasses.replace(one, epochs=2)  # same name, other settings: its old result does not count
+    assert [r["run_id"] for r in run_sweep(changed, results, workers=0, progress=False)] == ["vit_tiny-n40-s0"]
+    assert ResultsStore(results).done("quick", changed.fingerprint()) == {"vit_tiny-n40-s0"}
 
 
 def test_a_failed_run_is_recorded_and_the_others_go_on(tmp_path, capsys):
@@ -47,7 +59,7 @@ def test_a_failed_run_is_recorded_and_the_others_go_on(tmp_path, capsys):
     cfg.write_text(json.dumps(dataclasses.asdict(sweep)))
     results = tmp_path / "r.jsonl"
     assert main(["sweep", "--config", str(cfg), "--results", str(results), "--workers", "0", "--quiet"]) == 1
-    latest = ResultsStore(results).latest()
+    latest = ResultsStore(results).latest("bad")
     assert latest["vit_tiny-n40-s0"]["status"] == "ok"
     failed = latest["vit_tiny-n1000000-s0"]
     assert failed["status"] == "failed" and "exceeds the 4000 pre-training images" in failed["error"]

@@ -125,6 +125,25 @@ def _state_for_saving(model: nn.Module, dtype: torch.dtype | None) -> dict[str, 
     return state
 
 
+def atomic_write(path: str | os.PathLike, write) -> Path:
+    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then move it into place in one step:
+    readers see the old file or the new one, never a half-written one; on error nothing is left behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
 def replace_dir(tmp: Path, directory: Path) -> None:
     """Move ``tmp`` to ``directory`` by renames; on failure the previous ``directory`` is restored."""
     old = None

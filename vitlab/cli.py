@@ -68,8 +68,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from vitlab.features import extract_features
     from vitlab.probe import few_shot_accuracy, format_table, linear_probe_accuracy
 
+    if min(args.shots) < 1 or args.seeds < 1:
+        raise ValueError("--shots must be positive and --seeds at least 1")
     model = vitlab.load_model(args.model, pretrained=args.pretrained)
     train, test = load_dataset(args.data, "train"), load_dataset(args.data, "test")
+    counts = torch.bincount(train.labels)
+    if args.max_train is None and max(args.shots) > int(counts[counts > 0].min()):
+        raise ValueError(f"{max(args.shots)} shots need that many training images per class, but the smallest class "
+                         f"of {args.data} has {int(counts[counts > 0].min())}: lower --shots")
     if args.max_train is not None and args.max_train < len(train):
         train = train.subset(nested_subsets(train.labels, [args.max_train], seed=0)[0])
     if args.max_test is not None and args.max_test < len(test):
@@ -84,10 +90,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
           f"{ftr.shape[1]}-d features, l2 = {args.l2:g}, {args.seeds} seeds")
     print(format_table(res, full))
     if args.json:
+        from vitlab.checkpoint import atomic_write_text
+
         out = {"model": args.model, "data": args.data, "l2": args.l2, "train": len(train), "test": len(test),
                "few_shot": {k: dataclasses.asdict(r) for k, r in res.items()}, "linear_probe": full,
                "versions": {"vitlab": vitlab.__version__, "torch": torch.__version__}}
-        print(json.dumps(out, indent=2), file=open(args.json, "w"))
+        atomic_write_text(args.json, json.dumps(out, indent=2) + "\n")
     return 0
 
 
@@ -99,7 +107,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     results = args.results or f"runs/sweeps/{sweep.name}.jsonl"
     new = run_sweep(sweep, results, executor=args.executor, workers=args.workers, address=args.address,
                     work_dir=args.work_dir, progress=not args.quiet)
-    records = [r for r in ResultsStore(results).latest().values() if r["sweep"] == sweep.name]
+    in_grid = {s.run_id for s in sweep.runs()}
+    records = [r for k, r in ResultsStore(results).latest(sweep.name, sweep.fingerprint()).items() if k in in_grid]
     failed = [r for r in records if r["status"] != "ok"]
     print(f"sweep {sweep.name}: {len(new)} run(s) now, {len(records) - len(failed)} of {len(sweep.runs())} done, "
           f"{len(failed)} failed; results in {results}")

@@ -1,6 +1,6 @@
 """Frozen features for probing: ``forward_head(forward_features(x), pre_logits=True)``, batched, cached on disk.
 
-The cache key covers the model (architecture config and a hash of every weight), the data (its source, size
+The cache key covers the model (class, readout settings and a hash of every weight), the data (its source, size
 and a hash of its pixels and labels) and the transform (input size, mean, std, interpolation), so a change to
 any of them misses the cache instead of returning stale features. Files are safetensors, written atomically.
 """
@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from vitlab.checkpoint import atomic_write
 from vitlab.data import ImageArray, cache_dir
 
 __all__ = ["extract_features", "feature_key", "preprocess_uint8"]
@@ -42,6 +40,9 @@ def feature_key(model: nn.Module, data: ImageArray) -> str:
     """A hex digest of (model config and weights, data, transform)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(type(model).__name__.encode())
+    arch = getattr(model, "vitlab_config", None) or {k: getattr(model, k, None) for k in
+                                                       ("global_pool", "num_prefix_tokens", "num_classes")}
+    h.update(json.dumps(arch, sort_keys=True, default=str).encode())
     h.update(json.dumps(_transform(model), sort_keys=True).encode())
     for name, t in model.state_dict().items():
         h.update(name.encode())
@@ -97,12 +98,6 @@ def extract_features(model: nn.Module, data: ImageArray, batch_size: int = 128, 
         model.train(was_training)
     feats = torch.cat(out) if out else torch.empty(0, 0)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file({"features": feats.contiguous()}, tmp, metadata={"source": data.source, "n": str(len(data))})
-            os.replace(tmp, path)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+        atomic_write(path, lambda tmp: save_file({"features": feats.contiguous()}, tmp,
+                                                 metadata={"source": data.source, "n": str(len(data))}))
     return feats

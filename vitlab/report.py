@@ -32,6 +32,7 @@ from vitlab.inspect import (
 from vitlab.inspect.attribution import ATTRIBUTION_METHODS
 from vitlab.inspect.compare import compare_methods
 from vitlab.inspect.distance import attention_distance_from_maps
+from vitlab.inspect.rollout import readout_vector
 from vitlab.plots import curves, filter_grid, image_grid_with_maps, layer_lines, similarity_tiles, table_figure
 
 
@@ -101,14 +102,12 @@ def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, l
 
 
 def _readout_maps(maps: Tensor, info: vitlab.ModelInfo) -> Tensor:
-    """(L, B, H, T, T) -> (L, B, gh, gw): head-mean attention of the readout over the patch tokens."""
-    p = info.num_prefix_tokens
-    if p:
-        rows = maps[:, :, :, 0, p:]  # class-token row
-    else:
-        rows = maps[:, :, :, :, p:].mean(3)  # mean over patch queries
+    """(L, B, H, T, T) -> (L, B, gh, gw): head-mean attention of the readout's row(s) over the patch tokens
+    (the class token's row, or the mean of the patch rows for pooled readouts; see ``readout_vector``)."""
+    v = readout_vector(info, 1)[0].to(maps.dtype)  # (T,)
+    rows = torch.einsum("t,lbhts->lbs", v, maps) / maps.shape[2]  # head mean of the weighted rows
     L, B = rows.shape[:2]
-    return rows.mean(2).reshape(L, B, *info.grid_size)
+    return rows[..., info.num_prefix_tokens:].reshape(L, B, *info.grid_size)
 
 
 SHAPES_CHECKPOINT = Path(__file__).resolve().parent.parent / "data" / "checkpoints" / "vit_shapes"
@@ -140,13 +139,19 @@ def _write_pngs(figures: list[tuple[str, object]], folder: Path) -> str:
         import plotly.io as pio
     except ImportError as e:
         return f"skipped: {e}"
-    os.environ.setdefault("BROWSER_PATH", browser)
+    previous = os.environ.get("BROWSER_PATH")
+    os.environ["BROWSER_PATH"] = browser  # where kaleido's choreographer looks first
     try:
         pio.write_images([f for _, f in figures], [folder / f"{slug}.png" for slug, _ in figures])
     except Exception as e:  # a broken browser must not cost the report
         for png in folder.glob("*.png"):
             png.unlink()
         return f"failed: {type(e).__name__}: {e}"
+    finally:
+        if previous is None:
+            os.environ.pop("BROWSER_PATH", None)
+        else:
+            os.environ["BROWSER_PATH"] = previous
     return f"written with {browser}"
 
 
@@ -302,7 +307,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         "re-initialised weights.",
         _stamp(base, images=n_attr, steps=16, baseline="blur", sanity="weights re-drawn, same targets")))
     sections.append(_section(
-        "faithfulness_curves", curves(np.linspace(0, 1, 17), {f"{r.method} deletion": np.array(r.deletion_curve)
+        "faithfulness_curves", curves(np.array(rows[0].fraction), {f"{r.method} deletion": np.array(r.deletion_curve)
                                                                 for r in rows} |
                                       {f"{r.method} insertion": np.array(r.insertion_curve) for r in rows},
                                       "fraction of patches changed", "probability of the predicted class",

@@ -87,6 +87,12 @@ class SweepConfig:
     probe_pool_per_class: int = 100  # training examples per probe class the shots are drawn from
     probe_test_per_class: int = 200  # test examples per probe class
 
+    def fingerprint(self) -> str:
+        """A hash of every field: a record counts as done only for the exact config that produced it."""
+        import hashlib
+
+        return hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
     def runs(self) -> list[RunSpec]:
         """Smallest subsets first, every family and seed at one size before the next size, so a sweep that is
         stopped early still has comparable points for every family."""
@@ -96,6 +102,10 @@ class SweepConfig:
         unknown = [f for f in self.families if f not in FAMILIES]
         if unknown:
             raise ValueError(f"unknown model families {unknown}: choose from {sorted(FAMILIES)}")
+        if not self.pretrain_classes or not self.probe_classes or min(self.pretrain_classes + self.probe_classes) < 0:
+            raise ValueError("pretrain_classes and probe_classes must be non-empty lists of class indices")
+        if min(len(self.pretrain_classes), len(self.probe_classes)) < 2:
+            raise ValueError("pre-training and probing each need at least 2 classes")
         overlap = set(self.pretrain_classes) & set(self.probe_classes)
         if overlap:
             raise ValueError(f"classes {sorted(overlap)} are both pre-training and probe classes: the probe must "
@@ -145,11 +155,16 @@ class ResultsStore:
                 continue
         return out
 
-    def latest(self) -> dict[str, dict]:
-        return {r["run_id"]: r for r in self.records()}
+    def latest(self, sweep: str | None = None, fingerprint: str | None = None) -> dict[str, dict]:
+        """{run_id: latest record} of one sweep (all sweeps when ``sweep`` is None; then later sweeps' records
+        replace earlier ones of the same run id), optionally only records made with config ``fingerprint``."""
+        return {r["run_id"]: r for r in self.records()
+                if (sweep is None or r.get("sweep") == sweep)
+                and (fingerprint is None or r.get("fingerprint") == fingerprint)}
 
-    def done(self, sweep: str | None = None) -> set[str]:
-        return {k for k, r in self.latest().items() if r["status"] == "ok" and (sweep is None or r["sweep"] == sweep)}
+    def done(self, sweep: str | None = None, fingerprint: str | None = None) -> set[str]:
+        """Run ids whose latest record (of ``sweep`` and config ``fingerprint``) finished."""
+        return {k for k, r in self.latest(sweep, fingerprint).items() if r["status"] == "ok"}
 
     def append(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -222,6 +237,9 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
 
     t0 = time.time()
     full_train, full_test = load_dataset(sweep.data, "train"), load_dataset(sweep.data, "test")
+    missing = sorted(set(sweep.pretrain_classes + sweep.probe_classes) - set(range(len(full_train.classes))))
+    if missing:
+        raise ValueError(f"classes {missing} do not exist in {sweep.data}, which has {len(full_train.classes)} classes")
     pre = _classes(full_train, sweep.pretrain_classes)
     if spec.size > len(pre):
         raise ValueError(f"subset size {spec.size} exceeds the {len(pre)} pre-training images of classes "
@@ -257,7 +275,8 @@ def _run_record(sweep: SweepConfig, spec: RunSpec, work_dir: str | None, threads
         torch.set_num_threads(threads)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     rec: dict[str, Any] = {"sweep": sweep.name, "run_id": spec.run_id, "spec": dataclasses.asdict(spec),
-                           "config": dataclasses.asdict(sweep), "started": started}
+                           "config": dataclasses.asdict(sweep), "fingerprint": sweep.fingerprint(),
+                           "started": started}
     try:
         rec.update(status="ok", metrics=run_one(sweep, spec, work_dir))
     except Exception as e:  # recorded, and the sweep goes on
@@ -265,6 +284,14 @@ def _run_record(sweep: SweepConfig, spec: RunSpec, work_dir: str | None, threads
     rec["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     rec["provenance"] = provenance()
     return rec
+
+
+def _crashed_record(sweep: SweepConfig, spec: RunSpec, error: BaseException) -> dict:
+    now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    return {"sweep": sweep.name, "run_id": spec.run_id, "spec": dataclasses.asdict(spec),
+            "config": dataclasses.asdict(sweep), "fingerprint": sweep.fingerprint(), "started": None,
+            "finished": now, "status": "failed", "error": f"worker crashed: {type(error).__name__}: {error}",
+            "provenance": provenance()}
 
 
 # ---------------------------------------------------------------------------------------------- executors
@@ -305,7 +332,7 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
     store = ResultsStore(results)
-    done = store.done(sweep.name)
+    done = store.done(sweep.name, sweep.fingerprint())
     todo = [s for s in sweep.runs() if s.run_id not in done]
     if work_dir is not None:
         Path(work_dir).mkdir(parents=True, exist_ok=True)
@@ -331,16 +358,23 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
             import multiprocessing as mp
 
             with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-                futures = [pool.submit(_run_record, sweep, spec, wd, threads) for spec in todo]
+                futures = {pool.submit(_run_record, sweep, spec, wd, threads): spec for spec in todo}
                 for fut in cf.as_completed(futures):
-                    finish(fut.result())
+                    try:
+                        finish(fut.result())
+                    except Exception as e:  # the worker process died (out of memory, a signal): record it
+                        finish(_crashed_record(sweep, futures[fut], e))
         else:
             with _ray_runtime(address, workers) as ray:
-                remote = ray.remote(num_cpus=1)(_run_record)
-                pending = [remote.remote(sweep, spec, wd, threads) for spec in todo]
+                remote = ray.remote(num_cpus=1, max_retries=0)(_run_record)
+                specs = {remote.remote(sweep, spec, wd, threads): spec for spec in todo}
+                pending = list(specs)
                 while pending:
                     ready, pending = ray.wait(pending, num_returns=1)
-                    finish(ray.get(ready[0]))
+                    try:
+                        finish(ray.get(ready[0]))
+                    except Exception as e:  # the worker died or the task could not run: record it
+                        finish(_crashed_record(sweep, specs[ready[0]], e))
     finally:
         bar.close()
     return new

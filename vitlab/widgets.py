@@ -53,11 +53,12 @@ class AttentionExplorer:
         ipw = _ipw()
         from vitlab.report import embedded_images
 
-        self.model = model.eval()
+        self.model = model  # its modes are left alone: capture and the methods run in eval mode temporarily
         names, x, shown = images if images is not None else embedded_images(model, num_images)
         self.names, self.x, self.shown = list(names), x, list(shown)
         self.info = model_info(model, img_size=tuple(x.shape[-2:]))
         self._maps: dict[int, Tensor] = {}  # image index -> (L, 1, H, T, T)
+        self._pool: dict[int, Tensor | None] = {}  # image index -> attention-pool maps, if the model has a pool
         self._class_maps: dict[tuple[int, str], Tensor] = {}
         self.query: int | None = None  # patch index (row-major) or None for the readout
         L, H = self.info.depth, self.info.num_heads
@@ -88,7 +89,9 @@ class AttentionExplorer:
     # ------------------------------------------------------------------ computation (cached)
     def _attention(self, i: int) -> Tensor:
         if i not in self._maps:
-            self._maps[i] = vitlab.attention_maps(self.model, self.x[i:i + 1])
+            with torch.no_grad(), vitlab.capture_attention(self.model) as cap:
+                self.model(self.x[i:i + 1])
+            self._maps[i], self._pool[i] = cap.stack().clone(), cap.pool_maps()
         return self._maps[i]
 
     def _class_map(self, i: int, method: str) -> Tensor:
@@ -108,16 +111,14 @@ class AttentionExplorer:
         if method == "attention":
             layer = maps[self.layer.value - 1, 0]  # (H, T, T)
             a = self._fuse(layer)  # (T, T)
+            v = readout_vector(self.info, 1, self._pool[i])[0].float()
             if self.query is not None:
-                row = a[p + self.query, p:]
-            elif self.info.num_class_tokens:
-                row = a[0, p:]
-            else:
-                row = a[p:, p:].mean(0)
-            return row.reshape(gh, gw).numpy()
+                v = torch.zeros_like(v)
+                v[p + self.query] = 1.0
+            return (v @ a)[p:].reshape(gh, gw).numpy()
         if method == "rollout":
             fused = self._fuse(maps[: self.layer.value, 0].transpose(0, 1))  # (l, T, T)
-            v = readout_vector(self.info, 1)
+            v = readout_vector(self.info, 1, self._pool[i])
             if self.query is not None:
                 v = torch.zeros_like(v)
                 v[0, p + self.query] = 1.0
@@ -240,9 +241,9 @@ class DistanceExplorer:
                  num_images: int = 16) -> None:
         from vitlab.report import embedded_images
 
-        info = model_info(model)
         if images is None:
             images = embedded_images(model, num_images)[1]
+        info = model_info(model, img_size=tuple(images.shape[-2:]))
         maps = vitlab.attention_maps(model, images)
         self.distance = attention_distance_from_maps(maps, info.grid_size, info.patch_size,
                                                      info.num_prefix_tokens).mean(1).float()  # (L, H)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ NOTEBOOK = Path(__file__).resolve().parent / "explorer.ipynb"
 
 def voila_command(port: int = 8866, open_browser: bool = False) -> list[str]:
     """The Voila command line that serves the explorer notebook on localhost:``port``."""
-    if shutil.which("voila") is None and not _has_module("voila"):
+    if not _has_module("voila"):
         raise RuntimeError("`vitlab app` needs Voila: pip install 'vitlab[notebooks]' (or pip install voila)")
     cmd = [sys.executable, "-m", "voila", str(NOTEBOOK), f"--port={port}", "--Voila.ip=127.0.0.1",
            "--theme=light"]

@@ -15,37 +15,25 @@ inputs and the captured maps only.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
 from vitlab.capture import capture_attention
 from vitlab.info import ModelInfo, model_info
+from vitlab.inspect._modes import eval_mode, frozen_parameters
 from vitlab.inspect.rollout import attention_rollout, readout_vector
 
 __all__ = ["gradient_rollout", "integrated_gradients", "occlusion", "patch_mask", "ATTRIBUTION_METHODS",
            "attribution", "predicted_class"]
 
 
-@contextlib.contextmanager
-def frozen_parameters(model: nn.Module) -> Iterator[None]:
-    """Parameters stop requiring grad inside the block (so nothing accumulates in ``.grad``); restored after."""
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    try:
-        for p, _ in flags:
-            p.requires_grad_(False)
-        yield
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
-
-
 @torch.no_grad()
 def predicted_class(model: nn.Module, images: Tensor, batch_size: int = 64) -> Tensor:
-    """(B,) argmax of the logits."""
-    return torch.cat([model(images[i:i + batch_size]).argmax(-1) for i in range(0, len(images), batch_size)])
+    """(B,) argmax of the logits (eval mode)."""
+    with eval_mode(model):
+        return torch.cat([model(images[i:i + batch_size]).argmax(-1) for i in range(0, len(images), batch_size)])
 
 
 def _targets(model: nn.Module, images: Tensor, target: Tensor | int | None) -> Tensor:
@@ -76,7 +64,7 @@ def gradient_rollout(model: nn.Module, images: Tensor, target: Tensor | int | No
         logits.gather(1, t[:, None]).sum().backward()
         maps, grads, pool = cap.stack(), cap.grads(), cap.pool_maps()
     L, B = maps.shape[:2]
-    v = readout_vector(info, B, pool).unsqueeze(1)  # (B, 1, T): the readout row, carried down the layers
+    v = readout_vector(info, B, pool, device=maps.device).unsqueeze(1)  # (B, 1, T): the readout row, carried down the layers
     for layer in range(L - 1, start_layer - 1, -1):
         a = (grads[layer] * maps[layer]).clamp_min(0).mean(1).double()  # (B, T, T)
         v = v + v @ a  # v (I + A_L) ... (I + A_start)
@@ -100,6 +88,7 @@ def _pool_to_patches(attr: Tensor, info: ModelInfo) -> Tensor:
     mask = patch_mask(info, attr.device).view(-1)
     per_pixel = attr.sum(1).flatten(1).double()  # (B, H*W)
     out = torch.zeros(len(attr), info.num_patches, dtype=torch.float64, device=attr.device)
+    mask = mask.to(attr.device)
     out.index_add_(1, mask, per_pixel)
     return out.view(len(attr), *info.grid_size).float()
 
@@ -114,7 +103,7 @@ def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int 
 
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     t = _targets(model, images, target)
-    with frozen_parameters(model), torch.enable_grad():
+    with eval_mode(model), frozen_parameters(model), torch.enable_grad():
         attr = IntegratedGradients(model).attribute(images, baselines=baseline, target=t, n_steps=steps,
                                                     internal_batch_size=internal_batch_size)
     return _pool_to_patches(attr.detach(), info)
@@ -129,8 +118,9 @@ def occlusion(model: nn.Module, images: Tensor, target: Tensor | int | None = No
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     t = _targets(model, images, target)
     mask = patch_mask(info, images.device)
-    attr = FeatureAblation(model).attribute(images, baselines=baseline, target=t, feature_mask=mask,
-                                            perturbations_per_eval=perturbations_per_eval)
+    with eval_mode(model):
+        attr = FeatureAblation(model).attribute(images, baselines=baseline, target=t, feature_mask=mask,
+                                                perturbations_per_eval=perturbations_per_eval)
     # every pixel of a patch carries the patch's value: read one pixel per patch
     (ph, pw) = info.patch_size
     return attr[:, 0, ::ph, ::pw][:, : info.grid_size[0], : info.grid_size[1]].float()

@@ -30,6 +30,7 @@ class MethodScores:
     pointing: float | None = None  # share of images whose top patch touches the object
     deletion_curve: list[float] = field(default_factory=list, repr=False)
     insertion_curve: list[float] = field(default_factory=list, repr=False)
+    fraction: list[float] = field(default_factory=list, repr=False)  # x of the curves: share of patches changed
 
 
 def compare_methods(model: nn.Module, images: Tensor, target: Tensor | None = None, masks: Tensor | None = None,
@@ -51,7 +52,8 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | None = No
         t0 = time.perf_counter()
         if name == "random map":
             g = torch.Generator().manual_seed(seed)
-            m = torch.rand(len(images), *model_info(model, img_size=tuple(images.shape[-2:])).grid_size, generator=g)
+            grid = model_info(model, img_size=tuple(images.shape[-2:])).grid_size
+            m = torch.rand(len(images), *grid, generator=g).to(images.device)
         else:
             m = ATTRIBUTION_METHODS[name](model, images, target)
         seconds = time.perf_counter() - t0
@@ -68,5 +70,6 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | None = No
             mass_in_mask=None if loc is None else float(loc["mass_in_mask"].mean()),
             pointing=None if loc is None else float(loc["pointing"].mean()),
             deletion_curve=di["deletion_curve"].mean(0).tolist(), insertion_curve=di["insertion_curve"].mean(0).tolist(),
+            fraction=di["fraction"].tolist(),
         ))
     return rows, maps

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitlab.info import model_info
-from vitlab.inspect.attribution import patch_mask
+from vitlab.inspect._modes import eval_mode
+from vitlab.inspect.attribution import patch_mask, predicted_class
 
 __all__ = ["deletion_insertion", "randomization_sanity", "localisation", "rank_correlation", "randomized_copy"]
 
@@ -50,7 +51,7 @@ def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: T
         raise ValueError(f"steps must be at least 1, got {steps}")
     B, N = len(images), info.num_patches
     if target is None:
-        target = torch.cat([model(images[i:i + batch_size]).argmax(-1) for i in range(0, B, batch_size)])
+        target = predicted_class(model, images, batch_size)
     if baseline == "blur":
         k = max(3, (min(images.shape[-2:]) // 4) | 1)
         base = _gaussian_blur(images, k, sigma=k / 3)
@@ -59,31 +60,40 @@ def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: T
     else:
         raise ValueError(f"baseline must be 'blur' or a number, got {baseline!r}")
     # rank[b, n]: position of patch n in image b's order (0 = most important); ties keep grid order
+    maps = maps.to(images.device)
     order = maps.flatten(1).double().argsort(dim=1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(N).expand(B, N).contiguous())
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(N, device=order.device).expand(B, N).contiguous())
     pix = patch_mask(info, images.device).view(1, -1)  # (1, H*W) patch index per pixel
     pix_rank = rank.gather(1, pix.expand(B, -1)).view(B, 1, *images.shape[-2:])  # (B, 1, H, W)
     counts = torch.tensor([round(s / steps * N) for s in range(steps + 1)])
     # all (step, image) variants of both curves, evaluated in chunks of ``batch_size``
     pairs = [(s, b) for s in range(steps + 1) for b in range(B)]
     probs = {"deletion": torch.empty(B, steps + 1), "insertion": torch.empty(B, steps + 1)}
-    for start in range(0, len(pairs), max(1, batch_size // 2)):
-        chunk = pairs[start:start + max(1, batch_size // 2)]
-        s_idx = torch.tensor([s for s, _ in chunk])
-        b_idx = torch.tensor([b for _, b in chunk])
-        changed = pix_rank[b_idx] < counts[s_idx].view(-1, 1, 1, 1).to(pix_rank.device)  # the top-k patches
-        img, bas = images[b_idx], base[b_idx]
-        batch = torch.cat([torch.where(changed, bas, img), torch.where(changed, img, bas)])
-        p = model(batch).softmax(-1).gather(1, target[b_idx].repeat(2)[:, None].to(batch.device)).squeeze(1)
-        p = p.float().cpu()
-        probs["deletion"][b_idx, s_idx] = p[: len(chunk)]
-        probs["insertion"][b_idx, s_idx] = p[len(chunk):]
+    with eval_mode(model):
+        _fill_curves(model, images, base, pix_rank, counts, target, pairs, probs, batch_size)
     curves = probs
     counts = counts.tolist()
     x = torch.tensor(counts, dtype=torch.float64) / N
     auc = {k: torch.trapezoid(v.double(), x, dim=1).float() for k, v in curves.items()}
     return {**auc, "deletion_curve": curves["deletion"], "insertion_curve": curves["insertion"],
             "fraction": x.float()}
+
+
+def _fill_curves(model: nn.Module, images: Tensor, base: Tensor, pix_rank: Tensor, counts: Tensor, target: Tensor,
+                 pairs: list[tuple[int, int]], probs: dict[str, Tensor], batch_size: int) -> None:
+    """Target probabilities of every (step, image) variant, both curves, in chunks of ``batch_size`` images."""
+    for start in range(0, len(pairs), max(1, batch_size // 2)):
+        chunk = pairs[start:start + max(1, batch_size // 2)]
+        s_idx = torch.tensor([s for s, _ in chunk])
+        b_idx = torch.tensor([b for _, b in chunk])
+        dev_b = b_idx.to(images.device)
+        changed = pix_rank[dev_b] < counts[s_idx].view(-1, 1, 1, 1).to(pix_rank.device)  # the top-k patches
+        img, bas = images[dev_b], base[dev_b]
+        batch = torch.cat([torch.where(changed, bas, img), torch.where(changed, img, bas)])
+        p = model(batch).softmax(-1).gather(1, target.to(batch.device)[dev_b].repeat(2)[:, None]).squeeze(1)
+        p = p.float().cpu()
+        probs["deletion"][b_idx, s_idx] = p[: len(chunk)]
+        probs["insertion"][b_idx, s_idx] = p[len(chunk):]
 
 
 def _gaussian_blur(images: Tensor, k: int, sigma: float) -> Tensor:
@@ -136,8 +146,7 @@ def randomization_sanity(method: Callable[..., Tensor], model: nn.Module, images
     re-initialised copy of the model (same targets). Near 0: the map depends on the learned weights.
     ``original``: the map on ``model`` when already computed."""
     if target is None:
-        with torch.no_grad():
-            target = model(images).argmax(-1)
+        target = predicted_class(model, images)
     if original is None:
         original = method(model, images, target)
     randomized = method(randomized_copy(model, seed), images, target)
@@ -152,6 +161,7 @@ def localisation(maps: Tensor, masks: Tensor) -> dict[str, Tensor]:
     overlaps the object) and ``chance`` (the object's area share: what a uniform map scores), each (B,).
     """
     B, gh, gw = maps.shape
+    masks = masks.to(maps.device)
     if masks.shape[0] != B or masks.dim() != 3 or masks.shape[1] % gh or masks.shape[2] % gw:
         raise ValueError(f"masks must be (B, H, W) with B = {B} and H, W multiples of the grid ({gh}, {gw}), got "
                          f"{tuple(masks.shape)}")

@@ -44,7 +44,11 @@ def _layer_matrix(layer_maps: Tensor, head_fusion: str, discard_ratio: float, re
         a = flat.masked_fill(weakest, 0.0).view(B, T, T)
     a = (1 - residual) * a
     a.diagonal(dim1=-2, dim2=-1).add_(residual)
-    return a / a.sum(-1, keepdim=True)
+    rows = a.sum(-1, keepdim=True)
+    if bool((rows == 0).any()):
+        raise ValueError("a row of the fused attention is all zero after the discard (residual=0 keeps no identity "
+                         "term): lower discard_ratio or use residual > 0")
+    return a / rows
 
 
 def rollout_from_maps(maps: Tensor, head_fusion: Literal["mean", "max", "min"] = "mean", discard_ratio: float = 0.0,
@@ -72,18 +76,21 @@ def rollout_row(maps: Tensor, readout: Tensor, head_fusion: Literal["mean", "max
     return v.squeeze(1)
 
 
-def readout_vector(info, batch: int, pool: Tensor | None = None) -> Tensor:
+def readout_vector(info, batch: int, pool: Tensor | None = None,
+                   device: torch.device | str | None = None) -> Tensor:
     """(B, T) float64 weights of the model's readout over the tokens of the last block.
 
-    The class token (one-hot); without one, the mean over the patch rows; for an attention pool, the pool's
-    own weights (latent queries and heads averaged) over the tokens it attends to.
+    By ``info.readout``: ``"token"``, the class token (one-hot); ``"map"``, the attention pool's own weights
+    (latent queries and heads averaged) over the tokens it attends to, when its maps were captured; any
+    pooling over patches (``"avg"``, ``"max"``, ``"avgmax"``, none), the mean over the patch rows, which is
+    exact for average pooling and the linear stand-in for the others.
     """
     T, p = info.num_tokens, info.num_prefix_tokens
-    v = torch.zeros(batch, T, dtype=torch.float64)
+    v = torch.zeros(batch, T, dtype=torch.float64, device=device)
     if info.readout == "map" and pool is not None:
-        w = pool.double().mean(1).mean(1)  # (B, N_keys)
+        w = pool.double().mean(1).mean(1).to(v.device)  # (B, N_keys)
         v[:, T - w.shape[-1]:] = w
-    elif info.num_class_tokens:
+    elif info.readout == "token" and info.num_class_tokens:
         v[:, 0] = 1.0
     else:
         v[:, p:] = 1.0 / (T - p)
@@ -102,6 +109,6 @@ def attention_rollout(model: nn.Module, images: Tensor, head_fusion: Literal["me
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     with capture_attention(model, head_fusion=head_fusion) as cap:
         model(images)
-    v = readout_vector(info, len(images), cap.pool_maps()).to(images.device)
+    v = readout_vector(info, len(images), cap.pool_maps(), device=images.device)
     row = rollout_row(cap.stack(), v, "mean", discard_ratio, residual, start_layer)  # heads already fused
     return row[:, info.num_prefix_tokens:].reshape(len(images), *info.grid_size).float()
