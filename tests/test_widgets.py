@@ -87,3 +87,20 @@ def test_distance_explorer_opens_a_head_in_the_attention_explorer(explorer):
     assert len(d.figure.data[0].x) == 3 * 3  # one dot per (layer, head)
     assert d.open(5) == (2, 2)  # dot 5 = layer 2, head 2
     assert explorer.layer.value == 2 and explorer.head.value == "head 2" and explorer.method.value == "attention"
+
+
+def test_clicks_reach_the_explorers(explorer):
+    """The FigureWidget click callbacks, called as plotly calls them (trace, points, state)."""
+    from plotly.callbacks import Points
+
+    trace = explorer.figure.data[1]
+    explorer._on_click(trace, Points(point_inds=[[3, 4]], xs=[], ys=[], trace_name="map", trace_index=1), None)
+    assert explorer.query == 3 * 8 + 4 and "query patch (3, 4)" in explorer.figure.layout.title.text
+    pos = PositionExplorer(explorer.model)
+    for cb in pos.figure.data[0]._click_callbacks:
+        cb(pos.figure.data[0], Points(point_inds=[[1, 2]], xs=[], ys=[], trace_name="", trace_index=0), None)
+    assert pos.patch == (1, 2)
+    dist = DistanceExplorer(explorer.model, explorer.x, explorer)
+    for cb in dist.figure.data[0]._click_callbacks:
+        cb(dist.figure.data[0], Points(point_inds=[7], xs=[], ys=[], trace_name="", trace_index=0), None)
+    assert explorer.layer.value == 3 and explorer.head.value == "head 1"
