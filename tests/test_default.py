@@ -55,3 +55,39 @@ def test_full_size_vit_b16_capture_is_exact():
     plain, logits, maps = plain_and_captured(model, x)
     torch.testing.assert_close(logits, plain, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(maps.double(), reference_attention(model, x), atol=1e-5, rtol=0)
+
+
+CHECKPOINTS = DEFAULT_CHECKPOINT.parent
+OTHERS = [("vit_shapes", "vitlab train --preset vit_shapes", "shapes"),
+          ("bit_cifar10", "vitlab train --preset bit_cifar10", "cifar10")]
+
+
+@pytest.mark.parametrize("folder,command,data", OTHERS, ids=[o[0] for o in OTHERS])
+def test_other_shipped_checkpoints_load_with_honest_cards(folder, command, data):
+    path = CHECKPOINTS / folder
+    if not (path / "model.safetensors").is_file():
+        pytest.skip(f"{folder} is not shipped in this checkout")
+    model = vitlab.load_model(str(path))
+    card = json.loads((path / "card.json").read_text())
+    assert card["command"].startswith(command) and card["data"]["train"].startswith(data)
+    assert (path / "model.safetensors").stat().st_size <= 15 * 1024 * 1024
+    assert timm.data.resolve_data_config({}, model=model)["input_size"] == (3, 32, 32)
+    if data == "shapes":  # generated data: the card's accuracy is checked here, on every run
+        from vitlab.data import load_shapes
+        from vitlab.export import timm_pipeline_accuracy
+
+        assert timm_pipeline_accuracy(model, load_shapes("test")) == pytest.approx(card["test_accuracy"], abs=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED_CIFAR10 / "test.zip").is_file(), reason="../shared CIFAR-10 not present")
+def test_bit_reproduces_card_accuracy():
+    from vitlab.data import load_cifar
+    from vitlab.export import timm_pipeline_accuracy
+
+    path = CHECKPOINTS / "bit_cifar10"
+    if not (path / "model.safetensors").is_file():
+        pytest.skip("bit_cifar10 is not shipped in this checkout")
+    card = json.loads((path / "card.json").read_text())
+    assert timm_pipeline_accuracy(vitlab.load_model(str(path)), load_cifar("cifar10", "test")) == pytest.approx(
+        card["test_accuracy"], abs=1e-4)
