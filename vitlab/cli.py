@@ -120,7 +120,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.plot:
         fig = scaling_curves(summarise(records, shots), title=f"Sweep {sweep.name}: {shots}-shot accuracy on held-out "
                              "classes against pre-training set size")
-        fig.write_html(args.plot, include_plotlyjs=True)
+        from vitlab.checkpoint import atomic_write
+
+        if args.plot.endswith(".png"):  # static export through kaleido: needs a Chromium
+            from vitlab.report import _find_chromium
+
+            if _find_chromium() is None:
+                raise RuntimeError("--plot FILE.png needs a Chromium (apt-get install chromium); or pass an .html file")
+            import os
+
+            os.environ.setdefault("BROWSER_PATH", _find_chromium())
+            atomic_write(args.plot, lambda tmp: fig.write_image(tmp, format="png", scale=2))
+        else:
+            atomic_write(args.plot, lambda tmp: fig.write_html(tmp, include_plotlyjs=True))
         print(f"plot: {args.plot}")
     return 1 if failed else 0
 
@@ -233,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--address", help="ray: address of a running cluster (default: start a local runtime)")
     sp.add_argument("--work-dir", help="scratch folder for run checkpoints (default: the system temp folder)")
     sp.add_argument("--shots", type=int, help="shot count to summarise and plot (default: the largest)")
-    sp.add_argument("--plot", help="write the scaling curves to this HTML file")
+    sp.add_argument("--plot", help="write the scaling curves to this file (.html, or .png with a Chromium)")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_sweep)
 
