@@ -69,7 +69,7 @@ def test_other_shipped_checkpoints_load_with_honest_cards(folder, command, data)
         pytest.skip(f"{folder} is not shipped in this checkout")
     model = vitlab.load_model(str(path))
     card = json.loads((path / "card.json").read_text())
-    assert card["command"].startswith(command) and card["data"]["train"].startswith(data)
+    assert card["command"].startswith(command) and data in card["data"]["train"]
     assert (path / "model.safetensors").stat().st_size <= 15 * 1024 * 1024
     assert timm.data.resolve_data_config({}, model=model)["input_size"] == (3, 32, 32)
     if data == "shapes":  # generated data: the card's accuracy is checked here, on every run
