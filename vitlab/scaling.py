@@ -94,9 +94,9 @@ class SweepConfig:
         return hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
     def runs(self) -> list[RunSpec]:
-        """Smallest subsets first, every family and seed at one size before the next size, so a sweep that is
-        stopped early still has comparable points for every family."""
-        return [RunSpec(f, n, s) for n in sorted(self.sizes) for s in self.seeds for f in self.families]
+        """Seed by seed; within a seed, smallest subsets first, every family at one size before the next size.
+        A sweep stopped early still has whole curves, for every family, for its first seeds."""
+        return [RunSpec(f, n, s) for s in self.seeds for n in sorted(self.sizes) for f in self.families]
 
     def validate(self) -> None:
         unknown = [f for f in self.families if f not in FAMILIES]
