@@ -134,6 +134,9 @@ def atomic_write(path: str | os.PathLike, write) -> Path:
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the result should read like any new file
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
