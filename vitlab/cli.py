@@ -123,14 +123,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from vitlab.checkpoint import atomic_write
 
         if args.plot.endswith(".png"):  # static export through kaleido: needs a Chromium
-            from vitlab.report import _find_chromium
+            from vitlab.report import _find_chromium, chromium_for_export
 
-            if _find_chromium() is None:
+            browser = _find_chromium()
+            if browser is None:
                 raise RuntimeError("--plot FILE.png needs a Chromium (apt-get install chromium); or pass an .html file")
-            import os
-
-            os.environ.setdefault("BROWSER_PATH", _find_chromium())
-            atomic_write(args.plot, lambda tmp: fig.write_image(tmp, format="png", scale=2))
+            with chromium_for_export(browser):
+                atomic_write(args.plot, lambda tmp: fig.write_image(tmp, format="png", scale=2))
         else:
             atomic_write(args.plot, lambda tmp: fig.write_html(tmp, include_plotlyjs=True))
         print(f"plot: {args.plot}")

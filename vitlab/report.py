@@ -6,6 +6,7 @@ run leaves no half-written report.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
@@ -129,6 +130,20 @@ def _find_chromium() -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def chromium_for_export(browser: str):
+    """``BROWSER_PATH`` (where kaleido's choreographer looks first) set to ``browser`` inside the block only."""
+    previous = os.environ.get("BROWSER_PATH")
+    os.environ["BROWSER_PATH"] = browser
+    try:
+        yield browser
+    finally:
+        if previous is None:
+            os.environ.pop("BROWSER_PATH", None)
+        else:
+            os.environ["BROWSER_PATH"] = previous
+
+
 def _write_pngs(figures: list[tuple[str, object]], folder: Path) -> str:
     """PNG per figure through kaleido when a Chromium is found; returns what happened, for metrics.json."""
     browser = _find_chromium()
@@ -139,19 +154,13 @@ def _write_pngs(figures: list[tuple[str, object]], folder: Path) -> str:
         import plotly.io as pio
     except ImportError as e:
         return f"skipped: {e}"
-    previous = os.environ.get("BROWSER_PATH")
-    os.environ["BROWSER_PATH"] = browser  # where kaleido's choreographer looks first
     try:
-        pio.write_images([f for _, f in figures], [folder / f"{slug}.png" for slug, _ in figures])
+        with chromium_for_export(browser):
+            pio.write_images([f for _, f in figures], [folder / f"{slug}.png" for slug, _ in figures])
     except Exception as e:  # a broken browser must not cost the report
         for png in folder.glob("*.png"):
             png.unlink()
         return f"failed: {type(e).__name__}: {e}"
-    finally:
-        if previous is None:
-            os.environ.pop("BROWSER_PATH", None)
-        else:
-            os.environ["BROWSER_PATH"] = previous
     return f"written with {browser}"
 
 
