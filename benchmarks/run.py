@@ -170,9 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_train:
         train_res = train_speed.run(steps=args.train_steps)
         (args.results / "train_speed.json").write_text(json.dumps({"machine": machine_info(), **train_res}, indent=1))
-        sections["train"] = (f"{stamp(machine_info())} Preset `{train_res['preset']}` on {train_res['data']}, batch "
-                             f"{train_res['batch']}, {train_res['steps']} steps per variant, "
-                             f"{train_res['threads']} torch threads.\n\n{train_speed.format_table(train_res)}")
+        sections["train"] = (f"{stamp(machine_info())} {train_res['data']}, {train_res['steps']} timed steps per "
+                             f"variant, {train_res['threads']} torch threads.\n\n{train_speed.format_table(train_res)}")
         print("\n" + train_speed.format_table(train_res))
     if not args.no_inspect:
         res = inspect_speed.run(args.inspect_model)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from vitlab.report import _find_chromium
+from vitlab.static import find_chromium
 
-CHROMIUM = _find_chromium()
+CHROMIUM = find_chromium()
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium)")]
 SHOTS = Path(__file__).resolve().parent.parent / "out" / "screenshots"

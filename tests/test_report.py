@@ -9,7 +9,8 @@ from conftest import tiny_bit, tiny_vit
 
 import vitlab
 from vitlab.cli import main
-from vitlab.report import _find_chromium, embedded_images
+from vitlab.report import embedded_images
+from vitlab.static import find_chromium
 
 FIGURES = {"filters", "positions", "positions_resampled", "distance", "rollout", "faithfulness", "faithfulness_curves",
            "readout_attention", "entropy"}
@@ -55,7 +56,7 @@ def test_reproduce_scores_localisation_on_the_shipped_shapes_model(tmp_path, che
     assert all(0 <= r["mass_in_mask"] <= 1 and 0 <= r["pointing"] <= 1 for r in rows.values())
 
 
-@pytest.mark.skipif(_find_chromium() is None, reason="no Chromium for static export")
+@pytest.mark.skipif(find_chromium() is None, reason="no Chromium for static export")
 def test_reproduce_writes_pngs_with_chromium(tmp_path, checkpoint):
     out = tmp_path / "out"
     assert main(["reproduce", "--model", str(checkpoint), "--out", str(out), "--num-images", "2", "--no-shapes",

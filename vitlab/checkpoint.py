@@ -21,7 +21,7 @@ from torch import nn
 from vitlab.errors import ModelLoadError
 from vitlab.zoo import ModelConfig, build_model, config_from_dict, config_to_dict
 
-__all__ = ["save_checkpoint", "load_checkpoint", "CONFIG_NAME", "WEIGHTS_NAME"]
+__all__ = ["save_checkpoint", "load_checkpoint", "model_card", "CONFIG_NAME", "WEIGHTS_NAME"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -235,3 +235,13 @@ def load_checkpoint(path: str | os.PathLike) -> nn.Module:
     model.vitlab_checkpoint = {k: v for k, v in meta.items() if k not in ("config", "pretrained_cfg")}
     model.vitlab_checkpoint["path"] = str(directory)
     return model.eval()
+
+
+def model_card(model: nn.Module) -> dict[str, Any] | None:
+    """The ``card.json`` facts (accuracy, command, data, hours) of the shipped checkpoint ``model`` was loaded
+    from; None for models without one (timm names, fresh models, run checkpoints)."""
+    path = getattr(model, "vitlab_checkpoint", {}).get("path")
+    card = Path(path) / "card.json" if path else None
+    if card is None or not card.is_file():
+        return None
+    return json.loads(card.read_text())

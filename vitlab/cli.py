@@ -48,7 +48,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.data is not None:
         changes["data"] = args.data
     cfg = dataclasses.replace(cfg, **changes)
-    train(cfg, args.run or f"runs/{args.preset}", resume=args.resume, progress=not args.quiet, device=args.device)
+    from vitlab.data import cache_dir
+
+    run = args.run or cache_dir() / "runs" / args.preset  # outside the work tree: survives a fresh checkout
+    print(f"run folder: {run}", file=sys.stderr)
+    train(cfg, run, resume=args.resume, progress=not args.quiet, device=args.device)
     return 0
 
 
@@ -123,9 +127,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from vitlab.checkpoint import atomic_write
 
         if args.plot.endswith(".png"):  # static export through kaleido: needs a Chromium
-            from vitlab.report import _find_chromium, chromium_for_export
+            from vitlab.static import chromium_for_export, find_chromium
 
-            browser = _find_chromium()
+            browser = find_chromium()
             if browser is None:
                 raise RuntimeError("--plot FILE.png needs a Chromium (apt-get install chromium); or pass an .html file")
             with chromium_for_export(browser):
@@ -197,8 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_capture)
 
     sp = sub.add_parser("train", help="train a preset (resumable; metrics in RUN/metrics.jsonl)")
-    sp.add_argument("--preset", default="vit_cifar10", help="vit_cifar10, bit_cifar10, hybrid_cifar10, vit_shapes, tiny")
-    sp.add_argument("--run-dir", dest="run", help="run folder (default runs/PRESET)")
+    sp.add_argument("--preset", default="vit_cifar10", help="vit_cifar10, resnet_cifar10, bit_cifar10, hybrid_cifar10, vit_shapes, tiny")
+    sp.add_argument("--run-dir", dest="run", help="run folder (default $VITLAB_CACHE/runs/PRESET, i.e. "
+                    "~/.cache/vitlab/runs/PRESET: outside the work tree)")
     sp.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     sp.add_argument("--epochs", type=int, help="override the preset's number of epochs")
     sp.add_argument("--data", help="dataset: cifar10, cifar100, or an ImageFolder folder/zip")

@@ -22,6 +22,7 @@ from torch import Tensor
 
 __all__ = [
     "ImageArray",
+    "portable_source",
     "DataError",
     "load_image_folder",
     "load_cifar",
@@ -60,6 +61,20 @@ class ImageArray:
         masks = self.masks[index] if self.masks is not None else None
         return ImageArray(self.images[index], self.labels[index], self.classes,
                           f"{self.source}[subset {len(index)}]", masks)
+
+
+def portable_source(path: str | os.PathLike) -> str:
+    """How records (cards, results, caches) name a dataset file: never by this machine's absolute path.
+
+    The shared data sets become ``shared/datasets/...``; a path under the working directory stays relative to
+    it; anything else is named by its last two parts (``.../folder/name``)."""
+    p = Path(path).resolve()
+    shared = SHARED_CIFAR10.resolve().parent.parent  # .../shared
+    for base, prefix in ((shared, "shared"), (Path.cwd().resolve(), "")):
+        if p.is_relative_to(base):
+            rel = p.relative_to(base).as_posix()
+            return f"{prefix}/{rel}" if prefix else rel
+    return ".../" + "/".join(p.parts[-2:])
 
 
 def cache_dir() -> Path:
@@ -123,7 +138,7 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
         if hit.is_file():
             with np.load(hit, allow_pickle=False) as z:
                 return ImageArray(torch.from_numpy(z["images"]), torch.from_numpy(z["labels"]),
-                                  tuple(str(c) for c in z["classes"]), str(root))
+                                  tuple(str(c) for c in z["classes"]), portable_source(root))
     members = list(_members(root))
     if not members:
         raise DataError(f"no images found in {root}: expected an ImageFolder layout (class/image.jpg)")
@@ -149,7 +164,7 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
     if len(shapes) > 1:
         raise DataError(f"images in {root} have mixed sizes {sorted(shapes)[:5]}: pass size=(H, W) to resize them")
     data = ImageArray(torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.long),
-                      tuple(classes), str(root))
+                      tuple(classes), portable_source(root))
     if cache:
         cache_dir().mkdir(parents=True, exist_ok=True)
         tmp = cache_dir() / f".images-{key}.{os.getpid()}.npz"
@@ -237,10 +252,15 @@ def sample_images() -> list[tuple[str, np.ndarray]]:
 # ---------------------------------------------------------------------------------------------- batch ops
 
 
-def random_crop_flip(images: Tensor, padding: int, generator: torch.Generator) -> Tensor:
-    """(B, H, W, C) uint8 -> same shape: zero-pad by ``padding``, random crop back, random horizontal flip."""
+def random_crop_flip(images: Tensor, padding: int, generator: torch.Generator, mode: str = "constant") -> Tensor:
+    """(B, H, W, C) uint8 -> same shape: pad by ``padding`` (zeros, or ``mode="reflect"``), random crop back,
+    random horizontal flip."""
     B, H, W, C = images.shape
-    padded = torch.nn.functional.pad(images, (0, 0, padding, padding, padding, padding))
+    if mode == "reflect":
+        padded = torch.nn.functional.pad(images.permute(0, 3, 1, 2).float(), (padding,) * 4, mode="reflect")
+        padded = padded.to(images.dtype).permute(0, 2, 3, 1)
+    else:
+        padded = torch.nn.functional.pad(images, (0, 0, padding, padding, padding, padding))
     dy = torch.randint(0, 2 * padding + 1, (B,), generator=generator)
     dx = torch.randint(0, 2 * padding + 1, (B,), generator=generator)
     rows = (dy[:, None] + torch.arange(H)[None])[:, :, None]  # (B, H, 1)

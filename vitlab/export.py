@@ -55,6 +55,12 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
     shipped = load_checkpoint(tmp_out)
     acc = timm_pipeline_accuracy(shipped, test)
     history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    history = history[-meta["epoch"]:]  # an interrupted epoch may have left no line; a restarted run, extra ones
+    tta = train_cfg.get("eval_tta") or 0
+    if tta:
+        from vitlab.train import evaluate
+
+        acc_tta = evaluate(shipped.float(), test, tta=tta)
     facts = {
         "command": command,
         "epochs_done": meta["epoch"],
@@ -63,6 +69,12 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
         "hardware": hardware or f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "data": meta.get("data"),
         "test_accuracy": acc,
+        "test_accuracy_tta": acc_tta if tta else None,
+        "tta_level": tta,
+        "train_hours": round((meta.get("train_seconds") or 0) / 3600, 3),
+        "warm_start_from": train_cfg.get("init_from"),
+        "teacher": train_cfg.get("teacher"),
+        "distill": train_cfg.get("distill") if train_cfg.get("teacher") else None,
         "test_accuracy_during_training_bf16": meta.get("metrics", {}).get("test_accuracy"),
         "parameters": sum(p.numel() for p in shipped.parameters()),
         "file_bytes": (Path(out) / "model.safetensors").stat().st_size,
@@ -73,9 +85,26 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
 
     facts["path"] = str(out)
     facts["is_default"] = Path(out).resolve() == Path(DEFAULT_CHECKPOINT).resolve()
+    facts["learning_curve"] = _learning_curve(history, Path(out) / "learning_curve.png", facts)
     (Path(out) / CARD_NAME).write_text(_card(facts, train_cfg, history, shipped))
     (Path(out) / "card.json").write_text(json.dumps(facts, indent=2) + "\n")
     return facts
+
+
+def _learning_curve(history: list[dict], path: Path, facts: dict) -> str:
+    """Test accuracy against cumulative training hours, as a plotly PNG beside the card; returns the outcome."""
+    from vitlab.plots import learning_curve
+    from vitlab.static import write_images
+
+    hours, acc, t = [], [], 0.0
+    for h in history:
+        t += h.get("epoch_seconds", 0.0) / 3600
+        if h.get("test_accuracy") is not None:
+            hours.append(t)
+            acc.append(h["test_accuracy"])
+    title = f"{facts['data']['train'] if facts.get('data') else ''}: test accuracy against CPU training hours"
+    fig = learning_curve(hours, acc, title=title, final=facts["test_accuracy"])
+    return write_images([fig], [path], scale=2)
 
 
 def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> str:
@@ -83,11 +112,20 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
     rows = "\n".join(f"| {h['epoch']} | {h['train_loss']:.4f} | {h.get('test_accuracy', float('nan')):.4f} | "
                      f"{h.get('images_per_second', '')} |" for h in history)
     done = f["epochs_done"] == f["epochs_planned"]
+    tta_line = (f"\n* With test-time augmentation (level {f['tta_level']}: mirror"
+                f"{' and 1 px shifts' if f['tta_level'] == 2 else ''}): **{f['test_accuracy_tta']:.2%}**."
+                if f.get("test_accuracy_tta") is not None else "")
+    start_line = (f", warm-started from `{f['warm_start_from']}` with a fresh schedule" if f.get("warm_start_from")
+                  else ", from random initialisation")
+    teacher_line = (f"; distilled ({f['distill']} targets) from the teacher `{f['teacher']}`" if f.get("teacher")
+                    else "")
     return f"""# Model card: {train_cfg['model']['kind']} trained on {train_cfg['data']}
 
 * **Test accuracy: {f['test_accuracy']:.2%}** on the {f['data']['test'] if f.get('data') else 'test'} split
   ({f['dtype']} weights as shipped, through `timm.data.resolve_data_config({{}}, model=model)` and
-  `timm.data.create_transform(**cfg)`).
+  `timm.data.create_transform(**cfg)`).{tta_line}
+* Training time: {f['train_hours']:.2f} h of wall clock{start_line}{teacher_line}.
+* Learning curve: `learning_curve.png` (test accuracy against training hours; {f['learning_curve']}).
 * Command: `{f['command']}`
 * Epochs: {f['epochs_done']} of {f['epochs_planned']} planned{'' if done else ' (the run is not finished; it resumes with --resume)'}.
 * Training wall time: {f['train_seconds']:.0f} s on {f['hardware']}.

@@ -111,3 +111,20 @@ def scaling_curves(summary: dict[str, dict[int, dict[str, float]]], title: str =
     fig.update_xaxes(type="log", title="pre-training images")
     fig.update_layout(title=title, yaxis_title=ylabel + " (%)", width=700, height=450)
     return fig
+
+
+def learning_curve(hours: Sequence[float], accuracy: Sequence[float], title: str = "", final: float | None = None,
+                   goal: float | None = 0.9) -> go.Figure:
+    """Test accuracy (fraction) against cumulative training hours, with the goal line and the shipped accuracy."""
+    fig = go.Figure(go.Scatter(x=list(hours), y=[100 * a for a in accuracy], mode="lines+markers",
+                               name="test accuracy after each evaluated epoch",
+                               hovertemplate="%{x:.2f} h: %{y:.2f}%<extra></extra>"))
+    if goal is not None:
+        fig.add_hline(y=100 * goal, line_dash="dash", line_color="grey", annotation_text=f"goal {goal:.0%}",
+                      annotation_position="bottom right")
+    if final is not None and len(hours):
+        fig.add_trace(go.Scatter(x=[hours[-1]], y=[100 * final], mode="markers", marker_symbol="star",
+                                 marker_size=14, name=f"as shipped (fp16, timm transform): {final:.2%}"))
+    fig.update_layout(title=title, xaxis_title="training hours (wall clock)", yaxis_title="test accuracy (%)",
+                      yaxis_range=[0, 100], width=760, height=440, legend=dict(x=0.45, y=0.1))
+    return fig

@@ -6,7 +6,6 @@ run leaves no half-written report.
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import os
@@ -35,6 +34,7 @@ from vitlab.inspect.compare import compare_methods
 from vitlab.inspect.distance import attention_distance_from_maps
 from vitlab.inspect.rollout import readout_vector
 from vitlab.plots import curves, filter_grid, image_grid_with_maps, layer_lines, similarity_tiles, table_figure
+from vitlab.static import write_images
 
 
 def _transform(model: nn.Module):
@@ -118,50 +118,9 @@ def _stamp(base: dict, **settings) -> dict:
     return {**base, "settings": settings}
 
 
-def _find_chromium() -> str | None:
-    """A Chrome/Chromium for static export: $BROWSER_PATH, then the usual executables on PATH."""
-    env = os.environ.get("BROWSER_PATH")
-    if env and Path(env).exists():
-        return env
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-@contextlib.contextmanager
-def chromium_for_export(browser: str):
-    """``BROWSER_PATH`` (where kaleido's choreographer looks first) set to ``browser`` inside the block only."""
-    previous = os.environ.get("BROWSER_PATH")
-    os.environ["BROWSER_PATH"] = browser
-    try:
-        yield browser
-    finally:
-        if previous is None:
-            os.environ.pop("BROWSER_PATH", None)
-        else:
-            os.environ["BROWSER_PATH"] = previous
-
-
 def _write_pngs(figures: list[tuple[str, object]], folder: Path) -> str:
     """PNG per figure through kaleido when a Chromium is found; returns what happened, for metrics.json."""
-    browser = _find_chromium()
-    if browser is None:
-        return "skipped: no Chromium found (install Debian's chromium, or set BROWSER_PATH)"
-    try:
-        import kaleido  # noqa: F401
-        import plotly.io as pio
-    except ImportError as e:
-        return f"skipped: {e}"
-    try:
-        with chromium_for_export(browser):
-            pio.write_images([f for _, f in figures], [folder / f"{slug}.png" for slug, _ in figures])
-    except Exception as e:  # a broken browser must not cost the report
-        for png in folder.glob("*.png"):
-            png.unlink()
-        return f"failed: {type(e).__name__}: {e}"
-    return f"written with {browser}"
+    return write_images([f for _, f in figures], [folder / f"{slug}.png" for slug, _ in figures])
 
 
 def _section(slug: str, fig, paper: str, ours: str, stamp: dict) -> dict:

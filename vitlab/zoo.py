@@ -7,6 +7,7 @@ Three families, each described by a small frozen config:
 * ``HybridConfig`` a ResNet (v2, GroupNorm + weight standardisation) feature map cut into 1x1 patches
                    and fed to a ViT (paper section 3.1, "Hybrid Architecture").
 * ``BiTConfig``    BiT-style ResNet baselines (pre-activation ResNet-v2, GroupNorm, StdConv).
+* ``CifarNetConfig`` a fast residual CNN for 32 px images (``vitlab.cifarnet``): the distillation teacher.
 
 Every model is a plain timm module (``VisionTransformer`` or ``ResNetV2``), so timm's named stages
 (``forward_features``, ``forward_head(pre_logits=True)``) and ``timm.data.resolve_data_config`` work on it.
@@ -38,6 +39,7 @@ __all__ = [
     "ViTConfig",
     "HybridConfig",
     "BiTConfig",
+    "CifarNetConfig",
     "ModelConfig",
     "vit_config",
     "build_model",
@@ -98,6 +100,11 @@ class ViTConfig:
     drop_rate: float = 0.0
     drop_path_rate: float = 0.0
     preprocess: Preprocess = Preprocess(mean=IMAGENET_INCEPTION, std=IMAGENET_INCEPTION)
+    #: DeiT's distillation token (timm ``VisionTransformerDistilled``): two prefix tokens, two heads whose
+    #: logits are averaged at evaluation. Needs ``readout="token"``.
+    distilled: bool = False
+    #: fraction of patch tokens dropped at random in training only (timm ``PatchDropout``); eval sees all
+    patch_drop_rate: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.img_size, list):  # from JSON
@@ -122,6 +129,10 @@ class ViTConfig:
             raise ValueError(f"pos_embed must be 'learn', 'sincos' or 'none', got {self.pos_embed!r}")
         if self.pos_embed == "sincos" and self.embed_dim % 4:
             raise ValueError(f"2D sin-cos position embeddings need embed_dim divisible by 4, got {self.embed_dim}")
+        if self.distilled and self.readout != "token":
+            raise ValueError("distilled=True reads the class and distillation tokens: use readout='token'")
+        if not 0.0 <= self.patch_drop_rate < 1.0:
+            raise ValueError(f"patch_drop_rate must be in [0, 1), got {self.patch_drop_rate!r}")
 
 
 def _check_resnet(layers: tuple[int, ...], stem: str) -> None:
@@ -181,8 +192,30 @@ class BiTConfig:
         _size2(self.img_size)
 
 
-ModelConfig = ViTConfig | HybridConfig | BiTConfig
-_KINDS: dict[str, type] = {"vit": ViTConfig, "hybrid": HybridConfig, "bit": BiTConfig}
+@dataclass(frozen=True)
+class CifarNetConfig:
+    """The fast residual CNN of ``vitlab.cifarnet`` (whitening stem, three residual stages, BatchNorm)."""
+
+    widths: tuple[int, ...] = (64, 256, 256)
+    num_classes: int = 10
+    in_chans: int = 3
+    img_size: int = 32
+    whiten_kernel: int = 2
+    logit_scale: float = 1 / 9
+    preprocess: Preprocess = Preprocess()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.widths, list):
+            object.__setattr__(self, "widths", tuple(self.widths))
+        if not self.widths or not all(isinstance(w, int) and w >= 1 for w in self.widths):
+            raise ValueError(f"widths must be a non-empty tuple of positive ints, got {self.widths!r}")
+        if not isinstance(self.whiten_kernel, int) or self.whiten_kernel < 1:
+            raise ValueError(f"whiten_kernel must be a positive int, got {self.whiten_kernel!r}")
+        _size2(self.img_size)
+
+
+ModelConfig = ViTConfig | HybridConfig | BiTConfig | CifarNetConfig
+_KINDS: dict[str, type] = {"vit": ViTConfig, "hybrid": HybridConfig, "bit": BiTConfig, "cifarnet": CifarNetConfig}
 
 
 def vit_config(name: str = "B/16", **overrides: Any) -> ViTConfig:
@@ -258,11 +291,12 @@ def _vit_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         pos_embed="none" if cfg.pos_embed == "none" else "learn",
         drop_rate=cfg.drop_rate,
         drop_path_rate=cfg.drop_path_rate,
+        patch_drop_rate=cfg.patch_drop_rate,
     )
 
 
 def _pretrained_cfg(arch: str, img_size: int | tuple[int, int], in_chans: int, num_classes: int,
-                    pre: Preprocess, first_conv: str, classifier: str) -> dict[str, Any]:
+                    pre: Preprocess, first_conv: str, classifier: str | tuple[str, ...]) -> dict[str, Any]:
     """The timm ``pretrained_cfg`` that ``timm.data.resolve_data_config`` reads the preprocessing from."""
     return dict(
         architecture=arch,
@@ -295,7 +329,12 @@ def _build_vit(cfg: ViTConfig, embed_layer: Any = None) -> VisionTransformer:
     kwargs = _vit_kwargs(cfg)
     if embed_layer is not None:
         kwargs.update(patch_size=1, embed_layer=embed_layer)
-    model = VisionTransformer(**kwargs)
+    if cfg.distilled:
+        from timm.models.deit import VisionTransformerDistilled
+
+        model = VisionTransformerDistilled(**kwargs)
+    else:
+        model = VisionTransformer(**kwargs)
     if cfg.pos_embed == "sincos":
         _set_sincos(model)
     return model
@@ -306,7 +345,7 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     if isinstance(cfg, ViTConfig):
         model = _build_vit(cfg)
         pcfg = _pretrained_cfg("vitlab_vit", cfg.img_size, cfg.in_chans, cfg.num_classes, cfg.preprocess,
-                               "patch_embed.proj", "head")
+                               "patch_embed.proj", ("head", "head_dist") if cfg.distilled else "head")
     elif isinstance(cfg, HybridConfig):
         backbone = _resnet_v2(cfg.layers, cfg.stem, preact=False, num_classes=0, global_pool="",
                               in_chans=cfg.vit.in_chans)
@@ -327,8 +366,14 @@ def build_model(cfg: ModelConfig) -> nn.Module:
         )
         pcfg = _pretrained_cfg("vitlab_bit", cfg.img_size, cfg.in_chans, cfg.num_classes, cfg.preprocess,
                                "stem.conv", "head.fc")
+    elif isinstance(cfg, CifarNetConfig):
+        from vitlab.cifarnet import CifarResNet
+
+        model = CifarResNet(cfg.widths, cfg.num_classes, cfg.in_chans, cfg.whiten_kernel, cfg.logit_scale)
+        pcfg = _pretrained_cfg("vitlab_cifarnet", cfg.img_size, cfg.in_chans, cfg.num_classes, cfg.preprocess,
+                               "whiten", "head")
     else:
-        raise TypeError(f"expected ViTConfig, HybridConfig or BiTConfig, got {type(cfg).__name__}")
+        raise TypeError(f"expected ViTConfig, HybridConfig, BiTConfig or CifarNetConfig, got {type(cfg).__name__}")
     model.pretrained_cfg = pcfg
     model.default_cfg = model.pretrained_cfg
     model.vitlab_config = cfg
@@ -339,8 +384,8 @@ def build_model(cfg: ModelConfig) -> nn.Module:
 
 
 def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
-    """JSON-ready dict: ``{"kind": "vit" | "hybrid" | "bit", **fields}``."""
-    kind = {ViTConfig: "vit", HybridConfig: "hybrid", BiTConfig: "bit"}[type(cfg)]
+    """JSON-ready dict: ``{"kind": "vit" | "hybrid" | "bit" | "cifarnet", **fields}``."""
+    kind = {v: k for k, v in _KINDS.items()}[type(cfg)]
     return {"kind": kind, **dataclasses.asdict(cfg)}
 
 

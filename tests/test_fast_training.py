@@ -1,0 +1,199 @@
+"""The fast-training pieces: the whitening CNN teacher, distillation, SGD groups, the triangle schedule,
+explicit attention, warm starts and test-time augmentation."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_data import make_folder
+
+import vitlab
+from vitlab.checkpoint import load_checkpoint, save_checkpoint
+from vitlab.cifarnet import CifarResNet, tta_logits, whitening_filters
+from vitlab.data import load_image_folder, random_crop_flip
+from vitlab.train import (
+    PRESETS,
+    TrainConfig,
+    _distill_loss,
+    _optimizer,
+    eval_mode,
+    evaluate,
+    explicit_attention,
+    lr_at,
+    train,
+    warm_start,
+)
+from vitlab.zoo import CifarNetConfig, ViTConfig
+
+TINY_CNN = CifarNetConfig(widths=(8, 16, 16), num_classes=3)
+TINY_VIT = dataclasses.replace(PRESETS["tiny"].model, num_classes=3)
+
+
+def test_whitening_filters_whiten_the_patches():
+    g = torch.Generator().manual_seed(0)
+    mix = torch.randn(3, 3, generator=g)
+    images = torch.einsum("dc,nchw->ndhw", mix, torch.randn(64, 3, 12, 12, generator=g))  # correlated channels
+    w = whitening_filters(images, kernel=2, eps=0.0)
+    assert w.shape == (24, 3, 2, 2)
+    out = F.conv2d(images, w[:12]).permute(0, 2, 3, 1).reshape(-1, 12).double()
+    cov = out.T @ out / len(out)
+    torch.testing.assert_close(cov, torch.eye(12, dtype=torch.float64), atol=1e-3, rtol=0)
+    torch.testing.assert_close(w[12:], -w[:12])
+
+
+def test_cifarnet_follows_timm_calling_convention_and_round_trips(tmp_path):
+    torch.manual_seed(0)
+    model = vitlab.build_model(TINY_CNN).eval()
+    model.init_from_data(torch.randn(32, 3, 32, 32))
+    x = torch.randn(4, 3, 32, 32)
+    feats = model.forward_features(x)
+    assert feats.shape == (4, 16, 3, 3)
+    pre = model.forward_head(feats, pre_logits=True)
+    torch.testing.assert_close(pre, feats.amax(dim=(2, 3)))
+    torch.testing.assert_close(model(x), model.head(pre) * TINY_CNN.logit_scale)
+    again = load_checkpoint(save_checkpoint(model, tmp_path / "ck")).eval()
+    torch.testing.assert_close(again(x), model(x))
+    assert again.vitlab_config == TINY_CNN
+    model.reset_classifier(5)
+    assert model(x).shape == (4, 5)
+
+
+def test_tta_levels_equal_their_definitions():
+    torch.manual_seed(0)
+    model = CifarResNet((8, 8, 8), num_classes=3).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(tta_logits(model, x, 0), model(x))
+        mirror = 0.5 * (model(x) + model(x.flip(-1)))
+        torch.testing.assert_close(tta_logits(model, x, 1), mirror)
+        pad = F.pad(x, (1, 1, 1, 1), mode="reflect")
+        views = [pad[..., :-2, :-2], pad[..., 2:, 2:]]
+        shifted = sum(model(v) + model(v.flip(-1)) for v in views) / 4
+        torch.testing.assert_close(tta_logits(model, x, 2), 0.5 * mirror + 0.5 * shifted)
+
+
+def test_reflect_crop_flip_keeps_pixels_from_the_image():
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(1, 255, (16, 8, 8, 3), dtype=torch.uint8)
+    out = random_crop_flip(images, 2, g, mode="reflect")
+    assert out.shape == images.shape and (out > 0).all()  # no zero padding shows
+    out0 = random_crop_flip(images, 2, torch.Generator().manual_seed(0), mode="reflect")
+    torch.testing.assert_close(out, out0)
+
+
+def test_triangle_schedule_known_values():
+    lrs = [lr_at(s, 100, 20, 1.0, 0.1, "triangle", start=0.2) for s in range(101)]
+    assert lrs[0] == pytest.approx(0.2 + 0.8 / 20)
+    assert lrs[19] == pytest.approx(1.0)
+    assert lrs[60] == pytest.approx(1.0 - 0.9 * 40 / 80)
+    assert lrs[100] == pytest.approx(0.1)
+
+
+def test_sgd_groups_scale_the_norm_shifts_only():
+    cfg = dataclasses.replace(PRESETS["resnet_cifar10"], model=TINY_CNN)
+    model = vitlab.build_model(TINY_CNN)
+    opt = _optimizer(model, cfg)
+    rest, norm = opt.param_groups
+    assert norm["lr_scale"] == 64.0 and norm["weight_decay"] == pytest.approx(cfg.weight_decay / 64)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(".norm" in names[id(p)] for p in norm["params"])
+    assert not any(names[id(p)] == "whiten.weight" for p in rest["params"])  # frozen: not optimised
+    assert opt.defaults["nesterov"] and opt.defaults["momentum"] == cfg.momentum
+
+
+def test_hard_and_soft_distillation_losses_known_answers():
+    g = torch.Generator().manual_seed(0)
+    cls, dist, teach = (torch.randn(5, 4, generator=g) for _ in range(3))
+    y = torch.tensor([0, 1, 2, 3, 0])
+    target = F.one_hot(y, 4).float()
+    cfg = TrainConfig(model=ViTConfig(distilled=True), teacher="x")
+    hard = _distill_loss(cls, dist, teach, target, cfg)
+    torch.testing.assert_close(hard, 0.5 * F.cross_entropy(cls, y) + 0.5 * F.cross_entropy(dist, teach.argmax(-1)))
+    soft_cfg = dataclasses.replace(cfg, distill="soft", distill_tau=2.0)
+    p = F.softmax(teach / 2, -1)
+    kl = (p * (p.log() - F.log_softmax(dist / 2, -1))).sum(-1).mean() * 4
+    torch.testing.assert_close(_distill_loss(cls, dist, teach, target, soft_cfg),
+                               0.5 * F.cross_entropy(cls, y) + 0.5 * kl)
+
+
+def test_teacher_requires_a_distilled_vit():
+    with pytest.raises(ValueError, match="distilled=True"):
+        TrainConfig(model=ViTConfig(), teacher="somewhere")
+    with pytest.raises(ValueError, match="readout='token'"):
+        ViTConfig(distilled=True, readout="avg")
+
+
+def test_explicit_attention_and_eval_mode_restore_every_module():
+    model = vitlab.build_model(dataclasses.replace(TINY_VIT, drop_path_rate=0.0)).train()
+    model.blocks[0].eval()  # mixed modes
+    flags = [m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")]
+    with pytest.raises(RuntimeError):
+        with explicit_attention(model), eval_mode(model):
+            assert not any(m.fused_attn for m in model.modules() if hasattr(m, "fused_attn"))
+            assert not any(m.training for m in model.modules())
+            raise RuntimeError("boom")
+    assert [m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")] == flags
+    assert model.training and not model.blocks[0].training and model.blocks[1].training
+
+
+def test_explicit_attention_gives_the_same_training_gradients():
+    torch.manual_seed(0)
+    model = vitlab.build_model(TINY_VIT).train()
+    x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 0])
+
+    def grads():
+        model.zero_grad()
+        torch.manual_seed(1)
+        F.cross_entropy(model(x), y).backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    fused = grads()
+    with explicit_attention(model):
+        explicit = grads()
+    for a, b in zip(fused, explicit):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_warm_start_copies_matching_tensors_and_position_grid(tmp_path):
+    torch.manual_seed(0)
+    src = vitlab.build_model(TINY_VIT)
+    ck = save_checkpoint(src, tmp_path / "src")
+    dst = vitlab.build_model(dataclasses.replace(TINY_VIT, distilled=True))
+    fresh = warm_start(dst, ck)
+    assert "dist_token" in fresh and "head_dist.weight" in fresh and "pos_embed (prefix rows)" in fresh
+    torch.testing.assert_close(dst.blocks[1].mlp.fc1.weight, src.blocks[1].mlp.fc1.weight)
+    torch.testing.assert_close(dst.pos_embed[:, 2:], src.pos_embed[:, 1:])
+
+
+@pytest.fixture(scope="module")
+def three_class_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imgs3")
+    make_folder(root / "train", n_per_class=32, size=32, classes=("a", "b", "c"))
+    make_folder(root / "test", n_per_class=8, size=32, classes=("a", "b", "c"))
+    return load_image_folder(root / "train", cache=False, progress=False), \
+        load_image_folder(root / "test", cache=False, progress=False)
+
+
+def test_cnn_teacher_then_distilled_vit_train_end_to_end(tmp_path, three_class_data):
+    train_data, test_data = three_class_data
+    teacher_cfg = dataclasses.replace(PRESETS["resnet_cifar10"], model=TINY_CNN, epochs=2, batch_size=32,
+                                      warmup_epochs=0.5, eval_tta=1)
+    teacher = train(teacher_cfg, tmp_path / "teacher", progress=False, train_data=train_data, test_data=test_data)
+    metrics = (tmp_path / "teacher" / "metrics.jsonl").read_text().splitlines()
+    assert '"test_accuracy_tta"' in metrics[-1]
+    assert evaluate(teacher, test_data, tta=1, bf16=True) == pytest.approx(json.loads(metrics[-1])["test_accuracy_tta"])
+    student_cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, distilled=True,
+                                                                                 patch_drop_rate=0.5),
+                                      teacher=str(tmp_path / "teacher" / "checkpoint"), epochs=1, batch_size=32)
+    student = train(student_cfg, tmp_path / "student", progress=False, train_data=train_data, test_data=test_data)
+    assert not student.distilled_training  # distillation mode is switched off again
+    built = vitlab.build_model(student_cfg.model)
+    assert [m.fused_attn for m in student.modules() if hasattr(m, "fused_attn")] == \
+        [m.fused_attn for m in built.modules() if hasattr(m, "fused_attn")]  # flags as built, not left explicit
+    with torch.no_grad():
+        out = student(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 3)  # evaluation averages the two heads into one prediction
