@@ -1,31 +1,16 @@
-"""Helpers shared by the benchmarks: switching attention to the unfused path, machine description."""
+"""Helpers shared by the benchmarks: peak memory, machine description (the unfused attention switch is
+``vitlab.modes.explicit_attention``)."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import os
 import platform
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import timm
 import torch
-from torch import nn
-
-
-@contextlib.contextmanager
-def all_unfused(model: nn.Module) -> Iterator[None]:
-    """Every module's boolean ``fused_attn`` flag set to False (explicit softmax path), restored on exit."""
-    flags = [(m, m.fused_attn) for m in model.modules() if isinstance(getattr(m, "fused_attn", None), bool)]
-    try:
-        for m, _ in flags:
-            m.fused_attn = False
-        yield
-    finally:
-        for m, flag in flags:
-            m.fused_attn = flag
 
 
 def rss_bytes() -> int:

@@ -53,7 +53,8 @@ from torch.overrides import TorchFunctionMode
 from tqdm.auto import tqdm
 
 import vitlab
-from benchmarks._util import all_unfused, machine_info
+from benchmarks._util import machine_info
+from vitlab.modes import explicit_attention
 
 # timm modules whose every model is a ViT: global self-attention blocks over patch (+ prefix) tokens.
 FAMILY_MODULES: tuple[str, ...] = (
@@ -404,7 +405,7 @@ def reference_attention(model: nn.Module, x: Tensor) -> Reference:
         for scope, m in scopes:
             handles.append(m.register_forward_pre_hook(enter(scope), with_kwargs=True))
             handles.append(m.register_forward_hook(leave, always_call=True))
-        with torch.no_grad(), all_unfused(model), log:
+        with torch.no_grad(), explicit_attention(model), log:
             model(x)
     finally:
         for h in handles:

@@ -34,7 +34,8 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 import vitlab
-from benchmarks._util import PeakRSS, all_unfused, machine_info
+from benchmarks._util import PeakRSS, machine_info
+from vitlab.modes import explicit_attention
 
 DEFAULT_MODELS = ("vit_tiny_patch16_224", "vit_base_patch16_224")
 VARIANTS = ("fused", "unfused", "capture", "reduced")
@@ -80,7 +81,7 @@ def variants(model: nn.Module, x: Tensor) -> dict[str, Callable[[], Any]]:
             return model(x)
 
     def unfused() -> Tensor:
-        with torch.no_grad(), all_unfused(model):
+        with torch.no_grad(), explicit_attention(model):
             return model(x)
 
     return {

@@ -38,7 +38,8 @@ from torch.utils.flop_counter import FlopCounterMode
 import vitlab
 from vitlab.checkpoint import save_checkpoint
 from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize
-from vitlab.train import PRESETS, explicit_attention, load_teacher, train, with_num_classes
+from vitlab.modes import explicit_attention
+from vitlab.train import PRESETS, load_teacher, train, with_num_classes
 
 #: (label, batch, explicit softmax, patch drop rate, torch.compile); the first row is the loop before this work
 VIT_LEVERS = [

@@ -15,14 +15,13 @@ import vitlab
 from vitlab.checkpoint import load_checkpoint, save_checkpoint
 from vitlab.cifarnet import CifarResNet, tta_logits, whitening_filters
 from vitlab.data import load_image_folder, random_crop_flip
+from vitlab.modes import eval_mode, explicit_attention
 from vitlab.train import (
     PRESETS,
     TrainConfig,
     _distill_loss,
     _optimizer,
-    eval_mode,
     evaluate,
-    explicit_attention,
     lr_at,
     train,
     warm_start,

@@ -199,7 +199,7 @@ def test_other_configs_reject_bad_fields():
         BiTConfig(stem="tiny")
     with pytest.raises(ValueError, match="layers"):
         BiTConfig(layers=())
-    with pytest.raises(TypeError, match="ViTConfig, HybridConfig or BiTConfig"):
+    with pytest.raises(TypeError, match="ViTConfig, HybridConfig, BiTConfig or CifarNetConfig"):
         vitlab.build_model({"kind": "vit"})
 
 

@@ -28,7 +28,11 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from vitlab.modes import eval_mode
+
 __all__ = [
+    "HEAD_FUSIONS",
+    "fuse_heads",
     "AttentionCaptureError",
     "AttentionCapture",
     "capture_attention",
@@ -181,12 +185,8 @@ class AttentionCapture:
             attn = attn[..., q, :]
         else:
             attn = attn[..., torch.as_tensor(list(q), device=attn.device), :]
-        if self.head_fusion == "mean":
-            attn = attn.mean(dim=1, keepdim=True)
-        elif self.head_fusion == "max":
-            attn = attn.amax(dim=1, keepdim=True)
-        elif self.head_fusion == "min":
-            attn = attn.amin(dim=1, keepdim=True)
+        if self.head_fusion is not None:
+            attn = fuse_heads(attn, self.head_fusion, dim=1, keepdim=True)
         return attn
 
     def _record(self, layer: int, branch: int, attn: Tensor, num_heads: int) -> None:
@@ -353,7 +353,6 @@ def capture_attention(
     if isinstance(blocks, (nn.Sequential, nn.ModuleList)) and any(hasattr(b, "window_size") for b in blocks):
         cap.global_layers = tuple(i for i, b in enumerate(blocks) if not getattr(b, "window_size", 0))
 
-    modes = [(m, m.training) for m in model.modules()]
     fused: list[tuple[nn.Module, bool]] = []
     handles: list[torch.utils.hooks.RemovableHandle] = []
     active_recorders: list[_SoftmaxRecorder] = []
@@ -373,35 +372,48 @@ def capture_attention(
         handles.append(module.register_forward_pre_hook(pre))
         handles.append(module.register_forward_hook(post, always_call=True))
 
-    try:
-        model.eval()
-        for i in chosen:
-            for b, m in enumerate(found[i].modules):
-                if hasattr(m, "fused_attn"):
-                    fused.append((m, m.fused_attn))
-                    m.fused_attn = False
-                heads = int(m.num_heads)
-                drop = getattr(m, "attn_drop", None)
-                if isinstance(drop, nn.Module):
-                    handles.append(drop.register_forward_hook(
-                        lambda _m, _a, out, i=i, b=b, h=heads: cap._record(i, b, out, h)))
-                else:
-                    softmax_hooks(m, lambda a, i=i, b=b, h=heads: cap._record(i, b, a, h))
-        if pool_module is not None:
-            if hasattr(pool_module, "fused_attn"):
-                fused.append((pool_module, pool_module.fused_attn))
-                pool_module.fused_attn = False
-            softmax_hooks(pool_module, lambda a: cap.pool.append(a.detach().float()))
-        yield cap
-    finally:
-        for h in handles:
-            h.remove()
-        while active_recorders:  # a forward raised between pre- and post-hook
-            active_recorders.pop().__exit__(None, None, None)
-        for m, flag in fused:
-            m.fused_attn = flag
-        for m, flag in modes:
-            m.training = flag
+    with eval_mode(model):  # every module's own mode comes back after the block
+        try:
+            for i in chosen:
+                for b, m in enumerate(found[i].modules):
+                    if hasattr(m, "fused_attn"):
+                        fused.append((m, m.fused_attn))
+                        m.fused_attn = False
+                    heads = int(m.num_heads)
+                    drop = getattr(m, "attn_drop", None)
+                    if isinstance(drop, nn.Module):
+                        handles.append(drop.register_forward_hook(
+                            lambda _m, _a, out, i=i, b=b, h=heads: cap._record(i, b, out, h)))
+                    else:
+                        softmax_hooks(m, lambda a, i=i, b=b, h=heads: cap._record(i, b, a, h))
+            if pool_module is not None:
+                if hasattr(pool_module, "fused_attn"):
+                    fused.append((pool_module, pool_module.fused_attn))
+                    pool_module.fused_attn = False
+                softmax_hooks(pool_module, lambda a: cap.pool.append(a.detach().float()))
+            yield cap
+        finally:
+            for h in handles:
+                h.remove()
+            while active_recorders:  # a forward raised between pre- and post-hook
+                active_recorders.pop().__exit__(None, None, None)
+            for m, flag in fused:
+                m.fused_attn = flag
+
+
+HEAD_FUSIONS = ("mean", "max", "min")
+
+
+def fuse_heads(attn: Tensor, how: str, dim: int = 1, keepdim: bool = False) -> Tensor:
+    """Fuse the heads axis ``dim`` of attention maps by ``how`` in ``HEAD_FUSIONS`` (mean, max or min), as
+    Abnar & Zuidema's rollout and the vit-explain code do; e.g. (B, H, T, T) -> (B, T, T)."""
+    if how == "mean":
+        return attn.mean(dim=dim, keepdim=keepdim)
+    if how == "max":
+        return attn.amax(dim=dim, keepdim=keepdim)
+    if how == "min":
+        return attn.amin(dim=dim, keepdim=keepdim)
+    raise ValueError(f"head fusion must be one of {HEAD_FUSIONS}, got {how!r}")
 
 
 def attention_maps(

@@ -13,12 +13,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import timm
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vitlab.errors import ModelLoadError
+from vitlab.provenance import versions
 from vitlab.zoo import ModelConfig, build_model, config_from_dict, config_to_dict
 
 __all__ = ["save_checkpoint", "load_checkpoint", "model_card", "CONFIG_NAME", "WEIGHTS_NAME"]
@@ -103,7 +103,7 @@ def _meta_json(model: nn.Module, cfg: ModelConfig, extra: dict[str, Any] | None)
         "format_version": FORMAT_VERSION,
         "config": config_to_dict(cfg),
         "pretrained_cfg": {k: list(v) if isinstance(v, tuple) else v for k, v in pcfg.items()},
-        "versions": {"torch": torch.__version__, "timm": timm.__version__},
+        "versions": versions(),
         **extra,
     }
     try:

@@ -59,7 +59,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from vitlab.export import export_run
 
-    facts = export_run(args.run_dir, args.out, command=args.command_line, hardware=args.hardware)
+    facts = export_run(args.run_dir, args.out, command=args.command_line, hardware=args.hardware, goal=args.goal)
     print(json.dumps(facts, indent=2))
     return 0
 
@@ -70,6 +70,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
     import vitlab
     from vitlab.data import load_dataset, nested_subsets
     from vitlab.features import extract_features
+    from vitlab.probe import DEFAULT_L2
+
+    if args.l2 is None:
+        args.l2 = DEFAULT_L2
     from vitlab.probe import few_shot_accuracy, format_table, linear_probe_accuracy
 
     if min(args.shots) < 1 or args.seeds < 1:
@@ -95,10 +99,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
     print(format_table(res, full))
     if args.json:
         from vitlab.checkpoint import atomic_write_text
+        from vitlab.provenance import versions
 
         out = {"model": args.model, "data": args.data, "l2": args.l2, "train": len(train), "test": len(test),
                "few_shot": {k: dataclasses.asdict(r) for k, r in res.items()}, "linear_probe": full,
-               "versions": {"vitlab": vitlab.__version__, "torch": torch.__version__}}
+               "versions": versions()}
         atomic_write_text(args.json, json.dumps(out, indent=2) + "\n")
     return 0
 
@@ -218,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True, help="output folder, e.g. data/checkpoints/vit_cifar10")
     sp.add_argument("--command-line", required=True, help="the training command, recorded on the card")
     sp.add_argument("--hardware", help="where it trained (default: this machine)")
+    sp.add_argument("--goal", type=float, help="accuracy goal drawn on the learning curve, e.g. 0.9")
     sp.set_defaults(func=cmd_export)
 
     sp = sub.add_parser("probe", help="few-shot linear probe (paper section 4.1) of a model's frozen features")
@@ -227,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25], help="examples per class (default 1 5 "
                     "10 25)")
     sp.add_argument("--seeds", type=int, default=3, help="random draws per shot count (default 3)")
-    sp.add_argument("--l2", type=float, default=2.0**10, help="ridge regularisation (default 2**10, as big_vision)")
+    sp.add_argument("--l2", type=float, default=None,
+                    help="ridge regularisation (default vitlab.probe.DEFAULT_L2 = 2**10, as big_vision)")
     sp.add_argument("--no-full", dest="full", action="store_false",
                     help="skip the logistic-regression probe on all training features")
     sp.add_argument("--max-train", type=int, help="use a class-balanced subset of this many training images")

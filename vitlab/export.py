@@ -20,6 +20,7 @@ from torch import nn
 
 from vitlab.checkpoint import load_checkpoint, save_checkpoint
 from vitlab.data import ImageArray, load_dataset
+from vitlab.provenance import versions
 
 CARD_NAME = "MODEL_CARD.md"
 
@@ -41,7 +42,7 @@ def timm_pipeline_accuracy(model: nn.Module, data: ImageArray, batch_size: int =
 
 
 def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: str,
-               dtype: torch.dtype = torch.float16, hardware: str | None = None) -> dict:
+               dtype: torch.dtype = torch.float16, hardware: str | None = None, goal: float | None = None) -> dict:
     """Write ``out`` (checkpoint + ``MODEL_CARD.md``) from the last checkpoint of ``run_dir``; returns the card facts."""
     run = Path(run_dir)
     ck = run / "checkpoint"
@@ -71,7 +72,7 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
         "test_accuracy": acc,
         "test_accuracy_tta": acc_tta if tta else None,
         "tta_level": tta,
-        "train_hours": round((meta.get("train_seconds") or 0) / 3600, 3),
+        "train_hours": round(sum(h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0) for h in history) / 3600, 3),
         "warm_start_from": train_cfg.get("init_from"),
         "teacher": train_cfg.get("teacher"),
         "distill": train_cfg.get("distill") if train_cfg.get("teacher") else None,
@@ -79,31 +80,31 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
         "parameters": sum(p.numel() for p in shipped.parameters()),
         "file_bytes": (Path(out) / "model.safetensors").stat().st_size,
         "dtype": str(dtype).replace("torch.", ""),
-        "versions": {"torch": torch.__version__, "timm": timm.__version__},
+        "versions": versions(),
     }
     from vitlab.models import DEFAULT_CHECKPOINT
 
     facts["path"] = str(out)
     facts["is_default"] = Path(out).resolve() == Path(DEFAULT_CHECKPOINT).resolve()
-    facts["learning_curve"] = _learning_curve(history, Path(out) / "learning_curve.png", facts)
+    facts["learning_curve"] = _learning_curve(history, Path(out) / "learning_curve.png", facts, goal)
     (Path(out) / CARD_NAME).write_text(_card(facts, train_cfg, history, shipped))
     (Path(out) / "card.json").write_text(json.dumps(facts, indent=2) + "\n")
     return facts
 
 
-def _learning_curve(history: list[dict], path: Path, facts: dict) -> str:
+def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | None) -> str:
     """Test accuracy against cumulative training hours, as a plotly PNG beside the card; returns the outcome."""
     from vitlab.plots import learning_curve
     from vitlab.static import write_images
 
     hours, acc, t = [], [], 0.0
     for h in history:
-        t += h.get("epoch_seconds", 0.0) / 3600
+        t += (h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0)) / 3600  # wall clock, evaluation included
         if h.get("test_accuracy") is not None:
             hours.append(t)
             acc.append(h["test_accuracy"])
     title = f"{facts['data']['train'] if facts.get('data') else ''}: test accuracy against CPU training hours"
-    fig = learning_curve(hours, acc, title=title, final=facts["test_accuracy"])
+    fig = learning_curve(hours, acc, title=title, final=facts["test_accuracy"], goal=goal)
     return write_images([fig], [path], scale=2)
 
 
@@ -124,7 +125,7 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
 * **Test accuracy: {f['test_accuracy']:.2%}** on the {f['data']['test'] if f.get('data') else 'test'} split
   ({f['dtype']} weights as shipped, through `timm.data.resolve_data_config({{}}, model=model)` and
   `timm.data.create_transform(**cfg)`).{tta_line}
-* Training time: {f['train_hours']:.2f} h of wall clock{start_line}{teacher_line}.
+* Training time: {f['train_hours']:.2f} h of wall clock, evaluations included{start_line}{teacher_line}.
 * Learning curve: `learning_curve.png` (test accuracy against training hours; {f['learning_curve']}).
 * Command: `{f['command']}`
 * Epochs: {f['epochs_done']} of {f['epochs_planned']} planned{'' if done else ' (the run is not finished; it resumes with --resume)'}.

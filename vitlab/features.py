@@ -11,13 +11,13 @@ import hashlib
 import json
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from vitlab.checkpoint import atomic_write
-from vitlab.data import ImageArray, cache_dir
+from vitlab.data import ImageArray, cache_dir, normalize
+from vitlab.modes import eval_mode
 
 __all__ = ["extract_features", "feature_key", "preprocess_uint8"]
 
@@ -54,16 +54,10 @@ def feature_key(model: nn.Module, data: ImageArray) -> str:
 
 
 def preprocess_uint8(images: Tensor, transform: dict) -> Tensor:
-    """(B, H, W, 3) uint8 -> (B, 3, h, w) float32 resized to the model's input (bicubic, antialiased) and
-    normalised with its mean and std."""
-    x = images.permute(0, 3, 1, 2).float().div_(255)
-    size = tuple(transform["input_size"])
-    if tuple(x.shape[-2:]) != size:
-        mode = "bilinear" if transform["interpolation"] == "bilinear" else "bicubic"
-        x = F.interpolate(x, size=size, mode=mode, antialias=True, align_corners=False).clamp_(0, 1)
-    mean = torch.tensor(transform["mean"]).view(1, 3, 1, 1)
-    std = torch.tensor(transform["std"]).view(1, 3, 1, 1)
-    return (x - mean) / std
+    """(B, H, W, 3) uint8 -> (B, 3, h, w) float32 as ``transform`` (a timm data config) says: ``vitlab.data.normalize``
+    at the model's input size."""
+    return normalize(images, transform["mean"], transform["std"], size=tuple(transform["input_size"])[-2:],
+                     interpolation=transform["interpolation"])
 
 
 @torch.no_grad()
@@ -85,17 +79,13 @@ def extract_features(model: nn.Module, data: ImageArray, batch_size: int = 128, 
             return load_file(path)["features"]
     tf = _transform(model)
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     out = []
-    try:
+    with eval_mode(model):
         starts = range(0, len(data), batch_size)
         for i in tqdm(starts, desc="features", disable=progress is False or (progress is None and len(starts) < 4),
                       leave=False):
             x = preprocess_uint8(data.images[i:i + batch_size], tf).to(device)
             out.append(model.forward_head(model.forward_features(x), pre_logits=True).float().cpu())
-    finally:
-        model.train(was_training)
     feats = torch.cat(out) if out else torch.empty(0, 0)
     if path is not None:
         atomic_write(path, lambda tmp: save_file({"features": feats.contiguous()}, tmp,

@@ -34,6 +34,7 @@ from vitlab.inspect.compare import compare_methods
 from vitlab.inspect.distance import attention_distance_from_maps
 from vitlab.inspect.rollout import readout_vector
 from vitlab.plots import curves, filter_grid, image_grid_with_maps, layer_lines, similarity_tiles, table_figure
+from vitlab.provenance import versions
 from vitlab.static import write_images
 
 
@@ -164,7 +165,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         "model": str(model or "embedded default"),
         "weights": getattr(net, "vitlab_checkpoint", {}).get("path") or net.pretrained_cfg.get("hf_hub_id") or
         ("pretrained" if pretrained else "random"),
-        "versions": {"vitlab": vitlab.__version__, "torch": torch.__version__, "timm": timm.__version__},
+        "versions": versions(),
         "images": f"{len(names)} from {images}" if images else f"{len(names)} crops of scikit-learn's sample photos",
     }
     metrics: dict = {**base, "model_info": {k: list(v) if isinstance(v, tuple) else v for k, v in info.__dict__.items()},
@@ -346,6 +347,6 @@ def _shapes_localisation(n: int = 32) -> tuple[list, dict] | None:
     rows, _ = compare_methods(net, x, data.labels, masks=data.masks, progress=False)
     chance = float(data.masks.double().mean())
     stamp = {"model": "vit_shapes (shipped)", "weights": str(SHAPES_CHECKPOINT), "images": f"{n} test shapes (seed 1)",
-             "versions": {"vitlab": vitlab.__version__, "torch": torch.__version__, "timm": timm.__version__},
+             "versions": versions(),
              "settings": {"target": "true class", "steps": 16, "baseline": "blur"}, "chance": chance}
     return rows, stamp

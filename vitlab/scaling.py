@@ -23,7 +23,6 @@ import fcntl
 import json
 import math
 import os
-import platform
 import tempfile
 import time
 import traceback
@@ -36,25 +35,19 @@ import torch
 from tqdm.auto import tqdm
 
 from vitlab.data import ImageArray, load_dataset, nested_subsets
-from vitlab.zoo import BiTConfig, ViTConfig
+from vitlab.probe import DEFAULT_L2
+from vitlab.provenance import provenance
+from vitlab.zoo import BiTConfig, ViTConfig, cifar_bit, cifar_vit
 
 __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "run_one", "run_sweep", "summarise"]
 
 
 def _vit(**kw: Any) -> ViTConfig:
-    from vitlab.train import CIFAR_PRE
-
-    base = dict(embed_dim=128, depth=6, num_heads=4, mlp_dim=256, patch_size=4, img_size=32, num_classes=10,
-                drop_path_rate=0.0, preprocess=CIFAR_PRE)
-    return ViTConfig(**{**base, **kw})
+    return cifar_vit(**{**dict(embed_dim=128, depth=6, num_heads=4, mlp_dim=256, drop_path_rate=0.0), **kw})
 
 
 def _bit(**kw: Any) -> BiTConfig:
-    from vitlab.train import CIFAR_PRE
-
-    base = dict(layers=(2, 2, 2, 2), channels=(32, 64, 128, 256), basic=True, num_classes=10, img_size=32,
-                stem="cifar", preprocess=CIFAR_PRE)
-    return BiTConfig(**{**base, **kw})
+    return cifar_bit(**kw)
 
 
 # Model families of the sweep: small enough that a grid trains on a CPU in under an hour.
@@ -83,7 +76,7 @@ class SweepConfig:
     lr: float = 1e-3
     shots: tuple[int, ...] = (1, 5, 10, 25)
     probe_seeds: tuple[int, ...] = (0, 1, 2)
-    l2: float = 2.0**10
+    l2: float = DEFAULT_L2
     probe_pool_per_class: int = 100  # training examples per probe class the shots are drawn from
     probe_test_per_class: int = 200  # test examples per probe class
 
@@ -210,22 +203,6 @@ def _train_config(sweep: SweepConfig, spec: RunSpec, n: int):
     return TrainConfig(model=model, data=f"{sweep.data}[classes {list(sweep.pretrain_classes)}, n={n}]",
                        epochs=epochs, batch_size=min(sweep.batch_size, n), lr=sweep.lr, warmup_epochs=min(1.0, epochs / 5),
                        mixup_prob=0.0, seed=spec.seed, eval_every=epochs)
-
-
-def provenance() -> dict:
-    import timm
-
-    import vitlab
-
-    commit = None
-    with contextlib.suppress(Exception):
-        import subprocess
-
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    return {"vitlab": vitlab.__version__, "torch": torch.__version__, "timm": timm.__version__,
-            "python": platform.python_version(), "host": platform.node(), "machine": platform.machine(),
-            "git_commit": commit, "threads": torch.get_num_threads()}
 
 
 def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | None = None,

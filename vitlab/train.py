@@ -14,13 +14,11 @@ checkpoint.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
 import os
 import shutil
-import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -36,22 +34,22 @@ from torch import Tensor, nn
 
 from vitlab.checkpoint import load_checkpoint, replace_dir, save_checkpoint
 from vitlab.data import ImageArray, load_dataset, normalize, random_crop_flip
+from vitlab.modes import eval_mode, explicit_attention
+from vitlab.provenance import provenance
 from vitlab.zoo import (
-    CIFAR_MEAN,
-    CIFAR_STD,
+    CIFAR_PRE,
     BiTConfig,
     CifarNetConfig,
     HybridConfig,
-    Preprocess,
     ViTConfig,
     build_model,
+    cifar_bit,
+    cifar_vit,
     config_from_dict,
     config_to_dict,
 )
 
-__all__ = ["TrainConfig", "PRESETS", "train", "TrainingDiverged", "evaluate"]
-
-CIFAR_PRE = Preprocess(mean=CIFAR_MEAN, std=CIFAR_STD, interpolation="bicubic", crop_pct=1.0)
+__all__ = ["TrainConfig", "PRESETS", "train", "TrainingDiverged", "evaluate", "load_teacher", "warm_start"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -111,13 +109,6 @@ class TrainConfig:
             raise ValueError("teacher= needs a ViT with a distillation token: set the model's distilled=True")
 
 
-def _vit32(**kw: Any) -> ViTConfig:
-    base = dict(embed_dim=256, depth=7, num_heads=4, mlp_dim=512, patch_size=4, img_size=32, num_classes=10,
-                drop_path_rate=0.1, preprocess=CIFAR_PRE)
-    base.update(kw)
-    return ViTConfig(**base)
-
-
 #: The distillation teacher's checkpoint (``vitlab train --preset resnet_cifar10`` exported there).
 TEACHER_CIFAR10 = "data/checkpoints/resnet_cifar10"
 
@@ -125,7 +116,7 @@ PRESETS: dict[str, TrainConfig] = {
     # The default ViT for 32 px images: ViT-Lite-7/4 of the CCT paper (4 px patches, 64 tokens, 7 blocks, 256 wide)
     # with DeiT's distillation token, learning from the resnet_cifar10 teacher's hard decisions; half of the patch
     # tokens dropped at random in training (2x the images/s on CPU; evaluation sees all of them).
-    "vit_cifar10": TrainConfig(model=_vit32(distilled=True, patch_drop_rate=0.5), epochs=100, batch_size=256,
+    "vit_cifar10": TrainConfig(model=cifar_vit(distilled=True, patch_drop_rate=0.5), epochs=100, batch_size=256,
                                lr=1e-3, weight_decay=0.05, randaugment="rand-m9-n2-mstd0.5", teacher=TEACHER_CIFAR10),
     # The teacher: a fast residual CNN (vitlab.cifarnet) with the airbench recipe translated to a mean loss at
     # batch 512 (Nesterov SGD, lr 0.75 = 11.5 per 1024 examples over 1 + 1/(1 - 0.85), BatchNorm shifts at 64x
@@ -137,22 +128,21 @@ PRESETS: dict[str, TrainConfig] = {
         crop_pad_mode="reflect", mixup_prob=0.0, eval_tta=2, channels_last=True),
     "bit_cifar10": TrainConfig(
         # BiT-style ResNet-18 at half width (pre-activation, GroupNorm, weight standardisation): 2.8M parameters
-        model=BiTConfig(layers=(2, 2, 2, 2), channels=(32, 64, 128, 256), basic=True, num_classes=10, img_size=32,
-                        stem="cifar", preprocess=CIFAR_PRE),
+        model=cifar_bit(),
         epochs=200, batch_size=128, lr=1e-3, weight_decay=0.05, randaugment="rand-m9-n2-mstd0.5"),
     "hybrid_cifar10": TrainConfig(
-        model=HybridConfig(vit=_vit32(patch_size=2, depth=6), layers=(1, 1), stem="cifar"),
+        model=HybridConfig(vit=cifar_vit(patch_size=2, depth=6), layers=(1, 1), stem="cifar"),
         epochs=200, batch_size=128, lr=1e-3, weight_decay=0.05, randaugment="rand-m9-n2-mstd0.5"),
     # The shapes ViT: 8 px patches (a 4x4 grid). With 4 px patches this small ViT stayed near chance for
     # thousands of steps on 8,000 images; with 8 px it escapes the chance plateau after a few epochs, but
     # not for every seed: seed 0 (and label_smoothing=0) still sat at chance after 15 epochs, seed 1 left
     # it by epoch 5 and reached 90% (the shipped model).
-    "vit_shapes": TrainConfig(model=_vit32(depth=4, embed_dim=128, num_heads=4, mlp_dim=256, num_classes=4,
+    "vit_shapes": TrainConfig(model=cifar_vit(depth=4, embed_dim=128, num_heads=4, mlp_dim=256, num_classes=4,
                                            patch_size=8, drop_path_rate=0.0),
                               data="shapes", epochs=40, batch_size=64, lr=1e-3, warmup_epochs=1.0, mixup_prob=0.0,
                               crop_padding=2, seed=1),
     # Tiny: for tests; trains in seconds.
-    "tiny": TrainConfig(model=_vit32(depth=2, embed_dim=32, num_heads=2, mlp_dim=64, drop_path_rate=0.0),
+    "tiny": TrainConfig(model=cifar_vit(depth=2, embed_dim=32, num_heads=2, mlp_dim=64, drop_path_rate=0.0),
                         epochs=2, batch_size=16, lr=1e-3, warmup_epochs=0.5, mixup_prob=0.0, bf16=False),
 }
 
@@ -269,35 +259,6 @@ def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bo
     return correct / len(data)
 
 
-@contextlib.contextmanager
-def eval_mode(model: nn.Module):
-    """Every module in eval mode inside the block; each module's own mode restored afterwards."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield model
-    finally:
-        for m, was in modes:
-            m.training = was
-
-
-@contextlib.contextmanager
-def explicit_attention(model: nn.Module, enabled: bool = True):
-    """Attention through the explicit softmax (``fused_attn = False``) inside the block, restored afterwards.
-
-    On CPU the backward of ``scaled_dot_product_attention`` is the slow part of a small ViT's step; the explicit
-    path computes the same function (timm tests the two against each other)."""
-    mods = [m for m in model.modules() if hasattr(m, "fused_attn")] if enabled else []
-    saved = [m.fused_attn for m in mods]
-    for m in mods:
-        m.fused_attn = False
-    try:
-        yield model
-    finally:
-        for m, f in zip(mods, saved):
-            m.fused_attn = f
-
-
 def load_teacher(path: str | os.PathLike, device: torch.device) -> nn.Module:
     """A frozen teacher in eval mode from a vitlab checkpoint folder (relative paths: to the cwd, then the repo)."""
     p = Path(path)
@@ -351,11 +312,6 @@ def _write_run_checkpoint(run: Path, model: nn.Module, opt: torch.optim.Optimize
         replace_dir(ck, run / "checkpoint")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _environment() -> dict[str, Any]:
-    return {"torch": torch.__version__, "timm": timm.__version__, "host": socket.gethostname(),
-            "cpu_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
 
 
 @dataclass(frozen=True)
@@ -579,16 +535,18 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
                                   "images_per_second": round(seen * d.world / (time.time() - t0), 1)}
         if d.main:
             last = epoch + 1 == cfg.epochs
+            t_eval = time.time()
             if cfg.eval_every and ((epoch + 1) % cfg.eval_every == 0 or last):
                 record["test_accuracy"] = evaluate(model, test_data, bf16=cfg.bf16)
                 if ema is not None:
                     record["test_accuracy_ema"] = evaluate(ema.module, test_data, bf16=cfg.bf16)
                 if cfg.eval_tta and last:
                     record["test_accuracy_tta"] = evaluate(model, test_data, bf16=cfg.bf16, tta=cfg.eval_tta)
+            record["eval_seconds"] = round(time.time() - t_eval, 2)
             state = {"epoch": epoch + 1, "train_seconds": round(elapsed, 1), "metrics": record,
                      "data": {"train": train_data.source, "test": test_data.source,
                               "train_examples": len(train_data)},
-                     "environment": {**_environment(), "world_size": d.world, "device": str(d.device)}}
+                     "environment": provenance(world_size=d.world, device=str(d.device))}
             _write_run_checkpoint(run, model, opt, ema, state, cfg)
             with open(run / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")

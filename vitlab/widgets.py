@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 import vitlab
+from vitlab.capture import HEAD_FUSIONS, fuse_heads
 from vitlab.info import model_info
 from vitlab.inspect import (
     attention_distance_from_maps,
@@ -129,13 +130,7 @@ class AttentionExplorer:
     def _fuse(self, a: Tensor) -> Tensor:
         """(H, ...) -> (...): one head or a fusion over heads."""
         h = self.head.value
-        if h == "mean":
-            return a.mean(0)
-        if h == "max":
-            return a.amax(0)
-        if h == "min":
-            return a.amin(0)
-        return a[int(h.split()[1])]
+        return fuse_heads(a, h, dim=0) if h in HEAD_FUSIONS else a[int(h.split()[1])]
 
     # ------------------------------------------------------------------ events
     def update(self) -> None:

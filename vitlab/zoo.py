@@ -34,6 +34,9 @@ __all__ = [
     "VIT_SIZES",
     "CIFAR_MEAN",
     "CIFAR_STD",
+    "CIFAR_PRE",
+    "cifar_vit",
+    "cifar_bit",
     "IMAGENET_INCEPTION",
     "Preprocess",
     "ViTConfig",
@@ -70,6 +73,11 @@ class Preprocess:
     std: tuple[float, float, float] = CIFAR_STD
     interpolation: str = "bicubic"
     crop_pct: float = 1.0
+
+
+#: The preprocessing of the 32 px models vitlab trains on CIFAR (its statistics, bicubic, no crop): a property of
+#: the data the models see, stored with every checkpoint.
+CIFAR_PRE = Preprocess(mean=CIFAR_MEAN, std=CIFAR_STD, interpolation="bicubic", crop_pct=1.0)
 
 
 def _size2(v: int | tuple[int, int] | list[int], what: str = "img_size") -> tuple[int, int]:
@@ -212,6 +220,22 @@ class CifarNetConfig:
         if not isinstance(self.whiten_kernel, int) or self.whiten_kernel < 1:
             raise ValueError(f"whiten_kernel must be a positive int, got {self.whiten_kernel!r}")
         _size2(self.img_size)
+
+
+def cifar_vit(**overrides: Any) -> ViTConfig:
+    """A ViT for 32 px images with CIFAR preprocessing; by default ViT-Lite-7/4 of Hassani et al. (CCT paper):
+    4 px patches (an 8 x 8 grid), 7 blocks, width 256, 4 heads, MLP 512, drop-path 0.1, 10 classes."""
+    base: dict[str, Any] = dict(embed_dim=256, depth=7, num_heads=4, mlp_dim=512, patch_size=4, img_size=32,
+                                num_classes=10, drop_path_rate=0.1, preprocess=CIFAR_PRE)
+    return ViTConfig(**{**base, **overrides})
+
+
+def cifar_bit(**overrides: Any) -> BiTConfig:
+    """A BiT-style ResNet for 32 px images (3x3 stride-1 stem, CIFAR preprocessing); by default a pre-activation
+    ResNet-18 at half width (basic blocks, widths 32/64/128/256), 10 classes."""
+    base: dict[str, Any] = dict(layers=(2, 2, 2, 2), channels=(32, 64, 128, 256), basic=True, num_classes=10,
+                                img_size=32, stem="cifar", preprocess=CIFAR_PRE)
+    return BiTConfig(**{**base, **overrides})
 
 
 ModelConfig = ViTConfig | HybridConfig | BiTConfig | CifarNetConfig

@@ -22,8 +22,8 @@ from torch import Tensor, nn
 
 from vitlab.capture import capture_attention
 from vitlab.info import ModelInfo, model_info
-from vitlab.inspect._modes import eval_mode, frozen_parameters
 from vitlab.inspect.rollout import attention_rollout, readout_vector
+from vitlab.modes import eval_mode, frozen_parameters
 
 __all__ = ["gradient_rollout", "integrated_gradients", "occlusion", "patch_mask", "ATTRIBUTION_METHODS",
            "attribution", "predicted_class"]

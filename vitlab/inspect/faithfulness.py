@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitlab.info import model_info
-from vitlab.inspect._modes import eval_mode
 from vitlab.inspect.attribution import patch_mask, predicted_class
+from vitlab.modes import eval_mode
 
 __all__ = ["deletion_insertion", "randomization_sanity", "localisation", "rank_correlation", "randomized_copy"]
 

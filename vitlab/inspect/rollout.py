@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import capture_attention
+from vitlab.capture import HEAD_FUSIONS, capture_attention, fuse_heads
 from vitlab.info import model_info
 
 
@@ -24,17 +24,16 @@ def _check(maps: Tensor, discard_ratio: float, residual: float, start_layer: int
         raise ValueError(f"residual must be in [0, 1], got {residual}")
     if not 0 <= start_layer < maps.shape[0]:
         raise ValueError(f"start_layer must be in [0, {maps.shape[0]}), got {start_layer}")
-    if head_fusion not in _FUSE:
+    if head_fusion not in HEAD_FUSIONS:
         raise ValueError(f"head_fusion must be 'mean', 'max' or 'min', got {head_fusion!r}")
 
 
-_FUSE = {"mean": lambda a: a.mean(1), "max": lambda a: a.amax(1), "min": lambda a: a.amin(1)}
 
 
 def _layer_matrix(layer_maps: Tensor, head_fusion: str, discard_ratio: float, residual: float) -> Tensor:
     """(B, H, T, T) one layer's maps -> (B, T, T) float64 ``residual * I + (1 - residual) * A``, rows summing to 1."""
     B, _, T, _ = layer_maps.shape
-    a = _FUSE[head_fusion](layer_maps).double()  # fuse in the maps' precision, then float64
+    a = fuse_heads(layer_maps, head_fusion).double()  # fuse in the maps' precision, then float64
     k = int(T * T * discard_ratio)
     if k:
         flat = a.reshape(B, T * T)

@@ -1,0 +1,56 @@
+"""Temporary model states, always restored (also when the body raises): the one home for mode juggling.
+
+``eval_mode`` (every module's own train/eval flag), ``frozen_parameters`` (``requires_grad``) and
+``explicit_attention`` (timm's per-module ``fused_attn`` flag). Nothing here imports the rest of vitlab.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from torch import nn
+
+__all__ = ["eval_mode", "frozen_parameters", "explicit_attention"]
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Every submodule in eval mode inside the block (no dropout, no drop-path); each one's own mode restored
+    after, so a model whose submodules were in mixed modes comes back exactly as it was."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+@contextlib.contextmanager
+def frozen_parameters(model: nn.Module) -> Iterator[None]:
+    """Parameters stop requiring grad inside the block (so nothing accumulates in ``.grad``); restored after."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+@contextlib.contextmanager
+def explicit_attention(model: nn.Module, enabled: bool = True) -> Iterator[nn.Module]:
+    """Attention through the explicit softmax (each module's boolean ``fused_attn`` set False) inside the block,
+    every flag restored after. Capture needs it (no softmax runs inside SDPA); training on CPU uses it because
+    the explicit path's backward is about 2x faster there; timm tests the two paths against each other."""
+    mods = [m for m in model.modules() if isinstance(getattr(m, "fused_attn", None), bool)] if enabled else []
+    saved = [m.fused_attn for m in mods]
+    try:
+        for m in mods:
+            m.fused_attn = False
+        yield model
+    finally:
+        for m, flag in zip(mods, saved):
+            m.fused_attn = flag

@@ -1,0 +1,58 @@
+"""Provenance: the one place that says which code, versions and machine produced a result.
+
+``versions()`` for small stamps (figures, cards, probe JSON), ``provenance()`` for records that must be traceable
+(training runs, sweep rows, reports), ``code_hash()`` for fingerprints that must change when the code does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+__all__ = ["versions", "provenance", "git_commit", "code_hash"]
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def versions() -> dict[str, str]:
+    """vitlab, torch and timm versions."""
+    import timm
+    import torch
+
+    import vitlab
+
+    return {"vitlab": vitlab.__version__, "torch": torch.__version__, "timm": timm.__version__}
+
+
+@functools.cache
+def git_commit() -> str | None:
+    """The commit of the checkout vitlab runs from (None outside a git checkout)."""
+    with contextlib.suppress(Exception):
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=_PACKAGE)
+        return out.stdout.strip() or None
+    return None
+
+
+@functools.cache
+def code_hash() -> str:
+    """A short digest of every ``.py`` file of the installed vitlab package (names and contents): two results with
+    the same hash were produced by the same code, committed or not."""
+    h = hashlib.blake2b(digest_size=8)
+    for p in sorted(_PACKAGE.rglob("*.py")):
+        h.update(p.relative_to(_PACKAGE).as_posix().encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def provenance(**extra: Any) -> dict[str, Any]:
+    """Versions, code (commit and source hash), Python, host and torch threads, plus ``extra``."""
+    import torch
+
+    return {**versions(), "python": platform.python_version(), "git_commit": git_commit(), "code_hash": code_hash(),
+            "host": platform.node(), "machine": platform.machine(), "threads": torch.get_num_threads(),
+            "cuda": torch.cuda.is_available(), **extra}
