@@ -28,7 +28,7 @@ MODEL = os.environ.get("VITLAB_MODEL") or None  # None: the embedded default; or
 
 # %%
 import vitlab
-from vitlab.report import embedded_images
+from vitlab.images import embedded_images
 
 model = vitlab.load_model(MODEL)
 info = vitlab.model_info(model)

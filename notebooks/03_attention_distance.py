@@ -27,8 +27,8 @@ N_IMAGES = 8 if SMOKE else 38  # the embedded photos give 38 distinct crops
 
 # %%
 import vitlab
+from vitlab.images import embedded_images
 from vitlab.plots import layer_lines
-from vitlab.report import embedded_images
 
 model = vitlab.load_model(MODEL)
 _, x, _ = embedded_images(model, N_IMAGES)

@@ -30,9 +30,9 @@ N_IMAGES = 4 if SMOKE else 16
 import torch
 
 import vitlab
+from vitlab.images import embedded_images
 from vitlab.inspect import ATTRIBUTION_METHODS
 from vitlab.plots import image_grid_with_maps
-from vitlab.report import embedded_images
 
 model = vitlab.load_model(MODEL)
 names, x, shown = embedded_images(model, N_IMAGES)
@@ -51,7 +51,7 @@ for r in rows:
 
 # %%
 from vitlab.data import load_shapes, normalize
-from vitlab.report import SHAPES_CHECKPOINT
+from vitlab.models import SHAPES_CHECKPOINT
 
 shapes_model = vitlab.load_model(str(SHAPES_CHECKPOINT))
 data = load_shapes("test", n=8 if SMOKE else 64)

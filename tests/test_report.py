@@ -9,7 +9,7 @@ from conftest import tiny_bit, tiny_vit
 
 import vitlab
 from vitlab.cli import main
-from vitlab.report import embedded_images
+from vitlab.images import embedded_images
 from vitlab.static import find_chromium
 
 FIGURES = {"filters", "positions", "positions_resampled", "distance", "rollout", "faithfulness", "faithfulness_curves",
@@ -43,7 +43,7 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint):
 
 
 def test_reproduce_scores_localisation_on_the_shipped_shapes_model(tmp_path, checkpoint):
-    from vitlab.report import SHAPES_CHECKPOINT
+    from vitlab.models import SHAPES_CHECKPOINT
 
     if not (SHAPES_CHECKPOINT / "model.safetensors").exists():
         pytest.skip("no shapes checkpoint shipped yet")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from vitlab.atomic import replace_dir, rmtree_quiet
 from vitlab.errors import ModelLoadError
 from vitlab.provenance import versions
 from vitlab.zoo import ModelConfig, build_model, config_from_dict, config_to_dict
 
-__all__ = ["save_checkpoint", "load_checkpoint", "model_card", "CONFIG_NAME", "WEIGHTS_NAME"]
+__all__ = ["save_checkpoint", "load_checkpoint", "model_card", "save_run_checkpoint", "load_run_state", "CONFIG_NAME", "WEIGHTS_NAME"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -66,7 +66,7 @@ def save_checkpoint(
         (tmp / CONFIG_NAME).write_text(text)
         replace_dir(tmp, directory)
     finally:
-        _rmtree(tmp)  # gone already after a successful swap
+        rmtree_quiet(tmp)  # gone already after a successful swap
     return directory
 
 
@@ -123,49 +123,6 @@ def _state_for_saving(model: nn.Module, dtype: torch.dtype | None) -> dict[str, 
             v = v.to(dtype)
         state[k] = v.contiguous()
     return state
-
-
-def atomic_write(path: str | os.PathLike, write) -> Path:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then move it into place in one step:
-    readers see the old file or the new one, never a half-written one; on error nothing is left behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the result should read like any new file
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
-
-
-def replace_dir(tmp: Path, directory: Path) -> None:
-    """Move ``tmp`` to ``directory`` by renames; on failure the previous ``directory`` is restored."""
-    old = None
-    if directory.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
-        old.rmdir()  # only the unique name is wanted: os.replace needs the target not to exist
-        os.replace(directory, old)
-    try:
-        os.replace(tmp, directory)
-    except BaseException:
-        if old is not None and not directory.exists():
-            os.replace(old, directory)
-        raise
-    if old is not None:
-        _rmtree(old)
-
-
-def _rmtree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _read_meta(cfg_file: Path) -> dict[str, Any]:
@@ -245,3 +202,56 @@ def model_card(model: nn.Module) -> dict[str, Any] | None:
     if card is None or not card.is_file():
         return None
     return json.loads(card.read_text())
+
+
+# ---------------------------------------------------------------------------------------------- run checkpoints
+
+
+def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """An optimizer's state as flat tensors (``state.<param index>.<name>``) for safetensors, plus its groups."""
+    sd = opt.state_dict()
+    tensors = {}
+    for idx, st in sd["state"].items():
+        for k, v in st.items():
+            tensors[f"state.{idx}.{k}"] = torch.as_tensor(v).detach().cpu().contiguous()
+    return tensors, {"param_groups": sd["param_groups"]}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, v in tensors.items():
+        _, idx, k = key.split(".", 2)
+        state.setdefault(int(idx), {})[k] = v
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def save_run_checkpoint(directory: str | os.PathLike, model: nn.Module, opt: torch.optim.Optimizer,
+                        ema: nn.Module | None, extra: dict[str, Any]) -> Path:
+    """A resumable training checkpoint, written atomically as one folder: the model checkpoint (``extra`` in its
+    config.json) plus ``optimizer.safetensors`` / ``optimizer.json`` and, with an EMA, ``ema.safetensors``."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        ck = save_checkpoint(model, tmp / directory.name, extra=extra)
+        tensors, meta = _flatten_optimizer(opt)
+        save_file(tensors, str(ck / "optimizer.safetensors"))
+        (ck / "optimizer.json").write_text(json.dumps(meta))
+        if ema is not None:
+            save_file({k: v.detach().cpu().contiguous() for k, v in ema.state_dict().items()},
+                      str(ck / "ema.safetensors"))
+        replace_dir(ck, directory)
+    finally:
+        rmtree_quiet(tmp)
+    return directory
+
+
+def load_run_state(directory: str | os.PathLike, opt: torch.optim.Optimizer, ema: nn.Module | None,
+                   device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Load the optimizer (and EMA) state of a ``save_run_checkpoint`` folder in place; return its config.json."""
+    directory = Path(directory)
+    opt.load_state_dict(_unflatten_optimizer(load_file(str(directory / "optimizer.safetensors")),
+                                             json.loads((directory / "optimizer.json").read_text())))
+    if ema is not None:
+        ema.load_state_dict(load_file(str(directory / "ema.safetensors"), device=str(device)))
+    return json.loads((directory / CONFIG_NAME).read_text())

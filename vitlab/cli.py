@@ -98,7 +98,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
           f"{ftr.shape[1]}-d features, l2 = {args.l2:g}, {args.seeds} seeds")
     print(format_table(res, full))
     if args.json:
-        from vitlab.checkpoint import atomic_write_text
+        from vitlab.atomic import atomic_write_text
         from vitlab.provenance import versions
 
         out = {"model": args.model, "data": args.data, "l2": args.l2, "train": len(train), "test": len(test),
@@ -129,7 +129,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.plot:
         fig = scaling_curves(summarise(records, shots), title=f"Sweep {sweep.name}: {shots}-shot accuracy on held-out "
                              "classes against pre-training set size")
-        from vitlab.checkpoint import atomic_write
+        from vitlab.atomic import atomic_write
 
         if args.plot.endswith(".png"):  # static export through kaleido: needs a Chromium
             from vitlab.static import chromium_for_export, find_chromium
@@ -161,7 +161,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
     import vitlab
-    from vitlab.report import load_images
+    from vitlab.images import load_images
 
     model = vitlab.load_model(args.model, pretrained=args.pretrained)
     names, x, _ = load_images(model, args.images)

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from vitlab.checkpoint import atomic_write
+from vitlab.atomic import atomic_write
 from vitlab.data import ImageArray, cache_dir, normalize
 from vitlab.modes import eval_mode
 

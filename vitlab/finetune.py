@@ -9,7 +9,7 @@ from timm.layers import HybridEmbed, resample_abs_pos_embed
 from timm.models import VisionTransformer
 from torch import nn
 
-from vitlab.zoo import HybridConfig, ModelConfig, ViTConfig, _sincos_grid, _size2
+from vitlab.zoo import HybridConfig, ModelConfig, ViTConfig, sincos_grid, size2
 
 __all__ = ["resize_for_finetuning"]
 
@@ -26,7 +26,7 @@ def resize_for_finetuning(model: nn.Module, img_size: int | tuple[int, int], num
     """
     if not isinstance(model, VisionTransformer):
         raise TypeError(f"resize_for_finetuning needs a timm VisionTransformer, got {type(model).__name__}")
-    size = _size2(img_size)
+    size = size2(img_size)
     if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 0):
         raise ValueError(f"num_classes must be an int >= 0 (0: no head), got {num_classes!r}")
     embed = model.patch_embed
@@ -76,7 +76,7 @@ def _is_sincos(model: VisionTransformer) -> bool:
     n = grid[0] * grid[1]
     if pe.shape[-1] % 4 or pe.shape[1] < n:
         return False
-    table = _sincos_grid(grid, pe.shape[-1], pe.detach())
+    table = sincos_grid(grid, pe.shape[-1], pe.detach())
     return bool(torch.allclose(pe.detach()[0, -n:], table, atol=1e-5))
 
 
@@ -88,7 +88,7 @@ def _resized_pos_embed(pe: torch.Tensor, n_prefix: int, old_grid: tuple[int, int
             f"pos_embed has {pe.shape[1]} rows but the model has {n_prefix} prefix rows and a {old_grid} grid"
         )
     if sincos:
-        table = _sincos_grid(new_grid, pe.shape[-1], pe)
+        table = sincos_grid(new_grid, pe.shape[-1], pe)
         return torch.cat([pe[:, :n_prefix].detach(), table[None]], dim=1)
     shrink = new_grid[0] < old_grid[0] or new_grid[1] < old_grid[1]
     antialias = shrink and interpolation in ("bilinear", "bicubic")

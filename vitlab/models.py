@@ -23,10 +23,12 @@ from vitlab.checkpoint import WEIGHTS_NAME, load_checkpoint
 from vitlab.errors import ModelLoadError
 from vitlab.zoo import BiTConfig, HybridConfig, ModelConfig, ViTConfig, build_model
 
-__all__ = ["load_model", "DEFAULT_CHECKPOINT"]
+__all__ = ["load_model", "DEFAULT_CHECKPOINT", "SHAPES_CHECKPOINT"]
 
 #: Where the embedded default model lives (shipped by the training work; see data/checkpoints/README.md).
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "data" / "checkpoints" / "vit_cifar10"
+#: The ViT trained on the synthetic shapes (object masks): the localisation scores use it.
+SHAPES_CHECKPOINT = DEFAULT_CHECKPOINT.parent / "vit_shapes"
 
 _HUB_PREFIXES = ("hf-hub:", "hf_hub:")
 

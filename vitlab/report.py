@@ -15,15 +15,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import timm
 import torch
-from PIL import Image
-from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 import vitlab
-from vitlab.checkpoint import replace_dir
-from vitlab.data import IMAGE_SUFFIXES, DataError, sample_images
+from vitlab.atomic import replace_dir
+from vitlab.images import embedded_images, load_images
 from vitlab.inspect import (
     embedding_filter_pca,
     position_embedding_similarity,
@@ -32,87 +29,11 @@ from vitlab.inspect import (
 from vitlab.inspect.attribution import ATTRIBUTION_METHODS
 from vitlab.inspect.compare import compare_methods
 from vitlab.inspect.distance import attention_distance_from_maps
-from vitlab.inspect.rollout import readout_vector
+from vitlab.inspect.rollout import readout_attention
+from vitlab.models import SHAPES_CHECKPOINT
 from vitlab.plots import curves, filter_grid, image_grid_with_maps, layer_lines, similarity_tiles, table_figure
 from vitlab.provenance import versions
 from vitlab.static import write_images
-
-
-def _transform(model: nn.Module):
-    cfg = timm.data.resolve_data_config({}, model=model)
-    return timm.data.create_transform(**cfg), cfg
-
-
-def load_images(model: nn.Module, folder: str | os.PathLike | None = None,
-                limit: int = 16) -> tuple[list[str], Tensor, list[np.ndarray]]:
-    """Images preprocessed as the model expects: (names, (B, C, H, W) batch, the (H, W, 3) uint8 views shown).
-
-    ``folder=None`` uses the photos scikit-learn ships. Broken files raise ``DataError`` naming them.
-    """
-    tf, cfg = _transform(model)
-    if folder is None:
-        items = [(name, Image.fromarray(arr)) for name, arr in sample_images()]
-    else:
-        root = Path(folder)
-        if not root.is_dir():
-            raise DataError(f"--images {root} is not a folder")
-        files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)[:limit]
-        if not files:
-            raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {root}")
-        items, broken = [], []
-        for p in files:
-            try:
-                with Image.open(p) as im:
-                    items.append((p.stem, im.convert("RGB")))
-            except OSError as e:
-                broken.append(f"{p}: {e}")
-        if broken:
-            raise DataError("unreadable images (remove or replace them):\n  " + "\n  ".join(broken))
-    names = [n for n, _ in items]
-    x = torch.stack([tf(im) for _, im in items])
-    size = cfg["input_size"][-2:]
-    shown = [np.asarray(im.resize((size[1], size[0]), Image.Resampling.BICUBIC)) for _, im in items]
-    return names, x, shown
-
-
-def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, list[np.ndarray]]:
-    """``n`` deterministic square crops of the photos scikit-learn ships, preprocessed for ``model``.
-
-    The first two are the central squares of the two photos; then crops at 1/2 and 1/3 of the short side on a
-    regular grid, alternating between the photos. Returns what ``load_images`` returns.
-    """
-    tf, cfg = _transform(model)
-    photos = sample_images()
-    crops: list[tuple[str, np.ndarray]] = []
-    for div in (1, 2, 3):
-        per_photo = []
-        for name, arr in photos:
-            h, w = arr.shape[:2]
-            side = min(h, w) // div
-            ys = [(h - side) // 2] if div == 1 else np.linspace(0, h - side, div).astype(int).tolist()
-            xs = [(w - side) // 2] if div == 1 else np.linspace(0, w - side, div + 1).astype(int).tolist()
-            per_photo.append([(f"{name}_{div}_{y}_{x}", arr[y:y + side, x:x + side]) for y in ys for x in xs])
-        for group in zip(*per_photo):
-            crops.extend(group)
-    if not 1 <= n <= len(crops):
-        raise ValueError(f"n must be in [1, {len(crops)}], got {n}")
-    size = cfg["input_size"][-2:]
-    items = [(name, Image.fromarray(np.ascontiguousarray(arr))) for name, arr in crops[:n]]
-    x = torch.stack([tf(im) for _, im in items])
-    shown = [np.asarray(im.resize((size[1], size[0]), Image.Resampling.BICUBIC)) for _, im in items]
-    return [name for name, _ in items], x, shown
-
-
-def _readout_maps(maps: Tensor, info: vitlab.ModelInfo) -> Tensor:
-    """(L, B, H, T, T) -> (L, B, gh, gw): head-mean attention of the readout's row(s) over the patch tokens
-    (the class token's row, or the mean of the patch rows for pooled readouts; see ``readout_vector``)."""
-    v = readout_vector(info, 1)[0].to(maps.dtype)  # (T,)
-    rows = torch.einsum("t,lbhts->lbs", v, maps) / maps.shape[2]  # head mean of the weighted rows
-    L, B = rows.shape[:2]
-    return rows[..., info.num_prefix_tokens:].reshape(L, B, *info.grid_size)
-
-
-SHAPES_CHECKPOINT = Path(__file__).resolve().parent.parent / "data" / "checkpoints" / "vit_shapes"
 
 
 def _stamp(base: dict, **settings) -> dict:
@@ -282,7 +203,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
                                       "fraction of patches changed", "probability of the predicted class",
                                       "Deletion and insertion curves"),
         "(our addition)", "Mean over the images.", _stamp(base, images=n_attr)))
-    readout = _readout_maps(maps, info)
+    readout = readout_attention(maps, info)
     layers = sorted({0, info.depth // 2, info.depth - 1})
     sections.append(_section(
         "readout_attention", image_grid_with_maps(shown[:n_show], readout[layers, :n_show].permute(1, 0, 2, 3).numpy(),

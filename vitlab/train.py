@@ -18,8 +18,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +27,9 @@ import numpy as np
 import timm
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from vitlab.checkpoint import load_checkpoint, replace_dir, save_checkpoint
+from vitlab.checkpoint import load_checkpoint, load_run_state, save_run_checkpoint
 from vitlab.data import ImageArray, load_dataset, normalize, random_crop_flip
 from vitlab.modes import eval_mode, explicit_attention
 from vitlab.provenance import provenance
@@ -209,23 +206,6 @@ def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), foreach=True)
 
 
-def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict]:
-    sd = opt.state_dict()
-    tensors = {}
-    for idx, st in sd["state"].items():
-        for k, v in st.items():
-            tensors[f"state.{idx}.{k}"] = torch.as_tensor(v).detach().cpu().contiguous()
-    return tensors, {"param_groups": sd["param_groups"]}
-
-
-def _unflatten_optimizer(tensors: dict[str, Tensor], meta: dict) -> dict:
-    state: dict[int, dict[str, Tensor]] = {}
-    for key, v in tensors.items():
-        _, idx, k = key.split(".", 2)
-        state.setdefault(int(idx), {})[k] = v
-    return {"state": state, "param_groups": meta["param_groups"]}
-
-
 def train_config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
     d = dataclasses.asdict(cfg)
     d["model"] = config_to_dict(cfg.model)
@@ -295,23 +275,6 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- the loop
-
-
-def _write_run_checkpoint(run: Path, model: nn.Module, opt: torch.optim.Optimizer, ema: nn.Module | None,
-                          state: dict[str, Any], cfg: TrainConfig) -> None:
-    """Write ``run/checkpoint`` atomically: the model checkpoint plus optimizer/EMA/trainer state."""
-    tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=run))
-    try:
-        ck = save_checkpoint(model, tmp / "checkpoint", extra={"train": train_config_to_dict(cfg), **state})
-        tensors, meta = _flatten_optimizer(opt)
-        save_file(tensors, str(ck / "optimizer.safetensors"))
-        (ck / "optimizer.json").write_text(json.dumps(meta))
-        if ema is not None:
-            save_file({k: v.detach().cpu().contiguous() for k, v in ema.state_dict().items()},
-                      str(ck / "ema.safetensors"))
-        replace_dir(ck, run / "checkpoint")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -417,11 +380,7 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     opt = _optimizer(model, cfg)
     ema = timm.utils.ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema_decay else None
     if resume:
-        opt.load_state_dict(_unflatten_optimizer(load_file(str(ck / "optimizer.safetensors")),
-                                                 json.loads((ck / "optimizer.json").read_text())))
-        if ema is not None:
-            ema.load_state_dict(load_file(str(ck / "ema.safetensors"), device=str(d.device)))
-        meta = json.loads((ck / "config.json").read_text())
+        meta = load_run_state(ck, opt, ema, d.device)
         start_epoch, elapsed = meta["epoch"], meta.get("train_seconds", 0.0)
     net = model
     if d.world > 1:
@@ -547,7 +506,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
                      "data": {"train": train_data.source, "test": test_data.source,
                               "train_examples": len(train_data)},
                      "environment": provenance(world_size=d.world, device=str(d.device))}
-            _write_run_checkpoint(run, model, opt, ema, state, cfg)
+            save_run_checkpoint(run / "checkpoint", model, opt, ema, {"train": train_config_to_dict(cfg), **state})
             with open(run / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
             if progress:

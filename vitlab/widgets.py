@@ -42,7 +42,7 @@ def _ipw():
 class AttentionExplorer:
     """Image, layer, head (or fusion), method, discard ratio and query patch -> a heatmap over the image.
 
-    ``images``: ``(names, (B, C, H, W) batch, shown (H, W, 3) uint8 list)`` as ``vitlab.report.load_images``
+    ``images``: ``(names, (B, C, H, W) batch, shown (H, W, 3) uint8 list)`` as ``vitlab.images.load_images``
     returns; default: the embedded photo crops. Methods: raw ``attention`` of the chosen query patch (the
     readout's row when no patch is chosen: click a patch to choose it), ``rollout`` (uses the head fusion
     and discard ratio), and the class-specific ``gradient rollout``, ``integrated gradients`` and
@@ -52,7 +52,7 @@ class AttentionExplorer:
     def __init__(self, model: nn.Module, images: tuple[list[str], Tensor, list[np.ndarray]] | None = None,
                  num_images: int = 8) -> None:
         ipw = _ipw()
-        from vitlab.report import embedded_images
+        from vitlab.images import embedded_images
 
         self.model = model  # its modes are left alone: capture and the methods run in eval mode temporarily
         names, x, shown = images if images is not None else embedded_images(model, num_images)
@@ -165,12 +165,12 @@ class AttentionExplorer:
         """Add an uploaded image (encoded bytes), preprocessed as the model expects, and show it."""
         from PIL import Image, UnidentifiedImageError
 
-        from vitlab.report import _transform
+        from vitlab.images import model_transform
 
         try:
             with Image.open(io.BytesIO(data)) as im:
                 im = im.convert("RGB")
-                tf, cfg = _transform(self.model)
+                tf, cfg = model_transform(self.model)
                 x = tf(im)[None]
                 size = cfg["input_size"][-2:]
                 shown = np.asarray(im.resize((size[1], size[0]), Image.Resampling.BICUBIC))
@@ -234,7 +234,7 @@ class DistanceExplorer:
 
     def __init__(self, model: nn.Module, images: Tensor | None = None, explorer: AttentionExplorer | None = None,
                  num_images: int = 16) -> None:
-        from vitlab.report import embedded_images
+        from vitlab.images import embedded_images
 
         if images is None:
             images = embedded_images(model, num_images)[1]

@@ -46,6 +46,8 @@ __all__ = [
     "ModelConfig",
     "vit_config",
     "build_model",
+    "size2",
+    "sincos_grid",
     "config_to_dict",
     "config_from_dict",
 ]
@@ -80,7 +82,7 @@ class Preprocess:
 CIFAR_PRE = Preprocess(mean=CIFAR_MEAN, std=CIFAR_STD, interpolation="bicubic", crop_pct=1.0)
 
 
-def _size2(v: int | tuple[int, int] | list[int], what: str = "img_size") -> tuple[int, int]:
+def size2(v: int | tuple[int, int] | list[int], what: str = "img_size") -> tuple[int, int]:
     """``v`` as (H, W) of positive ints; a clear ValueError otherwise."""
     pair = (v, v) if isinstance(v, int) else tuple(v)
     if len(pair) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in pair):
@@ -123,7 +125,7 @@ class ViTConfig:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         if not isinstance(self.num_classes, int) or self.num_classes < 0:
             raise ValueError(f"num_classes must be an int >= 0 (0: no head), got {self.num_classes!r}")
-        h, w = _size2(self.img_size)
+        h, w = size2(self.img_size)
         if h % self.patch_size or w % self.patch_size:
             raise ValueError(
                 f"img_size={self.img_size} is not a multiple of patch_size={self.patch_size}: "
@@ -197,7 +199,7 @@ class BiTConfig:
                              f"(GroupNorm has 32 groups), got {self.channels!r}")
         if not isinstance(self.width_factor, int) or self.width_factor < 1:
             raise ValueError(f"width_factor must be a positive int, got {self.width_factor!r}")
-        _size2(self.img_size)
+        size2(self.img_size)
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,7 @@ class CifarNetConfig:
             raise ValueError(f"widths must be a non-empty tuple of positive ints, got {self.widths!r}")
         if not isinstance(self.whiten_kernel, int) or self.whiten_kernel < 1:
             raise ValueError(f"whiten_kernel must be a positive int, got {self.whiten_kernel!r}")
-        _size2(self.img_size)
+        size2(self.img_size)
 
 
 def cifar_vit(**overrides: Any) -> ViTConfig:
@@ -324,7 +326,7 @@ def _pretrained_cfg(arch: str, img_size: int | tuple[int, int], in_chans: int, n
     """The timm ``pretrained_cfg`` that ``timm.data.resolve_data_config`` reads the preprocessing from."""
     return dict(
         architecture=arch,
-        input_size=(in_chans, *_size2(img_size)),
+        input_size=(in_chans, *size2(img_size)),
         mean=tuple(pre.mean),
         std=tuple(pre.std),
         interpolation=pre.interpolation,
@@ -336,7 +338,7 @@ def _pretrained_cfg(arch: str, img_size: int | tuple[int, int], in_chans: int, n
     )
 
 
-def _sincos_grid(grid: tuple[int, int], dim: int, like: torch.Tensor) -> torch.Tensor:
+def sincos_grid(grid: tuple[int, int], dim: int, like: torch.Tensor) -> torch.Tensor:
     """(gh*gw, D) fixed 2D sin-cos table, rows in the patch order (row-major over the grid)."""
     return build_sincos2d_pos_embed(list(grid), dim=dim, device=like.device).to(like.dtype)
 
@@ -345,7 +347,7 @@ def _set_sincos(model: VisionTransformer) -> None:
     """Fixed 2D sin-cos position embedding (Table 8's "2-D" variant without learning); prefix rows are zero."""
     gh, gw = model.patch_embed.grid_size
     pe = torch.zeros_like(model.pos_embed)  # (1, prefix + gh*gw, D)
-    pe[0, pe.shape[1] - gh * gw :] = _sincos_grid((gh, gw), model.embed_dim, pe)
+    pe[0, pe.shape[1] - gh * gw :] = sincos_grid((gh, gw), model.embed_dim, pe)
     model.pos_embed = nn.Parameter(pe, requires_grad=False)
 
 

@@ -79,7 +79,8 @@ def readout_vector(info, batch: int, pool: Tensor | None = None,
                    device: torch.device | str | None = None) -> Tensor:
     """(B, T) float64 weights of the model's readout over the tokens of the last block.
 
-    By ``info.readout``: ``"token"``, the class token (one-hot); ``"map"``, the attention pool's own weights
+    By ``info.readout``: ``"token"``, the class token (one-hot; with a DeiT distillation token, 1/2 on each,
+    since timm averages the class and distillation heads at evaluation); ``"map"``, the attention pool's own weights
     (latent queries and heads averaged) over the tokens it attends to, when its maps were captured; any
     pooling over patches (``"avg"``, ``"max"``, ``"avgmax"``, none), the mean over the patch rows, which is
     exact for average pooling and the linear stand-in for the others.
@@ -90,10 +91,24 @@ def readout_vector(info, batch: int, pool: Tensor | None = None,
         w = pool.double().mean(1).mean(1).to(v.device)  # (B, N_keys)
         v[:, T - w.shape[-1]:] = w
     elif info.readout == "token" and info.num_class_tokens:
-        v[:, 0] = 1.0
+        v[:, : info.num_class_tokens + info.num_dist_tokens] = 1.0 / (info.num_class_tokens + info.num_dist_tokens)
     else:
         v[:, p:] = 1.0 / (T - p)
     return v
+
+
+def readout_attention(maps: Tensor, info, vector: Tensor | None = None) -> Tensor:
+    """(L, B, H, T, T) maps -> (L, B, gh, gw): the readout's attention over the patch tokens in each layer, heads
+    averaged. ``vector`` (B, T) or (T,) weights the query rows (default: ``readout_vector``, the class token's
+    row or the mean of the patch rows for pooled readouts); a one-hot vector selects one query token."""
+    v = readout_vector(info, 1)[0] if vector is None else vector
+    v = v.to(maps.dtype)
+    if v.dim() == 1:
+        rows = torch.einsum("t,lbhts->lbs", v, maps) / maps.shape[2]
+    else:
+        rows = torch.einsum("bt,lbhts->lbs", v, maps) / maps.shape[2]
+    L, B = rows.shape[:2]
+    return rows[..., info.num_prefix_tokens:].reshape(L, B, *info.grid_size)
 
 
 @torch.no_grad()

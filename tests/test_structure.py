@@ -1,0 +1,52 @@
+"""The house rules that a reader relies on: no module reaches into another's private names, the report is a
+leaf, and the bottom modules import nothing from the rest of vitlab."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "vitlab"
+
+
+def _imports(path: Path) -> list[tuple[str, str, int]]:
+    """(module, name, line) for every ``from vitlab... import name`` and ``import vitlab...`` in a file."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vitlab":
+            out += [(node.module, a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, "", node.lineno) for a in node.names if a.name.split(".")[0] == "vitlab"]
+    return out
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_private_names_imported_across_modules(path):
+    me = _module_name(path)
+    bad = [f"line {line}: from {mod} import {name}" for mod, name, line in _imports(path)
+           if name.startswith("_") and not name.startswith("__") and mod != me]
+    assert not bad, f"{path.relative_to(ROOT)} imports private names of other modules: {bad}"
+
+
+def test_report_is_a_leaf():
+    users = sorted({_module_name(p) for p in SOURCES + sorted((ROOT / "notebooks").glob("*.py"))
+                    for mod, _, _ in _imports(p) if mod == "vitlab.report" or mod.startswith("vitlab.report.")})
+    assert set(users) <= {"vitlab.cli", "vitlab.report", "benchmarks.run"}, users
+
+
+@pytest.mark.parametrize("module", ["atomic", "modes", "provenance", "errors", "static"])
+def test_bottom_modules_import_nothing_else_from_vitlab(module):
+    own = _imports(PACKAGE / f"{module}.py")
+    assert [m for m, _, _ in own if m != "vitlab"] == [], own  # at most ``import vitlab`` for its version

@@ -1,0 +1,528 @@
+"""The paper's findings as verdicts: a statistic, a 95% interval, a threshold and a decision rule.
+
+Each function takes the output of one existing analysis (``vitlab.inspect`` or the scaling sweep's records)
+and returns a ``Verdict``. The rule is the same everywhere: *reproduced* when the whole interval lies on the
+finding's side of the threshold, *not reproduced* when the whole interval lies on the other side,
+*inconclusive* when it straddles (or touches) the threshold or could not be computed.
+
+Intervals are percentile bootstraps (``N_BOOT`` resamples from ``numpy.random.default_rng(SEED)``, so a
+verdict is deterministic) over the unit that varies: images, patches, filter components, or seeds; with 2-3
+seeds a Student-t interval of the mean instead (a bootstrap of 2 values is not an interval). A resample is
+drawn as a vector of counts (how often each unit was drawn), so every statistic is evaluated on all
+resamples at once as a weighted statistic, which equals the statistic on the repeated units.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vitlab.inspect.distance import patch_distances
+from vitlab.inspect.faithfulness import rank_correlation
+from vitlab.inspect.positions import position_structure_score
+
+__all__ = [
+    "Verdict",
+    "dct_radius",
+    "filters_low_frequency",
+    "filters_structured",
+    "position_similarity_decreases",
+    "position_row_column_structure",
+    "uniform_attention_distance",
+    "lowest_layer_spread",
+    "distance_grows_with_depth",
+    "rollout_localises",
+    "scaling_accuracies",
+    "scaling_gap_narrows",
+    "verdict_table",
+]
+
+N_BOOT = 1000
+SEED = 0
+LEVEL = 0.95
+# two-sided 95% Student-t quantiles t(0.975, df) for the 2-3 seed case (scipy.stats.t.ppf(0.975, df))
+_T975 = {1: 12.706204736174694, 2: 4.302652729749462}
+VERDICTS = ("reproduced", "not reproduced", "inconclusive")
+
+Array = Tensor | np.ndarray | Sequence[float]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One finding checked: ``statistic`` with its 95% ``interval`` against ``threshold``.
+
+    ``side`` is where the finding puts the statistic (``">"``: above the threshold, ``"<"``: below);
+    ``quantity`` and ``unit`` name the statistic for ``summary()``.
+    """
+
+    finding: str
+    criterion: str
+    statistic: float
+    interval: tuple[float, float]
+    threshold: float
+    verdict: str
+    details: dict[str, Any] = field(default_factory=dict)
+    side: str = ">"
+    quantity: str = "statistic"
+    unit: str = ""
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        if self.side not in (">", "<"):
+            raise ValueError(f"side must be '>' or '<', got {self.side!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types only (NaN becomes None), ready for ``json.dumps(..., allow_nan=False)``."""
+        return _plain(asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
+        def num(x: Any) -> float:
+            return math.nan if x is None else float(x)
+
+        return cls(**{**d, "statistic": num(d["statistic"]), "threshold": num(d["threshold"]),
+                      "interval": (num(d["interval"][0]), num(d["interval"][1])), "details": dict(d["details"])})
+
+    def summary(self) -> str:
+        """``reproduced      <finding>: slope 0.83 px/layer [0.61, 1.02] > 0``"""
+        unit = f" {self.unit}" if self.unit else ""
+        lo, hi = self.interval
+        return (f"{self.verdict:<14}  {self.finding}: {self.quantity} {_fmt(self.statistic)}{unit} "
+                f"[{_fmt(lo)}, {_fmt(hi)}] {self.side} {_fmt(self.threshold)}")
+
+
+def verdict_table(verdicts: Sequence[Verdict]) -> str:
+    """A plain-text table: finding, statistic [95% interval] against the threshold, verdict."""
+    rows = [("finding", "statistic [95% interval]", "verdict")]
+    for v in verdicts:
+        unit = f" {v.unit}" if v.unit else ""
+        lo, hi = v.interval
+        rows.append((v.finding, f"{_fmt(v.statistic)} [{_fmt(lo)}, {_fmt(hi)}]{unit} {v.side} {_fmt(v.threshold)}",
+                     v.verdict))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _fmt(x: float) -> str:
+    return "nan" if x is None or not math.isfinite(x) else f"{x:.3g}"
+
+
+def _plain(x: Any) -> Any:
+    """Numbers, arrays and tensors inside dicts/lists -> JSON types; NaN/inf -> None; keys -> str."""
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, Tensor):
+        x = x.detach().cpu().numpy()
+    if isinstance(x, np.ndarray):
+        return _plain(x.tolist())
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x
+
+
+def _np(x: Array) -> np.ndarray:
+    if isinstance(x, Tensor):
+        return x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _decide(interval: tuple[float, float], threshold: float, side: str) -> str:
+    lo, hi = interval
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "inconclusive"
+    above, below = lo > threshold, hi < threshold
+    if side == ">":
+        return "reproduced" if above else "not reproduced" if below else "inconclusive"
+    return "reproduced" if below else "not reproduced" if above else "inconclusive"
+
+
+def _verdict(finding: str, criterion: str, statistic: float, interval: tuple[float, float], threshold: float,
+             side: str, quantity: str, unit: str, details: dict[str, Any]) -> Verdict:
+    interval = (float(interval[0]), float(interval[1]))
+    return Verdict(finding=finding, criterion=criterion, statistic=float(statistic), interval=interval,
+                   threshold=float(threshold), verdict=_decide(interval, threshold, side), details=_plain(details),
+                   side=side, quantity=quantity, unit=unit)
+
+
+def _counts(n: int, n_boot: int, seed: int) -> np.ndarray:
+    """(n_boot, n) how often each of ``n`` units is drawn in each bootstrap resample of size ``n``."""
+    if n < 1:
+        raise ValueError("nothing to resample: no units")
+    return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)
+
+
+def _percentile(samples: np.ndarray) -> tuple[float, float]:
+    """The central ``LEVEL`` percentile interval of the finite bootstrap samples (NaN when there are none)."""
+    s = samples[np.isfinite(samples)]
+    if len(s) == 0:
+        return (math.nan, math.nan)
+    a = (1 - LEVEL) / 2
+    return float(np.quantile(s, a)), float(np.quantile(s, 1 - a))
+
+
+def _mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str) -> tuple[tuple[float, float], str]:
+    """Interval of the mean of a few replicates (seeds, draws): Student t for 2-3, bootstrap for 4 or more."""
+    n = len(values)
+    if n < 2:
+        return (math.nan, math.nan), f"none: {n} {unit}, at least 2 needed"
+    if n <= 3:
+        half = _T975[n - 1] * values.std(ddof=1) / math.sqrt(n)
+        return (float(values.mean() - half), float(values.mean() + half)), f"Student t over {n} {unit} ({n - 1} df)"
+    w = _counts(n, n_boot, seed)
+    return _percentile(w @ values / n), f"bootstrap over {n} {unit}, {n_boot} resamples"
+
+
+def _weighted_ranks(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(R, M) ranks of the values ``x`` (M,) in each resample given by counts ``w`` (R, M), ties averaged: the
+    rank that each value would get if it were repeated w times (as ``scipy.stats.rankdata``)."""
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    new = np.r_[True, xs[1:] != xs[:-1]]  # (M,) first of a tie group, in sorted order
+    group = np.cumsum(new) - 1  # (M,) tie group of each sorted value
+    ws = w[:, order]
+    total = np.add.reduceat(ws, np.flatnonzero(new), axis=1)  # (R, G) count of each tie group
+    mid = np.cumsum(total, axis=1) - total + (total + 1) / 2  # (R, G) mean rank of each tie group
+    ranks = np.empty_like(ws)
+    ranks[:, order] = mid[:, group]
+    return ranks
+
+
+def _spearman_resampled(x: np.ndarray, y: np.ndarray, w: np.ndarray, chunk_elems: int = 4_000_000) -> np.ndarray:
+    """(R,) Spearman correlation of the pairs (x, y) (M,) repeated by counts ``w`` (R, M): equal to
+    ``rank_correlation`` on the repeated pairs, without building them. NaN where a resample is constant."""
+    out = np.empty(len(w))
+    step = max(1, chunk_elems // max(1, len(x)))
+    for s in range(0, len(w), step):
+        ww = w[s:s + step]
+        rx, ry = _weighted_ranks(x, ww), _weighted_ranks(y, ww)
+        tot = ww.sum(1, keepdims=True)
+        rx = rx - (ww * rx).sum(1, keepdims=True) / tot
+        ry = ry - (ww * ry).sum(1, keepdims=True) / tot
+        den = np.sqrt((ww * rx**2).sum(1) * (ww * ry**2).sum(1))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[s:s + step] = np.where(den > 0, (ww * rx * ry).sum(1) / den, np.nan)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- Fig. 7 left
+
+
+def dct_radius(components: Array) -> np.ndarray:
+    """(k,) energy-weighted DCT radius of (k, C, P, Q) filters: each channel's orthonormal 2D DCT-II over the
+    patch, radius sqrt(u^2 + v^2) of frequency (u, v) averaged with weights = squared coefficients (pooled over
+    channels). 0 for a constant filter; sqrt((P-1)^2 + (Q-1)^2) for the highest DCT frequency."""
+    w = _np(components)
+    if w.ndim != 4:
+        raise ValueError(f"components must be (k, C, P, Q) filters, got shape {w.shape}")
+    p, q = w.shape[-2:]
+
+    def dct_matrix(n: int) -> np.ndarray:  # (n, n) orthonormal DCT-II: row u is the u-th cosine
+        k, i = np.arange(n)[:, None], np.arange(n)[None]
+        m = np.sqrt(2.0 / n) * np.cos(np.pi * (2 * i + 1) * k / (2 * n))
+        m[0] /= np.sqrt(2.0)
+        return m
+
+    coef = dct_matrix(p) @ w @ dct_matrix(q).T  # (k, C, P, Q) DCT coefficients
+    energy = (coef**2).sum(1)  # (k, P, Q) pooled over channels
+    radius = np.hypot(*np.meshgrid(np.arange(p), np.arange(q), indexing="ij"))  # (P, Q)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (energy * radius).sum((1, 2)) / energy.sum((1, 2))
+
+
+def filters_low_frequency(components: Array, k: int = 28, n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
+    """Fig. 7 left: the leading principal components of the patch-embedding filters are low-frequency.
+
+    ``components`` (k0, C, P, P): ``embedding_filter_pca(model, k)[0]``, leading first. Statistic: Spearman
+    correlation between component rank and DCT radius over the first ``k`` (28 as in the paper's figure, or
+    all when fewer); the bootstrap resamples (rank, radius) pairs.
+    """
+    radius = dct_radius(components)[:k]  # (k,)
+    k = len(radius)
+    if k < 3 or not np.isfinite(radius).all():
+        raise ValueError(f"need at least 3 non-zero components, got {k} (radii {radius.tolist()})")
+    rank = np.arange(k, dtype=np.float64)
+    stat = float(rank_correlation(torch.from_numpy(rank)[None], torch.from_numpy(radius)[None])[0])
+    boot = _spearman_resampled(rank, radius, _counts(k, n_boot, seed))
+    return _verdict(
+        "Fig. 7 left: leading filter components are low-frequency",
+        f"Spearman correlation between component rank and energy-weighted DCT radius over the first {k} "
+        "components > 0 (later components have higher frequencies); 95% bootstrap over components",
+        stat, _percentile(boot), 0.0, ">", "Spearman", "",
+        {"k": k, "dct_radius": radius, "constant_resamples": int(np.isnan(boot).sum())})
+
+
+def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k: int = 28, n_boot: int = N_BOOT,
+                       seed: int = SEED) -> Verdict:
+    """Fig. 7 left: the leading ``k`` components explain more variance than those of a random embedding.
+
+    ``explained_ratio`` (k0,): ``embedding_filter_pca(model, k)[1]``; ``random_explained_ratio`` (S, k0): the
+    same for S randomly initialised embeddings of the same shape, e.g.
+    ``embedding_filter_pca(randomized_copy(model, s), k)[1]`` for s in range(S). Statistic: cumulative ratio of
+    the first ``k`` minus the random one's, averaged over draws; interval over the draws.
+    """
+    er = _np(explained_ratio)
+    rr = _np(random_explained_ratio)
+    if rr.ndim == 1:
+        rr = rr[None]
+    if er.ndim != 1 or rr.ndim != 2:
+        raise ValueError(f"explained_ratio must be (k,) and random_explained_ratio (S, k), got {er.shape}, {rr.shape}")
+    k = min(k, len(er), rr.shape[1])
+    diff = er[:k].sum() - rr[:, :k].sum(1)  # (S,) one per random draw
+    interval, method = _mean_interval(diff, n_boot, seed, "random draws")
+    return _verdict(
+        "Fig. 7 left: filter components are structured (vs. random init)",
+        f"explained-variance share of the first {k} components minus that of a randomly initialised embedding "
+        "of the same shape > 0; 95% interval over random draws",
+        float(diff.mean()), interval, 0.0, ">", "share difference", "",
+        {"k": k, "explained": float(er[:k].sum()), "random_explained": rr[:, :k].sum(1), "interval_method": method})
+
+
+# ---------------------------------------------------------------------------------------------- Fig. 7 centre
+
+
+def _similarity(sim: Array, grid: tuple[int, int] | None) -> tuple[np.ndarray, tuple[int, int]]:
+    """(N, N) similarity and the grid from (gh, gw, gh, gw) or (N, N) with ``grid``."""
+    s = _np(sim)
+    if s.ndim == 4:
+        gh, gw = s.shape[:2]
+        if s.shape[2:] != (gh, gw) or (grid is not None and tuple(grid) != (gh, gw)):
+            raise ValueError(f"similarity of shape {s.shape} does not match grid {grid}")
+        return s.reshape(gh * gw, gh * gw), (gh, gw)
+    if grid is None:
+        raise ValueError("an (N, N) similarity needs grid=(gh, gw) (row-major patches)")
+    gh, gw = grid
+    if s.shape != (gh * gw, gh * gw):
+        raise ValueError(f"similarity must be (N, N) with N = {gh} * {gw}, got {s.shape}")
+    return s, (gh, gw)
+
+
+def position_similarity_decreases(sim: Array, grid: tuple[int, int] | None = None, n_boot: int = N_BOOT,
+                                  seed: int = SEED) -> Verdict:
+    """Fig. 7 centre: nearby patches have similar position embeddings.
+
+    ``sim``: ``position_embedding_similarity(model)`` (gh, gw, gh, gw), or (N, N) row-major with ``grid``.
+    Statistic: ``position_structure_score`` (Spearman between similarity and grid distance over distinct
+    pairs); the bootstrap resamples patches (rows): a drawn row brings all its off-diagonal pairs.
+    """
+    s, (gh, gw) = _similarity(sim, grid)
+    n = gh * gw
+    stat = position_structure_score(torch.from_numpy(s).reshape(gh, gw, gh, gw))
+    d = patch_distances((gh, gw), (1, 1)).numpy()  # (N, N) in grid units
+    off = ~np.eye(n, dtype=bool)
+    rows = np.nonzero(off)[0]  # (N(N-1),) the row of each off-diagonal pair
+    w = _counts(n, n_boot, seed)[:, rows]  # (R, N(N-1)) a pair counts as often as its row was drawn
+    boot = _spearman_resampled(s[off], d[off], w)
+    return _verdict(
+        "Fig. 7 centre: position similarity falls with grid distance",
+        "Spearman correlation between position-embedding cosine similarity and grid distance over patch pairs "
+        "< 0; 95% bootstrap over patches",
+        stat, _percentile(boot), 0.0, "<", "Spearman", "", {"grid": [gh, gw]})
+
+
+def position_row_column_structure(sim: Array, grid: tuple[int, int] | None = None, n_boot: int = N_BOOT,
+                                  seed: int = SEED) -> Verdict:
+    """Fig. 7 centre: patches in the same row or column have more similar embeddings than other patches
+    at the same distance (the row/column stripes the paper points out).
+
+    ``sim`` as for ``position_similarity_decreases``. For each Euclidean grid distance reached both by
+    same-row/column pairs and by other pairs (Pythagorean offsets: 5 = (0, 5) vs (3, 4), 10, 13, ...; so the
+    grid needs a side of at least 6 and the other of at least 4), the mean similarity of the first minus the
+    second, then the mean over those distances. Bootstrap over patches (rows).
+    """
+    s, (gh, gw) = _similarity(sim, grid)
+    n = gh * gw
+    ys, xs = np.divmod(np.arange(n), gw)
+    dy, dx = np.abs(ys[:, None] - ys[None]), np.abs(xs[:, None] - xs[None])
+    d2 = dy**2 + dx**2  # (N, N) squared grid distance: integers, so equal distances compare exactly
+    line = (dy == 0) | (dx == 0)
+    off = d2 > 0
+    both = sorted(set(d2[off & line].tolist()) & set(d2[off & ~line].tolist()))
+    if not both:
+        raise ValueError(f"no grid distance in a {gh}x{gw} grid is reached by both same-row/column pairs and other "
+                         "pairs: the comparison needs a side of at least 6 and the other of at least 4")
+    # per row i, distance q and kind (line, other): sum of similarities and number of pairs
+    sums = np.stack([np.stack([(s * ((d2 == q) & m)).sum(1) for m in (line, ~line)], -1) for q in both], 1)
+    cnts = np.stack([np.stack([((d2 == q) & m).sum(1) for m in (line, ~line)], -1) for q in both], 1)  # (N, Q, 2)
+
+    def stat_of(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # w (R, N) -> (R,) statistic, (R, Q) diffs
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.einsum("rn,nqk->rqk", w, sums) / np.einsum("rn,nqk->rqk", w, cnts)
+        diffs = mean[..., 0] - mean[..., 1]
+        ok = np.isfinite(diffs)
+        stat = np.where(ok.any(1), np.where(ok, diffs, 0).sum(1) / np.maximum(ok.sum(1), 1), np.nan)
+        return stat, diffs
+
+    stat, diffs = stat_of(np.ones((1, n)))
+    boot, _ = stat_of(_counts(n, n_boot, seed))
+    return _verdict(
+        "Fig. 7 centre: row/column structure in position embeddings",
+        "mean over grid distances of (similarity of same-row/column pairs - similarity of other pairs at that "
+        "distance) > 0; 95% bootstrap over patches",
+        stat[0], _percentile(boot), 0.0, ">", "difference", "",
+        {"grid": [gh, gw], "distances": [math.sqrt(q) for q in both], "difference_by_distance": diffs[0],
+         "pairs_by_distance": cnts.sum(0)})
+
+
+# ---------------------------------------------------------------------------------------------- Fig. 7 right
+
+
+def uniform_attention_distance(grid: tuple[int, int], patch: tuple[int, int]) -> float:
+    """Mean attention distance in pixels of a head that attends uniformly to all patches (itself included):
+    the mean of ``patch_distances`` over all query-key pairs. About 0.52 * image side for large grids."""
+    return float(patch_distances(grid, patch).mean())
+
+
+def _per_image(dist: Array) -> np.ndarray:
+    d = _np(dist)
+    if d.ndim != 3:
+        raise ValueError(f"dist must be (L, B, H) per-image mean attention distances "
+                         f"(mean_attention_distance(..., per_image=True)), got shape {d.shape}")
+    return d
+
+
+def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_boot: int = N_BOOT,
+                        seed: int = SEED) -> Verdict:
+    """Fig. 7 right: in the lowest layer some heads attend locally and some globally.
+
+    ``dist`` (L, B, H) px: ``mean_attention_distance(model, images, per_image=True)``; ``ceiling`` px:
+    ``uniform_attention_distance(grid, patch)``. Statistic: (largest - smallest head mean in layer 0) /
+    ceiling. Threshold 0.5: in the paper's Fig. 7 right the lowest layer's heads span from about 10% to about
+    90% of the largest distance, a spread of about 0.8; half of the ceiling separates "some local and some
+    global" from "all heads alike". Bootstrap over images.
+    """
+    d0 = _per_image(dist)[0]  # (B, H)
+    b = len(d0)
+
+    def spread(w: np.ndarray) -> np.ndarray:  # (R, B) -> (R,)
+        heads = w @ d0 / b  # (R, H)
+        return (heads.max(1) - heads.min(1)) / ceiling
+
+    heads = d0.mean(0)
+    return _verdict(
+        "Fig. 7 right: lowest layer mixes local and global heads",
+        f"(largest - smallest head mean attention distance in layer 0) / uniform-attention distance > {threshold}; "
+        "95% bootstrap over images",
+        spread(np.ones((1, b)))[0], _percentile(spread(_counts(b, n_boot, seed))), threshold, ">",
+        "spread", "of ceiling",
+        {"head_distance_px": heads, "ceiling_px": ceiling, "images": b, "local_head": int(heads.argmin()),
+         "global_head": int(heads.argmax())})
+
+
+def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
+    """Fig. 7 right / Fig. 11: attention distance increases with depth.
+
+    ``dist`` (L, B, H) px as for ``lowest_layer_spread``. Statistic: least-squares slope of the head-averaged
+    distance over the layer index (px per layer); the slope is linear in the data, so it is the mean of the
+    per-image slopes, and the bootstrap resamples images.
+    """
+    d = _per_image(dist)
+    L, b, _ = d.shape
+    if L < 2:
+        raise ValueError(f"need at least 2 layers for a slope, got {L}")
+    m = d.mean(-1)  # (L, B) head-averaged per image
+    x = np.arange(L) - (L - 1) / 2
+    slopes = x @ m / (x @ x)  # (B,) px per layer
+    return _verdict(
+        "Fig. 7 right: attention distance grows with depth",
+        "least-squares slope of head-averaged mean attention distance over layer index > 0 px/layer; "
+        "95% bootstrap over images",
+        slopes.mean(), _percentile(_counts(b, n_boot, seed) @ slopes / b), 0.0, ">", "slope", "px/layer",
+        {"layer_distance_px": m.mean(1), "images": b})
+
+
+# ---------------------------------------------------------------------------------------------- Fig. 6
+
+
+def rollout_localises(mass: Array, pointing: Array, random_mass: Array, random_pointing: Array,
+                      n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
+    """Fig. 6: attention rollout puts more of its mass on the object than a random map does.
+
+    All (B,), per image, from ``localisation(maps, masks)``: ``mass``/``pointing`` for the rollout maps,
+    ``random_mass``/``random_pointing`` for random maps on the same images (``compare_methods`` returns one
+    as ``maps["random map"]``; its expected mass is ``localisation(...)["chance"]``). Statistic: mean paired
+    difference of mass on the object; bootstrap over images. The pointing game goes into ``details`` with an
+    interval from the same resamples.
+    """
+    m, p, rm, rp = (_np(a) for a in (mass, pointing, random_mass, random_pointing))
+    b = len(m)
+    if not all(a.shape == (b,) for a in (m, p, rm, rp)):
+        raise ValueError(f"all four inputs must be (B,), got {[a.shape for a in (m, p, rm, rp)]}")
+    w = _counts(b, n_boot, seed)
+    diff, pdiff = m - rm, p - rp
+    return _verdict(
+        "Fig. 6: attention rollout localises the object",
+        "mean over images of (rollout mass on the object - random-map mass on the object) > 0; "
+        "95% bootstrap over images",
+        diff.mean(), _percentile(w @ diff / b), 0.0, ">", "mass difference", "",
+        {"images": b, "mass": m.mean(), "random_mass": rm.mean(), "pointing": p.mean(),
+         "random_pointing": rp.mean(), "pointing_difference": pdiff.mean(),
+         "pointing_difference_interval": _percentile(w @ pdiff / b)})
+
+
+# ---------------------------------------------------------------------------------------------- Fig. 3/4
+
+
+def scaling_accuracies(records: Sequence[Mapping[str, Any]], shots: int = 10) -> dict[tuple[str, int, int], float]:
+    """{(family, size, seed): ``shots``-shot accuracy} from the sweep's JSONL records
+    (``ResultsStore(path).records()``): ok runs only, the latest record of a run id wins (as
+    ``ResultsStore.latest``). Records of several sweep configs (fingerprints) are refused."""
+    latest = {r["run_id"]: r for r in records}
+    ok = [r for r in latest.values() if r.get("status") == "ok" and str(shots) in r["metrics"]["few_shot"]]
+    prints = {r.get("fingerprint") for r in ok}
+    if len(prints) > 1:
+        raise ValueError(f"records of {len(prints)} sweep configs ({sorted(map(str, prints))}): select one, e.g. "
+                         "ResultsStore(path).latest(sweep, fingerprint).values()")
+    return {(r["spec"]["family"], int(r["spec"]["size"]), int(r["spec"]["seed"])):
+            float(r["metrics"]["few_shot"][str(shots)]["mean"]) for r in ok}
+
+
+def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, vit: str = "vit",
+                        resnet: str = "bit", n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
+    """Fig. 3/4: the ViT gains more from pre-training data than the ResNet.
+
+    ``records``: the sweep's JSONL records (``ResultsStore(path).records()``, e.g.
+    ``data/results/scaling_cifar10.jsonl``). gap(n) = ViT - ResNet ``shots``-shot accuracy at subset size n.
+    Statistic: gap(largest) - gap(smallest). A seed fixes the nested subsets and the probe pool for both
+    families, so the difference is taken per seed (seeds with all four runs) and the interval is over seeds:
+    Student t with 2-3 seeds, bootstrap over seeds with 4 or more, none with 1.
+    """
+    acc = scaling_accuracies(records, shots)
+    sizes = sorted({n for f, n, _ in acc if f == vit} & {n for f, n, _ in acc if f == resnet})
+    if len(sizes) < 2:
+        raise ValueError(f"need finished {vit!r} and {resnet!r} runs at 2 or more common sizes, got {sizes}")
+    lo, hi = sizes[0], sizes[-1]
+    seeds = sorted({s for *_, s in acc})
+    complete = [s for s in seeds if all((f, n, s) in acc for f in (vit, resnet) for n in (lo, hi))]
+    per_seed = np.array([(acc[vit, hi, s] - acc[resnet, hi, s]) - (acc[vit, lo, s] - acc[resnet, lo, s])
+                         for s in complete])  # (S,)
+    interval, method = _mean_interval(per_seed, n_boot, seed, "seeds")
+
+    def mean(f: str, n: int) -> float:
+        return float(np.mean([a for (ff, nn, _), a in acc.items() if ff == f and nn == n]))
+
+    return _verdict(
+        "Fig. 3/4: ViT gains more from data than ResNet",
+        f"(ViT - ResNet {shots}-shot accuracy) at {hi} images minus the same at {lo} images > 0; "
+        "95% interval over pre-training seeds",
+        per_seed.mean() if len(per_seed) else math.nan, interval, 0.0, ">", "gap change", "",
+        {"shots": shots, "smallest": lo, "largest": hi, "seeds": complete, "per_seed": per_seed,
+         "interval_method": method, "gap_by_size": {n: mean(vit, n) - mean(resnet, n) for n in sizes},
+         f"{vit}_by_size": {n: mean(vit, n) for n in sizes}, f"{resnet}_by_size": {n: mean(resnet, n) for n in sizes}})

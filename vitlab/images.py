@@ -1,0 +1,88 @@
+"""Images for the analyses, preprocessed as each model expects: a user's folder, the photos scikit-learn ships
+(as deterministic crops) and, for 32 px models, a fixed sample of CIFAR-10 test images shipped in ``data/``.
+
+Every source returns ``(names, (B, C, H, W) batch, shown)`` where ``shown`` are the (H, W, 3) uint8 views at the
+model's input size, for drawing maps over them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import timm
+import torch
+from PIL import Image
+from torch import Tensor, nn
+
+from vitlab.data import IMAGE_SUFFIXES, DataError, sample_images
+
+__all__ = ["model_transform", "load_images", "embedded_images"]
+
+
+def model_transform(model: nn.Module) -> tuple[Callable[[Image.Image], Tensor], dict]:
+    """The model's own timm eval transform (PIL image -> normalised (C, H, W) tensor) and its data config."""
+    cfg = timm.data.resolve_data_config({}, model=model)
+    return timm.data.create_transform(**cfg), cfg
+
+
+def load_images(model: nn.Module, folder: str | os.PathLike | None = None,
+                limit: int = 16) -> tuple[list[str], Tensor, list[np.ndarray]]:
+    """Images preprocessed as the model expects: (names, (B, C, H, W) batch, the (H, W, 3) uint8 views shown).
+
+    ``folder=None`` uses the photos scikit-learn ships. Broken files raise ``DataError`` naming them.
+    """
+    tf, cfg = model_transform(model)
+    if folder is None:
+        items = [(name, Image.fromarray(arr)) for name, arr in sample_images()]
+    else:
+        root = Path(folder)
+        if not root.is_dir():
+            raise DataError(f"--images {root} is not a folder")
+        files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)[:limit]
+        if not files:
+            raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {root}")
+        items, broken = [], []
+        for p in files:
+            try:
+                with Image.open(p) as im:
+                    items.append((p.stem, im.convert("RGB")))
+            except OSError as e:
+                broken.append(f"{p}: {e}")
+        if broken:
+            raise DataError("unreadable images (remove or replace them):\n  " + "\n  ".join(broken))
+    names = [n for n, _ in items]
+    x = torch.stack([tf(im) for _, im in items])
+    size = cfg["input_size"][-2:]
+    shown = [np.asarray(im.resize((size[1], size[0]), Image.Resampling.BICUBIC)) for _, im in items]
+    return names, x, shown
+
+
+def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, list[np.ndarray]]:
+    """``n`` deterministic square crops of the photos scikit-learn ships, preprocessed for ``model``.
+
+    The first two are the central squares of the two photos; then crops at 1/2 and 1/3 of the short side on a
+    regular grid, alternating between the photos. Returns what ``load_images`` returns.
+    """
+    tf, cfg = model_transform(model)
+    photos = sample_images()
+    crops: list[tuple[str, np.ndarray]] = []
+    for div in (1, 2, 3):
+        per_photo = []
+        for name, arr in photos:
+            h, w = arr.shape[:2]
+            side = min(h, w) // div
+            ys = [(h - side) // 2] if div == 1 else np.linspace(0, h - side, div).astype(int).tolist()
+            xs = [(w - side) // 2] if div == 1 else np.linspace(0, w - side, div + 1).astype(int).tolist()
+            per_photo.append([(f"{name}_{div}_{y}_{x}", arr[y:y + side, x:x + side]) for y in ys for x in xs])
+        for group in zip(*per_photo):
+            crops.extend(group)
+    if not 1 <= n <= len(crops):
+        raise ValueError(f"n must be in [1, {len(crops)}], got {n}")
+    size = cfg["input_size"][-2:]
+    items = [(name, Image.fromarray(np.ascontiguousarray(arr))) for name, arr in crops[:n]]
+    x = torch.stack([tf(im) for _, im in items])
+    shown = [np.asarray(im.resize((size[1], size[0]), Image.Resampling.BICUBIC)) for _, im in items]
+    return [name for name, _ in items], x, shown
