@@ -28,7 +28,7 @@ MODEL = os.environ.get("VITLAB_MODEL") or None  # None: the embedded default; or
 
 # %%
 import vitlab
-from vitlab.images import embedded_images
+from vitlab.images import default_images
 
 model = vitlab.load_model(MODEL)
 info = vitlab.model_info(model)
@@ -43,7 +43,7 @@ info
 # come out as one tensor `(layers, images, heads, tokens, tokens)`, exact post-softmax values:
 
 # %%
-names, x, shown = embedded_images(model, 4 if SMOKE else 8)
+names, x, shown = default_images(model, 4 if SMOKE else 8)
 maps = vitlab.attention_maps(model, x)
 print(tuple(maps.shape), "rows sum to", float(maps[0, 0, 0, 0].sum()))
 

@@ -23,15 +23,15 @@ import os
 
 SMOKE = os.environ.get("VITLAB_SMOKE") == "1"
 MODEL = os.environ.get("VITLAB_MODEL") or None
-N_IMAGES = 8 if SMOKE else 38  # the embedded photos give 38 distinct crops
+N_IMAGES = 8 if SMOKE else None  # None: all 128 shipped CIFAR-10 test images for 32 px models (the paper uses 128)
 
 # %%
 import vitlab
-from vitlab.images import embedded_images
+from vitlab.images import default_images
 from vitlab.plots import layer_lines
 
 model = vitlab.load_model(MODEL)
-_, x, _ = embedded_images(model, N_IMAGES)
+_, x, _ = default_images(model, N_IMAGES)
 per_image = vitlab.mean_attention_distance(model, x, per_image=True)  # (L, B, H)
 dist = per_image.mean(1)
 layer_lines(dist.numpy(), "mean attention distance (pixels)", "Mean attention distance per head",

@@ -30,12 +30,12 @@ N_IMAGES = 4 if SMOKE else 16
 import torch
 
 import vitlab
-from vitlab.images import embedded_images
+from vitlab.images import default_images
 from vitlab.inspect import ATTRIBUTION_METHODS
 from vitlab.plots import image_grid_with_maps
 
 model = vitlab.load_model(MODEL)
-names, x, shown = embedded_images(model, N_IMAGES)
+names, x, shown = default_images(model, N_IMAGES)
 rows, maps = vitlab.compare_methods(model, x, sanity=not SMOKE)
 show = torch.stack([maps[m][:4] for m in ATTRIBUTION_METHODS], 1)
 image_grid_with_maps(shown[:4], show.numpy(), names[:4], list(ATTRIBUTION_METHODS), title="Maps per method")

@@ -17,9 +17,14 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from vitlab.data import IMAGE_SUFFIXES, DataError, sample_images
+from vitlab.data import IMAGE_SUFFIXES, DataError, ImageArray, sample_images
 
-__all__ = ["model_transform", "load_images", "embedded_images"]
+__all__ = ["model_transform", "load_images", "embedded_images", "cifar_test_sample", "default_images", "default_source", "CIFAR_SAMPLE"]
+
+#: 128 CIFAR-10 test images (13 of each of the first 8 classes, 12 of the last 2, drawn with seed 0, classes
+#: interleaved so that any first n are balanced; ``index`` holds
+#: their positions in the sorted test split): the paper's 128 images for attention distance, shipped for offline use.
+CIFAR_SAMPLE = Path(__file__).resolve().parent.parent / "data" / "cifar10_test_128.npz"
 
 
 def model_transform(model: nn.Module) -> tuple[Callable[[Image.Image], Tensor], dict]:
@@ -86,3 +91,40 @@ def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, l
     x = torch.stack([tf(im) for _, im in items])
     shown = [np.asarray(im.resize((size[1], size[0]), Image.Resampling.BICUBIC)) for _, im in items]
     return [name for name, _ in items], x, shown
+
+
+def cifar_test_sample() -> ImageArray:
+    """The 128 shipped CIFAR-10 test images as an ``ImageArray`` (uint8, labels, class names)."""
+    with np.load(CIFAR_SAMPLE, allow_pickle=False) as z:
+        return ImageArray(torch.from_numpy(z["images"]), torch.from_numpy(z["labels"]).long(),
+                          tuple(str(c) for c in z["classes"]), "data/cifar10_test_128.npz")
+
+
+def _preprocessed(model: nn.Module, items: list[tuple[str, Image.Image]]) -> tuple[list[str], Tensor, list[np.ndarray]]:
+    tf, cfg = model_transform(model)
+    size = cfg["input_size"][-2:]
+    x = torch.stack([tf(im) for _, im in items])
+    shown = [np.asarray(im.resize((size[1], size[0]), Image.Resampling.BICUBIC)) for _, im in items]
+    return [n for n, _ in items], x, shown
+
+
+def default_source(model: nn.Module) -> str:
+    """In words, where ``default_images`` takes this model's images from."""
+    _, cfg = model_transform(model)
+    if tuple(cfg["input_size"][-2:]) == (32, 32):
+        return "the 128 shipped CIFAR-10 test images (data/cifar10_test_128.npz)"
+    return "crops of scikit-learn's sample photos"
+
+
+def default_images(model: nn.Module, n: int | None = None) -> tuple[list[str], Tensor, list[np.ndarray]]:
+    """The images the analyses use when none are given: for a model with 32 px input, the first ``n`` (default
+    all 128) of the shipped CIFAR-10 test sample, named ``class #i``; otherwise ``embedded_images(model, n or 16)``."""
+    _, cfg = model_transform(model)
+    if tuple(cfg["input_size"][-2:]) != (32, 32):
+        return embedded_images(model, n or 16)
+    data = cifar_test_sample()
+    n = len(data) if n is None else n
+    if not 1 <= n <= len(data):
+        raise ValueError(f"n must be in [1, {len(data)}], got {n}")
+    items = [(f"{data.classes[int(data.labels[i])]} #{i}", Image.fromarray(data.images[i].numpy())) for i in range(n)]
+    return _preprocessed(model, items)

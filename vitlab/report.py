@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 import vitlab
 from vitlab.atomic import replace_dir
-from vitlab.images import embedded_images, load_images
+from vitlab.images import default_images, default_source, load_images
 from vitlab.inspect import (
     embedding_filter_pca,
     position_embedding_similarity,
@@ -81,13 +81,13 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     except TypeError as e:
         raise ValueError(f"{model or 'this model'} has no self-attention to inspect ({e}). `vitlab reproduce` needs a "
                          "ViT-family model: a timm ViT/DeiT name or a vitlab ViT or hybrid checkpoint") from e
-    names, x, shown = load_images(net, images, limit=num_images) if images else embedded_images(net, num_images)
+    names, x, shown = load_images(net, images, limit=num_images) if images else default_images(net, num_images)
     base = {
         "model": str(model or "embedded default"),
         "weights": getattr(net, "vitlab_checkpoint", {}).get("path") or net.pretrained_cfg.get("hf_hub_id") or
         ("pretrained" if pretrained else "random"),
         "versions": versions(),
-        "images": f"{len(names)} from {images}" if images else f"{len(names)} crops of scikit-learn's sample photos",
+        "images": f"{len(names)} from {images}" if images else f"{len(names)} of {default_source(net)}",
     }
     metrics: dict = {**base, "model_info": {k: list(v) if isinstance(v, tuple) else v for k, v in info.__dict__.items()},
                      "image_names": names}

@@ -52,10 +52,10 @@ class AttentionExplorer:
     def __init__(self, model: nn.Module, images: tuple[list[str], Tensor, list[np.ndarray]] | None = None,
                  num_images: int = 8) -> None:
         ipw = _ipw()
-        from vitlab.images import embedded_images
+        from vitlab.images import default_images
 
         self.model = model  # its modes are left alone: capture and the methods run in eval mode temporarily
-        names, x, shown = images if images is not None else embedded_images(model, num_images)
+        names, x, shown = images if images is not None else default_images(model, num_images)
         self.names, self.x, self.shown = list(names), x, list(shown)
         self.info = model_info(model, img_size=tuple(x.shape[-2:]))
         self._maps: dict[int, Tensor] = {}  # image index -> (L, 1, H, T, T)
@@ -234,10 +234,10 @@ class DistanceExplorer:
 
     def __init__(self, model: nn.Module, images: Tensor | None = None, explorer: AttentionExplorer | None = None,
                  num_images: int = 16) -> None:
-        from vitlab.images import embedded_images
+        from vitlab.images import default_images
 
         if images is None:
-            images = embedded_images(model, num_images)[1]
+            images = default_images(model, num_images)[1]
         info = model_info(model, img_size=tuple(images.shape[-2:]))
         maps = vitlab.attention_maps(model, images)
         self.distance = attention_distance_from_maps(maps, info.grid_size, info.patch_size,
