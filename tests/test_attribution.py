@@ -48,7 +48,7 @@ def test_gradient_rollout_equals_product_of_identity_plus_weighted_attention():
     xg = x.clone().requires_grad_(True)
     with capture_attention(model, keep_grad=True) as cap:
         logits = model(xg)
-        maps = [parts[0] for parts in (cap._raw[i][0] for i in cap.layers)]
+        maps = [parts[0] for parts in cap.graph_maps()]
         grads = torch.autograd.grad(logits[torch.arange(2), target].sum(), maps)
     T = maps[0].shape[-1]
     R = torch.eye(T, dtype=torch.float64)
@@ -66,7 +66,7 @@ def test_gradient_rollout_without_class_token_and_on_a_hybrid():
     xg = x.clone().requires_grad_(True)
     with capture_attention(m, keep_grad=True) as cap:
         logits = m(xg)
-        maps = [parts[0] for parts in (cap._raw[i][0] for i in cap.layers)]
+        maps = [parts[0] for parts in cap.graph_maps()]
         grads = torch.autograd.grad(logits[:, 2].sum(), maps)
     T = maps[0].shape[-1]
     R = torch.eye(T, dtype=torch.float64)

@@ -20,7 +20,7 @@ Shapes: one map per layer and forward call, ``(B, H, T, T)``; ``stack()`` gives 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,6 +32,7 @@ from vitlab.modes import eval_mode
 
 __all__ = [
     "HEAD_FUSIONS",
+    "Reduction",
     "fuse_heads",
     "AttentionCaptureError",
     "AttentionCapture",
@@ -146,11 +147,81 @@ class _SoftmaxRecorder(TorchFunctionMode):
         return out
 
 
+#: A per-layer reduction applied inside the hook: ``reduce(layer_index, maps)`` with ``maps`` (B, H', Q, T) after any
+#: head fusion and query selection; it returns what to keep for that call, or None to keep nothing (a reduction
+#: that accumulates its own state). Peak memory then no longer grows with depth.
+Reduction = Callable[[int, Tensor], "Tensor | None"]
+
+
+class _PerCallStore:
+    """Keeps one tensor per layer and forward call; ``stack`` concatenates the calls."""
+
+    def __init__(self, layers: tuple[int, ...]) -> None:
+        self.layers = layers
+        self.items: dict[int, list[Tensor]] = {i: [] for i in layers}
+
+    def add(self, layer: int, t: Tensor, hint: str) -> None:
+        self.items[layer].append(t.float())
+
+    def counts(self) -> dict[int, int]:
+        return {i: len(v) for i, v in self.items.items()}
+
+    def stack(self, hint: str) -> Tensor:
+        per_layer = [v[0] if len(v) == 1 else torch.cat(v, dim=0) for v in (self.items[i] for i in self.layers)]
+        if len({tuple(t.shape[1:]) for t in per_layer}) != 1 or len({t.shape[0] for t in per_layer}) != 1:
+            detail = ", ".join(f"layer {i}: {tuple(t.shape)}" for i, t in zip(self.layers, per_layer))
+            raise AttentionCaptureError(
+                "layers attend over different token sets or fold windows into the batch (windowed attention), so "
+                f"their maps cannot be stacked into (L, B, H, T, T): {detail}. {hint}"
+            )
+        return torch.stack(per_layer)
+
+    def clear(self) -> None:
+        for v in self.items.values():
+            v.clear()
+
+
+class _PreallocatedStore:
+    """Writes every layer's maps straight into one (L, total, ...) float32 tensor: one copy, no concatenation,
+    for callers that know the number of images in advance (``attention_maps``)."""
+
+    def __init__(self, layers: tuple[int, ...], total: int) -> None:
+        self.layers, self.total = layers, total
+        self.slot = {i: k for k, i in enumerate(layers)}
+        self.out: Tensor | None = None
+        self.filled = {i: 0 for i in layers}
+
+    def add(self, layer: int, t: Tensor, hint: str) -> None:
+        if self.out is None:
+            self.out = torch.empty(len(self.layers), self.total, *t.shape[1:], dtype=torch.float32, device=t.device)
+        start, out = self.filled[layer], self.out[self.slot[layer]]
+        if t.shape[1:] != out.shape[1:] or start + len(t) > self.total:
+            raise AttentionCaptureError(
+                f"layer {layer} produced maps of shape {tuple(t.shape)} while earlier layers gave "
+                f"{tuple(out.shape[1:])} per image: layers attend over different token sets or fold windows into "
+                f"the batch (windowed attention?). {hint}"
+            )
+        out[start : start + len(t)].copy_(t)
+        self.filled[layer] = start + len(t)
+
+    def counts(self) -> dict[int, int]:
+        return {i: (1 if f == self.total else 0) if f else 0 for i, f in self.filled.items()}
+
+    def stack(self, hint: str) -> Tensor:
+        return self.out
+
+    def clear(self) -> None:
+        self.out = None
+        self.filled = {i: 0 for i in self.layers}
+
+
 class AttentionCapture:
-    """What ``capture_attention`` records; read it with ``stack()``, ``pool_maps()`` and ``grads()``."""
+    """What ``capture_attention`` records; read it with ``stack()``, ``pool_maps()``, ``grads()`` and
+    ``graph_maps()``."""
 
     def __init__(self, layers: tuple[AttentionLayer, ...], depth: int, head_fusion: HeadFusion | None,
-                 queries: Queries, keep_grad: bool, num_prefix_tokens: int, total_batch: int | None = None):
+                 queries: Queries, keep_grad: bool, num_prefix_tokens: int, preallocate: int | None = None,
+                 reduce: Reduction | None = None):
         self.layers = tuple(la.index for la in layers)  # indices of the captured blocks
         self.names = tuple(n for la in layers for n in la.names)
         self.depth = depth
@@ -158,20 +229,24 @@ class AttentionCapture:
         self.queries = queries
         self.keep_grad = keep_grad
         self.num_prefix_tokens = num_prefix_tokens
+        self.reduce = reduce
         self._branches = {la.index: len(la.modules) for la in layers}
-        self._slot = {la.index: k for k, la in enumerate(layers)}
-        self.maps: dict[int, list[Tensor]] = {i: [] for i in self.layers}  # per layer, one (B, H, Q, T) per call
         self.pool: list[Tensor] = []  # per call, (B, H, Lq, N)
-        self._raw: dict[int, list[list[Tensor]]] = {i: [] for i in self.layers}  # graph tensors per call and branch
+        self._graph: dict[int, list[list[Tensor]]] = {i: [] for i in self.layers}  # graph tensors per call, branch
         self._pending: dict[int, dict[int, Tensor]] = {i: {} for i in self.layers}
-        # attention_maps() knows the batch in advance: maps are then copied once, into one preallocated result
-        self._total = total_batch
-        self._out: Tensor | None = None
-        self._filled = {i: 0 for i in self.layers}
-        self.global_layers: tuple[int, ...] = ()  # for windowed models: blocks that attend globally
+        self._calls = {i: 0 for i in self.layers}
+        self._store = _PreallocatedStore(self.layers, preallocate) if preallocate else _PerCallStore(self.layers)
+        self.global_layers: tuple[int, ...] = ()
+
+    @property
+    def maps(self) -> dict[int, list[Tensor]]:
+        """Per layer, the recorded tensors of each forward call (the per-call store only)."""
+        if not isinstance(self._store, _PerCallStore):
+            raise AttentionCaptureError("this capture writes into one preallocated tensor: read it with stack()")
+        return self._store.items
 
     # ------------------------------------------------------------------ recording
-    def _reduce(self, attn: Tensor) -> Tensor:  # (B, H, T, T) -> (B, H', Q, T)
+    def _select(self, attn: Tensor) -> Tensor:  # (B, H, T, T) -> (B, H', Q, T): query rows, head fusion
         q = self.queries
         if q is None or q == "all":
             pass
@@ -209,26 +284,15 @@ class AttentionCapture:
         else:
             parts = [attn]
         if self.keep_grad:
-            self._raw[layer].append(parts)
+            self._graph[layer].append(parts)
+        self._calls[layer] += 1
         with torch.no_grad():
             full = parts[0] if n == 1 else torch.cat(parts, dim=1)  # (B, H_total, T, T)
-            self._store(layer, full.detach() if self.keep_grad else self._reduce(full.detach()))
-
-    def _store(self, layer: int, t: Tensor) -> None:
-        if self._total is None:
-            self.maps[layer].append(t.float())
-            return
-        if self._out is None:
-            self._out = torch.empty(len(self.layers), self._total, *t.shape[1:], dtype=torch.float32, device=t.device)
-        start, out = self._filled[layer], self._out[self._slot[layer]]
-        if t.shape[1:] != out.shape[1:] or start + len(t) > self._total:
-            raise AttentionCaptureError(
-                f"layer {layer} produced maps of shape {tuple(t.shape)} while earlier layers gave "
-                f"{tuple(out.shape[1:])} per image: layers attend over different token sets or fold windows into "
-                f"the batch (windowed attention?). {self.global_hint()}"
-            )
-        out[start : start + len(t)].copy_(t)
-        self._filled[layer] = start + len(t)
+            kept = full.detach() if self.keep_grad else self._select(full.detach())
+            if self.reduce is not None:
+                kept = self.reduce(layer, kept)
+            if kept is not None:
+                self._store.add(layer, kept, self.global_hint())
 
     def global_hint(self) -> str:
         if self.global_layers:
@@ -238,13 +302,8 @@ class AttentionCapture:
                 "layers=[...], or read capture.maps per layer")
 
     # ------------------------------------------------------------------ reading
-    def _counts(self) -> dict[int, int]:
-        if self._total is not None:
-            return {i: (1 if f == self._total else 0) if f else 0 for i, f in self._filled.items()}
-        return {i: len(v) for i, v in self.maps.items()}
-
-    def _check(self) -> int:
-        counts = self._counts()
+    def _check(self, counts: dict[int, int] | None = None) -> int:
+        counts = self._calls if counts is None else counts
         n = max(counts.values(), default=0)
         if n == 0:
             raise AttentionCaptureError(
@@ -261,20 +320,23 @@ class AttentionCapture:
         return n
 
     def stack(self) -> Tensor:
-        """(L, B, H, Q, T) float32 over all recorded forward calls (batches concatenated)."""
+        """(L, B, H, Q, T) float32 over all recorded forward calls (batches concatenated); with a ``reduce``, the
+        stacked outputs of the reduction, (L, B, ...)."""
         self._check()
-        if self._out is not None:
-            return self._out
-        per_layer = [v[0] if len(v) == 1 else torch.cat(v, dim=0) for v in (self.maps[i] for i in self.layers)]
-        shapes = {tuple(t.shape[1:]) for t in per_layer}
-        batch = {t.shape[0] for t in per_layer}
-        if len(shapes) != 1 or len(batch) != 1:
-            detail = ", ".join(f"layer {i}: {tuple(t.shape)}" for i, t in zip(self.layers, per_layer))
-            raise AttentionCaptureError(
-                "layers attend over different token sets or fold windows into the batch (windowed attention), so "
-                f"their maps cannot be stacked into (L, B, H, T, T): {detail}. {self.global_hint()}"
-            )
-        return torch.stack(per_layer)
+        if self.reduce is not None and not any(self._store.counts().values()):
+            raise AttentionCaptureError("this capture's reduction kept nothing (it returned None): read the state "
+                                        "the reduction accumulated instead")
+        self._check(self._store.counts())
+        return self._store.stack(self.global_hint())
+
+    def graph_maps(self, call: int = 0) -> list[tuple[Tensor, ...]]:
+        """Per captured layer, the maps of forward call ``call`` exactly as the model computed them, one (B, H, T, T)
+        tensor per attention branch (usually one), still in the autograd graph (``keep_grad=True``): the tensors
+        ``grads()`` reads the gradients of, and what ``torch.autograd.grad`` can differentiate against."""
+        if not self.keep_grad:
+            raise AttentionCaptureError("graph_maps() needs capture_attention(..., keep_grad=True)")
+        self._check()
+        return [tuple(self._graph[i][call]) for i in self.layers]
 
     def grads(self) -> Tensor:
         """(L, B, H, T, T) gradients of the recorded maps (``keep_grad=True``, after ``backward()``)."""
@@ -284,7 +346,7 @@ class AttentionCapture:
         out = []
         for i in self.layers:
             calls = []
-            for parts in self._raw[i]:
+            for parts in self._graph[i]:
                 if any(p.grad is None for p in parts):
                     raise AttentionCaptureError(
                         f"layer {i} has no gradient: call .backward() on an output inside the capture block, "
@@ -299,11 +361,11 @@ class AttentionCapture:
         return torch.cat(self.pool, dim=0) if self.pool else None
 
     def clear(self) -> None:
-        for v in (*self.maps.values(), *self._raw.values()):
+        for v in self._graph.values():
             v.clear()
+        self._store.clear()
         self.pool.clear()
-        self._out = None
-        self._filled = {i: 0 for i in self.layers}
+        self._calls = {i: 0 for i in self.layers}
 
 
 def _normalise_layers(layers: Sequence[int] | None, depth: int) -> tuple[int, ...]:
@@ -327,27 +389,31 @@ def capture_attention(
     queries: Queries = None,
     keep_grad: bool = False,
     pool: bool = True,
-    _total_batch: int | None = None,
+    reduce: Reduction | None = None,
+    preallocate: int | None = None,
 ) -> Iterator[AttentionCapture]:
     """Record post-softmax attention while the caller runs ``model`` inside the block.
 
     ``layers`` keeps only those blocks (only they run unfused); ``head_fusion`` fuses heads inside the hook
     (H becomes 1); ``queries`` keeps only some query rows: ``"prefix"`` (the readout rows), an index, a
-    list or a slice. ``keep_grad=True`` keeps the maps in the autograd graph so that after ``backward()``
-    ``capture.grads()`` returns each layer's own gradient (no reductions then). The model runs in eval
+    list or a slice. ``reduce(layer, maps)`` reduces each layer's maps inside the hook (see ``Reduction``), so only
+    its output is kept. ``preallocate=N`` (the number of images the block will run) writes the maps into one
+    preallocated (L, N, ...) tensor instead of concatenating per-call tensors at the end. ``keep_grad=True`` keeps
+    the maps in the autograd graph so that after ``backward()`` ``capture.grads()`` returns each layer's own
+    gradient (no reductions then). The model runs in eval
     mode inside the block (never maps with dropout applied); its modes, fused flags and hooks are
     restored on exit, also when the body raises.
     """
     if head_fusion not in (None, "mean", "max", "min"):
         raise ValueError(f"head_fusion must be None, 'mean', 'max' or 'min', got {head_fusion!r}")
-    if keep_grad and (head_fusion is not None or queries not in (None, "all")):
-        raise ValueError("keep_grad=True records full maps; fuse heads or select queries after reading grads()")
+    if keep_grad and (head_fusion is not None or queries not in (None, "all") or reduce is not None):
+        raise ValueError("keep_grad=True records full maps; fuse heads, select queries or reduce after reading grads()")
     found = find_attention_modules(model)
     depth = len(found)
     chosen = _normalise_layers(layers, depth)
     n_prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
     cap = AttentionCapture(tuple(found[i] for i in chosen), depth, head_fusion, queries, keep_grad, n_prefix,
-                           total_batch=_total_batch)
+                           preallocate=preallocate, reduce=reduce)
     pool_module = _find_pool(model) if pool else None
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, (nn.Sequential, nn.ModuleList)) and any(hasattr(b, "window_size") for b in blocks):
@@ -438,7 +504,7 @@ def attention_maps(
     chunks = images.split(batch_size or len(images))
     show = len(chunks) > 1 if progress is None else progress
     with torch.no_grad(), capture_attention(model, layers=layers, head_fusion=head_fusion, queries=queries,
-                                            _total_batch=len(images)) as cap:
+                                            preallocate=len(images)) as cap:
         for chunk in tqdm(chunks, desc="attention", disable=not show, leave=False):
             model(chunk)
         return cap.stack()

@@ -55,7 +55,8 @@ def mean_attention_distance(model: nn.Module, images: Tensor, *, batch_size: int
     """(L, H) mean attention distance in pixels over ``images`` (or (L, B, H) with ``per_image=True``).
 
     ``images``: a preprocessed (B, C, H, W) batch (the paper uses 128 images). Maps are captured batch by
-    batch and reduced at once, so memory stays at one batch of maps.
+    batch and each layer's maps are reduced to per-head distances inside the capture hook, so memory holds one
+    layer's maps at a time, whatever the depth.
     """
     from tqdm.auto import tqdm
 
@@ -63,10 +64,13 @@ def mean_attention_distance(model: nn.Module, images: Tensor, *, batch_size: int
     chunks = images.split(batch_size)
     out = []
     show = len(chunks) > 1 if progress is None else progress
+    def per_head(layer: int, maps: Tensor) -> Tensor:  # (B, H, T, T) -> (B, H): reduced inside the hook
+        return attention_distance_from_maps(maps[None], info.grid_size, info.patch_size, info.num_prefix_tokens,
+                                            renormalize)[0]
+
     for chunk in tqdm(chunks, desc="attention distance", disable=not show, leave=False):
-        with capture_attention(model) as cap:
+        with capture_attention(model, reduce=per_head) as cap:
             model(chunk)
-        out.append(attention_distance_from_maps(cap.stack(), info.grid_size, info.patch_size,
-                                                info.num_prefix_tokens, renormalize))
+            out.append(cap.stack())  # (L, B, H)
     per = torch.cat(out, dim=1).float()  # (L, B, H)
     return per if per_image else per.mean(1)

@@ -13,17 +13,21 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import HEAD_FUSIONS, capture_attention, fuse_heads
+from vitlab.capture import HEAD_FUSIONS, capture_attention, find_attention_modules, fuse_heads
 from vitlab.info import model_info
 
 
 def _check(maps: Tensor, discard_ratio: float, residual: float, start_layer: int, head_fusion: str) -> None:
+    _check_settings(maps.shape[0], discard_ratio, residual, start_layer, head_fusion)
+
+
+def _check_settings(depth: int, discard_ratio: float, residual: float, start_layer: int, head_fusion: str) -> None:
     if not 0.0 <= discard_ratio < 1.0:
         raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
     if not 0.0 <= residual <= 1.0:
         raise ValueError(f"residual must be in [0, 1], got {residual}")
-    if not 0 <= start_layer < maps.shape[0]:
-        raise ValueError(f"start_layer must be in [0, {maps.shape[0]}), got {start_layer}")
+    if not 0 <= start_layer < depth:
+        raise ValueError(f"start_layer must be in [0, {depth}), got {start_layer}")
     if head_fusion not in HEAD_FUSIONS:
         raise ValueError(f"head_fusion must be 'mean', 'max' or 'min', got {head_fusion!r}")
 
@@ -111,18 +115,42 @@ def readout_attention(maps: Tensor, info, vector: Tensor | None = None) -> Tenso
     return rows[..., info.num_prefix_tokens:].reshape(L, B, *info.grid_size)
 
 
+class JointRollout:
+    """A streaming reduction for ``capture_attention(reduce=...)``: multiplies each layer's fused, discarded and
+    residual-mixed attention into the running joint attention as the forward pass produces it, so memory holds one
+    (B, T, T) float64 product, whatever the depth. ``joint`` afterwards equals ``rollout_from_maps`` of all maps."""
+
+    def __init__(self, head_fusion: str = "mean", discard_ratio: float = 0.0, residual: float = 0.5,
+                 start_layer: int = 0) -> None:
+        self.head_fusion, self.discard_ratio, self.residual, self.start_layer = (head_fusion, discard_ratio,
+                                                                                 residual, start_layer)
+        self.joint: Tensor | None = None
+
+    def __call__(self, layer: int, maps: Tensor) -> None:  # maps: (B, H', T, T)
+        if layer < self.start_layer:
+            return None
+        a = _layer_matrix(maps, self.head_fusion, self.discard_ratio, self.residual)  # (B, T, T) float64
+        self.joint = a if self.joint is None else a @ self.joint
+        return None
+
+
 @torch.no_grad()
 def attention_rollout(model: nn.Module, images: Tensor, head_fusion: Literal["mean", "max", "min"] = "mean",
                       discard_ratio: float = 0.0, residual: float = 0.5, start_layer: int = 0) -> Tensor:
     """(B, gh, gw) raw rollout weights of the readout over the patch tokens (not rescaled).
 
-    Readout: the class token's row; for models without one, the mean over patch rows; for an attention
-    pool, the pool's own (head-mean) weights times the rolled-out rows. Heads are fused inside the capture,
-    so memory holds one (T, T) map per layer and image.
+    Readout: the class token's row (with a distillation token, the mean of both); for models without one, the mean
+    over patch rows; for an attention pool, the pool's own (head-mean) weights times the rolled-out rows. Heads are
+    fused inside the capture and the joint attention is accumulated layer by layer during the forward pass
+    (``JointRollout``), so peak memory is one (B, T, T) product, not one map per layer.
     """
     info = model_info(model, img_size=tuple(images.shape[-2:]))
-    with capture_attention(model, head_fusion=head_fusion) as cap:
+    depth = len(find_attention_modules(model))
+    _check_settings(depth, discard_ratio, residual, start_layer, head_fusion)
+    acc = JointRollout("mean", discard_ratio, residual, start_layer)  # heads are fused by the capture
+    with capture_attention(model, head_fusion=head_fusion, reduce=acc) as cap:
         model(images)
-    v = readout_vector(info, len(images), cap.pool_maps(), device=images.device)
-    row = rollout_row(cap.stack(), v, "mean", discard_ratio, residual, start_layer)  # heads already fused
+        pool = cap.pool_maps()
+    v = readout_vector(info, len(images), pool, device=images.device)
+    row = (v.unsqueeze(1) @ acc.joint).squeeze(1)  # (B, T)
     return row[:, info.num_prefix_tokens:].reshape(len(images), *info.grid_size).float()

@@ -1,0 +1,337 @@
+"""Verdicts against hand-made inputs with known answers: each finding reproduced, not reproduced, inconclusive."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vitlab.findings import (
+    Verdict,
+    _spearman_resampled,
+    dct_radius,
+    distance_grows_with_depth,
+    filters_low_frequency,
+    filters_structured,
+    lowest_layer_spread,
+    position_row_column_structure,
+    position_similarity_decreases,
+    rollout_localises,
+    scaling_accuracies,
+    scaling_gap_narrows,
+    uniform_attention_distance,
+    verdict_table,
+)
+from vitlab.inspect.faithfulness import rank_correlation
+from vitlab.scaling import ResultsStore, summarise
+
+SHIPPED = Path(__file__).resolve().parents[1] / "data" / "results" / "scaling_cifar10.jsonl"
+
+
+# ---------------------------------------------------------------------------------------------- verdict record
+
+
+def test_verdict_to_dict_round_trips_through_json():
+    v = distance_grows_with_depth(np.arange(4.0)[:, None, None] + np.zeros((4, 5, 2)))
+    text = json.dumps(v.to_dict(), allow_nan=False)
+    assert Verdict.from_dict(json.loads(text)) == v
+    assert json.loads(text) == v.to_dict()
+    assert v.summary().startswith("reproduced")
+    assert "slope 1 px/layer [1, 1] > 0" in v.summary()
+
+
+def test_nan_becomes_null_and_verdict_table_lists_every_finding():
+    v = Verdict("f", "c", math.nan, (math.nan, math.nan), 0.0, "inconclusive", {"x": np.float64("nan")})
+    assert v.to_dict()["statistic"] is None and v.to_dict()["details"] == {"x": None}
+    json.dumps(v.to_dict(), allow_nan=False)
+    w = distance_grows_with_depth(-np.arange(3.0)[:, None, None] + np.zeros((3, 4, 1)))
+    table = verdict_table([v, w]).splitlines()
+    assert len(table) == 4 and table[0].startswith("finding")
+    assert table[3].endswith("not reproduced") and table[2].endswith("inconclusive")
+    with pytest.raises(ValueError):
+        Verdict("f", "c", 0.0, (0.0, 0.0), 0.0, "maybe")
+
+
+def test_weighted_spearman_equals_rank_correlation_on_repeated_pairs():
+    g = np.random.default_rng(1)
+    x, y = g.integers(0, 4, 12).astype(float), g.normal(size=12)  # ties in x
+    w = g.integers(0, 3, (5, 12)).astype(float)
+    got = _spearman_resampled(x, y, w)
+    for r in range(5):
+        rep = np.repeat(np.arange(12), w[r].astype(int))
+        want = rank_correlation(torch.tensor(x[rep])[None], torch.tensor(y[rep])[None])[0]
+        assert got[r] == pytest.approx(float(want), abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- Fig. 7 left
+
+
+def cosine(u: int, v: int, p: int = 4, channels: int = 3) -> np.ndarray:
+    """(C, p, p) the (u, v) 2D DCT-II cosine, the same in every channel."""
+    i = np.arange(p)
+    cu, cv = np.cos(np.pi * (2 * i + 1) * u / (2 * p)), np.cos(np.pi * (2 * i + 1) * v / (2 * p))
+    return np.broadcast_to(np.outer(cu, cv), (channels, p, p)).copy()
+
+
+# one (u, v) of each distinct radius on a 4x4 patch, in increasing radius: 0, 1, 1.41, 2, 2.24, 2.83, 3, ...
+FREQS = [(0, 0), (0, 1), (1, 1), (2, 0), (1, 2), (2, 2), (0, 3), (3, 1), (2, 3), (3, 3)]
+
+
+def test_dct_radius_known_answers():
+    assert dct_radius(np.ones((1, 3, 4, 4)))[0] == pytest.approx(0.0, abs=1e-12)
+    assert dct_radius(cosine(3, 3)[None])[0] == pytest.approx(math.sqrt(18))  # the highest frequency: the maximum
+    assert dct_radius(cosine(1, 2)[None])[0] == pytest.approx(math.sqrt(5))
+    # the +-1 checkerboard has the largest radius of all 2^16 sign patterns on a 4x4 patch
+    pats = np.array(list(itertools.product([-1.0, 1.0], repeat=16))).reshape(-1, 1, 4, 4)
+    board = (-1.0) ** np.add.outer(np.arange(4), np.arange(4))
+    radii = dct_radius(pats)
+    assert dct_radius(board[None, None])[0] == pytest.approx(radii.max())
+    assert radii.max() < math.sqrt(18)
+    assert dct_radius(torch.ones(2, 1, 3, 3)).shape == (2,)
+
+
+def test_filters_low_frequency():
+    comps = np.stack([cosine(u, v) for u, v in FREQS])  # (10, 3, 4, 4) DCT-ordered
+    v = filters_low_frequency(comps)
+    assert v.verdict == "reproduced" and v.statistic == pytest.approx(1.0) and v.details["k"] == 10
+    assert v.interval == (1.0, 1.0)
+    assert filters_low_frequency(comps[::-1].copy()).verdict == "not reproduced"
+    # U-shaped order (high, ..., lowest, ..., high again, symmetric about the middle): Spearman exactly 0
+    v = filters_low_frequency(comps[[4, 3, 2, 1, 0, 1, 2, 3, 4]])
+    assert v.statistic == pytest.approx(0.0, abs=1e-6) and v.verdict == "inconclusive"
+    assert v.interval[0] < 0 < v.interval[1]
+    assert filters_low_frequency(comps, k=4).details["k"] == 4
+
+
+def test_filters_structured():
+    random = np.array([[0.10, 0.09], [0.12, 0.08], [0.11, 0.09], [0.09, 0.10], [0.10, 0.11]])  # (5, 2): sums ~0.2
+    v = filters_structured([0.5, 0.3], random, k=2)
+    assert v.verdict == "reproduced" and v.statistic == pytest.approx(0.8 - 0.198)
+    assert v.details["interval_method"].startswith("bootstrap")
+    assert filters_structured([0.05, 0.04], random, k=2).verdict == "not reproduced"
+    # the trained share equals the mean of random draws that vary: straddles
+    v = filters_structured([0.3, 0.0], [[0.2, 0.0], [0.4, 0.0]], k=2)
+    assert v.statistic == pytest.approx(0.0, abs=1e-12) and v.verdict == "inconclusive"
+    assert v.details["interval_method"] == "Student t over 2 random draws (1 df)"
+    half = 12.706204736174694 * 0.1 * math.sqrt(2) / math.sqrt(2)
+    assert v.interval == pytest.approx((-half, half))
+    assert filters_structured([0.3, 0.0], [[0.2, 0.0]], k=2).verdict == "inconclusive"  # one draw: no interval
+
+
+# ---------------------------------------------------------------------------------------------- Fig. 7 centre
+
+
+def sincos_similarity(gh: int, gw: int) -> np.ndarray:
+    """(N, N) cosine similarity of 2D sin-cos position embeddings (half the dims for rows, half for columns)."""
+    ys, xs = np.divmod(np.arange(gh * gw), gw)
+    freqs = np.linspace(0.05, 0.4, 8)  # 0.4 * 7 < pi: the similarity falls monotonically in |dy| and |dx|
+    emb = np.concatenate([f(np.outer(c, freqs)) for c in (ys, xs) for f in (np.sin, np.cos)], 1)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    return emb @ emb.T
+
+
+def half_signs(gh: int, gw: int) -> np.ndarray:
+    """(N,) +1 for patches in the left half of the grid, -1 for the right half."""
+    xs = np.arange(gh * gw) % gw
+    return np.where(xs < gw // 2, 1.0, -1.0)
+
+
+def test_position_similarity_decreases():
+    s = sincos_similarity(8, 8)
+    v = position_similarity_decreases(s, (8, 8))
+    assert v.verdict == "reproduced" and v.statistic < -0.9
+    # the (gh, gw, gh, gw) layout of position_embedding_similarity gives the same verdict
+    assert position_similarity_decreases(torch.tensor(s).reshape(8, 8, 8, 8)) == v
+    assert position_similarity_decreases(-s, (8, 8)).verdict == "not reproduced"
+    # left-half patches: similarity falls with distance; right half: rises; pairs across: 0. Exactly 0 overall
+    ys, xs = np.divmod(np.arange(36), 6)
+    d = np.hypot(ys[:, None] - ys[None], xs[:, None] - xs[None])
+    e = half_signs(6, 6)
+    v = position_similarity_decreases(-d * (e[:, None] + e[None]) / 2, (6, 6))
+    assert v.statistic == pytest.approx(0.0, abs=1e-6) and v.verdict == "inconclusive"
+    assert v.interval[0] < 0 < v.interval[1]
+
+
+def test_position_row_column_structure():
+    s = sincos_similarity(8, 8)
+    v = position_row_column_structure(s, (8, 8))
+    assert v.verdict == "reproduced" and v.details["distances"] == [5.0]
+    # one-hot(row) + one-hot(column) embeddings: 1/2 for same row or column, 0 otherwise
+    ys, xs = np.divmod(np.arange(64), 8)
+    onehot = np.concatenate([np.eye(8)[ys], np.eye(8)[xs]], 1) / math.sqrt(2)
+    v = position_row_column_structure(onehot @ onehot.T, (8, 8))
+    assert v.statistic == pytest.approx(0.5) and v.interval == pytest.approx((0.5, 0.5)) and v.verdict == "reproduced"
+    line = (ys[:, None] == ys[None]) | (xs[:, None] == xs[None])
+    d = np.hypot(ys[:, None] - ys[None], xs[:, None] - xs[None])
+    base = np.exp(-d / 3)
+    assert position_row_column_structure(base - 0.2 * line, (8, 8)).verdict == "not reproduced"
+    # same-line bonus +0.2 between left-half patches, -0.2 between right-half ones, 0 across: exactly 0
+    e = half_signs(8, 8)
+    v = position_row_column_structure(base + 0.2 * line * (e[:, None] + e[None]) / 2, (8, 8))
+    assert v.statistic == pytest.approx(0.0, abs=1e-12) and v.verdict == "inconclusive"
+    assert v.interval[0] < 0 < v.interval[1]
+    with pytest.raises(ValueError, match="side of at least 6"):
+        position_row_column_structure(np.eye(25), (5, 5))
+
+
+# ---------------------------------------------------------------------------------------------- Fig. 7 right
+
+
+def test_uniform_attention_distance_known_answer():
+    assert uniform_attention_distance((1, 2), (4, 4)) == pytest.approx(2.0)  # pairs: 0, 4, 4, 0
+    assert uniform_attention_distance((1, 3), (2, 2)) == pytest.approx((0 + 2 + 4 + 2 + 0 + 2 + 4 + 2 + 0) / 9)
+
+
+def test_lowest_layer_spread():
+    ceiling = 100.0
+    g = np.random.default_rng(0)
+    noise = g.normal(0, 2, (3, 16, 2))
+    d = np.array([10.0, 90.0]) + noise  # heads at 10% and 90% of the ceiling
+    v = lowest_layer_spread(d, ceiling)
+    assert v.verdict == "reproduced" and v.statistic == pytest.approx(0.8, abs=0.02)
+    assert v.details["local_head"] == 0 and v.details["global_head"] == 1
+    assert lowest_layer_spread(np.array([45.0, 55.0]) + noise, ceiling).verdict == "not reproduced"
+    # head 0 at 20 px, head 1 alternating 50 / 90 px over images: spread exactly 0.5 at the threshold
+    d = np.zeros((2, 8, 2))
+    d[0, :, 0], d[0, :, 1] = 20.0, np.tile([50.0, 90.0], 4)
+    v = lowest_layer_spread(d, ceiling)
+    assert v.statistic == pytest.approx(0.5) and v.verdict == "inconclusive"
+    assert v.interval[0] < 0.5 < v.interval[1]
+    with pytest.raises(ValueError, match="per_image"):
+        lowest_layer_spread(np.zeros((3, 2)), ceiling)
+
+
+def test_distance_grows_with_depth():
+    g = np.random.default_rng(0)
+    layers = np.arange(6.0)[:, None, None]
+    v = distance_grows_with_depth(10 + 2 * layers + g.normal(0, 1, (6, 20, 3)))
+    assert v.verdict == "reproduced" and v.statistic == pytest.approx(2.0, abs=0.2)
+    assert distance_grows_with_depth(30 - 2 * layers + g.normal(0, 1, (6, 20, 3))).verdict == "not reproduced"
+    # half the images rise by 1 px/layer, half fall by 1 px/layer: mean slope exactly 0
+    d = 10 + layers * np.tile([1.0, -1.0], 10)[None, :, None] + np.zeros((6, 20, 3))
+    v = distance_grows_with_depth(torch.tensor(d))
+    assert v.statistic == pytest.approx(0.0, abs=1e-12) and v.verdict == "inconclusive"
+    assert v.interval[0] < 0 < v.interval[1]
+
+
+# ---------------------------------------------------------------------------------------------- Fig. 6
+
+
+def test_rollout_localises():
+    g = np.random.default_rng(0)
+    rand_mass, rand_point = g.uniform(0.2, 0.3, 30), (g.uniform(size=30) < 0.25).astype(float)
+    v = rollout_localises(rand_mass + 0.3, np.ones(30), rand_mass, rand_point)
+    assert v.verdict == "reproduced" and v.statistic == pytest.approx(0.3)
+    assert v.details["pointing"] == 1.0 and v.details["random_pointing"] == pytest.approx(rand_point.mean())
+    assert v.details["pointing_difference_interval"][0] > 0
+    assert rollout_localises(rand_mass - 0.1, rand_point, rand_mass, rand_point).verdict == "not reproduced"
+    # +0.1 on half the images, -0.1 on the other half: mean difference exactly 0
+    v = rollout_localises(rand_mass + np.tile([0.1, -0.1], 15), rand_point, rand_mass, rand_point)
+    assert v.statistic == pytest.approx(0.0, abs=1e-12) and v.verdict == "inconclusive"
+    with pytest.raises(ValueError):
+        rollout_localises(np.ones(3), np.ones(2), np.ones(3), np.ones(3))
+
+
+# ---------------------------------------------------------------------------------------------- Fig. 3/4
+
+
+def rec(family: str, size: int, seed: int, acc: float, status: str = "ok", fingerprint: str = "f") -> dict:
+    return {"run_id": f"{family}-n{size}-s{seed}", "spec": {"family": family, "size": size, "seed": seed},
+            "status": status, "fingerprint": fingerprint, "metrics": {"few_shot": {"10": {"mean": acc}}}}
+
+
+def sweep(gaps_small: list[float], gaps_large: list[float]) -> list[dict]:
+    """ResNet at 0.40 (small) / 0.50 (large); the ViT at ResNet + gap, one gap per seed."""
+    out = []
+    for s, (a, b) in enumerate(zip(gaps_small, gaps_large)):
+        out += [rec("bit", 100, s, 0.40), rec("vit", 100, s, 0.40 + a), rec("bit", 1000, s, 0.50),
+                rec("vit", 1000, s, 0.50 + b), rec("bit", 500, s, 0.45), rec("vit", 500, s, 0.45)]
+    return out
+
+
+def test_scaling_gap_narrows_known_answers():
+    v = scaling_gap_narrows(sweep([-0.05, -0.04, -0.06], [0.10, 0.11, 0.10]))
+    assert v.verdict == "reproduced" and v.statistic == pytest.approx(0.15 + 0.01 / 3)
+    assert v.details["interval_method"] == "Student t over 3 seeds (2 df)"
+    assert v.details["gap_by_size"] == pytest.approx({"100": -0.05, "500": 0.0, "1000": 0.31 / 3})
+    assert (v.details["smallest"], v.details["largest"]) == (100, 1000)
+    assert scaling_gap_narrows(sweep([0.10, 0.11, 0.10], [-0.05, -0.04, -0.06])).verdict == "not reproduced"
+    v = scaling_gap_narrows(sweep([0.0, 0.0], [0.05, -0.05]))
+    assert v.statistic == pytest.approx(0.0, abs=1e-12) and v.verdict == "inconclusive"
+    # 5 seeds: bootstrap over seeds
+    v = scaling_gap_narrows(sweep([-0.05] * 5, [0.10, 0.12, 0.08, 0.11, 0.09]))
+    assert v.verdict == "reproduced" and v.details["interval_method"] == "bootstrap over 5 seeds, 1000 resamples"
+    assert v.interval[0] >= 0.13 - 1e-12 and v.interval[1] <= 0.17 + 1e-12
+
+
+def test_scaling_adapter_latest_record_wins_failed_runs_ignored():
+    recs = sweep([-0.05, -0.05], [0.10, 0.10])
+    recs.append(rec("vit", 1000, 0, 0.0))  # a rerun of vit-n1000-s0: the latest wins
+    recs.append(rec("vit", 1000, 1, 0.9, status="failed"))  # a failed rerun: the run has no ok record now
+    acc = scaling_accuracies(recs)
+    assert acc["vit", 1000, 0] == 0.0 and ("vit", 1000, 1) not in acc
+    v = scaling_gap_narrows(recs)
+    assert v.details["seeds"] == [0] and v.verdict == "inconclusive"  # one complete seed: no interval
+    assert v.statistic == pytest.approx((0.0 - 0.5) - (-0.05))
+    with pytest.raises(ValueError, match="sweep configs"):
+        scaling_accuracies(recs + [rec("bit", 5, 9, 0.1, fingerprint="g")])
+
+
+def test_scaling_gap_on_shipped_results():
+    records = ResultsStore(SHIPPED).records()
+    v = scaling_gap_narrows(records)
+    # independent recomputation straight from the JSON lines: 10-shot means, averaged over seeds
+    acc: dict[tuple[str, int], list[float]] = {}
+    for line in SHIPPED.read_text().splitlines():
+        r = json.loads(line)
+        acc.setdefault((r["spec"]["family"], r["spec"]["size"]), []).append(r["metrics"]["few_shot"]["10"]["mean"])
+    gap = {n: np.mean(acc["vit", n]) - np.mean(acc["bit", n]) for n in (250, 5000)}
+    assert v.statistic == pytest.approx(gap[5000] - gap[250], abs=1e-12)
+    assert (v.details["smallest"], v.details["largest"], v.details["seeds"]) == (250, 5000, [0, 1])
+    summ = summarise(records, shots=10)
+    for n, g in v.details["gap_by_size"].items():
+        assert g == pytest.approx(summ["vit"][int(n)]["mean"] - summ["bit"][int(n)]["mean"])
+    assert v.details["interval_method"] == "Student t over 2 seeds (1 df)"
+    assert v.verdict == "inconclusive"  # 2 seeds, t(1 df) = 12.7: the interval spans about +-0.5
+
+
+# ---------------------------------------------------------------------------------------------- the real analyses
+
+
+def test_findings_take_the_outputs_of_the_analyses_as_they_are(vit):
+    """Shape contract with vitlab.inspect on a tiny random ViT (8x8 grid of 4 px patches): no verdict asserted."""
+    from vitlab.info import model_info
+    from vitlab.inspect import (
+        attention_rollout,
+        embedding_filter_pca,
+        localisation,
+        mean_attention_distance,
+        position_embedding_similarity,
+    )
+    from vitlab.inspect.faithfulness import randomized_copy
+
+    comps, ratio = embedding_filter_pca(vit, k=28)  # (28, 3, 4, 4), (28,)
+    rand = torch.stack([embedding_filter_pca(randomized_copy(vit, s), k=28)[1] for s in range(2)])  # (2, 28)
+    images = torch.randn(4, 3, 32, 32)
+    info = model_info(vit)
+    dist = mean_attention_distance(vit, images, per_image=True)  # (L, B, H)
+    masks = torch.zeros(4, 32, 32, dtype=torch.bool)
+    masks[:, 8:24, 8:24] = True
+    loc = localisation(attention_rollout(vit, images), masks)
+    rnd = localisation(torch.rand(4, *info.grid_size, generator=torch.Generator().manual_seed(0)), masks)
+    verdicts = [
+        filters_low_frequency(comps), filters_structured(ratio, rand),
+        position_similarity_decreases(position_embedding_similarity(vit)),
+        position_row_column_structure(position_embedding_similarity(vit)),
+        lowest_layer_spread(dist, uniform_attention_distance(info.grid_size, info.patch_size)),
+        distance_grows_with_depth(dist),
+        rollout_localises(loc["mass_in_mask"], loc["pointing"], rnd["mass_in_mask"], rnd["pointing"]),
+    ]
+    assert all(isinstance(v, Verdict) for v in verdicts)
+    json.dumps([v.to_dict() for v in verdicts], allow_nan=False)
+    assert len(verdict_table(verdicts).splitlines()) == len(verdicts) + 2
