@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from vitlab.info import model_info
 from vitlab.inspect.attribution import patch_mask, predicted_class
 from vitlab.modes import eval_mode
+from vitlab.stats import spearman
 
 __all__ = ["deletion_insertion", "randomization_sanity", "localisation", "rank_correlation", "randomized_copy"]
 
@@ -108,21 +109,7 @@ def _gaussian_blur(images: Tensor, k: int, sigma: float) -> Tensor:
 
 def rank_correlation(a: Tensor, b: Tensor) -> Tensor:
     """(B,) Spearman correlation between the flattened maps of ``a`` and ``b`` (B, ...), per image."""
-    def ranks(t: Tensor) -> Tensor:
-        flat = t.flatten(1).double()
-        # average ranks for ties, as scipy.stats.spearmanr
-        r = flat.argsort(1).argsort(1).double()
-        out = torch.empty_like(r)
-        for i in range(len(flat)):
-            _, inv, counts = torch.unique(flat[i], return_inverse=True, return_counts=True)
-            mean_rank = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inv, r[i]) / counts
-            out[i] = mean_rank[inv]
-        return out
-
-    ra, rb = ranks(a), ranks(b)
-    ra, rb = ra - ra.mean(1, keepdim=True), rb - rb.mean(1, keepdim=True)
-    den = (ra.norm(dim=1) * rb.norm(dim=1)).clamp_min(1e-300)
-    return ((ra * rb).sum(1) / den).float()
+    return spearman(a.flatten(1), b.flatten(1)).float()
 
 
 def randomized_copy(model: nn.Module, seed: int = 0) -> nn.Module:

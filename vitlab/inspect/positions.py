@@ -15,6 +15,8 @@ from timm.layers import resample_abs_pos_embed
 from torch import Tensor, nn
 
 from vitlab.info import model_info
+from vitlab.inspect.distance import patch_distances
+from vitlab.stats import spearman
 
 
 def _grid_embeddings(model: nn.Module, grid: tuple[int, int] | None = None) -> tuple[Tensor, tuple[int, int]]:
@@ -40,26 +42,10 @@ def position_embedding_similarity(model: nn.Module, grid: tuple[int, int] | None
     return (flat @ flat.T).reshape(gh, gw, gh, gw)
 
 
-def _rank(x: Tensor) -> Tensor:
-    """Average ranks (ties share their mean rank), as scipy.stats.rankdata."""
-    order = x.argsort()
-    ranks = torch.empty_like(x, dtype=torch.float64)
-    ranks[order] = torch.arange(len(x), dtype=torch.float64)
-    uniq, inverse = torch.unique(x, return_inverse=True)
-    sums = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inverse, ranks)
-    counts = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inverse, torch.ones_like(ranks))
-    return (sums / counts)[inverse]
-
-
 def position_structure_score(similarity: Tensor) -> float:
     """Spearman correlation between similarity and grid distance over all distinct patch pairs."""
     gh, gw = similarity.shape[:2]
-    ys = torch.arange(gh).repeat_interleave(gw).double()
-    xs = torch.arange(gw).repeat(gh).double()
-    dist = torch.sqrt((ys[:, None] - ys[None]) ** 2 + (xs[:, None] - xs[None]) ** 2)
+    dist = patch_distances((gh, gw), (1, 1))  # in grid units
     iu = torch.triu_indices(gh * gw, gh * gw, offset=1)
     sim = similarity.reshape(gh * gw, gh * gw).double()[iu[0], iu[1]]
-    d = dist[iu[0], iu[1]]
-    rs, rd = _rank(sim), _rank(d)
-    rs, rd = rs - rs.mean(), rd - rd.mean()
-    return float((rs * rd).sum() / torch.sqrt((rs**2).sum() * (rd**2).sum()))
+    return float(spearman(sim[None], dist[iu[0], iu[1]][None])[0])

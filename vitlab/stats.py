@@ -1,0 +1,30 @@
+"""Small statistics shared by the analyses: average ranks and Spearman's rank correlation, batched."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["average_ranks", "spearman"]
+
+
+def average_ranks(x: Tensor) -> Tensor:
+    """(B, N) -> (B, N) float64 ranks 0..N-1 per row, ties sharing their mean rank (as ``scipy.stats.rankdata``
+    minus one)."""
+    flat = x.double()
+    r = flat.argsort(1).argsort(1).double()
+    out = torch.empty_like(r)
+    for i in range(len(flat)):
+        _, inv, counts = torch.unique(flat[i], return_inverse=True, return_counts=True)
+        mean_rank = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inv, r[i]) / counts
+        out[i] = mean_rank[inv]
+    return out
+
+
+def spearman(a: Tensor, b: Tensor) -> Tensor:
+    """(B,) float64 Spearman correlation between the rows of ``a`` and ``b`` (B, N), ties handled as scipy does.
+    A constant row has no ranks to correlate: it scores 0 (not NaN), so it never passes for structure."""
+    ra, rb = average_ranks(a), average_ranks(b)
+    ra, rb = ra - ra.mean(1, keepdim=True), rb - rb.mean(1, keepdim=True)
+    den = (ra.norm(dim=1) * rb.norm(dim=1)).clamp_min(1e-300)
+    return (ra * rb).sum(1) / den
