@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_bit, tiny_vit
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
 from sklearn.linear_model import Ridge
+from sklearn.model_selection import GridSearchCV, StratifiedKFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import parametrize_with_checks
+from sklearn.utils.validation import check_is_fitted
 
 from vitlab.data import ImageArray, load_shapes
 from vitlab.features import extract_features, feature_key
@@ -28,14 +35,162 @@ def test_ridge_matches_an_independent_solve(n):
     A = _design(X, mean, std)
     Y = 2.0 * (y[:, None] == np.arange(3)[None]) - 1.0
     W = np.linalg.solve(A.T @ A + 3.0 * np.eye(A.shape[1]), A.T @ Y)
-    np.testing.assert_allclose(probe.coef_.numpy(), W, rtol=1e-6, atol=1e-9)
+    # coef_ and predict return NumPy arrays now (scikit-learn's contract), even for tensor input: no .numpy()
+    np.testing.assert_allclose(probe.coef_, W, rtol=1e-6, atol=1e-9)
     # scikit-learn's Ridge without intercept on the same design matrix agrees too
     np.testing.assert_allclose(Ridge(alpha=3.0, fit_intercept=False).fit(A, Y).coef_.T, W, rtol=1e-5, atol=1e-8)
     Xt = g.normal(size=(7, 12))
-    np.testing.assert_array_equal(probe.predict(torch.tensor(Xt)).numpy(), (_design(Xt, mean, std) @ W).argmax(1))
+    np.testing.assert_array_equal(probe.predict(torch.tensor(Xt)), (_design(Xt, mean, std) @ W).argmax(1))
     # changing l2 reuses the factorisation and still matches
     W2 = np.linalg.solve(A.T @ A + 50.0 * np.eye(A.shape[1]), A.T @ Y)
-    np.testing.assert_allclose(probe.set_l2(50.0).coef_.numpy(), W2, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(probe.set_l2(50.0).coef_, W2, rtol=1e-6, atol=1e-9)
+
+
+# --- the scikit-learn estimator contract -------------------------------------------------------------------------
+
+def _blobs(n_per: int, centres: np.ndarray, spread: float = 0.5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    g = np.random.default_rng(seed)
+    y = np.repeat(np.arange(len(centres)), n_per)
+    return centres[y] + spread * g.normal(size=(len(y), centres.shape[1])), y
+
+
+CENTRES = np.array([[0.0, 0.0, 0.0, 0.0], [8.0, 8.0, 0.0, 0.0], [-8.0, 8.0, 4.0, 0.0]])
+
+
+def test_clone_and_params_round_trip():
+    X, y = _blobs(10, CENTRES)
+    fitted = FewShotRidge(l2=7.0).fit(X, y)
+    copy_ = clone(fitted)
+    assert copy_ is not fitted and copy_.get_params() == {"l2": 7.0} == fitted.get_params()
+    assert not hasattr(copy_, "classes_") and not hasattr(copy_, "coef_")  # unfitted
+    with pytest.raises(NotFittedError):
+        check_is_fitted(copy_)
+    with pytest.raises(NotFittedError):
+        copy_.predict(X)
+    check_is_fitted(fitted)
+    # set_params / get_params round trip; __init__ stores the value as given
+    probe = FewShotRidge()
+    assert probe.get_params() == {"l2": 2.0**10}
+    assert probe.set_params(l2=3) is probe and probe.get_params() == {"l2": 3}
+    assert FewShotRidge(**fitted.get_params()).get_params() == fitted.get_params()
+    assert repr(FewShotRidge(l2=7.0)) == "FewShotRidge(l2=7.0)"
+
+
+def test_changing_l2_after_fit_equals_refitting():
+    X, y = _blobs(10, CENTRES, spread=3.0)
+    refit = FewShotRidge(l2=50.0).fit(X, y)
+    np.testing.assert_allclose(FewShotRidge(l2=1.0).fit(X, y).set_l2(50.0).coef_, refit.coef_, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(FewShotRidge(l2=1.0).fit(X, y).set_params(l2=50.0).decision_function(X),
+                               refit.decision_function(X), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "big", None, True])
+def test_l2_is_validated_in_fit_not_init(bad):
+    probe = FewShotRidge(l2=bad)  # scikit-learn convention: __init__ only stores
+    assert probe.get_params()["l2"] is bad
+    X, y = _blobs(5, CENTRES)
+    with pytest.raises(ValueError, match="l2 must be a positive finite number"):
+        probe.fit(X, y)
+    with pytest.raises(ValueError, match="l2 must be a positive finite number"):
+        FewShotRidge().fit(X, y).set_l2(bad)
+
+
+def test_pipeline_with_a_scaler_separates_blobs():
+    Xtr, ytr = _blobs(20, CENTRES * 100, spread=30.0)  # raw scale far from unit: the scaler has work to do
+    Xte, yte = _blobs(20, CENTRES * 100, spread=30.0, seed=1)
+    clf = make_pipeline(StandardScaler(), FewShotRidge()).fit(Xtr, ytr)
+    assert clf.score(Xte, yte) == 1.0
+    pred = clf.predict(Xte)
+    assert isinstance(pred, np.ndarray) and np.array_equal(pred, yte)
+    assert clf[-1].n_features_in_ == 4 and np.array_equal(clf.classes_, [0, 1, 2])
+
+
+def _cv_scores_by_hand(X: np.ndarray, y: np.ndarray, l2: float) -> float:
+    """5-fold stratified CV accuracy of the paper's probe, solved with np.linalg.solve (no FewShotRidge)."""
+    accs = []
+    for tr, te in StratifiedKFold(5).split(X, y):  # what GridSearchCV(cv=5) uses for a classifier
+        mean, std = X[tr].mean(0), X[tr].std(0) + 1e-5
+        A = _design(X[tr], mean, std)
+        Y = 2.0 * (y[tr][:, None] == np.unique(y)[None]) - 1.0
+        W = np.linalg.solve(A.T @ A + l2 * np.eye(A.shape[1]), A.T @ Y)
+        accs.append(np.mean((_design(X[te], mean, std) @ W).argmax(1) == y[te]))
+    return float(np.mean(accs))
+
+
+def test_grid_search_picks_the_small_l2_that_a_correlated_signal_needs():
+    # The class lives in x0 - x1, a tiny difference between two features that share a large nuisance u:
+    # least squares (small l2) recovers the difference direction; heavy shrinkage turns ridge into a
+    # class-mean classifier, which sees x0 alone, dominated by u: near chance.
+    g = np.random.default_rng(0)
+    n = 200
+    y = np.arange(n) % 2
+    u = 3.0 * g.normal(size=n)
+    X = np.stack([u + 0.1 * (2 * y - 1) + 0.02 * g.normal(size=n), u + 0.02 * g.normal(size=n), g.normal(size=n)], 1)
+    grid = [1e6, 1e2, 1.0, 1e-3]
+    expected = [_cv_scores_by_hand(X, y, l2) for l2 in grid]
+    assert expected[-1] > 0.95 and expected[0] < 0.6 and np.argmax(expected) == 3 and sorted(expected) == expected
+    search = GridSearchCV(FewShotRidge(), param_grid={"l2": grid}, cv=5).fit(X, y)
+    np.testing.assert_allclose(search.cv_results_["mean_test_score"], expected)
+    assert search.best_params_ == {"l2": 1e-3}
+    assert search.best_estimator_.l2 == 1e-3 and search.score(X, y) > 0.95
+
+
+def test_numpy_in_numpy_out_with_string_labels():
+    X, idx = _blobs(10, CENTRES[:2])
+    y = np.array(["cat", "dog"])[idx]
+    probe = FewShotRidge().fit(X, y)
+    assert isinstance(probe.classes_, np.ndarray) and probe.classes_.tolist() == ["cat", "dog"]
+    assert probe.n_features_in_ == 4
+    pred = probe.predict(X)
+    assert isinstance(pred, np.ndarray) and pred.dtype.kind == "U" and pred.tolist() == y.tolist()
+    margin = probe.decision_function(X)  # binary: one margin per row, positive for classes_[1]
+    assert isinstance(margin, np.ndarray) and margin.shape == (len(X),)
+    np.testing.assert_array_equal(np.where(margin > 0, "dog", "cat"), pred)
+    assert isinstance(probe.coef_, np.ndarray) and probe.coef_.shape == (5, 2)
+    assert isinstance(probe.score(X, y), float) and probe.score(X, y) == 1.0
+    # three string classes: (N, K) scores whose argmax is the prediction
+    X3, idx3 = _blobs(10, CENTRES)
+    y3 = np.array(["bird", "cat", "dog"])[idx3]
+    probe3 = FewShotRidge().fit(X3.tolist(), y3.tolist())  # lists are fine too
+    scores = probe3.decision_function(X3)
+    assert scores.shape == (len(X3), 3)
+    np.testing.assert_array_equal(probe3.classes_[scores.argmax(1)], probe3.predict(X3))
+    assert probe3.predict(X3).tolist() == y3.tolist()
+
+
+def test_tensors_are_still_accepted_and_give_numpy():
+    X, y = _clusters(10)  # float32 tensors, int64 labels
+    probe = FewShotRidge().fit(X, y)
+    assert isinstance(probe.classes_, np.ndarray) and probe.classes_.tolist() == [0, 1, 2, 3]
+    pred = probe.predict(X)
+    assert isinstance(pred, np.ndarray) and np.array_equal(pred, y.numpy())
+    assert probe.score(X, y) == 1.0  # what few_shot_accuracy and benchmarks/probe_speed.py call
+    np.testing.assert_array_equal(probe.decision_function(X), probe.decision_function(X.double().numpy()))
+
+
+def test_estimator_errors_name_the_problem():
+    X, y = _blobs(5, CENTRES)
+    bad = X.copy()
+    bad[3, 1] = np.nan
+    with pytest.raises(ValueError, match=r"train features contain NaN or infinite values \(1 rows, e.g. \[3\]\)"):
+        FewShotRidge().fit(bad, y)
+    probe = FewShotRidge().fit(X, y)
+    with pytest.raises(ValueError, match=r"test features contain NaN or infinite values"):
+        probe.predict(bad)
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        FewShotRidge().fit(X, np.zeros(len(X), dtype=int))
+    with pytest.raises(ValueError, match="expecting 4 features"):
+        probe.predict(X[:, :3])
+    with pytest.raises(ValueError, match="Unknown label type"):
+        FewShotRidge().fit(X, np.linspace(0, 1, len(X)))
+
+
+# Every check of the installed scikit-learn, none expected to fail; each is a closed-form fit on tiny data
+# (the whole set takes seconds), the timeout only guards against a hang on the busy test machine.
+@pytest.mark.timeout(120)
+@parametrize_with_checks([FewShotRidge()])
+def test_sklearn_estimator_checks(estimator, check):
+    check(estimator)
 
 
 def _clusters(n_per: int, k: int = 4, d: int = 16, noise_seed: int = 0, spread: float = 0.3):

@@ -13,7 +13,7 @@ from vitlab.images import default_images
 from vitlab.static import find_chromium
 
 FIGURES = {"filters", "positions", "positions_resampled", "distance", "rollout", "faithfulness", "faithfulness_curves",
-           "readout_attention", "entropy"}
+           "readout_attention", "entropy", "few_shot", "scaling"}
 
 
 @pytest.fixture
@@ -33,14 +33,23 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint):
     assert {f["slug"] for f in metrics["figures"]} == FIGURES
     for f in metrics["figures"]:
         assert f["paper"] and f["ours"]
-        assert f["stamp"]["weights"] == str(checkpoint)
+        if f["slug"] != "scaling":  # drawn from the shipped sweep, not from this model
+            assert f["stamp"]["weights"] == str(checkpoint)
         assert set(f["stamp"]["versions"]) == {"vitlab", "torch", "timm"} and "settings" in f["stamp"]
+        assert "{" not in f["stamp_line"]  # a readable line, not a JSON dump
+    # every figure that judges a finding carries its verdicts, and metrics.json holds them all
+    judged = {v["section"] for v in metrics["verdicts"]}
+    assert {"filters", "positions", "distance"} <= judged
+    assert all(v["verdict"] in ("reproduced", "not reproduced", "inconclusive") for v in metrics["verdicts"])
+    assert metrics["summary"]["facts"]["parameters"] == f"{sum(p.numel() for p in tiny_vit().parameters()):,}"
     assert [r["method"] for r in metrics["methods"]] == ["rollout", "gradient rollout", "integrated gradients",
                                                          "occlusion", "random map"]
     assert len(metrics["mean_attention_distance_px"]) == 3 and len(metrics["mean_attention_distance_px"][0]) == 3
     page = (out / "report.html").read_text()
     assert "plotly" in page.lower() and "<script" in page  # plotly embedded: opens offline
     assert all(f"id='{slug}'" in page for slug in FIGURES)
+    assert page.count("class=\"badge") >= 2 * len(metrics["verdicts"])  # in the summary table and under the figure
+    assert '"model_info"' not in page and "{&#34;" not in page  # no raw JSON on the page
     assert metrics["png"] == "not asked for" and not list(out.glob("*.png"))
 
 
@@ -62,10 +71,12 @@ def test_reproduce_scores_localisation_on_the_shipped_shapes_model(tmp_path, che
 def test_reproduce_writes_pngs_with_chromium(tmp_path, checkpoint):
     out = tmp_path / "out"
     assert main(["reproduce", "--model", str(checkpoint), "--out", str(out), "--num-images", "2", "--no-shapes",
-                 "--quiet"]) == 0
+                 "--no-few-shot", "--formats", "png,svg", "--quiet"]) == 0
     assert json.loads((out / "metrics.json").read_text())["png"].startswith("written")
     pngs = {p.stem: p.read_bytes() for p in out.glob("*.png")}
-    assert set(pngs) == FIGURES and all(b.startswith(b"\x89PNG") for b in pngs.values())
+    assert set(pngs) == FIGURES - {"few_shot"} and all(b.startswith(b"\x89PNG") for b in pngs.values())
+    assert {p.stem for p in out.glob("*.svg")} == set(pngs)
+    assert all(p.read_text().lstrip().startswith("<svg") for p in out.glob("*.svg"))
 
 
 def _keeps_previous(out, argv, capsys, needle):
@@ -93,3 +104,15 @@ def test_unknown_model_and_model_without_attention(tmp_path, capsys):
                     "neither a file nor a timm model name")
     bit = vitlab.save_checkpoint(tiny_bit(), tmp_path / "bit")
     _keeps_previous(tmp_path / "out", ["reproduce", "--model", str(bit)], capsys, "attention")
+
+
+def test_random_weights_are_stamped_as_random_initialisation(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["reproduce", "--model", "vit_tiny_patch16_224", "--no-pretrained", "--out", str(out), "--num-images",
+                 "2", "--no-png", "--no-shapes", "--no-few-shot", "--no-scaling", "--quiet"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["weights"] == "random initialisation (no pretrained weights)"
+    assert all(f["stamp"]["weights"] == metrics["weights"] for f in metrics["figures"])
+    assert "augreg" not in (out / "report.html").read_text()  # no hub weights named that the model does not have
+    printed = capsys.readouterr().out
+    assert "finding" in printed and "verdict" in printed  # the one-line-per-finding summary table

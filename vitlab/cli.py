@@ -19,7 +19,7 @@ def _parse_value(text: str):
 def cmd_info(args: argparse.Namespace) -> int:
     import vitlab
 
-    model = vitlab.load_model(args.model, pretrained=args.pretrained)
+    model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights)
     info = vitlab.model_info(model, img_size=tuple(args.img_size) if args.img_size else None)
     d = dataclasses.asdict(info)
     d.update(num_tokens=info.num_tokens, prefix_kinds=list(info.prefix_kinds),
@@ -78,7 +78,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     if min(args.shots) < 1 or args.seeds < 1:
         raise ValueError("--shots must be positive and --seeds at least 1")
-    model = vitlab.load_model(args.model, pretrained=args.pretrained)
+    model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights)
     train, test = load_dataset(args.data, "train"), load_dataset(args.data, "test")
     counts = torch.bincount(train.labels)
     if args.max_train is None and max(args.shots) > int(counts[counts > 0].min()):
@@ -163,7 +163,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     import vitlab
     from vitlab.images import load_images
 
-    model = vitlab.load_model(args.model, pretrained=args.pretrained)
+    model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights)
     names, x, _ = load_images(model, args.images)
     maps = vitlab.attention_maps(model, x, head_fusion=args.head_fusion, queries=args.queries,
                                  batch_size=args.batch_size)
@@ -173,10 +173,16 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
+    from vitlab.findings import Verdict, verdict_table
     from vitlab.report import reproduce
 
     out = reproduce(model=args.model, images=args.images, out=args.out, pretrained=args.pretrained,
-                    num_images=args.num_images, shapes=args.shapes, png=args.png, progress=not args.quiet)
+                    weights=args.weights, num_images=args.num_images, shapes=args.shapes, png=args.png,
+                    few_shot=args.few_shot, scaling=args.scaling, image_scale=args.image_scale,
+                    formats=tuple(args.formats.split(",")), progress=not args.quiet)
+    metrics = json.loads((out / "metrics.json").read_text())
+    verdicts = [Verdict.from_dict({k: v for k, v in d.items() if k != "section"}) for d in metrics["verdicts"]]
+    print(verdict_table(verdicts))
     print(f"report: {out / 'report.html'}")
     return 0
 
@@ -190,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="timm model name, vitlab checkpoint folder, or omit for the embedded default")
         sp.add_argument("--no-pretrained", dest="pretrained", action="store_false",
                         help="for timm names: random weights instead of downloading pretrained ones")
+        sp.add_argument("--weights", metavar="FILE",
+                        help="for timm names: a local weights file (.safetensors, or .pth/.bin read with "
+                             "weights_only) instead of the hub: the offline route")
 
     sp = sub.add_parser("info", help="print what vitlab knows about a model (grid, prefix tokens, readout, ...)")
     model_args(sp)
@@ -269,12 +278,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("reproduce", help="run the inspection experiments and write an HTML report")
     model_args(sp)
-    sp.add_argument("--images", help="folder of images (default: embedded images)")
+    sp.add_argument("--images", help="folder of images (default: for 32 px models the 128 shipped CIFAR-10 test "
+                    "images, otherwise 16 crops of scikit-learn's sample photos)")
     sp.add_argument("--out", default="out", help="output folder (replaced only when the report is complete)")
-    sp.add_argument("--num-images", type=int, default=16, help="images to analyse (default 16)")
+    sp.add_argument("--num-images", type=int, default=None,
+                    help="images to analyse (default: all 128 CIFAR-10 test images for 32 px models, 16 otherwise)")
     sp.add_argument("--no-shapes", dest="shapes", action="store_false",
                     help="skip the localisation table of the shipped shapes ViT")
-    sp.add_argument("--no-png", dest="png", action="store_false", help="skip the PNG export (needs Chromium)")
+    sp.add_argument("--no-few-shot", dest="few_shot", action="store_false",
+                    help="skip the few-shot probe on CIFAR-10 (run only when CIFAR-10 is readable here)")
+    sp.add_argument("--no-scaling", dest="scaling", action="store_false",
+                    help="skip the section drawn from the shipped data-scaling sweep")
+    sp.add_argument("--no-png", dest="png", action="store_false", help="skip the static figures (need Chromium)")
+    sp.add_argument("--formats", default="png", help="static figure formats, comma-separated: png, svg, pdf (e.g. "
+                    "png,svg for papers)")
+    sp.add_argument("--image-scale", type=float, default=1.0, help="static figure scale (2: high resolution)")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_reproduce)
     return p

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from vitlab.data import IMAGE_SUFFIXES, DataError, ImageArray, sample_images
 
-__all__ = ["model_transform", "load_images", "embedded_images", "cifar_test_sample", "default_images", "default_source", "CIFAR_SAMPLE"]
+__all__ = ["model_transform", "load_images", "embedded_images", "cifar_test_sample", "default_images", "default_labels", "default_source", "CIFAR_SAMPLE"]
 
 #: 128 CIFAR-10 test images (13 of each of the first 8 classes, 12 of the last 2, drawn with seed 0, classes
 #: interleaved so that any first n are balanced; ``index`` holds
@@ -114,6 +114,15 @@ def default_source(model: nn.Module) -> str:
     if tuple(cfg["input_size"][-2:]) == (32, 32):
         return "the 128 shipped CIFAR-10 test images (data/cifar10_test_128.npz)"
     return "crops of scikit-learn's sample photos"
+
+
+def default_labels(model: nn.Module, n: int) -> tuple[Tensor | None, tuple[str, ...] | None]:
+    """True classes and class names of the first ``n`` ``default_images``, when they are the CIFAR sample."""
+    _, cfg = model_transform(model)
+    if tuple(cfg["input_size"][-2:]) != (32, 32):
+        return None, None
+    data = cifar_test_sample()
+    return data.labels[:n], data.classes
 
 
 def default_images(model: nn.Module, n: int | None = None) -> tuple[list[str], Tensor, list[np.ndarray]]:

@@ -11,29 +11,39 @@ from plotly.subplots import make_subplots
 
 def image_grid_with_maps(images: Sequence[np.ndarray], maps: np.ndarray, titles: Sequence[str],
                          map_titles: Sequence[str], title: str = "") -> go.Figure:
-    """One row per image: the image, then one heatmap per entry of ``maps``.
+    """One row per image: the image, then one heatmap per entry of ``maps``, each scaled to its own maximum
+    (one shared colourbar: share of the map's maximum).
 
     ``images``: (H, W, 3) uint8 each; ``maps``: (N_images, K, gh, gw).
     """
     n, k = maps.shape[:2]
-    fig = make_subplots(rows=n, cols=k + 1, horizontal_spacing=0.01, vertical_spacing=0.04,
+    peak = np.abs(maps).reshape(n, k, -1).max(-1)[..., None, None]
+    scaled = maps / np.where(peak > 0, peak, 1.0)
+    fig = make_subplots(rows=n, cols=k + 1, horizontal_spacing=0.01, vertical_spacing=0.3 / max(n, 1),
                         subplot_titles=[t for i in range(n) for t in ([titles[i]] + list(map_titles))])
     for i in range(n):
         fig.add_trace(go.Image(z=images[i]), row=i + 1, col=1)
         for j in range(k):
-            fig.add_trace(go.Heatmap(z=maps[i, j][::-1], colorscale="Viridis", showscale=False,
-                                     hovertemplate="row %{y}, col %{x}: %{z:.4f}<extra></extra>"),
+            fig.add_trace(go.Heatmap(z=scaled[i, j][::-1], colorscale="Viridis", zmin=min(0.0, float(scaled.min())),
+                                     zmax=1.0, showscale=i == 0 and j == 0,
+                                     colorbar=dict(title=dict(text="share of<br>map max", side="right"), len=0.6),
+                                     customdata=maps[i, j][::-1],
+                                     hovertemplate="row %{y}, col %{x}: %{customdata:.4g}<extra></extra>"),
                           row=i + 1, col=j + 2)
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
-    fig.update_layout(title=title, height=220 * n + 80, width=160 * (k + 1) + 80, margin=dict(l=20, r=20, t=80, b=20))
+    fig.update_annotations(font_size=10)
+    fig.update_layout(title=title, height=210 * n + 110, width=170 * (k + 1) + 160,
+                      margin=dict(l=20, r=20, t=110, b=20))
     return fig
 
 
-def layer_lines(values: np.ndarray, ylabel: str, title: str, spread: np.ndarray | None = None) -> go.Figure:
-    """(L, H) per-head values against depth: one dot per head, the head mean as a line.
+def layer_lines(values: np.ndarray, ylabel: str, title: str, spread: np.ndarray | None = None,
+                reference: tuple[float, str] | None = None) -> go.Figure:
+    """(L, H) per-head values against depth: one dot per head, the head mean as a line; y axis from zero.
 
-    ``spread`` (L,): error bars on the head mean (for example the standard deviation over images).
+    ``spread`` (L,): error bars on the head mean (for example the standard deviation over images);
+    ``reference`` (value, label): a dashed horizontal line, e.g. the uniform-attention ceiling.
     """
     L, H = values.shape
     fig = go.Figure()
@@ -43,7 +53,13 @@ def layer_lines(values: np.ndarray, ylabel: str, title: str, spread: np.ndarray 
     fig.add_trace(go.Scatter(x=np.arange(1, L + 1), y=values.mean(1), mode="lines", name="mean over heads",
                              line=dict(color="black"),
                              error_y=None if spread is None else dict(type="data", array=spread, visible=True)))
-    fig.update_layout(title=title, xaxis_title="network depth (layer)", yaxis_title=ylabel, width=700, height=450)
+    top = float(np.nanmax(values)) if values.size else 1.0
+    if reference is not None:
+        fig.add_hline(y=reference[0], line_dash="dash", line_color="grey", annotation_text=reference[1],
+                      annotation_position="top left")
+        top = max(top, reference[0])
+    fig.update_layout(title=title, xaxis_title="network depth (layer)", yaxis_title=ylabel, width=760, height=470,
+                      yaxis_range=[0, 1.12 * top], xaxis=dict(tickmode="linear", dtick=1))
     return fig
 
 

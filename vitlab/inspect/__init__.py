@@ -10,9 +10,9 @@ from vitlab.inspect.attribution import (
 from vitlab.inspect.compare import MethodScores, compare_methods
 from vitlab.inspect.distance import attention_distance_from_maps, mean_attention_distance, patch_distances
 from vitlab.inspect.faithfulness import deletion_insertion, localisation, randomization_sanity
-from vitlab.inspect.filters import embedding_filter_pca
+from vitlab.inspect.filters import embedding_filter_pca, filter_pca, random_filter_pca_ratios
 from vitlab.inspect.positions import position_embedding_similarity, position_structure_score
-from vitlab.inspect.rollout import attention_rollout, rollout_from_maps
+from vitlab.inspect.rollout import attention_rollout, readout_attention, readout_vector, rollout_from_maps
 
 __all__ = [
     "ATTRIBUTION_METHODS",
@@ -23,6 +23,10 @@ __all__ = [
     "compare_methods",
     "deletion_insertion",
     "embedding_filter_pca",
+    "filter_pca",
+    "random_filter_pca_ratios",
+    "readout_attention",
+    "readout_vector",
     "gradient_rollout",
     "integrated_gradients",
     "localisation",

@@ -31,9 +31,8 @@ def _filters(model: nn.Module) -> Tensor:
     raise TypeError(f"unsupported patch embedding projection {type(proj).__name__}")
 
 
-def embedding_filter_pca(model: nn.Module, k: int = 28) -> tuple[Tensor, Tensor]:
-    """(components (k, C, P, P), explained_variance_ratio (k,)) of the mean-centred patch-embedding filters."""
-    w = _filters(model)
+def filter_pca(w: Tensor, k: int = 28) -> tuple[Tensor, Tensor]:
+    """(D, C, P, P) filters -> (components (k, C, P, P), explained_variance_ratio (k,)), mean-centred like sklearn."""
     d, c, ph, pw = w.shape
     k_max = min(d, c * ph * pw)
     if not 1 <= k <= k_max:
@@ -48,3 +47,17 @@ def embedding_filter_pca(model: nn.Module, k: int = 28) -> tuple[Tensor, Tensor]
     signs = torch.sign(comps.gather(1, comps.abs().argmax(1, keepdim=True)))
     comps = comps * signs
     return comps.reshape(k, c, ph, pw).float(), ratio[:k].float()
+
+
+def embedding_filter_pca(model: nn.Module, k: int = 28) -> tuple[Tensor, Tensor]:
+    """(components (k, C, P, P), explained_variance_ratio (k,)) of the mean-centred patch-embedding filters."""
+    return filter_pca(_filters(model), k)
+
+
+def random_filter_pca_ratios(model: nn.Module, k: int = 28, draws: int = 5) -> Tensor:
+    """(draws, k) explained-variance ratios of randomly initialised embeddings with the model's filter shape
+    (i.i.d. normal entries, as a truncated-normal or lecun init draws them up to scale, which PCA ignores):
+    the reference the learned filters' structure is judged against."""
+    w = _filters(model)
+    g = torch.Generator().manual_seed(0)
+    return torch.stack([filter_pca(torch.randn(w.shape, generator=g), k)[1] for _ in range(draws)])

@@ -1,0 +1,176 @@
+"""``vitlab reproduce``: run every inspection experiment on a model and write a self-contained report.
+
+One builder per paper figure (``vitlab.report.sections``) returns a section with its figure, the paper's
+statement, ours (formatted from the numbers), a provenance stamp and the verdicts of ``vitlab.findings``;
+``vitlab.report.render`` turns the sections into HTML through a Jinja2 template. Everything is written into a
+temporary folder beside ``out`` and moved into place at the end, so a failed run leaves ``out`` as it was.
+Nothing else in vitlab imports this package (it is a leaf).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+import vitlab
+from vitlab.atomic import replace_dir
+from vitlab.checkpoint import model_card
+from vitlab.images import default_images, default_labels, default_source, load_images
+from vitlab.models import SHAPES_CHECKPOINT
+from vitlab.provenance import versions
+from vitlab.report import sections as S
+from vitlab.report.render import render_html, stamp_line
+from vitlab.static import write_images
+
+__all__ = ["reproduce", "SCALING_RESULTS"]
+
+#: The shipped data-scaling sweep drawn in the report's scaling section.
+SCALING_RESULTS = Path(__file__).resolve().parents[2] / "data" / "results" / "scaling_cifar10.jsonl"
+IMAGE_FORMATS = ("png", "svg", "pdf", "jpg", "webp")
+
+
+def weights_description(net, model: str | None, pretrained: bool, weights: str | None) -> str:
+    """Where the weights came from, truthfully: a checkpoint, a weights file, the hub, or random initialisation."""
+    ck = getattr(net, "vitlab_checkpoint", {}).get("path")
+    if ck:
+        return str(ck)
+    if weights:
+        return f"{weights} (local file)"
+    if not pretrained or model is None:
+        return "random initialisation (no pretrained weights)"
+    hub = net.pretrained_cfg.get("hf_hub_id") or net.pretrained_cfg.get("tag")
+    return f"{hub} (hub)" if hub else "pretrained (timm)"
+
+
+def _summary(net, info, model: str | None, weights: str, images: str, n_images: int) -> dict[str, Any]:
+    card = model_card(net)
+    params = sum(p.numel() for p in net.parameters())
+    cfg = getattr(net, "vitlab_config", None)
+    arch = f"{type(net).__name__}" + (f" ({info.depth} blocks, width {info.embed_dim}, {info.num_heads} heads)")
+    facts = [("model", str(model or "embedded default")), ("architecture", arch), ("parameters", f"{params:,}"),
+             ("input", f"{info.img_size[0]}x{info.img_size[1]} px, {info.patch_size[0]} px patches, "
+                       f"{info.grid_size[0]}x{info.grid_size[1]} grid, {info.num_prefix_tokens} prefix token(s) "
+                       f"({', '.join(info.prefix_kinds) or 'none'}), readout {info.readout}"),
+             ("weights", weights)]
+    if card is not None:
+        facts.append(("accuracy (model card)", f"{card['test_accuracy']:.2%} on {card['data']['test']}, "
+                                               f"{card['epochs_done']} of {card['epochs_planned']} epochs"))
+    facts.append(("images", f"{n_images} of {images}"))
+    headline = (f"Inspection of {model or 'the embedded default'} against the findings of Dosovitskiy et al., "
+                "\"An Image is Worth 16x16 Words\" (ICLR 2021). Each verdict comes from a stated criterion and a 95% "
+                "interval; grey means the data cannot decide.")
+    return {"model": str(model or "embedded default"), "headline": headline, "facts": facts,
+            "config": type(cfg).__name__ if cfg is not None else None, "parameters": params,
+            "card_accuracy": card["test_accuracy"] if card else None, "vitlab": vitlab.__version__}
+
+
+def reproduce(model: str | None = None, images: str | None = None, out: str | os.PathLike = "out",
+              pretrained: bool = True, num_images: int | None = None, shapes: bool = True, png: bool = True,
+              progress: bool | None = None, weights: str | None = None, few_shot: bool = True,
+              scaling: bool = True, image_scale: float = 1.0, formats: Sequence[str] = ("png",)) -> Path:
+    """Write ``report.html``, ``metrics.json`` (and static figures when a Chromium is found) into ``out``.
+
+    ``model``: anything ``load_model`` takes (default: the embedded checkpoint), ``weights`` a local weights file
+    for it; ``images``: a folder (default: for 32 px models the 128 shipped CIFAR-10 test images, otherwise crops
+    of scikit-learn's photos), ``num_images`` of them. ``shapes``: the localisation table of the shipped shapes
+    ViT; ``few_shot``: the few-shot probe on CIFAR-10 when it is readable; ``scaling``: the shipped sweep.
+    ``formats`` and ``image_scale``: static figures (e.g. ``("png", "svg")``, 2.0 for high resolution).
+    """
+    t0 = time.time()
+    out = Path(out)
+    bad = sorted(set(formats) - set(IMAGE_FORMATS))
+    if bad:
+        raise ValueError(f"unknown figure format(s) {bad}: choose from {list(IMAGE_FORMATS)}")
+    net = vitlab.load_model(model, pretrained=pretrained, weights=weights)
+    try:
+        info = vitlab.model_info(net)  # a model without attention fails here, before any work
+    except TypeError as e:
+        raise ValueError(f"{model or 'this model'} has no self-attention to inspect ({e}). `vitlab reproduce` needs a "
+                         "ViT-family model: a timm ViT/DeiT name or a vitlab ViT or hybrid checkpoint") from e
+    if images:
+        names, x, shown = load_images(net, images, limit=num_images or 16)
+        labels, classes, source = None, None, str(images)
+    else:
+        names, x, shown = default_images(net, num_images)
+        labels, classes = default_labels(net, len(names))
+        source = default_source(net)
+    wdesc = weights_description(net, model, pretrained, weights)
+    base = {"model": str(model or "embedded default"), "weights": wdesc, "versions": versions(),
+            "images": f"{len(names)} of {source}"}
+    inp = S.Inputs(net, info, names, x, shown, base, labels, classes)
+    summary = _summary(net, info, model, wdesc, source, len(names))
+
+    steps = ["predictions", "filters", "positions", "distance", "maps", "readout"]
+    steps += (["localisation"] if shapes else []) + (["few-shot"] if few_shot else []) + (["scaling"] if scaling else [])
+    bar = tqdm(steps, desc="reproduce", disable=progress is False)
+    sections: list[S.Section] = []
+
+    def run(name: str, build) -> None:
+        bar.set_postfix_str(name)
+        made = build()
+        if isinstance(made, S.Section):
+            sections.append(made)
+        elif made:
+            sections.extend(made)
+        bar.update()
+
+    pred: dict[str, Any] = {}
+    run("predictions", lambda: pred.update(S.prediction_pass(inp)))
+    run("filters", lambda: S.filters(inp))
+    run("positions", lambda: S.positions(inp))
+    run("distance", lambda: S.distance(inp))
+    run("maps", lambda: S.maps_and_faithfulness(inp, pred))
+    run("readout", lambda: S.readout_and_entropy(inp, pred))
+    if shapes:
+        run("localisation", lambda: S.localisation(SHAPES_CHECKPOINT, versions()))
+    if few_shot:
+        run("few-shot", lambda: S.few_shot(inp))
+    if scaling:
+        run("scaling", lambda: S.scaling(SCALING_RESULTS, versions()))
+    bar.close()
+
+    by_slug = {s.slug: s for s in sections}
+    metrics: dict[str, Any] = {
+        **base, "summary": {k: v for k, v in summary.items() if k != "facts"} | {"facts": dict(summary["facts"])},
+        "model_info": {k: list(v) if isinstance(v, tuple) else v for k, v in info.__dict__.items()},
+        "image_names": names, "attention_shape": pred["attention_shape"],
+        "predictions": [{"image": n, "class": int(c), "probability": float(p)}
+                        for n, c, p in zip(names, pred["pred"], pred["prob"])],
+        "verdicts": [{"section": s.slug, **v.to_dict()} for s in sections for v in s.verdicts],
+        "figures": [{"slug": s.slug, "title": s.title, "paper": s.paper, "ours": s.ours, "stamp": s.stamp,
+                     "stamp_line": stamp_line(s.stamp), "metrics": s.metrics,
+                     "verdicts": [v.to_dict() for v in s.verdicts]} for s in sections],
+        # flat keys kept for scripts that read earlier reports
+        "mean_attention_distance_px": by_slug["distance"].metrics["mean_attention_distance_px"],
+        "methods": by_slug["faithfulness"].metrics["methods"],
+    }
+    if "localisation" in by_slug:
+        metrics["shapes_localisation"] = by_slug["localisation"].metrics
+    summary["seconds"] = round(time.time() - t0, 1)
+    page = render_html(summary, sections)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        tmp.chmod(0o755)
+        (tmp / "report.html").write_text(page)
+        drawn = [s for s in sections if s.figure is not None]
+        if png:
+            paths = [tmp / f"{s.slug}.{fmt}" for fmt in formats for s in drawn]
+            metrics["png"] = write_images([s.figure for fmt in formats for s in drawn], paths, scale=image_scale)
+        else:
+            metrics["png"] = "not asked for"
+        metrics["seconds_total"] = round(time.time() - t0, 2)
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

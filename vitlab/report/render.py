@@ -1,0 +1,57 @@
+"""Sections to HTML through a Jinja2 template (``templates/report.html.j2``): no analysis here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vitlab.findings import Verdict
+from vitlab.report.sections import Section
+
+__all__ = ["render_html", "stamp_line", "verdict_row"]
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+def _num(x: float) -> str:
+    return "n/a" if x != x else f"{x:.3g}"  # NaN-safe
+
+
+def verdict_row(v: Verdict, slug: str = "") -> dict[str, Any]:
+    lo, hi = v.interval
+    unit = f" {v.unit}" if v.unit else ""
+    return {"slug": slug, "finding": v.finding, "criterion": v.criterion, "verdict": v.verdict,
+            "css": v.verdict.replace(" ", "-"), "side": v.side, "threshold_text": _num(v.threshold),
+            "statistic_text": f"{v.quantity} {_num(v.statistic)}{unit} [{_num(lo)}, {_num(hi)}]"}
+
+
+def stamp_line(stamp: dict[str, Any]) -> str:
+    """A stamp as one readable line: model, weights, images, versions, settings."""
+    parts = [f"model {stamp.get('model')}", f"weights {stamp.get('weights')}"]
+    if stamp.get("images"):
+        parts.append(f"images: {stamp['images']}")
+    versions = stamp.get("versions") or {}
+    if versions:
+        parts.append(", ".join(f"{k} {v}" for k, v in versions.items()))
+    settings = stamp.get("settings") or {}
+    if settings:
+        parts.append("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    return " · ".join(parts)
+
+
+def render_html(summary: dict[str, Any], sections: list[Section]) -> str:
+    """The report page: summary facts, the verdict table, then each section (plotly embedded once, offline)."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined)
+    rows, first = [], True
+    for s in sections:
+        html = None
+        if s.figure is not None:
+            html = s.figure.to_html(full_html=False, include_plotlyjs=first)
+            first = False
+        rows.append({"slug": s.slug, "title": s.title, "figure_html": html, "paper": s.paper, "ours": s.ours,
+                     "verdicts": [verdict_row(v, s.slug) for v in s.verdicts], "stamp_line": stamp_line(s.stamp)})
+    verdicts = [verdict_row(v, s.slug) for s in sections for v in s.verdicts]
+    return env.get_template("report.html.j2").render(summary=summary, sections=rows, verdicts=verdicts)
