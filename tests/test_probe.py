@@ -166,6 +166,7 @@ def test_tensors_are_still_accepted_and_give_numpy():
     assert isinstance(pred, np.ndarray) and np.array_equal(pred, y.numpy())
     assert probe.score(X, y) == 1.0  # what few_shot_accuracy and benchmarks/probe_speed.py call
     np.testing.assert_array_equal(probe.decision_function(X), probe.decision_function(X.double().numpy()))
+    np.testing.assert_array_equal(probe.predict(X.bfloat16()), probe.predict(X.bfloat16().double().numpy()))
 
 
 def test_estimator_errors_name_the_problem():

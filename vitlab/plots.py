@@ -38,6 +38,21 @@ def image_grid_with_maps(images: Sequence[np.ndarray], maps: np.ndarray, titles:
     return fig
 
 
+def heatmap_over_image(image: np.ndarray, grid_map: np.ndarray, patch: tuple[int, int], title: str = "") -> go.Figure:
+    """An (H, W, 3) uint8 image with a (gh, gw) map drawn over it, one cell per patch, with a colourbar."""
+    gh, gw = grid_map.shape
+    ph, pw = patch
+    cells = np.stack(np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij"), -1)
+    fig = go.Figure([go.Image(z=image, hoverinfo="skip"),
+                     go.Heatmap(z=grid_map, x0=pw / 2 - 0.5, dx=pw, y0=ph / 2 - 0.5, dy=ph, opacity=0.55,
+                                colorscale="Viridis", showscale=True, name="map", customdata=cells,
+                                colorbar=dict(title="weight"),
+                                hovertemplate="patch row %{customdata[0]}, col %{customdata[1]}: %{z:.4f}<extra></extra>")])
+    fig.update_layout(title=dict(text=title, font_size=13), width=500, height=460, margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(visible=False), yaxis=dict(visible=False, autorange="reversed"))
+    return fig
+
+
 def layer_lines(values: np.ndarray, ylabel: str, title: str, spread: np.ndarray | None = None,
                 reference: tuple[float, str] | None = None) -> go.Figure:
     """(L, H) per-head values against depth: one dot per head, the head mean as a line; y axis from zero.

@@ -72,8 +72,12 @@ def _check_l2(l2: object) -> float:
 
 
 def _as_numpy(a):
-    """Torch tensors (any device) as NumPy arrays; anything else unchanged, for scikit-learn to validate."""
-    return a.detach().cpu().numpy() if isinstance(a, Tensor) else a
+    """Torch tensors (any device, float ones as float64: bfloat16 has no NumPy dtype) as NumPy arrays; anything
+    else unchanged, for scikit-learn to validate."""
+    if not isinstance(a, Tensor):
+        return a
+    a = a.detach().cpu()
+    return (a.double() if a.is_floating_point() else a).numpy()
 
 
 class FewShotRidge(ClassifierMixin, BaseEstimator):

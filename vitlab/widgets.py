@@ -16,16 +16,9 @@ import torch
 from torch import Tensor, nn
 
 import vitlab
-from vitlab.capture import HEAD_FUSIONS, fuse_heads
 from vitlab.info import model_info
-from vitlab.inspect import (
-    attention_distance_from_maps,
-    gradient_rollout,
-    integrated_gradients,
-    occlusion,
-    position_embedding_similarity,
-)
-from vitlab.inspect.rollout import readout_vector, rollout_row
+from vitlab.inspect import attention_view, attribution, mean_attention_distance, position_embedding_similarity
+from vitlab.plots import heatmap_over_image
 
 __all__ = ["AttentionExplorer", "PositionExplorer", "DistanceExplorer", "METHODS", "HEADS"]
 
@@ -40,27 +33,33 @@ def _ipw():
 
 
 class AttentionExplorer:
-    """Image, layer, head (or fusion), method, discard ratio and query patch -> a heatmap over the image.
+    """Image, layer, head (or fusion), method, discard ratio, query patch and target class -> a heatmap over the image.
 
     ``images``: ``(names, (B, C, H, W) batch, shown (H, W, 3) uint8 list)`` as ``vitlab.images.load_images``
-    returns; default: the embedded photo crops. Methods: raw ``attention`` of the chosen query patch (the
-    readout's row when no patch is chosen: click a patch to choose it), ``rollout`` (uses the head fusion
-    and discard ratio), and the class-specific ``gradient rollout``, ``integrated gradients`` and
-    ``occlusion`` for the predicted class.
+    returns; default: ``vitlab.images.default_images`` (the shipped CIFAR-10 test images for 32 px models). Methods:
+    raw ``attention`` of the chosen query patch (the readout's row when no patch is chosen: click a patch to choose
+    it) and ``rollout`` (``vitlab.inspect.attention_view``), and the class-specific ``gradient rollout``,
+    ``integrated gradients`` and ``occlusion`` (``vitlab.inspect.attribution``) for the target class (default: the
+    predicted class). This class only wires controls to those functions and draws through ``vitlab.plots``.
     """
 
     def __init__(self, model: nn.Module, images: tuple[list[str], Tensor, list[np.ndarray]] | None = None,
-                 num_images: int = 8) -> None:
+                 num_images: int = 8, class_names: Sequence[str] | None = None) -> None:
         ipw = _ipw()
-        from vitlab.images import default_images
+        from vitlab.images import default_images, default_labels
 
         self.model = model  # its modes are left alone: capture and the methods run in eval mode temporarily
         names, x, shown = images if images is not None else default_images(model, num_images)
         self.names, self.x, self.shown = list(names), x, list(shown)
         self.info = model_info(model, img_size=tuple(x.shape[-2:]))
-        self._maps: dict[int, Tensor] = {}  # image index -> (L, 1, H, T, T)
-        self._pool: dict[int, Tensor | None] = {}  # image index -> attention-pool maps, if the model has a pool
-        self._class_maps: dict[tuple[int, str], Tensor] = {}
+        n_cls = int(getattr(model, "num_classes", 0) or 0)
+        if class_names is None and n_cls:
+            _, known = default_labels(model, 1)
+            class_names = known if known is not None and len(known) == n_cls else None
+        self.class_names = list(class_names) if class_names else [f"class {c}" for c in range(n_cls)]
+        self._maps: dict[int, tuple[Tensor, Tensor | None]] = {}  # image -> captured (L, 1, H, T, T), pool maps
+        self._class_maps: dict[tuple[int, str, int], Tensor] = {}
+        self._probs: dict[int, Tensor] = {}
         self.query: int | None = None  # patch index (row-major) or None for the readout
         L, H = self.info.depth, self.info.num_heads
         self.image = ipw.Dropdown(options=[(n, i) for i, n in enumerate(self.names)], value=0, description="image")
@@ -70,67 +69,60 @@ class AttentionExplorer:
                                  description="heads")
         self.method = ipw.Dropdown(options=list(METHODS), value="attention", description="method")
         self.discard = ipw.FloatSlider(value=0.0, min=0.0, max=0.95, step=0.05, description="discard")
+        self.target = ipw.Dropdown(options=[("predicted class", -1)] + [(c, k) for k, c in enumerate(self.class_names)],
+                                   value=-1, description="class")
         self.status = ipw.HTML()
-        gh, gw = self.info.grid_size
-        ph, pw = self.info.patch_size
-        self.figure = go.FigureWidget(
-            data=[go.Image(z=self.shown[0], hoverinfo="skip"),
-                  go.Heatmap(z=np.zeros((gh, gw)), x0=pw / 2 - 0.5, dx=pw, y0=ph / 2 - 0.5, dy=ph, opacity=0.55,
-                             colorscale="Viridis", showscale=True, name="map",
-                             hovertemplate="patch row %{customdata[0]}, col %{customdata[1]}: %{z:.4f}<extra></extra>",
-                             customdata=np.stack(np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij"), -1))],
-            layout=go.Layout(width=460, height=440, margin=dict(l=10, r=10, t=40, b=10),
-                             xaxis=dict(visible=False), yaxis=dict(visible=False, autorange="reversed")))
+        z, title = self.current_map(), self._title()  # the first view is computed before the figure exists
+        self.figure = go.FigureWidget(heatmap_over_image(self.shown[0], z, self.info.patch_size, title))
         self.figure.data[1].on_click(self._on_click)
-        for w in (self.image, self.layer, self.head, self.method, self.discard):
+        for w in (self.image, self.layer, self.head, self.method, self.discard, self.target):
             w.observe(lambda _change: self.update(), names="value")
         self.upload.observe(self._on_upload, names="value")
         self.update()
 
-    # ------------------------------------------------------------------ computation (cached)
-    def _attention(self, i: int) -> Tensor:
+    # ------------------------------------------------------------------ inputs to the public functions (cached)
+    def _captured(self, i: int) -> tuple[Tensor, Tensor | None]:
         if i not in self._maps:
             with torch.no_grad(), vitlab.capture_attention(self.model) as cap:
-                self.model(self.x[i:i + 1])
-            self._maps[i], self._pool[i] = cap.stack().clone(), cap.pool_maps()
+                self._probs[i] = self.model(self.x[i:i + 1]).float().softmax(-1)[0]
+            self._maps[i] = (cap.stack().clone(), cap.pool_maps())
         return self._maps[i]
 
-    def _class_map(self, i: int, method: str) -> Tensor:
-        key = (i, method)
-        if key not in self._class_maps:
-            fn = {"gradient rollout": gradient_rollout, "integrated gradients": integrated_gradients,
-                  "occlusion": occlusion}[method]
-            self._class_maps[key] = fn(self.model, self.x[i:i + 1])[0]
-        return self._class_maps[key]
+    def prediction(self, i: int | None = None) -> tuple[int, float]:
+        """(class, probability) the model predicts for image ``i`` (default: the one shown)."""
+        i = self.image.value if i is None else i
+        self._captured(i)
+        p = self._probs[i]
+        return int(p.argmax()), float(p.max())
+
+    def target_class(self) -> int:
+        return self.prediction()[0] if self.target.value == -1 else int(self.target.value)
 
     def current_map(self) -> np.ndarray:
         """(gh, gw) the map the controls select."""
         i, method = self.image.value, self.method.value
-        gh, gw = self.info.grid_size
-        p = self.info.num_prefix_tokens
-        maps = None if method in ("gradient rollout", "integrated gradients", "occlusion") else self._attention(i)
-        if method == "attention":
-            layer = maps[self.layer.value - 1, 0]  # (H, T, T)
-            a = self._fuse(layer)  # (T, T)
-            v = readout_vector(self.info, 1, self._pool[i])[0].float()
-            if self.query is not None:
-                v = torch.zeros_like(v)
-                v[p + self.query] = 1.0
-            return (v @ a)[p:].reshape(gh, gw).numpy()
-        if method == "rollout":
-            fused = self._fuse(maps[: self.layer.value, 0].transpose(0, 1))  # (l, T, T)
-            v = readout_vector(self.info, 1, self._pool[i])
-            if self.query is not None:
-                v = torch.zeros_like(v)
-                v[0, p + self.query] = 1.0
-            row = rollout_row(fused[:, None, None], v, "mean", self.discard.value)
-            return row[0, p:].reshape(gh, gw).float().numpy()
-        return self._class_map(i, method).numpy()
+        if method in ("attention", "rollout"):
+            maps, pool = self._captured(i)
+            head = self.head.value if self.head.value in HEADS else int(self.head.value.split()[1])
+            return attention_view(maps, self.info, method, self.layer.value, head, self.query, self.discard.value,
+                                  pool)[0].numpy()
+        key = (i, method, self.target_class())
+        if key not in self._class_maps:
+            self._class_maps[key] = attribution(method, self.model, self.x[i:i + 1], key[2])[0]
+        return self._class_maps[key].numpy()
 
-    def _fuse(self, a: Tensor) -> Tensor:
-        """(H, ...) -> (...): one head or a fusion over heads."""
-        h = self.head.value
-        return fuse_heads(a, h, dim=0) if h in HEAD_FUSIONS else a[int(h.split()[1])]
+    def _class_label(self, c: int) -> str:
+        return self.class_names[c] if 0 <= c < len(self.class_names) else f"class {c}"
+
+    def _title(self) -> str:
+        i, method = self.image.value, self.method.value
+        if method in ("attention", "rollout"):
+            q = "readout" if self.query is None else f"patch {divmod(self.query, self.info.grid_size[1])}"
+            upto = "layers 1-" if method == "rollout" else "layer "
+            return f"{self.names[i]}: {method}, {upto}{self.layer.value}, heads {self.head.value}, query {q}"
+        c = self.target_class()
+        p = float(self._probs[i][c]) if i in self._probs and c < len(self._probs[i]) else float("nan")
+        return f"{self.names[i]}: {method} for {self._class_label(c)} (p = {p:.2f})"
 
     # ------------------------------------------------------------------ events
     def update(self) -> None:
@@ -139,11 +131,10 @@ class AttentionExplorer:
         with self.figure.batch_update():
             self.figure.data[0].z = self.shown[i]
             self.figure.data[1].z = z
-            q = "readout" if self.query is None else f"patch {divmod(self.query, self.info.grid_size[1])}"
-            self.figure.layout.title = (f"{self.names[i]}: {self.method.value}, layer {self.layer.value}, "
-                                        f"{self.head.value}" + (f", query {q}" if self.method.value in
-                                                                ("attention", "rollout") else ""))
-        self.status.value = f"max {float(np.max(z)):.4f}, sum {float(np.sum(z)):.4f}"
+            self.figure.layout.title = self._title()
+        c, p = self.prediction(i)
+        self.status.value = (f"predicted <b>{self._class_label(c)}</b> ({p:.0%}); map max {float(np.max(z)):.4f}, "
+                             f"sum {float(np.sum(z)):.4f}")
 
     def _on_click(self, trace, points, _state) -> None:
         if points.point_inds:
@@ -189,7 +180,8 @@ class AttentionExplorer:
 
     def widget(self):
         ipw = _ipw()
-        controls = ipw.VBox([self.image, self.upload, self.method, self.layer, self.head, self.discard, self.status])
+        controls = ipw.VBox([self.image, self.upload, self.method, self.layer, self.head, self.discard, self.target,
+                             self.status])
         return ipw.HBox([controls, self.figure])
 
     def _ipython_display_(self) -> None:
@@ -207,9 +199,12 @@ class PositionExplorer:
         self.patch = (gh // 2, gw // 2)
         self.figure = go.FigureWidget(
             data=[go.Heatmap(z=self.sim[self.patch].numpy(), zmin=-1, zmax=1, colorscale="Viridis",
+                             colorbar=dict(title="cosine"),
                              hovertemplate="row %{y}, col %{x}: %{z:.3f}<extra></extra>")],
-            layout=go.Layout(width=420, height=420, yaxis=dict(autorange="reversed", scaleanchor="x"),
-                             margin=dict(l=10, r=10, t=40, b=10)))
+            layout=go.Layout(width=460, height=460, margin=dict(l=60, r=10, t=50, b=50),
+                             xaxis=dict(title="patch column", range=[-0.5, gw - 0.5], dtick=1, constrain="domain"),
+                             yaxis=dict(title="patch row", range=[gh - 0.5, -0.5], dtick=1, scaleanchor="x",
+                                        constrain="domain")))
         self.figure.data[0].on_click(lambda _t, pts, _s: pts.point_inds and self.select(*pts.point_inds[0]))
         self.select(*self.patch)
 
@@ -220,7 +215,7 @@ class PositionExplorer:
         self.patch = (int(row), int(col))
         with self.figure.batch_update():
             self.figure.data[0].z = self.sim[self.patch].numpy()
-            self.figure.layout.title = f"similarity to the position embedding of patch {self.patch}"
+            self.figure.layout.title = f"Position-embedding similarity to patch {self.patch} (click a patch)"
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -238,19 +233,23 @@ class DistanceExplorer:
 
         if images is None:
             images = default_images(model, num_images)[1]
-        info = model_info(model, img_size=tuple(images.shape[-2:]))
-        maps = vitlab.attention_maps(model, images)
-        self.distance = attention_distance_from_maps(maps, info.grid_size, info.patch_size,
-                                                     info.num_prefix_tokens).mean(1).float()  # (L, H)
+        self.distance = mean_attention_distance(model, images, progress=False).float()  # (L, H) pixels
         self.explorer = explorer
         L, H = self.distance.shape
         layers, heads = np.meshgrid(np.arange(1, L + 1), np.arange(H), indexing="ij")
         self.figure = go.FigureWidget(
-            data=[go.Scatter(x=layers.ravel(), y=self.distance.numpy().ravel(), mode="markers",
-                             customdata=heads.ravel(), marker=dict(size=8, color=heads.ravel(), colorscale="Turbo"),
-                             hovertemplate="layer %{x}, head %{customdata}: %{y:.1f} px<extra></extra>")],
-            layout=go.Layout(width=560, height=400, xaxis_title="network depth (layer)",
-                             yaxis_title="mean attention distance (pixels)", margin=dict(l=50, r=10, t=40, b=40)))
+            data=[go.Scatter(x=layers.ravel(), y=self.distance.numpy().ravel(), mode="markers", name="one head",
+                             customdata=heads.ravel(), marker=dict(size=8, color=heads.ravel(), colorscale="Turbo",
+                                                                   colorbar=dict(title="head")),
+                             hovertemplate="layer %{x}, head %{customdata}: %{y:.1f} px<extra></extra>"),
+                  go.Scatter(x=np.arange(1, L + 1), y=self.distance.mean(1).numpy(), mode="lines",
+                             name="mean over heads", line=dict(color="black"))],
+            layout=go.Layout(width=600, height=420, xaxis_title="network depth (layer)",
+                             yaxis_title="mean attention distance (pixels)", showlegend=True,
+                             legend=dict(orientation="h", y=-0.2), xaxis=dict(dtick=1),
+                             yaxis=dict(range=[0, 1.1 * float(self.distance.max())]),
+                             title=f"Mean attention distance per head ({len(images)} images); click a dot",
+                             margin=dict(l=60, r=10, t=50, b=80)))
         self.figure.data[0].on_click(lambda _t, pts, _s: pts.point_inds and self.open(pts.point_inds[0]))
 
     def open(self, point: int) -> tuple[int, int]:

@@ -12,13 +12,20 @@ from vitlab.inspect.distance import attention_distance_from_maps, mean_attention
 from vitlab.inspect.faithfulness import deletion_insertion, localisation, randomization_sanity
 from vitlab.inspect.filters import embedding_filter_pca, filter_pca, random_filter_pca_ratios
 from vitlab.inspect.positions import position_embedding_similarity, position_structure_score
-from vitlab.inspect.rollout import attention_rollout, readout_attention, readout_vector, rollout_from_maps
+from vitlab.inspect.rollout import (
+    attention_rollout,
+    attention_view,
+    readout_attention,
+    readout_vector,
+    rollout_from_maps,
+)
 
 __all__ = [
     "ATTRIBUTION_METHODS",
     "MethodScores",
     "attention_distance_from_maps",
     "attention_rollout",
+    "attention_view",
     "attribution",
     "compare_methods",
     "deletion_insertion",

@@ -154,3 +154,34 @@ def attention_rollout(model: nn.Module, images: Tensor, head_fusion: Literal["me
     v = readout_vector(info, len(images), pool, device=images.device)
     row = (v.unsqueeze(1) @ acc.joint).squeeze(1)  # (B, T)
     return row[:, info.num_prefix_tokens:].reshape(len(images), *info.grid_size).float()
+
+
+def attention_view(maps: Tensor, info, method: str = "attention", layer: int | None = None, head: str | int = "mean",
+                   query: int | None = None, discard_ratio: float = 0.0, pool: Tensor | None = None) -> Tensor:
+    """(L, B, H, T, T) captured maps -> (B, gh, gw): what one query sees, the explorer's two attention methods.
+
+    ``method="attention"``: layer ``layer``'s (1-based, default the last) attention of the query over the patches;
+    ``"rollout"``: the rollout of layers 1..``layer`` (residual 0.5, ``discard_ratio``) for the query. ``head``: a
+    head index or a fusion in ``HEAD_FUSIONS``; ``query``: a patch index (row-major) or None for the readout
+    (the class token's row, or the patch mean; ``pool``: an attention pool's maps for ``readout="map"``).
+    """
+    L, B = maps.shape[:2]
+    layer = L if layer is None else layer
+    if not 1 <= layer <= L:
+        raise ValueError(f"layer must be in [1, {L}], got {layer}")
+    p, (gh, gw) = info.num_prefix_tokens, info.grid_size
+    picked = fuse_heads(maps[:layer], head, dim=2) if head in HEAD_FUSIONS else maps[:layer, :, int(head)]  # (l,B,T,T)
+    if query is None:
+        v = readout_vector(info, B, pool, device=maps.device)
+    else:
+        if not 0 <= query < gh * gw:
+            raise ValueError(f"query patch {query} is outside the {gh}x{gw} grid")
+        v = torch.zeros(B, maps.shape[-1], dtype=torch.float64, device=maps.device)
+        v[:, p + query] = 1.0
+    if method == "attention":
+        row = (v.to(picked.dtype).unsqueeze(1) @ picked[-1]).squeeze(1)
+    elif method == "rollout":
+        row = rollout_row(picked[:, :, None], v, "mean", discard_ratio)
+    else:
+        raise ValueError(f"method must be 'attention' or 'rollout', got {method!r}")
+    return row[:, p:].reshape(B, gh, gw).float()
