@@ -1,13 +1,18 @@
-"""A real browser: Chromium (through Playwright) opens the explorer served by Voila, moves the layer slider and
-sees the heatmap change. Skipped only where Chromium or Playwright is missing; `.ci/run` installs Chromium."""
+"""A real browser: Chromium (through Playwright) opens the explorer served by Voila, checks that the first view,
+before any interaction, shows the map vitlab.attention_maps gives, moves the layer slider and sees the heatmap
+change; `vitlab app` stopped with SIGTERM takes its server down. Skipped only where Chromium or Playwright is
+missing; `.ci/run` installs Chromium. Nothing is written into the working tree."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +21,6 @@ from vitlab.static import find_chromium
 CHROMIUM = find_chromium()
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium)")]
-SHOTS = Path(__file__).resolve().parent.parent / "out" / "screenshots"
 
 
 def _free_port() -> int:
@@ -45,7 +49,7 @@ HEATMAP_Z = """() => {
 
 def test_layer_slider_changes_the_heatmap_in_chromium(tmp_path):
     playwright = pytest.importorskip("playwright.sync_api")
-    from vitlab.app import serve
+    from vitlab.app import serve, stop
 
     port = _free_port()
     proc = serve(port=port, num_images=2)
@@ -57,17 +61,44 @@ def test_layer_slider_changes_the_heatmap_in_chromium(tmp_path):
             page.goto(f"http://127.0.0.1:{port}/", timeout=180_000)
             page.wait_for_function(HEATMAP_Z, timeout=180_000)
             before = page.evaluate(HEATMAP_Z)
+            page.screenshot(path=str(tmp_path / "explorer_first_view.png"))
             handle = page.locator(".widget-slider .noUi-handle").first
             handle.focus()
             page.keyboard.press("Home")  # layer slider to layer 1 (it starts at the last layer)
             page.wait_for_function(f"() => ({HEATMAP_Z})() !== {json.dumps(before)}", timeout=60_000)
             after = page.evaluate(HEATMAP_Z)
-            SHOTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(SHOTS / "explorer_layer1.png"))
             page.screenshot(path=str(tmp_path / "explorer.png"))
             browser.close()
         assert json.loads(after) != json.loads(before)
         assert (tmp_path / "explorer.png").stat().st_size > 10_000
+        # the first view, before any interaction, is the readout's attention in the last layer, heads averaged,
+        # for the first image, exactly as the library computes it (not an empty placeholder)
+        import numpy as np
+
+        import vitlab
+        from vitlab.images import default_images
+        from vitlab.inspect import attention_view
+
+        model = vitlab.load_model()
+        _, x, _ = default_images(model, 2)
+        maps = vitlab.attention_maps(model, x[:1])
+        expected = attention_view(maps, vitlab.model_info(model), "attention", None, "mean")[0].numpy()
+        np.testing.assert_allclose(np.array(json.loads(before), dtype=float), expected, rtol=1e-4, atol=1e-6)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop(proc)
+
+
+def test_sigterm_stops_vitlab_app_and_its_server():
+    port = _free_port()
+    app = subprocess.Popen([sys.executable, "-m", "vitlab.cli", "app", "--port", str(port), "--num-images", "1"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/", 120)
+        app.send_signal(signal.SIGTERM)
+        assert app.wait(timeout=60) == 0
+        time.sleep(1.0)
+        with pytest.raises(OSError):  # nobody serves the port any more
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5)
+    finally:
+        if app.poll() is None:
+            os.killpg(app.pid, signal.SIGKILL)

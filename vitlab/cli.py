@@ -146,15 +146,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_app(args: argparse.Namespace) -> int:
-    from vitlab.app import serve
+    import signal
+
+    from vitlab.app import serve, stop
 
     proc = serve(args.model, port=args.port, open_browser=args.open, num_images=args.num_images)
-    print(f"serving the attention explorer on http://127.0.0.1:{args.port} (Ctrl-C to stop)")
+    print(f"serving the attention explorer on http://127.0.0.1:{args.port} (Ctrl-C or kill to stop)")
+
+    def on_term(_signum, _frame):  # kill (SIGTERM) stops the server and its kernels too, not only this process
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
+        stop(proc)
         return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if proc.poll() is None:
+            stop(proc)
 
 
 def cmd_capture(args: argparse.Namespace) -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +31,26 @@ def _has_module(name: str) -> bool:
 
 def serve(model: str | None = None, port: int = 8866, open_browser: bool = False,
           num_images: int = 8) -> subprocess.Popen:
-    """Start Voila in a subprocess (the caller waits on or terminates it)."""
+    """Start Voila in a subprocess, in its own process group (so ``stop`` ends it with the kernels it started)."""
     env = {**os.environ, "VITLAB_APP_IMAGES": str(num_images)}
     if model:
         env["VITLAB_MODEL"] = model
-    return subprocess.Popen(voila_command(port, open_browser), env=env)
+    return subprocess.Popen(voila_command(port, open_browser), env=env, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 20.0) -> int:
+    """End the Voila server and everything it started (its kernels): SIGTERM to the group, SIGKILL if it lingers."""
+    if proc.poll() is None:
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # kernels left in the group after the server exited
+    return proc.returncode if proc.returncode is not None else 0
