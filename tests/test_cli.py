@@ -32,8 +32,17 @@ def test_console_script_installed():
     assert out.returncode == 0 and "reproduce" in out.stdout
 
 
-def test_info_on_a_timm_name(capsys):
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"vitlab {vitlab.__version__}"
+
+
+def test_info_is_readable_by_default_and_json_on_request(capsys):
     assert main(["info", "--model", "deit_tiny_distilled_patch16_224", "--no-pretrained"]) == 0
+    text = capsys.readouterr().out
+    assert "random initialisation" in text and "5,910,800" in text and "class, dist" in text and "{" not in text
+    assert main(["info", "--model", "deit_tiny_distilled_patch16_224", "--no-pretrained", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["num_prefix_tokens"] == 2 and d["prefix_kinds"] == ["class", "dist"] and d["grid_size"] == [14, 14]
     assert d["parameters"] == 5_910_800
@@ -71,3 +80,20 @@ def test_probe_command(tmp_path, checkpoint, capsys):
     assert main(["probe", "--model", str(checkpoint), "--data", "shapes", "--max-train", "40", "--shots", "25",
                  "--quiet"]) == 1
     assert "class 0 has only 10" in capsys.readouterr().err
+
+
+def test_offline_hub_name_fails_within_seconds(monkeypatch, capsys):
+    import time
+
+    from vitlab.models import hub_reachable
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: the hub is unreachable
+    hub_reachable.cache_clear()
+    try:
+        t0 = time.time()
+        assert main(["info", "--model", "vit_tiny_patch16_224"]) == 1
+        assert time.time() - t0 < 20
+        err = capsys.readouterr().err
+        assert "offline" in err and "--weights" in err  # the CLI names its own flag for the offline route
+    finally:
+        hub_reachable.cache_clear()

@@ -18,13 +18,40 @@ def _parse_value(text: str):
 
 def cmd_info(args: argparse.Namespace) -> int:
     import vitlab
+    from vitlab.checkpoint import model_card
 
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights)
-    info = vitlab.model_info(model, img_size=tuple(args.img_size) if args.img_size else None)
-    d = dataclasses.asdict(info)
-    d.update(num_tokens=info.num_tokens, prefix_kinds=list(info.prefix_kinds),
-             parameters=sum(p.numel() for p in model.parameters()))
-    print(json.dumps(d, indent=2))
+    params = sum(p.numel() for p in model.parameters())
+    card = model_card(model)
+    source = (getattr(model, "vitlab_checkpoint", {}).get("path") or (f"{args.weights} (local file)" if args.weights
+              else (model.pretrained_cfg.get("hf_hub_id") or "timm pretrained") if args.pretrained and args.model
+              else "random initialisation"))
+    try:
+        info = vitlab.model_info(model, img_size=tuple(args.img_size) if args.img_size else None)
+    except TypeError:  # a CNN: no tokens to describe
+        info = None
+    d = dataclasses.asdict(info) if info is not None else {"architecture": type(model).__name__}
+    if info is not None:
+        d.update(num_tokens=info.num_tokens, prefix_kinds=list(info.prefix_kinds))
+    d.update(parameters=params, weights=source, card_accuracy=card["test_accuracy"] if card else None)
+    if args.json:
+        print(json.dumps(d, indent=2))
+        return 0
+    rows = [("model", args.model or "embedded default"), ("architecture", d["architecture"]),
+            ("parameters", f"{params:,}"), ("weights", source)]
+    if card:
+        rows.append(("accuracy (card)", f"{card['test_accuracy']:.2%} on {card['data']['test']} "
+                                        f"({card['epochs_done']} of {card['epochs_planned']} epochs)"))
+    if info is not None:
+        rows += [("input", f"{info.img_size[0]}x{info.img_size[1]} px, {info.patch_size[0]}x{info.patch_size[1]} "
+                           f"px patches, grid {info.grid_size[0]}x{info.grid_size[1]}"),
+                 ("tokens", f"{info.num_tokens} ({info.num_prefix_tokens} prefix: "
+                            f"{', '.join(info.prefix_kinds) or 'none'})"),
+                 ("blocks", f"{info.depth} x width {info.embed_dim}, {info.num_heads} heads"),
+                 ("position embedding", f"{info.pos_embed} (prefix rows: {'yes' if info.pos_embed_has_prefix else 'no'})"),
+                 ("readout", info.readout + (" (hybrid: CNN features as patches)" if info.hybrid else ""))]
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
     return 0
 
 
@@ -199,7 +226,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vitlab import __version__
+
     p = argparse.ArgumentParser(prog="vitlab", description="Look inside Vision Transformers.")
+    p.add_argument("--version", action="version", version=f"vitlab {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def model_args(sp: argparse.ArgumentParser, default=None) -> None:
@@ -213,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("info", help="print what vitlab knows about a model (grid, prefix tokens, readout, ...)")
     model_args(sp)
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.add_argument("--img-size", type=int, nargs=2, metavar=("H", "W"), help="input size to describe")
     sp.set_defaults(func=cmd_info)
 
@@ -309,13 +340,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def cli_words(message: str) -> str:
+    """An error message from the Python API, in the command line's terms (its flags instead of keyword arguments)."""
+    import re
+
+    message = re.sub(r"vitlab\.load_model\(('[^']*'|\"[^\"]*\"), weights=('[^']*'|\"[^\"]*\")\)",
+                     lambda m: f"--model {m.group(1)[1:-1]} --weights {m.group(2)[1:-1]}", message)
+    for api, flag in (("use pretrained=False", "pass --no-pretrained"), ("pretrained=False", "--no-pretrained"),
+                      ("pass weights=", "pass --weights "), ("weights=", "--weights ")):
+        message = message.replace(api, flag)
+    return message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError, RuntimeError, TypeError) as e:
         name = type(e).__name__
-        print(f"vitlab {args.command}: {name}: {e}", file=sys.stderr)
+        print(f"vitlab {args.command}: {name}: {cli_words(str(e))}", file=sys.stderr)
         return 1
 
 

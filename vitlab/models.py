@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import functools
 import os
 import socket
 from collections.abc import Iterator
@@ -129,9 +130,23 @@ def _similar(label: str, word: str, names: list[str], n: int = 8) -> str:
     return f"{label}: {', '.join(close[:n])}. " if close else ""
 
 
+@functools.cache
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the Hugging Face hub (``$HF_ENDPOINT``) opens within ``timeout`` seconds: checked
+    once per process, so an offline machine fails in seconds instead of after the hub client's retries."""
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout):
+            return True
+    except OSError:
+        return False
+
+
 def _create_timm(name: str, pretrained: bool, overrides: dict[str, Any]) -> nn.Module:
     try:
-        with _honour_offline_env():
+        with _honour_offline_env(force=pretrained and not hub_reachable()):
             model = timm.create_model(name, pretrained=pretrained, **overrides)
     except Exception as e:  # the hub raises a zoo of connection errors; all mean the same to a user
         if pretrained and _looks_offline(e):
@@ -195,15 +210,16 @@ def _file_num_classes(wpath: Path, classifiers: tuple[str, ...]) -> int | None:
 
 
 @contextlib.contextmanager
-def _honour_offline_env() -> Iterator[None]:
-    """huggingface_hub reads HF_HUB_OFFLINE once, at import: honour it when it was set later (a notebook cell)."""
+def _honour_offline_env(force: bool = False) -> Iterator[None]:
+    """huggingface_hub reads HF_HUB_OFFLINE once, at import: honour it when it was set later (a notebook cell);
+    ``force``: offline for this block (the hub is unreachable: read the local cache only, no retries)."""
     try:
         from huggingface_hub import constants
     except ImportError:
         yield
         return
     before = constants.HF_HUB_OFFLINE
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
+    if force or os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
         constants.HF_HUB_OFFLINE = True
     try:
         yield
