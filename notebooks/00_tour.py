@@ -28,7 +28,10 @@ MODEL = os.environ.get("VITLAB_MODEL") or None  # None: the embedded default; or
 
 # %%
 import vitlab
+from vitlab.plots import notebook_figures
 from vitlab.images import default_images
+
+notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
 model = vitlab.load_model(MODEL)
 info = vitlab.model_info(model)

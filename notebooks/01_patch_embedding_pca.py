@@ -27,7 +27,10 @@ K = 28
 
 # %%
 import vitlab
+from vitlab.plots import notebook_figures
 from vitlab.plots import filter_grid
+
+notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
 model = vitlab.load_model(MODEL)
 k = min(K, vitlab.model_info(model).embed_dim)
@@ -40,5 +43,16 @@ print(f"top {k} components explain {100 * float(ratio.sum()):.1f}% of the varian
 # %% [markdown]
 # **Paper:** the components "resemble plausible basis functions for a low-dimensional representation of the fine
 # structure within each patch" (smooth gradients, colour blobs, oriented edges at increasing frequency).
-# **Here:** the numbers above; with 4 px patches of a CIFAR-10 model the components are 4x4 colour and
-# gradient patterns, the same low-frequency-first ordering at a much smaller scale.
+# **Here:** two verdicts decide it on this model, each from a stated criterion and a 95% interval: whether later
+# components have higher spatial frequency (energy-weighted DCT radius against component rank), and whether the
+# leading components explain more variance than those of randomly initialised filters of the same shape.
+
+# %%
+from vitlab import findings
+from vitlab.inspect import random_filter_pca_ratios
+
+verdicts = [findings.filters_low_frequency(components, k=k),
+            findings.filters_structured(ratio, random_filter_pca_ratios(model, k=k), k=k)]
+print(findings.verdict_table(verdicts))
+print()
+print(findings.explain(verdicts))

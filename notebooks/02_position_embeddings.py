@@ -25,8 +25,11 @@ MODEL = os.environ.get("VITLAB_MODEL") or None
 
 # %%
 import vitlab
+from vitlab.plots import notebook_figures
 from vitlab.plots import similarity_tiles
 from vitlab.widgets import PositionExplorer
+
+notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
 model = vitlab.load_model(MODEL)
 sim = vitlab.position_embedding_similarity(model)
@@ -49,5 +52,17 @@ print(f"Spearman at {gh}x{gw}: {score:.3f}; resampled to {2 * gh}x{2 * gw}: {vit
 
 # %% [markdown]
 # **Paper:** closer patches tend to have more similar position embeddings, and a row-column structure appears:
-# the model learns the 2D topology from 1D embeddings. **Here:** a negative Spearman correlation between
-# similarity and grid distance (printed above; -1 would be perfectly local) is that finding in one number.
+# the model learns the 2D topology from 1D embeddings. **Here:** the verdicts below decide both on this model
+# (rank correlation of similarity with grid distance; same-row/column pairs against other pairs at equal distance).
+
+# %%
+from vitlab import findings
+
+verdicts = [findings.position_similarity_decreases(sim)]
+try:
+    verdicts.append(findings.position_row_column_structure(sim))
+except ValueError as e:  # grids too small for pairs at equal distance inside and outside rows
+    print(f"row/column structure not judged: {e}")
+print(findings.verdict_table(verdicts))
+print()
+print(findings.explain(verdicts))

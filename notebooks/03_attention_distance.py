@@ -27,15 +27,23 @@ N_IMAGES = 8 if SMOKE else None  # None: all 128 shipped CIFAR-10 test images fo
 
 # %%
 import vitlab
+from vitlab.plots import notebook_figures
 from vitlab.images import default_images
 from vitlab.plots import layer_lines
+
+notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
 model = vitlab.load_model(MODEL)
 _, x, _ = default_images(model, N_IMAGES)
 per_image = vitlab.mean_attention_distance(model, x, per_image=True)  # (L, B, H)
 dist = per_image.mean(1)
-layer_lines(dist.numpy(), "mean attention distance (pixels)", "Mean attention distance per head",
-            spread=per_image.mean(2).std(1).numpy())
+from vitlab import findings
+
+info = vitlab.model_info(model)
+ceiling = findings.uniform_attention_distance(info.grid_size, info.patch_size)  # uniform attention over the grid
+layer_lines(dist.numpy(), "mean attention distance (pixels)",
+            f"Mean attention distance per head ({per_image.shape[1]} images)", spread=per_image.mean(2).std(1).numpy(),
+            reference=(ceiling, f"uniform attention: {ceiling:.1f} px"))
 
 # %%
 print(f"lowest layer: heads from {float(dist[0].min()):.1f} to {float(dist[0].max()):.1f} px; "
@@ -45,5 +53,12 @@ print(f"renormalised over patch keys: last layer mean {float(renorm[-1].mean()):
 
 # %% [markdown]
 # **Paper:** some heads attend to most of the image already in the lowest layers, others stay local; the
-# attention distance increases with depth. **Here:** the spread of the lowest layer's heads and the growth
-# with depth printed above; on a 32 px image the largest possible distances are a few tens of pixels.
+# attention distance increases with depth. **Here:** two verdicts on these images, measured against the distance
+# of uniform attention over this grid (the largest mean distance a head can reach on average).
+
+# %%
+verdicts = [findings.lowest_layer_spread(per_image, ceiling), findings.distance_grows_with_depth(per_image)]
+print(f"uniform attention over the {info.grid_size[0]}x{info.grid_size[1]} grid: {ceiling:.1f} px")
+print(findings.verdict_table(verdicts))
+print()
+print(findings.explain(verdicts))

@@ -30,9 +30,12 @@ N_IMAGES = 4 if SMOKE else 16
 import torch
 
 import vitlab
+from vitlab.plots import notebook_figures
 from vitlab.images import default_images
 from vitlab.inspect import ATTRIBUTION_METHODS
 from vitlab.plots import image_grid_with_maps
+
+notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
 model = vitlab.load_model(MODEL)
 names, x, shown = default_images(model, N_IMAGES)
@@ -57,8 +60,8 @@ shapes_model = vitlab.load_model(str(SHAPES_CHECKPOINT))
 data = load_shapes("test", n=8 if SMOKE else 64)
 cfg = shapes_model.pretrained_cfg
 sx = normalize(data.images, cfg["mean"], cfg["std"])
-loc_rows, _ = vitlab.compare_methods(shapes_model, sx, data.labels, masks=data.masks, sanity=False)
-print(f"chance (object area): {float(data.masks.double().mean()):.3f}")
+loc_rows, loc_maps = vitlab.compare_methods(shapes_model, sx, data.labels, masks=data.masks, sanity=False)
+print(f"object area share (the score of a uniform map): {float(data.masks.double().mean()):.3f}")
 for r in loc_rows:
     print(f"{r.method:22s} mass in object {r.mass_in_mask:.3f}  pointing {r.pointing:.3f}")
 
@@ -66,4 +69,15 @@ for r in loc_rows:
 # **Paper:** the rolled-out attention of the output token lands on the object that decides the class (Fig. 6).
 # **Here:** the maps above, a deletion/insertion comparison against a random map (lower deletion and higher
 # insertion than random mean the map ranks patches the model relies on), a sanity check (near-zero correlation
-# with the maps of a re-initialised model) and the share of map mass on the object for the shapes.
+# with the maps of a re-initialised model), and the verdict below: whether rollout puts more of its mass on the
+# object than a random map does, on the shapes, where the masks are known.
+
+# %%
+from vitlab import findings
+from vitlab.inspect import localisation
+
+ro, rnd = localisation(loc_maps["rollout"], data.masks), localisation(loc_maps["random map"], data.masks)
+verdicts = [findings.rollout_localises(ro["mass_in_mask"], ro["pointing"], rnd["mass_in_mask"], rnd["pointing"])]
+print(findings.verdict_table(verdicts))
+print()
+print(findings.explain(verdicts))

@@ -27,9 +27,12 @@ DATA = os.environ.get("VITLAB_PROBE_DATA", "shapes" if SMOKE else "cifar10")  # 
 
 # %%
 import vitlab
+from vitlab.plots import notebook_figures
 from vitlab.data import DataError, load_dataset, load_shapes, nested_subsets
 from vitlab.features import extract_features
 from vitlab.probe import few_shot_accuracy, format_table, linear_probe_accuracy
+
+notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
 model = vitlab.load_model(MODEL)
 try:

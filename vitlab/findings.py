@@ -41,6 +41,8 @@ __all__ = [
     "scaling_accuracies",
     "scaling_gap_narrows",
     "verdict_table",
+    "explain",
+    "KNOWN_REASONS",
 ]
 
 N_BOOT = 1000
@@ -526,3 +528,42 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
         {"shots": shots, "smallest": lo, "largest": hi, "seeds": complete, "per_seed": per_seed,
          "interval_method": method, "gap_by_size": {n: mean(vit, n) - mean(resnet, n) for n in sizes},
          f"{vit}_by_size": {n: mean(vit, n) for n in sizes}, f"{resnet}_by_size": {n: mean(resnet, n) for n in sizes}})
+
+
+# ---------------------------------------------------------------------------------------------- reasons
+
+#: Known reasons, with their sources, why a finding of the paper may not show on a small model trained on little
+#: data; keyed by the start of ``Verdict.finding``.
+KNOWN_REASONS: dict[str, str] = {
+    "Fig. 7 left": "the paper's filters come from ViT-L/32 pre-trained on JFT-300M; 4 px patches of a small model "
+                   "trained on 50,000 images leave few frequencies to order and little data to shape them (paper "
+                   "section 4.5 shows them for large-scale pre-training only).",
+    "Fig. 7 centre": "the 2D topology of 1D position embeddings is learned from data; the paper's Appendix D.4 "
+                     "(Table 8) finds position-embedding variants matter little at small scale, and small grids "
+                     "trained briefly learn weak structure.",
+    "Fig. 7 right": "Raghu et al. 2021 (\"Do Vision Transformers See Like Convolutional Neural Networks?\", "
+                    "NeurIPS) report that ViTs pre-trained on small data do not learn local attention in the lowest "
+                    "layers; the paper's Fig. 7 right is ViT-L/16 on JFT-300M.",
+    "Fig. 6": "the paper's maps are for ViT-L/16 on JFT-300M; Chefer et al. 2021 (\"Transformer Interpretability "
+              "Beyond Attention Visualization\", CVPR) show that rollout is class-agnostic and can spread over the "
+              "background.",
+    "Fig. 3/4": "the paper's crossing happens between ImageNet (1.3M images) and JFT-300M (Fig. 3, 4); a "
+                "miniature of at most tens of thousands of 32 px images sits far below that regime, where "
+                "convolutional inductive biases should win.",
+}
+
+
+def explain(verdicts: Sequence[Verdict]) -> str:
+    """One sentence per verdict, in words that follow from the numbers: what was found and, where the paper's
+    finding does not show here, the known reason with its source."""
+    lines = []
+    for v in verdicts:
+        lo, hi = v.interval
+        head = f"{v.finding}: {v.verdict} ({v.quantity} {_fmt(v.statistic)}, 95% interval [{_fmt(lo)}, {_fmt(hi)}], " \
+               f"finding side {v.side} {_fmt(v.threshold)})."
+        if v.verdict != "reproduced":
+            reason = next((r for k, r in KNOWN_REASONS.items() if v.finding.startswith(k)), None)
+            what = "The data cannot decide it here" if v.verdict == "inconclusive" else "Not seen on this model"
+            head += f" {what}; known reason: {reason}" if reason else f" {what}."
+        lines.append(head)
+    return "\n".join(lines)

@@ -9,6 +9,14 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 
+def notebook_figures() -> None:
+    """Figures shown in a notebook also carry an HTML copy (plotly.js inline, once), so a notebook exported with
+    ``jupyter nbconvert --to html`` keeps its figures instead of dropping the plotly-only output."""
+    import plotly.io as pio
+
+    pio.renderers.default = "plotly_mimetype+notebook"
+
+
 def image_grid_with_maps(images: Sequence[np.ndarray], maps: np.ndarray, titles: Sequence[str],
                          map_titles: Sequence[str], title: str = "") -> go.Figure:
     """One row per image: the image, then one heatmap per entry of ``maps``, each scaled to its own maximum

@@ -118,12 +118,15 @@ PRESETS: dict[str, TrainConfig] = {
                                lr=1e-3, weight_decay=0.05, randaugment="rand-m9-n2-mstd0.5", mixup_prob=0.5,
                                teacher=TEACHER_CIFAR10),
     # The teacher: a fast residual CNN (vitlab.cifarnet) with the airbench recipe translated to a mean loss at
-    # batch 512 (Nesterov SGD, lr 0.75 = 11.5 per 1024 examples over 1 + 1/(1 - 0.85), BatchNorm shifts at 64x
-    # the lr, label smoothing 0.2, a triangular schedule, 2 px reflect-padded shifts and flips, mirror + shift TTA).
+    # batch 512 (Nesterov SGD, lr 0.75 = 11.5 per 1024 examples over 1 + 1/(1 - 0.85); weight decay 0.0153 per
+    # 1024 examples, decoupled: 0.001 of the weights per step of 512; BatchNorm shifts at 64x the lr, label
+    # smoothing 0.2, a triangular schedule, 2 px reflect-padded shifts and flips, mirror + shift TTA). 12 epochs
+    # gave 88.1% (89.2% with TTA) on these JPEG-compressed CIFAR-10 images (weight decay then 2x too strong);
+    # the preset trains 20.
     "resnet_cifar10": TrainConfig(
-        model=CifarNetConfig(preprocess=CIFAR_PRE), epochs=12, batch_size=512, optimizer="sgd", lr=0.75,
-        momentum=0.85, weight_decay=0.002 / 0.75, norm_bias_lr_scale=64.0, schedule="triangle", lr_start=0.2,
-        warmup_epochs=12 * 0.23, min_lr=0.75 * 0.07, label_smoothing=0.2, grad_clip=0.0, crop_padding=2,
+        model=CifarNetConfig(preprocess=CIFAR_PRE), epochs=20, batch_size=512, optimizer="sgd", lr=0.75,
+        momentum=0.85, weight_decay=0.001 / 0.75, norm_bias_lr_scale=64.0, schedule="triangle", lr_start=0.2,
+        warmup_epochs=20 * 0.23, min_lr=0.75 * 0.07, label_smoothing=0.2, grad_clip=0.0, crop_padding=2,
         crop_pad_mode="reflect", mixup_prob=0.0, eval_tta=2, channels_last=True),
     "bit_cifar10": TrainConfig(
         # BiT-style ResNet-18 at half width (pre-activation, GroupNorm, weight standardisation): 2.8M parameters

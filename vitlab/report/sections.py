@@ -41,11 +41,6 @@ from vitlab.plots import (
 __all__ = ["Section", "Inputs", "prediction_pass", "filters", "positions", "distance", "maps_and_faithfulness",
            "readout_and_entropy", "localisation", "few_shot", "scaling"]
 
-#: Where the paper's and Raghu et al.'s known reasons are cited when a finding does not show.
-RAGHU = ("Raghu et al. 2021 (\"Do Vision Transformers See Like Convolutional Neural Networks?\") report that ViTs "
-         "pre-trained on small data do not learn local attention in the lowest layers.")
-
-
 @dataclass
 class Section:
     """One figure of the report: what the paper reports, what we measured (formatted from numbers), how
@@ -198,7 +193,6 @@ def distance(inp: Inputs) -> Section:
         verdicts.insert(0, findings.lowest_layer_spread(per, ceiling))
     spread = per.mean(2).std(1).numpy() if len(inp.x) > 1 else None
     lo, hi = float(dist[0].min()), float(dist[0].max())
-    not_local = any(v.finding.startswith("Fig. 7 right: the lowest") and v.verdict != "reproduced" for v in verdicts)
     return Section(
         "distance", "Mean attention distance per head against depth (Fig. 7 right, Fig. 11)",
         layer_lines(dist.numpy(), "mean attention distance (pixels)",
@@ -209,7 +203,7 @@ def distance(inp: Inputs) -> Section:
         "the lowest layers while others stay local; the attention distance grows with depth.",
         f"Lowest layer: heads from {lo:.1f} to {hi:.1f} px ({lo / ceiling:.0%} to {hi / ceiling:.0%} of the "
         f"{ceiling:.1f} px of uniform attention); last layer: head mean {float(dist[-1].mean()):.1f} px, on a "
-        f"{info.img_size[0]}x{info.img_size[1]} input." + (f" {RAGHU}" if not_local else ""),
+        f"{info.img_size[0]}x{info.img_size[1]} input.",
         inp.stamp(queries="patches", keys="patches, prefix dropped without renormalising", unit="pixels",
                   images=len(inp.x), error_bars="std over images of the head mean", ceiling_px=ceiling),
         verdicts, {"mean_attention_distance_px": dist.tolist(), "uniform_attention_px": ceiling,
