@@ -3,7 +3,7 @@
 The paper pre-trains ViTs and BiT ResNets on growing subsets of JFT-300M and probes the frozen features
 few-shot on ImageNet. The analogue here: pre-train on a class-balanced nested subset of *some* classes of a
 dataset (default: CIFAR-10 classes 0-4, from 250 to 5,000 images), then probe the frozen features few-shot
-on the *other* classes (5-9), which the model never saw. Limits: 32 px images, two orders of magnitude less
+on the *other* classes (5-9), which the model never saw. Limits: 32 px images, four to five orders of magnitude less
 data and compute, and transfer between halves of one dataset instead of across datasets, so the curves show
 the trend (do ViTs gain more from data than ResNets?), not the paper's numbers.
 
@@ -369,6 +369,16 @@ def summarise(records: Sequence[dict], shots: int = 10) -> dict[str, dict[int, d
             r["metrics"]["few_shot"][str(shots)]["mean"])
     return {fam: {n: {"mean": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, "n": len(v)}
                   for n, v in sorted(by.items())} for fam, by in acc.items()}
+
+
+def markdown_table(summary: dict[str, dict[int, dict[str, float]]]) -> str:
+    """The README table of a sweep: one row per family, one column per size, "mean ± std" in % over seeds."""
+    sizes = sorted({n for by in summary.values() for n in by})
+    lines = ["| family | " + " | ".join(f"{n:,}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for fam, by in summary.items():
+        cells = [f"{100 * by[n]['mean']:.1f} ± {100 * by[n]['std']:.1f}" if n in by else "" for n in sizes]
+        lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def load_sweep_config(spec: str) -> SweepConfig:

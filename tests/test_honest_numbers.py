@@ -1,0 +1,63 @@
+"""Numbers quoted in READMEs and model cards are the numbers in the shipped JSON that produced them."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from vitlab.scaling import ResultsStore, markdown_table, summarise
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "data" / "results"
+CHECKPOINTS = ROOT / "data" / "checkpoints"
+
+
+def _records() -> list[dict]:
+    return list(ResultsStore(RESULTS / "scaling_cifar10.jsonl").latest().values())
+
+
+def test_results_readme_table_is_the_generated_one():
+    readme = (RESULTS / "README.md").read_text()
+    assert markdown_table(summarise(_records(), 10)) in readme, "regenerate with vitlab.scaling.markdown_table"
+
+
+def test_results_readme_sentences_match_the_records():
+    readme = " ".join((RESULTS / "README.md").read_text().split())
+    records = _records()
+    ok = [r for r in records if r["status"] == "ok"]
+    m = re.search(r"(\d+) of (\d+) runs finished, (\d+) failed, ([\d,]+) s of training", readme)
+    assert m and int(m[1]) == len(ok) and int(m[3]) == len(records) - len(ok)
+    assert int(m[4].replace(",", "")) == round(sum(r["metrics"]["train_seconds"] for r in ok))
+    for shots in (25, 1):
+        s = summarise(records, shots)
+        m = re.search(rf"{shots}-shot: vit ([\d.]+) -> ([\d.]+), bit ([\d.]+) -> ([\d.]+)", readme)
+        assert m, f"{shots}-shot sentence missing"
+        for fam, lo, hi in (("vit", m[1], m[2]), ("bit", m[3], m[4])):
+            sizes = sorted(s[fam])
+            assert float(lo) == round(100 * s[fam][sizes[0]]["mean"], 1)
+            assert float(hi) == round(100 * s[fam][sizes[-1]]["mean"], 1)
+
+
+CARDS = sorted(p.parent for p in CHECKPOINTS.glob("*/card.json"))
+
+
+@pytest.mark.parametrize("folder", CARDS, ids=lambda p: p.name)
+def test_model_card_text_matches_its_json(folder):
+    card = json.loads((folder / "card.json").read_text())
+    text = (folder / "MODEL_CARD.md").read_text()
+    assert f"Test accuracy: {card['test_accuracy']:.2%}" in text
+    for key in ("train", "test"):  # data sets named by name or relative path, never a machine's absolute path
+        assert not Path(str(card["data"][key])).is_absolute(), card["data"][key]
+
+
+def test_checkpoints_readme_quotes_the_cards():
+    readme = (CHECKPOINTS / "README.md").read_text()
+    for folder in CARDS:
+        row = next((line for line in readme.splitlines() if line.startswith(f"| `{folder.name}/`")), None)
+        assert row is not None, f"{folder.name} missing from data/checkpoints/README.md"
+        card = json.loads((folder / "card.json").read_text())
+        quoted = re.findall(r"(\d+\.\d+)% test accuracy", row)
+        assert quoted == [f"{100 * card['test_accuracy']:.2f}"], (row, card["test_accuracy"])
