@@ -234,7 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def model_args(sp: argparse.ArgumentParser, default=None) -> None:
         sp.add_argument("--model", default=default,
-                        help="timm model name, vitlab checkpoint folder, or omit for the embedded default")
+                        help="timm model name (the paper's own weights: e.g. vit_base_patch16_224.orig_in21k or "
+                             "vit_large_patch32_224.orig_in21k; AugReg's: vit_base_patch16_224.augreg2_in21k_ft_in1k), "
+                             "a vitlab checkpoint folder, or omit for the embedded default")
         sp.add_argument("--no-pretrained", dest="pretrained", action="store_false",
                         help="for timm names: random weights instead of downloading pretrained ones")
         sp.add_argument("--weights", metavar="FILE",
