@@ -42,3 +42,21 @@ def test_default_images_follow_the_input_size():
     big = vitlab.load_model(vitlab.vit_config("Ti/16", img_size=64, num_classes=0))
     names, x, _ = default_images(big, 4)
     assert x.shape == (4, 3, 64, 64) and not names[0].startswith("airplane")
+
+
+def test_too_small_and_broken_images_are_refused_or_skipped(tmp_path):
+    from PIL import Image
+
+    from vitlab.data import DataError
+    from vitlab.images import load_images
+
+    Image.new("RGB", (1, 1), "red").save(tmp_path / "tiny.png")
+    Image.new("RGB", (40, 40), "blue").save(tmp_path / "ok.png")
+    (tmp_path / "broken.jpg").write_bytes(b"not a jpeg")
+    model = vitlab.load_model()  # 4 px patches
+    with pytest.raises(DataError, match=r"tiny.png: 1x1 px is smaller than one 4x4 px patch") as e:
+        load_images(model, tmp_path)
+    assert "broken.jpg: unreadable" in str(e.value) and "--skip-bad" in str(e.value)
+    with pytest.warns(UserWarning, match="broken.jpg"):
+        names, x, shown = load_images(model, tmp_path, skip_bad=True)
+    assert names == ["ok"] and x.shape == (1, 3, 32, 32)

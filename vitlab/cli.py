@@ -202,7 +202,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from vitlab.images import load_images
 
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights)
-    names, x, _ = load_images(model, args.images)
+    names, x, _ = load_images(model, args.images, skip_bad=args.skip_bad)
     maps = vitlab.attention_maps(model, x, head_fusion=args.head_fusion, queries=args.queries,
                                  batch_size=args.batch_size)
     save_file({"attention": maps.contiguous()}, args.out, metadata={"images": json.dumps(names)})
@@ -217,7 +217,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     out = reproduce(model=args.model, images=args.images, out=args.out, pretrained=args.pretrained,
                     weights=args.weights, num_images=args.num_images, shapes=args.shapes, png=args.png,
                     few_shot=args.few_shot, scaling=args.scaling, image_scale=args.image_scale,
-                    formats=tuple(args.formats.split(",")), progress=not args.quiet)
+                    formats=tuple(args.formats.split(",")), skip_bad=args.skip_bad, progress=not args.quiet)
     metrics = json.loads((out / "metrics.json").read_text())
     verdicts = [Verdict.from_dict({k: v for k, v in d.items() if k != "section"}) for d in metrics["verdicts"]]
     print(verdict_table(verdicts))
@@ -256,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--head-fusion", choices=["mean", "max", "min"], help="fuse heads inside the hook")
     sp.add_argument("--queries", choices=["all", "prefix"], default=None, help="keep only the readout rows")
     sp.add_argument("--batch-size", type=int, default=None)
+    sp.add_argument("--skip-bad", action="store_true", help="skip unreadable or too small images with a warning")
     sp.set_defaults(func=cmd_capture)
 
     sp = sub.add_parser("train", help="train a preset (resumable; metrics in RUN/metrics.jsonl)")
@@ -337,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--formats", default="png", help="static figure formats, comma-separated: png, svg, pdf (e.g. "
                     "png,svg for papers)")
     sp.add_argument("--image-scale", type=float, default=1.0, help="static figure scale (2: high resolution)")
+    sp.add_argument("--skip-bad", action="store_true", help="skip unreadable or too small images (with a warning "
+                    "naming them) instead of stopping")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_reproduce)
     return p

@@ -33,13 +33,19 @@ def model_transform(model: nn.Module) -> tuple[Callable[[Image.Image], Tensor], 
     return timm.data.create_transform(**cfg), cfg
 
 
-def load_images(model: nn.Module, folder: str | os.PathLike | None = None,
-                limit: int = 16) -> tuple[list[str], Tensor, list[np.ndarray]]:
+def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit: int = 16,
+                skip_bad: bool = False) -> tuple[list[str], Tensor, list[np.ndarray]]:
     """Images preprocessed as the model expects: (names, (B, C, H, W) batch, the (H, W, 3) uint8 views shown).
 
-    ``folder=None`` uses the photos scikit-learn ships. Broken files raise ``DataError`` naming them.
+    ``folder=None`` uses the photos scikit-learn ships. Unreadable files, and images smaller than one of the
+    model's patches (nothing to look at once resized), raise ``DataError`` naming them; with ``skip_bad=True``
+    they are skipped with a warning that names them instead.
     """
+    import warnings
+
     tf, cfg = model_transform(model)
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", (1, 1))
+    patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
     if folder is None:
         items = [(name, Image.fromarray(arr)) for name, arr in sample_images()]
     else:
@@ -53,11 +59,22 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None,
         for p in files:
             try:
                 with Image.open(p) as im:
-                    items.append((p.stem, im.convert("RGB")))
+                    rgb = im.convert("RGB")
             except OSError as e:
-                broken.append(f"{p}: {e}")
+                broken.append(f"{p}: unreadable ({e})")
+                continue
+            if rgb.size[0] < patch[1] or rgb.size[1] < patch[0]:
+                broken.append(f"{p}: {rgb.size[0]}x{rgb.size[1]} px is smaller than one {patch[0]}x{patch[1]} px "
+                              "patch of this model")
+                continue
+            items.append((p.stem, rgb))
+        if broken and not skip_bad:
+            raise DataError("bad images (remove or replace them, or pass --skip-bad to skip them):\n  "
+                            + "\n  ".join(broken))
         if broken:
-            raise DataError("unreadable images (remove or replace them):\n  " + "\n  ".join(broken))
+            warnings.warn("skipped bad images:\n  " + "\n  ".join(broken), stacklevel=2)
+        if not items:
+            raise DataError(f"no usable images in {root}: every file was skipped")
     names = [n for n, _ in items]
     x = torch.stack([tf(im) for _, im in items])
     size = cfg["input_size"][-2:]

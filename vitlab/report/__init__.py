@@ -75,14 +75,16 @@ def _summary(net, info, model: str | None, weights: str, images: str, n_images: 
 def reproduce(model: str | None = None, images: str | None = None, out: str | os.PathLike = "out",
               pretrained: bool = True, num_images: int | None = None, shapes: bool = True, png: bool = True,
               progress: bool | None = None, weights: str | None = None, few_shot: bool = True,
-              scaling: bool = True, image_scale: float = 1.0, formats: Sequence[str] = ("png",)) -> Path:
+              scaling: bool = True, image_scale: float = 1.0, formats: Sequence[str] = ("png",),
+              skip_bad: bool = False) -> Path:
     """Write ``report.html``, ``metrics.json`` (and static figures when a Chromium is found) into ``out``.
 
     ``model``: anything ``load_model`` takes (default: the embedded checkpoint), ``weights`` a local weights file
     for it; ``images``: a folder (default: for 32 px models the 128 shipped CIFAR-10 test images, otherwise crops
     of scikit-learn's photos), ``num_images`` of them. ``shapes``: the localisation table of the shipped shapes
     ViT; ``few_shot``: the few-shot probe on CIFAR-10 when it is readable; ``scaling``: the shipped sweep.
-    ``formats`` and ``image_scale``: static figures (e.g. ``("png", "svg")``, 2.0 for high resolution).
+    ``formats`` and ``image_scale``: static figures (e.g. ``("png", "svg")``, 2.0 for high resolution);
+    ``skip_bad``: skip unreadable or too small images of ``images`` with a warning instead of failing.
     """
     t0 = time.time()
     out = Path(out)
@@ -96,7 +98,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         raise ValueError(f"{model or 'this model'} has no self-attention to inspect ({e}). `vitlab reproduce` needs a "
                          "ViT-family model: a timm ViT/DeiT name or a vitlab ViT or hybrid checkpoint") from e
     if images:
-        names, x, shown = load_images(net, images, limit=num_images or 16)
+        names, x, shown = load_images(net, images, limit=num_images or 16, skip_bad=skip_bad)
         labels, classes, source = None, None, str(images)
     else:
         names, x, shown = default_images(net, num_images)
