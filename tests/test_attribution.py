@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
+from _reference import reference_gradient_rollout
 from conftest import tiny_hybrid, tiny_vit
 
 import vitlab
-from vitlab.capture import capture_attention
 from vitlab.inspect.attribution import (
     gradient_rollout,
     integrated_gradients,
@@ -44,16 +44,7 @@ def test_gradient_rollout_equals_product_of_identity_plus_weighted_attention():
     target = torch.tensor([3, 7])
     out = gradient_rollout(model, x, target)
     _untouched(model, flags)
-    # independent: autograd.grad of the target logit w.r.t. each captured map, then (I+A_L)...(I+A_1)
-    xg = x.clone().requires_grad_(True)
-    with capture_attention(model, keep_grad=True) as cap:
-        logits = model(xg)
-        maps = [parts[0] for parts in cap.graph_maps()]
-        grads = torch.autograd.grad(logits[torch.arange(2), target].sum(), maps)
-    T = maps[0].shape[-1]
-    R = torch.eye(T, dtype=torch.float64)
-    for a, g in zip(maps, grads):
-        R = (torch.eye(T) + (a * g).clamp_min(0).mean(1)).double() @ R
+    R = reference_gradient_rollout(model, x, target)  # independent: (I+A_L)...(I+A_1), per-layer own gradients
     np.testing.assert_allclose(out.numpy(), R[:, 0, 1:].reshape(2, 8, 8).float().detach().numpy(), rtol=1e-4,
                                atol=1e-7)
     assert not torch.allclose(out, gradient_rollout(model, x, torch.tensor([0, 1])))  # class-specific
@@ -62,16 +53,7 @@ def test_gradient_rollout_equals_product_of_identity_plus_weighted_attention():
 def test_gradient_rollout_without_class_token_and_on_a_hybrid():
     m, x = tiny_vit(readout="avg"), torch.randn(2, 3, 32, 32)
     out = gradient_rollout(m, x, torch.tensor([2, 2]))
-    # independent: the mean of the patch rows of (I+A_L)...(I+A_1)
-    xg = x.clone().requires_grad_(True)
-    with capture_attention(m, keep_grad=True) as cap:
-        logits = m(xg)
-        maps = [parts[0] for parts in cap.graph_maps()]
-        grads = torch.autograd.grad(logits[:, 2].sum(), maps)
-    T = maps[0].shape[-1]
-    R = torch.eye(T, dtype=torch.float64)
-    for a, g in zip(maps, grads):
-        R = (torch.eye(T) + (a * g).clamp_min(0).mean(1)).double() @ R
+    R = reference_gradient_rollout(m, x, torch.tensor([2, 2]))  # independent; the readout: mean of patch rows
     np.testing.assert_allclose(out.numpy(), R.mean(1).reshape(2, 8, 8).float().detach().numpy(), rtol=1e-4,
                                atol=1e-7)
     assert gradient_rollout(tiny_hybrid(), torch.randn(1, 3, 32, 32)).shape == (1, 8, 8)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from _reference import make_folder
 from PIL import Image
 
 from vitlab.data import (
@@ -20,15 +20,6 @@ from vitlab.data import (
     random_crop_flip,
     sample_images,
 )
-
-
-def make_folder(root: Path, n_per_class: int = 3, size: int = 8, classes=("a", "b")) -> Path:
-    rng = np.random.default_rng(0)
-    for c in classes:
-        (root / c).mkdir(parents=True, exist_ok=True)
-        for i in range(n_per_class):
-            Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
-    return root
 
 
 def test_folder_and_zip_give_the_same_array(tmp_path, monkeypatch):

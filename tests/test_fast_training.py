@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from test_data import make_folder
+from _reference import make_folder
 
 import vitlab
 from vitlab.checkpoint import load_checkpoint, save_checkpoint

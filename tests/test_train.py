@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from _reference import make_folder
 from safetensors.torch import load_file
-from test_data import make_folder
 
 import vitlab
 from vitlab.train import PRESETS, TrainingDiverged, lr_at, train, with_num_classes

@@ -104,3 +104,16 @@ def test_clicks_reach_the_explorers(explorer):
     for cb in dist.figure.data[0]._click_callbacks:
         cb(dist.figure.data[0], Points(point_inds=[7], xs=[], ys=[], trace_name="", trace_index=0), None)
     assert explorer.layer.value == 3 and explorer.head.value == "head 1"
+
+
+def test_gradient_rollout_heatmap_is_the_library_map_for_the_chosen_class(explorer):
+    import vitlab
+
+    explorer.method.value = "gradient rollout"
+    expected = vitlab.gradient_rollout(explorer.model, explorer.x[:1], torch.tensor([explorer.prediction(0)[0]]))
+    np.testing.assert_allclose(_z(explorer), expected[0].numpy(), rtol=1e-5)
+    explorer.target.value = 3  # another class: the map follows it, and the title names it
+    expected = vitlab.gradient_rollout(explorer.model, explorer.x[:1], torch.tensor([3]))
+    np.testing.assert_allclose(_z(explorer), expected[0].numpy(), rtol=1e-5)
+    title = explorer.figure.layout.title.text  # a 10-class 32 px model gets the CIFAR-10 class names
+    assert "for cat (p = " in title and "layer" not in title and "heads" not in title

@@ -1,0 +1,36 @@
+"""Independent reference computations and data helpers shared by several test files (one home each)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vitlab.capture import capture_attention
+
+
+def make_folder(root: Path, n_per_class: int = 3, size: int = 8, classes=("a", "b")) -> Path:
+    """An ImageFolder of random RGB PNGs: ``root/<class>/<i>.png``."""
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n_per_class):
+            Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    return root
+
+
+def reference_gradient_rollout(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """(B, T, T) float64 (I + A_L) ... (I + A_1) with A_l = mean over heads of relu(a_l * grad_l), each layer's map
+    paired with its own gradient through ``torch.autograd.grad``: the definition, computed independently."""
+    xg = x.clone().requires_grad_(True)
+    with capture_attention(model, keep_grad=True) as cap:
+        logits = model(xg)
+        maps = [parts[0] for parts in cap.graph_maps()]
+        grads = torch.autograd.grad(logits[torch.arange(len(x)), target].sum(), maps)
+    T = maps[0].shape[-1]
+    R = torch.eye(T, dtype=torch.float64)
+    for a, g in zip(maps, grads):
+        R = (torch.eye(T) + (a * g).clamp_min(0).mean(1)).double() @ R
+    return R.detach()

@@ -1,0 +1,36 @@
+"""vitlab.inspect.compare: one row per method plus the random map, scores that agree with the functions behind them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_vit
+
+from vitlab.inspect import ATTRIBUTION_METHODS, deletion_insertion, localisation
+from vitlab.inspect.compare import compare_methods
+
+
+def test_rows_maps_and_scores_agree_with_the_underlying_functions():
+    model, x = tiny_vit(), torch.randn(3, 3, 32, 32)
+    masks = torch.zeros(3, 32, 32, dtype=torch.bool)
+    masks[:, :16, :16] = True
+    target = torch.tensor([1, 2, 3])
+    rows, maps = compare_methods(model, x, target, masks=masks, methods=("rollout", "occlusion"), steps=8,
+                                 sanity=False, progress=False)
+    assert [r.method for r in rows] == ["rollout", "occlusion", "random map"]
+    assert all(m.shape == (3, 8, 8) for m in maps.values())
+    torch.testing.assert_close(maps["rollout"], ATTRIBUTION_METHODS["rollout"](model, x, target))
+    for r in rows:
+        di = deletion_insertion(model, x, maps[r.method], target, steps=8)
+        loc = localisation(maps[r.method], masks)
+        assert r.deletion_auc == pytest.approx(float(di["deletion"].mean()))
+        assert r.insertion_auc == pytest.approx(float(di["insertion"].mean()))
+        assert r.mass_in_mask == pytest.approx(float(loc["mass_in_mask"].mean()))
+        assert r.fraction[0] == 0.0 and r.fraction[-1] == 1.0
+    again, maps2 = compare_methods(model, x, target, methods=(), steps=8, sanity=False, progress=False)
+    torch.testing.assert_close(maps2["random map"], maps["random map"])  # the random map is seeded
+
+
+def test_unknown_method_is_named():
+    with pytest.raises(ValueError, match="unknown methods \\['saliency'\\]"):
+        compare_methods(tiny_vit(), torch.randn(1, 3, 32, 32), methods=("saliency",))

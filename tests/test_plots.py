@@ -1,0 +1,59 @@
+"""vitlab.plots: arrays in, figures out; the figures carry exactly the data they were given."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vitlab import plots
+
+
+def test_image_grid_scales_each_map_to_its_maximum_and_keeps_raw_values():
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 255, (32, 32, 3), dtype=np.uint8) for _ in range(2)]
+    maps = rng.random((2, 3, 8, 8)) * np.array([1.0, 10.0, 0.01])[None, :, None, None]
+    fig = plots.image_grid_with_maps(images, maps, ["a", "b"], ["m1", "m2", "m3"], title="t")
+    heat = [t for t in fig.data if t.type == "heatmap"]
+    assert len(fig.data) == 2 * 4 and len(heat) == 6
+    for k, t in enumerate(heat):
+        i, j = divmod(k, 3)
+        np.testing.assert_allclose(np.array(t.z), maps[i, j][::-1] / maps[i, j].max())
+        np.testing.assert_allclose(np.array(t.customdata), maps[i, j][::-1])
+    assert sum(bool(t.showscale) for t in heat) == 1  # one shared colourbar
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles[:4] == ["a", "m1", "m2", "m3"]
+
+
+def test_layer_lines_start_at_zero_and_draw_the_reference():
+    values = np.array([[1.0, 3.0], [2.0, 6.0]])
+    fig = plots.layer_lines(values, "px", "t", spread=np.array([0.5, 0.5]), reference=(10.0, "ceiling"))
+    mean = fig.data[-1]
+    np.testing.assert_allclose(mean.y, [2.0, 4.0])
+    assert fig.layout.yaxis.range[0] == 0 and fig.layout.yaxis.range[1] >= 10.0
+    assert any(s.y0 == 10.0 for s in fig.layout.shapes)
+
+
+def test_heatmap_over_image_puts_cells_on_patch_centres():
+    fig = plots.heatmap_over_image(np.zeros((32, 32, 3), np.uint8), np.arange(64.0).reshape(8, 8), (4, 4), "t")
+    heat = fig.data[1]
+    assert heat.x0 == 1.5 and heat.dx == 4 and heat.y0 == 1.5 and heat.dy == 4
+    np.testing.assert_array_equal(np.array(heat.z), np.arange(64.0).reshape(8, 8))
+
+
+def test_learning_curve_and_scaling_curves_carry_their_numbers():
+    fig = plots.learning_curve([0.5, 1.0], [0.6, 0.8], final=0.81, goal=0.9)
+    np.testing.assert_allclose(fig.data[0].y, [60.0, 80.0])
+    assert fig.data[1].y[0] == 81.0 and fig.layout.shapes[0].y0 == 90.0
+    fig = plots.scaling_curves({"vit": {100: {"mean": 0.5, "std": 0.1, "n": 2}, 1000: {"mean": 0.6, "std": 0.0,
+                                                                                        "n": 2}}})
+    np.testing.assert_allclose(fig.data[0].y, [50.0, 60.0])
+    np.testing.assert_allclose(fig.data[0].error_y.array, [10.0, 0.0])
+
+
+def test_similarity_tiles_and_table():
+    sim = np.random.default_rng(1).random((3, 4, 3, 4))
+    fig = plots.similarity_tiles(sim)
+    z = np.array(fig.data[0].z, dtype=float)[::-1]
+    assert z.shape == (3 * 4, 4 * 5)
+    np.testing.assert_allclose(z[:3, :4], sim[0, 0])  # tile (0, 0) is patch (0, 0)'s map
+    table = plots.table_figure(["a", "b"], [["x", 0.12345], ["y", 2]])
+    assert list(table.data[0].cells.values[1]) == ["0.123", "2"]
