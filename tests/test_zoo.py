@@ -246,7 +246,23 @@ def test_basic_bit_resnets_match_timm_layout(layers, timm_name):
 
 
 def test_bit_channels_validated():
-    with pytest.raises(ValueError, match="multiple of 32"):
+    with pytest.raises(ValueError, match="multiples of 32 with BiT's 32 GroupNorm groups"):
         BiTConfig(layers=(2, 2), channels=(48, 96))
     with pytest.raises(ValueError, match="one width per stage"):
         BiTConfig(layers=(2, 2), channels=(64,))
+    with pytest.raises(ValueError, match="at least 8 channels"):
+        BiTConfig(layers=(2, 2), channels=(4, 96), gn_min_channels_per_group=8)
+
+
+def test_group_norm_keeps_at_least_k_channels_per_group():
+    from vitlab.zoo import group_count
+
+    assert [group_count(c, 8) for c in (8, 32, 44, 48, 64, 256, 512)] == [1, 4, 4, 6, 8, 32, 32]
+    assert all(c % group_count(c, 8) == 0 and c // group_count(c, 8) >= 8 for c in range(8, 600))
+    m = vitlab.build_model(BiTConfig(layers=(1, 1), channels=(32, 48), basic=True, stem="cifar", img_size=32,
+                                     num_classes=3, gn_min_channels_per_group=8))
+    groups = {(g.num_channels, g.num_groups) for g in m.modules() if isinstance(g, torch.nn.GroupNorm)}
+    assert groups == {(32, 4), (48, 6)}
+    legacy = vitlab.build_model(BiTConfig(layers=(1, 1), channels=(32, 64), basic=True, stem="cifar", img_size=32,
+                                          num_classes=3))  # BiT's 32 groups, as the shipped checkpoint was built
+    assert {g.num_groups for g in legacy.modules() if isinstance(g, torch.nn.GroupNorm)} == {32}

@@ -23,6 +23,7 @@ import fcntl
 import json
 import math
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -47,13 +48,14 @@ def _vit(**kw: Any) -> ViTConfig:
 
 
 def _bit(**kw: Any) -> BiTConfig:
-    return cifar_bit(**kw)
+    # at least 8 channels per GroupNorm group at every width (32 groups on 32 channels would be InstanceNorm)
+    return cifar_bit(**{**dict(gn_min_channels_per_group=8), **kw})
 
 
 # Model families of the sweep: small enough that a grid trains on a CPU in under an hour.
 FAMILIES: dict[str, Any] = {
     "vit": lambda: _vit(),  # ViT 6 blocks x 128, 4 px patches: 0.8 M parameters
-    "bit": lambda: _bit(channels=(32, 32, 64, 128)),  # BiT-style ResNet-18, narrow (GroupNorm needs >= 32)
+    "bit": lambda: _bit(channels=(32, 32, 64, 128)),  # BiT-style ResNet-18, narrow; GroupNorm of >= 8 channels
     "vit_tiny": lambda: _vit(depth=2, embed_dim=32, num_heads=2, mlp_dim=64),  # for tests
     "bit_tiny": lambda: _bit(layers=(1, 1), channels=(32, 32)),  # for tests
 }
@@ -81,10 +83,14 @@ class SweepConfig:
     probe_test_per_class: int = 200  # test examples per probe class
 
     def fingerprint(self) -> str:
-        """A hash of every field: a record counts as done only for the exact config that produced it."""
+        """A hash of every field and of the package's source code (``vitlab.provenance.code_hash``): a record counts
+        as done only for the exact config and code that produced it, so rows from different code never merge."""
         import hashlib
 
-        return hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        from vitlab.provenance import code_hash
+
+        key = json.dumps({"config": dataclasses.asdict(self), "code": code_hash()}, sort_keys=True)
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def runs(self) -> list[RunSpec]:
         """Seed by seed; within a seed, smallest subsets first, every family at one size before the next size.
@@ -311,6 +317,11 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
     store = ResultsStore(results)
     done = store.done(sweep.name, sweep.fingerprint())
     todo = [s for s in sweep.runs() if s.run_id not in done]
+    stale = {r.get("fingerprint") for r in store.latest(sweep.name).values()} - {sweep.fingerprint()}
+    if progress is not False:
+        print(f"sweep {sweep.name}: {len(done)} of {len(sweep.runs())} runs already done with this config and code, "
+              f"skipped; {len(todo)} to run" + (f"; rows from other code or config (fingerprints {sorted(stale)}) are "
+                                                "kept in the store but not counted" if stale else ""), file=sys.stderr)
     if work_dir is not None:
         Path(work_dir).mkdir(parents=True, exist_ok=True)
     wd = None if work_dir is None else str(work_dir)

@@ -130,7 +130,7 @@ PRESETS: dict[str, TrainConfig] = {
         crop_pad_mode="reflect", mixup_prob=0.0, eval_tta=2, channels_last=True),
     "bit_cifar10": TrainConfig(
         # BiT-style ResNet-18 at half width (pre-activation, GroupNorm, weight standardisation): 2.8M parameters
-        model=cifar_bit(),
+        model=cifar_bit(gn_min_channels_per_group=8),  # >= 8 channels per GroupNorm group (not InstanceNorm)
         epochs=200, batch_size=128, lr=1e-3, weight_decay=0.05, randaugment="rand-m9-n2-mstd0.5"),
     "hybrid_cifar10": TrainConfig(
         model=HybridConfig(vit=cifar_vit(patch_size=2, depth=6), layers=(1, 1), stem="cifar"),

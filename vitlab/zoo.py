@@ -46,6 +46,7 @@ __all__ = [
     "ModelConfig",
     "vit_config",
     "build_model",
+    "group_count",
     "size2",
     "sincos_grid",
     "config_to_dict",
@@ -186,6 +187,10 @@ class BiTConfig:
     stem: Literal["imagenet", "cifar"] = "imagenet"
     drop_path_rate: float = 0.0
     preprocess: Preprocess = Preprocess(mean=IMAGENET_INCEPTION, std=IMAGENET_INCEPTION)
+    #: GroupNorm grouping. None: BiT's 32 groups everywhere (channels must be multiples of 32; at 32 channels that
+    #: is one channel per group, InstanceNorm). An int k: at least k channels per group at every width (the largest
+    #: divisor of the width up to min(32, width // k)), which keeps narrow ResNets normalising over groups.
+    gn_min_channels_per_group: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.layers, list):
@@ -193,10 +198,17 @@ class BiTConfig:
         _check_resnet(self.layers, self.stem)
         if isinstance(self.channels, list):
             object.__setattr__(self, "channels", tuple(self.channels))
-        if self.channels is not None and (len(self.channels) != len(self.layers) or min(self.channels) < 32
-                                          or any(c % 32 for c in self.channels)):
-            raise ValueError(f"channels must give one width per stage ({len(self.layers)}), each a multiple of 32 "
-                             f"(GroupNorm has 32 groups), got {self.channels!r}")
+        k = self.gn_min_channels_per_group
+        if k is not None and (not isinstance(k, int) or k < 1):
+            raise ValueError(f"gn_min_channels_per_group must be None or a positive int, got {k!r}")
+        if self.channels is not None and len(self.channels) != len(self.layers):
+            raise ValueError(f"channels must give one width per stage ({len(self.layers)}), got {self.channels!r}")
+        if self.channels is not None and k is None and (min(self.channels) < 32 or any(c % 32 for c in self.channels)):
+            raise ValueError(f"channels must be multiples of 32 with BiT's 32 GroupNorm groups, got {self.channels!r}: "
+                             "or set gn_min_channels_per_group (e.g. 8) to size the groups by width")
+        if self.channels is not None and k is not None and min(self.channels) < k:
+            raise ValueError(f"every width must hold at least {k} channels (gn_min_channels_per_group), got "
+                             f"{self.channels!r}")
         if not isinstance(self.width_factor, int) or self.width_factor < 1:
             raise ValueError(f"width_factor must be a positive int, got {self.width_factor!r}")
         size2(self.img_size)
@@ -275,10 +287,25 @@ def _resnet_stride(layers: tuple[int, ...], stem: str) -> int:
     return stem_stride * 2 ** (len(layers) - 1)
 
 
+def group_count(channels: int, min_per_group: int | None) -> int:
+    """GroupNorm groups for a width: BiT's 32 (``min_per_group=None``), or the largest divisor of ``channels`` that
+    is at most min(32, channels // min_per_group), so every group holds at least ``min_per_group`` channels."""
+    if min_per_group is None:
+        return 32
+    cap = max(1, min(32, channels // min_per_group))
+    return max(g for g in range(1, cap + 1) if channels % g == 0)
+
+
+def _group_norm(num_channels: int, min_per_group: int | None = None, **kwargs: Any) -> GroupNormAct:
+    return GroupNormAct(num_channels, num_groups=group_count(num_channels, min_per_group), **kwargs)
+
+
 def _resnet_v2(layers: tuple[int, ...], stem: str, preact: bool, channels: tuple[int, ...] | None = None,
-               basic: bool = False, **kwargs: Any) -> ResNetV2:
-    """A BiT-style ResNet-v2 (StdConv2d + GroupNorm(32)); the 'cifar' stem keeps full resolution."""
+               basic: bool = False, gn_min_channels_per_group: int | None = None, **kwargs: Any) -> ResNetV2:
+    """A BiT-style ResNet-v2 (StdConv2d + GroupNorm, 32 groups or sized by width); the 'cifar' stem keeps full
+    resolution."""
     channels = channels or tuple(256 * 2**i for i in range(len(layers)))
+    norm = partial(_group_norm, min_per_group=gn_min_channels_per_group)
     if basic:
         kwargs.update(basic=True, bottle_ratio=1.0, stem_chs=channels[0])
     model = ResNetV2(
@@ -287,7 +314,7 @@ def _resnet_v2(layers: tuple[int, ...], stem: str, preact: bool, channels: tuple
         preact=preact,
         stem_type="fixed" if stem == "imagenet" else "",
         conv_layer=partial(StdConv2d, eps=1e-8),
-        norm_layer=partial(GroupNormAct, num_groups=32),
+        norm_layer=norm,
         **kwargs,
     )
     if stem == "cifar":  # 32 px images: a 3x3 stride-1 stem instead of 7x7/2 conv + 3x3/2 max pool
@@ -295,7 +322,7 @@ def _resnet_v2(layers: tuple[int, ...], stem: str, preact: bool, channels: tuple
         model.stem = nn.Sequential()
         model.stem.add_module("conv", StdConv2d(kwargs.get("in_chans", 3), stem_chs, 3, stride=1, padding=1, eps=1e-8))
         if not preact:
-            model.stem.add_module("norm", GroupNormAct(stem_chs, num_groups=32))
+            model.stem.add_module("norm", norm(stem_chs))
         model.feature_info[0]["reduction"] = 1
         for info in model.feature_info[1:]:  # the stages lost the stem's stride of 4 too
             info["reduction"] //= 4
@@ -389,6 +416,7 @@ def build_model(cfg: ModelConfig) -> nn.Module:
             in_chans=cfg.in_chans,
             width_factor=cfg.width_factor,
             drop_path_rate=cfg.drop_path_rate,
+            gn_min_channels_per_group=cfg.gn_min_channels_per_group,
         )
         pcfg = _pretrained_cfg("vitlab_bit", cfg.img_size, cfg.in_chans, cfg.num_classes, cfg.preprocess,
                                "stem.conv", "head.fc")
