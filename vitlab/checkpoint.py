@@ -226,9 +226,11 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
 
 
 def save_run_checkpoint(directory: str | os.PathLike, model: nn.Module, opt: torch.optim.Optimizer,
-                        ema: nn.Module | None, extra: dict[str, Any]) -> Path:
+                        ema: nn.Module | None, extra: dict[str, Any],
+                        modules: dict[str, nn.Module] | None = None) -> Path:
     """A resumable training checkpoint, written atomically as one folder: the model checkpoint (``extra`` in its
-    config.json) plus ``optimizer.safetensors`` / ``optimizer.json`` and, with an EMA, ``ema.safetensors``."""
+    config.json) plus ``optimizer.safetensors`` / ``optimizer.json``, with an EMA ``ema.safetensors``, and one
+    ``NAME.safetensors`` per entry of ``modules`` (training-only parts beside the model, e.g. an objective's head)."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
@@ -240,6 +242,9 @@ def save_run_checkpoint(directory: str | os.PathLike, model: nn.Module, opt: tor
         if ema is not None:
             save_file({k: v.detach().cpu().contiguous() for k, v in ema.state_dict().items()},
                       str(ck / "ema.safetensors"))
+        for name, module in (modules or {}).items():
+            save_file({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()},
+                      str(ck / f"{name}.safetensors"))
         replace_dir(ck, directory)
     finally:
         rmtree_quiet(tmp)
@@ -247,9 +252,12 @@ def save_run_checkpoint(directory: str | os.PathLike, model: nn.Module, opt: tor
 
 
 def load_run_state(directory: str | os.PathLike, opt: torch.optim.Optimizer, ema: nn.Module | None,
-                   device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Load the optimizer (and EMA) state of a ``save_run_checkpoint`` folder in place; return its config.json."""
+                   device: torch.device | str = "cpu", modules: dict[str, nn.Module] | None = None) -> dict[str, Any]:
+    """Load the optimizer (and EMA, and ``modules``) state of a ``save_run_checkpoint`` folder in place; return its
+    config.json."""
     directory = Path(directory)
+    for name, module in (modules or {}).items():
+        module.load_state_dict(load_file(str(directory / f"{name}.safetensors"), device=str(device)))
     opt.load_state_dict(_unflatten_optimizer(load_file(str(directory / "optimizer.safetensors")),
                                              json.loads((directory / "optimizer.json").read_text())))
     if ema is not None:

@@ -120,6 +120,11 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
                   else ", from random initialisation")
     teacher_line = (f"; distilled ({f['distill']} targets) from the teacher `{f['teacher']}`" if f.get("teacher")
                     else "")
+    if train_cfg.get("objective") == "mpp":
+        tta_line += (f"\n* **Self-supervised** (masked patch prediction, target {train_cfg.get('mpp_target')}, "
+                     f"{train_cfg.get('mpp_rate'):.0%} of patches corrupted): the classification head was never "
+                     "trained, so the accuracy above is chance by construction; probe the features few-shot or "
+                     "fine-tune.")
     return f"""# Model card: {train_cfg['model']['kind']} trained on {train_cfg['data']}
 
 * **Test accuracy: {f['test_accuracy']:.2%}** on the {f['data']['test'] if f.get('data') else 'test'} split

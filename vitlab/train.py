@@ -90,6 +90,9 @@ class TrainConfig:
     distill: Literal["hard", "soft"] = "hard"  # hard: teacher's argmax; soft: KL at distill_tau
     distill_tau: float = 1.0
     init_from: str | None = None  # warm start: a vitlab checkpoint's weights, with this run's fresh schedule
+    objective: Literal["classify", "mpp"] = "classify"  # mpp: masked patch prediction (labels are not read)
+    mpp_target: Literal["color3", "patch4x4", "l2"] = "color3"
+    mpp_rate: float = 0.5  # share of patches corrupted per image
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("adamw", "sgd"):
@@ -104,6 +107,18 @@ class TrainConfig:
             raise ValueError(f"distill must be 'hard' or 'soft', got {self.distill!r}")
         if self.teacher is not None and not (isinstance(self.model, ViTConfig) and self.model.distilled):
             raise ValueError("teacher= needs a ViT with a distillation token: set the model's distilled=True")
+        if self.objective not in ("classify", "mpp"):
+            raise ValueError(f"objective must be 'classify' or 'mpp', got {self.objective!r}")
+        if self.objective == "mpp":
+            from vitlab.mpp import MPP_TARGETS
+
+            if not isinstance(self.model, ViTConfig) or self.model.patch_drop_rate or self.model.distilled:
+                raise ValueError("objective='mpp' needs a plain ViT (no patch dropping, no distillation token)")
+            if self.mixup_prob or self.teacher:
+                raise ValueError("objective='mpp' reads no labels: set mixup_prob=0 and no teacher")
+            if self.mpp_target not in MPP_TARGETS or not 0 < self.mpp_rate <= 1:
+                raise ValueError(f"mpp_target must be one of {MPP_TARGETS} and mpp_rate in (0, 1], got "
+                                 f"{self.mpp_target!r}, {self.mpp_rate!r}")
 
 
 #: The distillation teacher's checkpoint (``vitlab train --preset resnet_cifar10`` exported there).
@@ -135,6 +150,12 @@ PRESETS: dict[str, TrainConfig] = {
     "hybrid_cifar10": TrainConfig(
         model=HybridConfig(vit=cifar_vit(patch_size=2, depth=6), layers=(1, 1), stem="cifar"),
         epochs=200, batch_size=128, lr=1e-3, weight_decay=0.05, randaugment="rand-m9-n2-mstd0.5"),
+    # Masked patch prediction (paper section 4.6): the default ViT shape pre-trained without labels on CIFAR-10's
+    # training images: half the patches corrupted (80% [mask], 10% random patch, 10% kept), the 3-bit mean colour
+    # of each corrupted patch predicted (512 classes). A short CPU schedule; crop and flip only.
+    "mpp_cifar10": TrainConfig(model=cifar_vit(), objective="mpp", mpp_target="color3", mpp_rate=0.5, epochs=20,
+                               batch_size=256, lr=1e-3, weight_decay=0.05, warmup_epochs=2.0, mixup_prob=0.0,
+                               label_smoothing=0.0),
     # The shapes ViT: 8 px patches (a 4x4 grid). With 4 px patches this small ViT stayed near chance for
     # thousands of steps on 8,000 images; with 8 px it escapes the chance plateau after a few epochs, but
     # not for every seed: seed 0 (and label_smoothing=0) still sat at chance after 15 epochs, seed 1 left
@@ -186,7 +207,7 @@ def _randaugment(images: Tensor, spec: str, generator: torch.Generator) -> Tenso
     return torch.from_numpy(out)
 
 
-def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def _optimizer(model: nn.Module, cfg: TrainConfig, extra: nn.Module | None = None) -> torch.optim.Optimizer:
     """AdamW (no decay on 1-D parameters and tokens) or Nesterov SGD (BatchNorm shifts at a scaled lr).
 
     Each group carries ``lr_scale``: the loop sets ``lr = lr_at(step) * lr_scale``."""
@@ -201,10 +222,11 @@ def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
         # foreach: one fused kernel per group instead of a Python loop over parameters
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=True, foreach=True)
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    named = list(model.named_parameters()) + (list(extra.named_parameters(prefix="objective")) if extra else [])
+    for name, p in named:
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim <= 1 or name.endswith(("pos_embed", "cls_token", "reg_token", "dist_token"))
+        (no_decay if p.ndim <= 1 or name.endswith(("pos_embed", "cls_token", "reg_token", "dist_token", "mask_token"))
          else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
               {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0}]
@@ -242,6 +264,33 @@ def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bo
                 logits = tta_logits(model, x, tta)
             correct += int((logits.argmax(-1).cpu() == data.labels[i : i + batch_size]).sum())
     return correct / len(data)
+
+
+@torch.no_grad()
+def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: int = 1000, batch_size: int = 250,
+                 bf16: bool = False) -> dict[str, float]:
+    """Masked patch prediction on the first ``n`` images of ``data`` with a fixed draw (seed 0): the loss and, for
+    the colour targets, the share of corrupted patches whose colour class is predicted exactly."""
+    pc = model.pretrained_cfg
+    g = torch.Generator().manual_seed(0)
+    losses, hits, count = [], 0, 0
+    dev = next(model.parameters()).device
+    with eval_mode(model), eval_mode(objective):
+        for i in range(0, min(n, len(data)), batch_size):
+            imgs = data.images[i : i + batch_size]
+            x = normalize(imgs, pc["mean"], pc["std"]).to(dev)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+                loss, out = objective(model, x, imgs.permute(0, 3, 1, 2).float().div(255).to(dev), g)
+            losses.append(float(loss) * len(imgs))
+            corrupted = out["mode"] != 0
+            if objective.target != "l2":
+                pred = out["prediction"].view(*out["target"].shape, -1).argmax(-1)
+                hits += int((pred == out["target"])[corrupted].sum())
+                count += int(corrupted.sum()) * (16 if objective.target == "patch4x4" else 1)
+    res = {"loss": sum(losses) / min(n, len(data))}
+    if count:
+        res["accuracy"] = hits / count
+    return res
 
 
 def load_teacher(path: str | os.PathLike, device: torch.device) -> nn.Module:
@@ -382,10 +431,15 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     teacher = load_teacher(cfg.teacher, d.device) if cfg.teacher else None
     if teacher is not None:
         model.set_distilled_training(True)
-    opt = _optimizer(model, cfg)
+    objective = None
+    if cfg.objective == "mpp":
+        from vitlab.mpp import MaskedPatchPrediction
+
+        objective = MaskedPatchPrediction.for_model(model, cfg.mpp_target, cfg.mpp_rate).to(d.device)
+    opt = _optimizer(model, cfg, objective)
     ema = timm.utils.ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema_decay else None
     if resume:
-        meta = load_run_state(ck, opt, ema, d.device)
+        meta = load_run_state(ck, opt, ema, d.device, {"objective": objective} if objective is not None else None)
         start_epoch, elapsed = meta["epoch"], meta.get("train_seconds", 0.0)
     net = model
     if d.world > 1:
@@ -410,7 +464,7 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     try:
         with explicit_attention(model, cfg.explicit_attention and d.device.type == "cpu"):
             _epochs(cfg, run, d, model, net, opt, ema, teacher, mixup, train_data, test_data, start_epoch, elapsed,
-                    steps_per_epoch, progress)
+                    steps_per_epoch, progress, objective)
     finally:
         if teacher is not None:
             model.set_distilled_training(False)
@@ -433,7 +487,8 @@ def _distill_loss(logits: Tensor, dist_logits: Tensor, teacher_logits: Tensor, t
 
 def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Module, opt: torch.optim.Optimizer,
             ema: nn.Module | None, teacher: nn.Module | None, mixup: Any, train_data: ImageArray,
-            test_data: ImageArray, start_epoch: int, elapsed: float, steps_per_epoch: int, progress: bool) -> None:
+            test_data: ImageArray, start_epoch: int, elapsed: float, steps_per_epoch: int, progress: bool,
+            objective: nn.Module | None = None) -> None:
     from tqdm.auto import tqdm
 
     pc = model.pretrained_cfg
@@ -468,14 +523,21 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
             lr = lr_at(step, total, warmup, cfg.lr, cfg.min_lr, cfg.schedule, cfg.lr_start)
             for group in opt.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)
-            with torch.autocast(**amp):
-                logits = net(x)
-                if teacher is not None:
+            if objective is not None:  # masked patch prediction: labels are not read
+                images01 = imgs[mine].permute(0, 3, 1, 2).float().div_(255).to(d.device)
+                with torch.autocast(**amp):
+                    loss, _ = objective(model, x, images01, g)
+                logits = None
+            else:
+                with torch.autocast(**amp):
+                    logits = net(x)
+            if teacher is not None:
+                with torch.autocast(**amp):
                     with torch.no_grad():
                         teacher_logits = teacher(x)
             if teacher is not None:
                 loss = _distill_loss(logits[0], logits[1], teacher_logits, target, cfg)
-            else:
+            elif objective is None:
                 loss = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
@@ -485,7 +547,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                torch.nn.utils.clip_grad_norm_([p for grp in opt.param_groups for p in grp["params"]], cfg.grad_clip)
             opt.step()
             if ema is not None:
                 ema.update(model, step=step)
@@ -500,7 +562,9 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
         if d.main:
             last = epoch + 1 == cfg.epochs
             t_eval = time.time()
-            if cfg.eval_every and ((epoch + 1) % cfg.eval_every == 0 or last):
+            if cfg.eval_every and objective is not None and ((epoch + 1) % cfg.eval_every == 0 or last):
+                record["mpp_test"] = evaluate_mpp(model, objective, test_data, bf16=cfg.bf16)
+            elif cfg.eval_every and ((epoch + 1) % cfg.eval_every == 0 or last):
                 record["test_accuracy"] = evaluate(model, test_data, bf16=cfg.bf16)
                 if ema is not None:
                     record["test_accuracy_ema"] = evaluate(ema.module, test_data, bf16=cfg.bf16)
@@ -511,7 +575,8 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
                      "data": {"train": train_data.source, "test": test_data.source,
                               "train_examples": len(train_data)},
                      "environment": provenance(world_size=d.world, device=str(d.device))}
-            save_run_checkpoint(run / "checkpoint", model, opt, ema, {"train": train_config_to_dict(cfg), **state})
+            save_run_checkpoint(run / "checkpoint", model, opt, ema, {"train": train_config_to_dict(cfg), **state},
+                                {"objective": objective} if objective is not None else None)
             with open(run / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
             if progress:

@@ -1,0 +1,152 @@
+"""Masked patch prediction (paper section 4.6): targets with known answers, the corruption's proportions and
+placement, a loss that ignores uncorrupted patches, and a tiny run that learns and resumes exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from _reference import make_folder
+
+import vitlab
+from vitlab.data import load_image_folder
+from vitlab.mpp import (
+    KEEP,
+    MASK,
+    RANDOM,
+    SAME,
+    MaskedPatchPrediction,
+    color3_targets,
+    corrupted_patches,
+    draw_corruption,
+    patch4x4_targets,
+)
+from vitlab.train import PRESETS, train
+
+TINY = dataclasses.replace(PRESETS["tiny"].model, num_classes=3)
+
+
+def test_color3_of_hand_made_patches():
+    img = torch.zeros(1, 3, 8, 8)
+    img[0, 0, :4, :4] = 1.0  # patch 0: pure red -> r = 7
+    img[0, :, :4, 4:] = 0.5  # patch 1: mid grey -> 4, 4, 4
+    img[0, 2, 4:, :4] = 0.99  # patch 2: blue 0.99 -> b = 7
+    img[0, 1, 4:, 4:6] = 1.0  # patch 3: green on half the patch -> mean 0.5 -> g = 4
+    assert color3_targets(img, 4).tolist() == [[7 * 64, 4 * 64 + 4 * 8 + 4, 7, 4 * 8]]
+    assert color3_targets(torch.ones(1, 3, 4, 4), 4).item() == 511 and color3_targets(torch.zeros(1, 3, 4, 4), 4) == 0
+
+
+def test_patch4x4_of_a_4px_patch_is_the_patch_itself():
+    img = torch.rand(2, 3, 8, 8)
+    t = patch4x4_targets(img, 4)  # (B, N, 16)
+    assert t.shape == (2, 4, 16)
+    assert t[1, 3, 5].item() == color3_targets(img[1:2, :, 5:6, 5:6], 1).item()  # patch 3, pixel (1, 1)
+
+
+def test_corruption_proportions_within_binomial_bounds():
+    g = torch.Generator().manual_seed(0)
+    B, N = 400, 64
+    mode, source = draw_corruption(B, N, 0.5, g)
+    assert ((mode != KEEP).sum(1) == 32).all()  # exactly half of every image's patches
+    n = int((mode != KEEP).sum())
+    for kind, p in ((MASK, 0.8), (RANDOM, 0.1), (SAME, 0.1)):
+        k = int((mode == kind).sum())
+        assert abs(k - n * p) < 5 * math.sqrt(n * p * (1 - p)), (kind, k, n * p)
+    own = torch.arange(B * N).view(B, N)
+    assert not (source == own).any() and source.min() >= 0 and source.max() < B * N
+    assert draw_corruption(15, 64, 0.15, torch.Generator().manual_seed(0))[0].ne(KEEP).sum(1).eq(10).all()
+
+
+def test_replacements_land_where_the_mode_says():
+    model = vitlab.build_model(TINY).eval()
+    x = torch.randn(2, 3, 32, 32)
+    clean = model.patch_embed(x)  # (B, N, D)
+    mode, source = draw_corruption(2, 64, 0.5, torch.Generator().manual_seed(1))
+    token = torch.randn(clean.shape[-1])
+    seen = {}
+    with corrupted_patches(model, mode, source, token):
+        seen["out"] = model.patch_embed(x)
+    out = seen["out"]
+    flat = clean.reshape(-1, clean.shape[-1])
+    for b in range(2):
+        for n in range(64):
+            m = int(mode[b, n])
+            want = token if m == MASK else flat[source[b, n]] if m == RANDOM else clean[b, n]
+            torch.testing.assert_close(out[b, n], want)
+    assert not model.patch_embed._forward_hooks  # the hook is gone after the block
+    torch.testing.assert_close(model.patch_embed(x), clean)
+
+
+def test_loss_ignores_uncorrupted_patches():
+    torch.manual_seed(0)
+    model = vitlab.build_model(TINY).eval()
+    obj = MaskedPatchPrediction.for_model(model, "color3", 0.5)
+    x = torch.rand(2, 3, 32, 32)
+    loss, out = obj(model, x, x, torch.Generator().manual_seed(3))
+    keep = out["mode"] == KEEP
+    changed = x.clone()
+    # repaint every uncorrupted patch: targets there change, the loss must not
+    for b, n in keep.nonzero().tolist():
+        r, c = divmod(n, 8)
+        changed[b, :, 4 * r:4 * r + 4, 4 * c:4 * c + 4] = 1.0 - changed[b, :, 4 * r:4 * r + 4, 4 * c:4 * c + 4]
+    loss2, out2 = obj(model, x, changed, torch.Generator().manual_seed(3))
+    assert not torch.equal(out["target"], out2["target"])
+    torch.testing.assert_close(loss, loss2)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mppdata")
+    make_folder(root / "train", n_per_class=32, size=32, classes=("a", "b", "c"))
+    make_folder(root / "test", n_per_class=8, size=32, classes=("a", "b", "c"))
+    return load_image_folder(root / "train", cache=False, progress=False), \
+        load_image_folder(root / "test", cache=False, progress=False)
+
+
+def test_tiny_run_learns_and_resumes_to_the_same_weights(tmp_path, images, monkeypatch):
+    import json
+
+    import vitlab.train as T
+
+    train_data, test_data = images
+    cfg = dataclasses.replace(PRESETS["mpp_cifar10"], model=TINY, epochs=4, batch_size=16, warmup_epochs=0.5,
+                              lr=3e-3, bf16=False)
+    full = train(cfg, tmp_path / "full", progress=False, train_data=train_data, test_data=test_data)
+    rows = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]  # it learns
+    assert "mpp_test" in rows[-1] and "test_accuracy" not in rows[-1]  # labels are not read
+
+    # the same schedule stopped after epoch 2 (as a kill would), then resumed: exactly the uninterrupted weights
+    real, calls = T.save_run_checkpoint, {"n": 0}
+
+    def stop_after_two(*args, **kwargs):
+        real(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(T, "save_run_checkpoint", stop_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "stopped", progress=False, train_data=train_data, test_data=test_data)
+    monkeypatch.setattr(T, "save_run_checkpoint", real)
+    assert json.loads((tmp_path / "stopped" / "checkpoint" / "config.json").read_text())["epoch"] == 2
+    assert (tmp_path / "stopped" / "checkpoint" / "objective.safetensors").is_file()
+    resumed = train(cfg, tmp_path / "stopped", resume=True, progress=False, train_data=train_data,
+                    test_data=test_data)
+    for (k, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
+
+    # what ships is the encoder alone: a plain vitlab ViT checkpoint with a fresh (untrained) classifier head
+    loaded = vitlab.load_model(str(tmp_path / "full" / "checkpoint"))
+    assert type(loaded).__name__ == "VisionTransformer" and loaded.num_classes == 3
+
+
+def test_mpp_config_is_validated():
+    with pytest.raises(ValueError, match="plain ViT"):
+        dataclasses.replace(PRESETS["mpp_cifar10"], model=dataclasses.replace(TINY, patch_drop_rate=0.5))
+    with pytest.raises(ValueError, match="mixup_prob=0"):
+        dataclasses.replace(PRESETS["mpp_cifar10"], mixup_prob=0.5)
+    with pytest.raises(ValueError, match="mpp_target"):
+        dataclasses.replace(PRESETS["mpp_cifar10"], mpp_target="colour")
