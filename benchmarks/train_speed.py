@@ -33,13 +33,13 @@ if __package__ in (None, ""):
 
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
 import vitlab
 from vitlab.checkpoint import save_checkpoint
 from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize
 from vitlab.modes import explicit_attention
 from vitlab.train import PRESETS, load_teacher, train, with_num_classes
+from vitlab.train import step_flops as train_step_flops
 
 #: (label, batch, explicit softmax, patch drop rate, torch.compile); the first row is the loop before this work
 VIT_LEVERS = [
@@ -73,15 +73,8 @@ def peak_bf16_flops(n: int = 2048, reps: int = 5) -> float:
 
 def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool = True,
                backward: bool = True) -> float:
-    """FLOPs of one training step (forward + backward) or one forward, counted by FlopCounterMode, per image."""
-    with FlopCounterMode(display=False) as fc:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            out = model(x)
-        if backward:
-            out = out[0] if isinstance(out, tuple) else out
-            F.cross_entropy(out.float(), y).backward()
-    model.zero_grad(set_to_none=True)
-    return fc.get_total_flops() / len(x)
+    """FLOPs of one training step (or forward) per image: ``vitlab.train.step_flops`` over the batch size."""
+    return train_step_flops(model, x, y, bf16=bf16, backward=backward) / len(x)
 
 
 def _loop(model: torch.nn.Module, x_all: torch.Tensor, y_all: torch.Tensor, batch: int, steps: int,

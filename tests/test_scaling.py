@@ -100,3 +100,40 @@ def test_sweep_config_is_checked():
         run_sweep(dataclasses.replace(QUICK, families=("vit_huge",)), "unused.jsonl")
     assert RunSpec("vit", 500, 1).run_id == "vit-n500-s1"
     assert len(SweepConfig("x").runs()) == 2 * 5 * 2
+
+
+def test_tuning_freezes_the_best_recipe_and_runs_report_their_best_validation_epoch(tmp_path):
+    import dataclasses
+
+    from vitlab.scaling import SWEEPS, ResultsStore, run_sweep, summarise_compute, tune
+
+    sweep = dataclasses.replace(SWEEPS["quick"], families=("vit_tiny",), val_per_class=5, epochs=2)
+    grid = {"vit_tiny": (("adamw", 1e-3, 0.05), ("adamw", 1e-2, 0.05))}
+    tuned = tune(sweep, tmp_path / "tuning.jsonl", grid=grid, progress=False)
+    trials = [r for r in ResultsStore(tmp_path / "tuning.jsonl").records() if r["status"] == "ok"]
+    assert len(trials) == 2
+    best = max(trials, key=lambda r: r["metrics"]["best"]["val_accuracy"])
+    rec = best["metrics"]["recipe"]
+    assert tuned.recipes == (("vit_tiny", rec["optimizer"], rec["lr"], rec["weight_decay"]),)
+    assert tune(sweep, tmp_path / "tuning.jsonl", grid=grid, progress=False) == tuned  # trials are not rerun
+    assert len(ResultsStore(tmp_path / "tuning.jsonl").records()) == 2
+    new = run_sweep(tuned, tmp_path / "sweep.jsonl", workers=0, progress=False)
+    for r in new:
+        m = r["metrics"]
+        assert r["status"] == "ok" and 1 <= m["best"]["epoch"] <= m["epochs"]
+        assert m["pretrain_test_accuracy"] is None  # never selected or reported on the test images
+        assert m["pretrain_flops"] > 0 and m["train_cpu_seconds"] > 0
+        assert m["recipe"] == dict(zip(("optimizer", "lr", "weight_decay"), tuned.recipes[0][1:]))
+    compute = summarise_compute(new)
+    assert set(compute["vit_tiny"]) == set(sweep.sizes)
+    flops = {r["spec"]["size"]: r["metrics"]["pretrain_flops"] for r in new}
+    assert flops[80] > flops[40]  # more images, more steps at the same cost per step
+
+
+def test_fingerprint_changes_with_the_code(monkeypatch):
+    from vitlab import provenance
+    from vitlab.scaling import SWEEPS
+
+    before = SWEEPS["quick"].fingerprint()
+    monkeypatch.setattr(provenance, "code_hash", lambda: "different code")
+    assert SWEEPS["quick"].fingerprint() != before

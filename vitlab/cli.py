@@ -7,6 +7,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _parse_value(text: str):
@@ -141,6 +142,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     sweep = load_sweep_config(args.config)
     results = args.results or f"runs/sweeps/{sweep.name}.jsonl"
+    if args.tune:
+        from vitlab.scaling import tune
+
+        tuned = tune(sweep, Path(results).with_suffix(".tuning.jsonl"), progress=not args.quiet)
+        out = args.save_config or f"{sweep.name}.tuned.json"
+        Path(out).write_text(json.dumps(dataclasses.asdict(tuned), indent=2) + "\n")
+        print(f"tuned recipes {list(tuned.recipes)}; frozen config written to {out}: run the sweep with --config {out}")
+        return 0
     new = run_sweep(sweep, results, executor=args.executor, workers=args.workers, address=args.address,
                     work_dir=args.work_dir, progress=not args.quiet)
     in_grid = {s.run_id for s in sweep.runs()}
@@ -154,8 +163,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for fam, by_size in summarise(records, shots).items():
         print(f"  {fam}: " + ", ".join(f"{n}: {100 * v['mean']:.1f}%" for n, v in by_size.items()) + f" ({shots}-shot)")
     if args.plot:
+        from vitlab.scaling import summarise_compute
+
+        compute = summarise_compute(records)
         fig = scaling_curves(summarise(records, shots), title=f"Sweep {sweep.name}: {shots}-shot accuracy on held-out "
-                             "classes against pre-training set size")
+                             "classes (error bars: std over seeds)", compute=compute or None)
         from vitlab.atomic import atomic_write
 
         if args.plot.endswith(".png"):  # static export through kaleido: needs a Chromium
@@ -311,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--work-dir", help="scratch folder for run checkpoints (default: the system temp folder)")
     sp.add_argument("--shots", type=int, help="shot count to summarise and plot (default: the largest)")
     sp.add_argument("--plot", help="write the scaling curves to this file (.html, or .png with a Chromium)")
+    sp.add_argument("--tune", action="store_true", help="tune each family's optimizer, lr and weight decay once on the "
+                    "largest subset (validation split), then write the frozen config (--save-config)")
+    sp.add_argument("--save-config", help="with --tune: where to write the tuned sweep config (JSON)")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_sweep)
 

@@ -137,18 +137,33 @@ def curves(x: np.ndarray, ys: dict[str, np.ndarray], xlabel: str, ylabel: str, t
 
 
 def scaling_curves(summary: dict[str, dict[int, dict[str, float]]], title: str = "",
-                   ylabel: str = "few-shot accuracy on held-out classes") -> go.Figure:
+                   ylabel: str = "few-shot accuracy on held-out classes",
+                   compute: dict[str, dict[int, float]] | None = None) -> go.Figure:
     """Fig. 3/4 style: accuracy against pre-training set size (log x), one line per family, error bars = std
-    over seeds. ``summary``: ``vitlab.scaling.summarise`` output."""
-    fig = go.Figure()
-    for fam, by_size in summary.items():
+    over seeds. ``summary``: ``vitlab.scaling.summarise`` output. With ``compute`` ({family: {size: FLOPs}}), a
+    second panel draws the same accuracies against pre-training compute (paper Fig. 5)."""
+    panels = 2 if compute else 1
+    fig = make_subplots(rows=1, cols=panels, shared_yaxes=True, horizontal_spacing=0.06,
+                        subplot_titles=["against pre-training images", "against pre-training compute"][:panels])
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+    for i, (fam, by_size) in enumerate(summary.items()):
         sizes = sorted(by_size)
-        fig.add_trace(go.Scatter(
-            x=sizes, y=[100 * by_size[n]["mean"] for n in sizes], mode="lines+markers", name=fam,
-            error_y=dict(type="data", array=[100 * by_size[n]["std"] for n in sizes], visible=True),
-            hovertemplate=f"{fam}: %{{x}} images, %{{y:.1f}}%<extra></extra>"))
-    fig.update_xaxes(type="log", title="pre-training images")
-    fig.update_layout(title=title, yaxis_title=ylabel + " (%)", width=700, height=450)
+        y = [100 * by_size[n]["mean"] for n in sizes]
+        err = dict(type="data", array=[100 * by_size[n]["std"] for n in sizes], visible=True)
+        colour = colours[i % len(colours)]
+        fig.add_trace(go.Scatter(x=sizes, y=y, mode="lines+markers", name=fam, error_y=err, legendgroup=fam,
+                                 line=dict(color=colour),
+                                 hovertemplate=f"{fam}: %{{x}} images, %{{y:.1f}}%<extra></extra>"), row=1, col=1)
+        if compute:
+            fig.add_trace(go.Scatter(x=[compute[fam][n] for n in sizes], y=y, mode="lines+markers", name=fam,
+                                     error_y=err, legendgroup=fam, showlegend=False, line=dict(color=colour),
+                                     hovertemplate=f"{fam}: %{{x:.3g}} FLOPs, %{{y:.1f}}%<extra></extra>"),
+                          row=1, col=2)
+    fig.update_xaxes(type="log", title="pre-training images", row=1, col=1)
+    if compute:
+        fig.update_xaxes(type="log", title="pre-training FLOPs (FlopCounterMode)", row=1, col=2)
+    fig.update_yaxes(title=ylabel + " (%)", row=1, col=1)
+    fig.update_layout(title=title, width=700 * panels, height=470)
     return fig
 
 

@@ -38,9 +38,10 @@ from tqdm.auto import tqdm
 from vitlab.data import ImageArray, load_dataset, nested_subsets
 from vitlab.probe import DEFAULT_L2
 from vitlab.provenance import provenance
-from vitlab.zoo import BiTConfig, ViTConfig, cifar_bit, cifar_vit
+from vitlab.zoo import BiTConfig, HybridConfig, ViTConfig, cifar_bit, cifar_vit
 
-__all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "run_one", "run_sweep", "summarise"]
+__all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "TUNING_GRID", "run_one", "run_sweep",
+           "summarise", "summarise_compute", "tune", "markdown_table"]
 
 
 def _vit(**kw: Any) -> ViTConfig:
@@ -56,6 +57,8 @@ def _bit(**kw: Any) -> BiTConfig:
 FAMILIES: dict[str, Any] = {
     "vit": lambda: _vit(),  # ViT 6 blocks x 128, 4 px patches: 0.8 M parameters
     "bit": lambda: _bit(channels=(32, 32, 64, 128)),  # BiT-style ResNet-18, narrow; GroupNorm of >= 8 channels
+    # R?+ViT hybrid (paper Fig. 5): a one-stage-per-block GroupNorm ResNet stem (stride 4 -> 8x8 tokens) + 4 blocks
+    "hybrid": lambda: HybridConfig(vit=_vit(depth=4, patch_size=4), layers=(1, 1, 1), stem="cifar"),
     "vit_tiny": lambda: _vit(depth=2, embed_dim=32, num_heads=2, mlp_dim=64),  # for tests
     "bit_tiny": lambda: _bit(layers=(1, 1), channels=(32, 32)),  # for tests
 }
@@ -81,6 +84,20 @@ class SweepConfig:
     l2: float = DEFAULT_L2
     probe_pool_per_class: int = 100  # training examples per probe class the shots are drawn from
     probe_test_per_class: int = 200  # test examples per probe class
+    #: per family: (family, optimizer, lr, weight_decay), tuned once on the largest subset (``tune``) and frozen;
+    #: a family without an entry trains with AdamW at ``lr`` and weight decay 0.05
+    recipes: tuple[tuple[str, str, float, float], ...] = ()
+    #: validation images per pre-training class, carved from its training images (never the test images) and kept
+    #: out of every subset; each run is reported at its best validation epoch (early stopping, as the paper).
+    #: 0: no validation split, the last epoch is reported.
+    val_per_class: int = 0
+
+    def recipe(self, family: str) -> tuple[str, float, float]:
+        """(optimizer, lr, weight decay) of ``family``."""
+        for f, opt, lr, wd in self.recipes:
+            if f == family:
+                return opt, float(lr), float(wd)
+        return "adamw", self.lr, 0.05
 
     def fingerprint(self) -> str:
         """A hash of every field and of the package's source code (``vitlab.provenance.code_hash``): a record counts
@@ -114,7 +131,12 @@ class SweepConfig:
 
 
 SWEEPS: dict[str, SweepConfig] = {
-    "cifar10": SweepConfig("cifar10"),
+    # three families (paper Fig. 5), six nested sizes over 50x, three seeds, a validation split for the best epoch;
+    # recipes are filled by `vitlab sweep --tune` on the largest subset and frozen in a JSON config
+    "cifar10": SweepConfig("cifar10", families=("vit", "bit", "hybrid"), sizes=(250, 500, 1000, 2500, 5000, 12500),
+                           seeds=(0, 1, 2), val_per_class=200),
+    # the grid of the sweep shipped before the fair-recipe redesign (2 families, 2 seeds, last epoch)
+    "cifar10_v1": SweepConfig("cifar10"),
     "quick": SweepConfig("quick", families=("vit_tiny", "bit_tiny"), sizes=(40, 80), seeds=(0,), data="shapes",
                          pretrain_classes=(0, 1), probe_classes=(2, 3), epochs=1, min_steps=2, batch_size=16,
                          shots=(1, 5), probe_seeds=(0, 1), probe_pool_per_class=10, probe_test_per_class=20),
@@ -206,9 +228,11 @@ def _train_config(sweep: SweepConfig, spec: RunSpec, n: int):
     model = dataclasses.replace(FAMILIES[spec.family](), num_classes=len(sweep.pretrain_classes))
     steps_per_epoch = max(1, n // sweep.batch_size)
     epochs = max(sweep.epochs, math.ceil(sweep.min_steps / steps_per_epoch))
+    optimizer, lr, wd = sweep.recipe(spec.family)
     return TrainConfig(model=model, data=f"{sweep.data}[classes {list(sweep.pretrain_classes)}, n={n}]",
-                       epochs=epochs, batch_size=min(sweep.batch_size, n), lr=sweep.lr, warmup_epochs=min(1.0, epochs / 5),
-                       mixup_prob=0.0, seed=spec.seed, eval_every=epochs)
+                       epochs=epochs, batch_size=min(sweep.batch_size, n), lr=lr, weight_decay=wd, optimizer=optimizer,
+                       momentum=0.9, warmup_epochs=min(1.0, epochs / 5), mixup_prob=0.0, seed=spec.seed,
+                       eval_every=1 if sweep.val_per_class else epochs, keep_best=bool(sweep.val_per_class))
 
 
 def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | None = None,
@@ -217,6 +241,7 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
     from vitlab.features import extract_features
     from vitlab.probe import few_shot_accuracy
     from vitlab.train import train
+    from vitlab.zoo import build_model as vitlab_build
 
     t0 = time.time()
     full_train, full_test = load_dataset(sweep.data, "train"), load_dataset(sweep.data, "test")
@@ -227,13 +252,39 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
     if spec.size > len(pre):
         raise ValueError(f"subset size {spec.size} exceeds the {len(pre)} pre-training images of classes "
                          f"{list(sweep.pretrain_classes)}")
-    subset = pre.subset(nested_subsets(pre.labels, [spec.size], seed=spec.seed)[0])
     pre_test = _classes(full_test, sweep.pretrain_classes)
+    val = None
+    if sweep.val_per_class:  # a fixed validation split of the pre-training classes' training images
+        val_idx = nested_subsets(pre.labels, [sweep.val_per_class * len(sweep.pretrain_classes)], seed=10_007)[0]
+        rest = torch.ones(len(pre), dtype=torch.bool)
+        rest[val_idx] = False
+        val, pre = pre.subset(val_idx), pre.subset(torch.nonzero(rest).flatten())
+        if spec.size > len(pre):
+            raise ValueError(f"subset size {spec.size} exceeds the {len(pre)} pre-training images left after the "
+                             f"validation split")
+    subset = pre.subset(nested_subsets(pre.labels, [spec.size], seed=spec.seed)[0])
     cfg = _train_config(sweep, spec, spec.size)
+    cpu0 = time.process_time()
     with tempfile.TemporaryDirectory(dir=work_dir, prefix=f"{spec.run_id}.") as tmp:
-        model = train(cfg, Path(tmp) / "run", progress=False, train_data=subset, test_data=pre_test, device=device)
+        model = train(cfg, Path(tmp) / "run", progress=False, train_data=subset,
+                      test_data=val if val is not None else pre_test, device=device)
         log = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+        best = None
+        if val is not None:  # the model at its best validation epoch, as the paper reports each run
+            from vitlab.checkpoint import load_checkpoint
+
+            best_meta = json.loads((Path(tmp) / "run" / "best" / "config.json").read_text())
+            model = load_checkpoint(Path(tmp) / "run" / "best").to(next(model.parameters()).device)
+            best = {"epoch": best_meta["epoch"], "val_accuracy": best_meta["metrics"]["test_accuracy"]}
+    train_cpu = time.process_time() - cpu0
     model.eval()
+    from vitlab.data import normalize
+    from vitlab.train import step_flops
+
+    pc = model.pretrained_cfg
+    xb = normalize(subset.images[: cfg.batch_size], pc["mean"], pc["std"])
+    flops_per_step = step_flops(vitlab_build(cfg.model), xb, subset.labels[: cfg.batch_size], bf16=cfg.bf16)
+    steps = cfg.epochs * (spec.size // cfg.batch_size)
     probe_train = _classes(full_train, sweep.probe_classes, sweep.probe_pool_per_class, seed=spec.seed)
     probe_test = _classes(full_test, sweep.probe_classes, sweep.probe_test_per_class, seed=0)
     ftr = extract_features(model, probe_train, cache=False, progress=False)
@@ -242,10 +293,14 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
                            seeds=sweep.probe_seeds, l2=sweep.l2)
     return {
         "few_shot": {str(k): {"mean": r.mean, "std": r.std, "per_seed": list(r.per_seed)} for k, r in fs.items()},
-        "pretrain_test_accuracy": log[-1].get("test_accuracy"),
+        "pretrain_test_accuracy": log[-1].get("test_accuracy") if val is None else None,
+        "best": best,  # {"epoch", "val_accuracy"} of the reported model, with a validation split
         "pretrain_final_loss": log[-1]["train_loss"],
         "epochs": cfg.epochs,
-        "steps": cfg.epochs * (spec.size // cfg.batch_size),
+        "steps": steps,
+        "recipe": dict(zip(("optimizer", "lr", "weight_decay"), sweep.recipe(spec.family))),
+        "pretrain_flops": flops_per_step * steps,  # FlopCounterMode on one step, times the steps
+        "train_cpu_seconds": round(train_cpu, 2),
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_seconds": round(sum(x["epoch_seconds"] for x in log), 2),
         "seconds": round(time.time() - t0, 2),
@@ -332,7 +387,8 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
     def finish(rec: dict) -> None:
         store.append(rec)
         new.append(rec)
-        bar.set_postfix_str(f"{rec['run_id']}: {rec['status']}")
+        failed = sum(r["status"] != "ok" for r in new)
+        bar.set_postfix_str(f"last {rec['run_id']}: {rec['status']}; {failed} failed")  # tqdm shows the time left
         bar.update()
 
     try:
@@ -382,6 +438,60 @@ def summarise(records: Sequence[dict], shots: int = 10) -> dict[str, dict[int, d
                   for n, v in sorted(by.items())} for fam, by in acc.items()}
 
 
+#: The tuning grid per family: (optimizer, lr, weight decay). The paper trains ResNets with Adam (App. D.1: slightly
+#: better than SGD there); BiT's own recipe is SGD with momentum: both are in the ResNet grid.
+TUNING_GRID: dict[str, tuple[tuple[str, float, float], ...]] = {
+    "vit": tuple(("adamw", lr, wd) for lr in (5e-4, 1e-3, 2e-3) for wd in (0.05, 0.1)),
+    "hybrid": tuple(("adamw", lr, wd) for lr in (5e-4, 1e-3, 2e-3) for wd in (0.05, 0.1)),
+    "bit": tuple(("adamw", lr, wd) for lr in (1e-3, 3e-3) for wd in (0.05, 0.1))
+    + tuple(("sgd", lr, wd) for lr in (0.05, 0.1) for wd in (5e-5, 5e-4)),
+}
+
+
+def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequence[tuple[str, float, float]]] | None
+         = None, progress: bool | None = None) -> SweepConfig:
+    """Tune each family once, on the largest subset with seed 0, over ``grid`` (default ``TUNING_GRID``), by the best
+    validation accuracy; return ``sweep`` with the winning recipes frozen in. Every trial is appended to ``results``
+    (a JSONL store of its own), and finished trials are skipped when tuning is run again."""
+    if not sweep.val_per_class:
+        raise ValueError("tuning needs a validation split: set val_per_class > 0 (never tune on the test images)")
+    grid = grid or TUNING_GRID
+    store = ResultsStore(results)
+    chosen = []
+    trials = [(f, r) for f in sweep.families for r in grid.get(f, ((*sweep.recipe(f),),))]
+    bar = tqdm(trials, desc=f"tune {sweep.name}", disable=progress is False)
+    best: dict[str, tuple[float, tuple[str, float, float]]] = {}
+    for family, recipe in bar:
+        trial = dataclasses.replace(sweep, name=f"{sweep.name}-tune", recipes=((family, *recipe),), seeds=(0,),
+                                    sizes=(max(sweep.sizes),))
+        spec = RunSpec(family, max(sweep.sizes), 0)
+        done = store.latest(trial.name, trial.fingerprint()).get(spec.run_id)
+        rec = done if done and done["status"] == "ok" else _run_record(trial, spec, None, None)
+        if rec is not done:
+            store.append(rec)
+        if rec["status"] != "ok":
+            bar.write(f"tuning {family} {recipe}: failed ({rec['error']})")
+            continue
+        acc = rec["metrics"]["best"]["val_accuracy"]
+        bar.set_postfix_str(f"{family} {recipe}: val {acc:.3f}")
+        if family not in best or acc > best[family][0]:
+            best[family] = (acc, recipe)
+    for family in sweep.families:
+        if family in best:
+            chosen.append((family, *best[family][1]))
+    return dataclasses.replace(sweep, recipes=tuple(chosen))
+
+
+def summarise_compute(records: Sequence[dict]) -> dict[str, dict[int, float]]:
+    """{family: {size: mean pre-training FLOPs}} over the finished runs that recorded them."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for r in records:
+        flops = r.get("metrics", {}).get("pretrain_flops") if r.get("status") == "ok" else None
+        if flops:
+            out.setdefault(r["spec"]["family"], {}).setdefault(r["spec"]["size"], []).append(flops)
+    return {f: {n: sum(v) / len(v) for n, v in sorted(by.items())} for f, by in out.items()}
+
+
 def markdown_table(summary: dict[str, dict[int, dict[str, float]]]) -> str:
     """The README table of a sweep: one row per family, one column per size, "mean ± std" in % over seeds."""
     sizes = sorted({n for by in summary.values() for n in by})
@@ -404,4 +514,7 @@ def load_sweep_config(spec: str) -> SweepConfig:
     unknown = sorted(set(d) - fields)
     if unknown:
         raise ValueError(f"{path}: unknown fields {unknown}; valid: {sorted(fields)}")
-    return SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    def frozen(v):
+        return tuple(frozen(x) for x in v) if isinstance(v, list) else v
+
+    return SweepConfig(**{k: frozen(v) for k, v in d.items()})

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitlab.checkpoint import load_checkpoint, load_run_state, save_run_checkpoint
+from vitlab.checkpoint import load_checkpoint, load_run_state, save_checkpoint, save_run_checkpoint
 from vitlab.data import ImageArray, load_dataset, normalize, random_crop_flip
 from vitlab.modes import eval_mode, explicit_attention
 from vitlab.provenance import provenance
@@ -93,6 +93,7 @@ class TrainConfig:
     objective: Literal["classify", "mpp"] = "classify"  # mpp: masked patch prediction (labels are not read)
     mpp_target: Literal["color3", "patch4x4", "l2"] = "color3"
     mpp_rate: float = 0.5  # share of patches corrupted per image
+    keep_best: bool = False  # also keep the checkpoint of the best evaluated epoch in RUN/best (early stopping)
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("adamw", "sgd"):
@@ -264,6 +265,21 @@ def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bo
                 logits = tta_logits(model, x, tta)
             correct += int((logits.argmax(-1).cpu() == data.labels[i : i + batch_size]).sum())
     return correct / len(data)
+
+
+def step_flops(model: nn.Module, x: Tensor, y: Tensor, bf16: bool = True, backward: bool = True) -> float:
+    """FLOPs of one training step (forward + backward; or one forward) on the batch ``x``, counted by
+    ``torch.utils.flop_counter.FlopCounterMode`` (not by hand). The model's gradients are cleared afterwards."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fc:
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+            out = model(x)
+        if backward:
+            out = out[0] if isinstance(out, tuple) else out
+            F.cross_entropy(out.float(), y).backward()
+    model.zero_grad(set_to_none=True)
+    return float(fc.get_total_flops())
 
 
 @torch.no_grad()
@@ -571,6 +587,12 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
                 if cfg.eval_tta and last:
                     record["test_accuracy_tta"] = evaluate(model, test_data, bf16=cfg.bf16, tta=cfg.eval_tta)
             record["eval_seconds"] = round(time.time() - t_eval, 2)
+            if cfg.keep_best and record.get("test_accuracy") is not None:
+                best_file = run / "best" / "config.json"
+                best = json.loads(best_file.read_text()).get("metrics", {}).get("test_accuracy", -1.0) \
+                    if best_file.is_file() else -1.0
+                if record["test_accuracy"] > best:  # the best evaluated point, as the paper reports its runs
+                    save_checkpoint(model, run / "best", extra={"epoch": epoch + 1, "metrics": record})
             state = {"epoch": epoch + 1, "train_seconds": round(elapsed, 1), "metrics": record,
                      "data": {"train": train_data.source, "test": test_data.source,
                               "train_examples": len(train_data)},
