@@ -66,11 +66,12 @@ class ImageArray:
 def portable_source(path: str | os.PathLike) -> str:
     """How records (cards, results, caches) name a dataset file: never by this machine's absolute path.
 
-    The shared data sets become ``shared/datasets/...``; a path under the working directory stays relative to
-    it; anything else is named by its last two parts (``.../folder/name``)."""
+    The shared data sets become ``shared/datasets/...``; a path inside the checkout (``data/...``) or under the
+    working directory stays relative to it; anything else is named by its last two parts (``.../folder/name``)."""
     p = Path(path).resolve()
     shared = SHARED_CIFAR10.resolve().parent.parent  # .../shared
-    for base, prefix in ((shared, "shared"), (Path.cwd().resolve(), "")):
+    repo = Path(__file__).resolve().parent.parent  # the checkout vitlab runs from (data/, notebooks/, ...)
+    for base, prefix in ((shared, "shared"), (repo, ""), (Path.cwd().resolve(), "")):
         if p.is_relative_to(base):
             rel = p.relative_to(base).as_posix()
             return f"{prefix}/{rel}" if prefix else rel

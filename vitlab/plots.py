@@ -27,7 +27,8 @@ def image_grid_with_maps(images: Sequence[np.ndarray], maps: np.ndarray, titles:
     n, k = maps.shape[:2]
     peak = np.abs(maps).reshape(n, k, -1).max(-1)[..., None, None]
     scaled = maps / np.where(peak > 0, peak, 1.0)
-    fig = make_subplots(rows=n, cols=k + 1, horizontal_spacing=0.01, vertical_spacing=0.3 / max(n, 1),
+    fig = make_subplots(rows=n, cols=k + 1, horizontal_spacing=0.015, vertical_spacing=0.45 / max(n, 1),
+                        column_widths=[1.3] + [1.0] * k,
                         subplot_titles=[t for i in range(n) for t in ([titles[i]] + list(map_titles))])
     for i in range(n):
         fig.add_trace(go.Image(z=images[i]), row=i + 1, col=1)
@@ -38,11 +39,15 @@ def image_grid_with_maps(images: Sequence[np.ndarray], maps: np.ndarray, titles:
                                      customdata=maps[i, j][::-1],
                                      hovertemplate="row %{y}, col %{x}: %{customdata:.4g}<extra></extra>"),
                           row=i + 1, col=j + 2)
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
+    fig.update_xaxes(visible=False, constrain="domain")
+    fig.update_yaxes(visible=False, constrain="domain")
+    for r in range(1, n + 1):  # square cells: each map keeps the grid's aspect ratio
+        for c in range(2, k + 2):
+            idx = (r - 1) * (k + 1) + c
+            fig.update_yaxes(scaleanchor=f"x{idx}", scaleratio=1, row=r, col=c)
     fig.update_annotations(font_size=10)
-    fig.update_layout(title=title, height=210 * n + 110, width=170 * (k + 1) + 160,
-                      margin=dict(l=20, r=20, t=110, b=20))
+    fig.update_layout(title=title, height=230 * n + 120, width=175 * (k + 1) + 200,
+                      margin=dict(l=20, r=20, t=120, b=20))
     return fig
 
 

@@ -40,8 +40,9 @@ IMAGE_FORMATS = ("png", "svg", "pdf", "jpg", "webp")
 def weights_description(net, model: str | None, pretrained: bool, weights: str | None) -> str:
     """Where the weights came from, truthfully: a checkpoint, a weights file, the hub, or random initialisation."""
     ck = getattr(net, "vitlab_checkpoint", {}).get("path")
-    if ck:
-        return str(ck)
+    if ck:  # a shipped checkpoint by its place in the checkout; the user's own by the path they gave
+        repo = Path(__file__).resolve().parents[2]
+        return Path(ck).resolve().relative_to(repo).as_posix() if Path(ck).resolve().is_relative_to(repo) else str(ck)
     if weights:
         return f"{weights} (local file)"
     if not pretrained or model is None:

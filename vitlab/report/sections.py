@@ -114,8 +114,8 @@ def map_titles(inp: Inputs, pred: dict[str, Any], n: int) -> list[str]:
     out = []
     for i in range(n):
         c, pr = int(pred["pred"][i]), float(pred["prob"][i])
-        truth = f"true {inp.class_name(int(inp.labels[i]))}, " if inp.labels is not None else ""
-        out.append(f"{inp.names[i]}: {truth}predicted {inp.class_name(c)} ({pr:.0%})")
+        truth = f"true {inp.class_name(int(inp.labels[i]))}" if inp.labels is not None else inp.names[i]
+        out.append(f"{truth}<br>predicted {inp.class_name(c)} ({pr:.0%})")
     return out
 
 
@@ -221,8 +221,7 @@ def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | N
     grid = Section(
         "rollout", "Attention rollout and class-specific maps (Fig. 6 and 14)",
         image_grid_with_maps(inp.shown[:n], show.numpy(), map_titles(inp, pred, n), list(ATTRIBUTION_METHODS),
-                             title="Rollout, gradient rollout, integrated gradients and occlusion for the predicted "
-                                   "class (each map scaled to its own maximum)"),
+                             title="Maps for the predicted class<br><sup>each map scaled to its own maximum</sup>"),
         "Fig. 6 / Fig. 14 (ViT-L/16): attention rollout of the output token onto the input space concentrates on "
         "the regions semantically relevant for classification.",
         "Rollout (head mean, residual 0.5, no discard) beside gradient rollout, integrated gradients and patch "
