@@ -129,7 +129,7 @@ def table_figure(header: Sequence[str], rows: Sequence[Sequence[object]], title:
     cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in col] for col in zip(*rows)]
     fig = go.Figure(go.Table(header=dict(values=list(header), align="left", fill_color="#e8e8f0"),
                              cells=dict(values=cells, align="left")))
-    fig.update_layout(title=title, width=180 * len(header) + 40, height=60 + 32 * (len(rows) + 2),
+    fig.update_layout(title=title, width=150 * len(header) + 40, height=110 + 24 * len(rows),
                       margin=dict(l=10, r=10, t=50, b=10))
     return fig
 
@@ -164,7 +164,9 @@ def scaling_curves(summary: dict[str, dict[int, dict[str, float]]], title: str =
                                      error_y=err, legendgroup=fam, showlegend=False, line=dict(color=colour),
                                      hovertemplate=f"{fam}: %{{x:.3g}} FLOPs, %{{y:.1f}}%<extra></extra>"),
                           row=1, col=2)
-    fig.update_xaxes(type="log", title="pre-training images", row=1, col=1)
+    all_sizes = sorted({n for by in summary.values() for n in by})
+    fig.update_xaxes(type="log", title="pre-training images", tickvals=all_sizes,
+                     ticktext=[f"{n:,}" for n in all_sizes], row=1, col=1)
     if compute:
         fig.update_xaxes(type="log", title="pre-training FLOPs (FlopCounterMode)", row=1, col=2)
     fig.update_yaxes(title=ylabel + " (%)", row=1, col=1)

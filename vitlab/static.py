@@ -50,9 +50,13 @@ def write_images(figures: Sequence[object], paths: Sequence[str | os.PathLike], 
         import plotly.io as pio
     except ImportError as e:
         return f"skipped: {e}"
+    figures = list(figures)
+    # each image at its figure's own layout size (kaleido would otherwise draw every figure at 700 x 500)
+    widths = [getattr(f.layout, "width", None) or 700 for f in figures]
+    heights = [getattr(f.layout, "height", None) or 500 for f in figures]
     try:
         with chromium_for_export(browser):
-            pio.write_images(list(figures), [str(p) for p in paths], scale=scale)
+            pio.write_images(figures, [str(p) for p in paths], scale=scale, width=widths, height=heights)
     except Exception as e:  # noqa: BLE001 - a broken browser must not cost the caller its other outputs
         for p in paths:
             Path(p).unlink(missing_ok=True)

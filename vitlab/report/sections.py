@@ -131,8 +131,8 @@ def filters(inp: Inputs) -> Section | None:
     verdicts = [findings.filters_low_frequency(comps, k=k), findings.filters_structured(ratio, random, k=k)]
     return Section(
         "filters", "Patch-embedding filters: principal components (Fig. 7 left)",
-        filter_grid(comps.numpy(), ratio.numpy(), title="Principal components of the patch-embedding filters "
-                    "(tile title: rank, explained variance)"),
+        filter_grid(comps.numpy(), ratio.numpy(), title="Patch-embedding filters: principal components<br><sup>"
+                    "tile title: rank, explained variance</sup>"),
         "Fig. 7 left (ViT-L/32): the top 28 principal components of the patch-embedding filters resemble plausible "
         "basis functions for a low-dimensional representation of the fine structure within each patch.",
         f"The top {k} components explain {float(ratio.sum()):.1%} of the filters' variance (the first "
@@ -160,8 +160,8 @@ def positions(inp: Inputs) -> list[Section]:
         row_col_note = ""
     out = [Section(
         "positions", "Position-embedding similarity (Fig. 7 centre)",
-        similarity_tiles(sim.numpy(), title=f"Cosine similarity of position embeddings: tile (i, j) is patch (i, j) "
-                         f"against all patches of the {gh}x{gw} grid"),
+        similarity_tiles(sim.numpy(), title=f"Position-embedding similarity<br><sup>tile (i, j): patch (i, j) against "
+                         f"all patches of the {gh}x{gw} grid</sup>"),
         "Fig. 7 centre (ViT-L/32): closer patches have more similar position embeddings, with row/column structure; "
         "the model learns the 2D image topology.",
         f"Spearman correlation between similarity and grid distance: {score:.3f} (-1: perfectly local; 0: no "
@@ -172,7 +172,8 @@ def positions(inp: Inputs) -> list[Section]:
     score_hi = position_structure_score(sim_hi)
     out.append(Section(
         "positions_resampled", f"Position embeddings resampled to {hi[0]}x{hi[1]} (fine-tuning at 2x resolution)",
-        similarity_tiles(sim_hi.numpy(), title=f"The same after bicubic resampling to a {hi[0]}x{hi[1]} grid"),
+        similarity_tiles(sim_hi.numpy(), title=f"Position-embedding similarity<br><sup>after bicubic resampling to a "
+                         f"{hi[0]}x{hi[1]} grid</sup>"),
         "Section 3.2: for fine-tuning at a higher resolution the pre-trained position embeddings are "
         "2D-interpolated according to their location in the original image.",
         f"After bicubic resampling to {hi[0]}x{hi[1]}: Spearman {score_hi:.3f} (before: {score:.3f}).",
@@ -196,7 +197,8 @@ def distance(inp: Inputs) -> Section:
     return Section(
         "distance", "Mean attention distance per head against depth (Fig. 7 right, Fig. 11)",
         layer_lines(dist.numpy(), "mean attention distance (pixels)",
-                    f"Mean attention distance per head ({len(inp.x)} images; dashed: uniform attention)", spread,
+                    f"Mean attention distance per head<br><sup>{len(inp.x)} images; dashed: uniform attention</sup>",
+                    spread,
                     reference=(ceiling, f"uniform attention over the {info.grid_size[0]}x{info.grid_size[1]} grid: "
                                         f"{ceiling:.1f} px")),
         "Fig. 7 right / Fig. 11 (ViT-L/16 on 128 images, 224 px): some heads attend to most of the image already in "
@@ -243,7 +245,7 @@ def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | N
                         {f"{r.method} deletion": np.array(r.deletion_curve) for r in rows}
                         | {f"{r.method} insertion": np.array(r.insertion_curve) for r in rows},
                         "fraction of patches changed", "probability of the predicted class",
-                        "Deletion and insertion curves (mean over images; random map = reference)")
+                        "Deletion and insertion curves<br><sup>mean over images; the random map is the reference</sup>")
     curve_sec = Section("faithfulness_curves", "Deletion and insertion curves (our addition)", curves_fig,
                         "(our addition)", "Mean over the images.", inp.stamp(images=n_attr))
     return [grid, table, curve_sec]
@@ -277,7 +279,7 @@ def readout_and_entropy(inp: Inputs, pred: dict[str, Any]) -> list[Section]:
                 inp.stamp(head_fusion="mean", layers=[i + 1 for i in layers])),
         Section("entropy", "Attention entropy per head against depth (our addition)",
                 layer_lines(pred["entropy"].numpy(), "attention entropy (nats)",
-                            "Attention entropy per head (dashed: uniform attention)",
+                            "Attention entropy per head<br><sup>dashed: uniform attention</sup>",
                             reference=(float(np.log(info.num_tokens)),
                                        f"uniform over {info.num_tokens} tokens: {np.log(info.num_tokens):.2f} nats")),
                 "(our addition)", "Entropy of the attention rows averaged over queries and images: low = focused heads.",
@@ -368,7 +370,7 @@ def scaling(results: Path, versions: dict) -> Section | None:
     """The shipped data-scaling sweep as a figure, with the verdict on the ResNet-ViT gap."""
     if not results.is_file():
         return None
-    from vitlab.scaling import ResultsStore, summarise
+    from vitlab.scaling import ResultsStore, summarise, summarise_compute
 
     records = [r for r in ResultsStore(results).records() if r.get("status") == "ok"]
     if not records:
@@ -382,8 +384,8 @@ def scaling(results: Path, versions: dict) -> Section | None:
     else:
         note = ""
     summary = summarise(records, shots=10)
-    fig = scaling_curves(summary, title="10-shot accuracy on held-out classes against pre-training images "
-                                        "(error bars: std over seeds)")
+    fig = scaling_curves(summary, title="10-shot accuracy on held-out classes<br><sup>error bars: std over seeds"
+                                        "</sup>", compute=summarise_compute(records) or None)
     sizes = sorted({int(r["spec"]["size"]) for r in records})
     return Section(
         "scaling", "Data scaling in miniature (Fig. 3/4)", fig,
