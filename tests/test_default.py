@@ -59,7 +59,8 @@ def test_full_size_vit_b16_capture_is_exact():
 
 CHECKPOINTS = DEFAULT_CHECKPOINT.parent
 OTHERS = [("vit_shapes", "vitlab train --preset vit_shapes", "shapes"),
-          ("bit_cifar10", "vitlab train --preset bit_cifar10", "cifar10")]
+          ("bit_cifar10", "vitlab train --preset bit_cifar10", "cifar10"),
+          ("resnet_cifar10", "vitlab train --preset resnet_cifar10", "cifar10")]
 
 
 @pytest.mark.parametrize("folder,command,data", OTHERS, ids=[o[0] for o in OTHERS])
@@ -81,13 +82,17 @@ def test_other_shipped_checkpoints_load_with_honest_cards(folder, command, data)
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED_CIFAR10 / "test.zip").is_file(), reason="../shared CIFAR-10 not present")
-def test_bit_reproduces_card_accuracy():
+@pytest.mark.parametrize("folder", ["bit_cifar10", "resnet_cifar10"])
+def test_shipped_cifar_models_reproduce_card_accuracy(folder):
     from vitlab.data import load_cifar
     from vitlab.export import timm_pipeline_accuracy
+    from vitlab.train import evaluate
 
-    path = CHECKPOINTS / "bit_cifar10"
+    path = CHECKPOINTS / folder
     if not (path / "model.safetensors").is_file():
-        pytest.skip("bit_cifar10 is not shipped in this checkout")
+        pytest.skip(f"{folder} is not shipped in this checkout")
     card = json.loads((path / "card.json").read_text())
-    assert timm_pipeline_accuracy(vitlab.load_model(str(path)), load_cifar("cifar10", "test")) == pytest.approx(
-        card["test_accuracy"], abs=1e-4)
+    model, test = vitlab.load_model(str(path)), load_cifar("cifar10", "test")
+    assert timm_pipeline_accuracy(model, test) == pytest.approx(card["test_accuracy"], abs=1e-4)
+    if card.get("test_accuracy_tta") is not None:
+        assert evaluate(model.float(), test, tta=card["tta_level"]) == pytest.approx(card["test_accuracy_tta"], abs=1e-4)
