@@ -48,6 +48,9 @@ def _measure(fn) -> tuple[float, float]:
 
 
 def run(model_name: str = "vit_large_patch16_384", images: int = 128, batch: int = 32, rounds: int = 1) -> dict:
+    from benchmarks._util import machine_info
+
+    machine = machine_info()  # load average at the start of the run, with the CPU
     model = timm.create_model(model_name, pretrained=False).eval()  # speed and memory do not depend on the weights
     info = vitlab.model_info(model)
     x = torch.randn(images, 3, *info.img_size)
@@ -60,7 +63,7 @@ def run(model_name: str = "vit_large_patch16_384", images: int = 128, batch: int
         rows["rollout"].append(_measure(lambda: [vitlab.attention_rollout(model, x[i:i + batch])
                                                  for i in range(0, len(x), batch)]))
     med = {k: (statistics.median(s for s, _ in v), statistics.median(m for _, m in v)) for k, v in rows.items()}
-    return {"model": model_name, "images": images, "batch": batch, "tokens": T, "depth": L, "heads": H,
+    return {"machine": machine, "model": model_name, "images": images, "batch": batch, "tokens": T, "depth": L, "heads": H,
             "full_maps_one_batch_gb": L * batch * H * T * T * 4 / 2**30, "one_layer_maps_gb": batch * H * T * T * 4 / 2**30,
             "seconds": {k: v[0] for k, v in med.items()}, "peak_extra_gb": {k: v[1] for k, v in med.items()},
             "threads": torch.get_num_threads()}

@@ -176,6 +176,9 @@ def _teacher_dir(tmp: Path) -> Path:
 
 
 def run(steps: int = 8) -> dict:
+    from benchmarks._util import machine_info
+
+    machine = machine_info()  # load average at the start of the run, with the CPU
     data, source = _data(512 * (steps + 1))
     peak_before = peak_bf16_flops()
     levers = vit_levers(data, steps, peak_before)
@@ -188,7 +191,7 @@ def run(steps: int = 8) -> dict:
     peak = max(peak_before, peak_after)
     for row in [*levers, *ours, *cnn]:  # MFU against the better of the two peak measurements
         row["mfu"] *= peak_before / peak
-    return {"data": source, "steps": steps, "threads": torch.get_num_threads(),
+    return {"machine": machine, "data": source, "steps": steps, "threads": torch.get_num_threads(),
             "peak_bf16_tflops": peak / 1e12, "peak_bf16_tflops_before_after": [peak_before / 1e12, peak_after / 1e12],
             "vit_levers": levers, "vitlab_train": ours, "cnn_levers": cnn}
 

@@ -116,9 +116,13 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     bar = tqdm(steps, desc="reproduce", disable=progress is False)
     sections: list[S.Section] = []
 
+    step_seconds: dict[str, float] = {}
+
     def run(name: str, build) -> None:
         bar.set_postfix_str(name)
+        t = time.time()
         made = build()
+        step_seconds[name] = round(time.time() - t, 2)
         if isinstance(made, S.Section):
             sections.append(made)
         elif made:
@@ -144,7 +148,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     metrics: dict[str, Any] = {
         **base, "summary": {k: v for k, v in summary.items() if k != "facts"} | {"facts": dict(summary["facts"])},
         "model_info": {k: list(v) if isinstance(v, tuple) else v for k, v in info.__dict__.items()},
-        "image_names": names, "attention_shape": pred["attention_shape"],
+        "image_names": names, "attention_shape": pred["attention_shape"], "step_seconds": step_seconds,
         "predictions": [{"image": n, "class": int(c), "probability": float(p)}
                         for n, c, p in zip(names, pred["pred"], pred["prob"])],
         "verdicts": [{"section": s.slug, **v.to_dict()} for s in sections for v in s.verdicts],
