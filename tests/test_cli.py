@@ -97,3 +97,23 @@ def test_offline_hub_name_fails_within_seconds(monkeypatch, capsys):
         assert "offline" in err and "--weights" in err  # the CLI names its own flag for the offline route
     finally:
         hub_reachable.cache_clear()
+
+
+def test_a_weights_file_given_as_model_is_named_by_its_own_path(tmp_path, capsys):
+    bad = tmp_path / "weights.pth"
+    bad.write_bytes(b"not a checkpoint")
+    assert main(["info", "--model", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad} is a file, not a vitlab checkpoint folder" in err and "--weights FILE" in err
+
+
+def test_resume_on_a_finished_run_says_so(tmp_path, capsys, monkeypatch):
+    from _reference import make_folder
+
+    data = make_folder(tmp_path / "d" / "train", n_per_class=16, size=32, classes=("a", "b"))
+    make_folder(tmp_path / "d" / "test", n_per_class=4, size=32, classes=("a", "b"))
+    args = ["train", "--preset", "tiny", "--data", str(data.parent), "--epochs", "1", "--run-dir", str(tmp_path / "r")]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args + ["--resume"]) == 0
+    assert "is finished: all 1 epochs are done" in capsys.readouterr().out  # tqdm.write prints to stdout

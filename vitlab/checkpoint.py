@@ -174,6 +174,11 @@ def load_checkpoint(path: str | os.PathLike) -> nn.Module:
     path = Path(path)
     directory = path if path.is_dir() else path.parent
     cfg_file, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
+    if path.is_file() and path.name not in (CONFIG_NAME, WEIGHTS_NAME):
+        raise ModelLoadError(
+            f"{path} is a file, not a vitlab checkpoint folder: a weights file (.safetensors, .pth, .bin) belongs to "
+            "an architecture, so pass it as vitlab.load_model('<timm name>', weights=path)"
+        )
     if not cfg_file.is_file() or not weights.is_file():
         raise ModelLoadError(
             f"{directory} is not a vitlab checkpoint: it needs both {CONFIG_NAME} and {WEIGHTS_NAME} "

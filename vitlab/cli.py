@@ -364,8 +364,9 @@ def cli_words(message: str) -> str:
     """An error message from the Python API, in the command line's terms (its flags instead of keyword arguments)."""
     import re
 
-    message = re.sub(r"vitlab\.load_model\(('[^']*'|\"[^\"]*\"), weights=('[^']*'|\"[^\"]*\")\)",
-                     lambda m: f"--model {m.group(1)[1:-1]} --weights {m.group(2)[1:-1]}", message)
+    message = re.sub(r"vitlab\.load_model\(('[^']*'|\"[^\"]*\"), weights=('[^']*'|\"[^\"]*\"|path)\)",
+                     lambda m: f"--model {m.group(1).strip(chr(39) + chr(34))} --weights "
+                               f"{'FILE' if m.group(2) == 'path' else m.group(2).strip(chr(39) + chr(34))}", message)
     for api, flag in (("use pretrained=False", "pass --no-pretrained"), ("pretrained=False", "--no-pretrained"),
                       ("pass weights=", "pass --weights "), ("weights=", "--weights ")):
         message = message.replace(api, flag)
