@@ -65,6 +65,11 @@ def test_reproduce_scores_localisation_on_the_shipped_shapes_model(tmp_path, che
     rows = {r["method"]: r for r in loc["methods"]}
     assert 0 < loc["stamp"]["chance"] < 0.5
     assert all(0 <= r["mass_in_mask"] <= 1 and 0 <= r["pointing"] <= 1 for r in rows.values())
+    # a known answer: on the shipped shapes model every map method puts more mass on the object than a random map,
+    # and the rollout verdict says so
+    assert all(rows[m]["mass_in_mask"] > rows["random map"]["mass_in_mask"] for m in rows if m != "random map")
+    verdicts = json.loads((out / "metrics.json").read_text())["verdicts"]
+    assert [v["verdict"] for v in verdicts if v["section"] == "localisation"] == ["reproduced"]
 
 
 @pytest.mark.skipif(find_chromium() is None, reason="no Chromium for static export")
