@@ -57,8 +57,10 @@ def _bit(**kw: Any) -> BiTConfig:
 FAMILIES: dict[str, Any] = {
     "vit": lambda: _vit(),  # ViT 6 blocks x 128, 4 px patches: 0.8 M parameters
     "bit": lambda: _bit(channels=(32, 32, 64, 128)),  # BiT-style ResNet-18, narrow; GroupNorm of >= 8 channels
-    # R?+ViT hybrid (paper Fig. 5): a one-stage-per-block GroupNorm ResNet stem (stride 4 -> 8x8 tokens) + 4 blocks
-    "hybrid": lambda: HybridConfig(vit=_vit(depth=4, patch_size=4), layers=(1, 1, 1), stem="cifar"),
+    # hybrid (paper Fig. 5): a narrow GroupNorm ResNet (3 stages of one bottleneck block, stride 4 -> 8x8 tokens)
+    # feeding 5 ViT blocks of width 128: about the ViT's and the ResNet's parameter count
+    "hybrid": lambda: HybridConfig(vit=_vit(depth=5, patch_size=4), layers=(1, 1, 1), stem="cifar",
+                                   channels=(32, 64, 128), gn_min_channels_per_group=8),
     "vit_tiny": lambda: _vit(depth=2, embed_dim=32, num_heads=2, mlp_dim=64),  # for tests
     "bit_tiny": lambda: _bit(layers=(1, 1), channels=(32, 32)),  # for tests
 }

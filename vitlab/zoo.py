@@ -160,11 +160,19 @@ class HybridConfig:
     vit: ViTConfig = ViTConfig()  # vit.patch_size is the backbone's total stride
     layers: tuple[int, ...] = (3, 4, 9)  # R50 hybrid: the first three stages of ResNet-50
     stem: Literal["imagenet", "cifar"] = "imagenet"
+    #: backbone stage widths (None: ResNet-50's 256, 512, 1024 bottleneck stages) and GroupNorm grouping (None: BiT's
+    #: 32 groups; k: at least k channels per group), for narrow hybrids on small images
+    channels: tuple[int, ...] | None = None
+    gn_min_channels_per_group: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.layers, list):
             object.__setattr__(self, "layers", tuple(self.layers))
+        if isinstance(self.channels, list):
+            object.__setattr__(self, "channels", tuple(self.channels))
         _check_resnet(self.layers, self.stem)
+        if self.channels is not None and len(self.channels) != len(self.layers):
+            raise ValueError(f"channels must give one width per stage ({len(self.layers)}), got {self.channels!r}")
         stride = _resnet_stride(self.layers, self.stem)
         if stride != self.vit.patch_size:
             raise ValueError(
@@ -400,8 +408,9 @@ def build_model(cfg: ModelConfig) -> nn.Module:
         pcfg = _pretrained_cfg("vitlab_vit", cfg.img_size, cfg.in_chans, cfg.num_classes, cfg.preprocess,
                                "patch_embed.proj", ("head", "head_dist") if cfg.distilled else "head")
     elif isinstance(cfg, HybridConfig):
-        backbone = _resnet_v2(cfg.layers, cfg.stem, preact=False, num_classes=0, global_pool="",
-                              in_chans=cfg.vit.in_chans)
+        backbone = _resnet_v2(cfg.layers, cfg.stem, preact=False, channels=cfg.channels, num_classes=0,
+                              global_pool="", in_chans=cfg.vit.in_chans,
+                              gn_min_channels_per_group=cfg.gn_min_channels_per_group)
         model = _build_vit(cfg.vit, embed_layer=partial(HybridEmbed, backbone=backbone))
         pcfg = _pretrained_cfg("vitlab_hybrid", cfg.vit.img_size, cfg.vit.in_chans, cfg.vit.num_classes,
                                cfg.vit.preprocess, "patch_embed.backbone.stem.conv", "head")
