@@ -117,3 +117,25 @@ def test_resume_on_a_finished_run_says_so(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     assert main(args + ["--resume"]) == 0
     assert "is finished: all 1 epochs are done" in capsys.readouterr().out  # tqdm.write prints to stdout
+
+
+def test_continue_resumes_or_warm_starts_from_the_shipped_checkpoint(tmp_path, capsys, monkeypatch):
+    from _reference import make_folder
+
+    import vitlab.models
+
+    data = make_folder(tmp_path / "d" / "train", n_per_class=16, size=32, classes=("a", "b"))
+    make_folder(tmp_path / "d" / "test", n_per_class=4, size=32, classes=("a", "b"))
+    shipped_root = tmp_path / "checkpoints"
+    monkeypatch.setattr(vitlab.models, "DEFAULT_CHECKPOINT", shipped_root / "vit_cifar10")
+    args = ["train", "--preset", "tiny", "--data", str(data.parent), "--epochs", "1", "--continue"]
+    assert main(args + ["--run-dir", str(tmp_path / "a")]) == 0  # nothing shipped, no state: a fresh run
+    from vitlab.checkpoint import load_checkpoint, save_checkpoint
+
+    save_checkpoint(load_checkpoint(tmp_path / "a" / "checkpoint"), shipped_root / "tiny")
+    capsys.readouterr()
+    assert main(args + ["--run-dir", str(tmp_path / "b")]) == 0  # state gone: warm start from the shipped weights
+    assert "warm-starting from the shipped" in capsys.readouterr().err
+    assert json.loads((tmp_path / "b" / "train_config.json").read_text())["init_from"] == str(shipped_root / "tiny")
+    assert main(args + ["--run-dir", str(tmp_path / "b")]) == 0  # state present: resumed (and already finished)
+    assert "is finished" in capsys.readouterr().out

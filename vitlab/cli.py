@@ -77,10 +77,21 @@ def cmd_train(args: argparse.Namespace) -> int:
         changes["data"] = args.data
     cfg = dataclasses.replace(cfg, **changes)
     from vitlab.data import cache_dir
+    from vitlab.models import DEFAULT_CHECKPOINT
 
-    run = args.run or cache_dir() / "runs" / args.preset  # outside the work tree: survives a fresh checkout
+    run = Path(args.run or cache_dir() / "runs" / args.preset)  # outside the work tree: survives a fresh checkout
+    resume = args.resume
+    if args.continue_run:
+        shipped = DEFAULT_CHECKPOINT.parent / args.preset
+        if (run / "checkpoint" / "config.json").is_file():
+            resume = True
+        elif (shipped / "model.safetensors").is_file() and cfg.init_from is None:
+            # the run's state is gone (a new machine): start from the shipped weights with a fresh schedule
+            cfg = dataclasses.replace(cfg, init_from=str(shipped))
+            print(f"no run state in {run}: warm-starting from the shipped {shipped} with a fresh schedule",
+                  file=sys.stderr)
     print(f"run folder: {run}", file=sys.stderr)
-    train(cfg, run, resume=args.resume, progress=not args.quiet, device=args.device)
+    train(cfg, run, resume=resume, progress=not args.quiet, device=args.device)
     return 0
 
 
@@ -276,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--run-dir", dest="run", help="run folder (default $VITLAB_CACHE/runs/PRESET, i.e. "
                     "~/.cache/vitlab/runs/PRESET: outside the work tree)")
     sp.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    sp.add_argument("--continue", dest="continue_run", action="store_true",
+                    help="resume the run when its state exists; otherwise warm-start from the shipped checkpoint of "
+                         "the preset (data/checkpoints/PRESET) with a fresh schedule instead of starting over")
     sp.add_argument("--epochs", type=int, help="override the preset's number of epochs")
     sp.add_argument("--data", help="dataset: cifar10, cifar100, or an ImageFolder folder/zip")
     sp.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override any TrainConfig field")

@@ -420,6 +420,7 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     cfg_file = run / "train_config.json"
     if resume:
         saved = train_config_from_dict(json.loads(cfg_file.read_text()))
+        cfg = dataclasses.replace(cfg, init_from=saved.init_from)  # where it started no longer matters on resume
         if saved != cfg:
             raise ValueError(f"--resume: {run} was started with a different config; use a new run folder. "
                              f"saved={saved} requested={cfg}")
