@@ -196,3 +196,15 @@ def test_cnn_teacher_then_distilled_vit_train_end_to_end(tmp_path, three_class_d
     with torch.no_grad():
         out = student(torch.randn(2, 3, 32, 32))
     assert out.shape == (2, 3)  # evaluation averages the two heads into one prediction
+
+
+def test_patch_dropping_keeps_both_prefix_tokens_of_a_distilled_vit():
+    torch.manual_seed(0)
+    model = vitlab.build_model(dataclasses.replace(TINY_VIT, distilled=True, patch_drop_rate=0.5)).train()
+    assert model.patch_drop.num_prefix_tokens == 2
+    seen = {}
+    model.patch_drop.register_forward_hook(lambda _m, inp, out: seen.update(inp=inp[0], out=out))
+    model.forward_features(torch.randn(3, 3, 32, 32))
+    # the class and distillation tokens stay first, untouched; half of the 64 patches are kept
+    torch.testing.assert_close(seen["out"][:, :2], seen["inp"][:, :2])
+    assert seen["out"].shape[1] == 2 + 32

@@ -394,6 +394,10 @@ def _build_vit(cfg: ViTConfig, embed_layer: Any = None) -> VisionTransformer:
         from timm.models.deit import VisionTransformerDistilled
 
         model = VisionTransformerDistilled(**kwargs)
+        # timm builds the patch dropout while the model still counts one prefix token; the distillation token must
+        # be kept (never dropped or shuffled among the patches) like the class token
+        if hasattr(model.patch_drop, "num_prefix_tokens"):
+            model.patch_drop.num_prefix_tokens = model.num_prefix_tokens
     else:
         model = VisionTransformer(**kwargs)
     if cfg.pos_embed == "sincos":
