@@ -163,9 +163,18 @@ def test_warm_start_copies_matching_tensors_and_position_grid(tmp_path):
     ck = save_checkpoint(src, tmp_path / "src")
     dst = vitlab.build_model(dataclasses.replace(TINY_VIT, distilled=True))
     fresh = warm_start(dst, ck)
-    assert "dist_token" in fresh and "head_dist.weight" in fresh and "pos_embed (prefix rows)" in fresh
+    assert "dist_token" in fresh and "head_dist.weight" in fresh and "pos_embed (prefix rows 1..1)" in fresh
     torch.testing.assert_close(dst.blocks[1].mlp.fc1.weight, src.blocks[1].mlp.fc1.weight)
-    torch.testing.assert_close(dst.pos_embed[:, 2:], src.pos_embed[:, 1:])
+    torch.testing.assert_close(dst.pos_embed[:, 2:], src.pos_embed[:, 1:])  # the grid
+    torch.testing.assert_close(dst.pos_embed[:, :1], src.pos_embed[:, :1])  # the class token's row
+    # another grid (8 px patches: 4x4): the grid rows are resampled in 2D, as timm does for a new resolution
+    from timm.layers import resample_abs_pos_embed
+
+    coarse = vitlab.build_model(dataclasses.replace(TINY_VIT, patch_size=8))
+    notes = warm_start(coarse, ck)
+    assert "pos_embed (grid resampled (8, 8) -> (4, 4))" in notes and "patch_embed.proj.weight" in notes
+    expected = resample_abs_pos_embed(src.pos_embed[:, 1:], new_size=[4, 4], old_size=[8, 8], num_prefix_tokens=0)
+    torch.testing.assert_close(coarse.pos_embed[:, 1:], expected)
 
 
 @pytest.fixture(scope="module")
@@ -208,3 +217,13 @@ def test_patch_dropping_keeps_both_prefix_tokens_of_a_distilled_vit():
     # the class and distillation tokens stay first, untouched; half of the 64 patches are kept
     torch.testing.assert_close(seen["out"][:, :2], seen["inp"][:, :2])
     assert seen["out"].shape[1] == 2 + 32
+
+
+def test_a_teacher_for_other_classes_is_refused(tmp_path, three_class_data):
+    train_data, test_data = three_class_data
+    teacher = vitlab.build_model(dataclasses.replace(TINY_CNN, num_classes=10))
+    save_checkpoint(teacher, tmp_path / "teacher")
+    cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, distilled=True),
+                              teacher=str(tmp_path / "teacher"), epochs=1, batch_size=32)
+    with pytest.raises(ValueError, match="predicts 10 classes but the data has 3"):
+        train(cfg, tmp_path / "run", progress=False, train_data=train_data, test_data=test_data)

@@ -137,3 +137,15 @@ def test_fingerprint_changes_with_the_code(monkeypatch):
     before = SWEEPS["quick"].fingerprint()
     monkeypatch.setattr(provenance, "code_hash", lambda: "different code")
     assert SWEEPS["quick"].fingerprint() != before
+
+
+def test_every_family_gets_a_training_config_with_the_sweeps_classes():
+    import vitlab
+    from vitlab.scaling import FAMILIES, SWEEPS, RunSpec, _train_config
+
+    sweep = SWEEPS["cifar10"]
+    for family in ("vit", "bit", "hybrid"):
+        assert family in FAMILIES
+        cfg = _train_config(sweep, RunSpec(family, 250, 0), 250)
+        model = vitlab.build_model(cfg.model)
+        assert model.num_classes == len(sweep.pretrain_classes)

@@ -195,12 +195,15 @@ class _PreallocatedStore:
         if self.out is None:
             self.out = torch.empty(len(self.layers), self.total, *t.shape[1:], dtype=torch.float32, device=t.device)
         start, out = self.filled[layer], self.out[self.slot[layer]]
-        if t.shape[1:] != out.shape[1:] or start + len(t) > self.total:
+        if t.shape[1:] != out.shape[1:] or (start + len(t) > self.total and len(t) > self.total):
             raise AttentionCaptureError(
                 f"layer {layer} produced maps of shape {tuple(t.shape)} while earlier layers gave "
                 f"{tuple(out.shape[1:])} per image: layers attend over different token sets or fold windows into "
                 f"the batch (windowed attention?). {hint}"
             )
+        if start + len(t) > self.total:
+            raise AttentionCaptureError(f"more images ran inside the capture than preallocate={self.total}: pass the "
+                                        "total number of images the block will run, or leave preallocate unset")
         out[start : start + len(t)].copy_(t)
         self.filled[layer] = start + len(t)
 

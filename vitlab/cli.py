@@ -90,6 +90,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             cfg = dataclasses.replace(cfg, init_from=str(shipped))
             print(f"no run state in {run}: warm-starting from the shipped {shipped} with a fresh schedule",
                   file=sys.stderr)
+        else:
+            print(f"no run state in {run} and no shipped checkpoint {shipped}: starting a fresh run", file=sys.stderr)
     print(f"run folder: {run}", file=sys.stderr)
     train(cfg, run, resume=resume, progress=not args.quiet, device=args.device)
     return 0

@@ -71,6 +71,9 @@ def draw_corruption(batch: int, patches: int, rate: float, generator: torch.Gene
     other patch with 0.1, itself with 0.1. Returns ``mode`` (B, N) in {KEEP, MASK, RANDOM, SAME} and ``source``
     (B, N): for RANDOM, the flat index (image * N + patch) of the replacing patch, never the patch itself."""
     k = round(rate * patches)
+    if k < 1:
+        raise ValueError(f"a corruption rate of {rate} corrupts no patch of {patches}: raise mpp_rate to at least "
+                         f"{0.5 / patches:.3g}")
     order = torch.rand(batch, patches, generator=generator).argsort(1)
     chosen = torch.zeros(batch, patches, dtype=torch.bool).scatter_(1, order[:, :k], True)
     u = torch.rand(batch, patches, generator=generator)

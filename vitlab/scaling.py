@@ -225,9 +225,9 @@ def _classes(data: ImageArray, classes: Sequence[int], per_class: int | None = N
 
 
 def _train_config(sweep: SweepConfig, spec: RunSpec, n: int):
-    from vitlab.train import TrainConfig
+    from vitlab.train import TrainConfig, with_model_classes
 
-    model = dataclasses.replace(FAMILIES[spec.family](), num_classes=len(sweep.pretrain_classes))
+    model = with_model_classes(FAMILIES[spec.family](), len(sweep.pretrain_classes))
     steps_per_epoch = max(1, n // sweep.batch_size)
     epochs = max(sweep.epochs, math.ceil(sweep.min_steps / steps_per_epoch))
     optimizer, lr, wd = sweep.recipe(spec.family)

@@ -213,10 +213,15 @@ def _optimizer(model: nn.Module, cfg: TrainConfig, extra: nn.Module | None = Non
 
     Each group carries ``lr_scale``: the loop sets ``lr = lr_at(step) * lr_scale``."""
     if cfg.optimizer == "sgd":
+        norm_types = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
+        modules = [model] + ([extra] if extra is not None else [])
+        norm_ids = {id(p) for mod in modules for m in mod.modules() if isinstance(m, norm_types)
+                    for p in m.parameters(recurse=False)}
         norm, rest = [], []
-        for name, p in model.named_parameters():
-            if p.requires_grad:
-                (norm if ".norm" in name and p.ndim == 1 else rest).append(p)
+        for mod in modules:
+            for p in mod.parameters():
+                if p.requires_grad:
+                    (norm if id(p) in norm_ids else rest).append(p)
         s = cfg.norm_bias_lr_scale
         groups = [{"params": rest, "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
                   {"params": norm, "weight_decay": cfg.weight_decay / s, "lr_scale": s}]
@@ -325,18 +330,20 @@ def load_teacher(path: str | os.PathLike, device: torch.device) -> nn.Module:
 
 def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
     """Copy every tensor of checkpoint ``path`` whose name and shape match into ``model``; return the names of
-    ``model``'s tensors left at their initialisation (e.g. a new distillation token). Position embeddings with
-    a different number of prefix rows keep the grid rows."""
-    src = load_checkpoint(path).state_dict()
+    ``model``'s tensors left at their initialisation (e.g. a new distillation token). Position embeddings of a
+    different layout keep what carries over: the grid rows (resampled in 2D when the grids differ, as for
+    fine-tuning at another resolution) and the prefix rows both models have (the class token's first)."""
+    from timm.layers import resample_abs_pos_embed
+
+    src_model = load_checkpoint(path)
+    src = src_model.state_dict()
     own = model.state_dict()
     fresh = []
     with torch.no_grad():
         for k, v in own.items():
             w = src.get(k)
             if w is not None and k == "pos_embed" and w.shape != v.shape and w.shape[-1] == v.shape[-1]:
-                n = min(w.shape[1], v.shape[1]) - 1  # the grid rows sit at the end; prefix rows stay fresh
-                v[:, -n:] = w[:, -n:].to(v.dtype)
-                fresh.append(k + " (prefix rows)")
+                fresh += _warm_pos_embed(v, w, model, src_model, resample_abs_pos_embed)
             elif w is not None and w.shape == v.shape:
                 v.copy_(w.to(v.dtype))
             else:
@@ -344,7 +351,23 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
     return fresh
 
 
-# ---------------------------------------------------------------------------------------------- the loop
+def _warm_pos_embed(v: Tensor, w: Tensor, model: nn.Module, src_model: nn.Module, resample) -> list[str]:
+    """Fill ``v`` (1, P + N, D) in place from ``w`` (1, P' + N', D); returns what stayed fresh."""
+    def layout(m: nn.Module) -> tuple[int, tuple[int, int]]:
+        prefix = 0 if getattr(m, "no_embed_class", False) else int(getattr(m, "num_prefix_tokens", 0))
+        return prefix, tuple(m.patch_embed.grid_size)
+
+    (p_dst, g_dst), (p_src, g_src) = layout(model), layout(src_model)
+    grid = w[:, p_src:]
+    if g_src != g_dst:
+        grid = resample(grid, new_size=list(g_dst), old_size=list(g_src), num_prefix_tokens=0)
+    v[:, p_dst:] = grid.to(v.dtype)
+    shared = min(p_src, p_dst)
+    v[:, :shared] = w[:, :shared].to(v.dtype)  # class token first, in timm's order
+    notes = [f"pos_embed (grid resampled {g_src} -> {g_dst})"] if g_src != g_dst else []
+    if p_dst > shared:
+        notes.append(f"pos_embed (prefix rows {shared}..{p_dst - 1})")
+    return notes
 
 
 @dataclass(frozen=True)
@@ -445,8 +468,15 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     model.to(d.device)
     if cfg.channels_last:
         model.to(memory_format=torch.channels_last)
+    if cfg.objective == "mpp" and d.world > 1:
+        raise ValueError("objective='mpp' runs in one process: its head lives outside the DDP wrapper; run it "
+                         "without torchrun")
     teacher = load_teacher(cfg.teacher, d.device) if cfg.teacher else None
     if teacher is not None:
+        t_classes = int(getattr(teacher, "num_classes", 0) or 0)
+        if t_classes != cfg_num_classes(cfg):
+            raise ValueError(f"the teacher {cfg.teacher} predicts {t_classes} classes but the data has "
+                             f"{cfg_num_classes(cfg)}: distil from a teacher trained on the same classes")
         model.set_distilled_training(True)
     objective = None
     if cfg.objective == "mpp":
@@ -486,6 +516,17 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
         if teacher is not None:
             model.set_distilled_training(False)
     return model.eval()
+
+
+def _renormalize(x: Tensor, src: dict, dst: dict) -> Tensor:
+    """``x`` normalised with ``src``'s mean and std, re-expressed with ``dst``'s (a no-op when they agree)."""
+    if tuple(src["mean"]) == tuple(dst["mean"]) and tuple(src["std"]) == tuple(dst["std"]):
+        return x
+
+    def col(v):
+        return torch.tensor(v, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+
+    return (x * col(src["std"]) + col(src["mean"]) - col(dst["mean"])) / col(dst["std"])
 
 
 def _distill_loss(logits: Tensor, dist_logits: Tensor, teacher_logits: Tensor, target: Tensor,
@@ -551,7 +592,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
             if teacher is not None:
                 with torch.autocast(**amp):
                     with torch.no_grad():
-                        teacher_logits = teacher(x)
+                        teacher_logits = teacher(_renormalize(x, pc, teacher.pretrained_cfg))
             if teacher is not None:
                 loss = _distill_loss(logits[0], logits[1], teacher_logits, target, cfg)
             elif objective is None:
@@ -607,16 +648,18 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
         _barrier(d)
 
 
+def with_model_classes(m: ViTConfig | HybridConfig | BiTConfig | CifarNetConfig, n: int):
+    """A model config with its head sized for ``n`` classes (a hybrid's head is its ViT's)."""
+    if isinstance(m, HybridConfig):
+        return dataclasses.replace(m, vit=dataclasses.replace(m.vit, num_classes=n))
+    return dataclasses.replace(m, num_classes=n)
+
+
 def with_num_classes(cfg: TrainConfig, n: int) -> TrainConfig:
     """``cfg`` with the model's head sized for ``n`` classes (the data decides, not the preset)."""
-    m = cfg.model
     if cfg_num_classes(cfg) == n:
         return cfg
-    if isinstance(m, HybridConfig):
-        m = dataclasses.replace(m, vit=dataclasses.replace(m.vit, num_classes=n))
-    else:
-        m = dataclasses.replace(m, num_classes=n)
-    return dataclasses.replace(cfg, model=m)
+    return dataclasses.replace(cfg, model=with_model_classes(cfg.model, n))
 
 
 def cfg_num_classes(cfg: TrainConfig) -> int:

@@ -105,7 +105,7 @@ def readout_attention(maps: Tensor, info, vector: Tensor | None = None) -> Tenso
     """(L, B, H, T, T) maps -> (L, B, gh, gw): the readout's attention over the patch tokens in each layer, heads
     averaged. ``vector`` (B, T) or (T,) weights the query rows (default: ``readout_vector``, the class token's
     row or the mean of the patch rows for pooled readouts); a one-hot vector selects one query token."""
-    v = readout_vector(info, 1)[0] if vector is None else vector
+    v = readout_vector(info, 1, device=maps.device)[0] if vector is None else vector
     v = v.to(maps.dtype)
     if v.dim() == 1:
         rows = torch.einsum("t,lbhts->lbs", v, maps) / maps.shape[2]

@@ -104,6 +104,8 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     else:
         names, x, shown = default_images(net, num_images)
         labels, classes = default_labels(net, len(names))
+        if classes is not None and int(getattr(net, "num_classes", 0) or 0) != len(classes):
+            classes = None  # CIFAR-10 names only for a 10-class head: other heads' outputs are "class k"
         source = default_source(net)
     wdesc = weights_description(net, model, pretrained, weights)
     base = {"model": str(model or "embedded default"), "weights": wdesc, "versions": versions(),

@@ -73,6 +73,13 @@ class Inputs:
     def stamp(self, **settings: Any) -> dict[str, Any]:
         return {**self.base, "settings": settings}
 
+    def true_class_name(self, c: int) -> str:
+        """The name of a true label (the images' own classes, e.g. CIFAR-10's, whatever the model's head)."""
+        from vitlab.images import cifar_test_sample
+
+        names = self.class_names or (cifar_test_sample().classes if self.labels is not None else None)
+        return names[c] if names is not None and 0 <= c < len(names) else f"class {c}"
+
     def class_name(self, c: int) -> str:
         if self.class_names is not None and 0 <= c < len(self.class_names):
             return self.class_names[c]
@@ -98,7 +105,7 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
     with capture_attention(inp.net, reduce=reduce) as cap:
         logits = inp.net(inp.x)
         pool = cap.pool_maps()
-    v = readout_vector(inp.info, len(inp.x), pool).float()  # (B, T)
+    v = readout_vector(inp.info, len(inp.x), pool, device=inp.x.device).float()  # (B, T)
     layers = sorted(readout_rows)
     readout = torch.stack([(v[:, None] @ readout_rows[i]).squeeze(1)[:, p:] for i in layers])  # (L, B, N)
     probs = logits.float().softmax(-1)
@@ -114,7 +121,7 @@ def map_titles(inp: Inputs, pred: dict[str, Any], n: int) -> list[str]:
     out = []
     for i in range(n):
         c, pr = int(pred["pred"][i]), float(pred["prob"][i])
-        truth = f"true {inp.class_name(int(inp.labels[i]))}" if inp.labels is not None else inp.names[i]
+        truth = inp.names[i] if inp.labels is None else f"true {inp.true_class_name(int(inp.labels[i]))}"
         out.append(f"{truth}<br>predicted {inp.class_name(c)} ({pr:.0%})")
     return out
 
@@ -372,7 +379,12 @@ def scaling(results: Path, versions: dict) -> Section | None:
         return None
     from vitlab.scaling import ResultsStore, summarise, summarise_compute
 
-    records = [r for r in ResultsStore(results).records() if r.get("status") == "ok"]
+    store = ResultsStore(results)
+    latest = list(store.latest().values())
+    if not latest:
+        return None
+    newest = max(latest, key=lambda r: r.get("finished") or "")  # the most recent sweep's code and config
+    records = [r for r in store.latest(newest.get("sweep"), newest.get("fingerprint")).values() if r["status"] == "ok"]
     if not records:
         return None
     try:
