@@ -182,7 +182,7 @@ def learning_curve(hours: Sequence[float], accuracy: Sequence[float], title: str
                                hovertemplate="%{x:.2f} h: %{y:.2f}%<extra></extra>"))
     if goal is not None:
         fig.add_hline(y=100 * goal, line_dash="dash", line_color="grey", annotation_text=f"goal {goal:.0%}",
-                      annotation_position="bottom right")
+                      annotation_position="top left")
     if final is not None and len(hours):
         fig.add_trace(go.Scatter(x=[hours[-1]], y=[100 * final], mode="markers", marker_symbol="star",
                                  marker_size=14, name=f"as shipped (fp16, timm transform): {final:.2%}"))
