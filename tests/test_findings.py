@@ -112,13 +112,13 @@ def test_filters_structured():
     random = np.array([[0.10, 0.09], [0.12, 0.08], [0.11, 0.09], [0.09, 0.10], [0.10, 0.11]])  # (5, 2): sums ~0.2
     v = filters_structured([0.5, 0.3], random, k=2)
     assert v.verdict == "reproduced" and v.statistic == pytest.approx(0.8 - 0.198)
-    assert v.details["interval_method"].startswith("bootstrap")
+    assert v.details["interval_method"].startswith("Student t prediction interval over 5")
     assert filters_structured([0.05, 0.04], random, k=2).verdict == "not reproduced"
     # the trained share equals the mean of random draws that vary: straddles
     v = filters_structured([0.3, 0.0], [[0.2, 0.0], [0.4, 0.0]], k=2)
     assert v.statistic == pytest.approx(0.0, abs=1e-12) and v.verdict == "inconclusive"
-    assert v.details["interval_method"] == "Student t over 2 random draws (1 df)"
-    half = 12.706204736174694 * 0.1 * math.sqrt(2) / math.sqrt(2)
+    assert v.details["interval_method"] == "Student t prediction interval over 2 random draws (1 df)"
+    half = 12.706204736174694 * 0.1 * math.sqrt(2) * math.sqrt(1 + 1 / 2)  # where one more random draw falls
     assert v.interval == pytest.approx((-half, half))
     assert filters_structured([0.3, 0.0], [[0.2, 0.0]], k=2).verdict == "inconclusive"  # one draw: no interval
 

@@ -55,9 +55,27 @@ def embedding_filter_pca(model: nn.Module, k: int = 28) -> tuple[Tensor, Tensor]
 
 
 def random_filter_pca_ratios(model: nn.Module, k: int = 28, draws: int = 5) -> Tensor:
-    """(draws, k) explained-variance ratios of randomly initialised embeddings with the model's filter shape
-    (i.i.d. normal entries, as a truncated-normal or lecun init draws them up to scale, which PCA ignores):
-    the reference the learned filters' structure is judged against."""
-    w = _filters(model)
-    g = torch.Generator().manual_seed(0)
-    return torch.stack([filter_pca(torch.randn(w.shape, generator=g), k)[1] for _ in range(draws)])
+    """(draws, k) explained-variance ratios of the model's own patch embedding re-initialised ``draws`` times (its
+    projection's ``reset_parameters``, seeds 0.., on a copy): the reference the learned filters' structure is judged
+    against, drawn from exactly the distribution training started from."""
+    import copy
+
+    pe = getattr(model, "patch_embed", None)
+    proj = getattr(pe, "proj", None)
+    out = []
+    for seed in range(draws):
+        fresh = copy.deepcopy(proj) if proj is not None and hasattr(proj, "reset_parameters") else None
+        if fresh is None:  # no projection to re-initialise: i.i.d. normal filters of the same shape
+            g = torch.Generator().manual_seed(seed)
+            w = torch.randn(_filters(model).shape, generator=g)
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                fresh.reset_parameters()
+            shadow = nn.Module()
+            shadow.patch_embed = nn.Module()
+            shadow.patch_embed.proj = fresh
+            shadow.patch_embed.patch_size = getattr(pe, "patch_size", None)
+            w = _filters(shadow)
+        out.append(filter_pca(w, k)[1])
+    return torch.stack(out)

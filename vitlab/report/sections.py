@@ -134,7 +134,7 @@ def filters(inp: Inputs) -> Section | None:
         return None
     k = min(28, inp.info.embed_dim, 3 * inp.info.patch_size[0] * inp.info.patch_size[1])
     comps, ratio = embedding_filter_pca(inp.net, k=k)
-    random = random_filter_pca_ratios(inp.net, k=k, draws=5)
+    random = random_filter_pca_ratios(inp.net, k=k, draws=20)
     verdicts = [findings.filters_low_frequency(comps, k=k), findings.filters_structured(ratio, random, k=k)]
     return Section(
         "filters", "Patch-embedding filters: principal components (Fig. 7 left)",
@@ -145,7 +145,7 @@ def filters(inp: Inputs) -> Section | None:
         f"The top {k} components explain {float(ratio.sum()):.1%} of the filters' variance (the first "
         f"{float(ratio[0]):.1%}); randomly initialised filters of the same shape: "
         f"{float(random.sum(1).mean()):.1%}.",
-        inp.stamp(k=k, centred=True, random_draws=5),
+        inp.stamp(k=k, centred=True, random_draws=20),
         verdicts, {"explained_variance": ratio.tolist(), "random_explained_variance": random.sum(1).tolist()})
 
 
