@@ -7,17 +7,18 @@ import numpy as np
 from vitlab import plots
 
 
-def test_image_grid_scales_each_map_to_its_maximum_and_keeps_raw_values():
+def test_image_grid_draws_each_map_over_its_image_scaled_to_its_maximum():
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 255, (32, 32, 3), dtype=np.uint8) for _ in range(2)]
     maps = rng.random((2, 3, 8, 8)) * np.array([1.0, 10.0, 0.01])[None, :, None, None]
     fig = plots.image_grid_with_maps(images, maps, ["a", "b"], ["m1", "m2", "m3"], title="t")
     heat = [t for t in fig.data if t.type == "heatmap"]
-    assert len(fig.data) == 2 * 4 and len(heat) == 6
+    assert len(fig.data) == 2 * (1 + 2 * 3) and len(heat) == 6  # per row: the image, then image + map per method
     for k, t in enumerate(heat):
         i, j = divmod(k, 3)
-        np.testing.assert_allclose(np.array(t.z), maps[i, j][::-1] / maps[i, j].max())
-        np.testing.assert_allclose(np.array(t.customdata), maps[i, j][::-1])
+        np.testing.assert_allclose(np.array(t.z), maps[i, j] / maps[i, j].max())
+        np.testing.assert_allclose(np.array(t.customdata)[..., 0], maps[i, j])  # hover: the raw value
+        assert t.x0 == 1.5 and t.dx == 4 and t.y0 == 1.5 and t.dy == 4  # one cell per 4 px patch
     assert sum(bool(t.showscale) for t in heat) == 1  # one shared colourbar
     titles = [a.text for a in fig.layout.annotations]
     assert titles[:4] == ["a", "m1", "m2", "m3"]
@@ -33,7 +34,7 @@ def test_layer_lines_start_at_zero_and_draw_the_reference():
 
 
 def test_heatmap_over_image_puts_cells_on_patch_centres():
-    fig = plots.heatmap_over_image(np.zeros((32, 32, 3), np.uint8), np.arange(64.0).reshape(8, 8), (4, 4), "t")
+    fig = plots.heatmap_over_image(np.zeros((32, 32, 3), np.uint8), np.arange(64.0).reshape(8, 8), "t")
     heat = fig.data[1]
     assert heat.x0 == 1.5 and heat.dx == 4 and heat.y0 == 1.5 and heat.dy == 4
     np.testing.assert_array_equal(np.array(heat.z), np.arange(64.0).reshape(8, 8))

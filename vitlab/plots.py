@@ -17,10 +17,24 @@ def notebook_figures() -> None:
     pio.renderers.default = "plotly_mimetype+notebook"
 
 
+def map_over_image_traces(image: np.ndarray, grid_map: np.ndarray, opacity: float = 0.6,
+                          **heatmap: object) -> list[go.BaseTraceType]:
+    """The two traces of a (gh, gw) map drawn over an (H, W, 3) uint8 image, one cell per patch, in the image's
+    pixel coordinates: the one way vitlab draws a map over an image (report grids and the explorer)."""
+    gh, gw = grid_map.shape
+    ph, pw = image.shape[0] / gh, image.shape[1] / gw
+    cells = np.stack(np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij"), -1)
+    kw: dict = dict(colorscale="Viridis", name="map", customdata=cells,
+                    hovertemplate="patch row %{customdata[0]}, col %{customdata[1]}: %{z:.4g}<extra></extra>")
+    kw.update(heatmap)
+    return [go.Image(z=image, hoverinfo="skip"),
+            go.Heatmap(z=grid_map, x0=pw / 2 - 0.5, dx=pw, y0=ph / 2 - 0.5, dy=ph, opacity=opacity, **kw)]
+
+
 def image_grid_with_maps(images: Sequence[np.ndarray], maps: np.ndarray, titles: Sequence[str],
                          map_titles: Sequence[str], title: str = "") -> go.Figure:
-    """One row per image: the image, then one heatmap per entry of ``maps``, each scaled to its own maximum
-    (one shared colourbar: share of the map's maximum).
+    """One row per image: the image, then each entry of ``maps`` drawn over it, each map scaled to its own maximum
+    (one shared colourbar: share of the map's maximum; hover shows the raw value).
 
     ``images``: (H, W, 3) uint8 each; ``maps``: (N_images, K, gh, gw).
     """
@@ -28,39 +42,29 @@ def image_grid_with_maps(images: Sequence[np.ndarray], maps: np.ndarray, titles:
     peak = np.abs(maps).reshape(n, k, -1).max(-1)[..., None, None]
     scaled = maps / np.where(peak > 0, peak, 1.0)
     fig = make_subplots(rows=n, cols=k + 1, horizontal_spacing=0.015, vertical_spacing=0.45 / max(n, 1),
-                        column_widths=[1.3] + [1.0] * k,
                         subplot_titles=[t for i in range(n) for t in ([titles[i]] + list(map_titles))])
+    zmin = min(0.0, float(scaled.min()))
     for i in range(n):
         fig.add_trace(go.Image(z=images[i]), row=i + 1, col=1)
         for j in range(k):
-            fig.add_trace(go.Heatmap(z=scaled[i, j][::-1], colorscale="Viridis", zmin=min(0.0, float(scaled.min())),
-                                     zmax=1.0, showscale=i == 0 and j == 0,
-                                     colorbar=dict(title=dict(text="share of<br>map max", side="right"), len=0.6),
-                                     customdata=maps[i, j][::-1],
-                                     hovertemplate="row %{y}, col %{x}: %{customdata:.4g}<extra></extra>"),
-                          row=i + 1, col=j + 2)
-    fig.update_xaxes(visible=False, constrain="domain")
-    fig.update_yaxes(visible=False, constrain="domain")
-    for r in range(1, n + 1):  # square cells: each map keeps the grid's aspect ratio
-        for c in range(2, k + 2):
-            idx = (r - 1) * (k + 1) + c
-            fig.update_yaxes(scaleanchor=f"x{idx}", scaleratio=1, row=r, col=c)
+            for t in map_over_image_traces(images[i], scaled[i, j], zmin=zmin, zmax=1.0,
+                                           showscale=i == 0 and j == 0, customdata=maps[i, j][..., None],
+                                           colorbar=dict(title=dict(text="share of<br>map max", side="right"),
+                                                         len=0.6),
+                                           hovertemplate="raw value %{customdata[0]:.4g}<extra></extra>"):
+                fig.add_trace(t, row=i + 1, col=j + 2)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
     fig.update_annotations(font_size=10)
     fig.update_layout(title=title, height=230 * n + 120, width=175 * (k + 1) + 200,
                       margin=dict(l=20, r=20, t=120, b=20))
     return fig
 
 
-def heatmap_over_image(image: np.ndarray, grid_map: np.ndarray, patch: tuple[int, int], title: str = "") -> go.Figure:
+def heatmap_over_image(image: np.ndarray, grid_map: np.ndarray, title: str = "") -> go.Figure:
     """An (H, W, 3) uint8 image with a (gh, gw) map drawn over it, one cell per patch, with a colourbar."""
-    gh, gw = grid_map.shape
-    ph, pw = patch
-    cells = np.stack(np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij"), -1)
-    fig = go.Figure([go.Image(z=image, hoverinfo="skip"),
-                     go.Heatmap(z=grid_map, x0=pw / 2 - 0.5, dx=pw, y0=ph / 2 - 0.5, dy=ph, opacity=0.55,
-                                colorscale="Viridis", showscale=True, name="map", customdata=cells,
-                                colorbar=dict(title="weight"),
-                                hovertemplate="patch row %{customdata[0]}, col %{customdata[1]}: %{z:.4f}<extra></extra>")])
+    fig = go.Figure(map_over_image_traces(image, grid_map, opacity=0.55, showscale=True,
+                                          colorbar=dict(title="weight")))
     fig.update_layout(title=dict(text=title, font_size=13), width=500, height=460, margin=dict(l=10, r=10, t=50, b=10),
                       xaxis=dict(visible=False), yaxis=dict(visible=False, autorange="reversed"))
     return fig

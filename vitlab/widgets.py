@@ -73,7 +73,7 @@ class AttentionExplorer:
                                    value=-1, description="class")
         self.status = ipw.HTML()
         z, title = self.current_map(), self._title()  # the first view is computed before the figure exists
-        self.figure = go.FigureWidget(heatmap_over_image(self.shown[0], z, self.info.patch_size, title))
+        self.figure = go.FigureWidget(heatmap_over_image(self.shown[0], z, title))
         self.figure.data[1].on_click(self._on_click)
         for w in (self.image, self.layer, self.head, self.method, self.discard, self.target):
             w.observe(lambda _change: self.update(), names="value")
