@@ -34,3 +34,13 @@ def reference_gradient_rollout(model: torch.nn.Module, x: torch.Tensor, target: 
     for a, g in zip(maps, grads):
         R = (torch.eye(T) + (a * g).clamp_min(0).mean(1)).double() @ R
     return R.detach()
+
+
+def three_class_split(root: Path):
+    """(train, test) ImageArrays of random 32 px images in three classes (32 and 8 per class), for tiny runs."""
+    from vitlab.data import load_image_folder
+
+    make_folder(root / "train", n_per_class=32, size=32, classes=("a", "b", "c"))
+    make_folder(root / "test", n_per_class=8, size=32, classes=("a", "b", "c"))
+    return (load_image_folder(root / "train", cache=False, progress=False),
+            load_image_folder(root / "test", cache=False, progress=False))

@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from _reference import make_folder
+from _reference import three_class_split
 
 import vitlab
 from vitlab.checkpoint import load_checkpoint, save_checkpoint
 from vitlab.cifarnet import CifarResNet, tta_logits, whitening_filters
-from vitlab.data import load_image_folder, random_crop_flip
+from vitlab.data import random_crop_flip
 from vitlab.modes import eval_mode, explicit_attention
 from vitlab.train import (
     PRESETS,
@@ -179,11 +179,7 @@ def test_warm_start_copies_matching_tensors_and_position_grid(tmp_path):
 
 @pytest.fixture(scope="module")
 def three_class_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("imgs3")
-    make_folder(root / "train", n_per_class=32, size=32, classes=("a", "b", "c"))
-    make_folder(root / "test", n_per_class=8, size=32, classes=("a", "b", "c"))
-    return load_image_folder(root / "train", cache=False, progress=False), \
-        load_image_folder(root / "test", cache=False, progress=False)
+    return three_class_split(tmp_path_factory.mktemp("imgs3"))
 
 
 def test_cnn_teacher_then_distilled_vit_train_end_to_end(tmp_path, three_class_data):

@@ -8,10 +8,9 @@ import math
 
 import pytest
 import torch
-from _reference import make_folder
+from _reference import three_class_split
 
 import vitlab
-from vitlab.data import load_image_folder
 from vitlab.mpp import (
     KEEP,
     MASK,
@@ -98,11 +97,7 @@ def test_loss_ignores_uncorrupted_patches():
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mppdata")
-    make_folder(root / "train", n_per_class=32, size=32, classes=("a", "b", "c"))
-    make_folder(root / "test", n_per_class=8, size=32, classes=("a", "b", "c"))
-    return load_image_folder(root / "train", cache=False, progress=False), \
-        load_image_folder(root / "test", cache=False, progress=False)
+    return three_class_split(tmp_path_factory.mktemp("mppdata"))
 
 
 def test_tiny_run_learns_and_resumes_to_the_same_weights(tmp_path, images, monkeypatch):
