@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from vitlab.checkpoint import load_checkpoint, load_run_state, save_checkpoint, save_run_checkpoint
 from vitlab.data import ImageArray, load_dataset, normalize, random_crop_flip
+from vitlab.info import model_info
 from vitlab.modes import eval_mode, explicit_attention
 from vitlab.provenance import provenance
 from vitlab.zoo import (
@@ -292,6 +293,8 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
                  bf16: bool = False) -> dict[str, float]:
     """Masked patch prediction on the first ``n`` images of ``data`` with a fixed draw (seed 0): the loss and, for
     the colour targets, the share of corrupted patches whose colour class is predicted exactly."""
+    from vitlab.mpp import KEEP
+
     pc = model.pretrained_cfg
     g = torch.Generator().manual_seed(0)
     losses, hits, count = [], 0, 0
@@ -303,7 +306,7 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
                 loss, out = objective(model, x, imgs.permute(0, 3, 1, 2).float().div(255).to(dev), g)
             losses.append(float(loss) * len(imgs))
-            corrupted = out["mode"] != 0
+            corrupted = out["mode"] != KEEP
             if objective.target != "l2":
                 pred = out["prediction"].view(*out["target"].shape, -1).argmax(-1)
                 hits += int((pred == out["target"])[corrupted].sum())
@@ -353,9 +356,9 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
 
 def _warm_pos_embed(v: Tensor, w: Tensor, model: nn.Module, src_model: nn.Module, resample) -> list[str]:
     """Fill ``v`` (1, P + N, D) in place from ``w`` (1, P' + N', D); returns what stayed fresh."""
-    def layout(m: nn.Module) -> tuple[int, tuple[int, int]]:
-        prefix = 0 if getattr(m, "no_embed_class", False) else int(getattr(m, "num_prefix_tokens", 0))
-        return prefix, tuple(m.patch_embed.grid_size)
+    def layout(m: nn.Module) -> tuple[int, tuple[int, int]]:  # prefix rows of pos_embed and the grid, per ModelInfo
+        info = model_info(m)
+        return (info.num_prefix_tokens if info.pos_embed_has_prefix else 0), tuple(info.grid_size)
 
     (p_dst, g_dst), (p_src, g_src) = layout(model), layout(src_model)
     grid = w[:, p_src:]
@@ -529,11 +532,16 @@ def _renormalize(x: Tensor, src: dict, dst: dict) -> Tensor:
     return (x * col(src["std"]) + col(src["mean"]) - col(dst["mean"])) / col(dst["std"])
 
 
+def _soft_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+    """Cross-entropy against (B, K) soft targets (label smoothing, mixup), averaged over the batch."""
+    return torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+
+
 def _distill_loss(logits: Tensor, dist_logits: Tensor, teacher_logits: Tensor, target: Tensor,
                   cfg: TrainConfig) -> Tensor:
     """DeiT: half the loss on the labels through the class token, half on the teacher through the
     distillation token (its argmax for ``hard``; KL divergence at temperature ``distill_tau`` for ``soft``)."""
-    base = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+    base = _soft_cross_entropy(logits, target)
     if cfg.distill == "hard":
         dist = F.cross_entropy(dist_logits.float(), teacher_logits.argmax(-1))
     else:
@@ -590,13 +598,11 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
                 with torch.autocast(**amp):
                     logits = net(x)
             if teacher is not None:
-                with torch.autocast(**amp):
-                    with torch.no_grad():
-                        teacher_logits = teacher(_renormalize(x, pc, teacher.pretrained_cfg))
-            if teacher is not None:
+                with torch.autocast(**amp), torch.no_grad():
+                    teacher_logits = teacher(_renormalize(x, pc, teacher.pretrained_cfg))
                 loss = _distill_loss(logits[0], logits[1], teacher_logits, target, cfg)
             elif objective is None:
-                loss = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+                loss = _soft_cross_entropy(logits, target)
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
                     f"loss became {loss.item()} at epoch {epoch + 1}, step {it}: stopping. The last good checkpoint "
@@ -620,9 +626,10 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
         if d.main:
             last = epoch + 1 == cfg.epochs
             t_eval = time.time()
-            if cfg.eval_every and objective is not None and ((epoch + 1) % cfg.eval_every == 0 or last):
+            due = bool(cfg.eval_every) and ((epoch + 1) % cfg.eval_every == 0 or last)
+            if due and objective is not None:
                 record["mpp_test"] = evaluate_mpp(model, objective, test_data, bf16=cfg.bf16)
-            elif cfg.eval_every and ((epoch + 1) % cfg.eval_every == 0 or last):
+            elif due:
                 record["test_accuracy"] = evaluate(model, test_data, bf16=cfg.bf16)
                 if ema is not None:
                     record["test_accuracy_ema"] = evaluate(ema.module, test_data, bf16=cfg.bf16)
