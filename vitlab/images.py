@@ -43,7 +43,6 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
     """
     import warnings
 
-    tf, cfg = model_transform(model)
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", (1, 1))
     patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
     if folder is None:
@@ -75,11 +74,7 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
             warnings.warn("skipped bad images:\n  " + "\n  ".join(broken), stacklevel=2)
         if not items:
             raise DataError(f"no usable images in {root}: every file was skipped")
-    names = [n for n, _ in items]
-    x = torch.stack([tf(im) for _, im in items])
-    size = cfg["input_size"][-2:]
-    shown = [np.asarray(im.resize((size[1], size[0]), Image.Resampling.BICUBIC)) for _, im in items]
-    return names, x, shown
+    return _preprocessed(model, items)
 
 
 def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, list[np.ndarray]]:
@@ -88,7 +83,6 @@ def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, l
     The first two are the central squares of the two photos; then crops at 1/2 and 1/3 of the short side on a
     regular grid, alternating between the photos. Returns what ``load_images`` returns.
     """
-    tf, cfg = model_transform(model)
     photos = sample_images()
     crops: list[tuple[str, np.ndarray]] = []
     for div in (1, 2, 3):
@@ -103,11 +97,7 @@ def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, l
             crops.extend(group)
     if not 1 <= n <= len(crops):
         raise ValueError(f"n must be in [1, {len(crops)}], got {n}")
-    size = cfg["input_size"][-2:]
-    items = [(name, Image.fromarray(np.ascontiguousarray(arr))) for name, arr in crops[:n]]
-    x = torch.stack([tf(im) for _, im in items])
-    shown = [np.asarray(im.resize((size[1], size[0]), Image.Resampling.BICUBIC)) for _, im in items]
-    return [name for name, _ in items], x, shown
+    return _preprocessed(model, [(name, Image.fromarray(np.ascontiguousarray(arr))) for name, arr in crops[:n]])
 
 
 def cifar_test_sample() -> ImageArray:
@@ -118,6 +108,7 @@ def cifar_test_sample() -> ImageArray:
 
 
 def _preprocessed(model: nn.Module, items: list[tuple[str, Image.Image]]) -> tuple[list[str], Tensor, list[np.ndarray]]:
+    """(names, (B, C, H, W) through the model's own transform, (H, W, 3) uint8 views at its input size)."""
     tf, cfg = model_transform(model)
     size = cfg["input_size"][-2:]
     x = torch.stack([tf(im) for _, im in items])
