@@ -1,8 +1,8 @@
 """The paper's findings as verdicts: a statistic, a 95% interval, a threshold and a decision rule.
 
-Each function takes the output of one existing analysis (``vitlab.inspect`` or the scaling sweep's records)
-and returns a ``Verdict``. The rule is the same everywhere: *reproduced* when the whole interval lies on the
-finding's side of the threshold, *not reproduced* when the whole interval lies on the other side,
+Each function takes the output of one existing analysis (``vitlab.inspect``, the scaling sweep's or the MPP
+study's records) and returns a ``Verdict``. The rule is the same everywhere: *reproduced* when the whole interval
+lies on the finding's side of the threshold, *not reproduced* when the whole interval lies on the other side,
 *inconclusive* when it straddles (or touches) the threshold or could not be computed.
 
 Intervals are percentile bootstraps (``N_BOOT`` resamples from ``numpy.random.default_rng(SEED)``, so a
@@ -40,6 +40,8 @@ __all__ = [
     "rollout_localises",
     "scaling_accuracies",
     "scaling_gap_narrows",
+    "mpp_accuracies",
+    "mpp_ordering",
     "verdict_table",
     "explain",
     "KNOWN_REASONS",
@@ -548,6 +550,72 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
          f"{vit}_by_size": {n: mean(vit, n) for n in sizes}, f"{resnet}_by_size": {n: mean(resnet, n) for n in sizes}})
 
 
+# ---------------------------------------------------------------------------------------------- Sec. 4.6
+
+_INIT_NAMES = {"scratch": "scratch", "mpp": "MPP", "supervised": "supervised"}
+
+
+def mpp_accuracies(records: Sequence[Mapping[str, Any]], kind: str = "few_shot", shots: int = 10
+                   ) -> dict[str, dict[int, float]]:
+    """{initialisation: {seed: accuracy}} from the MPP study's JSONL records (``vitlab.mpp_study``; the latest
+    record of a row id wins, ok rows only). ``kind="few_shot"``: the ``shots``-shot accuracy per probe seed (each
+    seed draws the same shots for every initialisation); ``"finetune"``: the test accuracy per fine-tune seed.
+    Records of several studies are refused."""
+    if kind not in ("few_shot", "finetune"):
+        raise ValueError(f"kind must be 'few_shot' or 'finetune', got {kind!r}")
+    latest = {r["row_id"]: r for r in records}
+    studies = {r.get("study") for r in latest.values()}
+    if len(studies) > 1:
+        raise ValueError(f"records of {len(studies)} studies ({sorted(map(str, studies))}): select one, e.g. "
+                         "vitlab.mpp_study.latest_records(records, NAME).values()")
+    out: dict[str, dict[int, float]] = {}
+    for r in latest.values():
+        if r.get("status") != "ok" or r.get("kind") != kind:
+            continue
+        if kind == "few_shot":
+            cell = r["metrics"]["few_shot"].get(str(shots))
+            if cell is not None:
+                out[r["init"]] = {int(s): float(a) for s, a in zip(r["spec"]["probe_seeds"], cell["per_seed"])}
+        else:
+            out.setdefault(r["init"], {})[int(r["seed"])] = float(r["metrics"]["test_accuracy"])
+    return out
+
+
+def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", worse: str = "scratch",
+                 kind: str = "few_shot", shots: int = 10, n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
+    """Sec. 4.6: one step of the paper's ordering scratch < MPP < supervised, e.g. MPP beats scratch.
+
+    ``records``: one MPP study's JSONL records (``vitlab.mpp_study.run_study``, e.g.
+    ``data/results/mpp_cifar10.jsonl``). Statistic: mean over seeds of the paired difference ``better - worse``:
+    few-shot accuracy per probe seed (the same shots for both), or fine-tune test accuracy per fine-tune seed (the
+    same subset, order and augmentation for both). Interval over those seeds: Student t with 2-3, bootstrap with 4
+    or more, none with 1. Each initialisation is one pre-trained model, so the few-shot interval covers the draw of
+    the shots, not pre-training seeds.
+    """
+    acc = mpp_accuracies(records, kind, shots)
+    missing = [i for i in (better, worse) if i not in acc]
+    if missing:
+        raise ValueError(f"no finished {kind} rows of {missing} in the records (have {sorted(acc)}): run "
+                         "`vitlab mpp-study` first")
+    common = sorted(set(acc[better]) & set(acc[worse]))
+    diff = np.array([acc[better][s] - acc[worse][s] for s in common])  # (S,)
+    unit = "probe seeds" if kind == "few_shot" else "fine-tune seeds"
+    interval, method = _mean_interval(diff, n_boot, seed, unit)
+    b, w = _INIT_NAMES.get(better, better), _INIT_NAMES.get(worse, worse)
+    what = f"{shots}-shot probe" if kind == "few_shot" else "fine-tune"
+    code = sorted({str(r.get("provenance", {}).get("code_hash")) for r in {r["row_id"]: r for r in records}.values()
+                   if r.get("kind") == kind and r.get("init") in (better, worse)})
+    return _verdict(
+        f"Sec. 4.6: {b} beats {w} ({what})",
+        f"mean over {unit} of ({b} - {w}) {what} accuracy on the test images > 0, paired by seed; 95% interval over "
+        f"{unit}",
+        diff.mean() if len(diff) else math.nan, interval, 0.0, ">", "accuracy difference", "",
+        {"kind": kind, "shots": shots if kind == "few_shot" else None, "seeds": common, "per_seed": diff,
+         "interval_method": method, f"{better}_mean": float(np.mean([acc[better][s] for s in common])) if common
+         else None, f"{worse}_mean": float(np.mean([acc[worse][s] for s in common])) if common else None,
+         "code_hashes": code})
+
+
 # ---------------------------------------------------------------------------------------------- reasons
 
 #: Known reasons, with their sources, why a finding of the paper may not show on a small model trained on little
@@ -565,6 +633,11 @@ KNOWN_REASONS: dict[str, str] = {
     "Fig. 6": "the paper's maps are for ViT-L/16 on JFT-300M; Chefer et al. 2021 (\"Transformer Interpretability "
               "Beyond Attention Visualization\", CVPR) show that rollout is class-agnostic and can spread over the "
               "background.",
+    "Sec. 4.6": "the paper's MPP run is ViT-B/16 pre-trained on JFT-300M (Appendix B.1.2) and "
+                "compared after fine-tuning on ImageNet; here a small ViT sees 50,000 32 px images for a few "
+                "epochs. The MPP loss never reads the class token's output, which the few-shot probe reads (a fine-tune "
+                "trains it); the supervised checkpoint, in turn, learned from the labels of the very training images "
+                "the shots and the fine-tune subset come from, which favours it.",
     "Fig. 3/4": "the paper's crossing happens between ImageNet (1.3M images) and JFT-300M (Fig. 3, 4); a "
                 "miniature of at most tens of thousands of 32 px images sits far below that regime, where "
                 "convolutional inductive biases should win.",
