@@ -3,6 +3,7 @@ explicit attention, warm starts and test-time augmentation."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -175,6 +176,12 @@ def test_warm_start_copies_matching_tensors_and_position_grid(tmp_path):
     assert "pos_embed (grid resampled (8, 8) -> (4, 4))" in notes and "patch_embed.proj.weight" in notes
     expected = resample_abs_pos_embed(src.pos_embed[:, 1:], new_size=[4, 4], old_size=[8, 8], num_prefix_tokens=0)
     torch.testing.assert_close(coarse.pos_embed[:, 1:], expected)
+    # a finer grid (2 px patches: 16x16) is filled exactly as fine-tuning at twice the resolution fills it
+    fine = vitlab.build_model(dataclasses.replace(TINY_VIT, patch_size=2))
+    warm_start(fine, ck)
+    resized = vitlab.resize_for_finetuning(copy.deepcopy(src), 64)
+    assert resized.pos_embed.shape == fine.pos_embed.shape
+    torch.testing.assert_close(fine.pos_embed, resized.pos_embed)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from torch import nn
 
 from vitlab.zoo import HybridConfig, ModelConfig, ViTConfig, sincos_grid, size2
 
-__all__ = ["resize_for_finetuning"]
+__all__ = ["resize_for_finetuning", "resample_grid"]
 
 
 def resize_for_finetuning(model: nn.Module, img_size: int | tuple[int, int], num_classes: int | None = None,
@@ -90,10 +90,21 @@ def _resized_pos_embed(pe: torch.Tensor, n_prefix: int, old_grid: tuple[int, int
     if sincos:
         table = sincos_grid(new_grid, pe.shape[-1], pe)
         return torch.cat([pe[:, :n_prefix].detach(), table[None]], dim=1)
+    grid = resample_grid(pe.detach()[:, n_prefix:], old_grid, new_grid, interpolation)
+    return torch.cat([pe.detach()[:, :n_prefix], grid], dim=1)
+
+
+def resample_grid(rows: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int],
+                  interpolation: str = "bicubic") -> torch.Tensor:
+    """(1, gh*gw, D) learned position embeddings of an ``old_grid`` -> (1, gh'*gw', D) for ``new_grid`` by 2D
+    interpolation (``F.interpolate`` mode), antialiased only when the grid shrinks (paper section 3.2)."""
+    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
+    if old_grid == new_grid:
+        return rows
     shrink = new_grid[0] < old_grid[0] or new_grid[1] < old_grid[1]
     antialias = shrink and interpolation in ("bilinear", "bicubic")
-    return resample_abs_pos_embed(pe.detach(), new_size=list(new_grid), old_size=list(old_grid),
-                                  num_prefix_tokens=n_prefix, interpolation=interpolation, antialias=antialias)
+    return resample_abs_pos_embed(rows, new_size=list(new_grid), old_size=list(old_grid), num_prefix_tokens=0,
+                                  interpolation=interpolation, antialias=antialias)
 
 
 def _zero_head(model: VisionTransformer, num_classes: int) -> None:

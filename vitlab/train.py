@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from vitlab.checkpoint import load_checkpoint, load_run_state, save_checkpoint, save_run_checkpoint
 from vitlab.data import ImageArray, alternating_flips, load_dataset, normalize, random_crop_flip
+from vitlab.finetune import resample_grid
 from vitlab.info import model_info
 from vitlab.lookahead import Lookahead
 from vitlab.modes import eval_mode, explicit_attention
@@ -373,8 +374,6 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
     ``model``'s tensors left at their initialisation (e.g. a new distillation token). Position embeddings of a
     different layout keep what carries over: the grid rows (resampled in 2D when the grids differ, as for
     fine-tuning at another resolution) and the prefix rows both models have (the class token's first)."""
-    from timm.layers import resample_abs_pos_embed
-
     src_model = load_checkpoint(path)
     src = src_model.state_dict()
     own = model.state_dict()
@@ -383,7 +382,7 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
         for k, v in own.items():
             w = src.get(k)
             if w is not None and k == "pos_embed" and w.shape != v.shape and w.shape[-1] == v.shape[-1]:
-                fresh += _warm_pos_embed(v, w, model, src_model, resample_abs_pos_embed)
+                fresh += _warm_pos_embed(v, w, model, src_model)
             elif w is not None and w.shape == v.shape:
                 v.copy_(w.to(v.dtype))
             else:
@@ -391,16 +390,14 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
     return fresh
 
 
-def _warm_pos_embed(v: Tensor, w: Tensor, model: nn.Module, src_model: nn.Module, resample) -> list[str]:
+def _warm_pos_embed(v: Tensor, w: Tensor, model: nn.Module, src_model: nn.Module) -> list[str]:
     """Fill ``v`` (1, P + N, D) in place from ``w`` (1, P' + N', D); returns what stayed fresh."""
     def layout(m: nn.Module) -> tuple[int, tuple[int, int]]:  # prefix rows of pos_embed and the grid, per ModelInfo
         info = model_info(m)
         return (info.num_prefix_tokens if info.pos_embed_has_prefix else 0), tuple(info.grid_size)
 
     (p_dst, g_dst), (p_src, g_src) = layout(model), layout(src_model)
-    grid = w[:, p_src:]
-    if g_src != g_dst:
-        grid = resample(grid, new_size=list(g_dst), old_size=list(g_src), num_prefix_tokens=0)
+    grid = resample_grid(w[:, p_src:], g_src, g_dst)  # as for fine-tuning at another resolution
     v[:, p_dst:] = grid.to(v.dtype)
     shared = min(p_src, p_dst)
     v[:, :shared] = w[:, :shared].to(v.dtype)  # class token first, in timm's order
