@@ -130,6 +130,22 @@ def test_the_supervised_checkpoint_must_exist_and_match_the_shape(tmp_path):
     assert not (tmp_path / "r.jsonl").exists()
 
 
+def test_a_distilled_supervised_checkpoint_is_probed_by_its_readout_and_fine_tuned_as_it_is(tmp_path):
+    import vitlab
+
+    cfg = dataclasses.replace(SMOKE.model, distilled=True, patch_drop_rate=0.5)  # as the shipped default is trained
+    vitlab.save_checkpoint(vitlab.build_model(cfg), tmp_path / "distilled")
+    study = dataclasses.replace(SMOKE, supervised=str(tmp_path / "distilled"), run_root=str(tmp_path / "runs"),
+                                ablations=(), seeds=(0,))
+    recs = {r["row_id"]: r for r in run_study(study, tmp_path / "r.jsonl", progress=False)}
+    assert sorted(recs) == sorted(["few_shot/scratch", "few_shot/mpp", "few_shot/supervised", "finetune/scratch/s0",
+                                   "finetune/mpp/s0", "finetune/supervised/s0"])
+    assert all(r["status"] == "ok" for r in recs.values()), [r.get("error") for r in recs.values()]
+    assert recs["few_shot/supervised"]["metrics"]["feature_dim"] == 128  # (class + distillation token) / 2
+    model = recs["finetune/supervised/s0"]["spec"]["finetune"]["model"]
+    assert model["distilled"] is True and model["patch_drop_rate"] == 0.0  # every initialisation sees every token
+
+
 def test_cli_table_prints_the_tables_and_verdicts(smoke, capsys):
     study, path, _ = smoke
     assert main(["mpp-study", "--study", "smoke", "--results", str(path), "--table", "--run-root", study.run_root]) == 0

@@ -523,7 +523,7 @@ def _init_label(spec: dict[str, Any]) -> str:
     if init == "supervised":
         return f"supervised ({spec['checkpoint']})"
     p = spec["pretrain"]
-    return f"MPP ({p['mpp_target']}, {100 * p['mpp_rate']:g}%, {p['epochs']} epochs)"
+    return f"MPP ({p['mpp_target']}, {100 * p['mpp_rate']:g}%, {p['epochs']} epoch{'s' if p['epochs'] != 1 else ''})"
 
 
 def markdown_tables(records: Sequence[dict]) -> str:
