@@ -48,6 +48,7 @@ from plotly.subplots import make_subplots
 import vitlab
 from vitlab.checkpoint import load_checkpoint
 from vitlab.data import load_shapes, normalize
+from vitlab.features import READOUT_NAMES, READOUTS
 from vitlab.findings import explain, verdict_table
 from vitlab.images import cifar_test_sample
 from vitlab.mpp import KEEP, MASK, RANDOM, MaskedPatchPrediction, color3_targets
@@ -153,7 +154,8 @@ if SMOKE:  # the smoke study: a small ViT on the synthetic shapes, seconds; its 
     run_study(study, results, progress=False)
 records = list(latest_records(ResultsStore(results).records(), study.name).values())
 if records:
-    display(Markdown(markdown_tables(records)))
+    for readout in READOUTS:
+        display(Markdown(f"**Few-shot features: {READOUT_NAMES[readout]}**\n\n" + markdown_tables(records, readout)))
     verdicts = study_verdicts(records, study.verdict_shots)
     print(verdict_table(verdicts))
     print(explain(verdicts))

@@ -53,10 +53,13 @@ def test_smoke_study_runs_end_to_end(smoke):
     for r in records:
         m = r["metrics"]
         if r["kind"] == "few_shot":
-            assert set(m["few_shot"]) == {"1", "5"} and m["pool"] == 10 * classes and m["test"] == 50 * classes
-            for cell in m["few_shot"].values():
-                assert len(cell["per_seed"]) == 2 and all(0 <= a <= 1 for a in cell["per_seed"])
-                assert cell["mean"] == pytest.approx(sum(cell["per_seed"]) / 2)
+            assert m["pool"] == 10 * classes and m["test"] == 50 * classes
+            for key in ("few_shot", "few_shot_patch_mean"):  # the model's readout and the patch tokens' mean
+                assert set(m[key]) == {"1", "5"}
+                for cell in m[key].values():
+                    assert len(cell["per_seed"]) == 2 and all(0 <= a <= 1 for a in cell["per_seed"])
+                    assert cell["mean"] == pytest.approx(sum(cell["per_seed"]) / 2)
+            assert m["few_shot"] != m["few_shot_patch_mean"]
             assert m["feature_dim"] == 128
         else:
             assert 0 <= m["test_accuracy"] <= 1 and m["train_examples"] == 16 * classes and m["epochs"] == 2
@@ -168,13 +171,21 @@ INIT_SPECS = {"scratch": {"init": "scratch"}, "mpp": _pretrain_spec("color3", 0.
               "supervised": {"init": "supervised", "checkpoint": "data/checkpoints/vit_cifar10"}}
 
 
-def few_shot_record(init: str, per_seed: dict[int, list[float]], study: str = "hand", spec: dict | None = None) -> dict:
-    """A few-shot row: ``per_seed`` {shots: [accuracy per probe seed 0, 1, 2]}."""
-    cells = {str(k): {"mean": sum(v) / len(v), "std": 0.0, "per_seed": v} for k, v in per_seed.items()}
+def _cells(per_seed: dict[int, list[float]]) -> dict:
+    return {str(k): {"mean": sum(v) / len(v), "std": 0.0, "per_seed": v} for k, v in per_seed.items()}
+
+
+def few_shot_record(init: str, per_seed: dict[int, list[float]], study: str = "hand", spec: dict | None = None,
+                    patch_mean: dict[int, list[float]] | None = None) -> dict:
+    """A few-shot row: ``per_seed`` {shots: [accuracy per probe seed 0, 1, 2]} for the model's readout, and
+    optionally ``patch_mean`` likewise for the patch tokens' mean."""
+    metrics = {"few_shot": _cells(per_seed)}
+    if patch_mean is not None:
+        metrics["few_shot_patch_mean"] = _cells(patch_mean)
     return {"study": study, "row_id": f"few_shot/{init}", "kind": "few_shot", "init": init, "seed": None,
             "status": "ok", "fingerprint": "f", "provenance": {"code_hash": "c0de"},
             "spec": {"init": spec or INIT_SPECS[init], "probe_seeds": [0, 1, 2], "shots": sorted(per_seed)},
-            "metrics": {"few_shot": cells}}
+            "metrics": metrics}
 
 
 def finetune_record(init: str, seed: int, acc: float, study: str = "hand") -> dict:
@@ -258,3 +269,25 @@ def test_verdicts_pair_by_seed_and_need_both_initialisations():
     with pytest.raises(ValueError, match="run `vitlab mpp-study` first"):
         mpp_ordering([r for r in recs if r["init"] != "supervised"], "supervised", "mpp")
     assert len(study_verdicts([r for r in recs if r["init"] != "supervised"], shots=10)) == 2
+
+
+def test_each_readout_has_its_table_and_verdicts():
+    """MPP never trains the class token: the patch-mean readout gets its own table and its own verdicts, and rows
+    without it (older records) are left out of them rather than misread."""
+    recs = hand_made(mpp_few=[0.25, 0.26, 0.24], mpp_fine=[0.55, 0.56, 0.57])
+    patch = {"scratch": [0.33, 0.34, 0.32], "mpp": [0.45, 0.47, 0.46], "supervised": [0.70, 0.71, 0.72]}
+    recs = [few_shot_record(r["init"], {10: r["metrics"]["few_shot"]["10"]["per_seed"]},
+                            patch_mean={10: patch[r["init"]]}) if r["kind"] == "few_shot" else r for r in recs]
+    v = {x.finding: x for x in study_verdicts(recs, shots=10)}
+    assert v["Sec. 4.6: MPP beats scratch (10-shot probe)"].verdict == "not reproduced"  # the class token: MPP worse
+    pm = v["Sec. 4.6: MPP beats scratch (10-shot probe, patch mean)"]
+    assert pm.verdict == "reproduced" and pm.statistic == pytest.approx(0.13) and pm.details["readout"] == "patch_mean"
+    assert v["Sec. 4.6: supervised beats MPP (10-shot probe, patch mean)"].verdict == "reproduced"
+    assert len(v) == 6
+    assert "| MPP (color3, 50%, 6 epochs) | 46.0 ± 1.0 |" in markdown_tables(recs, "patch_mean")
+    assert "| MPP (color3, 50%, 6 epochs) | 25.0 ± 1.0 |" in markdown_tables(recs)
+    older = [dict(r, metrics={"few_shot": r["metrics"]["few_shot"]}) if r["kind"] == "few_shot" else r for r in recs]
+    assert "10-shot" not in markdown_tables(older, "patch_mean")  # fine-tune column only
+    assert len(study_verdicts(older, shots=10)) == 4
+    with pytest.raises(ValueError, match="readout must be one of"):
+        markdown_tables(recs, "cls")

@@ -20,6 +20,7 @@ from sklearn.utils.validation import check_is_fitted
 from vitlab.data import ImageArray, load_shapes
 from vitlab.features import extract_features, feature_key
 from vitlab.probe import FewShotRidge, few_shot_accuracy, linear_probe_accuracy
+from vitlab.zoo import build_model, cifar_vit
 
 
 def _design(X: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
@@ -267,6 +268,29 @@ def test_extract_features_are_the_pre_logits_and_are_cached(monkeypatch):
     monkeypatch.setattr(model, "forward_features", lambda *a: (_ for _ in ()).throw(AssertionError("recomputed")))
     assert torch.equal(extract_features(model, data), feats)  # served from the cache
     assert model.training  # mode untouched
+
+
+def test_patch_mean_readout_averages_the_patch_tokens_of_a_distilled_vit(monkeypatch, tmp_path):
+    """Two prefix tokens (class, distillation): the patch mean leaves both out; its cache entry is its own."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
+    torch.manual_seed(0)
+    model = build_model(cifar_vit(depth=1, embed_dim=32, num_heads=2, mlp_dim=64, num_classes=4,
+                                  distilled=True)).eval()
+    data = _shapes()
+    cfg = model.pretrained_cfg
+    x = data.images.permute(0, 3, 1, 2).float() / 255
+    x = (x - torch.tensor(cfg["mean"]).view(1, 3, 1, 1)) / torch.tensor(cfg["std"]).view(1, 3, 1, 1)
+    with torch.no_grad():
+        tokens = model.forward_features(x)  # (B, 2 + 64, D)
+    patch = extract_features(model, data, batch_size=5, readout="patch_mean")
+    torch.testing.assert_close(patch, tokens[:, 2:].mean(1), rtol=1e-5, atol=1e-5)
+    own = extract_features(model, data, batch_size=5)
+    torch.testing.assert_close(own, (tokens[:, 0] + tokens[:, 1]) / 2, rtol=1e-5, atol=1e-5)  # timm's readout
+    assert torch.equal(extract_features(model, data, readout="patch_mean"), patch)  # each from its own cache entry
+    with pytest.raises(TypeError, match="readout='model'"):
+        extract_features(tiny_bit(), data, readout="patch_mean")
+    with pytest.raises(ValueError, match="readout must be one of"):
+        extract_features(model, data, readout="cls")
 
 
 def test_feature_key_changes_with_weights_data_and_transform():

@@ -198,6 +198,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_mpp_study(args: argparse.Namespace) -> int:
+    from vitlab.features import READOUT_NAMES, READOUTS
     from vitlab.findings import explain, verdict_table
     from vitlab.mpp_study import (
         STUDIES,
@@ -235,8 +236,10 @@ def cmd_mpp_study(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as e:  # e.g. the supervised checkpoint is not in this checkout
         against = f"not checked against this config ({e})"
     code = sorted({str(r.get("provenance", {}).get("code_hash")) for r in records if r.get("status") == "ok"})
-    print(markdown_tables(records))
-    print(f"\nThe latest finished record of each row of study {study.name} in {results}; {against}; code "
+    for readout in READOUTS:
+        print(f"Few-shot features: {READOUT_NAMES[readout]}\n")
+        print(markdown_tables(records, readout) + "\n")
+    print(f"The latest finished record of each row of study {study.name} in {results}; {against}; code "
           f"version(s) of the rows shown: {', '.join(code)}.\n")
     verdicts = study_verdicts(records, study.verdict_shots)
     if verdicts:

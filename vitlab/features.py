@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Literal
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -17,10 +18,18 @@ from tqdm.auto import tqdm
 
 from vitlab.atomic import atomic_write
 from vitlab.data import ImageArray, cache_dir, normalize
+from vitlab.info import model_info
 from vitlab.modes import eval_mode
 
 __all__ = ["extract_features", "feature_key", "preprocess_uint8"]
 
+
+#: What a probe reads: the model's own readout (``forward_head(pre_logits=True)``) or the mean of a ViT's patch tokens
+Readout = Literal["model", "patch_mean"]
+READOUTS: tuple[str, ...] = ("model", "patch_mean")
+READOUT_NAMES = {"model": "the model's own readout (the class token; the mean of the class and distillation tokens "
+                          "for a distilled ViT)",
+                 "patch_mean": "the mean of the final patch tokens"}
 
 def _hash_tensor(h, t: Tensor) -> None:
     t = t.detach().cpu().contiguous()
@@ -62,19 +71,34 @@ def preprocess_uint8(images: Tensor, transform: dict) -> Tensor:
 
 @torch.no_grad()
 def extract_features(model: nn.Module, data: ImageArray, batch_size: int = 128, cache: bool = True,
-                     progress: bool | None = None, device: str | torch.device | None = None) -> Tensor:
+                     progress: bool | None = None, device: str | torch.device | None = None,
+                     readout: Readout = "model") -> Tensor:
     """(N, D) float32 pre-logit features of ``data`` (the representation a linear probe reads).
 
+    ``readout="model"``: the model's own readout, ``forward_head(pre_logits=True)`` (the class token, the mean of
+    the class and distillation tokens, an average or attention pool: whatever the model classifies from);
+    ``"patch_mean"``: the mean of the final (normalised) patch tokens of a ViT, prefix tokens left out, for
+    encoders whose class token was never trained (e.g. masked patch prediction trains only patch outputs).
     Images are resized and normalised as the model's pretrained config says. With ``cache=True`` features
-    are stored under ``$VITLAB_CACHE/features`` and reused when model, weights, data and transform match.
+    are stored under ``$VITLAB_CACHE/features`` and reused when model, weights, data, transform and readout match.
     The model's train/eval mode is restored afterwards.
     """
     if not hasattr(model, "forward_head") or not hasattr(model, "forward_features"):
         raise TypeError(f"{type(model).__name__} has no forward_features/forward_head: extract_features needs a "
                         "timm model (a ViT, hybrid or ResNet)")
+    if readout not in READOUTS:
+        raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
+    n_prefix = 0
+    if readout == "patch_mean":
+        try:
+            n_prefix = model_info(model).num_prefix_tokens
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"readout='patch_mean' needs a ViT with patch tokens; {type(model).__name__}: {e}. Use "
+                            "readout='model'") from e
     path = None
     if cache:
-        path = cache_dir() / "features" / f"{feature_key(model, data)}.safetensors"
+        key = feature_key(model, data) + ("" if readout == "model" else f"-{readout}")
+        path = cache_dir() / "features" / f"{key}.safetensors"
         if path.exists():
             return load_file(path)["features"]
     tf = _transform(model)
@@ -85,7 +109,9 @@ def extract_features(model: nn.Module, data: ImageArray, batch_size: int = 128, 
         for i in tqdm(starts, desc="features", disable=progress is False or (progress is None and len(starts) < 4),
                       leave=False):
             x = preprocess_uint8(data.images[i:i + batch_size], tf).to(device)
-            out.append(model.forward_head(model.forward_features(x), pre_logits=True).float().cpu())
+            tokens = model.forward_features(x)
+            f = tokens[:, n_prefix:].mean(1) if readout == "patch_mean" else model.forward_head(tokens, pre_logits=True)
+            out.append(f.float().cpu())
     feats = torch.cat(out) if out else torch.empty(0, 0)
     if path is not None:
         atomic_write(path, lambda tmp: save_file({"features": feats.contiguous()}, tmp,

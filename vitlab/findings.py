@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vitlab.features import READOUTS
 from vitlab.inspect.distance import patch_distances
 from vitlab.inspect.faithfulness import rank_correlation
 from vitlab.inspect.positions import position_structure_score
@@ -40,6 +41,7 @@ __all__ = [
     "rollout_localises",
     "scaling_accuracies",
     "scaling_gap_narrows",
+    "few_shot_key",
     "mpp_accuracies",
     "mpp_ordering",
     "verdict_table",
@@ -555,14 +557,23 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
 _INIT_NAMES = {"scratch": "scratch", "mpp": "MPP", "supervised": "supervised"}
 
 
-def mpp_accuracies(records: Sequence[Mapping[str, Any]], kind: str = "few_shot", shots: int = 10
-                   ) -> dict[str, dict[int, float]]:
+def few_shot_key(readout: str = "model") -> str:
+    """The metrics key of an MPP study record's few-shot cells for features read out as ``readout``
+    (``vitlab.features.READOUTS``): ``few_shot`` for the model's own readout, ``few_shot_patch_mean`` etc."""
+    if readout not in READOUTS:
+        raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
+    return "few_shot" if readout == "model" else f"few_shot_{readout}"
+
+
+def mpp_accuracies(records: Sequence[Mapping[str, Any]], kind: str = "few_shot", shots: int = 10,
+                   readout: str = "model") -> dict[str, dict[int, float]]:
     """{initialisation: {seed: accuracy}} from the MPP study's JSONL records (``vitlab.mpp_study``; the latest
     record of a row id wins, ok rows only). ``kind="few_shot"``: the ``shots``-shot accuracy per probe seed (each
-    seed draws the same shots for every initialisation); ``"finetune"``: the test accuracy per fine-tune seed.
-    Records of several studies are refused."""
+    seed draws the same shots for every initialisation) of features read out as ``readout``; ``"finetune"``: the
+    test accuracy per fine-tune seed. Records of several studies are refused."""
     if kind not in ("few_shot", "finetune"):
         raise ValueError(f"kind must be 'few_shot' or 'finetune', got {kind!r}")
+    key = few_shot_key(readout)
     latest = {r["row_id"]: r for r in records}
     studies = {r.get("study") for r in latest.values()}
     if len(studies) > 1:
@@ -573,7 +584,7 @@ def mpp_accuracies(records: Sequence[Mapping[str, Any]], kind: str = "few_shot",
         if r.get("status") != "ok" or r.get("kind") != kind:
             continue
         if kind == "few_shot":
-            cell = r["metrics"]["few_shot"].get(str(shots))
+            cell = r["metrics"].get(key, {}).get(str(shots))
             if cell is not None:
                 out[r["init"]] = {int(s): float(a) for s, a in zip(r["spec"]["probe_seeds"], cell["per_seed"])}
         else:
@@ -582,7 +593,8 @@ def mpp_accuracies(records: Sequence[Mapping[str, Any]], kind: str = "few_shot",
 
 
 def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", worse: str = "scratch",
-                 kind: str = "few_shot", shots: int = 10, n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
+                 kind: str = "few_shot", shots: int = 10, n_boot: int = N_BOOT, seed: int = SEED,
+                 readout: str = "model") -> Verdict:
     """Sec. 4.6: one step of the paper's ordering scratch < MPP < supervised, e.g. MPP beats scratch.
 
     ``records``: one MPP study's JSONL records (``vitlab.mpp_study.run_study``, e.g.
@@ -590,9 +602,9 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
     few-shot accuracy per probe seed (the same shots for both), or fine-tune test accuracy per fine-tune seed (the
     same subset, order and augmentation for both). Interval over those seeds: Student t with 2-3, bootstrap with 4
     or more, none with 1. Each initialisation is one pre-trained model, so the few-shot interval covers the draw of
-    the shots, not pre-training seeds.
+    the shots, not pre-training seeds. ``readout``: which features the few-shot probe read (``few_shot_key``).
     """
-    acc = mpp_accuracies(records, kind, shots)
+    acc = mpp_accuracies(records, kind, shots, readout)
     missing = [i for i in (better, worse) if i not in acc]
     if missing:
         raise ValueError(f"no finished {kind} rows of {missing} in the records (have {sorted(acc)}): run "
@@ -602,7 +614,8 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
     unit = "probe seeds" if kind == "few_shot" else "fine-tune seeds"
     interval, method = _mean_interval(diff, n_boot, seed, unit)
     b, w = _INIT_NAMES.get(better, better), _INIT_NAMES.get(worse, worse)
-    what = f"{shots}-shot probe" if kind == "few_shot" else "fine-tune"
+    what = "fine-tune" if kind != "few_shot" else f"{shots}-shot probe" + ("" if readout == "model" else
+                                                                           f", {readout.replace('_', ' ')}")
     code = sorted({str(r.get("provenance", {}).get("code_hash")) for r in {r["row_id"]: r for r in records}.values()
                    if r.get("kind") == kind and r.get("init") in (better, worse)})
     return _verdict(
@@ -610,7 +623,8 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
         f"mean over {unit} of ({b} - {w}) {what} accuracy on the test images > 0, paired by seed; 95% interval over "
         f"{unit}",
         diff.mean() if len(diff) else math.nan, interval, 0.0, ">", "accuracy difference", "",
-        {"kind": kind, "shots": shots if kind == "few_shot" else None, "seeds": common, "per_seed": diff,
+        {"kind": kind, "shots": shots if kind == "few_shot" else None, "readout": readout if kind == "few_shot"
+         else None, "seeds": common, "per_seed": diff,
          "interval_method": method, f"{better}_mean": float(np.mean([acc[better][s] for s in common])) if common
          else None, f"{worse}_mean": float(np.mean([acc[worse][s] for s in common])) if common else None,
          "code_hashes": code})

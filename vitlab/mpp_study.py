@@ -16,7 +16,9 @@ rate and the two other targets did slightly worse than 50% and the 3-bit mean co
   stays, and its features are its own readout, ``forward_head(pre_logits=True)``).
 * **(a) few-shot**: the paper's ridge probe (``vitlab.probe.few_shot_accuracy``) on frozen features, the shots drawn
   from a class-balanced pool of training images with each probe seed (the same shots for every initialisation),
-  scored on the test images; the ablation runs get this row only. **(b) fine-tune**: ``train`` with ``init_from``
+  scored on the test images, for two readouts of the same features: the model's own and the mean of the patch
+  tokens (``vitlab.features.READOUTS``; MPP trains only the patch outputs, so its class token stays untrained and
+  the model readout alone would judge MPP on a token it never learned); the ablation runs get this row only. **(b) fine-tune**: ``train`` with ``init_from``
   (scratch: none) on a class-balanced labelled subset per seed (the seed fixes the subset, data order and
   augmentation, shared by the three initialisations), scored on the test images at the end.
 
@@ -49,6 +51,8 @@ import torch
 from tqdm.auto import tqdm
 
 from vitlab.data import ImageArray, cache_dir, load_dataset, nested_subsets
+from vitlab.features import READOUTS
+from vitlab.findings import few_shot_key
 from vitlab.mpp import MPP_TARGETS
 from vitlab.probe import DEFAULT_L2
 from vitlab.provenance import code_hash, provenance
@@ -356,12 +360,15 @@ def _few_shot(model: torch.nn.Module, study: MPPStudyConfig, data: _Data, device
     from vitlab.probe import few_shot_accuracy
 
     model = model.to(device).eval()
-    ftr = extract_features(model, data.pool, cache=False, progress=False)
-    fte = extract_features(model, data.test, cache=False, progress=False)
-    fs = few_shot_accuracy(ftr, data.pool.labels, fte, data.test.labels, shots=study.shots, seeds=study.probe_seeds,
-                           l2=study.l2)
-    return {"few_shot": {str(k): {"mean": r.mean, "std": r.std, "per_seed": list(r.per_seed)} for k, r in fs.items()},
-            "feature_dim": int(ftr.shape[1]), "pool": len(data.pool), "test": len(data.test)}
+    out: dict[str, Any] = {}
+    for readout in READOUTS:  # the model's own readout, and the patch tokens' mean (what MPP trains)
+        ftr = extract_features(model, data.pool, cache=False, progress=False, readout=readout)
+        fte = extract_features(model, data.test, cache=False, progress=False, readout=readout)
+        fs = few_shot_accuracy(ftr, data.pool.labels, fte, data.test.labels, shots=study.shots,
+                               seeds=study.probe_seeds, l2=study.l2)
+        out[few_shot_key(readout)] = {str(k): {"mean": r.mean, "std": r.std, "per_seed": list(r.per_seed)}
+                                      for k, r in fs.items()}
+    return {**out, "feature_dim": int(ftr.shape[1]), "pool": len(data.pool), "test": len(data.test)}
 
 
 def _finetune(study: MPPStudyConfig, model_cfg: ViTConfig, seed: int, init_from: str | None, data: _Data,
@@ -526,21 +533,23 @@ def _init_label(spec: dict[str, Any]) -> str:
     return f"MPP ({p['mpp_target']}, {100 * p['mpp_rate']:g}%, {p['epochs']} epoch{'s' if p['epochs'] != 1 else ''})"
 
 
-def markdown_tables(records: Sequence[dict]) -> str:
+def markdown_tables(records: Sequence[dict], readout: str = "model") -> str:
     """The comparison (one row per initialisation: few-shot accuracy per shot count over probe seeds, fine-tune
     accuracy over seeds) and the ablation (few-shot accuracy per target and corruption rate), in Markdown, from
-    one study's records (the latest record of each row, shown when it finished). Cells: mean ± std in % on the test
-    images (std over probe seeds, or over fine-tune seeds with their count n)."""
+    one study's records (the latest record of each row, shown when it finished). The few-shot cells are those of
+    features read out as ``readout`` (``vitlab.features.READOUTS``). Cells: mean ± std in % on the test images
+    (std over probe seeds, or over fine-tune seeds with their count n)."""
+    key = few_shot_key(readout)
     ok = [r for r in {r["row_id"]: r for r in records}.values() if r.get("status") == "ok"]
     if len({r["study"] for r in ok}) > 1:
         raise ValueError(f"records of several studies {sorted({r['study'] for r in ok})}: pass one study's records "
                          "(latest_records(records, NAME).values())")
-    few = {r["init"]: r for r in ok if r["kind"] == "few_shot"}
+    few = {r["init"]: r for r in ok if r["kind"] == "few_shot" and key in r["metrics"]}
     fine: dict[str, list[dict]] = {}
     for r in ok:
         if r["kind"] == "finetune":
             fine.setdefault(r["init"], []).append(r)
-    shots = sorted({int(k) for r in few.values() for k in r["metrics"]["few_shot"]})
+    shots = sorted({int(k) for r in few.values() for k in r["metrics"][key]})
     out = []
     comp = [i for i in INITS if i in few or i in fine]
     if comp:
@@ -550,8 +559,8 @@ def markdown_tables(records: Sequence[dict]) -> str:
                 "|---|" + "---|" * (len(shots) + 1)]
         for i in comp:
             label = _init_label((few.get(i) or fine[i][0])["spec"]["init"])
-            cells = [_cell(few[i]["metrics"]["few_shot"][str(k)]["per_seed"])
-                     if i in few and str(k) in few[i]["metrics"]["few_shot"] else "" for k in shots]
+            cells = [_cell(few[i]["metrics"][key][str(k)]["per_seed"])
+                     if i in few and str(k) in few[i]["metrics"][key] else "" for k in shots]
             tune = sorted(fine.get(i, []), key=lambda r: r["seed"])
             cells.append(_cell([r["metrics"]["test_accuracy"] for r in tune]) + f" (n={len(tune)})" if tune else "")
             out.append(f"| {label} | " + " | ".join(cells) + " |")
@@ -565,7 +574,7 @@ def markdown_tables(records: Sequence[dict]) -> str:
                 "|---|---|---|" + "---|" * len(shots)]
         for r in abl:
             p = r["spec"]["init"]["pretrain"]
-            cells = [_cell(r["metrics"]["few_shot"][str(k)]["per_seed"]) if str(k) in r["metrics"]["few_shot"] else ""
+            cells = [_cell(r["metrics"][key][str(k)]["per_seed"]) if str(k) in r["metrics"][key] else ""
                      for k in shots]
             out.append(f"| {p['mpp_target']} | {100 * p['mpp_rate']:g}% | {p['epochs']} ep. | " + " | ".join(cells)
                        + " |")
@@ -574,15 +583,16 @@ def markdown_tables(records: Sequence[dict]) -> str:
 
 def study_verdicts(records: Sequence[dict], shots: int = 10) -> list:
     """The paper's ordering as verdicts (``vitlab.findings.mpp_ordering``): MPP beats scratch and supervised beats
-    MPP, for the ``shots``-shot probe (a study's ``verdict_shots``) and for the fine-tune. Pairs whose rows are not
-    finished yet are left out."""
+    MPP, for the ``shots``-shot probe (a study's ``verdict_shots``) of each readout (the model's own, and the patch
+    tokens' mean: MPP trains only the patch outputs, never the class token's) and for the fine-tune. Pairs whose
+    rows are not finished yet are left out."""
     from vitlab.findings import mpp_ordering
 
     out = []
-    for kind in ("few_shot", "finetune"):
+    for kind, readout in [("few_shot", r) for r in READOUTS] + [("finetune", "model")]:
         for better, worse in (("mpp", "scratch"), ("supervised", "mpp")):
             try:
-                out.append(mpp_ordering(records, better, worse, kind=kind, shots=shots))
+                out.append(mpp_ordering(records, better, worse, kind=kind, shots=shots, readout=readout))
             except ValueError:  # rows not finished (or not run) yet
                 continue
     return out
