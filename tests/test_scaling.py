@@ -149,3 +149,8 @@ def test_every_family_gets_a_training_config_with_the_sweeps_classes():
         cfg = _train_config(sweep, RunSpec(family, 250, 0), 250)
         model = vitlab.build_model(cfg.model)
         assert model.num_classes == len(sweep.pretrain_classes)
+    # validation at most max_evals times per run, always at the last epoch: 250 images train 150 one-step epochs
+    for n, epochs, every in ((250, 150, 10), (1000, 22, 2), (12500, 10, 1)):
+        cfg = _train_config(sweep, RunSpec("vit", n, 0), n)
+        assert (cfg.epochs, cfg.eval_every) == (epochs, every) and cfg.keep_best
+        assert len([e for e in range(cfg.epochs) if (e + 1) % every == 0 or e + 1 == epochs]) <= sweep.max_evals

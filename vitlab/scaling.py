@@ -93,6 +93,9 @@ class SweepConfig:
     #: out of every subset; each run is reported at its best validation epoch (early stopping, as the paper).
     #: 0: no validation split, the last epoch is reported.
     val_per_class: int = 0
+    #: validation passes per run at most: every ceil(epochs / max_evals) epochs and the last (the smallest subsets
+    #: train for 150 one-step epochs; validating after each would cost more than the training)
+    max_evals: int = 15
 
     def recipe(self, family: str) -> tuple[str, float, float]:
         """(optimizer, lr, weight decay) of ``family``."""
@@ -128,6 +131,8 @@ class SweepConfig:
         if overlap:
             raise ValueError(f"classes {sorted(overlap)} are both pre-training and probe classes: the probe must "
                              "measure transfer to classes the model never saw")
+        if not isinstance(self.max_evals, int) or self.max_evals < 1:
+            raise ValueError(f"max_evals must be an int >= 1, got {self.max_evals!r}")
         if max(self.shots) > self.probe_pool_per_class:
             raise ValueError(f"{max(self.shots)} shots exceed probe_pool_per_class={self.probe_pool_per_class}")
 
@@ -234,7 +239,8 @@ def _train_config(sweep: SweepConfig, spec: RunSpec, n: int):
     return TrainConfig(model=model, data=f"{sweep.data}[classes {list(sweep.pretrain_classes)}, n={n}]",
                        epochs=epochs, batch_size=min(sweep.batch_size, n), lr=lr, weight_decay=wd, optimizer=optimizer,
                        momentum=0.9, warmup_epochs=min(1.0, epochs / 5), mixup_prob=0.0, seed=spec.seed,
-                       eval_every=1 if sweep.val_per_class else epochs, keep_best=bool(sweep.val_per_class))
+                       eval_every=math.ceil(epochs / sweep.max_evals) if sweep.val_per_class else epochs,
+                       keep_best=bool(sweep.val_per_class))
 
 
 def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | None = None,
