@@ -34,7 +34,7 @@ SHOTS = 10
 
 # %%
 from vitlab.plots import scaling_curves
-from vitlab.scaling import SWEEPS, ResultsStore, run_sweep, summarise
+from vitlab.scaling import SWEEPS, ResultsStore, run_sweep, summarise, summarise_compute
 from vitlab.plots import notebook_figures
 
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
@@ -48,15 +48,20 @@ if SMOKE:  # a two-size sweep on the shapes, into a scratch store
 records = [r for r in ResultsStore(RESULTS).latest().values()]
 print(f"{len(records)} runs in {RESULTS} ({sum(r['status'] == 'ok' for r in records)} finished)")
 summary = summarise(records, SHOTS)
-scaling_curves(summary, title=f"{SHOTS}-shot accuracy on held-out classes against pre-training set size")
+compute = summarise_compute(records)  # {family: {size: pre-training FLOPs}}, from FlopCounterMode per run
+scaling_curves(summary, title=f"{SHOTS}-shot accuracy on held-out classes against pre-training images and compute",
+               compute=compute or None)
 
 # %%
 for fam, by_size in summary.items():
     print(fam, {n: f"{100 * v['mean']:.1f}% ± {100 * v['std']:.1f} ({v['n']} seeds)" for n, v in by_size.items()})
 
 # %% [markdown]
-# Rerun or extend the sweep with `vitlab sweep --config cifar10 --results ../data/results/scaling_cifar10.jsonl`
-# (finished runs are skipped; `--executor ray` spreads the runs over a Ray cluster).
+# Rerun or extend the sweep in two steps from the repository root: `vitlab sweep --config cifar10 --tune
+# --results data/results/scaling_cifar10.jsonl --save-config data/results/scaling_cifar10.tuned.json` tunes each
+# family once on the largest subset (validation split, never the test images) and freezes the winners; `vitlab sweep
+# --config data/results/scaling_cifar10.tuned.json --results data/results/scaling_cifar10.jsonl` runs the grid
+# (finished runs are skipped; `--executor ray --address ...` spreads the runs over a Ray cluster).
 #
 # **Paper:** with little pre-training data the ResNets' few-shot accuracy is higher; the ViTs overtake them as the
 # data grows (Fig. 3, Fig. 4). **Here:** the verdict below, paired by seed: does the ViT's lead over the ResNet grow
