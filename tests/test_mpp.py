@@ -137,6 +137,16 @@ def test_tiny_run_learns_and_resumes_to_the_same_weights(tmp_path, images, monke
     loaded = vitlab.load_model(str(tmp_path / "full" / "checkpoint"))
     assert type(loaded).__name__ == "VisionTransformer" and loaded.num_classes == 3
 
+    # fine-tuning from it (init_from): the encoder is copied, the never-trained classifier stays the fine-tune's own
+    torch.manual_seed(7)
+    target = vitlab.build_model(TINY)
+    head_before = target.head.weight.detach().clone()
+    fresh = T.warm_start(target, tmp_path / "full" / "checkpoint")
+    assert fresh == ["head.weight", "head.bias"]
+    torch.testing.assert_close(target.head.weight, head_before, rtol=0, atol=0)
+    assert not torch.equal(target.head.weight, loaded.head.weight)
+    torch.testing.assert_close(target.blocks[0].attn.qkv.weight, loaded.blocks[0].attn.qkv.weight, rtol=0, atol=0)
+
 
 def test_mpp_config_is_validated():
     with pytest.raises(ValueError, match="plain ViT"):

@@ -371,23 +371,36 @@ def load_teacher(path: str | os.PathLike, device: torch.device) -> nn.Module:
 
 def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
     """Copy every tensor of checkpoint ``path`` whose name and shape match into ``model``; return the names of
-    ``model``'s tensors left at their initialisation (e.g. a new distillation token). Position embeddings of a
+    ``model``'s tensors left at their initialisation (e.g. a new distillation token, or the classifier of an
+    encoder pre-trained without labels, which was never trained). Position embeddings of a
     different layout keep what carries over: the grid rows (resampled in 2D when the grids differ, as for
     fine-tuning at another resolution) and the prefix rows both models have (the class token's first)."""
     src_model = load_checkpoint(path)
     src = src_model.state_dict()
     own = model.state_dict()
     fresh = []
+    untrained = _untrained_heads(src_model)
     with torch.no_grad():
         for k, v in own.items():
             w = src.get(k)
-            if w is not None and k == "pos_embed" and w.shape != v.shape and w.shape[-1] == v.shape[-1]:
+            if any(k == h or k.startswith(h + ".") for h in untrained):
+                fresh.append(k)  # e.g. a masked-patch-prediction encoder's classifier: never trained, not copied
+            elif w is not None and k == "pos_embed" and w.shape != v.shape and w.shape[-1] == v.shape[-1]:
                 fresh += _warm_pos_embed(v, w, model, src_model)
             elif w is not None and w.shape == v.shape:
                 v.copy_(w.to(v.dtype))
             else:
                 fresh.append(k)
     return fresh
+
+
+def _untrained_heads(model: nn.Module) -> tuple[str, ...]:
+    """The classifier module names of a checkpoint whose training never read labels (``objective="mpp"``)."""
+    train_cfg = (getattr(model, "vitlab_checkpoint", None) or {}).get("train") or {}
+    if train_cfg.get("objective", "classify") == "classify":
+        return ()
+    heads = getattr(model, "pretrained_cfg", {}).get("classifier", "head")
+    return (heads,) if isinstance(heads, str) else tuple(heads)
 
 
 def _warm_pos_embed(v: Tensor, w: Tensor, model: nn.Module, src_model: nn.Module) -> list[str]:
