@@ -95,6 +95,19 @@ def test_loss_ignores_uncorrupted_patches():
     torch.testing.assert_close(loss, loss2)
 
 
+@pytest.mark.parametrize("target", ["color3", "patch4x4", "l2"])
+def test_training_path_gives_the_same_loss_from_the_corrupted_patches_alone(target):
+    torch.manual_seed(0)
+    model = vitlab.build_model(TINY).eval()
+    obj = MaskedPatchPrediction.for_model(model, target, 0.5)
+    x = torch.rand(3, 3, 32, 32)
+    full, out = obj(model, x, x, torch.Generator().manual_seed(5))
+    part, lean = obj(model, x, x, torch.Generator().manual_seed(5), all_predictions=False)
+    torch.testing.assert_close(part, full)
+    assert out["prediction"].shape[:2] == (3, 64) and lean["prediction"] is None
+    assert torch.equal(out["mode"], lean["mode"])
+
+
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
     return three_class_split(tmp_path_factory.mktemp("mppdata"))

@@ -143,10 +143,12 @@ class MaskedPatchPrediction(nn.Module):
             return patch4x4_targets(images01, self.patch)
         return patch_pixels(x, self.patch)
 
-    def forward(self, model: nn.Module, x: Tensor, images01: Tensor, generator: torch.Generator
-                ) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, model: nn.Module, x: Tensor, images01: Tensor, generator: torch.Generator,
+                all_predictions: bool = True) -> tuple[Tensor, dict[str, Tensor | None]]:
         """Loss over the corrupted patches of the normalised batch ``x`` (B, C, H, W), whose [0, 1] pixels are
-        ``images01`` (for the colour targets); also returns the draw, the predictions and the targets."""
+        ``images01`` (for the colour targets); also returns the draw, the predictions (B, N, out) of every patch and
+        the targets. ``all_predictions=False`` (training) runs the head on the corrupted patches only, the same loss
+        for half the head's work, and returns ``prediction=None``."""
         if getattr(model, "patch_drop", None) is not None and not isinstance(model.patch_drop, nn.Identity):
             raise ValueError("masked patch prediction needs every patch token: build the encoder with "
                              "patch_drop_rate=0")
@@ -155,13 +157,15 @@ class MaskedPatchPrediction(nn.Module):
         mode, source = draw_corruption(B, N, self.rate, generator)
         with corrupted_patches(model, mode, source, self.mask_token):
             tokens = model.forward_features(x)  # (B, prefix + N, D)
-        out = self.head(tokens[:, self.num_prefix_tokens:].float())  # (B, N, out)
-        target = self.targets(images01, x).to(out.device)
-        corrupted = (mode != KEEP).to(out.device)  # (B, N): only these enter the loss
+        patches = tokens[:, self.num_prefix_tokens:].float()  # (B, N, D)
+        target = self.targets(images01, x).to(patches.device)
+        corrupted = (mode != KEEP).to(patches.device)  # (B, N): only these enter the loss
+        out = self.head(patches) if all_predictions else None  # (B, N, out)
+        pred = out[corrupted] if out is not None else self.head(patches[corrupted])  # (K, out)
         if self.target == "color3":
-            loss = F.cross_entropy(out[corrupted], target[corrupted])
+            loss = F.cross_entropy(pred, target[corrupted])
         elif self.target == "patch4x4":
-            loss = F.cross_entropy(out[corrupted].view(-1, 512), target[corrupted].view(-1))
+            loss = F.cross_entropy(pred.view(-1, 512), target[corrupted].view(-1))
         else:
-            loss = F.mse_loss(out[corrupted], target[corrupted].float())
+            loss = F.mse_loss(pred, target[corrupted].float())
         return loss, {"mode": mode, "source": source, "prediction": out, "target": target}

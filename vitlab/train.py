@@ -644,7 +644,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
             if objective is not None:  # masked patch prediction: labels are not read
                 images01 = imgs[mine].permute(0, 3, 1, 2).float().div_(255).to(d.device)
                 with torch.autocast(**amp):
-                    loss, _ = objective(model, x, images01, g)
+                    loss, _ = objective(model, x, images01, g, all_predictions=False)
                 logits = None
             else:
                 with torch.autocast(**amp):
