@@ -84,7 +84,8 @@ def test_lookahead_known_answer_on_a_toy_model():
     # Meetings every 2 of 5 steps, decay 0.25 * (step / 5): 0.1 after step 2, 0.2 after step 4. By hand:
     #   steps 1, 2: w = -2, then slow = 0 + 0.9 * (-2 - 0) = -1.8 = w
     #   steps 3, 4: w = -3.8, then slow = -1.8 + 0.8 * (-3.8 + 1.8) = -3.4 = w
-    #   step 5: w = -4.4; finish: w = slow = -3.4. The float buffer is 10x that, negated; the integer one counts 5.
+    #   step 5: w = -4.4; finish meets at decay 0.25: slow = -3.4 + 0.75 * (-4.4 + 3.4) = -4.15 = w (step 5 counts).
+    #   The float buffer is 10x that, negated; the integer one counts 5.
     model = _Toy()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     look = Lookahead(model, every=2, total_steps=5, decay=0.25, power=1.0)
@@ -98,9 +99,11 @@ def test_lookahead_known_answer_on_a_toy_model():
             model.count += 1
         look.after_step(step)
         seen.append(float(model.w.detach()))
-    look.finish()
+    look.finish(5)
     assert seen == pytest.approx([-1.0, -1.8, -2.8, -3.4, -4.4])
-    assert float(model.w) == pytest.approx(-3.4) and float(model.stat) == pytest.approx(34.0)
+    assert float(model.w) == pytest.approx(-4.15) and float(model.stat) == pytest.approx(41.5)
+    look.finish(4)  # right after a meeting: nothing to do
+    assert float(model.w) == pytest.approx(-4.15)
     assert int(model.count) == 5
     assert lookahead_decay(2, 5, 0.25, 1.0) == pytest.approx(0.1)
     assert lookahead_decay(9, 10, 0.95**5, 3.0) == pytest.approx(0.95**5 * 0.729)
@@ -140,8 +143,8 @@ def test_the_loop_flips_alternately_meets_on_schedule_and_freezes_the_whitening_
     assert all(epoch[0][i] != epoch[1][i] and epoch[1][i] != epoch[2][i] for i in range(len(train_data)))
     assert 20 < sum(epoch[0].values()) < 76
 
-    d = [lookahead_decay(s, 9, 0.9, 3.0) for s in (2, 4, 6, 8)]  # meetings after global steps 2, 4, 6, 8 of 9
-    assert decays == pytest.approx([d[0], 1.0, d[1], d[2], 1.0, d[3], 1.0])  # 1.0: the end of each epoch
+    # meetings every 2 of the run's 9 steps, and at the ends of epochs (steps 3, 6, 9) unless one just happened
+    assert decays == pytest.approx([lookahead_decay(s, 9, 0.9, 3.0) for s in (2, 3, 4, 6, 8, 9)])
 
     assert biases[0].abs().sum() > 0  # trained in epoch 0 (initialised at zero) ...
     assert torch.equal(biases[1], biases[0]) and torch.equal(biases[2], biases[0])  # ... then frozen

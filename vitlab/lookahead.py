@@ -8,10 +8,12 @@ Every ``every`` optimizer steps the two meet (Lookahead, Zhang et al. 2019, with
 
 and the decay grows along the run, ``decay_t = decay * (t / total) ** power`` (``t`` optimizer steps done of
 ``total``): near 0 early, when the slow copy simply follows, up to ``decay`` at the end, when it averages
-strongly. At the end of each epoch the network becomes the slow copy (``finish``: a meeting at decay 1, which
-drops the steps since the last meeting), so every evaluation and checkpoint sees the averaged weights and the
-final network is the averaged one. Because an epoch ends with ``net == slow``, the next epoch (or a resumed run)
-starts a fresh ``Lookahead`` from the network: there is no extra state to save.
+strongly. Each epoch ends with one more meeting at the scheduled decay (``finish``; none when one just happened),
+so every evaluation and checkpoint sees the averaged weights, the final network is the averaged one, and no step
+is thrown away. Because an epoch ends with ``net == slow``, the next epoch (or a resumed run) starts a fresh
+``Lookahead`` from the network: there is no extra state to save. (Airbench ends its run with a meeting at decay 1,
+dropping the steps since the last meeting; here every epoch ends, so that would drop up to ``every - 1`` steps per
+epoch.)
 
 Integer state (BatchNorm's ``num_batches_tracked``) is left to the network.
 """
@@ -31,7 +33,7 @@ def lookahead_decay(step: int, total: int, decay: float, power: float) -> float:
 
 class Lookahead:
     """Slow weights for ``model`` over one epoch; call ``after_step`` after every optimizer step and ``finish``
-    at the epoch's end."""
+    at the epoch's end (both with the run's optimizer steps done so far)."""
 
     def __init__(self, model: nn.Module, every: int, total_steps: int, decay: float, power: float) -> None:
         if every < 1 or total_steps < 1:
@@ -52,6 +54,8 @@ class Lookahead:
         if step % self.every == 0:
             self.sync(lookahead_decay(step, self.total, self.decay, self.power))
 
-    def finish(self) -> None:
-        """The network becomes the slow copy (the steps since the last meeting are dropped)."""
-        self.sync(1.0)
+    def finish(self, step: int) -> None:
+        """At the end of an epoch, ``step`` optimizer steps into the run: a meeting at the scheduled decay unless one
+        just happened, so the network is the slow copy and the steps since the last meeting count."""
+        if step % self.every:
+            self.sync(lookahead_decay(step, self.total, self.decay, self.power))
