@@ -18,7 +18,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_is_fitted
 
 from vitlab.data import ImageArray, load_shapes
-from vitlab.features import extract_features, feature_key
+from vitlab.features import extract_features, extract_readouts, feature_key
 from vitlab.probe import FewShotRidge, few_shot_accuracy, linear_probe_accuracy
 from vitlab.zoo import build_model, cifar_vit
 
@@ -287,6 +287,13 @@ def test_patch_mean_readout_averages_the_patch_tokens_of_a_distilled_vit(monkeyp
     own = extract_features(model, data, batch_size=5)
     torch.testing.assert_close(own, (tokens[:, 0] + tokens[:, 1]) / 2, rtol=1e-5, atol=1e-5)  # timm's readout
     assert torch.equal(extract_features(model, data, readout="patch_mean"), patch)  # each from its own cache entry
+    calls = []
+    real = model.forward_features
+    model.forward_features = lambda x: (calls.append(len(x)), real(x))[1]
+    both = extract_readouts(model, data, batch_size=5, cache=False)  # both readouts from one pass over the images
+    assert sum(calls) == len(data) and set(both) == {"model", "patch_mean"}
+    torch.testing.assert_close(both["patch_mean"], patch, rtol=0, atol=0)
+    torch.testing.assert_close(both["model"], own, rtol=0, atol=0)
     with pytest.raises(TypeError, match="readout='model'"):
         extract_features(tiny_bit(), data, readout="patch_mean")
     with pytest.raises(ValueError, match="readout must be one of"):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Literal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -21,15 +23,16 @@ from vitlab.data import ImageArray, cache_dir, normalize
 from vitlab.info import model_info
 from vitlab.modes import eval_mode
 
-__all__ = ["extract_features", "feature_key", "preprocess_uint8"]
+__all__ = ["extract_features", "extract_readouts", "feature_key", "preprocess_uint8", "READOUTS", "READOUT_NAMES"]
 
 
 #: What a probe reads: the model's own readout (``forward_head(pre_logits=True)``) or the mean of a ViT's patch tokens
 Readout = Literal["model", "patch_mean"]
-READOUTS: tuple[str, ...] = ("model", "patch_mean")
+READOUTS: tuple[str, ...] = get_args(Readout)
 READOUT_NAMES = {"model": "the model's own readout (the class token; the mean of the class and distillation tokens "
                           "for a distilled ViT)",
                  "patch_mean": "the mean of the final patch tokens"}
+
 
 def _hash_tensor(h, t: Tensor) -> None:
     t = t.detach().cpu().contiguous()
@@ -69,7 +72,6 @@ def preprocess_uint8(images: Tensor, transform: dict) -> Tensor:
                      interpolation=transform["interpolation"])
 
 
-@torch.no_grad()
 def extract_features(model: nn.Module, data: ImageArray, batch_size: int = 128, cache: bool = True,
                      progress: bool | None = None, device: str | torch.device | None = None,
                      readout: Readout = "model") -> Tensor:
@@ -81,39 +83,57 @@ def extract_features(model: nn.Module, data: ImageArray, batch_size: int = 128, 
     encoders whose class token was never trained (e.g. masked patch prediction trains only patch outputs).
     Images are resized and normalised as the model's pretrained config says. With ``cache=True`` features
     are stored under ``$VITLAB_CACHE/features`` and reused when model, weights, data, transform and readout match.
-    The model's train/eval mode is restored afterwards.
+    The model's train/eval mode is restored afterwards. ``extract_readouts`` gives several readouts in one pass.
     """
+    return extract_readouts(model, data, (readout,), batch_size, cache, progress, device)[readout]
+
+
+@torch.no_grad()
+def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Readout] = READOUTS,
+                     batch_size: int = 128, cache: bool = True, progress: bool | None = None,
+                     device: str | torch.device | None = None) -> dict[str, Tensor]:
+    """{readout: (N, D) float32 features} of ``data`` for each of ``readouts`` (as ``extract_features`` defines
+    them) from one forward pass over the images; each readout is cached on its own."""
     if not hasattr(model, "forward_head") or not hasattr(model, "forward_features"):
         raise TypeError(f"{type(model).__name__} has no forward_features/forward_head: extract_features needs a "
                         "timm model (a ViT, hybrid or ResNet)")
-    if readout not in READOUTS:
-        raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
+    bad = [r for r in readouts if r not in READOUTS]
+    if bad or not readouts:
+        raise ValueError(f"readout must be one of {READOUTS}, got {bad or list(readouts)!r}")
     n_prefix = 0
-    if readout == "patch_mean":
+    if "patch_mean" in readouts:
         try:
             n_prefix = model_info(model).num_prefix_tokens
         except (TypeError, ValueError) as e:
             raise TypeError(f"readout='patch_mean' needs a ViT with patch tokens; {type(model).__name__}: {e}. Use "
                             "readout='model'") from e
-    path = None
+    paths: dict[str, Path | None] = dict.fromkeys(readouts)
+    found: dict[str, Tensor] = {}
     if cache:
-        key = feature_key(model, data) + ("" if readout == "model" else f"-{readout}")
-        path = cache_dir() / "features" / f"{key}.safetensors"
-        if path.exists():
-            return load_file(path)["features"]
+        key = feature_key(model, data)
+        for r in readouts:
+            paths[r] = cache_dir() / "features" / f"{key}{'' if r == 'model' else '-' + r}.safetensors"
+            if paths[r].exists():
+                found[r] = load_file(paths[r])["features"]
+    todo = [r for r in readouts if r not in found]
+    if not todo:
+        return found
     tf = _transform(model)
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    out = []
+    out: dict[str, list[Tensor]] = {r: [] for r in todo}
     with eval_mode(model):
         starts = range(0, len(data), batch_size)
         for i in tqdm(starts, desc="features", disable=progress is False or (progress is None and len(starts) < 4),
                       leave=False):
             x = preprocess_uint8(data.images[i:i + batch_size], tf).to(device)
             tokens = model.forward_features(x)
-            f = tokens[:, n_prefix:].mean(1) if readout == "patch_mean" else model.forward_head(tokens, pre_logits=True)
-            out.append(f.float().cpu())
-    feats = torch.cat(out) if out else torch.empty(0, 0)
-    if path is not None:
-        atomic_write(path, lambda tmp: save_file({"features": feats.contiguous()}, tmp,
-                                                 metadata={"source": data.source, "n": str(len(data))}))
-    return feats
+            for r in todo:
+                f = tokens[:, n_prefix:].mean(1) if r == "patch_mean" else model.forward_head(tokens, pre_logits=True)
+                out[r].append(f.float().cpu())
+    for r in todo:
+        feats = found[r] = torch.cat(out[r]) if out[r] else torch.empty(0, 0)
+        if paths[r] is not None:
+            atomic_write(paths[r], lambda tmp, f=feats: save_file({"features": f.contiguous()}, tmp,
+                                                                   metadata={"source": data.source,
+                                                                             "n": str(len(data))}))
+    return {r: found[r] for r in readouts}

@@ -356,14 +356,15 @@ def _pretrain_facts(run: Path) -> dict[str, Any]:
 
 
 def _few_shot(model: torch.nn.Module, study: MPPStudyConfig, data: _Data, device: torch.device) -> dict[str, Any]:
-    from vitlab.features import extract_features
+    from vitlab.features import extract_readouts
     from vitlab.probe import few_shot_accuracy
 
     model = model.to(device).eval()
     out: dict[str, Any] = {}
+    pool = extract_readouts(model, data.pool, READOUTS, cache=False, progress=False)  # one forward, both readouts
+    test = extract_readouts(model, data.test, READOUTS, cache=False, progress=False)
     for readout in READOUTS:  # the model's own readout, and the patch tokens' mean (what MPP trains)
-        ftr = extract_features(model, data.pool, cache=False, progress=False, readout=readout)
-        fte = extract_features(model, data.test, cache=False, progress=False, readout=readout)
+        ftr, fte = pool[readout], test[readout]
         fs = few_shot_accuracy(ftr, data.pool.labels, fte, data.test.labels, shots=study.shots,
                                seeds=study.probe_seeds, l2=study.l2)
         out[few_shot_key(readout)] = {str(k): {"mean": r.mean, "std": r.std, "per_seed": list(r.per_seed)}
