@@ -54,11 +54,11 @@ from vitlab.images import cifar_test_sample
 from vitlab.mpp import KEEP, MASK, RANDOM, MaskedPatchPrediction, color3_targets
 from vitlab.mpp_study import (
     STUDIES,
-    latest_records,
     markdown_tables,
     pretrain_config,
     pretrain_dir,
     run_study,
+    shown_records,
     study_verdicts,
 )
 from vitlab.plots import notebook_figures
@@ -152,8 +152,9 @@ if SMOKE:  # the smoke study: a small ViT on the synthetic shapes, seconds; its 
     study = dataclasses.replace(study, run_root=str(scratch_dir / "runs"))
     results = scratch_dir / "mpp_smoke.jsonl"
     run_study(study, results, progress=False)
-records = list(latest_records(ResultsStore(results).records(), study.name).values())
+records, shown = shown_records(ResultsStore(results).records(), study.name)
 if records:
+    print(f"{results}: {shown}")
     for readout in READOUTS:
         display(Markdown(f"**Few-shot features: {READOUT_NAMES[readout]}**\n\n" + markdown_tables(records, readout)))
     verdicts = study_verdicts(records, study.verdict_shots)

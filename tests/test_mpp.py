@@ -143,6 +143,7 @@ def test_tiny_run_learns_and_resumes_to_the_same_weights(tmp_path, images, monke
     assert (tmp_path / "stopped" / "checkpoint" / "objective.safetensors").is_file()
     resumed = train(cfg, tmp_path / "stopped", resume=True, progress=False, train_data=train_data,
                     test_data=test_data)
+    assert list(full.state_dict()) == list(resumed.state_dict())
     for (k, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
 

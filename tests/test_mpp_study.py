@@ -21,6 +21,7 @@ from vitlab.mpp_study import (
     row_status,
     run_study,
     scratch_model,
+    shown_records,
     study_rows,
     study_verdicts,
 )
@@ -104,12 +105,26 @@ def test_a_changed_config_reruns_only_the_rows_it_touches(smoke, tmp_path, capsy
     assert run_study(changed, copy, progress=False) == []  # and now the changed study is done too
 
 
+def test_a_finished_pretraining_run_of_another_config_is_not_reused(smoke, tmp_path):
+    study = smoke[0]
+    moved = dataclasses.replace(study, run_root=str(tmp_path / "runs"))
+    shutil.copytree(study.root(), moved.root())
+    run = pretrain_dir(moved, pretrain_config(moved, *moved.main, moved.main_epochs))
+    saved = json.loads((run / "train_config.json").read_text())
+    (run / "train_config.json").write_text(json.dumps({**saved, "label_smoothing": 0.3}))  # as a changed default would
+    records = run_study(moved, tmp_path / "results.jsonl", progress=False)
+    mpp_rows = [r for r in records if r["init"] == "mpp"]
+    assert mpp_rows and all(r["status"] != "ok" and "delete that folder" in r["error"] for r in mpp_rows)
+    assert all(r["status"] == "ok" for r in records if r["init"] == "scratch")  # the other rows go on
+
+
 def test_scratch_is_the_init_the_mpp_runs_start_from(smoke, tmp_path):
     study = smoke[0]
     cfg = dataclasses.replace(pretrain_config(study, *study.main, 1), lr=0.0, min_lr=0.0, batch_size=16)
     data = load_shapes("train", n=16)
     started = train(cfg, tmp_path / "run", progress=False, train_data=data, test_data=data)  # one step at lr 0
     scratch = scratch_model(study, len(data.classes))
+    assert list(started.state_dict()) == list(scratch.state_dict())
     for (k, a), (_, b) in zip(started.state_dict().items(), scratch.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
 
@@ -291,3 +306,17 @@ def test_each_readout_has_its_table_and_verdicts():
     assert len(study_verdicts(older, shots=10)) == 4
     with pytest.raises(ValueError, match="readout must be one of"):
         markdown_tables(recs, "cls")
+
+
+def test_rows_of_one_code_version_are_shown_together():
+    old = hand_made(mpp_few=[0.5, 0.5, 0.5], mpp_fine=[0.5, 0.5, 0.5])
+    new = [dict(r, provenance={"code_hash": "newer"}) for r in old if r["init"] == "mpp"]  # a partial rerun
+    new[0]["metrics"] = {**new[0]["metrics"], "pretrain": {"code_hash": "c0de"}}
+    rows, note = shown_records(old + new, "hand")
+    assert sorted(r["row_id"] for r in rows) == sorted(r["row_id"] for r in new)  # never paired with older rows
+    assert all(r["provenance"]["code_hash"] == "newer" for r in rows)
+    assert "code version newer" in note and "pre-training runs from code version c0de" in note
+    assert "8 row(s) only recorded by other code versions left out" in note  # scratch and supervised, 4 rows each
+    rows, note = shown_records(old, "hand")
+    assert len(rows) == len(old) and "left out" not in note
+    assert shown_records(old, "other")[0] == []

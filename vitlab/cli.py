@@ -203,10 +203,10 @@ def cmd_mpp_study(args: argparse.Namespace) -> int:
     from vitlab.mpp_study import (
         STUDIES,
         default_results,
-        latest_records,
         markdown_tables,
         row_status,
         run_study,
+        shown_records,
         study_verdicts,
     )
     from vitlab.scaling import ResultsStore
@@ -223,7 +223,7 @@ def cmd_mpp_study(args: argparse.Namespace) -> int:
         for r in failed:
             print(f"  failed {r['row_id']}: {r['error']}")
     stored = ResultsStore(results).records()
-    records = list(latest_records(stored, study.name).values())
+    records, shown = shown_records(stored, study.name)
     if not records:
         print(f"no records of study {study.name!r} in {results}: run `vitlab mpp-study --study {study.name}` first",
               file=sys.stderr)
@@ -235,12 +235,10 @@ def cmd_mpp_study(args: argparse.Namespace) -> int:
             " against this config and code"
     except (FileNotFoundError, ValueError) as e:  # e.g. the supervised checkpoint is not in this checkout
         against = f"not checked against this config ({e})"
-    code = sorted({str(r.get("provenance", {}).get("code_hash")) for r in records if r.get("status") == "ok"})
     for readout in READOUTS:
         print(f"Few-shot features: {READOUT_NAMES[readout]}\n")
         print(markdown_tables(records, readout) + "\n")
-    print(f"The latest finished record of each row of study {study.name} in {results}; {against}; code "
-          f"version(s) of the rows shown: {', '.join(code)}.\n")
+    print(f"The latest finished record of each row of study {study.name} in {results}: {shown}; {against}.\n")
     verdicts = study_verdicts(records, study.verdict_shots)
     if verdicts:
         print(verdict_table(verdicts))

@@ -59,7 +59,7 @@ from vitlab.provenance import code_hash, provenance
 from vitlab.zoo import ViTConfig, cifar_vit, config_to_dict
 
 __all__ = ["MPPStudyConfig", "STUDIES", "StudyRow", "study_rows", "row_spec", "fingerprint", "pretrain_config",
-           "finetune_config", "pretrain_dir", "run_study", "latest_records", "markdown_tables", "study_verdicts",
+           "finetune_config", "pretrain_dir", "run_study", "latest_records", "shown_records", "markdown_tables", "study_verdicts",
            "default_results", "row_status", "scratch_model", "INITS"]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -337,11 +337,18 @@ def _checkpoint_meta(run: Path) -> dict[str, Any] | None:
 
 
 def _pretrain(study: MPPStudyConfig, cfg, data: _Data, progress: bool, device: str | None) -> Path:
-    """Pre-train ``cfg`` into its run folder, resuming it where it stopped; a finished run is not touched."""
-    from vitlab.train import train
+    """Pre-train ``cfg`` into its run folder, resuming it where it stopped; a finished run is not touched, but it must
+    have been trained with ``cfg`` (else a changed default would pass an old encoder off as the new config's)."""
+    from vitlab.train import train, train_config_from_dict, with_num_classes
 
     run = pretrain_dir(study, cfg)
     meta = _checkpoint_meta(run)
+    saved_file = run / "train_config.json"
+    if saved_file.is_file():
+        saved = train_config_from_dict(json.loads(saved_file.read_text()))
+        if saved != with_num_classes(cfg, len(data.pretrain.classes)):
+            raise ValueError(f"the pre-training folder {run} holds a run of another config (a changed default or "
+                             f"field?): delete that folder to pre-train again. saved={saved} requested={cfg}")
     if meta is None or meta["epoch"] < cfg.epochs:
         train(cfg, run, resume=meta is not None, progress=progress, train_data=data.pretrain, test_data=data.test,
               device=device)
@@ -389,6 +396,28 @@ def _finetune(study: MPPStudyConfig, model_cfg: ViTConfig, seed: int, init_from:
 def latest_records(records: Sequence[dict], study: str) -> dict[str, dict]:
     """{row_id: latest record} of one study (any fingerprint)."""
     return {r["row_id"]: r for r in records if r.get("study") == study}
+
+
+def shown_records(records: Sequence[dict], study: str) -> tuple[list[dict], str]:
+    """The rows to show together, and a note on what they are: the latest record of each row of ``study`` among the
+    records of one code version, the newest one's (the store's last record), so that a partial rerun after a code
+    change never pairs an old row with a new one. The note names that code version, the code of the pre-training
+    runs the rows used (reused across code changes), and how many rows of other code versions were left out."""
+    mine = [r for r in records if r.get("study") == study]
+    if not mine:
+        return [], f"no records of study {study!r}"
+    code = lambda r: str(r.get("provenance", {}).get("code_hash"))  # noqa: E731
+    newest = code(mine[-1])
+    kept = {r["row_id"]: r for r in mine if code(r) == newest}
+    hidden = {r["row_id"] for r in mine if code(r) != newest} - set(kept)
+    pre = sorted({str(r["metrics"]["pretrain"].get("code_hash")) for r in kept.values()
+                  if r.get("status") == "ok" and "pretrain" in (r.get("metrics") or {})})
+    note = f"rows of code version {newest}"
+    if pre and pre != [newest]:
+        note += f" (pre-training runs from code version {', '.join(pre)}, reused)"
+    if hidden:
+        note += f"; {len(hidden)} row(s) only recorded by other code versions left out: rerun `vitlab mpp-study`"
+    return list(kept.values()), note
 
 
 def _plan(study: MPPStudyConfig) -> tuple[list[tuple[StudyRow, dict[str, Any], str]], tuple[Path, ViTConfig, str]]:
