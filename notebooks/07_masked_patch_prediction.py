@@ -137,8 +137,8 @@ print(f"exact 3-bit colour on corrupted patches: {acc:.1%} (chance {chance:.2%})
 
 # %% [markdown]
 # ## Scratch, MPP and supervised pre-training; the ablation
-# `vitlab mpp-study` (`vitlab.mpp_study`) compares three initialisations of one ViT shape: random (scratch, the very
-# init the MPP run starts from), the MPP run's encoder, and the shipped supervised checkpoint; (a) by the few-shot
+# `vitlab mpp-study` (`vitlab.mpp_study`) compares three initialisations of one ViT shape: random (scratch; for the
+# few-shot probe the very init the MPP run starts from), the MPP run's encoder, and the shipped supervised checkpoint; (a) by the few-shot
 # probe on frozen features (shots from CIFAR-10's training images, scored on the test images, several probe seeds)
 # and (b) by a short fine-tune on 500 labelled images per class (seeds 0, 1, 2). The ablation pre-trains every
 # target and rate on the same shorter budget and probes it few-shot. Every number below is read from the study's

@@ -10,16 +10,19 @@ rate and the two other targets did slightly worse than 50% and the 3-bit mean co
   folder named by a hash of its ``TrainConfig`` under ``run_root`` (outside the work tree): a killed study resumes
   a pre-training run at its last epoch, and a run whose config did not change is reused (also after a code change:
   each record stores the code hash of the checkpoint it used; delete the folder to pre-train again).
-* **three initialisations of one shape**: ``scratch`` (the random init the MPP run started from: same config, same
-  seed), ``mpp`` (the main run's encoder; its classification head was never trained) and ``supervised`` (a vitlab
-  checkpoint, by default the shipped ``data/checkpoints/vit_cifar10``, used as it is: a DeiT distillation token
-  stays, and its features are its own readout, ``forward_head(pre_logits=True)``).
+* **three initialisations of one shape**: ``scratch`` (random weights: for the few-shot row the very init the MPP
+  run started from, same config and seed; for a fine-tune the fine-tune seed's init), ``mpp`` (the main run's
+  encoder; its classification head was never trained, so a fine-tune starts it from the fine-tune seed's init, the
+  same head scratch starts with) and ``supervised`` (a vitlab checkpoint, by default the shipped
+  ``data/checkpoints/vit_cifar10``, used as it is: a DeiT distillation token stays, its features are its own
+  readout, ``forward_head(pre_logits=True)``, and a fine-tune starts from its trained heads, which already know
+  these classes: part of what supervised pre-training on the same labels gives).
 * **(a) few-shot**: the paper's ridge probe (``vitlab.probe.few_shot_accuracy``) on frozen features, the shots drawn
   from a class-balanced pool of training images with each probe seed (the same shots for every initialisation),
   scored on the test images, for two readouts of the same features: the model's own and the mean of the patch
   tokens (``vitlab.features.READOUTS``; MPP trains only the patch outputs, so its class token stays untrained and
-  the model readout alone would judge MPP on a token it never learned); the ablation runs get this row only. **(b) fine-tune**: ``train`` with ``init_from``
-  (scratch: none) on a class-balanced labelled subset per seed (the seed fixes the subset, data order and
+  the model readout alone would judge MPP on a token it never learned); the ablation runs get this row only.
+  **(b) fine-tune**: ``train`` with ``init_from`` (scratch: none) on a class-balanced labelled subset per seed (the seed fixes the subset, data order and
   augmentation, shared by the three initialisations), scored on the test images at the end.
 
 Every row's record carries its ``spec`` (everything its number depends on: data, shapes, the pre-training or
