@@ -117,6 +117,11 @@ def test_tuning_freezes_the_best_recipe_and_runs_report_their_best_validation_ep
     assert tuned.recipes == (("vit_tiny", rec["optimizer"], rec["lr"], rec["weight_decay"]),)
     assert tune(sweep, tmp_path / "tuning.jsonl", grid=grid, progress=False) == tuned  # trials are not rerun
     assert len(ResultsStore(tmp_path / "tuning.jsonl").records()) == 2
+    # the same trials in a worker process (the sweep's executor): the same validation accuracies and choice
+    pooled = tune(sweep, tmp_path / "pooled.jsonl", grid=grid, progress=False, workers=1)
+    assert pooled == tuned
+    val = lambda path: sorted(r["metrics"]["best"]["val_accuracy"] for r in ResultsStore(path).records())  # noqa: E731
+    assert val(tmp_path / "pooled.jsonl") == val(tmp_path / "tuning.jsonl")
     new = run_sweep(tuned, tmp_path / "sweep.jsonl", workers=0, progress=False)
     for r in new:
         m = r["metrics"]

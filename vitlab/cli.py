@@ -158,7 +158,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.tune:
         from vitlab.scaling import tune
 
-        tuned = tune(sweep, Path(results).with_suffix(".tuning.jsonl"), progress=not args.quiet)
+        tuned = tune(sweep, Path(results).with_suffix(".tuning.jsonl"), progress=not args.quiet,
+                     executor=args.executor, workers=args.workers, address=args.address, work_dir=args.work_dir)
         out = args.save_config or f"{sweep.name}.tuned.json"
         Path(out).write_text(json.dumps(dataclasses.asdict(tuned), indent=2) + "\n")
         print(f"tuned recipes {list(tuned.recipes)}; frozen config written to {out}: run the sweep with --config {out}")

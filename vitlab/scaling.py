@@ -385,10 +385,6 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
         print(f"sweep {sweep.name}: {len(done)} of {len(sweep.runs())} runs already done with this config and code, "
               f"skipped; {len(todo)} to run" + (f"; rows from other code or config (fingerprints {sorted(stale)}) are "
                                                 "kept in the store but not counted" if stale else ""), file=sys.stderr)
-    if work_dir is not None:
-        Path(work_dir).mkdir(parents=True, exist_ok=True)
-    wd = None if work_dir is None else str(work_dir)
-    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
     new: list[dict] = []
     bar = tqdm(total=len(todo), desc=f"sweep {sweep.name}", disable=progress is False)
 
@@ -400,36 +396,47 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
         bar.update()
 
     try:
-        if not todo:
-            return new
-        if executor == "local" and workers == 0:
-            for spec in todo:
-                finish(_run_record(sweep, spec, wd, None))
-        elif executor == "local":
-            import concurrent.futures as cf
-            import multiprocessing as mp
-
-            with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-                futures = {pool.submit(_run_record, sweep, spec, wd, threads): spec for spec in todo}
-                for fut in cf.as_completed(futures):
-                    try:
-                        finish(fut.result())
-                    except Exception as e:  # the worker process died (out of memory, a signal): record it
-                        finish(_crashed_record(sweep, futures[fut], e))
-        else:
-            with _ray_runtime(address, workers) as ray:
-                remote = ray.remote(num_cpus=1, max_retries=0)(_run_record)
-                specs = {remote.remote(sweep, spec, wd, threads): spec for spec in todo}
-                pending = list(specs)
-                while pending:
-                    ready, pending = ray.wait(pending, num_returns=1)
-                    try:
-                        finish(ray.get(ready[0]))
-                    except Exception as e:  # the worker died or the task could not run: record it
-                        finish(_crashed_record(sweep, specs[ready[0]], e))
+        _execute([(sweep, spec) for spec in todo], finish, executor, workers, address, work_dir)
     finally:
         bar.close()
     return new
+
+
+def _execute(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str = "local", workers: int = 1,
+             address: str | None = None, work_dir: str | os.PathLike | None = None) -> None:
+    """Run each (sweep, run) of ``jobs`` with ``executor`` (as ``run_sweep`` describes) and call ``finish(record)``
+    in this process as each ends, in the order they end; a worker that dies gives a failed record."""
+    if not jobs:
+        return
+    if work_dir is not None:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+    wd = None if work_dir is None else str(work_dir)
+    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    if executor == "local" and workers == 0:
+        for sweep, spec in jobs:
+            finish(_run_record(sweep, spec, wd, None))
+    elif executor == "local":
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(_run_record, sweep, spec, wd, threads): (sweep, spec) for sweep, spec in jobs}
+            for fut in cf.as_completed(futures):
+                try:
+                    finish(fut.result())
+                except Exception as e:  # the worker process died (out of memory, a signal): record it
+                    finish(_crashed_record(*futures[fut], e))
+    else:
+        with _ray_runtime(address, workers) as ray:
+            remote = ray.remote(num_cpus=1, max_retries=0)(_run_record)
+            refs = {remote.remote(sweep, spec, wd, threads): (sweep, spec) for sweep, spec in jobs}
+            pending = list(refs)
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                try:
+                    finish(ray.get(ready[0]))
+                except Exception as e:  # the worker died or the task could not run: record it
+                    finish(_crashed_record(*refs[ready[0]], e))
 
 
 def summarise(records: Sequence[dict], shots: int = 10) -> dict[str, dict[int, dict[str, float]]]:
@@ -457,37 +464,53 @@ TUNING_GRID: dict[str, tuple[tuple[str, float, float], ...]] = {
 
 
 def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequence[tuple[str, float, float]]] | None
-         = None, progress: bool | None = None) -> SweepConfig:
+         = None, progress: bool | None = None, executor: str = "local", workers: int = 0,
+         address: str | None = None, work_dir: str | os.PathLike | None = None) -> SweepConfig:
     """Tune each family once, on the largest subset with seed 0, over ``grid`` (default ``TUNING_GRID``), by the best
     validation accuracy; return ``sweep`` with the winning recipes frozen in. Every trial is appended to ``results``
-    (a JSONL store of its own), and finished trials are skipped when tuning is run again."""
+    (a JSONL store of its own), and finished trials are skipped when tuning is run again. Trials run like a sweep's
+    runs (``executor``, ``workers``, ``address`` as in ``run_sweep``; ``workers=0``: one after another in this
+    process)."""
     if not sweep.val_per_class:
         raise ValueError("tuning needs a validation split: set val_per_class > 0 (never tune on the test images)")
+    if executor not in ("local", "ray") or workers < 0:
+        raise ValueError(f"executor must be 'local' or 'ray' and workers >= 0, got {executor!r}, {workers}")
     grid = grid or TUNING_GRID
     store = ResultsStore(results)
-    chosen = []
-    trials = [(f, r) for f in sweep.families for r in grid.get(f, ((*sweep.recipe(f),),))]
-    bar = tqdm(trials, desc=f"tune {sweep.name}", disable=progress is False)
+    spec_of = {f: RunSpec(f, max(sweep.sizes), 0) for f in sweep.families}
+    trials = [(f, tuple(r), dataclasses.replace(sweep, name=f"{sweep.name}-tune", recipes=((f, *r),), seeds=(0,),
+                                                 sizes=(max(sweep.sizes),)))
+              for f in sweep.families for r in grid.get(f, ((*sweep.recipe(f),),))]
+
+    def finished(trial: SweepConfig, family: str) -> dict | None:
+        rec = store.latest(trial.name, trial.fingerprint()).get(spec_of[family].run_id)
+        return rec if rec and rec["status"] == "ok" else None
+
+    todo = [(trial, spec_of[f]) for f, _, trial in trials if finished(trial, f) is None]
+    bar = tqdm(total=len(todo), desc=f"tune {sweep.name}", disable=progress is False)
+    if progress is not False:
+        print(f"tune {sweep.name}: {len(trials) - len(todo)} of {len(trials)} trials already done, skipped; "
+              f"{len(todo)} to run", file=sys.stderr)
+
+    def finish(rec: dict) -> None:
+        store.append(rec)
+        ok = rec["status"] == "ok"
+        bar.set_postfix_str(f"{rec['run_id']} {rec['config']['recipes'][0][1:]}: "
+                            + (f"val {rec['metrics']['best']['val_accuracy']:.3f}" if ok else "failed"))
+        if not ok:
+            bar.write(f"tuning {rec['run_id']} {rec['config']['recipes'][0][1:]}: failed ({rec['error']})")
+        bar.update()
+
+    try:
+        _execute(todo, finish, executor, workers, address, work_dir)
+    finally:
+        bar.close()
     best: dict[str, tuple[float, tuple[str, float, float]]] = {}
-    for family, recipe in bar:
-        trial = dataclasses.replace(sweep, name=f"{sweep.name}-tune", recipes=((family, *recipe),), seeds=(0,),
-                                    sizes=(max(sweep.sizes),))
-        spec = RunSpec(family, max(sweep.sizes), 0)
-        done = store.latest(trial.name, trial.fingerprint()).get(spec.run_id)
-        rec = done if done and done["status"] == "ok" else _run_record(trial, spec, None, None)
-        if rec is not done:
-            store.append(rec)
-        if rec["status"] != "ok":
-            bar.write(f"tuning {family} {recipe}: failed ({rec['error']})")
-            continue
-        acc = rec["metrics"]["best"]["val_accuracy"]
-        bar.set_postfix_str(f"{family} {recipe}: val {acc:.3f}")
-        if family not in best or acc > best[family][0]:
-            best[family] = (acc, recipe)
-    for family in sweep.families:
-        if family in best:
-            chosen.append((family, *best[family][1]))
-    return dataclasses.replace(sweep, recipes=tuple(chosen))
+    for family, recipe, trial in trials:  # in grid order: the first of equal accuracies wins
+        rec = finished(trial, family)
+        if rec is not None and (family not in best or rec["metrics"]["best"]["val_accuracy"] > best[family][0]):
+            best[family] = (rec["metrics"]["best"]["val_accuracy"], recipe)
+    return dataclasses.replace(sweep, recipes=tuple((f, *best[f][1]) for f in sweep.families if f in best))
 
 
 def summarise_compute(records: Sequence[dict]) -> dict[str, dict[int, float]]:
