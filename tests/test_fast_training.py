@@ -27,7 +27,7 @@ from vitlab.train import (
     train,
     warm_start,
 )
-from vitlab.zoo import CifarNetConfig, ViTConfig
+from vitlab.zoo import CifarNetConfig, ViTConfig, sincos_grid
 
 TINY_CNN = CifarNetConfig(widths=(8, 16, 16), num_classes=3)
 TINY_VIT = dataclasses.replace(PRESETS["tiny"].model, num_classes=3)
@@ -182,6 +182,13 @@ def test_warm_start_copies_matching_tensors_and_position_grid(tmp_path):
     resized = vitlab.resize_for_finetuning(copy.deepcopy(src), 64)
     assert resized.pos_embed.shape == fine.pos_embed.shape
     torch.testing.assert_close(fine.pos_embed, resized.pos_embed)
+    # a fixed sin-cos model keeps the exact table of its own grid (resampling another grid's would blur it)
+    sincos_src = save_checkpoint(vitlab.build_model(dataclasses.replace(TINY_VIT, pos_embed="sincos")), tmp_path / "s")
+    sincos = vitlab.build_model(dataclasses.replace(TINY_VIT, pos_embed="sincos", patch_size=8))
+    table = sincos.pos_embed.detach().clone()
+    warm_start(sincos, sincos_src)
+    torch.testing.assert_close(sincos.pos_embed, table, rtol=0, atol=0)
+    torch.testing.assert_close(sincos.pos_embed[0, 1:], sincos_grid((4, 4), table.shape[-1], table), rtol=0, atol=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -169,3 +169,5 @@ def test_mpp_config_is_validated():
         dataclasses.replace(PRESETS["mpp_cifar10"], mixup_prob=0.5)
     with pytest.raises(ValueError, match="mpp_target"):
         dataclasses.replace(PRESETS["mpp_cifar10"], mpp_target="colour")
+    with pytest.raises(ValueError, match="lookahead_every=0"):
+        dataclasses.replace(PRESETS["mpp_cifar10"], lookahead_every=5)

@@ -128,6 +128,9 @@ class TrainConfig:
 
             if not isinstance(self.model, ViTConfig) or self.model.patch_drop_rate or self.model.distilled:
                 raise ValueError("objective='mpp' needs a plain ViT (no patch dropping, no distillation token)")
+            if self.lookahead_every:
+                raise ValueError("objective='mpp' with lookahead_every: the prediction head lives beside the model "
+                                 "and would not be averaged; set lookahead_every=0")
             if self.mixup_prob or self.teacher:
                 raise ValueError("objective='mpp' reads no labels: set mixup_prob=0 and no teacher")
             if self.mpp_target not in MPP_TARGETS or not 0 < self.mpp_rate <= 1:
@@ -381,11 +384,14 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
     own = model.state_dict()
     fresh = []
     untrained = _untrained_heads(src_model)
+    fixed_pos = "pos_embed" in own and model_info(model).pos_embed == "fixed"  # e.g. its own exact sin-cos table
     with torch.no_grad():
         for k, v in own.items():
             w = src.get(k)
             if any(k == h or k.startswith(h + ".") for h in untrained):
                 fresh.append(k)  # e.g. a masked-patch-prediction encoder's classifier: never trained, not copied
+            elif k == "pos_embed" and fixed_pos:
+                continue  # built for this model's grid; resampling another grid's table would only blur it
             elif w is not None and k == "pos_embed" and w.shape != v.shape and w.shape[-1] == v.shape[-1]:
                 fresh += _warm_pos_embed(v, w, model, src_model)
             elif w is not None and w.shape == v.shape:
