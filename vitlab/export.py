@@ -103,7 +103,8 @@ def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | 
         if h.get("test_accuracy") is not None:
             hours.append(t)
             acc.append(h["test_accuracy"])
-    title = f"{facts['data']['train'] if facts.get('data') else ''}: test accuracy against CPU training hours"
+    where = " · ".join(x for x in (facts["data"]["train"] if facts.get("data") else "", facts.get("hardware", "")) if x)
+    title = f"{path.parent.name}: test accuracy against training hours<br><sup>{where}</sup>"
     fig = learning_curve(hours, acc, title=title, final=facts["test_accuracy"], goal=goal)
     return write_images([fig], [path], scale=2)
 
