@@ -208,7 +208,7 @@ PRESETS: dict[str, TrainConfig] = {
 # resnet_cifar10's, epochs included, so the two compare directly. (Airbench starts its Lookahead at epoch 3 of 9.9;
 # ours averages from the first step, where decay * (step / total) ** 3 stays below 0.022 until that point, and
 # ends every epoch with a meeting at the scheduled decay instead of airbench's final one at decay 1.)
-# Not yet measured on CIFAR-10.
+# Measured: 90.17% test accuracy (91.17% with TTA) after 20 epochs in 0.78 h, against resnet_cifar10's 89.35% (90.74%).
 PRESETS["resnet_cifar10_fast"] = dataclasses.replace(
     PRESETS["resnet_cifar10"], flip="alternating", lookahead_every=10, lookahead_decay=0.95**5, lookahead_power=3.0,
     whiten_bias_epochs=6)
