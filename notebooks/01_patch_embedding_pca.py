@@ -56,4 +56,4 @@ verdicts = [findings.filters_low_frequency(components, k=k),
             findings.filters_structured(ratio, random_filter_pca_ratios(model, k=k), k=k)]
 print(findings.verdict_table(verdicts))
 print()
-print(findings.explain(verdicts))
+print(findings.explain(verdicts, width=110))

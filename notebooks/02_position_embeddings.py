@@ -66,4 +66,4 @@ except ValueError as e:  # grids too small for pairs at equal distance inside an
     print(f"row/column structure not judged: {e}")
 print(findings.verdict_table(verdicts))
 print()
-print(findings.explain(verdicts))
+print(findings.explain(verdicts, width=110))

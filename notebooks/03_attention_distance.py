@@ -62,4 +62,4 @@ verdicts = [findings.lowest_layer_spread(per_image, ceiling), findings.distance_
 print(f"uniform attention over the {info.grid_size[0]}x{info.grid_size[1]} grid: {ceiling:.1f} px")
 print(findings.verdict_table(verdicts))
 print()
-print(findings.explain(verdicts))
+print(findings.explain(verdicts, width=110))

@@ -81,4 +81,4 @@ ro, rnd = localisation(loc_maps["rollout"], data.masks), localisation(loc_maps["
 verdicts = [findings.rollout_localises(ro["mass_in_mask"], ro["pointing"], rnd["mass_in_mask"], rnd["pointing"])]
 print(findings.verdict_table(verdicts))
 print()
-print(findings.explain(verdicts))
+print(findings.explain(verdicts, width=110))

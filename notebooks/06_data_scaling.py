@@ -75,6 +75,6 @@ try:
                                              vit="vit" if not SMOKE else "vit_tiny")]
     print(findings.verdict_table(verdicts))
     print()
-    print(findings.explain(verdicts))
+    print(findings.explain(verdicts, width=110))
 except ValueError as e:
     print(f"not judged: {e}")

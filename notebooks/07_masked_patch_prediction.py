@@ -159,7 +159,7 @@ if records:
         display(Markdown(f"**Few-shot features: {READOUT_NAMES[readout]}**\n\n" + markdown_tables(records, readout)))
     verdicts = study_verdicts(records, study.verdict_shots)
     print(verdict_table(verdicts))
-    print(explain(verdicts))
+    print(explain(verdicts, width=110))
 else:
     print(f"no records of the {study.name} study in {results}: run `vitlab mpp-study` from the repository root "
           "(about 1 h 20 min on a 2-core CPU), then run this notebook again")

@@ -335,3 +335,21 @@ def test_findings_take_the_outputs_of_the_analyses_as_they_are(vit):
     assert all(isinstance(v, Verdict) for v in verdicts)
     json.dumps([v.to_dict() for v in verdicts], allow_nan=False)
     assert len(verdict_table(verdicts).splitlines()) == len(verdicts) + 2
+
+
+def test_explain_gives_one_sentence_per_verdict_with_the_known_reason_and_wraps_on_request():
+    from vitlab.findings import KNOWN_REASONS, Verdict, explain
+
+    ok = Verdict("Fig. 7 right: distance grows with depth", "slope > 0", 0.8, (0.6, 1.0), 0.0, "reproduced",
+                 quantity="slope")
+    open_ = Verdict("Fig. 3/4: ViT gains more from data than ResNet", "gap change > 0", -0.02, (-0.1, 0.05), 0.0,
+                    "inconclusive", quantity="gap change")
+    lines = explain([ok, open_]).split("\n")
+    assert lines[0] == ("Fig. 7 right: distance grows with depth: reproduced (slope 0.8, 95% interval [0.6, 1], "
+                        "finding side > 0).")
+    assert lines[1].startswith("Fig. 3/4: ViT gains more from data than ResNet: inconclusive (gap change -0.02")
+    assert lines[1].endswith("known reason: " + KNOWN_REASONS["Fig. 3/4"])
+    wrapped = explain([ok, open_], width=60)
+    paragraphs = wrapped.split("\n\n")
+    assert len(paragraphs) == 2 and all(len(x) <= 60 for p in paragraphs for x in p.split("\n"))
+    assert [" ".join(p.split()) for p in paragraphs] == [" ".join(x.split()) for x in lines]  # same words

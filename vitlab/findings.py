@@ -658,9 +658,10 @@ KNOWN_REASONS: dict[str, str] = {
 }
 
 
-def explain(verdicts: Sequence[Verdict]) -> str:
+def explain(verdicts: Sequence[Verdict], width: int | None = None) -> str:
     """One sentence per verdict, in words that follow from the numbers: what was found and, where the paper's
-    finding does not show here, the known reason with its source."""
+    finding does not show here, the known reason with its source. ``width``: wrap each to lines of at most that many
+    characters, with a blank line between verdicts (for plain-text outputs such as a notebook's)."""
     lines = []
     for v in verdicts:
         lo, hi = v.interval
@@ -671,4 +672,8 @@ def explain(verdicts: Sequence[Verdict]) -> str:
             what = "The data cannot decide it here" if v.verdict == "inconclusive" else "Not seen on this model"
             head += f" {what}; known reason: {reason}" if reason else f" {what}."
         lines.append(head)
+    if width is not None:
+        import textwrap
+
+        return "\n\n".join(textwrap.fill(line, width) for line in lines)
     return "\n".join(lines)
