@@ -373,10 +373,7 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
     running cluster, or a local runtime with ``workers`` CPUs). Each worker gets cpu_count/workers threads.
     """
     sweep.validate()
-    if executor not in ("local", "ray"):
-        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
-    if workers < 0:
-        raise ValueError(f"workers must be >= 0, got {workers}")
+    _check_executor(executor, workers)
     store = ResultsStore(results)
     done = store.done(sweep.name, sweep.fingerprint())
     todo = [s for s in sweep.runs() if s.run_id not in done]
@@ -400,6 +397,13 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
     finally:
         bar.close()
     return new
+
+
+def _check_executor(executor: str, workers: int) -> None:
+    if executor not in ("local", "ray"):
+        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
 
 
 def _execute(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str = "local", workers: int = 1,
@@ -473,8 +477,7 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
     process)."""
     if not sweep.val_per_class:
         raise ValueError("tuning needs a validation split: set val_per_class > 0 (never tune on the test images)")
-    if executor not in ("local", "ray") or workers < 0:
-        raise ValueError(f"executor must be 'local' or 'ray' and workers >= 0, got {executor!r}, {workers}")
+    _check_executor(executor, workers)
     grid = grid or TUNING_GRID
     store = ResultsStore(results)
     spec_of = {f: RunSpec(f, max(sweep.sizes), 0) for f in sweep.families}
@@ -482,11 +485,14 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
                                                  sizes=(max(sweep.sizes),)))
               for f in sweep.families for r in grid.get(f, ((*sweep.recipe(f),),))]
 
-    def finished(trial: SweepConfig, family: str) -> dict | None:
-        rec = store.latest(trial.name, trial.fingerprint()).get(spec_of[family].run_id)
-        return rec if rec and rec["status"] == "ok" else None
+    def finished() -> dict[tuple[str, str], dict]:
+        """{(fingerprint, run id): record} of the trials whose latest record finished: one read of the store."""
+        name = f"{sweep.name}-tune"
+        latest = {(r.get("fingerprint"), r["run_id"]): r for r in store.records() if r.get("sweep") == name}
+        return {k: r for k, r in latest.items() if r["status"] == "ok"}
 
-    todo = [(trial, spec_of[f]) for f, _, trial in trials if finished(trial, f) is None]
+    done = finished()
+    todo = [(trial, spec_of[f]) for f, _, trial in trials if (trial.fingerprint(), spec_of[f].run_id) not in done]
     bar = tqdm(total=len(todo), desc=f"tune {sweep.name}", disable=progress is False)
     if progress is not False:
         print(f"tune {sweep.name}: {len(trials) - len(todo)} of {len(trials)} trials already done, skipped; "
@@ -506,8 +512,9 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
     finally:
         bar.close()
     best: dict[str, tuple[float, tuple[str, float, float]]] = {}
+    done = finished()
     for family, recipe, trial in trials:  # in grid order: the first of equal accuracies wins
-        rec = finished(trial, family)
+        rec = done.get((trial.fingerprint(), spec_of[family].run_id))
         if rec is not None and (family not in best or rec["metrics"]["best"]["val_accuracy"] > best[family][0]):
             best[family] = (rec["metrics"]["best"]["val_accuracy"], recipe)
     return dataclasses.replace(sweep, recipes=tuple((f, *best[f][1]) for f in sweep.families if f in best))
