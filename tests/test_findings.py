@@ -14,6 +14,7 @@ import torch
 from vitlab.findings import (
     Verdict,
     _spearman_resampled,
+    attention_distance_shift,
     dct_radius,
     distance_grows_with_depth,
     filters_low_frequency,
@@ -217,6 +218,36 @@ def test_distance_grows_with_depth():
     v = distance_grows_with_depth(torch.tensor(d))
     assert v.statistic == pytest.approx(0.0, abs=1e-12) and v.verdict == "inconclusive"
     assert v.interval[0] < 0 < v.interval[1]
+
+
+def test_attention_distance_shift_known_answers():
+    g = np.random.default_rng(0)
+    b = 20 + g.normal(0, 3, (4, 30, 3))  # (L, B, H)
+    # a constant +2 px on every image: the difference is exactly 2 with a zero-width interval, whatever b is
+    s = attention_distance_shift(b + 2.0, b, "a", "b")
+    assert s.overall == pytest.approx(2.0) and s.overall_interval == pytest.approx((2.0, 2.0))
+    assert s.differs == "a > b" and s.layer_differs() == ("a > b",) * 4 and s.images == 30
+    assert "a attends farther" in s.summary()
+    # only layer 0 moves (-3 px): the other layers show no difference; a has 4 heads, b 3 (each head-averaged)
+    a = np.concatenate([b, b.mean(-1, keepdims=True)], -1)  # a fourth head at the mean: the same head average
+    a[0] -= 3.0
+    s = attention_distance_shift(a, b)
+    assert s.layer_diff == pytest.approx((-3.0, 0.0, 0.0, 0.0), abs=1e-12)
+    assert s.layer_differs()[0] == "a < b" and s.overall == pytest.approx(-0.75)
+    # against an independent computation: the mean over layers and images of the head-averaged differences
+    c = b + g.normal(0.1, 1.0, b.shape)
+    s = attention_distance_shift(torch.tensor(c), torch.tensor(b))
+    assert s.overall == pytest.approx(float((c.mean(-1) - b.mean(-1)).mean()))
+    lo, hi = s.overall_interval
+    assert lo < s.overall < hi
+    # half the images +1 px, half -1 px on every layer: mean 0, an interval straddling it
+    d = b + np.tile([1.0, -1.0], 15)[None, :, None]
+    s = attention_distance_shift(d, b)
+    assert s.overall == pytest.approx(0.0, abs=1e-12) and s.differs == "no difference shown"
+    with pytest.raises(ValueError, match="same layers and images"):
+        attention_distance_shift(b[:3], b)
+    with pytest.raises(ValueError, match="per_image"):
+        attention_distance_shift(b[0], b[0])
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 6

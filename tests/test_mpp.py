@@ -171,3 +171,53 @@ def test_mpp_config_is_validated():
         dataclasses.replace(PRESETS["mpp_cifar10"], mpp_target="colour")
     with pytest.raises(ValueError, match="lookahead_every=0"):
         dataclasses.replace(PRESETS["mpp_cifar10"], lookahead_every=5)
+
+
+def test_export_ships_the_prediction_head_and_a_card_that_reproduces(tmp_path, monkeypatch, capsys):
+    import json
+
+    from _reference import make_folder
+    from safetensors.torch import load_file
+
+    from vitlab.cli import main
+    from vitlab.data import load_dataset
+    from vitlab.mpp import OBJECTIVE_NAME, load_mpp
+    from vitlab.train import evaluate_mpp
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    make_folder(tmp_path / "data" / "train", n_per_class=16, size=32, classes=("a", "b"))
+    make_folder(tmp_path / "data" / "test", n_per_class=8, size=32, classes=("a", "b"))
+    cfg = dataclasses.replace(PRESETS["mpp_cifar10"], model=dataclasses.replace(TINY, num_classes=2), epochs=2,
+                              batch_size=16, warmup_epochs=0.5, data=str(tmp_path / "data"), bf16=False)
+    train(cfg, tmp_path / "run", progress=False)
+    out = tmp_path / "shipped"
+    assert main(["export", "--run-dir", str(tmp_path / "run"), "--out", str(out),
+                 "--command-line", "vitlab train --preset mpp_cifar10"]) == 0
+    head = load_file(str(out / OBJECTIVE_NAME))
+    assert head and all(v.dtype == torch.float16 for v in head.values())  # shipped in the checkpoint's dtype
+    card = json.loads((out / "card.json").read_text())
+    assert card["objective"] == "mpp" and card["test_accuracy"] is None  # its classifier never saw a label
+    model, objective = load_mpp(out)
+    again = evaluate_mpp(model, objective, load_dataset(str(tmp_path / "data"), "test"), n=16)
+    assert card["mpp_test_images"] == 16 and again == pytest.approx(card["mpp_test"])  # the card reproduces
+    text = (out / "MODEL_CARD.md").read_text()
+    assert f"Masked-patch accuracy: {card['mpp_test']['accuracy']:.2%}" in text and "Test accuracy" not in text
+    # the shipped head is the run's, rounded to half precision
+    run_model, run_objective = load_mpp(tmp_path / "run")
+    for k, v in run_objective.state_dict().items():
+        torch.testing.assert_close(objective.state_dict()[k], v.half().float(), rtol=0, atol=0, msg=k)
+    capsys.readouterr()
+    assert main(["info", "--model", str(out)]) == 0  # a card without a test accuracy: `vitlab info` shows its own
+    assert f"{card['mpp_test']['accuracy']:.2%} masked-patch accuracy" in capsys.readouterr().out
+
+
+def test_load_mpp_names_what_is_missing(tmp_path):
+    from vitlab.checkpoint import save_checkpoint
+    from vitlab.mpp import OBJECTIVE_NAME, load_mpp
+
+    with pytest.raises(FileNotFoundError, match="mpp_cifar10"):
+        load_mpp(tmp_path / "nothing")
+    folder = save_checkpoint(vitlab.build_model(TINY), tmp_path / "supervised")
+    (folder / OBJECTIVE_NAME).write_bytes((folder / "model.safetensors").read_bytes())  # a head, but no MPP config
+    with pytest.raises(ValueError, match="objective='mpp'"):
+        load_mpp(folder)

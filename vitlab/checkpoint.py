@@ -37,6 +37,7 @@ def save_checkpoint(
     *,
     extra: dict[str, Any] | None = None,
     dtype: torch.dtype | None = None,
+    modules: dict[str, nn.Module] | None = None,
 ) -> Path:
     """Write ``model.safetensors`` + ``config.json`` into ``directory`` atomically.
 
@@ -46,6 +47,8 @@ def save_checkpoint(
     two renames leaves the previous checkpoint complete in a hidden ``.NAME.old.*`` folder beside it.) ``directory`` is replaced as a whole, so it must be new, empty or a
     vitlab checkpoint. ``dtype`` (e.g. ``torch.float16``) converts floating-point tensors for a smaller
     file. ``extra`` (JSON-serialisable) is stored in config.json and comes back as ``model.vitlab_checkpoint``.
+    ``modules`` adds one ``NAME.safetensors`` per entry (parts that live beside the model, e.g. a masked-patch-
+    prediction head), in ``dtype`` too, inside the same atomic swap.
     """
     cfg = getattr(model, "vitlab_config", None)
     if cfg is None:
@@ -63,6 +66,9 @@ def save_checkpoint(
         tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary readable folder
         save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         (tmp / WEIGHTS_NAME).chmod(0o644)
+        for name, module in (modules or {}).items():
+            save_file(_state_for_saving(module, dtype), str(tmp / f"{name}.safetensors"), metadata={"format": "pt"})
+            (tmp / f"{name}.safetensors").chmod(0o644)
         (tmp / CONFIG_NAME).write_text(text)
         replace_dir(tmp, directory)
     finally:
@@ -207,6 +213,21 @@ def model_card(model: nn.Module) -> dict[str, Any] | None:
     if card is None or not card.is_file():
         return None
     return json.loads(card.read_text())
+
+
+def card_metric(card: dict[str, Any]) -> tuple[str, float | None]:
+    """(what a card's headline number measures, its value): "test accuracy", or for an encoder pre-trained by masked
+    patch prediction (``objective="mpp"``, labels never read) "masked-patch accuracy" (None for its l2 target)."""
+    if card.get("objective", "classify") == "mpp":
+        return "masked-patch accuracy", (card.get("mpp_test") or {}).get("accuracy")
+    return "test accuracy", card.get("test_accuracy")
+
+
+def card_line(card: dict[str, Any]) -> str:
+    """``62.02% test accuracy on cifar10 test, 9 of 15 epochs`` (the headline of ``card_metric``)."""
+    name, value = card_metric(card)
+    number = f"{value:.2%} {name}" if value is not None else f"no {name}"
+    return f"{number} on {card['data']['test']}, {card['epochs_done']} of {card['epochs_planned']} epochs"
 
 
 # ---------------------------------------------------------------------------------------------- run checkpoints

@@ -19,7 +19,7 @@ def _parse_value(text: str):
 
 def cmd_info(args: argparse.Namespace) -> int:
     import vitlab
-    from vitlab.checkpoint import model_card
+    from vitlab.checkpoint import card_line, card_metric, model_card
 
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights)
     params = sum(p.numel() for p in model.parameters())
@@ -34,15 +34,15 @@ def cmd_info(args: argparse.Namespace) -> int:
     d = dataclasses.asdict(info) if info is not None else {"architecture": type(model).__name__}
     if info is not None:
         d.update(num_tokens=info.num_tokens, prefix_kinds=list(info.prefix_kinds))
-    d.update(parameters=params, weights=source, card_accuracy=card["test_accuracy"] if card else None)
+    d.update(parameters=params, weights=source, card_accuracy=card.get("test_accuracy") if card else None,
+             card_metric=card_metric(card) if card else None)
     if args.json:
         print(json.dumps(d, indent=2))
         return 0
     rows = [("model", args.model or "embedded default"), ("architecture", d["architecture"]),
             ("parameters", f"{params:,}"), ("weights", source)]
     if card:
-        rows.append(("accuracy (card)", f"{card['test_accuracy']:.2%} on {card['data']['test']} "
-                                        f"({card['epochs_done']} of {card['epochs_planned']} epochs)"))
+        rows.append(("model card", card_line(card)))
     if info is not None:
         rows += [("input", f"{info.img_size[0]}x{info.img_size[1]} px, {info.patch_size[0]}x{info.patch_size[1]} "
                            f"px patches, grid {info.grid_size[0]}x{info.grid_size[1]}"),

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vitlab.checkpoint import load_checkpoint, save_checkpoint
+from vitlab.checkpoint import card_metric, load_checkpoint, save_checkpoint
 from vitlab.data import ImageArray, load_dataset
 from vitlab.provenance import versions
 
@@ -43,45 +43,69 @@ def timm_pipeline_accuracy(model: nn.Module, data: ImageArray, batch_size: int =
 
 def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: str,
                dtype: torch.dtype = torch.float16, hardware: str | None = None, goal: float | None = None) -> dict:
-    """Write ``out`` (checkpoint + ``MODEL_CARD.md``) from the last checkpoint of ``run_dir``; returns the card facts."""
+    """Write ``out`` (checkpoint + ``MODEL_CARD.md``) from the last checkpoint of ``run_dir``; returns the card facts.
+
+    A run pre-trained by masked patch prediction (``objective="mpp"``) ships its prediction head too
+    (``objective.safetensors``, same dtype, same atomic folder swap; ``vitlab.mpp.load_mpp`` reads both), and its card
+    leads with what it learned: the masked-patch accuracy on every test image (one fixed corruption draw), measured
+    from the shipped weights. Its classification head was never trained, so it reports no test accuracy."""
     run = Path(run_dir)
     ck = run / "checkpoint"
     meta = json.loads((ck / "config.json").read_text())
     model = load_checkpoint(ck)
     train_cfg = meta["train"]
+    is_mpp = train_cfg.get("objective", "classify") == "mpp"
+    modules = None
+    if is_mpp:
+        from vitlab.mpp import load_mpp
+
+        modules = {"objective": load_mpp(run)[1]}
     test = load_dataset(train_cfg["data"], "test")
-    tmp_out = save_checkpoint(model, out, dtype=dtype, extra={
+    tmp_out = save_checkpoint(model, out, dtype=dtype, modules=modules, extra={
         "epoch": meta["epoch"], "train": train_cfg, "metrics": meta.get("metrics"), "data": meta.get("data"),
         "environment": meta.get("environment"), "train_seconds": meta.get("train_seconds")})
     shipped = load_checkpoint(tmp_out)
-    acc = timm_pipeline_accuracy(shipped, test)
     history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     history = history[-meta["epoch"]:]  # an interrupted epoch may have left no line; a restarted run, extra ones
     tta = train_cfg.get("eval_tta") or 0
-    if tta:
+    acc = acc_tta = mpp_test = None
+    if is_mpp:
+        from vitlab.mpp import load_mpp
+        from vitlab.train import evaluate_mpp
+
+        encoder, objective = load_mpp(tmp_out)
+        mpp_test = evaluate_mpp(encoder, objective, test, n=len(test))
+    else:
+        acc = timm_pipeline_accuracy(shipped, test)
+    if tta and not is_mpp:
         from vitlab.train import evaluate
 
         acc_tta = evaluate(shipped.float(), test, tta=tta)
     facts = {
         "command": command,
+        "objective": train_cfg.get("objective", "classify"),
         "epochs_done": meta["epoch"],
         "epochs_planned": train_cfg["epochs"],
         "train_seconds": meta.get("train_seconds"),
         "hardware": hardware or f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "data": meta.get("data"),
         "test_accuracy": acc,
-        "test_accuracy_tta": acc_tta if tta else None,
-        "tta_level": tta,
+        "test_accuracy_tta": acc_tta,
+        "tta_level": tta if acc_tta is not None else 0,
         "train_hours": round(sum(h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0) for h in history) / 3600, 3),
         "warm_start_from": train_cfg.get("init_from"),
         "teacher": train_cfg.get("teacher"),
         "distill": train_cfg.get("distill") if train_cfg.get("teacher") else None,
         "test_accuracy_during_training_bf16": meta.get("metrics", {}).get("test_accuracy"),
         "parameters": sum(p.numel() for p in shipped.parameters()),
-        "file_bytes": (Path(out) / "model.safetensors").stat().st_size,
+        "file_bytes": sum((Path(out) / f).stat().st_size for f in ["model.safetensors",
+                                                                   *(f"{n}.safetensors" for n in modules or {})]),
         "dtype": str(dtype).replace("torch.", ""),
         "versions": versions(),
     }
+    if is_mpp:
+        facts.update(mpp_target=train_cfg.get("mpp_target"), mpp_rate=train_cfg.get("mpp_rate"), mpp_test=mpp_test,
+                     mpp_test_images=len(test))
     from vitlab.models import DEFAULT_CHECKPOINT
 
     facts["path"] = str(out)
@@ -93,25 +117,37 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
 
 
 def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | None) -> str:
-    """Test accuracy against cumulative training hours, as a plotly PNG beside the card; returns the outcome."""
+    """Test accuracy (masked-patch accuracy for an MPP run) against cumulative training hours, as a plotly PNG
+    beside the card; returns the outcome."""
     from vitlab.plots import learning_curve
     from vitlab.static import write_images
 
+    metric, final = card_metric(facts)
+    mpp = facts.get("objective") == "mpp"
+    if mpp and final is None:
+        return "not drawn: the l2 target has no accuracy"
     hours, acc, t = [], [], 0.0
     for h in history:
         t += (h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0)) / 3600  # wall clock, evaluation included
-        if h.get("test_accuracy") is not None:
+        value = (h.get("mpp_test") or {}).get("accuracy") if mpp else h.get("test_accuracy")
+        if value is not None:
             hours.append(t)
-            acc.append(h["test_accuracy"])
+            acc.append(value)
     where = " · ".join(x for x in (facts["data"]["train"] if facts.get("data") else "", facts.get("hardware", "")) if x)
-    title = f"{path.parent.name}: test accuracy against training hours<br><sup>{where}</sup>"
-    fig = learning_curve(hours, acc, title=title, final=facts["test_accuracy"], goal=goal)
+    title = f"{path.parent.name}: {metric} against training hours<br><sup>{where}</sup>"
+    fig = learning_curve(hours, acc, title=title, final=final, goal=None if mpp else goal, metric=metric,
+                         final_label=f"as shipped ({facts['dtype']}, all {facts['mpp_test_images']} test images)"
+                         if mpp else "as shipped (fp16, timm transform)")
     return write_images([fig], [path], scale=2)
 
 
 def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> str:
     pc = model.pretrained_cfg
-    rows = "\n".join(f"| {h['epoch']} | {h['train_loss']:.4f} | {h.get('test_accuracy', float('nan')):.4f} | "
+    metric = card_metric(f)[0]
+    mpp = f.get("objective") == "mpp"
+    value = (lambda h: (h.get("mpp_test") or {}).get("accuracy")) if mpp else (lambda h: h.get("test_accuracy"))
+    rows = "\n".join(f"| {h['epoch']} | {h['train_loss']:.4f} | "
+                     f"{value(h) if value(h) is not None else float('nan'):.4f} | "
                      f"{h.get('images_per_second', '')} |" for h in history)
     done = f["epochs_done"] == f["epochs_planned"]
     tta_line = (f"\n* With test-time augmentation (level {f['tta_level']}: mirror"
@@ -121,18 +157,32 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
                   else ", from random initialisation")
     teacher_line = (f"; distilled ({f['distill']} targets) from the teacher `{f['teacher']}`" if f.get("teacher")
                     else "")
-    if train_cfg.get("objective") == "mpp":
-        tta_line += (f"\n* **Self-supervised** (masked patch prediction, target {train_cfg.get('mpp_target')}, "
-                     f"{train_cfg.get('mpp_rate'):.0%} of patches corrupted): the classification head was never "
-                     "trained, so the accuracy above is chance by construction; probe the features few-shot or "
-                     "fine-tune.")
-    return f"""# Model card: {train_cfg['model']['kind']} trained on {train_cfg['data']}
-
-* **Test accuracy: {f['test_accuracy']:.2%}** on the {f['data']['test'] if f.get('data') else 'test'} split
+    test_split = f['data']['test'] if f.get('data') else 'test'
+    if f.get("objective") == "mpp":
+        m = f["mpp_test"]
+        chance = {"color3": " (chance 0.20%)", "patch4x4": " (per 4 x 4 sub-patch colour; chance 0.20%)"}.get(
+            f["mpp_target"], "")
+        score = f"**Masked-patch accuracy: {m['accuracy']:.2%}**{chance}, " if "accuracy" in m else ""
+        what = {"color3": "3-bit mean colour", "patch4x4": "4 x 4 downsized patch in 3-bit colours",
+                "l2": "pixels (squared error)"}[f["mpp_target"]]
+        title = f"{train_cfg['model']['kind']} encoder pre-trained by masked patch prediction on {train_cfg['data']}"
+        lead = f"""* {score}loss {m['loss']:.4f}: the {what} of the corrupted patches, predicted from their output tokens,
+  on all {f['mpp_test_images']:,} images of the {test_split} split with one fixed corruption draw (seed 0;
+  {f['mpp_rate']:.0%} of patches corrupted), from the {f['dtype']} weights as shipped.
+* **Self-supervised**: labels were never read, so the classification head is untrained and the card reports no
+  test accuracy. `vitlab.load_model(path)` gives the encoder (with that head: replace or fine-tune it; a warm start
+  through `--set init_from=...` leaves it fresh); `vitlab.mpp.load_mpp(path)` gives the encoder and the prediction
+  head (`objective.safetensors`). The learning curve's points are the first 1,000 test images in bf16."""
+    else:
+        title = f"{train_cfg['model']['kind']} trained on {train_cfg['data']}"
+        lead = f"""* **Test accuracy: {f['test_accuracy']:.2%}** on the {test_split} split
   ({f['dtype']} weights as shipped, through `timm.data.resolve_data_config({{}}, model=model)` and
-  `timm.data.create_transform(**cfg)`).{tta_line}
+  `timm.data.create_transform(**cfg)`).{tta_line}"""
+    return f"""# Model card: {title}
+
+{lead}
 * Training time: {f['train_hours']:.2f} h of wall clock, evaluations included{start_line}{teacher_line}.
-* Learning curve: `learning_curve.png` (test accuracy against training hours; {f['learning_curve']}).
+* Learning curve: `learning_curve.png` ({metric} against training hours; {f['learning_curve']}).
 * Command: `{f['command']}`
 * Epochs: {f['epochs_done']} of {f['epochs_planned']} planned{'' if done else ' (the run is not finished; it resumes with --resume)'}.
 * Training wall time: {f['train_seconds']:.0f} s on {f['hardware']}.
@@ -150,9 +200,9 @@ Load it with `vitlab.load_model("{f['path']}")`{' or `vitlab.load_model()` (it i
 {json.dumps(train_cfg, indent=2)}
 ```
 
-## Per-epoch metrics (test accuracy measured in bf16 during training)
+## Per-epoch metrics ({metric} measured in bf16 during training{' on the first 1,000 test images' if mpp else ''})
 
-| epoch | train loss | test accuracy | images/s |
+| epoch | train loss | {metric} | images/s |
 |---|---|---|---|
 {rows}
 """

@@ -38,6 +38,8 @@ __all__ = [
     "uniform_attention_distance",
     "lowest_layer_spread",
     "distance_grows_with_depth",
+    "DistanceShift",
+    "attention_distance_shift",
     "rollout_localises",
     "scaling_accuracies",
     "scaling_gap_narrows",
@@ -470,6 +472,64 @@ def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEE
         "95% bootstrap over images",
         slopes.mean(), _percentile(_counts(b, n_boot, seed) @ slopes / b), 0.0, ">", "slope", "px/layer",
         {"layer_distance_px": m.mean(1), "images": b})
+
+
+@dataclass(frozen=True)
+class DistanceShift:
+    """Model a's mean attention distance minus model b's on the same images, per layer and over all layers (px),
+    each with its 95% bootstrap interval over images. ``differs``: "a > b", "a < b" or "no difference shown"
+    (the interval touches 0), per layer and overall."""
+
+    a: str
+    b: str
+    layer_diff: tuple[float, ...]
+    layer_interval: tuple[tuple[float, float], ...]
+    overall: float
+    overall_interval: tuple[float, float]
+    images: int
+
+    @staticmethod
+    def _word(interval: tuple[float, float]) -> str:
+        lo, hi = interval
+        return "a > b" if lo > 0 else "a < b" if hi < 0 else "no difference shown"
+
+    @property
+    def differs(self) -> str:
+        return self._word(self.overall_interval)
+
+    def layer_differs(self) -> tuple[str, ...]:
+        return tuple(self._word(i) for i in self.layer_interval)
+
+    def summary(self) -> str:
+        lo, hi = self.overall_interval
+        word = {"a > b": f"{self.a} attends farther", "a < b": f"{self.a} attends nearer"}.get(
+            self.differs, "no difference shown")
+        return (f"{self.a} - {self.b} mean attention distance over all layers: {_fmt(self.overall)} px "
+                f"[{_fmt(lo)}, {_fmt(hi)}] ({word}; 95% bootstrap over {self.images} images)")
+
+
+def attention_distance_shift(dist_a: Array, dist_b: Array, a: str = "a", b: str = "b", n_boot: int = N_BOOT,
+                             seed: int = SEED) -> DistanceShift:
+    """How two models' attention distances differ on the same images: not a finding of the paper, so a paired
+    difference with its interval rather than a verdict (e.g. masked-patch-prediction against supervised
+    pre-training, which the paper does not compare).
+
+    ``dist_a``, ``dist_b`` (L, B, H) px: ``mean_attention_distance(model, images, per_image=True)`` of two models of
+    the same depth on the same B images (the heads may differ in number: each is averaged over its heads). The
+    bootstrap resamples images, paired: one draw of images for both models.
+    """
+    da, db = _per_image(dist_a), _per_image(dist_b)
+    if da.shape[:2] != db.shape[:2]:
+        raise ValueError(f"the two models need the same layers and images: (L, B) {da.shape[:2]} against "
+                         f"{db.shape[:2]}")
+    diff = da.mean(-1) - db.mean(-1)  # (L, B) head-averaged, paired by image
+    n = diff.shape[1]
+    w = _counts(n, n_boot, seed)  # (R, B)
+    per_layer = w @ diff.T / n  # (R, L)
+    overall = per_layer.mean(1)  # (R,)
+    return DistanceShift(a=a, b=b, layer_diff=tuple(float(x) for x in diff.mean(1)),
+                         layer_interval=tuple(_percentile(per_layer[:, i]) for i in range(diff.shape[0])),
+                         overall=float(diff.mean()), overall_interval=_percentile(overall), images=n)
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 6

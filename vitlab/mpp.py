@@ -17,7 +17,9 @@ corruption is applied by a forward hook on ``patch_embed`` that exists only insi
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -25,9 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = ["MPP_TARGETS", "color3_targets", "patch4x4_targets", "patch_pixels", "draw_corruption",
-           "corrupted_patches", "MaskedPatchPrediction", "KEEP", "MASK", "RANDOM", "SAME"]
+           "corrupted_patches", "MaskedPatchPrediction", "KEEP", "MASK", "RANDOM", "SAME", "OBJECTIVE_NAME",
+           "load_mpp"]
 
 MPP_TARGETS = ("color3", "patch4x4", "l2")
+#: The file beside a checkpoint's ``model.safetensors`` that holds the [mask] embedding and the prediction head.
+OBJECTIVE_NAME = "objective.safetensors"
 KEEP, MASK, RANDOM, SAME = 0, 1, 2, 3  # not corrupted; [mask]; a random other patch; corrupted but left as it is
 
 
@@ -169,3 +174,28 @@ class MaskedPatchPrediction(nn.Module):
         else:
             loss = F.mse_loss(pred, target[corrupted].float())
         return loss, {"mode": mode, "source": source, "prediction": out, "target": target}
+
+
+def load_mpp(path: str | os.PathLike) -> tuple[nn.Module, MaskedPatchPrediction]:
+    """(encoder, objective) of a masked-patch-prediction checkpoint: a shipped folder (``model.safetensors``,
+    ``config.json`` and ``objective.safetensors``, as ``vitlab export`` writes it) or a training run folder (its
+    ``checkpoint/``). Target and rate come from the checkpoint's training config; both come back in float32 eval mode."""
+    from safetensors.torch import load_file
+
+    from vitlab.checkpoint import load_checkpoint
+
+    p = Path(path).expanduser()
+    folder = p / "checkpoint" if (p / "checkpoint" / OBJECTIVE_NAME).is_file() else p
+    if not (folder / OBJECTIVE_NAME).is_file():
+        raise FileNotFoundError(f"{p} holds no masked-patch-prediction head ({OBJECTIVE_NAME}): pass a run of "
+                                "`vitlab train --preset mpp_cifar10` or its export (`vitlab export --run-dir RUN --out "
+                                "FOLDER`)")
+    model = load_checkpoint(folder).float().eval()
+    train_cfg = (getattr(model, "vitlab_checkpoint", None) or {}).get("train") or {}
+    if train_cfg.get("objective") != "mpp":
+        raise ValueError(f"{folder} was not trained with objective='mpp' (its training config says "
+                         f"{train_cfg.get('objective', 'nothing')!r})")
+    objective = MaskedPatchPrediction.for_model(model, train_cfg["mpp_target"], train_cfg["mpp_rate"])
+    state = {k: v.float() for k, v in load_file(str(folder / OBJECTIVE_NAME)).items()}
+    objective.load_state_dict(state)
+    return model, objective.eval()

@@ -63,7 +63,7 @@ from vitlab.zoo import ViTConfig, cifar_vit, config_to_dict
 
 __all__ = ["MPPStudyConfig", "STUDIES", "StudyRow", "study_rows", "row_spec", "fingerprint", "pretrain_config",
            "finetune_config", "pretrain_dir", "run_study", "latest_records", "shown_records", "markdown_tables", "study_verdicts",
-           "default_results", "row_status", "scratch_model", "INITS"]
+           "default_results", "row_status", "scratch_model", "supervised_model", "INITS"]
 
 REPO = Path(__file__).resolve().parent.parent
 #: The three initialisations of the comparison, in table order.
@@ -528,6 +528,14 @@ def scratch_model(study: MPPStudyConfig, num_classes: int) -> torch.nn.Module:
 
     torch.manual_seed(study.seed)
     return build_model(with_model_classes(study.model, num_classes)).eval()
+
+
+def supervised_model(study: MPPStudyConfig) -> torch.nn.Module:
+    """The supervised initialisation as the study uses it: its checkpoint (checked against the study's shape), in
+    float32 eval mode."""
+    from vitlab.checkpoint import load_checkpoint
+
+    return load_checkpoint(_supervised_checkpoint(study)[0]).float().eval()
 
 
 def _row_metrics(study: MPPStudyConfig, row: StudyRow, run: Path | None, supervised: tuple[Path, ViTConfig, str],

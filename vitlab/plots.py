@@ -95,6 +95,32 @@ def layer_lines(values: np.ndarray, ylabel: str, title: str, spread: np.ndarray 
     return fig
 
 
+def layer_lines_by_model(values: dict[str, np.ndarray], ylabel: str, title: str,
+                         reference: tuple[float, str] | None = None) -> go.Figure:
+    """{model name: (L, H) per-head values} against depth, one colour per model: its heads as faint dots, its head
+    mean as a line; y axis from zero. ``reference`` (value, label): a dashed horizontal line."""
+    colors = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
+    fig = go.Figure()
+    top = 1.0
+    for k, (name, v) in enumerate(values.items()):
+        L, H = v.shape
+        c = colors[k % len(colors)]
+        x = np.repeat(np.arange(1, L + 1), H) + (k - (len(values) - 1) / 2) * 0.12  # side by side per layer
+        fig.add_trace(go.Scatter(x=x, y=v.reshape(-1), mode="markers", marker=dict(size=5, color=c, opacity=0.45),
+                                 name=f"{name}: heads", legendgroup=name, showlegend=False,
+                                 hovertemplate=f"{name}, layer %{{x:.0f}}: %{{y:.2f}}<extra></extra>"))
+        fig.add_trace(go.Scatter(x=np.arange(1, L + 1), y=v.mean(1), mode="lines+markers", name=name,
+                                 legendgroup=name, line=dict(color=c, width=3)))
+        top = max(top, float(np.nanmax(v)) if v.size else 1.0)
+    if reference is not None:
+        fig.add_hline(y=reference[0], line_dash="dash", line_color="grey", annotation_text=reference[1],
+                      annotation_position="top left")
+        top = max(top, reference[0])
+    fig.update_layout(title=title, xaxis_title="network depth (layer)", yaxis_title=ylabel, width=760, height=470,
+                      yaxis_range=[0, 1.12 * top], xaxis=dict(tickmode="linear", dtick=1))
+    return fig
+
+
 def filter_grid(components: np.ndarray, ratio: np.ndarray, cols: int = 7, title: str = "") -> go.Figure:
     """(k, C, P, P) filters as RGB tiles (each min-max scaled on its own), titled by explained variance."""
     k = components.shape[0]
@@ -179,17 +205,19 @@ def scaling_curves(summary: dict[str, dict[int, dict[str, float]]], title: str =
 
 
 def learning_curve(hours: Sequence[float], accuracy: Sequence[float], title: str = "", final: float | None = None,
-                   goal: float | None = 0.9) -> go.Figure:
-    """Test accuracy (fraction) against cumulative training hours, with the goal line and the shipped accuracy."""
+                   goal: float | None = 0.9, metric: str = "test accuracy",
+                   final_label: str = "as shipped (fp16, timm transform)") -> go.Figure:
+    """``metric`` (a fraction; by default test accuracy) against cumulative training hours, with the goal line and
+    the shipped model's value (``final``, labelled ``final_label``)."""
     fig = go.Figure(go.Scatter(x=list(hours), y=[100 * a for a in accuracy], mode="lines+markers",
-                               name="test accuracy after each evaluated epoch",
+                               name=f"{metric} after each evaluated epoch",
                                hovertemplate="%{x:.2f} h: %{y:.2f}%<extra></extra>"))
     if goal is not None:
         fig.add_hline(y=100 * goal, line_dash="dash", line_color="grey", annotation_text=f"goal {goal:.0%}",
                       annotation_position="top left")
     if final is not None and len(hours):
         fig.add_trace(go.Scatter(x=[hours[-1]], y=[100 * final], mode="markers", marker_symbol="star",
-                                 marker_size=14, name=f"as shipped (fp16, timm transform): {final:.2%}"))
-    fig.update_layout(title=title, xaxis_title="training hours (wall clock)", yaxis_title="test accuracy (%)",
+                                 marker_size=14, name=f"{final_label}: {final:.2%}"))
+    fig.update_layout(title=title, xaxis_title="training hours (wall clock)", yaxis_title=f"{metric} (%)",
                       yaxis_range=[0, 100], width=760, height=440, legend=dict(x=0.45, y=0.1))
     return fig

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 import vitlab
 from vitlab.atomic import replace_dir
-from vitlab.checkpoint import model_card
+from vitlab.checkpoint import card_line, model_card
 from vitlab.images import default_images, default_labels, default_source, load_images
 from vitlab.models import SHAPES_CHECKPOINT
 from vitlab.provenance import versions
@@ -62,15 +62,14 @@ def _summary(net, info, model: str | None, weights: str, images: str, n_images: 
                        f"({', '.join(info.prefix_kinds) or 'none'}), readout {info.readout}"),
              ("weights", weights)]
     if card is not None:
-        facts.append(("accuracy (model card)", f"{card['test_accuracy']:.2%} on {card['data']['test']}, "
-                                               f"{card['epochs_done']} of {card['epochs_planned']} epochs"))
+        facts.append(("model card", card_line(card)))
     facts.append(("images", f"{n_images} of {images}"))
     headline = (f"Inspection of {model or 'the embedded default'} against the findings of Dosovitskiy et al., "
                 "\"An Image is Worth 16x16 Words\" (ICLR 2021). Each verdict comes from a stated criterion and a 95% "
                 "interval; grey means the data cannot decide.")
     return {"model": str(model or "embedded default"), "headline": headline, "facts": facts,
             "config": type(cfg).__name__ if cfg is not None else None, "parameters": params,
-            "card_accuracy": card["test_accuracy"] if card else None, "vitlab": vitlab.__version__}
+            "card_accuracy": card.get("test_accuracy") if card else None, "vitlab": vitlab.__version__}
 
 
 def reproduce(model: str | None = None, images: str | None = None, out: str | os.PathLike = "out",
