@@ -39,8 +39,7 @@ model = vitlab.load_model(MODEL)
 info = vitlab.model_info(model)
 card = vitlab.checkpoint.model_card(model)  # the shipped checkpoint's card: accuracy measured on export
 if card is not None:
-    print(f"{card['path']}: {card['test_accuracy']:.2%} test accuracy on {card['data']['test']}, "
-          f"{card['epochs_done']} of {card['epochs_planned']} planned epochs")
+    print(f"{card['path']}: {vitlab.checkpoint.card_line(card)}")
 info
 
 # %% [markdown]

@@ -64,3 +64,18 @@ def test_checkpoints_readme_quotes_the_cards():
         name, value = card_metric(card)
         quoted = re.findall(rf"(\d+\.\d+)% {name}", row)
         assert quoted == [f"{100 * value:.2f}"], (row, name, value)
+
+
+def test_mpp_readme_quotes_the_study():
+    """The MPP section of data/results/README.md holds the tables and the verdicts generated from the shipped
+    records (``vitlab mpp-study --table`` prints them), not typed numbers."""
+    from vitlab.features import READOUTS
+    from vitlab.findings import verdict_table
+    from vitlab.mpp_study import STUDIES, markdown_tables, shown_records, study_verdicts
+
+    records, _ = shown_records(ResultsStore(RESULTS / "mpp_cifar10.jsonl").records(), "cifar10")
+    assert len(records) == 16 and all(r["status"] == "ok" for r in records)  # the whole study, one code version
+    readme = (RESULTS / "README.md").read_text()
+    for readout in READOUTS:
+        assert markdown_tables(records, readout) in readme, f"regenerate the {readout} table: vitlab mpp-study --table"
+    assert verdict_table(study_verdicts(records, STUDIES["cifar10"].verdict_shots)) in readme

@@ -221,3 +221,25 @@ def test_load_mpp_names_what_is_missing(tmp_path):
     (folder / OBJECTIVE_NAME).write_bytes((folder / "model.safetensors").read_bytes())  # a head, but no MPP config
     with pytest.raises(ValueError, match="objective='mpp'"):
         load_mpp(folder)
+
+
+def test_evaluate_mpp_spreads_its_images_over_a_class_ordered_split():
+    from vitlab.data import ImageArray
+    from vitlab.train import evaluate_mpp
+
+    # 40 images stored class by class (as an ImageFolder is): class c's images are filled with the value c
+    labels = torch.arange(4).repeat_interleave(10)
+    images = labels.view(-1, 1, 1, 1).expand(-1, 32, 32, 3).to(torch.uint8).contiguous()
+    data = ImageArray(images, labels, ("a", "b", "c", "d"), "class-ordered")
+    model = vitlab.build_model(dataclasses.replace(TINY, num_classes=4))
+    seen = []
+
+    class Recorder(MaskedPatchPrediction):
+        def forward(self, model, x, images01, generator, all_predictions=True):
+            seen.append(images01[:, 0, 0, 0] * 255)
+            return super().forward(model, x, images01, generator, all_predictions)
+
+    obj = Recorder.for_model(model)
+    res = evaluate_mpp(model, obj, data, n=8, batch_size=3)
+    assert torch.cat(seen).round().long().tolist() == [0, 0, 1, 1, 2, 2, 3, 3]  # i * 40 // 8: every class, evenly
+    assert res["images"] == 8 and res["spread"] == 1

@@ -106,6 +106,7 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
     if is_mpp:
         facts.update(mpp_target=train_cfg.get("mpp_target"), mpp_rate=train_cfg.get("mpp_rate"), mpp_test=mpp_test,
                      mpp_test_images=len(test))
+        facts["curve_images"], facts["curve_images_short"] = _mpp_curve_images(history, test)
     from vitlab.models import DEFAULT_CHECKPOINT
 
     facts["path"] = str(out)
@@ -114,6 +115,22 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
     (Path(out) / CARD_NAME).write_text(_card(facts, train_cfg, history, shipped))
     (Path(out) / "card.json").write_text(json.dumps(facts, indent=2) + "\n")
     return facts
+
+
+def _mpp_curve_images(history: list[dict], test: ImageArray) -> tuple[str, str]:
+    """Which test images the in-training masked-patch evaluations saw (``vitlab.train.evaluate_mpp``): a sentence
+    for the card and a few words for the learning curve's legend."""
+    last = next((h["mpp_test"] for h in reversed(history) if h.get("mpp_test")), {})
+    if last.get("spread"):
+        return f"{last['images']:,} test images spread evenly over the split", f"{last['images']:,} test images"
+    n = min(1000, len(test))
+    classes = sorted({test.classes[int(c)] for c in test.labels[:n]})
+    if len(classes) == 1:
+        return (f"the first {n:,} test images (the evaluation before it spread its images over the split): all of "
+                f"class {classes[0]!r}, since the split is stored class by class, so the curve sits apart from the "
+                "headline on all images", f"first {n:,} test images: all {classes[0]}")
+    return (f"the first {n:,} test images (the evaluation before it spread its images over the split)",
+            f"first {n:,} test images")
 
 
 def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | None) -> str:
@@ -136,6 +153,7 @@ def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | 
     where = " · ".join(x for x in (facts["data"]["train"] if facts.get("data") else "", facts.get("hardware", "")) if x)
     title = f"{path.parent.name}: {metric} against training hours<br><sup>{where}</sup>"
     fig = learning_curve(hours, acc, title=title, final=final, goal=None if mpp else goal, metric=metric,
+                         curve_label=f"during training ({facts['curve_images_short']}, bf16)" if mpp else None,
                          final_label=f"as shipped ({facts['dtype']}, all {facts['mpp_test_images']} test images)"
                          if mpp else "as shipped (fp16, timm transform)")
     return write_images([fig], [path], scale=2)
@@ -172,7 +190,8 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
 * **Self-supervised**: labels were never read, so the classification head is untrained and the card reports no
   test accuracy. `vitlab.load_model(path)` gives the encoder (with that head: replace or fine-tune it; a warm start
   through `--set init_from=...` leaves it fresh); `vitlab.mpp.load_mpp(path)` gives the encoder and the prediction
-  head (`objective.safetensors`). The learning curve's points are the first 1,000 test images in bf16."""
+  head (`objective.safetensors`). The learning curve's points are the evaluations during training, in bf16, on
+  {f['curve_images']}."""
     else:
         title = f"{train_cfg['model']['kind']} trained on {train_cfg['data']}"
         lead = f"""* **Test accuracy: {f['test_accuracy']:.2%}** on the {test_split} split

@@ -206,11 +206,12 @@ def scaling_curves(summary: dict[str, dict[int, dict[str, float]]], title: str =
 
 def learning_curve(hours: Sequence[float], accuracy: Sequence[float], title: str = "", final: float | None = None,
                    goal: float | None = 0.9, metric: str = "test accuracy",
-                   final_label: str = "as shipped (fp16, timm transform)") -> go.Figure:
+                   final_label: str = "as shipped (fp16, timm transform)", curve_label: str | None = None) -> go.Figure:
     """``metric`` (a fraction; by default test accuracy) against cumulative training hours, with the goal line and
-    the shipped model's value (``final``, labelled ``final_label``)."""
+    the shipped model's value (``final``, labelled ``final_label``); ``curve_label`` names the curve (default:
+    "METRIC after each evaluated epoch")."""
     fig = go.Figure(go.Scatter(x=list(hours), y=[100 * a for a in accuracy], mode="lines+markers",
-                               name=f"{metric} after each evaluated epoch",
+                               name=curve_label or f"{metric} after each evaluated epoch",
                                hovertemplate="%{x:.2f} h: %{y:.2f}%<extra></extra>"))
     if goal is not None:
         fig.add_hline(y=100 * goal, line_dash="dash", line_color="grey", annotation_text=f"goal {goal:.0%}",

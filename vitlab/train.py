@@ -333,17 +333,22 @@ def step_flops(model: nn.Module, x: Tensor, y: Tensor, bf16: bool = True, backwa
 @torch.no_grad()
 def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: int = 1000, batch_size: int = 250,
                  bf16: bool = False) -> dict[str, float]:
-    """Masked patch prediction on the first ``n`` images of ``data`` with a fixed draw (seed 0): the loss and, for
-    the colour targets, the share of corrupted patches whose colour class is predicted exactly."""
+    """Masked patch prediction on ``n`` images of ``data`` spread evenly over it (``i * len(data) // n``: a split
+    stored class by class, as an ImageFolder is, would give one class in its first ``n``) with a fixed draw (seed 0):
+    the loss, for the colour targets the share of corrupted patches whose colour class is predicted exactly, and
+    ``images`` (how many, with ``spread`` = 1: evenly spread; records before it have neither key and used the
+    first ``n``)."""
     from vitlab.mpp import KEEP
 
     pc = model.pretrained_cfg
     g = torch.Generator().manual_seed(0)
+    n = min(n, len(data))
+    idx = torch.arange(n) * len(data) // n  # (n,) evenly spread, all of them when n = len(data)
     losses, hits, count = [], 0, 0
     dev = next(model.parameters()).device
     with eval_mode(model), eval_mode(objective):
-        for i in range(0, min(n, len(data)), batch_size):
-            imgs = data.images[i : i + batch_size]
+        for i in range(0, n, batch_size):
+            imgs = data.images[idx[i : i + batch_size]]
             x = normalize(imgs, pc["mean"], pc["std"]).to(dev)
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
                 loss, out = objective(model, x, imgs.permute(0, 3, 1, 2).float().div(255).to(dev), g)
@@ -353,7 +358,7 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
                 pred = out["prediction"].view(*out["target"].shape, -1).argmax(-1)
                 hits += int((pred == out["target"])[corrupted].sum())
                 count += int(corrupted.sum()) * (16 if objective.target == "patch4x4" else 1)
-    res = {"loss": sum(losses) / min(n, len(data))}
+    res = {"loss": sum(losses) / n, "images": n, "spread": 1}
     if count:
         res["accuracy"] = hits / count
     return res
