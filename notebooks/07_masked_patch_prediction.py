@@ -93,7 +93,8 @@ print(f"MPP encoder: {mpp_path} (target {objective.target}, {objective.rate:.0%}
 
 # %%
 test = load_dataset(study.data, "test")
-images = test.images[:N_SHOW]  # (B, H, W, 3) uint8
+shown_idx = torch.arange(N_SHOW) * len(test) // N_SHOW  # spread over the split (stored class by class)
+images = test.images[shown_idx]  # (B, H, W, 3) uint8
 pc = model.pretrained_cfg
 x = normalize(images, pc["mean"], pc["std"])
 images01 = images.permute(0, 3, 1, 2).float() / 255
@@ -114,8 +115,9 @@ true = color3_targets(images01, p)  # (B, N)
 mode = out["mode"]
 if objective.target == "color3":
     pred = out["prediction"].argmax(-1)  # (B, N)
-    titles = [t for i in range(N_SHOW) for t in (f"image {i}", "corrupted (grey: [mask], red: random)",
-                                                 "true 3-bit colours", "predicted (corrupted patches)")]
+    names = [f"{test.classes[int(test.labels[i])]} #{int(i)}" for i in shown_idx]
+    titles = [t for name in names for t in (name, "corrupted (grey: [mask], red: random)", "true 3-bit colours",
+                                            "predicted (corrupted patches)")]
     fig = make_subplots(rows=N_SHOW, cols=4, subplot_titles=titles, horizontal_spacing=0.02, vertical_spacing=0.06)
     for i in range(N_SHOW):
         m = mode[i].view(gh, gw).numpy()

@@ -79,3 +79,28 @@ def test_mpp_readme_quotes_the_study():
     for readout in READOUTS:
         assert markdown_tables(records, readout) in readme, f"regenerate the {readout} table: vitlab mpp-study --table"
     assert verdict_table(study_verdicts(records, STUDIES["cifar10"].verdict_shots)) in readme
+
+
+def test_mpp_readme_attention_comparison_is_recomputed():
+    """The README's MPP-against-supervised inspection numbers, recomputed from the shipped checkpoints."""
+    import vitlab
+    from vitlab.findings import attention_distance_shift
+    from vitlab.images import default_images
+    from vitlab.mpp import load_mpp
+    from vitlab.mpp_study import STUDIES, supervised_model
+
+    readme = " ".join((RESULTS / "README.md").read_text().split())
+    mpp, _ = load_mpp(CHECKPOINTS / "mpp_cifar10")
+    sup = supervised_model(STUDIES["cifar10"])
+    dist = {}
+    for name, m in (("mpp", mpp), ("sup", sup)):
+        dist[name] = vitlab.mean_attention_distance(m, default_images(m)[1], per_image=True, progress=False)
+    layers = ", ".join(f"{float(x):.1f}" for x in dist["mpp"].mean((1, 2)))
+    assert f"by layer {layers} px" in readme
+    lo, hi = (f"{float(x):.1f}" for x in (dist["sup"].mean((1, 2)).min(), dist["sup"].mean((1, 2)).max()))
+    assert f"default's {lo} to {hi} px" in readme
+    s = attention_distance_shift(dist["mpp"], dist["sup"])
+    assert f"{s.overall:.2f} px [{s.overall_interval[0]:.2f}, {s.overall_interval[1]:.2f}]" in readme
+    for m in (mpp, sup):
+        score = vitlab.position_structure_score(vitlab.position_embedding_similarity(m))
+        assert f"{score:.3f}" in readme

@@ -154,7 +154,7 @@ def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | 
     title = f"{path.parent.name}: {metric} against training hours<br><sup>{where}</sup>"
     fig = learning_curve(hours, acc, title=title, final=final, goal=None if mpp else goal, metric=metric,
                          curve_label=f"during training ({facts['curve_images_short']}, bf16)" if mpp else None,
-                         final_label=f"as shipped ({facts['dtype']}, all {facts['mpp_test_images']} test images)"
+                         final_label=f"as shipped ({facts['dtype']}, all {facts['mpp_test_images']:,} test images)"
                          if mpp else "as shipped (fp16, timm transform)")
     return write_images([fig], [path], scale=2)
 
