@@ -74,10 +74,14 @@ notebook_figures()  # figures survive `jupyter nbconvert --to html`
 study = STUDIES["smoke" if SMOKE else "cifar10"]
 results = Path(RESULTS)
 main_run = pretrain_dir(study, pretrain_config(study, *study.main, study.main_epochs))
+def has_head(path: Path) -> bool:  # a shipped MPP checkpoint, or a training run folder
+    return (path / OBJECTIVE_NAME).is_file() or (path / "checkpoint" / OBJECTIVE_NAME).is_file()
+
+
 mpp_path = Path(CHECKPOINT)
-if not SMOKE and not (mpp_path / OBJECTIVE_NAME).is_file():
+if not SMOKE and not has_head(mpp_path):
     mpp_path = main_run  # the main MPP run of `vitlab mpp-study`, when it has been run on this machine
-if SMOKE or not (mpp_path / "checkpoint" / OBJECTIVE_NAME).is_file() and not (mpp_path / OBJECTIVE_NAME).is_file():
+if SMOKE or not has_head(mpp_path):
     if not SMOKE:
         print(f"no shipped MPP checkpoint ({CHECKPOINT}) and no study run ({main_run}): the smoke study instead")
     scratch_dir = Path(tempfile.mkdtemp())  # the smoke study: a small ViT on the synthetic shapes, seconds

@@ -96,3 +96,20 @@ def test_shipped_cifar_models_reproduce_card_accuracy(folder):
     assert timm_pipeline_accuracy(model, test) == pytest.approx(card["test_accuracy"], abs=1e-4)
     if card.get("test_accuracy_tta") is not None:
         assert evaluate(model.float(), test, tta=card["tta_level"]) == pytest.approx(card["test_accuracy_tta"], abs=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED_CIFAR10 / "test.zip").is_file(), reason="../shared CIFAR-10 not present")
+def test_shipped_mpp_encoder_reproduces_its_card():
+    from vitlab.data import load_cifar
+    from vitlab.mpp import load_mpp
+    from vitlab.train import evaluate_mpp
+
+    path = CHECKPOINTS / "mpp_cifar10"
+    if not (path / "model.safetensors").is_file():
+        pytest.skip("mpp_cifar10 is not shipped in this checkout")
+    card = json.loads((path / "card.json").read_text())
+    test = load_cifar("cifar10", "test")
+    got = evaluate_mpp(*load_mpp(path), test, n=len(test))
+    assert got["accuracy"] == pytest.approx(card["mpp_test"]["accuracy"], abs=1e-4)
+    assert got["loss"] == pytest.approx(card["mpp_test"]["loss"], rel=1e-4)

@@ -50,7 +50,10 @@ def test_model_card_text_matches_its_json(folder):
     card = json.loads((folder / "card.json").read_text())
     text = (folder / "MODEL_CARD.md").read_text()
     name, value = card_metric(card)
-    assert f"{name[0].upper()}{name[1:]}: {value:.2%}" in text  # Test accuracy, or an MPP encoder's masked-patch one
+    if value is None:  # an MPP encoder of the l2 target: no accuracy, its loss
+        assert f"loss {card['mpp_test']['loss']:.4f}" in text
+    else:
+        assert f"{name[0].upper()}{name[1:]}: {value:.2%}" in text  # Test accuracy, or an MPP encoder's masked-patch one
     for key in ("train", "test"):  # data sets named by name or relative path, never a machine's absolute path
         assert not Path(str(card["data"][key])).is_absolute(), card["data"][key]
 
@@ -62,6 +65,9 @@ def test_checkpoints_readme_quotes_the_cards():
         assert row is not None, f"{folder.name} missing from data/checkpoints/README.md"
         card = json.loads((folder / "card.json").read_text())
         name, value = card_metric(card)
+        if value is None:  # an MPP encoder of the l2 target: the row quotes its loss
+            assert re.findall(r"masked-patch loss (\d+\.\d+)", row) == [f"{card['mpp_test']['loss']:.4f}"], row
+            continue
         quoted = re.findall(rf"(\d+\.\d+)% {name}", row)
         assert quoted == [f"{100 * value:.2f}"], (row, name, value)
 

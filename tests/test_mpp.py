@@ -243,3 +243,47 @@ def test_evaluate_mpp_spreads_its_images_over_a_class_ordered_split():
     res = evaluate_mpp(model, obj, data, n=8, batch_size=3)
     assert torch.cat(seen).round().long().tolist() == [0, 0, 1, 1, 2, 2, 3, 3]  # i * 40 // 8: every class, evenly
     assert res["images"] == 8 and res["spread"] == 1
+
+
+def test_export_of_an_l2_run_reports_its_loss_and_an_interrupted_export_changes_nothing(tmp_path, monkeypatch):
+    import json
+
+    from _reference import make_folder
+
+    import vitlab.export as E
+    from vitlab.cli import main
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    make_folder(tmp_path / "data" / "train", n_per_class=16, size=32, classes=("a", "b"))
+    make_folder(tmp_path / "data" / "test", n_per_class=8, size=32, classes=("a", "b"))
+    cfg = dataclasses.replace(PRESETS["mpp_cifar10"], model=dataclasses.replace(TINY, num_classes=2), epochs=2,
+                              batch_size=16, warmup_epochs=0.5, data=str(tmp_path / "data"), bf16=False,
+                              mpp_target="l2")
+    train(cfg, tmp_path / "run", progress=False)
+    out = tmp_path / "shipped"
+    assert main(["export", "--run-dir", str(tmp_path / "run"), "--out", str(out), "--command-line", "l2"]) == 0
+    card = json.loads((out / "card.json").read_text())
+    assert card["mpp_target"] == "l2" and "accuracy" not in card["mpp_test"]
+    drawn = card["learning_curve"].startswith("written")  # when Chromium is here
+    assert drawn == (out / "learning_curve.png").is_file() and (drawn or card["learning_curve"].startswith("skipped"))
+    text = (out / "MODEL_CARD.md").read_text()
+    assert f"loss {card['mpp_test']['loss']:.4f}" in text and "masked-patch loss" in text and "nan" not in text
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def broken(*args, **kwargs):
+        raise KeyboardInterrupt  # e.g. Ctrl-C while the card is written
+
+    monkeypatch.setattr(E, "_card", broken)
+    with pytest.raises(KeyboardInterrupt):
+        main(["export", "--run-dir", str(tmp_path / "run"), "--out", str(out), "--command-line", "again"])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the previous export, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "data", "run", "shipped"]  # no staging left
+
+
+def test_save_checkpoint_refuses_a_module_named_like_the_weights(tmp_path):
+    from vitlab.checkpoint import save_checkpoint
+
+    model = vitlab.build_model(TINY)
+    with pytest.raises(ValueError, match="model.safetensors"):
+        save_checkpoint(model, tmp_path / "ck", modules={"model": MaskedPatchPrediction.for_model(model)})
+    assert not (tmp_path / "ck").exists()

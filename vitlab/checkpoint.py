@@ -57,7 +57,11 @@ def save_checkpoint(
             "save timm models with timm's own tools, or build the model with vitlab.build_model"
         )
     directory = Path(directory)
-    _check_replaceable(directory)
+    check_replaceable(directory)
+    clash = sorted(n for n in modules or {} if f"{n}.safetensors" == WEIGHTS_NAME or not n or "/" in n)
+    if clash:
+        raise ValueError(f"modules {clash}: each name becomes NAME.safetensors beside {WEIGHTS_NAME}; pick another "
+                         "plain name")
     text = _meta_json(model, cfg, extra)
     state = _state_for_saving(model, dtype)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -76,7 +80,7 @@ def save_checkpoint(
     return directory
 
 
-def _check_replaceable(directory: Path) -> None:
+def check_replaceable(directory: Path) -> None:
     """Refuse to replace a file or a folder that holds something other than a vitlab checkpoint."""
     if not directory.exists():
         return

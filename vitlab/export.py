@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,8 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vitlab.checkpoint import card_metric, load_checkpoint, save_checkpoint
+from vitlab.atomic import replace_dir, rmtree_quiet
+from vitlab.checkpoint import card_metric, check_replaceable, load_checkpoint, save_checkpoint
 from vitlab.data import ImageArray, load_dataset
 from vitlab.provenance import versions
 
@@ -61,9 +63,27 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
 
         modules = {"objective": load_mpp(run)[1]}
     test = load_dataset(train_cfg["data"], "test")
-    tmp_out = save_checkpoint(model, out, dtype=dtype, modules=modules, extra={
-        "epoch": meta["epoch"], "train": train_cfg, "metrics": meta.get("metrics"), "data": meta.get("data"),
-        "environment": meta.get("environment"), "train_seconds": meta.get("train_seconds")})
+    out = Path(out)
+    check_replaceable(out)  # before the work: a folder that is not a checkpoint is never replaced
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export.", dir=out.parent))
+    try:  # weights, head, card and curve are built beside ``out`` and swapped in together, or not at all
+        tmp_out = save_checkpoint(model, staging / out.name, dtype=dtype, modules=modules, extra={
+            "epoch": meta["epoch"], "train": train_cfg, "metrics": meta.get("metrics"), "data": meta.get("data"),
+            "environment": meta.get("environment"), "train_seconds": meta.get("train_seconds")})
+        facts = _measure_and_describe(run, meta, train_cfg, tmp_out, out, test, command, dtype, hardware, goal,
+                                      is_mpp, modules)
+        replace_dir(tmp_out, out)
+    finally:
+        rmtree_quiet(staging)
+    return facts
+
+
+def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path, out: Path, test: ImageArray,
+                          command: str, dtype: torch.dtype, hardware: str | None, goal: float | None, is_mpp: bool,
+                          modules: dict | None) -> dict:
+    """Measure the checkpoint written to ``tmp_out`` and write its card, card.json and learning curve there; the
+    card names ``out``, where the folder will live."""
     shipped = load_checkpoint(tmp_out)
     history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     history = history[-meta["epoch"]:]  # an interrupted epoch may have left no line; a restarted run, extra ones
@@ -98,8 +118,8 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
         "distill": train_cfg.get("distill") if train_cfg.get("teacher") else None,
         "test_accuracy_during_training_bf16": meta.get("metrics", {}).get("test_accuracy"),
         "parameters": sum(p.numel() for p in shipped.parameters()),
-        "file_bytes": sum((Path(out) / f).stat().st_size for f in ["model.safetensors",
-                                                                   *(f"{n}.safetensors" for n in modules or {})]),
+        "file_bytes": sum((tmp_out / f).stat().st_size for f in ["model.safetensors",
+                                                                 *(f"{n}.safetensors" for n in modules or {})]),
         "dtype": str(dtype).replace("torch.", ""),
         "versions": versions(),
     }
@@ -110,60 +130,70 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
     from vitlab.models import DEFAULT_CHECKPOINT
 
     facts["path"] = str(out)
-    facts["is_default"] = Path(out).resolve() == Path(DEFAULT_CHECKPOINT).resolve()
-    facts["learning_curve"] = _learning_curve(history, Path(out) / "learning_curve.png", facts, goal)
-    (Path(out) / CARD_NAME).write_text(_card(facts, train_cfg, history, shipped))
-    (Path(out) / "card.json").write_text(json.dumps(facts, indent=2) + "\n")
+    facts["is_default"] = out.resolve() == Path(DEFAULT_CHECKPOINT).resolve()
+    facts["learning_curve"] = _learning_curve(history, tmp_out / "learning_curve.png", facts, goal, out.name)
+    (tmp_out / CARD_NAME).write_text(_card(facts, train_cfg, history, shipped))
+    (tmp_out / "card.json").write_text(json.dumps(facts, indent=2) + "\n")
     return facts
 
 
 def _mpp_curve_images(history: list[dict], test: ImageArray) -> tuple[str, str]:
     """Which test images the in-training masked-patch evaluations saw (``vitlab.train.evaluate_mpp``): a sentence
     for the card and a few words for the learning curve's legend."""
-    last = next((h["mpp_test"] for h in reversed(history) if h.get("mpp_test")), {})
-    if last.get("spread"):
-        return f"{last['images']:,} test images spread evenly over the split", f"{last['images']:,} test images"
+    evals = [h["mpp_test"] for h in history if h.get("mpp_test")]
+    if not evals:
+        return "nothing: the run was not evaluated during training", "no evaluations"
+    spread = {bool(e.get("spread")) for e in evals}
+    if spread == {True}:
+        n = sorted({e["images"] for e in evals})
+        return f"{', '.join(f'{k:,}' for k in n)} test images spread evenly over the split", f"{n[-1]:,} test images"
     n = min(1000, len(test))
     classes = sorted({test.classes[int(c)] for c in test.labels[:n]})
+    first = f"the first {n:,} test images (the evaluation before it spread its images over the split)"
+    if spread == {True, False}:
+        return (f"{first} in its earlier epochs and images spread evenly over the split after (the run resumed across "
+                "the change), so the curve's points are not comparable with each other", "mixed test images")
     if len(classes) == 1:
-        return (f"the first {n:,} test images (the evaluation before it spread its images over the split): all of "
-                f"class {classes[0]!r}, since the split is stored class by class, so the curve sits apart from the "
-                "headline on all images", f"first {n:,} test images: all {classes[0]}")
-    return (f"the first {n:,} test images (the evaluation before it spread its images over the split)",
-            f"first {n:,} test images")
+        return (f"{first}: all of class {classes[0]!r}, since the split is stored class by class, so the curve sits "
+                "apart from the headline on all images", f"first {n:,} test images: all {classes[0]}")
+    return first, f"first {n:,} test images"
 
 
-def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | None) -> str:
-    """Test accuracy (masked-patch accuracy for an MPP run) against cumulative training hours, as a plotly PNG
-    beside the card; returns the outcome."""
+def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | None, name: str) -> str:
+    """Test accuracy (for an MPP run: masked-patch accuracy, or for its l2 target the masked-patch loss) against
+    cumulative training hours, as a plotly PNG beside the card; returns the outcome."""
     from vitlab.plots import learning_curve
     from vitlab.static import write_images
 
     metric, final = card_metric(facts)
     mpp = facts.get("objective") == "mpp"
-    if mpp and final is None:
-        return "not drawn: the l2 target has no accuracy"
+    loss = mpp and final is None  # the l2 target: no accuracy, its loss instead
     hours, acc, t = [], [], 0.0
     for h in history:
         t += (h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0)) / 3600  # wall clock, evaluation included
-        value = (h.get("mpp_test") or {}).get("accuracy") if mpp else h.get("test_accuracy")
+        value = ((h.get("mpp_test") or {}).get("loss" if loss else "accuracy") if mpp else h.get("test_accuracy"))
         if value is not None:
             hours.append(t)
             acc.append(value)
     where = " · ".join(x for x in (facts["data"]["train"] if facts.get("data") else "", facts.get("hardware", "")) if x)
-    title = f"{path.parent.name}: {metric} against training hours<br><sup>{where}</sup>"
+    if loss:
+        metric, final = "masked-patch loss", facts["mpp_test"]["loss"]
+    title = f"{name}: {metric} against training hours<br><sup>{where}</sup>"
     fig = learning_curve(hours, acc, title=title, final=final, goal=None if mpp else goal, metric=metric,
                          curve_label=f"during training ({facts['curve_images_short']}, bf16)" if mpp else None,
                          final_label=f"as shipped ({facts['dtype']}, all {facts['mpp_test_images']:,} test images)"
-                         if mpp else "as shipped (fp16, timm transform)")
+                         if mpp else "as shipped (fp16, timm transform)", percent=not loss)
     return write_images([fig], [path], scale=2)
 
 
 def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> str:
     pc = model.pretrained_cfg
-    metric = card_metric(f)[0]
+    metric, headline = card_metric(f)
     mpp = f.get("objective") == "mpp"
-    value = (lambda h: (h.get("mpp_test") or {}).get("accuracy")) if mpp else (lambda h: h.get("test_accuracy"))
+    key = "loss" if mpp and headline is None else "accuracy"  # the l2 target has no accuracy: its loss
+    if key == "loss":
+        metric = "masked-patch loss"
+    value = (lambda h: (h.get("mpp_test") or {}).get(key)) if mpp else (lambda h: h.get("test_accuracy"))
     rows = "\n".join(f"| {h['epoch']} | {h['train_loss']:.4f} | "
                      f"{value(h) if value(h) is not None else float('nan'):.4f} | "
                      f"{h.get('images_per_second', '')} |" for h in history)
@@ -185,8 +215,9 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
                 "l2": "pixels (squared error)"}[f["mpp_target"]]
         title = f"{train_cfg['model']['kind']} encoder pre-trained by masked patch prediction on {train_cfg['data']}"
         lead = f"""* {score}loss {m['loss']:.4f}: the {what} of the corrupted patches, predicted from their output tokens,
-  on all {f['mpp_test_images']:,} images of the {test_split} split with one fixed corruption draw (seed 0;
-  {f['mpp_rate']:.0%} of patches corrupted), from the {f['dtype']} weights as shipped.
+  on all {f['mpp_test_images']:,} images of the {test_split} split with one fixed corruption draw (seed 0, batches
+  of 250 in split order: `vitlab.train.evaluate_mpp`'s defaults; {f['mpp_rate']:.0%} of patches corrupted), from the
+  {f['dtype']} weights as shipped.
 * **Self-supervised**: labels were never read, so the classification head is untrained and the card reports no
   test accuracy. `vitlab.load_model(path)` gives the encoder (with that head: replace or fine-tune it; a warm start
   through `--set init_from=...` leaves it fresh); `vitlab.mpp.load_mpp(path)` gives the encoder and the prediction
@@ -219,7 +250,7 @@ Load it with `vitlab.load_model("{f['path']}")`{' or `vitlab.load_model()` (it i
 {json.dumps(train_cfg, indent=2)}
 ```
 
-## Per-epoch metrics ({metric} measured in bf16 during training{' on the first 1,000 test images' if mpp else ''})
+## Per-epoch metrics ({metric} measured in bf16 during training{f" on {f['curve_images_short']}" if mpp else ''})
 
 | epoch | train loss | {metric} | images/s |
 |---|---|---|---|

@@ -206,19 +206,26 @@ def scaling_curves(summary: dict[str, dict[int, dict[str, float]]], title: str =
 
 def learning_curve(hours: Sequence[float], accuracy: Sequence[float], title: str = "", final: float | None = None,
                    goal: float | None = 0.9, metric: str = "test accuracy",
-                   final_label: str = "as shipped (fp16, timm transform)", curve_label: str | None = None) -> go.Figure:
+                   final_label: str = "as shipped (fp16, timm transform)", curve_label: str | None = None,
+                   percent: bool = True) -> go.Figure:
     """``metric`` (a fraction; by default test accuracy) against cumulative training hours, with the goal line and
     the shipped model's value (``final``, labelled ``final_label``); ``curve_label`` names the curve (default:
-    "METRIC after each evaluated epoch")."""
-    fig = go.Figure(go.Scatter(x=list(hours), y=[100 * a for a in accuracy], mode="lines+markers",
+    "METRIC after each evaluated epoch"). ``percent=False``: a metric that is not a fraction (e.g. a loss), drawn
+    as it is on an automatic y range."""
+    k = 100 if percent else 1
+    fig = go.Figure(go.Scatter(x=list(hours), y=[k * a for a in accuracy], mode="lines+markers",
                                name=curve_label or f"{metric} after each evaluated epoch",
-                               hovertemplate="%{x:.2f} h: %{y:.2f}%<extra></extra>"))
+                               hovertemplate="%{x:.2f} h: %{y:.2f}" + ("%" if percent else "") + "<extra></extra>"))
     if goal is not None:
-        fig.add_hline(y=100 * goal, line_dash="dash", line_color="grey", annotation_text=f"goal {goal:.0%}",
+        fig.add_hline(y=k * goal, line_dash="dash", line_color="grey", annotation_text=f"goal {goal:.0%}",
                       annotation_position="top left")
     if final is not None and len(hours):
-        fig.add_trace(go.Scatter(x=[hours[-1]], y=[100 * final], mode="markers", marker_symbol="star",
-                                 marker_size=14, name=f"{final_label}: {final:.2%}"))
-    fig.update_layout(title=title, xaxis_title="training hours (wall clock)", yaxis_title=f"{metric} (%)",
-                      yaxis_range=[0, 100], width=760, height=440, legend=dict(x=0.45, y=0.1))
+        fig.add_trace(go.Scatter(x=[hours[-1]], y=[k * final], mode="markers", marker_symbol="star",
+                                 marker_size=14, name=f"{final_label}: {final:.2%}" if percent else
+                                 f"{final_label}: {final:.4f}"))
+    fig.update_layout(title=title, xaxis_title="training hours (wall clock)",
+                      yaxis_title=f"{metric} (%)" if percent else metric, width=760, height=440,
+                      legend=dict(x=0.45, y=0.1))
+    if percent:
+        fig.update_yaxes(range=[0, 100])
     return fig
