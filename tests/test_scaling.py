@@ -90,7 +90,7 @@ def test_summarise_means_and_spreads_over_seeds():
                    rec("bit", 100, 0, 0.9, status="failed")], shots=10)
     assert set(s) == {"vit"} and list(s["vit"]) == [50, 100]
     assert s["vit"][100]["mean"] == pytest.approx(0.6) and s["vit"][100]["std"] == pytest.approx(0.1414213, 1e-5)
-    assert s["vit"][50] == {"mean": 0.4, "std": 0.0, "n": 1}
+    assert s["vit"][50] == {"mean": 0.4, "std": 0.0, "n": 1, "values": [0.4]}
 
 
 def test_sweep_config_is_checked():
@@ -159,3 +159,17 @@ def test_every_family_gets_a_training_config_with_the_sweeps_classes():
         cfg = _train_config(sweep, RunSpec("vit", n, 0), n)
         assert (cfg.epochs, cfg.eval_every) == (epochs, every) and cfg.keep_best
         assert len([e for e in range(cfg.epochs) if (e + 1) % every == 0 or e + 1 == epochs]) <= sweep.max_evals
+
+
+def test_percent_cell_known_answers_and_the_sweep_table_uses_it():
+    from vitlab.scaling import markdown_table, summarise
+    from vitlab.stats import percent_cell
+
+    assert percent_cell([0.5]) == "50.0 ± 0.0"
+    assert percent_cell([0.40, 0.42, 0.44]) == "42.0 ± 2.0"  # sample std of 40, 42, 44 is 2
+    assert percent_cell([0.1, 0.2]) == "15.0 ± 7.1"  # sqrt(50) = 7.07
+    with pytest.raises(ValueError, match="no values"):
+        percent_cell([])
+    recs = [{"status": "ok", "spec": {"family": "vit", "size": 250}, "metrics": {"few_shot": {"10": {"mean": m}}}}
+            for m in (0.40, 0.42, 0.44)]
+    assert markdown_table(summarise(recs, 10)) == "| family | 250 |\n|---|---|\n| vit | 42.0 ± 2.0 |"

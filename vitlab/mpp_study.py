@@ -39,7 +39,6 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
-import math
 import os
 import sys
 import tempfile
@@ -59,6 +58,7 @@ from vitlab.findings import few_shot_key
 from vitlab.mpp import MPP_TARGETS
 from vitlab.probe import DEFAULT_L2
 from vitlab.provenance import code_hash, provenance
+from vitlab.stats import percent_cell
 from vitlab.zoo import ViTConfig, cifar_vit, config_to_dict
 
 __all__ = ["MPPStudyConfig", "STUDIES", "StudyRow", "study_rows", "row_spec", "fingerprint", "pretrain_config",
@@ -556,14 +556,6 @@ def _row_metrics(study: MPPStudyConfig, row: StudyRow, run: Path | None, supervi
 # ---------------------------------------------------------------------------------------------- tables, verdicts
 
 
-def _cell(values: Sequence[float]) -> str:
-    """"mean ± std" in % (sample std; "± 0.0" for one value)."""
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    return f"{100 * mean:.1f} ± {100 * std:.1f}"
-
-
 def _init_label(spec: dict[str, Any]) -> str:
     init = spec["init"]
     if init == "scratch":
@@ -600,10 +592,10 @@ def markdown_tables(records: Sequence[dict], readout: str = "model") -> str:
                 "|---|" + "---|" * (len(shots) + 1)]
         for i in comp:
             label = _init_label((few.get(i) or fine[i][0])["spec"]["init"])
-            cells = [_cell(few[i]["metrics"][key][str(k)]["per_seed"])
+            cells = [percent_cell(few[i]["metrics"][key][str(k)]["per_seed"])
                      if i in few and str(k) in few[i]["metrics"][key] else "" for k in shots]
             tune = sorted(fine.get(i, []), key=lambda r: r["seed"])
-            cells.append(_cell([r["metrics"]["test_accuracy"] for r in tune]) + f" (n={len(tune)})" if tune else "")
+            cells.append(percent_cell([r["metrics"]["test_accuracy"] for r in tune]) + f" (n={len(tune)})" if tune else "")
             out.append(f"| {label} | " + " | ".join(cells) + " |")
     abl = [r for i, r in few.items() if i.startswith("ablation:")]
     if abl:
@@ -615,7 +607,7 @@ def markdown_tables(records: Sequence[dict], readout: str = "model") -> str:
                 "|---|---|---|" + "---|" * len(shots)]
         for r in abl:
             p = r["spec"]["init"]["pretrain"]
-            cells = [_cell(r["metrics"][key][str(k)]["per_seed"]) if str(k) in r["metrics"][key] else ""
+            cells = [percent_cell(r["metrics"][key][str(k)]["per_seed"]) if str(k) in r["metrics"][key] else ""
                      for k in shots]
             out.append(f"| {p['mpp_target']} | {100 * p['mpp_rate']:g}% | {p['epochs']} ep. | " + " | ".join(cells)
                        + " |")

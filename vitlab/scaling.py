@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from vitlab.data import ImageArray, load_dataset, nested_subsets
 from vitlab.probe import DEFAULT_L2
 from vitlab.provenance import provenance
+from vitlab.stats import percent_cell
 from vitlab.zoo import BiTConfig, HybridConfig, ViTConfig, cifar_bit, cifar_vit
 
 __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "TUNING_GRID", "run_one", "run_sweep",
@@ -444,7 +445,8 @@ def _execute(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str 
 
 
 def summarise(records: Sequence[dict], shots: int = 10) -> dict[str, dict[int, dict[str, float]]]:
-    """{family: {size: {"mean", "std", "n"}}} of the ``shots``-shot accuracy over seeds (ok runs only)."""
+    """{family: {size: {"mean", "std", "n", "values"}}} of the ``shots``-shot accuracy over seeds (ok runs only;
+    sample std)."""
     import numpy as np
 
     acc: dict[str, dict[int, list[float]]] = {}
@@ -453,8 +455,8 @@ def summarise(records: Sequence[dict], shots: int = 10) -> dict[str, dict[int, d
             continue
         acc.setdefault(r["spec"]["family"], {}).setdefault(r["spec"]["size"], []).append(
             r["metrics"]["few_shot"][str(shots)]["mean"])
-    return {fam: {n: {"mean": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, "n": len(v)}
-                  for n, v in sorted(by.items())} for fam, by in acc.items()}
+    return {fam: {n: {"mean": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, "n": len(v),
+                      "values": list(v)} for n, v in sorted(by.items())} for fam, by in acc.items()}
 
 
 #: The tuning grid per family: (optimizer, lr, weight decay). The paper trains ResNets with Adam (App. D.1: slightly
@@ -531,11 +533,12 @@ def summarise_compute(records: Sequence[dict]) -> dict[str, dict[int, float]]:
 
 
 def markdown_table(summary: dict[str, dict[int, dict[str, float]]]) -> str:
-    """The README table of a sweep: one row per family, one column per size, "mean ± std" in % over seeds."""
+    """The README table of a sweep: one row per family, one column per size, "mean ± std" in % over seeds
+    (``vitlab.stats.percent_cell`` of ``summarise``'s values)."""
     sizes = sorted({n for by in summary.values() for n in by})
     lines = ["| family | " + " | ".join(f"{n:,}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
     for fam, by in summary.items():
-        cells = [f"{100 * by[n]['mean']:.1f} ± {100 * by[n]['std']:.1f}" if n in by else "" for n in sizes]
+        cells = [percent_cell(by[n]["values"]) if n in by else "" for n in sizes]
         lines.append(f"| {fam} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

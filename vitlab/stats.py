@@ -1,11 +1,15 @@
-"""Small statistics shared by the analyses: average ranks and Spearman's rank correlation, batched."""
+"""Small statistics shared by the analyses: average ranks and Spearman's rank correlation, batched; the "mean ±
+std" cell of the results tables."""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["average_ranks", "spearman"]
+__all__ = ["average_ranks", "spearman", "percent_cell"]
 
 
 def average_ranks(x: Tensor) -> Tensor:
@@ -28,3 +32,14 @@ def spearman(a: Tensor, b: Tensor) -> Tensor:
     ra, rb = ra - ra.mean(1, keepdim=True), rb - rb.mean(1, keepdim=True)
     den = (ra.norm(dim=1) * rb.norm(dim=1)).clamp_min(1e-300)
     return (ra * rb).sum(1) / den
+
+
+def percent_cell(values: Sequence[float]) -> str:
+    """``"mean ± std"`` of fractions, in % to one decimal (sample std, ddof 1; ``± 0.0`` for one value): the cell
+    of the sweep's and the MPP study's README tables."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("no values to summarise")
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return f"{100 * mean:.1f} ± {100 * std:.1f}"
