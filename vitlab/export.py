@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -54,14 +55,16 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
     run = Path(run_dir)
     ck = run / "checkpoint"
     meta = json.loads((ck / "config.json").read_text())
-    model = load_checkpoint(ck)
     train_cfg = meta["train"]
     is_mpp = train_cfg.get("objective", "classify") == "mpp"
     modules = None
     if is_mpp:
         from vitlab.mpp import load_mpp
 
-        modules = {"objective": load_mpp(run)[1]}
+        model, head = load_mpp(run)  # the encoder and its prediction head, both shipped
+        modules = {"objective": head}
+    else:
+        model = load_checkpoint(ck)
     test = load_dataset(train_cfg["data"], "test")
     out = Path(out)
     check_replaceable(out)  # before the work: a folder that is not a checkpoint is never replaced
@@ -84,7 +87,6 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
                           modules: dict | None) -> dict:
     """Measure the checkpoint written to ``tmp_out`` and write its card, card.json and learning curve there; the
     card names ``out``, where the folder will live."""
-    shipped = load_checkpoint(tmp_out)
     history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     history = history[-meta["epoch"]:]  # an interrupted epoch may have left no line; a restarted run, extra ones
     tta = train_cfg.get("eval_tta") or 0
@@ -93,9 +95,10 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         from vitlab.mpp import load_mpp
         from vitlab.train import evaluate_mpp
 
-        encoder, objective = load_mpp(tmp_out)
-        mpp_test = evaluate_mpp(encoder, objective, test, n=len(test))
+        shipped, objective = load_mpp(tmp_out)  # the shipped encoder and head, read back
+        mpp_test = evaluate_mpp(shipped, objective, test, n=len(test))
     else:
+        shipped = load_checkpoint(tmp_out)
         acc = timm_pipeline_accuracy(shipped, test)
     if tta and not is_mpp:
         from vitlab.train import evaluate
@@ -159,41 +162,47 @@ def _mpp_curve_images(history: list[dict], test: ImageArray) -> tuple[str, str]:
     return first, f"first {n:,} test images"
 
 
+def _series(facts: dict) -> tuple[str, Callable[[dict], float | None], float | None, bool]:
+    """What the learning curve and the per-epoch table show: (name, its value in a metrics.jsonl line, the shipped
+    model's value, whether it is a fraction). Test accuracy; for an MPP run the masked-patch accuracy, or for its l2
+    target (no accuracy) the masked-patch loss."""
+    metric, final = card_metric(facts)
+    if facts.get("objective") != "mpp":
+        return metric, lambda h: h.get("test_accuracy"), final, True
+    key = "accuracy" if final is not None else "loss"
+    if key == "loss":
+        metric, final = "masked-patch loss", facts["mpp_test"]["loss"]
+    return metric, lambda h: (h.get("mpp_test") or {}).get(key), final, key == "accuracy"
+
+
 def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | None, name: str) -> str:
     """Test accuracy (for an MPP run: masked-patch accuracy, or for its l2 target the masked-patch loss) against
     cumulative training hours, as a plotly PNG beside the card; returns the outcome."""
     from vitlab.plots import learning_curve
     from vitlab.static import write_images
 
-    metric, final = card_metric(facts)
+    metric, value_of, final, percent = _series(facts)
     mpp = facts.get("objective") == "mpp"
-    loss = mpp and final is None  # the l2 target: no accuracy, its loss instead
     hours, acc, t = [], [], 0.0
     for h in history:
         t += (h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0)) / 3600  # wall clock, evaluation included
-        value = ((h.get("mpp_test") or {}).get("loss" if loss else "accuracy") if mpp else h.get("test_accuracy"))
+        value = value_of(h)
         if value is not None:
             hours.append(t)
             acc.append(value)
     where = " · ".join(x for x in (facts["data"]["train"] if facts.get("data") else "", facts.get("hardware", "")) if x)
-    if loss:
-        metric, final = "masked-patch loss", facts["mpp_test"]["loss"]
     title = f"{name}: {metric} against training hours<br><sup>{where}</sup>"
     fig = learning_curve(hours, acc, title=title, final=final, goal=None if mpp else goal, metric=metric,
                          curve_label=f"during training ({facts['curve_images_short']}, bf16)" if mpp else None,
                          final_label=f"as shipped ({facts['dtype']}, all {facts['mpp_test_images']:,} test images)"
-                         if mpp else "as shipped (fp16, timm transform)", percent=not loss)
+                         if mpp else "as shipped (fp16, timm transform)", percent=percent)
     return write_images([fig], [path], scale=2)
 
 
 def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> str:
     pc = model.pretrained_cfg
-    metric, headline = card_metric(f)
+    metric, value, _, _ = _series(f)
     mpp = f.get("objective") == "mpp"
-    key = "loss" if mpp and headline is None else "accuracy"  # the l2 target has no accuracy: its loss
-    if key == "loss":
-        metric = "masked-patch loss"
-    value = (lambda h: (h.get("mpp_test") or {}).get(key)) if mpp else (lambda h: h.get("test_accuracy"))
     rows = "\n".join(f"| {h['epoch']} | {h['train_loss']:.4f} | "
                      f"{value(h) if value(h) is not None else float('nan'):.4f} | "
                      f"{h.get('images_per_second', '')} |" for h in history)

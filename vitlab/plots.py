@@ -70,6 +70,19 @@ def heatmap_over_image(image: np.ndarray, grid_map: np.ndarray, title: str = "")
     return fig
 
 
+def _depth_layout(fig: go.Figure, top: float, ylabel: str, title: str,
+                  reference: tuple[float, str] | None) -> go.Figure:
+    """The layout of a per-layer figure: layers on x, y from zero to above ``top`` (and the reference line's value,
+    drawn dashed with its label when given)."""
+    if reference is not None:
+        fig.add_hline(y=reference[0], line_dash="dash", line_color="grey", annotation_text=reference[1],
+                      annotation_position="top left")
+        top = max(top, reference[0])
+    fig.update_layout(title=title, xaxis_title="network depth (layer)", yaxis_title=ylabel, width=760, height=470,
+                      yaxis_range=[0, 1.12 * top], xaxis=dict(tickmode="linear", dtick=1))
+    return fig
+
+
 def layer_lines(values: np.ndarray, ylabel: str, title: str, spread: np.ndarray | None = None,
                 reference: tuple[float, str] | None = None) -> go.Figure:
     """(L, H) per-head values against depth: one dot per head, the head mean as a line; y axis from zero.
@@ -86,13 +99,7 @@ def layer_lines(values: np.ndarray, ylabel: str, title: str, spread: np.ndarray 
                              line=dict(color="black"),
                              error_y=None if spread is None else dict(type="data", array=spread, visible=True)))
     top = float(np.nanmax(values)) if values.size else 1.0
-    if reference is not None:
-        fig.add_hline(y=reference[0], line_dash="dash", line_color="grey", annotation_text=reference[1],
-                      annotation_position="top left")
-        top = max(top, reference[0])
-    fig.update_layout(title=title, xaxis_title="network depth (layer)", yaxis_title=ylabel, width=760, height=470,
-                      yaxis_range=[0, 1.12 * top], xaxis=dict(tickmode="linear", dtick=1))
-    return fig
+    return _depth_layout(fig, top, ylabel, title, reference)
 
 
 def layer_lines_by_model(values: dict[str, np.ndarray], ylabel: str, title: str,
@@ -112,13 +119,7 @@ def layer_lines_by_model(values: dict[str, np.ndarray], ylabel: str, title: str,
         fig.add_trace(go.Scatter(x=np.arange(1, L + 1), y=v.mean(1), mode="lines+markers", name=name,
                                  legendgroup=name, line=dict(color=c, width=3)))
         top = max(top, float(np.nanmax(v)) if v.size else 1.0)
-    if reference is not None:
-        fig.add_hline(y=reference[0], line_dash="dash", line_color="grey", annotation_text=reference[1],
-                      annotation_position="top left")
-        top = max(top, reference[0])
-    fig.update_layout(title=title, xaxis_title="network depth (layer)", yaxis_title=ylabel, width=760, height=470,
-                      yaxis_range=[0, 1.12 * top], xaxis=dict(tickmode="linear", dtick=1))
-    return fig
+    return _depth_layout(fig, top, ylabel, title, reference)
 
 
 def filter_grid(components: np.ndarray, ratio: np.ndarray, cols: int = 7, title: str = "") -> go.Figure:
