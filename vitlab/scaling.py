@@ -288,11 +288,13 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
     train_cpu = time.process_time() - cpu0
     model.eval()
     from vitlab.data import normalize
+    from vitlab.precision import use_bf16
     from vitlab.train import step_flops
 
     pc = model.pretrained_cfg
     xb = normalize(subset.images[: cfg.batch_size], pc["mean"], pc["std"])
-    flops_per_step = step_flops(vitlab_build(cfg.model), xb, subset.labels[: cfg.batch_size], bf16=cfg.bf16)
+    flops_per_step = step_flops(vitlab_build(cfg.model), xb, subset.labels[: cfg.batch_size],
+                                bf16=use_bf16(cfg.bf16, xb.device))  # the same count, at the training's speed
     steps = cfg.epochs * (spec.size // cfg.batch_size)
     probe_train = _classes(full_train, sweep.probe_classes, sweep.probe_pool_per_class, seed=spec.seed)
     probe_test = _classes(full_test, sweep.probe_classes, sweep.probe_test_per_class, seed=0)

@@ -38,6 +38,7 @@ from vitlab.finetune import resample_grid
 from vitlab.info import model_info
 from vitlab.lookahead import Lookahead
 from vitlab.modes import eval_mode, explicit_attention
+from vitlab.precision import use_bf16
 from vitlab.provenance import provenance
 from vitlab.zoo import (
     CIFAR_PRE,
@@ -153,12 +154,12 @@ class TrainConfig:
                                  "None for other models")
 
 
-#: The distillation teacher's checkpoint (``vitlab train --preset resnet_cifar10`` exported there).
-TEACHER_CIFAR10 = "data/checkpoints/resnet_cifar10"
+#: The distillation teacher's checkpoint (``vitlab train --preset resnet_cifar10_fast`` exported there).
+TEACHER_CIFAR10 = "data/checkpoints/resnet_cifar10_fast"
 
 PRESETS: dict[str, TrainConfig] = {
     # The default ViT for 32 px images: ViT-Lite-7/4 of the CCT paper (4 px patches, 64 tokens, 7 blocks, 256 wide)
-    # with DeiT's distillation token, learning from the resnet_cifar10 teacher's hard decisions; half of the patch
+    # with DeiT's distillation token, learning from the resnet_cifar10_fast teacher's hard decisions; half of the patch
     # tokens dropped at random in training (2x the images/s on CPU; evaluation sees all of them). 75 epochs fit the
     # 5-hour CPU budget at the measured speed; mixup/cutmix on half the batches (a short schedule for a DeiT recipe).
     "vit_cifar10": TrainConfig(model=cifar_vit(distilled=True, patch_drop_rate=0.5), epochs=75, batch_size=256,
@@ -569,11 +570,15 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     if start_epoch >= cfg.epochs and progress and d.main:
         tqdm.write(f"{run} is finished: all {cfg.epochs} epochs are done (export it with vitlab export, or start a "
                    "new run folder to train longer)")
+    bf16 = use_bf16(cfg.bf16, d.device)
+    if cfg.bf16 and not bf16 and progress and d.main:
+        tqdm.write(f"bf16 autocast is slow on this {d.device.type} (no native bf16: an AVX2-only CPU); training in "
+                   "float32 instead (the run records which precision each epoch used)")
     model.train()
     try:
         with explicit_attention(model, cfg.explicit_attention and d.device.type == "cpu"):
             _epochs(cfg, run, d, model, net, opt, ema, teacher, mixup, train_data, test_data, start_epoch, elapsed,
-                    steps_per_epoch, progress, objective)
+                    steps_per_epoch, progress, objective, bf16)
     finally:
         if teacher is not None:
             model.set_distilled_training(False)
@@ -613,7 +618,8 @@ def _distill_loss(logits: Tensor, dist_logits: Tensor, teacher_logits: Tensor, t
 def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Module, opt: torch.optim.Optimizer,
             ema: nn.Module | None, teacher: nn.Module | None, mixup: Any, train_data: ImageArray,
             test_data: ImageArray, start_epoch: int, elapsed: float, steps_per_epoch: int, progress: bool,
-            objective: nn.Module | None = None) -> None:
+            objective: nn.Module | None = None, bf16: bool = False) -> None:
+    """The epochs from ``start_epoch``; ``bf16``: autocast to bfloat16 (``cfg.bf16`` where it is fast)."""
     from tqdm.auto import tqdm
 
     pc = model.pretrained_cfg
@@ -622,7 +628,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
     total, warmup = cfg.epochs * steps_per_epoch, int(cfg.warmup_epochs * steps_per_epoch)
     per_rank = cfg.batch_size // d.world
     mine = slice(d.rank * per_rank, (d.rank + 1) * per_rank)
-    amp = dict(device_type=d.device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
+    amp = dict(device_type=d.device.type, dtype=torch.bfloat16, enabled=bf16)
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
     for epoch in range(start_epoch, cfg.epochs):
         t0 = time.time()
@@ -692,19 +698,20 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
         elapsed += time.time() - t0
         record: dict[str, Any] = {"epoch": epoch + 1, "train_loss": _mean_over_ranks(loss_sum / seen, d),
                                   "lr": lr, "epoch_seconds": round(time.time() - t0, 2),
-                                  "images_per_second": round(seen * d.world / (time.time() - t0), 1)}
+                                  "images_per_second": round(seen * d.world / (time.time() - t0), 1),
+                                  "precision": "bf16" if bf16 else "fp32"}
         if d.main:
             last = epoch + 1 == cfg.epochs
             t_eval = time.time()
             due = bool(cfg.eval_every) and ((epoch + 1) % cfg.eval_every == 0 or last)
             if due and objective is not None:
-                record["mpp_test"] = evaluate_mpp(model, objective, test_data, bf16=cfg.bf16)
+                record["mpp_test"] = evaluate_mpp(model, objective, test_data, bf16=bf16)
             elif due:
-                record["test_accuracy"] = evaluate(model, test_data, bf16=cfg.bf16)
+                record["test_accuracy"] = evaluate(model, test_data, bf16=bf16)
                 if ema is not None:
-                    record["test_accuracy_ema"] = evaluate(ema.module, test_data, bf16=cfg.bf16)
+                    record["test_accuracy_ema"] = evaluate(ema.module, test_data, bf16=bf16)
                 if cfg.eval_tta and last:
-                    record["test_accuracy_tta"] = evaluate(model, test_data, bf16=cfg.bf16, tta=cfg.eval_tta)
+                    record["test_accuracy_tta"] = evaluate(model, test_data, bf16=bf16, tta=cfg.eval_tta)
             record["eval_seconds"] = round(time.time() - t_eval, 2)
             if cfg.keep_best and record.get("test_accuracy") is not None:
                 best_file = run / "best" / "config.json"
