@@ -55,7 +55,8 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
     run = Path(run_dir)
     ck = run / "checkpoint"
     meta = json.loads((ck / "config.json").read_text())
-    train_cfg = meta["train"]
+    train_cfg = {**meta["train"], **{k: _portable(meta["train"][k]) for k in ("data", "init_from", "teacher")
+                                     if k in meta["train"]}}  # as the card and the shipped config name them
     is_mpp = train_cfg.get("objective", "classify") == "mpp"
     modules = None
     if is_mpp:
@@ -65,7 +66,7 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
         modules = {"objective": head}
     else:
         model = load_checkpoint(ck)
-    test = load_dataset(train_cfg["data"], "test")
+    test = load_dataset(meta["train"]["data"], "test")
     out = Path(out)
     check_replaceable(out)  # before the work: a folder that is not a checkpoint is never replaced
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -116,10 +117,11 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "test_accuracy_tta": acc_tta,
         "tta_level": tta if acc_tta is not None else 0,
         "train_hours": round(sum(h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0) for h in history) / 3600, 3),
-        "warm_start_from": train_cfg.get("init_from"),
-        "teacher": train_cfg.get("teacher"),
+        "warm_start_from": _portable(train_cfg.get("init_from")),
+        "teacher": _portable(train_cfg.get("teacher")),
         "distill": train_cfg.get("distill") if train_cfg.get("teacher") else None,
-        "test_accuracy_during_training_bf16": meta.get("metrics", {}).get("test_accuracy"),
+        "test_accuracy_during_training": meta.get("metrics", {}).get("test_accuracy"),
+        "training_precision": _precision(history, train_cfg),
         "parameters": sum(p.numel() for p in shipped.parameters()),
         "file_bytes": sum((tmp_out / f).stat().st_size for f in ["model.safetensors",
                                                                  *(f"{n}.safetensors" for n in modules or {})]),
@@ -132,7 +134,7 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         facts["curve_images"], facts["curve_images_short"] = _mpp_curve_images(history, test)
     from vitlab.models import DEFAULT_CHECKPOINT
 
-    facts["path"] = str(out)
+    facts["path"] = _portable(str(Path(out).absolute()))
     facts["is_default"] = out.resolve() == Path(DEFAULT_CHECKPOINT).resolve()
     facts["learning_curve"] = _learning_curve(history, tmp_out / "learning_curve.png", facts, goal, out.name)
     (tmp_out / CARD_NAME).write_text(_card(facts, train_cfg, history, shipped))
@@ -193,10 +195,30 @@ def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | 
     where = " · ".join(x for x in (facts["data"]["train"] if facts.get("data") else "", facts.get("hardware", "")) if x)
     title = f"{name}: {metric} against training hours<br><sup>{where}</sup>"
     fig = learning_curve(hours, acc, title=title, final=final, goal=None if mpp else goal, metric=metric,
-                         curve_label=f"during training ({facts['curve_images_short']}, bf16)" if mpp else None,
+                         curve_label=f"during training ({facts['curve_images_short']}, {facts['training_precision']})"
+                         if mpp else None,
                          final_label=f"as shipped ({facts['dtype']}, all {facts['mpp_test_images']:,} test images)"
                          if mpp else "as shipped (fp16, timm transform)", percent=percent)
     return write_images([fig], [path], scale=2)
+
+
+def _portable(path: str | None) -> str | None:
+    """A path as a card names it (``vitlab.data.portable_source``: relative to the checkout or the working
+    directory, never this machine's absolute path); names and relative paths stay as they are."""
+    from vitlab.data import portable_source
+
+    return portable_source(path) if isinstance(path, str) and os.path.isabs(path) else path
+
+
+def _precision(history: list[dict], train_cfg: dict) -> str:
+    """The precision the epochs ran in: "bf16", "fp32", or both in epoch order ("bf16, then fp32") for a run resumed
+    on a machine without fast bf16 (vitlab.precision); epochs recorded before the field existed ran as configured."""
+    seen: list[str] = []
+    for h in history:
+        p = h.get("precision", "bf16" if train_cfg.get("bf16", True) else "fp32")
+        if not seen or seen[-1] != p:
+            seen.append(p)
+    return ", then ".join(seen) or ("bf16" if train_cfg.get("bf16", True) else "fp32")
 
 
 def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> str:
@@ -230,7 +252,8 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
 * **Self-supervised**: labels were never read, so the classification head is untrained and the card reports no
   test accuracy. `vitlab.load_model(path)` gives the encoder (with that head: replace or fine-tune it; a warm start
   through `--set init_from=...` leaves it fresh); `vitlab.mpp.load_mpp(path)` gives the encoder and the prediction
-  head (`objective.safetensors`). The learning curve's points are the evaluations during training, in bf16, on
+  head (`objective.safetensors`). The learning curve's points are the evaluations during training, in
+  {f['training_precision']}, on
   {f['curve_images']}."""
     else:
         title = f"{train_cfg['model']['kind']} trained on {train_cfg['data']}"
@@ -259,7 +282,7 @@ Load it with `vitlab.load_model("{f['path']}")`{' or `vitlab.load_model()` (it i
 {json.dumps(train_cfg, indent=2)}
 ```
 
-## Per-epoch metrics ({metric} measured in bf16 during training{f" on {f['curve_images_short']}" if mpp else ''})
+## Per-epoch metrics ({metric} measured in {f['training_precision']} during training{f" on {f['curve_images_short']}" if mpp else ''})
 
 | epoch | train loss | {metric} | images/s |
 |---|---|---|---|
