@@ -2,7 +2,9 @@
 
     python benchmarks/train_speed.py [--steps 8] [--out benchmarks/results/train_speed.json]
 
-* **peak**: bf16 matmul FLOP/s of this CPU (2048 x 2048 x 2048 products), measured before and after the rest.
+* **peak**: matmul FLOP/s of this CPU (2048 x 2048 x 2048 products) in the precision training uses here (bf16
+  where it is fast, float32 on an AVX2-only CPU: ``vitlab.precision``), measured before and after the rest; the
+  loops below run in that precision too.
 * **levers** for the default ViT (ViT-Lite-7/4): a minimal loop (pre-normalised tensors, AdamW, cross-entropy)
   with one change at a time: explicit softmax attention instead of SDPA, batch size, random patch dropping,
   ``torch.compile``. FLOPs per image come from ``torch.utils.flop_counter.FlopCounterMode`` over one real step
@@ -11,7 +13,7 @@
 * **vitlab train** on the ``vit_cifar10`` preset as shipped (RandAugment, distillation through the teacher,
   patch dropping) and on the ``resnet_cifar10`` teacher preset: the images/s ``vitlab train`` itself reports,
   and MFU = (student step FLOPs + teacher forward FLOPs per image) x images/s / peak.
-* CNN levers for the teacher: channels_last and bf16 against fp32.
+* CNN levers for the teacher: channels_last and bf16 against fp32 (bf16 rows only where bf16 is fast).
 
 MFU is a ratio of two rates measured on the same machine in the same run, so it does not depend on the
 machine's speed; on a shared machine both slow down together only roughly, hence the load average in the stamp.
@@ -38,6 +40,7 @@ import vitlab
 from vitlab.checkpoint import save_checkpoint
 from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize
 from vitlab.modes import explicit_attention
+from vitlab.precision import use_bf16
 from vitlab.train import PRESETS, load_teacher, train, with_num_classes
 from vitlab.train import step_flops as train_step_flops
 
@@ -59,9 +62,15 @@ def _data(n: int) -> tuple[ImageArray, str]:
     return load_shapes("train", n=n), "shapes"
 
 
-def peak_bf16_flops(n: int = 2048, reps: int = 5) -> float:
-    """Best-of-``reps`` FLOP/s of an n x n x n bf16 matmul: the machine's attainable matmul rate."""
-    a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
+#: bf16 where this CPU runs it fast (AVX-512 or AMX), else float32: what ``vitlab train`` uses here
+BF16 = use_bf16(True, "cpu")
+PRECISION = "bf16" if BF16 else "fp32"
+
+
+def peak_matmul_flops(n: int = 2048, reps: int = 5, bf16: bool = BF16) -> float:
+    """Best-of-``reps`` FLOP/s of an n x n x n matmul in bf16 (or float32): the machine's attainable matmul rate."""
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b
     times = []
     for _ in range(reps):
@@ -71,14 +80,14 @@ def peak_bf16_flops(n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 / min(times)
 
 
-def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool = True,
+def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool = BF16,
                backward: bool = True) -> float:
     """FLOPs of one training step (or forward) per image: ``vitlab.train.step_flops`` over the batch size."""
     return train_step_flops(model, x, y, bf16=bf16, backward=backward) / len(x)
 
 
 def _loop(model: torch.nn.Module, x_all: torch.Tensor, y_all: torch.Tensor, batch: int, steps: int,
-          bf16: bool = True) -> float:
+          bf16: bool = BF16) -> float:
     """Images/s (median step) of the most direct loop: AdamW, cross-entropy, backward, step."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05, foreach=True)
     times = []
@@ -121,7 +130,9 @@ def vit_levers(data: ImageArray, steps: int, peak: float) -> list[dict]:
 def cnn_levers(data: ImageArray, steps: int, peak: float) -> list[dict]:
     cfg = with_num_classes(PRESETS["resnet_cifar10"], len(data.classes))
     rows = []
-    for label, cl, bf16 in [("fp32", False, False), ("bf16", False, True), ("bf16, channels_last", True, True)]:
+    variants = [("fp32", False, False), ("bf16", False, True), ("bf16, channels_last", True, True)] if BF16 else \
+        [("fp32", False, False), ("fp32, channels_last", True, False)]  # bf16 here would run at reference speed
+    for label, cl, bf16 in variants:
         torch.manual_seed(0)
         model = vitlab.build_model(cfg.model).train()
         pc = model.pretrained_cfg
@@ -180,26 +191,30 @@ def run(steps: int = 8) -> dict:
 
     machine = machine_info()  # load average at the start of the run, with the CPU
     data, source = _data(512 * (steps + 1))
-    peak_before = peak_bf16_flops()
+    peak_before = peak_matmul_flops()
     levers = vit_levers(data, steps, peak_before)
     with tempfile.TemporaryDirectory() as tmp:
         teacher = _teacher_dir(Path(tmp))
         ours = [vitlab_train("vit_cifar10", data, steps, peak_before, teacher),
                 vitlab_train("resnet_cifar10", data, steps, peak_before, None)]
     cnn = cnn_levers(data, steps, peak_before)
-    peak_after = peak_bf16_flops()
+    peak_after = peak_matmul_flops()
     peak = max(peak_before, peak_after)
     for row in [*levers, *ours, *cnn]:  # MFU against the better of the two peak measurements
         row["mfu"] *= peak_before / peak
     return {"machine": machine, "data": source, "steps": steps, "threads": torch.get_num_threads(),
-            "peak_bf16_tflops": peak / 1e12, "peak_bf16_tflops_before_after": [peak_before / 1e12, peak_after / 1e12],
+            "precision": PRECISION, "peak_tflops": peak / 1e12,
+            "peak_tflops_before_after": [peak_before / 1e12, peak_after / 1e12],
             "vit_levers": levers, "vitlab_train": ours, "cnn_levers": cnn}
 
 
 def format_table(res: dict) -> str:
     base = res["vit_levers"][0]["images_per_second"]
-    lines = [f"Peak bf16 matmul: {res['peak_bf16_tflops']:.3f} TFLOP/s (before / after: "
-             f"{res['peak_bf16_tflops_before_after'][0]:.3f} / {res['peak_bf16_tflops_before_after'][1]:.3f}).", "",
+    prec = res.get("precision", "bf16")  # results written before the field: bf16
+    peak, (before, after) = (res["peak_tflops"], res["peak_tflops_before_after"]) if "peak_tflops" in res else \
+        (res["peak_bf16_tflops"], res["peak_bf16_tflops_before_after"])
+    lines = [f"Peak {prec} matmul: {peak:.3f} TFLOP/s (before / after: {before:.3f} / {after:.3f}); the loops and "
+             f"`vitlab train` run in {prec}.", "",
              "| ViT-Lite-7/4, minimal loop | images/s | x before | GFLOP/img (step) | MFU |", "|---|---|---|---|---|"]
     for r in res["vit_levers"]:
         note = f" ({r['error']})" if r.get("error") else ""
