@@ -87,6 +87,19 @@ def test_mpp_readme_quotes_the_study():
     assert verdict_table(study_verdicts(records, STUDIES["cifar10"].verdict_shots)) in readme
 
 
+def test_mpp_study_supervised_checkpoint_is_the_one_its_records_used():
+    """The study's supervised initialisation (STUDIES["cifar10"].supervised) holds the very weights its shipped
+    records were made with (their sha256), so the README's supervised numbers can be recomputed from it."""
+    import hashlib
+
+    from vitlab.mpp_study import STUDIES, shown_records
+
+    records, _ = shown_records(ResultsStore(RESULTS / "mpp_cifar10.jsonl").records(), "cifar10")
+    digests = {r["spec"]["init"]["weights_sha256"] for r in records if r["init"] == "supervised"}
+    folder = Path(__file__).resolve().parent.parent / STUDIES["cifar10"].supervised
+    assert len(digests) == 1 and hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest() in digests
+
+
 def test_mpp_readme_attention_comparison_is_recomputed():
     """The README's MPP-against-supervised inspection numbers, recomputed from the shipped checkpoints."""
     import vitlab
