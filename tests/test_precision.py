@@ -63,27 +63,3 @@ def test_bf16_where_it_is_fast_is_used(tmp_path, tiny_data, monkeypatch):
     log = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert log["precision"] == "bf16"
 
-
-def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, tiny_data, monkeypatch):
-    from vitlab.cli import main
-    from vitlab.export import _precision
-
-    monkeypatch.setattr(precision, "_cpu_bf16", lambda: False)
-    monkeypatch.chdir(tmp_path)
-    base = dataclasses.replace(PRESETS["tiny"], data=str(tiny_data), epochs=1, bf16=True)
-    train(base, tmp_path / "first", progress=False)
-    assert main(["export", "--run-dir", str(tmp_path / "first"), "--out", str(tmp_path / "start"),
-                 "--command-line", "vitlab train --preset tiny"]) == 0
-    train(dataclasses.replace(base, init_from=str(tmp_path / "start")), tmp_path / "warm", progress=False)
-    assert main(["export", "--run-dir", str(tmp_path / "warm"), "--out", str(tmp_path / "shipped"),
-                 "--command-line", "vitlab train --preset tiny"]) == 0
-    card = json.loads((tmp_path / "shipped" / "card.json").read_text())
-    assert card["warm_start_from"] == "start"  # relative to the working directory, not /tmp/...
-    assert card["training_precision"] == "fp32"
-    text = (tmp_path / "shipped" / "MODEL_CARD.md").read_text()
-    assert "warm-started from `start`" in text and "measured in fp32 during training" in text
-    assert str(tmp_path) not in text
-    # epochs before the field existed ran as configured; a resumed run on another machine shows both, in order
-    assert _precision([{}, {"precision": "bf16"}, {"precision": "fp32"}, {"precision": "fp32"}], {"bf16": True}) \
-        == "bf16, then fp32"
-    assert _precision([{}], {"bf16": False}) == "fp32"

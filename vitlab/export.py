@@ -128,6 +128,7 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "dtype": str(dtype).replace("torch.", ""),
         "versions": versions(),
     }
+    facts.update(_warm_start_facts(meta["train"].get("init_from"), facts["train_hours"]))
     if is_mpp:
         facts.update(mpp_target=train_cfg.get("mpp_target"), mpp_rate=train_cfg.get("mpp_rate"), mpp_test=mpp_test,
                      mpp_test_images=len(test))
@@ -185,7 +186,8 @@ def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | 
 
     metric, value_of, final, percent = _series(facts)
     mpp = facts.get("objective") == "mpp"
-    hours, acc, t = [], [], 0.0
+    t0 = facts.get("warm_start_hours") or 0.0  # a warm start's curve continues at the hours it started from
+    hours, acc, t = [], [], t0
     for h in history:
         t += (h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0)) / 3600  # wall clock, evaluation included
         value = value_of(h)
@@ -198,8 +200,35 @@ def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | 
                          curve_label=f"during training ({facts['curve_images_short']}, {facts['training_precision']})"
                          if mpp else None,
                          final_label=f"as shipped ({facts['dtype']}, all {facts['mpp_test_images']:,} test images)"
-                         if mpp else "as shipped (fp16, timm transform)", percent=percent)
+                         if mpp else "as shipped (fp16, timm transform)", percent=percent,
+                         start=(t0, facts.get("warm_start_test_accuracy"), f"warm start ({facts['warm_start_from']})")
+                         if facts.get("warm_start_hours") is not None and not mpp else None)
     return write_images([fig], [path], scale=2)
+
+
+def _warm_start_facts(init_from: str | None, train_hours: float) -> dict:
+    """For a warm-started run, what its starting checkpoint had cost and reached, so that a model trained over
+    several warm starts (one a session on a machine whose run state does not survive) states its whole training
+    time: ``warm_start_hours`` (the checkpoint's own ``total_train_hours``, else its ``train_hours``, else its
+    ``train_seconds``), ``warm_start_test_accuracy`` and ``total_train_hours``. Empty without a warm start or
+    without a card to read (a bare weights folder: its cost is unknown, and the card then says only where it
+    started)."""
+    if not init_from:
+        return {}
+    p = Path(init_from).expanduser()
+    if not p.exists() and not p.is_absolute():
+        p = Path(__file__).resolve().parent.parent / p  # as train resolves it: the cwd, then the checkout
+    card = p / "card.json"
+    if not card.is_file():
+        return {}
+    c = json.loads(card.read_text())
+    hours = c.get("total_train_hours", c.get("train_hours"))
+    if hours is None and c.get("train_seconds") is not None:
+        hours = c["train_seconds"] / 3600
+    if hours is None:
+        return {}
+    return {"warm_start_hours": round(hours, 3), "warm_start_test_accuracy": c.get("test_accuracy"),
+            "total_train_hours": round(hours + train_hours, 3)}
 
 
 def _portable(path: str | None) -> str | None:
@@ -234,6 +263,11 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
                 if f.get("test_accuracy_tta") is not None else "")
     start_line = (f", warm-started from `{f['warm_start_from']}` with a fresh schedule" if f.get("warm_start_from")
                   else ", from random initialisation")
+    if f.get("total_train_hours") is not None:
+        was = (f", {f['warm_start_test_accuracy']:.2%} test accuracy" if f.get("warm_start_test_accuracy") is not None
+               else "")
+        start_line += (f" (which had trained {f['warm_start_hours']:.2f} h{was}): **{f['total_train_hours']:.2f} h "
+                       "in all**")
     teacher_line = (f"; distilled ({f['distill']} targets) from the teacher `{f['teacher']}`" if f.get("teacher")
                     else "")
     test_split = f['data']['test'] if f.get('data') else 'test'

@@ -1,0 +1,66 @@
+"""Export's card: paths named portably, the precision the epochs ran in, and the whole training time of a model
+trained over several warm starts (a learning curve that continues where its starting checkpoint left off)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from _reference import make_folder
+
+from vitlab import precision
+from vitlab.train import PRESETS, train
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imgs")
+    make_folder(root / "train", n_per_class=16, size=32, classes=("a", "b"))
+    make_folder(root / "test", n_per_class=4, size=32, classes=("a", "b"))
+    return root
+
+
+def _export(run, out) -> dict:
+    from vitlab.cli import main
+
+    assert main(["export", "--run-dir", str(run), "--out", str(out), "--command-line", "vitlab train --preset tiny"]) == 0
+    return json.loads((out / "card.json").read_text())
+
+
+def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, tiny_data, monkeypatch):
+    from vitlab.export import _precision, _warm_start_facts
+
+    monkeypatch.setattr(precision, "_cpu_bf16", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    base = dataclasses.replace(PRESETS["tiny"], data=str(tiny_data), epochs=1, bf16=True)
+    train(base, tmp_path / "first", progress=False)
+    first = _export(tmp_path / "first", tmp_path / "start")
+    first["train_hours"] = 1.25  # as if the start had trained 1.25 h (a tiny run takes a second)
+    (tmp_path / "start" / "card.json").write_text(json.dumps(first))
+    train(dataclasses.replace(base, init_from=str(tmp_path / "start")), tmp_path / "warm", progress=False)
+    card = _export(tmp_path / "warm", tmp_path / "shipped")
+    assert card["warm_start_from"] == "start"  # relative to the working directory, not /tmp/...
+    assert card["training_precision"] == "fp32"
+    text = (tmp_path / "shipped" / "MODEL_CARD.md").read_text()
+    assert "warm-started from `start`" in text and "measured in fp32 during training" in text
+    assert str(tmp_path) not in text
+    # epochs before the field existed ran as configured; a resumed run on another machine shows both, in order
+    assert _precision([{}, {"precision": "bf16"}, {"precision": "fp32"}, {"precision": "fp32"}], {"bf16": True}) \
+        == "bf16, then fp32"
+    assert _precision([{}], {"bf16": False}) == "fp32"
+    # the whole lineage's training time: the start's hours, then this run's; a further warm start adds on
+    assert "warm_start_hours" not in first
+    assert card["warm_start_hours"] == 1.25
+    assert card["warm_start_test_accuracy"] == first["test_accuracy"]
+    assert card["total_train_hours"] == pytest.approx(first["train_hours"] + card["train_hours"], abs=2e-3)
+    assert f"**{card['total_train_hours']:.2f} h in all**" in text
+    train(dataclasses.replace(base, init_from=str(tmp_path / "shipped")), tmp_path / "again", progress=False)
+    third = _export(tmp_path / "again", tmp_path / "third")
+    assert third["warm_start_hours"] == pytest.approx(card["total_train_hours"], abs=1e-3)
+    # a card from before train_hours existed gives its train_seconds; a folder without a card gives nothing
+    (tmp_path / "start" / "card.json").write_text(json.dumps({"train_seconds": 7351.0, "test_accuracy": 0.6202}))
+    assert _warm_start_facts(str(tmp_path / "start"), 0.5) == {
+        "warm_start_hours": 2.042, "warm_start_test_accuracy": 0.6202, "total_train_hours": 2.542}
+    (tmp_path / "start" / "card.json").unlink()
+    assert _warm_start_facts(str(tmp_path / "start"), 0.5) == {} and _warm_start_facts(None, 0.5) == {}
