@@ -12,6 +12,8 @@ from typing import Any
 import timm
 import torch
 
+from vitlab.provenance import cpu_model
+
 
 def rss_bytes() -> int:
     """Resident memory of this process (Linux /proc/self/statm; 0 elsewhere)."""
@@ -52,18 +54,6 @@ class PeakRSS:
     @property
     def extra(self) -> int:
         return self.peak - self.start
-
-
-def cpu_model() -> str:
-    """CPU model name from /proc/cpuinfo (or the platform's processor string)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def load_average() -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from torch import nn
 from vitlab.atomic import replace_dir, rmtree_quiet
 from vitlab.checkpoint import card_metric, check_replaceable, load_checkpoint, save_checkpoint
 from vitlab.data import ImageArray, load_dataset
-from vitlab.provenance import versions
+from vitlab.provenance import cpu_model, versions
 
 CARD_NAME = "MODEL_CARD.md"
 
@@ -111,7 +110,7 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "epochs_done": meta["epoch"],
         "epochs_planned": train_cfg["epochs"],
         "train_seconds": meta.get("train_seconds"),
-        "hardware": hardware or f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "hardware": hardware or f"{cpu_model()}, {os.cpu_count()} cores, {_precision(history, train_cfg)}",
         "data": meta.get("data"),
         "test_accuracy": acc,
         "test_accuracy_tta": acc_tta,

@@ -236,6 +236,7 @@ def learning_curve(hours: Sequence[float], accuracy: Sequence[float], title: str
     fig.update_layout(title=title, xaxis_title="training hours (wall clock)",
                       yaxis_title=f"{metric} (%)" if percent else metric, width=760, height=440,
                       legend=dict(x=0.45, y=0.1))
+    fig.update_xaxes(rangemode="tozero")  # hours from the start of training (of the whole lineage)
     if percent:
         fig.update_yaxes(range=[0, 100])
     return fig

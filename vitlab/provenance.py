@@ -49,6 +49,18 @@ def code_hash() -> str:
     return h.hexdigest()
 
 
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo (or the platform's processor string)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 def provenance(**extra: Any) -> dict[str, Any]:
     """Versions, code (commit and source hash), Python, host and torch threads, plus ``extra``."""
     import torch
