@@ -104,13 +104,14 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         from vitlab.train import evaluate
 
         acc_tta = evaluate(shipped.float(), test, tta=tta)
+    precision = _precision(history, train_cfg)
     facts = {
         "command": command,
         "objective": train_cfg.get("objective", "classify"),
         "epochs_done": meta["epoch"],
         "epochs_planned": train_cfg["epochs"],
         "train_seconds": meta.get("train_seconds"),
-        "hardware": hardware or f"{cpu_model()}, {os.cpu_count()} cores, {_precision(history, train_cfg)}",
+        "hardware": hardware or f"{cpu_model()}, {os.cpu_count()} cores, {precision}",
         "data": meta.get("data"),
         "test_accuracy": acc,
         "test_accuracy_tta": acc_tta,
@@ -120,14 +121,14 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "teacher": _portable(train_cfg.get("teacher")),
         "distill": train_cfg.get("distill") if train_cfg.get("teacher") else None,
         "test_accuracy_during_training": meta.get("metrics", {}).get("test_accuracy"),
-        "training_precision": _precision(history, train_cfg),
+        "training_precision": precision,
         "parameters": sum(p.numel() for p in shipped.parameters()),
         "file_bytes": sum((tmp_out / f).stat().st_size for f in ["model.safetensors",
                                                                  *(f"{n}.safetensors" for n in modules or {})]),
         "dtype": str(dtype).replace("torch.", ""),
         "versions": versions(),
     }
-    facts.update(_warm_start_facts(meta["train"].get("init_from"), facts["train_hours"]))
+    facts.update(_warm_start_facts(meta["train"].get("init_from"), facts["train_hours"], tmp_out / "model.safetensors"))
     if is_mpp:
         facts.update(mpp_target=train_cfg.get("mpp_target"), mpp_rate=train_cfg.get("mpp_rate"), mpp_test=mpp_test,
                      mpp_test_images=len(test))
@@ -205,13 +206,14 @@ def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | 
     return write_images([fig], [path], scale=2)
 
 
-def _warm_start_facts(init_from: str | None, train_hours: float) -> dict:
+def _warm_start_facts(init_from: str | None, train_hours: float, shipped_weights: Path | None = None) -> dict:
     """For a warm-started run, what its starting checkpoint had cost and reached, so that a model trained over
     several warm starts (one a session on a machine whose run state does not survive) states its whole training
     time: ``warm_start_hours`` (the checkpoint's own ``total_train_hours``, else its ``train_hours``, else its
     ``train_seconds``), ``warm_start_test_accuracy`` and ``total_train_hours``. Empty without a warm start or
     without a card to read (a bare weights folder: its cost is unknown, and the card then says only where it
-    started)."""
+    started). Exporting a run again onto the folder it started from (the default's case) finds its own earlier
+    export there (the same bytes as ``shipped_weights``) and keeps the start that card recorded."""
     if not init_from:
         return {}
     p = Path(init_from).expanduser()
@@ -221,6 +223,12 @@ def _warm_start_facts(init_from: str | None, train_hours: float) -> dict:
     if not card.is_file():
         return {}
     c = json.loads(card.read_text())
+    own = shipped_weights is not None and (p / shipped_weights.name).is_file() and \
+        (p / shipped_weights.name).read_bytes() == shipped_weights.read_bytes()
+    if own:
+        if c.get("warm_start_hours") is None:  # this run's own card, with no start recorded: nothing to add
+            return {}
+        c = {"total_train_hours": c["warm_start_hours"], "test_accuracy": c.get("warm_start_test_accuracy")}
     hours = c.get("total_train_hours", c.get("train_hours"))
     if hours is None and c.get("train_seconds") is not None:
         hours = c["train_seconds"] / 3600
