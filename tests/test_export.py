@@ -62,6 +62,8 @@ def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, tin
     again = _export(tmp_path / "again", tmp_path / "shipped")
     assert again["warm_start_hours"] == third["warm_start_hours"] == pytest.approx(card["total_train_hours"], abs=1e-3)
     assert _export(tmp_path / "again", tmp_path / "shipped")["warm_start_hours"] == again["warm_start_hours"]
+    assert "warm-started from the checkpoint `shipped` held before this export replaced it" in \
+        (tmp_path / "shipped" / "MODEL_CARD.md").read_text()
     # a card from before train_hours existed gives its train_seconds; a folder without a card gives nothing
     (tmp_path / "start" / "card.json").write_text(json.dumps({"train_seconds": 7351.0, "test_accuracy": 0.6202}))
     assert _warm_start_facts(str(tmp_path / "start"), 0.5) == {

@@ -268,7 +268,9 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
     tta_line = (f"\n* With test-time augmentation (level {f['tta_level']}: mirror"
                 f"{' and 1 px shifts' if f['tta_level'] == 2 else ''}): **{f['test_accuracy_tta']:.2%}**."
                 if f.get("test_accuracy_tta") is not None else "")
-    start_line = (f", warm-started from `{f['warm_start_from']}` with a fresh schedule" if f.get("warm_start_from")
+    start = (f"the checkpoint `{f['warm_start_from']}` held before this export replaced it"
+             if f.get("warm_start_from") == f.get("path") else f"`{f['warm_start_from']}`")
+    start_line = (f", warm-started with a fresh schedule from {start}" if f.get("warm_start_from")
                   else ", from random initialisation")
     if f.get("total_train_hours") is not None:
         was = (f", {f['warm_start_test_accuracy']:.2%} test accuracy" if f.get("warm_start_test_accuracy") is not None
