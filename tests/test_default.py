@@ -31,7 +31,7 @@ def test_default_loads_small_and_declares_preprocessing():
     assert "vitlab train --preset vit_cifar10" in card["command"]
     assert (DEFAULT_CHECKPOINT / "MODEL_CARD.md").read_text().count(f"{card['test_accuracy']:.2%}") >= 1
     maps = vitlab.attention_maps(model.float(), torch.randn(2, 3, 32, 32))
-    assert maps.shape[-1] == 65
+    assert maps.shape[-1] == 64 + model.num_prefix_tokens  # the 8x8 patch grid and the class (+ distillation) token
 
 
 @shipped

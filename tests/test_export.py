@@ -43,7 +43,7 @@ def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, tin
     assert card["warm_start_from"] == "start"  # relative to the working directory, not /tmp/...
     assert card["training_precision"] == "fp32"
     text = (tmp_path / "shipped" / "MODEL_CARD.md").read_text()
-    assert "warm-started from `start`" in text and "measured in fp32 during training" in text
+    assert "warm-started with a fresh schedule from `start`" in text and "measured in fp32 during training" in text
     assert str(tmp_path) not in text
     # epochs before the field existed ran as configured; a resumed run on another machine shows both, in order
     assert _precision([{}, {"precision": "bf16"}, {"precision": "fp32"}, {"precision": "fp32"}], {"bf16": True}) \
@@ -62,7 +62,7 @@ def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, tin
     again = _export(tmp_path / "again", tmp_path / "shipped")
     assert again["warm_start_hours"] == third["warm_start_hours"] == pytest.approx(card["total_train_hours"], abs=1e-3)
     assert _export(tmp_path / "again", tmp_path / "shipped")["warm_start_hours"] == again["warm_start_hours"]
-    assert "warm-started from the checkpoint `shipped` held before this export replaced it" in \
+    assert "warm-started with a fresh schedule from the checkpoint `shipped` held before this export replaced it" in \
         (tmp_path / "shipped" / "MODEL_CARD.md").read_text()
     # a card from before train_hours existed gives its train_seconds; a folder without a card gives nothing
     (tmp_path / "start" / "card.json").write_text(json.dumps({"train_seconds": 7351.0, "test_accuracy": 0.6202}))
