@@ -70,3 +70,14 @@ def outputs(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 @pytest.fixture
 def x32() -> torch.Tensor:
     return torch.randn(2, 3, 32, 32)
+
+
+@pytest.fixture(scope="session")
+def two_class_folder(tmp_path_factory):
+    """An ImageFolder of 32 px images, two classes: 16 training and 4 test images each (tiny training runs)."""
+    from _reference import make_folder
+
+    root = tmp_path_factory.mktemp("two_class")
+    make_folder(root / "train", n_per_class=16, size=32, classes=("a", "b"))
+    make_folder(root / "test", n_per_class=4, size=32, classes=("a", "b"))
+    return root

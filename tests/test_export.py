@@ -7,18 +7,9 @@ import dataclasses
 import json
 
 import pytest
-from _reference import make_folder
 
 from vitlab import precision
 from vitlab.train import PRESETS, train
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("imgs")
-    make_folder(root / "train", n_per_class=16, size=32, classes=("a", "b"))
-    make_folder(root / "test", n_per_class=4, size=32, classes=("a", "b"))
-    return root
 
 
 def _export(run, out) -> dict:
@@ -28,12 +19,12 @@ def _export(run, out) -> dict:
     return json.loads((out / "card.json").read_text())
 
 
-def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, tiny_data, monkeypatch):
+def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, two_class_folder, monkeypatch):
     from vitlab.export import _precision, _warm_start_facts
 
     monkeypatch.setattr(precision, "_cpu_bf16", lambda: False)
     monkeypatch.chdir(tmp_path)
-    base = dataclasses.replace(PRESETS["tiny"], data=str(tiny_data), epochs=1, bf16=True)
+    base = dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=1, bf16=True)
     train(base, tmp_path / "first", progress=False)
     first = _export(tmp_path / "first", tmp_path / "start")
     first["train_hours"] = 1.25  # as if the start had trained 1.25 h (a tiny run takes a second)

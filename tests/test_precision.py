@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from _reference import make_folder
 from safetensors.torch import load_file
 
 from vitlab import precision
@@ -34,17 +33,9 @@ def test_fast_bf16_agrees_with_the_cpu_flags():
     assert precision.use_bf16(True, "cpu") is expected and precision.use_bf16(False, "cpu") is False
 
 
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("imgs")
-    make_folder(root / "train", n_per_class=16, size=32, classes=("a", "b"))
-    make_folder(root / "test", n_per_class=4, size=32, classes=("a", "b"))
-    return root
-
-
-def test_bf16_request_on_a_cpu_without_bf16_trains_the_float32_run(tmp_path, tiny_data, monkeypatch):
+def test_bf16_request_on_a_cpu_without_bf16_trains_the_float32_run(tmp_path, two_class_folder, monkeypatch):
     monkeypatch.setattr(precision, "_cpu_bf16", lambda: False)
-    base = dataclasses.replace(PRESETS["tiny"], data=str(tiny_data), epochs=1)
+    base = dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=1)
     train(dataclasses.replace(base, bf16=True), tmp_path / "asked_bf16", progress=False)
     train(dataclasses.replace(base, bf16=False), tmp_path / "fp32", progress=False)
     a = load_file(str(tmp_path / "asked_bf16" / "checkpoint" / "model.safetensors"))
@@ -56,9 +47,9 @@ def test_bf16_request_on_a_cpu_without_bf16_trains_the_float32_run(tmp_path, tin
     assert saved["bf16"] is True  # the config keeps what was asked: a machine with bf16 resumes it in bf16
 
 
-def test_bf16_where_it_is_fast_is_used(tmp_path, tiny_data, monkeypatch):
+def test_bf16_where_it_is_fast_is_used(tmp_path, two_class_folder, monkeypatch):
     monkeypatch.setattr(precision, "_cpu_bf16", lambda: True)
-    cfg = dataclasses.replace(PRESETS["tiny"], data=str(tiny_data), epochs=1, bf16=True, max_train_examples=16)
+    cfg = dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=1, bf16=True, max_train_examples=16)
     train(cfg, tmp_path / "run", progress=False)
     log = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert log["precision"] == "bf16"
