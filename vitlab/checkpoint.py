@@ -80,6 +80,13 @@ def save_checkpoint(
     return directory
 
 
+def resolve_folder(path: str | os.PathLike) -> Path:
+    """A checkpoint folder named in a config (a teacher, a warm start, a study's initialisation): as it is when it
+    exists or is absolute, else relative to the checkout (``data/checkpoints/...`` from any working directory)."""
+    p = Path(path).expanduser()
+    return p if p.exists() or p.is_absolute() else Path(__file__).resolve().parent.parent / p
+
+
 def check_replaceable(directory: Path) -> None:
     """Refuse to replace a file or a folder that holds something other than a vitlab checkpoint."""
     if not directory.exists():

@@ -20,7 +20,7 @@ from PIL import Image
 from torch import nn
 
 from vitlab.atomic import replace_dir, rmtree_quiet
-from vitlab.checkpoint import card_metric, check_replaceable, load_checkpoint, save_checkpoint
+from vitlab.checkpoint import card_metric, check_replaceable, load_checkpoint, resolve_folder, save_checkpoint
 from vitlab.data import ImageArray, load_dataset
 from vitlab.provenance import cpu_model, versions
 
@@ -117,8 +117,8 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "test_accuracy_tta": acc_tta,
         "tta_level": tta if acc_tta is not None else 0,
         "train_hours": round(sum(h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0) for h in history) / 3600, 3),
-        "warm_start_from": _portable(train_cfg.get("init_from")),
-        "teacher": _portable(train_cfg.get("teacher")),
+        "warm_start_from": train_cfg.get("init_from"),  # portable already (export_run)
+        "teacher": train_cfg.get("teacher"),
         "distill": train_cfg.get("distill") if train_cfg.get("teacher") else None,
         "test_accuracy_during_training": meta.get("metrics", {}).get("test_accuracy"),
         "training_precision": precision,
@@ -216,9 +216,7 @@ def _warm_start_facts(init_from: str | None, train_hours: float, shipped_weights
     export there (the same bytes as ``shipped_weights``) and keeps the start that card recorded."""
     if not init_from:
         return {}
-    p = Path(init_from).expanduser()
-    if not p.exists() and not p.is_absolute():
-        p = Path(__file__).resolve().parent.parent / p  # as train resolves it: the cwd, then the checkout
+    p = resolve_folder(init_from)
     card = p / "card.json"
     if not card.is_file():
         return {}
@@ -249,12 +247,13 @@ def _portable(path: str | None) -> str | None:
 def _precision(history: list[dict], train_cfg: dict) -> str:
     """The precision the epochs ran in: "bf16", "fp32", or both in epoch order ("bf16, then fp32") for a run resumed
     on a machine without fast bf16 (vitlab.precision); epochs recorded before the field existed ran as configured."""
+    configured = "bf16" if train_cfg.get("bf16", True) else "fp32"
     seen: list[str] = []
     for h in history:
-        p = h.get("precision", "bf16" if train_cfg.get("bf16", True) else "fp32")
+        p = h.get("precision", configured)
         if not seen or seen[-1] != p:
             seen.append(p)
-    return ", then ".join(seen) or ("bf16" if train_cfg.get("bf16", True) else "fp32")
+    return ", then ".join(seen) or configured
 
 
 def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> str:

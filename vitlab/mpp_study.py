@@ -66,7 +66,6 @@ __all__ = ["MPPStudyConfig", "STUDIES", "StudyRow", "study_rows", "row_spec", "f
            "finetune_config", "pretrain_dir", "run_study", "latest_records", "shown_records", "markdown_tables", "study_verdicts",
            "default_results", "row_status", "scratch_model", "supervised_model", "INITS"]
 
-REPO = Path(__file__).resolve().parent.parent
 #: The three initialisations of the comparison, in table order.
 INITS = ("scratch", "mpp", "supervised")
 
@@ -236,17 +235,12 @@ def _pretrain_for(study: MPPStudyConfig, init: str):
     return None
 
 
-def _resolve(path: str) -> Path:
-    p = Path(path).expanduser()
-    return p if p.exists() or p.is_absolute() else REPO / p
-
-
 def _supervised_checkpoint(study: MPPStudyConfig) -> tuple[Path, ViTConfig, str]:
     """(folder, model config, sha256 of its weights) of the supervised initialisation, checked against the shape."""
-    from vitlab.checkpoint import CONFIG_NAME, WEIGHTS_NAME
+    from vitlab.checkpoint import CONFIG_NAME, WEIGHTS_NAME, resolve_folder
     from vitlab.zoo import config_from_dict
 
-    p = _resolve(study.supervised)
+    p = resolve_folder(study.supervised)
     if not (p / WEIGHTS_NAME).is_file() or not (p / CONFIG_NAME).is_file():
         raise FileNotFoundError(f"the supervised checkpoint {study.supervised} is not here ({p} has no {WEIGHTS_NAME}):"
                                 " train and export it (vitlab train --preset vit_cifar10, then vitlab export) or point "

@@ -32,7 +32,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitlab.checkpoint import load_checkpoint, load_run_state, save_checkpoint, save_run_checkpoint
+from vitlab.checkpoint import (
+    load_checkpoint,
+    load_run_state,
+    resolve_folder,
+    save_checkpoint,
+    save_run_checkpoint,
+)
 from vitlab.data import ImageArray, alternating_flips, load_dataset, normalize, random_crop_flip
 from vitlab.finetune import resample_grid
 from vitlab.info import model_info
@@ -367,9 +373,7 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
 
 def load_teacher(path: str | os.PathLike, device: torch.device) -> nn.Module:
     """A frozen teacher in eval mode from a vitlab checkpoint folder (relative paths: to the cwd, then the repo)."""
-    p = Path(path)
-    if not p.exists() and not p.is_absolute():
-        p = Path(__file__).resolve().parent.parent / p
+    p = resolve_folder(path)
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"teacher checkpoint {path} not found: train it first (vitlab train --preset "
                                 f"resnet_cifar10_fast, then vitlab export) or pass --set teacher=FOLDER")
