@@ -191,6 +191,16 @@ def test_warm_start_copies_matching_tensors_and_position_grid(tmp_path):
     torch.testing.assert_close(sincos.pos_embed[0, 1:], sincos_grid((4, 4), table.shape[-1], table), rtol=0, atol=1e-6)
 
 
+def test_warm_start_finds_a_checkout_folder_from_any_working_directory(tmp_path, monkeypatch):
+    # a config names the shipped weights as data/checkpoints/...: that must not depend on where python was started
+    shipped = vitlab.load_model("data/checkpoints/vit_shapes")
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    model = vitlab.build_model(shipped.vitlab_config)
+    assert warm_start(model, "data/checkpoints/vit_shapes") == []
+    torch.testing.assert_close(model.state_dict(), shipped.state_dict(), rtol=0, atol=0)
+
+
 @pytest.fixture(scope="module")
 def three_class_data(tmp_path_factory):
     return three_class_split(tmp_path_factory.mktemp("imgs3"))

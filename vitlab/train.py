@@ -389,7 +389,7 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
     encoder pre-trained without labels, which was never trained). Position embeddings of a
     different layout keep what carries over: the grid rows (resampled in 2D when the grids differ, as for
     fine-tuning at another resolution) and the prefix rows both models have (the class token's first)."""
-    src_model = load_checkpoint(path)
+    src_model = load_checkpoint(resolve_folder(path))  # data/checkpoints/... from any working directory
     src = src_model.state_dict()
     own = model.state_dict()
     fresh = []
