@@ -58,8 +58,8 @@ from vitlab.mpp import KEEP, MASK, OBJECTIVE_NAME, RANDOM, color3_targets, load_
 from vitlab.mpp_study import (
     STUDIES,
     markdown_tables,
-    pretrain_config,
     pretrain_dir,
+    pretrain_run_config,
     run_study,
     scratch_model,
     shown_records,
@@ -73,7 +73,7 @@ notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
 study = STUDIES["smoke" if SMOKE else "cifar10"]
 results = Path(RESULTS)
-main_run = pretrain_dir(study, pretrain_config(study, *study.main, study.main_epochs))
+main_run = pretrain_dir(study, pretrain_run_config(study, "mpp"))
 def has_head(path: Path) -> bool:  # a shipped MPP checkpoint, or a training run folder
     return (path / OBJECTIVE_NAME).is_file() or (path / "checkpoint" / OBJECTIVE_NAME).is_file()
 
@@ -88,7 +88,7 @@ if SMOKE or not has_head(mpp_path):
     study = dataclasses.replace(STUDIES["smoke"], run_root=str(scratch_dir / "runs"))
     results = scratch_dir / "mpp_smoke.jsonl"
     run_study(study, results, progress=False)
-    mpp_path = pretrain_dir(study, pretrain_config(study, *study.main, study.main_epochs))
+    mpp_path = pretrain_dir(study, pretrain_run_config(study, "mpp"))
 model, objective = load_mpp(mpp_path)
 print(f"MPP encoder: {mpp_path} (target {objective.target}, {objective.rate:.0%} of patches corrupted)")
 

@@ -18,6 +18,7 @@ from vitlab.mpp_study import (
     markdown_tables,
     pretrain_config,
     pretrain_dir,
+    pretrain_run_config,
     row_status,
     run_study,
     scratch_model,
@@ -67,6 +68,8 @@ def test_smoke_study_runs_end_to_end(smoke):
         if r["init"] == "mpp" or r["init"].startswith("ablation:"):  # pre-trained: the record says by what
             want = study.main_epochs if r["init"] == "mpp" else study.ablation_epochs
             assert m["pretrain"]["epochs"] == want and m["pretrain"]["code_hash"] == r["provenance"]["code_hash"]
+            images = study.pretrain_examples if r["init"] == "mpp" else study.ablation_examples  # 256, 128
+            assert m["pretrain"]["images"] == images == r["spec"]["init"]["pretrain_examples"]
         else:
             assert "pretrain" not in m
     # every fingerprint differs (each row has its own inputs), and the ablation row of the main target and rate is
@@ -78,6 +81,24 @@ def test_smoke_study_runs_end_to_end(smoke):
     # is chance for 4 classes)
     few = {r["init"]: r["metrics"]["few_shot"]["5"]["mean"] for r in records if r["kind"] == "few_shot"}
     assert few["supervised"] > 0.6 and few["supervised"] > few["scratch"] + 0.3
+
+
+def test_ablation_images_must_come_from_the_main_runs_images():
+    with pytest.raises(ValueError, match="ablation_examples=512 exceeds pretrain_examples=256"):
+        dataclasses.replace(SMOKE, ablation_examples=512).validate()
+    with pytest.raises(ValueError, match="ablation_examples must be a positive number"):
+        dataclasses.replace(SMOKE, ablation_examples=0).validate()
+    from vitlab.mpp_study import _load_data
+
+    assert pretrain_run_config(SMOKE, "mpp").data == "shapes[n=256]"
+    assert pretrain_run_config(SMOKE, "ablation:l2@0.5").data == "shapes[n=128]"
+    # without their own cap the ablation runs pre-train on the main run's images
+    assert pretrain_run_config(dataclasses.replace(SMOKE, ablation_examples=None), "ablation:l2@0.5").data == "shapes[n=256]"
+    data = _load_data(SMOKE)
+    small, large = data.pretrain[128], data.pretrain[256]
+    assert len(small) == 128 and len(large) == 256 and torch.bincount(small.labels).tolist() == [32] * 4
+    rows = {tuple(x.flatten().tolist()) for x in large.images}
+    assert all(tuple(x.flatten().tolist()) in rows for x in small.images)  # nested: the same images, fewer
 
 
 def test_rerun_skips_every_finished_row(smoke, capsys):
@@ -93,7 +114,7 @@ def test_a_changed_config_reruns_only_the_rows_it_touches(smoke, tmp_path, capsy
     study, path, records = smoke
     copy = tmp_path / "results.jsonl"
     shutil.copy(path, copy)
-    main_run = pretrain_dir(study, pretrain_config(study, *study.main, study.main_epochs))
+    main_run = pretrain_dir(study, pretrain_run_config(study, "mpp"))
     epochs_logged = (main_run / "metrics.jsonl").read_text()
     changed = dataclasses.replace(study, finetune_epochs=1)
     new = run_study(changed, copy)
@@ -109,7 +130,7 @@ def test_a_finished_pretraining_run_of_another_config_is_not_reused(smoke, tmp_p
     study = smoke[0]
     moved = dataclasses.replace(study, run_root=str(tmp_path / "runs"))
     shutil.copytree(study.root(), moved.root())
-    run = pretrain_dir(moved, pretrain_config(moved, *moved.main, moved.main_epochs))
+    run = pretrain_dir(moved, pretrain_run_config(moved, "mpp"))
     saved = json.loads((run / "train_config.json").read_text())
     (run / "train_config.json").write_text(json.dumps({**saved, "label_smoothing": 0.3}))  # as a changed default would
     records = run_study(moved, tmp_path / "results.jsonl", progress=False)
@@ -120,7 +141,7 @@ def test_a_finished_pretraining_run_of_another_config_is_not_reused(smoke, tmp_p
 
 def test_scratch_is_the_init_the_mpp_runs_start_from(smoke, tmp_path):
     study = smoke[0]
-    cfg = dataclasses.replace(pretrain_config(study, *study.main, 1), lr=0.0, min_lr=0.0, batch_size=16)
+    cfg = dataclasses.replace(pretrain_config(study, *study.main, 1, study.pretrain_examples), lr=0.0, min_lr=0.0, batch_size=16)
     data = load_shapes("train", n=16)
     started = train(cfg, tmp_path / "run", progress=False, train_data=data, test_data=data)  # one step at lr 0
     scratch = scratch_model(study, len(data.classes))
@@ -131,13 +152,13 @@ def test_scratch_is_the_init_the_mpp_runs_start_from(smoke, tmp_path):
 
 def test_pretraining_folders_are_named_by_the_config_without_its_defaults():
     study = STUDIES["cifar10"]
-    cfg = pretrain_config(study, "color3", 0.15, 1)
+    cfg = pretrain_config(study, "color3", 0.15, 1, None)
     run = pretrain_dir(study, cfg)
     assert run.name.startswith("mpp-color3-r0.15-e1-") and run.parent == study.root()
     assert pretrain_dir(study, dataclasses.replace(cfg, keep_best=False)) == run  # a field at its default: same run
     assert pretrain_dir(study, dataclasses.replace(cfg, lr=2e-3)) != run
-    assert pretrain_dir(study, pretrain_config(study, "color3", 0.5, 6)) != \
-        pretrain_dir(study, pretrain_config(study, "color3", 0.5, 1))  # the main run and its ablation twin
+    assert pretrain_dir(study, pretrain_config(study, "color3", 0.5, 6, None)) != \
+        pretrain_dir(study, pretrain_config(study, "color3", 0.5, 1, None))  # the main run and its ablation twin
 
 
 def test_the_supervised_checkpoint_must_exist_and_match_the_shape(tmp_path):

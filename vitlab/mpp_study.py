@@ -6,7 +6,8 @@ rate and the two other targets did slightly worse than 50% and the 3-bit mean co
 
 * **pre-training** through ``vitlab.train.train`` with ``objective="mpp"`` on the training images, labels unread:
   the main run (``main``: 3-bit mean colour, 50% corrupted, ``main_epochs``) and the ablation runs (``ablations``,
-  all on the same shorter budget ``ablation_epochs``, the main target and rate among them). Each run lives in a
+  all on the same shorter budget ``ablation_epochs``, optionally on fewer images ``ablation_examples``, the main
+  target and rate among them). Each run lives in a
   folder named by a hash of its ``TrainConfig`` under ``run_root`` (outside the work tree): a killed study resumes
   a pre-training run at its last epoch, and a run whose config did not change is reused (also after a code change:
   each record stores the code hash of the checkpoint it used; delete the folder to pre-train again).
@@ -63,7 +64,7 @@ from vitlab.stats import percent_cell
 from vitlab.zoo import ViTConfig, cifar_vit, config_to_dict
 
 __all__ = ["MPPStudyConfig", "STUDIES", "StudyRow", "study_rows", "row_spec", "fingerprint", "pretrain_config",
-           "finetune_config", "pretrain_dir", "run_study", "latest_records", "shown_records", "markdown_tables", "study_verdicts",
+           "pretrain_run_config", "finetune_config", "pretrain_dir", "run_study", "latest_records", "shown_records", "markdown_tables", "study_verdicts",
            "default_results", "row_status", "scratch_model", "supervised_model", "INITS"]
 
 #: The three initialisations of the comparison, in table order.
@@ -89,6 +90,9 @@ class MPPStudyConfig:
     ablations: tuple[tuple[str, float], ...] = (("color3", 0.5), ("color3", 0.15), ("patch4x4", 0.5), ("l2", 0.5))
     ablation_epochs: int = 1
     pretrain_examples: int | None = None  # class-balanced cap on the pre-training images (None: all)
+    #: the same cap for the ablation runs only (None: pretrain_examples): a cheaper budget for the four runs compared
+    #: only with each other (nested: their images are among the main run's)
+    ablation_examples: int | None = None
     pretrain_batch_size: int = 256
     pretrain_lr: float = 1e-3
     # (a) few-shot probe on frozen features
@@ -114,6 +118,14 @@ class MPPStudyConfig:
                 raise ValueError(f"MPP runs need a target in {MPP_TARGETS} and a rate in (0, 1], got {(target, rate)}")
         if min(self.main_epochs, self.ablation_epochs, self.finetune_epochs) < 1:
             raise ValueError("main_epochs, ablation_epochs and finetune_epochs must be at least 1")
+        for name in ("pretrain_examples", "ablation_examples"):
+            n = getattr(self, name)
+            if n is not None and (not isinstance(n, int) or n < 1):
+                raise ValueError(f"{name} must be a positive number of images or None (all), got {n!r}")
+        if None not in (self.pretrain_examples, self.ablation_examples) and \
+                self.ablation_examples > self.pretrain_examples:
+            raise ValueError(f"ablation_examples={self.ablation_examples} exceeds pretrain_examples="
+                             f"{self.pretrain_examples}: the ablation runs draw from the main run's images")
         if not self.shots or min(self.shots) < 1 or max(self.shots) > self.probe_pool_per_class:
             raise ValueError(f"shots {list(self.shots)} must be positive and at most probe_pool_per_class="
                              f"{self.probe_pool_per_class}")
@@ -147,7 +159,7 @@ STUDIES: dict[str, MPPStudyConfig] = {
     # is the supervised initialisation.
     "smoke": MPPStudyConfig("smoke", data="shapes", model=_shapes_vit(),
                             supervised="data/checkpoints/vit_shapes", main_epochs=2, ablation_epochs=1,
-                            pretrain_examples=256, pretrain_batch_size=32, shots=(1, 5), probe_seeds=(0, 1),
+                            pretrain_examples=256, ablation_examples=128, pretrain_batch_size=32, shots=(1, 5), probe_seeds=(0, 1),
                             probe_pool_per_class=10, test_per_class=50, verdict_shots=5, finetune_per_class=16,
                             finetune_epochs=2, finetune_batch_size=16, finetune_lr=1e-3, seeds=(0, 1), bf16=False),
 }
@@ -194,13 +206,13 @@ def _hash(obj: Any, n: int = 16) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
 
 
-def pretrain_config(study: MPPStudyConfig, target: str, rate: float, epochs: int):
-    """The MPP preset (``PRESETS["mpp_cifar10"]``) on the study's shape, data, target, rate and budget; warmup: the
-    preset's 2 epochs or a fifth of the run, whichever is shorter."""
+def pretrain_config(study: MPPStudyConfig, target: str, rate: float, epochs: int, examples: int | None):
+    """The MPP preset (``PRESETS["mpp_cifar10"]``) on the study's shape, data, target, rate and budget (``examples``
+    pre-training images, None: all); warmup: the preset's 2 epochs or a fifth of the run, whichever is shorter."""
     from vitlab.train import PRESETS
 
     base = PRESETS["mpp_cifar10"]
-    data = study.data if study.pretrain_examples is None else f"{study.data}[n={study.pretrain_examples}]"
+    data = study.data if examples is None else f"{study.data}[n={examples}]"
     return dataclasses.replace(base, model=study.model, data=data, epochs=epochs, batch_size=study.pretrain_batch_size,
                                lr=study.pretrain_lr, warmup_epochs=min(base.warmup_epochs, epochs / 5),
                                mpp_target=target, mpp_rate=rate, seed=study.seed, bf16=study.bf16)
@@ -225,14 +237,24 @@ def pretrain_dir(study: MPPStudyConfig, cfg) -> Path:
     return study.root() / f"mpp-{cfg.mpp_target}-r{cfg.mpp_rate:g}-e{cfg.epochs}-{key}"
 
 
-def _pretrain_for(study: MPPStudyConfig, init: str):
-    """The pre-training config behind an MPP initialisation (None for scratch and supervised)."""
+def pretrain_run_config(study: MPPStudyConfig, init: str):
+    """The pre-training config behind an initialisation: ``"mpp"`` (the main run) or ``"ablation:TARGET@RATE"``;
+    None for scratch and supervised. ``pretrain_dir(study, pretrain_run_config(study, "mpp"))`` is the main run."""
     if init == "mpp":
-        return pretrain_config(study, *study.main, study.main_epochs)
+        return pretrain_config(study, *study.main, study.main_epochs, study.pretrain_examples)
     if init.startswith("ablation:"):
         target, rate = init.removeprefix("ablation:").split("@")
-        return pretrain_config(study, target, float(rate), study.ablation_epochs)
+        return pretrain_config(study, target, float(rate), study.ablation_epochs, _examples_for(study, init))
     return None
+
+
+def _ablation_examples(study: MPPStudyConfig) -> int | None:
+    return study.pretrain_examples if study.ablation_examples is None else study.ablation_examples
+
+
+def _examples_for(study: MPPStudyConfig, init: str) -> int | None:
+    """The cap on the pre-training images of an MPP initialisation's run (None: all)."""
+    return study.pretrain_examples if init == "mpp" else _ablation_examples(study)
 
 
 def _supervised_checkpoint(study: MPPStudyConfig) -> tuple[Path, ViTConfig, str]:
@@ -279,8 +301,8 @@ def _init_spec(study: MPPStudyConfig, init: str, supervised: tuple[Path, ViTConf
         path, cfg, digest = supervised
         return {"init": "supervised", "checkpoint": study.supervised, "model": config_to_dict(cfg),
                 "weights_sha256": digest}
-    return {"init": init, "pretrain": train_config_to_dict(_pretrain_for(study, init)),
-            "pretrain_examples": study.pretrain_examples}
+    return {"init": init, "pretrain": train_config_to_dict(pretrain_run_config(study, init)),
+            "pretrain_examples": _examples_for(study, init)}
 
 
 def _finetune_model(study: MPPStudyConfig, init: str, supervised: tuple[Path, ViTConfig, str] | None) -> ViTConfig:
@@ -314,7 +336,7 @@ def fingerprint(spec: dict[str, Any]) -> str:
 @dataclass(frozen=True)
 class _Data:
     train: ImageArray  # every training image: fine-tune subsets are drawn from it
-    pretrain: ImageArray
+    pretrain: dict[int | None, ImageArray]  # by the cap on their number (None: all)
     pool: ImageArray  # the few-shot pool
     test: ImageArray
 
@@ -327,8 +349,9 @@ def _balanced(data: ImageArray, per_class: int | None, seed: int) -> ImageArray:
 
 def _load_data(study: MPPStudyConfig) -> _Data:
     train, test = load_dataset(study.data, "train"), load_dataset(study.data, "test")
-    pretrain = train if study.pretrain_examples is None else \
-        train.subset(nested_subsets(train.labels, [study.pretrain_examples], seed=study.seed)[0])
+    caps = sorted({study.pretrain_examples, _ablation_examples(study)} - {None})
+    pretrain: dict[int | None, ImageArray] = {None: train}  # nested: a smaller cap's images are among a larger's
+    pretrain.update(zip(caps, map(train.subset, nested_subsets(train.labels, caps, seed=study.seed))))
     return _Data(train, pretrain, _balanced(train, study.probe_pool_per_class, 0), _balanced(test, study.test_per_class, 0))
 
 
@@ -337,7 +360,8 @@ def _checkpoint_meta(run: Path) -> dict[str, Any] | None:
     return json.loads(f.read_text()) if f.is_file() else None
 
 
-def _pretrain(study: MPPStudyConfig, cfg, data: _Data, progress: bool, device: str | None) -> Path:
+def _pretrain(study: MPPStudyConfig, cfg, images: ImageArray, test: ImageArray, progress: bool,
+              device: str | None) -> Path:
     """Pre-train ``cfg`` into its run folder, resuming it where it stopped; a finished run is not touched, but it must
     have been trained with ``cfg`` (else a changed default would pass an old encoder off as the new config's)."""
     from vitlab.train import train, train_config_from_dict, with_num_classes
@@ -347,19 +371,18 @@ def _pretrain(study: MPPStudyConfig, cfg, data: _Data, progress: bool, device: s
     saved_file = run / "train_config.json"
     if saved_file.is_file():
         saved = train_config_from_dict(json.loads(saved_file.read_text()))
-        if saved != with_num_classes(cfg, len(data.pretrain.classes)):
+        if saved != with_num_classes(cfg, len(images.classes)):
             raise ValueError(f"the pre-training folder {run} holds a run of another config (a changed default or "
                              f"field?): delete that folder to pre-train again. saved={saved} requested={cfg}")
     if meta is None or meta["epoch"] < cfg.epochs:
-        train(cfg, run, resume=meta is not None, progress=progress, train_data=data.pretrain, test_data=data.test,
-              device=device)
+        train(cfg, run, resume=meta is not None, progress=progress, train_data=images, test_data=test, device=device)
     return run
 
 
 def _pretrain_facts(run: Path) -> dict[str, Any]:
     meta = _checkpoint_meta(run)
     return {"run": str(run), "epochs": meta["epoch"], "train_seconds": meta.get("train_seconds"),
-            "mpp_test": meta.get("metrics", {}).get("mpp_test"),
+            "images": meta.get("data", {}).get("train_examples"), "mpp_test": meta.get("metrics", {}).get("mpp_test"),
             "code_hash": meta.get("environment", {}).get("code_hash")}
 
 
@@ -468,7 +491,7 @@ def run_study(study: MPPStudyConfig, results: str | os.PathLike, progress: bool 
         return []
     pretrain = {}  # init -> TrainConfig, in first-needed order
     for row, _, _ in todo:
-        cfg = _pretrain_for(study, row.init)
+        cfg = pretrain_run_config(study, row.init)
         if cfg is not None:
             pretrain.setdefault(row.init, cfg)
     unfinished = {pretrain_dir(study, c) for c in pretrain.values()
@@ -491,7 +514,8 @@ def run_study(study: MPPStudyConfig, results: str | os.PathLike, progress: bool 
                     key = pretrain_dir(study, cfg)
                     if str(key) not in runs:
                         try:
-                            runs[str(key)] = _pretrain(study, cfg, data, progress is not False, device)
+                            images = data.pretrain[_examples_for(study, row.init)]
+                            runs[str(key)] = _pretrain(study, cfg, images, data.test, progress is not False, device)
                         except Exception as e:  # every row that needs this run fails with its error
                             runs[str(key)] = e
                         if key in unfinished:
