@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 
+import pytest
 import torch
 
 from vitlab.data import load_dataset, load_shapes
@@ -47,3 +50,19 @@ def test_objects_differ_from_background_and_split_loader():
     assert d.masks.shape == (8, 32, 32) and d.classes == SHAPE_CLASSES
     assert d.subset([0, 2]).masks.shape == (2, 32, 32)
     assert len(load_dataset("shapes", "test")) == 2000
+
+
+@pytest.mark.slow
+def test_the_shapes_recipe_leaves_the_chance_plateau_for_at_least_four_of_five_seeds(tmp_path):
+    """The shapes preset on a 10-epoch schedule, seeds 0-4 (about 2 minutes each on one core). With learned position
+    embeddings this ViT sat on the chance plateau (25%) for most seeds; the preset's fixed 2D sin-cos table gives it
+    the grid from the first step, and every seed measured left the plateau (54-65% after these 10 epochs)."""
+    from vitlab.train import PRESETS, train
+
+    cfg = dataclasses.replace(PRESETS["vit_shapes"], epochs=10, eval_every=10)
+    accuracies = []
+    for seed in range(5):
+        run = tmp_path / f"seed{seed}"
+        train(dataclasses.replace(cfg, seed=seed), run, progress=False)
+        accuracies.append(json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["test_accuracy"])
+    assert sum(a >= 0.45 for a in accuracies) >= 4, accuracies

@@ -195,14 +195,17 @@ PRESETS: dict[str, TrainConfig] = {
     "mpp_cifar10": TrainConfig(model=cifar_vit(), objective="mpp", mpp_target="color3", mpp_rate=0.5, epochs=20,
                                batch_size=256, lr=1e-3, weight_decay=0.05, warmup_epochs=2.0, mixup_prob=0.0,
                                label_smoothing=0.0),
-    # The shapes ViT: 8 px patches (a 4x4 grid). With 4 px patches this small ViT stayed near chance for
-    # thousands of steps on 8,000 images; with 8 px it escapes the chance plateau after a few epochs, but
-    # not for every seed: seed 0 (and label_smoothing=0) still sat at chance after 15 epochs, seed 1 left
-    # it by epoch 5 and reached 90% (the shipped model).
+    # The shapes ViT: 8 px patches (a 4x4 grid) and a fixed 2D sin-cos position table. With 4 px patches this small
+    # ViT stayed near chance for thousands of steps on 8,000 images; with 8 px and learned position embeddings it
+    # left the chance plateau for some seeds only: on a 10-epoch schedule, seeds 0-4 ended at 27, 51, 41, 64, 28%
+    # (chance 25%; two never left it). With the sin-cos table (nothing else changed) all five left it by epoch 3
+    # and ended at 54, 59, 65, 61, 60%. Our reading: a shape is a relation between patches, and a learned table
+    # starts as noise that attention cannot place; the fixed one gives the grid from the first step.
+    # tests/test_shapes.py (slow) checks 4 of 5 seeds.
     "vit_shapes": TrainConfig(model=cifar_vit(depth=4, embed_dim=128, num_heads=4, mlp_dim=256, num_classes=4,
-                                           patch_size=8, drop_path_rate=0.0),
+                                           patch_size=8, drop_path_rate=0.0, pos_embed="sincos"),
                               data="shapes", epochs=40, batch_size=64, lr=1e-3, warmup_epochs=1.0, mixup_prob=0.0,
-                              crop_padding=2, seed=1),
+                              crop_padding=2),
     # Tiny: for tests; trains in seconds.
     "tiny": TrainConfig(model=cifar_vit(depth=2, embed_dim=32, num_heads=2, mlp_dim=64, drop_path_rate=0.0),
                         epochs=2, batch_size=16, lr=1e-3, warmup_epochs=0.5, mixup_prob=0.0, bf16=False),
