@@ -93,7 +93,8 @@ def test_ablation_images_must_come_from_the_main_runs_images():
     assert pretrain_run_config(SMOKE, "mpp").data == "shapes[n=256]"
     assert pretrain_run_config(SMOKE, "ablation:l2@0.5").data == "shapes[n=128]"
     # without their own cap the ablation runs pre-train on the main run's images
-    assert pretrain_run_config(dataclasses.replace(SMOKE, ablation_examples=None), "ablation:l2@0.5").data == "shapes[n=256]"
+    uncapped = dataclasses.replace(SMOKE, ablation_examples=None)
+    assert pretrain_run_config(uncapped, "ablation:l2@0.5").data == "shapes[n=256]"
     data = _load_data(SMOKE)
     small, large = data.pretrain[128], data.pretrain[256]
     assert len(small) == 128 and len(large) == 256 and torch.bincount(small.labels).tolist() == [32] * 4

@@ -7,8 +7,8 @@ rate and the two other targets did slightly worse than 50% and the 3-bit mean co
 * **pre-training** through ``vitlab.train.train`` with ``objective="mpp"`` on the training images, labels unread:
   the main run (``main``: 3-bit mean colour, 50% corrupted, ``main_epochs``) and the ablation runs (``ablations``,
   all on the same shorter budget ``ablation_epochs``, optionally on fewer images ``ablation_examples``, the main
-  target and rate among them). Each run lives in a
-  folder named by a hash of its ``TrainConfig`` under ``run_root`` (outside the work tree): a killed study resumes
+  target and rate among them). Each run lives in a folder named by a hash of its ``TrainConfig`` under
+  ``run_root`` (outside the work tree): a killed study resumes
   a pre-training run at its last epoch, and a run whose config did not change is reused (also after a code change:
   each record stores the code hash of the checkpoint it used; delete the folder to pre-train again).
 * **three initialisations of one shape**: ``scratch`` (random weights: for the few-shot row the very init the MPP
@@ -64,8 +64,9 @@ from vitlab.stats import percent_cell
 from vitlab.zoo import ViTConfig, cifar_vit, config_to_dict
 
 __all__ = ["MPPStudyConfig", "STUDIES", "StudyRow", "study_rows", "row_spec", "fingerprint", "pretrain_config",
-           "pretrain_run_config", "finetune_config", "pretrain_dir", "run_study", "latest_records", "shown_records", "markdown_tables", "study_verdicts",
-           "default_results", "row_status", "scratch_model", "supervised_model", "INITS"]
+           "pretrain_run_config", "finetune_config", "pretrain_dir", "run_study", "latest_records", "shown_records",
+           "markdown_tables", "study_verdicts", "default_results", "row_status", "scratch_model", "supervised_model",
+           "INITS"]
 
 #: The three initialisations of the comparison, in table order.
 INITS = ("scratch", "mpp", "supervised")
@@ -159,8 +160,8 @@ STUDIES: dict[str, MPPStudyConfig] = {
     # is the supervised initialisation.
     "smoke": MPPStudyConfig("smoke", data="shapes", model=_shapes_vit(),
                             supervised="data/checkpoints/vit_shapes", main_epochs=2, ablation_epochs=1,
-                            pretrain_examples=256, ablation_examples=128, pretrain_batch_size=32, shots=(1, 5), probe_seeds=(0, 1),
-                            probe_pool_per_class=10, test_per_class=50, verdict_shots=5, finetune_per_class=16,
+                            pretrain_examples=256, ablation_examples=128, pretrain_batch_size=32, shots=(1, 5),
+                            probe_seeds=(0, 1), probe_pool_per_class=10, test_per_class=50, verdict_shots=5, finetune_per_class=16,
                             finetune_epochs=2, finetune_batch_size=16, finetune_lr=1e-3, seeds=(0, 1), bf16=False),
 }
 
