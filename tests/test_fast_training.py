@@ -198,7 +198,10 @@ def test_warm_start_finds_a_checkout_folder_from_any_working_directory(tmp_path,
     torch.manual_seed(0)
     model = vitlab.build_model(shipped.vitlab_config)
     assert warm_start(model, "data/checkpoints/vit_shapes") == []
-    torch.testing.assert_close(model.state_dict(), shipped.state_dict(), rtol=0, atol=0)
+    own, src = model.state_dict(), shipped.state_dict()
+    # its fixed sin-cos table is rebuilt exactly, not copied from the half-precision file
+    torch.testing.assert_close(own.pop("pos_embed"), src.pop("pos_embed"), rtol=0, atol=1e-3)
+    torch.testing.assert_close(own, src, rtol=0, atol=0)
 
 
 @pytest.fixture(scope="module")
