@@ -142,7 +142,8 @@ def test_a_finished_pretraining_run_of_another_config_is_not_reused(smoke, tmp_p
 
 def test_scratch_is_the_init_the_mpp_runs_start_from(smoke, tmp_path):
     study = smoke[0]
-    cfg = dataclasses.replace(pretrain_config(study, *study.main, 1, study.pretrain_examples), lr=0.0, min_lr=0.0, batch_size=16)
+    cfg = dataclasses.replace(pretrain_config(study, *study.main, 1, study.pretrain_examples), lr=0.0, min_lr=0.0,
+                              batch_size=16)
     data = load_shapes("train", n=16)
     started = train(cfg, tmp_path / "run", progress=False, train_data=data, test_data=data)  # one step at lr 0
     scratch = scratch_model(study, len(data.classes))

@@ -161,8 +161,9 @@ STUDIES: dict[str, MPPStudyConfig] = {
     "smoke": MPPStudyConfig("smoke", data="shapes", model=_shapes_vit(),
                             supervised="data/checkpoints/vit_shapes", main_epochs=2, ablation_epochs=1,
                             pretrain_examples=256, ablation_examples=128, pretrain_batch_size=32, shots=(1, 5),
-                            probe_seeds=(0, 1), probe_pool_per_class=10, test_per_class=50, verdict_shots=5, finetune_per_class=16,
-                            finetune_epochs=2, finetune_batch_size=16, finetune_lr=1e-3, seeds=(0, 1), bf16=False),
+                            probe_seeds=(0, 1), probe_pool_per_class=10, test_per_class=50, verdict_shots=5,
+                            finetune_per_class=16, finetune_epochs=2, finetune_batch_size=16, finetune_lr=1e-3,
+                            seeds=(0, 1), bf16=False),
 }
 
 
@@ -249,13 +250,12 @@ def pretrain_run_config(study: MPPStudyConfig, init: str):
     return None
 
 
-def _ablation_examples(study: MPPStudyConfig) -> int | None:
-    return study.pretrain_examples if study.ablation_examples is None else study.ablation_examples
-
-
 def _examples_for(study: MPPStudyConfig, init: str) -> int | None:
-    """The cap on the pre-training images of an MPP initialisation's run (None: all)."""
-    return study.pretrain_examples if init == "mpp" else _ablation_examples(study)
+    """The cap on the pre-training images of an MPP initialisation's run (None: all); an ablation run without a cap
+    of its own has the main run's."""
+    if init == "mpp" or study.ablation_examples is None:
+        return study.pretrain_examples
+    return study.ablation_examples
 
 
 def _supervised_checkpoint(study: MPPStudyConfig) -> tuple[Path, ViTConfig, str]:
@@ -350,7 +350,7 @@ def _balanced(data: ImageArray, per_class: int | None, seed: int) -> ImageArray:
 
 def _load_data(study: MPPStudyConfig) -> _Data:
     train, test = load_dataset(study.data, "train"), load_dataset(study.data, "test")
-    caps = sorted({study.pretrain_examples, _ablation_examples(study)} - {None})
+    caps = sorted({study.pretrain_examples, study.ablation_examples} - {None})
     pretrain: dict[int | None, ImageArray] = {None: train}  # nested: a smaller cap's images are among a larger's
     pretrain.update(zip(caps, map(train.subset, nested_subsets(train.labels, caps, seed=study.seed))))
     return _Data(train, pretrain, _balanced(train, study.probe_pool_per_class, 0), _balanced(test, study.test_per_class, 0))
