@@ -119,7 +119,7 @@ def test_resume_on_a_finished_run_says_so(tmp_path, capsys, monkeypatch):
     assert "is finished: all 1 epochs are done" in capsys.readouterr().out  # tqdm.write prints to stdout
 
 
-def test_continue_resumes_or_warm_starts_from_the_shipped_checkpoint(tmp_path, capsys, monkeypatch):
+def test_continue_warm_starts_from_the_shipped_checkpoint_when_the_state_is_gone(tmp_path, capsys, monkeypatch):
     from _reference import make_folder
 
     import vitlab.models
@@ -137,5 +137,38 @@ def test_continue_resumes_or_warm_starts_from_the_shipped_checkpoint(tmp_path, c
     assert main(args + ["--run-dir", str(tmp_path / "b")]) == 0  # state gone: warm start from the shipped weights
     assert "warm-starting from the shipped" in capsys.readouterr().err
     assert json.loads((tmp_path / "b" / "train_config.json").read_text())["init_from"] == str(shipped_root / "tiny")
-    assert main(args + ["--run-dir", str(tmp_path / "b")]) == 0  # state present: resumed (and already finished)
-    assert "is finished" in capsys.readouterr().out
+
+
+def test_continue_after_a_finished_and_exported_leg_trains_a_new_leg(tmp_path, capsys, monkeypatch):
+    """A finished run's state is kept aside and a new leg warm-starts from what shipped; a finished run that was
+    never exported is refused (a new leg from the shipped weights would drop what it learned) and left as it was."""
+    from _reference import make_folder
+
+    import vitlab.models
+    from vitlab.export import export_run
+
+    data = make_folder(tmp_path / "d" / "train", n_per_class=16, size=32, classes=("a", "b"))
+    make_folder(tmp_path / "d" / "test", n_per_class=4, size=32, classes=("a", "b"))
+    shipped = tmp_path / "checkpoints" / "tiny"
+    monkeypatch.setattr(vitlab.models, "DEFAULT_CHECKPOINT", shipped.parent / "vit_cifar10")
+    run = tmp_path / "run"
+    args = ["train", "--preset", "tiny", "--data", str(data.parent), "--epochs", "1", "--run-dir", str(run)]
+    assert main(args) == 0
+    first = (run / "checkpoint" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main(args + ["--continue"]) == 1  # finished, not exported: refused, nothing moved
+    assert "was not exported from it" in capsys.readouterr().err
+    assert (run / "checkpoint" / "model.safetensors").read_bytes() == first and not run.with_name("run.leg1").exists()
+
+    export_run(run, shipped, command="vitlab train --preset tiny")
+    assert main(args + ["--continue"]) == 0  # exported: kept as run.leg1, and a new leg from the shipped weights
+    assert "kept as" in capsys.readouterr().err
+    assert (run.with_name("run.leg1") / "checkpoint" / "model.safetensors").read_bytes() == first
+    assert json.loads((run / "train_config.json").read_text())["init_from"] == str(shipped)
+    assert json.loads((run / "checkpoint" / "config.json").read_text())["epoch"] == 1
+
+    meta_file = run / "checkpoint" / "config.json"  # an unfinished leg (as if killed after epoch 0) is resumed
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "epoch": 0}))
+    assert main(args + ["--continue"]) == 0
+    assert "kept as" not in capsys.readouterr().err and not run.with_name("run.leg2").exists()
+    assert json.loads(meta_file.read_text())["epoch"] == 1

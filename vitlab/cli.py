@@ -83,6 +83,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     resume = args.resume
     if args.continue_run:
         shipped = DEFAULT_CHECKPOINT.parent / args.preset
+        if (run / "checkpoint" / "config.json").is_file() and _finished_and_shipped(run, shipped):
+            # a finished leg whose weights were exported: keep its state and train a new leg from what shipped
+            kept = _free_name(run)
+            run.rename(kept)
+            print(f"{run} finished its schedule and was exported to {shipped}: kept as {kept}", file=sys.stderr)
         if (run / "checkpoint" / "config.json").is_file():
             resume = True
         elif (shipped / "model.safetensors").is_file() and cfg.init_from is None:
@@ -95,6 +100,31 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"run folder: {run}", file=sys.stderr)
     train(cfg, run, resume=resume, progress=not args.quiet, device=args.device)
     return 0
+
+
+def _finished_and_shipped(run: Path, shipped: Path) -> bool:
+    """Whether ``run`` has done every epoch of its schedule and ``shipped``'s card was exported from that state (same
+    epochs and training seconds). An unfinished run is resumed; a finished one that was never exported raises, since
+    warm-starting a new leg from the shipped weights would silently drop what the run learned."""
+    meta = json.loads((run / "checkpoint" / "config.json").read_text())
+    planned = json.loads((run / "train_config.json").read_text())["epochs"] if (run / "train_config.json").is_file() \
+        else meta["train"]["epochs"]
+    if meta["epoch"] < planned:
+        return False
+    card = json.loads((shipped / "card.json").read_text()) if (shipped / "card.json").is_file() else {}
+    if card.get("epochs_done") == meta["epoch"] and card.get("train_seconds") == meta.get("train_seconds"):
+        return True
+    raise FileExistsError(f"--continue: {run} finished its {planned} epochs, but {shipped} was not exported from it. "
+                     f"Export it first (vitlab export --run-dir {run} --out {shipped} --command-line '...'), then "
+                     "--continue trains a new leg from it; or pass --run-dir NEW to start elsewhere.")
+
+
+def _free_name(run: Path) -> Path:
+    """``RUN.leg1``, ``RUN.leg2``, ...: the first name not taken."""
+    k = 1
+    while run.with_name(f"{run.name}.leg{k}").exists():
+        k += 1
+    return run.with_name(f"{run.name}.leg{k}")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -340,8 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "~/.cache/vitlab/runs/PRESET: outside the work tree)")
     sp.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     sp.add_argument("--continue", dest="continue_run", action="store_true",
-                    help="resume the run when its state exists; otherwise warm-start from the shipped checkpoint of "
-                         "the preset (data/checkpoints/PRESET) with a fresh schedule instead of starting over")
+                    help="resume the run when its state exists; otherwise, or when the run finished and was exported, "
+                         "warm-start a new leg from the shipped checkpoint of the preset (data/checkpoints/PRESET) "
+                         "with a fresh schedule instead of starting over")
     sp.add_argument("--epochs", type=int, help="override the preset's number of epochs")
     sp.add_argument("--data", help="dataset: cifar10, cifar100, or an ImageFolder folder/zip")
     sp.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override any TrainConfig field")
