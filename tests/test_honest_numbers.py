@@ -123,3 +123,12 @@ def test_mpp_readme_attention_comparison_is_recomputed():
     for m in (mpp, sup):
         score = vitlab.position_structure_score(vitlab.position_embedding_similarity(m))
         assert f"{score:.3f}" in readme
+
+
+def test_shipped_text_names_no_machine_path():
+    """Cards, results and READMEs name data and runs by name or relative path: a machine's home, temporary or
+    checkout folder means nothing on the reader's machine."""
+    machine = re.compile(r"(?<![\w.])/(?:root|home|tmp|work|Users)/")
+    found = [f"{f.relative_to(ROOT)}: {m.group(0)}" for f in sorted((ROOT / "data").rglob("*"))
+             if f.suffix in {".json", ".jsonl", ".md"} for m in [machine.search(f.read_text())] if m]
+    assert not found, found

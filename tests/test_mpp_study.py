@@ -77,6 +77,7 @@ def test_smoke_study_runs_end_to_end(smoke):
     assert len({r["fingerprint"] for r in records}) == 13
     runs = {r["metrics"]["pretrain"]["run"] for r in records if "pretrain" in r["metrics"]}
     assert len(runs) == 1 + len(study.ablations)
+    assert {pretrain_dir(study, pretrain_run_config(study, "mpp")).name} < runs  # a folder name under the root
     # the shipped shapes ViT (supervised, ~90% accurate) gives far better 5-shot features than a random init (25%
     # is chance for 4 classes)
     few = {r["init"]: r["metrics"]["few_shot"]["5"]["mean"] for r in records if r["kind"] == "few_shot"}

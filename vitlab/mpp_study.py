@@ -382,7 +382,8 @@ def _pretrain(study: MPPStudyConfig, cfg, images: ImageArray, test: ImageArray, 
 
 def _pretrain_facts(run: Path) -> dict[str, Any]:
     meta = _checkpoint_meta(run)
-    return {"run": str(run), "epochs": meta["epoch"], "train_seconds": meta.get("train_seconds"),
+    # the folder's name under the study's root (pretrain_dir), never a machine's absolute path
+    return {"run": run.name, "epochs": meta["epoch"], "train_seconds": meta.get("train_seconds"),
             "images": meta.get("data", {}).get("train_examples"), "mpp_test": meta.get("metrics", {}).get("mpp_test"),
             "code_hash": meta.get("environment", {}).get("code_hash")}
 
