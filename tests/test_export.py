@@ -61,3 +61,28 @@ def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, two
         "warm_start_hours": 2.042, "warm_start_test_accuracy": 0.6202, "total_train_hours": 2.542}
     (tmp_path / "start" / "card.json").unlink()
     assert _warm_start_facts(str(tmp_path / "start"), 0.5) == {} and _warm_start_facts(None, 0.5) == {}
+
+
+def test_card_hardware_names_the_training_machine_and_the_threads_it_used(tmp_path, two_class_folder, monkeypatch):
+    """The card's hardware line comes from the run's own environment (recorded at training), not the exporting
+    machine: a run with 1 torch thread on a 2-core CPU says so."""
+    import torch
+
+    from vitlab.export import _hardware
+    from vitlab.provenance import cpu_model
+
+    assert _hardware({"cpu": "AMD EPYC", "cores": 2, "threads": 1}, "fp32") == "AMD EPYC, 1 of 2 cores, fp32"
+    assert _hardware({"cpu": "Xeon", "cores": 2, "threads": 2}, "bf16") == "Xeon, 2 cores, bf16"
+    assert _hardware({"device": "cuda:0", "gpu": "NVIDIA H100", "cpu": "Xeon", "cores": 16}, "bf16") == \
+        "NVIDIA H100, bf16"
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=1, bf16=False),
+              tmp_path / "run", progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    env = json.loads((tmp_path / "run" / "checkpoint" / "config.json").read_text())["environment"]
+    assert env["threads"] == 1 and env["cpu"] == cpu_model()
+    assert _export(tmp_path / "run", tmp_path / "out")["hardware"] == _hardware(env, "fp32")

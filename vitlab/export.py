@@ -111,7 +111,7 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "epochs_done": meta["epoch"],
         "epochs_planned": train_cfg["epochs"],
         "train_seconds": meta.get("train_seconds"),
-        "hardware": hardware or f"{cpu_model()}, {os.cpu_count()} cores, {precision}",
+        "hardware": hardware or _hardware(meta.get("environment") or {}, precision),
         "data": meta.get("data"),
         "test_accuracy": acc,
         "test_accuracy_tta": acc_tta,
@@ -204,6 +204,18 @@ def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | 
                          start=(t0, facts.get("warm_start_test_accuracy"), f"warm start ({facts['warm_start_from']})")
                          if facts.get("warm_start_hours") is not None and not mpp else None)
     return write_images([fig], [path], scale=2)
+
+
+def _hardware(env: dict, precision: str) -> str:
+    """Where the run trained, from its checkpoint's environment: the GPU, or the CPU with the threads it used of its
+    cores (e.g. "AMD EPYC, 1 of 2 cores, fp32"). Runs saved before the CPU was recorded fall back to this machine's
+    CPU and cores."""
+    if str(env.get("device", "cpu")).startswith("cuda") and env.get("gpu"):
+        return f"{env['gpu']}, {precision}"
+    cores = env.get("cores") or os.cpu_count()
+    threads = env.get("threads")
+    used = f"{threads} of {cores} cores" if threads and cores and threads < cores else f"{cores} cores"
+    return f"{env.get('cpu') or cpu_model()}, {used}, {precision}"
 
 
 def _warm_start_facts(init_from: str | None, train_hours: float, shipped_weights: Path | None = None) -> dict:

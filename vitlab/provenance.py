@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -62,9 +63,11 @@ def cpu_model() -> str:
 
 
 def provenance(**extra: Any) -> dict[str, Any]:
-    """Versions, code (commit and source hash), Python, host and torch threads, plus ``extra``."""
+    """Versions, code (commit and source hash), Python, host, CPU model, cores and torch threads, the GPU's name
+    where there is one, plus ``extra``."""
     import torch
 
+    gpu = {"gpu": torch.cuda.get_device_name(0)} if torch.cuda.is_available() else {}
     return {**versions(), "python": platform.python_version(), "git_commit": git_commit(), "code_hash": code_hash(),
-            "host": platform.node(), "machine": platform.machine(), "threads": torch.get_num_threads(),
-            "cuda": torch.cuda.is_available(), **extra}
+            "host": platform.node(), "machine": platform.machine(), "cpu": cpu_model(), "cores": os.cpu_count(),
+            "threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(), **gpu, **extra}
