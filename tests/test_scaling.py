@@ -155,10 +155,30 @@ def test_every_family_gets_a_training_config_with_the_sweeps_classes():
         model = vitlab.build_model(cfg.model)
         assert model.num_classes == len(sweep.pretrain_classes)
     # validation at most max_evals times per run, always at the last epoch: 250 images train 150 one-step epochs
-    for n, epochs, every in ((250, 150, 10), (1000, 22, 2), (12500, 10, 1)):
+    for n, epochs, every in ((100, 150, 10), (250, 150, 10), (1000, 22, 2), (5000, 10, 1)):
         cfg = _train_config(sweep, RunSpec("vit", n, 0), n)
         assert (cfg.epochs, cfg.eval_every) == (epochs, every) and cfg.keep_best
         assert len([e for e in range(cfg.epochs) if (e + 1) % every == 0 or e + 1 == epochs]) <= sweep.max_evals
+
+
+def test_the_shipped_sweep_meets_the_issues_design():
+    """At least 5 nested sizes over at least 50x, 3 seeds, three families, a validation split, and the same number
+    of tuning recipes for every family (an equal chance), within the training-image budget its comment states."""
+    from vitlab.scaling import SWEEPS, TUNING_GRID, RunSpec, _train_config
+
+    sweep = SWEEPS["cifar10"]
+    assert len(sweep.sizes) >= 5 and max(sweep.sizes) / min(sweep.sizes) >= 50 and len(sweep.seeds) >= 3
+    assert set(sweep.families) == {"vit", "bit", "hybrid"} and sweep.val_per_class > 0
+    assert {len(TUNING_GRID[f]) for f in sweep.families} == {4}
+    assert {o for o, _, _ in TUNING_GRID["bit"]} == {"adamw", "sgd"}
+
+    def images(spec):
+        cfg = _train_config(sweep, spec, spec.size)
+        return cfg.epochs * (spec.size // cfg.batch_size) * cfg.batch_size
+
+    grid = sum(images(s) for s in sweep.runs())
+    tuning = sum(len(TUNING_GRID[f]) * images(RunSpec(f, max(sweep.sizes), 0)) for f in sweep.families)
+    assert (round(grid / 1e6, 2), round(tuning / 1e6, 2)) == (1.33, 0.60)  # the figures the comment states
 
 
 def test_percent_cell_known_answers_and_the_sweep_table_uses_it():
