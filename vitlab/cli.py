@@ -114,9 +114,9 @@ def _finished_and_shipped(run: Path, shipped: Path) -> bool:
     card = json.loads((shipped / "card.json").read_text()) if (shipped / "card.json").is_file() else {}
     if card.get("epochs_done") == meta["epoch"] and card.get("train_seconds") == meta.get("train_seconds"):
         return True
-    raise FileExistsError(f"--continue: {run} finished its {planned} epochs, but {shipped} was not exported from it. "
-                     f"Export it first (vitlab export --run-dir {run} --out {shipped} --command-line '...'), then "
-                     "--continue trains a new leg from it; or pass --run-dir NEW to start elsewhere.")
+    raise FileExistsError(f"--continue: {run} finished its {planned} epochs, but {shipped} was not exported from "
+                          f"it. Export it first (vitlab export --run-dir {run} --out {shipped} --command-line '...'), "
+                          "then --continue trains a new leg from it; or pass --run-dir NEW to start elsewhere.")
 
 
 def _free_name(run: Path) -> Path:
