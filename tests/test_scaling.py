@@ -144,6 +144,31 @@ def test_fingerprint_changes_with_the_code(monkeypatch):
     assert SWEEPS["quick"].fingerprint() != before
 
 
+def test_code_hash_is_the_code_the_process_imported(tmp_path):
+    """A long run stamps the code it loaded: editing the package's files afterwards changes ``source_hash`` (what a
+    new process would load) but not the running process's ``code_hash``."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import vitlab
+
+    pkg = tmp_path / "vitlab"
+    shutil.copytree(Path(vitlab.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    from vitlab.provenance import source_hash
+
+    copied = source_hash()  # the copy's files, before the edit (the same names and contents as this package's)
+    script = (f"import vitlab.provenance as p, pathlib; assert p.__file__.startswith({str(tmp_path)!r}); "
+              f"f = pathlib.Path({str(pkg / 'stats.py')!r}); f.write_text(f.read_text() + '# edited'); "
+              "print(p.code_hash(), p.source_hash())")  # asked for the first time after the edit
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    stamped, now = out.stdout.split()
+    assert stamped == copied != now
+
+
 def test_every_family_gets_a_training_config_with_the_sweeps_classes():
     import vitlab
     from vitlab.scaling import FAMILIES, SWEEPS, RunSpec, _train_config

@@ -1,5 +1,8 @@
 """vitlab: look inside Vision Transformers (Dosovitskiy et al., "An Image is Worth 16x16 Words", ICLR 2021)."""
 
+# first: stamps the code and commit this process loads (see vitlab.provenance.code_hash)
+from vitlab import provenance as _provenance  # noqa: F401, I001
+
 from vitlab.capture import (
     AttentionCapture,
     AttentionCaptureError,

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["versions", "provenance", "git_commit", "code_hash"]
+__all__ = ["versions", "provenance", "git_commit", "code_hash", "source_hash"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -32,22 +32,32 @@ def versions() -> dict[str, str]:
 
 @functools.cache
 def git_commit() -> str | None:
-    """The commit of the checkout vitlab runs from (None outside a git checkout)."""
+    """The commit of the checkout vitlab runs from when it was imported (None outside a git checkout)."""
     with contextlib.suppress(Exception):
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=_PACKAGE)
         return out.stdout.strip() or None
     return None
 
 
-@functools.cache
-def code_hash() -> str:
-    """A short digest of every ``.py`` file of the installed vitlab package (names and contents): two results with
-    the same hash were produced by the same code, committed or not."""
+def source_hash() -> str:
+    """A short digest of every ``.py`` file of the vitlab package as the files are now (names and contents)."""
     h = hashlib.blake2b(digest_size=8)
     for p in sorted(_PACKAGE.rglob("*.py")):
         h.update(p.relative_to(_PACKAGE).as_posix().encode())
         h.update(p.read_bytes())
     return h.hexdigest()
+
+
+# Taken when vitlab is imported (``vitlab/__init__`` imports this module first), so that a long run stamps the code
+# it loaded, not whatever the files hold by the time it saves a record (someone may be editing the checkout).
+_CODE_HASH = source_hash()
+git_commit()
+
+
+def code_hash() -> str:
+    """``source_hash()`` as it was when this process imported vitlab: two results with the same hash were produced
+    by the same code, committed or not."""
+    return _CODE_HASH
 
 
 def cpu_model() -> str:
