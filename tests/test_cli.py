@@ -157,7 +157,7 @@ def test_continue_after_a_finished_and_exported_leg_trains_a_new_leg(tmp_path, c
     first = (run / "checkpoint" / "model.safetensors").read_bytes()
     capsys.readouterr()
     assert main(args + ["--continue"]) == 1  # finished, not exported: refused, nothing moved
-    assert "was not exported from it" in capsys.readouterr().err
+    assert "does not hold its weights" in capsys.readouterr().err
     assert (run / "checkpoint" / "model.safetensors").read_bytes() == first and not run.with_name("run.leg1").exists()
 
     export_run(run, shipped, command="vitlab train --preset tiny")
@@ -167,6 +167,8 @@ def test_continue_after_a_finished_and_exported_leg_trains_a_new_leg(tmp_path, c
     assert json.loads((run / "train_config.json").read_text())["init_from"] == str(shipped)
     assert json.loads((run / "checkpoint" / "config.json").read_text())["epoch"] == 1
 
+    # the new leg finished too, but the shipped folder holds the first leg (same epoch count, other weights): refused
+    assert main(args + ["--continue"]) == 1 and "does not hold its weights" in capsys.readouterr().err
     meta_file = run / "checkpoint" / "config.json"  # an unfinished leg (as if killed after epoch 0) is resumed
     meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "epoch": 0}))
     assert main(args + ["--continue"]) == 0

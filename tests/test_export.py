@@ -75,6 +75,10 @@ def test_card_hardware_names_the_training_machine_and_the_threads_it_used(tmp_pa
     assert _hardware({"cpu": "Xeon", "cores": 2, "threads": 2}, "bf16") == "Xeon, 2 cores, bf16"
     assert _hardware({"device": "cuda:0", "gpu": "NVIDIA H100", "cpu": "Xeon", "cores": 16}, "bf16") == \
         "NVIDIA H100, bf16"
+    # torchrun: each process's threads count; a GPU run saved before the GPU's name was recorded is still a GPU run
+    assert _hardware({"cpu": "Xeon", "cores": 2, "threads": 1, "world_size": 2}, "fp32") == "Xeon, 2 cores, fp32"
+    assert _hardware({"cpu": "Xeon", "cores": 8, "threads": 1, "world_size": 2}, "fp32") == "Xeon, 2 of 8 cores, fp32"
+    assert _hardware({"device": "cuda:1", "world_size": 4}, "bf16") == "4 x CUDA GPU, bf16"
     monkeypatch.chdir(tmp_path)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -85,38 +86,48 @@ def cmd_train(args: argparse.Namespace) -> int:
         shipped = DEFAULT_CHECKPOINT.parent / args.preset
         if (run / "checkpoint" / "config.json").is_file() and _finished_and_shipped(run, shipped):
             # a finished leg whose weights were exported: keep its state and train a new leg from what shipped
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                raise FileExistsError(f"--continue under torchrun: {run} holds a finished leg; move it aside first "
+                                      f"(mv {run} {_free_name(run)}) so that no two processes move it at once")
             kept = _free_name(run)
             run.rename(kept)
             print(f"{run} finished its schedule and was exported to {shipped}: kept as {kept}", file=sys.stderr)
         if (run / "checkpoint" / "config.json").is_file():
             resume = True
-        elif (shipped / "model.safetensors").is_file() and cfg.init_from is None:
+        elif cfg.init_from is not None:
+            print(f"no run state in {run}: warm-starting from {cfg.init_from} (--set init_from)", file=sys.stderr)
+        elif (shipped / "model.safetensors").is_file():
             # the run's state is gone (a new machine): start from the shipped weights with a fresh schedule
             cfg = dataclasses.replace(cfg, init_from=str(shipped))
             print(f"no run state in {run}: warm-starting from the shipped {shipped} with a fresh schedule",
                   file=sys.stderr)
         else:
-            print(f"no run state in {run} and no shipped checkpoint {shipped}: starting a fresh run", file=sys.stderr)
+            print(f"no run state in {run} and no shipped weights {shipped / 'model.safetensors'}: starting a fresh "
+                  "run", file=sys.stderr)
     print(f"run folder: {run}", file=sys.stderr)
     train(cfg, run, resume=resume, progress=not args.quiet, device=args.device)
     return 0
 
 
 def _finished_and_shipped(run: Path, shipped: Path) -> bool:
-    """Whether ``run`` has done every epoch of its schedule and ``shipped``'s card was exported from that state (same
-    epochs and training seconds). An unfinished run is resumed; a finished one that was never exported raises, since
-    warm-starting a new leg from the shipped weights would silently drop what the run learned."""
+    """Whether ``run`` has done every epoch of its schedule and ``shipped`` was exported from that state (the
+    shipped checkpoint's record of its last epoch, training seconds and epoch count are the run's). An unfinished run
+    is resumed; a finished one that ``shipped`` does not hold raises, since warm-starting a new leg from the shipped
+    weights would silently drop what the run learned (or the shipped folder has moved on past it)."""
     meta = json.loads((run / "checkpoint" / "config.json").read_text())
     planned = json.loads((run / "train_config.json").read_text())["epochs"] if (run / "train_config.json").is_file() \
         else meta["train"]["epochs"]
     if meta["epoch"] < planned:
         return False
-    card = json.loads((shipped / "card.json").read_text()) if (shipped / "card.json").is_file() else {}
-    if card.get("epochs_done") == meta["epoch"] and card.get("train_seconds") == meta.get("train_seconds"):
+    f = shipped / "config.json"
+    held = json.loads(f.read_text()) if f.is_file() else {}
+    if all(held.get(k) == meta.get(k) for k in ("epoch", "train_seconds", "metrics")):
         return True
-    raise FileExistsError(f"--continue: {run} finished its {planned} epochs, but {shipped} was not exported from "
-                          f"it. Export it first (vitlab export --run-dir {run} --out {shipped} --command-line '...'), "
-                          "then --continue trains a new leg from it; or pass --run-dir NEW to start elsewhere.")
+    raise FileExistsError(
+        f"--continue: {run} finished its {planned} epochs, but {shipped} does not hold its weights. If the run was "
+        f"never exported, export it first (vitlab export --run-dir {run} --out {shipped} --command-line '...'), then "
+        f"--continue trains a new leg from it; if {shipped} holds a later leg trained elsewhere, move {run} aside "
+        "(its state is older); or pass --run-dir NEW to start elsewhere.")
 
 
 def _free_name(run: Path) -> Path:
@@ -385,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--run-dir", required=True, help="the run folder written by vitlab train")
     sp.add_argument("--out", required=True, help="output folder, e.g. data/checkpoints/vit_cifar10")
     sp.add_argument("--command-line", required=True, help="the training command, recorded on the card")
-    sp.add_argument("--hardware", help="where it trained (default: this machine)")
+    sp.add_argument("--hardware", help="where it trained (default: the CPU or GPU, cores and threads the run "
+                    "recorded when it trained)")
     sp.add_argument("--goal", type=float, help="accuracy goal drawn on the learning curve, e.g. 0.9")
     sp.set_defaults(func=cmd_export)
 

@@ -22,7 +22,7 @@ from torch import nn
 from vitlab.atomic import replace_dir, rmtree_quiet
 from vitlab.checkpoint import card_metric, check_replaceable, load_checkpoint, resolve_folder, save_checkpoint
 from vitlab.data import ImageArray, load_dataset
-from vitlab.provenance import cpu_model, versions
+from vitlab.provenance import cpu_model, usable_cores, versions
 
 CARD_NAME = "MODEL_CARD.md"
 
@@ -207,13 +207,15 @@ def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | 
 
 
 def _hardware(env: dict, precision: str) -> str:
-    """Where the run trained, from its checkpoint's environment: the GPU, or the CPU with the threads it used of its
-    cores (e.g. "AMD EPYC, 1 of 2 cores, fp32"). Runs saved before the CPU was recorded fall back to this machine's
-    CPU and cores."""
-    if str(env.get("device", "cpu")).startswith("cuda") and env.get("gpu"):
-        return f"{env['gpu']}, {precision}"
-    cores = env.get("cores") or os.cpu_count()
-    threads = env.get("threads")
+    """Where the run trained, from its checkpoint's environment: the GPUs, or the CPU with the threads its processes
+    used of its cores (e.g. "AMD EPYC, 1 of 2 cores, fp32"). Runs saved before the CPU and cores were recorded take
+    them from this machine (only their thread count is the training's)."""
+    world = int(env.get("world_size") or 1)
+    if str(env.get("device", "cpu")).startswith("cuda"):
+        gpu = env.get("gpu") or "CUDA GPU"
+        return f"{world} x {gpu}, {precision}" if world > 1 else f"{gpu}, {precision}"
+    cores = env.get("cores") or usable_cores()
+    threads = env.get("threads") and env["threads"] * world
     used = f"{threads} of {cores} cores" if threads and cores and threads < cores else f"{cores} cores"
     return f"{env.get('cpu') or cpu_model()}, {used}, {precision}"
 

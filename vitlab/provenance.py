@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["versions", "provenance", "git_commit", "code_hash", "source_hash"]
+__all__ = ["versions", "provenance", "git_commit", "code_hash", "source_hash", "cpu_model", "usable_cores"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -56,7 +56,9 @@ git_commit()
 
 def code_hash() -> str:
     """``source_hash()`` as it was when this process imported vitlab: two results with the same hash were produced
-    by the same code, committed or not."""
+    by the same code, committed or not. (A module first imported later, e.g. by a worker process started after an
+    edit, runs the edited code under the old hash: for a long job beside edits to the checkout, run it from a
+    snapshot, e.g. ``git worktree add ../snapshot HEAD``.)"""
     return _CODE_HASH
 
 
@@ -72,12 +74,20 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def usable_cores() -> int | None:
+    """CPUs this process may run on (a container's limit), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
 def provenance(**extra: Any) -> dict[str, Any]:
     """Versions, code (commit and source hash), Python, host, CPU model, cores and torch threads, the GPU's name
     where there is one, plus ``extra``."""
     import torch
 
-    gpu = {"gpu": torch.cuda.get_device_name(0)} if torch.cuda.is_available() else {}
+    gpu = {"gpu": torch.cuda.get_device_name(torch.cuda.current_device())} if torch.cuda.is_available() else {}
     return {**versions(), "python": platform.python_version(), "git_commit": git_commit(), "code_hash": code_hash(),
-            "host": platform.node(), "machine": platform.machine(), "cpu": cpu_model(), "cores": os.cpu_count(),
+            "host": platform.node(), "machine": platform.machine(), "cpu": cpu_model(), "cores": usable_cores(),
             "threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(), **gpu, **extra}

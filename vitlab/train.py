@@ -39,11 +39,13 @@ from vitlab.checkpoint import (
     save_checkpoint,
     save_run_checkpoint,
 )
+from vitlab.cifarnet import tta_logits
 from vitlab.data import ImageArray, alternating_flips, load_dataset, normalize, random_crop_flip
 from vitlab.finetune import resample_grid
 from vitlab.info import model_info
 from vitlab.lookahead import Lookahead
 from vitlab.modes import eval_mode, explicit_attention
+from vitlab.mpp import KEEP, MPP_TARGETS, MaskedPatchPrediction
 from vitlab.precision import use_bf16
 from vitlab.provenance import provenance
 from vitlab.zoo import (
@@ -131,8 +133,6 @@ class TrainConfig:
         if self.objective not in ("classify", "mpp"):
             raise ValueError(f"objective must be 'classify' or 'mpp', got {self.objective!r}")
         if self.objective == "mpp":
-            from vitlab.mpp import MPP_TARGETS
-
             if not isinstance(self.model, ViTConfig) or self.model.patch_drop_rate or self.model.distilled:
                 raise ValueError("objective='mpp' needs a plain ViT (no patch dropping, no distillation token)")
             if self.lookahead_every:
@@ -311,8 +311,6 @@ def train_config_from_dict(d: dict[str, Any]) -> TrainConfig:
 def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bool = False, tta: int = 0) -> float:
     """Top-1 accuracy of ``model`` on ``data`` with the model's own normalisation; ``tta`` as in
     ``vitlab.cifarnet.tta_logits`` (0: the plain forward)."""
-    from vitlab.cifarnet import tta_logits
-
     pc = model.pretrained_cfg
     correct = 0
     with eval_mode(model):
@@ -348,8 +346,6 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
     the loss, for the colour targets the share of corrupted patches whose colour class is predicted exactly, and
     ``images`` (how many, with ``spread`` = 1: evenly spread; records before it have neither key and used the
     first ``n``)."""
-    from vitlab.mpp import KEEP
-
     pc = model.pretrained_cfg
     g = torch.Generator().manual_seed(0)
     n = min(n, len(data))
@@ -550,8 +546,6 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
         model.set_distilled_training(True)
     objective = None
     if cfg.objective == "mpp":
-        from vitlab.mpp import MaskedPatchPrediction
-
         objective = MaskedPatchPrediction.for_model(model, cfg.mpp_target, cfg.mpp_rate).to(d.device)
     opt = _optimizer(model, cfg, objective)
     ema = timm.utils.ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema_decay else None
