@@ -84,7 +84,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     resume = args.resume
     if args.continue_run:
         shipped = DEFAULT_CHECKPOINT.parent / args.preset
-        if (run / "checkpoint" / "config.json").is_file() and _finished_and_shipped(run, shipped):
+        state = run / "checkpoint" / "config.json"
+        if state.is_file() and _finished_and_shipped(run, shipped):
             # a finished leg whose weights were exported: keep its state and train a new leg from what shipped
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 raise FileExistsError(f"--continue under torchrun: {run} holds a finished leg; move it aside first "
@@ -92,7 +93,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             kept = _free_name(run)
             run.rename(kept)
             print(f"{run} finished its schedule and was exported to {shipped}: kept as {kept}", file=sys.stderr)
-        if (run / "checkpoint" / "config.json").is_file():
+        if state.is_file():
             resume = True
         elif cfg.init_from is not None:
             print(f"no run state in {run}: warm-starting from {cfg.init_from} (--set init_from)", file=sys.stderr)
@@ -115,8 +116,7 @@ def _finished_and_shipped(run: Path, shipped: Path) -> bool:
     is resumed; a finished one that ``shipped`` does not hold raises, since warm-starting a new leg from the shipped
     weights would silently drop what the run learned (or the shipped folder has moved on past it)."""
     meta = json.loads((run / "checkpoint" / "config.json").read_text())
-    planned = json.loads((run / "train_config.json").read_text())["epochs"] if (run / "train_config.json").is_file() \
-        else meta["train"]["epochs"]
+    planned = meta["train"]["epochs"]  # the run's own config (a resume must match it)
     if meta["epoch"] < planned:
         return False
     f = shipped / "config.json"

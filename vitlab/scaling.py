@@ -143,9 +143,9 @@ SWEEPS: dict[str, SweepConfig] = {
     # recipes are filled by `vitlab sweep --tune` on the largest subset and frozen in a JSON config.
     # Budget (the 3 hours on 2 cores): 147k training images per family and seed (the four smallest subsets
     # train the 150-step minimum), 1.33 M for the grid, plus 0.60 M for tuning (4 recipes x 3 families on the 5,000
-    # images): 1.93 M. Measured 2026-11-25 on a 2-core AVX2 CPU in float32: ~110 images/s per single-thread worker
-    # (the ViT; the ResNet and hybrid within 15%), so ~2.4 h of training with two workers, plus validation and
-    # probing. The first design (250 to 12,500 images, 20 tuning trials) came to 4.8 M images: over 5 hours.
+    # images): 1.93 M. Measured 2026-11-25 on a 2-core AVX2 CPU in float32, one thread with the other core busy:
+    # ~91 images/s for a ViT run, 87 / 86 / 77 for a bare ViT / ResNet / hybrid step; at ~110 per idle worker
+    # (an estimate), ~2.4 h of training with two workers, plus validation and probing. The first design (250 to 12,500 images, 20 tuning trials) came to 4.8 M images: over 5 hours.
     "cifar10": SweepConfig("cifar10", families=("vit", "bit", "hybrid"), sizes=(100, 250, 500, 1000, 2500, 5000),
                            seeds=(0, 1, 2), val_per_class=100),
     # the grid of the sweep shipped before the fair-recipe redesign (2 families, 2 seeds, last epoch)
@@ -466,11 +466,9 @@ def summarise(records: Sequence[dict], shots: int = 10) -> dict[str, dict[int, d
                       "values": list(v)} for n, v in sorted(by.items())} for fam, by in acc.items()}
 
 
-#: The tuning grid per family: (optimizer, lr, weight decay). The paper trains ResNets with Adam (App. D.1: slightly
-#: better than SGD there); BiT's own recipe is SGD with momentum: both are in the ResNet grid.
-# Four recipes per family, the same count for each (an equal chance): for the ViT and the hybrid a 2 x 2 grid of
-# AdamW's learning rate and weight decay; for the ResNet the paper's Adam (App. D.1 found it slightly better than SGD
-# for its ResNets) at two learning rates against BiT's SGD with momentum at two.
+#: The tuning grid per family: (optimizer, lr, weight decay), four recipes each (an equal chance). For the ViT and
+#: the hybrid a 2 x 2 grid of AdamW's learning rate and weight decay; for the ResNet the paper's Adam (App. D.1:
+#: slightly better than SGD for its ResNets) at two learning rates against BiT's own SGD with momentum at two.
 TUNING_GRID: dict[str, tuple[tuple[str, float, float], ...]] = {
     "vit": tuple(("adamw", lr, wd) for lr in (1e-3, 2e-3) for wd in (0.05, 0.2)),
     "hybrid": tuple(("adamw", lr, wd) for lr in (1e-3, 2e-3) for wd in (0.05, 0.2)),
