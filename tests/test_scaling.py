@@ -102,7 +102,7 @@ def test_sweep_config_is_checked():
     assert len(SweepConfig("x").runs()) == 2 * 5 * 2
 
 
-def test_tuning_freezes_the_best_recipe_and_runs_report_their_best_validation_epoch(tmp_path):
+def test_tuning_freezes_the_best_recipe_and_runs_report_their_best_validation_epoch(tmp_path, capsys):
     import dataclasses
 
     from vitlab.scaling import SWEEPS, ResultsStore, run_sweep, summarise_compute, tune
@@ -133,6 +133,22 @@ def test_tuning_freezes_the_best_recipe_and_runs_report_their_best_validation_ep
     assert set(compute["vit_tiny"]) == set(sweep.sizes)
     flops = {r["spec"]["size"]: r["metrics"]["pretrain_flops"] for r in new}
     assert flops[80] > flops[40]  # more images, more steps at the same cost per step
+    # `vitlab sweep --table`: the grid, the tuning trials with the frozen winner marked, from the stores alone
+    import json
+
+    from vitlab.cli import main
+    from vitlab.scaling import markdown_table, summarise, tuning_table
+
+    (tmp_path / "tuned.json").write_text(json.dumps(dataclasses.asdict(tuned)))
+    (tmp_path / "sweep.tuning.jsonl").write_bytes((tmp_path / "tuning.jsonl").read_bytes())
+    assert main(["sweep", "--config", str(tmp_path / "tuned.json"), "--results", str(tmp_path / "sweep.jsonl"),
+                 "--table", "--shots", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 2 runs finished, 0 failed" in out and markdown_table(summarise(new, 5)) in out
+    table = tuning_table(ResultsStore(tmp_path / "tuning.jsonl").records(), 5, tuned.recipes)
+    assert table in out and table.count("**yes**") == 1
+    winner = next(line for line in table.splitlines() if "**yes**" in line)
+    assert f"| {rec['lr']:g} |" in winner
 
 
 def test_fingerprint_changes_with_the_code(monkeypatch):
@@ -218,3 +234,24 @@ def test_percent_cell_known_answers_and_the_sweep_table_uses_it():
     recs = [{"status": "ok", "spec": {"family": "vit", "size": 250}, "metrics": {"few_shot": {"10": {"mean": m}}}}
             for m in (0.40, 0.42, 0.44)]
     assert markdown_table(summarise(recs, 10)) == "| family | 250 |\n|---|---|\n| vit | 42.0 ± 2.0 |"
+
+
+def test_tuning_table_orders_by_grid_marks_the_winner_and_shows_failures():
+    from vitlab.scaling import tuning_table
+
+    def rec(fam, opt, lr, wd, val=None, epoch=3):
+        ok = val is not None
+        return {"sweep": "s-tune", "fingerprint": f"{fam}{opt}{lr}{wd}", "run_id": f"{fam}-n5000-s0",
+                "status": "ok" if ok else "failed", "spec": {"family": fam}, "config": {"recipes": [[fam, opt, lr, wd]]},
+                "metrics": {"best": {"val_accuracy": val, "epoch": epoch}, "epochs": 10,
+                            "few_shot": {"10": {"per_seed": [0.4, 0.42, 0.44]}}} if ok else None}
+
+    records = [rec("bit", "sgd", 0.1, 5e-4, 0.70), rec("bit", "adamw", 0.003, 0.05, 0.70),  # a tie: grid order wins
+               rec("bit", "adamw", 0.001, 0.05, 0.60), rec("bit", "sgd", 0.03, 5e-4)]  # the last one failed
+    lines = tuning_table(records).splitlines()[2:]
+    assert [line.split(" | ")[1:4] for line in lines] == [["adamw", "0.001", "0.05"], ["adamw", "0.003", "0.05"],
+                                                         ["sgd", "0.03", "0.0005"], ["sgd", "0.1", "0.0005"]]
+    assert [("**yes**" in line) for line in lines] == [False, True, False, False]
+    assert "| failed |" in lines[2] and "| 70.0% | 3 of 10 | 42.0 ± 2.0 |" in lines[1]
+    marked = tuning_table(records, chosen=[("bit", "sgd", 0.1, 0.0005)]).splitlines()[2:]  # the frozen config decides
+    assert [("**yes**" in line) for line in marked] == [False, False, False, True]

@@ -196,6 +196,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     sweep = load_sweep_config(args.config)
     results = args.results or f"runs/sweeps/{sweep.name}.jsonl"
+    if args.table:
+        return _sweep_tables(sweep, Path(results), 10 if args.shots is None else args.shots)
     if args.tune:
         from vitlab.scaling import tune
 
@@ -237,6 +239,40 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             atomic_write(args.plot, lambda tmp: fig.write_html(tmp, include_plotlyjs=True))
         print(f"plot: {args.plot}")
     return 1 if failed else 0
+
+
+def _sweep_tables(sweep, results: Path, shots: int) -> int:
+    """``vitlab sweep --table``: the README's tables and verdict from a results store, running nothing. The records
+    are the latest of each grid run of ``sweep.name`` whatever code made them (one fingerprint, or an error)."""
+    from vitlab.findings import explain, scaling_gap_narrows, verdict_table
+    from vitlab.scaling import ResultsStore, markdown_table, summarise, tuning_table
+
+    in_grid = {s.run_id for s in sweep.runs()}
+    records = [r for k, r in ResultsStore(results).latest(sweep.name).items() if k in in_grid]
+    if not records:
+        print(f"no records of sweep {sweep.name!r} in {results}: run `vitlab sweep --config ...` first", file=sys.stderr)
+        return 1
+    prints = {r.get("fingerprint") for r in records}
+    if len(prints) > 1:
+        print(f"{results} holds sweep {sweep.name!r} rows of {len(prints)} configs or code versions "
+              f"({sorted(map(str, prints))}): the table would mix them; rerun the sweep", file=sys.stderr)
+        return 1
+    ok = [r for r in records if r["status"] == "ok"]
+    print(f"{len(ok)} of {len(sweep.runs())} runs finished, {len(records) - len(ok)} failed, "
+          f"{sum(r['metrics']['train_seconds'] for r in ok):,.0f} s of training\n")
+    print(f"{shots}-shot accuracy on the held-out classes, % (mean ± std over seeds):\n")
+    print(markdown_table(summarise(records, shots)))
+    tuning = results.with_suffix(".tuning.jsonl")
+    if tuning.exists():
+        print(f"\nTuning ({tuning.name}): each family on the largest subset, seed 0, by the best validation "
+              "accuracy:\n")
+        print(tuning_table(ResultsStore(tuning).records(), shots, sweep.recipes))
+    families = {r["spec"]["family"] for r in ok}
+    if {"vit", "bit"} <= families:
+        verdicts = [scaling_gap_narrows(records, shots)]
+        print("\n```\n" + verdict_table(verdicts) + "\n```\n")
+        print(explain(verdicts, width=115))
+    return 0
 
 
 def cmd_mpp_study(args: argparse.Namespace) -> int:
@@ -435,6 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tune", action="store_true", help="tune each family's optimizer, lr and weight decay once on the "
                     "largest subset (validation split), then write the frozen config (--save-config)")
     sp.add_argument("--save-config", help="with --tune: where to write the tuned sweep config (JSON)")
+    sp.add_argument("--table", action="store_true", help="run nothing: print the README's tables (the grid at --shots, "
+                    "default 10, and the tuning trials) and the Fig. 3/4 verdict from the results store")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_sweep)
 

@@ -42,7 +42,7 @@ from vitlab.stats import percent_cell
 from vitlab.zoo import BiTConfig, HybridConfig, ViTConfig, cifar_bit, cifar_vit
 
 __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "TUNING_GRID", "run_one", "run_sweep",
-           "summarise", "summarise_compute", "tune", "markdown_table"]
+           "summarise", "summarise_compute", "tune", "markdown_table", "tuning_table"]
 
 
 def _vit(**kw: Any) -> ViTConfig:
@@ -547,6 +547,47 @@ def markdown_table(summary: dict[str, dict[int, dict[str, float]]]) -> str:
     for fam, by in summary.items():
         cells = [percent_cell(by[n]["values"]) if n in by else "" for n in sizes]
         lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def tuning_table(records: Sequence[dict], shots: int = 10,
+                 chosen: Sequence[tuple[str, str, float, float]] = ()) -> str:
+    """The README table of a tuning store (``tune``'s JSONL records): one row per (family, recipe) trial, families
+    in the order they first appear and recipes in ``TUNING_GRID`` order, with the best validation accuracy and its
+    epoch, and the ``shots``-shot probe (mean ± std over probe seeds) of that model. ``chosen``: the frozen recipes
+    (``SweepConfig.recipes`` of the tuned config) to mark; without them, each family's highest validation accuracy
+    is marked (the first of equals in grid order, as ``tune`` picks). The latest record of a trial wins."""
+    latest: dict[tuple, dict] = {}
+    for r in records:
+        latest[(r.get("sweep"), r.get("fingerprint"), r["run_id"])] = r
+    families = list(dict.fromkeys(r["spec"]["family"] for r in latest.values()))
+
+    def order(r: dict) -> tuple[int, int]:
+        fam, recipe = r["spec"]["family"], tuple(r["config"]["recipes"][0][1:])
+        grid = [tuple(g) for g in TUNING_GRID.get(fam, ())]
+        return families.index(fam), grid.index(recipe) if recipe in grid else len(grid)
+
+    rows = sorted(latest.values(), key=order)
+    marked = {(f, o, float(lr), float(wd)) for f, o, lr, wd in chosen}
+    if not marked:
+        best: dict[str, tuple[float, tuple]] = {}
+        for r in rows:
+            if r["status"] == "ok" and (r["spec"]["family"] not in best
+                                        or r["metrics"]["best"]["val_accuracy"] > best[r["spec"]["family"]][0]):
+                best[r["spec"]["family"]] = (r["metrics"]["best"]["val_accuracy"], tuple(r["config"]["recipes"][0]))
+        marked = {(f, o, float(lr), float(wd)) for _, (f, o, lr, wd) in best.values()}
+    lines = [f"| family | optimizer | lr | weight decay | best val. accuracy | at epoch | {shots}-shot | chosen |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        fam, opt, lr, wd = r["config"]["recipes"][0]
+        if r["status"] != "ok":
+            lines.append(f"| {fam} | {opt} | {lr:g} | {wd:g} | failed | | | |")
+            continue
+        m = r["metrics"]
+        few = m["few_shot"].get(str(shots))
+        lines.append(f"| {fam} | {opt} | {lr:g} | {wd:g} | {100 * m['best']['val_accuracy']:.1f}% | "
+                     f"{m['best']['epoch']} of {m['epochs']} | {percent_cell(few['per_seed']) if few else ''} | "
+                     f"{'**yes**' if (fam, opt, float(lr), float(wd)) in marked else ''} |")
     return "\n".join(lines)
 
 
