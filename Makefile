@@ -37,7 +37,7 @@ SWEEP_RESULTS ?= data/results/scaling_cifar10
 sweep: $(STAMP)
 	$(VENV)/bin/vitlab sweep --config cifar10 --tune --results $(SWEEP_RESULTS).jsonl \
 		--save-config $(SWEEP_RESULTS).tuned.json --workers 2
-	$(VENV)/bin/vitlab sweep --config $(SWEEP_RESULTS).tuned.json --results $(SWEEP_RESULTS).jsonl --workers 2 \
+	$(VENV)/bin/vitlab sweep --config $(SWEEP_RESULTS).tuned.json --results $(SWEEP_RESULTS).jsonl --workers 2 --shots 10 \
 		--plot $(SWEEP_RESULTS).png
 
 clean:

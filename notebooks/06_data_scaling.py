@@ -18,8 +18,13 @@
 # The paper pre-trains ViTs and BiT ResNets on growing subsets of JFT-300M (9M, 30M, 90M, 300M images) and probes
 # few-shot on ImageNet: ResNets do better on small data, ViTs overtake them as data grows.
 #
-# **The analogue here.** Pre-train on nested, class-balanced subsets of CIFAR-10 classes 0-4 (250 to 5,000 images,
-# a 20x range, 2 seeds in the shipped sweep), then probe the frozen features few-shot on classes 5-9, which the models never saw.
+# **The analogue here.** Pre-train on nested, class-balanced subsets of CIFAR-10 classes 0-4 (100 to 5,000 images,
+# a 50x range), then probe the frozen features few-shot on classes 5-9, which the models never saw. Three families
+# as in Fig. 5: a ViT, a BiT-style ResNet (GroupNorm of at least 8 channels per group, weight standardisation) and a
+# hybrid (a small ResNet whose feature map is the ViT's token grid), with about the same parameter count. Each
+# family's recipe (optimizer, learning rate, weight decay) is tuned once on the largest subset against a validation
+# split carved from the pre-training classes' training images and frozen; every run is reported at its best
+# validation epoch (early stopping, as the paper); 3 seeds per point in the shipped sweep.
 # **Its limits:** 32 px images, four orders of magnitude less data, small models and short schedules, and transfer
 # between halves of one dataset rather than across datasets. The curves test the direction of the paper's
 # finding, not its numbers.
@@ -55,6 +60,22 @@ scaling_curves(summary, title=f"{SHOTS}-shot accuracy on held-out classes agains
 # %%
 for fam, by_size in summary.items():
     print(fam, {n: f"{100 * v['mean']:.1f}% ± {100 * v['std']:.1f} ({v['n']} seeds)" for n, v in by_size.items()})
+
+# %% [markdown]
+# **An equal chance for each family.** Every trial of the tuning grid (on the largest subset, seed 0), its best
+# validation accuracy and the recipe frozen for the sweep:
+
+# %%
+from IPython.display import Markdown, display
+
+from vitlab.scaling import load_sweep_config, tuning_table
+
+tuning, tuned = RESULTS.with_suffix(".tuning.jsonl"), RESULTS.with_suffix(".tuned.json")
+if tuning.exists():
+    chosen = load_sweep_config(str(tuned)).recipes if tuned.exists() else ()
+    display(Markdown(tuning_table(ResultsStore(tuning).records(), SHOTS, chosen)))
+else:
+    print(f"no tuning trials next to {RESULTS.name} (the smoke sweep is not tuned)")
 
 # %% [markdown]
 # Rerun or extend the sweep in two steps from the repository root: `vitlab sweep --config cifar10 --tune

@@ -142,8 +142,9 @@ def test_tuning_freezes_the_best_recipe_and_runs_report_their_best_validation_ep
     (tmp_path / "tuned.json").write_text(json.dumps(dataclasses.asdict(tuned)))
     (tmp_path / "sweep.tuning.jsonl").write_bytes((tmp_path / "tuning.jsonl").read_bytes())
     assert main(["sweep", "--config", str(tmp_path / "tuned.json"), "--results", str(tmp_path / "sweep.jsonl"),
-                 "--table", "--shots", "5"]) == 0
+                 "--table", "--shots", "5", "--plot", str(tmp_path / "curves.html")]) == 0
     out = capsys.readouterr().out
+    assert "against pre-training compute" in (tmp_path / "curves.html").read_text()  # both panels, from the store
     assert "2 of 2 runs finished, 0 failed" in out and markdown_table(summarise(new, 5)) in out
     table = tuning_table(ResultsStore(tmp_path / "tuning.jsonl").records(), 5, tuned.recipes)
     assert table in out and table.count("**yes**") == 1

@@ -191,20 +191,21 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from vitlab.plots import scaling_curves
     from vitlab.scaling import ResultsStore, load_sweep_config, run_sweep, summarise
 
     sweep = load_sweep_config(args.config)
     results = args.results or f"runs/sweeps/{sweep.name}.jsonl"
     if args.table:
-        return _sweep_tables(sweep, Path(results), 10 if args.shots is None else args.shots)
+        return _sweep_tables(sweep, Path(results), 10 if args.shots is None else args.shots, args.plot)
     if args.tune:
         from vitlab.scaling import tune
 
         tuned = tune(sweep, Path(results).with_suffix(".tuning.jsonl"), progress=not args.quiet,
                      executor=args.executor, workers=args.workers, address=args.address, work_dir=args.work_dir)
         out = args.save_config or f"{sweep.name}.tuned.json"
-        Path(out).write_text(json.dumps(dataclasses.asdict(tuned), indent=2) + "\n")
+        from vitlab.atomic import atomic_write_text
+
+        atomic_write_text(out, json.dumps(dataclasses.asdict(tuned), indent=2) + "\n")
         print(f"tuned recipes {list(tuned.recipes)}; frozen config written to {out}: run the sweep with --config {out}")
         return 0
     new = run_sweep(sweep, results, executor=args.executor, workers=args.workers, address=args.address,
@@ -220,28 +221,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for fam, by_size in summarise(records, shots).items():
         print(f"  {fam}: " + ", ".join(f"{n}: {100 * v['mean']:.1f}%" for n, v in by_size.items()) + f" ({shots}-shot)")
     if args.plot:
-        from vitlab.scaling import summarise_compute
-
-        compute = summarise_compute(records)
-        fig = scaling_curves(summarise(records, shots), title=f"Sweep {sweep.name}: {shots}-shot accuracy on held-out "
-                             "classes (error bars: std over seeds)", compute=compute or None)
-        from vitlab.atomic import atomic_write
-
-        if args.plot.endswith(".png"):  # static export through kaleido: needs a Chromium
-            from vitlab.static import chromium_for_export, find_chromium
-
-            browser = find_chromium()
-            if browser is None:
-                raise RuntimeError("--plot FILE.png needs a Chromium (apt-get install chromium); or pass an .html file")
-            with chromium_for_export(browser):
-                atomic_write(args.plot, lambda tmp: fig.write_image(tmp, format="png", scale=2))
-        else:
-            atomic_write(args.plot, lambda tmp: fig.write_html(tmp, include_plotlyjs=True))
-        print(f"plot: {args.plot}")
+        _scaling_plot(records, sweep.name, shots, args.plot)
     return 1 if failed else 0
 
 
-def _sweep_tables(sweep, results: Path, shots: int) -> int:
+def _scaling_plot(records: list[dict], name: str, shots: int, path: str) -> None:
+    """Both panels of the sweep's figure (against images and against FLOPs) to ``path`` (.html, or .png)."""
+    from vitlab.atomic import atomic_write
+    from vitlab.plots import scaling_curves
+    from vitlab.scaling import summarise, summarise_compute
+
+    fig = scaling_curves(summarise(records, shots), title=f"Sweep {name}: {shots}-shot accuracy on held-out classes "
+                         "(error bars: std over seeds)", compute=summarise_compute(records) or None)
+    if path.endswith(".png"):  # static export through kaleido: needs a Chromium
+        from vitlab.static import chromium_for_export, find_chromium
+
+        browser = find_chromium()
+        if browser is None:
+            raise RuntimeError("--plot FILE.png needs a Chromium (apt-get install chromium); or pass an .html file")
+        with chromium_for_export(browser):
+            atomic_write(path, lambda tmp: fig.write_image(tmp, format="png", scale=2))
+    else:
+        atomic_write(path, lambda tmp: fig.write_html(tmp, include_plotlyjs=True))
+    print(f"plot: {path}")
+
+
+def _sweep_tables(sweep, results: Path, shots: int, plot: str | None = None) -> int:
     """``vitlab sweep --table``: the README's tables and verdict from a results store, running nothing. The records
     are the latest of each grid run of ``sweep.name`` whatever code made them (one fingerprint, or an error)."""
     from vitlab.findings import explain, scaling_gap_narrows, verdict_table
@@ -272,6 +277,8 @@ def _sweep_tables(sweep, results: Path, shots: int) -> int:
         verdicts = [scaling_gap_narrows(records, shots)]
         print("\n```\n" + verdict_table(verdicts) + "\n```\n")
         print(explain(verdicts, width=115))
+    if plot:
+        _scaling_plot(records, sweep.name, shots, plot)
     return 0
 
 
@@ -472,7 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "largest subset (validation split), then write the frozen config (--save-config)")
     sp.add_argument("--save-config", help="with --tune: where to write the tuned sweep config (JSON)")
     sp.add_argument("--table", action="store_true", help="run nothing: print the README's tables (the grid at --shots, "
-                    "default 10, and the tuning trials) and the Fig. 3/4 verdict from the results store")
+                    "default 10, and the tuning trials) and the Fig. 3/4 verdict from the results store; with --plot, "
+                    "draw the stored runs")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_sweep)
 

@@ -397,7 +397,8 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
         store.append(rec)
         new.append(rec)
         failed = sum(r["status"] != "ok" for r in new)
-        bar.set_postfix_str(f"last {rec['run_id']}: {rec['status']}; {failed} failed")  # tqdm shows the time left
+        running = min(max(1, workers), len(todo) - len(new))
+        bar.set_postfix_str(f"last {rec['run_id']}: {rec['status']}; {running} running, {failed} failed")  # tqdm: ETA
         bar.update()
 
     try:
