@@ -167,7 +167,7 @@ if records:
     print(findings.explain(verdicts, width=110))
 else:
     print(f"no records of the {study.name} study in {results}: run `vitlab mpp-study` from the repository root "
-          "(about 1 h 20 min on a 2-core CPU), then run this notebook again")
+          "(about 45 min on a 2-core CPU with fast bf16), then run this notebook again")
 
 # %% [markdown]
 # **Paper:** self-supervised pre-training by masked patch prediction gives ViT-B/16 79.9% on ImageNet, between

@@ -487,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("mpp-study", help="masked patch prediction (paper section 4.6): MPP vs scratch vs supervised "
                         "(few-shot and fine-tune) and the target/rate ablation; resumable")
     sp.add_argument("--study", choices=["cifar10", "smoke"], default="cifar10",
-                    help="cifar10: the default ViT shape on CIFAR-10 (about 1 h 20 min on a 2-core CPU, estimated); "
+                    help="cifar10: the default ViT shape on CIFAR-10 (about 45 min on a 2-core CPU with fast bf16); "
                     "smoke: a small ViT on the synthetic shapes (seconds)")
     sp.add_argument("--results", help="JSONL results store (default data/results/mpp_cifar10.jsonl for cifar10, "
                     "$VITLAB_CACHE/results/mpp_NAME.jsonl otherwise); rows done with this config and code are skipped")
