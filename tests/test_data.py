@@ -101,6 +101,7 @@ def test_k_shot_and_nested_subsets():
     for small, big in zip(subsets, subsets[1:]):
         assert set(small.tolist()) <= set(big.tolist())
     assert torch.bincount(labels[subsets[1]]).tolist() == [4, 4, 4, 4]  # class balanced
+    assert nested_subsets(labels, []) == []  # no sizes, no subsets (the MPP study without caps asks for none)
 
 
 def test_sample_images_shipped_with_scikit_learn():

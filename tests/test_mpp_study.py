@@ -344,3 +344,15 @@ def test_rows_of_one_code_version_are_shown_together():
     rows, note = shown_records(old, "hand")
     assert len(rows) == len(old) and "left out" not in note
     assert shown_records(old, "other")[0] == []
+
+
+def test_a_study_without_caps_pre_trains_on_every_image():
+    """The CIFAR-10 study caps nothing (pretrain_examples and ablation_examples None): every run sees all images."""
+    from vitlab.mpp_study import _load_data
+
+    data = _load_data(dataclasses.replace(SMOKE, pretrain_examples=None, ablation_examples=None))
+    assert list(data.pretrain) == [None] and len(data.pretrain[None]) == len(load_shapes("train"))
+    capped = _load_data(SMOKE)
+    assert sorted(k for k in capped.pretrain if k) == [128, 256]
+    assert set(capped.pretrain[128].images.flatten(1).sum(1).tolist()) <= \
+        set(capped.pretrain[256].images.flatten(1).sum(1).tolist())  # nested

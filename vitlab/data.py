@@ -320,6 +320,8 @@ def k_shot_indices(labels: Tensor, k: int, seed: int = 0) -> Tensor:
 def nested_subsets(labels: Tensor, sizes: Sequence[int], seed: int = 0) -> list[Tensor]:
     """Class-balanced subsets, each containing every smaller one (one fixed per-class order, cut at each size)."""
     sizes = sorted(sizes)
+    if not sizes:  # no cut asked for: no subsets
+        return []
     classes = torch.unique(labels).tolist()
     if sizes[-1] > len(labels):
         raise DataError(f"largest subset {sizes[-1]} exceeds the {len(labels)} examples available")
