@@ -34,12 +34,30 @@ def test_results_readme_sentences_match_the_records():
     assert int(m[4].replace(",", "")) == round(sum(r["metrics"]["train_seconds"] for r in ok))
     for shots in (25, 1):
         s = summarise(records, shots)
-        m = re.search(rf"{shots}-shot: vit ([\d.]+) -> ([\d.]+), bit ([\d.]+) -> ([\d.]+)", readme)
+        m = re.search(rf"{shots}-shot: vit ([\d.]+) -> ([\d.]+), bit ([\d.]+) -> ([\d.]+), hybrid ([\d.]+) -> ([\d.]+)",
+                      readme)
         assert m, f"{shots}-shot sentence missing"
-        for fam, lo, hi in (("vit", m[1], m[2]), ("bit", m[3], m[4])):
+        for fam, lo, hi in (("vit", m[1], m[2]), ("bit", m[3], m[4]), ("hybrid", m[5], m[6])):
             sizes = sorted(s[fam])
             assert float(lo) == round(100 * s[fam][sizes[0]]["mean"], 1)
             assert float(hi) == round(100 * s[fam][sizes[-1]]["mean"], 1)
+
+
+def test_results_readme_shows_the_tuning_evidence_and_the_verdict():
+    """The tuning trials (with the recipes the frozen config holds marked) and the Fig. 3/4 verdict are the ones
+    `vitlab sweep --table` computes from the shipped stores."""
+    from vitlab.findings import scaling_gap_narrows, verdict_table
+    from vitlab.scaling import load_sweep_config, tuning_table
+
+    readme = (RESULTS / "README.md").read_text()
+    tuned = load_sweep_config(str(RESULTS / "scaling_cifar10.tuned.json"))
+    assert {f for f, *_ in tuned.recipes} == set(tuned.families)
+    trials = ResultsStore(RESULTS / "scaling_cifar10.tuning.jsonl").records()
+    assert tuning_table(trials, 10, tuned.recipes) in readme, "regenerate with vitlab sweep --table"
+    assert verdict_table([scaling_gap_narrows(_records())]) in readme
+    done = {r["run_id"] for r in _records() if r["status"] == "ok"}
+    assert done == {s.run_id for s in tuned.runs()}  # the grid of the frozen config, whole
+    assert {r["config"]["recipes"][0][0] for r in trials} == set(tuned.families)
 
 
 CARDS = sorted(p.parent for p in CHECKPOINTS.glob("*/card.json"))

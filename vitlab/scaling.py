@@ -2,7 +2,7 @@
 
 The paper pre-trains ViTs and BiT ResNets on growing subsets of JFT-300M and probes the frozen features
 few-shot on ImageNet. The analogue here: pre-train on a class-balanced nested subset of *some* classes of a
-dataset (default: CIFAR-10 classes 0-4, from 250 to 5,000 images), then probe the frozen features few-shot
+dataset (default: CIFAR-10 classes 0-4, from 100 to 5,000 images), then probe the frozen features few-shot
 on the *other* classes (5-9), which the model never saw. Limits: 32 px images, four to five orders of magnitude less
 data and compute, and transfer between halves of one dataset instead of across datasets, so the curves show
 the trend (do ViTs gain more from data than ResNets?), not the paper's numbers.
@@ -143,13 +143,11 @@ SWEEPS: dict[str, SweepConfig] = {
     # recipes are filled by `vitlab sweep --tune` on the largest subset and frozen in a JSON config.
     # Budget (the 3 hours on 2 cores): 147k training images per family and seed (the four smallest subsets
     # train the 150-step minimum), 1.33 M for the grid, plus 0.60 M for tuning (4 recipes x 3 families on the 5,000
-    # images): 1.93 M. Measured 2026-11-25 on a 2-core AVX2 CPU in float32, one thread with the other core busy:
-    # ~91 images/s for a ViT run, 87 / 86 / 77 for a bare ViT / ResNet / hybrid step; at ~110 per idle worker
-    # (an estimate), ~2.4 h of training with two workers, plus validation and probing. The first design (250 to 12,500 images, 20 tuning trials) came to 4.8 M images: over 5 hours.
+    # images): 1.93 M. Measured end to end 2026-11-25 on a 2-core CPU with AVX512-BF16 (bf16, two 1-thread
+    # workers): tuning 12 min, grid 26 min, 38.5 min in all. On a 2-core AVX2-only CPU (float32, ~91 images/s per
+    # worker for the ViT against ~590 here) the same sweep would take about 3 h (estimated, not run).
     "cifar10": SweepConfig("cifar10", families=("vit", "bit", "hybrid"), sizes=(100, 250, 500, 1000, 2500, 5000),
                            seeds=(0, 1, 2), val_per_class=100),
-    # the grid of the sweep shipped before the fair-recipe redesign (2 families, 2 seeds, last epoch)
-    "cifar10_v1": SweepConfig("cifar10"),
     "quick": SweepConfig("quick", families=("vit_tiny", "bit_tiny"), sizes=(40, 80), seeds=(0,), data="shapes",
                          pretrain_classes=(0, 1), probe_classes=(2, 3), epochs=1, min_steps=2, batch_size=16,
                          shots=(1, 5), probe_seeds=(0, 1), probe_pool_per_class=10, probe_test_per_class=20),
