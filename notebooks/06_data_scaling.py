@@ -50,6 +50,9 @@ if SMOKE:  # a two-size sweep on the shapes, into a scratch store
     RESULTS = Path(tempfile.mkdtemp()) / "quick.jsonl"
     run_sweep(SWEEPS["quick"], RESULTS, workers=0, progress=False)
     SHOTS = 5
+if not RESULTS.is_file():
+    raise FileNotFoundError(f"no sweep results at {RESULTS.resolve()}: run this notebook from notebooks/, set "
+                            "VITLAB_RESULTS to a results store, or run `make sweep` to make one")
 records = [r for r in ResultsStore(RESULTS).latest().values()]
 print(f"{len(records)} runs in {RESULTS} ({sum(r['status'] == 'ok' for r in records)} finished)")
 summary = summarise(records, SHOTS)
