@@ -309,8 +309,7 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
   test accuracy. `vitlab.load_model(path)` gives the encoder (with that head: replace or fine-tune it; a warm start
   through `--set init_from=...` leaves it fresh); `vitlab.mpp.load_mpp(path)` gives the encoder and the prediction
   head (`objective.safetensors`). The learning curve's points are the evaluations during training, in
-  {f['training_precision']}, on
-  {f['curve_images']}."""
+  {f['training_precision']}, on {f['curve_images']}."""
     else:
         title = f"{train_cfg['model']['kind']} trained on {train_cfg['data']}"
         lead = f"""* **Test accuracy: {f['test_accuracy']:.2%}** on the {test_split} split
