@@ -114,8 +114,13 @@ def test_two_process_ddp_matches_single_process(tmp_path, tiny_data):
     common = ["train", "--preset", "tiny", "--data", str(tiny_data), "--epochs", "2", "--quiet", "--device", "cpu"]
     single = _cli(*common, "--run-dir", str(tmp_path / "single"), env=env)
     assert single.wait(timeout=300) == 0, single.stdout.read()
+    import socket
+
+    with socket.socket() as sock:  # a port free now: a fixed one can be held by another process on a busy machine
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                          "--master_port", "29517", "-m", "vitlab.cli", *common, "--run-dir", str(tmp_path / "ddp")],
+                          "--master_port", str(port), "-m", "vitlab.cli", *common, "--run-dir", str(tmp_path / "ddp")],
                          env=env, capture_output=True, text=True, timeout=300)
     assert ddp.returncode == 0, ddp.stdout + ddp.stderr
     meta = json.loads((tmp_path / "ddp" / "checkpoint" / "config.json").read_text())
