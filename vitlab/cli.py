@@ -9,6 +9,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vitlab.scaling import SweepConfig
 
 
 def _parse_value(text: str):
@@ -246,7 +250,7 @@ def _scaling_plot(records: list[dict], name: str, shots: int, path: str) -> None
     print(f"plot: {path}")
 
 
-def _sweep_tables(sweep, results: Path, shots: int, plot: str | None = None) -> int:
+def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | None = None) -> int:
     """``vitlab sweep --table``: the README's tables and verdict from a results store, running nothing. The records
     are the latest of each grid run of ``sweep.name`` whatever code made them (one fingerprint, or an error)."""
     from vitlab.findings import explain, scaling_gap_narrows, verdict_table
