@@ -16,8 +16,9 @@ rate and the two other targets did slightly worse than 50% and the 3-bit mean co
   encoder; its classification head was never trained, so a fine-tune starts it from the fine-tune seed's init, the
   same head scratch starts with) and ``supervised`` (a vitlab checkpoint, by default the shipped
   ``data/checkpoints/vit_cifar10``, whose weights' sha256 every record holds; used as it is: a DeiT distillation
-  token stays, its features are its own readout, ``forward_head(pre_logits=True)``, and a fine-tune starts from its trained heads, which already know
-  these classes: part of what supervised pre-training on the same labels gives).
+  token stays, its features are its own readout, ``forward_head(pre_logits=True)``, and a fine-tune starts from
+  its trained heads, which already know these classes: part of what supervised pre-training on the same labels
+  gives).
 * **(a) few-shot**: the paper's ridge probe (``vitlab.probe.few_shot_accuracy``) on frozen features, the shots drawn
   from a class-balanced pool of training images with each probe seed (the same shots for every initialisation),
   scored on the test images, for two readouts of the same features: the model's own and the mean of the patch

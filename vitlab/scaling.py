@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -519,13 +519,22 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
         _execute(todo, finish, executor, workers, address, work_dir)
     finally:
         bar.close()
-    best: dict[str, tuple[float, tuple[str, float, float]]] = {}
     done = finished()
-    for family, recipe, trial in trials:  # in grid order: the first of equal accuracies wins
-        rec = done.get((trial.fingerprint(), spec_of[family].run_id))
-        if rec is not None and (family not in best or rec["metrics"]["best"]["val_accuracy"] > best[family][0]):
-            best[family] = (rec["metrics"]["best"]["val_accuracy"], recipe)
-    return dataclasses.replace(sweep, recipes=tuple((f, *best[f][1]) for f in sweep.families if f in best))
+    best = _winners(rec for family, _, trial in trials  # in grid order
+                    if (rec := done.get((trial.fingerprint(), spec_of[family].run_id))) is not None)
+    return dataclasses.replace(sweep, recipes=tuple(best[f] for f in sweep.families if f in best))
+
+
+def _winners(trials: Iterable[dict]) -> dict[str, tuple[str, str, float, float]]:
+    """{family: (family, optimizer, lr, weight decay)} of each family's finished tuning trial with the highest best
+    validation accuracy; of equals, the first in the order given (``tune`` gives grid order)."""
+    best: dict[str, tuple[float, tuple[str, str, float, float]]] = {}
+    for r in trials:
+        fam = r["spec"]["family"]
+        if r["status"] == "ok" and (fam not in best or r["metrics"]["best"]["val_accuracy"] > best[fam][0]):
+            fam_, opt, lr, wd = r["config"]["recipes"][0]
+            best[fam] = (r["metrics"]["best"]["val_accuracy"], (fam_, opt, float(lr), float(wd)))
+    return {f: recipe for f, (_, recipe) in best.items()}
 
 
 def summarise_compute(records: Sequence[dict]) -> dict[str, dict[int, float]]:
@@ -567,14 +576,7 @@ def tuning_table(records: Sequence[dict], shots: int = 10,
         return families.index(fam), grid.index(recipe) if recipe in grid else len(grid)
 
     rows = sorted(latest.values(), key=order)
-    marked = {(f, o, float(lr), float(wd)) for f, o, lr, wd in chosen}
-    if not marked:
-        best: dict[str, tuple[float, tuple]] = {}
-        for r in rows:
-            if r["status"] == "ok" and (r["spec"]["family"] not in best
-                                        or r["metrics"]["best"]["val_accuracy"] > best[r["spec"]["family"]][0]):
-                best[r["spec"]["family"]] = (r["metrics"]["best"]["val_accuracy"], tuple(r["config"]["recipes"][0]))
-        marked = {(f, o, float(lr), float(wd)) for _, (f, o, lr, wd) in best.values()}
+    marked = {(f, o, float(lr), float(wd)) for f, o, lr, wd in chosen} or set(_winners(rows).values())
     lines = [f"| family | optimizer | lr | weight decay | best val. accuracy | at epoch | {shots}-shot | chosen |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
