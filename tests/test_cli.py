@@ -27,6 +27,17 @@ def test_every_subcommand_has_help(cmd, capsys):
     assert "usage: vitlab " + cmd in capsys.readouterr().out
 
 
+def test_preset_help_names_every_preset(capsys):
+    from vitlab.cli import PRESET_NAMES
+    from vitlab.train import PRESETS
+
+    assert sorted(PRESET_NAMES) == sorted(PRESETS)
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(name in out for name in PRESETS)
+
+
 def test_console_script_installed():
     out = subprocess.run([sys.executable, "-m", "vitlab.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "reproduce" in out.stdout

@@ -15,6 +15,11 @@ if TYPE_CHECKING:
     from vitlab.scaling import SweepConfig
 
 
+#: ``vitlab.train.PRESETS`` by name, for ``--preset``'s help without importing torch (a test keeps them equal)
+PRESET_NAMES = ("vit_cifar10", "resnet_cifar10_fast", "resnet_cifar10", "bit_cifar10", "hybrid_cifar10", "mpp_cifar10",
+                "vit_shapes", "tiny")
+
+
 def _parse_value(text: str):
     try:
         return json.loads(text)
@@ -423,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_capture)
 
     sp = sub.add_parser("train", help="train a preset (resumable; metrics in RUN/metrics.jsonl)")
-    sp.add_argument("--preset", default="vit_cifar10", help="vit_cifar10, resnet_cifar10, bit_cifar10, hybrid_cifar10, vit_shapes, tiny")
+    sp.add_argument("--preset", default="vit_cifar10", help=", ".join(PRESET_NAMES))
     sp.add_argument("--run-dir", dest="run", help="run folder (default $VITLAB_CACHE/runs/PRESET, i.e. "
                     "~/.cache/vitlab/runs/PRESET: outside the work tree)")
     sp.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
