@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import threading
+from pathlib import Path
 from typing import Any
 
 import timm
@@ -76,3 +78,16 @@ def machine_info() -> dict[str, Any]:
         "date": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "load_average": load_average(),
     }
+
+
+def report(result: Any, table: str, out: str | os.PathLike | None) -> int:
+    """A benchmark script's ending: print its table, write its result as JSON to ``out`` (if given; folders made,
+    the file replaced whole), exit status 0."""
+    print(table)
+    if out:
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        tmp.replace(path)
+    return 0

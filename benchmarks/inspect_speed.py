@@ -19,7 +19,6 @@ alone (same captured maps in, distances or rollout out) and end to end (forward 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ import timm
 import torch
 
 import vitlab
+from benchmarks._util import report
 from vitlab.inspect.distance import attention_distance_from_maps
 from vitlab.inspect.rollout import readout_vector, rollout_row
 from vitlab.modes import explicit_attention
@@ -191,10 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     res = run(a.model, a.distance_images, a.rollout_images, a.batch)
-    print(format_table(res))
-    if a.json:
-        a.json.write_text(json.dumps(res, indent=1))
-    return 0
+    return report(res, format_table(res), a.json)
 
 
 if __name__ == "__main__":

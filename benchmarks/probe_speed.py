@@ -10,7 +10,6 @@ features are what the probe is for), else the synthetic shapes.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 import vitlab
+from benchmarks._util import report
 from vitlab.data import SHARED_CIFAR10, k_shot_indices, load_dataset, load_shapes, nested_subsets
 from vitlab.features import extract_features, preprocess_uint8
 from vitlab.probe import FewShotRidge, linear_probe_accuracy
@@ -106,10 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     res = run(a.train, a.test)
-    print(format_table(res))
-    if a.json:
-        a.json.write_text(json.dumps(res, indent=1))
-    return 0
+    return report(res, format_table(res), a.json)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ memory and at most 1.2x the forward. For reference, one batch of 32 full maps of
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ import timm
 import torch
 
 import vitlab
-from benchmarks._util import PeakRSS
+from benchmarks._util import PeakRSS, report
 from vitlab.modes import explicit_attention
 
 GOAL_MEMORY_GB = 2.0
@@ -89,10 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="benchmarks/results/streaming.json")
     a = p.parse_args(argv)
     res = run(a.model, a.images, a.batch)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=2) + "\n")
-    print(format_table(res))
-    return 0
+    return report(res, format_table(res), a.out)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
+from benchmarks._util import report
 from vitlab.checkpoint import save_checkpoint
 from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize
 from vitlab.modes import explicit_attention
@@ -238,10 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="benchmarks/results/train_speed.json")
     a = p.parse_args(argv)
     res = run(a.steps)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=2) + "\n")
-    print(format_table(res))
-    return 0
+    return report(res, format_table(res), a.out)
 
 
 if __name__ == "__main__":
