@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -36,6 +37,33 @@ def test_preset_help_names_every_preset(capsys):
         main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert all(name in out for name in PRESETS)
+
+
+def test_train_set_reaches_the_model_config(tmp_path, monkeypatch, capsys):
+    import vitlab.train
+
+    seen = {}
+    monkeypatch.setattr(vitlab.train, "train", lambda cfg, run, **kw: seen.update(cfg=cfg, run=run))
+    base = ["train", "--run-dir", str(tmp_path / "run"), "--quiet"]
+    assert main([*base, "--preset", "resnet_cifar10", "--set", "model.residual=false", "--set", "lr=0.5",
+                 "--set", "model.widths=[16, 32, 32]"]) == 0
+    want = vitlab.train.PRESETS["resnet_cifar10"]
+    assert seen["cfg"].model == dataclasses.replace(want.model, residual=False, widths=(16, 32, 32))
+    assert seen["cfg"].lr == 0.5 and seen["cfg"].epochs == want.epochs
+    assert main([*base, "--preset", "hybrid_cifar10", "--set", "model.vit.depth=2"]) == 0
+    hybrid = vitlab.train.PRESETS["hybrid_cifar10"].model
+    assert seen["cfg"].model == dataclasses.replace(hybrid, vit=dataclasses.replace(hybrid.vit, depth=2))
+    capsys.readouterr()
+    # bad paths and bad values are clear errors that name the fields, and nothing is trained
+    seen.clear()
+    assert main([*base, "--preset", "vit_cifar10", "--set", "model.depht=3"]) == 2
+    err = capsys.readouterr().err
+    assert "ViTConfig has no field 'depht'" in err and "depth" in err
+    assert main([*base, "--preset", "hybrid_cifar10", "--set", "model.vit=3"]) == 2
+    assert "group of settings (ViTConfig)" in capsys.readouterr().err
+    assert main([*base, "--preset", "resnet_cifar10", "--set", "model.residual=maybe"]) == 2
+    assert "residual must be true or false" in capsys.readouterr().err
+    assert not seen
 
 
 def test_console_script_installed():

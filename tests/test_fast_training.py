@@ -62,6 +62,31 @@ def test_cifarnet_follows_timm_calling_convention_and_round_trips(tmp_path):
     assert model(x).shape == (4, 5)
 
 
+@pytest.mark.parametrize("residual", [True, False])
+def test_cifarnet_stage_is_its_definition(residual):
+    # conv, pool, norm, GELU; then conv, norm, GELU added to it (residual) or in its place (airbench94's chain)
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(TINY_CNN, residual=residual)
+    model = vitlab.build_model(cfg).eval()
+    for stage in model.stages:  # random shifts and statistics, so that the norms are not identities
+        for norm in (stage.norm1, stage.norm2):
+            norm.bias.data.normal_()
+            norm.running_mean.normal_()
+            norm.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 3, 32, 32)
+    h = F.gelu(model.whiten(x))
+    for st in model.stages:
+        h = F.gelu(F.batch_norm(F.max_pool2d(F.conv2d(h, st.conv1.weight, padding=1), 2), st.norm1.running_mean,
+                                st.norm1.running_var, st.norm1.weight, st.norm1.bias, eps=st.norm1.eps))
+        f = F.gelu(F.batch_norm(F.conv2d(h, st.conv2.weight, padding=1), st.norm2.running_mean,
+                                st.norm2.running_var, st.norm2.weight, st.norm2.bias, eps=st.norm2.eps))
+        h = h + f if residual else f
+    torch.testing.assert_close(model.forward_features(x), h)
+    assert vitlab.build_model(dataclasses.replace(TINY_CNN, residual=residual)).stages[0].residual is residual
+    with pytest.raises(ValueError, match="residual must be true or false"):
+        CifarNetConfig(residual="no")
+
+
 def test_tta_levels_equal_their_definitions():
     torch.manual_seed(0)
     model = CifarResNet((8, 8, 8), num_classes=3).eval()

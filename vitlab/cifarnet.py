@@ -6,8 +6,8 @@ in 3.29 seconds on a single GPU"), written here from their description:
 * a frozen first layer that *whitens* 2x2 patches: its filters are the eigenvectors of the training patches'
   covariance scaled by 1/sqrt(eigenvalue), each with its negative (``init_from_data``);
 * three stages ``conv -> max-pool -> BatchNorm -> GELU`` followed by a residual ``conv -> BatchNorm -> GELU``
-  branch (``x + f(x)``), widths 64 / 256 / 256 by default, convolutions identity-initialised (Dirac) on the
-  channels they can pass through;
+  branch (``x + f(x)``; ``residual=False`` chains it as airbench94 does), widths 64 / 256 / 256 by default,
+  convolutions identity-initialised (Dirac) on the channels they can pass through;
 * BatchNorm with learnable shifts but fixed unit scales, global max-pool and a linear head whose logits
   are scaled down by a constant (1/9), which keeps the logits small at the high learning rates used.
 
@@ -42,10 +42,12 @@ def _conv(cin: int, cout: int, kernel: int = 3, padding: int | str = "same", bia
 
 
 class _Stage(nn.Module):
-    """(B, cin, H, W) -> (B, cout, H/2, W/2): conv, pool, norm, GELU, then a residual conv branch."""
+    """(B, cin, H, W) -> (B, cout, H/2, W/2): conv, pool, norm, GELU, then a second conv, norm, GELU: as a residual
+    branch (``x + f(x)``) or, with ``residual=False``, in a plain chain (``f(x)``, airbench94's block)."""
 
-    def __init__(self, cin: int, cout: int) -> None:
+    def __init__(self, cin: int, cout: int, residual: bool = True) -> None:
         super().__init__()
+        self.residual = residual
         self.conv1 = _conv(cin, cout)
         self.pool = nn.MaxPool2d(2)
         self.norm1 = _BatchNorm(cout)
@@ -55,7 +57,8 @@ class _Stage(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.act(self.norm1(self.pool(self.conv1(x))))
-        return x + self.act(self.norm2(self.conv2(x)))
+        y = self.act(self.norm2(self.conv2(x)))
+        return x + y if self.residual else y
 
 
 def whitening_filters(images: Tensor, kernel: int, eps: float = 5e-4) -> Tensor:
@@ -78,14 +81,14 @@ class CifarResNet(nn.Module):
     """Whitening stem + three residual stages + max-pool + scaled linear head; see the module docstring."""
 
     def __init__(self, widths: tuple[int, ...] = (64, 256, 256), num_classes: int = 10, in_chans: int = 3,
-                 whiten_kernel: int = 2, logit_scale: float = 1 / 9) -> None:
+                 whiten_kernel: int = 2, logit_scale: float = 1 / 9, residual: bool = True) -> None:
         super().__init__()
         stem_width = 2 * in_chans * whiten_kernel**2
         self.whiten = nn.Conv2d(in_chans, stem_width, whiten_kernel, padding=0, bias=True)
         self.whiten.weight.requires_grad_(False)  # set from data by init_from_data, then frozen
         self.act = nn.GELU()
         chans = (stem_width, *widths)
-        self.stages = nn.Sequential(*[_Stage(a, b) for a, b in zip(chans[:-1], chans[1:])])
+        self.stages = nn.Sequential(*[_Stage(a, b, residual) for a, b in zip(chans[:-1], chans[1:])])
         self.num_features = widths[-1]
         self.logit_scale = logit_scale
         self.num_classes = num_classes

@@ -20,6 +20,21 @@ PRESET_NAMES = ("vit_cifar10", "resnet_cifar10_fast", "resnet_cifar10", "bit_cif
                 "vit_shapes", "tiny")
 
 
+def _replace_field(obj, path: list[str], value):
+    """``obj`` (a frozen config dataclass) with the field at ``path`` (e.g. ``["vit", "depth"]``) set to ``value``;
+    KeyError naming the fields there when the path does not exist, the config's own error when the value is bad."""
+    names = [f.name for f in dataclasses.fields(obj)] if dataclasses.is_dataclass(obj) else []
+    if not path or path[0] not in names:
+        raise KeyError(f"{type(obj).__name__} has no field {'.'.join(path)!r}; its fields: {', '.join(names)}")
+    sub = getattr(obj, path[0])
+    if len(path) > 1:
+        value = _replace_field(sub, path[1:], value)
+    elif dataclasses.is_dataclass(sub):
+        raise KeyError(f"{'.'.join(path)} is a group of settings ({type(sub).__name__}); set one of its fields: "
+                       f"{', '.join(f.name for f in dataclasses.fields(sub))}")
+    return dataclasses.replace(obj, **{path[0]: value})
+
+
 def _parse_value(text: str):
     try:
         return json.loads(text)
@@ -74,17 +89,28 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 2
     cfg = PRESETS[args.preset]
     changes = {}
+    model = cfg.model
     for item in args.set or []:
         key, sep, value = item.partition("=")
+        if key.startswith("model.") and sep:
+            try:
+                model = _replace_field(model, key.split(".")[1:], _parse_value(value))
+            except (KeyError, TypeError, ValueError) as e:
+                print(f"--set {item!r}: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
+                return 2
+            continue
         if not sep or key not in {f.name for f in dataclasses.fields(cfg)} or key == "model":
             print(f"--set {item!r}: expected FIELD=VALUE with FIELD one of "
-                  f"{', '.join(f.name for f in dataclasses.fields(cfg) if f.name != 'model')}", file=sys.stderr)
+                  f"{', '.join(f.name for f in dataclasses.fields(cfg) if f.name != 'model')}, or model.FIELD=VALUE "
+                  f"for the model's config", file=sys.stderr)
             return 2
         changes[key] = _parse_value(value)
     if args.epochs is not None:
         changes["epochs"] = args.epochs
     if args.data is not None:
         changes["data"] = args.data
+    if model is not cfg.model:
+        changes["model"] = model
     cfg = dataclasses.replace(cfg, **changes)
     from vitlab.data import cache_dir
     from vitlab.models import DEFAULT_CHECKPOINT
@@ -438,7 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "with a fresh schedule instead of starting over")
     sp.add_argument("--epochs", type=int, help="override the preset's number of epochs")
     sp.add_argument("--data", help="dataset: cifar10, cifar100, or an ImageFolder folder/zip")
-    sp.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override any TrainConfig field")
+    sp.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a TrainConfig field (VALUE as JSON, else a string), or a field of the "
+                    "preset's model config as model.FIELD=VALUE (e.g. model.patch_drop_rate=0)")
     sp.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available); under torchrun, "
                     "one process per device")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
