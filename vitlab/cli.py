@@ -464,8 +464,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "with a fresh schedule instead of starting over")
     sp.add_argument("--epochs", type=int, help="override the preset's number of epochs")
     sp.add_argument("--data", help="dataset: cifar10, cifar100, or an ImageFolder folder/zip")
-    sp.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a TrainConfig field (VALUE as JSON, else a string), or a field of the "
-                    "preset's model config as model.FIELD=VALUE (e.g. model.patch_drop_rate=0)")
+    sp.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                    help="override a TrainConfig field (VALUE as JSON, else a string), or a field of the preset's "
+                    "model config as model.FIELD=VALUE (e.g. model.patch_drop_rate=0)")
     sp.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available); under torchrun, "
                     "one process per device")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
