@@ -7,7 +7,7 @@
   loops below run in that precision too.
 * **levers** for the default ViT (ViT-Lite-7/4): a minimal loop (pre-normalised tensors, AdamW, cross-entropy)
   with one change at a time: explicit softmax attention instead of SDPA, batch size, random patch dropping,
-  ``torch.compile``. FLOPs per image come from ``torch.utils.flop_counter.FlopCounterMode`` over one real step
+  ``torch.compile``, fused instead of foreach AdamW, 24 px images (the early phase of progressive resizing). FLOPs per image come from ``torch.utils.flop_counter.FlopCounterMode`` over one real step
   (forward and backward, under the same autocast), so a variant that drops patches is credited only the FLOPs
   it performs.
 * **vitlab train** on the ``vit_cifar10`` preset as shipped (RandAugment, distillation through the teacher,
@@ -45,13 +45,29 @@ from vitlab.precision import use_bf16
 from vitlab.train import PRESETS, load_teacher, train, with_num_classes
 from vitlab.train import step_flops as train_step_flops
 
-#: (label, batch, explicit softmax, patch drop rate, torch.compile); the first row is the loop before this work
+
+@dataclasses.dataclass(frozen=True)
+class Lever:
+    """One variant of the minimal ViT loop; the defaults are the explicit-softmax loop at batch 256."""
+
+    label: str
+    batch: int = 256
+    explicit: bool = True  # explicit softmax attention (False: scaled_dot_product_attention)
+    patch_drop: float = 0.0  # timm's patch_drop_rate
+    compiled: bool = False  # torch.compile
+    adamw: str = "foreach"  # AdamW implementation: "foreach" (what vitlab train uses) or "fused"
+    img_size: int = 32  # 24: the early phase of progressive resizing (6 x 6 patches, position embeddings resized)
+
+
+#: the first row is the loop before this work
 VIT_LEVERS = [
-    ("SDPA, batch 128 (before)", 128, False, 0.0, False),
-    ("explicit softmax, batch 128", 128, True, 0.0, False),
-    ("explicit softmax, batch 256", 256, True, 0.0, False),
-    ("explicit softmax, batch 256, patch drop 0.5", 256, True, 0.5, False),
-    ("explicit softmax, batch 256, torch.compile", 256, True, 0.0, True),
+    Lever("SDPA, batch 128 (before)", batch=128, explicit=False),
+    Lever("explicit softmax, batch 128", batch=128),
+    Lever("explicit softmax, batch 256"),
+    Lever("explicit softmax, batch 256, patch drop 0.5", patch_drop=0.5),
+    Lever("explicit softmax, batch 256, torch.compile", compiled=True),
+    Lever("explicit softmax, batch 256, fused AdamW", adamw="fused"),
+    Lever("explicit softmax, batch 256, 24 px (progressive resizing)", img_size=24),
 ]
 GOAL_MFU = 0.40
 GOAL_SPEEDUP = 3.5
@@ -88,9 +104,11 @@ def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: b
 
 
 def _loop(model: torch.nn.Module, x_all: torch.Tensor, y_all: torch.Tensor, batch: int, steps: int,
-          bf16: bool = BF16) -> float:
-    """Images/s (median step) of the most direct loop: AdamW, cross-entropy, backward, step."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05, foreach=True)
+          bf16: bool = BF16, adamw: str = "foreach") -> float:
+    """Images/s (median step) of the most direct loop: AdamW (``foreach`` or ``fused``), cross-entropy, backward,
+    step."""
+    impl = {"foreach": True} if adamw == "foreach" else {"fused": True}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05, **impl)
     times = []
     for i in range(steps + 1):
         x, y = x_all[i * batch:(i + 1) * batch], y_all[i * batch:(i + 1) * batch]
@@ -107,18 +125,22 @@ def _loop(model: torch.nn.Module, x_all: torch.Tensor, y_all: torch.Tensor, batc
 def vit_levers(data: ImageArray, steps: int, peak: float) -> list[dict]:
     base = with_num_classes(PRESETS["vit_cifar10"], len(data.classes)).model
     rows = []
-    for label, batch, explicit, drop, compiled in VIT_LEVERS:
-        cfg = dataclasses.replace(base, distilled=False, patch_drop_rate=drop)
+    for lever in VIT_LEVERS:
+        batch = lever.batch
+        cfg = dataclasses.replace(base, distilled=False, patch_drop_rate=lever.patch_drop, img_size=lever.img_size)
         torch.manual_seed(0)
         model = vitlab.build_model(cfg).train()
         pc = model.pretrained_cfg
         x_all = normalize(data.images[: batch * (steps + 1)], pc["mean"], pc["std"])
+        if lever.img_size != x_all.shape[-1]:  # the images as progressive resizing shows them: downsampled
+            x_all = F.interpolate(x_all, size=lever.img_size, mode="bilinear", antialias=True, align_corners=False)
         y_all = data.labels[: batch * (steps + 1)]
-        with explicit_attention(model, explicit):
+        label = lever.label
+        with explicit_attention(model, lever.explicit):
             flops = step_flops(model, x_all[:batch], y_all[:batch])
             try:
-                net = torch.compile(model) if compiled else model
-                ips = _loop(net, x_all, y_all, batch, steps)
+                net = torch.compile(model) if lever.compiled else model
+                ips = _loop(net, x_all, y_all, batch, steps, adamw=lever.adamw)
                 error = None
             except Exception as e:  # noqa: BLE001 - a lever that cannot run here is recorded, not fatal
                 ips, error = float("nan"), f"{type(e).__name__}: {str(e)[:200]}"
