@@ -133,3 +133,26 @@ def test_empty_class_folder_and_missing_split_are_errors(tmp_path):
         load_dataset(str(tmp_path / "d"), "test")
     with pytest.raises(DataError, match="not found"):
         load_dataset(str(tmp_path / "nowhere"))
+
+
+def test_portable_source_never_names_a_machine_path(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    import vitlab.data
+    from vitlab.data import portable_source
+
+    repo = Path(vitlab.data.__file__).resolve().parent.parent
+    assert portable_source(repo / "data" / "checkpoints" / "vit_cifar10") == "data/checkpoints/vit_cifar10"
+    monkeypatch.setattr(vitlab.data, "SHARED_CIFAR10", tmp_path / "shared" / "datasets" / "cifar10")
+    assert portable_source(tmp_path / "shared/datasets/cifar10/test.zip") == "shared/datasets/cifar10/test.zip"
+    other = tmp_path / "snapshot"  # another checkout (a git worktree: .git is a file there)
+    (other / "vitlab").mkdir(parents=True)
+    (other / "vitlab" / "__init__.py").write_text("")
+    (other / ".git").write_text("gitdir: elsewhere\n")
+    assert portable_source(other / "data" / "checkpoints" / "vit_cifar10") == "data/checkpoints/vit_cifar10"
+    (tmp_path / "cwd" / "a").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert portable_source(tmp_path / "cwd" / "a" / "b.zip") == "a/b.zip"
+    assert portable_source(tmp_path / "elsewhere" / "folder" / "name.zip") == ".../folder/name.zip"
+    (tmp_path / "notrepo" / "vitlab").mkdir(parents=True)  # a folder named vitlab outside a repository: no checkout
+    assert portable_source(tmp_path / "notrepo" / "vitlab" / "x") == ".../vitlab/x"

@@ -67,8 +67,9 @@ class ImageArray:
 def portable_source(path: str | os.PathLike) -> str:
     """How records (cards, results, caches) name a dataset file: never by this machine's absolute path.
 
-    The shared data sets become ``shared/datasets/...``; a path inside the checkout (``data/...``) or under the
-    working directory stays relative to it; anything else is named by its last two parts (``.../folder/name``)."""
+    The shared data sets become ``shared/datasets/...``; a path inside the checkout (``data/...``), under the
+    working directory or inside another vitlab checkout (e.g. a ``git worktree`` snapshot a long run trained from)
+    stays relative to it; anything else is named by its last two parts (``.../folder/name``)."""
     p = Path(path).resolve()
     shared = SHARED_CIFAR10.resolve().parent.parent  # .../shared
     repo = Path(__file__).resolve().parent.parent  # the checkout vitlab runs from (data/, notebooks/, ...)
@@ -76,6 +77,9 @@ def portable_source(path: str | os.PathLike) -> str:
         if p.is_relative_to(base):
             rel = p.relative_to(base).as_posix()
             return f"{prefix}/{rel}" if prefix else rel
+    for base in p.parents:  # another checkout of vitlab: a git repository (or worktree) holding the package
+        if (base / ".git").exists() and (base / "vitlab" / "__init__.py").is_file():
+            return p.relative_to(base).as_posix()
     return ".../" + "/".join(p.parts[-2:])
 
 
