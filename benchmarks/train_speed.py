@@ -7,9 +7,9 @@
   loops below run in that precision too.
 * **levers** for the default ViT (ViT-Lite-7/4): a minimal loop (pre-normalised tensors, AdamW, cross-entropy)
   with one change at a time: explicit softmax attention instead of SDPA, batch size, random patch dropping,
-  ``torch.compile``, fused instead of foreach AdamW, 24 px images (the early phase of progressive resizing). FLOPs per image come from ``torch.utils.flop_counter.FlopCounterMode`` over one real step
-  (forward and backward, under the same autocast), so a variant that drops patches is credited only the FLOPs
-  it performs.
+  ``torch.compile``, fused instead of foreach AdamW, 24 px images (the early phase of progressive resizing).
+  FLOPs per image come from ``torch.utils.flop_counter.FlopCounterMode`` over one real step (forward and backward,
+  under the same autocast), so a variant that drops patches is credited only the FLOPs it performs.
 * **vitlab train** on the ``vit_cifar10`` preset as shipped (RandAugment, distillation through the teacher,
   patch dropping) and on the ``resnet_cifar10`` teacher preset: the images/s ``vitlab train`` itself reports,
   and MFU = (student step FLOPs + teacher forward FLOPs per image) x images/s / peak.
@@ -135,7 +135,6 @@ def vit_levers(data: ImageArray, steps: int, peak: float) -> list[dict]:
         if lever.img_size != x_all.shape[-1]:  # the images as progressive resizing shows them: downsampled
             x_all = F.interpolate(x_all, size=lever.img_size, mode="bilinear", antialias=True, align_corners=False)
         y_all = data.labels[: batch * (steps + 1)]
-        label = lever.label
         with explicit_attention(model, lever.explicit):
             flops = step_flops(model, x_all[:batch], y_all[:batch])
             try:
@@ -144,9 +143,9 @@ def vit_levers(data: ImageArray, steps: int, peak: float) -> list[dict]:
                 error = None
             except Exception as e:  # noqa: BLE001 - a lever that cannot run here is recorded, not fatal
                 ips, error = float("nan"), f"{type(e).__name__}: {str(e)[:200]}"
-        rows.append({"variant": label, "batch": batch, "images_per_second": ips, "train_gflops_per_image": flops / 1e9,
-                     "mfu": flops * ips / peak, "error": error})
-        print(f"  {label}: {ips:.0f} img/s, MFU {flops * ips / peak:.0%}", flush=True)
+        rows.append({"variant": lever.label, "batch": batch, "images_per_second": ips,
+                     "train_gflops_per_image": flops / 1e9, "mfu": flops * ips / peak, "error": error})
+        print(f"  {lever.label}: {ips:.0f} img/s, MFU {flops * ips / peak:.0%}", flush=True)
     return rows
 
 
