@@ -23,7 +23,9 @@ from vitlab.train import (
     _distill_loss,
     _optimizer,
     evaluate,
+    load_teacher,
     lr_at,
+    teacher_input,
     train,
     warm_start,
 )
@@ -253,6 +255,27 @@ def test_cnn_teacher_then_distilled_vit_train_end_to_end(tmp_path, three_class_d
     with torch.no_grad():
         out = student(torch.randn(2, 3, 32, 32))
     assert out.shape == (2, 3)  # evaluation averages the two heads into one prediction
+
+
+def test_a_cnn_teacher_runs_channels_last_with_the_same_logits(tmp_path):
+    torch.manual_seed(0)
+    cnn = vitlab.build_model(TINY_CNN).eval()
+    save_checkpoint(cnn, tmp_path / "cnn")
+    teacher = load_teacher(tmp_path / "cnn", torch.device("cpu"))
+    convs = [m.weight for m in teacher.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert all(w.is_contiguous(memory_format=torch.channels_last) for w in convs if w.shape[-1] > 1)
+    assert not any(q.requires_grad for q in teacher.parameters()) and not teacher.training
+    pc = {"mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)}  # a student normalising differently
+    x = torch.randn(4, 3, 32, 32)
+    xt = teacher_input(x, pc, teacher)
+    assert xt.is_contiguous(memory_format=torch.channels_last)
+    tc = teacher.pretrained_cfg
+    expected = (x * 0.25 + 0.5 - torch.tensor(tc["mean"]).view(1, -1, 1, 1)) / torch.tensor(tc["std"]).view(1, -1, 1, 1)
+    with torch.no_grad():
+        torch.testing.assert_close(teacher(xt), cnn(expected.contiguous()), rtol=1e-4, atol=1e-4)
+    save_checkpoint(vitlab.build_model(TINY_VIT), tmp_path / "vit")  # a ViT teacher keeps its layout
+    vit_teacher = load_teacher(tmp_path / "vit", torch.device("cpu"))
+    assert teacher_input(x, vit_teacher.pretrained_cfg, vit_teacher) is x
 
 
 def test_patch_dropping_keeps_both_prefix_tokens_of_a_distilled_vit():

@@ -374,7 +374,9 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
 
 
 def load_teacher(path: str | os.PathLike, device: torch.device) -> nn.Module:
-    """A frozen teacher in eval mode from a vitlab checkpoint folder (relative paths: to the cwd, then the repo)."""
+    """A frozen teacher in eval mode from a vitlab checkpoint folder (relative paths: to the cwd, then the repo).
+    A convolutional teacher (more than one ``Conv2d``: not a ViT's patch embedding alone) comes in channels_last,
+    which ``teacher_input`` matches: its bf16 forward ran 1.7x faster that way on a 2-core AVX512-BF16 CPU."""
     p = resolve_folder(path)
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"teacher checkpoint {path} not found: train it first (vitlab train --preset "
@@ -382,7 +384,20 @@ def load_teacher(path: str | os.PathLike, device: torch.device) -> nn.Module:
     teacher = load_checkpoint(p).to(device).eval()
     for q in teacher.parameters():
         q.requires_grad_(False)
+    if _is_convnet(teacher):
+        teacher.to(memory_format=torch.channels_last)
     return teacher
+
+
+def _is_convnet(model: nn.Module) -> bool:
+    return sum(isinstance(m, nn.Conv2d) for m in model.modules()) > 1
+
+
+def teacher_input(x: Tensor, student_cfg: dict, teacher: nn.Module) -> Tensor:
+    """(B, 3, H, W) normalised for the student -> the same images normalised for ``teacher``, in its memory
+    format (channels_last for a convolutional teacher from ``load_teacher``)."""
+    x = _renormalize(x, student_cfg, teacher.pretrained_cfg)
+    return x.contiguous(memory_format=torch.channels_last) if _is_convnet(teacher) else x
 
 
 def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
@@ -673,7 +688,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
                     logits = net(x)
             if teacher is not None:
                 with torch.autocast(**amp), torch.no_grad():
-                    teacher_logits = teacher(_renormalize(x, pc, teacher.pretrained_cfg))
+                    teacher_logits = teacher(teacher_input(x, pc, teacher))
                 loss = _distill_loss(logits[0], logits[1], teacher_logits, target, cfg)
             elif objective is None:
                 loss = _soft_cross_entropy(logits, target)
