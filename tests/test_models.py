@@ -135,8 +135,14 @@ def test_missing_path_is_a_clear_error(tmp_path):
 def test_config_spec_with_overrides(x32):
     model = vitlab.load_model(vit_config("Ti/4", img_size=32, depth=1), num_classes=3)
     assert not model.training and model(x32).shape == (2, 3)
-    with pytest.raises(ModelLoadError, match="no field"):
+    with pytest.raises(ModelLoadError, match="colour=.*ViTConfig has no field 'colour'.*its fields: .*depth"):
         vitlab.load_model(vit_config("Ti/4", img_size=32, depth=1), colour=1)
+    hybrid = vitlab.HybridConfig(vit=vit_config("Ti/4", img_size=32, depth=1, patch_size=2), layers=(1, 1),
+                                 stem="cifar")
+    deeper = vitlab.load_model(hybrid, **{"vit.depth": 2, "vit.num_classes": 3})  # a dotted name reaches a nested group
+    assert len(deeper.blocks) == 2 and deeper(x32).shape == (2, 3)
+    with pytest.raises(ModelLoadError, match="vit is a group of settings"):
+        vitlab.load_model(hybrid, vit=2)
 
 
 def test_checkpoint_ignores_no_option_silently(tmp_path):

@@ -20,21 +20,6 @@ PRESET_NAMES = ("vit_cifar10", "resnet_cifar10_fast", "resnet_cifar10", "bit_cif
                 "vit_shapes", "tiny")
 
 
-def _replace_field(obj, path: list[str], value):
-    """``obj`` (a frozen config dataclass) with the field at ``path`` (e.g. ``["vit", "depth"]``) set to ``value``;
-    KeyError naming the fields there when the path does not exist, the config's own error when the value is bad."""
-    names = [f.name for f in dataclasses.fields(obj)] if dataclasses.is_dataclass(obj) else []
-    if not path or path[0] not in names:
-        raise KeyError(f"{type(obj).__name__} has no field {'.'.join(path)!r}; its fields: {', '.join(names)}")
-    sub = getattr(obj, path[0])
-    if len(path) > 1:
-        value = _replace_field(sub, path[1:], value)
-    elif dataclasses.is_dataclass(sub):
-        raise KeyError(f"{'.'.join(path)} is a group of settings ({type(sub).__name__}); set one of its fields: "
-                       f"{', '.join(f.name for f in dataclasses.fields(sub))}")
-    return dataclasses.replace(obj, **{path[0]: value})
-
-
 def _parse_value(text: str):
     try:
         return json.loads(text)
@@ -83,6 +68,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from vitlab.train import PRESETS, train
+    from vitlab.zoo import replace_field
 
     if args.preset not in PRESETS:
         print(f"unknown preset {args.preset!r}; choose one of {', '.join(sorted(PRESETS))}", file=sys.stderr)
@@ -94,7 +80,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         key, sep, value = item.partition("=")
         if key.startswith("model.") and sep:
             try:
-                model = _replace_field(model, key.split(".")[1:], _parse_value(value))
+                model = replace_field(model, key.split(".")[1:], _parse_value(value))
             except (KeyError, TypeError, ValueError) as e:
                 print(f"--set {item!r}: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
                 return 2

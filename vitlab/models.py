@@ -7,7 +7,6 @@ file, and an unreachable hub is reported as such, with what to do offline.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import difflib
 import functools
 import os
@@ -22,7 +21,7 @@ from torch import nn
 
 from vitlab.checkpoint import WEIGHTS_NAME, load_checkpoint
 from vitlab.errors import ModelLoadError
-from vitlab.zoo import BiTConfig, HybridConfig, ModelConfig, ViTConfig, build_model
+from vitlab.zoo import BiTConfig, HybridConfig, ModelConfig, ViTConfig, build_model, replace_field
 
 __all__ = ["load_model", "DEFAULT_CHECKPOINT", "SHAPES_CHECKPOINT"]
 
@@ -94,15 +93,13 @@ def _no_extras(what: str, weights: Any, overrides: dict[str, Any]) -> None:
 
 
 def _replace_config(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
-    if not overrides:
-        return cfg
-    try:
-        return dataclasses.replace(cfg, **overrides)
-    except TypeError as e:
-        fields = sorted(f.name for f in dataclasses.fields(cfg))
-        raise ModelLoadError(
-            f"{type(cfg).__name__} has no field for {sorted(overrides)}: {e}; fields: {fields}"
-        ) from None
+    """``cfg`` with ``overrides`` (field names, dotted for nested groups: ``{"vit.depth": 2}`` of a HybridConfig)."""
+    for key, value in overrides.items():
+        try:
+            cfg = replace_field(cfg, key.split("."), value)
+        except KeyError as e:
+            raise ModelLoadError(f"load_model(..., {key}=...): {e.args[0]}") from None
+    return cfg
 
 
 def _check_timm_name(name: str) -> None:

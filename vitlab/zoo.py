@@ -31,6 +31,7 @@ from torch import nn
 from vitlab.errors import ModelLoadError
 
 __all__ = [
+    "replace_field",
     "VIT_SIZES",
     "CIFAR_MEAN",
     "CIFAR_STD",
@@ -81,6 +82,22 @@ class Preprocess:
 #: The preprocessing of the 32 px models vitlab trains on CIFAR (its statistics, bicubic, no crop): a property of
 #: the data the models see, stored with every checkpoint.
 CIFAR_PRE = Preprocess(mean=CIFAR_MEAN, std=CIFAR_STD, interpolation="bicubic", crop_pct=1.0)
+
+
+def replace_field(obj: Any, path: list[str], value: Any) -> Any:
+    """``obj`` (a frozen config dataclass) with the field at ``path`` (e.g. ``["vit", "depth"]`` of a HybridConfig)
+    set to ``value``; KeyError naming the fields there when the path does not exist or ends at a group of settings,
+    the config's own error when the value is bad."""
+    names = [f.name for f in dataclasses.fields(obj)] if dataclasses.is_dataclass(obj) else []
+    if not path or path[0] not in names:
+        raise KeyError(f"{type(obj).__name__} has no field {'.'.join(path)!r}; its fields: {', '.join(names)}")
+    sub = getattr(obj, path[0])
+    if len(path) > 1:
+        value = replace_field(sub, path[1:], value)
+    elif dataclasses.is_dataclass(sub) and not dataclasses.is_dataclass(value):
+        raise KeyError(f"{'.'.join(path)} is a group of settings ({type(sub).__name__}); set one of its fields: "
+                       f"{', '.join(f.name for f in dataclasses.fields(sub))}")
+    return dataclasses.replace(obj, **{path[0]: value})
 
 
 def size2(v: int | tuple[int, int] | list[int], what: str = "img_size") -> tuple[int, int]:
