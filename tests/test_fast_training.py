@@ -89,6 +89,29 @@ def test_cifarnet_stage_is_its_definition(residual):
         CifarNetConfig(residual="no")
 
 
+def test_whiten_fp32_runs_only_the_stem_in_float32_under_bf16_autocast():
+    torch.manual_seed(0)
+    images = F.avg_pool2d(torch.randn(64, 3, 34, 34), 3, stride=1)  # smooth images: small high-frequency eigenvalues
+    outs = {}
+    for flag in (False, True):
+        model = vitlab.build_model(dataclasses.replace(TINY_CNN, whiten_fp32=flag)).eval()
+        model.init_from_data(images)
+        seen = {}
+        model.whiten.register_forward_hook(lambda _m, _i, out: seen.update(stem=out))
+        model.stages[0].conv1.register_forward_hook(lambda _m, _i, out: seen.update(conv=out))
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(images[:8])
+        with torch.no_grad():
+            reference = F.conv2d(images[:8], model.whiten.weight, model.whiten.bias)
+        err = (seen["stem"].float() - reference).pow(2).mean().sqrt() / reference.pow(2).mean().sqrt()
+        outs[flag] = (seen["stem"].dtype, seen["conv"].dtype, float(err))
+    assert outs[True][:2] == (torch.float32, torch.bfloat16)  # the stem in float32, the stages still in bf16
+    assert outs[True][2] < 1e-6 < 1e-3 < outs[False][2]  # bf16 blurs the whitened outputs; float32 does not
+    assert outs[False][:2] == (torch.bfloat16, torch.bfloat16)
+    with pytest.raises(ValueError, match="whiten_fp32 must be true or false"):
+        CifarNetConfig(whiten_fp32=1)
+
+
 def test_tta_levels_equal_their_definitions():
     torch.manual_seed(0)
     model = CifarResNet((8, 8, 8), num_classes=3).eval()

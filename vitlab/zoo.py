@@ -250,6 +250,7 @@ class CifarNetConfig:
     whiten_kernel: int = 2
     logit_scale: float = 1 / 9
     residual: bool = True  # each stage's second conv as a residual branch (x + f(x)); False: airbench94's plain chain
+    whiten_fp32: bool = False  # the whitening stem in float32 under bf16 autocast (bf16 blurs its small-eigenvalue outputs)
     preprocess: Preprocess = Preprocess()
 
     def __post_init__(self) -> None:
@@ -257,8 +258,9 @@ class CifarNetConfig:
             object.__setattr__(self, "widths", tuple(self.widths))
         if not self.widths or not all(isinstance(w, int) and w >= 1 for w in self.widths):
             raise ValueError(f"widths must be a non-empty tuple of positive ints, got {self.widths!r}")
-        if not isinstance(self.residual, bool):
-            raise ValueError(f"residual must be true or false, got {self.residual!r}")
+        for flag in ("residual", "whiten_fp32"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if not isinstance(self.whiten_kernel, int) or self.whiten_kernel < 1:
             raise ValueError(f"whiten_kernel must be a positive int, got {self.whiten_kernel!r}")
         size2(self.img_size)
@@ -457,7 +459,7 @@ def build_model(cfg: ModelConfig) -> nn.Module:
         from vitlab.cifarnet import CifarResNet
 
         model = CifarResNet(cfg.widths, cfg.num_classes, cfg.in_chans, cfg.whiten_kernel, cfg.logit_scale,
-                            residual=cfg.residual)
+                            residual=cfg.residual, whiten_fp32=cfg.whiten_fp32)
         pcfg = _pretrained_cfg("vitlab_cifarnet", cfg.img_size, cfg.in_chans, cfg.num_classes, cfg.preprocess,
                                "whiten", "head")
     else:
