@@ -321,3 +321,64 @@ def test_a_teacher_for_other_classes_is_refused(tmp_path, three_class_data):
                               teacher=str(tmp_path / "teacher"), epochs=1, batch_size=32)
     with pytest.raises(ValueError, match="predicts 10 classes but the data has 3"):
         train(cfg, tmp_path / "run", progress=False, train_data=train_data, test_data=test_data)
+
+
+def test_any_image_size_resamples_the_position_table_and_restores_the_flags():
+    from timm.layers import resample_abs_pos_embed
+
+    from vitlab.modes import any_image_size
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(TINY_VIT, distilled=True)
+    model = vitlab.build_model(cfg).eval()
+    small = vitlab.build_model(dataclasses.replace(cfg, img_size=24)).eval()  # an independent 24 px model
+    state = dict(model.state_dict())
+    state["pos_embed"] = resample_abs_pos_embed(model.pos_embed.detach(), new_size=(6, 6), old_size=(8, 8),
+                                                num_prefix_tokens=2)  # the two prefix rows kept, the 8x8 grid bicubic
+    small.load_state_dict(state)
+    x = torch.randn(2, 3, 24, 24)
+    flags = (model.dynamic_img_size, model.patch_embed.strict_img_size, model.patch_embed.flatten)
+    with torch.no_grad(), any_image_size(model):
+        torch.testing.assert_close(model(x), small(x))
+    assert (model.dynamic_img_size, model.patch_embed.strict_img_size, model.patch_embed.flatten) == flags
+    with pytest.raises(RuntimeError), any_image_size(model):
+        raise RuntimeError("a step fails")
+    assert (model.dynamic_img_size, model.patch_embed.strict_img_size, model.patch_embed.flatten) == flags
+    with pytest.raises(TypeError, match="not a timm ViT"), any_image_size(vitlab.build_model(TINY_CNN)):
+        pass
+
+
+def test_progressive_resizing_trains_small_then_whole_and_the_teacher_sees_whole_images(tmp_path, three_class_data,
+                                                                                      monkeypatch):
+    import vitlab.train as vt
+
+    train_data, test_data = three_class_data
+    save_checkpoint(vitlab.build_model(TINY_CNN).eval(), tmp_path / "teacher")
+    sizes = {"student": [], "teacher": []}
+    real = vt.teacher_input
+    monkeypatch.setattr(vt, "teacher_input", lambda x, pc, t: sizes["teacher"].append(x.shape[-1]) or real(x, pc, t))
+    cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, distilled=True),
+                              teacher=str(tmp_path / "teacher"), epochs=2, batch_size=32, progressive_size=24,
+                              progressive_epochs=1)
+    model = vt.build_model(cfg.model)
+    monkeypatch.setattr(vt, "build_model", lambda _c: model)
+    model.patch_embed.register_forward_pre_hook(lambda _m, inp: sizes["student"].append(inp[0].shape[-1]))
+    train(cfg, tmp_path / "run", progress=False, train_data=train_data, test_data=test_data)
+    steps = len(train_data) // 32
+    assert sizes["student"][:steps] == [24] * steps  # epoch 1 small; epoch 2 and every evaluation whole
+    assert set(sizes["student"][steps:]) == {32} and sizes["teacher"] == [32] * (2 * steps)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("img_size") for r in records] == [24, None]
+    assert not model.dynamic_img_size and model.patch_embed.strict_img_size  # flags as built
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(progressive_size=22, progressive_epochs=1), "multiple of the patch size"),
+    (dict(progressive_size=32, progressive_epochs=1), "multiple of the patch size"),
+    (dict(progressive_size=24, progressive_epochs=0), "progressive_epochs must be"),
+    (dict(progressive_size=24, progressive_epochs=3), "progressive_epochs must be"),
+    (dict(progressive_size=24, progressive_epochs=1, model=TINY_CNN), "needs a plain ViT"),
+])
+def test_progressive_resizing_settings_are_checked(changes, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(PRESETS["tiny"], epochs=2, **changes)

@@ -1,7 +1,8 @@
 """Temporary model states, always restored (also when the body raises): the one home for mode juggling.
 
-``eval_mode`` (every module's own train/eval flag), ``frozen_parameters`` (``requires_grad``) and
-``explicit_attention`` (timm's per-module ``fused_attn`` flag). Nothing here imports the rest of vitlab.
+``eval_mode`` (every module's own train/eval flag), ``frozen_parameters`` (``requires_grad``),
+``explicit_attention`` (timm's per-module ``fused_attn`` flag) and ``any_image_size`` (timm's ``dynamic_img_size``
+path of a ViT). Nothing here imports the rest of vitlab.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 
 from torch import nn
 
-__all__ = ["eval_mode", "frozen_parameters", "explicit_attention"]
+__all__ = ["eval_mode", "frozen_parameters", "explicit_attention", "any_image_size"]
 
 
 @contextlib.contextmanager
@@ -54,3 +55,23 @@ def explicit_attention(model: nn.Module, enabled: bool = True) -> Iterator[nn.Mo
     finally:
         for m, flag in zip(mods, saved):
             m.fused_attn = flag
+
+
+@contextlib.contextmanager
+def any_image_size(model: nn.Module) -> Iterator[nn.Module]:
+    """A timm ViT takes images of any size whose sides are multiples of its patch size inside the block: its patch
+    embedding stops checking the size and keeps the (B, h, w, C) grid, and ``_pos_embed`` resamples the position
+    table to that grid (bicubic, the prefix tokens' rows kept), as timm does for ``dynamic_img_size=True``. The
+    four flags are restored after. Progressive resizing trains through it."""
+    from timm.layers import Format
+
+    pe = getattr(model, "patch_embed", None)
+    if not hasattr(model, "dynamic_img_size") or not hasattr(pe, "strict_img_size"):
+        raise TypeError(f"{type(model).__name__} is not a timm ViT with a patch embedding: any_image_size needs "
+                        "VisionTransformer's dynamic_img_size path")
+    saved = (model.dynamic_img_size, pe.strict_img_size, pe.flatten, pe.output_fmt)
+    try:
+        model.dynamic_img_size, pe.strict_img_size, pe.flatten, pe.output_fmt = True, False, False, Format.NHWC
+        yield model
+    finally:
+        model.dynamic_img_size, pe.strict_img_size, pe.flatten, pe.output_fmt = saved
