@@ -11,8 +11,9 @@
   FLOPs per image come from ``torch.utils.flop_counter.FlopCounterMode`` over one real step (forward and backward,
   under the same autocast), so a variant that drops patches is credited only the FLOPs it performs.
 * **vitlab train** on the ``vit_cifar10`` preset as shipped (RandAugment, distillation through the teacher,
-  patch dropping) and on the ``resnet_cifar10`` teacher preset: the images/s ``vitlab train`` itself reports,
-  and MFU = (student step FLOPs + teacher forward FLOPs per image) x images/s / peak.
+  patch dropping), the same in a 24 px progressive-resizing phase, and on the ``resnet_cifar10`` teacher preset:
+  the images/s ``vitlab train`` itself reports, and MFU = (student step FLOPs + teacher forward FLOPs per image)
+  x images/s / peak.
 * CNN levers for the teacher: channels_last and bf16 against fp32 (bf16 rows only where bf16 is fast) in training,
   and the shipped teacher's forward as distillation runs it, contiguous against channels_last.
 
@@ -29,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -41,7 +43,7 @@ import vitlab
 from benchmarks._util import report
 from vitlab.checkpoint import save_checkpoint
 from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize
-from vitlab.modes import explicit_attention
+from vitlab.modes import any_image_size, explicit_attention
 from vitlab.precision import use_bf16
 from vitlab.train import PRESETS, load_teacher, train, with_num_classes
 from vitlab.train import step_flops as train_step_flops
@@ -200,11 +202,14 @@ def teacher_forward_levers(data: ImageArray, steps: int, peak: float, teacher_di
     return rows
 
 
-def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher_dir: Path | None) -> dict:
-    """images/s that ``vitlab train`` reports over ``steps`` batches of the preset, and its MFU."""
+def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher_dir: Path | None,
+                 small: int | None = None) -> dict:
+    """images/s that ``vitlab train`` reports over ``steps`` batches of the preset, and its MFU; ``small``: in the
+    progressive-resizing phase at that many px."""
     cfg = with_num_classes(PRESETS[preset], len(data.classes))
     cfg = dataclasses.replace(cfg, epochs=1, eval_every=0, eval_tta=0, max_train_examples=cfg.batch_size * steps,
-                              warmup_epochs=0.0, teacher=str(teacher_dir) if cfg.teacher else None)
+                              warmup_epochs=0.0, teacher=str(teacher_dir) if cfg.teacher else None,
+                              progressive_size=small, progressive_epochs=1 if small else 0)
     with tempfile.TemporaryDirectory() as tmp:
         train(cfg, Path(tmp) / "run", progress=False, train_data=data, test_data=data.subset(range(10)))
         ips = json.loads((Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()[-1])["images_per_second"]
@@ -216,14 +221,16 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
     y = data.labels[: cfg.batch_size]
     if teacher_dir is not None and cfg.teacher:
         model.set_distilled_training(True)
-    with explicit_attention(model, cfg.explicit_attention):
-        flops = step_flops(model, x, y)
+    xs = F.interpolate(x, size=small, mode="bilinear", antialias=True, align_corners=False) if small else x
+    with explicit_attention(model, cfg.explicit_attention), any_image_size(model) if small else nullcontext():
+        flops = step_flops(model, xs, y)
     teacher_flops = 0.0
     if cfg.teacher:
         with torch.no_grad():
             teacher_flops = step_flops(load_teacher(cfg.teacher, torch.device("cpu")), x, y, backward=False)
     total = flops + teacher_flops
-    return {"preset": preset, "batch": cfg.batch_size, "images_per_second": ips,
+    return {"preset": preset + (f", {small} px phase (progressive resizing)" if small else ""),
+            "batch": cfg.batch_size, "images_per_second": ips,
             "student_gflops_per_image": flops / 1e9, "teacher_gflops_per_image": teacher_flops / 1e9,
             "mfu": total * ips / peak}
 
@@ -246,6 +253,7 @@ def run(steps: int = 8) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         teacher = _teacher_dir(Path(tmp))
         ours = [vitlab_train("vit_cifar10", data, steps, peak_before, teacher),
+                vitlab_train("vit_cifar10", data, steps, peak_before, teacher, small=24),
                 vitlab_train("resnet_cifar10", data, steps, peak_before, None)]
         cnn = cnn_levers(data, steps, peak_before) + teacher_forward_levers(data, steps, peak_before, teacher)
     peak_after = peak_matmul_flops()
@@ -273,7 +281,7 @@ def format_table(res: dict) -> str:
     lines += ["", f"| `vitlab train` preset | batch | images/s | x before | GFLOP/img (student + teacher) | **MFU** "
                   f"(goal >= {GOAL_MFU:.0%}) |", "|---|---|---|---|---|---|"]
     for r in res["vitlab_train"]:
-        x = f"{r['images_per_second'] / base:.2f}" if r["preset"] == "vit_cifar10" else ""
+        x = f"{r['images_per_second'] / base:.2f}" if r["preset"].startswith("vit_cifar10") else ""
         lines.append(f"| {r['preset']} | {r['batch']} | {r['images_per_second']:.0f} | {x} | "
                      f"{r['student_gflops_per_image']:.3f} + {r['teacher_gflops_per_image']:.3f} | **{r['mfu']:.0%}** |")
     lines += ["", "| teacher CNN, minimal loop | batch | images/s | MFU |", "|---|---|---|---|"]
