@@ -53,6 +53,9 @@ def test_train_set_reaches_the_model_config(tmp_path, monkeypatch, capsys):
     assert main([*base, "--preset", "hybrid_cifar10", "--set", "model.vit.depth=2"]) == 0
     hybrid = vitlab.train.PRESETS["hybrid_cifar10"].model
     assert seen["cfg"].model == dataclasses.replace(hybrid, vit=dataclasses.replace(hybrid.vit, depth=2))
+    # fields that must agree change together (90 is no multiple of the preset's 4 heads)
+    assert main([*base, "--preset", "vit_cifar10", "--set", "model.embed_dim=90", "--set", "model.num_heads=3"]) == 0
+    assert (seen["cfg"].model.embed_dim, seen["cfg"].model.num_heads) == (90, 3)
     capsys.readouterr()
     # bad paths and bad values are clear errors that name the fields, and nothing is trained
     seen.clear()

@@ -333,17 +333,23 @@ def test_any_image_size_resamples_the_position_table_and_restores_the_flags():
     model = vitlab.build_model(cfg).eval()
     small = vitlab.build_model(dataclasses.replace(cfg, img_size=24)).eval()  # an independent 24 px model
     state = dict(model.state_dict())
+    # timm's own resampling, as the code under test uses: this checks the prefix rows kept, the grid read as 8x8 and the
+    # (B, h, w, C) token layout, not the interpolation itself
     state["pos_embed"] = resample_abs_pos_embed(model.pos_embed.detach(), new_size=(6, 6), old_size=(8, 8),
-                                                num_prefix_tokens=2)  # the two prefix rows kept, the 8x8 grid bicubic
+                                                num_prefix_tokens=2)
     small.load_state_dict(state)
     x = torch.randn(2, 3, 24, 24)
-    flags = (model.dynamic_img_size, model.patch_embed.strict_img_size, model.patch_embed.flatten)
+    def flags(m):
+        return m.dynamic_img_size, m.patch_embed.strict_img_size, m.patch_embed.flatten, m.patch_embed.output_fmt
+
+    built = flags(model)
     with torch.no_grad(), any_image_size(model):
+        assert flags(model) != built
         torch.testing.assert_close(model(x), small(x))
-    assert (model.dynamic_img_size, model.patch_embed.strict_img_size, model.patch_embed.flatten) == flags
+    assert flags(model) == built
     with pytest.raises(RuntimeError), any_image_size(model):
         raise RuntimeError("a step fails")
-    assert (model.dynamic_img_size, model.patch_embed.strict_img_size, model.patch_embed.flatten) == flags
+    assert flags(model) == built
     with pytest.raises(TypeError, match="not a timm ViT"), any_image_size(vitlab.build_model(TINY_CNN)):
         pass
 
@@ -369,7 +375,10 @@ def test_progressive_resizing_trains_small_then_whole_and_the_teacher_sees_whole
     assert set(sizes["student"][steps:]) == {32} and sizes["teacher"] == [32] * (2 * steps)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("img_size") for r in records] == [24, None]
-    assert not model.dynamic_img_size and model.patch_embed.strict_img_size  # flags as built
+    fresh = vitlab.build_model(cfg.model)  # not the patched vt.build_model, which returns the trained one
+    assert (model.dynamic_img_size, model.patch_embed.strict_img_size, model.patch_embed.flatten,
+            model.patch_embed.output_fmt) == (fresh.dynamic_img_size, fresh.patch_embed.strict_img_size,
+                                              fresh.patch_embed.flatten, fresh.patch_embed.output_fmt)  # as built
 
 
 @pytest.mark.parametrize("changes,match", [
@@ -378,6 +387,9 @@ def test_progressive_resizing_trains_small_then_whole_and_the_teacher_sees_whole
     (dict(progressive_size=24, progressive_epochs=0), "progressive_epochs must be"),
     (dict(progressive_size=24, progressive_epochs=3), "progressive_epochs must be"),
     (dict(progressive_size=24, progressive_epochs=1, model=TINY_CNN), "needs a plain ViT"),
+    (dict(progressive_epochs=1), "progressive_epochs=1 needs progressive_size"),
+    (dict(progressive_size=24, progressive_epochs=1, model=dataclasses.replace(TINY_VIT, img_size=(32, 48))),
+     "shrinks square images"),
 ])
 def test_progressive_resizing_settings_are_checked(changes, match):
     with pytest.raises(ValueError, match=match):

@@ -135,7 +135,11 @@ def test_missing_path_is_a_clear_error(tmp_path):
 def test_config_spec_with_overrides(x32):
     model = vitlab.load_model(vit_config("Ti/4", img_size=32, depth=1), num_classes=3)
     assert not model.training and model(x32).shape == (2, 3)
-    with pytest.raises(ModelLoadError, match="colour=.*ViTConfig has no field 'colour'.*its fields: .*depth"):
+    wider = vitlab.load_model(vit_config("Ti/4", img_size=32, depth=1), embed_dim=256, num_heads=4)  # together
+    assert (wider.embed_dim, wider.blocks[0].attn.num_heads) == (256, 4)
+    with pytest.raises(ModelLoadError, match="embed_dim=256 must be divisible by num_heads=3"):
+        vitlab.load_model(vit_config("Ti/4", img_size=32, depth=1), embed_dim=256)
+    with pytest.raises(ModelLoadError, match="ViTConfig has no field 'colour'.*its fields: .*depth"):
         vitlab.load_model(vit_config("Ti/4", img_size=32, depth=1), colour=1)
     hybrid = vitlab.HybridConfig(vit=vit_config("Ti/4", img_size=32, depth=1, patch_size=2), layers=(1, 1),
                                  stem="cifar")

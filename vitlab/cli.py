@@ -68,22 +68,18 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from vitlab.train import PRESETS, train
-    from vitlab.zoo import replace_field
+    from vitlab.zoo import replace_fields
 
     if args.preset not in PRESETS:
         print(f"unknown preset {args.preset!r}; choose one of {', '.join(sorted(PRESETS))}", file=sys.stderr)
         return 2
     cfg = PRESETS[args.preset]
     changes = {}
-    model = cfg.model
+    model_changes = {}
     for item in args.set or []:
         key, sep, value = item.partition("=")
         if key.startswith("model.") and sep:
-            try:
-                model = replace_field(model, key.split(".")[1:], _parse_value(value))
-            except (KeyError, TypeError, ValueError) as e:
-                print(f"--set {item!r}: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
-                return 2
+            model_changes[key.removeprefix("model.")] = _parse_value(value)
             continue
         if not sep or key not in {f.name for f in dataclasses.fields(cfg)} or key == "model":
             print(f"--set {item!r}: expected FIELD=VALUE with FIELD one of "
@@ -95,8 +91,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         changes["epochs"] = args.epochs
     if args.data is not None:
         changes["data"] = args.data
-    if model is not cfg.model:
-        changes["model"] = model
+    if model_changes:  # all at once, so that fields which must agree (embed_dim, num_heads) can change together
+        try:
+            changes["model"] = replace_fields(cfg.model, model_changes)
+        except (KeyError, TypeError, ValueError) as e:
+            sets = " ".join(f"--set model.{k}" for k in model_changes)
+            print(f"{sets}: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
+            return 2
     cfg = dataclasses.replace(cfg, **changes)
     from vitlab.data import cache_dir
     from vitlab.models import DEFAULT_CHECKPOINT

@@ -21,7 +21,7 @@ from torch import nn
 
 from vitlab.checkpoint import WEIGHTS_NAME, load_checkpoint
 from vitlab.errors import ModelLoadError
-from vitlab.zoo import BiTConfig, HybridConfig, ModelConfig, ViTConfig, build_model, replace_field
+from vitlab.zoo import BiTConfig, HybridConfig, ModelConfig, ViTConfig, build_model, replace_fields
 
 __all__ = ["load_model", "DEFAULT_CHECKPOINT", "SHAPES_CHECKPOINT"]
 
@@ -40,7 +40,7 @@ def load_model(spec: str | os.PathLike | ModelConfig | None = None, *, pretraine
     * ``None``: the embedded default model shipped in ``data/checkpoints``.
     * a path to a vitlab checkpoint (its folder, ``config.json`` or ``model.safetensors``).
     * a ``ViTConfig`` / ``HybridConfig`` / ``BiTConfig``: a freshly initialised model (``overrides``
-      replace config fields).
+      replace config fields, all at once; dotted names reach nested groups: ``**{"vit.depth": 2}``).
     * a timm model name (``"vit_base_patch16_224.augreg2_in21k_ft_in1k"``, or ``"hf-hub:org/name"``):
       built by timm; with ``pretrained=True`` the weights come from the hub, or from a local file given as
       ``weights=`` (``.safetensors``, or ``.bin``/``.pth`` read with ``weights_only=True``, never
@@ -94,12 +94,12 @@ def _no_extras(what: str, weights: Any, overrides: dict[str, Any]) -> None:
 
 def _replace_config(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
     """``cfg`` with ``overrides`` (field names, dotted for nested groups: ``{"vit.depth": 2}`` of a HybridConfig)."""
-    for key, value in overrides.items():
-        try:
-            cfg = replace_field(cfg, key.split("."), value)
-        except KeyError as e:
-            raise ModelLoadError(f"load_model(..., {key}=...): {e.args[0]}") from None
-    return cfg
+    try:
+        return replace_fields(cfg, overrides)
+    except KeyError as e:
+        raise ModelLoadError(f"load_model overrides: {e.args[0]}") from None
+    except (TypeError, ValueError) as e:
+        raise ModelLoadError(f"load_model overrides {overrides}: {e}") from None
 
 
 def _check_timm_name(name: str) -> None:

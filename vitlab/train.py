@@ -42,7 +42,7 @@ from vitlab.checkpoint import (
     save_checkpoint,
     save_run_checkpoint,
 )
-from vitlab.cifarnet import tta_logits
+from vitlab.cifarnet import CifarResNet, tta_logits
 from vitlab.data import ImageArray, alternating_flips, load_dataset, normalize, random_crop_flip
 from vitlab.finetune import resample_grid
 from vitlab.info import model_info
@@ -122,7 +122,8 @@ class TrainConfig:
     whiten_bias_epochs: int | None = None  # CNN: the whitening stem's bias trains this many epochs, then is frozen
     # progressive resizing (ViTs): the first progressive_epochs epochs see the augmented images downsampled to
     # progressive_size px (bilinear, antialiased; a multiple of the patch size), the position embeddings resampled to
-    # the smaller grid (vitlab.modes.any_image_size); the teacher and every evaluation see full-size images
+    # the smaller grid (vitlab.modes.any_image_size; bicubic, a fixed sin-cos table too); the teacher and every
+    # evaluation see full-size images
     progressive_size: int | None = None
     progressive_epochs: int = 0
 
@@ -164,9 +165,15 @@ class TrainConfig:
             m = self.model
             if not isinstance(m, ViTConfig) or self.objective != "classify":
                 raise ValueError("progressive resizing needs a plain ViT (ViTConfig) trained to classify: its position "
-                                 "embeddings are resampled to the smaller grid; leave progressive_size None otherwise")
+                                 "embeddings are resampled to the smaller grid; leave progressive_size None and "
+                                 "progressive_epochs 0 otherwise")
             size = self.progressive_size
-            if not isinstance(size, int) or not 0 < size < min(size2(m.img_size)) or size % m.patch_size:
+            if size is None:
+                raise ValueError(f"progressive_epochs={self.progressive_epochs} needs progressive_size (px)")
+            h, w = size2(m.img_size)
+            if h != w:
+                raise ValueError(f"progressive resizing shrinks square images; the model's img_size is {m.img_size}")
+            if not isinstance(size, int) or not 0 < size < h or size % m.patch_size:
                 raise ValueError(f"progressive_size must be a multiple of the patch size ({m.patch_size}) below the "
                                  f"image size {m.img_size}, got {size!r}")
             if not isinstance(self.progressive_epochs, int) or not 0 < self.progressive_epochs <= self.epochs:
@@ -395,8 +402,9 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
 
 def load_teacher(path: str | os.PathLike, device: torch.device) -> nn.Module:
     """A frozen teacher in eval mode from a vitlab checkpoint folder (relative paths: to the cwd, then the repo).
-    A convolutional teacher (more than one ``Conv2d``: not a ViT's patch embedding alone) comes in channels_last,
-    which ``teacher_input`` matches: its bf16 forward ran 1.7x faster that way on a 2-core AVX512-BF16 CPU."""
+    The CNN teacher (``vitlab.cifarnet.CifarResNet``) comes in channels_last, which ``teacher_input`` matches: its
+    bf16 forward ran 2.1x faster that way on a 2-core AVX512-BF16 CPU. Other teachers keep their layout (not
+    measured)."""
     p = resolve_folder(path)
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"teacher checkpoint {path} not found: train it first (vitlab train --preset "
@@ -404,20 +412,16 @@ def load_teacher(path: str | os.PathLike, device: torch.device) -> nn.Module:
     teacher = load_checkpoint(p).to(device).eval()
     for q in teacher.parameters():
         q.requires_grad_(False)
-    if _is_convnet(teacher):
+    if isinstance(teacher, CifarResNet):
         teacher.to(memory_format=torch.channels_last)
     return teacher
 
 
-def _is_convnet(model: nn.Module) -> bool:
-    return sum(isinstance(m, nn.Conv2d) for m in model.modules()) > 1
-
-
 def teacher_input(x: Tensor, student_cfg: dict, teacher: nn.Module) -> Tensor:
     """(B, 3, H, W) normalised for the student -> the same images normalised for ``teacher``, in its memory
-    format (channels_last for a convolutional teacher from ``load_teacher``)."""
+    format (channels_last for the CNN teacher from ``load_teacher``)."""
     x = _renormalize(x, student_cfg, teacher.pretrained_cfg)
-    return x.contiguous(memory_format=torch.channels_last) if _is_convnet(teacher) else x
+    return x.contiguous(memory_format=torch.channels_last) if isinstance(teacher, CifarResNet) else x
 
 
 def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:

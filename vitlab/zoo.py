@@ -31,7 +31,7 @@ from torch import nn
 from vitlab.errors import ModelLoadError
 
 __all__ = [
-    "replace_field",
+    "replace_fields",
     "VIT_SIZES",
     "CIFAR_MEAN",
     "CIFAR_STD",
@@ -84,20 +84,29 @@ class Preprocess:
 CIFAR_PRE = Preprocess(mean=CIFAR_MEAN, std=CIFAR_STD, interpolation="bicubic", crop_pct=1.0)
 
 
-def replace_field(obj: Any, path: list[str], value: Any) -> Any:
-    """``obj`` (a frozen config dataclass) with the field at ``path`` (e.g. ``["vit", "depth"]`` of a HybridConfig)
-    set to ``value``; KeyError naming the fields there when the path does not exist or ends at a group of settings,
-    the config's own error when the value is bad."""
+def replace_fields(obj: Any, changes: dict[str, Any]) -> Any:
+    """``obj`` (a frozen config dataclass) with ``changes`` applied: field names, dotted for nested groups (``{"vit.depth":
+    2}`` of a HybridConfig). All changes to one config are made in one ``dataclasses.replace``, so fields that must
+    agree (``embed_dim`` and ``num_heads``) can change together. KeyError naming the fields there when a name does not
+    exist or ends at a group of settings; the config's own error when the values are bad."""
     names = [f.name for f in dataclasses.fields(obj)] if dataclasses.is_dataclass(obj) else []
-    if not path or path[0] not in names:
-        raise KeyError(f"{type(obj).__name__} has no field {'.'.join(path)!r}; its fields: {', '.join(names)}")
-    sub = getattr(obj, path[0])
-    if len(path) > 1:
-        value = replace_field(sub, path[1:], value)
-    elif dataclasses.is_dataclass(sub) and not dataclasses.is_dataclass(value):
-        raise KeyError(f"{'.'.join(path)} is a group of settings ({type(sub).__name__}); set one of its fields: "
-                       f"{', '.join(f.name for f in dataclasses.fields(sub))}")
-    return dataclasses.replace(obj, **{path[0]: value})
+    here: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in changes.items():
+        head, _, rest = key.partition(".")
+        if head not in names:
+            raise KeyError(f"{type(obj).__name__} has no field {key!r}; its fields: {', '.join(names)}")
+        sub = getattr(obj, head)
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        elif dataclasses.is_dataclass(sub) and not dataclasses.is_dataclass(value):
+            raise KeyError(f"{key} is a group of settings ({type(sub).__name__}); set one of its fields: "
+                           f"{', '.join(f.name for f in dataclasses.fields(sub))}")
+        else:
+            here[head] = value
+    for head, sub_changes in nested.items():
+        here[head] = replace_fields(here.get(head, getattr(obj, head)), sub_changes)
+    return dataclasses.replace(obj, **here) if here else obj
 
 
 def size2(v: int | tuple[int, int] | list[int], what: str = "img_size") -> tuple[int, int]:
