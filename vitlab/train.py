@@ -195,8 +195,8 @@ PRESETS: dict[str, TrainConfig] = {
     # The default ViT for 32 px images: ViT-Lite-7/4 of the CCT paper (4 px patches, 64 tokens, 7 blocks, 256 wide)
     # with DeiT's distillation token, learning from the resnet_cifar10_fast teacher's hard decisions; half of the patch
     # tokens dropped at random in training (2x the images/s on CPU; evaluation sees all of them). 75 epochs take
-    # ~2.9 h on a 2-core AVX512-BF16 CPU (2.3 min per epoch with its evaluation, measured), ~4.7 h of training steps at
-    # the 222 images/s of the machine of 2026-11-23, ~12 h in float32 on an AVX2-only one (~10 min per epoch);
+    # ~2.5 h on a 2-core AVX512-BF16 CPU (2.0 min per epoch: 105 s of training at ~475 images/s with the teacher in
+    # channels_last, 15 s of evaluation; measured 2026-11-25), ~12 h in float32 on an AVX2-only one (~10 min per epoch);
     # mixup/cutmix on half the batches (a short schedule for a DeiT recipe).
     "vit_cifar10": TrainConfig(model=cifar_vit(distilled=True, patch_drop_rate=0.5), epochs=75, batch_size=256,
                                lr=1e-3, weight_decay=0.05, randaugment="rand-m9-n2-mstd0.5", mixup_prob=0.5,
