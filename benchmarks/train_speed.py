@@ -42,7 +42,7 @@ import torch.nn.functional as F
 import vitlab
 from benchmarks._util import report
 from vitlab.checkpoint import save_checkpoint
-from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize
+from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize, shrink
 from vitlab.modes import any_image_size, explicit_attention
 from vitlab.precision import use_bf16
 from vitlab.train import PRESETS, load_teacher, train, with_num_classes
@@ -136,7 +136,7 @@ def vit_levers(data: ImageArray, steps: int, peak: float) -> list[dict]:
         pc = model.pretrained_cfg
         x_all = normalize(data.images[: batch * (steps + 1)], pc["mean"], pc["std"])
         if lever.img_size != x_all.shape[-1]:  # the images as progressive resizing shows them: downsampled
-            x_all = F.interpolate(x_all, size=lever.img_size, mode="bilinear", antialias=True, align_corners=False)
+            x_all = shrink(x_all, lever.img_size)
         y_all = data.labels[: batch * (steps + 1)]
         with explicit_attention(model, lever.explicit):
             flops = step_flops(model, x_all[:batch], y_all[:batch])
@@ -221,7 +221,7 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
     y = data.labels[: cfg.batch_size]
     if teacher_dir is not None and cfg.teacher:
         model.set_distilled_training(True)
-    xs = F.interpolate(x, size=small, mode="bilinear", antialias=True, align_corners=False) if small else x
+    xs = shrink(x, small) if small else x
     with explicit_attention(model, cfg.explicit_attention), any_image_size(model) if small else nullcontext():
         flops = step_flops(model, xs, y)
     teacher_flops = 0.0

@@ -111,8 +111,9 @@ class CifarResNet(nn.Module):
             # eigenvalues off by 11-14% RMS on CIFAR-10; the stem is ~0.1% of the FLOPs, so it can run in float32
             with torch.autocast(x.device.type, enabled=False):
                 x = self.whiten(x.float())
-            return self.stages(self.act(x))  # the stages under the caller's autocast
-        return self.stages(self.act(self.whiten(x)))
+        else:
+            x = self.whiten(x)
+        return self.stages(self.act(x))  # the stages under the caller's autocast
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         x = torch.amax(x, dim=(2, 3))  # global max-pool: (B, num_features)

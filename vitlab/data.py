@@ -32,6 +32,7 @@ __all__ = [
     "random_crop_flip",
     "alternating_flips",
     "normalize",
+    "shrink",
     "k_shot_indices",
     "nested_subsets",
     "IMAGE_SUFFIXES",
@@ -304,6 +305,12 @@ def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float], size:
     m = torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
     s = torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
     return x.sub_(m).div_(s)
+
+
+def shrink(x: Tensor, size: int) -> Tensor:
+    """(B, C, H, W) -> (B, C, size, size): a batch downsampled bilinearly with antialiasing, after normalisation
+    (progressive resizing: what a ViT sees in its small-image phase)."""
+    return torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
 
 
 # ---------------------------------------------------------------------------------------------- sampling

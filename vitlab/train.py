@@ -43,7 +43,7 @@ from vitlab.checkpoint import (
     save_run_checkpoint,
 )
 from vitlab.cifarnet import CifarResNet, tta_logits
-from vitlab.data import ImageArray, alternating_flips, load_dataset, normalize, random_crop_flip
+from vitlab.data import ImageArray, alternating_flips, load_dataset, normalize, random_crop_flip, shrink
 from vitlab.finetune import resample_grid
 from vitlab.info import model_info
 from vitlab.lookahead import Lookahead
@@ -701,10 +701,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
                     x, target = mixup(x, y)
                 else:
                     target = F.one_hot(y, n_cls).float() * (1 - cfg.label_smoothing) + cfg.label_smoothing / n_cls
-                if small:  # the student sees the images downsampled; the teacher sees them whole
-                    xs = F.interpolate(x, size=(small, small), mode="bilinear", antialias=True, align_corners=False)
-                else:
-                    xs = x
+                xs = shrink(x, small) if small else x  # the student sees them downsampled; the teacher whole
                 lr = lr_at(step, total, warmup, cfg.lr, cfg.min_lr, cfg.schedule, cfg.lr_start)
                 for group in opt.param_groups:
                     group["lr"] = lr * group.get("lr_scale", 1.0)
