@@ -394,3 +394,65 @@ def test_progressive_resizing_trains_small_then_whole_and_the_teacher_sees_whole
 def test_progressive_resizing_settings_are_checked(changes, match):
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(PRESETS["tiny"], epochs=2, **changes)
+
+
+def _block_tokens(model, seen):
+    """Record the token count entering the first block on each forward."""
+    return model.blocks[0].register_forward_pre_hook(lambda _m, inp: seen.append(inp[0].shape[1]))
+
+
+def test_all_patch_tokens_turns_patch_dropping_off_and_restores_the_rate():
+    from vitlab.modes import all_patch_tokens
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(TINY_VIT, distilled=True, patch_drop_rate=0.5, drop_path_rate=0.0, drop_rate=0.0)
+    model = vitlab.build_model(cfg).train()
+    whole = vitlab.build_model(dataclasses.replace(cfg, patch_drop_rate=0.0)).train()  # independent: built without
+    whole.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    seen = []
+    _block_tokens(model, seen)
+    with torch.no_grad():
+        model(x)
+        with all_patch_tokens(model):
+            torch.testing.assert_close(model(x), whole(x))
+        model(x)
+    assert seen == [2 + 32, 2 + 64, 2 + 32]  # half of the 8x8 patches dropped, then all, then half again
+    assert model.patch_drop.prob == 0.5
+    with pytest.raises(RuntimeError), all_patch_tokens(model):
+        raise RuntimeError("a step fails")
+    assert model.patch_drop.prob == 0.5
+    with all_patch_tokens(whole):  # nothing to turn off: passes through
+        pass
+
+
+def test_full_token_epochs_train_the_last_epochs_on_every_patch(tmp_path, three_class_data, monkeypatch):
+    import vitlab.train as vt
+
+    train_data, test_data = three_class_data
+    cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, patch_drop_rate=0.5), epochs=3,
+                              batch_size=32, full_token_epochs=1)
+    model = vt.build_model(cfg.model)
+    monkeypatch.setattr(vt, "build_model", lambda _c: model)
+    seen = []
+    hook = _block_tokens(model, seen)
+    train(cfg, tmp_path / "run", progress=False, train_data=train_data, test_data=test_data)
+    hook.remove()
+    steps = len(train_data) // 32
+    assert len(seen) > 3 * steps and len(seen) % 3 == 0
+    # per epoch: its training steps, then its evaluation batches (all tokens)
+    per_epoch = [seen[i * (len(seen) // 3): (i + 1) * (len(seen) // 3)] for i in range(3)]
+    assert [e[:steps] for e in per_epoch] == [[1 + 32] * steps, [1 + 32] * steps, [1 + 64] * steps]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("all_tokens") for r in records] == [None, None, True]
+    assert model.patch_drop.prob == 0.5  # the model's own rate, restored
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(full_token_epochs=1), "drops no patches"),
+    (dict(full_token_epochs=3, model=dataclasses.replace(TINY_VIT, patch_drop_rate=0.5)), "full_token_epochs must be"),
+    (dict(full_token_epochs=-1, model=dataclasses.replace(TINY_VIT, patch_drop_rate=0.5)), "full_token_epochs must be"),
+])
+def test_full_token_epochs_settings_are_checked(changes, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(PRESETS["tiny"], epochs=2, **changes)

@@ -1,8 +1,8 @@
 """Temporary model states, always restored (also when the body raises): the one home for mode juggling.
 
 ``eval_mode`` (every module's own train/eval flag), ``frozen_parameters`` (``requires_grad``),
-``explicit_attention`` (timm's per-module ``fused_attn`` flag) and ``any_image_size`` (timm's ``dynamic_img_size``
-path of a ViT). Nothing here imports the rest of vitlab.
+``explicit_attention`` (timm's per-module ``fused_attn`` flag), ``any_image_size`` (timm's ``dynamic_img_size``
+path of a ViT) and ``all_patch_tokens`` (timm's ``PatchDropout`` rate). Nothing here imports the rest of vitlab.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from torch import nn
 
-__all__ = ["eval_mode", "frozen_parameters", "explicit_attention", "any_image_size"]
+__all__ = ["eval_mode", "frozen_parameters", "explicit_attention", "any_image_size", "all_patch_tokens"]
 
 
 @contextlib.contextmanager
@@ -75,3 +75,21 @@ def any_image_size(model: nn.Module) -> Iterator[nn.Module]:
         yield model
     finally:
         model.dynamic_img_size, pe.strict_img_size, pe.flatten, pe.output_fmt = saved
+
+
+@contextlib.contextmanager
+def all_patch_tokens(model: nn.Module) -> Iterator[nn.Module]:
+    """Random patch dropping off inside the block: every timm ``PatchDropout`` module of ``model`` keeps all tokens
+    in training too (its rate set to 0, as ``patch_drop_rate=0`` builds it), each rate restored after. A model
+    without patch dropping passes through unchanged. Training ends with full-token epochs through it (FLIP's
+    unmasked tuning)."""
+    from timm.layers import PatchDropout
+
+    rates = [(m, m.prob) for m in model.modules() if isinstance(m, PatchDropout)]
+    try:
+        for m, _ in rates:
+            m.prob = 0.0
+        yield model
+    finally:
+        for m, prob in rates:
+            m.prob = prob
