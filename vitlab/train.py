@@ -694,7 +694,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
                      if cfg.lookahead_every else None)  # an epoch starts with the network = the slow weights
         loss_sum, seen = 0.0, 0
         small = cfg.progressive_size if epoch < cfg.progressive_epochs else None
-        full = bool(cfg.full_token_epochs) and epoch >= cfg.epochs - cfg.full_token_epochs  # patch dropping off
+        full = epoch >= cfg.epochs - cfg.full_token_epochs  # patch dropping off (never when full_token_epochs is 0)
         desc = f"epoch {epoch + 1}/{cfg.epochs}" + (f" at {small} px" if small else "") + (" all tokens" if full else "")
         bar = tqdm(range(steps_per_epoch), desc=desc, disable=not (progress and d.main), leave=False)
         with (any_image_size(model) if small else contextlib.nullcontext(),
