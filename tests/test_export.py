@@ -27,7 +27,9 @@ def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, two
     base = dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=1, bf16=True)
     train(base, tmp_path / "first", progress=False)
     first = _export(tmp_path / "first", tmp_path / "start")
+    assert len(first["lineage"]) == 1 and first["lineage"][0]["total_train_hours"] == first["train_hours"]
     first["train_hours"] = 1.25  # as if the start had trained 1.25 h (a tiny run takes a second)
+    first["lineage"] = [{**first["lineage"][0], "train_hours": 1.25, "total_train_hours": 1.25}]
     (tmp_path / "start" / "card.json").write_text(json.dumps(first))
     train(dataclasses.replace(base, init_from=str(tmp_path / "start")), tmp_path / "warm", progress=False)
     card = _export(tmp_path / "warm", tmp_path / "shipped")
@@ -53,12 +55,26 @@ def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, two
     again = _export(tmp_path / "again", tmp_path / "shipped")
     assert again["warm_start_hours"] == third["warm_start_hours"] == pytest.approx(card["total_train_hours"], abs=1e-3)
     assert _export(tmp_path / "again", tmp_path / "shipped")["warm_start_hours"] == again["warm_start_hours"]
+    # the lineage: one leg per warm start, each ending where the next began, the last this card's own
+    assert [leg["total_train_hours"] for leg in card["lineage"]] == [1.25, card["total_train_hours"]]
+    assert card["lineage"][0]["test_accuracy"] == first["test_accuracy"]
+    assert card["lineage"][1] == {"total_train_hours": card["total_train_hours"], "train_hours": card["train_hours"],
+                                  "test_accuracy": card["test_accuracy"], "epochs_done": 1,
+                                  "hardware": card["hardware"], "command": "vitlab train --preset tiny"}
+    assert third["lineage"][:2] == card["lineage"] and len(third["lineage"]) == 3
+    again = json.loads((tmp_path / "shipped" / "card.json").read_text())  # exported twice onto its start: no new leg
+    assert again["lineage"][:2] == card["lineage"] and again["lineage"][2]["test_accuracy"] == again["test_accuracy"]
+    assert len(again["lineage"]) == 3
+    table = (tmp_path / "shipped" / "MODEL_CARD.md").read_text().split("## Lineage")[1].split("\n## ")[0]
+    assert table.count("\n| ") == 1 + 3 and f"| 3 | 1 | {again['train_hours']:.2f} | " in table
     assert "warm-started with a fresh schedule from the checkpoint `shipped` held before this export replaced it" in \
         (tmp_path / "shipped" / "MODEL_CARD.md").read_text()
     # a card from before train_hours existed gives its train_seconds; a folder without a card gives nothing
     (tmp_path / "start" / "card.json").write_text(json.dumps({"train_seconds": 7351.0, "test_accuracy": 0.6202}))
     assert _warm_start_facts(str(tmp_path / "start"), 0.5) == {
-        "warm_start_hours": 2.042, "warm_start_test_accuracy": 0.6202, "total_train_hours": 2.542}
+        "warm_start_hours": 2.042, "warm_start_test_accuracy": 0.6202, "total_train_hours": 2.542,
+        "earlier_legs": [{"total_train_hours": 2.042, "train_hours": None, "test_accuracy": 0.6202,
+                          "epochs_done": None, "hardware": None, "command": None}]}
     (tmp_path / "start" / "card.json").unlink()
     assert _warm_start_facts(str(tmp_path / "start"), 0.5) == {} and _warm_start_facts(None, 0.5) == {}
 

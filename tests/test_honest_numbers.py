@@ -76,6 +76,25 @@ def test_model_card_text_matches_its_json(folder):
         assert not Path(str(card["data"][key])).is_absolute(), card["data"][key]
 
 
+@pytest.mark.parametrize("folder", [f for f in CARDS if "lineage" in json.loads((f / "card.json").read_text())],
+                         ids=lambda p: p.name)
+def test_card_lineage_adds_up_to_its_training_time(folder):
+    """A model trained over several warm starts lists every leg: each ends where the next began (its cumulative
+    hours plus the next leg's own hours), the leg before this one is the start the card names, and the last leg is
+    the card itself."""
+    card = json.loads((folder / "card.json").read_text())
+    legs = card["lineage"]
+    for before, leg in zip(legs, legs[1:]):
+        assert leg["total_train_hours"] == pytest.approx(before["total_train_hours"] + leg["train_hours"], abs=2e-3)
+    last = legs[-1]
+    assert (last["test_accuracy"], last["command"], last["epochs_done"]) == \
+        (card["test_accuracy"], card["command"], card["epochs_done"])
+    assert last["total_train_hours"] == card.get("total_train_hours", card["train_hours"])
+    if len(legs) > 1:
+        assert (legs[-2]["total_train_hours"], legs[-2]["test_accuracy"]) == \
+            (card["warm_start_hours"], card["warm_start_test_accuracy"])
+
+
 def test_checkpoints_readme_quotes_the_cards():
     readme = (CHECKPOINTS / "README.md").read_text()
     for folder in CARDS:

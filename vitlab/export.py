@@ -129,6 +129,8 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "versions": versions(),
     }
     facts.update(_warm_start_facts(meta["train"].get("init_from"), facts["train_hours"], tmp_out / "model.safetensors"))
+    earlier = facts.pop("earlier_legs", [])
+    facts["lineage"] = [*earlier, _leg(facts)]  # every leg of the model's training, this one last
     if is_mpp:
         facts.update(mpp_target=train_cfg.get("mpp_target"), mpp_rate=train_cfg.get("mpp_rate"), mpp_test=mpp_test,
                      mpp_test_images=len(test))
@@ -202,7 +204,9 @@ def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | 
                          final_label=f"as shipped ({facts['dtype']}, all {facts['mpp_test_images']:,} test images)"
                          if mpp else "as shipped (fp16, timm transform)", percent=percent,
                          start=(t0, facts.get("warm_start_test_accuracy"), f"warm start ({facts['warm_start_from']})")
-                         if facts.get("warm_start_hours") is not None and not mpp else None)
+                         if facts.get("warm_start_hours") is not None and not mpp else None,
+                         earlier=[(leg["total_train_hours"], leg["test_accuracy"]) for leg in facts["lineage"][:-1]
+                                  if leg["test_accuracy"] is not None] if not mpp else None)
     return write_images([fig], [path], scale=2)
 
 
@@ -240,14 +244,32 @@ def _warm_start_facts(init_from: str | None, train_hours: float, shipped_weights
     if own:
         if c.get("warm_start_hours") is None:  # this run's own card, with no start recorded: nothing to add
             return {}
-        c = {"total_train_hours": c["warm_start_hours"], "test_accuracy": c.get("warm_start_test_accuracy")}
+        legs = c.get("lineage")  # the start's legs are this card's, less its own (the leg exported again)
+        c = {"total_train_hours": c["warm_start_hours"], "test_accuracy": c.get("warm_start_test_accuracy"),
+             **({"lineage": legs[:-1]} if legs else {})}
     hours = c.get("total_train_hours", c.get("train_hours"))
     if hours is None and c.get("train_seconds") is not None:
         hours = c["train_seconds"] / 3600
     if hours is None:
         return {}
+    # a card from before lineages were kept stands for all its training as one leg
+    earlier = c.get("lineage") or [_leg({**c, "total_train_hours": round(hours, 3)})]
     return {"warm_start_hours": round(hours, 3), "warm_start_test_accuracy": c.get("test_accuracy"),
-            "total_train_hours": round(hours + train_hours, 3)}
+            "total_train_hours": round(hours + train_hours, 3), "earlier_legs": earlier}
+
+
+#: what a card's ``lineage`` keeps of each leg of training (one leg per warm start)
+LEG_FIELDS = ("total_train_hours", "train_hours", "test_accuracy", "epochs_done", "hardware", "command")
+
+
+def _leg(card: dict) -> dict:
+    """One leg of a lineage from its card's facts: where it ended in cumulative hours (``total_train_hours``; the
+    leg's own hours for a first leg), its own hours, the shipped model's test accuracy (None for an MPP encoder),
+    epochs, machine and command; what a card did not record is None."""
+    leg = {k: card.get(k) for k in LEG_FIELDS}
+    if leg["total_train_hours"] is None:
+        leg["total_train_hours"] = leg["train_hours"]
+    return leg
 
 
 def _portable(path: str | None) -> str | None:
@@ -315,6 +337,7 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
         lead = f"""* **Test accuracy: {f['test_accuracy']:.2%}** on the {test_split} split
   ({f['dtype']} weights as shipped, through `timm.data.resolve_data_config({{}}, model=model)` and
   `timm.data.create_transform(**cfg)`).{tta_line}"""
+    lineage = _lineage_section(f.get("lineage") or [])
     return f"""# Model card: {title}
 
 {lead}
@@ -330,7 +353,7 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
 * Versions: torch {f['versions']['torch']}, timm {f['versions']['timm']}.
 
 Load it with `vitlab.load_model("{f['path']}")`{' or `vitlab.load_model()` (it is the embedded default)' if f['is_default'] else ''}.
-
+{lineage}
 ## Training configuration
 
 ```json
@@ -341,5 +364,29 @@ Load it with `vitlab.load_model("{f['path']}")`{' or `vitlab.load_model()` (it i
 
 | epoch | train loss | {metric} | images/s |
 |---|---|---|---|
+{rows}
+"""
+
+
+def _lineage_section(lineage: list[dict]) -> str:
+    """The card's table of every leg of a model trained over several warm starts (empty for a single leg): where
+    each ended in cumulative hours and what it shipped, from the cards of the checkpoints it started from."""
+    if len(lineage) < 2:
+        return ""
+
+    def cell(v, fmt: str) -> str:
+        return "?" if v is None else format(v, fmt)
+
+    rows = "\n".join(f"| {i} | {cell(leg['epochs_done'], 'd')} | {cell(leg['train_hours'], '.2f')} | "
+                     f"{cell(leg['total_train_hours'], '.2f')} | {cell(leg['test_accuracy'], '.2%')} | "
+                     f"{leg['hardware'] or '?'} | `{leg['command'] or '?'}` |" for i, leg in enumerate(lineage, 1))
+    return f"""
+## Lineage: every leg of its training
+
+Each leg warm-started from the model the leg before it shipped, with a fresh schedule (the last leg is this
+card's); hours are wall clock with evaluations, and the learning curve draws the earlier legs' shipped models.
+
+| leg | epochs | hours | hours in all | test accuracy as shipped | machine | command |
+|---|---|---|---|---|---|---|
 {rows}
 """

@@ -208,17 +208,25 @@ def scaling_curves(summary: dict[str, dict[int, dict[str, float]]], title: str =
 def learning_curve(hours: Sequence[float], accuracy: Sequence[float], title: str = "", final: float | None = None,
                    goal: float | None = 0.9, metric: str = "test accuracy",
                    final_label: str = "as shipped (fp16, timm transform)", curve_label: str | None = None,
-                   percent: bool = True, start: tuple[float, float | None, str] | None = None) -> go.Figure:
+                   percent: bool = True, start: tuple[float, float | None, str] | None = None,
+                   earlier: Sequence[tuple[float, float]] | None = None) -> go.Figure:
     """``metric`` (a fraction; by default test accuracy) against cumulative training hours, with the goal line and
     the shipped model's value (``final``, labelled ``final_label``); ``curve_label`` names the curve (default:
     "METRIC after each evaluated epoch"). ``percent=False``: a metric that is not a fraction (e.g. a loss), drawn
     as it is on an automatic y range. ``start``: (hours, value or None, label) of the checkpoint a warm-started run
     began from: a marker there (a dotted line at its hours when its value is unknown); ``hours`` then count from
-    the start of the whole lineage."""
+    the start of the whole lineage. ``earlier``: (cumulative hours, value) of the model each earlier leg of that
+    lineage shipped, joined by a dotted line (the whole history, one point per leg)."""
     k = 100 if percent else 1
-    fig = go.Figure(go.Scatter(x=list(hours), y=[k * a for a in accuracy], mode="lines+markers",
-                               name=curve_label or f"{metric} after each evaluated epoch",
-                               hovertemplate="%{x:.2f} h: %{y:.2f}" + ("%" if percent else "") + "<extra></extra>"))
+    fig = go.Figure()
+    if earlier:
+        fig.add_trace(go.Scatter(x=[h for h, _ in earlier], y=[k * v for _, v in earlier], mode="lines+markers",
+                                 line_dash="dot", line_color="grey", marker_size=6,
+                                 name=f"earlier legs, each as shipped ({len(earlier)})",
+                                 hovertemplate="%{x:.2f} h: %{y:.2f}" + ("%" if percent else "") + "<extra></extra>"))
+    fig.add_trace(go.Scatter(x=list(hours), y=[k * a for a in accuracy], mode="lines+markers",
+                             name=curve_label or f"{metric} after each evaluated epoch",
+                             hovertemplate="%{x:.2f} h: %{y:.2f}" + ("%" if percent else "") + "<extra></extra>"))
     if start is not None:
         h0, v0, label = start
         if v0 is None:
