@@ -259,8 +259,8 @@ def three_class_data(tmp_path_factory):
     return three_class_split(tmp_path_factory.mktemp("imgs3"))
 
 
-def test_cnn_teacher_then_distilled_vit_train_end_to_end(tmp_path, three_class_data):
-    train_data, test_data = three_class_data
+def test_cnn_teacher_then_distilled_vit_train_end_to_end(tmp_path):
+    train_data, test_data = three_class_split(tmp_path / "data")  # a folder, so that export finds the test split
     teacher_cfg = dataclasses.replace(PRESETS["resnet_cifar10"], model=TINY_CNN, epochs=2, batch_size=32,
                                       warmup_epochs=0.5, eval_tta=1)
     teacher = train(teacher_cfg, tmp_path / "teacher", progress=False, train_data=train_data, test_data=test_data)
@@ -269,7 +269,8 @@ def test_cnn_teacher_then_distilled_vit_train_end_to_end(tmp_path, three_class_d
     assert evaluate(teacher, test_data, tta=1, bf16=True) == pytest.approx(json.loads(metrics[-1])["test_accuracy_tta"])
     student_cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, distilled=True,
                                                                                  patch_drop_rate=0.5),
-                                      teacher=str(tmp_path / "teacher" / "checkpoint"), epochs=1, batch_size=32)
+                                      teacher=str(tmp_path / "teacher" / "checkpoint"), epochs=1, batch_size=32,
+                                      data=str(tmp_path / "data"))
     student = train(student_cfg, tmp_path / "student", progress=False, train_data=train_data, test_data=test_data)
     assert not student.distilled_training  # distillation mode is switched off again
     built = vitlab.build_model(student_cfg.model)
@@ -278,6 +279,19 @@ def test_cnn_teacher_then_distilled_vit_train_end_to_end(tmp_path, three_class_d
     with torch.no_grad():
         out = student(torch.randn(2, 3, 32, 32))
     assert out.shape == (2, 3)  # evaluation averages the two heads into one prediction
+    # its card: each head's accuracy and how often it takes the teacher's decision, measured from the shipped weights
+    from vitlab.cli import main
+    from vitlab.export import distillation_facts
+
+    assert main(["export", "--run-dir", str(tmp_path / "student"), "--out", str(tmp_path / "shipped"),
+                 "--command-line", "vitlab train --preset tiny"]) == 0
+    card = json.loads((tmp_path / "shipped" / "card.json").read_text())
+    shipped = load_checkpoint(tmp_path / "shipped")
+    assert card["distillation"] == distillation_facts(shipped, load_teacher(tmp_path / "teacher" / "checkpoint",
+                                                                            torch.device("cpu")), test_data)
+    assert card["distillation"]["readout"] == card["test_accuracy"]
+    text = (tmp_path / "shipped" / "MODEL_CARD.md").read_text()
+    assert f"distillation token {card['distillation']['distillation_head']:.2%}" in text
 
 
 def test_a_cnn_teacher_runs_channels_last_with_the_same_logits(tmp_path):
@@ -456,3 +470,49 @@ def test_full_token_epochs_train_the_last_epochs_on_every_patch(tmp_path, three_
 def test_full_token_epochs_settings_are_checked(changes, match):
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(PRESETS["tiny"], epochs=2, **changes)
+
+
+def test_distillation_facts_match_an_independent_two_head_pass():
+    """The card's per-head accuracies and teacher agreement equal what timm's own training-mode forward of a
+    distilled ViT (the two heads' logits as a pair) gives on the same inputs."""
+    import timm
+    from PIL import Image
+
+    from vitlab.data import ImageArray
+    from vitlab.export import distillation_facts, timm_pipeline_accuracy
+
+    torch.manual_seed(0)
+    student = vitlab.build_model(dataclasses.replace(TINY_VIT, distilled=True)).eval()
+    with torch.no_grad():  # heads that disagree with each other, so that each head's accuracy is its own
+        student.head.weight.normal_()
+        student.head_dist.weight.normal_()
+    teacher = vitlab.build_model(TINY_CNN).eval()
+    g = torch.Generator().manual_seed(0)
+    data = ImageArray(torch.randint(0, 256, (40, 32, 32, 3), dtype=torch.uint8, generator=g),
+                      torch.randint(0, 3, (40,), generator=g), ("a", "b", "c"), "random")
+    facts = distillation_facts(student, teacher, data, batch_size=16)
+
+    def inputs(model):
+        tf = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))
+        return torch.stack([tf(Image.fromarray(a)) for a in data.images.numpy()])
+
+    student.set_distilled_training(True)
+    student.train()  # TINY_VIT has no dropout, drop path or patch dropping: the same function, both heads returned
+    with torch.no_grad():
+        cls, dist = student(inputs(student))
+        t = teacher(inputs(teacher)).argmax(-1)
+    student.set_distilled_training(False)
+    student.eval()
+    y = data.labels
+
+    def share(hit):
+        return int(hit.sum()) / len(hit)
+
+    readout = (cls + dist).argmax(-1)
+    assert facts["class_head"] == share(cls.argmax(-1) == y)
+    assert facts["distillation_head"] == share(dist.argmax(-1) == y)
+    assert facts["readout"] == share(readout == y) == timm_pipeline_accuracy(student, data)
+    assert facts["teacher"] == share(t == y) == timm_pipeline_accuracy(teacher, data)
+    assert facts["readout_agrees_with_teacher"] == share(readout == t)
+    assert facts["distillation_head_agrees_with_teacher"] == share(dist.argmax(-1) == t)
+    assert facts["class_head"] != facts["distillation_head"] and facts["images"] == 40

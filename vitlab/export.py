@@ -17,7 +17,7 @@ import numpy as np
 import timm
 import torch
 from PIL import Image
-from torch import nn
+from torch import Tensor, nn
 
 from vitlab.atomic import replace_dir, rmtree_quiet
 from vitlab.checkpoint import card_metric, check_replaceable, load_checkpoint, resolve_folder, save_checkpoint
@@ -27,20 +27,52 @@ from vitlab.provenance import cpu_model, usable_cores, versions
 CARD_NAME = "MODEL_CARD.md"
 
 
+def _timm_inputs(model: nn.Module, images: Tensor) -> Tensor:
+    """(B, H, W, 3) uint8 -> (B, 3, h, w): each image through ``model``'s own timm eval transform as a PIL image."""
+    tf = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))
+    return torch.stack([tf(Image.fromarray(np.ascontiguousarray(a))) for a in images.numpy()])
+
+
 @torch.no_grad()
 def timm_pipeline_accuracy(model: nn.Module, data: ImageArray, batch_size: int = 500) -> float:
     """Top-1 accuracy with the model's own timm eval transform applied to each image as a PIL image."""
     from tqdm.auto import tqdm
 
-    cfg = timm.data.resolve_data_config({}, model=model)
-    tf = timm.data.create_transform(**cfg)
     model = model.float().eval()
     correct = 0
     for i in tqdm(range(0, len(data), batch_size), desc="accuracy", leave=False):
-        imgs = data.images[i : i + batch_size].numpy()
-        x = torch.stack([tf(Image.fromarray(np.ascontiguousarray(a))) for a in imgs])
+        x = _timm_inputs(model, data.images[i : i + batch_size])
         correct += int((model(x).argmax(-1) == data.labels[i : i + batch_size]).sum())
     return correct / len(data)
+
+
+@torch.no_grad()
+def distillation_facts(student: nn.Module, teacher: nn.Module, data: ImageArray, batch_size: int = 500) -> dict:
+    """What a DeiT-distilled ViT (timm ``VisionTransformerDistilled``: a class and a distillation token, each with
+    its head) learned from its teacher, on ``data`` with each model's own timm eval transform: the test accuracy of
+    the class head alone, the distillation head alone and the readout (the mean of their logits, what the model
+    predicts), the teacher's own accuracy, and how often the readout and the distillation head take the teacher's
+    decision. A student that agrees with its teacher far less often than the teacher is right is not yet held back
+    by the teacher's errors."""
+    from tqdm.auto import tqdm
+
+    student, teacher = student.float().eval(), teacher.float().eval()
+    hits = dict.fromkeys(("class_head", "distillation_head", "readout", "teacher"), 0)
+    agree = dict.fromkeys(("readout", "distillation_head"), 0)
+    for i in tqdm(range(0, len(data), batch_size), desc="distillation", leave=False):
+        images, y = data.images[i : i + batch_size], data.labels[i : i + batch_size]
+        feats = student.forward_features(_timm_inputs(student, images))  # (B, T, D): class token 0, distillation 1
+        cls, dist = student.head(feats[:, 0]), student.head_dist(feats[:, 1])  # (B, K) each
+        pred = {"class_head": cls.argmax(-1), "distillation_head": dist.argmax(-1),
+                "readout": student.forward_head(feats).argmax(-1),
+                "teacher": teacher(_timm_inputs(teacher, images)).argmax(-1)}
+        for k in hits:
+            hits[k] += int((pred[k] == y).sum())
+        for k in agree:
+            agree[k] += int((pred[k] == pred["teacher"]).sum())
+    n = len(data)
+    return {**{k: v / n for k, v in hits.items()}, **{f"{k}_agrees_with_teacher": v / n for k, v in agree.items()},
+            "images": n}
 
 
 def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: str,
@@ -128,6 +160,8 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "dtype": str(dtype).replace("torch.", ""),
         "versions": versions(),
     }
+    if not is_mpp and train_cfg.get("teacher") and hasattr(shipped, "head_dist"):
+        facts["distillation"] = _distillation(shipped, meta["train"]["teacher"], test)
     facts.update(_warm_start_facts(meta["train"].get("init_from"), facts["train_hours"], tmp_out / "model.safetensors"))
     earlier = facts.pop("earlier_legs", [])
     facts["lineage"] = [*earlier, _leg(facts)]  # every leg of the model's training, this one last
@@ -143,6 +177,17 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
     (tmp_out / CARD_NAME).write_text(_card(facts, train_cfg, history, shipped))
     (tmp_out / "card.json").write_text(json.dumps(facts, indent=2) + "\n")
     return facts
+
+
+def _distillation(shipped: nn.Module, teacher: str, test: ImageArray) -> dict:
+    """``distillation_facts`` of the shipped student against the teacher it learned from, or why they are missing."""
+    from vitlab.train import load_teacher
+
+    try:
+        t = load_teacher(teacher, torch.device("cpu"))
+    except FileNotFoundError as e:
+        return {"missing": f"the teacher was not found at export ({e})"}
+    return distillation_facts(shipped, t, test)
 
 
 def _mpp_curve_images(history: list[dict], test: ImageArray) -> tuple[str, str]:
@@ -300,9 +345,18 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
                      f"{value(h) if value(h) is not None else float('nan'):.4f} | "
                      f"{h.get('images_per_second', '')} |" for h in history)
     done = f["epochs_done"] == f["epochs_planned"]
-    tta_line = (f"\n* With test-time augmentation (level {f['tta_level']}: mirror"
+    lines_below = (f"\n* With test-time augmentation (level {f['tta_level']}: mirror"
                 f"{' and 1 px shifts' if f['tta_level'] == 2 else ''}): **{f['test_accuracy_tta']:.2%}**."
                 if f.get("test_accuracy_tta") is not None else "")
+    dist = f.get("distillation")
+    if dist and "missing" not in dist:
+        lines_below += (f"\n* Its two heads alone: class token {dist['class_head']:.2%}, distillation token "
+                     f"{dist['distillation_head']:.2%} (the readout averages their logits). The teacher scores "
+                     f"{dist['teacher']:.2%} through its own transform; the readout takes the teacher's decision on "
+                     f"{dist['readout_agrees_with_teacher']:.2%} of the images, the distillation head on "
+                     f"{dist['distillation_head_agrees_with_teacher']:.2%} (`vitlab.export.distillation_facts`).")
+    elif dist:
+        lines_below += f"\n* Its heads against the teacher: not measured, {dist['missing']}."
     start = (f"the checkpoint `{f['warm_start_from']}` held before this export replaced it"
              if f.get("warm_start_from") == f.get("path") else f"`{f['warm_start_from']}`")
     start_line = (f", warm-started with a fresh schedule from {start}" if f.get("warm_start_from")
@@ -336,7 +390,7 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
         title = f"{train_cfg['model']['kind']} trained on {train_cfg['data']}"
         lead = f"""* **Test accuracy: {f['test_accuracy']:.2%}** on the {test_split} split
   ({f['dtype']} weights as shipped, through `timm.data.resolve_data_config({{}}, model=model)` and
-  `timm.data.create_transform(**cfg)`).{tta_line}"""
+  `timm.data.create_transform(**cfg)`).{lines_below}"""
     lineage = _lineage_section(f.get("lineage") or [])
     return f"""# Model card: {title}
 
