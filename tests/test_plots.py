@@ -44,6 +44,11 @@ def test_learning_curve_and_scaling_curves_carry_their_numbers():
     fig = plots.learning_curve([0.5, 1.0], [0.6, 0.8], final=0.81, goal=0.9)
     np.testing.assert_allclose(fig.data[0].y, [60.0, 80.0])
     assert fig.data[1].y[0] == 81.0 and fig.layout.shapes[0].y0 == 90.0
+    fig = plots.learning_curve([2.5, 3.0], [0.6, 0.8], final=0.81, start=(2.0, 0.7, "start"),
+                               earlier=[(1.0, 0.5), (2.0, 0.7)])  # the lineage's earlier legs come first
+    np.testing.assert_allclose(fig.data[0].x, [1.0, 2.0])
+    np.testing.assert_allclose(fig.data[0].y, [50.0, 70.0])
+    np.testing.assert_allclose(fig.data[1].y, [60.0, 80.0])
     fig = plots.scaling_curves({"vit": {100: {"mean": 0.5, "std": 0.1, "n": 2}, 1000: {"mean": 0.6, "std": 0.0,
                                                                                         "n": 2}}})
     np.testing.assert_allclose(fig.data[0].y, [50.0, 60.0])

@@ -346,15 +346,15 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
                      f"{h.get('images_per_second', '')} |" for h in history)
     done = f["epochs_done"] == f["epochs_planned"]
     lines_below = (f"\n* With test-time augmentation (level {f['tta_level']}: mirror"
-                f"{' and 1 px shifts' if f['tta_level'] == 2 else ''}): **{f['test_accuracy_tta']:.2%}**."
-                if f.get("test_accuracy_tta") is not None else "")
+                   f"{' and 1 px shifts' if f['tta_level'] == 2 else ''}): **{f['test_accuracy_tta']:.2%}**."
+                   if f.get("test_accuracy_tta") is not None else "")
     dist = f.get("distillation")
     if dist and "missing" not in dist:
         lines_below += (f"\n* Its two heads alone: class token {dist['class_head']:.2%}, distillation token "
-                     f"{dist['distillation_head']:.2%} (the readout averages their logits). The teacher scores "
-                     f"{dist['teacher']:.2%} through its own transform; the readout takes the teacher's decision on "
-                     f"{dist['readout_agrees_with_teacher']:.2%} of the images, the distillation head on "
-                     f"{dist['distillation_head_agrees_with_teacher']:.2%} (`vitlab.export.distillation_facts`).")
+                        f"{dist['distillation_head']:.2%} (the readout averages their logits). The teacher scores "
+                        f"{dist['teacher']:.2%} through its own transform; the readout takes the teacher's decision "
+                        f"on {dist['readout_agrees_with_teacher']:.2%} of the images, the distillation head on "
+                        f"{dist['distillation_head_agrees_with_teacher']:.2%} (`vitlab.export.distillation_facts`).")
     elif dist:
         lines_below += f"\n* Its heads against the teacher: not measured, {dist['missing']}."
     start = (f"the checkpoint `{f['warm_start_from']}` held before this export replaced it"
