@@ -203,10 +203,13 @@ def teacher_forward_levers(data: ImageArray, steps: int, peak: float, teacher_di
 
 
 def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher_dir: Path | None,
-                 small: int | None = None) -> dict:
+                 small: int | None = None, every_token: bool = False) -> dict:
     """images/s that ``vitlab train`` reports over ``steps`` batches of the preset, and its MFU; ``small``: in the
-    progressive-resizing phase at that many px."""
+    progressive-resizing phase at that many px; ``every_token``: with ``--set model.patch_drop_rate=0``, as the
+    default's legs train since one on every token beat half the tokens in a 2-epoch comparison (BENCHMARKS.md)."""
     cfg = with_num_classes(PRESETS[preset], len(data.classes))
+    if every_token:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, patch_drop_rate=0.0))
     cfg = dataclasses.replace(cfg, epochs=1, eval_every=0, eval_tta=0, max_train_examples=cfg.batch_size * steps,
                               warmup_epochs=0.0, teacher=str(teacher_dir) if cfg.teacher else None,
                               progressive_size=small, progressive_epochs=1 if small else 0)
@@ -229,7 +232,8 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
         with torch.no_grad():
             teacher_flops = step_flops(load_teacher(cfg.teacher, torch.device("cpu")), x, y, backward=False)
     total = flops + teacher_flops
-    return {"preset": preset + (f", {small} px phase (progressive resizing)" if small else ""),
+    return {"preset": preset + (f", {small} px phase (progressive resizing)" if small else "")
+            + (", every patch token (model.patch_drop_rate=0)" if every_token else ""),
             "batch": cfg.batch_size, "images_per_second": ips,
             "student_gflops_per_image": flops / 1e9, "teacher_gflops_per_image": teacher_flops / 1e9,
             "mfu": total * ips / peak}
@@ -253,6 +257,7 @@ def run(steps: int = 8) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         teacher = _teacher_dir(Path(tmp))
         ours = [vitlab_train("vit_cifar10", data, steps, peak_before, teacher),
+                vitlab_train("vit_cifar10", data, steps, peak_before, teacher, every_token=True),
                 vitlab_train("vit_cifar10", data, steps, peak_before, teacher, small=24),
                 vitlab_train("resnet_cifar10", data, steps, peak_before, None)]
         cnn = cnn_levers(data, steps, peak_before) + teacher_forward_levers(data, steps, peak_before, teacher)

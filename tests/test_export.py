@@ -66,15 +66,24 @@ def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, two
     assert again["lineage"][:2] == card["lineage"] and again["lineage"][2]["test_accuracy"] == again["test_accuracy"]
     assert len(again["lineage"]) == 3
     table = (tmp_path / "shipped" / "MODEL_CARD.md").read_text().split("## Lineage")[1].split("\n## ")[0]
-    assert table.count("\n| ") == 1 + 3 and f"| 3 | 1 | {again['train_hours']:.2f} | " in table
+    assert table.count("\n| ") == 1 + 3 and f"| 3 | 1 | {again['train_hours']:.3f} | " in table
     assert "warm-started with a fresh schedule from the checkpoint `shipped` held before this export replaced it" in \
         (tmp_path / "shipped" / "MODEL_CARD.md").read_text()
     # a card from before train_hours existed gives its train_seconds; a folder without a card gives nothing
     (tmp_path / "start" / "card.json").write_text(json.dumps({"train_seconds": 7351.0, "test_accuracy": 0.6202}))
     assert _warm_start_facts(str(tmp_path / "start"), 0.5) == {
         "warm_start_hours": 2.042, "warm_start_test_accuracy": 0.6202, "total_train_hours": 2.542,
-        "earlier_legs": [{"total_train_hours": 2.042, "train_hours": None, "test_accuracy": 0.6202,
+        "earlier_legs": [{"total_train_hours": 2.042, "train_hours": 2.042, "test_accuracy": 0.6202,
                           "epochs_done": None, "hardware": None, "command": None}]}
+    # a warm-started card from before lineages: everything before its start as one leg, then its own
+    (tmp_path / "start" / "card.json").write_text(json.dumps({
+        "train_hours": 0.381, "warm_start_hours": 2.004, "warm_start_test_accuracy": 0.8735,
+        "total_train_hours": 2.385, "test_accuracy": 0.8836, "epochs_done": 12, "command": "vitlab train ..."}))
+    legs = _warm_start_facts(str(tmp_path / "start"), 0.5)["earlier_legs"]
+    assert legs == [{"total_train_hours": 2.004, "train_hours": None, "test_accuracy": 0.8735, "epochs_done": None,
+                     "hardware": None, "command": None},
+                    {"total_train_hours": 2.385, "train_hours": 0.381, "test_accuracy": 0.8836, "epochs_done": 12,
+                     "hardware": None, "command": "vitlab train ..."}]
     (tmp_path / "start" / "card.json").unlink()
     assert _warm_start_facts(str(tmp_path / "start"), 0.5) == {} and _warm_start_facts(None, 0.5) == {}
 

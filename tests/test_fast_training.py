@@ -516,3 +516,10 @@ def test_distillation_facts_match_an_independent_two_head_pass():
     assert facts["readout_agrees_with_teacher"] == share(readout == t)
     assert facts["distillation_head_agrees_with_teacher"] == share(dist.argmax(-1) == t)
     assert facts["class_head"] != facts["distillation_head"] and facts["images"] == 40
+    t_wrong, s_wrong = t != y, readout != y
+    assert facts["readout_where_teacher_wrong"] == int((t_wrong & ~s_wrong).sum()) / int(t_wrong.sum())
+    assert facts["readout_errors_shared_with_teacher"] == int((s_wrong & (readout == t)).sum()) / int(s_wrong.sum())
+    from vitlab.export import _distillation  # a teacher gone by export: said so, under the name the card gives it
+
+    assert _distillation(student, "data/checkpoints/gone", "/elsewhere/gone", data) == {
+        "missing": "its teacher `data/checkpoints/gone` was not found at export"}

@@ -76,14 +76,19 @@ def test_model_card_text_matches_its_json(folder):
         assert not Path(str(card["data"][key])).is_absolute(), card["data"][key]
 
 
-@pytest.mark.parametrize("folder", [f for f in CARDS if "lineage" in json.loads((f / "card.json").read_text())],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("folder", [f for f in CARDS if json.loads((f / "card.json").read_text()).get(
+    "warm_start_hours") is not None], ids=lambda p: p.name)
 def test_card_lineage_adds_up_to_its_training_time(folder):
-    """A model trained over several warm starts lists every leg: each ends where the next began (its cumulative
-    hours plus the next leg's own hours), the leg before this one is the start the card names, and the last leg is
-    the card itself."""
+    """A model trained over several warm starts lists every leg: the first starts at hour 0, each ends where the
+    next began (its cumulative hours plus the next leg's own hours), the leg before this one is the start the card
+    names, the last leg is the card itself, and the card's text shows the table of them all."""
+    from vitlab.export import _lineage_section
+
     card = json.loads((folder / "card.json").read_text())
     legs = card["lineage"]
+    assert len(legs) >= 2
+    assert legs[0]["train_hours"] is None or legs[0]["train_hours"] == pytest.approx(legs[0]["total_train_hours"])
+    assert _lineage_section(legs) in (folder / "MODEL_CARD.md").read_text()
     for before, leg in zip(legs, legs[1:]):
         assert leg["total_train_hours"] == pytest.approx(before["total_train_hours"] + leg["train_hours"], abs=2e-3)
     last = legs[-1]

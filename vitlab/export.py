@@ -51,14 +51,15 @@ def distillation_facts(student: nn.Module, teacher: nn.Module, data: ImageArray,
     """What a DeiT-distilled ViT (timm ``VisionTransformerDistilled``: a class and a distillation token, each with
     its head) learned from its teacher, on ``data`` with each model's own timm eval transform: the test accuracy of
     the class head alone, the distillation head alone and the readout (the mean of their logits, what the model
-    predicts), the teacher's own accuracy, and how often the readout and the distillation head take the teacher's
-    decision. A student that agrees with its teacher far less often than the teacher is right is not yet held back
-    by the teacher's errors."""
+    predicts), the teacher's own accuracy, how often the readout and the distillation head take the teacher's
+    decision, and two numbers about the teacher's errors: the readout's accuracy on the images the teacher gets
+    wrong, and the share of the readout's errors that are the teacher's very mistake (the same wrong class)."""
     from tqdm.auto import tqdm
 
     student, teacher = student.float().eval(), teacher.float().eval()
     hits = dict.fromkeys(("class_head", "distillation_head", "readout", "teacher"), 0)
     agree = dict.fromkeys(("readout", "distillation_head"), 0)
+    teacher_wrong = right_where_teacher_wrong = student_wrong = same_mistake = 0
     for i in tqdm(range(0, len(data), batch_size), desc="distillation", leave=False):
         images, y = data.images[i : i + batch_size], data.labels[i : i + batch_size]
         feats = student.forward_features(_timm_inputs(student, images))  # (B, T, D): class token 0, distillation 1
@@ -70,8 +71,15 @@ def distillation_facts(student: nn.Module, teacher: nn.Module, data: ImageArray,
             hits[k] += int((pred[k] == y).sum())
         for k in agree:
             agree[k] += int((pred[k] == pred["teacher"]).sum())
+        t_wrong, s_wrong = pred["teacher"] != y, pred["readout"] != y
+        teacher_wrong += int(t_wrong.sum())
+        right_where_teacher_wrong += int((t_wrong & ~s_wrong).sum())
+        student_wrong += int(s_wrong.sum())
+        same_mistake += int((s_wrong & (pred["readout"] == pred["teacher"])).sum())
     n = len(data)
     return {**{k: v / n for k, v in hits.items()}, **{f"{k}_agrees_with_teacher": v / n for k, v in agree.items()},
+            "readout_where_teacher_wrong": right_where_teacher_wrong / teacher_wrong if teacher_wrong else None,
+            "readout_errors_shared_with_teacher": same_mistake / student_wrong if student_wrong else None,
             "images": n}
 
 
@@ -161,7 +169,7 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "versions": versions(),
     }
     if not is_mpp and train_cfg.get("teacher") and hasattr(shipped, "head_dist"):
-        facts["distillation"] = _distillation(shipped, meta["train"]["teacher"], test)
+        facts["distillation"] = _distillation(shipped, train_cfg["teacher"], meta["train"]["teacher"], test)
     facts.update(_warm_start_facts(meta["train"].get("init_from"), facts["train_hours"], tmp_out / "model.safetensors"))
     earlier = facts.pop("earlier_legs", [])
     facts["lineage"] = [*earlier, _leg(facts)]  # every leg of the model's training, this one last
@@ -179,15 +187,19 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
     return facts
 
 
-def _distillation(shipped: nn.Module, teacher: str, test: ImageArray) -> dict:
-    """``distillation_facts`` of the shipped student against the teacher it learned from, or why they are missing."""
+def _distillation(shipped: nn.Module, teacher: str, trained_with: str, test: ImageArray) -> dict:
+    """``distillation_facts`` of the shipped student against the teacher it learned from, looked for where the card
+    names it (``teacher``, relative to the checkout), then where the run found it (``trained_with``); or why they
+    are missing."""
     from vitlab.train import load_teacher
 
-    try:
-        t = load_teacher(teacher, torch.device("cpu"))
-    except FileNotFoundError as e:
-        return {"missing": f"the teacher was not found at export ({e})"}
-    return distillation_facts(shipped, t, test)
+    for path in dict.fromkeys((teacher, trained_with)):
+        try:
+            t = load_teacher(path, torch.device("cpu"))
+        except FileNotFoundError:
+            continue
+        return distillation_facts(shipped, t, test)
+    return {"missing": f"its teacher `{teacher}` was not found at export"}
 
 
 def _mpp_curve_images(history: list[dict], test: ImageArray) -> tuple[str, str]:
@@ -297,10 +309,18 @@ def _warm_start_facts(init_from: str | None, train_hours: float, shipped_weights
         hours = c["train_seconds"] / 3600
     if hours is None:
         return {}
-    # a card from before lineages were kept stands for all its training as one leg
-    earlier = c.get("lineage") or [_leg({**c, "total_train_hours": round(hours, 3)})]
+    earlier = c.get("lineage") or _legs_before_lineages(c, round(hours, 3))
     return {"warm_start_hours": round(hours, 3), "warm_start_test_accuracy": c.get("test_accuracy"),
             "total_train_hours": round(hours + train_hours, 3), "earlier_legs": earlier}
+
+
+def _legs_before_lineages(c: dict, hours: float) -> list[dict]:
+    """The legs of a card written before lineages were kept: one, or two for a warm-started one (everything before
+    its start as one leg of unknown epochs, machine and command, then its own leg)."""
+    if c.get("warm_start_hours") is None:  # its training was one leg
+        return [_leg({**c, "total_train_hours": hours, "train_hours": hours})]
+    before = _leg({"total_train_hours": c["warm_start_hours"], "test_accuracy": c.get("warm_start_test_accuracy")})
+    return [before, _leg({**c, "total_train_hours": hours})]
 
 
 #: what a card's ``lineage`` keeps of each leg of training (one leg per warm start)
@@ -354,7 +374,14 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
                         f"{dist['distillation_head']:.2%} (the readout averages their logits). The teacher scores "
                         f"{dist['teacher']:.2%} through its own transform; the readout takes the teacher's decision "
                         f"on {dist['readout_agrees_with_teacher']:.2%} of the images, the distillation head on "
-                        f"{dist['distillation_head_agrees_with_teacher']:.2%} (`vitlab.export.distillation_facts`).")
+                        f"{dist['distillation_head_agrees_with_teacher']:.2%}."
+                        + (f" Where the teacher is wrong the readout is right on "
+                           f"{dist['readout_where_teacher_wrong']:.2%} of the images; "
+                           if dist.get("readout_where_teacher_wrong") is not None else " ")
+                        + (f"{dist['readout_errors_shared_with_teacher']:.2%} of the readout's errors are the "
+                           "teacher's own (the same wrong class)"
+                           if dist.get("readout_errors_shared_with_teacher") is not None else "the readout makes no errors")
+                        + " (`vitlab.export.distillation_facts`).")
     elif dist:
         lines_below += f"\n* Its heads against the teacher: not measured, {dist['missing']}."
     start = (f"the checkpoint `{f['warm_start_from']}` held before this export replaced it"
@@ -431,14 +458,16 @@ def _lineage_section(lineage: list[dict]) -> str:
     def cell(v, fmt: str) -> str:
         return "?" if v is None else format(v, fmt)
 
-    rows = "\n".join(f"| {i} | {cell(leg['epochs_done'], 'd')} | {cell(leg['train_hours'], '.2f')} | "
-                     f"{cell(leg['total_train_hours'], '.2f')} | {cell(leg['test_accuracy'], '.2%')} | "
-                     f"{leg['hardware'] or '?'} | `{leg['command'] or '?'}` |" for i, leg in enumerate(lineage, 1))
+    rows = "\n".join(f"| {i} | {cell(leg['epochs_done'], 'd')} | {cell(leg['train_hours'], '.3f')} | "
+                     f"{cell(leg['total_train_hours'], '.3f')} | {cell(leg['test_accuracy'], '.2%')} | "
+                     f"{leg['hardware'] or '?'} | {f'`{c}`' if (c := leg['command']) else '?'} |"
+                     for i, leg in enumerate(lineage, 1))
     return f"""
 ## Lineage: every leg of its training
 
-Each leg warm-started from the model the leg before it shipped, with a fresh schedule (the last leg is this
-card's); hours are wall clock with evaluations, and the learning curve draws the earlier legs' shipped models.
+Each leg after the first warm-started from the model the leg before it shipped, with a fresh schedule; the last leg
+is this card's. Hours are wall clock as each leg's card recorded them; "?" is what a card did not record (an MPP
+encoder has no test accuracy). The learning curve draws the earlier legs' shipped models.
 
 | leg | epochs | hours | hours in all | test accuracy as shipped | machine | command |
 |---|---|---|---|---|---|---|
