@@ -7,11 +7,14 @@
   loops below run in that precision too.
 * **levers** for the default ViT (ViT-Lite-7/4): a minimal loop (pre-normalised tensors, AdamW, cross-entropy)
   with one change at a time: explicit softmax attention instead of SDPA, batch size, random patch dropping,
-  ``torch.compile``, fused instead of foreach AdamW, 24 px images (the early phase of progressive resizing).
+  ``torch.compile``, fused instead of foreach AdamW, 24 px images (the early phase of progressive resizing), and
+  the model itself in bf16 instead of autocast (where bf16 is fast: no casts, no fp32 master weights; an upper
+  bound for a pure-bf16 step).
   FLOPs per image come from ``torch.utils.flop_counter.FlopCounterMode`` over one real step (forward and backward,
   under the same autocast), so a variant that drops patches is credited only the FLOPs it performs.
 * **vitlab train** on the ``vit_cifar10`` preset as shipped (RandAugment, distillation through the teacher,
-  patch dropping), the same in a 24 px progressive-resizing phase, and on the ``resnet_cifar10`` teacher preset:
+  patch dropping), the same on every patch token (as the default's recent legs train), the same in a 24 px
+  progressive-resizing phase, and on the ``resnet_cifar10`` teacher preset:
   the images/s ``vitlab train`` itself reports, and MFU = (student step FLOPs + teacher forward FLOPs per image)
   x images/s / peak.
 * CNN levers for the teacher: channels_last and bf16 against fp32 (bf16 rows only where bf16 is fast) in training,
@@ -60,6 +63,9 @@ class Lever:
     compiled: bool = False  # torch.compile
     adamw: str = "foreach"  # AdamW implementation: "foreach" (what vitlab train uses) or "fused"
     img_size: int = 32  # 24: the early phase of progressive resizing (6 x 6 patches, position embeddings resized)
+    # weights, activations and gradients all in bf16 (no autocast casts; no fp32 master copy of the weights either,
+    # which a real bf16 recipe would keep: an upper bound for such a step)
+    bf16_weights: bool = False
 
 
 #: the first row is the loop before this work
@@ -71,6 +77,7 @@ VIT_LEVERS = [
     Lever("explicit softmax, batch 256, torch.compile", compiled=True),
     Lever("explicit softmax, batch 256, fused AdamW", adamw="fused"),
     Lever("explicit softmax, batch 256, 24 px (progressive resizing)", img_size=24),
+    Lever("explicit softmax, batch 256, bf16 weights (no autocast, no fp32 master copy)", bf16_weights=True),
 ]
 GOAL_MFU = 0.40
 GOAL_SPEEDUP = 3.5
@@ -129,6 +136,8 @@ def vit_levers(data: ImageArray, steps: int, peak: float) -> list[dict]:
     base = with_num_classes(PRESETS["vit_cifar10"], len(data.classes)).model
     rows = []
     for lever in VIT_LEVERS:
+        if lever.bf16_weights and not BF16:
+            continue  # bf16 runs at reference speed on this CPU
         batch = lever.batch
         cfg = dataclasses.replace(base, distilled=False, patch_drop_rate=lever.patch_drop, img_size=lever.img_size)
         torch.manual_seed(0)
@@ -138,6 +147,8 @@ def vit_levers(data: ImageArray, steps: int, peak: float) -> list[dict]:
         if lever.img_size != x_all.shape[-1]:  # the images as progressive resizing shows them: downsampled
             x_all = shrink(x_all, lever.img_size)
         y_all = data.labels[: batch * (steps + 1)]
+        if lever.bf16_weights:
+            model, x_all = model.to(torch.bfloat16), x_all.to(torch.bfloat16)
         with explicit_attention(model, lever.explicit):
             flops = step_flops(model, x_all[:batch], y_all[:batch])
             try:
