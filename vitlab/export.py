@@ -27,10 +27,11 @@ from vitlab.provenance import cpu_model, usable_cores, versions
 CARD_NAME = "MODEL_CARD.md"
 
 
-def _timm_inputs(model: nn.Module, images: Tensor) -> Tensor:
-    """(B, H, W, 3) uint8 -> (B, 3, h, w): each image through ``model``'s own timm eval transform as a PIL image."""
+def _timm_inputs(model: nn.Module) -> Callable[[Tensor], Tensor]:
+    """``model``'s own timm eval transform, built once, as a batch function: (B, H, W, 3) uint8 -> (B, 3, h, w),
+    each image transformed as a PIL image."""
     tf = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))
-    return torch.stack([tf(Image.fromarray(np.ascontiguousarray(a))) for a in images.numpy()])
+    return lambda images: torch.stack([tf(Image.fromarray(np.ascontiguousarray(a))) for a in images.numpy()])
 
 
 @torch.no_grad()
@@ -39,9 +40,10 @@ def timm_pipeline_accuracy(model: nn.Module, data: ImageArray, batch_size: int =
     from tqdm.auto import tqdm
 
     model = model.float().eval()
+    inputs = _timm_inputs(model)
     correct = 0
     for i in tqdm(range(0, len(data), batch_size), desc="accuracy", leave=False):
-        x = _timm_inputs(model, data.images[i : i + batch_size])
+        x = inputs(data.images[i : i + batch_size])
         correct += int((model(x).argmax(-1) == data.labels[i : i + batch_size]).sum())
     return correct / len(data)
 
@@ -57,16 +59,17 @@ def distillation_facts(student: nn.Module, teacher: nn.Module, data: ImageArray,
     from tqdm.auto import tqdm
 
     student, teacher = student.float().eval(), teacher.float().eval()
+    student_inputs, teacher_inputs = _timm_inputs(student), _timm_inputs(teacher)
     hits = dict.fromkeys(("class_head", "distillation_head", "readout", "teacher"), 0)
     agree = dict.fromkeys(("readout", "distillation_head"), 0)
     teacher_wrong = right_where_teacher_wrong = student_wrong = same_mistake = 0
     for i in tqdm(range(0, len(data), batch_size), desc="distillation", leave=False):
         images, y = data.images[i : i + batch_size], data.labels[i : i + batch_size]
-        feats = student.forward_features(_timm_inputs(student, images))  # (B, T, D): class token 0, distillation 1
+        feats = student.forward_features(student_inputs(images))  # (B, T, D): class token 0, distillation 1
         cls, dist = student.head(feats[:, 0]), student.head_dist(feats[:, 1])  # (B, K) each
         pred = {"class_head": cls.argmax(-1), "distillation_head": dist.argmax(-1),
                 "readout": student.forward_head(feats).argmax(-1),
-                "teacher": teacher(_timm_inputs(teacher, images)).argmax(-1)}
+                "teacher": teacher(teacher_inputs(images)).argmax(-1)}
         for k in hits:
             hits[k] += int((pred[k] == y).sum())
         for k in agree:
