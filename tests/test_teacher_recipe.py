@@ -12,6 +12,7 @@ from _reference import three_class_split
 from safetensors.torch import load_file
 from torch import nn
 
+import vitlab.batches as B
 import vitlab.train as T
 from vitlab.data import alternating_flips, random_crop_flip
 from vitlab.lookahead import Lookahead, lookahead_decay
@@ -116,7 +117,7 @@ def test_the_loop_flips_alternately_meets_on_schedule_and_freezes_the_whitening_
     train_data, test_data = data
     index = {bytes(img.numpy()): i for i, img in enumerate(train_data.images)}
     flips: list[dict[int, bool]] = []  # per call: dataset index -> mirrored
-    real_crop = T.random_crop_flip
+    real_crop = B.random_crop_flip
 
     def crop(images, padding, generator, mode="constant", flip=None):
         assert flip is not None
@@ -132,7 +133,7 @@ def test_the_loop_flips_alternately_meets_on_schedule_and_freezes_the_whitening_
         biases.append(model.whiten.bias.detach().clone())
         return real_save(directory, model, *args, **kwargs)
 
-    monkeypatch.setattr(T, "random_crop_flip", crop)
+    monkeypatch.setattr(B, "random_crop_flip", crop)
     monkeypatch.setattr(Lookahead, "sync", lambda self, decay: (decays.append(decay), real_sync(self, decay)))
     monkeypatch.setattr(T, "save_run_checkpoint", save)
     cfg = dataclasses.replace(PRESETS["resnet_cifar10"], epochs=3, **RECIPE)

@@ -47,13 +47,15 @@ def test_lr_schedule_shape():
 
 
 def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
+    """Also: batches made in worker processes (2 before the kill, 1 after) train exactly what the training process
+    alone does."""
     env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     common = ["train", "--preset", "tiny", "--data", str(tiny_data), "--epochs", "6", "--quiet",
-              "--set", "mixup_prob=0.5", "--set", "crop_padding=4"]
-    full = _cli(*common, "--run-dir", str(tmp_path / "full"), env=env)
+              "--set", "mixup_prob=0.5", "--set", "crop_padding=4", "--set", "randaugment=rand-m9-n2-mstd0.5"]
+    full = _cli(*common, "--run-dir", str(tmp_path / "full"), "--workers", "0", env=env)
     assert full.wait(timeout=300) == 0, full.stdout.read()
 
-    killed = _cli(*common, "--run-dir", str(tmp_path / "killed"), env=env)
+    killed = _cli(*common, "--run-dir", str(tmp_path / "killed"), "--workers", "2", env=env)  # batches made apart
     deadline = time.time() + 240
     while _epoch(tmp_path / "killed") < 2 and time.time() < deadline and killed.poll() is None:
         time.sleep(0.05)
@@ -62,7 +64,7 @@ def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
     os.kill(killed.pid, signal.SIGKILL)
     killed.wait()
     assert 2 <= _epoch(tmp_path / "killed") < 6
-    resumed = _cli(*common, "--run-dir", str(tmp_path / "killed"), "--resume", env=env)
+    resumed = _cli(*common, "--run-dir", str(tmp_path / "killed"), "--resume", "--workers", "1", env=env)
     assert resumed.wait(timeout=300) == 0, resumed.stdout.read()
 
     a = load_file(str(tmp_path / "full" / "checkpoint" / "model.safetensors"))

@@ -128,7 +128,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"no run state in {run} and no shipped weights {shipped / 'model.safetensors'}: starting a fresh "
                   "run", file=sys.stderr)
     print(f"run folder: {run}", file=sys.stderr)
-    train(cfg, run, resume=resume, progress=not args.quiet, device=args.device)
+    train(cfg, run, resume=resume, progress=not args.quiet, device=args.device, workers=args.workers)
     return 0
 
 
@@ -456,6 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "model config as model.FIELD=VALUE (e.g. model.patch_drop_rate=0)")
     sp.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available); under torchrun, "
                     "one process per device")
+    sp.add_argument("--workers", type=int, help="processes making the augmented batches while the model trains "
+                    "(default: none on a CPU, all cores but two beside an accelerator); the batches are the same")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_train)
 

@@ -294,16 +294,16 @@ def alternating_flips(n: int, epoch: int, seed: int) -> Tensor:
 
 def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float], size: Sequence[int] | None = None,
               interpolation: str = "bicubic") -> Tensor:
-    """(B, H, W, 3) uint8 -> (B, 3, h, w) float32 normalised with ``mean`` and ``std``: the one way vitlab turns
-    uint8 images into a model input. With ``size`` (h, w) different from (H, W) the images are resized first
+    """(B, H, W, 3) uint8 -> (B, 3, h, w) float32 normalised with ``mean`` and ``std``, on the images' device: the one
+    way vitlab turns uint8 images into a model input. With ``size`` (h, w) different from (H, W) the images are resized first
     (bicubic or bilinear, antialiased, clamped to [0, 1])."""
     x = images.permute(0, 3, 1, 2).float().div_(255)
     if size is not None and tuple(x.shape[-2:]) != tuple(size):
         mode = "bilinear" if interpolation == "bilinear" else "bicubic"
         x = torch.nn.functional.interpolate(x, size=tuple(size), mode=mode, antialias=True,
                                             align_corners=False).clamp_(0, 1)
-    m = torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
-    s = torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
+    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     return x.sub_(m).div_(s)
 
 

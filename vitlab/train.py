@@ -10,8 +10,9 @@ AVX512-BF16 CPU), optionally with random patch dropping (``ViTConfig.patch_drop_
 (``progressive_size`` px for the first ``progressive_epochs`` epochs: 24 px ran at 1.7x the images/s of 32 px);
 CNNs train in ``channels_last``, and a convolutional distillation teacher runs its forward in it (2.1x).
 
-Resumable by construction: every source of randomness (data order, augmentation, mixup, dropout, the alternating
-flip pattern) is seeded from ``(seed, epoch)`` at the start of each epoch, and a checkpoint is written atomically at
+Resumable by construction: every source of randomness (data order, mixup, dropout, the alternating flip pattern) is
+seeded from ``(seed, epoch)`` at the start of each epoch, each batch's crops and RandAugment from ``(seed, epoch,
+step)`` (``vitlab.batches``, which can make the batches in worker processes), and a checkpoint is written atomically at
 the end of each epoch with the model, optimizer and EMA state (Lookahead's slow weights equal the model there).
 ``--resume`` after a ``kill -9`` therefore ends exactly where an uninterrupted run would. A non-finite loss stops
 the run and keeps the last good checkpoint.
@@ -35,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitlab.batches import Augment, default_workers, epoch_seed, training_batches
 from vitlab.checkpoint import (
     load_checkpoint,
     load_run_state,
@@ -43,7 +45,7 @@ from vitlab.checkpoint import (
     save_run_checkpoint,
 )
 from vitlab.cifarnet import CifarResNet, tta_logits
-from vitlab.data import ImageArray, alternating_flips, load_dataset, normalize, random_crop_flip, shrink
+from vitlab.data import ImageArray, load_dataset, normalize, shrink
 from vitlab.finetune import resample_grid
 from vitlab.info import model_info
 from vitlab.lookahead import Lookahead
@@ -281,25 +283,18 @@ def lr_at(step: int, total: int, warmup: int, peak: float, floor: float, shape: 
 
 
 def _seed_epoch(cfg: TrainConfig, epoch: int, rank: int = 0) -> torch.Generator:
-    seed = (cfg.seed * 100_003 + epoch) % 2**31
+    """Seed what the training process draws per epoch (mixup from numpy, dropout and stochastic depth from torch);
+    return the epoch's generator (masked patch prediction's corruption). The batches draw their own
+    (``vitlab.batches``)."""
+    seed = epoch_seed(cfg.seed, epoch)
     torch.manual_seed(seed * 7 + rank)
     np.random.seed(seed)  # timm's Mixup draws from numpy
     return torch.Generator().manual_seed(seed)
 
 
-def _randaugment(images: Tensor, spec: str, generator: torch.Generator) -> Tensor:
-    """Per-image timm RandAugment on (B, H, W, 3) uint8, seeded from ``generator``."""
-    import random
-
-    from PIL import Image
-    from timm.data.auto_augment import rand_augment_transform
-
-    random.seed(int(torch.randint(0, 2**31, (1,), generator=generator)))
-    tf = rand_augment_transform(spec, {"translate_const": int(images.shape[1] * 0.45), "img_mean": (125, 123, 114)})
-    out = np.empty_like(images.numpy())
-    for i, img in enumerate(images.numpy()):
-        out[i] = np.asarray(tf(Image.fromarray(img)))
-    return torch.from_numpy(out)
+def _augment(cfg: TrainConfig) -> Augment:
+    return Augment(seed=cfg.seed, crop_padding=cfg.crop_padding, crop_pad_mode=cfg.crop_pad_mode,
+                   randaugment=cfg.randaugment, flip=cfg.flip)
 
 
 def _optimizer(model: nn.Module, cfg: TrainConfig, extra: nn.Module | None = None) -> torch.optim.Optimizer:
@@ -330,7 +325,9 @@ def _optimizer(model: nn.Module, cfg: TrainConfig, extra: nn.Module | None = Non
          else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
               {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), foreach=True)
+    # fused on an accelerator (one kernel for every parameter), foreach on a CPU
+    fused = all(p.is_cuda for p in decay + no_decay)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), foreach=None if fused else True, fused=fused or None)
 
 
 def train_config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
@@ -357,7 +354,7 @@ def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bo
     with eval_mode(model):
         dev = next(model.parameters()).device
         for i in range(0, len(data), batch_size):
-            x = normalize(data.images[i : i + batch_size], pc["mean"], pc["std"]).to(dev)
+            x = normalize(data.images[i : i + batch_size].to(dev), pc["mean"], pc["std"])  # uint8 travels
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
                 logits = tta_logits(model, x, tta)
             correct += int((logits.argmax(-1).cpu() == data.labels[i : i + batch_size]).sum())
@@ -536,8 +533,11 @@ def _barrier(d: _Dist) -> None:
 
 def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False, progress: bool = True,
           train_data: ImageArray | None = None, test_data: ImageArray | None = None,
-          device: str | None = None) -> nn.Module:
+          device: str | None = None, workers: int | None = None) -> nn.Module:
     """Train ``cfg`` into ``run_dir`` (``checkpoint/``, ``metrics.jsonl``, ``train_config.json``).
+
+    ``workers``: processes that make the augmented batches while the model trains (default
+    ``vitlab.batches.default_workers``: none on a CPU). They change the speed, never the batches.
 
     Under ``torchrun`` each process takes its slice of every global batch of ``cfg.batch_size`` images
     (augmented identically on every rank before slicing), so the run follows the same trajectory as one
@@ -632,7 +632,8 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     try:
         with explicit_attention(model, cfg.explicit_attention and d.device.type == "cpu"):
             _epochs(cfg, run, d, model, net, opt, ema, teacher, mixup, train_data, test_data, start_epoch, elapsed,
-                    steps_per_epoch, progress, objective, bf16)
+                    steps_per_epoch, progress, objective, bf16,
+                    default_workers(d.device) if workers is None else workers)
     finally:
         if teacher is not None:
             model.set_distilled_training(False)
@@ -672,8 +673,9 @@ def _distill_loss(logits: Tensor, dist_logits: Tensor, teacher_logits: Tensor, t
 def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Module, opt: torch.optim.Optimizer,
             ema: nn.Module | None, teacher: nn.Module | None, mixup: Any, train_data: ImageArray,
             test_data: ImageArray, start_epoch: int, elapsed: float, steps_per_epoch: int, progress: bool,
-            objective: nn.Module | None = None, bf16: bool = False) -> None:
-    """The epochs from ``start_epoch``; ``bf16``: autocast to bfloat16 (``cfg.bf16`` where it is fast)."""
+            objective: nn.Module | None = None, bf16: bool = False, workers: int = 0) -> None:
+    """The epochs from ``start_epoch``; ``bf16``: autocast to bfloat16 (``cfg.bf16`` where it is fast); ``workers``:
+    processes making the batches ahead (``vitlab.batches.training_batches``)."""
     from tqdm.auto import tqdm
 
     pc = model.pretrained_cfg
@@ -684,15 +686,15 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
     mine = slice(d.rank * per_rank, (d.rank + 1) * per_rank)
     amp = dict(device_type=d.device.type, dtype=torch.bfloat16, enabled=bf16)
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    batches = iter(training_batches(train_data, cfg.batch_size, steps_per_epoch, _augment(cfg),
+                                    start_epoch * steps_per_epoch, total, workers, d.device.type == "cuda"))
     for epoch in range(start_epoch, cfg.epochs):
         t0 = time.time()
         g = _seed_epoch(cfg, epoch, d.rank)
-        order = torch.randperm(len(train_data), generator=g)
-        flips = _epoch_flips(cfg, epoch, len(train_data))  # None: a coin per image, drawn with its crop
         frozen = _frozen_params(cfg, model, epoch)
         lookahead = (Lookahead(model, cfg.lookahead_every, total, cfg.lookahead_decay, cfg.lookahead_power)
                      if cfg.lookahead_every else None)  # an epoch starts with the network = the slow weights
-        loss_sum, seen = 0.0, 0
+        loss_sum, seen = torch.zeros((), dtype=torch.float64, device=d.device), 0
         small = cfg.progressive_size if epoch < cfg.progressive_epochs else None
         full = epoch >= cfg.epochs - cfg.full_token_epochs  # patch dropping off (never when full_token_epochs is 0)
         desc = f"epoch {epoch + 1}/{cfg.epochs}" + (f" at {small} px" if small else "") + (" all tokens" if full else "")
@@ -701,15 +703,10 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
               all_patch_tokens(model) if full else contextlib.nullcontext()):
             for it in bar:
                 step = epoch * steps_per_epoch + it
-                idx = order[it * cfg.batch_size : (it + 1) * cfg.batch_size]
-                imgs = train_data.images[idx]
-                if cfg.crop_padding or flips is not None:
-                    imgs = random_crop_flip(imgs, cfg.crop_padding, g, cfg.crop_pad_mode,
-                                            None if flips is None else flips[idx])
-                if cfg.randaugment:
-                    imgs = _randaugment(imgs, cfg.randaugment, g)
-                x = normalize(imgs[mine], pc["mean"], pc["std"]).to(d.device, non_blocking=True, memory_format=fmt)
-                y = train_data.labels[idx][mine].to(d.device, non_blocking=True)
+                imgs, labels = next(batches)
+                x = normalize(imgs[mine].to(d.device, non_blocking=True), pc["mean"], pc["std"])
+                x = x.contiguous(memory_format=fmt)
+                y = labels[mine].to(d.device, non_blocking=True)
                 if mixup is not None:
                     x, target = mixup(x, y)
                 else:
@@ -732,11 +729,6 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
                     loss = _distill_loss(logits[0], logits[1], teacher_logits, target, cfg)
                 elif objective is None:
                     loss = _soft_cross_entropy(logits, target)
-                if not torch.isfinite(loss):
-                    raise TrainingDiverged(
-                        f"loss became {loss.item()} at epoch {epoch + 1}, step {it}: stopping. The last good checkpoint "
-                        f"({ck}, epoch {epoch}) is kept; lower lr (now {cfg.lr}) or raise warmup"
-                    )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 for p in frozen:  # no gradient: the optimizer skips it (no step, no momentum, no weight decay)
@@ -748,14 +740,19 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
                     lookahead.after_step(step + 1)
                 if ema is not None:
                     ema.update(model, step=step)
-                loss_sum += loss.item() * len(y)
+                loss_sum += loss.detach().double() * len(y)  # read (a device sync) every 10 steps and at the end
                 seen += len(y)
-                if it % 10 == 0:
-                    bar.set_postfix(loss=f"{loss_sum / seen:.3f}")
+                if it % 10 == 0 or it == steps_per_epoch - 1:
+                    mean_loss = loss_sum.item() / seen
+                    if not math.isfinite(mean_loss):  # before the epoch's checkpoint: the last one on disk is good
+                        raise TrainingDiverged(
+                            f"loss became {mean_loss} by epoch {epoch + 1}, step {it}: stopping. The last good "
+                            f"checkpoint ({ck}, epoch {epoch}) is kept; lower lr (now {cfg.lr}) or raise warmup")
+                    bar.set_postfix(loss=f"{mean_loss:.3f}")
         if lookahead is not None:
             lookahead.finish((epoch + 1) * steps_per_epoch)  # evaluation and the checkpoint see the slow weights
         elapsed += time.time() - t0
-        record: dict[str, Any] = {"epoch": epoch + 1, "train_loss": _mean_over_ranks(loss_sum / seen, d),
+        record: dict[str, Any] = {"epoch": epoch + 1, "train_loss": _mean_over_ranks(mean_loss, d),
                                   "lr": lr, "epoch_seconds": round(time.time() - t0, 2),
                                   "images_per_second": round(seen * d.world / (time.time() - t0), 1),
                                   "precision": "bf16" if bf16 else "fp32"}
@@ -793,16 +790,6 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
             if progress:
                 tqdm.write(json.dumps(record))
         _barrier(d)
-
-
-def _epoch_flips(cfg: TrainConfig, epoch: int, n: int) -> Tensor | None:
-    """(n,) bool: the training images mirrored in ``epoch``, for ``flip="alternating"`` or ``"none"``; None for
-    ``"random"`` (a coin per image, drawn with its crop)."""
-    if cfg.flip == "random":
-        return None
-    if cfg.flip == "none":
-        return torch.zeros(n, dtype=torch.bool)
-    return alternating_flips(n, epoch, seed=cfg.seed * 100_003 + 50_000)  # apart from the epochs' seeds
 
 
 def _frozen_params(cfg: TrainConfig, model: nn.Module, epoch: int) -> list[nn.Parameter]:
