@@ -395,6 +395,32 @@ def test_progressive_resizing_trains_small_then_whole_and_the_teacher_sees_whole
                                               fresh.patch_embed.flatten, fresh.patch_embed.output_fmt)  # as built
 
 
+def test_distillation_targets_can_average_the_teacher_over_the_mirror(tmp_path, three_class_data, monkeypatch):
+    import vitlab.train as vt
+
+    train_data, test_data = three_class_data
+    teacher = vitlab.build_model(TINY_CNN).eval()
+    save_checkpoint(teacher, tmp_path / "teacher")
+    seen = []  # (the teacher's input, the logits the loss received)
+    real_input, real_loss = vt.teacher_input, vt._distill_loss
+    monkeypatch.setattr(vt, "teacher_input", lambda x, pc, t: seen.append([real_input(x, pc, t)]) or seen[-1][0])
+    monkeypatch.setattr(vt, "_distill_loss", lambda a, b, t, y, c: seen[-1].append(t) or real_loss(a, b, t, y, c))
+    cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, distilled=True),
+                              teacher=str(tmp_path / "teacher"), epochs=1, batch_size=32, distill_tta=1)
+    train(cfg, tmp_path / "run", progress=False, train_data=train_data, test_data=test_data)
+    teacher = load_checkpoint(tmp_path / "teacher").eval()
+    assert len(seen) == len(train_data) // 32
+    with torch.no_grad():
+        for x, logits in seen:
+            mirrored = 0.5 * (teacher(x) + teacher(x.flip(-1)))
+            torch.testing.assert_close(logits, mirrored)
+            assert not torch.allclose(logits, teacher(x))  # not the plain forward
+    with pytest.raises(ValueError, match="distill_tta must be 0, 1 or 2 and needs a teacher"):
+        dataclasses.replace(PRESETS["tiny"], distill_tta=1)
+    with pytest.raises(ValueError, match="distill_tta must be 0, 1 or 2"):
+        dataclasses.replace(cfg, distill_tta=3)
+
+
 @pytest.mark.parametrize("changes,match", [
     (dict(progressive_size=22, progressive_epochs=1), "multiple of the patch size"),
     (dict(progressive_size=32, progressive_epochs=1), "multiple of the patch size"),
