@@ -115,3 +115,27 @@ def test_card_hardware_names_the_training_machine_and_the_threads_it_used(tmp_pa
     env = json.loads((tmp_path / "run" / "checkpoint" / "config.json").read_text())["environment"]
     assert env["threads"] == 1 and env["cpu"] == cpu_model()
     assert _export(tmp_path / "run", tmp_path / "out")["hardware"] == _hardware(env, "fp32")
+
+
+def test_card_versions_name_the_training_stack_where_it_differs_from_the_exporting_one(tmp_path, two_class_folder,
+                                                                                      monkeypatch):
+    """A model trained elsewhere (an accelerator's image with another torch) says what it trained with and what
+    measured it; one trained here names one stack."""
+    from vitlab.provenance import versions
+
+    monkeypatch.chdir(tmp_path)
+    train(dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=1, bf16=False), tmp_path / "run",
+          progress=False)
+    here = versions()
+    card = _export(tmp_path / "run", tmp_path / "out")
+    assert card["train_versions"] == {"torch": here["torch"], "timm": here["timm"]}
+    text = (tmp_path / "out" / "MODEL_CARD.md").read_text()
+    assert f"* Versions: torch {here['torch']}, timm {here['timm']}." in text and "trained with torch" not in text
+    cfg_file = tmp_path / "run" / "checkpoint" / "config.json"
+    meta = json.loads(cfg_file.read_text())
+    meta["environment"]["torch"] = "2.11.0+cu130"
+    cfg_file.write_text(json.dumps(meta))
+    card = _export(tmp_path / "run", tmp_path / "out2")
+    assert card["train_versions"]["torch"] == "2.11.0+cu130"
+    assert (f"* Versions: trained with torch 2.11.0+cu130, timm {here['timm']}; exported and measured with torch "
+            f"{here['torch']}, timm {here['timm']}.") in (tmp_path / "out2" / "MODEL_CARD.md").read_text()

@@ -169,7 +169,8 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "file_bytes": sum((tmp_out / f).stat().st_size for f in ["model.safetensors",
                                                                  *(f"{n}.safetensors" for n in modules or {})]),
         "dtype": str(dtype).replace("torch.", ""),
-        "versions": versions(),
+        "versions": versions(),  # where it was exported and measured
+        "train_versions": {k: (meta.get("environment") or {}).get(k) for k in ("torch", "timm")},  # where it trained
     }
     if not is_mpp and train_cfg.get("teacher") and hasattr(shipped, "head_dist"):
         facts["distillation"] = _distillation(shipped, train_cfg["teacher"], meta["train"]["teacher"], test)
@@ -434,7 +435,7 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
 * Parameters: {f['parameters']:,}; file: {f['file_bytes'] / 1e6:.1f} MB ({f['dtype']}).
 * Preprocessing (from the model's pretrained config): input {tuple(pc['input_size'])}, mean {tuple(pc['mean'])},
   std {tuple(pc['std'])}, interpolation {pc['interpolation']}, crop_pct {pc['crop_pct']}.
-* Versions: torch {f['versions']['torch']}, timm {f['versions']['timm']}.
+* Versions: {_versions_line(f)}.
 
 Load it with `vitlab.load_model("{f['path']}")`{' or `vitlab.load_model()` (it is the embedded default)' if f['is_default'] else ''}.
 {lineage}
@@ -450,6 +451,16 @@ Load it with `vitlab.load_model("{f['path']}")`{' or `vitlab.load_model()` (it i
 |---|---|---|---|
 {rows}
 """
+
+
+def _versions_line(f: dict) -> str:
+    """The torch and timm a model was exported (and measured) with, and those it trained with where they differ and
+    the run recorded them (a model trained on another machine, e.g. an accelerator's image)."""
+    v, t = f["versions"], f.get("train_versions") or {}
+    line = f"torch {v['torch']}, timm {v['timm']}"
+    if t.get("torch") and (t.get("torch"), t.get("timm")) != (v["torch"], v["timm"]):
+        line = f"trained with torch {t['torch']}, timm {t.get('timm') or '?'}; exported and measured with {line}"
+    return line
 
 
 def _lineage_section(lineage: list[dict]) -> str:
