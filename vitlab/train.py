@@ -427,16 +427,23 @@ def load_teacher(path: str | os.PathLike, device: torch.device) -> nn.Module:
     teacher = load_checkpoint(p).to(device).eval()
     for q in teacher.parameters():
         q.requires_grad_(False)
-    if isinstance(teacher, CifarResNet):
-        teacher.to(memory_format=torch.channels_last)
+    if (fmt := _teacher_layout(teacher)) is not None:
+        teacher.to(memory_format=fmt)
     return teacher
+
+
+def _teacher_layout(teacher: nn.Module) -> torch.memory_format | None:
+    """The memory format a teacher runs in, the one place that decides it: channels_last for the CNN teacher; None
+    (left as it is) for any other."""
+    return torch.channels_last if isinstance(teacher, CifarResNet) else None
 
 
 def teacher_input(x: Tensor, student_cfg: dict, teacher: nn.Module) -> Tensor:
     """(B, 3, H, W) normalised for the student -> the same images normalised for ``teacher``, in its memory
     format (channels_last for the CNN teacher from ``load_teacher``)."""
     x = _renormalize(x, student_cfg, teacher.pretrained_cfg)
-    return x.contiguous(memory_format=torch.channels_last) if isinstance(teacher, CifarResNet) else x
+    fmt = _teacher_layout(teacher)
+    return x if fmt is None else x.contiguous(memory_format=fmt)
 
 
 def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
