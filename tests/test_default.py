@@ -35,6 +35,21 @@ def test_default_loads_small_and_declares_preprocessing():
 
 
 @shipped
+def test_the_defaults_teacher_is_shipped_and_its_card_agrees():
+    card = json.loads((DEFAULT_CHECKPOINT / "card.json").read_text())
+    if card["teacher"] is None:
+        pytest.skip("the default was not distilled")
+    teacher = DEFAULT_CHECKPOINT.parents[2] / card["teacher"]  # a path relative to the repository
+    assert (teacher / "model.safetensors").is_file(), f"{card['teacher']} is not shipped"
+    from vitlab.train import TEACHER_CIFAR10
+
+    assert f"--set teacher={card['teacher']}" in card["command"] or card["teacher"] == TEACHER_CIFAR10
+    teacher_card = json.loads((teacher / "card.json").read_text())
+    # the teacher's accuracy measured at the default's export equals the one its own card states
+    assert card["distillation"]["teacher"] == pytest.approx(teacher_card["test_accuracy"], abs=1e-4)
+
+
+@shipped
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED_CIFAR10 / "test.zip").is_file(), reason="../shared CIFAR-10 not present")
 def test_default_reproduces_card_accuracy():
@@ -60,7 +75,8 @@ def test_full_size_vit_b16_capture_is_exact():
 CHECKPOINTS = DEFAULT_CHECKPOINT.parent
 OTHERS = [("vit_shapes", "vitlab train --preset vit_shapes", "shapes"),
           ("bit_cifar10", "vitlab train --preset bit_cifar10", "cifar10"),
-          ("resnet_cifar10_fast", "vitlab train --preset resnet_cifar10_fast", "cifar10")]
+          ("resnet_cifar10_fast", "vitlab train --preset resnet_cifar10_fast", "cifar10"),
+          ("resnet_cifar10_wide", "vitlab train --preset resnet_cifar10_wide", "cifar10")]
 
 
 @pytest.mark.parametrize("folder,command,data", OTHERS, ids=[o[0] for o in OTHERS])
@@ -82,7 +98,7 @@ def test_other_shipped_checkpoints_load_with_honest_cards(folder, command, data)
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED_CIFAR10 / "test.zip").is_file(), reason="../shared CIFAR-10 not present")
-@pytest.mark.parametrize("folder", ["bit_cifar10", "resnet_cifar10_fast"])
+@pytest.mark.parametrize("folder", ["bit_cifar10", "resnet_cifar10_fast", "resnet_cifar10_wide"])
 def test_shipped_cifar_models_reproduce_card_accuracy(folder):
     from vitlab.data import load_cifar
     from vitlab.export import timm_pipeline_accuracy

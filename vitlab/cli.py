@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
 
 #: ``vitlab.train.PRESETS`` by name, for ``--preset``'s help without importing torch (a test keeps them equal)
-PRESET_NAMES = ("vit_cifar10", "resnet_cifar10_fast", "resnet_cifar10", "bit_cifar10", "hybrid_cifar10", "mpp_cifar10",
-                "vit_shapes", "tiny")
+PRESET_NAMES = ("vit_cifar10", "resnet_cifar10_fast", "resnet_cifar10_wide", "resnet_cifar10", "bit_cifar10",
+                "hybrid_cifar10", "mpp_cifar10", "vit_shapes", "tiny")
 
 
 def _parse_value(text: str):
