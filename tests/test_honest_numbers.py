@@ -174,3 +174,17 @@ def test_shipped_text_names_no_machine_path():
     found = [f"{f.relative_to(ROOT)}: {m.group(0)}" for f in sorted((ROOT / "data").rglob("*"))
              if f.suffix in {".json", ".jsonl", ".md"} for m in [machine.search(f.read_text())] if m]
     assert not found, found
+
+
+def test_card_line_states_a_multi_leg_models_whole_training():
+    """The one-line summary (report, `vitlab info`, the tour) of a model trained in warm-started legs gives its total
+    hours and number of legs, so the last leg's epochs do not read as the whole training."""
+    from vitlab.checkpoint import card_line
+
+    one = {"test_accuracy": 0.6202, "data": {"test": "t.zip"}, "epochs_done": 9, "epochs_planned": 15,
+           "lineage": [{"total_train_hours": 2.0}]}
+    assert card_line(one) == "62.02% test accuracy on t.zip, 9 of 15 epochs"
+    many = {**one, "test_accuracy": 0.9, "epochs_done": 5, "epochs_planned": 5, "total_train_hours": 7.5,
+            "lineage": [{"total_train_hours": 2.0}, {"total_train_hours": 7.5}]}
+    assert card_line(many) == "90.00% test accuracy on t.zip, 7.50 h of training in 2 legs, the last 5 of 5 epochs"
+    assert card_line({k: v for k, v in one.items() if k != "lineage"}) == card_line(one)  # cards before lineages
