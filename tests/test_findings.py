@@ -394,3 +394,25 @@ def test_explain_gives_one_sentence_per_verdict_with_the_known_reason_and_wraps_
     paragraphs = wrapped.split("\n\n")
     assert len(paragraphs) == 2 and all(len(x) <= 60 for p in paragraphs for x in p.split("\n"))
     assert [" ".join(p.split()) for p in paragraphs] == [" ".join(x.split()) for x in lines]  # same words
+
+
+def test_the_lowest_layer_reason_states_where_this_models_heads_sit():
+    """A not-reproduced spread is explained beside its numbers: the most local and most global head of layer 0, in px
+    and as shares of the ceiling (computed here independently), then the general reason; other verdicts keep theirs."""
+    from vitlab.findings import KNOWN_REASONS, explain, known_reason
+    from vitlab.report.render import verdict_row
+
+    ceiling = 16.5
+    d = np.zeros((2, 40, 4))
+    d[0] = np.array([6.5, 8.0, 12.0, 13.8]) + np.random.default_rng(0).normal(0, 0.05, (40, 4))
+    v = lowest_layer_spread(d, ceiling)
+    assert v.verdict == "not reproduced"
+    lo, hi = d[0].mean(0).min(), d[0].mean(0).max()
+    want = (f"this model's lowest-layer heads sit at {lo:.1f} to {hi:.1f} px, {round(100 * lo / ceiling)}% to "
+            f"{round(100 * hi / ceiling)}% of the uniform-attention distance")
+    assert known_reason(v).startswith(want) and "6.5 to 13.8 px, 39% to 84%" in want
+    assert known_reason(v).endswith(KNOWN_REASONS["Fig. 7 right"])
+    assert explain([v]).endswith("known reason: " + known_reason(v))
+    assert verdict_row(v)["reason"] == known_reason(v)
+    slope = distance_grows_with_depth(d)  # no head details: the general reason alone
+    assert known_reason(slope) == KNOWN_REASONS["Fig. 7 right"]

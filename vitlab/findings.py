@@ -49,6 +49,7 @@ __all__ = [
     "verdict_table",
     "explain",
     "KNOWN_REASONS",
+    "known_reason",
 ]
 
 N_BOOT = 1000
@@ -702,8 +703,8 @@ KNOWN_REASONS: dict[str, str] = {
                      "(Table 8) finds position-embedding variants matter little at small scale, and small grids "
                      "trained briefly learn weak structure.",
     "Fig. 7 right": "Raghu et al. 2021 (\"Do Vision Transformers See Like Convolutional Neural Networks?\", "
-                    "NeurIPS) report that ViTs pre-trained on small data do not learn local attention in the lowest "
-                    "layers; the paper's Fig. 7 right is ViT-L/16 on JFT-300M.",
+                    "NeurIPS) find that ViTs trained on less data (ImageNet instead of JFT-300M) learn less local "
+                    "attention in their lowest layers; the paper's Fig. 7 right is ViT-L/16 on JFT-300M.",
     "Fig. 6": "the paper's maps are for ViT-L/16 on JFT-300M; Chefer et al. 2021 (\"Transformer Interpretability "
               "Beyond Attention Visualization\", CVPR) show that rollout is class-agnostic and can spread over the "
               "background.",
@@ -718,6 +719,20 @@ KNOWN_REASONS: dict[str, str] = {
 }
 
 
+def known_reason(v: Verdict) -> str | None:
+    """The known reason (``KNOWN_REASONS``) shown with a verdict, None when none is known. For the lowest layer's
+    spread it starts with where this model's heads sit against the paper's, so the reason is read beside the numbers
+    it explains (a model may have local heads and still fall short of the paper's span)."""
+    reason = next((r for k, r in KNOWN_REASONS.items() if v.finding.startswith(k)), None)
+    heads, ceiling = v.details.get("head_distance_px"), v.details.get("ceiling_px")
+    if reason is not None and heads is not None and len(heads) and ceiling:
+        lo, hi = min(heads), max(heads)
+        reason = (f"this model's lowest-layer heads sit at {lo:.1f} to {hi:.1f} px, {lo / ceiling:.0%} to "
+                  f"{hi / ceiling:.0%} of the uniform-attention distance, where the paper's span about 10% to "
+                  f"90%. {reason}")
+    return reason
+
+
 def explain(verdicts: Sequence[Verdict], width: int | None = None) -> str:
     """One sentence per verdict, in words that follow from the numbers: what was found and, where the paper's
     finding does not show here, the known reason with its source. ``width``: wrap each to lines of at most that many
@@ -728,7 +743,7 @@ def explain(verdicts: Sequence[Verdict], width: int | None = None) -> str:
         head = f"{v.finding}: {v.verdict} ({v.quantity} {_fmt(v.statistic)}, 95% interval [{_fmt(lo)}, {_fmt(hi)}], " \
                f"finding side {v.side} {_fmt(v.threshold)})."
         if v.verdict != "reproduced":
-            reason = next((r for k, r in KNOWN_REASONS.items() if v.finding.startswith(k)), None)
+            reason = known_reason(v)
             what = "The data cannot decide it here" if v.verdict == "inconclusive" else "Not seen on this model"
             head += f" {what}; known reason: {reason}" if reason else f" {what}."
         lines.append(head)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitlab.findings import KNOWN_REASONS, Verdict
+from vitlab.findings import Verdict, known_reason
 from vitlab.report.sections import Section
 
 __all__ = ["render_html", "stamp_line", "verdict_row"]
@@ -20,7 +20,7 @@ def _num(x: float) -> str:
 def verdict_row(v: Verdict, slug: str = "") -> dict[str, Any]:
     lo, hi = v.interval
     unit = f" {v.unit}" if v.unit else ""
-    reason = next((r for k, r in KNOWN_REASONS.items() if v.finding.startswith(k)), None)
+    reason = known_reason(v)
     return {"slug": slug, "finding": v.finding, "criterion": v.criterion, "verdict": v.verdict,
             "reason": reason if v.verdict != "reproduced" else None,
             "css": v.verdict.replace(" ", "-"), "side": v.side, "threshold_text": _num(v.threshold),
