@@ -176,14 +176,16 @@ def test_resume_with_the_recipe_ends_where_an_uninterrupted_run_does(tmp_path, d
 
 
 def test_old_run_configs_without_the_new_keys_equal_their_presets():
+    with_new_keys = ("resnet_cifar10_fast", "resnet_cifar10_wide")  # the presets that use them
     for name, preset in PRESETS.items():
-        if name == "resnet_cifar10_fast":
+        if name in with_new_keys:
             continue
         assert (preset.flip, preset.lookahead_every, preset.whiten_bias_epochs) == ("random", 0, None), name
         old = {k: v for k, v in train_config_to_dict(preset).items() if k not in NEW_KEYS}
         assert train_config_from_dict(json.loads(json.dumps(old))) == preset, name
-    fast = PRESETS["resnet_cifar10_fast"]
-    assert train_config_from_dict(json.loads(json.dumps(train_config_to_dict(fast)))) == fast
+    for name in with_new_keys:
+        preset = PRESETS[name]
+        assert train_config_from_dict(json.loads(json.dumps(train_config_to_dict(preset)))) == preset, name
 
 
 def test_resume_accepts_a_run_folder_written_before_the_new_keys(tmp_path, data, monkeypatch):
@@ -222,3 +224,12 @@ def test_bad_options_are_refused_with_the_fix(change, message):
 def test_whiten_bias_epochs_needs_a_whitening_stem():
     with pytest.raises(ValueError, match="CifarNetConfig"):
         TrainConfig(model=PRESETS["tiny"].model, whiten_bias_epochs=3)
+
+
+def test_the_wide_preset_is_the_fast_one_wider_and_longer_with_its_epoch_counts_scaled():
+    fast, wide = PRESETS["resnet_cifar10_fast"], PRESETS["resnet_cifar10_wide"]
+    changed = {f.name for f in dataclasses.fields(fast) if getattr(fast, f.name) != getattr(wide, f.name)}
+    assert changed == {"model", "epochs", "warmup_epochs", "whiten_bias_epochs"}
+    assert dataclasses.replace(wide.model, widths=fast.model.widths) == fast.model
+    assert wide.warmup_epochs / wide.epochs == pytest.approx(fast.warmup_epochs / fast.epochs)  # 23%
+    assert wide.whiten_bias_epochs / wide.epochs == pytest.approx(fast.whiten_bias_epochs / fast.epochs)  # 30%
