@@ -216,8 +216,7 @@ def teacher_forward_levers(data: ImageArray, steps: int, peak: float, teacher_di
 def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher_dir: Path | None,
                  small: int | None = None, every_token: bool = False) -> dict:
     """images/s that ``vitlab train`` reports for the second of two epochs of ``steps`` batches of the preset (the
-    first pays one-time costs, as a real run's first epoch does: a 22-epoch CPU leg ran its first at 176 images/s and
-    the rest at 207-249), and its MFU; ``small``: in the
+    first, recorded beside it, pays one-time costs, as a real run's first epoch does), and its MFU; ``small``: in the
     progressive-resizing phase at that many px; ``every_token``: with ``--set model.patch_drop_rate=0``, as the
     default's legs train since one on every token beat half the tokens in a 2-epoch comparison (BENCHMARKS.md)."""
     cfg = with_num_classes(PRESETS[preset], len(data.classes))
@@ -228,7 +227,8 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
                               progressive_size=small, progressive_epochs=2 if small else 0)
     with tempfile.TemporaryDirectory() as tmp:
         train(cfg, Path(tmp) / "run", progress=False, train_data=data, test_data=data.subset(range(10)))
-        ips = json.loads((Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()[-1])["images_per_second"]
+        first, ips = (json.loads(line)["images_per_second"]
+                      for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines())
     model = vitlab.build_model(cfg.model).train()
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -247,7 +247,7 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
     total = flops + teacher_flops
     return {"preset": preset + (f", {small} px phase (progressive resizing)" if small else "")
             + (", every patch token (model.patch_drop_rate=0)" if every_token else ""),
-            "batch": cfg.batch_size, "images_per_second": ips,
+            "batch": cfg.batch_size, "images_per_second": ips, "first_epoch_images_per_second": first,
             "student_gflops_per_image": flops / 1e9, "teacher_gflops_per_image": teacher_flops / 1e9,
             "mfu": total * ips / peak}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -416,3 +417,5 @@ def test_the_lowest_layer_reason_states_where_this_models_heads_sit():
     assert verdict_row(v)["reason"] == known_reason(v)
     slope = distance_grows_with_depth(d)  # no head details: the general reason alone
     assert known_reason(slope) == KNOWN_REASONS["Fig. 7 right"]
+    other = dataclasses.replace(slope, details={**slope.details, "head_distance_px": [1.0], "ceiling_px": 2.0})
+    assert known_reason(other) == KNOWN_REASONS["Fig. 7 right"]  # the numbers belong to the lowest-layer finding only

@@ -186,5 +186,6 @@ def test_card_line_states_a_multi_leg_models_whole_training():
     assert card_line(one) == "62.02% test accuracy on t.zip, 9 of 15 epochs"
     many = {**one, "test_accuracy": 0.9, "epochs_done": 5, "epochs_planned": 5, "total_train_hours": 7.5,
             "lineage": [{"total_train_hours": 2.0}, {"total_train_hours": 7.5}]}
-    assert card_line(many) == "90.00% test accuracy on t.zip, 7.50 h of training in 2 legs, the last 5 of 5 epochs"
+    assert card_line(many) == "90.00% test accuracy on t.zip, 7.50 h of training in 2 legs, its last leg 5 of 5 epochs"
+    assert card_line({k: v for k, v in many.items() if k != "total_train_hours"}) == card_line(many)  # the last leg's
     assert card_line({k: v for k, v in one.items() if k != "lineage"}) == card_line(one)  # cards before lineages

@@ -236,13 +236,14 @@ def card_metric(card: dict[str, Any]) -> tuple[str, float | None]:
 
 def card_line(card: dict[str, Any]) -> str:
     """``62.02% test accuracy on cifar10 test, 9 of 15 epochs`` (the headline of ``card_metric``); for a model
-    trained in several legs (warm starts) ``..., 17.69 h of training in 12 legs, the last 125 of 125 epochs``."""
+    trained in several legs (warm starts) ``..., 17.69 h of training in 12 legs, its last leg 125 of 125 epochs``."""
     name, value = card_metric(card)
     number = f"{value:.2%} {name}" if value is not None else f"no {name}"
     epochs = f"{card['epochs_done']} of {card['epochs_planned']} epochs"
     legs = card.get("lineage") or []
     if len(legs) > 1:
-        epochs = f"{card['total_train_hours']:.2f} h of training in {len(legs)} legs, the last {epochs}"
+        hours = card.get("total_train_hours", legs[-1]["total_train_hours"])
+        epochs = f"{hours:.2f} h of training in {len(legs)} legs, its last leg {epochs}"
     return f"{number} on {card['data']['test']}, {epochs}"
 
 

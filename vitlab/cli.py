@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from vitlab.scaling import SweepConfig
+    from vitlab.train import TrainConfig
 
 
 #: ``vitlab.train.PRESETS`` by name, for ``--preset``'s help without importing torch (a test keeps them equal)
@@ -66,39 +67,54 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from vitlab.train import PRESETS, train
+class OptionError(ValueError):
+    """A command-line option that names no preset or field: printed as it is, exit status 2."""
+
+
+def preset_config(preset: str, sets: list[str] | None = None, epochs: int | None = None,
+                  data: str | None = None) -> TrainConfig:
+    """The ``TrainConfig`` that ``vitlab train --preset PRESET [--set FIELD=VALUE ...] [--epochs N] [--data D]``
+    trains. ``OptionError`` names an unknown preset or field with the valid ones; a value the config refuses raises
+    its own ValueError."""
+    from vitlab.train import PRESETS
     from vitlab.zoo import replace_fields
 
-    if args.preset not in PRESETS:
-        print(f"unknown preset {args.preset!r}; choose one of {', '.join(sorted(PRESETS))}", file=sys.stderr)
-        return 2
-    cfg = PRESETS[args.preset]
+    if preset not in PRESETS:
+        raise OptionError(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
+    cfg = PRESETS[preset]
     changes = {}
     model_changes = {}
-    for item in args.set or []:
+    for item in sets or []:
         key, sep, value = item.partition("=")
         if key.startswith("model.") and sep:
             model_changes[key.removeprefix("model.")] = _parse_value(value)
             continue
         if not sep or key not in {f.name for f in dataclasses.fields(cfg)} or key == "model":
-            print(f"--set {item!r}: expected FIELD=VALUE with FIELD one of "
-                  f"{', '.join(f.name for f in dataclasses.fields(cfg) if f.name != 'model')}, or model.FIELD=VALUE "
-                  f"for the model's config", file=sys.stderr)
-            return 2
+            raise OptionError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of "
+                             f"{', '.join(f.name for f in dataclasses.fields(cfg) if f.name != 'model')}, or "
+                             f"model.FIELD=VALUE for the model's config")
         changes[key] = _parse_value(value)
-    if args.epochs is not None:
-        changes["epochs"] = args.epochs
-    if args.data is not None:
-        changes["data"] = args.data
+    if epochs is not None:
+        changes["epochs"] = epochs
+    if data is not None:
+        changes["data"] = data
     if model_changes:  # all at once, so that fields which must agree (embed_dim, num_heads) can change together
         try:
             changes["model"] = replace_fields(cfg.model, model_changes)
         except (KeyError, TypeError, ValueError) as e:
-            sets = " ".join(f"--set model.{k}" for k in model_changes)
-            print(f"{sets}: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
-            return 2
-    cfg = dataclasses.replace(cfg, **changes)
+            sets_text = " ".join(f"--set model.{k}" for k in model_changes)
+            raise OptionError(f"{sets_text}: {e.args[0] if isinstance(e, KeyError) else e}") from None
+    return dataclasses.replace(cfg, **changes)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from vitlab.train import train
+
+    try:
+        cfg = preset_config(args.preset, args.set, args.epochs, args.data)
+    except OptionError as e:
+        print(e, file=sys.stderr)
+        return 2
     from vitlab.data import cache_dir
     from vitlab.models import DEFAULT_CHECKPOINT
 

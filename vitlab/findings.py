@@ -425,6 +425,9 @@ def _per_image(dist: Array) -> np.ndarray:
     return d
 
 
+_LOWEST_LAYER = "Fig. 7 right: lowest layer mixes local and global heads"
+
+
 def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_boot: int = N_BOOT,
                         seed: int = SEED) -> Verdict:
     """Fig. 7 right: in the lowest layer some heads attend locally and some globally.
@@ -444,7 +447,7 @@ def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_b
 
     heads = d0.mean(0)
     return _verdict(
-        "Fig. 7 right: lowest layer mixes local and global heads",
+        _LOWEST_LAYER,
         f"(largest - smallest head mean attention distance in layer 0) / uniform-attention distance > {threshold}; "
         "95% bootstrap over images",
         spread(np.ones((1, b)))[0], _percentile(spread(_counts(b, n_boot, seed))), threshold, ">",
@@ -725,11 +728,11 @@ def known_reason(v: Verdict) -> str | None:
     it explains (a model may have local heads and still fall short of the paper's span)."""
     reason = next((r for k, r in KNOWN_REASONS.items() if v.finding.startswith(k)), None)
     heads, ceiling = v.details.get("head_distance_px"), v.details.get("ceiling_px")
-    if reason is not None and heads is not None and len(heads) and ceiling:
+    if reason is not None and v.finding.startswith(_LOWEST_LAYER) and heads is not None and len(heads) and ceiling:
         lo, hi = min(heads), max(heads)
         reason = (f"this model's lowest-layer heads sit at {lo:.1f} to {hi:.1f} px, {lo / ceiling:.0%} to "
-                  f"{hi / ceiling:.0%} of the uniform-attention distance, where the paper's span about 10% to "
-                  f"90%. {reason}")
+                  f"{hi / ceiling:.0%} of the uniform-attention distance, where the paper's lowest-layer heads span "
+                  f"about 10% to 90%. {reason}")
     return reason
 
 
