@@ -79,7 +79,8 @@ def randaugment(images: Tensor, spec: str, generator: torch.Generator) -> Tensor
 
 class TrainBatches(torch.utils.data.Dataset):
     """Item ``k``: step ``k`` of the run, ``(images (B, H, W, 3) uint8 augmented, labels (B,) int64)`` with B the
-    global ``batch_size`` (under torchrun every rank makes the whole batch and takes its slice)."""
+    global ``batch_size`` (under torchrun every rank makes the whole batch and takes its slice). A run of any length:
+    no ``__len__``; the loader's sampler says which steps are wanted."""
 
     def __init__(self, data: ImageArray, batch_size: int, steps_per_epoch: int, aug: Augment):
         self.images, self.labels = data.images, data.labels
@@ -87,9 +88,6 @@ class TrainBatches(torch.utils.data.Dataset):
         self._epoch: int | None = None
         self._order: Tensor | None = None
         self._flips: Tensor | None = None
-
-    def __len__(self) -> int:  # steps of any length of run: the sampler says which are wanted
-        return 2**62
 
     def epoch_order(self, epoch: int) -> Tensor:
         """(N,) the order in which ``epoch`` visits the training images."""

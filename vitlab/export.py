@@ -134,6 +134,7 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
     history = history[-meta["epoch"]:]  # an interrupted epoch may have left no line; a restarted run, extra ones
     tta = train_cfg.get("eval_tta") or 0
     acc = acc_tta = mpp_test = None
+    distillation: dict = {}
     if is_mpp:
         from vitlab.mpp import load_mpp
         from vitlab.train import evaluate_mpp
@@ -142,7 +143,9 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         mpp_test = evaluate_mpp(shipped, objective, test, n=len(test))
     else:
         shipped = load_checkpoint(tmp_out)
-        acc = timm_pipeline_accuracy(shipped, test)
+        if train_cfg.get("teacher") and hasattr(shipped, "head_dist"):  # its readout is the shipped accuracy
+            distillation = _distillation(shipped, train_cfg["teacher"], meta["train"]["teacher"], test)
+        acc = distillation["readout"] if "readout" in distillation else timm_pipeline_accuracy(shipped, test)
     if tta and not is_mpp:
         from vitlab.train import evaluate
 
@@ -172,8 +175,8 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "versions": versions(),  # where it was exported and measured
         "train_versions": {k: (meta.get("environment") or {}).get(k) for k in ("torch", "timm")},  # where it trained
     }
-    if not is_mpp and train_cfg.get("teacher") and hasattr(shipped, "head_dist"):
-        facts["distillation"] = _distillation(shipped, train_cfg["teacher"], meta["train"]["teacher"], test)
+    if distillation:
+        facts["distillation"] = distillation
     facts.update(_warm_start_facts(meta["train"].get("init_from"), facts["train_hours"], tmp_out / "model.safetensors"))
     earlier = facts.pop("earlier_legs", [])
     facts["lineage"] = [*earlier, _leg(facts)]  # every leg of the model's training, this one last
