@@ -16,7 +16,8 @@
   patch dropping), the same on every patch token (as the default's recent legs train), the same in a 24 px
   progressive-resizing phase, and on the ``resnet_cifar10`` teacher preset:
   the images/s ``vitlab train`` itself reports for the second of two short epochs (steady state, as every epoch
-  after a real run's first), and MFU = (student step FLOPs + teacher forward FLOPs per image) x images/s / peak.
+  after a real run's first; the first pays for ``torch.compile`` where the preset's real runs compile), the first
+  two also eager (``--compile off``), and MFU = (student step FLOPs + teacher forward FLOPs per image) x images/s / peak.
 * CNN levers for the teacher: channels_last and bf16 against fp32 (bf16 rows only where bf16 is fast) in training,
   and the shipped teacher's forward as distillation runs it, contiguous against channels_last.
 
@@ -48,7 +49,7 @@ from vitlab.checkpoint import save_checkpoint
 from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize, shrink
 from vitlab.modes import any_image_size, explicit_attention
 from vitlab.precision import use_bf16
-from vitlab.train import PRESETS, load_teacher, train, with_num_classes
+from vitlab.train import COMPILE_MIN_STEPS, PRESETS, compile_by_default, load_teacher, train, with_num_classes
 from vitlab.train import step_flops as train_step_flops
 
 
@@ -214,21 +215,26 @@ def teacher_forward_levers(data: ImageArray, steps: int, peak: float, teacher_di
 
 
 def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher_dir: Path | None,
-                 small: int | None = None, every_token: bool = False) -> dict:
+                 small: int | None = None, every_token: bool = False, compile: bool | None = None) -> dict:
     """images/s that ``vitlab train`` reports for the second of two epochs of ``steps`` batches of the preset (the
     first, recorded beside it, pays one-time costs, as a real run's first epoch does), and its MFU; ``small``: in the
     progressive-resizing phase at that many px; ``every_token``: with ``--set model.patch_drop_rate=0``, as the
-    default's legs train since one on every token beat half the tokens in a 2-epoch comparison (BENCHMARKS.md)."""
+    default's legs train since one on every token beat half the tokens in a 2-epoch comparison (BENCHMARKS.md);
+    ``compile``: ``train``'s ``compile`` (None: as a real run of the preset on this device, whose 1,000 steps or
+    more ``vitlab.train.compile_by_default`` judges, not these few)."""
     cfg = with_num_classes(PRESETS[preset], len(data.classes))
     if every_token:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, patch_drop_rate=0.0))
     cfg = dataclasses.replace(cfg, epochs=2, eval_every=0, eval_tta=0, max_train_examples=cfg.batch_size * steps,
                               warmup_epochs=0.0, teacher=str(teacher_dir) if cfg.teacher else None,
                               progressive_size=small, progressive_epochs=2 if small else 0)
+    if compile is None:
+        compile = compile_by_default(cfg, torch.device("cpu"), COMPILE_MIN_STEPS)
     with tempfile.TemporaryDirectory() as tmp:
-        train(cfg, Path(tmp) / "run", progress=False, train_data=data, test_data=data.subset(range(10)))
-        first, ips = (json.loads(line)["images_per_second"]
-                      for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines())
+        train(cfg, Path(tmp) / "run", progress=False, train_data=data, test_data=data.subset(range(10)),
+              compile=compile)
+        first, second = (json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines())
+    compiled = bool(second.get("compiled"))  # False too where inductor could not compile here
     model = vitlab.build_model(cfg.model).train()
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -245,9 +251,12 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
         with torch.no_grad():
             teacher_flops = step_flops(load_teacher(cfg.teacher, torch.device("cpu")), x, y, backward=False)
     total = flops + teacher_flops
+    ips = second["images_per_second"]
     return {"preset": preset + (f", {small} px phase (progressive resizing)" if small else "")
-            + (", every patch token (model.patch_drop_rate=0)" if every_token else ""),
-            "batch": cfg.batch_size, "images_per_second": ips, "first_epoch_images_per_second": first,
+            + (", every patch token (model.patch_drop_rate=0)" if every_token else "")
+            + (", compiled" if compiled else ", eager (--compile off)" if compile is False else ""),
+            "compiled": compiled, "batch": cfg.batch_size, "images_per_second": ips,
+            "first_epoch_images_per_second": first["images_per_second"],
             "student_gflops_per_image": flops / 1e9, "teacher_gflops_per_image": teacher_flops / 1e9,
             "mfu": total * ips / peak}
 
@@ -270,7 +279,9 @@ def run(steps: int = 8) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         teacher = _teacher_dir(Path(tmp))
         ours = [vitlab_train("vit_cifar10", data, steps, peak_before, teacher),
+                vitlab_train("vit_cifar10", data, steps, peak_before, teacher, compile=False),
                 vitlab_train("vit_cifar10", data, steps, peak_before, teacher, every_token=True),
+                vitlab_train("vit_cifar10", data, steps, peak_before, teacher, every_token=True, compile=False),
                 vitlab_train("vit_cifar10", data, steps, peak_before, teacher, small=24),
                 vitlab_train("resnet_cifar10", data, steps, peak_before, None)]
         cnn = cnn_levers(data, steps, peak_before) + teacher_forward_levers(data, steps, peak_before, teacher)

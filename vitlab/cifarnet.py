@@ -19,6 +19,8 @@ It exposes the timm calling convention that the rest of vitlab relies on: ``forw
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -134,7 +136,7 @@ class CifarResNet(nn.Module):
             self.head.to(self.stages[0].conv1.weight)
 
 
-def tta_logits(model: nn.Module, x: Tensor, level: int = 2) -> Tensor:
+def tta_logits(model: Callable[[Tensor], Tensor], x: Tensor, level: int = 2) -> Tensor:
     """Test-time augmentation: 0 none, 1 mean over the image and its mirror, 2 also +-1 px translations."""
     logits = model(x)
     if level == 0:
