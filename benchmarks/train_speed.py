@@ -228,6 +228,7 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
     cfg = dataclasses.replace(cfg, epochs=2, eval_every=0, eval_tta=0, max_train_examples=cfg.batch_size * steps,
                               warmup_epochs=0.0, teacher=str(teacher_dir) if cfg.teacher else None,
                               progressive_size=small, progressive_epochs=2 if small else 0)
+    forced_eager = compile is False
     if compile is None:
         compile = compile_by_default(cfg, torch.device("cpu"), COMPILE_MIN_STEPS)
     with tempfile.TemporaryDirectory() as tmp:
@@ -254,7 +255,7 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
     ips = second["images_per_second"]
     return {"preset": preset + (f", {small} px phase (progressive resizing)" if small else "")
             + (", every patch token (model.patch_drop_rate=0)" if every_token else "")
-            + (", compiled" if compiled else ", eager (--compile off)" if compile is False else ""),
+            + (", compiled" if compiled else ", eager (--compile off)" if forced_eager else ""),
             "compiled": compiled, "batch": cfg.batch_size, "images_per_second": ips,
             "first_epoch_images_per_second": first["images_per_second"],
             "student_gflops_per_image": flops / 1e9, "teacher_gflops_per_image": teacher_flops / 1e9,
