@@ -129,6 +129,24 @@ def test_mpp_readme_quotes_the_study():
     assert verdict_table(study_verdicts(records, STUDIES["cifar10"].verdict_shots)) in readme
 
 
+def test_mpp_ordering_sentences_quote_the_fine_tune_means():
+    """The project README and data/results/README.md state scratch < MPP < supervised with the mean fine-tune accuracy
+    of each initialisation over the study's seeds (a rerun of one row must show in both)."""
+    from vitlab.mpp_study import shown_records
+
+    records, _ = shown_records(ResultsStore(RESULTS / "mpp_cifar10.jsonl").records(), "cifar10")
+    means = {}
+    for init in ("scratch", "mpp", "supervised"):
+        accs = [r["metrics"]["test_accuracy"] for r in records if r["kind"] == "finetune" and r["init"] == init]
+        assert len(accs) == 3, init
+        means[init] = 100 * sum(accs) / len(accs)
+    expected = "{scratch:.1f} < {mpp:.1f} < {supervised:.1f}%".format(**means)
+    for readme in (ROOT / "README.md", RESULTS / "README.md"):
+        quoted = re.findall(r"(\d+\.\d) < (\d+\.\d) < (\d+\.\d)%", readme.read_text())
+        assert quoted, f"{readme.name}: no 'scratch < MPP < supervised' accuracies found"
+        assert {" < ".join(q) + "%" for q in quoted} == {expected}, (readme, quoted, expected)
+
+
 def test_mpp_study_supervised_checkpoint_is_the_one_its_records_used():
     """The study's supervised initialisation (STUDIES["cifar10"].supervised) holds the very weights its shipped
     records were made with (their sha256), so the README's supervised numbers can be recomputed from it."""
