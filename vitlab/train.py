@@ -565,13 +565,14 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     ``workers``: processes that make the augmented batches while the model trains (default
     ``vitlab.batches.default_workers``: none on a CPU). They change the speed, never the batches.
 
-    ``compile``: the training forward and backward through ``torch.compile`` (inductor; evaluation stays eager).
-    Default (None): ``compile_by_default``, i.e. a ViT classifier on a CPU for a run of at least
-    ``COMPILE_MIN_STEPS`` steps, where it pays (1.16x on the default preset's step on a 2-core AMX Xeon, after a
-    ~40 s first step). Like ``workers`` it is not part of the run's config: a compiled run resumes eagerly and back.
-    Unlike ``workers`` it changes the draws inside the model (patch dropping, stochastic depth: inductor's random
-    kernels instead of eager's) and the rounding of fused operations, not what is trained. Where inductor cannot
-    compile (e.g. no C++ compiler), the run says so and goes on eagerly.
+    ``compile``: the training forward and backward (and a teacher's forward) through ``torch.compile`` (inductor;
+    evaluation stays eager). Default (None): ``compile_by_default``, i.e. a ViT classifier in one process on a CPU
+    for a run of at least ``COMPILE_MIN_STEPS`` steps, where it pays (the default preset's epochs 1.12x faster on a
+    2-core AMX Xeon, after a ~40 s first step). True for masked patch prediction is an error (it trains eagerly).
+    Like ``workers`` it is not part of the run's config: a compiled run resumes eagerly and back. Unlike ``workers``
+    it changes the draws inside the model (patch dropping, stochastic depth: inductor's random kernels instead of
+    eager's) and the rounding of fused operations, not what is trained. Where inductor cannot compile (e.g. no C++
+    compiler), the run says so and goes on eagerly.
 
     Under ``torchrun`` each process takes its slice of every global batch of ``cfg.batch_size`` images
     (augmented identically on every rank before slicing), so the run follows the same trajectory as one
@@ -580,6 +581,9 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     """
     from tqdm.auto import tqdm
 
+    if compile and cfg.objective != "classify":
+        raise ValueError(f"compile=True (--compile on) is for classification runs; objective={cfg.objective!r} "
+                         "trains eagerly: leave compile at its default (auto) or off")
     d = _dist_setup(device)
     run = Path(run_dir)
     if not resume and (run / "checkpoint").exists():
@@ -664,7 +668,7 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
                    "float32 instead (the run records which precision each epoch used)")
     model.train()
     if compile is None:
-        compile = compile_by_default(cfg, d.device, (cfg.epochs - start_epoch) * steps_per_epoch)
+        compile = compile_by_default(cfg, d.device, (cfg.epochs - start_epoch) * steps_per_epoch, d.world)
     try:
         with explicit_attention(model, cfg.explicit_attention and d.device.type == "cpu"):
             _epochs(cfg, run, d, model, net, opt, ema, teacher, mixup, train_data, test_data, start_epoch, elapsed,
@@ -677,22 +681,35 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
 
 
 #: the shortest run (in steps) that ``train`` compiles by default: the first compiled step takes ~40 s on a 2-core CPU
-#: (the default preset's ViT, forward and backward; later ones 1.16x faster), so a run of a few minutes would lose
+#: (the default preset's ViT, forward and backward; its epochs then run 1.12x faster), so a run of a few minutes would
+#: lose
 COMPILE_MIN_STEPS = 1000
 
 
-def compile_by_default(cfg: TrainConfig, device: torch.device, steps: int) -> bool:
+def compile_by_default(cfg: TrainConfig, device: torch.device, steps: int, world: int = 1) -> bool:
     """Whether ``train`` compiles by default: a ViT classifier (the CNNs and masked patch prediction stay eager,
-    unmeasured) trained on a CPU (on an accelerator: unmeasured) for at least ``COMPILE_MIN_STEPS`` more steps."""
-    return (device.type == "cpu" and isinstance(cfg.model, ViTConfig) and cfg.objective == "classify"
+    unmeasured) trained on a CPU (on an accelerator: unmeasured) in one process (under torchrun: unmeasured) for at
+    least ``COMPILE_MIN_STEPS`` more steps."""
+    return (device.type == "cpu" and world == 1 and isinstance(cfg.model, ViTConfig) and cfg.objective == "classify"
             and steps >= COMPILE_MIN_STEPS)
+
+
+def _eager_backward_lowering() -> contextlib.AbstractContextManager:
+    """AOTAutograd compiles a graph's backward together with its forward (where this torch has the switch; otherwise
+    at the first backward, as it does by default)."""
+    import torch._functorch.config as functorch_config
+
+    if hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+        return functorch_config.patch(force_non_lazy_backward_lowering=True)
+    return contextlib.nullcontext()
 
 
 class _Compiler:
     """Modules' forwards through ``torch.compile`` (static shapes: a new image size, token count or batch compiles
     once more), or eager ones when ``enabled`` is False. When inductor cannot compile (e.g. no C++ compiler on the
-    machine) a warning, and every module wrapped here runs eagerly from then on. A compile fails inside the forward,
-    before anything changed: that forward is simply made again eagerly."""
+    machine) a warning, and every module wrapped here runs eagerly from then on. The backward graph is compiled with
+    the forward (not lazily at the first ``backward()``), so a compile fails inside the forward, before any gradient
+    or weight changed: that forward is simply made again eagerly."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
@@ -705,7 +722,8 @@ class _Compiler:
         def forward(x: Tensor):
             if self.enabled:
                 try:
-                    return compiled(x)
+                    with _eager_backward_lowering():
+                        return compiled(x)
                 except Exception as e:  # noqa: BLE001  (only a compiler failure falls back; anything else is raised)
                     from torch._dynamo.exc import BackendCompilerFailed
 
