@@ -15,6 +15,7 @@ from _reference import three_class_split
 
 import vitlab
 from vitlab.checkpoint import save_checkpoint
+from vitlab.export import export_run
 from vitlab.train import COMPILE_MIN_STEPS, PRESETS, compile_by_default, train
 from vitlab.zoo import CifarNetConfig
 
@@ -26,8 +27,13 @@ CFG = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(PRESETS["ti
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return three_class_split(tmp_path_factory.mktemp("imgs3c"))
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("imgs3c")
+
+
+@pytest.fixture(scope="module")
+def data(folder):
+    return three_class_split(folder)
 
 
 def _records(run) -> list[dict]:
@@ -46,9 +52,9 @@ def test_compiled_by_default_only_where_measured_to_pay():
 
 
 @pytest.mark.parametrize("distilled", [False, True])
-def test_a_compiled_run_trains_the_model_an_eager_run_trains(tmp_path, data, distilled):
+def test_a_compiled_run_trains_the_model_an_eager_run_trains(tmp_path, data, folder, distilled):
     train_data, test_data = data
-    cfg = CFG
+    cfg = dataclasses.replace(CFG, data=str(folder))  # a folder: export finds the test split
     if distilled:  # the teacher's forward is compiled too (a random CNN: its decisions are the targets)
         torch.manual_seed(1)
         save_checkpoint(vitlab.build_model(CifarNetConfig(widths=(8, 16, 16), num_classes=3)), tmp_path / "teacher")
@@ -74,6 +80,11 @@ def test_a_compiled_run_trains_the_model_an_eager_run_trains(tmp_path, data, dis
     train(more, tmp_path / "compiled", resume=True, progress=False, train_data=train_data, test_data=test_data,
           compile=False)
     assert [r.get("compiled") for r in _records(tmp_path / "compiled")] == [True, True, None]
+    # the card says how much of the training was compiled
+    export_run(tmp_path / "compiled", tmp_path / "shipped", command="vitlab train --preset tiny")
+    assert json.loads((tmp_path / "shipped" / "card.json").read_text())["compiled_epochs"] == 2
+    card = (tmp_path / "shipped" / "MODEL_CARD.md").read_text()
+    assert "the training step compiled by `torch.compile` in 2 of 3 epochs" in card
 
 
 def test_without_a_working_compiler_the_run_warns_and_trains_eagerly(tmp_path):

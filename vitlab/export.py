@@ -168,6 +168,7 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "distill": train_cfg.get("distill") if train_cfg.get("teacher") else None,
         "test_accuracy_during_training": meta.get("metrics", {}).get("test_accuracy"),
         "training_precision": precision,
+        "compiled_epochs": sum(1 for h in history if h.get("compiled")),  # epochs whose step ran through torch.compile
         "parameters": sum(p.numel() for p in shipped.parameters()),
         "file_bytes": sum((tmp_out / f).stat().st_size for f in ["model.safetensors",
                                                                  *(f"{n}.safetensors" for n in modules or {})]),
@@ -433,7 +434,7 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
 * Learning curve: `learning_curve.png` ({metric} against training hours; {f['learning_curve']}).
 * Command: `{f['command']}`
 * Epochs: {f['epochs_done']} of {f['epochs_planned']} planned{'' if done else ' (the run is not finished; it resumes with --resume)'}.
-* Training wall time: {f['train_seconds']:.0f} s on {f['hardware']}.
+* Training wall time: {f['train_seconds']:.0f} s on {f['hardware']}{_compiled_note(f, history)}.
 * Data: {f['data']}.
 * Parameters: {f['parameters']:,}; file: {f['file_bytes'] / 1e6:.1f} MB ({f['dtype']}).
 * Preprocessing (from the model's pretrained config): input {tuple(pc['input_size'])}, mean {tuple(pc['mean'])},
@@ -454,6 +455,12 @@ Load it with `vitlab.load_model("{f['path']}")`{' or `vitlab.load_model()` (it i
 |---|---|---|---|
 {rows}
 """
+
+
+def _compiled_note(f: dict, history: list[dict]) -> str:
+    """How many of the epochs trained through ``torch.compile`` (``vitlab.train``'s ``compile``), when any did."""
+    n = f.get("compiled_epochs") or 0
+    return f"; the training step compiled by `torch.compile` in {n} of {len(history)} epochs" if n else ""
 
 
 def _versions_line(f: dict) -> str:
