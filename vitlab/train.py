@@ -778,7 +778,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
     forward (and so its backward) and the teacher's forward through ``torch.compile``."""
     from tqdm.auto import tqdm
 
-    compiler = _Compiler(compile and objective is None)
+    compiler = _Compiler(compile)  # False for masked patch prediction: train refuses True, the default is False
     forward = compiler(net)
     teacher_forward = compiler(teacher) if teacher is not None else None
 
