@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -245,6 +245,20 @@ def _series(facts: dict) -> tuple[str, Callable[[dict], float | None], float | N
     return metric, lambda h: (h.get("mpp_test") or {}).get(key), final, key == "accuracy"
 
 
+def training_curve(history: Sequence[dict], value_of: Callable[[dict], float | None] = lambda h: h.get("test_accuracy"),
+                   t0: float = 0.0) -> tuple[list[float], list[float]]:
+    """``(hours, values)`` of a run's epoch records (``metrics.jsonl``, in order): the cumulative wall clock from
+    ``t0`` hours, training and evaluation included, at each record where ``value_of`` gives a value."""
+    hours, values, t = [], [], t0
+    for h in history:
+        t += (h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0)) / 3600
+        value = value_of(h)
+        if value is not None:
+            hours.append(t)
+            values.append(value)
+    return hours, values
+
+
 def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | None, name: str) -> str:
     """Test accuracy (for an MPP run: masked-patch accuracy, or for its l2 target the masked-patch loss) against
     cumulative training hours, as a plotly PNG beside the card; returns the outcome."""
@@ -254,13 +268,7 @@ def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | 
     metric, value_of, final, percent = _series(facts)
     mpp = facts.get("objective") == "mpp"
     t0 = facts.get("warm_start_hours") or 0.0  # a warm start's curve continues at the hours it started from
-    hours, acc, t = [], [], t0
-    for h in history:
-        t += (h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0)) / 3600  # wall clock, evaluation included
-        value = value_of(h)
-        if value is not None:
-            hours.append(t)
-            acc.append(value)
+    hours, acc = training_curve(history, value_of, t0)
     where = " · ".join(x for x in (facts["data"]["train"] if facts.get("data") else "", facts.get("hardware", "")) if x)
     title = f"{name}: {metric} against training hours<br><sup>{where}</sup>"
     fig = learning_curve(hours, acc, title=title, final=final, goal=None if mpp else goal, metric=metric,

@@ -1,0 +1,58 @@
+"""benchmarks/from_scratch.py: the from-scratch learning curve, its verdict and its refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.from_scratch import main, run, slow_epochs, verdict
+from vitlab.export import training_curve
+
+# four epochs: 0.5 h, then 0.25 h each with evaluations of 36 s (0.01 h) at epochs 2 and 4
+HISTORY = [{"epoch": 1, "epoch_seconds": 1800.0, "eval_seconds": 0.0},
+           {"epoch": 2, "epoch_seconds": 900.0, "eval_seconds": 36.0, "test_accuracy": 0.5},
+           {"epoch": 3, "epoch_seconds": 900.0, "eval_seconds": 0.0},
+           {"epoch": 4, "epoch_seconds": 900.0, "eval_seconds": 36.0, "test_accuracy": 0.7}]
+
+
+def test_training_curve_counts_training_and_evaluation_hours():
+    hours, acc = training_curve(HISTORY)
+    assert hours == pytest.approx([0.76, 1.27]) and acc == [0.5, 0.7]
+    hours, _ = training_curve(HISTORY, t0=2.0)  # a warm start's curve goes on from where its lineage stood
+    assert hours == pytest.approx([2.76, 3.27])
+
+
+def test_verdict_first_point_at_the_goal_within_the_budget():
+    hours, acc = [1.0, 2.0, 3.0, 6.0], [0.8, 0.91, 0.93, 0.95]
+    assert verdict(hours, acc, 0.9, 5.0) == {"goal": 0.9, "budget_hours": 5.0, "reached": True, "hours": 2.0,
+                                             "accuracy": 0.91}
+    late = verdict(hours, acc, 0.94, 5.0)  # 95% only after 6 h: the best within 5 h is what counts
+    assert not late["reached"] and (late["hours"], late["accuracy"]) == (3.0, 0.93)
+    assert verdict(hours, acc, 0.9, 0.5)["hours"] is None
+
+
+def test_slow_epochs_are_the_ones_well_above_the_median():
+    assert slow_epochs(HISTORY) == [1]  # 1800 s against a median of 900
+    assert slow_epochs([{"epoch": 1}]) == []
+
+
+def _run_folder(tmp_path, history, **cfg):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+    (tmp_path / "train_config.json").write_text(json.dumps({"epochs": 10, "model": {"patch_drop_rate": 0.5}, **cfg}))
+    return tmp_path
+
+
+def test_run_reads_the_folder_and_refuses_a_warm_start(tmp_path):
+    res = run(_run_folder(tmp_path, HISTORY), 0.6, 1.0)
+    assert res["epochs_evaluated"] == [2, 4] and res["epochs_done"] == 4 and res["epochs_planned"] == 10
+    assert res["verdict"]["reached"] is False and res["verdict"]["accuracy"] == 0.5  # 70% came after 1.27 h
+    _run_folder(tmp_path, HISTORY, init_from="data/checkpoints/vit_cifar10")
+    with pytest.raises(ValueError, match="warm-started"):
+        run(tmp_path, 0.6, 1.0)
+
+
+def test_main_reports_a_missing_run_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "res.json"
+    assert main(["--run-dir", str(tmp_path / "nothing"), "--out", str(out)]) == 2
+    assert "not a vitlab train run folder" in capsys.readouterr().err and not out.exists()
