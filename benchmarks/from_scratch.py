@@ -76,7 +76,7 @@ def figure(res: dict[str, Any]):
     v = res["verdict"]
     fig = learning_curve(res["hours"], res["test_accuracy"], goal=v["goal"],
                          title=f"{res['run_dir']}: test accuracy against training hours, from random weights<br>"
-                               f"<sup>{res['epochs_done']} of {res['epochs_planned']} epochs</sup>")
+                               f"<sup>{res['epochs_done']} of {res['epochs_planned']} epochs · {_said(v)}</sup>")
     fig.add_vline(x=v["budget_hours"], line_dash="dot", line_color="firebrick",
                   annotation_text=f"budget {v['budget_hours']:g} h", annotation_position="bottom right")
     return fig
@@ -87,13 +87,16 @@ def format_table(res: dict[str, Any]) -> str:
     lines = ["| epoch | hours | test accuracy |", "|---|---|---|"]
     lines += [f"| {e} | {h:.2f} | {a:.2%} |" for e, h, a in zip(res["epochs_evaluated"], res["hours"],
                                                                  res["test_accuracy"])]
-    if v["hours"] is None:
-        lines.append(f"\nNo evaluated point within {v['budget_hours']:g} h.")
-    else:
-        said = "reached" if v["reached"] else "not reached; best within the budget:"
-        lines.append(f"\nGoal {v['goal']:.0%} within {v['budget_hours']:g} h: {said} {v['accuracy']:.2%} at "
-                     f"{v['hours']:.2f} h.")
+    lines.append(f"\n{_said(v)}.")
     return "\n".join(lines)
+
+
+def _said(v: dict[str, Any]) -> str:
+    """The verdict in words."""
+    if v["hours"] is None:
+        return f"goal {v['goal']:.0%} within {v['budget_hours']:g} h: no evaluated point within the budget"
+    said = "reached:" if v["reached"] else "not reached; best within the budget"
+    return f"goal {v['goal']:.0%} within {v['budget_hours']:g} h {said} {v['accuracy']:.2%} at {v['hours']:.2f} h"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,3 +56,13 @@ def test_main_reports_a_missing_run_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "res.json"
     assert main(["--run-dir", str(tmp_path / "nothing"), "--out", str(out)]) == 2
     assert "not a vitlab train run folder" in capsys.readouterr().err and not out.exists()
+
+
+def test_main_writes_the_curve_and_says_the_verdict(tmp_path, capsys):
+    out = tmp_path / "res" / "curve.json"
+    assert main(["--run-dir", str(_run_folder(tmp_path, HISTORY)), "--goal", "0.6", "--budget-hours", "2",
+                 "--out", str(out)]) == 0
+    assert "goal 60% within 2 h reached: 70.00% at 1.27 h" in capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert res["verdict"]["reached"] and res["hours"] == pytest.approx([0.76, 1.27])
+    assert res["figure"].startswith(("written", "skipped"))  # skipped only where no Chromium is installed
