@@ -155,6 +155,47 @@ def test_sgd_groups_scale_the_norm_shifts_only():
     assert opt.defaults["nesterov"] and opt.defaults["momentum"] == cfg.momentum
 
 
+def _adamw_steps(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], steps: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+
+
+def test_a_fused_optimizers_checkpoint_resumes_into_the_cpus_foreach_adamw(tmp_path):
+    """The ViT's AdamW runs foreach on a CPU. A run state written by a fused AdamW (as on an accelerator) resumes
+    into it: the moments and step counts are the run's state, the implementation this process's choice, and the
+    update goes on as it would have."""
+    from vitlab.checkpoint import load_run_state, save_run_checkpoint
+
+    cfg = dataclasses.replace(PRESETS["tiny"], model=TINY_VIT)
+    torch.manual_seed(0)
+    model = vitlab.build_model(TINY_VIT)
+    twin = copy.deepcopy(model)
+    opt = _optimizer(model, cfg)
+    assert all(g["foreach"] and not g["fused"] for g in opt.param_groups)
+    params, twin_params = list(model.parameters()), list(twin.parameters())
+    index = {id(p): i for i, p in enumerate(params)}
+    fused = torch.optim.AdamW([{"params": [twin_params[index[id(p)]] for p in g["params"]],
+                                "weight_decay": g["weight_decay"], "lr_scale": g["lr_scale"]} for g in opt.param_groups],
+                              lr=cfg.lr, betas=(0.9, 0.999), fused=True)
+    assert [len(g["params"]) for g in opt.param_groups] == [len(g["params"]) for g in fused.param_groups] == [
+        sum(p.ndim > 1 for p in params) - 2, sum(p.ndim <= 1 for p in params) + 2]  # cls and pos: no decay
+    _adamw_steps(opt, params, 3, seed=1)
+    _adamw_steps(fused, twin_params, 3, seed=1)
+    for a, b in zip(params, twin_params):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    save_run_checkpoint(tmp_path / "ck", twin, fused, None, {})
+    resumed = _optimizer(model, cfg)
+    load_run_state(tmp_path / "ck", resumed, None)
+    assert all(g["foreach"] and not g["fused"] for g in resumed.param_groups)  # not the checkpoint's fused=True
+    _adamw_steps(resumed, params, 2, seed=2)
+    _adamw_steps(fused, twin_params, 2, seed=2)
+    for a, b in zip(params, twin_params):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_hard_and_soft_distillation_losses_known_answers():
     g = torch.Generator().manual_seed(0)
     cls, dist, teach = (torch.randn(5, 4, generator=g) for _ in range(3))

@@ -294,15 +294,23 @@ def save_run_checkpoint(directory: str | os.PathLike, model: nn.Module, opt: tor
     return directory
 
 
+#: optimizer param-group flags that choose an implementation, not the update: kept as built when a checkpoint loads
+_IMPLEMENTATION_FLAGS = ("foreach", "fused")
+
+
 def load_run_state(directory: str | os.PathLike, opt: torch.optim.Optimizer, ema: nn.Module | None,
                    device: torch.device | str = "cpu", modules: dict[str, nn.Module] | None = None) -> dict[str, Any]:
     """Load the optimizer (and EMA, and ``modules``) state of a ``save_run_checkpoint`` folder in place; return its
-    config.json."""
+    config.json. The optimizer keeps the implementation it was built with (``foreach``/``fused``: how fast the
+    update runs here, not what it computes), whichever one the checkpoint's process used."""
     directory = Path(directory)
     for name, module in (modules or {}).items():
         module.load_state_dict(load_file(str(directory / f"{name}.safetensors"), device=str(device)))
+    impl = [{k: g[k] for k in _IMPLEMENTATION_FLAGS if k in g} for g in opt.param_groups]
     opt.load_state_dict(_unflatten_optimizer(load_file(str(directory / "optimizer.safetensors")),
                                              json.loads((directory / "optimizer.json").read_text())))
+    for group, flags in zip(opt.param_groups, impl):
+        group.update(flags)
     if ema is not None:
         ema.load_state_dict(load_file(str(directory / "ema.safetensors"), device=str(device)))
     return json.loads((directory / CONFIG_NAME).read_text())

@@ -344,7 +344,8 @@ def _optimizer(model: nn.Module, cfg: TrainConfig, extra: nn.Module | None = Non
          else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
               {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0}]
-    # fused on an accelerator (one kernel for every parameter), foreach on a CPU
+    # fused on an accelerator (one kernel for every parameter), foreach on a CPU (fused there: 1.83 ms against
+    # 1.78 for the default ViT's update on 2 idle AMX cores, 2026-11-26)
     fused = all(p.is_cuda for p in decay + no_decay)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), foreach=None if fused else True, fused=fused or None)
 
