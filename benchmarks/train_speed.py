@@ -49,7 +49,15 @@ from vitlab.checkpoint import save_checkpoint
 from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize, shrink
 from vitlab.modes import any_image_size, explicit_attention
 from vitlab.precision import use_bf16
-from vitlab.train import COMPILE_MIN_STEPS, PRESETS, compile_by_default, load_teacher, train, with_num_classes
+from vitlab.train import (
+    COMPILE_MIN_STEPS,
+    PRESETS,
+    TrainConfig,
+    compile_by_default,
+    load_teacher,
+    train,
+    with_num_classes,
+)
 from vitlab.train import step_flops as train_step_flops
 
 
@@ -262,6 +270,32 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
             "mfu": total * ips / peak}
 
 
+#: progressive resizing for the first third of the default preset's 75 epochs (``--set progressive_size=24 --set
+#: progressive_epochs=25``; off in the preset): the schedule that the ``schedule_average`` row prices
+PROGRESSIVE_THIRD = {"progressive_size": 24, "progressive_epochs": 25}
+
+
+def schedule_average(preset: str, cfg: TrainConfig, full: dict, small: dict) -> dict | None:
+    """``preset`` trained as ``cfg`` over its whole schedule with progressive resizing: ``cfg.progressive_epochs``
+    epochs at the rate of the ``small`` row, the rest at the ``full`` row's (both measured): images/s = the images of
+    all epochs over their seconds (a harmonic mean weighted by epochs), FLOPs per image and MFU the same way; None
+    for a ``cfg`` without a small-image phase."""
+    if not cfg.progressive_epochs:
+        return None
+    k, n = cfg.progressive_epochs, cfg.epochs
+    seconds = k / small["images_per_second"] + (n - k) / full["images_per_second"]  # per image of each epoch
+    ips = n / seconds
+    student = (k * small["student_gflops_per_image"] + (n - k) * full["student_gflops_per_image"]) / n
+    teacher = full["teacher_gflops_per_image"]
+    return {"preset": f"{preset} over {n} epochs, the first {k} at {cfg.progressive_size} px (`--set "
+                      f"progressive_size={cfg.progressive_size} --set progressive_epochs={k}`; from the two compiled "
+                      "rows above)", "derived": True,
+            "compiled": full["compiled"] and small["compiled"], "batch": full["batch"], "images_per_second": ips,
+            "student_gflops_per_image": student, "teacher_gflops_per_image": teacher,
+            "mfu": full["mfu"] * (student + teacher) * ips / ((full["student_gflops_per_image"] + teacher)
+                                                                * full["images_per_second"])}
+
+
 def _teacher_dir(tmp: Path) -> Path:
     """The shipped teacher, or (before one is shipped) a random one of the same shape: the same compute."""
     shipped = Path(__file__).resolve().parents[1] / PRESETS["vit_cifar10"].teacher
@@ -283,8 +317,11 @@ def run(steps: int = 8) -> dict:
                 vitlab_train("vit_cifar10", data, steps, peak_before, teacher, compile=False),
                 vitlab_train("vit_cifar10", data, steps, peak_before, teacher, every_token=True),
                 vitlab_train("vit_cifar10", data, steps, peak_before, teacher, every_token=True, compile=False),
-                vitlab_train("vit_cifar10", data, steps, peak_before, teacher, small=24),
+                vitlab_train("vit_cifar10", data, steps, peak_before, teacher,
+                             small=PROGRESSIVE_THIRD["progressive_size"]),
                 vitlab_train("resnet_cifar10", data, steps, peak_before, None)]
+        ours.insert(5, schedule_average("vit_cifar10", dataclasses.replace(PRESETS["vit_cifar10"], **PROGRESSIVE_THIRD),
+                                        ours[0], ours[4]))
         cnn = cnn_levers(data, steps, peak_before) + teacher_forward_levers(data, steps, peak_before, teacher)
     peak_after = peak_matmul_flops()
     peak = max(peak_before, peak_after)
