@@ -17,7 +17,9 @@
   progressive-resizing phase, and on the ``resnet_cifar10`` teacher preset:
   the images/s ``vitlab train`` itself reports for the second of two short epochs (steady state, as every epoch
   after a real run's first; the first pays for ``torch.compile`` where the preset's real runs compile), the first
-  two also eager (``--compile off``), and MFU = (student step FLOPs + teacher forward FLOPs per image) x images/s / peak.
+  two also eager (``--compile off``), and MFU = (student step FLOPs + teacher forward FLOPs per image) x images/s / peak;
+  and one derived row, the preset over its whole schedule with its first third at 24 px (``PROGRESSIVE_THIRD``),
+  priced from the compiled 32 px and 24 px rows (``schedule_average``).
 * CNN levers for the teacher: channels_last and bf16 against fp32 (bf16 rows only where bf16 is fast) in training,
   and the shipped teacher's forward as distillation runs it, contiguous against channels_last.
 
