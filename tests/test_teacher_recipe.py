@@ -102,7 +102,7 @@ def test_lookahead_known_answer_on_a_toy_model():
         seen.append(float(model.w.detach()))
     look.finish(5)
     assert seen == pytest.approx([-1.0, -1.8, -2.8, -3.4, -4.4])
-    assert float(model.w) == pytest.approx(-4.15) and float(model.stat) == pytest.approx(41.5)
+    assert float(model.w.detach()) == pytest.approx(-4.15) and float(model.stat) == pytest.approx(41.5)
     look.finish(4)  # right after a meeting: nothing to do
     assert float(model.w) == pytest.approx(-4.15)
     assert int(model.count) == 5
