@@ -104,7 +104,7 @@ def test_lookahead_known_answer_on_a_toy_model():
     assert seen == pytest.approx([-1.0, -1.8, -2.8, -3.4, -4.4])
     assert float(model.w.detach()) == pytest.approx(-4.15) and float(model.stat) == pytest.approx(41.5)
     look.finish(4)  # right after a meeting: nothing to do
-    assert float(model.w) == pytest.approx(-4.15)
+    assert float(model.w.detach()) == pytest.approx(-4.15)
     assert int(model.count) == 5
     assert lookahead_decay(2, 5, 0.25, 1.0) == pytest.approx(0.1)
     assert lookahead_decay(9, 10, 0.95**5, 3.0) == pytest.approx(0.95**5 * 0.729)
