@@ -277,11 +277,12 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
 PROGRESSIVE_THIRD = {"progressive_size": 24, "progressive_epochs": 25}
 
 
-def schedule_average(preset: str, cfg: TrainConfig, full: dict, small: dict) -> dict | None:
+def schedule_average(preset: str, cfg: TrainConfig, full: dict, small: dict, peak: float) -> dict | None:
     """``preset`` trained as ``cfg`` over its whole schedule with progressive resizing: ``cfg.progressive_epochs``
     epochs at the rate of the ``small`` row, the rest at the ``full`` row's (both measured): images/s = the images of
-    all epochs over their seconds (a harmonic mean weighted by epochs), FLOPs per image and MFU the same way; None
-    for a ``cfg`` without a small-image phase."""
+    all epochs over their seconds (a harmonic mean weighted by epochs), FLOPs per image weighted by epochs, and MFU
+    from those against ``peak`` (FLOP/s) as ``vitlab_train`` computes it; None for a ``cfg`` without a small-image
+    phase."""
     if not cfg.progressive_epochs:
         return None
     k, n = cfg.progressive_epochs, cfg.epochs
@@ -294,8 +295,7 @@ def schedule_average(preset: str, cfg: TrainConfig, full: dict, small: dict) -> 
                       "rows above)", "derived": True,
             "compiled": full["compiled"] and small["compiled"], "batch": full["batch"], "images_per_second": ips,
             "student_gflops_per_image": student, "teacher_gflops_per_image": teacher,
-            "mfu": full["mfu"] * (student + teacher) * ips / ((full["student_gflops_per_image"] + teacher)
-                                                                * full["images_per_second"])}
+            "mfu": (student + teacher) * 1e9 * ips / peak}
 
 
 def _teacher_dir(tmp: Path) -> Path:
@@ -323,7 +323,7 @@ def run(steps: int = 8) -> dict:
                              small=PROGRESSIVE_THIRD["progressive_size"]),
                 vitlab_train("resnet_cifar10", data, steps, peak_before, None)]
         ours.insert(5, schedule_average("vit_cifar10", dataclasses.replace(PRESETS["vit_cifar10"], **PROGRESSIVE_THIRD),
-                                        ours[0], ours[4]))
+                                        ours[0], ours[4], peak_before))
         cnn = cnn_levers(data, steps, peak_before) + teacher_forward_levers(data, steps, peak_before, teacher)
     peak_after = peak_matmul_flops()
     peak = max(peak_before, peak_after)
