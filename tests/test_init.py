@@ -1,0 +1,90 @@
+"""Mimetic initialisation (vitlab.init): the products it promises, against an independent numpy computation."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+from timm.models.vision_transformer import Attention
+
+import vitlab
+from vitlab.init import QK_ALPHA, QK_BETA, VO_ALPHA, VO_BETA, mimetic_, mimetic_attention_
+from vitlab.zoo import cifar_vit, config_from_dict, config_to_dict
+
+
+def _targets(seed: int, d: int, heads: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """The (d, d) matrices mimetic_attention_ aims at, drawn in its order from the same seed."""
+    g = torch.Generator().manual_seed(seed)
+    eye = np.eye(d)
+    qk = [QK_ALPHA * torch.randn(d, d, generator=g, dtype=torch.float64).numpy() / math.sqrt(d) + QK_BETA * eye
+          for _ in range(heads)]
+    vo = VO_ALPHA * torch.randn(d, d, generator=g, dtype=torch.float64).numpy() / math.sqrt(d) - VO_BETA * eye
+    return qk, vo
+
+
+def _rank_k(a: np.ndarray, k: int) -> np.ndarray:
+    u, s, vh = np.linalg.svd(a)
+    return (u[:, :k] * s[:k]) @ vh[:k]
+
+
+def test_products_are_the_papers_targets() -> None:
+    d, heads = 48, 4
+    k = d // heads
+    attn = Attention(d, num_heads=heads, qkv_bias=True)
+    mimetic_attention_(attn, generator=torch.Generator().manual_seed(7))
+    qk, vo = _targets(7, d, heads)
+    w = attn.qkv.weight.detach().double().numpy()
+    wq, wk, wv = w[:d], w[d:2 * d], w[2 * d:]
+    wo = attn.proj.weight.detach().double().numpy()
+    # value-projection: x @ Wv^T @ Wo^T == x @ (a Z - b I), exactly (float32 weights)
+    np.testing.assert_allclose(wv.T @ wo.T, vo, atol=1e-5)
+    for h in range(heads):  # query-key per head: the best rank-k approximation of a Z + b I (Eckart-Young)
+        rows = slice(h * k, (h + 1) * k)
+        np.testing.assert_allclose(wq[rows].T @ wk[rows], _rank_k(qk[h], k), atol=1e-5)
+    assert np.diag(wv.T @ wo.T).mean() == pytest.approx(-VO_BETA, abs=0.05)
+    assert np.all(attn.qkv.bias.detach().numpy() == 0) and np.all(attn.proj.bias.detach().numpy() == 0)
+
+
+def test_the_model_config_switch_changes_attention_only() -> None:
+    cfg = cifar_vit(depth=2, embed_dim=64, num_heads=2, mlp_dim=128, distilled=True)
+    torch.manual_seed(3)
+    plain = vitlab.build_model(cfg)
+    torch.manual_seed(3)
+    mim = vitlab.build_model(dataclasses.replace(cfg, init="mimetic"))
+    assert mim.vitlab_config.init == "mimetic"
+    a, b = plain.state_dict(), mim.state_dict()
+    changed = {n for n in a if not torch.equal(a[n], b[n])}
+    assert changed == {f"blocks.{i}.attn.{p}.weight" for i in range(2) for p in ("qkv", "proj")}
+    # the config survives its JSON round trip; a config written before the field existed reads as timm's
+    assert config_from_dict(config_to_dict(mim.vitlab_config)).init == "mimetic"
+    old = config_to_dict(cfg)
+    del old["init"]
+    assert config_from_dict(old).init == "timm"
+
+
+def test_attention_starts_on_the_query_itself() -> None:
+    """The point of the method: at initialisation each token attends most to tokens like itself, so the
+    diagonal of every attention map holds far more than uniform attention's 1/T (timm's init stays near 1/T)."""
+    x = torch.randn(4, 3, 32, 32)
+
+    def diagonal(init: str) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = vitlab.build_model(cifar_vit(depth=3, init=init)).eval()
+        maps = vitlab.attention_maps(model, x)  # (L, B, H, T, T)
+        return maps.diagonal(dim1=-2, dim2=-1).mean(dim=(1, 2, 3))  # (L,)
+
+    t = 1 + (32 // 4) ** 2
+    assert torch.all(diagonal("timm") < 1.5 / t)
+    assert torch.all(diagonal("mimetic") > 5 / t)
+
+
+def test_refusals() -> None:
+    with pytest.raises(ValueError, match="init must be 'timm' or 'mimetic'"):
+        cifar_vit(init="xavier")
+    with pytest.raises(TypeError, match="needs a timm Attention"):
+        mimetic_attention_(torch.nn.Linear(4, 4))
+    with pytest.raises(TypeError, match="VisionTransformer with blocks"):
+        mimetic_(torch.nn.Sequential())
