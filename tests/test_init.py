@@ -81,6 +81,24 @@ def test_attention_starts_on_the_query_itself() -> None:
     assert torch.all(diagonal("mimetic") > 5 / t)
 
 
+def test_attention_starts_local_on_real_images() -> None:
+    """On the 128 shipped CIFAR-10 images neighbouring patches look alike, so attending to tokens like the query
+    means attending near it: every layer's mean attention distance starts well below timm's, which sits at the
+    uniform-attention value (about 16 px on the 8 x 8 grid of 4 px patches)."""
+    from vitlab.images import default_images
+    from vitlab.inspect.distance import mean_attention_distance
+
+    def distance(init: str) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = vitlab.build_model(cifar_vit(init=init, distilled=True)).eval()
+        _, x, _ = default_images(model, 32)
+        return mean_attention_distance(model, x).mean(-1)  # (L,) pixels, mean over heads
+
+    timm_init, mimetic = distance("timm"), distance("mimetic")
+    assert torch.all((timm_init > 15) & (timm_init < 17))
+    assert torch.all(mimetic < timm_init - 2)
+
+
 def test_refusals() -> None:
     with pytest.raises(ValueError, match="init must be 'timm' or 'mimetic'"):
         cifar_vit(init="xavier")
