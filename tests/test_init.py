@@ -106,3 +106,15 @@ def test_refusals() -> None:
         mimetic_attention_(torch.nn.Linear(4, 4))
     with pytest.raises(TypeError, match="VisionTransformer with blocks"):
         mimetic_(torch.nn.Sequential())
+
+
+def test_query_key_half_alone_leaves_value_and_projection() -> None:
+    attn = Attention(32, num_heads=2, qkv_bias=True)
+    before = {n: p.detach().clone() for n, p in attn.named_parameters()}
+    mimetic_attention_(attn, vo=None, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(attn.qkv.weight[64:], before["qkv.weight"][64:])
+    assert torch.equal(attn.qkv.bias[64:], before["qkv.bias"][64:])
+    assert torch.equal(attn.proj.weight, before["proj.weight"]) and torch.equal(attn.proj.bias, before["proj.bias"])
+    qk, _ = _targets(1, 32, 2)
+    w = attn.qkv.weight.detach().double().numpy()
+    np.testing.assert_allclose(w[:16].T @ w[32:48], _rank_k(qk[0], 16), atol=1e-5)

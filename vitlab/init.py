@@ -41,10 +41,11 @@ def _target(d: int, alpha: float, beta: float, generator: torch.Generator | None
 
 @torch.no_grad()
 def mimetic_attention_(attn: nn.Module, *, qk: tuple[float, float] = (QK_ALPHA, QK_BETA),
-                       vo: tuple[float, float] = (VO_ALPHA, VO_BETA),
+                       vo: tuple[float, float] | None = (VO_ALPHA, VO_BETA),
                        generator: torch.Generator | None = None) -> None:
     """Re-initialise one timm ``Attention`` (``qkv``: Linear(d, 3d), rows ordered (q|k|v, head, head_dim);
-    ``proj``: Linear(d, d)) in place. ``qk`` and ``vo`` are (alpha, beta); biases are set to zero."""
+    ``proj``: Linear(d, d)) in place. ``qk`` and ``vo`` are (alpha, beta); ``vo=None`` leaves the value and
+    projection weights as they are (the query-key half alone). Biases of what is re-initialised are set to zero."""
     qkv, proj, heads = getattr(attn, "qkv", None), getattr(attn, "proj", None), getattr(attn, "num_heads", None)
     if not isinstance(qkv, nn.Linear) or not isinstance(proj, nn.Linear) or not isinstance(heads, int):
         raise TypeError(f"mimetic initialisation needs a timm Attention (a fused qkv Linear, a proj Linear and "
@@ -55,26 +56,30 @@ def mimetic_attention_(attn: nn.Module, *, qk: tuple[float, float] = (QK_ALPHA, 
                          f"by num_heads={heads}; got qkv {qkv.in_features} -> {qkv.out_features}, proj "
                          f"{proj.in_features} -> {proj.out_features}")
     k = d // heads
-    w = torch.empty(3 * d, d, dtype=torch.float64)
+    w = qkv.weight.detach().double().clone()
     for h in range(heads):
         left, right = _factor(_target(d, *qk, generator), k)  # scores: x W_q,h^T W_k,h x^T = x (left @ right) x^T
         w[h * k:(h + 1) * k] = left.T
         w[d + h * k:d + (h + 1) * k] = right
-    left, right = _factor(_target(d, vo[0], -vo[1], generator), d)  # x W_v^T W_o^T = x (left @ right)
-    w[2 * d:] = left.T
+    if vo is not None:
+        left, right = _factor(_target(d, vo[0], -vo[1], generator), d)  # x W_v^T W_o^T = x (left @ right)
+        w[2 * d:] = left.T
+        proj.weight.copy_(right.T)
+        if proj.bias is not None:
+            proj.bias.zero_()
     qkv.weight.copy_(w)
-    proj.weight.copy_(right.T)
-    for layer in (qkv, proj):
-        if layer.bias is not None:
-            layer.bias.zero_()
+    if qkv.bias is not None:
+        qkv.bias[: 2 * d if vo is None else 3 * d].zero_()
 
 
-def mimetic_(model: nn.Module, generator: torch.Generator | None = None) -> int:
-    """Mimetic initialisation of every block's attention of a timm ViT (``model.blocks[i].attn``), in place.
-    Returns the number of layers re-initialised. Draws from ``generator`` (default: torch's global generator)."""
+def mimetic_(model: nn.Module, generator: torch.Generator | None = None, *,
+             vo: tuple[float, float] | None = (VO_ALPHA, VO_BETA)) -> int:
+    """Mimetic initialisation of every block's attention of a timm ViT (``model.blocks[i].attn``), in place
+    (``vo=None``: query-key only). Returns the number of layers re-initialised. Draws from ``generator`` (default:
+    torch's global generator)."""
     blocks = getattr(model, "blocks", None)
     if blocks is None or not len(blocks):
         raise TypeError(f"mimetic initialisation is for a timm VisionTransformer with blocks; got {type(model).__name__}")
     for block in blocks:
-        mimetic_attention_(block.attn, generator=generator)
+        mimetic_attention_(block.attn, vo=vo, generator=generator)
     return len(blocks)
