@@ -139,3 +139,18 @@ def test_card_versions_name_the_training_stack_where_it_differs_from_the_exporti
     assert card["train_versions"]["torch"] == "2.11.0+cu130"
     assert (f"* Versions: trained with torch 2.11.0+cu130, timm {here['timm']}; exported and measured with torch "
             f"{here['torch']}, timm {here['timm']}.") in (tmp_path / "out2" / "MODEL_CARD.md").read_text()
+
+
+def test_card_says_how_a_fresh_vits_attention_started(tmp_path, two_class_folder, monkeypatch):
+    """A run from random weights with mimetic attention says so on its card; timm's initialisation goes unnamed."""
+    from vitlab.export import _init_words
+
+    monkeypatch.chdir(tmp_path)
+    tiny = PRESETS["tiny"]
+    train(dataclasses.replace(tiny, data=str(two_class_folder), epochs=1, bf16=False,
+                              model=dataclasses.replace(tiny.model, init="mimetic")), tmp_path / "run", progress=False)
+    _export(tmp_path / "run", tmp_path / "out")
+    assert ", from random initialisation (mimetic attention, `vitlab.init`)" in \
+        (tmp_path / "out" / "MODEL_CARD.md").read_text()
+    assert _init_words({"init": "timm"}) == "" and _init_words({}) == ""
+    assert _init_words({"vit": {"init": "mimetic_qk"}, "layers": [1]}) == " (mimetic query-key products, `vitlab.init`)"

@@ -11,17 +11,18 @@ import torch
 from timm.models.vision_transformer import Attention
 
 import vitlab
-from vitlab.init import QK_ALPHA, QK_BETA, VO_ALPHA, VO_BETA, mimetic_, mimetic_attention_
+from vitlab.init import mimetic_, mimetic_attention_
 from vitlab.zoo import cifar_vit, config_from_dict, config_to_dict
 
 
 def _targets(seed: int, d: int, heads: int) -> tuple[list[np.ndarray], np.ndarray]:
-    """The (d, d) matrices mimetic_attention_ aims at, drawn in its order from the same seed."""
+    """The (d, d) matrices mimetic_attention_ aims at, drawn in its order from the same seed, with the paper's
+    coefficients for ViTs written out: 0.7 Z + 0.7 I per head, 0.4 Z - 0.4 I per block."""
     g = torch.Generator().manual_seed(seed)
     eye = np.eye(d)
-    qk = [QK_ALPHA * torch.randn(d, d, generator=g, dtype=torch.float64).numpy() / math.sqrt(d) + QK_BETA * eye
+    qk = [0.7 * torch.randn(d, d, generator=g, dtype=torch.float64).numpy() / math.sqrt(d) + 0.7 * eye
           for _ in range(heads)]
-    vo = VO_ALPHA * torch.randn(d, d, generator=g, dtype=torch.float64).numpy() / math.sqrt(d) - VO_BETA * eye
+    vo = 0.4 * torch.randn(d, d, generator=g, dtype=torch.float64).numpy() / math.sqrt(d) - 0.4 * eye
     return qk, vo
 
 
@@ -44,8 +45,34 @@ def test_products_are_the_papers_targets() -> None:
     for h in range(heads):  # query-key per head: the best rank-k approximation of a Z + b I (Eckart-Young)
         rows = slice(h * k, (h + 1) * k)
         np.testing.assert_allclose(wq[rows].T @ wk[rows], _rank_k(qk[h], k), atol=1e-5)
-    assert np.diag(wv.T @ wo.T).mean() == pytest.approx(-VO_BETA, abs=0.05)
+    assert np.diag(wv.T @ wo.T).mean() == pytest.approx(-0.4, abs=0.05)
     assert np.all(attn.qkv.bias.detach().numpy() == 0) and np.all(attn.proj.bias.detach().numpy() == 0)
+
+
+def test_timms_forward_sees_the_promised_products() -> None:
+    """Through timm's own forward, not the weight layout: each head's scores q_h k_h^T (read where timm computes
+    them) are x (rank-k approximation of 0.7 Z_h + 0.7 I) x^T, and a lone token (attention exactly 1) comes out as
+    x (0.4 Z - 0.4 I)."""
+    d, heads = 32, 4
+    k = d // heads
+    attn = Attention(d, num_heads=heads, qkv_bias=True)
+    mimetic_attention_(attn, generator=torch.Generator().manual_seed(11))
+    qk, vo = _targets(11, d, heads)
+    x = torch.randn(1, 5, d, dtype=torch.float32)
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [attn.q_norm.register_forward_hook(lambda m, i, o: seen.__setitem__("q", o)),
+             attn.k_norm.register_forward_hook(lambda m, i, o: seen.__setitem__("k", o))]
+    try:
+        attn(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    xs = x[0].double().numpy()
+    for h in range(heads):  # (N, N) scores before timm's 1/sqrt(k) scale
+        scores = (seen["q"][0, h] @ seen["k"][0, h].T).double().detach().numpy()
+        np.testing.assert_allclose(scores, xs @ _rank_k(qk[h], k) @ xs.T, atol=1e-3)
+    lone = attn(x[:, :1])[0, 0].double().detach().numpy()
+    np.testing.assert_allclose(lone, xs[0] @ vo, atol=1e-4)
 
 
 def test_the_model_config_switch_changes_attention_only() -> None:
@@ -60,6 +87,12 @@ def test_the_model_config_switch_changes_attention_only() -> None:
     assert changed == {f"blocks.{i}.attn.{p}.weight" for i in range(2) for p in ("qkv", "proj")}
     # the config survives its JSON round trip; a config written before the field existed reads as timm's
     assert config_from_dict(config_to_dict(mim.vitlab_config)).init == "mimetic"
+    torch.manual_seed(3)  # the query-key half alone: value and projection as timm drew them
+    half = vitlab.build_model(dataclasses.replace(cfg, init="mimetic_qk")).state_dict()
+    changed = {n for n in a if not torch.equal(a[n], half[n])}
+    assert changed == {f"blocks.{i}.attn.qkv.weight" for i in range(2)}
+    assert all(torch.equal(half[f"blocks.{i}.attn.qkv.weight"][128:], a[f"blocks.{i}.attn.qkv.weight"][128:])
+               for i in range(2))
     old = config_to_dict(cfg)
     del old["init"]
     assert config_from_dict(old).init == "timm"
@@ -100,7 +133,7 @@ def test_attention_starts_local_on_real_images() -> None:
 
 
 def test_refusals() -> None:
-    with pytest.raises(ValueError, match="init must be 'timm' or 'mimetic'"):
+    with pytest.raises(ValueError, match="init must be 'timm', 'mimetic' or 'mimetic_qk'"):
         cifar_vit(init="xavier")
     with pytest.raises(TypeError, match="needs a timm Attention"):
         mimetic_attention_(torch.nn.Linear(4, 4))

@@ -373,6 +373,14 @@ def _precision(history: list[dict], train_cfg: dict) -> str:
     return ", then ".join(seen) or configured
 
 
+def _init_words(model_cfg: dict) -> str:
+    """How a fresh ViT's attention started (``ViTConfig.init``; a hybrid's under ``vit``), in words: "" for timm's."""
+    init = (model_cfg.get("vit") or model_cfg).get("init", "timm")
+    words = {"mimetic": "mimetic attention, `vitlab.init`",
+             "mimetic_qk": "mimetic query-key products, `vitlab.init`"}
+    return f" ({words[init]})" if init in words else ""
+
+
 def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> str:
     pc = model.pretrained_cfg
     metric, value, _, _ = _series(f)
@@ -403,7 +411,7 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
     start = (f"the checkpoint `{f['warm_start_from']}` held before this export replaced it"
              if f.get("warm_start_from") == f.get("path") else f"`{f['warm_start_from']}`")
     start_line = (f", warm-started with a fresh schedule from {start}" if f.get("warm_start_from")
-                  else ", from random initialisation")
+                  else ", from random initialisation" + _init_words(train_cfg.get("model") or {}))
     if f.get("total_train_hours") is not None:
         was = (f", {f['warm_start_test_accuracy']:.2%} test accuracy" if f.get("warm_start_test_accuracy") is not None
                else "")

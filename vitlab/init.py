@@ -1,17 +1,19 @@
 """Mimetic initialisation of self-attention (Trockman & Kolter, ICML 2023, arXiv 2305.09828).
 
 Trained ViTs show two patterns in every attention layer: per head, the query-key product ``W_q^T W_k`` (d x d, in
-the ``x @ W.T`` convention of ``nn.Linear``) has a strong positive diagonal, and the value-projection product
-``W_v^T W_o`` a negative one. Mimetic initialisation draws the weights so that these products start that way:
+the ``x @ W.T`` convention of ``nn.Linear``, so that the scores are ``x W_q^T W_k x^T``) has a strong positive
+diagonal, and the value-projection product ``W_v^T W_o^T`` (a lone token's output is ``x W_v^T W_o^T``) a negative
+one. Mimetic initialisation draws the weights so that these products start that way:
 
     per head h:   W_q,h^T W_k,h  ~=  a_qk Z_h + b_qk I     (the best rank-k approximation; k = d / heads)
-    per block:    W_v^T W_o      ==  a_vo Z   - b_vo I     (full rank, exact)
+    per block:    W_v^T W_o^T    ==  a_vo Z   - b_vo I     (full rank, exact)
 
 with ``Z`` a fresh (d, d) standard normal over sqrt(d) each time, factored through its SVD (``A = U S V^T``,
 left factor ``U sqrt(S)``, right ``sqrt(S) V^T``). A query then attends most to tokens like itself, position
 embeddings included, so attention starts local instead of uniform; the paper reports gains of over 5 points on
 CIFAR-10 for ViTs trained from scratch. Nothing else changes: biases stay zero, the MLPs, norms, embeddings and
-heads keep timm's initialisation, and the architecture is the plain ViT.
+heads keep timm's initialisation, and the architecture is the plain ViT. ``ViTConfig(init="mimetic")`` applies
+both halves, ``init="mimetic_qk"`` the query-key half alone (value and projection as timm draws them).
 """
 
 from __future__ import annotations

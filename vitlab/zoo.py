@@ -142,10 +142,10 @@ class ViTConfig:
     distilled: bool = False
     #: fraction of patch tokens dropped at random in training only (timm ``PatchDropout``); eval sees all
     patch_drop_rate: float = 0.0
-    #: how the attention weights start: timm's (truncated normal) or "mimetic" (``vitlab.init``: query-key products
-    #: near the identity, value-projection near its negative; Trockman & Kolter 2023). Only a fresh model's
-    #: weights differ; a loaded checkpoint replaces them.
-    init: Literal["timm", "mimetic"] = "timm"
+    #: how the attention weights start: timm's (truncated normal), "mimetic" (``vitlab.init``: query-key products
+    #: near the identity, value-projection near its negative; Trockman & Kolter 2023) or "mimetic_qk" (the
+    #: query-key half alone). Only a fresh model's weights differ; a loaded checkpoint replaces them.
+    init: Literal["timm", "mimetic", "mimetic_qk"] = "timm"
 
     def __post_init__(self) -> None:
         if isinstance(self.img_size, list):  # from JSON
@@ -174,8 +174,8 @@ class ViTConfig:
             raise ValueError("distilled=True reads the class and distillation tokens: use readout='token'")
         if not 0.0 <= self.patch_drop_rate < 1.0:
             raise ValueError(f"patch_drop_rate must be in [0, 1), got {self.patch_drop_rate!r}")
-        if self.init not in ("timm", "mimetic"):
-            raise ValueError(f"init must be 'timm' or 'mimetic', got {self.init!r}")
+        if self.init not in ("timm", "mimetic", "mimetic_qk"):
+            raise ValueError(f"init must be 'timm', 'mimetic' or 'mimetic_qk', got {self.init!r}")
 
 
 def _check_resnet(layers: tuple[int, ...], stem: str) -> None:
@@ -439,10 +439,10 @@ def _build_vit(cfg: ViTConfig, embed_layer: Any = None) -> VisionTransformer:
         model = VisionTransformer(**kwargs)
     if cfg.pos_embed == "sincos":
         _set_sincos(model)
-    if cfg.init == "mimetic":
-        from vitlab.init import mimetic_
+    if cfg.init != "timm":
+        from vitlab.init import VO_ALPHA, VO_BETA, mimetic_
 
-        mimetic_(model)
+        mimetic_(model, vo=None if cfg.init == "mimetic_qk" else (VO_ALPHA, VO_BETA))
     return model
 
 
