@@ -1,0 +1,164 @@
+"""What the JPEG compression of the shared CIFAR-10 costs a model: the same preset on the images re-encoded at lower
+qualities, against the images as they are.
+
+    python benchmarks/jpeg_quality.py --qualities 50 25 [--preset resnet_cifar10_fast] [--data DIR]
+        [--cache ~/.cache/vitlab/jpeg] [--runs ~/.cache/vitlab/runs] [--out benchmarks/results/jpeg_quality.json]
+
+The shared data set is JPEG (``../shared/datasets/cifar10``); its originals are not here, so what compression costs
+cannot be measured against them. What can be measured is the slope: each quality in ``--qualities`` re-encodes both
+splits (PIL, IJG tables at that quality, 4:2:0 chroma, as the shared files are) into ``CACHE/qQ/{train,test}.zip``
+(outside the project; written atomically, reused when present), trains the preset on them (``vitlab train --set
+data=CACHE/qQ``, resuming a run folder that holds a checkpoint), and the table sets each run's final test accuracy
+(and with TTA) against the run on the images as they are (``RUNS/jpeg_qS`` with S the shared files' own quality,
+estimated from their quantisation tables). Each step down in quality doubles the quantisation steps; how much a
+doubling costs bounds how much the shared files' own compression can cost, short of the originals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from PIL import Image
+
+from benchmarks._util import report
+from vitlab.atomic import atomic_write
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "cifar10"
+
+
+def _luma_table(data: bytes) -> list[int]:
+    return list(Image.open(io.BytesIO(data)).quantization[0])
+
+
+def jpeg_quality(data: bytes) -> int | None:
+    """The IJG quality (1-100) whose luminance table PIL writes equal to this JPEG's, or None (non-IJG tables)."""
+    table = _luma_table(data)
+    probe = Image.new("RGB", (8, 8))
+    for q in range(1, 101):
+        buf = io.BytesIO()
+        probe.save(buf, "JPEG", quality=q)
+        if _luma_table(buf.getvalue()) == table:
+            return q
+    return None
+
+
+def reencode_zip(src: Path, dst: Path, quality: int) -> dict[str, Any]:
+    """Every ``.jpg`` member of ``src`` decoded and saved again at ``quality`` (4:2:0) under the same name in ``dst``
+    (stored, written atomically); other members are left out. Returns counts and mean bytes per image."""
+    stats = {"images": 0, "bytes_before": 0, "bytes_after": 0}
+
+    def write(tmp: str) -> None:
+        with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zout:
+            for info in zin.infolist():
+                if not info.filename.lower().endswith(".jpg"):
+                    continue
+                raw = zin.read(info)
+                buf = io.BytesIO()
+                Image.open(io.BytesIO(raw)).convert("RGB").save(buf, "JPEG", quality=quality, subsampling=2)
+                zout.writestr(info.filename, buf.getvalue())
+                stats["images"] += 1
+                stats["bytes_before"] += len(raw)
+                stats["bytes_after"] += len(buf.getvalue())
+
+    atomic_write(dst, write)
+    n = max(stats["images"], 1)
+    return {"images": stats["images"], "mean_bytes_before": stats["bytes_before"] / n,
+            "mean_bytes_after": stats["bytes_after"] / n}
+
+
+def degraded(data: Path, cache: Path, quality: int) -> Path:
+    """``cache/qQ`` with both splits of ``data`` re-encoded at ``quality`` (made once)."""
+    out = cache / f"q{quality}"
+    for split in ("train", "test"):
+        if not (out / f"{split}.zip").is_file():
+            reencode_zip(data / f"{split}.zip", out / f"{split}.zip", quality)
+    return out
+
+
+def final_accuracy(run_dir: Path) -> dict[str, Any]:
+    """The last evaluated test accuracy (and with TTA) of a finished ``vitlab train`` run folder."""
+    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    cfg = json.loads((run_dir / "train_config.json").read_text())
+    if not history or history[-1]["epoch"] < cfg["epochs"]:
+        raise ValueError(f"{run_dir} has not finished ({len(history)} of {cfg['epochs']} epochs): resume it first")
+    last = next(h for h in reversed(history) if h.get("test_accuracy") is not None)
+    return {"epochs": cfg["epochs"], "test_accuracy": last["test_accuracy"],
+            "test_accuracy_tta": last.get("test_accuracy_tta"),
+            "hours": round(sum(h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0) for h in history) / 3600, 3)}
+
+
+def format_table(res: dict[str, Any]) -> str:
+    lines = ["| JPEG quality | images as | mean bytes per image | test accuracy | with TTA | vs. the shared files |",
+             "|---|---|---|---|---|---|"]
+    base = res["rows"][0]
+    for r in res["rows"]:
+        tta = f"{r['test_accuracy_tta']:.2%}" if r.get("test_accuracy_tta") is not None else "-"
+        delta = r["test_accuracy"] - base["test_accuracy"]
+        lines.append(f"| {r['quality']} | {r['source']} | {r['mean_bytes']:.0f} | {r['test_accuracy']:.2%} | {tta} | "
+                     f"{delta * 100:+.2f} points |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--qualities", type=int, nargs="+", default=[50, 25])
+    ap.add_argument("--preset", default="resnet_cifar10_fast")
+    ap.add_argument("--data", type=Path, default=SHARED)
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "vitlab" / "jpeg")
+    ap.add_argument("--runs", type=Path, default=Path.home() / ".cache" / "vitlab" / "runs")
+    ap.add_argument("--out", type=Path, default=RESULTS / "jpeg_quality.json")
+    args = ap.parse_args(argv)
+    if not (args.data / "train.zip").is_file() or not (args.data / "test.zip").is_file():
+        print(f"error: {args.data} has no train.zip and test.zip: pass --data, the folder of the shared CIFAR-10",
+              file=sys.stderr)
+        return 2
+    bad = [q for q in args.qualities if not 1 <= q <= 100]
+    if bad:
+        print(f"error: JPEG qualities are 1-100, got {bad}", file=sys.stderr)
+        return 2
+    from vitlab.cli import main as vitlab
+
+    with zipfile.ZipFile(args.data / "test.zip") as z:
+        first = next(n for n in z.namelist() if n.lower().endswith(".jpg"))
+        own = jpeg_quality(z.read(first))
+        own_bytes = sum(i.file_size for i in z.infolist() if i.filename.lower().endswith(".jpg")) / sum(
+            1 for i in z.infolist() if i.filename.lower().endswith(".jpg"))
+    jobs = [(own, "shared", None)] + [(q, "re-encoded", degraded(args.data, args.cache, q)) for q in args.qualities]
+    rows = []
+    for q, source, folder in jobs:
+        run = args.runs / f"jpeg_q{q}"
+        cmd = ["train", "--preset", args.preset, "--run-dir", str(run)]
+        cmd += ["--set", f"data={folder}"] if folder else ["--set", f"data=cifar10:{args.data}"]
+        if (run / "checkpoint" / "config.json").is_file():
+            cmd.append("--resume")
+        if not (run / "metrics.jsonl").is_file() or _unfinished(run):
+            if vitlab(cmd) != 0:
+                return 1
+        with zipfile.ZipFile((folder or args.data) / "test.zip") as z:
+            sizes = [i.file_size for i in z.infolist() if i.filename.lower().endswith(".jpg")]
+        rows.append({"quality": q, "source": source, "mean_bytes": sum(sizes) / len(sizes) if folder else own_bytes,
+                     "run_dir": run.name, **final_accuracy(run)})
+    res = {"preset": args.preset, "shared_quality": own, "rows": rows}
+    return report(res, format_table(res), args.out)
+
+
+def _unfinished(run: Path) -> bool:
+    try:
+        final_accuracy(run)
+        return False
+    except (ValueError, FileNotFoundError, StopIteration, KeyError):
+        return True
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

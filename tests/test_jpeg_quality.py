@@ -1,0 +1,92 @@
+"""benchmarks/jpeg_quality.py: quality detection, re-encoding (atomic, names kept), and the table it reports."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from benchmarks.jpeg_quality import final_accuracy, format_table, jpeg_quality, main, reencode_zip
+
+
+def _jpeg(seed: int, quality: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    smooth = np.cumsum(np.cumsum(rng.normal(size=(32, 32, 3)), 0), 1)  # a smooth picture, as photos are
+    arr = ((smooth - smooth.min()) / np.ptp(smooth) * 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "JPEG", quality=quality, subsampling=2)
+    return buf.getvalue()
+
+
+def _pixels(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.float64)
+
+
+@pytest.mark.parametrize("quality", [10, 50, 75, 95])
+def test_quality_is_read_back_from_the_tables(quality):
+    assert jpeg_quality(_jpeg(0, quality)) == quality
+
+
+def test_reencode_keeps_names_lowers_quality_and_leaves_other_members_out(tmp_path):
+    src, dst = tmp_path / "test.zip", tmp_path / "q50" / "test.zip"
+    with zipfile.ZipFile(src, "w") as z:
+        for i in range(3):
+            z.writestr(f"test/cat/{i:04d}.jpg", _jpeg(i, 95))
+        z.writestr("README.txt", "not an image")
+    stats = reencode_zip(src, dst, 50)
+    assert stats["images"] == 3 and stats["mean_bytes_after"] < stats["mean_bytes_before"]
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(dst) as b:
+        assert b.namelist() == [f"test/cat/{i:04d}.jpg" for i in range(3)]
+        for name in b.namelist():
+            assert b.getinfo(name).compress_type == zipfile.ZIP_STORED
+            assert jpeg_quality(b.read(name)) == 50
+            diff = np.abs(_pixels(a.read(name)) - _pixels(b.read(name)))
+            assert 0 < diff.mean() < 8  # the same picture, compressed further
+
+
+def test_a_failed_reencode_leaves_no_file(tmp_path):
+    src, dst = tmp_path / "train.zip", tmp_path / "q50" / "train.zip"
+    with zipfile.ZipFile(src, "w") as z:
+        z.writestr("train/cat/0000.jpg", _jpeg(0, 95))
+        z.writestr("train/cat/0001.jpg", b"not a jpeg")
+    with pytest.raises(OSError, match="cannot identify image file"):  # PIL's UnidentifiedImageError
+        reencode_zip(src, dst, 50)
+    assert not dst.exists() and list(dst.parent.iterdir()) == []
+
+
+def _run(folder, epochs_done, epochs=3):
+    folder.mkdir()
+    (folder / "train_config.json").write_text(json.dumps({"epochs": epochs}))
+    lines = [{"epoch": e, "epoch_seconds": 1800.0} for e in range(1, epochs_done + 1)]
+    lines[-1].update(test_accuracy=0.9, test_accuracy_tta=0.91, eval_seconds=1800.0)
+    if epochs_done > 1:
+        lines[0].update(test_accuracy=0.5)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return folder
+
+
+def test_final_accuracy_and_the_table(tmp_path):
+    done = final_accuracy(_run(tmp_path / "a", 3))
+    assert done == {"epochs": 3, "test_accuracy": 0.9, "test_accuracy_tta": 0.91, "hours": 2.0}
+    with pytest.raises(ValueError, match="has not finished .2 of 3 epochs.: resume it first"):
+        final_accuracy(_run(tmp_path / "b", 2))
+    rows = [{"quality": 75, "source": "shared", "mean_bytes": 921, "test_accuracy": 0.9, "test_accuracy_tta": 0.91},
+            {"quality": 50, "source": "re-encoded", "mean_bytes": 852, "test_accuracy": 0.885,
+             "test_accuracy_tta": None}]
+    table = format_table({"rows": rows}).splitlines()
+    assert table[2] == "| 75 | shared | 921 | 90.00% | 91.00% | +0.00 points |"
+    assert table[3] == "| 50 | re-encoded | 852 | 88.50% | - | -1.50 points |"
+
+
+def test_refuses_a_folder_without_the_splits_and_bad_qualities(tmp_path, capsys):
+    assert main(["--data", str(tmp_path), "--out", str(tmp_path / "r.json")]) == 2
+    assert "has no train.zip and test.zip" in capsys.readouterr().err
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.zip").write_bytes(b"")
+    assert main(["--data", str(tmp_path), "--qualities", "0", "101", "--out", str(tmp_path / "r.json")]) == 2
+    assert "JPEG qualities are 1-100, got [0, 101]" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
