@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import sys
 import zipfile
 from pathlib import Path
@@ -97,6 +98,45 @@ def final_accuracy(run_dir: Path) -> dict[str, Any]:
             "hours": round(sum(h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0) for h in history) / 3600, 3)}
 
 
+def extrapolate(steps: list[float], accuracy: list[float]) -> dict[str, float] | None:
+    """Fit ``a(s) = a0 - C s^p`` through three points whose quantisation steps double (s = 1, 2, 4 relative to the
+    shared files) and read off ``a0``, the accuracy at no quantisation, and ``C``, what the shared files' own
+    quantisation costs under that law. None where the drops do not grow (no power law with p > 0 fits).
+    Chroma subsampling, the same in every row, is not part of it."""
+    if len(steps) != 3 or [round(b / a, 6) for a, b in zip(steps, steps[1:])] != [2.0, 2.0]:
+        return None
+    d1, d2 = accuracy[0] - accuracy[1], accuracy[1] - accuracy[2]
+    if d1 <= 0 or d2 <= d1:
+        return None
+    p = math.log2(d2 / d1)
+    c = d1 / (2 ** p - 1) / steps[0] ** p
+    return {"p": p, "cost_of_shared_quantisation": c * steps[0] ** p, "accuracy_without_quantisation":
+            accuracy[0] + c * steps[0] ** p}
+
+
+def figure(res: dict[str, Any]):
+    import plotly.graph_objects as go
+
+    rows = res["rows"]
+    fig = go.Figure()
+    for key, name in (("test_accuracy", "test accuracy"), ("test_accuracy_tta", "with TTA")):
+        pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        fig.add_trace(go.Scatter(x=[s for s, _ in pts], y=[100 * a for _, a in pts], mode="lines+markers", name=name,
+                                 text=[f"quality {r['quality']}" for r in rows], hovertemplate="%{text}: %{y:.2f}%"))
+    fit = res.get("fit")
+    if fit:
+        xs = [i / 20 for i in range(0, 81)]
+        a0, c, p = fit["accuracy_without_quantisation"], fit["cost_of_shared_quantisation"], fit["p"]
+        fig.add_trace(go.Scatter(x=xs, y=[100 * (a0 - c * x ** p) for x in xs], mode="lines", line_dash="dot",
+                                 name=f"a0 - C s^p fit (p = {p:.2f}): {100 * a0:.1f}% at s = 0"))
+    fig.update_layout(title=f"{res['preset']} on CIFAR-10 JPEGs: test accuracy against the quantisation step<br>"
+                            f"<sup>step relative to the shared files (IJG quality {res['shared_quality']}, 4:2:0); "
+                            "each doubling is one quality step down</sup>",
+                      xaxis_title="quantisation step (shared files = 1)", yaxis_title="test accuracy (%)",
+                      template="plotly_white", width=820, height=480)
+    return fig
+
+
 def format_table(res: dict[str, Any]) -> str:
     lines = ["| JPEG quality | images as | mean bytes per image | test accuracy | with TTA | vs. the shared files |",
              "|---|---|---|---|---|---|"]
@@ -148,8 +188,25 @@ def main(argv: list[str] | None = None) -> int:
             sizes = [i.file_size for i in z.infolist() if i.filename.lower().endswith(".jpg")]
         rows.append({"quality": q, "source": source, "mean_bytes": sum(sizes) / len(sizes) if folder else own_bytes,
                      "run_dir": run.name, **final_accuracy(run)})
+    for r in rows:  # IJG tables scale by 50/q below quality 50 and by (100 - q)/50 above it
+        r["step"] = _scale(r["quality"]) / _scale(own)
     res = {"preset": args.preset, "shared_quality": own, "rows": rows}
-    return report(res, format_table(res), args.out)
+    res["fit"] = extrapolate([r["step"] for r in rows], [r["test_accuracy"] for r in rows])
+    from vitlab.static import write_images
+
+    res["figure"] = write_images([figure(res)], [args.out.with_suffix(".png")], scale=2)
+    text = format_table(res)
+    if res["fit"]:
+        f = res["fit"]
+        text += (f"\n\nFit a0 - C s^p through the three: p = {f['p']:.2f}; the shared files' quantisation costs "
+                 f"{100 * f['cost_of_shared_quantisation']:.2f} points (accuracy without it: "
+                 f"{f['accuracy_without_quantisation']:.2%}; chroma subsampling not included).")
+    return report(res, text, args.out)
+
+
+def _scale(quality: int) -> float:
+    """The IJG scale of the base tables at ``quality`` (libjpeg's jpeg_quality_scaling), before rounding."""
+    return 5000 / quality if quality < 50 else 200 - 2 * quality
 
 
 def _unfinished(run: Path) -> bool:

@@ -90,3 +90,16 @@ def test_refuses_a_folder_without_the_splits_and_bad_qualities(tmp_path, capsys)
     assert main(["--data", str(tmp_path), "--qualities", "0", "101", "--out", str(tmp_path / "r.json")]) == 2
     assert "JPEG qualities are 1-100, got [0, 101]" in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_the_power_law_fit_recovers_a_known_curve():
+    from benchmarks.jpeg_quality import _scale, extrapolate
+
+    assert [_scale(q) / _scale(75) for q in (75, 50, 25)] == [1.0, 2.0, 4.0]  # each step down doubles the tables
+    a0, c, p = 0.95, 0.012, 1.5
+    fit = extrapolate([1.0, 2.0, 4.0], [a0 - c * s ** p for s in (1.0, 2.0, 4.0)])
+    assert fit["p"] == pytest.approx(p) and fit["cost_of_shared_quantisation"] == pytest.approx(c)
+    assert fit["accuracy_without_quantisation"] == pytest.approx(a0)
+    assert extrapolate([1.0, 2.0, 4.0], [0.90, 0.88, 0.87]) is None  # the drops shrink: no p > 0
+    assert extrapolate([1.0, 2.0, 4.0], [0.90, 0.91, 0.87]) is None
+    assert extrapolate([1.0, 2.0], [0.90, 0.88]) is None
