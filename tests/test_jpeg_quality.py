@@ -92,14 +92,11 @@ def test_refuses_a_folder_without_the_splits_and_bad_qualities(tmp_path, capsys)
     assert not (tmp_path / "r.json").exists()
 
 
-def test_the_power_law_fit_recovers_a_known_curve():
-    from benchmarks.jpeg_quality import _scale, extrapolate
+def test_steps_double_per_quality_step_and_the_drops_per_doubling():
+    from benchmarks.jpeg_quality import _scale, drops_per_doubling
 
-    assert [_scale(q) / _scale(75) for q in (75, 50, 25)] == [1.0, 2.0, 4.0]  # each step down doubles the tables
-    a0, c, p = 0.95, 0.012, 1.5
-    fit = extrapolate([1.0, 2.0, 4.0], [a0 - c * s ** p for s in (1.0, 2.0, 4.0)])
-    assert fit["p"] == pytest.approx(p) and fit["cost_of_shared_quantisation"] == pytest.approx(c)
-    assert fit["accuracy_without_quantisation"] == pytest.approx(a0)
-    assert extrapolate([1.0, 2.0, 4.0], [0.90, 0.88, 0.87]) is None  # the drops shrink: no p > 0
-    assert extrapolate([1.0, 2.0, 4.0], [0.90, 0.91, 0.87]) is None
-    assert extrapolate([1.0, 2.0], [0.90, 0.88]) is None
+    assert [_scale(q) / _scale(75) for q in (75, 50, 25)] == [1.0, 2.0, 4.0]  # libjpeg's quality scaling
+    assert _scale(90) / _scale(75) == pytest.approx(0.4)
+    drops = drops_per_doubling([2.0, 1.0, 4.0], [0.88, 0.90, 0.85])  # unordered rows; one doubling each
+    assert drops == pytest.approx([0.02, 0.03])
+    assert drops_per_doubling([1.0, 4.0], [0.90, 0.86]) == pytest.approx([0.02])  # two doublings at once
