@@ -122,7 +122,9 @@ def figure(res: dict[str, Any]):
                             f"<sup>step relative to the shared files (IJG quality {res['shared_quality']}, 4:2:0); "
                             "each doubling is one quality step down</sup>",
                       xaxis_title="quantisation step (shared files = 1; log scale)", xaxis_type="log",
-                      xaxis_tickvals=sorted({r["step"] for r in rows}), yaxis_title="test accuracy (%)",
+                      xaxis_tickvals=[r["step"] for r in rows],
+                      xaxis_ticktext=[f"{r['step']:g} (quality {r['quality']})" for r in rows],
+                      yaxis_title="test accuracy (%)",
                       template="plotly_white", width=820, height=480)
     return fig
 
