@@ -23,7 +23,7 @@ import math
 import torch
 from torch import nn
 
-#: the paper's coefficients for ViTs (Section 3): query-key products ~ 0.7 Z + 0.7 I, value-projection ~ 0.4 Z - 0.4 I
+#: (alpha, beta) as we read the paper for ViTs: query-key products ~ 0.7 Z + 0.7 I, value-projection ~ 0.4 Z - 0.4 I
 QK_ALPHA, QK_BETA = 0.7, 0.7
 VO_ALPHA, VO_BETA = 0.4, 0.4
 
