@@ -24,7 +24,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._util import report
-from vitlab.export import training_curve
+from vitlab.export import read_history, training_curve
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -55,7 +55,7 @@ def run(run_dir: Path, goal: float, budget_hours: float) -> dict[str, Any]:
     if not metrics.is_file() or not config.is_file():
         raise FileNotFoundError(f"{run_dir} is not a vitlab train run folder (no metrics.jsonl or train_config.json); "
                                 "pass the --run-dir a `vitlab train` run wrote")
-    history = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    history = read_history(run_dir)
     cfg = json.loads(config.read_text())
     if cfg.get("init_from"):
         raise ValueError(f"{run_dir} was warm-started from {cfg['init_from']}: its hours do not count from random "

@@ -34,6 +34,7 @@ from PIL import Image
 
 from benchmarks._util import report
 from vitlab.atomic import atomic_write
+from vitlab.export import read_history, run_hours
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "cifar10"
@@ -90,14 +91,14 @@ def degraded(data: Path, cache: Path, quality: int) -> Path:
 
 def final_accuracy(run_dir: Path) -> dict[str, Any]:
     """The last evaluated test accuracy (and with TTA) of a finished ``vitlab train`` run folder."""
-    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    history = read_history(run_dir)
     cfg = json.loads((run_dir / "train_config.json").read_text())
     if not history or history[-1]["epoch"] < cfg["epochs"]:
         raise ValueError(f"{run_dir} has not finished ({len(history)} of {cfg['epochs']} epochs): resume it first")
     last = next(h for h in reversed(history) if h.get("test_accuracy") is not None)
     return {"epochs": cfg["epochs"], "test_accuracy": last["test_accuracy"],
             "test_accuracy_tta": last.get("test_accuracy_tta"),
-            "hours": round(sum(h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0) for h in history) / 3600, 3)}
+            "hours": round(run_hours(history), 3)}
 
 
 def drops_per_doubling(steps: list[float], accuracy: list[float]) -> list[float]:
@@ -161,10 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from vitlab.cli import main as vitlab
 
     with zipfile.ZipFile(args.data / "test.zip") as z:
-        first = next(n for n in z.namelist() if n.lower().endswith(".jpg"))
-        own = jpeg_quality(z.read(first))
-        own_bytes = sum(i.file_size for i in z.infolist() if i.filename.lower().endswith(".jpg")) / sum(
-            1 for i in z.infolist() if i.filename.lower().endswith(".jpg"))
+        own = jpeg_quality(z.read(next(n for n in z.namelist() if n.lower().endswith(".jpg"))))
     jobs = [(own, "shared", None)] + [(q, "re-encoded", degraded(args.data, args.cache, q)) for q in args.qualities]
     rows = []
     for q, source, folder in jobs:
@@ -173,13 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--set", f"data={folder}"] if folder else ["--set", f"data=cifar10:{args.data}"]
         if (run / "checkpoint" / "config.json").is_file():
             cmd.append("--resume")
-        if not (run / "metrics.jsonl").is_file() or _unfinished(run):
-            if vitlab(cmd) != 0:
-                return 1
+        if _unfinished(run) and vitlab(cmd) != 0:
+            return 1
         with zipfile.ZipFile((folder or args.data) / "test.zip") as z:
             sizes = [i.file_size for i in z.infolist() if i.filename.lower().endswith(".jpg")]
-        rows.append({"quality": q, "source": source, "mean_bytes": sum(sizes) / len(sizes) if folder else own_bytes,
-                     "run_dir": run.name, **final_accuracy(run)})
+        rows.append({"quality": q, "source": source, "mean_bytes": sum(sizes) / len(sizes), "run_dir": run.name,
+                     **final_accuracy(run)})
     for r in rows:  # IJG tables scale by 50/q below quality 50 and by (100 - q)/50 above it
         r["step"] = _scale(r["quality"]) / _scale(own)
     res = {"preset": args.preset, "shared_quality": own, "rows": rows}

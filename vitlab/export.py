@@ -130,8 +130,7 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
                           modules: dict | None) -> dict:
     """Measure the checkpoint written to ``tmp_out`` and write its card, card.json and learning curve there; the
     card names ``out``, where the folder will live."""
-    history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    history = history[-meta["epoch"]:]  # an interrupted epoch may have left no line; a restarted run, extra ones
+    history = read_history(run)[-meta["epoch"]:]  # an interrupted epoch may have left no line; a restarted run, extra ones
     tta = train_cfg.get("eval_tta") or 0
     acc = acc_tta = mpp_test = None
     distillation: dict = {}
@@ -162,7 +161,7 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "test_accuracy": acc,
         "test_accuracy_tta": acc_tta,
         "tta_level": tta if acc_tta is not None else 0,
-        "train_hours": round(sum(h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0) for h in history) / 3600, 3),
+        "train_hours": round(run_hours(history), 3),
         "warm_start_from": train_cfg.get("init_from"),  # portable already (export_run)
         "teacher": train_cfg.get("teacher"),
         "distill": train_cfg.get("distill") if train_cfg.get("teacher") else None,
@@ -243,6 +242,16 @@ def _series(facts: dict) -> tuple[str, Callable[[dict], float | None], float | N
     if key == "loss":
         metric, final = "masked-patch loss", facts["mpp_test"]["loss"]
     return metric, lambda h: (h.get("mpp_test") or {}).get(key), final, key == "accuracy"
+
+
+def read_history(run: Path) -> list[dict]:
+    """The epoch records of a ``vitlab train`` run folder (``metrics.jsonl``, in order; blank lines skipped)."""
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def run_hours(history: Sequence[dict]) -> float:
+    """A run's wall clock in hours from its epoch records: training and evaluation seconds summed."""
+    return sum(h.get("epoch_seconds", 0.0) + h.get("eval_seconds", 0.0) for h in history) / 3600
 
 
 def training_curve(history: Sequence[dict], value_of: Callable[[dict], float | None] = lambda h: h.get("test_accuracy"),
