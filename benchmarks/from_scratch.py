@@ -1,11 +1,13 @@
 """The headline figure: test accuracy against training hours of a run that starts from random weights.
 
     python benchmarks/from_scratch.py --run-dir ~/.cache/vitlab/runs/scratch5h \
-        [--goal 0.9] [--budget-hours 5] [--out benchmarks/results/from_scratch.json]
+        [--goal 0.9] [--budget-hours 5] [--fit] [--out benchmarks/results/from_scratch.json]
 
 It reads a ``vitlab train`` run folder (``metrics.jsonl``, ``train_config.json``), measures nothing itself, and writes
 the learning curve (cumulative wall clock of training and evaluation, ``vitlab.export.training_curve``) as JSON and
-as a plotly PNG beside it, with the goal line and the time budget. The verdict is the curve's: the first evaluated
+as a plotly PNG beside it, with the goal line and the time budget. With ``--fit`` it also reads the run's last
+checkpoint against its teacher on training images and on the test set (``fit``): a student far below its teacher on
+images it trained on underfits, so the lever is faster learning, not more regularisation. The verdict is the curve's: the first evaluated
 point at or above the goal within the budget, else the best point within it. Hours on a machine that also ran other
 work overstate what an idle one needs; the JSON lists the epochs that ran slower than the run's median by more than
 a third (``slow_epochs``), so a reader can tell.
@@ -24,6 +26,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._util import report
+from vitlab.errors import ModelLoadError
 from vitlab.export import read_history, training_curve
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -70,6 +73,32 @@ def run(run_dir: Path, goal: float, budget_hours: float) -> dict[str, Any]:
             "verdict": verdict(hours, acc, goal, budget_hours)}
 
 
+def fit(run_dir: Path, train_images: int = 5000, seed: int = 0) -> dict[str, Any]:
+    """Under- or over-fitting, from the run's last checkpoint (``run_dir/checkpoint``): ``vitlab.export.
+    distillation_facts`` (each head's accuracy, the teacher's, their agreement; fp32, each model's eval transform) on
+    ``train_images`` training images drawn without replacement by a seeded permutation (no augmentation: the images
+    as stored) and on the whole test set, both from the run's own data set and teacher."""
+    import torch
+
+    from vitlab.checkpoint import load_checkpoint
+    from vitlab.data import ImageArray, load_dataset
+    from vitlab.export import distillation_facts
+    from vitlab.train import load_teacher
+
+    cfg = json.loads((run_dir / "train_config.json").read_text())
+    if not cfg.get("teacher") or not (cfg.get("model") or {}).get("distilled"):
+        raise ValueError(f"{run_dir} trained no distilled student (teacher={cfg.get('teacher')!r}): --fit compares a "
+                         "distilled ViT with its teacher; leave --fit off for this run")
+    student = load_checkpoint(run_dir / "checkpoint")
+    teacher = load_teacher(cfg["teacher"], torch.device("cpu"))
+    train, test = load_dataset(cfg["data"], "train"), load_dataset(cfg["data"], "test")
+    n = min(train_images, len(train))
+    idx = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:n]  # (n,)
+    subset = ImageArray(train.images[idx], train.labels[idx], train.classes, train.source)
+    return {"train_images": n, "seed": seed, "train": distillation_facts(student, teacher, subset),
+            "test": distillation_facts(student, teacher, test)}
+
+
 def figure(res: dict[str, Any]):
     from vitlab.plots import learning_curve
 
@@ -88,6 +117,12 @@ def format_table(res: dict[str, Any]) -> str:
     lines += [f"| {e} | {h:.2f} | {a:.2%} |" for e, h, a in zip(res["epochs_evaluated"], res["hours"],
                                                                  res["test_accuracy"])]
     lines.append(f"\n{_said(v)}.")
+    if f := res.get("fit"):
+        lines += ["", "| images | student (readout) | teacher | student takes the teacher's decision |",
+                  "|---|---|---|---|"]
+        lines += [f"| {name} | {f[k]['readout']:.2%} | {f[k]['teacher']:.2%} | "
+                  f"{f[k]['readout_agrees_with_teacher']:.2%} |"
+                  for k, name in (("train", f"{f['train_images']} training images"), ("test", "test set"))]
     return "\n".join(lines)
 
 
@@ -104,11 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", type=Path, default=Path.home() / ".cache" / "vitlab" / "runs" / "scratch5h")
     ap.add_argument("--goal", type=float, default=0.9)
     ap.add_argument("--budget-hours", type=float, default=5.0)
+    ap.add_argument("--fit", action="store_true", help="also read the last checkpoint against its teacher on "
+                    "training and test images (under- or over-fitting; about a minute of CPU)")
     ap.add_argument("--out", type=Path, default=RESULTS / "from_scratch.json")
     args = ap.parse_args(argv)
     try:
         res = run(args.run_dir.expanduser(), args.goal, args.budget_hours)
-    except (FileNotFoundError, ValueError) as e:
+        if args.fit:
+            res["fit"] = fit(args.run_dir.expanduser())
+    except (FileNotFoundError, ValueError, ModelLoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from vitlab.static import write_images

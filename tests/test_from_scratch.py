@@ -66,3 +66,67 @@ def test_main_writes_the_curve_and_says_the_verdict(tmp_path, capsys):
     res = json.loads(out.read_text())
     assert res["verdict"]["reached"] and res["hours"] == pytest.approx([0.76, 1.27])
     assert res["figure"].startswith(("written", "skipped"))  # skipped only where no Chromium is installed
+
+
+def _distilled_run(tmp_path, teacher: str | None = "self"):
+    """A run folder whose last checkpoint is a tiny distilled ViT for the shapes data set; its teacher is the same
+    network saved again (``"self"``), or none."""
+    import dataclasses
+
+    import torch
+
+    import vitlab
+    from vitlab.checkpoint import save_checkpoint
+    from vitlab.shapes import SHAPE_CLASSES
+    from vitlab.train import PRESETS
+
+    torch.manual_seed(0)
+    model = vitlab.build_model(dataclasses.replace(PRESETS["tiny"].model, num_classes=len(SHAPE_CLASSES),
+                                                   distilled=True)).eval()
+    with torch.no_grad():  # heads that disagree, so the readout is not either head's decision
+        model.head.weight.normal_()
+        model.head_dist.weight.normal_()
+    run_dir = tmp_path / "run"
+    save_checkpoint(model, run_dir / "checkpoint")
+    cfg = {"data": "shapes", "model": {"distilled": True}, "teacher": None}
+    if teacher == "self":
+        save_checkpoint(model, tmp_path / "teacher")
+        cfg["teacher"] = str(tmp_path / "teacher")
+    (run_dir / "train_config.json").write_text(json.dumps(cfg))
+    return run_dir
+
+
+def test_fit_compares_the_last_checkpoint_with_its_teacher_on_training_and_test_images(tmp_path):
+    """A student that is its own teacher: on every image it takes the teacher's decision and scores what the teacher
+    scores; the training images are the seeded draw, the test images the whole split."""
+    import torch
+
+    from benchmarks.from_scratch import fit
+    from vitlab.checkpoint import load_checkpoint
+    from vitlab.data import ImageArray, load_shapes
+    from vitlab.export import distillation_facts
+
+    run_dir = _distilled_run(tmp_path)
+    res = fit(run_dir, train_images=30, seed=3)
+    for part in ("train", "test"):
+        assert res[part]["readout_agrees_with_teacher"] == 1.0
+        assert res[part]["readout"] == res[part]["teacher"]
+    assert res["train"]["images"] == res["train_images"] == 30 and res["test"]["images"] == len(load_shapes("test"))
+    train = load_shapes("train")
+    idx = torch.randperm(len(train), generator=torch.Generator().manual_seed(3))[:30]
+    student = load_checkpoint(run_dir / "checkpoint")
+    subset = ImageArray(train.images[idx], train.labels[idx], train.classes, train.source)
+    assert res["train"] == distillation_facts(student, student, subset)
+    assert res["train"] != fit(run_dir, train_images=30, seed=4)["train"]  # another draw, other images
+
+
+def test_fit_refuses_a_run_without_a_teacher(tmp_path, capsys):
+    from benchmarks.from_scratch import fit
+
+    run_dir = _distilled_run(tmp_path, teacher=None)
+    with pytest.raises(ValueError, match="no distilled student"):
+        fit(run_dir)
+    (run_dir / "metrics.jsonl").write_text(json.dumps(HISTORY[1]) + "\n")
+    out = tmp_path / "res.json"
+    assert main(["--run-dir", str(run_dir), "--fit", "--out", str(out)]) == 2
+    assert "leave --fit off" in capsys.readouterr().err and not out.exists()
