@@ -66,3 +66,58 @@ def test_worker_defaults_and_bad_counts(data):
     assert 0 <= default_workers(torch.device("cuda")) <= 16
     with pytest.raises(ValueError, match="workers must be >= 0"):
         training_batches(data, B, STEPS, Augment(), 0, STEPS, workers=-1)
+
+
+def test_posterize_keeps_zero_bits_as_black_and_other_counts_as_timm_does():
+    """Pillow 13 refuses ``ImageOps.posterize(img, 0)``, which timm's op asks for at low (or, increasing, top)
+    magnitudes: vitlab's op gives the black image the zero-bit mask means, and timm's result for 1-8 bits."""
+    import numpy as np
+    from PIL import Image
+    from timm.data.auto_augment import posterize as timm_posterize
+
+    from vitlab.batches import posterize
+
+    g = torch.Generator().manual_seed(0)
+    img = Image.fromarray(torch.randint(0, 256, (8, 8, 3), dtype=torch.uint8, generator=g).numpy())
+    assert not np.asarray(posterize(img, 0)).any() and posterize(img, 0).size == img.size
+    for bits in range(1, 9):
+        assert np.array_equal(np.asarray(posterize(img, bits)), np.asarray(timm_posterize(img, bits)))
+    top_bit = np.asarray(img) & 0b10000000
+    assert np.array_equal(np.asarray(posterize(img, 1)), top_bit)  # an independent mask of the top bit
+
+
+@pytest.mark.parametrize("spec", ["rand-m9-mstd0.5-inc1", "rand-m10-n2-mstd101", "rand-m1-n2"])
+def test_randaugment_runs_the_specs_that_reach_zero_bit_posterize(spec):
+    """DeiT's own spec (``inc1``: PosterizeIncreasing keeps 0 bits at magnitude 10), uniform magnitudes and low ones
+    ask timm's Posterize for 0 bits within a few batches of 64; each batch still comes out, shape and dtype kept."""
+    from vitlab.batches import randaugment
+
+    images = torch.randint(0, 256, (64, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    blacks = 0
+    for k in range(6):
+        out = randaugment(images, spec, torch.Generator().manual_seed(k))
+        assert out.shape == images.shape and out.dtype == torch.uint8
+        blacks += int((out.flatten(1).amax(1) == 0).sum())
+    assert blacks > 0  # the zero-bit posterize did happen, and gave black images
+
+
+def test_randaugment_is_unchanged_where_posterize_keeps_bits():
+    """With no magnitude noise (m9: Posterize keeps 3 bits) the batch equals timm's transform, image by image, with
+    the same seeding: the zero-bit guard changes nothing else."""
+    import random
+
+    import numpy as np
+    from PIL import Image
+    from timm.data.auto_augment import rand_augment_transform
+
+    from vitlab.batches import randaugment
+
+    images = torch.randint(0, 256, (32, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    g = torch.Generator().manual_seed(5)
+    got = randaugment(images, "rand-m9-n3-mstd0", g)
+    seed = int(torch.randint(0, 2**31, (1,), generator=torch.Generator().manual_seed(5)))
+    random.seed(seed)
+    np.random.seed(seed)
+    tf = rand_augment_transform("rand-m9-n3-mstd0", {"translate_const": 7, "img_mean": (125, 123, 114)})
+    want = np.stack([np.asarray(tf(Image.fromarray(a))) for a in images.numpy()])
+    assert np.array_equal(got.numpy(), want)

@@ -68,6 +68,9 @@ def randaugment(images: Tensor, spec: str, generator: torch.Generator) -> Tensor
     try:
         tf = rand_augment_transform(spec, {"translate_const": int(images.shape[1] * 0.45),
                                            "img_mean": (125, 123, 114)})
+        for op in tf.ops:
+            if op.name.startswith("Posterize"):
+                op.aug_fn = posterize
         out = np.empty_like(images.numpy())
         for i, img in enumerate(images.numpy()):
             out[i] = np.asarray(tf(Image.fromarray(img)))
@@ -75,6 +78,19 @@ def randaugment(images: Tensor, spec: str, generator: torch.Generator) -> Tensor
         random.setstate(py_state)
         np.random.set_state(np_state)
     return torch.from_numpy(out)
+
+
+def posterize(img, bits_to_keep: int, **_):
+    """timm's Posterize op, keeping 0 bits as the op's mask means it (no bits kept: a black image). The Pillow
+    installed here (13) refuses 0 bits, which timm asks for at magnitudes below 2.5 (``Posterize``) or at 10
+    (``PosterizeIncreasing``: DeiT's ``rand-m9-mstd0.5-inc1`` reaches it within a few batches), so timm's own op
+    would stop a run there. Other bit counts go through timm's op unchanged."""
+    from PIL import Image
+    from timm.data.auto_augment import posterize as timm_posterize
+
+    if bits_to_keep < 1:
+        return Image.new(img.mode, img.size, 0)
+    return timm_posterize(img, bits_to_keep)
 
 
 class TrainBatches(torch.utils.data.Dataset):
