@@ -76,8 +76,10 @@ def run(run_dir: Path, goal: float, budget_hours: float) -> dict[str, Any]:
 def fit(run_dir: Path, train_images: int = 5000, seed: int = 0) -> dict[str, Any]:
     """Under- or over-fitting, from the run's last checkpoint (``run_dir/checkpoint``): ``vitlab.export.
     distillation_facts`` (each head's accuracy, the teacher's, their agreement; fp32, each model's eval transform) on
-    ``train_images`` training images drawn without replacement by a seeded permutation (no augmentation: the images
-    as stored) and on the whole test set, both from the run's own data set and teacher."""
+    ``train_images`` training images drawn without replacement by a seeded permutation from those the run trained
+    on (its first ``max_train_examples``, where set; no augmentation: the images as stored) and on the whole test
+    set, both from the run's own data set and teacher. The teacher is scored by its plain forward, also for a run
+    that learned from its mirrored targets (``distill_tta``)."""
     import torch
 
     from vitlab.checkpoint import load_checkpoint
@@ -89,11 +91,20 @@ def fit(run_dir: Path, train_images: int = 5000, seed: int = 0) -> dict[str, Any
     if not cfg.get("teacher") or not (cfg.get("model") or {}).get("distilled"):
         raise ValueError(f"{run_dir} trained no distilled student (teacher={cfg.get('teacher')!r}): --fit compares a "
                          "distilled ViT with its teacher; leave --fit off for this run")
+    if not (run_dir / "checkpoint" / "config.json").is_file():
+        raise FileNotFoundError(f"{run_dir / 'checkpoint'} holds no checkpoint yet: --fit reads the run's last one, "
+                                "written after each epoch; let `vitlab train` finish an epoch first")
+    if not cfg.get("data"):
+        raise ValueError(f"{run_dir / 'train_config.json'} names no data set ('data'): --fit needs the run's own")
     student = load_checkpoint(run_dir / "checkpoint")
-    teacher = load_teacher(cfg["teacher"], torch.device("cpu"))
+    try:
+        teacher = load_teacher(cfg["teacher"], torch.device("cpu"))
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"--fit needs the run's teacher {cfg['teacher']!r}, which is not here ({e})") from e
     train, test = load_dataset(cfg["data"], "train"), load_dataset(cfg["data"], "test")
-    n = min(train_images, len(train))
-    idx = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:n]  # (n,)
+    seen = min(len(train), cfg.get("max_train_examples") or len(train))  # the images the run trained on
+    n = min(train_images, seen)
+    idx = torch.randperm(seen, generator=torch.Generator().manual_seed(seed))[:n]  # (n,)
     subset = ImageArray(train.images[idx], train.labels[idx], train.classes, train.source)
     return {"train_images": n, "seed": seed, "train": distillation_facts(student, teacher, subset),
             "test": distillation_facts(student, teacher, test)}

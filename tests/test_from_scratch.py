@@ -68,59 +68,84 @@ def test_main_writes_the_curve_and_says_the_verdict(tmp_path, capsys):
     assert res["figure"].startswith(("written", "skipped"))  # skipped only where no Chromium is installed
 
 
-def _distilled_run(tmp_path, teacher: str | None = "self"):
-    """A run folder whose last checkpoint is a tiny distilled ViT for the shapes data set; its teacher is the same
-    network saved again (``"self"``), or none."""
+def _tiny_distilled(seed: int):
+    """A tiny distilled ViT for the shapes data set, heads drawn so that they disagree (the readout is neither's)."""
     import dataclasses
 
     import torch
 
     import vitlab
-    from vitlab.checkpoint import save_checkpoint
     from vitlab.shapes import SHAPE_CLASSES
     from vitlab.train import PRESETS
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = vitlab.build_model(dataclasses.replace(PRESETS["tiny"].model, num_classes=len(SHAPE_CLASSES),
                                                    distilled=True)).eval()
-    with torch.no_grad():  # heads that disagree, so the readout is not either head's decision
+    with torch.no_grad():
         model.head.weight.normal_()
         model.head_dist.weight.normal_()
+    return model
+
+
+def _distilled_run(tmp_path, teacher: str | None = "self", **cfg):
+    """A run folder whose last checkpoint is a tiny distilled ViT for the shapes data set; its teacher is the same
+    network saved again (``"self"``), another one (``"other"``), or none."""
+    from vitlab.checkpoint import save_checkpoint
+
+    model = _tiny_distilled(0)
     run_dir = tmp_path / "run"
     save_checkpoint(model, run_dir / "checkpoint")
-    cfg = {"data": "shapes", "model": {"distilled": True}, "teacher": None}
-    if teacher == "self":
-        save_checkpoint(model, tmp_path / "teacher")
+    cfg = {"data": "shapes", "model": {"distilled": True}, "teacher": None, **cfg}
+    if teacher is not None:
+        save_checkpoint(model if teacher == "self" else _tiny_distilled(1), tmp_path / "teacher")
         cfg["teacher"] = str(tmp_path / "teacher")
     (run_dir / "train_config.json").write_text(json.dumps(cfg))
     return run_dir
 
 
-def test_fit_compares_the_last_checkpoint_with_its_teacher_on_training_and_test_images(tmp_path):
-    """A student that is its own teacher: on every image it takes the teacher's decision and scores what the teacher
-    scores; the training images are the seeded draw, the test images the whole split."""
+def _subset(seed: int, n: int, first: int | None = None):
     import torch
 
-    from benchmarks.from_scratch import fit
-    from vitlab.checkpoint import load_checkpoint
     from vitlab.data import ImageArray, load_shapes
-    from vitlab.export import distillation_facts
 
-    run_dir = _distilled_run(tmp_path)
-    res = fit(run_dir, train_images=30, seed=3)
+    train = load_shapes("train")
+    idx = torch.randperm(first or len(train), generator=torch.Generator().manual_seed(seed))[:n]
+    return ImageArray(train.images[idx], train.labels[idx], train.classes, train.source)
+
+
+def test_fit_is_one_with_a_teacher_that_is_the_student_itself(tmp_path):
+    """A student that is its own teacher takes the teacher's decision on every image and scores what it scores."""
+    from benchmarks.from_scratch import fit
+    from vitlab.data import load_shapes
+
+    res = fit(_distilled_run(tmp_path), train_images=30, seed=3)
     for part in ("train", "test"):
         assert res[part]["readout_agrees_with_teacher"] == 1.0
         assert res[part]["readout"] == res[part]["teacher"]
     assert res["train"]["images"] == res["train_images"] == 30 and res["test"]["images"] == len(load_shapes("test"))
-    train = load_shapes("train")
-    idx = torch.randperm(len(train), generator=torch.Generator().manual_seed(3))[:30]
-    student = load_checkpoint(run_dir / "checkpoint")
-    subset = ImageArray(train.images[idx], train.labels[idx], train.classes, train.source)
-    assert res["train"] == distillation_facts(student, student, subset)
-    assert res["train"] != fit(run_dir, train_images=30, seed=4)["train"]  # another draw, other images
 
 
-def test_fit_refuses_a_run_without_a_teacher(tmp_path, capsys):
+def test_fit_scores_student_and_teacher_on_the_seeded_draw_of_the_images_the_run_saw(tmp_path):
+    """Against another teacher: each model's accuracy on the seeded draw equals its own timm-pipeline accuracy there
+    (an independent pass), the draw comes from the run's first ``max_train_examples`` images, and another seed
+    draws other images."""
+    from benchmarks.from_scratch import fit
+    from vitlab.checkpoint import load_checkpoint
+    from vitlab.export import distillation_facts, timm_pipeline_accuracy
+
+    run_dir = _distilled_run(tmp_path, teacher="other", max_train_examples=200)
+    res = fit(run_dir, train_images=40, seed=3)
+    subset = _subset(3, 40, first=200)
+    student, teacher = load_checkpoint(run_dir / "checkpoint"), load_checkpoint(tmp_path / "teacher")
+    assert res["train"]["readout"] == timm_pipeline_accuracy(student, subset)
+    assert res["train"]["teacher"] == timm_pipeline_accuracy(teacher, subset)
+    assert res["train"]["readout_agrees_with_teacher"] < 1.0  # two different networks
+    assert res["train"] == distillation_facts(student, teacher, subset)
+    assert res["train"] != distillation_facts(student, teacher, _subset(3, 40))  # not a draw from all 8,000
+    assert res["train"] != fit(run_dir, train_images=40, seed=4)["train"]
+
+
+def test_fit_refuses_a_run_without_a_teacher_or_a_checkpoint(tmp_path, capsys):
     from benchmarks.from_scratch import fit
 
     run_dir = _distilled_run(tmp_path, teacher=None)
@@ -130,3 +155,8 @@ def test_fit_refuses_a_run_without_a_teacher(tmp_path, capsys):
     out = tmp_path / "res.json"
     assert main(["--run-dir", str(run_dir), "--fit", "--out", str(out)]) == 2
     assert "leave --fit off" in capsys.readouterr().err and not out.exists()
+    run_dir = _distilled_run(tmp_path / "b")
+    (run_dir / "metrics.jsonl").write_text(json.dumps(HISTORY[1]) + "\n")
+    (run_dir / "checkpoint" / "config.json").unlink()
+    assert main(["--run-dir", str(run_dir), "--fit", "--out", str(out)]) == 2
+    assert "holds no checkpoint yet" in capsys.readouterr().err and not out.exists()

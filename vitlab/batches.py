@@ -17,13 +17,16 @@ import multiprocessing
 import os
 import random
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from vitlab.data import ImageArray, alternating_flips, random_crop_flip
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 __all__ = ["Augment", "TrainBatches", "training_batches", "default_workers", "epoch_flips", "randaugment"]
 
@@ -80,7 +83,7 @@ def randaugment(images: Tensor, spec: str, generator: torch.Generator) -> Tensor
     return torch.from_numpy(out)
 
 
-def posterize(img, bits_to_keep: int, **_):
+def posterize(img: Image.Image, bits_to_keep: int, **_) -> Image.Image:
     """timm's Posterize op, keeping 0 bits as the op's mask means it (no bits kept: a black image). The Pillow
     installed here (13) refuses 0 bits, which timm asks for at magnitudes below 2.5 (``Posterize``) or at 10
     (``PosterizeIncreasing``: DeiT's ``rand-m9-mstd0.5-inc1`` reaches it within a few batches), so timm's own op
