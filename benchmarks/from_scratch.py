@@ -3,14 +3,14 @@
     python benchmarks/from_scratch.py --run-dir ~/.cache/vitlab/runs/scratch5h \
         [--goal 0.9] [--budget-hours 5] [--fit] [--out benchmarks/results/from_scratch.json]
 
-It reads a ``vitlab train`` run folder (``metrics.jsonl``, ``train_config.json``), measures nothing itself, and writes
+It reads a ``vitlab train`` run folder (``metrics.jsonl``, ``train_config.json``), measures nothing (but --fit), and writes
 the learning curve (cumulative wall clock of training and evaluation, ``vitlab.export.training_curve``) as JSON and
-as a plotly PNG beside it, with the goal line and the time budget. With ``--fit`` it also reads the run's last
-checkpoint against its teacher on training images and on the test set (``fit``): a student far below its teacher on
-images it trained on underfits, so the lever is faster learning, not more regularisation. The verdict is the curve's: the first evaluated
+as a plotly PNG beside it, with the goal line and the time budget. The verdict is the curve's: the first evaluated
 point at or above the goal within the budget, else the best point within it. Hours on a machine that also ran other
 work overstate what an idle one needs; the JSON lists the epochs that ran slower than the run's median by more than
-a third (``slow_epochs``), so a reader can tell.
+a third (``slow_epochs``), so a reader can tell. With ``--fit`` it also reads the run's last checkpoint against its
+teacher on training images and on the test set (``fit``): a student far below its teacher on images it trained on
+underfits, so the lever is faster learning, not more regularisation.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def fit(run_dir: Path, train_images: int = 5000, seed: int = 0) -> dict[str, Any
     import torch
 
     from vitlab.checkpoint import load_checkpoint
-    from vitlab.data import ImageArray, load_dataset
+    from vitlab.data import load_dataset
     from vitlab.export import distillation_facts
     from vitlab.train import load_teacher
 
@@ -105,8 +105,7 @@ def fit(run_dir: Path, train_images: int = 5000, seed: int = 0) -> dict[str, Any
     seen = min(len(train), cfg.get("max_train_examples") or len(train))  # the images the run trained on
     n = min(train_images, seen)
     idx = torch.randperm(seen, generator=torch.Generator().manual_seed(seed))[:n]  # (n,)
-    subset = ImageArray(train.images[idx], train.labels[idx], train.classes, train.source)
-    return {"train_images": n, "seed": seed, "train": distillation_facts(student, teacher, subset),
+    return {"train_images": n, "seed": seed, "train": distillation_facts(student, teacher, train.subset(idx)),
             "test": distillation_facts(student, teacher, test)}
 
 

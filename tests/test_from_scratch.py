@@ -106,11 +106,10 @@ def _distilled_run(tmp_path, teacher: str | None = "self", **cfg):
 def _subset(seed: int, n: int, first: int | None = None):
     import torch
 
-    from vitlab.data import ImageArray, load_shapes
+    from vitlab.data import load_shapes
 
     train = load_shapes("train")
-    idx = torch.randperm(first or len(train), generator=torch.Generator().manual_seed(seed))[:n]
-    return ImageArray(train.images[idx], train.labels[idx], train.classes, train.source)
+    return train.subset(torch.randperm(first or len(train), generator=torch.Generator().manual_seed(seed))[:n])
 
 
 def test_fit_is_one_with_a_teacher_that_is_the_student_itself(tmp_path):
