@@ -86,11 +86,13 @@ def test_reproduce_writes_pngs_with_chromium(tmp_path, checkpoint):
 
 def _keeps_previous(out, argv, capsys, needle):
     out.mkdir(exist_ok=True)
-    (out / "previous.txt").write_text("an earlier report")
+    (out / "report.html").write_text("an earlier report")
+    (out / "metrics.json").write_text("{}")
     assert main(argv + ["--out", str(out), "--no-png", "--no-shapes", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert needle in err, err
-    assert [p.name for p in out.iterdir()] == ["previous.txt"]  # untouched, nothing half-written
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "report.html"]  # untouched, nothing half-written
+    assert (out / "report.html").read_text() == "an earlier report"
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".out")]
 
 
@@ -121,3 +123,25 @@ def test_random_weights_are_stamped_as_random_initialisation(tmp_path, capsys):
     assert "augreg" not in (out / "report.html").read_text()  # no hub weights named that the model does not have
     printed = capsys.readouterr().out
     assert "finding" in printed and "verdict" in printed  # the one-line-per-finding summary table
+
+
+def test_reproduce_refuses_a_folder_that_is_not_a_report(tmp_path, checkpoint, capsys):
+    """The report replaces its whole folder: a folder holding other files, or a file, is refused untouched, before
+    the model is even loaded; an earlier report's folder is replaced."""
+    args = ["reproduce", "--model", str(checkpoint), "--num-images", "2", "--no-png", "--no-shapes", "--no-few-shot",
+            "--no-scaling", "--quiet"]
+    notes = tmp_path / "my_results"
+    notes.mkdir()
+    (notes / "thesis_notes.txt").write_text("keep me")
+    assert main([*args, "--out", str(notes)]) != 0
+    assert "holds no earlier report" in capsys.readouterr().err
+    assert [p.name for p in notes.iterdir()] == ["thesis_notes.txt"]
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    assert main([*args, "--out", str(a_file)]) != 0
+    assert "is not a folder" in capsys.readouterr().err and a_file.read_text() == "x"
+    out = tmp_path / "out"
+    assert main([*args, "--out", str(out)]) == 0 and main([*args, "--out", str(out)]) == 0  # a report replaces itself
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "report.html"]
+    (tmp_path / "empty").mkdir()
+    assert main([*args, "--out", str(tmp_path / "empty")]) == 0

@@ -72,6 +72,20 @@ def _summary(net, info, model: str | None, weights: str, images: str, n_images: 
             "card_accuracy": card.get("test_accuracy") if card else None, "vitlab": vitlab.__version__}
 
 
+def check_report_dir(out: Path) -> None:
+    """Refuse an ``out`` that ``reproduce`` must not replace: a file, or a non-empty folder that is not an earlier
+    report (one holding both ``report.html`` and ``metrics.json``). The report replaces the whole folder, so anything
+    else in it would be deleted."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a folder; vitlab reproduce writes a folder: give --out a new "
+                              "folder's name")
+    if any(out.iterdir()) and not ((out / "report.html").is_file() and (out / "metrics.json").is_file()):
+        raise FileExistsError(f"{out} is a non-empty folder that holds no earlier report; vitlab reproduce replaces "
+                              "the whole folder, so give --out a new or empty folder (or an earlier report's folder)")
+
+
 def reproduce(model: str | None = None, images: str | None = None, out: str | os.PathLike = "out",
               pretrained: bool = True, num_images: int | None = None, shapes: bool = True, png: bool = True,
               progress: bool | None = None, weights: str | None = None, few_shot: bool = True,
@@ -91,6 +105,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     bad = sorted(set(formats) - set(IMAGE_FORMATS))
     if bad:
         raise ValueError(f"unknown figure format(s) {bad}: choose from {list(IMAGE_FORMATS)}")
+    check_report_dir(out)  # before any work: the report replaces the whole folder
     net = vitlab.load_model(model, pretrained=pretrained, weights=weights)
     try:
         info = vitlab.model_info(net)  # a model without attention fails here, before any work
