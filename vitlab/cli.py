@@ -556,7 +556,8 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(sp)
     sp.add_argument("--images", help="folder of images (default: for 32 px models the 128 shipped CIFAR-10 test "
                     "images, otherwise 16 crops of scikit-learn's sample photos)")
-    sp.add_argument("--out", default="out", help="output folder: a new or empty one, or an earlier report's (replaced only when the report is complete)")
+    sp.add_argument("--out", default="out", help="output folder: a new or empty one, or an earlier report's "
+                    "(replaced only when the report is complete)")
     sp.add_argument("--num-images", type=int, default=None,
                     help="images to analyse (default: all 128 CIFAR-10 test images for 32 px models, 16 otherwise)")
     sp.add_argument("--no-shapes", dest="shapes", action="store_false",
