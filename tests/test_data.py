@@ -38,6 +38,28 @@ def test_folder_and_zip_give_the_same_array(tmp_path, monkeypatch):
     assert list((tmp_path / "cache").glob("images-*.npz"))
 
 
+def test_the_cache_follows_changes_inside_class_folders(tmp_path, monkeypatch):
+    """Adding an image to a class folder or overwriting one in place leaves the root folder's own time as it was:
+    the cached array must still be rebuilt, and equal what an uncached load decodes."""
+    import os
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    root = make_folder(tmp_path / "train")
+    first = load_image_folder(root, progress=False)
+    st = root.stat()
+    Image.new("RGB", (8, 8), (255, 255, 255)).save(root / "a" / "zz_new.png")
+    target = sorted((root / "b").glob("*.png"))[0]
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(target)
+    os.utime(root, ns=(st.st_atime_ns, st.st_mtime_ns))  # the root as it was: only its members changed
+    again = load_image_folder(root, progress=False)
+    fresh = load_image_folder(root, cache=False, progress=False)
+    assert len(first) == 6 and len(again) == len(fresh) == 7
+    assert torch.equal(again.images, fresh.images) and torch.equal(again.labels, fresh.labels)
+    assert (again.images == 255).all(dim=(1, 2, 3)).sum() == 1  # the added white image
+    assert any((img == torch.tensor([1, 2, 3], dtype=torch.uint8)).all() for img in again.images)  # the overwritten
+    assert len(list((tmp_path / "cache").glob("images-*.npz"))) == 2
+
+
 def test_grayscale_rgba_palette_converted(tmp_path):
     root = make_folder(tmp_path / "d", n_per_class=1)
     Image.new("L", (8, 8), 100).save(root / "a" / "gray.png")

@@ -126,6 +126,20 @@ def _members(root: Path) -> Iterator[tuple[str, str, callable]]:
         raise DataError(f"{root} is neither a folder nor a zip file of images (ImageFolder layout: class/image.jpg)")
 
 
+def _fingerprint(root: Path) -> str:
+    """What the decoded cache of ``root`` depends on: a zip's size and modification time; for a folder, the
+    relative path, size and modification time of every entry under it (a root's own time does not change when an
+    image inside a class folder is added or overwritten)."""
+    st = root.stat()
+    if not root.is_dir():
+        return f"{st.st_size}|{st.st_mtime_ns}"
+    h = hashlib.sha1()
+    for p in sorted(root.rglob("*")):
+        e = p.stat()
+        h.update(f"{p.relative_to(root)}|{e.st_size}|{e.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
 def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | None = None,
                       cache: bool = True, progress: bool = True) -> ImageArray:
     """Decode an ImageFolder directory or zip (``[split/]class/img.jpg``) into an ``ImageArray``.
@@ -139,8 +153,7 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
     size = (size, size) if isinstance(size, int) else size
     key = None
     if cache:
-        st = root.stat()
-        key = hashlib.sha1(f"{root.resolve()}|{st.st_size}|{st.st_mtime_ns}|{size}".encode()).hexdigest()[:16]
+        key = hashlib.sha1(f"{root.resolve()}|{_fingerprint(root)}|{size}".encode()).hexdigest()[:16]
         hit = cache_dir() / f"images-{key}.npz"
         if hit.is_file():
             with np.load(hit, allow_pickle=False) as z:
