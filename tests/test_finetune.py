@@ -10,6 +10,7 @@ from timm.data import resolve_data_config
 from torch import nn
 
 import vitlab
+from vitlab.finetune import resample_grid
 
 
 def ref_resample(grid_rows: torch.Tensor, old: tuple[int, int], new: tuple[int, int], mode: str,
@@ -141,3 +142,23 @@ def test_resize_rejects_bad_sizes_without_changing_the_model():
     assert model.patch_embed.grid_size == (8, 8) and model.pos_embed.shape == (1, 65, 192)
     with pytest.raises(TypeError, match="needs a timm VisionTransformer.*ResNetV2"):
         vitlab.resize_for_finetuning(tiny_bit(), 64)
+
+
+def test_resize_rejects_a_bad_interpolation_and_leaves_a_failed_resize_undone(x32):
+    """A misspelt mode is refused before anything changes; a failure after the patch embedding took the new size
+    (here a position table whose rows do not match the grid) puts the input size back, so the model still runs."""
+    model = tiny_vit().eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    y = model(x32)
+    with pytest.raises(ValueError, match=r"interpolation must be one of .*'bicubic'.* got 'bicubc'"):
+        vitlab.resize_for_finetuning(model, 48, interpolation="bicubc")
+    assert model.patch_embed.img_size == (32, 32) and model.patch_embed.grid_size == (8, 8)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    torch.testing.assert_close(model(x32), y, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="interpolation must be one of"):
+        resample_grid(model.pos_embed[:, 1:], (8, 8), (12, 12), "cubic")
+    model.pos_embed = nn.Parameter(model.pos_embed.detach()[:, :-1])  # 64 rows for 1 prefix + an 8 x 8 grid
+    with pytest.raises(ValueError, match="pos_embed has 64 rows"):
+        vitlab.resize_for_finetuning(model, 48)
+    assert model.patch_embed.img_size == (32, 32) and model.patch_embed.grid_size == (8, 8)
+    assert model.pos_embed.shape == (1, 64, 192)

@@ -11,7 +11,10 @@ from torch import nn
 
 from vitlab.zoo import HybridConfig, ModelConfig, ViTConfig, sincos_grid, size2
 
-__all__ = ["resize_for_finetuning", "resample_grid"]
+__all__ = ["resize_for_finetuning", "resample_grid", "INTERPOLATIONS"]
+
+#: ``F.interpolate``'s modes for a 2D grid, the ones ``resample_grid`` takes.
+INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic", "area")
 
 
 def resize_for_finetuning(model: nn.Module, img_size: int | tuple[int, int], num_classes: int | None = None,
@@ -34,16 +37,22 @@ def resize_for_finetuning(model: nn.Module, img_size: int | tuple[int, int], num
         ph, pw = embed.patch_size
         if size[0] % ph or size[1] % pw:
             raise ValueError(f"img_size {size} is not a multiple of the patch size {(ph, pw)}")
+    _check_interpolation(interpolation)
     new_cfg = _resized_config(getattr(model, "vitlab_config", None), size, num_classes)  # validates before changes
     pe = model.pos_embed
     sincos = pe is not None and _is_sincos(model)
-    old_grid = tuple(embed.grid_size)
+    old_grid, old_size = tuple(embed.grid_size), tuple(embed.img_size)
     embed.set_input_size(img_size=size)  # hybrid: runs the backbone once to read the new feature map size
-    new_grid = tuple(embed.grid_size)
+    try:
+        new_grid = tuple(embed.grid_size)
+        if pe is not None:
+            n_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+            with torch.no_grad():
+                new = _resized_pos_embed(pe, n_prefix, old_grid, new_grid, sincos, interpolation)
+    except BaseException:
+        embed.set_input_size(img_size=old_size)  # the model as it came: nothing half-resized
+        raise
     if pe is not None:
-        n_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
-        with torch.no_grad():
-            new = _resized_pos_embed(pe, n_prefix, old_grid, new_grid, sincos, interpolation)
         model.pos_embed = nn.Parameter(new, requires_grad=pe.requires_grad)
     if num_classes is not None:
         _zero_head(model, num_classes)
@@ -98,6 +107,7 @@ def resample_grid(rows: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple
                   interpolation: str = "bicubic") -> torch.Tensor:
     """(1, gh*gw, D) learned position embeddings of an ``old_grid`` -> (1, gh'*gw', D) for ``new_grid`` by 2D
     interpolation (``F.interpolate`` mode), antialiased only when the grid shrinks (paper section 3.2)."""
+    _check_interpolation(interpolation)
     old_grid, new_grid = tuple(old_grid), tuple(new_grid)
     if old_grid == new_grid:
         return rows
@@ -105,6 +115,12 @@ def resample_grid(rows: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple
     antialias = shrink and interpolation in ("bilinear", "bicubic")
     return resample_abs_pos_embed(rows, new_size=list(new_grid), old_size=list(old_grid), num_prefix_tokens=0,
                                   interpolation=interpolation, antialias=antialias)
+
+
+def _check_interpolation(interpolation: str) -> None:
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"interpolation must be one of {list(INTERPOLATIONS)} (F.interpolate's 2D modes), got "
+                         f"{interpolation!r}")
 
 
 def _zero_head(model: VisionTransformer, num_classes: int) -> None:
