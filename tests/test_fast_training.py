@@ -590,3 +590,46 @@ def test_distillation_facts_match_an_independent_two_head_pass():
 
     assert _distillation(student, "data/checkpoints/gone", "/elsewhere/gone", data) == {
         "missing": "its teacher `data/checkpoints/gone` was not found at export"}
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(batch_size=0), "batch_size must be a whole number >= 1, got 0"),
+    (dict(batch_size=True), "batch_size must be a whole number"),
+    (dict(epochs=2.5), "epochs must be a whole number >= 1, got 2.5"),
+    (dict(eval_every=-1), "eval_every must be a whole number >= 0"),
+    (dict(max_train_examples=0), "max_train_examples must be a whole number >= 1"),
+    (dict(seed="0"), "seed must be a whole number"),
+    (dict(lr=-1.0), "lr must be a number > 0, got -1.0"),
+    (dict(lr=float("nan")), "lr must be a number > 0, got nan"),
+    (dict(lr="1e-3"), "lr must be a number > 0, got '1e-3'"),
+    (dict(warmup_epochs=-3), "warmup_epochs must be a number >= 0"),
+    (dict(label_smoothing=2), r"label_smoothing must be a number in \[0, 1\)"),
+    (dict(mixup_prob=1.5), r"mixup_prob must be a number in \[0, 1\]"),
+    (dict(ema_decay=1.0), r"ema_decay must be None \(no EMA\) or a number in \(0, 1\)"),
+    (dict(momentum=1.0), r"momentum must be a number in \[0, 1\)"),
+    (dict(grad_clip=-1.0), "grad_clip must be a number >= 0"),
+    (dict(distill_tau=0.0), "distill_tau must be a number > 0"),
+])
+def test_numeric_settings_are_checked(changes, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(PRESETS["tiny"], **changes)
+
+
+def test_numeric_settings_accept_their_edges():
+    """What the checks must let through: the presets, ints for float fields, the documented 0 = off values."""
+    cfg = dataclasses.replace(PRESETS["tiny"], epochs=1, batch_size=1, lr=1, min_lr=0, warmup_epochs=7,
+                              label_smoothing=0, grad_clip=0, mixup_prob=0, ema_decay=0.999, eval_every=0,
+                              crop_padding=0, lr_start=1, seed=-3)
+    assert (cfg.lr, cfg.warmup_epochs, cfg.seed) == (1, 7, -3)
+    for preset in PRESETS.values():
+        assert dataclasses.replace(preset) == preset
+
+
+def test_a_bad_number_from_the_command_line_is_refused_before_the_run_folder(tmp_path, capsys):
+    from vitlab.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--preset", "tiny", "--data", "shapes", "--run-dir", str(run), "--quiet", "--set",
+                 "batch_size=0"]) != 0
+    assert "batch_size must be a whole number >= 1, got 0" in capsys.readouterr().err
+    assert not run.exists()

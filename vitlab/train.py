@@ -140,6 +140,7 @@ class TrainConfig:
     full_token_epochs: int = 0
 
     def __post_init__(self) -> None:
+        self._check_numbers()
         if self.optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
         if self.schedule not in ("cosine", "triangle"):
@@ -208,6 +209,44 @@ class TrainConfig:
             if not isinstance(self.model, CifarNetConfig):
                 raise ValueError("whiten_bias_epochs needs a model with a whitening stem (CifarNetConfig); leave it "
                                  "None for other models")
+
+    def _check_numbers(self) -> None:
+        """The plain numeric fields: type and range, each refused with its name, the value and what is allowed
+        (e.g. ``--set batch_size=0`` used to end in a ZeroDivisionError deep inside the run)."""
+        def whole(name: str, low: int) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name} must be a whole number >= {low}, got {v!r}")
+
+        def real(name: str, ok: Callable[[float], bool], allowed: str, none: bool = False) -> None:
+            v = getattr(self, name)
+            if v is None and none:
+                return
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+                raise ValueError(f"{name} must be {allowed}, got {v!r}")
+
+        whole("epochs", 1)
+        whole("batch_size", 1)
+        whole("crop_padding", 0)
+        whole("eval_every", 0)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be a whole number, got {self.seed!r}")
+        if self.max_train_examples is not None:
+            whole("max_train_examples", 1)
+        real("lr", lambda v: v > 0, "a number > 0")
+        real("min_lr", lambda v: v >= 0, "a number >= 0")
+        real("weight_decay", lambda v: v >= 0, "a number >= 0")
+        real("warmup_epochs", lambda v: v >= 0, "a number >= 0")
+        real("label_smoothing", lambda v: 0 <= v < 1, "a number in [0, 1)")
+        real("grad_clip", lambda v: v >= 0, "a number >= 0 (0 turns clipping off)")
+        real("mixup_alpha", lambda v: v >= 0, "a number >= 0")
+        real("cutmix_alpha", lambda v: v >= 0, "a number >= 0")
+        real("mixup_prob", lambda v: 0 <= v <= 1, "a number in [0, 1] (0 turns mixup and cutmix off)")
+        real("ema_decay", lambda v: 0 < v < 1, "None (no EMA) or a number in (0, 1)", none=True)
+        real("momentum", lambda v: 0 <= v < 1, "a number in [0, 1)")
+        real("lr_start", lambda v: 0 <= v <= 1, "a number in [0, 1] (a fraction of the peak lr)")
+        real("norm_bias_lr_scale", lambda v: v > 0, "a number > 0")
+        real("distill_tau", lambda v: v > 0, "a number > 0")
 
 
 #: The distillation teacher's checkpoint (``vitlab train --preset resnet_cifar10_fast`` exported there).
