@@ -633,3 +633,23 @@ def test_a_bad_number_from_the_command_line_is_refused_before_the_run_folder(tmp
                  "batch_size=0"]) != 0
     assert "batch_size must be a whole number >= 1, got 0" in capsys.readouterr().err
     assert not run.exists()
+
+
+def test_images_of_another_size_are_refused_before_the_run_folder(tmp_path, three_class_data):
+    """A ViT of 48 px on 32 px data (and a hybrid's ViT likewise) is refused naming both sizes and the setting,
+    before anything is written; a CNN takes the data as it is."""
+    train_data, test_data = three_class_data
+    cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, img_size=48), epochs=1)
+    with pytest.raises(ValueError, match=r"training images of .* are 32 x 32 px but the model is built for 48 x 48: "
+                                         r"set --set model.img_size=32"):
+        train(cfg, tmp_path / "run", progress=False, train_data=train_data, test_data=test_data)
+    small_test = dataclasses.replace(test_data, images=test_data.images[:, :16, :16])
+    with pytest.raises(ValueError, match="test images of .* are 16 x 16 px but the model is built for 32 x 32"):
+        train(dataclasses.replace(cfg, model=TINY_VIT), tmp_path / "run", progress=False, train_data=train_data,
+              test_data=small_test)
+    hybrid = PRESETS["hybrid_cifar10"].model
+    hybrid = dataclasses.replace(hybrid, vit=dataclasses.replace(hybrid.vit, img_size=64))
+    with pytest.raises(ValueError, match="set --set model.vit.img_size=32"):
+        train(dataclasses.replace(cfg, model=hybrid), tmp_path / "run", progress=False, train_data=train_data,
+              test_data=test_data)
+    assert not (tmp_path / "run").exists()

@@ -597,6 +597,22 @@ def _barrier(d: _Dist) -> None:
         dist.barrier()
 
 
+def _check_image_size(cfg: TrainConfig, train_data: ImageArray, test_data: ImageArray) -> None:
+    """A ViT (or hybrid) is built for one image size: refuse data of another size before anything is written,
+    naming both and the setting to change (timm's own check fires only at the first forward, as an AssertionError)."""
+    m = cfg.model.vit if isinstance(cfg.model, HybridConfig) else cfg.model
+    if not isinstance(m, ViTConfig):
+        return  # the CNNs take any size
+    want = size2(m.img_size)
+    key = "model.vit.img_size" if isinstance(cfg.model, HybridConfig) else "model.img_size"
+    for split, data in (("training", train_data), ("test", test_data)):
+        got = tuple(data.images.shape[1:3])
+        if got != want:
+            raise ValueError(f"the {split} images of {data.source} are {got[0]} x {got[1]} px but the model is built "
+                             f"for {want[0]} x {want[1]}: set --set {key}={got[0] if got[0] == got[1] else list(got)} "
+                             "(or resize the data)")
+
+
 def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False, progress: bool = True,
           train_data: ImageArray | None = None, test_data: ImageArray | None = None,
           device: str | None = None, workers: int | None = None, compile: bool | None = None) -> nn.Module:
@@ -635,6 +651,7 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     train_data = train_data if train_data is not None else load_dataset(cfg.data, "train")
     test_data = test_data if test_data is not None else load_dataset(cfg.data, "test")
     cfg = with_num_classes(cfg, len(train_data.classes))
+    _check_image_size(cfg, train_data, test_data)
     if cfg.max_train_examples:
         train_data = train_data.subset(range(min(cfg.max_train_examples, len(train_data))))
     cfg_file = run / "train_config.json"
