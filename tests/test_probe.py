@@ -317,3 +317,21 @@ def test_features_resize_to_the_model_input_and_work_for_a_resnet():
     data = load_shapes("test", n=4, size=48)  # 48 px images, 32 px models
     assert extract_features(tiny_vit(), data, cache=False).shape == (4, 192)
     assert extract_features(tiny_bit(), data, cache=False).shape[0] == 4
+
+
+def test_features_take_missing_preprocessing_from_timms_defaults_and_resize_without_a_crop():
+    """A pretrained config without mean and std gets timm's defaults, as every other vitlab path does (through
+    resolve_data_config), not a private fallback; a crop_pct below 1 still resizes the whole image."""
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, resolve_data_config
+
+    model = tiny_vit().eval()
+    model.pretrained_cfg = {k: v for k, v in model.pretrained_cfg.items() if k not in ("mean", "std")} | {
+        "crop_pct": 0.875}
+    assert resolve_data_config({}, model=model)["mean"] == IMAGENET_DEFAULT_MEAN
+    data = load_shapes("test", n=4, size=48)
+    x = torch.nn.functional.interpolate(data.images.permute(0, 3, 1, 2).float() / 255, size=(32, 32), mode="bicubic",
+                                        antialias=True, align_corners=False).clamp(0, 1)
+    x = (x - torch.tensor(IMAGENET_DEFAULT_MEAN).view(1, 3, 1, 1)) / torch.tensor(IMAGENET_DEFAULT_STD).view(1, 3, 1, 1)
+    with torch.no_grad():
+        expected = model.forward_head(model.forward_features(x), pre_logits=True)
+    torch.testing.assert_close(extract_features(model, data, cache=False), expected, rtol=1e-5, atol=1e-5)

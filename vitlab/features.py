@@ -41,11 +41,14 @@ def _hash_tensor(h, t: Tensor) -> None:
 
 
 def _transform(model: nn.Module) -> dict:
-    cfg = getattr(model, "pretrained_cfg", {}) or {}
-    size = cfg.get("input_size", (3, 224, 224))
-    return {"input_size": [int(v) for v in size[-2:]], "mean": [float(v) for v in cfg.get("mean", (0.5,) * 3)],
-            "std": [float(v) for v in cfg.get("std", (0.5,) * 3)],
-            "interpolation": str(cfg.get("interpolation", "bicubic"))}
+    """Input size, mean, std and interpolation from ``timm.data.resolve_data_config`` (the source every vitlab
+    path reads them from, timm's defaults included). The whole image is resized to the input size: no centre crop
+    (``crop_pct`` is not applied), so a probe reads every pixel of small images such as CIFAR's."""
+    import timm.data
+
+    cfg = timm.data.resolve_data_config({}, model=model)
+    return {"input_size": [int(v) for v in cfg["input_size"][-2:]], "mean": [float(v) for v in cfg["mean"]],
+            "std": [float(v) for v in cfg["std"]], "interpolation": str(cfg["interpolation"])}
 
 
 def feature_key(model: nn.Module, data: ImageArray) -> str:
