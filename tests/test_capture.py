@@ -263,6 +263,30 @@ def test_error_when_model_not_run_inside_block(vit):
         cap.stack()
 
 
+def test_preallocated_capture_names_a_short_or_long_run(vit, x32):
+    """preallocate=N that N images fill gives the per-call store's maps; fewer images is refused by count (not as
+    'no maps recorded'), more images as soon as they run."""
+    x = x32[:4] if len(x32) >= 4 else x32.repeat(4, 1, 1, 1)[:4]
+    with vitlab.capture_attention(vit) as ref, torch.no_grad():
+        vit(x)
+    with vitlab.capture_attention(vit, preallocate=4) as cap, torch.no_grad():
+        vit(x[:2])
+        vit(x[2:])
+    torch.testing.assert_close(cap.stack(), ref.stack(), rtol=0, atol=0)
+    with vitlab.capture_attention(vit, preallocate=4) as cap, torch.no_grad():
+        vit(x[:2])
+    with pytest.raises(AttentionCaptureError, match="2 of preallocate=4 images ran inside the capture"):
+        cap.stack()
+    with pytest.raises(AttentionCaptureError, match=r"more images ran inside the capture than preallocate=3 "
+                                                    r"\(layer 0 reached 4\)"):
+        with vitlab.capture_attention(vit, preallocate=3), torch.no_grad():
+            vit(x[:2])
+            vit(x[2:])
+    with pytest.raises(AttentionCaptureError, match="4 maps in one call, more than preallocate=3: either more images"):
+        with vitlab.capture_attention(vit, preallocate=3), torch.no_grad():
+            vit(x)
+
+
 def test_bad_options():
     with pytest.raises(ValueError, match="head_fusion"):
         with vitlab.capture_attention(tiny_vit(), head_fusion="median"):

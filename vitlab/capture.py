@@ -195,22 +195,34 @@ class _PreallocatedStore:
         if self.out is None:
             self.out = torch.empty(len(self.layers), self.total, *t.shape[1:], dtype=torch.float32, device=t.device)
         start, out = self.filled[layer], self.out[self.slot[layer]]
-        if t.shape[1:] != out.shape[1:] or (start + len(t) > self.total and len(t) > self.total):
+        if t.shape[1:] != out.shape[1:]:
             raise AttentionCaptureError(
                 f"layer {layer} produced maps of shape {tuple(t.shape)} while earlier layers gave "
                 f"{tuple(out.shape[1:])} per image: layers attend over different token sets or fold windows into "
                 f"the batch (windowed attention?). {hint}"
             )
+        if len(t) > self.total:  # one call alone: too many images, or windows folded into the batch
+            raise AttentionCaptureError(
+                f"layer {layer} produced {len(t)} maps in one call, more than preallocate={self.total}: either more "
+                "images ran than preallocate says (pass the number the block runs, or leave it unset), or the layer "
+                f"folds attention windows into the batch (windowed attention). {hint}")
         if start + len(t) > self.total:
-            raise AttentionCaptureError(f"more images ran inside the capture than preallocate={self.total}: pass the "
-                                        "total number of images the block will run, or leave preallocate unset")
+            raise AttentionCaptureError(
+                f"more images ran inside the capture than preallocate={self.total} (layer {layer} reached "
+                f"{start + len(t)}): pass the total number of images the block will run, or leave preallocate unset")
         out[start : start + len(t)].copy_(t)
         self.filled[layer] = start + len(t)
 
     def counts(self) -> dict[int, int]:
-        return {i: (1 if f == self.total else 0) if f else 0 for i, f in self.filled.items()}
+        return {i: 1 if f else 0 for i, f in self.filled.items()}  # stack() refuses a partly filled tensor
 
     def stack(self, hint: str) -> Tensor:
+        short = {i: f for i, f in self.filled.items() if 0 < f < self.total}
+        if short:
+            ran = max(short.values())
+            raise AttentionCaptureError(f"{ran} of preallocate={self.total} images ran inside the capture, so the "
+                                        "rest of the preallocated maps hold no attention: pass the number of images "
+                                        "the block runs as preallocate, or leave it unset")
         return self.out
 
     def clear(self) -> None:
