@@ -16,6 +16,7 @@ from _reference import make_folder
 from safetensors.torch import load_file
 
 import vitlab
+from vitlab.export import read_history
 from vitlab.train import PRESETS, TrainingDiverged, lr_at, train, with_num_classes
 
 
@@ -79,6 +80,53 @@ def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
     assert json.loads(lines[-1])["epoch"] == 6
     model = vitlab.load_model(tmp_path / "killed" / "checkpoint")  # a checkpoint is a loadable model
     assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 3)
+
+
+def test_settle_history_restores_the_checkpoints_record_and_drops_torn_lines(tmp_path):
+    from vitlab.train import settle_history
+
+    path = tmp_path / "metrics.jsonl"
+    r1, r2, r3 = ({"epoch": e, "train_loss": 1.0 / e, "epoch_seconds": 10.0 * e} for e in (1, 2, 3))
+    # killed between the checkpoint of epoch 3 and its record: the record comes back from the checkpoint
+    path.write_text(json.dumps(r1) + "\n" + json.dumps(r2) + "\n")
+    settle_history(path, {"epoch": 3, "metrics": r3})
+    assert [json.loads(x) for x in path.read_text().splitlines()] == [r1, r2, r3]
+    # killed during the append: the torn line goes, the record comes back, and the next append starts a line
+    path.write_text(json.dumps(r1) + "\n" + json.dumps(r2) + "\n" + json.dumps(r3)[:9])
+    settle_history(path, {"epoch": 3, "metrics": r3})
+    assert [json.loads(x) for x in path.read_text().splitlines()] == [r1, r2, r3] and path.read_text().endswith("\n")
+    # a complete history is left byte for byte as it is
+    before = path.stat().st_mtime_ns, path.read_text()
+    settle_history(path, {"epoch": 3, "metrics": r3})
+    assert (path.stat().st_mtime_ns, path.read_text()) == before
+    # no file at all (deleted by hand): the checkpoint's own record starts it
+    path.unlink()
+    settle_history(path, {"epoch": 3, "metrics": r3})
+    assert [json.loads(x) for x in path.read_text().splitlines()] == [r3]
+
+
+def test_read_history_leaves_out_a_torn_last_line_and_names_a_broken_one(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 1}\n\n{"epoch": 2}\n{"epo')
+    with pytest.warns(UserWarning, match="the last line is not a whole record"):
+        assert read_history(tmp_path) == [{"epoch": 1}, {"epoch": 2}]
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 1}\n{"epo{"epoch": 2}\n{"epoch": 3}\n')
+    with pytest.raises(ValueError, match=r"line 2: not a JSON record"):
+        read_history(tmp_path)
+
+
+def test_a_resume_after_a_lost_record_logs_every_epoch_once(tmp_path, tiny_data, monkeypatch):
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "data": str(tiny_data), "epochs": 2})
+    train(cfg, tmp_path / "run", progress=False)
+    log = tmp_path / "run" / "metrics.jsonl"
+    first = log.read_text().splitlines()
+    log.write_text(first[0] + "\n" + first[1][:12])  # epoch 2's record torn, as by a kill during its append
+    longer = cfg.__class__(**{**cfg.__dict__, "epochs": 3})
+    with pytest.raises(ValueError, match="different config"):  # the guard stays: only the same config resumes
+        train(longer, tmp_path / "run", resume=True, progress=False)
+    train(cfg, tmp_path / "run", resume=True, progress=False)  # nothing left to train: the log is settled
+    assert [json.loads(x) for x in log.read_text().splitlines()] == [json.loads(x) for x in first]
+    assert read_history(tmp_path / "run") == [json.loads(x) for x in first]
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_data, monkeypatch):

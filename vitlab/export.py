@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -245,8 +246,23 @@ def _series(facts: dict) -> tuple[str, Callable[[dict], float | None], float | N
 
 
 def read_history(run: Path) -> list[dict]:
-    """The epoch records of a ``vitlab train`` run folder (``metrics.jsonl``, in order; blank lines skipped)."""
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    """The epoch records of a ``vitlab train`` run folder (``metrics.jsonl``, in order; blank lines skipped). A last
+    line torn by a kill during its append is left out with a warning (resuming the run restores it from the
+    checkpoint); an unreadable line before it is an error naming it."""
+    path = run / "metrics.jsonl"
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except ValueError as e:
+            if i == len(lines) - 1:
+                warnings.warn(f"{path}: the last line is not a whole record (a kill during its write?), left out: "
+                              f"{line[:60]!r}. Resuming the run (vitlab train --resume) restores it", stacklevel=2)
+                break
+            raise ValueError(f"{path}, line {i + 1}: not a JSON record ({e}): {line[:60]!r}. Remove or repair that "
+                             "line") from None
+    return records
 
 
 def run_hours(history: Sequence[dict]) -> float:

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitlab.atomic import atomic_write_text
 from vitlab.batches import Augment, default_workers, epoch_seed, training_batches
 from vitlab.checkpoint import (
     load_checkpoint,
@@ -597,6 +598,28 @@ def _barrier(d: _Dist) -> None:
         dist.barrier()
 
 
+def settle_history(path: Path, meta: dict) -> None:
+    """On resume, make ``metrics.jsonl`` hold one record per epoch up to the checkpoint's, before any is appended.
+    An epoch's checkpoint is written before its record, and the checkpoint keeps the record (``meta["metrics"]``):
+    a run killed between the two, or during the append (a torn last line), gets that record back from the
+    checkpoint, and an unreadable line is dropped instead of being joined to the next record."""
+    epoch = int(meta["epoch"])
+    old = path.read_text() if path.is_file() else ""
+    records = []
+    for line in old.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # blank, or torn by a kill during the append
+        if isinstance(record, dict) and isinstance(record.get("epoch"), int) and record["epoch"] <= epoch:
+            records.append(record)
+    if (not records or records[-1]["epoch"] != epoch) and isinstance(meta.get("metrics"), dict):
+        records.append(meta["metrics"])
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    if text != old:
+        atomic_write_text(path, text)
+
+
 def _check_image_size(cfg: TrainConfig, train_data: ImageArray, test_data: ImageArray) -> None:
     """A ViT (or hybrid) is built for one image size: refuse data of another size before anything is written,
     naming both and the setting to change (timm's own check fires only at the first forward, as an AssertionError)."""
@@ -700,6 +723,8 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     if resume:
         meta = load_run_state(ck, opt, ema, d.device, {"objective": objective} if objective is not None else None)
         start_epoch, elapsed = meta["epoch"], meta.get("train_seconds", 0.0)
+        if d.main:
+            settle_history(run / "metrics.jsonl", meta)
     net = model
     if d.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
