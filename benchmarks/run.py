@@ -1,11 +1,14 @@
 """Run the capture speed and coverage benchmarks, print one summary, and update BENCHMARKS.md.
 
     python -m benchmarks                       # full run (ViT-Ti/16 + ViT-B/16 at batch 32, all timm ViTs)
-    python -m benchmarks --batch 8 --repeats 2 --filter 'deit*'   # a quick run
-    python benchmarks/run.py --no-coverage     # speed only (the coverage section of BENCHMARKS.md is kept)
+    python -m benchmarks --batch 8 --repeats 2 --filter 'deit*' --no-train --no-inspect --no-probe  # a quick look
+    python benchmarks/run.py --no-coverage     # every benchmark but coverage (its section of BENCHMARKS.md is kept)
 
 Generated sections of BENCHMARKS.md sit between ``<!-- NAME:start -->`` / ``<!-- NAME:end -->`` markers
-(``machine``, ``speed``, ``coverage``); everything outside them is hand-written and left alone.
+(``machine``, ``speed``, ``coverage``, ``train``, ``inspect``, ``probe``); everything outside them is hand-written
+and left alone. A partial run (``--filter``/``--limit`` for coverage; other ``--models``, ``--batch`` or
+``--repeats`` than the defaults for speed) prints its results and writes them to ``*.partial.json`` but never
+replaces the published section; the ``machine`` section is rewritten only when some section is.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from benchmarks import capture_coverage as coverage
 from benchmarks import capture_speed as speed
 from benchmarks import inspect_speed, probe_speed, train_speed
 from benchmarks._util import machine_info
+from vitlab.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,7 +110,7 @@ def update_markdown(path: Path, sections: dict[str, str]) -> None:
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     for name, body in sections.items():
         text = replace_section(text, name, body)
-    path.write_text(text)
+    atomic_write_text(path, text)  # a reader (or a kill) never sees half a file
 
 
 # ----------------------------------------------------------------------------------------------- summary
@@ -157,16 +161,19 @@ def main(argv: list[str] | None = None) -> int:
     summary = None
     if not args.no_speed:  # first, while nothing else of ours has touched the allocator
         rows = speed.run_speed(tuple(args.models), args.batch, args.repeats)
-        (args.results / "capture_speed.json").write_text(
+        partial = (tuple(args.models), args.batch, args.repeats) != (tuple(speed.DEFAULT_MODELS), 32, 3)
+        (args.results / ("capture_speed.partial.json" if partial else "capture_speed.json")).write_text(
             json.dumps({"machine": info, "rows": speed.to_json(rows)}, indent=1))
-        sections["speed"] = speed_section(rows, args.repeats, info)
+        if not partial:  # never overwrite the full run's record
+            sections["speed"] = speed_section(rows, args.repeats, info)
     if not args.no_coverage:
         cov_info = machine_info()
         results, summary, seconds = coverage.timed_coverage(args.filter, args.limit)
         partial = args.filter is not None or args.limit is not None  # never overwrite the full run's record
         name = "capture_coverage.partial.json" if partial else "capture_coverage.json"
         coverage.write_json(args.results / name, results, summary, seconds)
-        sections["coverage"] = coverage_section(results, summary, seconds, cov_info)
+        if not partial:
+            sections["coverage"] = coverage_section(results, summary, seconds, cov_info)
     if not args.no_train:
         train_res = train_speed.run(steps=args.train_steps)
         (args.results / "train_speed.json").write_text(json.dumps({"machine": machine_info(), **train_res}, indent=1))
@@ -188,9 +195,13 @@ def main(argv: list[str] | None = None) -> int:
                              f"accuracy), {res['threads']} torch threads.\n\n{probe_speed.format_table(res)}")
         print("\n" + probe_speed.format_table(res))
     print(summary_table(rows, summary))
-    if not args.no_markdown:
-        update_markdown(args.markdown, sections)
-        print(f"\nupdated {args.markdown}")
+    if args.no_markdown:
+        return 0
+    if len(sections) == 1:  # the machine alone: a partial run, nothing of it is published
+        print(f"\na partial run: {args.markdown} left as it was (results in {args.results}/*.partial.json)")
+        return 0
+    update_markdown(args.markdown, sections)
+    print(f"\nupdated {args.markdown}: {', '.join(sorted(sections))}")
     return 0
 
 

@@ -1,0 +1,53 @@
+"""benchmarks/run.py: a partial run prints and keeps its own JSON but never replaces a published section."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import run as bench
+
+PUBLISHED = "\n".join(f"<!-- {n}:start -->\nOLD {n}\n<!-- {n}:end -->" for n in ("machine", "speed", "coverage"))
+OFF = ["--no-train", "--no-inspect", "--no-probe"]
+
+
+@pytest.fixture
+def stubbed(tmp_path, monkeypatch):
+    """The benchmarks replaced by stubs that record their arguments: only the publishing rules run."""
+    calls = []
+    monkeypatch.setattr(bench.speed, "run_speed", lambda models, batch, repeats: calls.append(
+        ("speed", models, batch, repeats)) or [])
+    monkeypatch.setattr(bench.speed, "to_json", lambda rows: [])
+    monkeypatch.setattr(bench, "speed_section", lambda rows, repeats, info: "NEW speed")
+    monkeypatch.setattr(bench.coverage, "timed_coverage", lambda pattern, limit: calls.append(
+        ("coverage", pattern, limit)) or ([], {}, 1.0))
+    monkeypatch.setattr(bench.coverage, "write_json", lambda path, *a: path.write_text("{}"))
+    monkeypatch.setattr(bench, "coverage_section", lambda *a: "NEW coverage")
+    monkeypatch.setattr(bench, "summary_table", lambda rows, summary: "")
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text(PUBLISHED)
+    return md, tmp_path / "results", calls
+
+
+def test_a_partial_run_leaves_the_published_sections(stubbed, capsys):
+    md, results, calls = stubbed
+    common = ["--results", str(results), "--markdown", str(md), *OFF]
+    assert bench.main([*common, "--batch", "8", "--repeats", "2", "--filter", "deit*"]) == 0
+    assert calls == [("speed", bench.speed.DEFAULT_MODELS, 8, 2), ("coverage", "deit*", None)]
+    assert md.read_text() == PUBLISHED  # the machine section too: it would name a run whose numbers are not there
+    assert sorted(p.name for p in results.iterdir()) == ["capture_coverage.partial.json", "capture_speed.partial.json"]
+    assert "a partial run" in capsys.readouterr().out
+    assert bench.main([*common, "--no-coverage", "--models", "vit_tiny_patch16_224"]) == 0
+    assert md.read_text() == PUBLISHED
+
+
+def test_a_full_section_is_published_with_the_machine(stubbed):
+    md, results, _ = stubbed
+    assert bench.main(["--results", str(results), "--markdown", str(md), "--no-coverage", *OFF]) == 0
+    text = md.read_text()
+    assert "NEW speed" in text and "OLD coverage" in text and "OLD machine" not in text
+    assert "--no-coverage" in text  # the machine section names the command
+    saved = json.loads((results / "capture_speed.json").read_text())
+    assert saved["rows"] == [] and {"cpu", "date"} <= set(saved["machine"])
+    assert not list(md.parent.glob(".BENCHMARKS.md.*"))  # written in one step, no temporary left
