@@ -110,6 +110,28 @@ def test_capture_command(tmp_path, checkpoint):
     assert load_file(str(f))["attention"].shape == (3, 2, 1, 1, 65)
 
 
+def test_capture_never_leaves_half_a_file(tmp_path, checkpoint, monkeypatch, capsys):
+    """A write that fails part-way keeps the earlier file byte for byte and leaves no temporary; a folder as --out
+    is refused before any work."""
+    import safetensors.torch
+
+    f = tmp_path / "a.safetensors"
+    assert main(["capture", "--model", str(checkpoint), "--out", str(f)]) == 0
+    before = f.read_bytes()
+
+    def torn(tensors, path, metadata=None):
+        with open(path, "wb") as out:
+            out.write(b"half")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", torn)
+    assert main(["capture", "--model", str(checkpoint), "--out", str(f), "--head-fusion", "mean"]) != 0
+    assert "disk full" in capsys.readouterr().err
+    assert f.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "ck"]
+    assert main(["capture", "--model", str(checkpoint), "--out", str(tmp_path)]) != 0
+    assert "is a folder; give a file name" in capsys.readouterr().err
+
+
 def test_probe_command(tmp_path, checkpoint, capsys):
     f = tmp_path / "probe.json"
     assert main(["probe", "--model", str(checkpoint), "--data", "shapes", "--max-train", "40", "--max-test", "20",

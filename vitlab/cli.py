@@ -397,13 +397,18 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
     import vitlab
+    from vitlab.atomic import atomic_write
     from vitlab.images import load_images
 
+    if Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} is a folder; give a file name such as "
+                         f"{Path(args.out) / 'attention.safetensors'}")
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights)
     names, x, _ = load_images(model, args.images, skip_bad=args.skip_bad)
     maps = vitlab.attention_maps(model, x, head_fusion=args.head_fusion, queries=args.queries,
                                  batch_size=args.batch_size)
-    save_file({"attention": maps.contiguous()}, args.out, metadata={"images": json.dumps(names)})
+    atomic_write(args.out, lambda tmp: save_file({"attention": maps.contiguous()}, tmp,
+                                                 metadata={"images": json.dumps(names)}))  # never half a file
     print(f"wrote {args.out}: attention {tuple(maps.shape)} (L, B, H, Q, T) for {len(names)} images")
     return 0
 
