@@ -234,7 +234,7 @@ class TrainConfig:
             raise ValueError(f"seed must be a whole number, got {self.seed!r}")
         if self.max_train_examples is not None:
             whole("max_train_examples", 1)
-        real("lr", lambda v: v > 0, "a number > 0")
+        real("lr", lambda v: v >= 0, "a number >= 0")
         real("min_lr", lambda v: v >= 0, "a number >= 0")
         real("weight_decay", lambda v: v >= 0, "a number >= 0")
         real("warmup_epochs", lambda v: v >= 0, "a number >= 0")
