@@ -269,6 +269,31 @@ def test_rollout_localises():
         rollout_localises(np.ones(3), np.ones(2), np.ones(3), np.ones(3))
 
 
+def test_few_images_give_no_decided_verdict_from_a_degenerate_bootstrap():
+    """One image leaves no interval (inconclusive, not a zero-width 'reproduced'); 2-3 images get Student t for
+    the means; the spread, not a mean, needs MIN_BOOTSTRAP images."""
+    from vitlab.findings import MIN_BOOTSTRAP
+
+    layers = np.arange(3.0)[:, None, None]
+    one = 10 + 0.5 * layers + np.zeros((3, 1, 2))  # one image, a clean rise
+    v = distance_grows_with_depth(one)
+    assert v.statistic == pytest.approx(0.5) and v.verdict == "inconclusive" and np.isnan(v.interval).all()
+    assert "at least 2 needed" in v.criterion
+    two = 10 + layers * np.array([0.5, 0.7])[None, :, None] + np.zeros((3, 2, 2))  # slopes 0.5 and 0.7
+    v = distance_grows_with_depth(two)
+    half = 12.706204736174694 * np.std([0.5, 0.7], ddof=1) / np.sqrt(2)  # t(0.975, 1 df), independently
+    assert v.interval == pytest.approx((0.6 - half, 0.6 + half)) and v.verdict == "inconclusive"
+    assert "Student t over 2 images" in v.criterion
+    v = rollout_localises(np.array([0.6]), np.ones(1), np.array([0.2]), np.zeros(1))
+    assert v.verdict == "inconclusive" and list(v.details["pointing_difference_interval"]) == [None, None]  # NaN
+    spread = np.zeros((1, MIN_BOOTSTRAP - 1, 2))
+    spread[0, :, 1] = 90.0
+    assert lowest_layer_spread(spread, 100.0).verdict == "inconclusive"
+    assert lowest_layer_spread(np.concatenate([spread, spread[:, :1]], 1), 100.0).verdict == "reproduced"
+    s = attention_distance_shift(one + 2.0, one)
+    assert s.overall == pytest.approx(2.0) and s.differs == "no difference shown"
+
+
 # ---------------------------------------------------------------------------------------------- Fig. 3/4
 
 

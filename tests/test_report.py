@@ -145,3 +145,21 @@ def test_reproduce_refuses_a_folder_that_is_not_a_report(tmp_path, checkpoint, c
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "report.html"]
     (tmp_path / "empty").mkdir()
     assert main([*args, "--out", str(tmp_path / "empty")]) == 0
+
+
+def test_a_fixed_position_table_one_layer_and_one_image_get_no_false_verdicts(tmp_path):
+    """A sin-cos table has the 2D topology by construction: not judged as learned; one block has no slope to fit
+    (the report goes on); one image decides nothing about the lowest layer's spread."""
+    cfg = vitlab.vit_config("Ti/4", img_size=32, depth=1, num_classes=10, pos_embed="sincos")
+    ck = vitlab.save_checkpoint(vitlab.build_model(cfg).eval(), tmp_path / "ck")
+    out = tmp_path / "out"
+    assert main(["reproduce", "--model", str(ck), "--out", str(out), "--num-images", "1", "--no-png", "--no-shapes",
+                 "--no-few-shot", "--no-scaling", "--quiet"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    by_section = {}
+    for v in metrics["verdicts"]:
+        by_section.setdefault(v["section"], []).append(v)
+    assert "positions" not in by_section
+    positions = next(f for f in metrics["figures"] if f["slug"] == "positions")
+    assert "fixed" in positions["ours"] and "Not judged" in positions["ours"]
+    assert [v["verdict"] for v in by_section["distance"]] == ["inconclusive"]  # the spread over 1 image; no slope

@@ -55,6 +55,8 @@ __all__ = [
 N_BOOT = 1000
 SEED = 0
 LEVEL = 0.95
+#: the fewest units a percentile bootstrap of a statistic that is not a mean (e.g. a spread) is run over
+MIN_BOOTSTRAP = 4
 # two-sided 95% Student-t quantiles t(0.975, df) for the 2-3 seed case (scipy.stats.t.ppf(0.975, df))
 _T975 = {1: 12.706204736174694, 2: 4.302652729749462}
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
@@ -446,11 +448,13 @@ def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_b
         return (heads.max(1) - heads.min(1)) / ceiling
 
     heads = d0.mean(0)
+    # a bootstrap of 1-3 images has 1-10 distinct resamples: no interval (inconclusive) rather than a false one
+    interval = _percentile(spread(_counts(b, n_boot, seed))) if b >= MIN_BOOTSTRAP else (math.nan, math.nan)
     return _verdict(
         _LOWEST_LAYER,
         f"(largest - smallest head mean attention distance in layer 0) / uniform-attention distance > {threshold}; "
-        "95% bootstrap over images",
-        spread(np.ones((1, b)))[0], _percentile(spread(_counts(b, n_boot, seed))), threshold, ">",
+        f"95% bootstrap over images (at least {MIN_BOOTSTRAP})",
+        spread(np.ones((1, b)))[0], interval, threshold, ">",
         "spread", "of ceiling",
         {"head_distance_px": heads, "ceiling_px": ceiling, "images": b, "local_head": int(heads.argmin()),
          "global_head": int(heads.argmax())})
@@ -470,11 +474,11 @@ def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEE
     m = d.mean(-1)  # (L, B) head-averaged per image
     x = np.arange(L) - (L - 1) / 2
     slopes = x @ m / (x @ x)  # (B,) px per layer
+    interval, method = _mean_interval(slopes, n_boot, seed, "images")
     return _verdict(
         "Fig. 7 right: attention distance grows with depth",
-        "least-squares slope of head-averaged mean attention distance over layer index > 0 px/layer; "
-        "95% bootstrap over images",
-        slopes.mean(), _percentile(_counts(b, n_boot, seed) @ slopes / b), 0.0, ">", "slope", "px/layer",
+        f"least-squares slope of head-averaged mean attention distance over layer index > 0 px/layer; 95% {method}",
+        slopes.mean(), interval, 0.0, ">", "slope", "px/layer",
         {"layer_distance_px": m.mean(1), "images": b})
 
 
@@ -509,7 +513,7 @@ class DistanceShift:
         word = {"a > b": f"{self.a} attends farther", "a < b": f"{self.a} attends nearer"}.get(
             self.differs, "no difference shown")
         return (f"{self.a} - {self.b} mean attention distance over all layers: {_fmt(self.overall)} px "
-                f"[{_fmt(lo)}, {_fmt(hi)}] ({word}; 95% bootstrap over {self.images} images)")
+                f"[{_fmt(lo)}, {_fmt(hi)}] ({word}; 95% interval over {self.images} images)")
 
 
 def attention_distance_shift(dist_a: Array, dist_b: Array, a: str = "a", b: str = "b", n_boot: int = N_BOOT,
@@ -528,12 +532,12 @@ def attention_distance_shift(dist_a: Array, dist_b: Array, a: str = "a", b: str 
                          f"{db.shape[:2]}")
     diff = da.mean(-1) - db.mean(-1)  # (L, B) head-averaged, paired by image
     n = diff.shape[1]
-    w = _counts(n, n_boot, seed)  # (R, B)
-    per_layer = w @ diff.T / n  # (R, L)
-    overall = per_layer.mean(1)  # (R,)
-    return DistanceShift(a=a, b=b, layer_diff=tuple(float(x) for x in diff.mean(1)),
-                         layer_interval=tuple(_percentile(per_layer[:, i]) for i in range(diff.shape[0])),
-                         overall=float(diff.mean()), overall_interval=_percentile(overall), images=n)
+    # every statistic is a mean over images: _mean_interval's bootstrap (one draw of images for all) from 4 images,
+    # Student t for 2-3, none for 1
+    layer_interval = tuple(_mean_interval(row, n_boot, seed, "images")[0] for row in diff)
+    overall_interval = _mean_interval(diff.mean(0), n_boot, seed, "images")[0]
+    return DistanceShift(a=a, b=b, layer_diff=tuple(float(x) for x in diff.mean(1)), layer_interval=layer_interval,
+                         overall=float(diff.mean()), overall_interval=overall_interval, images=n)
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 6
@@ -553,16 +557,15 @@ def rollout_localises(mass: Array, pointing: Array, random_mass: Array, random_p
     b = len(m)
     if not all(a.shape == (b,) for a in (m, p, rm, rp)):
         raise ValueError(f"all four inputs must be (B,), got {[a.shape for a in (m, p, rm, rp)]}")
-    w = _counts(b, n_boot, seed)
     diff, pdiff = m - rm, p - rp
+    interval, method = _mean_interval(diff, n_boot, seed, "images")
     return _verdict(
         "Fig. 6: attention rollout localises the object",
-        "mean over images of (rollout mass on the object - random-map mass on the object) > 0; "
-        "95% bootstrap over images",
-        diff.mean(), _percentile(w @ diff / b), 0.0, ">", "mass difference", "",
+        f"mean over images of (rollout mass on the object - random-map mass on the object) > 0; 95% {method}",
+        diff.mean(), interval, 0.0, ">", "mass difference", "",
         {"images": b, "mass": m.mean(), "random_mass": rm.mean(), "pointing": p.mean(),
          "random_pointing": rp.mean(), "pointing_difference": pdiff.mean(),
-         "pointing_difference_interval": _percentile(w @ pdiff / b)})
+         "pointing_difference_interval": _mean_interval(pdiff, n_boot, seed, "images")[0]})
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 3/4

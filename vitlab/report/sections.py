@@ -157,14 +157,19 @@ def positions(inp: Inputs) -> list[Section]:
         return []
     sim = position_embedding_similarity(inp.net)  # (gh, gw, gh, gw)
     score = position_structure_score(sim)
-    verdicts = [findings.position_similarity_decreases(sim)]
     gh, gw = inp.info.grid_size
-    try:
-        verdicts.append(findings.position_row_column_structure(sim))
-    except ValueError as e:  # grids too small to have pairs at equal distance in and off rows
-        row_col_note = f" Row/column structure not judged: {e}"
+    if inp.info.pos_embed == "fixed":  # a fixed table (sin-cos) has the topology by construction: nothing learned
+        verdicts = []
+        row_col_note = (" Not judged: this model's position embedding is fixed (e.g. the 2D sin-cos table), not "
+                        "learned, so its structure says nothing about what the model learned.")
     else:
-        row_col_note = ""
+        verdicts = [findings.position_similarity_decreases(sim)]
+        try:
+            verdicts.append(findings.position_row_column_structure(sim))
+        except ValueError as e:  # grids too small to have pairs at equal distance in and off rows
+            row_col_note = f" Row/column structure not judged: {e}"
+        else:
+            row_col_note = ""
     out = [Section(
         "positions", "Position-embedding similarity (Fig. 7 centre)",
         similarity_tiles(sim.numpy(), title=f"Position-embedding similarity<br><sup>tile (i, j): patch (i, j) against "
@@ -196,9 +201,10 @@ def distance(inp: Inputs) -> Section:
     per = mean_attention_distance(inp.net, inp.x, per_image=True, progress=False)  # (L, B, H) pixels
     dist = per.mean(1)  # (L, H)
     ceiling = findings.uniform_attention_distance(info.grid_size, info.patch_size)
-    verdicts = [findings.distance_grows_with_depth(per)]
-    if len(inp.x) >= 2:
-        verdicts.insert(0, findings.lowest_layer_spread(per, ceiling))
+    # the lowest-layer spread decides from MIN_BOOTSTRAP images on (inconclusive below); a slope needs 2 layers
+    verdicts = [findings.lowest_layer_spread(per, ceiling)]
+    if per.shape[0] >= 2:
+        verdicts.append(findings.distance_grows_with_depth(per))
     spread = per.mean(2).std(1).numpy() if len(inp.x) > 1 else None
     lo, hi = float(dist[0].min()), float(dist[0].max())
     return Section(
