@@ -25,8 +25,8 @@ import os
 
 SMOKE = os.environ.get("VITLAB_SMOKE") == "1"  # quick run for the test suite
 MODEL = os.environ.get("VITLAB_MODEL") or None  # None: the embedded default; or a timm ViT (online), e.g.
-# the paper's own weights "vit_large_patch32_224.orig_in21k" / "vit_base_patch16_224.orig_in21k", or AugReg's
-# "vit_base_patch16_224.augreg2_in21k_ft_in1k"
+# the paper's own weights "vit_large_patch32_224.orig_in21k" / "vit_base_patch16_224.orig_in21k" (no classifier
+# head: no predicted class, attention and rollout only), or AugReg's "vit_base_patch16_224.augreg2_in21k_ft_in1k"
 
 # %%
 import vitlab

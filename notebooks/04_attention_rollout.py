@@ -23,8 +23,9 @@
 import os
 
 SMOKE = os.environ.get("VITLAB_SMOKE") == "1"
-MODEL = os.environ.get("VITLAB_MODEL") or None  # None: the embedded default; or a timm ViT (online), e.g. the
-# paper's own weights "vit_large_patch32_224.orig_in21k", or AugReg's "vit_base_patch16_224.augreg2_in21k_ft_in1k"
+MODEL = os.environ.get("VITLAB_MODEL") or None  # None: the embedded default; or a timm ViT with a classifier head
+# (online), e.g. AugReg's "vit_base_patch16_224.augreg2_in21k_ft_in1k": the class-specific maps below need class
+# scores, which the paper's own ".orig_in21k" weights (no head) do not give
 N_IMAGES = 4 if SMOKE else 16
 
 # %%

@@ -163,3 +163,21 @@ def test_a_fixed_position_table_one_layer_and_one_image_get_no_false_verdicts(tm
     positions = next(f for f in metrics["figures"] if f["slug"] == "positions")
     assert "fixed" in positions["ours"] and "Not judged" in positions["ours"]
     assert [v["verdict"] for v in by_section["distance"]] == ["inconclusive"]  # the spread over 1 image; no slope
+
+
+def test_a_model_without_a_classifier_head_gets_rollout_and_no_made_up_predictions(tmp_path):
+    """num_classes=0 (timm's .orig_in21k weights): no predicted classes, no class-specific maps or faithfulness
+    scores, the rest of the report as usual."""
+    cfg = vitlab.vit_config("Ti/4", img_size=32, depth=2, num_classes=0)
+    ck = vitlab.save_checkpoint(vitlab.build_model(cfg).eval(), tmp_path / "ck")
+    out = tmp_path / "out"
+    assert main(["reproduce", "--model", str(ck), "--out", str(out), "--num-images", "4", "--no-png", "--no-shapes",
+                 "--no-few-shot", "--no-scaling", "--quiet"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["predictions"] == [] and metrics["methods"] == []
+    slugs = {f["slug"] for f in metrics["figures"]}
+    assert "rollout" in slugs and not slugs & {"faithfulness", "faithfulness_curves"}
+    rollout = next(f for f in metrics["figures"] if f["slug"] == "rollout")
+    assert "no classifier head" in rollout["ours"]
+    page = (out / "report.html").read_text()
+    assert "\\u003cbr\\u003epredicted" not in page and "<br>predicted" not in page  # no title names a predicted class

@@ -117,3 +117,30 @@ def test_gradient_rollout_heatmap_is_the_library_map_for_the_chosen_class(explor
     np.testing.assert_allclose(_z(explorer), expected[0].numpy(), rtol=1e-5)
     title = explorer.figure.layout.title.text  # a 10-class 32 px model gets the CIFAR-10 class names
     assert "for cat (p = " in title and "layer" not in title and "heads" not in title
+
+
+def test_a_headless_model_offers_attention_and_rollout_without_a_made_up_class():
+    """num_classes=0 (timm's .orig_in21k weights): the output is the features, so no predicted class, no
+    class-specific methods; attention and rollout still draw."""
+    import vitlab
+    from vitlab.inspect import gradient_rollout
+    from vitlab.widgets import explorers
+
+    model = vitlab.build_model(vitlab.vit_config("Ti/4", img_size=32, depth=2, num_classes=0)).eval()
+    x = torch.randn(2, 3, 32, 32)
+    shown = [np.zeros((32, 32, 3), np.uint8)] * 2
+    ex = AttentionExplorer(model, (["a", "b"], x, shown))
+    assert list(ex.method.options) == ["attention", "rollout"] and ex.target.disabled
+    assert "no classifier head" in ex.status.value and "<b>" not in ex.status.value  # no class named
+    ex.method.value = "rollout"
+    assert np.isfinite(_z(ex)).all() and "no classifier head" in ex.status.value
+    with pytest.raises(ValueError, match="no classifier head"):
+        ex.prediction()
+    for call in (lambda: gradient_rollout(model, x), lambda: vitlab.compare_methods(model, x, progress=False),
+                 lambda: vitlab.deletion_insertion(model, x, torch.rand(2, 8, 8), torch.zeros(2, dtype=torch.long))):
+        with pytest.raises(ValueError, match="no classifier head .*augreg2_in21k_ft_in1k"):
+            call()
+    no_positions = vitlab.build_model(vitlab.vit_config("Ti/4", img_size=32, depth=2, num_classes=10,
+                                                        pos_embed="none")).eval()
+    att, positions, distance = explorers(no_positions, (["a", "b"], x, shown))
+    assert positions is None and distance is not None

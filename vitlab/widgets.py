@@ -18,6 +18,7 @@ from torch import Tensor, nn
 import vitlab
 from vitlab.info import model_info
 from vitlab.inspect import attention_view, attribution, mean_attention_distance, position_embedding_similarity
+from vitlab.inspect.attribution import has_classifier, require_classifier
 from vitlab.plots import heatmap_over_image
 
 __all__ = ["AttentionExplorer", "PositionExplorer", "DistanceExplorer", "METHODS", "HEADS"]
@@ -53,6 +54,7 @@ class AttentionExplorer:
         self.names, self.x, self.shown = list(names), x, list(shown)
         self.info = model_info(model, img_size=tuple(x.shape[-2:]))
         n_cls = int(getattr(model, "num_classes", 0) or 0)
+        self.has_head = has_classifier(model)  # without one: attention and rollout only, no predicted class
         if class_names is None and n_cls:
             _, known = default_labels(model, 1)
             class_names = known if known is not None and len(known) == n_cls else None
@@ -67,10 +69,11 @@ class AttentionExplorer:
         self.layer = ipw.IntSlider(value=L, min=1, max=L, description="layer")
         self.head = ipw.Dropdown(options=list(HEADS) + [f"head {h}" for h in range(H)], value="mean",
                                  description="heads")
-        self.method = ipw.Dropdown(options=list(METHODS), value="attention", description="method")
+        self.method = ipw.Dropdown(options=list(METHODS) if self.has_head else ["attention", "rollout"],
+                                   value="attention", description="method")
         self.discard = ipw.FloatSlider(value=0.0, min=0.0, max=0.95, step=0.05, description="discard")
         self.target = ipw.Dropdown(options=[("predicted class", -1)] + [(c, k) for k, c in enumerate(self.class_names)],
-                                   value=-1, description="class")
+                                   value=-1, description="class", disabled=not self.has_head)
         self.status = ipw.HTML()
         z, title = self.current_map(), self._title()  # the first view is computed before the figure exists
         self.figure = go.FigureWidget(heatmap_over_image(self.shown[0], z, title))
@@ -84,13 +87,16 @@ class AttentionExplorer:
     def _captured(self, i: int) -> tuple[Tensor, Tensor | None]:
         if i not in self._maps:
             with torch.no_grad(), vitlab.capture_attention(self.model) as cap:
-                self._probs[i] = self.model(self.x[i:i + 1]).float().softmax(-1)[0]
+                out = self.model(self.x[i:i + 1]).float()
+            if self.has_head:  # a headless model's output is its features: no class probabilities
+                self._probs[i] = out.softmax(-1)[0]
             self._maps[i] = (cap.stack().clone(), cap.pool_maps())
         return self._maps[i]
 
     def prediction(self, i: int | None = None) -> tuple[int, float]:
         """(class, probability) the model predicts for image ``i`` (default: the one shown)."""
         i = self.image.value if i is None else i
+        require_classifier(self.model, "a predicted class")
         self._captured(i)
         p = self._probs[i]
         return int(p.argmax()), float(p.max())
@@ -132,9 +138,12 @@ class AttentionExplorer:
             self.figure.data[0].z = self.shown[i]
             self.figure.data[1].z = z
             self.figure.layout.title = self._title()
+        stats = f"map max {float(np.max(z)):.4f}, sum {float(np.sum(z)):.4f}"
+        if not self.has_head:
+            self.status.value = f"no classifier head (the model outputs features): no predicted class; {stats}"
+            return
         c, p = self.prediction(i)
-        self.status.value = (f"predicted <b>{self._class_label(c)}</b> ({p:.0%}); map max {float(np.max(z)):.4f}, "
-                             f"sum {float(np.sum(z)):.4f}")
+        self.status.value = f"predicted <b>{self._class_label(c)}</b> ({p:.0%}); {stats}"
 
     def _on_click(self, trace, points, _state) -> None:
         if points.point_inds:
@@ -270,6 +279,8 @@ class DistanceExplorer:
 
 def explorers(model: nn.Module, images: tuple[list[str], Tensor, list[np.ndarray]] | None = None,
               num_images: int = 8) -> Sequence[object]:
-    """The three explorers, the distance explorer linked to the attention explorer."""
+    """The three explorers, the distance explorer linked to the attention explorer; the position explorer is None
+    for a model without a position embedding (e.g. ``pos_embed="none"``): there is nothing for it to show."""
     att = AttentionExplorer(model, images, num_images)
-    return att, PositionExplorer(model), DistanceExplorer(model, att.x, att)
+    positions = PositionExplorer(model) if att.info.pos_embed != "none" else None
+    return att, positions, DistanceExplorer(model, att.x, att)

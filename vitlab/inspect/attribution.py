@@ -26,17 +26,33 @@ from vitlab.inspect.rollout import attention_rollout, readout_vector
 from vitlab.modes import eval_mode, frozen_parameters
 
 __all__ = ["gradient_rollout", "integrated_gradients", "occlusion", "patch_mask", "ATTRIBUTION_METHODS",
-           "attribution", "predicted_class"]
+           "attribution", "predicted_class", "has_classifier", "require_classifier"]
+
+
+def has_classifier(model: nn.Module) -> bool:
+    """False for a model built without a classifier head (timm's ``num_classes=0``, e.g. the paper's own
+    ``.orig_in21k`` weights), whose output is its features, not class scores."""
+    return getattr(model, "num_classes", None) != 0
+
+
+def require_classifier(model: nn.Module, what: str) -> None:
+    """Refuse a class-specific method on a model without a classifier head: its argmax would be a feature index."""
+    if not has_classifier(model):
+        raise ValueError(f"{what} needs class scores, but this model has no classifier head (num_classes=0: its "
+                         "output is its features, as for timm's .orig_in21k weights). Use a model with a head, e.g. "
+                         "'vit_base_patch16_224.augreg2_in21k_ft_in1k', or attention and rollout, which need none")
 
 
 @torch.no_grad()
 def predicted_class(model: nn.Module, images: Tensor, batch_size: int = 64) -> Tensor:
     """(B,) argmax of the logits (eval mode)."""
+    require_classifier(model, "a predicted class")
     with eval_mode(model):
         return torch.cat([model(images[i:i + batch_size]).argmax(-1) for i in range(0, len(images), batch_size)])
 
 
 def _targets(model: nn.Module, images: Tensor, target: Tensor | int | None) -> Tensor:
+    require_classifier(model, "a class-specific map")
     if target is None:
         return predicted_class(model, images)
     t = torch.as_tensor(target, dtype=torch.long, device=images.device)

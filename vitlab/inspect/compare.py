@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from vitlab.info import model_info
-from vitlab.inspect.attribution import ATTRIBUTION_METHODS, predicted_class
+from vitlab.inspect.attribution import ATTRIBUTION_METHODS, predicted_class, require_classifier
 from vitlab.inspect.faithfulness import deletion_insertion, localisation, randomization_sanity
 
 __all__ = ["MethodScores", "compare_methods"]
@@ -44,6 +44,7 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | None = No
     unknown = [m for m in methods if m not in ATTRIBUTION_METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}: choose from {sorted(ATTRIBUTION_METHODS)}")
+    require_classifier(model, "compare_methods (its scores follow a class's probability)")
     if target is None:
         target = predicted_class(model, images)
     rows, maps = [], {}

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitlab.info import model_info
-from vitlab.inspect.attribution import patch_mask, predicted_class
+from vitlab.inspect.attribution import patch_mask, predicted_class, require_classifier
 from vitlab.modes import eval_mode
 from vitlab.stats import spearman
 
@@ -46,6 +46,7 @@ def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: T
     ``"blur"`` (a heavily blurred copy, as RISE uses for insertion) or a constant in input space (0 = the
     normalisation mean). Returns ``deletion``/``insertion`` (B,) AUCs in [0, 1] and the (B, steps + 1) curves.
     """
+    require_classifier(model, "deletion and insertion (the probability of a class)")
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     _check_maps(maps, images, info.grid_size)
     if steps < 1:

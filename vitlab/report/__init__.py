@@ -165,15 +165,15 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         **base, "summary": {k: v for k, v in summary.items() if k != "facts"} | {"facts": dict(summary["facts"])},
         "model_info": {k: list(v) if isinstance(v, tuple) else v for k, v in info.__dict__.items()},
         "image_names": names, "attention_shape": pred["attention_shape"], "step_seconds": step_seconds,
-        "predictions": [{"image": n, "class": int(c), "probability": float(p)}
-                        for n, c, p in zip(names, pred["pred"], pred["prob"])],
+        "predictions": [] if pred["pred"] is None else  # none without a classifier head
+        [{"image": n, "class": int(c), "probability": float(p)} for n, c, p in zip(names, pred["pred"], pred["prob"])],
         "verdicts": [{"section": s.slug, **v.to_dict()} for s in sections for v in s.verdicts],
         "figures": [{"slug": s.slug, "title": s.title, "paper": s.paper, "ours": s.ours, "stamp": s.stamp,
                      "stamp_line": stamp_line(s.stamp), "metrics": s.metrics,
                      "verdicts": [v.to_dict() for v in s.verdicts]} for s in sections],
         # flat keys kept for scripts that read earlier reports
         "mean_attention_distance_px": by_slug["distance"].metrics["mean_attention_distance_px"],
-        "methods": by_slug["faithfulness"].metrics["methods"],
+        "methods": by_slug["faithfulness"].metrics["methods"] if "faithfulness" in by_slug else [],
     }
     if "localisation" in by_slug:
         metrics["shapes_localisation"] = by_slug["localisation"].metrics

@@ -27,7 +27,9 @@ from vitlab.inspect import (
     random_filter_pca_ratios,
     readout_vector,
 )
+from vitlab.inspect.attribution import has_classifier
 from vitlab.inspect.compare import compare_methods
+from vitlab.inspect.rollout import attention_rollout
 from vitlab.plots import (
     curves,
     filter_grid,
@@ -108,9 +110,13 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
     v = readout_vector(inp.info, len(inp.x), pool, device=inp.x.device).float()  # (B, T)
     layers = sorted(readout_rows)
     readout = torch.stack([(v[:, None] @ readout_rows[i]).squeeze(1)[:, p:] for i in layers])  # (L, B, N)
-    probs = logits.float().softmax(-1)
-    top = probs.max(-1)
-    return {"probs": probs, "pred": top.indices, "prob": top.values,
+    if has_classifier(inp.net):
+        probs = logits.float().softmax(-1)
+        top = probs.max(-1)
+        classes = {"probs": probs, "pred": top.indices, "prob": top.values}
+    else:  # no classifier head: the output is the features, there is no predicted class
+        classes = {"probs": None, "pred": None, "prob": None}
+    return {**classes,
             "readout": readout.reshape(len(layers), len(inp.x), *inp.info.grid_size),  # (L, B, gh, gw)
             "entropy": torch.stack([entropy[i] for i in layers]).mean(1),  # (L, H)
             "attention_shape": [len(layers), len(inp.x), int(entropy[layers[0]].shape[1]), T, T]}
@@ -120,8 +126,11 @@ def map_titles(inp: Inputs, pred: dict[str, Any], n: int) -> list[str]:
     """Row titles for map grids: true class (when known), predicted class and its probability."""
     out = []
     for i in range(n):
-        c, pr = int(pred["pred"][i]), float(pred["prob"][i])
         truth = inp.names[i] if inp.labels is None else f"true {inp.true_class_name(int(inp.labels[i]))}"
+        if pred["pred"] is None:
+            out.append(truth)
+            continue
+        c, pr = int(pred["pred"][i]), float(pred["prob"][i])
         out.append(f"{truth}<br>predicted {inp.class_name(c)} ({pr:.0%})")
     return out
 
@@ -229,6 +238,8 @@ def distance(inp: Inputs) -> Section:
 
 
 def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | None = None) -> list[Section]:
+    if pred["pred"] is None:
+        return [rollout_only(inp, pred)]
     n_attr = min(len(inp.x), max_images or (16 if inp.info.num_tokens <= 100 else 4))
     rows, method_maps = compare_methods(inp.net, inp.x[:n_attr], progress=False)
     n = min(inp.n_show, n_attr)
@@ -262,6 +273,22 @@ def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | N
     curve_sec = Section("faithfulness_curves", "Deletion and insertion curves (our addition)", curves_fig,
                         "(our addition)", "Mean over the images.", inp.stamp(images=n_attr))
     return [grid, table, curve_sec]
+
+
+def rollout_only(inp: Inputs, pred: dict[str, Any]) -> Section:
+    """Fig. 6 for a model without a classifier head: rollout alone, since the class-specific maps and their
+    faithfulness scores need class scores."""
+    n = min(inp.n_show, len(inp.x))
+    roll = attention_rollout(inp.net, inp.x[:n], head_fusion="mean", residual=0.5)  # (n, gh, gw)
+    return Section(
+        "rollout", "Attention rollout (Fig. 6 and 14)",
+        image_grid_with_maps(inp.shown[:n], roll[:, None].numpy(), map_titles(inp, pred, n), ["rollout"],
+                             title="Attention rollout<br><sup>each map scaled to its own maximum</sup>"),
+        "Fig. 6 / Fig. 14 (ViT-L/16): attention rollout of the output token onto the input space concentrates on "
+        "the regions semantically relevant for classification.",
+        "Rollout (head mean, residual 0.5, no discard) only: this model has no classifier head (its output is its "
+        "features), so there is no predicted class for the class-specific maps or the faithfulness scores.",
+        inp.stamp(head_fusion="mean", residual=0.5, discard_ratio=0.0, start_layer=0))
 
 
 def scores_table(rows: list, title: str, localisation: bool = False):
