@@ -55,7 +55,8 @@ print(f"renormalised over patch keys: last layer mean {float(renorm[-1].mean()):
 # %% [markdown]
 # **Paper:** some heads attend to most of the image already in the lowest layers, others stay local; the
 # attention distance increases with depth. **Here:** two verdicts on these images, measured against the distance
-# of uniform attention over this grid (the largest mean distance a head can reach on average).
+# of uniform attention over this grid (a reference, not a ceiling: a head that attends to far patches only goes
+# beyond it).
 
 # %%
 verdicts = [findings.lowest_layer_spread(per_image, ceiling), findings.distance_grows_with_depth(per_image)]

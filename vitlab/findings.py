@@ -434,11 +434,12 @@ def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_b
                         seed: int = SEED) -> Verdict:
     """Fig. 7 right: in the lowest layer some heads attend locally and some globally.
 
-    ``dist`` (L, B, H) px: ``mean_attention_distance(model, images, per_image=True)``; ``ceiling`` px:
+    ``dist`` (L, B, H) px: ``mean_attention_distance(model, images, per_image=True)``; ``ceiling`` px (the name
+    of the argument only: a reference, which a head attending to far patches exceeds):
     ``uniform_attention_distance(grid, patch)``. Statistic: (largest - smallest head mean in layer 0) /
-    ceiling. Threshold 0.5: in the paper's Fig. 7 right the lowest layer's heads span from about 10% to about
-    90% of the largest distance, a spread of about 0.8; half of the ceiling separates "some local and some
-    global" from "all heads alike". Bootstrap over images.
+    uniform distance. Threshold 0.5: in the paper's Fig. 7 right the lowest layer's heads span from about 10% to
+    about 90% of the largest distance, a spread of about 0.8; half of the uniform distance separates "some local
+    and some global" from "all heads alike". Bootstrap over images (at least ``MIN_BOOTSTRAP``).
     """
     d0 = _per_image(dist)[0]  # (B, H)
     b = len(d0)
@@ -455,7 +456,7 @@ def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_b
         f"(largest - smallest head mean attention distance in layer 0) / uniform-attention distance > {threshold}; "
         f"95% bootstrap over images (at least {MIN_BOOTSTRAP})",
         spread(np.ones((1, b)))[0], interval, threshold, ">",
-        "spread", "of ceiling",
+        "spread", "of uniform",
         {"head_distance_px": heads, "ceiling_px": ceiling, "images": b, "local_head": int(heads.argmin()),
          "global_head": int(heads.argmax())})
 

@@ -88,7 +88,7 @@ def layer_lines(values: np.ndarray, ylabel: str, title: str, spread: np.ndarray 
     """(L, H) per-head values against depth: one dot per head, the head mean as a line; y axis from zero.
 
     ``spread`` (L,): error bars on the head mean (for example the standard deviation over images);
-    ``reference`` (value, label): a dashed horizontal line, e.g. the uniform-attention ceiling.
+    ``reference`` (value, label): a dashed horizontal line, e.g. the uniform-attention distance.
     """
     L, H = values.shape
     fig = go.Figure()
