@@ -254,6 +254,18 @@ def test_bit_channels_validated():
         BiTConfig(layers=(2, 2), channels=(4, 96), gn_min_channels_per_group=8)
 
 
+def test_hybrid_backbone_widths_validated_like_bits():
+    """The hybrid's backbone is the same ResNet-v2: the same width and grouping checks, before anything is built
+    (a 48-wide stage used to reach torch's 'num_channels must be divisible by num_groups' at build time)."""
+    vit = vit_config("Ti/2", img_size=16, depth=1, num_classes=10)
+    with pytest.raises(ValueError, match="multiples of 32 with BiT's 32 GroupNorm groups"):
+        HybridConfig(vit=vit, layers=(1, 1), stem="cifar", channels=(48, 96))
+    with pytest.raises(ValueError, match="gn_min_channels_per_group must be None or a positive int"):
+        HybridConfig(vit=vit, layers=(1, 1), stem="cifar", gn_min_channels_per_group=0)
+    ok = HybridConfig(vit=vit, layers=(1, 1), stem="cifar", channels=(48, 96), gn_min_channels_per_group=8)
+    assert vitlab.build_model(ok)(torch.zeros(1, 3, 16, 16)).shape == (1, 10)
+
+
 def test_group_norm_keeps_at_least_k_channels_per_group():
     from vitlab.zoo import group_count
 

@@ -185,6 +185,22 @@ def _check_resnet(layers: tuple[int, ...], stem: str) -> None:
         raise ValueError(f"stem must be 'imagenet' (7x7/2 conv + max pool) or 'cifar' (3x3/1 conv), got {stem!r}")
 
 
+def _check_widths(layers: tuple[int, ...], channels: tuple[int, ...] | None, k: int | None) -> None:
+    """Stage widths and GroupNorm grouping of a ResNet-v2 (the BiT baseline and a hybrid's backbone), checked before
+    anything is built."""
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ValueError(f"gn_min_channels_per_group must be None or a positive int, got {k!r}")
+    if channels is None:
+        return
+    if len(channels) != len(layers):
+        raise ValueError(f"channels must give one width per stage ({len(layers)}), got {channels!r}")
+    if k is None and (min(channels) < 32 or any(c % 32 for c in channels)):
+        raise ValueError(f"channels must be multiples of 32 with BiT's 32 GroupNorm groups, got {channels!r}: "
+                         "or set gn_min_channels_per_group (e.g. 8) to size the groups by width")
+    if k is not None and min(channels) < k:
+        raise ValueError(f"every width must hold at least {k} channels (gn_min_channels_per_group), got {channels!r}")
+
+
 @dataclass(frozen=True)
 class HybridConfig:
     """R?+ViT: a ResNet-v2 stem and stages whose feature map is cut into 1x1 patches (paper section 3.1)."""
@@ -203,8 +219,7 @@ class HybridConfig:
         if isinstance(self.channels, list):
             object.__setattr__(self, "channels", tuple(self.channels))
         _check_resnet(self.layers, self.stem)
-        if self.channels is not None and len(self.channels) != len(self.layers):
-            raise ValueError(f"channels must give one width per stage ({len(self.layers)}), got {self.channels!r}")
+        _check_widths(self.layers, self.channels, self.gn_min_channels_per_group)
         stride = _resnet_stride(self.layers, self.stem)
         if stride != self.vit.patch_size:
             raise ValueError(
@@ -238,17 +253,7 @@ class BiTConfig:
         _check_resnet(self.layers, self.stem)
         if isinstance(self.channels, list):
             object.__setattr__(self, "channels", tuple(self.channels))
-        k = self.gn_min_channels_per_group
-        if k is not None and (not isinstance(k, int) or k < 1):
-            raise ValueError(f"gn_min_channels_per_group must be None or a positive int, got {k!r}")
-        if self.channels is not None and len(self.channels) != len(self.layers):
-            raise ValueError(f"channels must give one width per stage ({len(self.layers)}), got {self.channels!r}")
-        if self.channels is not None and k is None and (min(self.channels) < 32 or any(c % 32 for c in self.channels)):
-            raise ValueError(f"channels must be multiples of 32 with BiT's 32 GroupNorm groups, got {self.channels!r}: "
-                             "or set gn_min_channels_per_group (e.g. 8) to size the groups by width")
-        if self.channels is not None and k is not None and min(self.channels) < k:
-            raise ValueError(f"every width must hold at least {k} channels (gn_min_channels_per_group), got "
-                             f"{self.channels!r}")
+        _check_widths(self.layers, self.channels, self.gn_min_channels_per_group)
         if not isinstance(self.width_factor, int) or self.width_factor < 1:
             raise ValueError(f"width_factor must be a positive int, got {self.width_factor!r}")
         size2(self.img_size)
