@@ -30,11 +30,12 @@ K = 28
 import vitlab
 from vitlab.plots import notebook_figures
 from vitlab.plots import filter_grid
+from vitlab.inspect import filter_component_count
 
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
 model = vitlab.load_model(MODEL)
-k = min(K, vitlab.model_info(model).embed_dim)
+k = filter_component_count(model, K)  # K, or fewer where the model has fewer filters or filter values
 components, ratio = vitlab.embedding_filter_pca(model, k=k)
 filter_grid(components.numpy(), ratio.numpy(), title="Principal components of the patch-embedding filters")
 

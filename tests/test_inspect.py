@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -223,3 +224,19 @@ def test_filter_pca_refuses_hybrid_clearly():
                                                     layers=(1,), stem="imagenet"))
     with pytest.raises(TypeError, match="hybrid"):
         embedding_filter_pca(hybrid)
+
+
+def test_filter_component_count_is_what_the_pca_can_give():
+    """min(28, D filters, C*P*P values): the count the notebook and the report both ask for, never refused."""
+    from vitlab.inspect import filter_component_count
+
+    for overrides, want in [(dict(), 28), (dict(patch_size=2), 12), (dict(embed_dim=8, num_heads=1), 8),
+                            (dict(patch_size=2, in_chans=1), 4)]:
+        cfg = vitlab.vit_config("Ti/4", img_size=32, depth=1, num_classes=10)
+        model = vitlab.build_model(dataclasses.replace(cfg, **overrides))
+        k = filter_component_count(model)
+        assert k == want, overrides
+        comps, ratio = vitlab.embedding_filter_pca(model, k=k)
+        assert comps.shape[0] == ratio.shape[0] == k
+        with pytest.raises(ValueError, match="k must be in"):
+            vitlab.embedding_filter_pca(model, k=k + 1) if k < 28 else vitlab.embedding_filter_pca(model, k=10**6)

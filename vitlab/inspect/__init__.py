@@ -10,7 +10,12 @@ from vitlab.inspect.attribution import (
 from vitlab.inspect.compare import MethodScores, compare_methods
 from vitlab.inspect.distance import attention_distance_from_maps, mean_attention_distance, patch_distances
 from vitlab.inspect.faithfulness import deletion_insertion, localisation, randomization_sanity
-from vitlab.inspect.filters import embedding_filter_pca, filter_pca, random_filter_pca_ratios
+from vitlab.inspect.filters import (
+    embedding_filter_pca,
+    filter_component_count,
+    filter_pca,
+    random_filter_pca_ratios,
+)
 from vitlab.inspect.positions import position_embedding_similarity, position_structure_score
 from vitlab.inspect.rollout import (
     attention_rollout,
@@ -30,6 +35,7 @@ __all__ = [
     "compare_methods",
     "deletion_insertion",
     "embedding_filter_pca",
+    "filter_component_count",
     "filter_pca",
     "random_filter_pca_ratios",
     "readout_attention",

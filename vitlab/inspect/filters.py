@@ -49,6 +49,13 @@ def filter_pca(w: Tensor, k: int = 28) -> tuple[Tensor, Tensor]:
     return comps.reshape(k, c, ph, pw).float(), ratio[:k].float()
 
 
+def filter_component_count(model: nn.Module, k: int = 28) -> int:
+    """How many components ``embedding_filter_pca`` can give, at most ``k`` (the paper's 28): never more than the
+    D filters or their C*P*P values, whatever the width, patch size or channel count."""
+    d, c, ph, pw = _filters(model).shape
+    return min(k, d, c * ph * pw)
+
+
 def embedding_filter_pca(model: nn.Module, k: int = 28) -> tuple[Tensor, Tensor]:
     """(components (k, C, P, P), explained_variance_ratio (k,)) of the mean-centred patch-embedding filters."""
     return filter_pca(_filters(model), k)

@@ -21,6 +21,7 @@ from vitlab.info import ModelInfo
 from vitlab.inspect import (
     ATTRIBUTION_METHODS,
     embedding_filter_pca,
+    filter_component_count,
     mean_attention_distance,
     position_embedding_similarity,
     position_structure_score,
@@ -141,7 +142,7 @@ def map_titles(inp: Inputs, pred: dict[str, Any], n: int) -> list[str]:
 def filters(inp: Inputs) -> Section | None:
     if inp.info.hybrid:
         return None
-    k = min(28, inp.info.embed_dim, 3 * inp.info.patch_size[0] * inp.info.patch_size[1])
+    k = filter_component_count(inp.net)  # the paper's 28, or fewer where the filters allow fewer
     comps, ratio = embedding_filter_pca(inp.net, k=k)
     random = random_filter_pca_ratios(inp.net, k=k, draws=20)
     verdicts = [findings.filters_low_frequency(comps, k=k), findings.filters_structured(ratio, random, k=k)]
