@@ -53,7 +53,7 @@ if SMOKE:  # a two-size sweep on the shapes, into a scratch store
 if not RESULTS.is_file():
     raise FileNotFoundError(f"no sweep results at {RESULTS.resolve()}: run this notebook from notebooks/, set "
                             "VITLAB_RESULTS to a results store, or run `make sweep` to make one")
-records = [r for r in ResultsStore(RESULTS).latest().values()]
+records = list(ResultsStore(RESULTS).newest_sweep().values())  # the last sweep's config only, never mixed
 print(f"{len(records)} runs in {RESULTS} ({sum(r['status'] == 'ok' for r in records)} finished)")
 summary = summarise(records, SHOTS)
 compute = summarise_compute(records)  # {family: {size: pre-training FLOPs}}, from FlopCounterMode per run

@@ -93,6 +93,26 @@ def test_summarise_means_and_spreads_over_seeds():
     assert s["vit"][50] == {"mean": 0.4, "std": 0.0, "n": 1, "values": [0.4]}
 
 
+def test_newest_sweep_never_mixes_configs_and_summarise_refuses_a_mix(tmp_path):
+    """A rerun under a new config (fingerprint) that was killed part-way: the figure takes the newest config's
+    rows only, and summarise refuses to average rows of two configs."""
+    def rec(run, fp, finished, acc):
+        return {"run_id": run, "sweep": "s", "fingerprint": fp, "finished": finished, "status": "ok",
+                "spec": {"family": "vit", "size": 100, "seed": int(run[-1])},
+                "metrics": {"few_shot": {"10": {"mean": acc}}}}
+
+    store = ResultsStore(tmp_path / "r.jsonl")
+    for r in (rec("vit-n100-s0", "old", "2026-01-01T00:00", 0.5), rec("vit-n100-s1", "old", "2026-01-01T00:01", 0.6),
+              rec("vit-n100-s0", "new", "2026-02-01T00:00", 0.9)):
+        store.append(r)
+    newest = store.newest_sweep()
+    assert list(newest) == ["vit-n100-s0"] and newest["vit-n100-s0"]["fingerprint"] == "new"
+    assert summarise(list(newest.values()))["vit"][100]["mean"] == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="records of 2 sweep configs"):
+        summarise(list(store.latest().values()))
+    assert ResultsStore(tmp_path / "none.jsonl").newest_sweep() == {}
+
+
 def test_sweep_config_is_checked():
     with pytest.raises(ValueError, match="both pre-training and probe"):
         run_sweep(dataclasses.replace(QUICK, probe_classes=(1, 2)), "unused.jsonl")

@@ -194,6 +194,15 @@ class ResultsStore:
                 if (sweep is None or r.get("sweep") == sweep)
                 and (fingerprint is None or r.get("fingerprint") == fingerprint)}
 
+    def newest_sweep(self) -> dict[str, dict]:
+        """{run_id: latest record} of the sweep and config (fingerprint) that finished a run last: one sweep's
+        records, never rows of an earlier config (other code, another recipe) mixed into a figure."""
+        latest = list(self.latest().values())
+        if not latest:
+            return {}
+        newest = max(latest, key=lambda r: r.get("finished") or "")
+        return self.latest(newest.get("sweep"), newest.get("fingerprint"))
+
     def done(self, sweep: str | None = None, fingerprint: str | None = None) -> set[str]:
         """Run ids whose latest record (of ``sweep`` and config ``fingerprint``) finished."""
         return {k for k, r in self.latest(sweep, fingerprint).items() if r["status"] == "ok"}
@@ -455,6 +464,10 @@ def summarise(records: Sequence[dict], shots: int = 10) -> dict[str, dict[int, d
     sample std)."""
     import numpy as np
 
+    prints = {r.get("fingerprint") for r in records if r.get("status") == "ok"}
+    if len(prints) > 1:
+        raise ValueError(f"records of {len(prints)} sweep configs ({sorted(map(str, prints))}): summarise one, e.g. "
+                         "ResultsStore(path).newest_sweep().values()")
     acc: dict[str, dict[int, list[float]]] = {}
     for r in records:
         if r.get("status") != "ok" or str(shots) not in r["metrics"]["few_shot"]:

@@ -413,12 +413,8 @@ def scaling(results: Path, versions: dict) -> Section | None:
         return None
     from vitlab.scaling import ResultsStore, summarise, summarise_compute
 
-    store = ResultsStore(results)
-    latest = list(store.latest().values())
-    if not latest:
-        return None
-    newest = max(latest, key=lambda r: r.get("finished") or "")  # the most recent sweep's code and config
-    records = [r for r in store.latest(newest.get("sweep"), newest.get("fingerprint")).values() if r["status"] == "ok"]
+    # the most recent sweep's code and config
+    records = [r for r in ResultsStore(results).newest_sweep().values() if r["status"] == "ok"]
     if not records:
         return None
     try:
