@@ -51,7 +51,7 @@ from plotly.subplots import make_subplots
 
 import vitlab
 from vitlab import findings
-from vitlab.data import load_dataset, normalize
+from vitlab.data import DataError, load_dataset, normalize
 from vitlab.features import READOUT_NAMES, READOUTS
 from vitlab.images import default_images
 from vitlab.mpp import KEEP, MASK, OBJECTIVE_NAME, RANDOM, color3_targets, load_mpp
@@ -96,7 +96,15 @@ print(f"MPP encoder: {mpp_path} (target {objective.target}, {objective.rate:.0%}
 # ## What the pre-training asks: corrupted inputs and predicted colours
 
 # %%
-test = load_dataset(study.data, "test")
+try:
+    test = load_dataset(study.data, "test")
+except (DataError, RuntimeError, OSError) as e:  # offline without CIFAR-10: the 128 test images vitlab ships
+    if study.data != "cifar10":
+        raise
+    from vitlab.images import cifar_test_sample
+
+    print(f"{study.data} unavailable ({e}); the 128 shipped CIFAR-10 test images instead")
+    test = cifar_test_sample()
 shown_idx = torch.arange(N_SHOW) * len(test) // N_SHOW  # spread over the split (stored class by class)
 images = test.images[shown_idx]  # (B, H, W, 3) uint8
 pc = model.pretrained_cfg
