@@ -60,3 +60,43 @@ def test_too_small_and_broken_images_are_refused_or_skipped(tmp_path):
     with pytest.warns(UserWarning, match="broken.jpg"):
         names, x, shown = load_images(model, tmp_path, skip_bad=True)
     assert names == ["ok"] and x.shape == (1, 3, 32, 32)
+
+
+def test_the_view_is_the_pixels_the_model_sees(tmp_path):
+    """timm's eval transform resizes and centre-crops (crop_pct 0.875 here): the view a map is drawn over must be
+    those pixels, equal to un-normalising the model's input, not the whole image squashed to the input size."""
+    import timm
+    from PIL import Image
+
+    from vitlab.images import load_images
+
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, depth=1)
+    model.pretrained_cfg = {**model.pretrained_cfg, "crop_pct": 0.875}
+    img = np.zeros((224, 448, 3), np.uint8)
+    img[:, :200] = (255, 0, 0)  # red in the left 200 columns of a 2:1 photo
+    Image.fromarray(img).save(tmp_path / "wide.png")
+    _, x, shown = load_images(model, tmp_path)
+    _, cfg = model_transform(model)
+    mean, std = torch.tensor(cfg["mean"]).view(3, 1, 1), torch.tensor(cfg["std"]).view(3, 1, 1)
+    seen = ((x[0] * std + mean) * 255).round().clamp(0, 255).byte().permute(1, 2, 0).numpy()
+    assert shown[0].shape == seen.shape == (224, 224, 3)
+    assert np.abs(shown[0].astype(int) - seen.astype(int)).max() <= 1  # the same pixels, up to rounding
+    squashed = np.asarray(Image.fromarray(img).resize((224, 224), Image.Resampling.BICUBIC))
+    red = lambda a: (a[..., 0] > 128).mean()  # noqa: E731
+    assert abs(red(shown[0]) - red(seen)) < 0.01 and abs(red(squashed) - red(seen)) > 0.05
+
+
+def test_a_decompression_bomb_is_a_named_bad_image(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from vitlab.data import DataError
+    from vitlab.images import load_images
+
+    Image.new("RGB", (64, 64), "blue").save(tmp_path / "huge.png")
+    Image.new("RGB", (40, 40), "blue").save(tmp_path / "ok.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 64 x 64 is more than twice this: Pillow refuses it
+    with pytest.raises(DataError, match=r"huge.png: unreadable \(DecompressionBombError"):
+        load_images(vitlab.load_model(), tmp_path)
+    with pytest.warns(UserWarning, match="huge.png"):
+        names, _, _ = load_images(vitlab.load_model(), tmp_path, skip_bad=True)
+    assert names == ["ok"]

@@ -8,7 +8,7 @@ model's input size, for drawing maps over them.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -59,8 +59,8 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
             try:
                 with Image.open(p) as im:
                     rgb = im.convert("RGB")
-            except OSError as e:
-                broken.append(f"{p}: unreadable ({e})")
+            except (OSError, Image.DecompressionBombError) as e:  # the latter: Pillow's guard on huge images
+                broken.append(f"{p}: unreadable ({type(e).__name__}: {e})")
                 continue
             if rgb.size[0] < patch[1] or rgb.size[1] < patch[0]:
                 broken.append(f"{p}: {rgb.size[0]}x{rgb.size[1]} px is smaller than one {patch[0]}x{patch[1]} px "
@@ -107,12 +107,27 @@ def cifar_test_sample() -> ImageArray:
                           tuple(str(c) for c in z["classes"]), "data/cifar10_test_128.npz")
 
 
+def view_transform(tf: Callable[[Image.Image], Tensor], size: Sequence[int]) -> Callable[[Image.Image], np.ndarray]:
+    """PIL image -> the (H, W, 3) uint8 pixels the model sees: ``tf``'s steps before its tensor conversion (timm's
+    resize and centre crop), so a map drawn over the view sits on the pixels it was computed from. A transform
+    that is not a torchvision ``Compose`` falls back to a plain resize to ``size`` (H, W)."""
+    steps = getattr(tf, "transforms", None)
+    if steps is not None:
+        pil_steps = []
+        for t in steps:
+            if "ToTensor" in type(t).__name__:
+                view = type(tf)(pil_steps)
+                return lambda im: np.asarray(view(im.convert("RGB")))
+            pil_steps.append(t)
+    return lambda im: np.asarray(im.convert("RGB").resize((size[1], size[0]), Image.Resampling.BICUBIC))
+
+
 def _preprocessed(model: nn.Module, items: list[tuple[str, Image.Image]]) -> tuple[list[str], Tensor, list[np.ndarray]]:
-    """(names, (B, C, H, W) through the model's own transform, (H, W, 3) uint8 views at its input size)."""
+    """(names, (B, C, H, W) through the model's own transform, the (H, W, 3) uint8 pixels it sees)."""
     tf, cfg = model_transform(model)
-    size = cfg["input_size"][-2:]
+    view = view_transform(tf, cfg["input_size"][-2:])
     x = torch.stack([tf(im) for _, im in items])
-    shown = [np.asarray(im.resize((size[1], size[0]), Image.Resampling.BICUBIC)) for _, im in items]
+    shown = [view(im) for _, im in items]
     return [n for n, _ in items], x, shown
 
 

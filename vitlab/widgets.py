@@ -165,15 +165,14 @@ class AttentionExplorer:
         """Add an uploaded image (encoded bytes), preprocessed as the model expects, and show it."""
         from PIL import Image, UnidentifiedImageError
 
-        from vitlab.images import model_transform
+        from vitlab.images import model_transform, view_transform
 
         try:
             with Image.open(io.BytesIO(data)) as im:
                 im = im.convert("RGB")
                 tf, cfg = model_transform(self.model)
                 x = tf(im)[None]
-                size = cfg["input_size"][-2:]
-                shown = np.asarray(im.resize((size[1], size[0]), Image.Resampling.BICUBIC))
+                shown = view_transform(tf, cfg["input_size"][-2:])(im)  # the pixels the model sees
         except (UnidentifiedImageError, OSError) as e:
             self.status.value = f"<b>could not read {name}</b>: {e}"
             return
