@@ -11,6 +11,7 @@ from conftest import tiny_hybrid, tiny_vit
 
 import vitlab
 from vitlab.inspect.attribution import (
+    ATTRIBUTION_METHODS,
     gradient_rollout,
     integrated_gradients,
     occlusion,
@@ -168,6 +169,17 @@ def test_sanity_check_separates_model_dependent_from_model_blind_maps():
 
     np.testing.assert_allclose(randomization_sanity(brightness, model, x), 1.0, atol=1e-6)
     assert randomization_sanity(occlusion, model, x).abs().max() < 0.9
+
+
+def test_sanity_takes_a_method_by_name_and_the_public_rollout():
+    """attention_rollout's third argument is head_fusion, not a target: passed as it is, it is the rollout entry
+    of ATTRIBUTION_METHODS, and the name works too; an unknown name is refused with the choices."""
+    model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    want = randomization_sanity(ATTRIBUTION_METHODS["rollout"], model, x)
+    torch.testing.assert_close(randomization_sanity("rollout", model, x), want, rtol=0, atol=0)
+    torch.testing.assert_close(randomization_sanity(vitlab.attention_rollout, model, x), want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="unknown method 'rolout': choose from"):
+        randomization_sanity("rolout", model, x)
 
 
 def test_localisation_known_answers():

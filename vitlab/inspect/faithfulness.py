@@ -123,16 +123,26 @@ def randomized_copy(model: nn.Module, seed: int = 0) -> nn.Module:
     with torch.no_grad():
         for p in rand.parameters():
             if p.ndim >= 2:
-                std = p.float().std().clamp_min(1e-6) if p.numel() > 1 else torch.tensor(0.02)
-                p.copy_((torch.randn(p.shape, generator=g) * std).to(p))
+                std = float(p.float().std().clamp_min(1e-6)) if p.numel() > 1 else 0.02
+                p.copy_((torch.randn(p.shape, generator=g) * std).to(p))  # drawn on the CPU: the same on any device
     return rand
 
 
-def randomization_sanity(method: Callable[..., Tensor], model: nn.Module, images: Tensor,
+def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, images: Tensor,
                          target: Tensor | None = None, seed: int = 0, original: Tensor | None = None) -> Tensor:
     """(B,) Spearman correlation between ``method(model, images, target)`` and the same on a
     re-initialised copy of the model (same targets). Near 0: the map depends on the learned weights.
-    ``original``: the map on ``model`` when already computed."""
+    ``method`` takes (model, images, target), as the values of ``ATTRIBUTION_METHODS`` do (or give its name there,
+    e.g. ``"rollout"``); ``original``: the map on ``model`` when already computed."""
+    from vitlab.inspect.attribution import ATTRIBUTION_METHODS
+    from vitlab.inspect.rollout import attention_rollout
+
+    if method is attention_rollout:  # its third argument is head_fusion, not a target: the wrapper takes one
+        method = "rollout"
+    if isinstance(method, str):
+        if method not in ATTRIBUTION_METHODS:
+            raise ValueError(f"unknown method {method!r}: choose from {sorted(ATTRIBUTION_METHODS)}")
+        method = ATTRIBUTION_METHODS[method]
     if target is None:
         target = predicted_class(model, images)
     if original is None:
