@@ -80,6 +80,20 @@ def test_distance_known_answers():
         attention_distance_from_maps(uniform, (2, 2), (16, 16), 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_maps_give_the_float32_distance(dtype):
+    """Uniform attention over ViT-B/16's 24 x 24 grid at 384 px: <A, D> sums to about 115,000 px, past float16's
+    65,504; the distance must be the uniform distance (199.7 px), not inf or bf16's 200 (3 significant digits)."""
+    n = 24 * 24
+    uniform = torch.full((1, 1, 1, n + 1, n + 1), 1 / (n + 1), dtype=dtype)
+    d = patch_distances((24, 24), (16, 16))
+    want = float(d.mean()) * n / (n + 1)  # the class-token share of each row is dropped, not renormalised
+    got = attention_distance_from_maps(uniform, (24, 24), (16, 16), 1).item()
+    ref = attention_distance_from_maps(uniform.float(), (24, 24), (16, 16), 1).item()
+    assert math.isfinite(got) and got == pytest.approx(ref, rel=1e-6)
+    assert got == pytest.approx(want, rel=2e-3)  # the half-precision weights 1/577 themselves round
+
+
 def test_mean_attention_distance_on_a_model():
     model = tiny_vit()
     x = torch.randn(5, 3, 32, 32)
