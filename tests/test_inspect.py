@@ -254,3 +254,23 @@ def test_filter_component_count_is_what_the_pca_can_give():
         assert comps.shape[0] == ratio.shape[0] == k
         with pytest.raises(ValueError, match="k must be in"):
             vitlab.embedding_filter_pca(model, k=k + 1) if k < 28 else vitlab.embedding_filter_pca(model, k=10**6)
+
+
+def test_random_filter_reference_is_the_projection_redrawn_and_leaves_every_state():
+    """Each draw is the patch projection's own reset_parameters under seed s, on the CPU in float32: the same for
+    a float64 copy of the model; the model and the global random state are left as they were."""
+    from vitlab.inspect import filter_pca, random_filter_pca_ratios
+
+    model = tiny_vit()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = torch.get_rng_state()
+    got = random_filter_pca_ratios(model, k=5, draws=2)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    proj = model.patch_embed.proj
+    for s in range(2):
+        torch.manual_seed(s)
+        fresh = torch.nn.Conv2d(proj.in_channels, proj.out_channels, proj.kernel_size, proj.stride)
+        torch.testing.assert_close(got[s], filter_pca(fresh.weight.detach(), 5)[1], rtol=0, atol=0)
+    torch.set_rng_state(state)
+    torch.testing.assert_close(random_filter_pca_ratios(tiny_vit().double(), k=5, draws=2), got, rtol=0, atol=0)

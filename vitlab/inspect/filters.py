@@ -71,13 +71,15 @@ def random_filter_pca_ratios(model: nn.Module, k: int = 28, draws: int = 5) -> T
     proj = getattr(pe, "proj", None)
     out = []
     for seed in range(draws):
-        fresh = copy.deepcopy(proj) if proj is not None and hasattr(proj, "reset_parameters") else None
+        # on the CPU in float32: the draws are the same whatever device or dtype the model is on
+        fresh = (copy.deepcopy(proj).to("cpu", torch.float32) if proj is not None and hasattr(proj, "reset_parameters")
+                 else None)
         if fresh is None:  # no projection to re-initialise: i.i.d. normal filters of the same shape
             g = torch.Generator().manual_seed(seed)
             w = torch.randn(_filters(model).shape, generator=g)
         else:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
+            with torch.random.fork_rng(devices=[]):  # the CPU generator only: no GPU's random state is touched
+                torch.default_generator.manual_seed(seed)
                 fresh.reset_parameters()
             shadow = nn.Module()
             shadow.patch_embed = nn.Module()
