@@ -179,3 +179,23 @@ def test_folder_without_checkpoint_files(tmp_path):
     (tmp_path / "c").mkdir()
     with pytest.raises(ModelLoadError, match="not a vitlab checkpoint.*config.json.*model.safetensors"):
         vitlab.load_model(tmp_path / "c")
+
+
+def test_a_path_that_does_not_exist_never_loads_its_parents_checkpoint(tmp_path):
+    ck = vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
+    with pytest.raises(ModelLoadError, match="no_such_run does not exist"):
+        vitlab.load_checkpoint(ck / "no_such_run")
+    assert isinstance(vitlab.load_checkpoint(ck / "config.json"), torch.nn.Module)  # one of its files still loads
+
+
+def test_a_run_checkpoint_refuses_to_replace_another_folder(tmp_path):
+    model = tiny_vit()
+    opt = torch.optim.AdamW(model.parameters())
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="non-empty folder"):
+        vc.save_run_checkpoint(tmp_path / "results", model, opt, None, {"epoch": 1})
+    assert [p.name for p in (tmp_path / "results").iterdir()] == ["notes.txt"]
+    vc.save_run_checkpoint(tmp_path / "run", model, opt, None, {"epoch": 1})
+    vc.save_run_checkpoint(tmp_path / "run", model, opt, None, {"epoch": 2})  # its own earlier checkpoint: replaced
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["epoch"] == 2

@@ -189,6 +189,9 @@ def load_checkpoint(path: str | os.PathLike) -> nn.Module:
     ``ModelLoadError`` saying what is wrong.
     """
     path = Path(path)
+    if not path.exists():  # not its parent's checkpoint: a misspelt folder inside a checkpoint must not load that
+        raise ModelLoadError(f"{path} does not exist: give a vitlab checkpoint folder (config.json and "
+                             "model.safetensors) or one of its two files")
     directory = path if path.is_dir() else path.parent
     cfg_file, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
     if path.is_file() and path.name not in (CONFIG_NAME, WEIGHTS_NAME):
@@ -275,6 +278,7 @@ def save_run_checkpoint(directory: str | os.PathLike, model: nn.Module, opt: tor
     config.json) plus ``optimizer.safetensors`` / ``optimizer.json``, with an EMA ``ema.safetensors``, and one
     ``NAME.safetensors`` per entry of ``modules`` (training-only parts beside the model, e.g. an objective's head)."""
     directory = Path(directory)
+    check_replaceable(directory)  # it replaces the whole folder: only an earlier checkpoint's, or a new one
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
