@@ -152,6 +152,33 @@ def test_avg_readout_with_a_class_token_uses_the_patch_rows():
     torch.testing.assert_close(vitlab.attention_rollout(m, x), joint[:, 1:, 1:].mean(1).reshape(2, 8, 8).float())
 
 
+def test_readouts_of_timms_prr_pool_and_of_an_average_over_every_token():
+    """timm's ``prr`` pool on a class token reads its first query row (not the mean of the rows); ``avg`` with
+    ``pool_include_prefix`` averages every token, the class token included."""
+    from vitlab.inspect.rollout import readout_vector
+
+    x = torch.randn(2, 3, 32, 32)
+    prr = tiny_timm("vit_tiny_patch16_224", img_size=32, patch_size=4, class_token=True, global_pool="prr")
+    info = vitlab.model_info(prr)
+    assert info.readout == "map" and info.pool_reads_first_row
+    with torch.no_grad(), vitlab.capture_attention(prr) as cap:
+        prr(x)
+    maps, pool = cap.stack(), cap.pool_maps()  # pool: (B, H, T, T), self-attention over every token
+    assert pool.shape[-2] == pool.shape[-1] == info.num_tokens
+    row0 = pool.double().mean(1)[:, 0]  # (B, T): the class token's row, heads averaged
+    torch.testing.assert_close(readout_vector(info, 2, pool), row0)
+    joint = rollout_from_maps(maps)
+    want = (row0.unsqueeze(1) @ joint).squeeze(1)[:, 1:].reshape(2, 8, 8).float()
+    torch.testing.assert_close(vitlab.attention_rollout(prr, x), want)
+    avg = tiny_timm("vit_tiny_patch16_224", img_size=32, patch_size=4, class_token=True, global_pool="avg",
+                    pool_include_prefix=True)
+    info = vitlab.model_info(avg)
+    assert info.readout_includes_prefix and not info.pool_reads_first_row
+    torch.testing.assert_close(readout_vector(info, 1), torch.full((1, 65), 1 / 65, dtype=torch.float64))
+    joint = rollout_from_maps(vitlab.attention_maps(avg, x))
+    torch.testing.assert_close(vitlab.attention_rollout(avg, x), joint.mean(1)[:, 1:].reshape(2, 8, 8).float())
+
+
 def test_rollout_known_answers():
     T = 5
     uniform = torch.full((2, 1, 1, T, T), 1 / T)

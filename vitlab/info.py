@@ -36,6 +36,11 @@ class ModelInfo:
     embed_dim: int
     dynamic_img_size: bool
     hybrid: bool  # patches are cells of a CNN feature map, not pixel patches
+    # a pooled readout ("avg", "max", ...) over every token, prefix included (timm's pool_include_prefix)
+    readout_includes_prefix: bool = False
+    # the attention pool's output is its first query row (timm's AttentionPoolPrr on a model with a class token),
+    # not the mean of its query rows
+    pool_reads_first_row: bool = False
 
     @property
     def num_patches(self) -> int:
@@ -117,6 +122,8 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
         embed_dim=dim,
         dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)),
         hybrid=hybrid,
+        readout_includes_prefix=bool(getattr(model, "pool_include_prefix", False)) and readout != "map",
+        pool_reads_first_row=getattr(getattr(model, "attn_pool", None), "pool", None) == "token",
     )
 
 

@@ -85,19 +85,22 @@ def readout_vector(info, batch: int, pool: Tensor | None = None,
 
     By ``info.readout``: ``"token"``, the class token (one-hot; with a DeiT distillation token, 1/2 on each,
     since timm averages the class and distillation heads at evaluation); ``"map"``, the attention pool's own weights
-    (latent queries and heads averaged) over the tokens it attends to, when its maps were captured; any
-    pooling over patches (``"avg"``, ``"max"``, ``"avgmax"``, none), the mean over the patch rows, which is
-    exact for average pooling and the linear stand-in for the others.
+    (latent queries and heads averaged; the first query row for timm's ``prr`` pool on a class token) over the
+    tokens it attends to, when its maps were captured; any pooling over patches (``"avg"``, ``"max"``,
+    ``"avgmax"``, none), the mean over the patch rows (every row with ``pool_include_prefix``), which is exact for
+    average pooling and the linear stand-in for the others.
     """
     T, p = info.num_tokens, info.num_prefix_tokens
     v = torch.zeros(batch, T, dtype=torch.float64, device=device)
     if info.readout == "map" and pool is not None:
-        w = pool.double().mean(1).mean(1).to(v.device)  # (B, N_keys)
+        rows = pool.double().mean(1)  # (B, queries, N_keys), heads averaged
+        w = (rows[:, 0] if getattr(info, "pool_reads_first_row", False) else rows.mean(1)).to(v.device)
         v[:, T - w.shape[-1]:] = w
     elif info.readout == "token" and info.num_class_tokens:
         v[:, : info.num_class_tokens + info.num_dist_tokens] = 1.0 / (info.num_class_tokens + info.num_dist_tokens)
     else:
-        v[:, p:] = 1.0 / (T - p)
+        start = 0 if getattr(info, "readout_includes_prefix", False) else p
+        v[:, start:] = 1.0 / (T - start)
     return v
 
 
