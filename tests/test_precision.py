@@ -33,6 +33,16 @@ def test_fast_bf16_agrees_with_the_cpu_flags():
     assert precision.use_bf16(True, "cpu") is expected and precision.use_bf16(False, "cpu") is False
 
 
+def test_fast_bf16_on_a_gpu_needs_native_bf16_on_that_device(monkeypatch):
+    """A V100 or T4 (compute capability 7.x) only emulates bf16, slower than float32; Ampere (8.0) on has it. The
+    device asked about is the one read, not the current one."""
+    asked = []
+    caps = {0: (7, 0), 1: (8, 0), 2: (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: asked.append(d) or caps[d.index])
+    assert [precision.fast_bf16(f"cuda:{i}") for i in range(3)] == [False, True, True]
+    assert [d.index for d in asked] == [0, 1, 2]
+
+
 def test_bf16_request_on_a_cpu_without_bf16_trains_the_float32_run(tmp_path, two_class_folder, monkeypatch):
     monkeypatch.setattr(precision, "_cpu_bf16", lambda: False)
     base = dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=1)

@@ -21,11 +21,12 @@ def _cpu_bf16() -> bool:
 
 
 def fast_bf16(device: torch.device | str) -> bool:
-    """True when bf16 autocast on ``device`` runs at least at float32's speed: a CUDA device with bf16 support,
-    a CPU whose oneDNN has bf16 kernels (AVX-512 or AMX); False on an AVX2-only CPU."""
+    """True when bf16 autocast on ``device`` runs at least at float32's speed: a CUDA device with native bf16
+    (compute capability 8.0 or more: Ampere on; earlier GPUs only emulate it), a CPU whose oneDNN has bf16 kernels
+    (AVX-512 or AMX); False on an AVX2-only CPU."""
     dev = torch.device(device)
     if dev.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        return torch.cuda.get_device_capability(dev) >= (8, 0)  # that device, not the current one
     if dev.type == "cpu":
         return _cpu_bf16()
     return True  # other backends (mps, xpu): autocast decides
