@@ -466,7 +466,8 @@ def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEE
 
     ``dist`` (L, B, H) px as for ``lowest_layer_spread``. Statistic: least-squares slope of the head-averaged
     distance over the layer index (px per layer); the slope is linear in the data, so it is the mean of the
-    per-image slopes, and the bootstrap resamples images.
+    per-image slopes, and its interval is that of a mean over images (``_mean_interval``: bootstrap from 4 images,
+    Student t for 2-3, none for 1).
     """
     d = _per_image(dist)
     L, b, _ = d.shape
@@ -551,8 +552,8 @@ def rollout_localises(mass: Array, pointing: Array, random_mass: Array, random_p
     All (B,), per image, from ``localisation(maps, masks)``: ``mass``/``pointing`` for the rollout maps,
     ``random_mass``/``random_pointing`` for random maps on the same images (``compare_methods`` returns one
     as ``maps["random map"]``; its expected mass is ``localisation(...)["chance"]``). Statistic: mean paired
-    difference of mass on the object; bootstrap over images. The pointing game goes into ``details`` with an
-    interval from the same resamples.
+    difference of mass on the object; bootstrap over images from 4, Student t for 2-3, no interval for 1
+    (``_mean_interval``). The pointing game goes into ``details`` with its interval made the same way.
     """
     m, p, rm, rp = (_np(a) for a in (mass, pointing, random_mass, random_pointing))
     b = len(m)
