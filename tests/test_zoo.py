@@ -266,6 +266,22 @@ def test_hybrid_backbone_widths_validated_like_bits():
     assert vitlab.build_model(ok)(torch.zeros(1, 3, 16, 16)).shape == (1, 10)
 
 
+def test_bottleneck_middle_widths_are_checked_before_the_build():
+    """A bottleneck normalises a quarter of its stage's width: 64 and 128 wide stages have 16 and 32 channels in
+    the middle, so 32 groups need stages of 128 and more. Every width the check lets through builds."""
+    vit = vit_config("Ti/2", img_size=16, depth=1, num_classes=10)
+    with pytest.raises(ValueError, match=r"bottleneck middle widths \[16, 32\].*got \[16\]"):
+        HybridConfig(vit=vit, layers=(1, 1), stem="cifar", channels=(64, 128))
+    with pytest.raises(ValueError, match="bottleneck middle widths"):
+        BiTConfig(layers=(1, 1), channels=(64, 128), stem="cifar", img_size=16)
+    for cfg in (HybridConfig(vit=vit, layers=(1, 1), stem="cifar", channels=(128, 256)),
+                BiTConfig(layers=(1, 1), channels=(128, 256), stem="cifar", img_size=16, num_classes=10),
+                BiTConfig(layers=(1, 1), channels=(32, 64), basic=True, stem="cifar", img_size=16, num_classes=10),
+                BiTConfig(layers=(1, 1), channels=(32, 64), stem="cifar", img_size=16, num_classes=10,
+                          gn_min_channels_per_group=8)):
+        assert vitlab.build_model(cfg)(torch.zeros(1, 3, 16, 16)).shape == (1, 10)
+
+
 def test_group_norm_keeps_at_least_k_channels_per_group():
     from vitlab.zoo import group_count
 

@@ -20,7 +20,7 @@ def average_ranks(x: Tensor) -> Tensor:
     out = torch.empty_like(r)
     for i in range(len(flat)):
         _, inv, counts = torch.unique(flat[i], return_inverse=True, return_counts=True)
-        mean_rank = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inv, r[i]) / counts
+        mean_rank = torch.zeros(len(counts), dtype=torch.float64, device=flat.device).index_add_(0, inv, r[i]) / counts
         out[i] = mean_rank[inv]
     return out
 

@@ -185,20 +185,31 @@ def _check_resnet(layers: tuple[int, ...], stem: str) -> None:
         raise ValueError(f"stem must be 'imagenet' (7x7/2 conv + max pool) or 'cifar' (3x3/1 conv), got {stem!r}")
 
 
-def _check_widths(layers: tuple[int, ...], channels: tuple[int, ...] | None, k: int | None) -> None:
+def _check_widths(layers: tuple[int, ...], channels: tuple[int, ...] | None, k: int | None, bottleneck: bool,
+                  width_factor: int = 1) -> None:
     """Stage widths and GroupNorm grouping of a ResNet-v2 (the BiT baseline and a hybrid's backbone), checked before
-    anything is built."""
+    anything is built: every normalised width (the stem's, each stage's and, in bottleneck blocks, the middle width
+    of a quarter of the stage's, as timm builds them) must split into BiT's 32 groups, or hold at least k channels
+    with ``gn_min_channels_per_group=k``."""
+    from timm.layers import make_divisible
+
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
         raise ValueError(f"gn_min_channels_per_group must be None or a positive int, got {k!r}")
-    if channels is None:
-        return
-    if len(channels) != len(layers):
+    if channels is not None and len(channels) != len(layers):
         raise ValueError(f"channels must give one width per stage ({len(layers)}), got {channels!r}")
-    if k is None and (min(channels) < 32 or any(c % 32 for c in channels)):
-        raise ValueError(f"channels must be multiples of 32 with BiT's 32 GroupNorm groups, got {channels!r}: "
-                         "or set gn_min_channels_per_group (e.g. 8) to size the groups by width")
-    if k is not None and min(channels) < k:
-        raise ValueError(f"every width must hold at least {k} channels (gn_min_channels_per_group), got {channels!r}")
+    outs = [make_divisible(c * width_factor) for c in (channels or [256 * 2**i for i in range(len(layers))])]
+    stem = make_divisible(64 * width_factor) if bottleneck else outs[0]  # timm's default stem; basic: channels[0]
+    mids = [make_divisible(o * 0.25) for o in outs] if bottleneck else []
+    widths = sorted({stem, *outs, *mids, *(channels or ())})  # as given too: timm rounds a narrow width up to 8
+    what = f"channels {channels!r}" + (f" (bottleneck middle widths {mids})" if bottleneck else "")
+    if k is None and any(w % 32 for w in widths):
+        raise ValueError(f"{what}: every normalised width must be a multiple of 32 with BiT's 32 GroupNorm groups, "
+                         f"got {[w for w in widths if w % 32]}: widen the stages (channels must be multiples of 32 "
+                         f"with BiT's 32 GroupNorm groups{', bottleneck stages of 128' if bottleneck else ''}) or set "
+                         "gn_min_channels_per_group (e.g. 8) to size the groups by width")
+    if k is not None and min(widths) < k:
+        raise ValueError(f"{what}: every width must hold at least {k} channels (gn_min_channels_per_group), got "
+                         f"{min(widths)}")
 
 
 @dataclass(frozen=True)
@@ -219,7 +230,7 @@ class HybridConfig:
         if isinstance(self.channels, list):
             object.__setattr__(self, "channels", tuple(self.channels))
         _check_resnet(self.layers, self.stem)
-        _check_widths(self.layers, self.channels, self.gn_min_channels_per_group)
+        _check_widths(self.layers, self.channels, self.gn_min_channels_per_group, bottleneck=True)
         stride = _resnet_stride(self.layers, self.stem)
         if stride != self.vit.patch_size:
             raise ValueError(
@@ -253,9 +264,10 @@ class BiTConfig:
         _check_resnet(self.layers, self.stem)
         if isinstance(self.channels, list):
             object.__setattr__(self, "channels", tuple(self.channels))
-        _check_widths(self.layers, self.channels, self.gn_min_channels_per_group)
         if not isinstance(self.width_factor, int) or self.width_factor < 1:
             raise ValueError(f"width_factor must be a positive int, got {self.width_factor!r}")
+        _check_widths(self.layers, self.channels, self.gn_min_channels_per_group, bottleneck=not self.basic,
+                      width_factor=self.width_factor)
         size2(self.img_size)
 
 

@@ -123,8 +123,9 @@ def randomized_copy(model: nn.Module, seed: int = 0) -> nn.Module:
     with torch.no_grad():
         for p in rand.parameters():
             if p.ndim >= 2:
-                std = float(p.float().std().clamp_min(1e-6)) if p.numel() > 1 else 0.02
-                p.copy_((torch.randn(p.shape, generator=g) * std).to(p))  # drawn on the CPU: the same on any device
+                # drawn and scaled on the CPU in float32: the same copy whatever the model's device
+                std = float(p.detach().float().cpu().std().clamp_min(1e-6)) if p.numel() > 1 else 0.02
+                p.copy_((torch.randn(p.shape, generator=g) * std).to(p))
     return rand
 
 
