@@ -7,7 +7,7 @@
 Generated sections of BENCHMARKS.md sit between ``<!-- NAME:start -->`` / ``<!-- NAME:end -->`` markers
 (``machine``, ``speed``, ``coverage``, ``train``, ``inspect``, ``probe``); everything outside them is hand-written
 and left alone. A partial run (``--filter``/``--limit`` for coverage; other ``--models``, ``--batch`` or
-``--repeats`` than the defaults for speed) prints its results and writes them to ``*.partial.json`` but never
+``--repeats`` than the defaults for speed; another ``--train-steps`` or ``--inspect-model``) prints its results and writes them to ``*.partial.json`` but never
 replaces the published section; the ``machine`` section is rewritten only when some section is.
 """
 
@@ -154,6 +154,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    default = parse_args([])  # what a full run uses: a run that changes any of it publishes nothing of that part
     info = machine_info()  # load average before our own work
     args.results.mkdir(parents=True, exist_ok=True)
     sections = {"machine": machine_section(info, argv)}
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = None
     if not args.no_speed:  # first, while nothing else of ours has touched the allocator
         rows = speed.run_speed(tuple(args.models), args.batch, args.repeats)
-        partial = (tuple(args.models), args.batch, args.repeats) != (tuple(speed.DEFAULT_MODELS), 32, 3)
+        partial = (tuple(args.models), args.batch, args.repeats) != (tuple(default.models), default.batch,
+                                                                         default.repeats)
         (args.results / ("capture_speed.partial.json" if partial else "capture_speed.json")).write_text(
             json.dumps({"machine": info, "rows": speed.to_json(rows)}, indent=1))
         if not partial:  # never overwrite the full run's record
@@ -176,16 +178,23 @@ def main(argv: list[str] | None = None) -> int:
             sections["coverage"] = coverage_section(results, summary, seconds, cov_info)
     if not args.no_train:
         train_res = train_speed.run(steps=args.train_steps)
-        (args.results / "train_speed.json").write_text(json.dumps({"machine": machine_info(), **train_res}, indent=1))
-        sections["train"] = (f"{stamp(machine_info())} {train_res['data']}, {train_res['steps']} timed steps per "
-                             f"variant, {train_res['threads']} torch threads.\n\n{train_speed.format_table(train_res)}")
+        partial = args.train_steps != default.train_steps
+        (args.results / ("train_speed.partial.json" if partial else "train_speed.json")).write_text(
+            json.dumps({"machine": machine_info(), **train_res}, indent=1))
+        if not partial:
+            sections["train"] = (f"{stamp(machine_info())} {train_res['data']}, {train_res['steps']} timed steps "
+                                 f"per variant, {train_res['threads']} torch threads.\n\n"
+                                 f"{train_speed.format_table(train_res)}")
         print("\n" + train_speed.format_table(train_res))
     if not args.no_inspect:
         res = inspect_speed.run(args.inspect_model)
-        (args.results / "inspect_speed.json").write_text(json.dumps({"machine": machine_info(), **res}, indent=1))
-        sections["inspect"] = (f"{stamp(machine_info())} `{res['model']}` at {res['img_size'][0]} px (random weights: "
-                               f"speed does not depend on them), {res['threads']} torch threads, one timed run each, "
-                               f"in one process.\n\n{inspect_speed.format_table(res)}")
+        partial = args.inspect_model != default.inspect_model
+        (args.results / ("inspect_speed.partial.json" if partial else "inspect_speed.json")).write_text(
+            json.dumps({"machine": machine_info(), **res}, indent=1))
+        if not partial:
+            sections["inspect"] = (f"{stamp(machine_info())} `{res['model']}` at {res['img_size'][0]} px (random "
+                                   f"weights: speed does not depend on them), {res['threads']} torch threads, one "
+                                   f"timed run each, in one process.\n\n{inspect_speed.format_table(res)}")
         print("\n" + inspect_speed.format_table(res))
     if not args.no_probe:
         res = probe_speed.run()

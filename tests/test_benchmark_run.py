@@ -42,6 +42,21 @@ def test_a_partial_run_leaves_the_published_sections(stubbed, capsys):
     assert md.read_text() == PUBLISHED
 
 
+def test_other_train_steps_or_inspect_model_are_partial_too(stubbed, monkeypatch):
+    md, results, _ = stubbed
+    monkeypatch.setattr(bench.train_speed, "run", lambda steps: {"data": "d", "steps": steps, "threads": 2})
+    monkeypatch.setattr(bench.train_speed, "format_table", lambda res: "NEW train")
+    monkeypatch.setattr(bench.inspect_speed, "run", lambda name: {"model": name, "img_size": [224], "threads": 2})
+    monkeypatch.setattr(bench.inspect_speed, "format_table", lambda res: "NEW inspect")
+    base = ["--results", str(results), "--markdown", str(md), "--no-speed", "--no-coverage", "--no-probe"]
+    assert bench.main([*base, "--train-steps", "3", "--inspect-model", "vit_tiny_patch16_224"]) == 0
+    assert md.read_text() == PUBLISHED
+    assert {"train_speed.partial.json", "inspect_speed.partial.json"} <= {p.name for p in results.iterdir()}
+    assert bench.main(base) == 0  # the defaults: both sections published
+    text = md.read_text()
+    assert "NEW train" in text and "NEW inspect" in text and "OLD speed" in text
+
+
 def test_a_full_section_is_published_with_the_machine(stubbed):
     md, results, _ = stubbed
     assert bench.main(["--results", str(results), "--markdown", str(md), "--no-coverage", *OFF]) == 0

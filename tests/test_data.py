@@ -60,6 +60,26 @@ def test_the_cache_follows_changes_inside_class_folders(tmp_path, monkeypatch):
     assert len(list((tmp_path / "cache").glob("images-*.npz"))) == 2
 
 
+def test_the_cache_key_skips_what_the_loader_skips(tmp_path, monkeypatch):
+    """A dangling link or a non-image file under the folder is no image: the cached load reads the same images as
+    the uncached one instead of failing on the link's stat."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    root = make_folder(tmp_path / "train")
+    (root / "a" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    (root / "a" / "notes.txt").write_text("not an image")
+    fresh = load_image_folder(root, cache=False, progress=False)
+    cached = load_image_folder(root, progress=False)
+    assert len(fresh) == len(cached) == 6 and torch.equal(fresh.images, cached.images)
+
+
+def test_a_decompression_bomb_in_a_training_folder_is_named(tmp_path, monkeypatch):
+    root = make_folder(tmp_path / "train", n_per_class=1)
+    Image.new("RGB", (64, 64)).save(root / "a" / "huge.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 64 x 64 is over twice this: Pillow refuses it
+    with pytest.raises(DataError, match=r"huge.png: DecompressionBombError"):
+        load_image_folder(root, cache=False, progress=False)
+
+
 def test_grayscale_rgba_palette_converted(tmp_path):
     root = make_folder(tmp_path / "d", n_per_class=1)
     Image.new("L", (8, 8), 100).save(root / "a" / "gray.png")

@@ -174,6 +174,11 @@ def test_readouts_of_timms_prr_pool_and_of_an_average_over_every_token():
                     pool_include_prefix=True)
     info = vitlab.model_info(avg)
     assert info.readout_includes_prefix and not info.pool_reads_first_row
+    # a latent attention pool (timm's "map") also names its pool "token" but averages its one latent query; a class
+    # token readout averages nothing, whatever pool_include_prefix says
+    latent = vitlab.model_info(tiny_timm("vit_tiny_patch16_224", img_size=32, patch_size=4, global_pool="map"))
+    token = vitlab.model_info(tiny_timm("vit_tiny_patch16_224", img_size=32, patch_size=4, pool_include_prefix=True))
+    assert not latent.pool_reads_first_row and not token.readout_includes_prefix
     torch.testing.assert_close(readout_vector(info, 1), torch.full((1, 65), 1 / 65, dtype=torch.float64))
     joint = rollout_from_maps(vitlab.attention_maps(avg, x))
     torch.testing.assert_close(vitlab.attention_rollout(avg, x), joint.mean(1)[:, 1:].reshape(2, 8, 8).float())

@@ -103,7 +103,7 @@ def _decode(blob: bytes, name: str, size: tuple[int, int] | None, problems: list
         with Image.open(io.BytesIO(blob)) as img:
             img.load()
             return _to_rgb(img, name, size, problems)
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
         problems.append(f"{name}: {type(e).__name__}: {e}")
         return None
 
@@ -135,7 +135,12 @@ def _fingerprint(root: Path) -> str:
         return f"{st.st_size}|{st.st_mtime_ns}"
     h = hashlib.sha1()
     for p in sorted(root.rglob("*")):
-        e = p.stat()
+        try:  # what the loader reads (image files) and the class folders; a dangling link or a vanished file: skip
+            if not (p.is_dir() or (p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())):
+                continue
+            e = p.stat()
+        except OSError:
+            continue
         h.update(f"{p.relative_to(root)}|{e.st_size}|{e.st_mtime_ns}\n".encode())
     return h.hexdigest()
 

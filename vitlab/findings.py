@@ -194,7 +194,7 @@ def _mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str) -> tup
     n = len(values)
     if n < 2:
         return (math.nan, math.nan), f"none: {n} {unit}, at least 2 needed"
-    if n <= 3:
+    if n < MIN_BOOTSTRAP:
         half = _T975[n - 1] * values.std(ddof=1) / math.sqrt(n)
         return (float(values.mean() - half), float(values.mean() + half)), f"Student t over {n} {unit} ({n - 1} df)"
     w = _counts(n, n_boot, seed)
@@ -487,8 +487,9 @@ def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEE
 @dataclass(frozen=True)
 class DistanceShift:
     """Model a's mean attention distance minus model b's on the same images, per layer and over all layers (px),
-    each with its 95% bootstrap interval over images. ``differs``: "a > b", "a < b" or "no difference shown"
-    (the interval touches 0), per layer and overall."""
+    each with its 95% interval over images (``_mean_interval``: bootstrap from 4 images, Student t for 2-3, none
+    for 1). ``differs``: "a > b", "a < b" or "no difference shown" (the interval touches 0 or there is none), per
+    layer and overall."""
 
     a: str
     b: str
@@ -526,7 +527,7 @@ def attention_distance_shift(dist_a: Array, dist_b: Array, a: str = "a", b: str 
 
     ``dist_a``, ``dist_b`` (L, B, H) px: ``mean_attention_distance(model, images, per_image=True)`` of two models of
     the same depth on the same B images (the heads may differ in number: each is averaged over its heads). The
-    bootstrap resamples images, paired: one draw of images for both models.
+    differences are paired by image; from 4 images the bootstrap draws the same images for every layer.
     """
     da, db = _per_image(dist_a), _per_image(dist_b)
     if da.shape[:2] != db.shape[:2]:

@@ -122,8 +122,9 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
         embed_dim=dim,
         dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)),
         hybrid=hybrid,
-        readout_includes_prefix=bool(getattr(model, "pool_include_prefix", False)) and readout != "map",
-        pool_reads_first_row=getattr(getattr(model, "attn_pool", None), "pool", None) == "token",
+        readout_includes_prefix=bool(getattr(model, "pool_include_prefix", False)) and readout not in ("map", "token"),
+        pool_reads_first_row=getattr(model, "global_pool", None) == "prr"
+        and getattr(getattr(model, "attn_pool", None), "pool", None) == "token",
     )
 
 

@@ -173,7 +173,7 @@ class AttentionExplorer:
                 tf, cfg = model_transform(self.model)
                 x = tf(im)[None]
                 shown = view_transform(tf, cfg["input_size"][-2:])(im)  # the pixels the model sees
-        except (UnidentifiedImageError, OSError) as e:
+        except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
             self.status.value = f"<b>could not read {name}</b>: {e}"
             return
         self.x = torch.cat([self.x, x])
