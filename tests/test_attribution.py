@@ -178,7 +178,7 @@ def test_sanity_takes_a_method_by_name_and_the_public_rollout():
     want = randomization_sanity(ATTRIBUTION_METHODS["rollout"], model, x)
     torch.testing.assert_close(randomization_sanity("rollout", model, x), want, rtol=0, atol=0)
     torch.testing.assert_close(randomization_sanity(vitlab.attention_rollout, model, x), want, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="unknown method 'rolout': choose from"):
+    with pytest.raises(ValueError, match="unknown method 'rolout': choose one of"):
         randomization_sanity("rolout", model, x)
 
 

@@ -289,17 +289,18 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
     """``vitlab sweep --table``: the README's tables and verdict from a results store, running nothing. The records
     are the latest of each grid run of ``sweep.name`` whatever code made them (one fingerprint, or an error)."""
     from vitlab.findings import explain, scaling_gap_narrows, verdict_table
-    from vitlab.scaling import ResultsStore, markdown_table, summarise, tuning_table
+    from vitlab.scaling import ResultsStore, markdown_table, one_config, summarise, tuning_table
 
     in_grid = {s.run_id for s in sweep.runs()}
     records = [r for k, r in ResultsStore(results).latest(sweep.name).items() if k in in_grid]
     if not records:
         print(f"no records of sweep {sweep.name!r} in {results}: run `vitlab sweep --config ...` first", file=sys.stderr)
         return 1
-    prints = {r.get("fingerprint") for r in records}
-    if len(prints) > 1:
-        print(f"{results} holds sweep {sweep.name!r} rows of {len(prints)} configs or code versions "
-              f"({sorted(map(str, prints))}): the table would mix them; rerun the sweep", file=sys.stderr)
+    try:
+        one_config(records)
+    except ValueError as e:
+        print(f"{results} holds sweep {sweep.name!r} rows of several configs or code versions, which the table would "
+              f"mix: {e}", file=sys.stderr)
         return 1
     ok = [r for r in records if r["status"] == "ok"]
     print(f"{len(ok)} of {len(sweep.runs())} runs finished, {len(records) - len(ok)} failed, "

@@ -27,6 +27,7 @@ from vitlab.features import READOUTS
 from vitlab.inspect.distance import patch_distances
 from vitlab.inspect.faithfulness import rank_correlation
 from vitlab.inspect.positions import position_structure_score
+from vitlab.scaling import one_config
 
 __all__ = [
     "Verdict",
@@ -580,10 +581,7 @@ def scaling_accuracies(records: Sequence[Mapping[str, Any]], shots: int = 10) ->
     ``ResultsStore.latest``). Records of several sweep configs (fingerprints) are refused."""
     latest = {r["run_id"]: r for r in records}
     ok = [r for r in latest.values() if r.get("status") == "ok" and str(shots) in r["metrics"]["few_shot"]]
-    prints = {r.get("fingerprint") for r in ok}
-    if len(prints) > 1:
-        raise ValueError(f"records of {len(prints)} sweep configs ({sorted(map(str, prints))}): select one, e.g. "
-                         "ResultsStore(path).latest(sweep, fingerprint).values()")
+    one_config(ok)
     return {(r["spec"]["family"], int(r["spec"]["size"]), int(r["spec"]["seed"])):
             float(r["metrics"]["few_shot"][str(shots)]["mean"]) for r in ok}
 

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -459,15 +459,21 @@ def _execute(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str 
                     finish(_crashed_record(*refs[ready[0]], e))
 
 
+def one_config(records: Sequence[Mapping]) -> None:
+    """Refuse records of more than one sweep config (fingerprint: the code and the recipe that made them), which
+    a table, figure or verdict would mix."""
+    prints = {r.get("fingerprint") for r in records}
+    if len(prints) > 1:
+        raise ValueError(f"records of {len(prints)} sweep configs ({sorted(map(str, prints))}): select one, e.g. "
+                         "ResultsStore(path).newest_sweep().values(), or rerun the sweep")
+
+
 def summarise(records: Sequence[dict], shots: int = 10) -> dict[str, dict[int, dict[str, float]]]:
     """{family: {size: {"mean", "std", "n", "values"}}} of the ``shots``-shot accuracy over seeds (ok runs only;
     sample std)."""
     import numpy as np
 
-    prints = {r.get("fingerprint") for r in records if r.get("status") == "ok"}
-    if len(prints) > 1:
-        raise ValueError(f"records of {len(prints)} sweep configs ({sorted(map(str, prints))}): summarise one, e.g. "
-                         "ResultsStore(path).newest_sweep().values()")
+    one_config([r for r in records if r.get("status") == "ok"])
     acc: dict[str, dict[int, list[float]]] = {}
     for r in records:
         if r.get("status") != "ok" or str(shots) not in r["metrics"]["few_shot"]:

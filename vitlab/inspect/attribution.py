@@ -26,7 +26,7 @@ from vitlab.inspect.rollout import attention_rollout, readout_vector
 from vitlab.modes import eval_mode, frozen_parameters
 
 __all__ = ["gradient_rollout", "integrated_gradients", "occlusion", "patch_mask", "ATTRIBUTION_METHODS",
-           "attribution", "predicted_class", "has_classifier", "require_classifier"]
+           "attribution", "attribution_method", "predicted_class", "has_classifier", "require_classifier"]
 
 
 def has_classifier(model: nn.Module) -> bool:
@@ -154,8 +154,13 @@ ATTRIBUTION_METHODS: dict[str, Callable[..., Tensor]] = {
 }
 
 
+def attribution_method(name: str) -> Callable[..., Tensor]:
+    """The ``(model, images, target)`` function of ``ATTRIBUTION_METHODS[name]``, or an error naming the choices."""
+    if name not in ATTRIBUTION_METHODS:
+        raise ValueError(f"unknown method {name!r}: choose one of {sorted(ATTRIBUTION_METHODS)}")
+    return ATTRIBUTION_METHODS[name]
+
+
 def attribution(method: str, model: nn.Module, images: Tensor, target: Tensor | int | None = None) -> Tensor:
     """(B, gh, gw) map of ``method`` (a key of ``ATTRIBUTION_METHODS``); rollout ignores ``target``."""
-    if method not in ATTRIBUTION_METHODS:
-        raise ValueError(f"unknown method {method!r}: choose one of {sorted(ATTRIBUTION_METHODS)}")
-    return ATTRIBUTION_METHODS[method](model, images, target)
+    return attribution_method(method)(model, images, target)

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from vitlab.info import model_info
-from vitlab.inspect.attribution import ATTRIBUTION_METHODS, predicted_class, require_classifier
+from vitlab.inspect.attribution import ATTRIBUTION_METHODS, attribution_method, predicted_class, require_classifier
 from vitlab.inspect.faithfulness import deletion_insertion, localisation, randomization_sanity
 
 __all__ = ["MethodScores", "compare_methods"]
@@ -41,9 +41,7 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | None = No
 
     ``target`` (B,) defaults to the model's predictions; ``masks`` (B, H, W) adds localisation scores.
     """
-    unknown = [m for m in methods if m not in ATTRIBUTION_METHODS]
-    if unknown:
-        raise ValueError(f"unknown methods {unknown}: choose from {sorted(ATTRIBUTION_METHODS)}")
+    fns = {m: attribution_method(m) for m in methods}  # every name checked before any work
     require_classifier(model, "compare_methods (its scores follow a class's probability)")
     if target is None:
         target = predicted_class(model, images)
@@ -56,13 +54,13 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | None = No
             grid = model_info(model, img_size=tuple(images.shape[-2:])).grid_size
             m = torch.rand(len(images), *grid, generator=g).to(images.device)
         else:
-            m = ATTRIBUTION_METHODS[name](model, images, target)
+            m = fns[name](model, images, target)
         seconds = time.perf_counter() - t0
         maps[name] = m
         di = deletion_insertion(model, images, m, target, steps=steps)
         san = None
         if sanity and name != "random map":
-            san = float(randomization_sanity(ATTRIBUTION_METHODS[name], model, images, target, seed=seed,
+            san = float(randomization_sanity(fns[name], model, images, target, seed=seed,
                                              original=m).mean())
         loc = localisation(m, masks) if masks is not None else None
         rows.append(MethodScores(

@@ -135,15 +135,13 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
     re-initialised copy of the model (same targets). Near 0: the map depends on the learned weights.
     ``method`` takes (model, images, target), as the values of ``ATTRIBUTION_METHODS`` do (or give its name there,
     e.g. ``"rollout"``); ``original``: the map on ``model`` when already computed."""
-    from vitlab.inspect.attribution import ATTRIBUTION_METHODS
+    from vitlab.inspect.attribution import attribution_method
     from vitlab.inspect.rollout import attention_rollout
 
     if method is attention_rollout:  # its third argument is head_fusion, not a target: the wrapper takes one
         method = "rollout"
     if isinstance(method, str):
-        if method not in ATTRIBUTION_METHODS:
-            raise ValueError(f"unknown method {method!r}: choose from {sorted(ATTRIBUTION_METHODS)}")
-        method = ATTRIBUTION_METHODS[method]
+        method = attribution_method(method)
     if target is None:
         target = predicted_class(model, images)
     if original is None:
