@@ -276,3 +276,14 @@ def test_tuning_table_orders_by_grid_marks_the_winner_and_shows_failures():
     assert "| failed |" in lines[2] and "| 70.0% | 3 of 10 | 42.0 ± 2.0 |" in lines[1]
     marked = tuning_table(records, chosen=[("bit", "sgd", 0.1, 0.0005)]).splitlines()[2:]  # the frozen config decides
     assert [("**yes**" in line) for line in marked] == [False, False, False, True]
+
+
+def test_sweep_table_refuses_rows_of_two_configs(tmp_path, capsys):
+    store = ResultsStore(tmp_path / "q.jsonl")
+    for i, spec in enumerate(QUICK.runs()[:2]):
+        store.append({"run_id": spec.run_id, "sweep": QUICK.name, "fingerprint": f"f{i}", "status": "ok",
+                      "spec": dataclasses.asdict(spec), "metrics": {"few_shot": {"5": {"mean": 0.5}},
+                                                                     "train_seconds": 1.0}})
+    assert main(["sweep", "--config", "quick", "--results", str(tmp_path / "q.jsonl"), "--table"]) == 1
+    err = capsys.readouterr().err
+    assert "rows of several configs or code versions" in err and "records of 2 sweep configs" in err
