@@ -131,6 +131,11 @@ def summary_table(rows: list[speed.SpeedRow], summary: dict[str, Any] | None) ->
     return "\n".join(lines)
 
 
+def save_result(folder: Path, name: str, doc: dict[str, Any], partial: bool) -> None:
+    """``folder/NAME.json``, or ``NAME.partial.json`` for a partial run, which never replaces a full run's record."""
+    (folder / f"{name}{'.partial' if partial else ''}.json").write_text(json.dumps(doc, indent=1))
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=list(speed.DEFAULT_MODELS))
@@ -164,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = speed.run_speed(tuple(args.models), args.batch, args.repeats)
         partial = (tuple(args.models), args.batch, args.repeats) != (tuple(default.models), default.batch,
                                                                          default.repeats)
-        (args.results / ("capture_speed.partial.json" if partial else "capture_speed.json")).write_text(
-            json.dumps({"machine": info, "rows": speed.to_json(rows)}, indent=1))
+        save_result(args.results, "capture_speed", {"machine": info, "rows": speed.to_json(rows)}, partial)
         if not partial:  # never overwrite the full run's record
             sections["speed"] = speed_section(rows, args.repeats, info)
     if not args.no_coverage:
@@ -179,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_train:
         train_res = train_speed.run(steps=args.train_steps)
         partial = args.train_steps != default.train_steps
-        (args.results / ("train_speed.partial.json" if partial else "train_speed.json")).write_text(
-            json.dumps({"machine": machine_info(), **train_res}, indent=1))
+        save_result(args.results, "train_speed", {"machine": machine_info(), **train_res}, partial)
         if not partial:
             sections["train"] = (f"{stamp(machine_info())} {train_res['data']}, {train_res['steps']} timed steps "
                                  f"per variant, {train_res['threads']} torch threads.\n\n"
@@ -189,8 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_inspect:
         res = inspect_speed.run(args.inspect_model)
         partial = args.inspect_model != default.inspect_model
-        (args.results / ("inspect_speed.partial.json" if partial else "inspect_speed.json")).write_text(
-            json.dumps({"machine": machine_info(), **res}, indent=1))
+        save_result(args.results, "inspect_speed", {"machine": machine_info(), **res}, partial)
         if not partial:
             sections["inspect"] = (f"{stamp(machine_info())} `{res['model']}` at {res['img_size'][0]} px (random "
                                    f"weights: speed does not depend on them), {res['threads']} torch threads, one "
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + inspect_speed.format_table(res))
     if not args.no_probe:
         res = probe_speed.run()
-        (args.results / "probe_speed.json").write_text(json.dumps({"machine": machine_info(), **res}, indent=1))
+        save_result(args.results, "probe_speed", {"machine": machine_info(), **res}, partial=False)
         sections["probe"] = (f"{stamp(machine_info())} Embedded default model, {res['train']} training and "
                              f"{res['test']} test images of {res['data']}, {res['seeds']} seeds (median time, mean "
                              f"accuracy), {res['threads']} torch threads.\n\n{probe_speed.format_table(res)}")
