@@ -11,7 +11,22 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_write", "atomic_write_text", "replace_dir", "rmtree_quiet"]
+__all__ = ["atomic_write", "atomic_write_text", "replace_dir", "refuse_foreign_dir", "rmtree_quiet"]
+
+
+def refuse_foreign_dir(directory: Path, is_ours: Callable[[Path], bool], writer: str, earlier: str,
+                       target: str) -> None:
+    """Before ``writer`` replaces ``directory`` as a whole (``replace_dir``): refuse a file, or a non-empty folder
+    that ``is_ours`` does not recognise as an ``earlier`` output of the same writer, whose contents would be
+    deleted. ``target`` names what the user gives a new folder as (e.g. ``--out``)."""
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise FileExistsError(f"{directory} exists and is not a folder; {writer} writes a folder: give {target} a "
+                              "new folder's name")
+    if any(directory.iterdir()) and not is_ours(directory):
+        raise FileExistsError(f"{directory} is a non-empty folder that holds no {earlier}; {writer} replaces the "
+                              f"whole folder, so give {target} a new or empty folder (or an {earlier}'s folder)")
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Path:

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from vitlab.atomic import replace_dir, rmtree_quiet
+from vitlab.atomic import refuse_foreign_dir, replace_dir, rmtree_quiet
 from vitlab.errors import ModelLoadError
 from vitlab.provenance import versions
 from vitlab.zoo import ModelConfig, build_model, config_from_dict, config_to_dict
@@ -89,15 +89,7 @@ def resolve_folder(path: str | os.PathLike) -> Path:
 
 def check_replaceable(directory: Path) -> None:
     """Refuse to replace a file or a folder that holds something other than a vitlab checkpoint."""
-    if not directory.exists():
-        return
-    if not directory.is_dir():
-        raise FileExistsError(f"{directory} exists and is not a folder; save_checkpoint writes a folder")
-    if any(directory.iterdir()) and not _is_checkpoint_dir(directory):
-        raise FileExistsError(
-            f"{directory} is a non-empty folder without a vitlab checkpoint; save_checkpoint replaces the "
-            "whole folder, so give it a new or empty folder (or a previous checkpoint's folder)"
-        )
+    refuse_foreign_dir(directory, _is_checkpoint_dir, "save_checkpoint", "earlier vitlab checkpoint", "it")
 
 
 def _is_checkpoint_dir(directory: Path) -> bool:

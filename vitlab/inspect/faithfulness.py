@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitlab.info import model_info
-from vitlab.inspect.attribution import patch_mask, predicted_class, require_classifier
+from vitlab.inspect.attribution import attribution_method, patch_mask, predicted_class, require_classifier
+from vitlab.inspect.rollout import attention_rollout
 from vitlab.modes import eval_mode
 from vitlab.stats import spearman
 
@@ -135,9 +136,6 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
     re-initialised copy of the model (same targets). Near 0: the map depends on the learned weights.
     ``method`` takes (model, images, target), as the values of ``ATTRIBUTION_METHODS`` do (or give its name there,
     e.g. ``"rollout"``); ``original``: the map on ``model`` when already computed."""
-    from vitlab.inspect.attribution import attribution_method
-    from vitlab.inspect.rollout import attention_rollout
-
     if method is attention_rollout:  # its third argument is head_fusion, not a target: the wrapper takes one
         method = "rollout"
     if isinstance(method, str):

@@ -21,7 +21,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 import vitlab
-from vitlab.atomic import replace_dir
+from vitlab.atomic import refuse_foreign_dir, replace_dir
 from vitlab.checkpoint import card_line, model_card
 from vitlab.images import default_images, default_labels, default_source, load_images
 from vitlab.models import SHAPES_CHECKPOINT
@@ -76,14 +76,8 @@ def check_report_dir(out: Path) -> None:
     """Refuse an ``out`` that ``reproduce`` must not replace: a file, or a non-empty folder that is not an earlier
     report (one holding both ``report.html`` and ``metrics.json``). The report replaces the whole folder, so anything
     else in it would be deleted."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise FileExistsError(f"{out} exists and is not a folder; vitlab reproduce writes a folder: give --out a new "
-                              "folder's name")
-    if any(out.iterdir()) and not ((out / "report.html").is_file() and (out / "metrics.json").is_file()):
-        raise FileExistsError(f"{out} is a non-empty folder that holds no earlier report; vitlab reproduce replaces "
-                              "the whole folder, so give --out a new or empty folder (or an earlier report's folder)")
+    refuse_foreign_dir(out, lambda d: (d / "report.html").is_file() and (d / "metrics.json").is_file(),
+                       "vitlab reproduce", "earlier report", "--out")
 
 
 def reproduce(model: str | None = None, images: str | None = None, out: str | os.PathLike = "out",
