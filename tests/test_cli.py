@@ -106,7 +106,7 @@ def test_capture_command(tmp_path, checkpoint):
 
     f = tmp_path / "a.safetensors"
     assert main(["capture", "--model", str(checkpoint), "--out", str(f), "--head-fusion", "mean",
-                 "--queries", "prefix"]) == 0
+                 "--queries", "prefix", "--device", "cpu"]) == 0
     assert load_file(str(f))["attention"].shape == (3, 2, 1, 1, 65)
 
 

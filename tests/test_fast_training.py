@@ -557,7 +557,14 @@ def test_distillation_facts_match_an_independent_two_head_pass():
     g = torch.Generator().manual_seed(0)
     data = ImageArray(torch.randint(0, 256, (40, 32, 32, 3), dtype=torch.uint8, generator=g),
                       torch.randint(0, 3, (40,), generator=g), ("a", "b", "c"), "random")
+    student.train()
+    teacher.to(torch.bfloat16)
     facts = distillation_facts(student, teacher, data, batch_size=16)
+    # the callers' models come back as they were: the facts are taken on float32 copies in eval mode
+    assert student.training and next(teacher.parameters()).dtype == torch.bfloat16
+    student.eval()
+    teacher.float()
+    assert distillation_facts(student, teacher, data, batch_size=16) == facts
 
     def inputs(model):
         tf = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))

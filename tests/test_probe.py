@@ -298,6 +298,11 @@ def test_patch_mean_readout_averages_the_patch_tokens_of_a_distilled_vit(monkeyp
         extract_features(tiny_bit(), data, readout="patch_mean")
     with pytest.raises(ValueError, match="readout must be one of"):
         extract_features(model, data, readout="cls")
+    twice = extract_readouts(model, data, ("model", "model"), batch_size=5, cache=False)  # named twice: once
+    assert list(twice) == ["model"] and twice["model"].shape == own.shape
+    with pytest.raises(ValueError, match="the model is on cpu: move the model first"):
+        extract_features(model, data, cache=False, device="cuda")
+    torch.testing.assert_close(extract_features(model, data, cache=False, device="cpu"), own, rtol=0, atol=0)
 
 
 def test_feature_key_changes_with_weights_data_and_transform():

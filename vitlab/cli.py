@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vitlab.devices import DEVICE_HELP
+
 if TYPE_CHECKING:
     from vitlab.scaling import SweepConfig
     from vitlab.train import TrainConfig
@@ -199,7 +201,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     if min(args.shots) < 1 or args.seeds < 1:
         raise ValueError("--shots must be positive and --seeds at least 1")
-    model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights)
+    from vitlab.devices import resolve_device
+
+    dev = resolve_device(args.device)
+    model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
     train, test = load_dataset(args.data, "train"), load_dataset(args.data, "test")
     counts = torch.bincount(train.labels)
     if args.max_train is None and max(args.shots) > int(counts[counts > 0].min()):
@@ -404,10 +409,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
     if Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} is a folder; give a file name such as "
                          f"{Path(args.out) / 'attention.safetensors'}")
-    model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights)
+    from vitlab.devices import resolve_device
+
+    dev = resolve_device(args.device)
+    model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
     names, x, _ = load_images(model, args.images, skip_bad=args.skip_bad)
-    maps = vitlab.attention_maps(model, x, head_fusion=args.head_fusion, queries=args.queries,
-                                 batch_size=args.batch_size)
+    maps = vitlab.attention_maps(model, x.to(dev), head_fusion=args.head_fusion, queries=args.queries,
+                                 batch_size=args.batch_size).cpu()
     atomic_write(args.out, lambda tmp: save_file({"attention": maps.contiguous()}, tmp,
                                                  metadata={"images": json.dumps(names)}))  # never half a file
     print(f"wrote {args.out}: attention {tuple(maps.shape)} (L, B, H, Q, T) for {len(names)} images")
@@ -421,7 +429,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     out = reproduce(model=args.model, images=args.images, out=args.out, pretrained=args.pretrained,
                     weights=args.weights, num_images=args.num_images, shapes=args.shapes, png=args.png,
                     few_shot=args.few_shot, scaling=args.scaling, image_scale=args.image_scale,
-                    formats=tuple(args.formats.split(",")), skip_bad=args.skip_bad, progress=not args.quiet)
+                    formats=tuple(args.formats.split(",")), skip_bad=args.skip_bad, progress=not args.quiet,
+                    device=args.device)
     metrics = json.loads((out / "metrics.json").read_text())
     verdicts = [Verdict.from_dict({k: v for k, v in d.items() if k != "section"}) for d in metrics["verdicts"]]
     print(verdict_table(verdicts))
@@ -461,6 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--queries", choices=["all", "prefix"], default=None, help="keep only the readout rows")
     sp.add_argument("--batch-size", type=int, default=None)
     sp.add_argument("--skip-bad", action="store_true", help="skip unreadable or too small images with a warning")
+    sp.add_argument("--device", help=DEVICE_HELP)
     sp.set_defaults(func=cmd_capture)
 
     sp = sub.add_parser("train", help="train a preset (resumable; metrics in RUN/metrics.jsonl)")
@@ -477,8 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--set", action="append", metavar="FIELD=VALUE",
                     help="override a TrainConfig field (VALUE as JSON, else a string), or a field of the preset's "
                     "model config as model.FIELD=VALUE (e.g. model.patch_drop_rate=0)")
-    sp.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available); under torchrun, "
-                    "one process per device")
+    sp.add_argument("--device", help=f"{DEVICE_HELP}; under torchrun, one process per device")
     sp.add_argument("--workers", type=int, help="processes making the augmented batches while the model trains "
                     "(default: none on a CPU, all cores but two beside an accelerator); the batches are the same")
     sp.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
@@ -512,6 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-test", type=int, help="use a class-balanced subset of this many test images")
     sp.add_argument("--batch-size", type=int, default=128)
     sp.add_argument("--json", help="also write the results to this JSON file")
+    sp.add_argument("--device", help=DEVICE_HELP)
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_probe)
 
@@ -547,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--table", action="store_true", help="run nothing: print the comparison and ablation tables "
                     "(Markdown) and the verdicts from the results")
     sp.add_argument("--run-root", help="pre-training run folders (default $VITLAB_CACHE/runs/mpp_study)")
-    sp.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    sp.add_argument("--device", help=DEVICE_HELP)
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_mpp_study)
 
@@ -578,6 +588,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--image-scale", type=float, default=1.0, help="static figure scale (2: high resolution)")
     sp.add_argument("--skip-bad", action="store_true", help="skip unreadable or too small images (with a warning "
                     "naming them) instead of stopping")
+    sp.add_argument("--device", help=DEVICE_HELP)
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_reproduce)
     return p

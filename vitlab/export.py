@@ -7,6 +7,7 @@ documented way reproduces it.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -35,17 +36,22 @@ def _timm_inputs(model: nn.Module) -> Callable[[Tensor], Tensor]:
     return lambda images: torch.stack([tf(Image.fromarray(np.ascontiguousarray(a))) for a in images.numpy()])
 
 
+def _float_copy(model: nn.Module) -> nn.Module:
+    """A float32 copy of ``model`` in eval mode, on its device; ``model`` itself is left as it was."""
+    return copy.deepcopy(model).float().eval()
+
+
 @torch.no_grad()
 def timm_pipeline_accuracy(model: nn.Module, data: ImageArray, batch_size: int = 500) -> float:
     """Top-1 accuracy with the model's own timm eval transform applied to each image as a PIL image."""
     from tqdm.auto import tqdm
 
-    model = model.float().eval()
-    inputs = _timm_inputs(model)
+    model = _float_copy(model)  # the caller's model keeps its dtype and mode
+    inputs, dev = _timm_inputs(model), next(model.parameters()).device
     correct = 0
     for i in tqdm(range(0, len(data), batch_size), desc="accuracy", leave=False):
-        x = inputs(data.images[i : i + batch_size])
-        correct += int((model(x).argmax(-1) == data.labels[i : i + batch_size]).sum())
+        x = inputs(data.images[i : i + batch_size]).to(dev)
+        correct += int((model(x).argmax(-1).cpu() == data.labels[i : i + batch_size]).sum())
     return correct / len(data)
 
 
@@ -59,18 +65,20 @@ def distillation_facts(student: nn.Module, teacher: nn.Module, data: ImageArray,
     wrong, and the share of the readout's errors that are the teacher's very mistake (the same wrong class)."""
     from tqdm.auto import tqdm
 
-    student, teacher = student.float().eval(), teacher.float().eval()
+    student, teacher = _float_copy(student), _float_copy(teacher)  # the callers' models keep their dtype and mode
     student_inputs, teacher_inputs = _timm_inputs(student), _timm_inputs(teacher)
+    sdev, tdev = next(student.parameters()).device, next(teacher.parameters()).device
     hits = dict.fromkeys(("class_head", "distillation_head", "readout", "teacher"), 0)
     agree = dict.fromkeys(("readout", "distillation_head"), 0)
     teacher_wrong = right_where_teacher_wrong = student_wrong = same_mistake = 0
     for i in tqdm(range(0, len(data), batch_size), desc="distillation", leave=False):
         images, y = data.images[i : i + batch_size], data.labels[i : i + batch_size]
-        feats = student.forward_features(student_inputs(images))  # (B, T, D): class token 0, distillation 1
+        feats = student.forward_features(student_inputs(images).to(sdev))  # (B, T, D): class token 0, distillation 1
         cls, dist = student.head(feats[:, 0]), student.head_dist(feats[:, 1])  # (B, K) each
         pred = {"class_head": cls.argmax(-1), "distillation_head": dist.argmax(-1),
                 "readout": student.forward_head(feats).argmax(-1),
-                "teacher": teacher(teacher_inputs(images)).argmax(-1)}
+                "teacher": teacher(teacher_inputs(images).to(tdev)).argmax(-1)}
+        pred = {k: v.cpu() for k, v in pred.items()}
         for k in hits:
             hits[k] += int((pred[k] == y).sum())
         for k in agree:

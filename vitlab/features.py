@@ -87,6 +87,8 @@ def extract_features(model: nn.Module, data: ImageArray, batch_size: int = 128, 
     Images are resized and normalised as the model's pretrained config says. With ``cache=True`` features
     are stored under ``$VITLAB_CACHE/features`` and reused when model, weights, data, transform and readout match.
     The model's train/eval mode is restored afterwards. ``extract_readouts`` gives several readouts in one pass.
+    The features are computed where the model is (``device``, if given, must name that device: it is checked, the
+    model is not moved) and returned on the CPU.
     """
     return extract_readouts(model, data, (readout,), batch_size, cache, progress, device)[readout]
 
@@ -100,6 +102,7 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
     if not hasattr(model, "forward_head") or not hasattr(model, "forward_features"):
         raise TypeError(f"{type(model).__name__} has no forward_features/forward_head: extract_features needs a "
                         "timm model (a ViT, hybrid or ResNet)")
+    readouts = tuple(dict.fromkeys(readouts))  # a readout named twice is computed (and returned) once
     bad = [r for r in readouts if r not in READOUTS]
     if bad or not readouts:
         raise ValueError(f"readout must be one of {READOUTS}, got {bad or list(readouts)!r}")
@@ -122,7 +125,12 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
     if not todo:
         return found
     tf = _transform(model)
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    here = next(model.parameters()).device
+    want = torch.device(device) if device is not None else here
+    if want.type != here.type or (want.index is not None and want.index != here.index):
+        raise ValueError(f"device={device!r} but the model is on {here}: move the model first "
+                         f"(model.to({str(device)!r})); the features run where the model is")
+    device = here
     out: dict[str, list[Tensor]] = {r: [] for r in todo}
     with eval_mode(model):
         starts = range(0, len(data), batch_size)

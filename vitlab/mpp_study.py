@@ -55,6 +55,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vitlab.data import ImageArray, cache_dir, load_dataset, nested_subsets
+from vitlab.devices import resolve_device
 from vitlab.features import READOUTS
 from vitlab.findings import few_shot_key
 from vitlab.mpp import MPP_TARGETS
@@ -499,7 +500,7 @@ def run_study(study: MPPStudyConfig, results: str | os.PathLike, progress: bool 
             pretrain.setdefault(row.init, cfg)
     unfinished = {pretrain_dir(study, c) for c in pretrain.values()
                   if (_checkpoint_meta(pretrain_dir(study, c)) or {}).get("epoch", 0) < c.epochs}
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = resolve_device(device)
     data = _load_data(study)
     bar = tqdm(total=len(todo) + len(unfinished), desc=f"mpp-study {study.name}", disable=progress is False)
     runs: dict[str, Path | BaseException] = {}

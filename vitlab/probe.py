@@ -258,8 +258,8 @@ def linear_probe_accuracy(train_features: Tensor, train_labels: Tensor, test_fea
     if len(torch.unique(ytr)) < 2:
         raise ValueError("the training labels hold only one class: a probe needs at least 2 classes")
     clf = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=max_iter))
-    clf.fit(Xtr.numpy(), ytr.numpy())
-    return float(clf.score(Xte.numpy(), yte.numpy()))
+    clf.fit(Xtr.cpu().numpy(), ytr.cpu().numpy())  # scikit-learn reads the CPU: features may be on a GPU
+    return float(clf.score(Xte.cpu().numpy(), yte.cpu().numpy()))
 
 
 def format_table(results: dict[int, FewShotResult], full: float | None = None) -> str:

@@ -49,6 +49,7 @@ from vitlab.checkpoint import (
 )
 from vitlab.cifarnet import CifarResNet, tta_logits
 from vitlab.data import ImageArray, load_dataset, normalize, shrink
+from vitlab.devices import resolve_device
 from vitlab.finetune import resample_grid
 from vitlab.info import model_info
 from vitlab.lookahead import Lookahead
@@ -567,9 +568,10 @@ class _Dist:
 def _dist_setup(device: str | None) -> _Dist:
     """One process (default) or one of ``torchrun``'s (``WORLD_SIZE`` > 1): gloo on CPU, nccl on GPU."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
+    dev = resolve_device(device)  # checked before any work: a missing GPU or a typo names the fix
     if world == 1:
-        return _Dist(device=torch.device(device or ("cuda" if cuda else "cpu")))
+        return _Dist(device=dev)
+    cuda = dev.type == "cuda"
     import torch.distributed as dist
 
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 import vitlab
 from vitlab.atomic import refuse_foreign_dir, replace_dir
 from vitlab.checkpoint import card_line, model_card
+from vitlab.devices import resolve_device
 from vitlab.images import default_images, default_labels, default_source, load_images
 from vitlab.models import SHAPES_CHECKPOINT
 from vitlab.provenance import versions
@@ -84,7 +85,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
               pretrained: bool = True, num_images: int | None = None, shapes: bool = True, png: bool = True,
               progress: bool | None = None, weights: str | None = None, few_shot: bool = True,
               scaling: bool = True, image_scale: float = 1.0, formats: Sequence[str] = ("png",),
-              skip_bad: bool = False) -> Path:
+              skip_bad: bool = False, device: str | None = None) -> Path:
     """Write ``report.html``, ``metrics.json`` (and static figures when a Chromium is found) into ``out``.
 
     ``model``: anything ``load_model`` takes (default: the embedded checkpoint), ``weights`` a local weights file
@@ -93,14 +94,17 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     ViT; ``few_shot``: the few-shot probe on CIFAR-10 when it is readable; ``scaling``: the shipped sweep.
     ``formats`` and ``image_scale``: static figures (e.g. ``("png", "svg")``, 2.0 for high resolution);
     ``skip_bad``: skip unreadable or too small images of ``images`` with a warning instead of failing.
+    ``device``: where the model and the analyses run (``vitlab.devices.resolve_device``: default CUDA when
+    available); the figures and numbers are computed the same way on either, up to floating-point rounding.
     """
     t0 = time.time()
     out = Path(out)
     bad = sorted(set(formats) - set(IMAGE_FORMATS))
     if bad:
         raise ValueError(f"unknown figure format(s) {bad}: choose from {list(IMAGE_FORMATS)}")
+    dev = resolve_device(device)
     check_report_dir(out)  # before any work: the report replaces the whole folder
-    net = vitlab.load_model(model, pretrained=pretrained, weights=weights)
+    net = vitlab.load_model(model, pretrained=pretrained, weights=weights).to(dev)
     try:
         info = vitlab.model_info(net)  # a model without attention fails here, before any work
     except TypeError as e:
@@ -118,7 +122,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     wdesc = weights_description(net, model, pretrained, weights)
     base = {"model": str(model or "embedded default"), "weights": wdesc, "versions": versions(),
             "images": f"{len(names)} of {source}"}
-    inp = S.Inputs(net, info, names, x, shown, base, labels, classes)
+    inp = S.Inputs(net, info, names, x.to(dev), shown, base, labels, classes)
     summary = _summary(net, info, model, wdesc, source, len(names))
 
     steps = ["predictions", "filters", "positions", "distance", "maps", "readout"]

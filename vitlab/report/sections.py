@@ -117,9 +117,10 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
         classes = {"probs": probs, "pred": top.indices, "prob": top.values}
     else:  # no classifier head: the output is the features, there is no predicted class
         classes = {"probs": None, "pred": None, "prob": None}
+    classes = {k: None if v is None else v.cpu() for k, v in classes.items()}  # the figures draw from the CPU
     return {**classes,
-            "readout": readout.reshape(len(layers), len(inp.x), *inp.info.grid_size),  # (L, B, gh, gw)
-            "entropy": torch.stack([entropy[i] for i in layers]).mean(1),  # (L, H)
+            "readout": readout.reshape(len(layers), len(inp.x), *inp.info.grid_size).cpu(),  # (L, B, gh, gw)
+            "entropy": torch.stack([entropy[i] for i in layers]).mean(1).cpu(),  # (L, H)
             "attention_shape": [len(layers), len(inp.x), int(entropy[layers[0]].shape[1]), T, T]}
 
 
@@ -143,8 +144,8 @@ def filters(inp: Inputs) -> Section | None:
     if inp.info.hybrid:
         return None
     k = filter_component_count(inp.net)  # the paper's 28, or fewer where the filters allow fewer
-    comps, ratio = embedding_filter_pca(inp.net, k=k)
-    random = random_filter_pca_ratios(inp.net, k=k, draws=20)
+    comps, ratio = (t.cpu() for t in embedding_filter_pca(inp.net, k=k))  # on the model's device: the figure's on the CPU
+    random = random_filter_pca_ratios(inp.net, k=k, draws=20).cpu()
     verdicts = [findings.filters_low_frequency(comps, k=k), findings.filters_structured(ratio, random, k=k)]
     return Section(
         "filters", "Patch-embedding filters: principal components (Fig. 7 left)",
@@ -165,7 +166,7 @@ def filters(inp: Inputs) -> Section | None:
 def positions(inp: Inputs) -> list[Section]:
     if inp.info.pos_embed == "none":
         return []
-    sim = position_embedding_similarity(inp.net)  # (gh, gw, gh, gw)
+    sim = position_embedding_similarity(inp.net).cpu()  # (gh, gw, gh, gw)
     score = position_structure_score(sim)
     gh, gw = inp.info.grid_size
     if inp.info.pos_embed == "fixed":  # a fixed table (sin-cos) has the topology by construction: nothing learned
@@ -190,7 +191,7 @@ def positions(inp: Inputs) -> list[Section]:
         f"structure).{row_col_note}",
         inp.stamp(prefix_rows="excluded", grid=[gh, gw]), verdicts, {"spearman": score})]
     hi = (2 * gh, 2 * gw)
-    sim_hi = position_embedding_similarity(inp.net, grid=hi)
+    sim_hi = position_embedding_similarity(inp.net, grid=hi).cpu()
     score_hi = position_structure_score(sim_hi)
     out.append(Section(
         "positions_resampled", f"Position embeddings resampled to {hi[0]}x{hi[1]} (fine-tuning at 2x resolution)",
@@ -208,7 +209,7 @@ def positions(inp: Inputs) -> list[Section]:
 
 def distance(inp: Inputs) -> Section:
     info = inp.info
-    per = mean_attention_distance(inp.net, inp.x, per_image=True, progress=False)  # (L, B, H) pixels
+    per = mean_attention_distance(inp.net, inp.x, per_image=True, progress=False).cpu()  # (L, B, H) pixels
     dist = per.mean(1)  # (L, H)
     ceiling = findings.uniform_attention_distance(info.grid_size, info.patch_size)
     # the lowest-layer spread decides from MIN_BOOTSTRAP images on (inconclusive below); a slope needs 2 layers
@@ -244,7 +245,7 @@ def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | N
     n_attr = min(len(inp.x), max_images or (16 if inp.info.num_tokens <= 100 else 4))
     rows, method_maps = compare_methods(inp.net, inp.x[:n_attr], progress=False)
     n = min(inp.n_show, n_attr)
-    show = torch.stack([method_maps[m][:n] for m in ATTRIBUTION_METHODS], 1)  # (n, K, gh, gw)
+    show = torch.stack([method_maps[m][:n] for m in ATTRIBUTION_METHODS], 1).cpu()  # (n, K, gh, gw)
     grid = Section(
         "rollout", "Attention rollout and class-specific maps (Fig. 6 and 14)",
         image_grid_with_maps(inp.shown[:n], show.numpy(), map_titles(inp, pred, n), list(ATTRIBUTION_METHODS),
@@ -280,7 +281,7 @@ def rollout_only(inp: Inputs, pred: dict[str, Any]) -> Section:
     """Fig. 6 for a model without a classifier head: rollout alone, since the class-specific maps and their
     faithfulness scores need class scores."""
     n = min(inp.n_show, len(inp.x))
-    roll = attention_rollout(inp.net, inp.x[:n], head_fusion="mean", residual=0.5)  # (n, gh, gw)
+    roll = attention_rollout(inp.net, inp.x[:n], head_fusion="mean", residual=0.5).cpu()  # (n, gh, gw)
     return Section(
         "rollout", "Attention rollout (Fig. 6 and 14)",
         image_grid_with_maps(inp.shown[:n], roll[:, None].numpy(), map_titles(inp, pred, n), ["rollout"],

@@ -1,0 +1,61 @@
+"""`--device`: one rule for every command (vitlab.devices.resolve_device), checked before any work."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitlab.cli import build_parser, main
+from vitlab.devices import resolve_device
+
+
+def test_default_is_cuda_only_where_torch_sees_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device(None) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device(None) == torch.device("cuda")
+
+
+def test_named_devices_are_checked_against_this_machine(monkeypatch):
+    assert resolve_device("cpu") == torch.device("cpu") == resolve_device(torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="no CUDA GPU.*pass --device cpu"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match="has 2 CUDA device.*cuda:0 to cuda:1"):
+        resolve_device("cuda:2")
+    with pytest.raises(ValueError, match="'gpu' is not a device: use cpu, cuda or cuda:N"):
+        resolve_device("gpu")
+    with pytest.raises(ValueError, match="vitlab runs on cpu, cuda or cuda:N"):
+        resolve_device("meta")
+
+
+def _commands_with_device() -> list[str]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return sorted(name for name, p in sub.choices.items() if any(a.dest == "device" for a in p._actions))
+
+
+def test_every_command_that_runs_a_model_on_data_takes_device():
+    assert _commands_with_device() == ["capture", "mpp-study", "probe", "reproduce", "train"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["capture", "--out", "{tmp}/a.safetensors"],
+    ["probe", "--data", "shapes"],
+    ["reproduce", "--out", "{tmp}/report"],
+    ["train", "--preset", "tiny", "--data", "shapes", "--run-dir", "{tmp}/run", "--quiet"],
+])
+def test_a_missing_gpu_fails_before_any_work(argv, tmp_path, monkeypatch, capsys):
+    """No model is loaded, nothing is written: the error names the fix."""
+    import vitlab
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(vitlab, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking --device"))
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main([*argv, "--device", "cuda"]) != 0
+    err = capsys.readouterr().err
+    assert "no CUDA GPU" in err and "pass --device cpu" in err
+    assert list(tmp_path.iterdir()) == []
