@@ -6,8 +6,9 @@ lies on the finding's side of the threshold, *not reproduced* when the whole int
 *inconclusive* when it straddles (or touches) the threshold or could not be computed.
 
 Intervals are percentile bootstraps (``N_BOOT`` resamples from ``numpy.random.default_rng(SEED)``, so a
-verdict is deterministic) over the unit that varies: images, patches, filter components, or seeds; with 2-3
-seeds a Student-t interval of the mean instead (a bootstrap of 2 values is not an interval). A resample is
+verdict is deterministic) over the unit that varies: images, patches, filter components, or seeds; the mean of
+fewer than ``MIN_MEAN_BOOTSTRAP`` (20) replicates takes a Student-t interval instead (a percentile bootstrap of a
+few values is too narrow: about 79% coverage for a nominal 95% at 4 seeds). A resample is
 drawn as a vector of counts (how often each unit was drawn), so every statistic is evaluated on all
 resamples at once as a weighted statistic, which equals the statistic on the repeated units.
 """
@@ -58,8 +59,10 @@ SEED = 0
 LEVEL = 0.95
 #: the fewest units a percentile bootstrap of a statistic that is not a mean (e.g. a spread) is run over
 MIN_BOOTSTRAP = 4
-# two-sided 95% Student-t quantiles t(0.975, df) for the 2-3 seed case (scipy.stats.t.ppf(0.975, df))
-_T975 = {1: 12.706204736174694, 2: 4.302652729749462}
+#: the fewest units the interval of a mean is bootstrapped over; below it, Student t. A percentile bootstrap of a
+#: mean of n normal replicates covers about 79% at n = 4 and 87% at n = 8 instead of 95% (it ignores that the
+#: spread itself is estimated), so few seeds get the t interval, whose coverage is exact for normal data.
+MIN_MEAN_BOOTSTRAP = 20
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
 
 Array = Tensor | np.ndarray | Sequence[float]
@@ -191,12 +194,15 @@ def _percentile(samples: np.ndarray) -> tuple[float, float]:
 
 
 def _mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str) -> tuple[tuple[float, float], str]:
-    """Interval of the mean of a few replicates (seeds, draws): Student t for 2-3, bootstrap for 4 or more."""
+    """Interval of the mean of replicates (seeds, draws, images): Student t below ``MIN_MEAN_BOOTSTRAP``, a
+    percentile bootstrap from there on, none for 1."""
     n = len(values)
     if n < 2:
         return (math.nan, math.nan), f"none: {n} {unit}, at least 2 needed"
-    if n < MIN_BOOTSTRAP:
-        half = _T975[n - 1] * values.std(ddof=1) / math.sqrt(n)
+    if n < MIN_MEAN_BOOTSTRAP:
+        from scipy.stats import t
+
+        half = float(t.ppf(0.975, n - 1)) * values.std(ddof=1) / math.sqrt(n)
         return (float(values.mean() - half), float(values.mean() + half)), f"Student t over {n} {unit} ({n - 1} df)"
     w = _counts(n, n_boot, seed)
     return _percentile(w @ values / n), f"bootstrap over {n} {unit}, {n_boot} resamples"
@@ -467,8 +473,8 @@ def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEE
 
     ``dist`` (L, B, H) px as for ``lowest_layer_spread``. Statistic: least-squares slope of the head-averaged
     distance over the layer index (px per layer); the slope is linear in the data, so it is the mean of the
-    per-image slopes, and its interval is that of a mean over images (``_mean_interval``: bootstrap from 4 images,
-    Student t for 2-3, none for 1).
+    per-image slopes, and its interval is that of a mean over images (``_mean_interval``: bootstrap from 20 images,
+    Student t for 2-19, none for 1).
     """
     d = _per_image(dist)
     L, b, _ = d.shape
@@ -488,7 +494,7 @@ def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEE
 @dataclass(frozen=True)
 class DistanceShift:
     """Model a's mean attention distance minus model b's on the same images, per layer and over all layers (px),
-    each with its 95% interval over images (``_mean_interval``: bootstrap from 4 images, Student t for 2-3, none
+    each with its 95% interval over images (``_mean_interval``: bootstrap from 20 images, Student t for 2-19, none
     for 1). ``differs``: "a > b", "a < b" or "no difference shown" (the interval touches 0 or there is none), per
     layer and overall."""
 
@@ -528,7 +534,7 @@ def attention_distance_shift(dist_a: Array, dist_b: Array, a: str = "a", b: str 
 
     ``dist_a``, ``dist_b`` (L, B, H) px: ``mean_attention_distance(model, images, per_image=True)`` of two models of
     the same depth on the same B images (the heads may differ in number: each is averaged over its heads). The
-    differences are paired by image; from 4 images the bootstrap draws the same images for every layer.
+    differences are paired by image; from 20 images the bootstrap draws the same images for every layer.
     """
     da, db = _per_image(dist_a), _per_image(dist_b)
     if da.shape[:2] != db.shape[:2]:
@@ -536,8 +542,8 @@ def attention_distance_shift(dist_a: Array, dist_b: Array, a: str = "a", b: str 
                          f"{db.shape[:2]}")
     diff = da.mean(-1) - db.mean(-1)  # (L, B) head-averaged, paired by image
     n = diff.shape[1]
-    # every statistic is a mean over images: _mean_interval's bootstrap (one draw of images for all) from 4 images,
-    # Student t for 2-3, none for 1
+    # every statistic is a mean over images: _mean_interval's bootstrap (one draw of images for all) from 20 images,
+    # Student t for 2-19, none for 1
     layer_interval = tuple(_mean_interval(row, n_boot, seed, "images")[0] for row in diff)
     overall_interval = _mean_interval(diff.mean(0), n_boot, seed, "images")[0]
     return DistanceShift(a=a, b=b, layer_diff=tuple(float(x) for x in diff.mean(1)), layer_interval=layer_interval,
@@ -554,7 +560,7 @@ def rollout_localises(mass: Array, pointing: Array, random_mass: Array, random_p
     All (B,), per image, from ``localisation(maps, masks)``: ``mass``/``pointing`` for the rollout maps,
     ``random_mass``/``random_pointing`` for random maps on the same images (``compare_methods`` returns one
     as ``maps["random map"]``; its expected mass is ``localisation(...)["chance"]``). Statistic: mean paired
-    difference of mass on the object; bootstrap over images from 4, Student t for 2-3, no interval for 1
+    difference of mass on the object; bootstrap over images from 20, Student t for 2-19, no interval for 1
     (``_mean_interval``). The pointing game goes into ``details`` with its interval made the same way.
     """
     m, p, rm, rp = (_np(a) for a in (mass, pointing, random_mass, random_pointing))
@@ -594,7 +600,7 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
     ``data/results/scaling_cifar10.jsonl``). gap(n) = ViT - ResNet ``shots``-shot accuracy at subset size n.
     Statistic: gap(largest) - gap(smallest). A seed fixes the nested subsets and the probe pool for both
     families, so the difference is taken per seed (seeds with all four runs) and the interval is over seeds:
-    Student t with 2-3 seeds, bootstrap over seeds with 4 or more, none with 1.
+    Student t below 20 seeds, bootstrap over seeds from 20, none with 1.
     """
     acc = scaling_accuracies(records, shots)
     sizes = sorted({n for f, n, _ in acc if f == vit} & {n for f, n, _ in acc if f == resnet})
@@ -668,8 +674,8 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
     ``records``: one MPP study's JSONL records (``vitlab.mpp_study.run_study``, e.g.
     ``data/results/mpp_cifar10.jsonl``). Statistic: mean over seeds of the paired difference ``better - worse``:
     few-shot accuracy per probe seed (the same shots for both), or fine-tune test accuracy per fine-tune seed (the
-    same subset, order and augmentation for both). Interval over those seeds: Student t with 2-3, bootstrap with 4
-    or more, none with 1. Each initialisation is one pre-trained model, so the few-shot interval covers the draw of
+    same subset, order and augmentation for both). Interval over those seeds: Student t below 20, bootstrap from
+    20, none with 1. Each initialisation is one pre-trained model, so the few-shot interval covers the draw of
     the shots, not pre-training seeds. ``readout``: which features the few-shot probe read (``few_shot_key``).
     """
     acc = mpp_accuracies(records, kind, shots, readout)
