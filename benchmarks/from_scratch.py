@@ -77,7 +77,7 @@ def fit(run_dir: Path, train_images: int = 5000, seed: int = 0) -> dict[str, Any
     """Under- or over-fitting, from the run's last checkpoint (``run_dir/checkpoint``): ``vitlab.export.
     distillation_facts`` (each head's accuracy, the teacher's, their agreement; fp32, each model's eval transform) on
     ``train_images`` training images drawn without replacement by a seeded permutation from those the run trained
-    on (its first ``max_train_examples``, where set; no augmentation: the images as stored) and on the whole test
+    on (its ``max_train_examples`` draw, ``vitlab.train.training_subset``, where set; no augmentation: the images as stored) and on the whole test
     set, both from the run's own data set and teacher. The teacher is scored by its plain forward, also for a run
     that learned from its mirrored targets (``distill_tta``)."""
     import torch
@@ -85,7 +85,7 @@ def fit(run_dir: Path, train_images: int = 5000, seed: int = 0) -> dict[str, Any
     from vitlab.checkpoint import load_checkpoint
     from vitlab.data import load_dataset
     from vitlab.export import distillation_facts
-    from vitlab.train import load_teacher
+    from vitlab.train import load_teacher, training_subset
 
     cfg = json.loads((run_dir / "train_config.json").read_text())
     if not cfg.get("teacher") or not (cfg.get("model") or {}).get("distilled"):
@@ -102,10 +102,10 @@ def fit(run_dir: Path, train_images: int = 5000, seed: int = 0) -> dict[str, Any
     except FileNotFoundError as e:
         raise FileNotFoundError(f"--fit needs the run's teacher {cfg['teacher']!r}, which is not here ({e})") from e
     train, test = load_dataset(cfg["data"], "train"), load_dataset(cfg["data"], "test")
-    seen = min(len(train), cfg.get("max_train_examples") or len(train))  # the images the run trained on
-    n = min(train_images, seen)
-    idx = torch.randperm(seen, generator=torch.Generator().manual_seed(seed))[:n]  # (n,)
-    return {"train_images": n, "seed": seed, "train": distillation_facts(student, teacher, train.subset(idx)),
+    seen = training_subset(train, cfg.get("max_train_examples"), cfg.get("seed", 0))  # the images the run trained on
+    n = min(train_images, len(seen))
+    idx = torch.randperm(len(seen), generator=torch.Generator().manual_seed(seed))[:n]  # (n,)
+    return {"train_images": n, "seed": seed, "train": distillation_facts(student, teacher, seen.subset(idx)),
             "test": distillation_facts(student, teacher, test)}
 
 

@@ -108,8 +108,12 @@ def _subset(seed: int, n: int, first: int | None = None):
 
     from vitlab.data import load_shapes
 
+    from vitlab.data import nested_subsets
+
     train = load_shapes("train")
-    return train.subset(torch.randperm(first or len(train), generator=torch.Generator().manual_seed(seed))[:n])
+    if first is not None:  # the run's max_train_examples: a class-balanced draw with the run's seed (0)
+        train = train.subset(nested_subsets(train.labels, [first], seed=0)[0])
+    return train.subset(torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:n])
 
 
 def test_fit_is_one_with_a_teacher_that_is_the_student_itself(tmp_path):
@@ -126,7 +130,7 @@ def test_fit_is_one_with_a_teacher_that_is_the_student_itself(tmp_path):
 
 def test_fit_scores_student_and_teacher_on_the_seeded_draw_of_the_images_the_run_saw(tmp_path):
     """Against another teacher: each model's accuracy on the seeded draw equals its own timm-pipeline accuracy there
-    (an independent pass), the draw comes from the run's first ``max_train_examples`` images, and another seed
+    (an independent pass), the draw comes from the run's ``max_train_examples`` images, and another seed
     draws other images."""
     from benchmarks.from_scratch import fit
     from vitlab.checkpoint import load_checkpoint

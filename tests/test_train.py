@@ -204,3 +204,17 @@ def test_export_ships_half_precision_with_a_card_that_reproduces(tmp_path, tiny_
     assert "vitlab train --preset tiny" in text and f"{card['test_accuracy']:.2%}" in text
     cfg_t = __import__("timm").data.resolve_data_config({}, model=model)
     assert cfg_t["input_size"] == (3, 32, 32) and cfg_t["mean"] == pytest.approx((0.4914, 0.4822, 0.4465))
+
+
+def test_max_train_examples_draws_every_class_not_the_first_images():
+    """An ImageFolder is stored class by class: the first 12 images would be one class. The run trains on a
+    class-balanced draw fixed by its seed, the same on every call."""
+    from vitlab.data import ImageArray
+    from vitlab.train import training_subset
+
+    labels = torch.arange(3).repeat_interleave(10)  # (30,) stored class by class, as a zip of class folders is
+    data = ImageArray(torch.zeros(30, 4, 4, 3, dtype=torch.uint8), labels, ("a", "b", "c"), "sorted")
+    sub = training_subset(data, 12, seed=0)
+    assert torch.bincount(sub.labels).tolist() == [4, 4, 4]
+    assert torch.equal(training_subset(data, 12, seed=0).labels, sub.labels)
+    assert training_subset(data, None, 0) is data and training_subset(data, 30, 0) is data

@@ -48,7 +48,7 @@ from vitlab.checkpoint import (
     save_run_checkpoint,
 )
 from vitlab.cifarnet import CifarResNet, tta_logits
-from vitlab.data import ImageArray, load_dataset, normalize, shrink
+from vitlab.data import ImageArray, load_dataset, nested_subsets, normalize, shrink
 from vitlab.devices import resolve_device
 from vitlab.finetune import resample_grid
 from vitlab.info import model_info
@@ -101,7 +101,7 @@ class TrainConfig:
     ema_decay: float | None = None
     seed: int = 0
     eval_every: int = 1
-    max_train_examples: int | None = None  # for quick runs and tests
+    max_train_examples: int | None = None  # for quick runs and tests: a class-balanced draw (training_subset)
     optimizer: Literal["adamw", "sgd"] = "adamw"  # sgd: Nesterov momentum
     momentum: float = 0.9  # sgd only
     schedule: Literal["cosine", "triangle"] = "cosine"  # triangle: linear up to the peak, linear down to min_lr
@@ -407,6 +407,16 @@ def train_config_from_dict(d: dict[str, Any]) -> TrainConfig:
 
 
 @torch.no_grad()
+def training_subset(data: ImageArray, n: int | None, seed: int) -> ImageArray:
+    """The images a run with ``max_train_examples=n`` trains on: all of ``data`` when ``n`` is None or covers it,
+    else a class-balanced draw of ``n`` fixed by ``seed`` (``vitlab.data.nested_subsets``). Never the first ``n``
+    in storage order: an ImageFolder (the shared CIFAR-10 zips) is stored class by class, so those would be one
+    class."""
+    if n is None or n >= len(data):
+        return data
+    return data.subset(nested_subsets(data.labels, [n], seed=seed)[0])
+
+
 def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bool = False, tta: int = 0) -> float:
     """Top-1 accuracy of ``model`` on ``data`` with the model's own normalisation; ``tta`` as in
     ``vitlab.cifarnet.tta_logits`` (0: the plain forward)."""
@@ -677,8 +687,7 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     test_data = test_data if test_data is not None else load_dataset(cfg.data, "test")
     cfg = with_num_classes(cfg, len(train_data.classes))
     _check_image_size(cfg, train_data, test_data)
-    if cfg.max_train_examples:
-        train_data = train_data.subset(range(min(cfg.max_train_examples, len(train_data))))
+    train_data = training_subset(train_data, cfg.max_train_examples, cfg.seed)
     cfg_file = run / "train_config.json"
     if resume:
         saved = train_config_from_dict(json.loads(cfg_file.read_text()))
