@@ -238,3 +238,12 @@ def test_continue_after_a_finished_and_exported_leg_trains_a_new_leg(tmp_path, c
     assert main(args + ["--continue"]) == 0
     assert "kept as" not in capsys.readouterr().err and not run.with_name("run.leg2").exists()
     assert json.loads(meta_file.read_text())["epoch"] == 1
+
+
+def test_probe_refuses_splits_whose_classes_differ(tmp_path, checkpoint, capsys):
+    from _reference import make_folder
+
+    make_folder(tmp_path / "d" / "train", size=32, classes=("cat", "dog", "frog"))
+    make_folder(tmp_path / "d" / "test", size=32, classes=("cat", "frog"))
+    assert main(["probe", "--model", str(checkpoint), "--data", str(tmp_path / "d"), "--shots", "1", "--quiet"]) == 1
+    assert "hold different classes" in capsys.readouterr().err

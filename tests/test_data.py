@@ -198,3 +198,50 @@ def test_portable_source_never_names_a_machine_path(tmp_path, monkeypatch):
     assert portable_source(tmp_path / "elsewhere" / "folder" / "name.zip") == ".../folder/name.zip"
     (tmp_path / "notrepo" / "vitlab").mkdir(parents=True)  # a folder named vitlab outside a repository: no checkout
     assert portable_source(tmp_path / "notrepo" / "vitlab" / "x") == ".../vitlab/x"
+
+
+def test_a_zip_of_train_and_test_folders_gives_each_split_its_own_images(tmp_path, monkeypatch):
+    """`data.zip` holding `train/cls/...` and `test/cls/...` (under a wrapper folder too): each split reads only its
+    own folder, never both."""
+    from vitlab.data import load_dataset
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    tr = make_folder(tmp_path / "src" / "train", n_per_class=3)
+    te = make_folder(tmp_path / "src" / "test", n_per_class=2)
+    for name, prefix in (("data.zip", ""), ("wrapped.zip", "cifar/")):
+        with zipfile.ZipFile(tmp_path / name, "w") as zf:
+            for p in sorted((tmp_path / "src").rglob("*.png")):
+                zf.write(p, f"{prefix}{p.relative_to(tmp_path / 'src')}")
+        train, test = load_dataset(str(tmp_path / name), "train"), load_dataset(str(tmp_path / name), "test")
+        assert (len(train), len(test)) == (6, 4)
+        assert torch.equal(train.images, load_image_folder(tr, cache=False, progress=False).images)
+        assert torch.equal(test.images, load_image_folder(te, cache=False, progress=False).images)
+        assert train.source.endswith("!train") and test.source.endswith("!test")
+        with pytest.raises(DataError, match="no 'val' split"):
+            load_dataset(str(tmp_path / name), "val")
+
+
+def test_a_bare_class_folder_is_training_data_only(tmp_path):
+    """Without split folders the same images would be the test set too: asking for a test split is an error."""
+    from vitlab.data import load_dataset
+
+    root = make_folder(tmp_path / "classes")
+    with zipfile.ZipFile(tmp_path / "classes.zip", "w") as zf:
+        for p in sorted(root.rglob("*.png")):
+            zf.write(p, f"{p.parent.name}/{p.name}")
+    for spec in (root, tmp_path / "classes.zip"):
+        assert len(load_dataset(str(spec), "train")) == 6
+        with pytest.raises(DataError, match="no 'test' split: it serves as training data only"):
+            load_dataset(str(spec), "test")
+
+
+def test_splits_with_different_classes_are_refused(tmp_path):
+    """Each split numbers its own sorted class folders: test 'frog' would get training's label of 'dog'."""
+    from vitlab.data import check_same_classes, load_dataset
+
+    make_folder(tmp_path / "d" / "train", classes=("cat", "dog", "frog"))
+    make_folder(tmp_path / "d" / "test", classes=("cat", "frog"))
+    train, test = load_dataset(str(tmp_path / "d"), "train"), load_dataset(str(tmp_path / "d"), "test")
+    with pytest.raises(DataError, match=r"different classes \(train \['cat', 'dog', 'frog'\], test \['cat', 'frog'\]"):
+        check_same_classes(train, test, "d")
+    check_same_classes(train, train, "d")

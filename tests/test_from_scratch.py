@@ -106,9 +106,7 @@ def _distilled_run(tmp_path, teacher: str | None = "self", **cfg):
 def _subset(seed: int, n: int, first: int | None = None):
     import torch
 
-    from vitlab.data import load_shapes
-
-    from vitlab.data import nested_subsets
+    from vitlab.data import load_shapes, nested_subsets
 
     train = load_shapes("train")
     if first is not None:  # the run's max_train_examples: a class-balanced draw with the run's seed (0)

@@ -25,6 +25,7 @@ __all__ = [
     "portable_source",
     "DataError",
     "load_image_folder",
+    "check_same_classes",
     "load_cifar",
     "load_dataset",
     "load_shapes",
@@ -63,6 +64,11 @@ class ImageArray:
         masks = self.masks[index] if self.masks is not None else None
         return ImageArray(self.images[index], self.labels[index], self.classes,
                           f"{self.source}[subset {len(index)}]", masks)
+
+
+def _source(root: Path, split: str | None) -> str:
+    """``portable_source`` of an image folder, with ``!split`` for one split folder inside a zip."""
+    return portable_source(root) + ("" if split is None else f"!{split}")
 
 
 def portable_source(path: str | os.PathLike) -> str:
@@ -108,14 +114,25 @@ def _decode(blob: bytes, name: str, size: tuple[int, int] | None, problems: list
         return None
 
 
-def _members(root: Path) -> Iterator[tuple[str, str, callable]]:
-    """(class, name, read) for every image under root (a folder or a zip), in sorted order."""
+SPLIT_NAMES = ("train", "test", "val")
+
+
+def zip_splits(root: Path) -> list[str]:
+    """The split folders (``SPLIT_NAMES``) a zip holds its class folders in (``[...]/split/class/img.jpg``)."""
+    with zipfile.ZipFile(root) as zf:
+        return sorted({parts[-3] for n in zf.namelist() if n.lower().endswith(IMAGE_SUFFIXES)
+                       and len(parts := Path(n).parts) >= 3 and parts[-3] in SPLIT_NAMES})
+
+
+def _members(root: Path, split: str | None = None) -> Iterator[tuple[str, str, callable]]:
+    """(class, name, read) for every image under root (a folder or a zip), in sorted order; with ``split``, only a
+    zip's images in that split folder (``[...]/split/class/img.jpg``)."""
     if root.is_file() and zipfile.is_zipfile(root):
         zf = zipfile.ZipFile(root)
         names = sorted(n for n in zf.namelist() if n.lower().endswith(IMAGE_SUFFIXES))
         for n in names:
             parts = Path(n).parts
-            if len(parts) < 2:
+            if len(parts) < 2 or (split is not None and (len(parts) < 3 or parts[-3] != split)):
                 continue
             yield parts[-2], n, (lambda n=n: zf.read(n))
     elif root.is_dir():
@@ -146,8 +163,9 @@ def _fingerprint(root: Path) -> str:
 
 
 def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | None = None,
-                      cache: bool = True, progress: bool = True) -> ImageArray:
-    """Decode an ImageFolder directory or zip (``[split/]class/img.jpg``) into an ``ImageArray``.
+                      cache: bool = True, progress: bool = True, split: str | None = None) -> ImageArray:
+    """Decode an ImageFolder directory or zip (``class/img.jpg``) into an ``ImageArray``; ``split``: only the
+    images of a zip's ``split/`` folder (a zip holding ``train/`` and ``test/``).
 
     Grayscale, RGBA and palette images are converted to RGB; with ``size`` every image is resized to it,
     otherwise all images must share one size. Unreadable files raise ``DataError`` naming them.
@@ -158,15 +176,17 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
     size = (size, size) if isinstance(size, int) else size
     key = None
     if cache:
-        key = hashlib.sha1(f"{root.resolve()}|{_fingerprint(root)}|{size}".encode()).hexdigest()[:16]
+        part = "" if split is None else f"|{split}"
+        key = hashlib.sha1(f"{root.resolve()}|{_fingerprint(root)}|{size}{part}".encode()).hexdigest()[:16]
         hit = cache_dir() / f"images-{key}.npz"
         if hit.is_file():
             with np.load(hit, allow_pickle=False) as z:
                 return ImageArray(torch.from_numpy(z["images"]), torch.from_numpy(z["labels"]),
-                                  tuple(str(c) for c in z["classes"]), portable_source(root))
-    members = list(_members(root))
+                                  tuple(str(c) for c in z["classes"]), _source(root, split))
+    members = list(_members(root, split))
     if not members:
-        raise DataError(f"no images found in {root}: expected an ImageFolder layout (class/image.jpg)")
+        where = root if split is None else f"{root} ({split}/)"
+        raise DataError(f"no images found in {where}: expected an ImageFolder layout (class/image.jpg)")
     classes = sorted({c for c, _, _ in members})
     if root.is_dir():
         empty = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in classes)
@@ -189,7 +209,7 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
     if len(shapes) > 1:
         raise DataError(f"images in {root} have mixed sizes {sorted(shapes)[:5]}: pass size=(H, W) to resize them")
     data = ImageArray(torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.long),
-                      tuple(classes), portable_source(root))
+                      tuple(classes), _source(root, split))
     if cache:
         cache_dir().mkdir(parents=True, exist_ok=True)
         tmp = cache_dir() / f".images-{key}.{os.getpid()}.npz"
@@ -260,10 +280,28 @@ def load_dataset(spec: str, split: str = "train") -> ImageArray:
     for cand in (path / f"{split}.zip", path / split):
         if cand.exists():
             return load_image_folder(cand)
-    splits = sorted(p.stem for p in path.iterdir() if p.stem in ("train", "test", "val")) if path.is_dir() else []
+    if path.is_dir():
+        splits = sorted(p.stem for p in path.iterdir() if p.stem in SPLIT_NAMES)
+    else:
+        splits = zip_splits(path) if zipfile.is_zipfile(path) else []
+        if split in splits:
+            return load_image_folder(path, split=split)
     if splits:
-        raise DataError(f"{path} has no {split!r} split (found {splits}): add {path / split}/ or {split}.zip")
+        raise DataError(f"{path} has no {split!r} split (found {splits}): add {split}/ or {split}.zip beside them")
+    if split != "train":  # a bare class folder is one set of images: as its own test set it would score training
+        raise DataError(f"{path} holds class folders but no {split!r} split: it serves as training data only. Put "
+                        f"the classes under {path}/train/ and {path}/{split}/ (or train.zip and {split}.zip), or "
+                        "pass a test set of its own")
     return load_image_folder(path)
+
+
+def check_same_classes(train: ImageArray, test: ImageArray, spec: str) -> None:
+    """Each split numbers its own class folders in sorted order: with different class lists the same label would
+    name different classes. Raises ``DataError`` naming both lists."""
+    if tuple(train.classes) != tuple(test.classes):
+        raise DataError(f"{spec}: the train and test splits hold different classes (train {list(train.classes)}, "
+                        f"test {list(test.classes)}), so their labels do not match: give both splits the same class "
+                        "folders")
 
 
 def sample_images() -> list[tuple[str, np.ndarray]]:

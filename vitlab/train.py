@@ -48,7 +48,7 @@ from vitlab.checkpoint import (
     save_run_checkpoint,
 )
 from vitlab.cifarnet import CifarResNet, tta_logits
-from vitlab.data import ImageArray, load_dataset, nested_subsets, normalize, shrink
+from vitlab.data import ImageArray, check_same_classes, load_dataset, nested_subsets, normalize, shrink
 from vitlab.devices import resolve_device
 from vitlab.finetune import resample_grid
 from vitlab.info import model_info
@@ -685,6 +685,7 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
         raise ValueError(f"batch_size={cfg.batch_size} must be divisible by the {d.world} processes")
     train_data = train_data if train_data is not None else load_dataset(cfg.data, "train")
     test_data = test_data if test_data is not None else load_dataset(cfg.data, "test")
+    check_same_classes(train_data, test_data, cfg.data)
     cfg = with_num_classes(cfg, len(train_data.classes))
     _check_image_size(cfg, train_data, test_data)
     train_data = training_subset(train_data, cfg.max_train_examples, cfg.seed)
