@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +11,7 @@ import torch
 from PIL import Image
 
 from vitlab.capture import capture_attention
+from vitlab.scaling import SweepConfig
 
 
 def make_folder(root: Path, n_per_class: int = 3, size: int = 8, classes=("a", "b")) -> Path:
@@ -44,3 +47,20 @@ def three_class_split(root: Path):
     make_folder(root / "test", n_per_class=8, size=32, classes=("a", "b", "c"))
     return (load_image_folder(root / "train", cache=False, progress=False),
             load_image_folder(root / "test", cache=False, progress=False))
+
+
+@dataclasses.dataclass(frozen=True)
+class CrashFirstWorker(SweepConfig):
+    """A sweep config whose first run kills its worker process (as the out-of-memory killer would): the run that
+    claims the flag file ``VITLAB_TEST_CRASH_FLAG`` first exits its process; every other run goes on."""
+
+    def fingerprint(self) -> str:
+        flag = os.environ.get("VITLAB_TEST_CRASH_FLAG")
+        if flag and os.getpid() != int(os.environ.get("VITLAB_TEST_PARENT_PID", "0")):
+            try:
+                os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                os._exit(1)
+        return "crash-first-worker"

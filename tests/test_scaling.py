@@ -287,3 +287,23 @@ def test_sweep_table_refuses_rows_of_two_configs(tmp_path, capsys):
     assert main(["sweep", "--config", "quick", "--results", str(tmp_path / "q.jsonl"), "--table"]) == 1
     err = capsys.readouterr().err
     assert "rows of several configs or code versions" in err and "records of 2 sweep configs" in err
+
+
+def test_a_dead_worker_fails_its_own_run_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    """The first run's worker process dies. That run is recorded as crashed; the three after it still run in a new
+    pool (here each fails fast on its missing data, an ordinary failed record), instead of all four being recorded
+    as "worker crashed" by the broken pool."""
+    import os
+
+    from _reference import CrashFirstWorker
+
+    from vitlab.scaling import _execute
+
+    monkeypatch.setenv("VITLAB_TEST_CRASH_FLAG", str(tmp_path / "crashed"))
+    monkeypatch.setenv("VITLAB_TEST_PARENT_PID", str(os.getpid()))
+    sweep = CrashFirstWorker("crash", data=str(tmp_path / "no-such-data"))
+    records: list[dict] = []
+    _execute([(sweep, RunSpec("vit", n, 0)) for n in (10, 20, 30, 40)], records.append, "local", 1)
+    assert [r["spec"]["size"] for r in records] == [10, 20, 30, 40]
+    assert records[0]["error"].startswith("worker crashed: BrokenProcessPool")
+    assert all(r["status"] == "failed" and "worker crashed" not in r["error"] for r in records[1:])

@@ -436,16 +436,7 @@ def _execute(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str 
         for sweep, spec in jobs:
             finish(_run_record(sweep, spec, wd, None))
     elif executor == "local":
-        import concurrent.futures as cf
-        import multiprocessing as mp
-
-        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(_run_record, sweep, spec, wd, threads): (sweep, spec) for sweep, spec in jobs}
-            for fut in cf.as_completed(futures):
-                try:
-                    finish(fut.result())
-                except Exception as e:  # the worker process died (out of memory, a signal): record it
-                    finish(_crashed_record(*futures[fut], e))
+        _execute_local(list(jobs), finish, workers, wd, threads)
     else:
         with _ray_runtime(address, workers) as ray:
             remote = ray.remote(num_cpus=1, max_retries=0)(_run_record)
@@ -457,6 +448,43 @@ def _execute(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str 
                     finish(ray.get(ready[0]))
                 except Exception as e:  # the worker died or the task could not run: record it
                     finish(_crashed_record(*refs[ready[0]], e))
+
+
+def _execute_local(queue: list[tuple[SweepConfig, RunSpec]], finish, workers: int, wd: str | None,
+                   threads: int) -> None:
+    """Process pool, at most ``workers`` runs in flight. A worker that dies (out of memory, a signal) breaks the
+    pool: the runs in flight then are recorded as crashed (a resume reruns them) and the runs not yet started go
+    on in a new pool, instead of every pending run failing with the broken pool."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    while queue:
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+            running: dict[cf.Future, tuple[SweepConfig, RunSpec]] = {}
+            broken = False
+            while (queue or running) and not broken:
+                while queue and len(running) < workers:
+                    job = queue.pop(0)
+                    running[pool.submit(_run_record, *job, wd, threads)] = job
+                done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    broken |= _settle(fut, running.pop(fut), finish)
+            for fut, job in running.items():  # in flight when the pool broke: a finished one keeps its record
+                _settle(fut, job, finish)
+
+
+def _settle(fut, job: tuple[SweepConfig, RunSpec], finish) -> bool:
+    """``finish`` the run's record, or a crashed record when its worker died; True when the pool broke."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        finish(fut.result())
+    except BrokenProcessPool as e:
+        finish(_crashed_record(*job, e))
+        return True
+    except Exception as e:  # noqa: BLE001 - the run could not be sent or returned: record it
+        finish(_crashed_record(*job, e))
+    return False
 
 
 def one_config(records: Sequence[Mapping]) -> None:
