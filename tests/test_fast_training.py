@@ -616,6 +616,9 @@ def test_distillation_facts_match_an_independent_two_head_pass():
     (dict(momentum=1.0), r"momentum must be a number in \[0, 1\)"),
     (dict(grad_clip=-1.0), "grad_clip must be a number >= 0"),
     (dict(distill_tau=0.0), "distill_tau must be a number > 0"),
+    (dict(warmup_epochs=3), r"warmup_epochs=3 exceeds epochs=2: .*--set warmup_epochs=0.4"),
+    (dict(mixup_prob=0.5, mixup_alpha=0, cutmix_alpha=0), "mixes nothing: to switch mixing off set mixup_prob=0"),
+    (dict(mixup_prob=0.5, batch_size=15), "batch_size=15 is odd, but mixup and cutmix pair"),
 ])
 def test_numeric_settings_are_checked(changes, match):
     with pytest.raises(ValueError, match=match):
@@ -624,10 +627,12 @@ def test_numeric_settings_are_checked(changes, match):
 
 def test_numeric_settings_accept_their_edges():
     """What the checks must let through: the presets, ints for float fields, the documented 0 = off values."""
-    cfg = dataclasses.replace(PRESETS["tiny"], epochs=1, batch_size=1, lr=1, min_lr=0, warmup_epochs=7,
+    cfg = dataclasses.replace(PRESETS["tiny"], epochs=1, batch_size=1, lr=1, min_lr=0, warmup_epochs=1,
                               label_smoothing=0, grad_clip=0, mixup_prob=0, ema_decay=0.999, eval_every=0,
                               crop_padding=0, lr_start=1, seed=-3)
-    assert (cfg.lr, cfg.warmup_epochs, cfg.seed) == (1, 7, -3)
+    assert (cfg.lr, cfg.warmup_epochs, cfg.seed) == (1, 1, -3)
+    mixing = dataclasses.replace(PRESETS["tiny"], batch_size=2, mixup_prob=1, mixup_alpha=0, cutmix_alpha=1)
+    assert mixing.mixup_alpha == 0  # one of the two alphas is enough
     for preset in PRESETS.values():
         assert dataclasses.replace(preset) == preset
 

@@ -249,6 +249,16 @@ class TrainConfig:
         real("lr_start", lambda v: 0 <= v <= 1, "a number in [0, 1] (a fraction of the peak lr)")
         real("norm_bias_lr_scale", lambda v: v > 0, "a number > 0")
         real("distill_tau", lambda v: v > 0, "a number > 0")
+        if self.warmup_epochs > self.epochs:
+            raise ValueError(f"warmup_epochs={self.warmup_epochs:g} exceeds epochs={self.epochs}: the learning rate would "
+                             "still be climbing when the run ends and never come down; lower it (--set "
+                             f"warmup_epochs={self.epochs / 5:g}, a fifth of the run) or train longer")
+        if self.mixup_prob > 0 and self.mixup_alpha == 0 and self.cutmix_alpha == 0:
+            raise ValueError("mixup_prob > 0 with mixup_alpha = cutmix_alpha = 0 mixes nothing: to switch mixing off set "
+                             "mixup_prob=0, else give mixup_alpha or cutmix_alpha a value > 0")
+        if self.mixup_prob > 0 and self.batch_size % 2:
+            raise ValueError(f"batch_size={self.batch_size} is odd, but mixup and cutmix pair the batch with its mirror "
+                             "(timm's Mixup): use an even batch_size, or mixup_prob=0")
 
 
 #: The distillation teacher's checkpoint (``vitlab train --preset resnet_cifar10_fast`` exported there).
@@ -683,6 +693,9 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
         raise FileNotFoundError(f"--resume: {run} has no checkpoint to resume from; start without --resume")
     if cfg.batch_size % d.world:
         raise ValueError(f"batch_size={cfg.batch_size} must be divisible by the {d.world} processes")
+    if cfg.mixup_prob > 0 and (cfg.batch_size // d.world) % 2:
+        raise ValueError(f"batch_size={cfg.batch_size} gives each of the {d.world} processes an odd batch, which mixup "
+                         "cannot pair: use a batch_size that is an even multiple of the processes, or mixup_prob=0")
     train_data = train_data if train_data is not None else load_dataset(cfg.data, "train")
     test_data = test_data if test_data is not None else load_dataset(cfg.data, "test")
     check_same_classes(train_data, test_data, cfg.data)
@@ -698,7 +711,8 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
                              f"saved={saved} requested={cfg}")
     if d.main:
         run.mkdir(parents=True, exist_ok=True)
-        cfg_file.write_text(json.dumps(train_config_to_dict(cfg), indent=2) + "\n")
+        if not resume:  # a resumed run's file already says this (checked above); never rewritten, never torn
+            atomic_write_text(cfg_file, json.dumps(train_config_to_dict(cfg), indent=2) + "\n")
 
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model)
