@@ -245,3 +245,11 @@ def test_splits_with_different_classes_are_refused(tmp_path):
     with pytest.raises(DataError, match=r"different classes \(train \['cat', 'dog', 'frog'\], test \['cat', 'frog'\]"):
         check_same_classes(train, test, "d")
     check_same_classes(train, train, "d")
+
+
+def test_a_cifar_root_that_holds_nothing_is_an_error_not_the_shared_copy(tmp_path):
+    """`cifar10:ROOT` with a mistyped or empty ROOT fails naming it; it never falls back to the shared zips."""
+    from vitlab.data import load_dataset
+
+    with pytest.raises(DataError, match=f"could not read or download cifar10 into {tmp_path / 'nowhere'}"):
+        load_dataset(f"cifar10:{tmp_path / 'nowhere'}", "test")

@@ -226,9 +226,8 @@ def load_cifar(name: str = "cifar10", split: str = "train", root: str | os.PathL
     """CIFAR-10/100 through torchvision (downloaded when online), or the ImageFolder zips in ``root``."""
     if split not in ("train", "test"):
         raise DataError(f"split must be 'train' or 'test', got {split!r}")
-    candidates = [Path(root)] if root is not None else []
-    if name == "cifar10":
-        candidates.append(SHARED_CIFAR10)
+    # a root given is the only place looked at (then torchvision's files there): never the shared copy instead
+    candidates = [Path(root)] if root is not None else [SHARED_CIFAR10] if name == "cifar10" else []
     for base in candidates:
         z = base / f"{split}.zip"
         if z.is_file():
