@@ -294,3 +294,13 @@ def test_group_norm_keeps_at_least_k_channels_per_group():
     legacy = vitlab.build_model(BiTConfig(layers=(1, 1), channels=(32, 64), basic=True, stem="cifar", img_size=32,
                                           num_classes=3))  # BiT's 32 groups, as the shipped checkpoint was built
     assert {g.num_groups for g in legacy.modules() if isinstance(g, torch.nn.GroupNorm)} == {32}
+
+
+def test_the_mlp_is_built_as_wide_as_asked():
+    """mlp_dim / embed_dim times embed_dim rounds down for some pairs in floating point (88, 120: 119.99...); every
+    block's hidden layer is exactly mlp_dim wide."""
+    from vitlab.zoo import cifar_vit
+
+    for embed_dim, mlp_dim in ((88, 120), (256, 512), (24, 100), (96, 312)):
+        model = vitlab.build_model(cifar_vit(depth=1, embed_dim=embed_dim, num_heads=2, mlp_dim=mlp_dim))
+        assert model.blocks[0].mlp.fc1.weight.shape == (mlp_dim, embed_dim)

@@ -400,7 +400,7 @@ def _vit_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         embed_dim=cfg.embed_dim,
         depth=cfg.depth,
         num_heads=cfg.num_heads,
-        mlp_ratio=cfg.mlp_dim / cfg.embed_dim,
+        mlp_ratio=(cfg.mlp_dim + 0.5) / cfg.embed_dim,  # timm builds int(embed_dim * ratio): exactly mlp_dim
         class_token=cfg.readout == "token",
         global_pool=cfg.readout,
         pos_embed="none" if cfg.pos_embed == "none" else "learn",
