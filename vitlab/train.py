@@ -106,7 +106,8 @@ class TrainConfig:
     momentum: float = 0.9  # sgd only
     schedule: Literal["cosine", "triangle"] = "cosine"  # triangle: linear up to the peak, linear down to min_lr
     lr_start: float = 0.0  # lr at step 0, as a fraction of the peak
-    norm_bias_lr_scale: float = 1.0  # BatchNorm shifts: lr times this, weight decay divided by it
+    norm_bias_lr_scale: float = 1.0  # SGD: every trainable parameter of BatchNorm/GroupNorm/LayerNorm layers (shifts,
+    # and scales where they train; the CNN teacher's BatchNorm scales are frozen): lr times this, weight decay / it
     crop_pad_mode: Literal["constant", "reflect"] = "constant"
     eval_tta: int = 0  # test-time augmentation at evaluation: 0 none, 1 mirror, 2 mirror and 1 px shifts
     channels_last: bool = False
@@ -368,7 +369,8 @@ def _augment(cfg: TrainConfig) -> Augment:
 
 
 def _optimizer(model: nn.Module, cfg: TrainConfig, extra: nn.Module | None = None) -> torch.optim.Optimizer:
-    """AdamW (no decay on 1-D parameters and tokens) or Nesterov SGD (BatchNorm shifts at a scaled lr).
+    """AdamW (no decay on 1-D parameters and tokens) or Nesterov SGD (the trainable parameters of normalisation
+    layers, BatchNorm/GroupNorm/LayerNorm shifts and any trainable scales, at ``norm_bias_lr_scale`` times the lr).
 
     Each group carries ``lr_scale``: the loop sets ``lr = lr_at(step) * lr_scale``."""
     if cfg.optimizer == "sgd":
