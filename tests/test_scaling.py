@@ -276,6 +276,13 @@ def test_tuning_table_orders_by_grid_marks_the_winner_and_shows_failures():
     assert "| failed |" in lines[2] and "| 70.0% | 3 of 10 | 42.0 ± 2.0 |" in lines[1]
     marked = tuning_table(records, chosen=[("bit", "sgd", 0.1, 0.0005)]).splitlines()[2:]  # the frozen config decides
     assert [("**yes**" in line) for line in marked] == [False, False, False, True]
+    # a re-tuning under new code: only the newest code version's trials, each once, its own winner marked
+    old = [{**r, "provenance": {"code_hash": "old"}} for r in records]
+    new = [{**rec("bit", "adamw", 0.001, 0.05, 0.90), "fingerprint": "n1"},
+           {**rec("bit", "adamw", 0.003, 0.05, 0.50), "fingerprint": "n2"}]
+    new = [{**r, "provenance": {"code_hash": "new"}} for r in new]
+    lines = tuning_table(old + new).splitlines()[2:]
+    assert len(lines) == 2 and "| 90.0% |" in lines[0] and "**yes**" in lines[0] and "**yes**" not in lines[1]
 
 
 def test_sweep_table_refuses_rows_of_two_configs(tmp_path, capsys):

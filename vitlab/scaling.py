@@ -611,10 +611,15 @@ def tuning_table(records: Sequence[dict], shots: int = 10,
     in the order they first appear and recipes in ``TUNING_GRID`` order, with the best validation accuracy and its
     epoch, and the ``shots``-shot probe (mean ± std over probe seeds) of that model. ``chosen``: the frozen recipes
     (``SweepConfig.recipes`` of the tuned config) to mark; without them, each family's highest validation accuracy
-    is marked (the first of equals in grid order, as ``tune`` picks). The latest record of a trial wins."""
+    is marked (the first of equals in grid order, as ``tune`` picks). The latest record of a trial wins, among the
+    records of the newest code version (the store's last record's ``provenance.code_hash``): a re-tuning after a code
+    change never shows a trial twice or marks an old code's winner."""
+    code = lambda r: (r.get("provenance") or {}).get("code_hash")  # noqa: E731
+    newest = code(records[-1]) if records else None
     latest: dict[tuple, dict] = {}
     for r in records:
-        latest[(r.get("sweep"), r.get("fingerprint"), r["run_id"])] = r
+        if code(r) == newest:
+            latest[(r.get("sweep"), r["spec"]["family"], tuple(r["config"]["recipes"][0][1:]), r["run_id"])] = r
     families = list(dict.fromkeys(r["spec"]["family"] for r in latest.values()))
 
     def order(r: dict) -> tuple[int, int]:
