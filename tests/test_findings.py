@@ -459,3 +459,17 @@ def test_the_lowest_layer_reason_states_where_this_models_heads_sit():
     assert known_reason(slope) == KNOWN_REASONS["Fig. 7 right"]
     other = dataclasses.replace(slope, details={**slope.details, "head_distance_px": [1.0], "ceiling_px": 2.0})
     assert known_reason(other) == KNOWN_REASONS["Fig. 7 right"]  # the numbers belong to the lowest-layer finding only
+
+
+def test_the_mpp_reason_names_what_the_probe_reads():
+    """The class-token sentence goes with the class-token probe only; the patch-mean probe reads what MPP trains."""
+    from vitlab.findings import Verdict, known_reason
+
+    def v(kind, readout):
+        return Verdict("Sec. 4.6: MPP pre-training beats training from scratch", "c", -0.01, (-0.02, 0.0), 0.0,
+                       "not reproduced", {"kind": kind, "readout": readout}, ">", "accuracy difference", "")
+
+    assert "class token's output, which the MPP loss never trains" in known_reason(v("few_shot", "model"))
+    patch = known_reason(v("few_shot", "patch_mean"))
+    assert "patch tokens' outputs, which the MPP loss does train" in patch and "class token" not in patch
+    assert "class token" not in known_reason(v("finetune", None))

@@ -723,12 +723,19 @@ KNOWN_REASONS: dict[str, str] = {
               "background.",
     "Sec. 4.6": "the paper's MPP run is ViT-B/16 pre-trained on JFT-300M (Appendix B.1.2) and "
                 "compared after fine-tuning on ImageNet; here a small ViT sees 50,000 32 px images for a few "
-                "epochs. The MPP loss never reads the class token's output, which the few-shot probe reads (a fine-tune "
-                "trains it); the supervised checkpoint, in turn, learned from the labels of the very training images "
-                "the shots and the fine-tune subset come from, which favours it.",
+                "epochs. The supervised checkpoint learned from the labels of the very training images the shots "
+                "and the fine-tune subset come from, which favours it.",
     "Fig. 3/4": "the paper's crossing happens between ImageNet (1.3M images) and JFT-300M (Fig. 3, 4); a "
                 "miniature of at most tens of thousands of 32 px images sits far below that regime, where "
                 "convolutional inductive biases should win.",
+}
+
+
+#: what the compared models' features are read through, for the Sec. 4.6 verdicts: (kind, readout) -> sentence
+_MPP_READOUT = {
+    ("few_shot", "model"): "This few-shot probe reads the class token's output, which the MPP loss never trains.",
+    ("few_shot", "patch_mean"): "This few-shot probe reads the mean of the patch tokens' outputs, which the MPP loss "
+                                "does train (on corrupted inputs).",
 }
 
 
@@ -737,6 +744,9 @@ def known_reason(v: Verdict) -> str | None:
     spread it starts with where this model's heads sit against the paper's, so the reason is read beside the numbers
     it explains (a model may have local heads and still fall short of the paper's span)."""
     reason = next((r for k, r in KNOWN_REASONS.items() if v.finding.startswith(k)), None)
+    if reason is not None and v.finding.startswith("Sec. 4.6"):
+        reason += " " + _MPP_READOUT.get((v.details.get("kind"), v.details.get("readout")), "")
+        reason = reason.rstrip()
     heads, ceiling = v.details.get("head_distance_px"), v.details.get("ceiling_px")
     if reason is not None and v.finding.startswith(_LOWEST_LAYER) and heads is not None and len(heads) and ceiling:
         lo, hi = min(heads), max(heads)
