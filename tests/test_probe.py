@@ -210,6 +210,9 @@ def test_few_shot_on_separable_clusters_is_perfect_and_reports_seeds():
     assert set(res) == {1, 5}
     assert res[5].mean == 1.0 and res[5].per_seed == (1.0, 1.0, 1.0) and res[5].std == 0.0
     assert len(res[1].per_seed) == 3 and res[1].mean == pytest.approx(np.mean(res[1].per_seed))
+    # the labels are names, not indices: shifted to -2..1 the probe gives the same answers
+    shifted = few_shot_accuracy(Xtr, ytr - 2, Xte, yte - 2, shots=(1, 5), seeds=(0, 1, 2))
+    assert {k: r.per_seed for k, r in shifted.items()} == {k: r.per_seed for k, r in res.items()}
 
 
 def test_few_shot_accuracy_on_noisy_data_has_a_spread():

@@ -216,7 +216,7 @@ def few_shot_accuracy(train_features: Tensor, train_labels: Tensor, test_feature
     if Xtr.shape[1] != Xte.shape[1]:
         raise ValueError(f"train features have {Xtr.shape[1]} dimensions but test features {Xte.shape[1]}: "
                          "extract both with the same model")
-    classes = torch.unique(ytr)
+    classes, counts = torch.unique(ytr, return_counts=True)  # any integer labels, negative ones too
     if len(classes) < 2:
         raise ValueError(f"the training labels hold only class {classes.tolist()}: a probe needs at least 2 classes")
     unseen = sorted(set(torch.unique(yte).tolist()) - set(classes.tolist()))
@@ -224,7 +224,6 @@ def few_shot_accuracy(train_features: Tensor, train_labels: Tensor, test_feature
         raise ValueError(f"test labels {unseen} never occur in the training labels")
     if not shots or any(int(k) < 1 for k in shots):
         raise ValueError(f"shots must be positive integers, got {list(shots)}")
-    counts = torch.bincount(ytr)[classes]
     if int(max(shots)) > int(counts.min()):
         c = int(classes[counts.argmin()])
         raise ValueError(f"{max(shots)} shots need {max(shots)} training examples per class, but class {c} has only "
