@@ -118,6 +118,15 @@ def test_sweep_config_is_checked():
         run_sweep(dataclasses.replace(QUICK, probe_classes=(1, 2)), "unused.jsonl")
     with pytest.raises(ValueError, match="unknown model families"):
         run_sweep(dataclasses.replace(QUICK, families=("vit_huge",)), "unused.jsonl")
+    with pytest.raises(ValueError, match=r"pretrain_classes names a class twice \(\[0, 0, 1\]\)"):
+        run_sweep(dataclasses.replace(QUICK, pretrain_classes=(0, 0, 1)), "unused.jsonl")
+
+
+def test_sweep_shots_must_be_among_the_sweeps_own(tmp_path, capsys):
+    """--shots K that the sweep never probed: an error naming its shots, not an empty summary or a verdict that
+    finds no sizes."""
+    assert main(["sweep", "--config", "quick", "--results", str(tmp_path / "q.jsonl"), "--table", "--shots", "7"]) == 1
+    assert f"probes {list(QUICK.shots)}-shot only" in capsys.readouterr().err
     assert RunSpec("vit", 500, 1).run_id == "vit-n500-s1"
     assert len(SweepConfig("x").runs()) == 2 * 5 * 2
 

@@ -240,6 +240,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     sweep = load_sweep_config(args.config)
     results = args.results or f"runs/sweeps/{sweep.name}.jsonl"
+    if args.shots is not None and args.shots not in sweep.shots:
+        raise ValueError(f"--shots {args.shots}: sweep {sweep.name!r} probes {list(sweep.shots)}-shot only; pick one of "
+                         "those")
     if args.table:
         return _sweep_tables(sweep, Path(results), 10 if args.shots is None else args.shots, args.plot)
     if args.tune:

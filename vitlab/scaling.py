@@ -128,6 +128,10 @@ class SweepConfig:
             raise ValueError("pretrain_classes and probe_classes must be non-empty lists of class indices")
         if min(len(self.pretrain_classes), len(self.probe_classes)) < 2:
             raise ValueError("pre-training and probing each need at least 2 classes")
+        for name in ("pretrain_classes", "probe_classes"):
+            got = list(getattr(self, name))
+            if len(set(got)) != len(got):
+                raise ValueError(f"{name} names a class twice ({got}): each class once, or its head has an empty class")
         overlap = set(self.pretrain_classes) & set(self.probe_classes)
         if overlap:
             raise ValueError(f"classes {sorted(overlap)} are both pre-training and probe classes: the probe must "
