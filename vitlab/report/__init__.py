@@ -151,7 +151,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     run("maps", lambda: S.maps_and_faithfulness(inp, pred))
     run("readout", lambda: S.readout_and_entropy(inp, pred))
     if shapes:
-        run("localisation", lambda: S.localisation(SHAPES_CHECKPOINT, versions()))
+        run("localisation", lambda: S.localisation(SHAPES_CHECKPOINT, versions(), device=dev))
     if few_shot:
         run("few-shot", lambda: S.few_shot(inp))
     if scaling:

@@ -331,18 +331,21 @@ def readout_and_entropy(inp: Inputs, pred: dict[str, Any]) -> list[Section]:
 # ---------------------------------------------------------------------------------------------- localisation
 
 
-def localisation(shapes_checkpoint: Path, versions: dict, n: int = 32) -> Section | None:
-    """Localisation scores of every method for the shipped shapes ViT on ``n`` test shapes (true classes)."""
+def localisation(shapes_checkpoint: Path, versions: dict, n: int = 32,
+                 device: torch.device | str = "cpu") -> Section | None:
+    """Localisation scores of every method for the shipped shapes ViT on ``n`` test shapes (true classes), computed
+    on ``device``."""
     if not (shapes_checkpoint / "model.safetensors").exists():
         return None
     import vitlab
     from vitlab.data import load_shapes, normalize
 
-    net = vitlab.load_model(str(shapes_checkpoint))
+    net = vitlab.load_model(str(shapes_checkpoint)).to(device)
     cfg = net.pretrained_cfg
     data = load_shapes("test", n=n, size=cfg["input_size"][-1])
-    x = normalize(data.images, cfg["mean"], cfg["std"])
+    x = normalize(data.images, cfg["mean"], cfg["std"]).to(device)
     rows, maps = compare_methods(net, x, data.labels, masks=data.masks, progress=False)
+    maps = {k: v.cpu() for k, v in maps.items()}
     from vitlab.inspect import localisation as score
 
     chance = float(data.masks.double().mean())
