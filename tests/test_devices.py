@@ -59,3 +59,11 @@ def test_a_missing_gpu_fails_before_any_work(argv, tmp_path, monkeypatch, capsys
     err = capsys.readouterr().err
     assert "no CUDA GPU" in err and "pass --device cpu" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_device_benchmark_refuses_a_machine_without_a_gpu(monkeypatch, tmp_path, capsys):
+    from benchmarks.device_speed import main as bench
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench(["--out", str(tmp_path / "r.json")]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err and not (tmp_path / "r.json").exists()
