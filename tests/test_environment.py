@@ -42,3 +42,32 @@ def test_environment_yml_matches_pyproject():
     conda.pop("pip")
     assert conda == expected
     assert pip_section == ["-e ."]
+
+
+def test_every_package_the_code_imports_is_declared():
+    """Each third-party module imported anywhere in vitlab/, benchmarks/ or tests/ belongs to a distribution that
+    pyproject.toml names (core or an extra), not one that only arrives as another package's dependency."""
+    import ast
+    import importlib.metadata as md
+    import sys
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {_split(r)[0] for r in project["dependencies"]}
+    for extra in project["optional-dependencies"].values():
+        declared |= {_split(r)[0] for r in extra}
+    dists = md.packages_distributions()
+    local = {"vitlab", "benchmarks", "conftest", "_reference"} | {p.stem for p in (ROOT / "tests").glob("*.py")}
+    missing = {}
+    for folder in ("vitlab", "benchmarks", "tests"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in sys.stdlib_module_names or top in local:
+                        continue
+                    owners = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
+                    if not owners & declared:
+                        missing.setdefault(top, str(path.relative_to(ROOT)))
+    assert not missing, f"imported but not declared in pyproject.toml (module: first file): {missing}"
