@@ -9,7 +9,7 @@ cannot be measured against them. What can be measured is the slope: each quality
 splits (PIL, IJG tables at that quality, 4:2:0 chroma, as the shared files are) into ``CACHE/qQ/{train,test}.zip``
 (outside the project; written atomically, reused when present), trains the preset on them (``vitlab train --set
 data=CACHE/qQ``, resuming a run folder that holds a checkpoint), and the table sets each run's final test accuracy
-(and with TTA) against the run on the images as they are (``RUNS/jpeg_qS`` with S the shared files' own quality,
+(and with TTA) against the run on the images as they are (``RUNS/jpeg_PRESET_qS`` with S the shared files' own quality,
 estimated from their quantisation tables). Each quality step here (75, 50, 25) doubles the quantisation steps;
 the points lost per doubling show whether the shared files sit where compression still costs (the drop per
 doubling holds up to them) or where it has stopped mattering (it shrinks toward them). Short of the originals,
@@ -107,6 +107,8 @@ def drops_per_doubling(steps: list[float], accuracy: list[float]) -> list[float]
     own quantisation sits on the steep part; how much the step below them would win cannot be read off without the
     originals (the curve must flatten somewhere before lossless)."""
     pts = sorted(zip(steps, accuracy))
+    if len({s for s, _ in pts}) != len(pts) or any(s <= 0 for s, _ in pts):
+        raise ValueError(f"quantisation steps must be distinct and positive, got {sorted(steps)}")
     return [(a - b) / math.log2(t / s) for (s, a), (t, b) in zip(pts, pts[1:])]
 
 
@@ -155,18 +157,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.data} has no train.zip and test.zip: pass --data, the folder of the shared CIFAR-10",
               file=sys.stderr)
         return 2
-    bad = [q for q in args.qualities if not 1 <= q <= 100]
+    bad = [q for q in args.qualities if not 1 <= q <= 99]
     if bad:
-        print(f"error: JPEG qualities are 1-100, got {bad}", file=sys.stderr)
+        print(f"error: JPEG qualities are 1-99 here (100 has no quantisation step to double), got {bad}",
+              file=sys.stderr)
+        return 2
+    if len(set(args.qualities)) != len(args.qualities):
+        print(f"error: --qualities names a quality twice: {args.qualities}", file=sys.stderr)
         return 2
     from vitlab.cli import main as vitlab
 
     with zipfile.ZipFile(args.data / "test.zip") as z:
         own = jpeg_quality(z.read(next(n for n in z.namelist() if n.lower().endswith(".jpg"))))
+    if own is None:
+        print(f"error: {args.data}'s JPEGs do not use the IJG tables scaled by a quality, so their quantisation step "
+              "cannot be placed on the curve", file=sys.stderr)
+        return 2
+    if own in args.qualities:
+        print(f"error: the shared files are quality {own} already (the first row): leave {own} out of --qualities",
+              file=sys.stderr)
+        return 2
     jobs = [(own, "shared", None)] + [(q, "re-encoded", degraded(args.data, args.cache, q)) for q in args.qualities]
     rows = []
     for q, source, folder in jobs:
-        run = args.runs / f"jpeg_q{q}"
+        run = args.runs / f"jpeg_{args.preset}_q{q}"  # one folder per preset: never another preset's accuracy
         cmd = ["train", "--preset", args.preset, "--run-dir", str(run)]
         cmd += ["--set", f"data={folder}"] if folder else ["--set", f"data=cifar10:{args.data}"]
         if (run / "checkpoint" / "config.json").is_file():

@@ -87,9 +87,25 @@ def test_refuses_a_folder_without_the_splits_and_bad_qualities(tmp_path, capsys)
     assert "has no train.zip and test.zip" in capsys.readouterr().err
     for split in ("train", "test"):
         (tmp_path / f"{split}.zip").write_bytes(b"")
-    assert main(["--data", str(tmp_path), "--qualities", "0", "101", "--out", str(tmp_path / "r.json")]) == 2
-    assert "JPEG qualities are 1-100, got [0, 101]" in capsys.readouterr().err
+    for qualities, says in ((["0", "100"], "JPEG qualities are 1-99 here (100 has no quantisation step to double), "
+                                           "got [0, 100]"),
+                            (["50", "50"], "names a quality twice: [50, 50]")):
+        assert main(["--data", str(tmp_path), "--qualities", *qualities, "--out", str(tmp_path / "r.json")]) == 2
+        assert says in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_refuses_the_shared_files_own_quality_before_training(tmp_path, capsys):
+    """Re-encoding at the shared files' quality would be a second row at step 1 (and used to reuse their run)."""
+    for split in ("train", "test"):
+        with zipfile.ZipFile(tmp_path / f"{split}.zip", "w") as z:
+            z.writestr("airplane/0.jpg", _jpeg(0, 75))
+    assert main(["--data", str(tmp_path), "--qualities", "75", "50", "--out", str(tmp_path / "r.json")]) == 2
+    assert "the shared files are quality 75 already" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="distinct and positive"):
+        from benchmarks.jpeg_quality import drops_per_doubling
+
+        drops_per_doubling([1.0, 1.0], [0.9, 0.9])
 
 
 def test_steps_double_per_quality_step_and_the_drops_per_doubling():
