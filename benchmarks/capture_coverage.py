@@ -54,6 +54,7 @@ from tqdm.auto import tqdm
 
 import vitlab
 from benchmarks._util import machine_info
+from vitlab.atomic import atomic_write_text
 from vitlab.modes import explicit_attention
 
 # timm modules whose every model is a ViT: global self-attention blocks over patch (+ prefix) tokens.
@@ -657,14 +658,14 @@ def write_json(path: Path, results: list[Result], summary: dict[str, Any], secon
         "summary": summary,
         "results": [asdict(r) for r in results],
     }
-    path.write_text(json.dumps(doc, indent=1, default=str))
+    atomic_write_text(path, json.dumps(doc, indent=1, default=str))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1: these tiny forwards are fastest single-threaded, also on a busy machine)")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/capture_coverage.json"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/capture_coverage.partial.json"))
     p.add_argument("--filter", metavar="GLOB", help="only names matching this glob, e.g. 'deit*'")
     p.add_argument("--limit", type=int, help="at most this many names (after --filter)")
     p.add_argument("--no-extra", action="store_true", help=f"skip {', '.join(EXTRA_MODULES)}")

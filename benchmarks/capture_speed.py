@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 import vitlab
 from benchmarks._util import PeakRSS, machine_info
+from vitlab.atomic import atomic_write_text
 from vitlab.modes import explicit_attention
 
 DEFAULT_MODELS = ("vit_tiny_patch16_224", "vit_base_patch16_224")
@@ -192,7 +193,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="timm model names")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up round")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/capture_speed.json"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/capture_speed.partial.json"))
     p.add_argument("--threads", type=int, help="torch threads (default: torch's own choice, one per core)")
     p.add_argument("--profile", action="store_true", help="also print torch.profiler tables (unfused vs capture)")
     return p.parse_args(argv)
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     rows = run_speed(tuple(args.models), args.batch, args.repeats)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": machine_info(), "rows": to_json(rows)}, indent=1))
+    atomic_write_text(args.out, json.dumps({"machine": machine_info(), "rows": to_json(rows)}, indent=1))
     print(format_table(rows))
     print()
     print(format_memory_table(rows))

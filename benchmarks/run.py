@@ -133,7 +133,7 @@ def summary_table(rows: list[speed.SpeedRow], summary: dict[str, Any] | None) ->
 
 def save_result(folder: Path, name: str, doc: dict[str, Any], partial: bool) -> None:
     """``folder/NAME.json``, or ``NAME.partial.json`` for a partial run, which never replaces a full run's record."""
-    (folder / f"{name}{'.partial' if partial else ''}.json").write_text(json.dumps(doc, indent=1))
+    atomic_write_text(folder / f"{name}{'.partial' if partial else ''}.json", json.dumps(doc, indent=1))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -1,6 +1,6 @@
 """Training throughput and model FLOPs utilisation (MFU), all measured in one process.
 
-    python benchmarks/train_speed.py [--steps 8] [--out benchmarks/results/train_speed.json]
+    python benchmarks/train_speed.py [--steps 8] [--out benchmarks/results/train_speed.partial.json]
 
 * **peak**: matmul FLOP/s of this CPU (2048 x 2048 x 2048 products) in the precision training uses here (bf16
   where it is fast, float32 on an AVX2-only CPU: ``vitlab.precision``), measured before and after the rest; the
@@ -363,7 +363,7 @@ def format_table(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--out", default="benchmarks/results/train_speed.json")
+    p.add_argument("--out", default="benchmarks/results/train_speed.partial.json")
     a = p.parse_args(argv)
     res = run(a.steps)
     return report(res, format_table(res), a.out)
