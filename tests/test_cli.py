@@ -247,3 +247,20 @@ def test_probe_refuses_splits_whose_classes_differ(tmp_path, checkpoint, capsys)
     make_folder(tmp_path / "d" / "test", size=32, classes=("cat", "frog"))
     assert main(["probe", "--model", str(checkpoint), "--data", str(tmp_path / "d"), "--shots", "1", "--quiet"]) == 1
     assert "hold different classes" in capsys.readouterr().err
+
+
+def test_app_hands_voila_an_absolute_checkpoint_path(tmp_path, monkeypatch):
+    """Voila's kernel runs in the notebook's own folder: a relative checkpoint path is resolved before it starts;
+    a timm name is passed as it is."""
+    import subprocess
+
+    from vitlab import app
+
+    seen = {}
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, env, start_new_session: seen.update(env=env))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "ck").mkdir(parents=True)
+    app.serve("runs/ck")
+    assert seen["env"]["VITLAB_MODEL"] == str(tmp_path / "runs" / "ck")
+    app.serve("vit_tiny_patch16_224")
+    assert seen["env"]["VITLAB_MODEL"] == "vit_tiny_patch16_224"

@@ -100,3 +100,14 @@ def test_a_decompression_bomb_is_a_named_bad_image(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="huge.png"):
         names, _, _ = load_images(vitlab.load_model(), tmp_path, skip_bad=True)
     assert names == ["ok"]
+
+
+def test_images_come_at_the_input_size_the_model_is_built_for():
+    """A timm name built at another img_size keeps the name's 224 px pretrained_cfg; the images follow the model."""
+    import vitlab
+    from vitlab.images import default_images
+
+    m = vitlab.load_model("vit_tiny_patch16_224", pretrained=False, img_size=64, depth=1)
+    names, x, shown = default_images(m, 2)
+    assert x.shape == (2, 3, 64, 64) and shown[0].shape == (64, 64, 3)
+    assert m(x).shape == (2, 1000)

@@ -115,8 +115,8 @@ def test_gradient_rollout_heatmap_is_the_library_map_for_the_chosen_class(explor
     explorer.target.value = 3  # another class: the map follows it, and the title names it
     expected = vitlab.gradient_rollout(explorer.model, explorer.x[:1], torch.tensor([3]))
     np.testing.assert_allclose(_z(explorer), expected[0].numpy(), rtol=1e-5)
-    title = explorer.figure.layout.title.text  # a 10-class 32 px model gets the CIFAR-10 class names
-    assert "for cat (p = " in title and "layer" not in title and "heads" not in title
+    title = explorer.figure.layout.title.text  # a model that records no class names: "class k"
+    assert "for class 3 (p = " in title and "layer" not in title and "heads" not in title
 
 
 def test_a_headless_model_offers_attention_and_rollout_without_a_made_up_class():
@@ -144,3 +144,64 @@ def test_a_headless_model_offers_attention_and_rollout_without_a_made_up_class()
                                                         pos_embed="none")).eval()
     att, positions, distance = explorers(no_positions, (["a", "b"], x, shown))
     assert positions is None and distance is not None
+
+
+def _png(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_a_bf16_model_gets_its_images_in_its_dtype_and_uploads_too():
+    """The explorers keep float32 images on the CPU and cast them to the model's device and dtype at each use; what
+    they draw is float32 on the CPU (a bf16 model used to fail on the first forward)."""
+    import copy
+
+    model = tiny_vit()
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    x = torch.randn(2, 3, 32, 32)
+    shown = [np.zeros((32, 32, 3), np.uint8)] * 2
+    ex = AttentionExplorer(half, (["a", "b"], x.to(torch.bfloat16), shown))
+    assert ex.x.dtype == torch.float32 and _z(ex).shape == (8, 8)
+    ex.method.value = "gradient rollout"
+    assert np.isfinite(_z(ex)).all()
+    ex.add_image("mine.png", _png(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8)))
+    assert ex.names[-1] == "mine.png" and "could not" not in ex.status.value
+    d = DistanceExplorer(half, images=x, explorer=ex)
+    assert d.distance.dtype == torch.float32 and d.distance.shape == (3, 3)
+    assert PositionExplorer(half).sim.dtype == torch.float32
+
+
+def test_an_upload_the_model_cannot_run_leaves_the_explorer_as_it_was(explorer, monkeypatch):
+    before = (list(explorer.names), explorer.x.clone(), list(explorer.image.options), explorer.image.value)
+    real = explorer.model.forward
+    monkeypatch.setattr(explorer.model, "forward", lambda x: (_ for _ in ()).throw(RuntimeError("out of memory")))
+    explorer.add_image("mine.png", _png(np.zeros((32, 32, 3), np.uint8)))
+    assert "could not run the model on mine.png" in explorer.status.value and "out of memory" in explorer.status.value
+    monkeypatch.setattr(explorer.model, "forward", real)
+    assert (explorer.names, list(explorer.image.options), explorer.image.value) == (before[0], before[2], before[3])
+    assert torch.equal(explorer.x, before[1])
+    explorer.image.value = 1  # the original images still work
+    assert _z(explorer).shape == (8, 8)
+
+
+def test_a_16_bit_upload_is_scaled_not_clipped_white(explorer):
+    ramp = (np.arange(32 * 32).reshape(32, 32) * 64).astype(np.uint16)  # 0 .. 65472
+    explorer.add_image("ramp16.png", _png(ramp))
+    view = np.asarray(explorer.shown[-1], dtype=float)
+    assert abs(view.mean() - ramp.mean() / 257) < 2.0 and (view == 255).mean() < 0.01
+
+
+def test_class_names_come_from_the_checkpoint_never_from_the_head_size(tmp_path):
+    """The shipped CIFAR-10 default is named with CIFAR-10's classes; a 10-class model that does not say what it was
+    trained on is not."""
+    import vitlab
+    from vitlab.images import head_class_names
+
+    assert head_class_names(vitlab.load_model())[:3] == ("airplane", "automobile", "bird")
+    saved = vitlab.load_checkpoint(vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck"))  # 10 classes, no record
+    assert head_class_names(saved) is None
+    ex = AttentionExplorer(saved, (["a"], torch.randn(1, 3, 32, 32), [np.zeros((32, 32, 3), np.uint8)]))
+    assert ex.class_names[:2] == ["class 0", "class 1"]
+    saved.vitlab_checkpoint["data"] = {"classes": [f"shape{i}" for i in range(10)]}
+    assert head_class_names(saved)[0] == "shape0"

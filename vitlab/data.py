@@ -94,11 +94,25 @@ def cache_dir() -> Path:
     return Path(os.environ.get("VITLAB_CACHE", Path.home() / ".cache" / "vitlab"))
 
 
+def rgb8(img: Image.Image) -> Image.Image:
+    """Any PIL image as 8-bit RGB. 16-bit and 32-bit integer greyscale (``I;16*``, and ``I`` above 255) is scaled
+    by 255/65535 and float greyscale (``F``) from [0, 1] (else clipped to [0, 255]), where Pillow's own
+    ``convert`` would clip them at 255 (a 16-bit image came out almost white); palette and alpha images drop the
+    alpha; everything else is Pillow's conversion. Always a new, loaded image."""
+    if img.mode.startswith("I;16") or img.mode in ("I", "F"):
+        arr = np.asarray(img, dtype=np.float64)
+        if img.mode.startswith("I;16") or (img.mode == "I" and arr.size and arr.max() > 255):
+            arr = arr * (255 / 65535)
+        elif img.mode == "F" and arr.size and arr.max() <= 1.0:
+            arr = arr * 255
+        return Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8)).convert("RGB")
+    if "A" in img.mode or img.mode == "P":
+        return img.convert("RGBA").convert("RGB")
+    return img.convert("RGB")  # a loaded copy, also for RGB: the caller may close the file
+
+
 def _to_rgb(img: Image.Image, name: str, size: tuple[int, int] | None, problems: list[str]) -> np.ndarray | None:
-    if img.mode in ("P", "PA", "LA", "RGBA", "L", "I", "I;16", "F", "CMYK", "1"):
-        img = img.convert("RGBA").convert("RGB") if "A" in img.mode or img.mode == "P" else img.convert("RGB")
-    elif img.mode != "RGB":
-        img = img.convert("RGB")
+    img = rgb8(img)
     if size is not None and img.size != (size[1], size[0]):
         img = img.resize((size[1], size[0]), Image.Resampling.BICUBIC)
     return np.asarray(img, dtype=np.uint8)

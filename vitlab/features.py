@@ -44,9 +44,9 @@ def _transform(model: nn.Module) -> dict:
     """Input size, mean, std and interpolation from ``timm.data.resolve_data_config`` (the source every vitlab
     path reads them from, timm's defaults included). The whole image is resized to the input size: no centre crop
     (``crop_pct`` is not applied), so a probe reads every pixel of small images such as CIFAR's."""
-    import timm.data
+    from vitlab.info import data_config
 
-    cfg = timm.data.resolve_data_config({}, model=model)
+    cfg = data_config(model)  # timm's, at the input size the model is built for
     return {"input_size": [int(v) for v in cfg["input_size"][-2:]], "mean": [float(v) for v in cfg["mean"]],
             "std": [float(v) for v in cfg["std"]], "interpolation": str(cfg["interpolation"])}
 

@@ -17,9 +17,10 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from vitlab.data import IMAGE_SUFFIXES, DataError, ImageArray, sample_images
+from vitlab.data import IMAGE_SUFFIXES, DataError, ImageArray, rgb8, sample_images
+from vitlab.info import data_config
 
-__all__ = ["model_transform", "load_images", "embedded_images", "cifar_test_sample", "default_images", "default_labels", "default_source", "CIFAR_SAMPLE"]
+__all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_images", "default_labels", "default_source", "CIFAR_SAMPLE"]
 
 #: 128 CIFAR-10 test images (13 of each of the first 8 classes, 12 of the last 2, drawn with seed 0, classes
 #: interleaved so that any first n are balanced; ``index`` holds
@@ -29,7 +30,7 @@ CIFAR_SAMPLE = Path(__file__).resolve().parent.parent / "data" / "cifar10_test_1
 
 def model_transform(model: nn.Module) -> tuple[Callable[[Image.Image], Tensor], dict]:
     """The model's own timm eval transform (PIL image -> normalised (C, H, W) tensor) and its data config."""
-    cfg = timm.data.resolve_data_config({}, model=model)
+    cfg = data_config(model)  # timm's, at the input size the model is built for
     return timm.data.create_transform(**cfg), cfg
 
 
@@ -58,7 +59,7 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
         for p in files:
             try:
                 with Image.open(p) as im:
-                    rgb = im.convert("RGB")
+                    rgb = rgb8(im)
             except (OSError, Image.DecompressionBombError) as e:  # the latter: Pillow's guard on huge images
                 broken.append(f"{p}: unreadable ({type(e).__name__}: {e})")
                 continue
@@ -146,6 +147,21 @@ def default_labels(model: nn.Module, n: int) -> tuple[Tensor | None, tuple[str, 
         return None, None
     data = cifar_test_sample()
     return data.labels[:n], data.classes
+
+
+def head_class_names(model: nn.Module) -> tuple[str, ...] | None:
+    """The names of the model's output classes, where known: the training set's classes a vitlab checkpoint records
+    (``data.classes``), or CIFAR-10's for a 10-class checkpoint trained on ``cifar10`` (checkpoints from before the
+    names were recorded); None otherwise (e.g. a timm model or a checkpoint of another data set): never a guess
+    from the head's size."""
+    n_cls = int(getattr(model, "num_classes", 0) or 0)
+    ck = getattr(model, "vitlab_checkpoint", None) or {}
+    names = (ck.get("data") or {}).get("classes")
+    if names and len(names) == n_cls:
+        return tuple(str(c) for c in names)
+    if n_cls == 10 and str((ck.get("train") or {}).get("data", "")).split(":")[0] == "cifar10":
+        return cifar_test_sample().classes
+    return None
 
 
 def default_images(model: nn.Module, n: int | None = None) -> tuple[list[str], Tensor, list[np.ndarray]]:

@@ -997,7 +997,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
                     save_checkpoint(model, run / "best", extra={"epoch": epoch + 1, "metrics": record})
             state = {"epoch": epoch + 1, "train_seconds": round(elapsed, 1), "metrics": record,
                      "data": {"train": train_data.source, "test": test_data.source,
-                              "train_examples": len(train_data)},
+                              "train_examples": len(train_data), "classes": list(train_data.classes)},
                      "environment": provenance(world_size=d.world, device=str(d.device))}
             save_run_checkpoint(run / "checkpoint", model, opt, ema, {"train": train_config_to_dict(cfg), **state},
                                 {"objective": objective} if objective is not None else None)

@@ -33,6 +33,17 @@ def _ipw():
     return ipywidgets
 
 
+def _as_input(model: nn.Module, x: Tensor) -> Tensor:
+    """``x`` on the model's device and in its floating dtype (the explorers keep their images as float32 on the CPU)."""
+    p = next(model.parameters())
+    return x.to(p.device, p.dtype if p.is_floating_point() else x.dtype)
+
+
+def _drawable(t: Tensor) -> np.ndarray:
+    """A result on whatever device and dtype, as the float32 NumPy array a figure draws."""
+    return t.detach().float().cpu().numpy()
+
+
 class AttentionExplorer:
     """Image, layer, head (or fusion), method, discard ratio, query patch and target class -> a heatmap over the image.
 
@@ -47,17 +58,16 @@ class AttentionExplorer:
     def __init__(self, model: nn.Module, images: tuple[list[str], Tensor, list[np.ndarray]] | None = None,
                  num_images: int = 8, class_names: Sequence[str] | None = None) -> None:
         ipw = _ipw()
-        from vitlab.images import default_images, default_labels
+        from vitlab.images import default_images, head_class_names
 
         self.model = model  # its modes are left alone: capture and the methods run in eval mode temporarily
         names, x, shown = images if images is not None else default_images(model, num_images)
-        self.names, self.x, self.shown = list(names), x, list(shown)
+        self.names, self.x, self.shown = list(names), x.detach().float().cpu(), list(shown)  # cast at each use
         self.info = model_info(model, img_size=tuple(x.shape[-2:]))
         n_cls = int(getattr(model, "num_classes", 0) or 0)
         self.has_head = has_classifier(model)  # without one: attention and rollout only, no predicted class
         if class_names is None and n_cls:
-            _, known = default_labels(model, 1)
-            class_names = known if known is not None and len(known) == n_cls else None
+            class_names = head_class_names(model)  # recorded by the checkpoint, never guessed from the head's size
         self.class_names = list(class_names) if class_names else [f"class {c}" for c in range(n_cls)]
         self._maps: dict[int, tuple[Tensor, Tensor | None]] = {}  # image -> captured (L, 1, H, T, T), pool maps
         self._class_maps: dict[tuple[int, str, int], Tensor] = {}
@@ -84,13 +94,18 @@ class AttentionExplorer:
         self.update()
 
     # ------------------------------------------------------------------ inputs to the public functions (cached)
+    def _run(self, x: Tensor) -> tuple[tuple[Tensor, Tensor | None], Tensor | None]:
+        """One image (1, C, H, W): its captured maps (L, 1, H, T, T) and pool maps, and its class probabilities."""
+        with torch.no_grad(), vitlab.capture_attention(self.model) as cap:
+            out = self.model(_as_input(self.model, x)).float()
+        probs = out.softmax(-1)[0].cpu() if self.has_head else None  # a headless model's output is its features
+        return (cap.stack().clone(), cap.pool_maps()), probs
+
     def _captured(self, i: int) -> tuple[Tensor, Tensor | None]:
         if i not in self._maps:
-            with torch.no_grad(), vitlab.capture_attention(self.model) as cap:
-                out = self.model(self.x[i:i + 1]).float()
-            if self.has_head:  # a headless model's output is its features: no class probabilities
-                self._probs[i] = out.softmax(-1)[0]
-            self._maps[i] = (cap.stack().clone(), cap.pool_maps())
+            self._maps[i], probs = self._run(self.x[i:i + 1])
+            if probs is not None:
+                self._probs[i] = probs
         return self._maps[i]
 
     def prediction(self, i: int | None = None) -> tuple[int, float]:
@@ -110,12 +125,13 @@ class AttentionExplorer:
         if method in ("attention", "rollout"):
             maps, pool = self._captured(i)
             head = self.head.value if self.head.value in HEADS else int(self.head.value.split()[1])
-            return attention_view(maps, self.info, method, self.layer.value, head, self.query, self.discard.value,
-                                  pool)[0].numpy()
+            return _drawable(attention_view(maps, self.info, method, self.layer.value, head, self.query,
+                                            self.discard.value, pool)[0])
         key = (i, method, self.target_class())
         if key not in self._class_maps:
-            self._class_maps[key] = attribution(method, self.model, self.x[i:i + 1], key[2])[0]
-        return self._class_maps[key].numpy()
+            self._class_maps[key] = attribution(method, self.model, _as_input(self.model, self.x[i:i + 1]),
+                                                key[2])[0].detach().cpu()
+        return _drawable(self._class_maps[key])
 
     def _class_label(self, c: int) -> str:
         return self.class_names[c] if 0 <= c < len(self.class_names) else f"class {c}"
@@ -165,17 +181,27 @@ class AttentionExplorer:
         """Add an uploaded image (encoded bytes), preprocessed as the model expects, and show it."""
         from PIL import Image, UnidentifiedImageError
 
+        from vitlab.data import rgb8
         from vitlab.images import model_transform, view_transform
 
         try:
             with Image.open(io.BytesIO(data)) as im:
-                im = im.convert("RGB")
+                im = rgb8(im)  # 16-bit and float greyscale scaled, not clipped at 255
                 tf, cfg = model_transform(self.model)
-                x = tf(im)[None]
+                x = tf(im)[None].float()
                 shown = view_transform(tf, cfg["input_size"][-2:])(im)  # the pixels the model sees
         except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
             self.status.value = f"<b>could not read {name}</b>: {e}"
             return
+        try:  # the model runs on it before anything changes: a failure leaves the explorer as it was
+            maps, probs = self._run(x)
+        except Exception as e:  # noqa: BLE001 - shown to the user, the explorer stays usable
+            self.status.value = f"<b>could not run the model on {name}</b>: {type(e).__name__}: {e}"
+            return
+        i = len(self.names)
+        self._maps[i] = maps
+        if probs is not None:
+            self._probs[i] = probs
         self.x = torch.cat([self.x, x])
         self.names.append(name)
         self.shown.append(shown)
@@ -202,7 +228,7 @@ class PositionExplorer:
     """Click a patch: the cosine similarity of its position embedding with every other patch's."""
 
     def __init__(self, model: nn.Module, grid: tuple[int, int] | None = None) -> None:
-        self.sim = position_embedding_similarity(model, grid=grid)  # (gh, gw, gh, gw)
+        self.sim = position_embedding_similarity(model, grid=grid).detach().float().cpu()  # (gh, gw, gh, gw)
         gh, gw = self.sim.shape[:2]
         self.patch = (gh // 2, gw // 2)
         self.figure = go.FigureWidget(
@@ -241,7 +267,8 @@ class DistanceExplorer:
 
         if images is None:
             images = default_images(model, num_images)[1]
-        self.distance = mean_attention_distance(model, images, progress=False).float()  # (L, H) pixels
+        self.distance = mean_attention_distance(model, _as_input(model, images),
+                                                progress=False).detach().float().cpu()  # (L, H) pixels
         self.explorer = explorer
         L, H = self.distance.shape
         layers, heads = np.meshgrid(np.arange(1, L + 1), np.arange(H), indexing="ij")

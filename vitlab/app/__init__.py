@@ -33,8 +33,8 @@ def serve(model: str | None = None, port: int = 8866, open_browser: bool = False
           num_images: int = 8) -> subprocess.Popen:
     """Start Voila in a subprocess, in its own process group (so ``stop`` ends it with the kernels it started)."""
     env = {**os.environ, "VITLAB_APP_IMAGES": str(num_images)}
-    if model:
-        env["VITLAB_MODEL"] = model
+    if model:  # Voila's kernel runs in the notebook's folder: a relative checkpoint path must not depend on it
+        env["VITLAB_MODEL"] = str(Path(model).resolve()) if Path(model).exists() else model
     return subprocess.Popen(voila_command(port, open_browser), env=env, start_new_session=True)
 
 

@@ -24,7 +24,7 @@ import vitlab
 from vitlab.atomic import refuse_foreign_dir, replace_dir
 from vitlab.checkpoint import card_line, model_card
 from vitlab.devices import resolve_device
-from vitlab.images import default_images, default_labels, default_source, load_images
+from vitlab.images import default_images, default_labels, default_source, head_class_names, load_images
 from vitlab.models import SHAPES_CHECKPOINT
 from vitlab.provenance import versions
 from vitlab.report import sections as S
@@ -112,13 +112,12 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
                          "ViT-family model: a timm ViT/DeiT name or a vitlab ViT or hybrid checkpoint") from e
     if images:
         names, x, shown = load_images(net, images, limit=num_images or 16, skip_bad=skip_bad)
-        labels, classes, source = None, None, str(images)
+        labels, source = None, str(images)
     else:
         names, x, shown = default_images(net, num_images)
-        labels, classes = default_labels(net, len(names))
-        if classes is not None and int(getattr(net, "num_classes", 0) or 0) != len(classes):
-            classes = None  # CIFAR-10 names only for a 10-class head: other heads' outputs are "class k"
+        labels, _ = default_labels(net, len(names))  # the CIFAR sample's true classes (named by Inputs)
         source = default_source(net)
+    classes = head_class_names(net)  # the model's own class names where its checkpoint records them, else "class k"
     wdesc = weights_description(net, model, pretrained, weights)
     base = {"model": str(model or "embedded default"), "weights": wdesc, "versions": versions(),
             "images": f"{len(names)} of {source}"}

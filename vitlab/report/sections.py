@@ -80,7 +80,7 @@ class Inputs:
         """The name of a true label (the images' own classes, e.g. CIFAR-10's, whatever the model's head)."""
         from vitlab.images import cifar_test_sample
 
-        names = self.class_names or (cifar_test_sample().classes if self.labels is not None else None)
+        names = cifar_test_sample().classes if self.labels is not None else self.class_names  # labels: the sample's
         return names[c] if names is not None and 0 <= c < len(names) else f"class {c}"
 
     def class_name(self, c: int) -> str:
