@@ -124,7 +124,9 @@ def run(model_name: str = "vit_base_patch16_224", distance_images: int = 128, ro
     res: dict = {"model": model_name, "img_size": list(info.img_size), "batch": batch,
                  "threads": torch.get_num_threads(), "distance_images": distance_images,
                  "rollout_images": rollout_images}
-    plain_forward(model, x[:batch], batch)  # warm-up
+    plain_forward(model, x[:batch], batch)  # warm-up, at both batch shapes the timed calls use
+    plain_forward(model, xr, len(xr))
+    vitlab.attention_rollout(model, xr)
 
     # --- distance
     t_fwd_d, _ = _timed(plain_forward, model, xd, batch)

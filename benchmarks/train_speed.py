@@ -160,8 +160,9 @@ def vit_levers(data: ImageArray, steps: int, peak: float) -> list[dict]:
         y_all = data.labels[: batch * (steps + 1)]
         if lever.bf16_weights:
             model, x_all = model.to(torch.bfloat16), x_all.to(torch.bfloat16)
-        with explicit_attention(model, lever.explicit):
+        with explicit_attention(model, True):  # the same maths; FlopCounterMode counts no CPU SDPA kernel
             flops = step_flops(model, x_all[:batch], y_all[:batch])
+        with explicit_attention(model, lever.explicit):
             try:
                 net = torch.compile(model) if lever.compiled else model
                 ips = _loop(net, x_all, y_all, batch, steps, adamw=lever.adamw)
