@@ -323,3 +323,46 @@ def test_a_dead_worker_fails_its_own_run_and_the_sweep_goes_on(tmp_path, monkeyp
     assert [r["spec"]["size"] for r in records] == [10, 20, 30, 40]
     assert records[0]["error"].startswith("worker crashed: BrokenProcessPool")
     assert all(r["status"] == "failed" and "worker crashed" not in r["error"] for r in records[1:])
+
+
+def test_a_pool_that_breaks_between_runs_loses_no_run(tmp_path, monkeypatch):
+    """A worker can die while the parent records another run: the next submit then finds the pool broken. That run
+    goes to a new pool (it never started); a pool that breaks before taking any run records it, so the sweep ends."""
+    import concurrent.futures as cf
+    from concurrent.futures.process import BrokenProcessPool
+
+    from vitlab.scaling import _execute
+
+    class Pool:  # runs each job in this process; the submits listed in `breaks` find the pool broken
+        calls = 0
+        breaks: set[int] = set()
+
+        def __init__(self, max_workers, mp_context):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, *args):
+            Pool.calls += 1
+            if Pool.calls in Pool.breaks:
+                raise BrokenProcessPool("a child process terminated abruptly")
+            fut = cf.Future()
+            fut.set_result(fn(*args))
+            return fut
+
+    monkeypatch.setattr(cf, "ProcessPoolExecutor", Pool)
+    sweep = dataclasses.replace(QUICK, data=str(tmp_path / "no-such-data"))
+    jobs = [(sweep, RunSpec("vit", n, 0)) for n in (10, 20, 30, 40)]
+    records: list[dict] = []
+    Pool.breaks = {2}  # the second submit: run 20 waits for the next pool and runs there
+    _execute(jobs, records.append, "local", 2)
+    assert sorted(r["spec"]["size"] for r in records) == [10, 20, 30, 40]
+    assert not any("worker crashed" in r["error"] for r in records)
+    Pool.calls, Pool.breaks, records = 0, {1, 2, 3, 4, 5, 6, 7, 8}, []  # every pool broken from the start
+    _execute(jobs, records.append, "local", 2)
+    assert [r["spec"]["size"] for r in records] == [10, 20, 30, 40]
+    assert all(r["error"].startswith("worker crashed: BrokenProcessPool") for r in records)

@@ -461,15 +461,25 @@ def _execute_local(queue: list[tuple[SweepConfig, RunSpec]], finish, workers: in
     on in a new pool, instead of every pending run failing with the broken pool."""
     import concurrent.futures as cf
     import multiprocessing as mp
+    from concurrent.futures.process import BrokenProcessPool
 
     while queue:
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
             running: dict[cf.Future, tuple[SweepConfig, RunSpec]] = {}
-            broken = False
+            broken, submitted = False, 0
             while (queue or running) and not broken:
-                while queue and len(running) < workers:
-                    job = queue.pop(0)
-                    running[pool.submit(_run_record, *job, wd, threads)] = job
+                while queue and len(running) < workers and not broken:
+                    try:
+                        running[pool.submit(_run_record, *queue[0], wd, threads)] = queue[0]
+                    except BrokenProcessPool as e:  # a worker died since the last wait: the run waits for a new
+                        broken = True  # pool, unless this pool never took one (then it is recorded: no endless loop)
+                        if not submitted:
+                            finish(_crashed_record(*queue.pop(0), e))
+                    else:
+                        queue.pop(0)
+                        submitted += 1
+                if not running:
+                    break
                 done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
                 for fut in done:
                     broken |= _settle(fut, running.pop(fut), finish)
