@@ -38,6 +38,21 @@ def test_folder_and_zip_give_the_same_array(tmp_path, monkeypatch):
     assert list((tmp_path / "cache").glob("images-*.npz"))
 
 
+def test_the_decode_cache_key_names_the_decoder(tmp_path, monkeypatch):
+    """Arrays decoded by an older decoder (e.g. 16-bit images clipped white) are never served after it changed."""
+    import vitlab.data as D
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    root = make_folder(tmp_path / "train")
+    load_image_folder(root, progress=False)
+    monkeypatch.setattr(D, "DECODER", "another")
+    calls = []
+    real = D._decode
+    monkeypatch.setattr(D, "_decode", lambda *a: (calls.append(1), real(*a))[1])
+    load_image_folder(root, progress=False)
+    assert len(calls) == 6 and len(list((tmp_path / "cache").glob("images-*.npz"))) == 2
+
+
 def test_the_cache_follows_changes_inside_class_folders(tmp_path, monkeypatch):
     """Adding an image to a class folder or overwriting one in place leaves the root folder's own time as it was:
     the cached array must still be rebuilt, and equal what an uncached load decodes."""
@@ -231,7 +246,7 @@ def test_a_bare_class_folder_is_training_data_only(tmp_path):
             zf.write(p, f"{p.parent.name}/{p.name}")
     for spec in (root, tmp_path / "classes.zip"):
         assert len(load_dataset(str(spec), "train")) == 6
-        with pytest.raises(DataError, match="no 'test' split: it serves as training data only"):
+        with pytest.raises(DataError, match="no 'test' split, and the same images cannot be their own test set"):
             load_dataset(str(spec), "test")
 
 
@@ -251,5 +266,6 @@ def test_a_cifar_root_that_holds_nothing_is_an_error_not_the_shared_copy(tmp_pat
     """`cifar10:ROOT` with a mistyped or empty ROOT fails naming it; it never falls back to the shared zips."""
     from vitlab.data import load_dataset
 
-    with pytest.raises(DataError, match=f"could not read or download cifar10 into {tmp_path / 'nowhere'}"):
+    with pytest.raises(DataError, match=f"{tmp_path / 'nowhere'} does not exist"):  # no download, online or not
         load_dataset(f"cifar10:{tmp_path / 'nowhere'}", "test")
+    assert not (tmp_path / "nowhere").exists()

@@ -127,6 +127,13 @@ def test_sweep_shots_must_be_among_the_sweeps_own(tmp_path, capsys):
     finds no sizes."""
     assert main(["sweep", "--config", "quick", "--results", str(tmp_path / "q.jsonl"), "--table", "--shots", "7"]) == 1
     assert f"probes {list(QUICK.shots)}-shot only" in capsys.readouterr().err
+    store = ResultsStore(tmp_path / "q.jsonl")  # no --shots on a sweep that never probed 10-shot: its largest
+    for spec in QUICK.runs():
+        store.append({"run_id": spec.run_id, "sweep": QUICK.name, "fingerprint": "f", "status": "ok",
+                      "spec": dataclasses.asdict(spec), "metrics": {"few_shot": {str(max(QUICK.shots)): {"mean": 0.5}},
+                                                                     "train_seconds": 1.0}})
+    main(["sweep", "--config", "quick", "--results", str(tmp_path / "q.jsonl"), "--table"])
+    assert f"{max(QUICK.shots)}-shot accuracy on the held-out classes" in capsys.readouterr().out
     assert RunSpec("vit", 500, 1).run_id == "vit-n500-s1"
     assert len(SweepConfig("x").runs()) == 2 * 5 * 2
 

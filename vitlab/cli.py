@@ -243,8 +243,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.shots is not None and args.shots not in sweep.shots:
         raise ValueError(f"--shots {args.shots}: sweep {sweep.name!r} probes {list(sweep.shots)}-shot only; pick one of "
                          "those")
-    if args.table:
-        return _sweep_tables(sweep, Path(results), 10 if args.shots is None else args.shots, args.plot)
+    if args.table:  # default: the paper's 10-shot where the sweep probes it, else its largest
+        shots = args.shots if args.shots is not None else 10 if 10 in sweep.shots else max(sweep.shots)
+        return _sweep_tables(sweep, Path(results), shots, args.plot)
     if args.tune:
         from vitlab.scaling import tune
 
@@ -487,7 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "warm-start a new leg from the shipped checkpoint of the preset (data/checkpoints/PRESET) "
                          "with a fresh schedule instead of starting over")
     sp.add_argument("--epochs", type=int, help="override the preset's number of epochs")
-    sp.add_argument("--data", help="dataset: cifar10, cifar100, or an ImageFolder folder/zip")
+    sp.add_argument("--data", help="dataset: cifar10, cifar100 (cifar10:ROOT for a folder holding train.zip/test.zip), "
+                    "or an ImageFolder folder/zip with train/ and test/ splits of the same classes")
     sp.add_argument("--set", action="append", metavar="FIELD=VALUE",
                     help="override a TrainConfig field (VALUE as JSON, else a string), or a field of the preset's "
                     "model config as model.FIELD=VALUE (e.g. model.patch_drop_rate=0)")
@@ -546,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "largest subset (validation split), then write the frozen config (--save-config)")
     sp.add_argument("--save-config", help="with --tune: where to write the tuned sweep config (JSON)")
     sp.add_argument("--table", action="store_true", help="run nothing: print the README's tables (the grid at --shots, "
-                    "default 10, and the tuning trials) and the Fig. 3/4 verdict from the results store; with --plot, "
+                    "default 10 where the sweep probes it, else its largest, and the tuning trials) and the Fig. 3/4 verdict from the results store; with --plot, "
                     "draw the stored runs")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_sweep)

@@ -94,6 +94,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("VITLAB_CACHE", Path.home() / ".cache" / "vitlab"))
 
 
+#: what decoded images depend on besides the files: part of the decode cache's key, so that a change to the
+#: decoding (e.g. 16-bit images scaled instead of clipped) never serves arrays decoded the old way
+DECODER = "rgb8-1"
+
+
 def rgb8(img: Image.Image) -> Image.Image:
     """Any PIL image as 8-bit RGB. 16-bit and 32-bit integer greyscale (``I;16*``, and ``I`` above 255) is scaled
     by 255/65535 and float greyscale (``F``) from [0, 1] (else clipped to [0, 255]), where Pillow's own
@@ -191,7 +196,7 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
     key = None
     if cache:
         part = "" if split is None else f"|{split}"
-        key = hashlib.sha1(f"{root.resolve()}|{_fingerprint(root)}|{size}{part}".encode()).hexdigest()[:16]
+        key = hashlib.sha1(f"{root.resolve()}|{_fingerprint(root)}|{size}{part}|{DECODER}".encode()).hexdigest()[:16]
         hit = cache_dir() / f"images-{key}.npz"
         if hit.is_file():
             with np.load(hit, allow_pickle=False) as z:
@@ -240,6 +245,9 @@ def load_cifar(name: str = "cifar10", split: str = "train", root: str | os.PathL
     """CIFAR-10/100 through torchvision (downloaded when online), or the ImageFolder zips in ``root``."""
     if split not in ("train", "test"):
         raise DataError(f"split must be 'train' or 'test', got {split!r}")
+    if root is not None and not Path(root).exists():  # a typo: never a download into a new folder of that name
+        raise DataError(f"{name}:{root}: {root} does not exist: give the folder that holds train.zip/test.zip (or "
+                        "torchvision's files), or leave ':ROOT' out")
     # a root given is the only place looked at (then torchvision's files there): never the shared copy instead
     candidates = [Path(root)] if root is not None else [SHARED_CIFAR10] if name == "cifar10" else []
     for base in candidates:
@@ -302,9 +310,9 @@ def load_dataset(spec: str, split: str = "train") -> ImageArray:
     if splits:
         raise DataError(f"{path} has no {split!r} split (found {splits}): add {split}/ or {split}.zip beside them")
     if split != "train":  # a bare class folder is one set of images: as its own test set it would score training
-        raise DataError(f"{path} holds class folders but no {split!r} split: it serves as training data only. Put "
-                        f"the classes under {path}/train/ and {path}/{split}/ (or train.zip and {split}.zip), or "
-                        "pass a test set of its own")
+        raise DataError(f"{path} holds class folders but no {split!r} split, and the same images cannot be their own "
+                        f"test set: put the classes under {path}/train/ and {path}/{split}/ (or train.zip and "
+                        f"{split}.zip)")
     return load_image_folder(path)
 
 
