@@ -473,3 +473,34 @@ def test_the_mpp_reason_names_what_the_probe_reads():
     patch = known_reason(v("few_shot", "patch_mean"))
     assert "patch tokens' outputs, which the MPP loss does train" in patch and "class token" not in patch
     assert "class token" not in known_reason(v("finetune", None))
+
+
+def test_the_position_intervals_are_as_wide_as_the_statistics_spread():
+    """Random unit embeddings on an 8x8 grid: over 80 draws the 95% intervals of both Fig. 7 centre verdicts are
+    about 3.92 standard deviations of their statistic wide. The row bootstrap alone gave about 0.7 of that (each
+    pair depends on two patches), and called no structure "reproduced" about 3 times too often."""
+    from vitlab.findings import position_row_column_structure, position_similarity_decreases
+
+    rng = np.random.default_rng(0)
+    for verdict in (position_similarity_decreases, position_row_column_structure):
+        stats, widths = [], []
+        for t in range(80):
+            e = rng.normal(size=(64, 32))
+            e /= np.linalg.norm(e, axis=1, keepdims=True)
+            v = verdict((e @ e.T).reshape(8, 8, 8, 8), n_boot=200, seed=t)
+            stats.append(v.statistic)
+            widths.append(v.interval[1] - v.interval[0])
+        ratio = np.mean(widths) / (3.92 * np.std(stats))
+        assert 0.8 < ratio < 1.3, (verdict.__name__, ratio)
+
+
+def test_too_few_components_or_patches_decide_nothing():
+    from vitlab.findings import MIN_RANK_BOOTSTRAP, filters_low_frequency, position_similarity_decreases
+
+    rng = np.random.default_rng(0)
+    c = rng.normal(size=(5, 3, 4, 4))
+    c = c[np.argsort(dct_radius(c))]  # perfectly ordered, but only 5: a bootstrap would say [1, 1]
+    v = filters_low_frequency(c, k=5)
+    assert MIN_RANK_BOOTSTRAP > 5 and v.verdict == "inconclusive" and v.statistic == 1.0
+    with pytest.raises(ValueError, match="a 1x1 grid has 1 patch"):
+        position_similarity_decreases(np.ones((1, 1, 1, 1)))

@@ -287,3 +287,16 @@ def test_save_checkpoint_refuses_a_module_named_like_the_weights(tmp_path):
     with pytest.raises(ValueError, match="model.safetensors"):
         save_checkpoint(model, tmp_path / "ck", modules={"model": MaskedPatchPrediction.for_model(model)})
     assert not (tmp_path / "ck").exists()
+
+
+def test_the_no_patch_error_names_a_rate_that_works():
+    import re
+
+    from vitlab.mpp import draw_corruption
+
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="corrupts no patch of 64") as e:
+        draw_corruption(2, 64, 0.001, g)
+    rate = float(re.search(r"= ([0-9.e-]+) \(one patch\)", str(e.value)).group(1))
+    mode, _ = draw_corruption(2, 64, rate, g)  # the advised rate corrupts exactly one patch per image
+    assert ((mode != 0).sum(1) == 1).all()

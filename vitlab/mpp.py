@@ -78,7 +78,7 @@ def draw_corruption(batch: int, patches: int, rate: float, generator: torch.Gene
     k = round(rate * patches)
     if k < 1:
         raise ValueError(f"a corruption rate of {rate} corrupts no patch of {patches}: raise mpp_rate to at least "
-                         f"{0.5 / patches:.3g}")
+                         f"1/{patches} = {1 / patches:.4g} (one patch)")
     order = torch.rand(batch, patches, generator=generator).argsort(1)
     chosen = torch.zeros(batch, patches, dtype=torch.bool).scatter_(1, order[:, :k], True)
     u = torch.rand(batch, patches, generator=generator)
