@@ -247,6 +247,12 @@ def test_spearman_matches_scipy():
     iu = torch.triu_indices(12, 12, offset=1)
     expected = spearmanr(sim.reshape(12, 12)[iu[0], iu[1]].numpy(), dist[iu[0], iu[1]].numpy()).statistic
     assert position_structure_score(sim) == pytest.approx(expected)
+    from vitlab.stats import spearman
+
+    a, b = torch.tensor([[1.0, float("nan"), 3, 4, 2], [1.0, 2, 3, 4, 5]]), torch.tensor([[1.0, 5, 3, 4, 2]] * 2)
+    rho = spearman(a, b)  # a NaN row gives NaN, as scipy's spearmanr; the other row is scipy's value
+    assert math.isnan(rho[0]) and math.isnan(spearmanr(a[0], b[0]).statistic)
+    assert float(rho[1]) == pytest.approx(spearmanr(a[1], b[1]).statistic)
 
 
 def test_filter_pca_matches_scikit_learn():

@@ -14,7 +14,7 @@ __all__ = ["average_ranks", "spearman", "percent_cell"]
 
 def average_ranks(x: Tensor) -> Tensor:
     """(B, N) -> (B, N) float64 ranks 0..N-1 per row, ties sharing their mean rank (as ``scipy.stats.rankdata``
-    minus one)."""
+    minus one, for rows without NaN; a NaN is ranked last here, where scipy would give the row NaN ranks)."""
     flat = x.double()
     r = flat.argsort(1).argsort(1).double()
     out = torch.empty_like(r)
@@ -27,11 +27,14 @@ def average_ranks(x: Tensor) -> Tensor:
 
 def spearman(a: Tensor, b: Tensor) -> Tensor:
     """(B,) float64 Spearman correlation between the rows of ``a`` and ``b`` (B, N), ties handled as scipy does.
-    A constant row has no ranks to correlate: it scores 0 (not NaN), so it never passes for structure."""
+    A constant row has no ranks to correlate: it scores 0 (not NaN), so it never passes for structure. A row with a
+    NaN in either input scores NaN, as scipy's ``spearmanr`` (whose default propagates NaN)."""
     ra, rb = average_ranks(a), average_ranks(b)
     ra, rb = ra - ra.mean(1, keepdim=True), rb - rb.mean(1, keepdim=True)
     den = (ra.norm(dim=1) * rb.norm(dim=1)).clamp_min(1e-300)
-    return (ra * rb).sum(1) / den
+    rho = (ra * rb).sum(1) / den
+    missing = a.double().isnan().any(1) | b.double().isnan().any(1)
+    return torch.where(missing, torch.full_like(rho, math.nan), rho)
 
 
 def percent_cell(values: Sequence[float]) -> str:
