@@ -68,8 +68,8 @@ def whitening_filters(images: Tensor, kernel: int, eps: float = 5e-4) -> Tensor:
     """(N, C, H, W) normalised images -> (2*C*k*k, C, k, k) filters that whiten their k x k patches.
 
     Each eigenvector v of the patch covariance becomes the filters ``v / sqrt(lambda + eps)`` and its negative,
-    ordered by decreasing eigenvalue, so each half of the layer's outputs (the positive filters, or their negatives) has (near) identity covariance on these
-    images; the two halves are each other's negatives.
+    ordered by decreasing eigenvalue, so each half of the layer's outputs (the positive filters, or their
+    negatives) has (near) identity covariance on these images; the two halves are each other's negatives.
     """
     n, c = images.shape[:2]
     patches = images.float().unfold(2, kernel, 1).unfold(3, kernel, 1)  # (N, C, h, w, k, k)
