@@ -218,3 +218,16 @@ def test_max_train_examples_draws_every_class_not_the_first_images():
     assert torch.bincount(sub.labels).tolist() == [4, 4, 4]
     assert torch.equal(training_subset(data, 12, seed=0).labels, sub.labels)
     assert training_subset(data, None, 0) is data and training_subset(data, 30, 0) is data
+
+
+def test_resume_after_a_kill_between_the_checkpoint_renames(tmp_path):
+    """replace_dir moves the old checkpoint aside, then the new one in: a kill between the two leaves only
+    `.checkpoint.old.*`. --resume restores it (the previous epoch) instead of saying there is nothing to resume."""
+    import dataclasses
+
+    cfg = dataclasses.replace(PRESETS["tiny"], data="shapes", epochs=1, max_train_examples=64, eval_every=0)
+    run = tmp_path / "run"
+    train(cfg, run, progress=False)
+    (run / "checkpoint").rename(run / ".checkpoint.old.x1y2")  # the state a kill between the renames leaves
+    train(cfg, run, resume=True, progress=False)  # finished: nothing to train, and no error
+    assert (run / "checkpoint" / "config.json").is_file() and not list(run.glob(".checkpoint.old.*"))

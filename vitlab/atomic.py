@@ -69,6 +69,19 @@ def replace_dir(tmp: Path, directory: Path) -> None:
         rmtree_quiet(old)
 
 
+def recover_dir(directory: Path) -> bool:
+    """After a kill between ``replace_dir``'s two renames ``directory`` is missing and its previous version waits
+    complete as ``.NAME.old.*`` beside it: move the newest such folder back. True when one was restored."""
+    directory = Path(directory)
+    if directory.exists():
+        return False
+    olds = sorted(directory.parent.glob(f".{directory.name}.old.*"), key=lambda p: p.stat().st_mtime)
+    if not olds:
+        return False
+    os.replace(olds[-1], directory)
+    return True
+
+
 def rmtree_quiet(path: Path) -> None:
     """Remove a folder tree, ignoring errors (temporary folders)."""
     shutil.rmtree(path, ignore_errors=True)

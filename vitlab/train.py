@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitlab.atomic import atomic_write_text
+from vitlab.atomic import atomic_write_text, recover_dir
 from vitlab.batches import Augment, default_workers, epoch_seed, training_batches
 from vitlab.checkpoint import (
     load_checkpoint,
@@ -691,6 +691,8 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     run = Path(run_dir)
     if not resume and (run / "checkpoint").exists():
         raise FileExistsError(f"{run} already holds a checkpoint: pass --resume to continue it, or choose a new folder")
+    if resume and recover_dir(run / "checkpoint") and progress:  # killed between replace_dir's two renames
+        print(f"{run / 'checkpoint'} restored from the previous epoch's copy (a kill interrupted its replacement)")
     if resume and not (run / "checkpoint" / "config.json").is_file():
         raise FileNotFoundError(f"--resume: {run} has no checkpoint to resume from; start without --resume")
     if cfg.batch_size % d.world:
