@@ -115,6 +115,27 @@ def test_local_weights_file_problems(timm_file, tmp_path):
         vitlab.load_model(vit_config("Ti/4", img_size=32), weights=path)
 
 
+
+def test_a_weights_file_that_does_not_fit_is_refused_even_with_a_new_head(timm_file, tmp_path, x32):
+    """With num_classes given timm loads non-strictly; only the classifier may be missing from the file: a block
+    left out or a stray tensor is an error, not a model with random layers. A headless file takes a new head."""
+    from safetensors.torch import load_file
+
+    model, path = timm_file
+    state = load_file(str(path))
+    headless = {k: v for k, v in state.items() if not k.startswith("head.")}
+    save_file(headless, str(tmp_path / "headless.safetensors"))
+    loaded = vitlab.load_model("vit_tiny_patch16_224", weights=tmp_path / "headless.safetensors", depth=2,
+                               img_size=32, num_classes=10)
+    with torch.no_grad():
+        assert torch.equal(loaded.forward_features(x32), model.forward_features(x32))
+    broken = {k: v for k, v in headless.items() if not k.startswith("blocks.1.")} | {"junk.weight": torch.ones(2)}
+    save_file(broken, str(tmp_path / "broken.safetensors"))
+    with pytest.raises(ModelLoadError, match=r"does not fit .* missing from the file \(blocks\.1\..*junk\.weight"):
+        vitlab.load_model("vit_tiny_patch16_224", weights=tmp_path / "broken.safetensors", depth=2, img_size=32,
+                          num_classes=10)
+
+
 def test_unknown_timm_name_suggests_similar_names():
     with pytest.raises(ModelLoadError, match="neither a file nor a timm model name.*vit_base_patch16_224"):
         vitlab.load_model("vit_bsae_patch16_224")

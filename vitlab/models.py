@@ -175,12 +175,42 @@ def _load_timm_with_file(name: str, wpath: Path, overrides: dict[str, Any]) -> n
     elif wanted is not None:
         kwargs["num_classes"] = wanted
     try:
-        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+        with _recorded_loads() as loads:
+            model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
     except Exception as e:
         raise ModelLoadError(f"could not load {wpath} into timm model {name!r}: {type(e).__name__}: {e}") from e
+    # timm loads non-strictly when the class count changes (and only logs what it skipped): only the classifier
+    # may be missing from the file, and nothing in it may go unused
+    head = {f"{c}.{p}" for c in _classifier_names(name) for p in ("weight", "bias")}
+    missing = sorted({k for r in loads for k in r.missing_keys} - head)
+    unexpected = sorted({k for r in loads for k in r.unexpected_keys})
+    if missing or unexpected:
+        raise ModelLoadError(f"{wpath} does not fit timm model {name!r}{f' with {overrides}' if overrides else ''}: "
+                             f"{len(missing)} of its parameters are missing from the file ({', '.join(missing[:5])}"
+                             f"{', ...' if len(missing) > 5 else ''}) and {len(unexpected)} in the file are not the "
+                             f"model's ({', '.join(unexpected[:5])}{', ...' if len(unexpected) > 5 else ''}): are "
+                             "these the weights of another architecture or size?")
     if wanted is not None and wanted != file_classes:
         model.reset_classifier(wanted)  # a new task: a fresh head (timm does the same for hub weights)
     return model.eval()
+
+
+@contextlib.contextmanager
+def _recorded_loads() -> Iterator[list]:
+    """Inside the block every ``nn.Module.load_state_dict`` result (its missing and unexpected keys) is recorded."""
+    seen: list = []
+    real = nn.Module.load_state_dict
+
+    def recording(self, *args, **kwargs):
+        result = real(self, *args, **kwargs)
+        seen.append(result)
+        return result
+
+    nn.Module.load_state_dict = recording
+    try:
+        yield seen
+    finally:
+        nn.Module.load_state_dict = real
 
 
 def _classifier_names(name: str) -> tuple[str, ...]:
