@@ -368,3 +368,16 @@ def test_sam_global_layers_captured_windowed_refused():
         cap.stack()
     with pytest.raises(AttentionCaptureError, match="windowed attention"):
         vitlab.attention_maps(model, x)
+
+
+def test_windowed_layers_alone_and_channel_attention_are_refused():
+    """A windowed layer captured alone used to come back as (B * windows) 'images'; XCiT's channel-by-channel
+    softmax as a token map. Both are refused, naming why (and the global layers to capture instead)."""
+    model = timm.create_model("samvit_base_patch16", pretrained=False, depth=2, img_size=64, window_size=2,
+                              global_attn_indexes=(1,), num_classes=0).eval()
+    with pytest.raises(AttentionCaptureError, match=r"blocks \[0\] .*\(windowed attention\).*layers=\[1\]"):
+        vitlab.attention_maps(model, torch.randn(2, 3, 64, 64), layers=[0])
+    assert not any(m._forward_hooks for m in model.modules())
+    xcit = timm.create_model("xcit_nano_12_p16_224", pretrained=False, depth=1, img_size=32).eval()
+    with pytest.raises(AttentionCaptureError, match="cross-covariance attention"):
+        vitlab.attention_maps(xcit, torch.randn(1, 3, 32, 32))

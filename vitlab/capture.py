@@ -62,6 +62,9 @@ def _unsupported(m: nn.Module) -> str | None:
                 "(rows do not sum to 1), not a post-softmax attention")
     if hasattr(m, "proj_l") and hasattr(m, "proj_w"):
         return "talking-heads attention: heads are mixed after the softmax, so no per-head post-softmax map exists"
+    if type(m).__name__ == "XCA":
+        return ("cross-covariance attention (XCiT): its softmax runs over feature channels, not tokens, so it is no "
+                "token-to-token map")
     return None
 
 
@@ -433,6 +436,12 @@ def capture_attention(
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, (nn.Sequential, nn.ModuleList)) and any(hasattr(b, "window_size") for b in blocks):
         cap.global_layers = tuple(i for i, b in enumerate(blocks) if not getattr(b, "window_size", 0))
+        windowed = [i for i in chosen if i not in cap.global_layers]
+        if windowed:  # their maps are per window, with the windows folded into the batch: never images' maps
+            raise AttentionCaptureError(
+                f"blocks {windowed} of {type(model).__name__} attend within windows folded into the batch (windowed "
+                "attention), not over the image's tokens, so they have no (B, H, T, T) map of each image: capture "
+                f"the global-attention layers alone, layers={list(cap.global_layers)}")
 
     fused: list[tuple[nn.Module, bool]] = []
     handles: list[torch.utils.hooks.RemovableHandle] = []
