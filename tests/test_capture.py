@@ -381,3 +381,18 @@ def test_windowed_layers_alone_and_channel_attention_are_refused():
     xcit = timm.create_model("xcit_nano_12_p16_224", pretrained=False, depth=1, img_size=32).eval()
     with pytest.raises(AttentionCaptureError, match="cross-covariance attention"):
         vitlab.attention_maps(xcit, torch.randn(1, 3, 32, 32))
+
+
+def test_query_selections_keep_only_their_rows_and_check_their_range(vit, x32):
+    import numpy as np
+
+    full = vitlab.attention_maps(vit, x32)  # (L, B, H, 65, 65)
+    with torch.no_grad(), vitlab.capture_attention(vit, queries="prefix") as cap:
+        vit(x32)
+    kept = cap.maps[0][0]
+    assert kept.shape == (2, 3, 1, 65) and kept.untyped_storage().nbytes() == kept.numel() * 4  # not the whole map
+    for q, rows in ((np.int64(5), [5]), ([0, -1], [0, 64]), (-2, [63])):
+        torch.testing.assert_close(vitlab.attention_maps(vit, x32, queries=q), full[..., rows, :], rtol=0, atol=0)
+    for q in (65, [3, -66]):
+        with pytest.raises(AttentionCaptureError, match="out of range for 65 tokens"):
+            vitlab.attention_maps(vit, x32, queries=q)

@@ -199,3 +199,14 @@ def test_a_run_checkpoint_refuses_to_replace_another_folder(tmp_path):
     vc.save_run_checkpoint(tmp_path / "run", model, opt, None, {"epoch": 1})
     vc.save_run_checkpoint(tmp_path / "run", model, opt, None, {"epoch": 2})  # its own earlier checkpoint: replaced
     assert json.loads((tmp_path / "run" / "config.json").read_text())["epoch"] == 2
+
+
+def test_a_compiled_model_saves_as_the_model_it_wraps(tmp_path):
+    """torch.compile's wrapper prefixes every state_dict key with `_orig_mod.`: the checkpoint holds the plain keys
+    and loads back (compiling itself is lazy: nothing is compiled here)."""
+    import torch
+
+    model = tiny_vit()
+    ck = vitlab.save_checkpoint(torch.compile(model), tmp_path / "ck")
+    loaded = vitlab.load_checkpoint(ck)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))

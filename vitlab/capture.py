@@ -20,6 +20,7 @@ Shapes: one map per layer and forward call, ``(B, H, T, T)``; ``stack()`` gives 
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -266,18 +267,29 @@ class AttentionCapture:
     # ------------------------------------------------------------------ recording
     def _select(self, attn: Tensor) -> Tensor:  # (B, H, T, T) -> (B, H', Q, T): query rows, head fusion
         q = self.queries
-        if q is None or q == "all":
+        everything = q is None or (isinstance(q, str) and q == "all")
+        if everything:
             pass
-        elif q == "prefix":
+        elif isinstance(q, str) and q == "prefix":
             if self.num_prefix_tokens == 0:
                 raise AttentionCaptureError("queries='prefix' but this model has no prefix (class) tokens")
             attn = attn[..., : self.num_prefix_tokens, :]
-        elif isinstance(q, int):
-            attn = attn[..., q : q + 1 if q != -1 else None, :]
         elif isinstance(q, slice):
             attn = attn[..., q, :]
         else:
-            attn = attn[..., torch.as_tensor(list(q), device=attn.device), :]
+            T = attn.shape[-2]
+            rows = [q] if not isinstance(q, Sequence) and hasattr(q, "__index__") else list(q)
+            try:
+                rows = [operator.index(r) for r in rows]  # numpy and torch integers too
+            except TypeError:
+                raise AttentionCaptureError(f"queries={q!r}: give 'all', 'prefix', a query index, a list of them or a "
+                                            "slice") from None
+            bad = [r for r in rows if not -T <= r < T]
+            if bad:
+                raise AttentionCaptureError(f"queries {bad} are out of range for {T} tokens (-{T} to {T - 1})")
+            attn = attn[..., torch.as_tensor(rows, device=attn.device), :]
+        if not everything:
+            attn = attn.clone()  # the selected rows alone: a view would keep every row's storage alive
         if self.head_fusion is not None:
             attn = fuse_heads(attn, self.head_fusion, dim=1, keepdim=True)
         return attn

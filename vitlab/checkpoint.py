@@ -50,6 +50,7 @@ def save_checkpoint(
     ``modules`` adds one ``NAME.safetensors`` per entry (parts that live beside the model, e.g. a masked-patch-
     prediction head), in ``dtype`` too, inside the same atomic swap.
     """
+    model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: its state_dict keys carry "_orig_mod."
     cfg = getattr(model, "vitlab_config", None)
     if cfg is None:
         raise ValueError(
@@ -126,7 +127,7 @@ def _state_for_saving(model: nn.Module, dtype: torch.dtype | None) -> dict[str, 
     if dtype is not None and not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point dtype such as torch.float16, got {dtype}")
     state = {}
-    for k, v in model.state_dict().items():
+    for k, v in getattr(model, "_orig_mod", model).state_dict().items():
         v = v.detach().cpu()
         if dtype is not None and v.is_floating_point():
             v = v.to(dtype)

@@ -308,7 +308,7 @@ def _learning_curve(history: list[dict], path: Path, facts: dict, goal: float | 
                          curve_label=f"during training ({facts['curve_images_short']}, {facts['training_precision']})"
                          if mpp else None,
                          final_label=f"as shipped ({facts['dtype']}, all {facts['mpp_test_images']:,} test images)"
-                         if mpp else "as shipped (fp16, timm transform)", percent=percent,
+                         if mpp else f"as shipped ({facts['dtype']}, timm transform)", percent=percent,
                          start=(t0, facts.get("warm_start_test_accuracy"), f"warm start ({facts['warm_start_from']})")
                          if facts.get("warm_start_hours") is not None and not mpp else None,
                          earlier=[(leg["total_train_hours"], leg["test_accuracy"]) for leg in facts["lineage"][:-1]
