@@ -88,6 +88,32 @@ def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, two
     assert _warm_start_facts(str(tmp_path / "start"), 0.5) == {} and _warm_start_facts(None, 0.5) == {}
 
 
+
+def test_an_interim_export_onto_the_start_is_known_by_its_run_id(tmp_path):
+    """Exported during the run onto the folder it started from, then trained on and exported again: the weights
+    differ, but the card's run_id is this run's, so the start that card recorded is kept (10 h, one earlier leg),
+    not counted twice (11.5 h, two legs)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from vitlab.export import _warm_start_facts
+
+    start = tmp_path / "start"
+    start.mkdir()
+    save_file({"w": torch.ones(3)}, str(start / "model.safetensors"))  # the interim export
+    (start / "card.json").write_text(json.dumps({
+        "run_id": "r1", "warm_start_hours": 10.0, "warm_start_test_accuracy": 0.80, "total_train_hours": 11.5,
+        "train_hours": 1.5, "test_accuracy": 0.83, "epochs_done": 9,
+        "lineage": [{"total_train_hours": 10.0, "train_hours": 10.0, "test_accuracy": 0.80},
+                    {"total_train_hours": 11.5, "train_hours": 1.5, "test_accuracy": 0.83, "epochs_done": 9}]}))
+    later = tmp_path / "later.safetensors"
+    save_file({"w": torch.full((3,), 2.0)}, str(later))  # the same run, six epochs on
+    f = _warm_start_facts(str(start), 2.5, later, run_id="r1")
+    assert (f["warm_start_hours"], f["total_train_hours"], len(f["earlier_legs"])) == (10.0, 12.5, 1)
+    other = _warm_start_facts(str(start), 2.5, later, run_id="r2")  # another run warm-started from that export
+    assert (other["warm_start_hours"], other["total_train_hours"], len(other["earlier_legs"])) == (11.5, 14.0, 2)
+
+
 def test_card_hardware_names_the_training_machine_and_the_threads_it_used(tmp_path, two_class_folder, monkeypatch):
     """The card's hardware line comes from the run's own environment (recorded at training), not the exporting
     machine: a run with 1 torch thread on a 2-core CPU says so."""

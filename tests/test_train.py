@@ -228,6 +228,9 @@ def test_resume_after_a_kill_between_the_checkpoint_renames(tmp_path):
     cfg = dataclasses.replace(PRESETS["tiny"], data="shapes", epochs=1, max_train_examples=64, eval_every=0)
     run = tmp_path / "run"
     train(cfg, run, progress=False)
+    run_id = (run / "run_id").read_text()  # written at the start: the card of an export names the run by it
+    assert len(run_id.strip()) == 32
     (run / "checkpoint").rename(run / ".checkpoint.old.x1y2")  # the state a kill between the renames leaves
     train(cfg, run, resume=True, progress=False)  # finished: nothing to train, and no error
     assert (run / "checkpoint" / "config.json").is_file() and not list(run.glob(".checkpoint.old.*"))
+    assert (run / "run_id").read_text() == run_id  # a resume is the same run

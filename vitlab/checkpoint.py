@@ -24,6 +24,9 @@ from vitlab.zoo import ModelConfig, build_model, config_from_dict, config_to_dic
 __all__ = ["save_checkpoint", "load_checkpoint", "model_card", "save_run_checkpoint", "load_run_state", "CONFIG_NAME", "WEIGHTS_NAME"]
 
 CONFIG_NAME = "config.json"
+#: a run folder's identity, written when the run starts (not on resume): an export records it on the card, so a
+#: later export of the same run onto the folder it started from knows that card as its own
+RUN_ID = "run_id"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT_NAME = "vitlab-checkpoint"
 FORMAT_VERSION = 1

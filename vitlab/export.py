@@ -22,7 +22,14 @@ from PIL import Image
 from torch import Tensor, nn
 
 from vitlab.atomic import replace_dir, rmtree_quiet
-from vitlab.checkpoint import card_metric, check_replaceable, load_checkpoint, resolve_folder, save_checkpoint
+from vitlab.checkpoint import (
+    RUN_ID,
+    card_metric,
+    check_replaceable,
+    load_checkpoint,
+    resolve_folder,
+    save_checkpoint,
+)
 from vitlab.data import ImageArray, load_dataset
 from vitlab.provenance import cpu_model, usable_cores, versions
 
@@ -186,7 +193,11 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
     }
     if distillation:
         facts["distillation"] = distillation
-    facts.update(_warm_start_facts(meta["train"].get("init_from"), facts["train_hours"], tmp_out / "model.safetensors"))
+    run_id = (run / RUN_ID).read_text().strip() if (run / RUN_ID).is_file() else None
+    if run_id:
+        facts["run_id"] = run_id  # a later export of this run recognises this card as its own
+    facts.update(_warm_start_facts(meta["train"].get("init_from"), facts["train_hours"], tmp_out / "model.safetensors",
+                                   run_id))
     earlier = facts.pop("earlier_legs", [])
     facts["lineage"] = [*earlier, _leg(facts)]  # every leg of the model's training, this one last
     if is_mpp:
@@ -330,14 +341,16 @@ def _hardware(env: dict, precision: str) -> str:
     return f"{env.get('cpu') or cpu_model()}, {used}, {precision}"
 
 
-def _warm_start_facts(init_from: str | None, train_hours: float, shipped_weights: Path | None = None) -> dict:
+def _warm_start_facts(init_from: str | None, train_hours: float, shipped_weights: Path | None = None,
+                      run_id: str | None = None) -> dict:
     """For a warm-started run, what its starting checkpoint had cost and reached, so that a model trained over
     several warm starts (one a session on a machine whose run state does not survive) states its whole training
     time: ``warm_start_hours`` (the checkpoint's own ``total_train_hours``, else its ``train_hours``, else its
     ``train_seconds``), ``warm_start_test_accuracy`` and ``total_train_hours``. Empty without a warm start or
     without a card to read (a bare weights folder: its cost is unknown, and the card then says only where it
     started). Exporting a run again onto the folder it started from (the default's case) finds its own earlier
-    export there (the same bytes as ``shipped_weights``) and keeps the start that card recorded."""
+    export there (the card's ``run_id`` is this run's, or the same bytes as ``shipped_weights``: an export during
+    the run followed by more epochs differs in bytes) and keeps the start that card recorded."""
     if not init_from:
         return {}
     p = resolve_folder(init_from)
@@ -345,8 +358,9 @@ def _warm_start_facts(init_from: str | None, train_hours: float, shipped_weights
     if not card.is_file():
         return {}
     c = json.loads(card.read_text())
-    own = shipped_weights is not None and (p / shipped_weights.name).is_file() and \
-        (p / shipped_weights.name).read_bytes() == shipped_weights.read_bytes()
+    own = (run_id is not None and c.get("run_id") == run_id) or (
+        shipped_weights is not None and (p / shipped_weights.name).is_file()
+        and (p / shipped_weights.name).read_bytes() == shipped_weights.read_bytes())
     if own:
         if c.get("warm_start_hours") is None:  # this run's own card, with no start recorded: nothing to add
             return {}

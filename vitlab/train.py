@@ -26,6 +26,7 @@ import json
 import math
 import os
 import time
+import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from torch import Tensor, nn
 from vitlab.atomic import atomic_write_text, recover_dir
 from vitlab.batches import Augment, default_workers, epoch_seed, training_batches
 from vitlab.checkpoint import (
+    RUN_ID,
     load_checkpoint,
     load_run_state,
     resolve_folder,
@@ -717,6 +719,7 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
         run.mkdir(parents=True, exist_ok=True)
         if not resume:  # a resumed run's file already says this (checked above); never rewritten, never torn
             atomic_write_text(cfg_file, json.dumps(train_config_to_dict(cfg), indent=2) + "\n")
+            atomic_write_text(run / RUN_ID, uuid.uuid4().hex + "\n")  # this run, whatever legs share its folder
 
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model)
