@@ -174,3 +174,15 @@ def test_checkpoint_ignores_no_option_silently(tmp_path):
     d = vitlab.save_checkpoint(tiny_vit(), tmp_path / "c")
     with pytest.raises(ModelLoadError, match="resize_for_finetuning"):
         vitlab.load_model(d, num_classes=3)
+
+
+def test_pretrained_false_is_never_silently_ignored(timm_file, tmp_path):
+    """A checkpoint (or the default) always loads its saved weights, and a weights file is pretrained weights:
+    asking for random weights there is an error, not trained weights handed back."""
+    _, path = timm_file
+    ck = vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
+    for spec in (None, str(ck)):
+        with pytest.raises(ModelLoadError, match=r"pretrained=False \(--no-pretrained\) is for timm model names"):
+            vitlab.load_model(spec, pretrained=False)
+    with pytest.raises(ModelLoadError, match="weights= with pretrained=False"):
+        vitlab.load_model("vit_tiny_patch16_224", weights=path, pretrained=False, depth=2, img_size=32)

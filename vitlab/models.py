@@ -51,7 +51,7 @@ def load_model(spec: str | os.PathLike | ModelConfig | None = None, *, pretraine
     ``dynamic_img_size=True``). Every failure is a ``ModelLoadError`` saying why and what to do.
     """
     if spec is None:
-        _no_extras("the default model", weights, overrides)
+        _no_extras("the default model", weights, overrides, pretrained)
         if not (DEFAULT_CHECKPOINT / WEIGHTS_NAME).is_file():
             raise ModelLoadError(
                 f"the embedded default model is not in this checkout ({DEFAULT_CHECKPOINT} has no {WEIGHTS_NAME}). "
@@ -71,18 +71,24 @@ def load_model(spec: str | os.PathLike | ModelConfig | None = None, *, pretraine
         return _create_timm(name, pretrained, overrides)
     path = Path(name)
     if path.exists():
-        _no_extras("a vitlab checkpoint", weights, overrides)
+        _no_extras("a vitlab checkpoint", weights, overrides, pretrained)
         return load_checkpoint(path)
     if os.sep in name or "/" in name or name.endswith((".safetensors", ".json", ".pth", ".bin")):
         raise ModelLoadError(f"{name} does not exist: pass an existing vitlab checkpoint folder or a timm model name")
     _check_timm_name(name)
     if weights is not None:
+        if not pretrained:
+            raise ModelLoadError("weights= with pretrained=False: a weights file is the pretrained weights; drop "
+                                 "weights= for random weights, or pretrained=False to load the file")
         return _load_timm_with_file(name, Path(weights), overrides)
     return _create_timm(name, pretrained, overrides)
 
 
-def _no_extras(what: str, weights: Any, overrides: dict[str, Any]) -> None:
+def _no_extras(what: str, weights: Any, overrides: dict[str, Any], pretrained: bool = True) -> None:
     """Options that only make sense for timm names must not be silently ignored."""
+    if not pretrained:
+        raise ModelLoadError(f"pretrained=False (--no-pretrained) is for timm model names; {what} always loads its "
+                             "saved weights (for random ones build its config: vitlab.build_model(config))")
     if weights is not None:
         raise ModelLoadError(f"weights= is for timm model names; {what} already says where its weights come from")
     if overrides:
