@@ -210,3 +210,25 @@ def test_a_compiled_model_saves_as_the_model_it_wraps(tmp_path):
     ck = vitlab.save_checkpoint(torch.compile(model), tmp_path / "ck")
     loaded = vitlab.load_checkpoint(ck)
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+
+
+def test_atomic_writes_follow_the_umask_without_changing_it(tmp_path):
+    """The file gets 0666 less the umask, as any new file; the umask is read, never set (another thread would see
+    0 for an instant)."""
+    import os
+    import stat
+
+    from vitlab.atomic import atomic_write_text
+
+    old = os.umask(0o027)
+    try:
+        calls = []
+        real = os.umask
+        os.umask = lambda m: (calls.append(m), real(m))[1]
+        try:
+            path = atomic_write_text(tmp_path / "a.txt", "x")
+        finally:
+            os.umask = real
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640 and calls == []
+    finally:
+        os.umask(old)

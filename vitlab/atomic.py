@@ -29,6 +29,21 @@ def refuse_foreign_dir(directory: Path, is_ours: Callable[[Path], bool], writer:
                               f"whole folder, so give {target} a new or empty folder (or an {earlier}'s folder)")
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where Linux reports it (/proc/self/status); elsewhere by
+    setting and restoring it, which another thread could observe for an instant."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Path:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, then move it into place in one step:
     readers see the old file or the new one, never a half-written one; on error nothing is left behind."""
@@ -38,9 +53,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
     os.close(fd)
     try:
         write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the result should read like any new file
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the result should read like any new file
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
