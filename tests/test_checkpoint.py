@@ -232,3 +232,22 @@ def test_atomic_writes_follow_the_umask_without_changing_it(tmp_path):
         assert stat.S_IMODE(path.stat().st_mode) == 0o640 and calls == []
     finally:
         os.umask(old)
+
+
+def test_a_checkpoint_is_on_disk_before_it_replaces_the_old_one(tmp_path, monkeypatch):
+    """Every file of the new checkpoint is flushed (fsync) before the swap, and the folder after it."""
+    import os
+
+    flushed = []
+    real_open, real_fsync = os.open, os.fsync
+    names: dict[int, str] = {}
+
+    def opening(path, flags, *a, **k):
+        fd = real_open(path, flags, *a, **k)
+        names[fd] = os.path.basename(os.fspath(path))
+        return fd
+
+    monkeypatch.setattr(os, "open", opening)
+    monkeypatch.setattr(os, "fsync", lambda fd: (flushed.append(names.get(fd)), real_fsync(fd))[1])
+    vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
+    assert {"model.safetensors", "config.json"} <= set(flushed) and flushed[-1] == tmp_path.name

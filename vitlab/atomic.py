@@ -54,7 +54,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the result should read like any new file
+        _fsync(Path(tmp))  # on disk before the rename makes it the file: a power loss leaves old or new, not empty
         os.replace(tmp, path)
+        _fsync(path.parent)
     finally:
         Path(tmp).unlink(missing_ok=True)
     return path
@@ -65,8 +67,27 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
+def _fsync(path: Path) -> None:
+    """Flush a file's data, or a folder's entries, to disk (where the platform lets a folder be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def replace_dir(tmp: Path, directory: Path) -> None:
-    """Move ``tmp`` to ``directory`` by renames; on failure the previous ``directory`` is restored."""
+    """Move ``tmp`` to ``directory`` by renames; on failure the previous ``directory`` is restored. Every file of
+    ``tmp`` is flushed to disk first, so a power loss after the swap cannot leave empty files in ``directory``."""
+    for f in sorted(Path(tmp).rglob("*")):
+        if f.is_file():
+            _fsync(f)
+    _fsync(Path(tmp))
     old = None
     if directory.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
@@ -78,6 +99,7 @@ def replace_dir(tmp: Path, directory: Path) -> None:
         if old is not None and not directory.exists():
             os.replace(old, directory)
         raise
+    _fsync(directory.parent)
     if old is not None:
         rmtree_quiet(old)
 
