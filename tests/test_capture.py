@@ -391,7 +391,8 @@ def test_query_selections_keep_only_their_rows_and_check_their_range(vit, x32):
         vit(x32)
     kept = cap.maps[0][0]
     assert kept.shape == (2, 3, 1, 65) and kept.untyped_storage().nbytes() == kept.numel() * 4  # not the whole map
-    for q, rows in ((np.int64(5), [5]), ([0, -1], [0, 64]), (-2, [63])):
+    for q, rows in ((np.int64(5), [5]), ([0, -1], [0, 64]), (-2, [63]), (torch.tensor([0, 3]), [0, 3]),
+                    (np.array([7, 2]), [7, 2])):
         torch.testing.assert_close(vitlab.attention_maps(vit, x32, queries=q), full[..., rows, :], rtol=0, atol=0)
     for q in (65, [3, -66]):
         with pytest.raises(AttentionCaptureError, match="out of range for 65 tokens"):

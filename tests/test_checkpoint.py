@@ -209,9 +209,11 @@ def test_a_compiled_model_saves_as_the_model_it_wraps(tmp_path):
     model = tiny_vit()
     ck = vitlab.save_checkpoint(torch.compile(model), tmp_path / "ck")
     loaded = vitlab.load_checkpoint(ck)
+    assert list(loaded.state_dict()) == list(model.state_dict()) and len(model.state_dict()) > 0
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the umask from Linux's /proc")
 def test_atomic_writes_follow_the_umask_without_changing_it(tmp_path):
     """The file gets 0666 less the umask, as any new file; the umask is read, never set (another thread would see
     0 for an instant)."""
@@ -235,11 +237,10 @@ def test_atomic_writes_follow_the_umask_without_changing_it(tmp_path):
 
 
 def test_a_checkpoint_is_on_disk_before_it_replaces_the_old_one(tmp_path, monkeypatch):
-    """Every file of the new checkpoint is flushed (fsync) before the swap, and the folder after it."""
-    import os
-
-    flushed = []
-    real_open, real_fsync = os.open, os.fsync
+    """Every file of the new checkpoint is flushed (fsync) before the rename that makes it the checkpoint, and the
+    folder after it; the old checkpoint is replaced only then."""
+    events = []
+    real_open, real_fsync, real_replace = os.open, os.fsync, os.replace
     names: dict[int, str] = {}
 
     def opening(path, flags, *a, **k):
@@ -247,7 +248,13 @@ def test_a_checkpoint_is_on_disk_before_it_replaces_the_old_one(tmp_path, monkey
         names[fd] = os.path.basename(os.fspath(path))
         return fd
 
-    monkeypatch.setattr(os, "open", opening)
-    monkeypatch.setattr(os, "fsync", lambda fd: (flushed.append(names.get(fd)), real_fsync(fd))[1])
     vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
-    assert {"model.safetensors", "config.json"} <= set(flushed) and flushed[-1] == tmp_path.name
+    monkeypatch.setattr(os, "open", opening)
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", names.get(fd))), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", os.path.basename(os.fspath(b)))),
+                                                     real_replace(a, b))[1])
+    vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")  # replaces the first one
+    swap = events.index(("replace", "ck"))
+    flushed = {name for kind, name in events[:swap] if kind == "fsync"}
+    assert {"model.safetensors", "config.json"} <= flushed and ("fsync", tmp_path.name) in events[swap:]
+    assert vitlab.load_checkpoint(tmp_path / "ck") is not None

@@ -264,3 +264,13 @@ def test_app_hands_voila_an_absolute_checkpoint_path(tmp_path, monkeypatch):
     assert seen["env"]["VITLAB_MODEL"] == str(tmp_path / "runs" / "ck")
     app.serve("vit_tiny_patch16_224")
     assert seen["env"]["VITLAB_MODEL"] == "vit_tiny_patch16_224"
+
+
+def test_no_pretrained_with_a_checkpoint_or_a_weights_file_reads_in_flags(tmp_path, checkpoint, capsys):
+    assert main(["info", "--model", str(checkpoint), "--no-pretrained"]) != 0
+    assert "--no-pretrained is for timm model names; a vitlab checkpoint always loads" in capsys.readouterr().err
+    (tmp_path / "w.safetensors").write_bytes(b"")
+    assert main(["info", "--model", "vit_tiny_patch16_224", "--weights", str(tmp_path / "w.safetensors"),
+                 "--no-pretrained"]) != 0
+    err = capsys.readouterr().err
+    assert "a weights file and --no-pretrained contradict each other" in err and "or --no-pretrained to load it" in err

@@ -28,6 +28,7 @@ def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, two
     train(base, tmp_path / "first", progress=False)
     first = _export(tmp_path / "first", tmp_path / "start")
     assert len(first["lineage"]) == 1 and first["lineage"][0]["total_train_hours"] == first["train_hours"]
+    assert first["run_id"] == (tmp_path / "first" / "run_id").read_text().strip()  # the card names its run
     first["train_hours"] = 1.25  # as if the start had trained 1.25 h (a tiny run takes a second)
     first["lineage"] = [{**first["lineage"][0], "train_hours": 1.25, "total_train_hours": 1.25}]
     (tmp_path / "start" / "card.json").write_text(json.dumps(first))

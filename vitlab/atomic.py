@@ -83,7 +83,9 @@ def _fsync(path: Path) -> None:
 
 def replace_dir(tmp: Path, directory: Path) -> None:
     """Move ``tmp`` to ``directory`` by renames; on failure the previous ``directory`` is restored. Every file of
-    ``tmp`` is flushed to disk first, so a power loss after the swap cannot leave empty files in ``directory``."""
+    ``tmp`` is flushed to disk first (``os.fsync``; on Linux that reaches the disk, on macOS it may stay in the
+    drive's cache, on Windows folders cannot be flushed), so a power loss after the swap should not leave empty
+    files in ``directory``."""
     for f in sorted(Path(tmp).rglob("*")):
         if f.is_file():
             _fsync(f)
@@ -102,6 +104,8 @@ def replace_dir(tmp: Path, directory: Path) -> None:
     _fsync(directory.parent)
     if old is not None:
         rmtree_quiet(old)
+    for stray in directory.parent.glob(f".{directory.name}.old.*"):  # copies an earlier clean-up left behind
+        rmtree_quiet(stray)
 
 
 def recover_dir(directory: Path) -> bool:
@@ -110,11 +114,27 @@ def recover_dir(directory: Path) -> bool:
     directory = Path(directory)
     if directory.exists():
         return False
-    olds = sorted(directory.parent.glob(f".{directory.name}.old.*"), key=lambda p: p.stat().st_mtime)
+    olds = [p for p in directory.parent.glob(f".{directory.name}.old.*") if _complete(p)]
     if not olds:
         return False
-    os.replace(olds[-1], directory)
+    os.replace(max(olds, key=_epoch_then_ctime), directory)
     return True
+
+
+def _complete(folder: Path) -> bool:
+    """A whole vitlab checkpoint: its config and weights (a clean-up cut short leaves a folder without them)."""
+    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+
+
+def _epoch_then_ctime(folder: Path) -> tuple[float, float]:
+    """The newest checkpoint first: by the epoch its config records, then by when it was renamed aside."""
+    import json
+
+    try:
+        epoch = float(json.loads((folder / "config.json").read_text()).get("epoch") or 0)
+    except (OSError, ValueError, AttributeError):
+        epoch = 0.0
+    return epoch, folder.stat().st_ctime
 
 
 def rmtree_quiet(path: Path) -> None:

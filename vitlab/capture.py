@@ -267,7 +267,7 @@ class AttentionCapture:
     # ------------------------------------------------------------------ recording
     def _select(self, attn: Tensor) -> Tensor:  # (B, H, T, T) -> (B, H', Q, T): query rows, head fusion
         q = self.queries
-        everything = q is None or (isinstance(q, str) and q == "all")
+        everything = q is None or (isinstance(q, str) and q == "all")  # never q == "all" on an array
         if everything:
             pass
         elif isinstance(q, str) and q == "prefix":
@@ -278,6 +278,8 @@ class AttentionCapture:
             attn = attn[..., q, :]
         else:
             T = attn.shape[-2]
+            if hasattr(q, "tolist") and getattr(q, "ndim", 0) >= 1:  # a torch tensor or numpy array of indices
+                q = q.tolist()
             rows = [q] if not isinstance(q, Sequence) and hasattr(q, "__index__") else list(q)
             try:
                 rows = [operator.index(r) for r in rows]  # numpy and torch integers too
@@ -327,7 +329,7 @@ class AttentionCapture:
     def global_hint(self) -> str:
         if self.global_layers:
             return (f"Layers with global attention: {list(self.global_layers)}; capture them alone with "
-                    f"layers={list(self.global_layers)}, or read capture.maps per layer")
+                    f"layers={list(self.global_layers)}")
         return ("vitlab's (L, B, H, T, T) format needs global self-attention: capture layers of one kind with "
                 "layers=[...], or read capture.maps per layer")
 

@@ -11,6 +11,7 @@ import difflib
 import functools
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,8 +79,9 @@ def load_model(spec: str | os.PathLike | ModelConfig | None = None, *, pretraine
     _check_timm_name(name)
     if weights is not None:
         if not pretrained:
-            raise ModelLoadError("weights= with pretrained=False: a weights file is the pretrained weights; drop "
-                                 "weights= for random weights, or pretrained=False to load the file")
+            raise ModelLoadError("a weights file and pretrained=False contradict each other: the file is the "
+                                 "pretrained weights. Leave out the file for random weights, or pretrained=False to "
+                                 "load it")
         return _load_timm_with_file(name, Path(weights), overrides)
     return _create_timm(name, pretrained, overrides)
 
@@ -87,8 +89,8 @@ def load_model(spec: str | os.PathLike | ModelConfig | None = None, *, pretraine
 def _no_extras(what: str, weights: Any, overrides: dict[str, Any], pretrained: bool = True) -> None:
     """Options that only make sense for timm names must not be silently ignored."""
     if not pretrained:
-        raise ModelLoadError(f"pretrained=False (--no-pretrained) is for timm model names; {what} always loads its "
-                             "saved weights (for random ones build its config: vitlab.build_model(config))")
+        raise ModelLoadError(f"pretrained=False is for timm model names; {what} always loads its saved weights "
+                             "(for random ones, build its config with vitlab.build_model)")
     if weights is not None:
         raise ModelLoadError(f"weights= is for timm model names; {what} already says where its weights come from")
     if overrides:
@@ -201,22 +203,30 @@ def _load_timm_with_file(name: str, wpath: Path, overrides: dict[str, Any]) -> n
     return model.eval()
 
 
+_LOADS_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _recorded_loads() -> Iterator[list]:
-    """Inside the block every ``nn.Module.load_state_dict`` result (its missing and unexpected keys) is recorded."""
-    seen: list = []
-    real = nn.Module.load_state_dict
+    """Inside the block the results (missing and unexpected keys) of this thread's ``nn.Module.load_state_dict``
+    calls are recorded. One block at a time (a lock), so the patched method is always put back as it was; other
+    threads' loads run unrecorded meanwhile."""
+    with _LOADS_LOCK:
+        seen: list = []
+        owner = threading.get_ident()
+        real = nn.Module.load_state_dict
 
-    def recording(self, *args, **kwargs):
-        result = real(self, *args, **kwargs)
-        seen.append(result)
-        return result
+        def recording(self, *args, **kwargs):
+            result = real(self, *args, **kwargs)
+            if threading.get_ident() == owner:
+                seen.append(result)
+            return result
 
-    nn.Module.load_state_dict = recording
-    try:
-        yield seen
-    finally:
-        nn.Module.load_state_dict = real
+        nn.Module.load_state_dict = recording
+        try:
+            yield seen
+        finally:
+            nn.Module.load_state_dict = real
 
 
 def _classifier_names(name: str) -> tuple[str, ...]:

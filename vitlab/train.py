@@ -693,8 +693,12 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     run = Path(run_dir)
     if not resume and (run / "checkpoint").exists():
         raise FileExistsError(f"{run} already holds a checkpoint: pass --resume to continue it, or choose a new folder")
-    if resume and recover_dir(run / "checkpoint") and progress:  # killed between replace_dir's two renames
+    if resume and d.main and recover_dir(run / "checkpoint") and progress:  # killed between replace_dir's renames
         print(f"{run / 'checkpoint'} restored from the previous epoch's copy (a kill interrupted its replacement)")
+    if resume and d.world > 1:  # the other processes look after the main one restored it
+        import torch.distributed as dist
+
+        dist.barrier()
     if resume and not (run / "checkpoint" / "config.json").is_file():
         raise FileNotFoundError(f"--resume: {run} has no checkpoint to resume from; start without --resume")
     if cfg.batch_size % d.world:
