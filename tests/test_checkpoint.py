@@ -258,3 +258,11 @@ def test_a_checkpoint_is_on_disk_before_it_replaces_the_old_one(tmp_path, monkey
     flushed = {name for kind, name in events[:swap] if kind == "fsync"}
     assert {"model.safetensors", "config.json"} <= flushed and ("fsync", tmp_path.name) in events[swap:]
     assert vitlab.load_checkpoint(tmp_path / "ck") is not None
+
+
+def test_loading_a_checkpoint_that_a_kill_left_aside_restores_it(tmp_path):
+    """A kill between replace_dir's two renames (say, during an export onto the shipped folder) leaves the previous
+    copy as .NAME.old.*: loading the folder puts it back instead of saying it does not exist."""
+    ck = vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
+    ck.rename(tmp_path / ".ck.old.abc")
+    assert vitlab.load_checkpoint(tmp_path / "ck") is not None and (tmp_path / "ck" / "config.json").is_file()

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from vitlab.atomic import refuse_foreign_dir, replace_dir, rmtree_quiet
+from vitlab.atomic import recover_dir, refuse_foreign_dir, replace_dir, rmtree_quiet
 from vitlab.errors import ModelLoadError
 from vitlab.provenance import versions
 from vitlab.zoo import ModelConfig, build_model, config_from_dict, config_to_dict
@@ -185,6 +185,8 @@ def load_checkpoint(path: str | os.PathLike) -> nn.Module:
     ``ModelLoadError`` saying what is wrong.
     """
     path = Path(path)
+    if not path.exists():  # a kill between the two renames of its replacement left its previous copy beside it
+        recover_dir(path)
     if not path.exists():  # not its parent's checkpoint: a misspelt folder inside a checkpoint must not load that
         raise ModelLoadError(f"{path} does not exist: give a vitlab checkpoint folder (config.json and "
                              "model.safetensors) or one of its two files")
