@@ -83,7 +83,7 @@ def fit(run_dir: Path, train_images: int = 5000, seed: int = 0) -> dict[str, Any
     import torch
 
     from vitlab.checkpoint import load_checkpoint
-    from vitlab.data import load_dataset
+    from vitlab.data import load_splits
     from vitlab.export import distillation_facts
     from vitlab.train import load_teacher, training_subset
 
@@ -101,7 +101,7 @@ def fit(run_dir: Path, train_images: int = 5000, seed: int = 0) -> dict[str, Any
         teacher = load_teacher(cfg["teacher"], torch.device("cpu"))
     except FileNotFoundError as e:
         raise FileNotFoundError(f"--fit needs the run's teacher {cfg['teacher']!r}, which is not here ({e})") from e
-    train, test = load_dataset(cfg["data"], "train"), load_dataset(cfg["data"], "test")
+    train, test = load_splits(cfg["data"])
     seen = training_subset(train, cfg.get("max_train_examples"), cfg.get("seed", 0))  # the images the run trained on
     n = min(train_images, len(seen))
     idx = torch.randperm(len(seen), generator=torch.Generator().manual_seed(seed))[:n]  # (n,)

@@ -194,7 +194,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     import torch
 
     import vitlab
-    from vitlab.data import check_same_classes, load_dataset, nested_subsets
+    from vitlab.data import load_splits, nested_subsets
     from vitlab.features import extract_features
     from vitlab.probe import DEFAULT_L2
 
@@ -208,8 +208,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     dev = resolve_device(args.device)
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
-    train, test = load_dataset(args.data, "train"), load_dataset(args.data, "test")
-    check_same_classes(train, test, args.data)
+    train, test = load_splits(args.data)
     counts = torch.bincount(train.labels)
     if args.max_train is None and max(args.shots) > int(counts[counts > 0].min()):
         raise ValueError(f"{max(args.shots)} shots need that many training images per class, but the smallest class "

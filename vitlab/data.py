@@ -26,6 +26,7 @@ __all__ = [
     "DataError",
     "load_image_folder",
     "check_same_classes",
+    "load_splits",
     "load_cifar",
     "load_dataset",
     "load_shapes",
@@ -314,6 +315,13 @@ def load_dataset(spec: str, split: str = "train") -> ImageArray:
                         f"test set: put the classes under {path}/train/ and {path}/{split}/ (or train.zip and "
                         f"{split}.zip)")
     return load_image_folder(path)
+
+
+def load_splits(spec: str) -> tuple[ImageArray, ImageArray]:
+    """``load_dataset(spec, "train")`` and ``(spec, "test")``, checked to hold the same classes (``check_same_classes``)."""
+    train, test = load_dataset(spec, "train"), load_dataset(spec, "test")
+    check_same_classes(train, test, spec)
+    return train, test
 
 
 def check_same_classes(train: ImageArray, test: ImageArray, spec: str) -> None:

@@ -54,7 +54,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from vitlab.data import ImageArray, cache_dir, load_dataset, nested_subsets
+from vitlab.data import ImageArray, cache_dir, load_splits, nested_subsets
 from vitlab.devices import resolve_device
 from vitlab.features import READOUTS
 from vitlab.findings import few_shot_key
@@ -351,7 +351,7 @@ def _balanced(data: ImageArray, per_class: int | None, seed: int) -> ImageArray:
 
 
 def _load_data(study: MPPStudyConfig) -> _Data:
-    train, test = load_dataset(study.data, "train"), load_dataset(study.data, "test")
+    train, test = load_splits(study.data)
     caps = sorted({study.pretrain_examples, study.ablation_examples} - {None})
     pretrain: dict[int | None, ImageArray] = {None: train}  # nested: a smaller cap's images are among a larger's
     pretrain.update(zip(caps, map(train.subset, nested_subsets(train.labels, caps, seed=study.seed))))

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from vitlab.data import ImageArray, check_same_classes, load_dataset, nested_subsets
+from vitlab.data import ImageArray, load_splits, nested_subsets
 from vitlab.probe import DEFAULT_L2
 from vitlab.provenance import provenance
 from vitlab.stats import percent_cell
@@ -269,8 +269,7 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
     from vitlab.zoo import build_model as vitlab_build
 
     t0 = time.time()
-    full_train, full_test = load_dataset(sweep.data, "train"), load_dataset(sweep.data, "test")
-    check_same_classes(full_train, full_test, sweep.data)  # class indices pick the same classes in both splits
+    full_train, full_test = load_splits(sweep.data)  # class indices pick the same classes in both splits
     missing = sorted(set(sweep.pretrain_classes + sweep.probe_classes) - set(range(len(full_train.classes))))
     if missing:
         raise ValueError(f"classes {missing} do not exist in {sweep.data}, which has {len(full_train.classes)} classes")
