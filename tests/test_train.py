@@ -235,9 +235,9 @@ def test_resume_after_a_kill_between_the_checkpoint_renames(tmp_path):
     assert (run / "checkpoint" / "config.json").is_file() and not list(run.glob(".checkpoint.old.*"))
     assert (run / "run_id").read_text() == run_id  # a resume is the same run
     # two copies aside, the newer one cut short by a clean-up (no weights): the complete one comes back
-    from vitlab.atomic import recover_dir
+    from vitlab.checkpoint import recover_checkpoint
 
     (run / "checkpoint").rename(run / ".checkpoint.old.good")
     (run / ".checkpoint.old.cut").mkdir()
     (run / ".checkpoint.old.cut" / "config.json").write_text('{"epoch": 9}')
-    assert recover_dir(run / "checkpoint") and (run / "checkpoint" / "model.safetensors").is_file()
+    assert recover_checkpoint(run / "checkpoint") and (run / "checkpoint" / "model.safetensors").is_file()

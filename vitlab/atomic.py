@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 __all__ = ["atomic_write", "atomic_write_text", "replace_dir", "refuse_foreign_dir", "rmtree_quiet"]
 
@@ -102,39 +103,22 @@ def replace_dir(tmp: Path, directory: Path) -> None:
             os.replace(old, directory)
         raise
     _fsync(directory.parent)
-    if old is not None:
-        rmtree_quiet(old)
-    for stray in directory.parent.glob(f".{directory.name}.old.*"):  # copies an earlier clean-up left behind
-        rmtree_quiet(stray)
+    for stale in directory.parent.glob(f".{directory.name}.old.*"):  # the copy just replaced, and any an earlier
+        rmtree_quiet(stale)  # clean-up cut short left behind
 
 
-def recover_dir(directory: Path) -> bool:
+def recover_dir(directory: Path, rank: Callable[[Path], Any]) -> bool:
     """After a kill between ``replace_dir``'s two renames ``directory`` is missing and its previous version waits
-    complete as ``.NAME.old.*`` beside it: move the newest such folder back. True when one was restored."""
+    as ``.NAME.old.*`` beside it: move back the copy ``rank`` puts highest, among those it does not rank ``None``
+    (a clean-up cut short leaves incomplete ones). True when one was restored."""
     directory = Path(directory)
     if directory.exists():
         return False
-    olds = [p for p in directory.parent.glob(f".{directory.name}.old.*") if _complete(p)]
-    if not olds:
+    ranked = [(r, p) for p in directory.parent.glob(f".{directory.name}.old.*") if (r := rank(p)) is not None]
+    if not ranked:
         return False
-    os.replace(max(olds, key=_epoch_then_ctime), directory)
+    os.replace(max(ranked, key=lambda rp: rp[0])[1], directory)
     return True
-
-
-def _complete(folder: Path) -> bool:
-    """A whole vitlab checkpoint: its config and weights (a clean-up cut short leaves a folder without them)."""
-    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
-
-
-def _epoch_then_ctime(folder: Path) -> tuple[float, float]:
-    """The newest checkpoint first: by the epoch its config records, then by when it was renamed aside."""
-    import json
-
-    try:
-        epoch = float(json.loads((folder / "config.json").read_text()).get("epoch") or 0)
-    except (OSError, ValueError, AttributeError):
-        epoch = 0.0
-    return epoch, folder.stat().st_ctime
 
 
 def rmtree_quiet(path: Path) -> None:

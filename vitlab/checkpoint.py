@@ -96,6 +96,20 @@ def check_replaceable(directory: Path) -> None:
     refuse_foreign_dir(directory, _is_checkpoint_dir, "save_checkpoint", "earlier vitlab checkpoint", "it")
 
 
+def recover_checkpoint(directory: str | os.PathLike) -> bool:
+    """Put back the checkpoint a kill between ``replace_dir``'s two renames left aside as ``.NAME.old.*``: the
+    newest complete one (config and weights), by the epoch it records, then by when it was moved aside. True when
+    one was restored; False when ``directory`` exists or there is none."""
+    return recover_dir(Path(directory), _recovery_rank)
+
+
+def _recovery_rank(folder: Path) -> tuple[float, float] | None:
+    if not (_is_checkpoint_dir(folder) and (folder / WEIGHTS_NAME).is_file()):
+        return None
+    epoch = json.loads((folder / CONFIG_NAME).read_text()).get("epoch")
+    return float(epoch or 0), folder.stat().st_ctime
+
+
 def _is_checkpoint_dir(directory: Path) -> bool:
     try:
         meta = json.loads((directory / CONFIG_NAME).read_text())
@@ -186,7 +200,7 @@ def load_checkpoint(path: str | os.PathLike) -> nn.Module:
     """
     path = Path(path)
     if not path.exists():  # a kill between the two renames of its replacement left its previous copy beside it
-        recover_dir(path)
+        recover_checkpoint(path)
     if not path.exists():  # not its parent's checkpoint: a misspelt folder inside a checkpoint must not load that
         raise ModelLoadError(f"{path} does not exist: give a vitlab checkpoint folder (config.json and "
                              "model.safetensors) or one of its two files")

@@ -123,10 +123,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     run = Path(args.run or cache_dir() / "runs" / args.preset)  # outside the work tree: survives a fresh checkout
     resume = args.resume
     if args.continue_run:
-        from vitlab.atomic import recover_dir
+        from vitlab.checkpoint import recover_checkpoint
 
         shipped = DEFAULT_CHECKPOINT.parent / args.preset
-        recover_dir(run / "checkpoint")  # a kill between the two renames of its last replacement
+        recover_checkpoint(run / "checkpoint")  # a kill between the two renames of its last replacement
         state = run / "checkpoint" / "config.json"
         if state.is_file() and _finished_and_shipped(run, shipped):
             # a finished leg whose weights were exported: keep its state and train a new leg from what shipped

@@ -39,12 +39,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitlab.atomic import atomic_write_text, recover_dir
+from vitlab.atomic import atomic_write_text
 from vitlab.batches import Augment, default_workers, epoch_seed, training_batches
 from vitlab.checkpoint import (
     RUN_ID,
     load_checkpoint,
     load_run_state,
+    recover_checkpoint,
     resolve_folder,
     save_checkpoint,
     save_run_checkpoint,
@@ -693,7 +694,7 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     run = Path(run_dir)
     if not resume and (run / "checkpoint").exists():
         raise FileExistsError(f"{run} already holds a checkpoint: pass --resume to continue it, or choose a new folder")
-    if resume and d.main and recover_dir(run / "checkpoint") and progress:  # killed between replace_dir's renames
+    if resume and d.main and recover_checkpoint(run / "checkpoint") and progress:  # killed between replace_dir's renames
         print(f"{run / 'checkpoint'} restored from the previous epoch's copy (a kill interrupted its replacement)")
     if resume and d.world > 1:  # the other processes look after the main one restored it
         import torch.distributed as dist
