@@ -269,3 +269,18 @@ def test_a_cifar_root_that_holds_nothing_is_an_error_not_the_shared_copy(tmp_pat
     with pytest.raises(DataError, match=f"{tmp_path / 'nowhere'} does not exist"):  # no download, online or not
         load_dataset(f"cifar10:{tmp_path / 'nowhere'}", "test")
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_quiet_loads_decode_without_a_progress_bar(two_class_folder, tmp_path, monkeypatch, capsys):
+    """`--quiet` reaches the first decode of a data set (it printed a bar for every split before)."""
+    from vitlab.cli import main
+    from vitlab.data import load_splits
+
+    for progress, shown in [(False, False), (True, True)]:
+        monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / f"cache{progress}"))  # a fresh decode each time
+        load_splits(str(two_class_folder), progress=progress)
+        assert ("decoding" in capsys.readouterr().err) is shown
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache_cli"))
+    assert main(["train", "--preset", "tiny", "--data", str(two_class_folder), "--run-dir", str(tmp_path / "run"),
+                 "--epochs", "1", "--set", "warmup_epochs=0", "--quiet"]) == 0
+    assert "decoding" not in capsys.readouterr().err

@@ -208,7 +208,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     dev = resolve_device(args.device)
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
-    train, test = load_splits(args.data)
+    train, test = load_splits(args.data, progress=not args.quiet)
     counts = torch.bincount(train.labels)
     if args.max_train is None and max(args.shots) > int(counts[counts > 0].min()):
         raise ValueError(f"{max(args.shots)} shots need that many training images per class, but the smallest class "

@@ -242,8 +242,9 @@ SHARED_CIFAR10 = Path(__file__).resolve().parent.parent.parent / "shared" / "dat
 
 
 def load_cifar(name: str = "cifar10", split: str = "train", root: str | os.PathLike | None = None,
-               download: bool = True) -> ImageArray:
-    """CIFAR-10/100 through torchvision (downloaded when online), or the ImageFolder zips in ``root``."""
+               download: bool = True, progress: bool = True) -> ImageArray:
+    """CIFAR-10/100 through torchvision (downloaded when online), or the ImageFolder zips in ``root``;
+    ``progress``: a bar while the JPEGs are decoded the first time."""
     if split not in ("train", "test"):
         raise DataError(f"split must be 'train' or 'test', got {split!r}")
     if root is not None and not Path(root).exists():  # a typo: never a download into a new folder of that name
@@ -254,9 +255,9 @@ def load_cifar(name: str = "cifar10", split: str = "train", root: str | os.PathL
     for base in candidates:
         z = base / f"{split}.zip"
         if z.is_file():
-            return load_image_folder(z)
+            return load_image_folder(z, progress=progress)
         if (base / split).is_dir():
-            return load_image_folder(base / split)
+            return load_image_folder(base / split, progress=progress)
     import torchvision
 
     cls = {"cifar10": torchvision.datasets.CIFAR10, "cifar100": torchvision.datasets.CIFAR100}.get(name)
@@ -288,38 +289,39 @@ def load_shapes(split: str = "train", n: int | None = None, size: int = 32) -> I
     return ImageArray(images, labels, SHAPE_CLASSES, f"shapes:{split}:seed{seed}", masks)
 
 
-def load_dataset(spec: str, split: str = "train") -> ImageArray:
-    """``cifar10`` / ``cifar100`` (optionally ``cifar10:/path/to/root``), ``shapes``, or a folder/zip path."""
+def load_dataset(spec: str, split: str = "train", progress: bool = True) -> ImageArray:
+    """``cifar10`` / ``cifar100`` (optionally ``cifar10:/path/to/root``), ``shapes``, or a folder/zip path;
+    ``progress``: a bar while images are decoded the first time (``--quiet`` turns it off)."""
     name, _, root = spec.partition(":")
     if name == "shapes":
         return load_shapes(split)
     if name in ("cifar10", "cifar100"):
-        return load_cifar(name, split, root or None)
+        return load_cifar(name, split, root or None, progress=progress)
     path = Path(spec)
     if not path.exists():
         raise DataError(f"dataset {spec!r} not found: use cifar10, cifar100, shapes, or an existing ImageFolder "
                         "folder or zip")
     for cand in (path / f"{split}.zip", path / split):
         if cand.exists():
-            return load_image_folder(cand)
+            return load_image_folder(cand, progress=progress)
     if path.is_dir():
         splits = sorted(p.stem for p in path.iterdir() if p.stem in SPLIT_NAMES)
     else:
         splits = zip_splits(path) if zipfile.is_zipfile(path) else []
         if split in splits:
-            return load_image_folder(path, split=split)
+            return load_image_folder(path, split=split, progress=progress)
     if splits:
         raise DataError(f"{path} has no {split!r} split (found {splits}): add {split}/ or {split}.zip beside them")
     if split != "train":  # a bare class folder is one set of images: as its own test set it would score training
         raise DataError(f"{path} holds class folders but no {split!r} split, and the same images cannot be their own "
                         f"test set: put the classes under {path}/train/ and {path}/{split}/ (or train.zip and "
                         f"{split}.zip)")
-    return load_image_folder(path)
+    return load_image_folder(path, progress=progress)
 
 
-def load_splits(spec: str) -> tuple[ImageArray, ImageArray]:
+def load_splits(spec: str, progress: bool = True) -> tuple[ImageArray, ImageArray]:
     """``load_dataset(spec, "train")`` and ``(spec, "test")``, checked to hold the same classes (``check_same_classes``)."""
-    train, test = load_dataset(spec, "train"), load_dataset(spec, "test")
+    train, test = load_dataset(spec, "train", progress), load_dataset(spec, "test", progress)
     check_same_classes(train, test, spec)
     return train, test
 
