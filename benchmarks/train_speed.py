@@ -12,14 +12,14 @@
   bound for a pure-bf16 step).
   FLOPs per image come from ``torch.utils.flop_counter.FlopCounterMode`` over one real step (forward and backward,
   under the same autocast), so a variant that drops patches is credited only the FLOPs it performs.
-* **vitlab train** on the ``vit_cifar10`` preset as shipped (RandAugment, distillation through the teacher,
-  patch dropping), the same on every patch token (as the default's recent legs train), the same in a 24 px
-  progressive-resizing phase, and on the ``resnet_cifar10`` teacher preset:
-  the images/s ``vitlab train`` itself reports for the second of two short epochs (steady state, as every epoch
-  after a real run's first; the first pays for ``torch.compile`` where the preset's real runs compile), the first
-  two also eager (``--compile off``), and MFU = (student step FLOPs + teacher forward FLOPs per image) x images/s / peak;
-  and one derived row, the preset over its whole schedule with its first third at 24 px (``PROGRESSIVE_THIRD``),
-  priced from the compiled 32 px and 24 px rows (``schedule_average``).
+* **vitlab train** on the ``vit_cifar10`` preset (RandAugment, distillation through the teacher, patch dropping)
+  in each of its two phases, its first third of the epochs at 24 px (progressive resizing) and the rest at 32 px,
+  the 32 px phase also on every patch token (as the default's recent legs train), and on the ``resnet_cifar10``
+  teacher preset: the images/s ``vitlab train`` itself reports for the second of two short epochs (steady state,
+  as every epoch after a real run's first; the first pays for ``torch.compile`` where the preset's real runs
+  compile), the 32 px rows also eager (``--compile off``), and MFU = (student step FLOPs + teacher forward FLOPs per
+  image) x images/s / peak; and the headline row, the preset over its whole schedule, priced from its compiled
+  24 px and 32 px rows (``schedule_average``: the images of all epochs over their seconds).
 * CNN levers for the teacher: channels_last and bf16 against fp32 (bf16 rows only where bf16 is fast) in training,
   and the shipped teacher's forward as distillation runs it, contiguous against channels_last.
 
@@ -61,6 +61,7 @@ from vitlab.train import (
     with_num_classes,
 )
 from vitlab.train import step_flops as train_step_flops
+from vitlab.zoo import size2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +239,7 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, patch_drop_rate=0.0))
     cfg = dataclasses.replace(cfg, epochs=2, eval_every=0, eval_tta=0, max_train_examples=cfg.batch_size * steps,
                               warmup_epochs=0.0, teacher=str(teacher_dir) if cfg.teacher else None,
-                              progressive_size=small, progressive_epochs=2 if small else 0)
+                              progressive_size=small, progressive_epochs=2 if small else 0)  # one phase throughout
     forced_eager = compile is False
     if compile is None:
         compile = compile_by_default(cfg, torch.device("cpu"), COMPILE_MIN_STEPS)
@@ -264,7 +265,9 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
             teacher_flops = step_flops(load_teacher(cfg.teacher, torch.device("cpu")), x, y, backward=False)
     total = flops + teacher_flops
     ips = second["images_per_second"]
-    return {"preset": preset + (f", {small} px phase (progressive resizing)" if small else "")
+    phases = PRESETS[preset].small_epochs  # a preset that trains its first epochs on smaller images
+    return {"preset": preset + (f", {small} px phase (progressive resizing)" if small else
+                                f", {size2(cfg.model.img_size)[0]} px phase" if phases else "")
             + (", every patch token (model.patch_drop_rate=0)" if every_token else "")
             + (", compiled" if compiled else ", eager (--compile off)" if forced_eager else ""),
             "compiled": compiled, "batch": cfg.batch_size, "images_per_second": ips,
@@ -273,27 +276,20 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
             "mfu": total * ips / peak}
 
 
-#: progressive resizing for the first third of the default preset's 75 epochs (``--set progressive_size=24 --set
-#: progressive_epochs=25``; off in the preset): the schedule that the ``schedule_average`` row prices
-PROGRESSIVE_THIRD = {"progressive_size": 24, "progressive_epochs": 25}
-
-
 def schedule_average(preset: str, cfg: TrainConfig, full: dict, small: dict, peak: float) -> dict | None:
-    """``preset`` trained as ``cfg`` over its whole schedule with progressive resizing: ``cfg.progressive_epochs``
-    epochs at the rate of the ``small`` row, the rest at the ``full`` row's (both measured): images/s = the images of
-    all epochs over their seconds (a harmonic mean weighted by epochs), FLOPs per image weighted by epochs, and MFU
-    from those against ``peak`` (FLOP/s) as ``vitlab_train`` computes it; None for a ``cfg`` without a small-image
-    phase."""
-    if not cfg.progressive_epochs:
+    """``preset`` trained as ``cfg`` over its whole schedule with progressive resizing: ``cfg.small_epochs`` epochs
+    at the rate of the ``small`` row, the rest at the ``full`` row's (both measured): images/s = the images of all
+    epochs over their seconds (a harmonic mean weighted by epochs), FLOPs per image weighted by epochs, and MFU from
+    those against ``peak`` (FLOP/s) as ``vitlab_train`` computes it; None for a ``cfg`` without a small-image phase."""
+    k, n = cfg.small_epochs, cfg.epochs
+    if not k:
         return None
-    k, n = cfg.progressive_epochs, cfg.epochs
     seconds = k / small["images_per_second"] + (n - k) / full["images_per_second"]  # per image of each epoch
     ips = n / seconds
     student = (k * small["student_gflops_per_image"] + (n - k) * full["student_gflops_per_image"]) / n
     teacher = full["teacher_gflops_per_image"]
-    return {"preset": f"{preset} over {n} epochs, the first {k} at {cfg.progressive_size} px (`--set "
-                      f"progressive_size={cfg.progressive_size} --set progressive_epochs={k}`; from the two compiled "
-                      "rows above)", "derived": True,
+    return {"preset": f"{preset} as the preset trains: {n} epochs, the first {k} at {cfg.progressive_size} px "
+                      "(from the two compiled phase rows above)", "derived": True,
             "compiled": full["compiled"] and small["compiled"], "batch": full["batch"], "images_per_second": ips,
             "student_gflops_per_image": student, "teacher_gflops_per_image": teacher,
             "mfu": (student + teacher) * 1e9 * ips / peak}
@@ -316,16 +312,15 @@ def run(steps: int = 8) -> dict:
     levers = vit_levers(data, steps, peak_before)
     with tempfile.TemporaryDirectory() as tmp:
         teacher = _teacher_dir(Path(tmp))
-        preset = vitlab_train("vit_cifar10", data, steps, peak_before, teacher)  # measured in this order
+        vit = PRESETS["vit_cifar10"]
+        full = vitlab_train("vit_cifar10", data, steps, peak_before, teacher)  # measured in this order
         others = [vitlab_train("vit_cifar10", data, steps, peak_before, teacher, compile=False),
                   vitlab_train("vit_cifar10", data, steps, peak_before, teacher, every_token=True),
                   vitlab_train("vit_cifar10", data, steps, peak_before, teacher, every_token=True, compile=False)]
-        small = vitlab_train("vit_cifar10", data, steps, peak_before, teacher,
-                             small=PROGRESSIVE_THIRD["progressive_size"])
+        small = vitlab_train("vit_cifar10", data, steps, peak_before, teacher, small=vit.progressive_size)
         cnn_preset = vitlab_train("resnet_cifar10", data, steps, peak_before, None)
-        progressive = schedule_average("vit_cifar10", dataclasses.replace(PRESETS["vit_cifar10"], **PROGRESSIVE_THIRD),
-                                       preset, small, peak_before)
-        ours = [preset, *others, small, progressive, cnn_preset]
+        preset = schedule_average("vit_cifar10", vit, full, small, peak_before)  # the preset's own schedule
+        ours = [row for row in (preset, full, *others, small, cnn_preset) if row is not None]
         cnn = cnn_levers(data, steps, peak_before) + teacher_forward_levers(data, steps, peak_before, teacher)
     peak_after = peak_matmul_flops()
     peak = max(peak_before, peak_after)
@@ -353,7 +348,8 @@ def format_table(res: dict) -> str:
                   f"(goal >= {GOAL_MFU:.0%}) |", "|---|---|---|---|---|---|"]
     for r in res["vitlab_train"]:
         x = f"{r['images_per_second'] / base:.2f}" if r["preset"].startswith("vit_cifar10") else ""
-        lines.append(f"| {r['preset']} | {r['batch']} | {r['images_per_second']:.0f} | {x} | "
+        name = f"**{r['preset']}**" if r.get("derived") else r["preset"]
+        lines.append(f"| {name} | {r['batch']} | {r['images_per_second']:.0f} | {x} | "
                      f"{r['student_gflops_per_image']:.3f} + {r['teacher_gflops_per_image']:.3f} | **{r['mfu']:.0%}** |")
     lines += ["", "| teacher CNN, minimal loop | batch | images/s | MFU |", "|---|---|---|---|"]
     for r in res["cnn_levers"]:

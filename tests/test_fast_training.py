@@ -411,8 +411,9 @@ def test_any_image_size_resamples_the_position_table_and_restores_the_flags():
         pass
 
 
+@pytest.mark.parametrize("phase", [dict(progressive_epochs=1), dict(progressive_fraction=0.4)])  # 0.4 x 2 -> 1
 def test_progressive_resizing_trains_small_then_whole_and_the_teacher_sees_whole_images(tmp_path, three_class_data,
-                                                                                      monkeypatch):
+                                                                                      monkeypatch, phase):
     import vitlab.train as vt
 
     train_data, test_data = three_class_data
@@ -422,7 +423,7 @@ def test_progressive_resizing_trains_small_then_whole_and_the_teacher_sees_whole
     monkeypatch.setattr(vt, "teacher_input", lambda x, pc, t: sizes["teacher"].append(x.shape[-1]) or real(x, pc, t))
     cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, distilled=True),
                               teacher=str(tmp_path / "teacher"), epochs=2, batch_size=32, progressive_size=24,
-                              progressive_epochs=1)
+                              **phase)
     model = vt.build_model(cfg.model)
     monkeypatch.setattr(vt, "build_model", lambda _c: model)
     model.patch_embed.register_forward_pre_hook(lambda _m, inp: sizes["student"].append(inp[0].shape[-1]))
@@ -471,6 +472,9 @@ def test_distillation_targets_can_average_the_teacher_over_the_mirror(tmp_path, 
     (dict(progressive_size=24, progressive_epochs=3), "progressive_epochs must be"),
     (dict(progressive_size=24, progressive_epochs=1, model=TINY_CNN), "needs a plain ViT"),
     (dict(progressive_epochs=1), "progressive_epochs=1 needs progressive_size"),
+    (dict(progressive_size=24, progressive_fraction=1.0), "progressive_fraction must be a share"),
+    (dict(progressive_size=24, progressive_fraction=-0.1), "progressive_fraction must be a share"),
+    (dict(progressive_size=24, progressive_fraction="a third"), "progressive_fraction must be a share"),
     (dict(progressive_size=24, progressive_epochs=1, model=dataclasses.replace(TINY_VIT, img_size=(32, 48))),
      "shrinks square images"),
 ])
@@ -667,3 +671,15 @@ def test_images_of_another_size_are_refused_before_the_run_folder(tmp_path, thre
         train(dataclasses.replace(cfg, model=hybrid), tmp_path / "run", progress=False, train_data=train_data,
               test_data=test_data)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_progressive_share_not_in_effect_is_not_part_of_the_config():
+    """With a count given, or no size, the share does nothing: the config holds 0 there, so a run saved before the
+    default preset took a share (or with its count) resumes under today's preset with the same settings."""
+    vit = dataclasses.replace(PRESETS["tiny"], epochs=6, progressive_size=24, progressive_fraction=0.5)
+    assert vit.small_epochs == 3
+    counted = dataclasses.replace(vit, progressive_epochs=2)
+    assert counted.small_epochs == 2 and counted == dataclasses.replace(PRESETS["tiny"], epochs=6, progressive_size=24,
+                                                                       progressive_epochs=2)
+    off = dataclasses.replace(vit, progressive_size=None)
+    assert off.small_epochs == 0 and off == dataclasses.replace(PRESETS["tiny"], epochs=6)

@@ -152,7 +152,7 @@ def test_refuses_to_overwrite_or_resume_wrong_run(tmp_path, tiny_data, monkeypat
     with pytest.raises(FileExistsError, match="--resume"):
         train(cfg, tmp_path / "run", progress=False)
     other = cfg.__class__(**{**cfg.__dict__, "lr": 0.5})
-    with pytest.raises(ValueError, match="different config"):
+    with pytest.raises(ValueError, match=r"different config \(lr: saved 0.001, requested 0.5\)"):  # names the field
         train(other, tmp_path / "run", resume=True, progress=False)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         train(cfg, tmp_path / "fresh", resume=True, progress=False)

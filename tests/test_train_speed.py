@@ -23,13 +23,18 @@ def test_schedule_average_weights_each_phase_by_its_epochs():
     assert row["images_per_second"] == pytest.approx(30 / (10 / 900 + 20 / 600))  # 675
     assert row["student_gflops_per_image"] == pytest.approx((10 * 0.45 + 20 * 0.8) / 30)
     assert row["mfu"] == pytest.approx((row["student_gflops_per_image"] + 0.2) * 1e9 * row["images_per_second"] / peak)
-    assert "over 30 epochs, the first 10 at 24 px" in row["preset"]
+    assert "30 epochs, the first 10 at 24 px" in row["preset"]
     assert schedule_average("x", dataclasses.replace(cfg, progressive_size=None, progressive_epochs=0), FULL,
                             SMALL, peak) is None
 
 
-def test_the_priced_schedule_is_a_valid_run_of_the_preset():
-    from benchmarks.train_speed import PROGRESSIVE_THIRD
-
-    cfg = dataclasses.replace(PRESETS["vit_cifar10"], **PROGRESSIVE_THIRD)  # TrainConfig checks it as a run would
-    assert cfg.progressive_epochs * 3 == cfg.epochs and cfg.progressive_size % cfg.model.patch_size == 0
+def test_the_preset_trains_its_first_third_at_24_px_and_keeps_the_share_under_other_epoch_counts():
+    cfg = PRESETS["vit_cifar10"]
+    assert cfg.small_epochs * 3 == cfg.epochs == 75 and cfg.progressive_size % cfg.model.patch_size == 0
+    assert dataclasses.replace(cfg, epochs=15).small_epochs == 5  # --epochs 15: its first 5
+    assert dataclasses.replace(cfg, epochs=2, warmup_epochs=0.4).small_epochs == 1  # at least one while the share > 0
+    assert dataclasses.replace(cfg, progressive_epochs=7).small_epochs == 7  # a count given takes precedence
+    assert dataclasses.replace(cfg, progressive_size=None).small_epochs == 0  # --set progressive_size=null: off
+    row = schedule_average("vit_cifar10", cfg, FULL, SMALL, 1.0e12)
+    assert row["images_per_second"] == pytest.approx(75 / (25 / 900 + 50 / 600))
+    assert "75 epochs, the first 25 at 24 px" in row["preset"]

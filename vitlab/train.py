@@ -7,7 +7,8 @@ averaging (``lookahead_every``, ``vitlab.lookahead``) and a whitening-stem bias 
 Speed on CPU (``benchmarks/train_speed.py`` measures each lever): a ViT trains with the explicit softmax
 attention instead of ``scaled_dot_product_attention`` (1.8-1.9x the images/s for ViT-Lite-7/4 in bf16 on a 2-core
 AVX512-BF16 CPU), optionally with random patch dropping (``ViTConfig.patch_drop_rate``) and progressive resizing
-(``progressive_size`` px for the first ``progressive_epochs`` epochs: 24 px ran at 1.7x the images/s of 32 px);
+(``progressive_size`` px for the first ``progressive_epochs`` epochs, or the first ``progressive_fraction`` of them:
+24 px ran at 1.5-1.7x the images/s of 32 px; the default preset trains its first third at 24 px);
 CNNs train in ``channels_last``, and a convolutional distillation teacher runs its forward in it (2.1x).
 
 Resumable by construction: every source of randomness (data order, mixup, dropout, the alternating flip pattern) is
@@ -137,9 +138,12 @@ class TrainConfig:
     # progressive resizing (ViTs): the first progressive_epochs epochs see the augmented images downsampled to
     # progressive_size px (bilinear, antialiased; a multiple of the patch size), the position embeddings resampled to
     # the smaller grid (vitlab.modes.any_image_size; bicubic, a fixed sin-cos table too); the teacher and every
-    # evaluation see full-size images
+    # evaluation see full-size images. progressive_fraction gives the count as a share of the run's epochs instead
+    # (rounded, at least one), so that --epochs keeps the proportion; a progressive_epochs > 0 takes precedence, and
+    # progressive_size None turns both off. small_epochs is the count in effect.
     progressive_size: int | None = None
     progressive_epochs: int = 0
+    progressive_fraction: float = 0.0
     # a ViT trained with patch dropping (model.patch_drop_rate) trains its last full_token_epochs epochs on every patch
     # token (vitlab.modes.all_patch_tokens), the token count evaluation sees: FLIP's unmasked tuning. From the 82.93%
     # default, 2 epochs at lr 1e-4 gained 0.7 points with all tokens and none with half dropped (BENCHMARKS.md)
@@ -183,6 +187,11 @@ class TrainConfig:
         if not 0 <= self.lookahead_decay < 1 or self.lookahead_power < 0:
             raise ValueError(f"lookahead_decay must be in [0, 1) and lookahead_power >= 0, got "
                              f"{self.lookahead_decay!r}, {self.lookahead_power!r}")
+        if not isinstance(self.progressive_fraction, (int, float)) or not 0 <= self.progressive_fraction < 1:
+            raise ValueError(f"progressive_fraction must be a share of the epochs in [0, 1), got "
+                             f"{self.progressive_fraction!r}")
+        if self.progressive_size is None or self.progressive_epochs:  # the share is not in effect: one config, one
+            object.__setattr__(self, "progressive_fraction", 0.0)  # form (a resumed run's saved config compares equal)
         if self.progressive_size is not None or self.progressive_epochs:
             m = self.model
             if not isinstance(m, ViTConfig) or self.objective != "classify":
@@ -198,9 +207,11 @@ class TrainConfig:
             if not isinstance(size, int) or not 0 < size < h or size % m.patch_size:
                 raise ValueError(f"progressive_size must be a multiple of the patch size ({m.patch_size}) below the "
                                  f"image size {m.img_size}, got {size!r}")
-            if not isinstance(self.progressive_epochs, int) or not 0 < self.progressive_epochs <= self.epochs:
-                raise ValueError(f"progressive_epochs must be an int in [1, epochs={self.epochs}] with progressive_size,"
-                                 f" got {self.progressive_epochs!r}")
+            by_share = self.progressive_epochs == 0 and self.progressive_fraction > 0  # small_epochs: a share
+            if not by_share and (not isinstance(self.progressive_epochs, int)
+                                 or not 0 < self.progressive_epochs <= self.epochs):
+                raise ValueError(f"progressive_epochs must be an int in [1, epochs={self.epochs}] with progressive_size "
+                                 f"(or 0 with a progressive_fraction > 0), got {self.progressive_epochs!r}")
         if self.full_token_epochs:
             if not isinstance(self.full_token_epochs, int) or not 0 < self.full_token_epochs <= self.epochs:
                 raise ValueError(f"full_token_epochs must be an int in [0, epochs={self.epochs}], got "
@@ -215,6 +226,16 @@ class TrainConfig:
             if not isinstance(self.model, CifarNetConfig):
                 raise ValueError("whiten_bias_epochs needs a model with a whitening stem (CifarNetConfig); leave it "
                                  "None for other models")
+
+    @property
+    def small_epochs(self) -> int:
+        """The first epochs trained at ``progressive_size``: ``progressive_epochs`` when given, else
+        ``progressive_fraction`` of ``epochs`` rounded (at least one when the share is > 0); 0 without a size."""
+        if self.progressive_size is None:
+            return 0
+        if self.progressive_epochs:
+            return self.progressive_epochs
+        return max(1, round(self.progressive_fraction * self.epochs)) if self.progressive_fraction else 0
 
     def _check_numbers(self) -> None:
         """The plain numeric fields: type and range, each refused with its name, the value and what is allowed
@@ -274,10 +295,14 @@ PRESETS: dict[str, TrainConfig] = {
     # tokens dropped at random in training (2x the images/s on CPU; evaluation sees all of them). 75 epochs take
     # ~2.5 h on a 2-core AVX512-BF16 CPU (2.0 min per epoch: 105 s of training at ~475 images/s with the teacher in
     # channels_last, 15 s of evaluation; measured 2026-11-25), ~12 h in float32 on an AVX2-only one (~10 min per epoch);
-    # mixup/cutmix on half the batches (a short schedule for a DeiT recipe).
+    # mixup/cutmix on half the batches (a short schedule for a DeiT recipe). Progressive resizing: the first third of
+    # the epochs at 24 px (36 patches), 1.5x the images/s of 32 px on the AMX Xeon, 3.95x the SDPA loop over the
+    # schedule against 3.49x at 32 px throughout; its accuracy cost over three pairs from scratch (15, 15 and 48
+    # epochs, one seed each): +0.07, -1.11 and -0.32 points at equal epochs, for 0.88-0.91x the hours
+    # (BENCHMARKS.md). --set progressive_size=null trains at 32 px throughout, as the shipped default did.
     "vit_cifar10": TrainConfig(model=cifar_vit(distilled=True, patch_drop_rate=0.5), epochs=75, batch_size=256,
                                lr=1e-3, weight_decay=0.05, randaugment="rand-m9-n2-mstd0.5", mixup_prob=0.5,
-                               teacher=TEACHER_CIFAR10),
+                               teacher=TEACHER_CIFAR10, progressive_size=24, progressive_fraction=1 / 3),
     # The teacher: a fast residual CNN (vitlab.cifarnet) with the airbench recipe translated to a mean loss at
     # batch 512 (Nesterov SGD, lr 0.75 = 11.5 per 1024 examples over 1 + 1/(1 - 0.85); weight decay 0.0153 per
     # 1024 examples, decoupled: 0.001 of the weights per step of 512; BatchNorm shifts at 64x the lr, label
@@ -410,6 +435,16 @@ def train_config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
     d = dataclasses.asdict(cfg)
     d["model"] = config_to_dict(cfg.model)
     return d
+
+
+def config_changes(saved: TrainConfig, requested: TrainConfig) -> str:
+    """The fields where ``requested`` differs from ``saved``, as ``FIELD: saved -> requested`` (``model.FIELD`` for
+    the model's), e.g. for a preset whose defaults changed since the run started."""
+    a, b = train_config_to_dict(saved), train_config_to_dict(requested)
+    am, bm = a.pop("model"), b.pop("model")
+    rows = [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    rows += [(f"model.{k}", am.get(k), bm.get(k)) for k in sorted(set(am) | set(bm)) if am.get(k) != bm.get(k)]
+    return "; ".join(f"{k}: saved {json.dumps(x)}, requested {json.dumps(y)}" for k, x, y in rows)
 
 
 def train_config_from_dict(d: dict[str, Any]) -> TrainConfig:
@@ -707,8 +742,8 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     if cfg.mixup_prob > 0 and (cfg.batch_size // d.world) % 2:
         raise ValueError(f"batch_size={cfg.batch_size} gives each of the {d.world} processes an odd batch, which mixup "
                          "cannot pair: use a batch_size that is an even multiple of the processes, or mixup_prob=0")
-    train_data = train_data if train_data is not None else load_dataset(cfg.data, "train")
-    test_data = test_data if test_data is not None else load_dataset(cfg.data, "test")
+    train_data = train_data if train_data is not None else load_dataset(cfg.data, "train", progress)
+    test_data = test_data if test_data is not None else load_dataset(cfg.data, "test", progress)
     check_same_classes(train_data, test_data, cfg.data)
     cfg = with_num_classes(cfg, len(train_data.classes))
     _check_image_size(cfg, train_data, test_data)
@@ -718,8 +753,9 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
         saved = train_config_from_dict(json.loads(cfg_file.read_text()))
         cfg = dataclasses.replace(cfg, init_from=saved.init_from)  # where it started no longer matters on resume
         if saved != cfg:
-            raise ValueError(f"--resume: {run} was started with a different config; use a new run folder. "
-                             f"saved={saved} requested={cfg}")
+            raise ValueError(f"--resume: {run} was started with a different config ({config_changes(saved, cfg)}): "
+                             "resume with the run's own settings (--set FIELD=VALUE as saved), or use a new run "
+                             "folder")
     if d.main:
         run.mkdir(parents=True, exist_ok=True)
         if not resume:  # a resumed run's file already says this (checked above); never rewritten, never torn
@@ -919,7 +955,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
         lookahead = (Lookahead(model, cfg.lookahead_every, total, cfg.lookahead_decay, cfg.lookahead_power)
                      if cfg.lookahead_every else None)  # an epoch starts with the network = the slow weights
         loss_sum, seen = torch.zeros((), dtype=torch.float64, device=d.device), 0
-        small = cfg.progressive_size if epoch < cfg.progressive_epochs else None
+        small = cfg.progressive_size if epoch < cfg.small_epochs else None
         full = epoch >= cfg.epochs - cfg.full_token_epochs  # patch dropping off (never when full_token_epochs is 0)
         desc = f"epoch {epoch + 1}/{cfg.epochs}" + (f" at {small} px" if small else "") + (" all tokens" if full else "")
         bar = tqdm(range(steps_per_epoch), desc=desc, disable=not (progress and d.main), leave=False)
