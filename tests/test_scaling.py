@@ -373,3 +373,46 @@ def test_a_pool_that_breaks_between_runs_loses_no_run(tmp_path, monkeypatch):
     _execute(jobs, records.append, "local", 2)
     assert [r["spec"]["size"] for r in records] == [10, 20, 30, 40]
     assert all(r["error"].startswith("worker crashed: BrokenProcessPool") for r in records)
+
+
+# ---------------------------------------------------------------------------------------------- tuning, stubbed
+# The tests below stub ``run_one`` (the training and probing) in this process (``workers=0``): the records, stores,
+# fingerprints and checks around it are the real ones, at no training cost.
+
+
+def _stub_runs(monkeypatch, val=lambda sweep, spec: 0.5, fail=lambda sweep, spec: None) -> list:
+    """Replace ``run_one`` with a stub returning metrics of a run (validation accuracy ``val(sweep, spec)``) or
+    raising ``fail(sweep, spec)`` where that is not None; returns the list of (sweep, spec) it was called with."""
+    from vitlab import scaling
+
+    calls: list = []
+
+    def run_one(sweep, spec, work_dir=None, device=None):
+        calls.append((sweep, spec))
+        err = fail(sweep, spec)
+        if err is not None:
+            raise err
+        acc = val(sweep, spec)
+        return {"few_shot": {str(k): {"mean": acc, "std": 0.0, "per_seed": [acc] * len(sweep.probe_seeds)}
+                             for k in sweep.shots},
+                "best": {"epoch": 1, "val_accuracy": acc}, "epochs": 2, "train_seconds": 1.0,
+                "pretrain_test_accuracy": None, "pretrain_flops": 1e9,
+                "recipe": dict(zip(("optimizer", "lr", "weight_decay"), sweep.recipe(spec.family)))}
+
+    monkeypatch.setattr(scaling, "run_one", run_one)
+    return calls
+
+
+TUNE = dataclasses.replace(QUICK, name="t", val_per_class=5)
+GRID = {"vit_tiny": (("adamw", 1e-3, 0.05), ("adamw", 2e-3, 0.05)), "bit_tiny": (("sgd", 0.03, 5e-4), ("sgd", 0.1, 5e-4))}
+
+
+def test_tune_checks_the_sweep_config_before_running_a_trial(tmp_path, monkeypatch):
+    from vitlab.scaling import tune
+
+    calls = _stub_runs(monkeypatch)
+    for bad, match in ((dataclasses.replace(TUNE, families=("vit_tiny", "vit_huge")), "unknown model families"),
+                       (dataclasses.replace(TUNE, probe_classes=(1, 2)), "both pre-training and probe")):
+        with pytest.raises(ValueError, match=match):
+            tune(bad, tmp_path / "t.jsonl", grid=GRID, progress=False)
+    assert calls == [] and not (tmp_path / "t.jsonl").exists()  # nothing ran, nothing was recorded

@@ -544,6 +544,7 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
     (a JSONL store of its own), and finished trials are skipped when tuning is run again. Trials run like a sweep's
     runs (``executor``, ``workers``, ``address`` as in ``run_sweep``; ``workers=0``: one after another in this
     process)."""
+    sweep.validate()  # an unknown family or overlapping classes: refused before any trial runs, as run_sweep does
     if not sweep.val_per_class:
         raise ValueError("tuning needs a validation split: set val_per_class > 0 (never tune on the test images)")
     _check_executor(executor, workers)
