@@ -416,3 +416,20 @@ def test_tune_checks_the_sweep_config_before_running_a_trial(tmp_path, monkeypat
         with pytest.raises(ValueError, match=match):
             tune(bad, tmp_path / "t.jsonl", grid=GRID, progress=False)
     assert calls == [] and not (tmp_path / "t.jsonl").exists()  # nothing ran, nothing was recorded
+
+
+def test_adding_a_family_reruns_only_its_own_tuning_trials(tmp_path, monkeypatch):
+    """A trial's fingerprint depends on its own family's settings, not on which other families the sweep holds."""
+    from vitlab.scaling import tune
+
+    calls = _stub_runs(monkeypatch)
+    one = dataclasses.replace(TUNE, families=("vit_tiny",))
+    tune(one, tmp_path / "t.jsonl", grid=GRID, progress=False)
+    assert [s.family for _, s in calls] == ["vit_tiny", "vit_tiny"]
+    calls.clear()
+    tuned = tune(TUNE, tmp_path / "t.jsonl", grid=GRID, progress=False)  # bit_tiny added
+    assert [s.family for _, s in calls] == ["bit_tiny", "bit_tiny"]  # the vit_tiny trials are kept
+    assert {f for f, *_ in tuned.recipes} == {"vit_tiny", "bit_tiny"}
+    calls.clear()
+    tune(one, tmp_path / "t.jsonl", grid=GRID, progress=False)  # and removed again: nothing reruns
+    assert calls == []

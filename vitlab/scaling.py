@@ -551,8 +551,10 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
     grid = grid or TUNING_GRID
     store = ResultsStore(results)
     spec_of = {f: RunSpec(f, max(sweep.sizes), 0) for f in sweep.families}
-    trials = [(f, tuple(r), dataclasses.replace(sweep, name=f"{sweep.name}-tune", recipes=((f, *r),), seeds=(0,),
-                                                 sizes=(max(sweep.sizes),)))
+    # a trial's config names its own family only: adding or removing another family leaves its fingerprint, so its
+    # finished record still counts
+    trials = [(f, tuple(r), dataclasses.replace(sweep, name=f"{sweep.name}-tune", families=(f,), recipes=((f, *r),),
+                                                 seeds=(0,), sizes=(max(sweep.sizes),)))
               for f in sweep.families for r in grid.get(f, ((*sweep.recipe(f),),))]
 
     def finished() -> dict[tuple[str, str], dict]:
