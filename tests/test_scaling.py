@@ -433,3 +433,80 @@ def test_adding_a_family_reruns_only_its_own_tuning_trials(tmp_path, monkeypatch
     calls.clear()
     tune(one, tmp_path / "t.jsonl", grid=GRID, progress=False)  # and removed again: nothing reruns
     assert calls == []
+
+
+def test_tune_refuses_to_freeze_a_grid_with_failed_trials_and_a_rerun_runs_only_those(tmp_path, monkeypatch, capsys):
+    """One ViT trial fails and every ResNet trial fails: no config is frozen (the ResNet would otherwise train with
+    the default recipe, the ViT be "tuned" on half its grid); the error names each trial, and running the same tuning
+    again runs those three only."""
+    from vitlab.scaling import TuningIncomplete, tune
+
+    broken = lambda sweep, spec: (RuntimeError("out of memory") if spec.family == "bit_tiny"  # noqa: E731
+                                  or sweep.recipes[0][2] == 2e-3 else None)
+    calls = _stub_runs(monkeypatch, val=lambda sweep, spec: 0.0, fail=broken)
+    with pytest.raises(TuningIncomplete) as err:
+        tune(TUNE, tmp_path / "t.jsonl", grid=GRID, progress=False)
+    msg = str(err.value)
+    assert "3 of 4 trials did not finish" in msg and "no recipe is frozen" in msg
+    for line in ("vit_tiny adamw lr=0.002 weight decay=0.05: failed: RuntimeError: out of memory",
+                 "bit_tiny sgd lr=0.03 weight decay=0.0005: failed", "bit_tiny sgd lr=0.1 weight decay=0.0005: failed"):
+        assert line in msg
+    assert "vit_tiny adamw lr=0.001" not in msg and "run the same tuning again" in msg
+    assert "the 1 finished trials are skipped" in msg
+    calls.clear()
+    calls = _stub_runs(monkeypatch, val=lambda sweep, spec: sweep.recipes[0][2])  # fixed: the larger lr wins
+    tuned = tune(TUNE, tmp_path / "t.jsonl", grid=GRID, progress=False)
+    assert sorted((s.family, sw.recipes[0][2]) for sw, s in calls) == [("bit_tiny", 0.03), ("bit_tiny", 0.1),
+                                                                        ("vit_tiny", 0.002)]
+    assert tuned.recipes == (("vit_tiny", "adamw", 0.002, 0.05), ("bit_tiny", "sgd", 0.1, 0.0005))
+    # the command line: exit 1, nothing written, the error on stderr
+    _stub_runs(monkeypatch, fail=lambda sweep, spec: RuntimeError("boom") if spec.family == "bit_tiny" else None)
+    cfg = tmp_path / "t2.json"
+    cfg.write_text(json.dumps(dataclasses.asdict(dataclasses.replace(TUNE, name="t2"))))
+    out = tmp_path / "t2.tuned.json"
+    monkeypatch.setattr("vitlab.scaling.TUNING_GRID", GRID)
+    assert main(["sweep", "--config", str(cfg), "--results", str(tmp_path / "t2.jsonl"), "--tune", "--workers", "0",
+                 "--save-config", str(out), "--quiet"]) == 1
+    io = capsys.readouterr()
+    assert not out.exists() and "tuned recipes" not in io.out
+    assert "TuningIncomplete" in io.err and "bit_tiny sgd lr=0.03 weight decay=0.0005: failed: RuntimeError: boom" in io.err
+
+
+def test_a_worker_running_other_code_than_the_sweeps_refuses_and_records_the_parents_fingerprint(tmp_path,
+                                                                                                 monkeypatch):
+    """The package's files are edited while a sweep runs; a worker started afterwards imports the edited code. Its
+    record carries the fingerprint the parent computed (the one the sweep matches on), and it runs nothing."""
+    import concurrent.futures as cf
+
+    from vitlab import provenance
+    from vitlab.scaling import _execute
+
+    calls = _stub_runs(monkeypatch)
+
+    class EditedWorkerPool:  # each job runs in this process, as a worker that imported edited code would
+        def __init__(self, max_workers, mp_context):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, *args):
+            fut = cf.Future()
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(provenance, "code_hash", lambda: "edited")
+                fut.set_result(fn(*args))
+            return fut
+
+    monkeypatch.setattr(cf, "ProcessPoolExecutor", EditedWorkerPool)
+    sweep = dataclasses.replace(QUICK, sizes=(40,), families=("vit_tiny",))
+    records: list[dict] = []
+    _execute([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 1)
+    assert calls == [] and records[0]["fingerprint"] == sweep.fingerprint()
+    assert records[0]["status"] == "failed" and f"the sweep started with code {provenance.code_hash()}" in \
+        records[0]["error"] and "imported vitlab code edited" in records[0]["error"]
+    records.clear()
+    _execute([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)  # the same code: it runs
+    assert records[0]["status"] == "ok" and records[0]["fingerprint"] == sweep.fingerprint() and len(calls) == 1

@@ -42,7 +42,7 @@ from vitlab.stats import percent_cell
 from vitlab.zoo import BiTConfig, HybridConfig, ViTConfig, cifar_bit, cifar_vit
 
 __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "TUNING_GRID", "run_one", "run_sweep",
-           "summarise", "summarise_compute", "tune", "markdown_table", "tuning_table"]
+           "summarise", "summarise_compute", "tune", "TuningIncomplete", "markdown_table", "tuning_table"]
 
 
 def _vit(**kw: Any) -> ViTConfig:
@@ -334,15 +334,23 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
     }
 
 
-def _run_record(sweep: SweepConfig, spec: RunSpec, work_dir: str | None, threads: int | None) -> dict:
-    """``run_one`` wrapped for executors: never raises; the record carries either metrics or the error."""
+def _run_record(sweep: SweepConfig, spec: RunSpec, work_dir: str | None, threads: int | None,
+                fingerprint: str | None = None, code: str | None = None) -> dict:
+    """``run_one`` wrapped for executors: never raises; the record carries either metrics or the error.
+
+    ``fingerprint``: the run's fingerprint as the process that started the sweep computed it (the record is matched
+    against that one; a worker process recomputing it would hash its own import of the code). ``code``: that
+    process's ``code_hash``; a worker whose own differs (the package's files changed after the sweep started, and
+    the worker imported the changed files) records a failure instead of running other code under the fingerprint."""
     if threads:
         torch.set_num_threads(threads)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     rec: dict[str, Any] = {"sweep": sweep.name, "run_id": spec.run_id, "spec": dataclasses.asdict(spec),
-                           "config": dataclasses.asdict(sweep), "fingerprint": sweep.fingerprint(),
+                           "config": dataclasses.asdict(sweep),
+                           "fingerprint": fingerprint if fingerprint is not None else sweep.fingerprint(),
                            "started": started}
     try:
+        _check_worker_code(code)
         rec.update(status="ok", metrics=run_one(sweep, spec, work_dir))
     except Exception as e:  # recorded, and the sweep goes on
         rec.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8))
@@ -351,10 +359,23 @@ def _run_record(sweep: SweepConfig, spec: RunSpec, work_dir: str | None, threads
     return rec
 
 
-def _crashed_record(sweep: SweepConfig, spec: RunSpec, error: BaseException) -> dict:
+def _check_worker_code(code: str | None) -> None:
+    """Raise when this process's ``code_hash`` is not ``code`` (the sweep's parent process's; None: not checked)."""
+    from vitlab import provenance as prov
+
+    mine = prov.code_hash()
+    if code is not None and mine != code:
+        raise RuntimeError(f"this worker imported vitlab code {mine}, but the sweep started with code {code}: the "
+                           "package's files changed after the sweep started (an edit, a checkout), so this run would "
+                           "be made by other code than its fingerprint records. Run the sweep from a checkout nobody "
+                           "edits (e.g. `git worktree add ../snapshot HEAD`) and start it again: finished runs are "
+                           "skipped")
+
+
+def _crashed_record(sweep: SweepConfig, spec: RunSpec, fingerprint: str, error: BaseException) -> dict:
     now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     return {"sweep": sweep.name, "run_id": spec.run_id, "spec": dataclasses.asdict(spec),
-            "config": dataclasses.asdict(sweep), "fingerprint": sweep.fingerprint(), "started": None,
+            "config": dataclasses.asdict(sweep), "fingerprint": fingerprint, "started": None,
             "finished": now, "status": "failed", "error": f"worker crashed: {type(error).__name__}: {error}",
             "provenance": provenance()}
 
@@ -429,22 +450,32 @@ def _check_executor(executor: str, workers: int) -> None:
 def _execute(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str = "local", workers: int = 1,
              address: str | None = None, work_dir: str | os.PathLike | None = None) -> None:
     """Run each (sweep, run) of ``jobs`` with ``executor`` (as ``run_sweep`` describes) and call ``finish(record)``
-    in this process as each ends, in the order they end; a worker that dies gives a failed record."""
+    in this process as each ends, in the order they end; a worker that dies gives a failed record. Each record's
+    fingerprint is computed here, in this process, and each worker refuses to run when the code it imported is not
+    this process's (``_run_record``)."""
+    from vitlab import provenance as prov
+
     if not jobs:
         return
     if work_dir is not None:
         Path(work_dir).mkdir(parents=True, exist_ok=True)
     wd = None if work_dir is None else str(work_dir)
     threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    code = prov.code_hash()
+    prints: dict[SweepConfig, str] = {}  # one fingerprint per config (it may read a data folder's listing)
+    for sweep, _ in jobs:
+        if sweep not in prints:
+            prints[sweep] = sweep.fingerprint()
+    triples = [(sweep, spec, prints[sweep]) for sweep, spec in jobs]
     if executor == "local" and workers == 0:
-        for sweep, spec in jobs:
-            finish(_run_record(sweep, spec, wd, None))
+        for sweep, spec, fp in triples:
+            finish(_run_record(sweep, spec, wd, None, fp, code))
     elif executor == "local":
-        _execute_local(list(jobs), finish, workers, wd, threads)
+        _execute_local(triples, finish, workers, wd, threads, code)
     else:
         with _ray_runtime(address, workers) as ray:
             remote = ray.remote(num_cpus=1, max_retries=0)(_run_record)
-            refs = {remote.remote(sweep, spec, wd, threads): (sweep, spec) for sweep, spec in jobs}
+            refs = {remote.remote(sweep, spec, wd, threads, fp, code): (sweep, spec, fp) for sweep, spec, fp in triples}
             pending = list(refs)
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1)
@@ -454,8 +485,8 @@ def _execute(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str 
                     finish(_crashed_record(*refs[ready[0]], e))
 
 
-def _execute_local(queue: list[tuple[SweepConfig, RunSpec]], finish, workers: int, wd: str | None,
-                   threads: int) -> None:
+def _execute_local(queue: list[tuple[SweepConfig, RunSpec, str]], finish, workers: int, wd: str | None,
+                   threads: int, code: str | None = None) -> None:
     """Process pool, at most ``workers`` runs in flight. A worker that dies (out of memory, a signal) breaks the
     pool: the runs in flight then are recorded as crashed (a resume reruns them) and the runs not yet started go
     on in a new pool, instead of every pending run failing with the broken pool."""
@@ -465,12 +496,13 @@ def _execute_local(queue: list[tuple[SweepConfig, RunSpec]], finish, workers: in
 
     while queue:
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-            running: dict[cf.Future, tuple[SweepConfig, RunSpec]] = {}
+            running: dict[cf.Future, tuple[SweepConfig, RunSpec, str]] = {}
             broken, submitted = False, 0
             while (queue or running) and not broken:
                 while queue and len(running) < workers and not broken:
                     try:
-                        running[pool.submit(_run_record, *queue[0], wd, threads)] = queue[0]
+                        sweep, spec, fp = queue[0]
+                        running[pool.submit(_run_record, sweep, spec, wd, threads, fp, code)] = queue[0]
                     except BrokenProcessPool as e:  # a worker died since the last wait: the run waits for a new
                         broken = True  # pool, unless this pool never took one (then it is recorded: no endless loop)
                         if not submitted:
@@ -487,7 +519,7 @@ def _execute_local(queue: list[tuple[SweepConfig, RunSpec]], finish, workers: in
                 _settle(fut, job, finish)
 
 
-def _settle(fut, job: tuple[SweepConfig, RunSpec], finish) -> bool:
+def _settle(fut, job: tuple[SweepConfig, RunSpec, str], finish) -> bool:
     """``finish`` the run's record, or a crashed record when its worker died; True when the pool broke."""
     from concurrent.futures.process import BrokenProcessPool
 
@@ -543,7 +575,11 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
     validation accuracy; return ``sweep`` with the winning recipes frozen in. Every trial is appended to ``results``
     (a JSONL store of its own), and finished trials are skipped when tuning is run again. Trials run like a sweep's
     runs (``executor``, ``workers``, ``address`` as in ``run_sweep``; ``workers=0``: one after another in this
-    process)."""
+    process).
+
+    Every trial of every family's grid must finish: otherwise ``TuningIncomplete`` names the trials that failed or
+    never finished and nothing is frozen (a family tuned on part of its grid, or not at all, would otherwise train
+    with a recipe no complete tuning chose). Running the same tuning again runs only those trials."""
     sweep.validate()  # an unknown family or overlapping classes: refused before any trial runs, as run_sweep does
     if not sweep.val_per_class:
         raise ValueError("tuning needs a validation split: set val_per_class > 0 (never tune on the test images)")
@@ -563,8 +599,9 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
         latest = {(r.get("fingerprint"), r["run_id"]): r for r in store.records() if r.get("sweep") == name}
         return {k: r for k, r in latest.items() if r["status"] == "ok"}
 
+    prints = {trial: trial.fingerprint() for _, _, trial in trials}  # computed here; the workers record these
     done = finished()
-    todo = [(trial, spec_of[f]) for f, _, trial in trials if (trial.fingerprint(), spec_of[f].run_id) not in done]
+    todo = [(trial, spec_of[f]) for f, _, trial in trials if (prints[trial], spec_of[f].run_id) not in done]
     bar = tqdm(total=len(todo), desc=f"tune {sweep.name}", disable=progress is False)
     if progress is not False:
         print(f"tune {sweep.name}: {len(trials) - len(todo)} of {len(trials)} trials already done, skipped; "
@@ -584,9 +621,29 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
     finally:
         bar.close()
     done = finished()
-    best = _winners(rec for family, _, trial in trials  # in grid order
-                    if (rec := done.get((trial.fingerprint(), spec_of[family].run_id))) is not None)
-    return dataclasses.replace(sweep, recipes=tuple(best[f] for f in sweep.families if f in best))
+    missing = [(f, r, trial) for f, r, trial in trials if (prints[trial], spec_of[f].run_id) not in done]
+    if missing:
+        latest = {(r.get("fingerprint"), r["run_id"]): r for r in store.records()
+                  if r.get("sweep") == f"{sweep.name}-tune"}
+
+        def why(f: str, trial: SweepConfig) -> str:
+            rec = latest.get((prints[trial], spec_of[f].run_id))
+            return "no record (killed, or never started)" if rec is None else f"failed: {rec.get('error')}"
+
+        lines = "\n".join(f"  {f} {opt} lr={lr:g} weight decay={wd:g}: {why(f, trial)}"
+                          for f, (opt, lr, wd), trial in missing)
+        raise TuningIncomplete(
+            f"tuning of sweep {sweep.name!r} is incomplete: {len(missing)} of {len(trials)} trials did not finish, so "
+            f"no recipe is frozen (a family tuned on part of its grid, or not at all, would train with a recipe no "
+            f"complete tuning chose):\n{lines}\nFix what failed and run the same tuning again (the same --tune "
+            f"command, or tune() with the results store {store.path}): the {len(trials) - len(missing)} finished "
+            "trials are skipped, only these run")
+    best = _winners(done[(prints[trial], spec_of[family].run_id)] for family, _, trial in trials)  # in grid order
+    return dataclasses.replace(sweep, recipes=tuple(best[f] for f in sweep.families))
+
+
+class TuningIncomplete(RuntimeError):
+    """``tune`` ended with trials of the grid failed or not run: nothing was frozen; the message names them."""
 
 
 def _winners(trials: Iterable[dict]) -> dict[str, tuple[str, str, float, float]]:
