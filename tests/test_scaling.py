@@ -510,3 +510,21 @@ def test_a_worker_running_other_code_than_the_sweeps_refuses_and_records_the_par
     records.clear()
     _execute([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)  # the same code: it runs
     assert records[0]["status"] == "ok" and records[0]["fingerprint"] == sweep.fingerprint() and len(calls) == 1
+
+
+def test_tune_writes_the_frozen_config_beside_the_results_by_default(tmp_path, monkeypatch, capsys):
+    """Without --save-config the tuned config goes where `--table` and notebook 06 look for it (RESULTS with the
+    suffix .tuned.json), not into the current folder."""
+    _stub_runs(monkeypatch)
+    monkeypatch.setattr("vitlab.scaling.TUNING_GRID", GRID)
+    cfg = tmp_path / "t.json"
+    cfg.write_text(json.dumps(dataclasses.asdict(TUNE)))
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    results = tmp_path / "store" / "scaling.jsonl"
+    assert main(["sweep", "--config", str(cfg), "--results", str(results), "--tune", "--workers", "0", "--quiet"]) == 0
+    assert list(elsewhere.iterdir()) == []
+    tuned = json.loads(results.with_suffix(".tuned.json").read_text())
+    assert [r[0] for r in tuned["recipes"]] == list(TUNE.families)
+    assert str(results.with_suffix(".tuned.json")) in capsys.readouterr().out

@@ -253,7 +253,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         tuned = tune(sweep, Path(results).with_suffix(".tuning.jsonl"), progress=not args.quiet,
                      executor=args.executor, workers=args.workers, address=args.address, work_dir=args.work_dir)
-        out = args.save_config or f"{sweep.name}.tuned.json"
+        # beside the results, where `--table` and notebook 06 look for it (not the current folder)
+        out = args.save_config or str(Path(results).with_suffix(".tuned.json"))
         from vitlab.atomic import atomic_write_text
 
         atomic_write_text(out, json.dumps(dataclasses.asdict(tuned), indent=2) + "\n")
@@ -548,7 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--plot", help="write the scaling curves to this file (.html, or .png with a Chromium)")
     sp.add_argument("--tune", action="store_true", help="tune each family's optimizer, lr and weight decay once on the "
                     "largest subset (validation split), then write the frozen config (--save-config)")
-    sp.add_argument("--save-config", help="with --tune: where to write the tuned sweep config (JSON)")
+    sp.add_argument("--save-config", help="with --tune: where to write the tuned sweep config (JSON; default: "
+                    "beside the results, RESULTS with the suffix .tuned.json)")
     sp.add_argument("--table", action="store_true", help="run nothing: print the README's tables (the grid at --shots, "
                     "default 10 where the sweep probes it, else its largest, and the tuning trials) and the Fig. 3/4 verdict from the results store; with --plot, "
                     "draw the stored runs")
