@@ -528,3 +528,38 @@ def test_tune_writes_the_frozen_config_beside_the_results_by_default(tmp_path, m
     tuned = json.loads(results.with_suffix(".tuned.json").read_text())
     assert [r[0] for r in tuned["recipes"]] == list(TUNE.families)
     assert str(results.with_suffix(".tuned.json")) in capsys.readouterr().out
+
+
+def test_a_frozen_config_records_the_code_it_was_tuned_with_and_the_sweep_warns_when_that_changed(
+        tmp_path, monkeypatch):
+    import warnings
+    from pathlib import Path
+
+    from vitlab import provenance
+    from vitlab.scaling import RecipeProvenanceWarning, load_sweep_config, recipe_provenance, tune
+
+    _stub_runs(monkeypatch)
+    monkeypatch.setattr("vitlab.scaling.TUNING_GRID", GRID)
+    cfg = tmp_path / "t.json"
+    cfg.write_text(json.dumps(dataclasses.asdict(TUNE)))
+    results = tmp_path / "t.jsonl"
+    assert main(["sweep", "--config", str(cfg), "--results", str(results), "--tune", "--workers", "0", "--quiet"]) == 0
+    frozen = results.with_suffix(".tuned.json")
+    assert json.loads(frozen.read_text())["tuned_code"] == provenance.code_hash()  # written with the config
+    tuned = load_sweep_config(str(frozen))
+    assert tuned == tune(TUNE, tmp_path / "t.tuning.jsonl", grid=GRID, progress=False)  # nothing reruns
+    assert tuned.tuned_code == provenance.code_hash() and recipe_provenance(tuned) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same code: no warning
+        run_sweep(tuned, tmp_path / "a.jsonl", workers=0, progress=False)
+    monkeypatch.setattr(provenance, "code_hash", lambda: "edited")  # the code changed since the tuning
+    with pytest.warns(RecipeProvenanceWarning, match=f"tuned with vitlab code {tuned.tuned_code}, and this is code "
+                                                     "edited.*Re-tune with `vitlab sweep --config ... --tune`"):
+        run_sweep(tuned, tmp_path / "b.jsonl", workers=0, progress=False)
+    # the provenance is not an input of the runs: it leaves the fingerprint as it is
+    assert dataclasses.replace(tuned, tuned_code="other").fingerprint() == tuned.fingerprint()
+    # a config frozen before provenance was recorded (the shipped one) loads, with its provenance unknown
+    shipped = load_sweep_config(str(Path(__file__).resolve().parents[1] / "data/results/scaling_cifar10.tuned.json"))
+    assert shipped.tuned_code is None and shipped.recipes
+    assert "provenance is unknown" in recipe_provenance(shipped)
+    assert recipe_provenance(dataclasses.replace(shipped, recipes=())) is None  # no recipes: nothing to warn about

@@ -258,7 +258,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from vitlab.atomic import atomic_write_text
 
         atomic_write_text(out, json.dumps(dataclasses.asdict(tuned), indent=2) + "\n")
-        print(f"tuned recipes {list(tuned.recipes)}; frozen config written to {out}: run the sweep with --config {out}")
+        print(f"tuned recipes {list(tuned.recipes)} (with vitlab code {tuned.tuned_code}); frozen config written to "
+              f"{out}: run the sweep with --config {out}")
         return 0
     new = run_sweep(sweep, results, executor=args.executor, workers=args.workers, address=args.address,
                     work_dir=args.work_dir, progress=not args.quiet)

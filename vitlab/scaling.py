@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,8 @@ from vitlab.stats import percent_cell
 from vitlab.zoo import BiTConfig, HybridConfig, ViTConfig, cifar_bit, cifar_vit
 
 __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "TUNING_GRID", "run_one", "run_sweep",
-           "summarise", "summarise_compute", "tune", "TuningIncomplete", "markdown_table", "tuning_table"]
+           "summarise", "summarise_compute", "tune", "TuningIncomplete", "recipe_provenance",
+           "RecipeProvenanceWarning", "markdown_table", "tuning_table"]
 
 
 def _vit(**kw: Any) -> ViTConfig:
@@ -97,6 +99,10 @@ class SweepConfig:
     #: validation passes per run at most: every ceil(epochs / max_evals) epochs and the last (the smallest subsets
     #: train for 150 one-step epochs; validating after each would cost more than the training)
     max_evals: int = 15
+    #: provenance of ``recipes``: the ``vitlab.provenance.code_hash`` of the code ``tune`` chose them with (None: not
+    #: tuned, or a config frozen before this was recorded: unknown). ``run_sweep`` warns when it is not the current
+    #: code's. Not part of the fingerprint: it says where the recipes came from, the runs depend on the recipes only.
+    tuned_code: str | None = None
 
     def recipe(self, family: str) -> tuple[str, float, float]:
         """(optimizer, lr, weight decay) of ``family``."""
@@ -112,7 +118,9 @@ class SweepConfig:
 
         from vitlab.provenance import code_hash
 
-        key = json.dumps({"config": dataclasses.asdict(self), "code": code_hash()}, sort_keys=True)
+        config = dataclasses.asdict(self)
+        config.pop("tuned_code")  # provenance of the recipes, not an input of the runs
+        key = json.dumps({"config": config, "code": code_hash()}, sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def runs(self) -> list[RunSpec]:
@@ -414,6 +422,9 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
     """
     sweep.validate()
     _check_executor(executor, workers)
+    note = recipe_provenance(sweep)
+    if note:
+        warnings.warn(note, RecipeProvenanceWarning, stacklevel=2)
     store = ResultsStore(results)
     done = store.done(sweep.name, sweep.fingerprint())
     todo = [s for s in sweep.runs() if s.run_id not in done]
@@ -438,6 +449,29 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
     finally:
         bar.close()
     return new
+
+
+class RecipeProvenanceWarning(UserWarning):
+    """A sweep's frozen recipes were tuned with other code than the current, or with code nobody recorded."""
+
+
+def recipe_provenance(sweep: SweepConfig) -> str | None:
+    """What is known against ``sweep``'s recipes (``SweepConfig.tuned_code``): None when they were tuned with the
+    current code (or there are none), else a sentence saying which code tuned them, or that nobody recorded it."""
+    from vitlab import provenance as prov
+
+    if not sweep.recipes:
+        return None
+    now = prov.code_hash()
+    if sweep.tuned_code is None:
+        return (f"the recipes of sweep {sweep.name!r} do not record the code they were tuned with (a config frozen "
+                "before vitlab recorded it): their provenance is unknown. Re-tune with `vitlab sweep --config ... "
+                "--tune` to freeze them with it")
+    if sweep.tuned_code != now:
+        return (f"the recipes of sweep {sweep.name!r} were tuned with vitlab code {sweep.tuned_code}, and this is code "
+                f"{now}: tuning now might choose others. Re-tune with `vitlab sweep --config ... --tune` (the "
+                "trials rerun under the new code), or go on knowing the recipes are the old code's")
+    return None
 
 
 def _check_executor(executor: str, workers: int) -> None:
@@ -639,7 +673,10 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
             f"command, or tune() with the results store {store.path}): the {len(trials) - len(missing)} finished "
             "trials are skipped, only these run")
     best = _winners(done[(prints[trial], spec_of[family].run_id)] for family, _, trial in trials)  # in grid order
-    return dataclasses.replace(sweep, recipes=tuple(best[f] for f in sweep.families))
+    from vitlab import provenance as prov
+
+    # every trial's fingerprint holds this process's code hash: the code the recipes were chosen with
+    return dataclasses.replace(sweep, recipes=tuple(best[f] for f in sweep.families), tuned_code=prov.code_hash())
 
 
 class TuningIncomplete(RuntimeError):
@@ -719,7 +756,8 @@ def tuning_table(records: Sequence[dict], shots: int = 10,
 
 
 def load_sweep_config(spec: str) -> SweepConfig:
-    """A named sweep (``SWEEPS``) or a JSON file of ``SweepConfig`` fields."""
+    """A named sweep (``SWEEPS``) or a JSON file of ``SweepConfig`` fields (one written before ``tuned_code`` was
+    recorded loads with ``tuned_code=None``: provenance unknown)."""
     if spec in SWEEPS:
         return SWEEPS[spec]
     path = Path(spec)
