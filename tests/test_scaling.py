@@ -563,3 +563,65 @@ def test_a_frozen_config_records_the_code_it_was_tuned_with_and_the_sweep_warns_
     assert shipped.tuned_code is None and shipped.recipes
     assert "provenance is unknown" in recipe_provenance(shipped)
     assert recipe_provenance(dataclasses.replace(shipped, recipes=())) is None  # no recipes: nothing to warn about
+
+
+def test_a_changed_data_folder_or_zip_is_not_taken_as_done(tmp_path, monkeypatch):
+    """A sweep on a folder (or zip) of images: replacing, adding or removing an image changes the fingerprint, so
+    the finished runs rerun instead of being skipped as done with other data."""
+    import os
+    import shutil
+    import zipfile
+
+    from _reference import make_folder
+
+    calls = _stub_runs(monkeypatch)
+    root = tmp_path / "data"
+    make_folder(root / "train", n_per_class=2, size=8, classes=("a", "b", "c", "d"))
+    make_folder(root / "test", n_per_class=2, size=8, classes=("a", "b", "c", "d"))
+    sweep = dataclasses.replace(QUICK, data=str(root), sizes=(4,), families=("vit_tiny",))
+    results = tmp_path / "r.jsonl"
+    assert len(run_sweep(sweep, results, workers=0, progress=False)) == 1
+    assert run_sweep(sweep, results, workers=0, progress=False) == []  # unchanged: done
+    before = sweep.fingerprint()
+    img = root / "train" / "a" / "0.png"
+    mtime = img.stat().st_mtime_ns
+    shutil.copy(root / "train" / "b" / "1.png", img)  # another image in its place, a second later
+    os.utime(img, ns=(mtime + 10**9, mtime + 10**9))
+    assert sweep.fingerprint() != before
+    assert [r["run_id"] for r in run_sweep(sweep, results, workers=0, progress=False)] == ["vit_tiny-n4-s0"]
+    changed = sweep.fingerprint()
+    (root / "test" / "d" / "1.png").unlink()  # an image removed from the test split
+    assert sweep.fingerprint() != changed
+    # a zip of both splits
+    z = tmp_path / "data.zip"
+    with zipfile.ZipFile(z, "w") as f:
+        for p in sorted(root.rglob("*.png")):
+            f.write(p, p.relative_to(root))
+    zipped = dataclasses.replace(sweep, data=str(z))
+    first = zipped.fingerprint()
+    with zipfile.ZipFile(z, "a") as f:
+        f.write(img, "train/a/new.png")
+    assert zipped.fingerprint() != first
+    assert len(calls) == 2
+
+
+def test_a_named_data_set_keeps_the_fingerprint_formula_of_the_shipped_records(tmp_path, monkeypatch):
+    """cifar10 and the shapes are read by name and add nothing to the fingerprint, so every shipped record's
+    fingerprint (grid and tuning trials) still recomputes from its own config and code hash."""
+    from pathlib import Path
+
+    from vitlab import provenance
+    from vitlab.data import data_fingerprint
+    from vitlab.scaling import load_sweep_config
+
+    assert data_fingerprint("cifar10") is None and data_fingerprint("shapes") is None
+    assert data_fingerprint(str(tmp_path / "nothing here")) == "missing"
+    results = Path(__file__).resolve().parents[1] / "data" / "results"
+    records = (ResultsStore(results / "scaling_cifar10.jsonl").records()
+               + ResultsStore(results / "scaling_cifar10.tuning.jsonl").records())
+    assert len(records) > 50
+    for i, r in enumerate(records):
+        cfg = tmp_path / f"{i}.json"
+        cfg.write_text(json.dumps(r["config"]))
+        monkeypatch.setattr(provenance, "code_hash", lambda r=r: r["provenance"]["code_hash"])
+        assert load_sweep_config(str(cfg)).fingerprint() == r["fingerprint"], r["run_id"]
