@@ -53,8 +53,9 @@ if SMOKE:  # a two-size sweep on the shapes, into a scratch store
 if not RESULTS.is_file():
     raise FileNotFoundError(f"no sweep results at {RESULTS.resolve()}: run this notebook from notebooks/, set "
                             "VITLAB_RESULTS to a results store, or run `make sweep` to make one")
-records = list(ResultsStore(RESULTS).newest_sweep().values())  # the last sweep's config only, never mixed
-print(f"{len(records)} runs in {RESULTS} ({sum(r['status'] == 'ok' for r in records)} finished)")
+newest, shown = ResultsStore(RESULTS).newest_sweep_with_note()  # the last sweep's config only, never mixed
+records = list(newest.values())
+print(f"{len(records)} runs in {RESULTS} ({sum(r['status'] == 'ok' for r in records)} finished): {shown}")
 summary = summarise(records, SHOTS)
 compute = summarise_compute(records)  # {family: {size: pre-training FLOPs}}, from FlopCounterMode per run
 scaling_curves(summary, title=f"{SHOTS}-shot accuracy on held-out classes against pre-training images and compute",

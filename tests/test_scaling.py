@@ -625,3 +625,31 @@ def test_a_named_data_set_keeps_the_fingerprint_formula_of_the_shipped_records(t
         cfg.write_text(json.dumps(r["config"]))
         monkeypatch.setattr(provenance, "code_hash", lambda r=r: r["provenance"]["code_hash"])
         assert load_sweep_config(str(cfg)).fingerprint() == r["fingerprint"], r["run_id"]
+
+
+def test_newest_sweep_skips_a_newer_config_whose_runs_all_failed(tmp_path):
+    """A rerun under a new config whose one run failed (e.g. a typo in the data path): notebook 06 shows the newest
+    config with a finished run, not 0 runs, and says which config it skipped."""
+    def rec(run, fp, finished, status="ok"):
+        return {"run_id": run, "sweep": "s", "fingerprint": fp, "finished": finished, "status": status,
+                "spec": {"family": "vit", "size": 100, "seed": int(run[-1])},
+                "metrics": {"few_shot": {"10": {"mean": 0.5}}} if status == "ok" else None}
+
+    store = ResultsStore(tmp_path / "r.jsonl")
+    for r in (rec("vit-n100-s0", "old", "2026-01-01T00:00"), rec("vit-n100-s1", "old", "2026-01-01T00:01"),
+              rec("vit-n100-s0", "new", "2026-02-01T00:00", "failed")):
+        store.append(r)
+    shown = store.newest_sweep()
+    assert sorted(shown) == ["vit-n100-s0", "vit-n100-s1"] and {r["fingerprint"] for r in shown.values()} == {"old"}
+    assert store.newest_sweep_with_note()[0] == shown
+    note = store.newest_sweep_with_note()[1]
+    assert "config old: 2 of 2 runs finished" in note and "skipped newer config(s) with no finished run: sweep 's' " \
+        "config new (1 failed record(s))" in note
+    store.append(rec("vit-n100-s1", "new", "2026-02-01T00:01"))  # the new config finishes a run: it is shown
+    shown, note = store.newest_sweep_with_note()
+    assert {r["fingerprint"] for r in shown.values()} == {"new"} and "1 of 2 runs finished" in note
+    assert "skipped" not in note
+    failed_only = ResultsStore(tmp_path / "f.jsonl")
+    failed_only.append(rec("vit-n100-s0", "x", "2026-01-01T00:00", "failed"))
+    shown, note = failed_only.newest_sweep_with_note()
+    assert list(shown) == ["vit-n100-s0"] and "no run of any config in the store finished" in note

@@ -213,13 +213,36 @@ class ResultsStore:
                 and (fingerprint is None or r.get("fingerprint") == fingerprint)}
 
     def newest_sweep(self) -> dict[str, dict]:
-        """{run_id: latest record} of the sweep and config (fingerprint) that finished a run last: one sweep's
-        records, never rows of an earlier config (other code, another recipe) mixed into a figure."""
-        latest = list(self.latest().values())
-        if not latest:
-            return {}
-        newest = max(latest, key=lambda r: r.get("finished") or "")
-        return self.latest(newest.get("sweep"), newest.get("fingerprint"))
+        """{run_id: latest record} of the sweep and config (fingerprint) that finished a run successfully last: one
+        sweep's records, never rows of an earlier config (other code, another recipe) mixed into a figure.
+        ``newest_sweep_with_note`` also says which newer configs it skipped (they have no finished run)."""
+        return self.newest_sweep_with_note()[0]
+
+    def newest_sweep_with_note(self) -> tuple[dict[str, dict], str]:
+        """``newest_sweep()`` and a sentence saying which sweep and config it is and which newer configs it skipped
+        because none of their runs finished (a newer config whose only run failed would show no runs at all). With
+        no finished run in the store: the newest config's records (all failed)."""
+        records = self.records()
+        if not records:
+            return {}, f"no records in {self.path}"
+        when = lambda r: r.get("finished") or ""  # noqa: E731
+        config = lambda r: (r.get("sweep"), r.get("fingerprint"))  # noqa: E731
+        ok = [r for r in records if r.get("status") == "ok"]
+        pick = config(max(ok or records, key=when))
+        chosen = self.latest(*pick)
+        note = (f"sweep {pick[0]!r}, config {pick[1]}: {sum(r.get('status') == 'ok' for r in chosen.values())} of "
+                f"{len(chosen)} runs finished")
+        newest = max(when(r) for r in chosen.values())
+        newer: dict[tuple, int] = {}
+        for r in records:
+            if config(r) != pick and when(r) > newest:
+                newer[config(r)] = newer.get(config(r), 0) + 1
+        if not ok:
+            note += " (no run of any config in the store finished)"
+        elif newer:
+            note += "; skipped newer config(s) with no finished run: " + ", ".join(
+                f"sweep {s!r} config {f} ({n} failed record(s))" for (s, f), n in newer.items())
+        return chosen, note
 
     def done(self, sweep: str | None = None, fingerprint: str | None = None) -> set[str]:
         """Run ids whose latest record (of ``sweep`` and config ``fingerprint``) finished."""
