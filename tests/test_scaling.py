@@ -653,3 +653,53 @@ def test_newest_sweep_skips_a_newer_config_whose_runs_all_failed(tmp_path):
     failed_only.append(rec("vit-n100-s0", "x", "2026-01-01T00:00", "failed"))
     shown, note = failed_only.newest_sweep_with_note()
     assert list(shown) == ["vit-n100-s0"] and "no run of any config in the store finished" in note
+
+
+def test_the_sweep_table_marks_the_recipes_the_runs_trained_with_and_only_their_tuning_trials(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """`--table` with a --config whose recipes differ from the stored runs' (a re-tuned config, same grid), and a
+    tuning store that also holds a later re-tuning under other code: the marks are the runs' own recipes, the trials
+    those of the runs' tuning, and where each winner sits in its grid is printed."""
+    from vitlab.scaling import tune, tuning_table
+
+    _stub_runs(monkeypatch, val=lambda sweep, spec: sweep.recipes[0][2])  # the larger lr wins
+    results = tmp_path / "s.jsonl"
+    tuned = tune(TUNE, results.with_suffix(".tuning.jsonl"), grid=GRID, progress=False)
+    run_sweep(tuned, results, workers=0, progress=False)
+    trials = ResultsStore(results.with_suffix(".tuning.jsonl")).records()
+    retune = {**trials[0], "provenance": {**trials[0]["provenance"], "code_hash": "later"}, "fingerprint": "later",
+              "metrics": {**trials[0]["metrics"], "best": {"epoch": 1, "val_accuracy": 0.99}}}
+    ResultsStore(results.with_suffix(".tuning.jsonl")).append(retune)  # a later re-tuning, never run on the grid
+    other = dataclasses.replace(tuned, recipes=(("vit_tiny", "adamw", 1e-3, 0.05), ("bit_tiny", "sgd", 0.03, 5e-4)))
+    cfg = tmp_path / "other.json"
+    cfg.write_text(json.dumps(dataclasses.asdict(other)))
+    assert main(["sweep", "--config", str(cfg), "--results", str(results), "--table", "--shots", "5"]) == 0
+    out = capsys.readouterr().out
+    table = tuning_table(trials, 5, tuned.recipes)
+    assert table in out and "99.0%" not in out  # the runs' tuning only, the re-tuning left out
+    marked = [line for line in table.splitlines() if "**yes**" in line]
+    assert [line.split(" | ")[:3] for line in marked] == [["| vit_tiny", "adamw", "0.002"], ["| bit_tiny", "sgd", "0.1"]]
+    assert "4 of 5 tuning trials match the runs shown" in out and "1 of other configs or code left out" in out
+    assert "vit_tiny: adamw lr 0.002 (the largest of 0.001, 0.002 tried: at the top edge of the grid)" in out
+    assert "bit_tiny: sgd lr 0.1 (the largest of 0.03, 0.1 tried: at the top edge of the grid)" in out
+    assert "may be short of its family's best" in out
+    assert tuning_table(trials, 5, ()).count("**yes**") == 0  # runs without tuned recipes: nothing marked
+
+
+def test_the_shipped_sweeps_tuning_evidence_says_where_its_winners_sit():
+    """The shipped runs' own config names the recipes; all shipped trials are theirs; the ViT's lr 2e-3 and the
+    ResNet's SGD lr 0.1 are the largest of their grids, which the lines say."""
+    from pathlib import Path
+
+    from vitlab.scaling import load_sweep_config, plotted_recipes, recipe_grid_positions, tuning_trials_for
+
+    results = Path(__file__).resolve().parents[1] / "data" / "results"
+    records = list(ResultsStore(results / "scaling_cifar10.jsonl").newest_sweep().values())
+    chosen = plotted_recipes(records)
+    assert chosen == load_sweep_config(str(results / "scaling_cifar10.tuned.json")).recipes
+    trials, note = tuning_trials_for(records, ResultsStore(results / "scaling_cifar10.tuning.jsonl").records())
+    assert len(trials) == 12 and note.startswith("12 of 12 tuning trials match")
+    lines = recipe_grid_positions(trials, chosen)
+    assert lines[0].startswith("vit: adamw lr 0.002 (the largest of 0.001, 0.002 tried: at the top edge")
+    assert lines[1].startswith("bit: sgd lr 0.1 (the largest of 0.03, 0.1 tried: at the top edge")
+    assert not any("NOT the trials' best" in line for line in lines)

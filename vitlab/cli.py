@@ -303,7 +303,16 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
     """``vitlab sweep --table``: the README's tables and verdict from a results store, running nothing. The records
     are the latest of each grid run of ``sweep.name`` whatever code made them (one fingerprint, or an error)."""
     from vitlab.findings import explain, scaling_gap_narrows, verdict_table
-    from vitlab.scaling import ResultsStore, markdown_table, one_config, summarise, tuning_table
+    from vitlab.scaling import (
+        ResultsStore,
+        markdown_table,
+        one_config,
+        plotted_recipes,
+        recipe_grid_positions,
+        summarise,
+        tuning_table,
+        tuning_trials_for,
+    )
 
     in_grid = {s.run_id for s in sweep.runs()}
     records = [r for k, r in ResultsStore(results).latest(sweep.name).items() if k in in_grid]
@@ -322,10 +331,14 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
     print(f"{shots}-shot accuracy on the held-out classes, % (mean ± std over seeds):\n")
     print(markdown_table(summarise(records, shots)))
     tuning = results.with_suffix(".tuning.jsonl")
-    if tuning.exists():
+    if tuning.exists():  # the trials behind these runs, the recipes they trained with marked (from their own config)
+        trials, note = tuning_trials_for(records, ResultsStore(tuning).records())
+        chosen = plotted_recipes(records)
         print(f"\nTuning ({tuning.name}): each family on the largest subset, seed 0, by the best validation "
-              "accuracy:\n")
-        print(tuning_table(ResultsStore(tuning).records(), shots, sweep.recipes))
+              f"accuracy; {note}; marked: the recipes the runs above trained with:\n")
+        if trials:
+            print(tuning_table(trials, shots, chosen))
+            print("\n" + "\n".join(recipe_grid_positions(trials, chosen)))
     families = {r["spec"]["family"] for r in ok}
     if {"vit", "bit"} <= families:
         verdicts = [scaling_gap_narrows(records, shots)]

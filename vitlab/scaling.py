@@ -44,7 +44,8 @@ from vitlab.zoo import BiTConfig, HybridConfig, ViTConfig, cifar_bit, cifar_vit
 
 __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "TUNING_GRID", "run_one", "run_sweep",
            "summarise", "summarise_compute", "tune", "TuningIncomplete", "recipe_provenance",
-           "RecipeProvenanceWarning", "markdown_table", "tuning_table"]
+           "RecipeProvenanceWarning", "markdown_table", "tuning_table", "plotted_recipes", "tuning_trials_for",
+           "recipe_grid_positions"]
 
 
 def _vit(**kw: Any) -> ViTConfig:
@@ -621,7 +622,8 @@ def summarise(records: Sequence[dict], shots: int = 10) -> dict[str, dict[int, d
                       "values": list(v)} for n, v in sorted(by.items())} for fam, by in acc.items()}
 
 
-#: The tuning grid per family: (optimizer, lr, weight decay), four recipes each (an equal chance). For the ViT and
+#: The tuning grid per family: (optimizer, lr, weight decay), four recipes each (the same budget; a coarse grid, on
+#: which a winner at an edge may be short of its family's best recipe: ``recipe_grid_positions``). For the ViT and
 #: the hybrid a 2 x 2 grid of AdamW's learning rate and weight decay; for the ResNet the paper's Adam (App. D.1:
 #: slightly better than SGD for its ResNets) at two learning rates against BiT's own SGD with momentum at two.
 TUNING_GRID: dict[str, tuple[tuple[str, float, float], ...]] = {
@@ -746,12 +748,12 @@ def markdown_table(summary: dict[str, dict[int, dict[str, float]]]) -> str:
 
 
 def tuning_table(records: Sequence[dict], shots: int = 10,
-                 chosen: Sequence[tuple[str, str, float, float]] = ()) -> str:
+                 chosen: Sequence[tuple[str, str, float, float]] | None = None) -> str:
     """The README table of a tuning store (``tune``'s JSONL records): one row per (family, recipe) trial, families
     in the order they first appear and recipes in ``TUNING_GRID`` order, with the best validation accuracy and its
-    epoch, and the ``shots``-shot probe (mean ± std over probe seeds) of that model. ``chosen``: the frozen recipes
-    (``SweepConfig.recipes`` of the tuned config) to mark; without them, each family's highest validation accuracy
-    is marked (the first of equals in grid order, as ``tune`` picks). The latest record of a trial wins, among the
+    epoch, and the ``shots``-shot probe (mean ± std over probe seeds) of that model. ``chosen``: the recipes to mark
+    (those the shown runs trained with: ``plotted_recipes``; empty: none); None marks each family's highest
+    validation accuracy (the first of equals in grid order, as ``tune`` picks). The latest record of a trial wins, among the
     records of the newest code version (the store's last record's ``provenance.code_hash``): a re-tuning after a code
     change never shows a trial twice or marks an old code's winner."""
     code = lambda r: (r.get("provenance") or {}).get("code_hash")  # noqa: E731
@@ -768,7 +770,8 @@ def tuning_table(records: Sequence[dict], shots: int = 10,
         return families.index(fam), grid.index(recipe) if recipe in grid else len(grid)
 
     rows = sorted(latest.values(), key=order)
-    marked = {(f, o, float(lr), float(wd)) for f, o, lr, wd in chosen} or set(_winners(rows).values())
+    marked = set(_winners(rows).values()) if chosen is None else {(f, o, float(lr), float(wd))
+                                                                   for f, o, lr, wd in chosen}
     lines = [f"| family | optimizer | lr | weight decay | best val. accuracy | at epoch | {shots}-shot | chosen |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -782,6 +785,87 @@ def tuning_table(records: Sequence[dict], shots: int = 10,
                      f"{m['best']['epoch']} of {m['epochs']} | {percent_cell(few['per_seed']) if few else ''} | "
                      f"{'**yes**' if (fam, opt, float(lr), float(wd)) in marked else ''} |")
     return "\n".join(lines)
+
+
+#: The fields ``tune`` sets in a trial's config: the rest must be the runs' own for a trial to be theirs.
+_TUNING_FIELDS = ("name", "families", "recipes", "seeds", "sizes", "tuned_code")
+
+
+def plotted_recipes(records: Sequence[Mapping]) -> tuple[tuple[str, str, float, float], ...]:
+    """The recipes the runs of ``records`` (one sweep config: ``one_config``) trained with, from their own config;
+    () for runs without tuned recipes (each family then trained with AdamW at the sweep's lr)."""
+    one_config(records)
+    if not records:
+        return ()
+    return tuple((f, o, float(lr), float(wd)) for f, o, lr, wd in (records[0].get("config") or {}).get("recipes", ()))
+
+
+def tuning_trials_for(records: Sequence[Mapping], trials: Sequence[dict]) -> tuple[list[dict], str]:
+    """The tuning trials (``tune``'s records) behind the runs of ``records`` (one sweep config), and a sentence
+    saying which and how many were kept: trials of that sweep's tuning (sweep ``NAME-tune``) whose config is the
+    runs' own but for what tuning sets (one family and recipe, seed 0, the largest subset), made by the code the
+    recipes were tuned with (the runs' ``tuned_code``; for a config that predates it, the runs' own code). Trials of
+    another config or code (a later re-tuning the runs never used) are left out."""
+    one_config(records)
+    if not records:
+        return [], "no runs to match tuning trials to"
+    cfg = records[0].get("config") or {}
+    code = cfg.get("tuned_code") or (records[0].get("provenance") or {}).get("code_hash")
+    name = f"{cfg.get('name')}-tune"
+    same = lambda t: all(t.get(k) == cfg.get(k) for k in set(t) | set(cfg) if k not in _TUNING_FIELDS)  # noqa: E731
+    kept = [t for t in trials if t.get("sweep") == name and (t.get("provenance") or {}).get("code_hash") == code
+            and same(t.get("config") or {}) and list((t.get("config") or {}).get("sizes", ())) ==
+            [max(cfg.get("sizes") or [0])]]
+    how = "the code the recipes were tuned with" if cfg.get("tuned_code") else \
+        "the runs' own: their config records no tuning code"
+    note = (f"{len(kept)} of {len(trials)} tuning trials match the runs shown (sweep {name!r}, the runs' config, "
+            f"code {code}, {how})")
+    if len(kept) < len(trials):
+        note += f"; {len(trials) - len(kept)} of other configs or code left out"
+    return kept, note
+
+
+def recipe_grid_positions(trials: Sequence[dict], chosen: Sequence[tuple[str, str, float, float]]) -> list[str]:
+    """One line per recipe of ``chosen``: where its learning rate and weight decay sit among the values its family's
+    ``trials`` tried with the same optimizer (the largest or smallest tried: at an edge of the grid, where the best
+    recipe may lie beyond it), and whether it is the trials' best by validation accuracy; then, when any is at an
+    edge, a line saying what that means."""
+    ok = [t for t in trials if t.get("status") == "ok"]
+    best = _winners(ok)
+    lines, edge = [], False
+
+    def where(v: float, values: list[float], what: str) -> str:
+        nonlocal edge
+        tried = ", ".join(f"{x:g}" for x in values)
+        if len(values) < 2:
+            return f"{what} {v:g} (the only value tried)"
+        if v not in values:
+            return f"{what} {v:g} (not among the values tried: {tried})"
+        if v in (values[0], values[-1]):
+            edge = True
+            return f"{what} {v:g} (the {'largest' if v == values[-1] else 'smallest'} of {tried} tried: at the " \
+                   f"{'top' if v == values[-1] else 'bottom'} edge of the grid)"
+        return f"{what} {v:g} (inside the range tried, {tried})"
+
+    for fam, opt, lr, wd in chosen:
+        mine = [t["config"]["recipes"][0] for t in trials if t["spec"]["family"] == fam]
+        if not mine:
+            lines.append(f"{fam}: {opt} lr {lr:g}, weight decay {wd:g}: no tuning trial of {fam} among these")
+            continue
+        same = [r for r in mine if r[1] == opt]
+        line = f"{fam}: {opt} " + where(lr, sorted({float(r[2]) for r in same}), "lr") + ", " + \
+            where(wd, sorted({float(r[3]) for r in same}), "weight decay")
+        others = sorted({r[1] for r in mine} - {opt})
+        if others:
+            line += f"; also tried: {', '.join(others)}"
+        if fam in best and best[fam] != (fam, opt, float(lr), float(wd)):
+            line += f"; NOT the trials' best by validation accuracy ({best[fam][1]} lr {best[fam][2]:g}, weight " \
+                    f"decay {best[fam][3]:g})"
+        lines.append(line)
+    if edge:
+        lines.append("A recipe at an edge of its grid may be short of its family's best: the grid did not try beyond "
+                     "it, so the families had the same tuning budget, not necessarily their best recipes.")
+    return lines
 
 
 def load_sweep_config(spec: str) -> SweepConfig:
