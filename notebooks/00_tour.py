@@ -70,5 +70,21 @@ distance
 
 # %% [markdown]
 # **Paper vs. here.** The paper's figures are for ViT-L at 224 px trained on JFT-300M; the embedded default is a
-# 3.7 M-parameter ViT trained on CIFAR-10 at 32 px, so expect the same kinds of structure, weaker. The notebooks
-# that follow set each figure beside the paper's statement.
+# small ViT trained on CIFAR-10 at 32 px, with a teacher (the cell below prints its size, training time and teacher
+# from its model card), so expect the same kinds of structure, weaker. The notebooks that follow set each figure
+# beside the paper's statement.
+
+# %%
+if card is not None:  # what the model card records, not typed here
+    hours = card.get("total_train_hours", card.get("train_hours"))
+    legs = len(card.get("lineage") or []) or 1
+    said = (f"{card['path']}: {card['parameters'] / 1e6:.1f} M parameters, trained on {card['data']['train']} "
+            f"({card['data']['train_examples']:,} images) at {model.pretrained_cfg['input_size'][-1]} px, "
+            f"{hours:.1f} h in {legs} leg(s)")
+    if card.get("teacher"):
+        teacher_acc = (card.get("distillation") or {}).get("teacher")
+        said += (f"; its last leg distilled ({card.get('distill')} targets, through its distillation token) from the "
+                 f"teacher {card['teacher']}" + (f" ({teacher_acc:.2%} test accuracy)" if teacher_acc else ""))
+    print(said)
+else:
+    print(f"{MODEL}: no vitlab model card (a timm model or a run checkpoint)")

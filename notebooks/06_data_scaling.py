@@ -14,20 +14,23 @@
 # ---
 
 # %% [markdown]
-# # Data scaling (Fig. 3/4)
-# The paper pre-trains ViTs and BiT ResNets on growing subsets of JFT-300M (9M, 30M, 90M, 300M images) and probes
-# few-shot on ImageNet: ResNets do better on small data, ViTs overtake them as data grows.
+# # Data scaling (Fig. 4; Fig. 3 for fine-tuning)
+# The paper pre-trains ViTs and BiT ResNets on growing random subsets of JFT-300M (9M, 30M, 90M, 300M images) and
+# probes the frozen features few-shot (linear 5-shot) on ImageNet (Fig. 4): ResNets do better on small data, ViTs
+# overtake them as data grows. Fig. 3 shows the same direction for fine-tuning accuracy on ImageNet after
+# pre-training on ImageNet, ImageNet-21k and JFT-300M; this notebook measures the few-shot kind, as Fig. 4.
 #
-# **The analogue here.** Pre-train on nested, class-balanced subsets of CIFAR-10 classes 0-4 (100 to 5,000 images,
-# a 50x range), then probe the frozen features few-shot on classes 5-9, which the models never saw. Three families
-# as in Fig. 5: a ViT, a BiT-style ResNet (GroupNorm of at least 8 channels per group, weight standardisation) and a
-# hybrid (a small ResNet whose feature map is the ViT's token grid), with about the same parameter count. Each
-# family's recipe (optimizer, learning rate, weight decay) is tuned once on the largest subset against a validation
-# split carved from the pre-training classes' training images and frozen; every run is reported at its best
-# validation epoch (early stopping, as the paper); 3 seeds per point in the shipped sweep.
-# **Its limits:** 32 px images, four orders of magnitude less data, small models and short schedules, and transfer
-# between halves of one dataset rather than across datasets. The curves test the direction of the paper's
-# finding, not its numbers.
+# **The analogue here.** Pre-train on nested, class-balanced subsets of some CIFAR-10 classes, then probe the frozen
+# features few-shot on the other classes, which the models never saw (the cell after the figure prints the classes,
+# subset sizes and seeds of the sweep shown, from its records). The families of Fig. 5: a ViT, a BiT-style ResNet
+# (GroupNorm of at least 8 channels per group, weight standardisation) and a hybrid (a small ResNet whose feature
+# map is the ViT's token grid), with about the same parameter count. Each family's recipe (optimizer, learning rate,
+# weight decay) is tuned once on the largest subset against a validation split carved from the pre-training
+# classes' training images and frozen; every run is reported at its best validation epoch (early stopping, as the
+# paper).
+# **Its limits:** 32 px images, far less data (the same cell prints how much less than JFT-300M), small models and
+# short schedules, and transfer between halves of one dataset rather than across datasets. The curves test the
+# direction of the paper's finding, not its numbers.
 
 # %% tags=["parameters"]
 import os
@@ -53,30 +56,48 @@ if SMOKE:  # a two-size sweep on the shapes, into a scratch store
 if not RESULTS.is_file():
     raise FileNotFoundError(f"no sweep results at {RESULTS.resolve()}: run this notebook from notebooks/, set "
                             "VITLAB_RESULTS to a results store, or run `make sweep` to make one")
-records = list(ResultsStore(RESULTS).newest_sweep().values())  # the last sweep's config only, never mixed
-print(f"{len(records)} runs in {RESULTS} ({sum(r['status'] == 'ok' for r in records)} finished)")
+newest, shown = ResultsStore(RESULTS).newest_sweep_with_note()  # the last sweep's config only, never mixed
+records = list(newest.values())
+print(f"{len(records)} runs in {RESULTS} ({sum(r['status'] == 'ok' for r in records)} finished): {shown}")
 summary = summarise(records, SHOTS)
 compute = summarise_compute(records)  # {family: {size: pre-training FLOPs}}, from FlopCounterMode per run
 scaling_curves(summary, title=f"{SHOTS}-shot accuracy on held-out classes against pre-training images and compute",
                compute=compute or None)
 
 # %%
+import math
+
+if records:  # the design of the sweep shown, from its own config
+    cfg = records[0]["config"]
+    sizes = sorted(cfg["sizes"])
+    print(f"sweep {cfg['name']!r}: pre-training on {cfg['data']} classes {cfg['pretrain_classes']}, nested subsets of "
+          f"{sizes[0]:,} to {sizes[-1]:,} images ({sizes[-1] / sizes[0]:g}x), {len(cfg['seeds'])} seed(s) per point; "
+          f"few-shot probe on classes {cfg['probe_classes']} ({cfg['shots']} shots)")
+    print(f"JFT-300M's 300M images are {300e6 / sizes[-1]:,.0f}x its largest subset "
+          f"({math.log10(300e6 / sizes[-1]):.1f} orders of magnitude)")
 for fam, by_size in summary.items():
     print(fam, {n: f"{100 * v['mean']:.1f}% ± {100 * v['std']:.1f} ({v['n']} seeds)" for n, v in by_size.items()})
 
 # %% [markdown]
-# **An equal chance for each family.** Every trial of the tuning grid (on the largest subset, seed 0), its best
-# validation accuracy and the recipe frozen for the sweep:
+# **The same tuning budget for each family, on a coarse grid.** Every trial of the tuning grid behind the runs shown
+# (the largest subset, seed 0; the runs' own config and the code their recipes were tuned with), its best validation
+# accuracy, and marked the recipe those runs trained with, read from their own config. The lines under the table
+# say where each marked recipe sits in its family's grid: one at an edge (the largest or smallest value tried) may be
+# short of that family's best recipe, since the grid tried nothing beyond it.
 
 # %%
 from IPython.display import Markdown, display
 
-from vitlab.scaling import load_sweep_config, tuning_table
+from vitlab.scaling import plotted_recipes, recipe_grid_positions, tuning_table, tuning_trials_for
 
-tuning, tuned = RESULTS.with_suffix(".tuning.jsonl"), RESULTS.with_suffix(".tuned.json")
+tuning = RESULTS.with_suffix(".tuning.jsonl")
 if tuning.exists():
-    chosen = load_sweep_config(str(tuned)).recipes if tuned.exists() else ()
-    display(Markdown(tuning_table(ResultsStore(tuning).records(), SHOTS, chosen)))
+    trials, matched = tuning_trials_for(records, ResultsStore(tuning).records())
+    chosen = plotted_recipes(records)  # the recipes the plotted runs trained with
+    print(f"{tuning.name}: {matched}")
+    if trials:
+        display(Markdown(tuning_table(trials, SHOTS, chosen)))
+        print("\n".join(recipe_grid_positions(trials, chosen)))
 else:
     print(f"no tuning trials next to {RESULTS.name} (the smoke sweep is not tuned)")
 
@@ -88,8 +109,8 @@ else:
 # (finished runs are skipped; `--executor ray --address ...` spreads the runs over a Ray cluster).
 #
 # **Paper:** with little pre-training data the ResNets' few-shot accuracy is higher; the ViTs overtake them as the
-# data grows (Fig. 3, Fig. 4). **Here:** the verdict below, paired by seed: does the ViT's lead over the ResNet grow
-# (or its deficit shrink) from the smallest to the largest pre-training set?
+# data grows (Fig. 4; Fig. 3 shows the same for fine-tuning accuracy). **Here:** the verdict below, paired by seed:
+# does the ViT's lead over the ResNet grow (or its deficit shrink) from the smallest to the largest pre-training set?
 
 # %%
 from vitlab import findings

@@ -51,10 +51,11 @@ def three_class_split(root: Path):
 
 @dataclasses.dataclass(frozen=True)
 class CrashFirstWorker(SweepConfig):
-    """A sweep config whose first run kills its worker process (as the out-of-memory killer would): the run that
-    claims the flag file ``VITLAB_TEST_CRASH_FLAG`` first exits its process; every other run goes on."""
+    """A sweep config whose first run kills its worker process (as the out-of-memory killer would): the worker that
+    unpickles its run's config and claims the flag file ``VITLAB_TEST_CRASH_FLAG`` first exits its process; every
+    other run goes on."""
 
-    def fingerprint(self) -> str:
+    def __setstate__(self, state: dict) -> None:  # unpickled: in a worker process, before its run starts
         flag = os.environ.get("VITLAB_TEST_CRASH_FLAG")
         if flag and os.getpid() != int(os.environ.get("VITLAB_TEST_PARENT_PID", "0")):
             try:
@@ -63,4 +64,7 @@ class CrashFirstWorker(SweepConfig):
                 pass
             else:
                 os._exit(1)
+        self.__dict__.update(state)
+
+    def fingerprint(self) -> str:
         return "crash-first-worker"

@@ -373,3 +373,333 @@ def test_a_pool_that_breaks_between_runs_loses_no_run(tmp_path, monkeypatch):
     _execute(jobs, records.append, "local", 2)
     assert [r["spec"]["size"] for r in records] == [10, 20, 30, 40]
     assert all(r["error"].startswith("worker crashed: BrokenProcessPool") for r in records)
+
+
+# ---------------------------------------------------------------------------------------------- tuning, stubbed
+# The tests below stub ``run_one`` (the training and probing) in this process (``workers=0``): the records, stores,
+# fingerprints and checks around it are the real ones, at no training cost.
+
+
+def _stub_runs(monkeypatch, val=lambda sweep, spec: 0.5, fail=lambda sweep, spec: None) -> list:
+    """Replace ``run_one`` with a stub returning metrics of a run (validation accuracy ``val(sweep, spec)``) or
+    raising ``fail(sweep, spec)`` where that is not None; returns the list of (sweep, spec) it was called with."""
+    from vitlab import scaling
+
+    calls: list = []
+
+    def run_one(sweep, spec, work_dir=None, device=None):
+        calls.append((sweep, spec))
+        err = fail(sweep, spec)
+        if err is not None:
+            raise err
+        acc = val(sweep, spec)
+        return {"few_shot": {str(k): {"mean": acc, "std": 0.0, "per_seed": [acc] * len(sweep.probe_seeds)}
+                             for k in sweep.shots},
+                "best": {"epoch": 1, "val_accuracy": acc}, "epochs": 2, "train_seconds": 1.0,
+                "pretrain_test_accuracy": None, "pretrain_flops": 1e9,
+                "recipe": dict(zip(("optimizer", "lr", "weight_decay"), sweep.recipe(spec.family)))}
+
+    monkeypatch.setattr(scaling, "run_one", run_one)
+    return calls
+
+
+TUNE = dataclasses.replace(QUICK, name="t", val_per_class=5)
+GRID = {"vit_tiny": (("adamw", 1e-3, 0.05), ("adamw", 2e-3, 0.05)), "bit_tiny": (("sgd", 0.03, 5e-4), ("sgd", 0.1, 5e-4))}
+
+
+def test_tune_checks_the_sweep_config_before_running_a_trial(tmp_path, monkeypatch):
+    from vitlab.scaling import tune
+
+    calls = _stub_runs(monkeypatch)
+    for bad, match in ((dataclasses.replace(TUNE, families=("vit_tiny", "vit_huge")), "unknown model families"),
+                       (dataclasses.replace(TUNE, probe_classes=(1, 2)), "both pre-training and probe")):
+        with pytest.raises(ValueError, match=match):
+            tune(bad, tmp_path / "t.jsonl", grid=GRID, progress=False)
+    assert calls == [] and not (tmp_path / "t.jsonl").exists()  # nothing ran, nothing was recorded
+
+
+def test_adding_a_family_reruns_only_its_own_tuning_trials(tmp_path, monkeypatch):
+    """A trial's fingerprint depends on its own family's settings, not on which other families the sweep holds."""
+    from vitlab.scaling import tune
+
+    calls = _stub_runs(monkeypatch)
+    one = dataclasses.replace(TUNE, families=("vit_tiny",))
+    tune(one, tmp_path / "t.jsonl", grid=GRID, progress=False)
+    assert [s.family for _, s in calls] == ["vit_tiny", "vit_tiny"]
+    calls.clear()
+    tuned = tune(TUNE, tmp_path / "t.jsonl", grid=GRID, progress=False)  # bit_tiny added
+    assert [s.family for _, s in calls] == ["bit_tiny", "bit_tiny"]  # the vit_tiny trials are kept
+    assert {f for f, *_ in tuned.recipes} == {"vit_tiny", "bit_tiny"}
+    calls.clear()
+    tune(one, tmp_path / "t.jsonl", grid=GRID, progress=False)  # and removed again: nothing reruns
+    assert calls == []
+
+
+def test_tune_refuses_to_freeze_a_grid_with_failed_trials_and_a_rerun_runs_only_those(tmp_path, monkeypatch, capsys):
+    """One ViT trial fails and every ResNet trial fails: no config is frozen (the ResNet would otherwise train with
+    the default recipe, the ViT be "tuned" on half its grid); the error names each trial, and running the same tuning
+    again runs those three only."""
+    from vitlab.scaling import TuningIncomplete, tune
+
+    broken = lambda sweep, spec: (RuntimeError("out of memory") if spec.family == "bit_tiny"  # noqa: E731
+                                  or sweep.recipes[0][2] == 2e-3 else None)
+    calls = _stub_runs(monkeypatch, val=lambda sweep, spec: 0.0, fail=broken)
+    with pytest.raises(TuningIncomplete) as err:
+        tune(TUNE, tmp_path / "t.jsonl", grid=GRID, progress=False)
+    msg = str(err.value)
+    assert "3 of 4 trials did not finish" in msg and "no recipe is frozen" in msg
+    for line in ("vit_tiny adamw lr=0.002 weight decay=0.05: failed: RuntimeError: out of memory",
+                 "bit_tiny sgd lr=0.03 weight decay=0.0005: failed", "bit_tiny sgd lr=0.1 weight decay=0.0005: failed"):
+        assert line in msg
+    assert "vit_tiny adamw lr=0.001" not in msg and "run the same tuning again" in msg
+    assert "the 1 finished trials are skipped" in msg
+    calls.clear()
+    calls = _stub_runs(monkeypatch, val=lambda sweep, spec: sweep.recipes[0][2])  # fixed: the larger lr wins
+    tuned = tune(TUNE, tmp_path / "t.jsonl", grid=GRID, progress=False)
+    assert sorted((s.family, sw.recipes[0][2]) for sw, s in calls) == [("bit_tiny", 0.03), ("bit_tiny", 0.1),
+                                                                        ("vit_tiny", 0.002)]
+    assert tuned.recipes == (("vit_tiny", "adamw", 0.002, 0.05), ("bit_tiny", "sgd", 0.1, 0.0005))
+    # the command line: exit 1, nothing written, the error on stderr
+    _stub_runs(monkeypatch, fail=lambda sweep, spec: RuntimeError("boom") if spec.family == "bit_tiny" else None)
+    cfg = tmp_path / "t2.json"
+    cfg.write_text(json.dumps(dataclasses.asdict(dataclasses.replace(TUNE, name="t2"))))
+    out = tmp_path / "t2.tuned.json"
+    monkeypatch.setattr("vitlab.scaling.TUNING_GRID", GRID)
+    assert main(["sweep", "--config", str(cfg), "--results", str(tmp_path / "t2.jsonl"), "--tune", "--workers", "0",
+                 "--save-config", str(out), "--quiet"]) == 1
+    io = capsys.readouterr()
+    assert not out.exists() and "tuned recipes" not in io.out
+    assert "TuningIncomplete" in io.err and "bit_tiny sgd lr=0.03 weight decay=0.0005: failed: RuntimeError: boom" in io.err
+
+
+def test_a_worker_running_other_code_than_the_sweeps_refuses_and_records_the_parents_fingerprint(tmp_path,
+                                                                                                 monkeypatch):
+    """The package's files are edited while a sweep runs; a worker started afterwards imports the edited code. Its
+    record carries the fingerprint the parent computed (the one the sweep matches on), and it runs nothing."""
+    import concurrent.futures as cf
+
+    from vitlab import provenance
+    from vitlab.scaling import _execute
+
+    calls = _stub_runs(monkeypatch)
+
+    class EditedWorkerPool:  # each job runs in this process, as a worker that imported edited code would
+        def __init__(self, max_workers, mp_context):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, *args):
+            fut = cf.Future()
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(provenance, "code_hash", lambda: "edited")
+                fut.set_result(fn(*args))
+            return fut
+
+    monkeypatch.setattr(cf, "ProcessPoolExecutor", EditedWorkerPool)
+    sweep = dataclasses.replace(QUICK, sizes=(40,), families=("vit_tiny",))
+    records: list[dict] = []
+    _execute([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 1)
+    assert calls == [] and records[0]["fingerprint"] == sweep.fingerprint()
+    assert records[0]["status"] == "failed" and f"the sweep started with code {provenance.code_hash()}" in \
+        records[0]["error"] and "imported vitlab code edited" in records[0]["error"]
+    records.clear()
+    _execute([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)  # the same code: it runs
+    assert records[0]["status"] == "ok" and records[0]["fingerprint"] == sweep.fingerprint() and len(calls) == 1
+
+
+def test_tune_writes_the_frozen_config_beside_the_results_by_default(tmp_path, monkeypatch, capsys):
+    """Without --save-config the tuned config goes where `--table` and notebook 06 look for it (RESULTS with the
+    suffix .tuned.json), not into the current folder."""
+    _stub_runs(monkeypatch)
+    monkeypatch.setattr("vitlab.scaling.TUNING_GRID", GRID)
+    cfg = tmp_path / "t.json"
+    cfg.write_text(json.dumps(dataclasses.asdict(TUNE)))
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    results = tmp_path / "store" / "scaling.jsonl"
+    assert main(["sweep", "--config", str(cfg), "--results", str(results), "--tune", "--workers", "0", "--quiet"]) == 0
+    assert list(elsewhere.iterdir()) == []
+    tuned = json.loads(results.with_suffix(".tuned.json").read_text())
+    assert [r[0] for r in tuned["recipes"]] == list(TUNE.families)
+    assert str(results.with_suffix(".tuned.json")) in capsys.readouterr().out
+
+
+def test_a_frozen_config_records_the_code_it_was_tuned_with_and_the_sweep_warns_when_that_changed(
+        tmp_path, monkeypatch):
+    import warnings
+    from pathlib import Path
+
+    from vitlab import provenance
+    from vitlab.scaling import RecipeProvenanceWarning, load_sweep_config, recipe_provenance, tune
+
+    _stub_runs(monkeypatch)
+    monkeypatch.setattr("vitlab.scaling.TUNING_GRID", GRID)
+    cfg = tmp_path / "t.json"
+    cfg.write_text(json.dumps(dataclasses.asdict(TUNE)))
+    results = tmp_path / "t.jsonl"
+    assert main(["sweep", "--config", str(cfg), "--results", str(results), "--tune", "--workers", "0", "--quiet"]) == 0
+    frozen = results.with_suffix(".tuned.json")
+    assert json.loads(frozen.read_text())["tuned_code"] == provenance.code_hash()  # written with the config
+    tuned = load_sweep_config(str(frozen))
+    assert tuned == tune(TUNE, tmp_path / "t.tuning.jsonl", grid=GRID, progress=False)  # nothing reruns
+    assert tuned.tuned_code == provenance.code_hash() and recipe_provenance(tuned) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same code: no warning
+        run_sweep(tuned, tmp_path / "a.jsonl", workers=0, progress=False)
+    monkeypatch.setattr(provenance, "code_hash", lambda: "edited")  # the code changed since the tuning
+    with pytest.warns(RecipeProvenanceWarning, match=f"tuned with vitlab code {tuned.tuned_code}, and this is code "
+                                                     "edited.*Re-tune with `vitlab sweep --config ... --tune`"):
+        run_sweep(tuned, tmp_path / "b.jsonl", workers=0, progress=False)
+    # the provenance is not an input of the runs: it leaves the fingerprint as it is
+    assert dataclasses.replace(tuned, tuned_code="other").fingerprint() == tuned.fingerprint()
+    # a config frozen before provenance was recorded (the shipped one) loads, with its provenance unknown
+    shipped = load_sweep_config(str(Path(__file__).resolve().parents[1] / "data/results/scaling_cifar10.tuned.json"))
+    assert shipped.tuned_code is None and shipped.recipes
+    assert "provenance is unknown" in recipe_provenance(shipped)
+    assert recipe_provenance(dataclasses.replace(shipped, recipes=())) is None  # no recipes: nothing to warn about
+
+
+def test_a_changed_data_folder_or_zip_is_not_taken_as_done(tmp_path, monkeypatch):
+    """A sweep on a folder (or zip) of images: replacing, adding or removing an image changes the fingerprint, so
+    the finished runs rerun instead of being skipped as done with other data."""
+    import os
+    import shutil
+    import zipfile
+
+    from _reference import make_folder
+
+    calls = _stub_runs(monkeypatch)
+    root = tmp_path / "data"
+    make_folder(root / "train", n_per_class=2, size=8, classes=("a", "b", "c", "d"))
+    make_folder(root / "test", n_per_class=2, size=8, classes=("a", "b", "c", "d"))
+    sweep = dataclasses.replace(QUICK, data=str(root), sizes=(4,), families=("vit_tiny",))
+    results = tmp_path / "r.jsonl"
+    assert len(run_sweep(sweep, results, workers=0, progress=False)) == 1
+    assert run_sweep(sweep, results, workers=0, progress=False) == []  # unchanged: done
+    before = sweep.fingerprint()
+    img = root / "train" / "a" / "0.png"
+    mtime = img.stat().st_mtime_ns
+    shutil.copy(root / "train" / "b" / "1.png", img)  # another image in its place, a second later
+    os.utime(img, ns=(mtime + 10**9, mtime + 10**9))
+    assert sweep.fingerprint() != before
+    assert [r["run_id"] for r in run_sweep(sweep, results, workers=0, progress=False)] == ["vit_tiny-n4-s0"]
+    changed = sweep.fingerprint()
+    (root / "test" / "d" / "1.png").unlink()  # an image removed from the test split
+    assert sweep.fingerprint() != changed
+    # a zip of both splits
+    z = tmp_path / "data.zip"
+    with zipfile.ZipFile(z, "w") as f:
+        for p in sorted(root.rglob("*.png")):
+            f.write(p, p.relative_to(root))
+    zipped = dataclasses.replace(sweep, data=str(z))
+    first = zipped.fingerprint()
+    with zipfile.ZipFile(z, "a") as f:
+        f.write(img, "train/a/new.png")
+    assert zipped.fingerprint() != first
+    assert len(calls) == 2
+
+
+def test_a_named_data_set_keeps_the_fingerprint_formula_of_the_shipped_records(tmp_path, monkeypatch):
+    """cifar10 and the shapes are read by name and add nothing to the fingerprint, so every shipped record's
+    fingerprint (grid and tuning trials) still recomputes from its own config and code hash."""
+    from pathlib import Path
+
+    from vitlab import provenance
+    from vitlab.data import data_fingerprint
+    from vitlab.scaling import load_sweep_config
+
+    assert data_fingerprint("cifar10") is None and data_fingerprint("shapes") is None
+    assert data_fingerprint(str(tmp_path / "nothing here")) == "missing"
+    results = Path(__file__).resolve().parents[1] / "data" / "results"
+    records = (ResultsStore(results / "scaling_cifar10.jsonl").records()
+               + ResultsStore(results / "scaling_cifar10.tuning.jsonl").records())
+    assert len(records) > 50
+    for i, r in enumerate(records):
+        cfg = tmp_path / f"{i}.json"
+        cfg.write_text(json.dumps(r["config"]))
+        monkeypatch.setattr(provenance, "code_hash", lambda r=r: r["provenance"]["code_hash"])
+        assert load_sweep_config(str(cfg)).fingerprint() == r["fingerprint"], r["run_id"]
+
+
+def test_newest_sweep_skips_a_newer_config_whose_runs_all_failed(tmp_path):
+    """A rerun under a new config whose one run failed (e.g. a typo in the data path): notebook 06 shows the newest
+    config with a finished run, not 0 runs, and says which config it skipped."""
+    def rec(run, fp, finished, status="ok"):
+        return {"run_id": run, "sweep": "s", "fingerprint": fp, "finished": finished, "status": status,
+                "spec": {"family": "vit", "size": 100, "seed": int(run[-1])},
+                "metrics": {"few_shot": {"10": {"mean": 0.5}}} if status == "ok" else None}
+
+    store = ResultsStore(tmp_path / "r.jsonl")
+    for r in (rec("vit-n100-s0", "old", "2026-01-01T00:00"), rec("vit-n100-s1", "old", "2026-01-01T00:01"),
+              rec("vit-n100-s0", "new", "2026-02-01T00:00", "failed")):
+        store.append(r)
+    shown = store.newest_sweep()
+    assert sorted(shown) == ["vit-n100-s0", "vit-n100-s1"] and {r["fingerprint"] for r in shown.values()} == {"old"}
+    assert store.newest_sweep_with_note()[0] == shown
+    note = store.newest_sweep_with_note()[1]
+    assert "config old: 2 of 2 runs finished" in note and "skipped newer config(s) with no finished run: sweep 's' " \
+        "config new (1 failed record(s))" in note
+    store.append(rec("vit-n100-s1", "new", "2026-02-01T00:01"))  # the new config finishes a run: it is shown
+    shown, note = store.newest_sweep_with_note()
+    assert {r["fingerprint"] for r in shown.values()} == {"new"} and "1 of 2 runs finished" in note
+    assert "skipped" not in note
+    failed_only = ResultsStore(tmp_path / "f.jsonl")
+    failed_only.append(rec("vit-n100-s0", "x", "2026-01-01T00:00", "failed"))
+    shown, note = failed_only.newest_sweep_with_note()
+    assert list(shown) == ["vit-n100-s0"] and "no run of any config in the store finished" in note
+
+
+def test_the_sweep_table_marks_the_recipes_the_runs_trained_with_and_only_their_tuning_trials(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """`--table` with a --config whose recipes differ from the stored runs' (a re-tuned config, same grid), and a
+    tuning store that also holds a later re-tuning under other code: the marks are the runs' own recipes, the trials
+    those of the runs' tuning, and where each winner sits in its grid is printed."""
+    from vitlab.scaling import tune, tuning_table
+
+    _stub_runs(monkeypatch, val=lambda sweep, spec: sweep.recipes[0][2])  # the larger lr wins
+    results = tmp_path / "s.jsonl"
+    tuned = tune(TUNE, results.with_suffix(".tuning.jsonl"), grid=GRID, progress=False)
+    run_sweep(tuned, results, workers=0, progress=False)
+    trials = ResultsStore(results.with_suffix(".tuning.jsonl")).records()
+    retune = {**trials[0], "provenance": {**trials[0]["provenance"], "code_hash": "later"}, "fingerprint": "later",
+              "metrics": {**trials[0]["metrics"], "best": {"epoch": 1, "val_accuracy": 0.99}}}
+    ResultsStore(results.with_suffix(".tuning.jsonl")).append(retune)  # a later re-tuning, never run on the grid
+    other = dataclasses.replace(tuned, recipes=(("vit_tiny", "adamw", 1e-3, 0.05), ("bit_tiny", "sgd", 0.03, 5e-4)))
+    cfg = tmp_path / "other.json"
+    cfg.write_text(json.dumps(dataclasses.asdict(other)))
+    assert main(["sweep", "--config", str(cfg), "--results", str(results), "--table", "--shots", "5"]) == 0
+    out = capsys.readouterr().out
+    table = tuning_table(trials, 5, tuned.recipes)
+    assert table in out and "99.0%" not in out  # the runs' tuning only, the re-tuning left out
+    marked = [line for line in table.splitlines() if "**yes**" in line]
+    assert [line.split(" | ")[:3] for line in marked] == [["| vit_tiny", "adamw", "0.002"], ["| bit_tiny", "sgd", "0.1"]]
+    assert "4 of 5 tuning trials match the runs shown" in out and "1 of other configs or code left out" in out
+    assert "vit_tiny: adamw lr 0.002 (the largest of 0.001, 0.002 tried: at the top edge of the grid)" in out
+    assert "bit_tiny: sgd lr 0.1 (the largest of 0.03, 0.1 tried: at the top edge of the grid)" in out
+    assert "may be short of its family's best" in out
+    assert tuning_table(trials, 5, ()).count("**yes**") == 0  # runs without tuned recipes: nothing marked
+
+
+def test_the_shipped_sweeps_tuning_evidence_says_where_its_winners_sit():
+    """The shipped runs' own config names the recipes; all shipped trials are theirs; the ViT's lr 2e-3 and the
+    ResNet's SGD lr 0.1 are the largest of their grids, which the lines say."""
+    from pathlib import Path
+
+    from vitlab.scaling import load_sweep_config, plotted_recipes, recipe_grid_positions, tuning_trials_for
+
+    results = Path(__file__).resolve().parents[1] / "data" / "results"
+    records = list(ResultsStore(results / "scaling_cifar10.jsonl").newest_sweep().values())
+    chosen = plotted_recipes(records)
+    assert chosen == load_sweep_config(str(results / "scaling_cifar10.tuned.json")).recipes
+    trials, note = tuning_trials_for(records, ResultsStore(results / "scaling_cifar10.tuning.jsonl").records())
+    assert len(trials) == 12 and note.startswith("12 of 12 tuning trials match")
+    lines = recipe_grid_positions(trials, chosen)
+    assert lines[0].startswith("vit: adamw lr 0.002 (the largest of 0.001, 0.002 tried: at the top edge")
+    assert lines[1].startswith("bit: sgd lr 0.1 (the largest of 0.03, 0.1 tried: at the top edge")
+    assert not any("NOT the trials' best" in line for line in lines)

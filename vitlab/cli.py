@@ -253,11 +253,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         tuned = tune(sweep, Path(results).with_suffix(".tuning.jsonl"), progress=not args.quiet,
                      executor=args.executor, workers=args.workers, address=args.address, work_dir=args.work_dir)
-        out = args.save_config or f"{sweep.name}.tuned.json"
+        # beside the results, where `--table` and notebook 06 look for it (not the current folder)
+        out = args.save_config or str(Path(results).with_suffix(".tuned.json"))
         from vitlab.atomic import atomic_write_text
 
         atomic_write_text(out, json.dumps(dataclasses.asdict(tuned), indent=2) + "\n")
-        print(f"tuned recipes {list(tuned.recipes)}; frozen config written to {out}: run the sweep with --config {out}")
+        print(f"tuned recipes {list(tuned.recipes)} (with vitlab code {tuned.tuned_code}); frozen config written to "
+              f"{out}: run the sweep with --config {out}")
         return 0
     new = run_sweep(sweep, results, executor=args.executor, workers=args.workers, address=args.address,
                     work_dir=args.work_dir, progress=not args.quiet)
@@ -301,7 +303,16 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
     """``vitlab sweep --table``: the README's tables and verdict from a results store, running nothing. The records
     are the latest of each grid run of ``sweep.name`` whatever code made them (one fingerprint, or an error)."""
     from vitlab.findings import explain, scaling_gap_narrows, verdict_table
-    from vitlab.scaling import ResultsStore, markdown_table, one_config, summarise, tuning_table
+    from vitlab.scaling import (
+        ResultsStore,
+        markdown_table,
+        one_config,
+        plotted_recipes,
+        recipe_grid_positions,
+        summarise,
+        tuning_table,
+        tuning_trials_for,
+    )
 
     in_grid = {s.run_id for s in sweep.runs()}
     records = [r for k, r in ResultsStore(results).latest(sweep.name).items() if k in in_grid]
@@ -320,10 +331,14 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
     print(f"{shots}-shot accuracy on the held-out classes, % (mean ± std over seeds):\n")
     print(markdown_table(summarise(records, shots)))
     tuning = results.with_suffix(".tuning.jsonl")
-    if tuning.exists():
+    if tuning.exists():  # the trials behind these runs, the recipes they trained with marked (from their own config)
+        trials, note = tuning_trials_for(records, ResultsStore(tuning).records())
+        chosen = plotted_recipes(records)
         print(f"\nTuning ({tuning.name}): each family on the largest subset, seed 0, by the best validation "
-              "accuracy:\n")
-        print(tuning_table(ResultsStore(tuning).records(), shots, sweep.recipes))
+              f"accuracy; {note}; marked: the recipes the runs above trained with:\n")
+        if trials:
+            print(tuning_table(trials, shots, chosen))
+            print("\n" + "\n".join(recipe_grid_positions(trials, chosen)))
     families = {r["spec"]["family"] for r in ok}
     if {"vit", "bit"} <= families:
         verdicts = [scaling_gap_narrows(records, shots)]
@@ -548,7 +563,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--plot", help="write the scaling curves to this file (.html, or .png with a Chromium)")
     sp.add_argument("--tune", action="store_true", help="tune each family's optimizer, lr and weight decay once on the "
                     "largest subset (validation split), then write the frozen config (--save-config)")
-    sp.add_argument("--save-config", help="with --tune: where to write the tuned sweep config (JSON)")
+    sp.add_argument("--save-config", help="with --tune: where to write the tuned sweep config (JSON; default: "
+                    "beside the results, RESULTS with the suffix .tuned.json)")
     sp.add_argument("--table", action="store_true", help="run nothing: print the README's tables (the grid at --shots, "
                     "default 10 where the sweep probes it, else its largest, and the tuning trials) and the Fig. 3/4 verdict from the results store; with --plot, "
                     "draw the stored runs")
