@@ -475,6 +475,38 @@ def test_the_mpp_reason_names_what_the_probe_reads():
     assert "class token" not in known_reason(v("finetune", None))
 
 
+def test_a_verdict_without_an_interval_says_why_instead_of_a_known_reason():
+    """Inconclusive because no interval could be computed (too few images, components or seeds): the page and the
+    printed explanation say what was missing, not the training-data reason of a finding the data never tested;
+    an inconclusive verdict with a finite interval keeps its known reason."""
+    from vitlab.findings import KNOWN_REASONS, MIN_RANK_BOOTSTRAP, explain, known_reason, no_interval_reason
+    from vitlab.report.render import render_html, verdict_row
+    from vitlab.report.sections import Section
+
+    two = lowest_layer_spread(np.array([[[1.0, 9.0], [1.5, 8.0]]]), 10.0)  # 2 images: no bootstrap
+    assert two.verdict == "inconclusive" and math.isnan(two.interval[0])
+    assert no_interval_reason(two) == "2 images, at least 4 needed" and known_reason(two) is None
+    assert explain([two]).endswith("The data cannot decide it here; no interval: 2 images, at least 4 needed.")
+    rng = np.random.default_rng(0)
+    comps = filters_low_frequency(rng.normal(size=(5, 3, 4, 4)), k=5)
+    assert no_interval_reason(comps) == f"5 components, at least {MIN_RANK_BOOTSTRAP} needed"
+    one_seed = scaling_gap_narrows(sweep([-0.05], [0.10]))
+    assert no_interval_reason(one_seed) == "1 seed, at least 2 needed"
+    assert no_interval_reason(distance_grows_with_depth(np.zeros((2, 1, 1)))) == "1 image, at least 2 needed"
+    by_hand = Verdict("Fig. 7 right: x", "c", 0.1, (math.nan, math.nan), 0.0, "inconclusive")
+    assert no_interval_reason(by_hand) == "none could be computed" and known_reason(by_hand) is None
+    assert no_interval_reason(Verdict.from_dict(json.loads(json.dumps(two.to_dict())))) == no_interval_reason(two)
+    finite = scaling_gap_narrows(sweep([0.0, 0.0], [0.05, -0.05]))  # straddles 0: the known reason stands
+    assert finite.verdict == "inconclusive" and no_interval_reason(finite) is None
+    assert known_reason(finite) == KNOWN_REASONS["Fig. 3/4"] and verdict_row(finite)["reason"] == known_reason(finite)
+    row = verdict_row(two)
+    assert row["reason"] is None and row["no_interval"] == "2 images, at least 4 needed"
+    summary = {"model": "m", "headline": "h", "facts": [], "vitlab": "0", "seconds": 1.0}
+    page = render_html(summary, [Section("distance", "t", None, "p", "o", {}, [two, finite])])
+    assert "no interval: 2 images, at least 4 needed." in page
+    assert page.count("a known reason:") == 1 and "Raghu" not in page  # only the finite one's (Fig. 3/4) reason
+
+
 def test_the_position_intervals_are_as_wide_as_the_statistics_spread():
     """Over 50 draws of position embeddings on an 8x8 grid, the 95% intervals of both Fig. 7 centre verdicts against
     3.92 standard deviations of their statistic: about right for embeddings with structure (smooth in position plus

@@ -163,6 +163,9 @@ def test_a_fixed_position_table_one_layer_and_one_image_get_no_false_verdicts(tm
     positions = next(f for f in metrics["figures"] if f["slug"] == "positions")
     assert "fixed" in positions["ours"] and "Not judged" in positions["ours"]
     assert [v["verdict"] for v in by_section["distance"]] == ["inconclusive"]  # the spread over 1 image; no slope
+    assert by_section["distance"][0]["details"]["no_interval"] == "1 image, at least 4 needed"
+    page = (out / "report.html").read_text()  # the page says what is missing, not a reason about training data
+    assert "no interval: 1 image, at least 4 needed." in page and "Raghu" not in page
 
 
 def test_a_model_without_a_classifier_head_gets_rollout_and_no_made_up_predictions(tmp_path):

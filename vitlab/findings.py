@@ -52,6 +52,7 @@ __all__ = [
     "explain",
     "KNOWN_REASONS",
     "known_reason",
+    "no_interval_reason",
 ]
 
 N_BOOT = 1000
@@ -169,9 +170,28 @@ def _decide(interval: tuple[float, float], threshold: float, side: str) -> str:
     return "reproduced" if below else "not reproduced" if above else "inconclusive"
 
 
+def _units(n: int, unit: str) -> str:
+    """``n`` units in words: "1 image", "2 images"."""
+    return f"{n} {unit.removesuffix('s') if n == 1 else unit}"
+
+
+def _none_reason(method: str) -> str | None:
+    """Why ``_mean_interval`` or ``_prediction_interval`` gave no interval ("2 seeds, at least ... needed"), from the
+    method it returned; None when it gave one."""
+    return method.removeprefix("none: ") if method.startswith("none: ") else None
+
+
+#: why a verdict has no interval when its maker gave no reason: every resample's statistic was NaN or infinite
+NOT_FINITE = "the statistic is not finite on the data or on any resample"
+
+
 def _verdict(finding: str, criterion: str, statistic: float, interval: tuple[float, float], threshold: float,
-             side: str, quantity: str, unit: str, details: dict[str, Any]) -> Verdict:
+             side: str, quantity: str, unit: str, details: dict[str, Any], no_interval: str | None = None) -> Verdict:
+    """A verdict decided by ``_decide``. Where the interval is not finite, ``details["no_interval"]`` says why
+    (``no_interval``, e.g. "2 images, at least 4 needed"; ``NOT_FINITE`` when none is given)."""
     interval = (float(interval[0]), float(interval[1]))
+    if not (math.isfinite(interval[0]) and math.isfinite(interval[1])):
+        details = {**details, "no_interval": no_interval or NOT_FINITE}
     return Verdict(finding=finding, criterion=criterion, statistic=float(statistic), interval=interval,
                    threshold=float(threshold), verdict=_decide(interval, threshold, side), details=_plain(details),
                    side=side, quantity=quantity, unit=unit)
@@ -198,7 +218,7 @@ def _mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str) -> tup
     percentile bootstrap from there on, none for 1."""
     n = len(values)
     if n < 2:
-        return (math.nan, math.nan), f"none: {n} {unit}, at least 2 needed"
+        return (math.nan, math.nan), f"none: {_units(n, unit)}, at least 2 needed"
     if n < MIN_MEAN_BOOTSTRAP:
         from scipy.stats import t
 
@@ -213,7 +233,7 @@ def _prediction_interval(values: np.ndarray, unit: str) -> tuple[tuple[float, fl
     2.5 and 97.5 percentiles from 20 on."""
     n = len(values)
     if n < 2:
-        return (math.nan, math.nan), f"none: {n} {unit}, at least 2 needed"
+        return (math.nan, math.nan), f"none: {_units(n, unit)}, at least 2 needed"
     if n < 20:
         from scipy.stats import t
 
@@ -308,7 +328,8 @@ def filters_low_frequency(components: Array, k: int = 28, n_boot: int = N_BOOT, 
         "components > 0 (later components have higher frequencies); 95% bootstrap over components"
         + (f" (none below {MIN_RANK_BOOTSTRAP} components)" if few else ""),
         stat, (math.nan, math.nan) if few else _percentile(boot), 0.0, ">", "Spearman", "",
-        {"k": k, "dct_radius": radius, "constant_resamples": int(np.isnan(boot).sum())})
+        {"k": k, "dct_radius": radius, "constant_resamples": int(np.isnan(boot).sum())},
+        f"{_units(k, 'components')}, at least {MIN_RANK_BOOTSTRAP} needed" if few else None)
 
 
 def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k: int = 28, n_boot: int = N_BOOT,
@@ -336,7 +357,8 @@ def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k:
         f"explained-variance share of the first {k} components minus that of a randomly initialised embedding "
         "of the same shape > 0; 95% prediction interval of one random embedding's share",
         float(diff.mean()), interval, 0.0, ">", "share difference", "",
-        {"k": k, "explained": float(er[:k].sum()), "random_explained": rr[:, :k].sum(1), "interval_method": method})
+        {"k": k, "explained": float(er[:k].sum()), "random_explained": rr[:, :k].sum(1), "interval_method": method},
+        _none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 7 centre
@@ -491,7 +513,8 @@ def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_b
         spread(np.ones((1, b)))[0], interval, threshold, ">",
         "spread", "of uniform",
         {"head_distance_px": heads, "ceiling_px": ceiling, "images": b, "local_head": int(heads.argmin()),
-         "global_head": int(heads.argmax())})
+         "global_head": int(heads.argmax())},
+        None if b >= MIN_BOOTSTRAP else f"{_units(b, 'images')}, at least {MIN_BOOTSTRAP} needed")
 
 
 def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
@@ -514,7 +537,7 @@ def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEE
         "Fig. 7 right: attention distance grows with depth",
         f"least-squares slope of head-averaged mean attention distance over layer index > 0 px/layer; 95% {method}",
         slopes.mean(), interval, 0.0, ">", "slope", "px/layer",
-        {"layer_distance_px": m.mean(1), "images": b})
+        {"layer_distance_px": m.mean(1), "images": b}, _none_reason(method))
 
 
 @dataclass(frozen=True)
@@ -601,7 +624,7 @@ def rollout_localises(mass: Array, pointing: Array, random_mass: Array, random_p
         diff.mean(), interval, 0.0, ">", "mass difference", "",
         {"images": b, "mass": m.mean(), "random_mass": rm.mean(), "pointing": p.mean(),
          "random_pointing": rp.mean(), "pointing_difference": pdiff.mean(),
-         "pointing_difference_interval": _mean_interval(pdiff, n_boot, seed, "images")[0]})
+         "pointing_difference_interval": _mean_interval(pdiff, n_boot, seed, "images")[0]}, _none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 3/4
@@ -649,7 +672,8 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
         per_seed.mean() if len(per_seed) else math.nan, interval, 0.0, ">", "gap change", "",
         {"shots": shots, "smallest": lo, "largest": hi, "seeds": complete, "per_seed": per_seed,
          "interval_method": method, "gap_by_size": {n: mean(vit, n) - mean(resnet, n) for n in sizes},
-         f"{vit}_by_size": {n: mean(vit, n) for n in sizes}, f"{resnet}_by_size": {n: mean(resnet, n) for n in sizes}})
+         f"{vit}_by_size": {n: mean(vit, n) for n in sizes}, f"{resnet}_by_size": {n: mean(resnet, n) for n in sizes}},
+        _none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- Sec. 4.6
@@ -727,7 +751,7 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
          else None, "seeds": common, "per_seed": diff,
          "interval_method": method, f"{better}_mean": float(np.mean([acc[better][s] for s in common])) if common
          else None, f"{worse}_mean": float(np.mean([acc[worse][s] for s in common])) if common else None,
-         "code_hashes": code})
+         "code_hashes": code}, _none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- reasons
@@ -765,10 +789,22 @@ _MPP_READOUT = {
 }
 
 
+def no_interval_reason(v: Verdict) -> str | None:
+    """Why ``v`` has no interval (e.g. "2 images, at least 4 needed"), None when it has one. Verdicts made before
+    ``details["no_interval"]`` was recorded (or by hand) say only that none could be computed."""
+    lo, hi = v.interval
+    if math.isfinite(lo) and math.isfinite(hi):
+        return None
+    return v.details.get("no_interval") or "none could be computed"
+
+
 def known_reason(v: Verdict) -> str | None:
-    """The known reason (``KNOWN_REASONS``) shown with a verdict, None when none is known. For the lowest layer's
+    """The known reason (``KNOWN_REASONS``) shown with a verdict, None when none is known or when ``v`` has no
+    interval: then the data decided nothing, and ``no_interval_reason`` says why instead. For the lowest layer's
     spread it starts with where this model's heads sit against the paper's, so the reason is read beside the numbers
     it explains (a model may have local heads and still fall short of the paper's span)."""
+    if no_interval_reason(v) is not None:
+        return None
     reason = next((r for k, r in KNOWN_REASONS.items() if v.finding.startswith(k)), None)
     if reason is not None and v.finding.startswith("Sec. 4.6"):
         reason += " " + _MPP_READOUT.get((v.details.get("kind"), v.details.get("readout")), "")
@@ -791,7 +827,10 @@ def explain(verdicts: Sequence[Verdict], width: int | None = None) -> str:
         lo, hi = v.interval
         head = f"{v.finding}: {v.verdict} ({v.quantity} {_fmt(v.statistic)}, 95% interval [{_fmt(lo)}, {_fmt(hi)}], " \
                f"finding side {v.side} {_fmt(v.threshold)})."
-        if v.verdict != "reproduced":
+        missing = no_interval_reason(v)
+        if missing is not None:
+            head += f" The data cannot decide it here; no interval: {missing}."
+        elif v.verdict != "reproduced":
             reason = known_reason(v)
             what = "The data cannot decide it here" if v.verdict == "inconclusive" else "Not seen on this model"
             head += f" {what}; known reason: {reason}" if reason else f" {what}."
