@@ -507,6 +507,23 @@ def test_a_verdict_without_an_interval_says_why_instead_of_a_known_reason():
     assert page.count("a known reason:") == 1 and "Raghu" not in page  # only the finite one's (Fig. 3/4) reason
 
 
+def test_the_filter_reason_states_this_models_patch_size_and_no_training_set_it_does_not_know():
+    """vit_base_patch16_224 is not "4 px patches of a small model trained on 50,000 images": the reason names the
+    patch size of the filters judged and claims no training-set size; without a recorded size it is generic."""
+    from vitlab.findings import KNOWN_REASONS, known_reason
+
+    comps = np.random.default_rng(0).normal(size=(12, 3, 16, 16))
+    v = filters_low_frequency(comps, k=12)
+    assert math.isfinite(v.interval[0]) and v.verdict != "reproduced" and v.details["patch_px"] == [16, 16]
+    reason = known_reason(v)
+    assert reason.startswith("this model's filters are 16x16 px, 256 DCT frequencies per channel")
+    assert reason.endswith(KNOWN_REASONS["Fig. 7 left"])
+    structured = filters_structured(np.full(12, 0.05), np.full((3, 12), 0.06), k=12)  # no filters: no size
+    assert known_reason(structured) == KNOWN_REASONS["Fig. 7 left"]
+    for text in (reason, KNOWN_REASONS["Fig. 7 left"]):
+        assert "50,000" not in text and "4 px" not in text and "small model" not in text
+
+
 def test_the_position_intervals_are_as_wide_as_the_statistics_spread():
     """Over 50 draws of position embeddings on an 8x8 grid, the 95% intervals of both Fig. 7 centre verdicts against
     3.92 standard deviations of their statistic: about right for embeddings with structure (smooth in position plus

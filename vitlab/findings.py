@@ -328,7 +328,8 @@ def filters_low_frequency(components: Array, k: int = 28, n_boot: int = N_BOOT, 
         "components > 0 (later components have higher frequencies); 95% bootstrap over components"
         + (f" (none below {MIN_RANK_BOOTSTRAP} components)" if few else ""),
         stat, (math.nan, math.nan) if few else _percentile(boot), 0.0, ">", "Spearman", "",
-        {"k": k, "dct_radius": radius, "constant_resamples": int(np.isnan(boot).sum())},
+        {"k": k, "dct_radius": radius, "constant_resamples": int(np.isnan(boot).sum()),
+         "patch_px": list(_np(components).shape[-2:])},
         f"{_units(k, 'components')}, at least {MIN_RANK_BOOTSTRAP} needed" if few else None)
 
 
@@ -759,9 +760,9 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
 #: Known reasons, with their sources, why a finding of the paper may not show on a small model trained on little
 #: data; keyed by the start of ``Verdict.finding``.
 KNOWN_REASONS: dict[str, str] = {
-    "Fig. 7 left": "the paper's filters come from ViT-L/32 pre-trained on JFT-300M; 4 px patches of a small model "
-                   "trained on 50,000 images leave few frequencies to order and little data to shape them (paper "
-                   "section 4.5 shows them for large-scale pre-training only).",
+    "Fig. 7 left": "the paper's filters come from ViT-L/32 pre-trained on JFT-300M (section 4.5 shows them for "
+                   "large-scale pre-training only); small patches leave few frequencies to order, and less "
+                   "pre-training data shapes the filters less.",
     "Fig. 7 centre": "the 2D topology of 1D position embeddings is learned from data; the paper's Appendix D.4 "
                      "(Table 8) finds position-embedding variants matter little at small scale, and small grids "
                      "trained briefly learn weak structure.",
@@ -806,16 +807,35 @@ def known_reason(v: Verdict) -> str | None:
     if no_interval_reason(v) is not None:
         return None
     reason = next((r for k, r in KNOWN_REASONS.items() if v.finding.startswith(k)), None)
-    if reason is not None and v.finding.startswith("Sec. 4.6"):
+    if reason is None:
+        return None
+    if v.finding.startswith("Sec. 4.6"):
         reason += " " + _MPP_READOUT.get((v.details.get("kind"), v.details.get("readout")), "")
         reason = reason.rstrip()
+    prefix = _filter_size(v) if v.finding.startswith("Fig. 7 left") else \
+        _lowest_layer_heads(v) if v.finding.startswith(_LOWEST_LAYER) else None
+    return f"{prefix} {reason}" if prefix else reason
+
+
+def _filter_size(v: Verdict) -> str | None:
+    """This model's patch size against the paper's 32 px, from ``details["patch_px"]`` (None when not recorded)."""
+    patch = v.details.get("patch_px")
+    if not patch or len(patch) != 2:
+        return None
+    p, q = (int(x) for x in patch)
+    return (f"this model's filters are {p}x{q} px, {p * q:,} DCT frequencies per channel, where the paper's 32x32 px "
+            "filters have 1,024.")
+
+
+def _lowest_layer_heads(v: Verdict) -> str | None:
+    """Where this model's lowest-layer heads sit against the paper's span (None without the head details)."""
     heads, ceiling = v.details.get("head_distance_px"), v.details.get("ceiling_px")
-    if reason is not None and v.finding.startswith(_LOWEST_LAYER) and heads is not None and len(heads) and ceiling:
-        lo, hi = min(heads), max(heads)
-        reason = (f"this model's lowest-layer heads sit at {lo:.1f} to {hi:.1f} px, {lo / ceiling:.0%} to "
-                  f"{hi / ceiling:.0%} of the uniform-attention distance, where the paper's lowest-layer heads span "
-                  f"about 10% to 90%. {reason}")
-    return reason
+    if heads is None or not len(heads) or not ceiling:
+        return None
+    lo, hi = min(heads), max(heads)
+    return (f"this model's lowest-layer heads sit at {lo:.1f} to {hi:.1f} px, {lo / ceiling:.0%} to "
+            f"{hi / ceiling:.0%} of the uniform-attention distance, where the paper's lowest-layer heads span "
+            "about 10% to 90%.")
 
 
 def explain(verdicts: Sequence[Verdict], width: int | None = None) -> str:
