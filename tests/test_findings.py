@@ -459,6 +459,13 @@ def test_the_lowest_layer_reason_states_where_this_models_heads_sit():
     assert known_reason(slope) == KNOWN_REASONS["Fig. 7 right"]
     other = dataclasses.replace(slope, details={**slope.details, "head_distance_px": [1.0], "ceiling_px": 2.0})
     assert known_reason(other) == KNOWN_REASONS["Fig. 7 right"]  # the numbers belong to the lowest-layer finding only
+    # NaN head distances (None once through to_dict) are left out, not compared: no TypeError while rendering
+    holes = dataclasses.replace(v, details={**v.details, "head_distance_px": [None, 6.5, math.nan, 13.8, None]})
+    assert known_reason(holes).startswith("this model's lowest-layer heads sit at 6.5 to 13.8 px, 39% to 84%")
+    assert verdict_row(holes)["reason"] == known_reason(holes)
+    for heads, ceil in (([None, math.nan], ceiling), ([6.5], None), ([6.5], math.nan)):
+        blank = dataclasses.replace(v, details={**v.details, "head_distance_px": heads, "ceiling_px": ceil})
+        assert known_reason(blank) == KNOWN_REASONS["Fig. 7 right"]
 
 
 def test_the_mpp_reason_names_what_the_probe_reads():

@@ -828,9 +828,11 @@ def _filter_size(v: Verdict) -> str | None:
 
 
 def _lowest_layer_heads(v: Verdict) -> str | None:
-    """Where this model's lowest-layer heads sit against the paper's span (None without the head details)."""
-    heads, ceiling = v.details.get("head_distance_px"), v.details.get("ceiling_px")
-    if heads is None or not len(heads) or not ceiling:
+    """Where this model's lowest-layer heads sit against the paper's span, from the heads with a finite distance
+    (``to_dict`` turns NaN into None); None without such heads or a finite ceiling."""
+    heads, ceiling = v.details.get("head_distance_px") or [], v.details.get("ceiling_px")
+    heads = [float(h) for h in heads if h is not None and math.isfinite(h)]
+    if not heads or ceiling is None or not math.isfinite(ceiling) or ceiling <= 0:
         return None
     lo, hi = min(heads), max(heads)
     return (f"this model's lowest-layer heads sit at {lo:.1f} to {hi:.1f} px, {lo / ceiling:.0%} to "
