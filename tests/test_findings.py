@@ -419,6 +419,33 @@ def test_findings_take_the_outputs_of_the_analyses_as_they_are(vit):
     assert len(verdict_table(verdicts).splitlines()) == len(verdicts) + 2
 
 
+def test_a_printed_interval_never_rounds_onto_or_across_the_threshold():
+    """(0.50049, 0.9) against > 0.5 is reproduced; 3 significant digits printed it "[0.5, 0.9] > 0.5" beside a
+    green badge. Each endpoint gets the digits that keep it on its side of the printed threshold, on the page and in
+    the printed tables; over endpoints near thresholds the printed numbers compare as the true ones."""
+    from vitlab.findings import explain, fmt_endpoint, fmt_threshold
+    from vitlab.report.render import verdict_row
+
+    v = Verdict("Fig. 7 right: x", "c", 0.7, (0.50049, 0.9), 0.5, "reproduced", quantity="spread")
+    row = verdict_row(v)
+    assert row["statistic_text"] == "spread 0.7 [0.5005, 0.9]" and row["threshold_text"] == "0.5"
+    below = Verdict("Fig. 7 right: x", "c", 0.3, (0.1, 0.49996), 0.5, "not reproduced", quantity="spread")
+    assert verdict_row(below)["statistic_text"] == "spread 0.3 [0.1, 0.49996]"
+    assert "[0.5005, 0.9] > 0.5" in v.summary() and "[0.5005, 0.9] > 0.5" in verdict_table([v])
+    assert "[0.5005, 0.9], finding side > 0.5" in explain([v])
+    touching = Verdict("f", "c", 0.7, (0.5, 0.9), 0.5, "inconclusive")
+    assert verdict_row(touching)["statistic_text"].endswith("[0.5, 0.9]")  # on the threshold: printed on it
+    rng = np.random.default_rng(0)
+    for t in (0.0, 0.5, 1 / 3, -2.0, 1234.5678):
+        shown_t = float(fmt_threshold(t))
+        assert shown_t == t
+        scale = max(abs(t), 1e-3)
+        for x in t + scale * np.concatenate([rng.normal(0, 1e-3, 200), rng.normal(0, 1e-9, 200), [0.0]]):
+            assert np.sign(float(fmt_endpoint(x, t)) - shown_t) == np.sign(x - t), (x, t)
+            assert len(fmt_endpoint(x, t)) <= 24
+    assert fmt_endpoint(0.123456, 0.5) == "0.123" and fmt_endpoint(math.nan, 0.5) == "nan"
+
+
 def test_explain_gives_one_sentence_per_verdict_with_the_known_reason_and_wraps_on_request():
     from vitlab.findings import KNOWN_REASONS, Verdict, explain
 

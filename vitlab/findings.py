@@ -53,6 +53,8 @@ __all__ = [
     "KNOWN_REASONS",
     "known_reason",
     "no_interval_reason",
+    "fmt_endpoint",
+    "fmt_threshold",
 ]
 
 N_BOOT = 1000
@@ -110,8 +112,9 @@ class Verdict:
         """``reproduced      <finding>: slope 0.83 px/layer [0.61, 1.02] > 0``"""
         unit = f" {self.unit}" if self.unit else ""
         lo, hi = self.interval
+        t = self.threshold
         return (f"{self.verdict:<14}  {self.finding}: {self.quantity} {_fmt(self.statistic)}{unit} "
-                f"[{_fmt(lo)}, {_fmt(hi)}] {self.side} {_fmt(self.threshold)}")
+                f"[{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}] {self.side} {fmt_threshold(t)}")
 
 
 def verdict_table(verdicts: Sequence[Verdict]) -> str:
@@ -120,8 +123,9 @@ def verdict_table(verdicts: Sequence[Verdict]) -> str:
     for v in verdicts:
         unit = f" {v.unit}" if v.unit else ""
         lo, hi = v.interval
-        rows.append((v.finding, f"{_fmt(v.statistic)} [{_fmt(lo)}, {_fmt(hi)}]{unit} {v.side} {_fmt(v.threshold)}",
-                     v.verdict))
+        t = v.threshold
+        rows.append((v.finding, f"{_fmt(v.statistic)} [{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}]{unit} {v.side} "
+                                f"{fmt_threshold(t)}", v.verdict))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -133,6 +137,32 @@ def verdict_table(verdicts: Sequence[Verdict]) -> str:
 
 def _fmt(x: float) -> str:
     return "nan" if x is None or not math.isfinite(x) else f"{x:.3g}"
+
+
+def _finite(*xs: float | None) -> bool:
+    return all(x is not None and math.isfinite(x) for x in xs)
+
+
+def _sign(x: float) -> int:
+    return int(x > 0) - int(x < 0)
+
+
+def fmt_threshold(t: float) -> str:
+    """A threshold in the fewest significant digits, at least 3, that print it exactly ("0.5", "0")."""
+    if not _finite(t):
+        return _fmt(t)
+    return next((text for d in range(3, 18) if float(text := f"{t:.{d}g}") == t), repr(float(t)))
+
+
+def fmt_endpoint(x: float, threshold: float) -> str:
+    """An interval endpoint in at least 3 significant digits, more where fewer would round it onto or across
+    ``threshold``: 0.50049 against 0.5 prints "0.5005", not "0.5". Beside ``fmt_threshold(threshold)`` the printed
+    numbers compare as the true ones do, so a printed interval never contradicts its verdict."""
+    if not _finite(x, threshold):
+        return _fmt(x)
+    side = _sign(x - threshold)
+    return next((text for d in range(3, 18) if _sign(float(text := f"{x:.{d}g}") - threshold) == side),
+                repr(float(x)))
 
 
 def _plain(x: Any) -> Any:
@@ -573,7 +603,7 @@ class DistanceShift:
         word = {"a > b": f"{self.a} attends farther", "a < b": f"{self.a} attends nearer"}.get(
             self.differs, "no difference shown")
         return (f"{self.a} - {self.b} mean attention distance over all layers: {_fmt(self.overall)} px "
-                f"[{_fmt(lo)}, {_fmt(hi)}] ({word}; 95% interval over {self.images} images)")
+                f"[{fmt_endpoint(lo, 0.0)}, {fmt_endpoint(hi, 0.0)}] ({word}; 95% interval over {self.images} images)")
 
 
 def attention_distance_shift(dist_a: Array, dist_b: Array, a: str = "a", b: str = "b", n_boot: int = N_BOOT,
@@ -847,8 +877,9 @@ def explain(verdicts: Sequence[Verdict], width: int | None = None) -> str:
     lines = []
     for v in verdicts:
         lo, hi = v.interval
-        head = f"{v.finding}: {v.verdict} ({v.quantity} {_fmt(v.statistic)}, 95% interval [{_fmt(lo)}, {_fmt(hi)}], " \
-               f"finding side {v.side} {_fmt(v.threshold)})."
+        t = v.threshold
+        head = f"{v.finding}: {v.verdict} ({v.quantity} {_fmt(v.statistic)}, 95% interval " \
+               f"[{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}], finding side {v.side} {fmt_threshold(t)})."
         missing = no_interval_reason(v)
         if missing is not None:
             head += f" The data cannot decide it here; no interval: {missing}."
