@@ -31,7 +31,7 @@ from vitlab.report import sections as S
 from vitlab.report.render import render_html, stamp_line
 from vitlab.static import write_images
 
-__all__ = ["reproduce", "SCALING_RESULTS"]
+__all__ = ["reproduce", "write_report", "check_report_dir", "SCALING_RESULTS"]
 
 #: The shipped data-scaling sweep drawn in the report's scaling section.
 SCALING_RESULTS = Path(__file__).resolve().parents[2] / "data" / "results" / "scaling_cifar10.jsonl"
@@ -175,16 +175,25 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     if "localisation" in by_slug:
         metrics["shapes_localisation"] = by_slug["localisation"].metrics
     summary["seconds"] = round(time.time() - t0, 1)
-    page = render_html(summary, sections)
+    figures = {s.slug: s.figure for s in sections if s.figure is not None} if png else None
+    write_report(out, render_html(summary, sections), metrics, figures, formats, image_scale, t0)
+    return out
+
+
+def write_report(out: Path, page: str, metrics: dict[str, Any], figures: dict[str, Any] | None,
+                 formats: Sequence[str] = ("png",), image_scale: float = 1.0, t0: float | None = None) -> None:
+    """Write ``report.html``, ``metrics.json`` and the static ``figures`` ({slug: figure}; None: not asked for) in
+    each of ``formats`` into a temporary folder beside ``out``, then swap it into place (``replace_dir``): a failure
+    leaves ``out`` as it was. ``metrics`` gains ``png`` (what was written) and ``seconds_total`` (since ``t0``)."""
+    t0 = time.time() if t0 is None else t0
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         tmp.chmod(0o755)
         (tmp / "report.html").write_text(page)
-        drawn = [s for s in sections if s.figure is not None]
-        if png:
-            paths = [tmp / f"{s.slug}.{fmt}" for fmt in formats for s in drawn]
-            metrics["png"] = write_images([s.figure for fmt in formats for s in drawn], paths, scale=image_scale)
+        if figures is not None:
+            paths = [tmp / f"{slug}.{fmt}" for fmt in formats for slug in figures]
+            metrics["png"] = write_images([f for fmt in formats for f in figures.values()], paths, scale=image_scale)
         else:
             metrics["png"] = "not asked for"
         metrics["seconds_total"] = round(time.time() - t0, 2)
@@ -193,4 +202,3 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
