@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import tiny_bit, tiny_vit
@@ -184,3 +188,27 @@ def test_a_model_without_a_classifier_head_gets_rollout_and_no_made_up_predictio
     assert "no classifier head" in rollout["ours"]
     page = (out / "report.html").read_text()
     assert "\\u003cbr\\u003epredicted" not in page and "<br>predicted" not in page  # no title names a predicted class
+
+
+def test_the_report_is_written_in_utf8_under_an_ascii_locale(tmp_path):
+    """plotly.js holds non-ASCII characters: under a C or Latin-1 locale write_text without an encoding raised
+    UnicodeEncodeError after every analysis had run. The report, metrics.json and atomic_write_text write UTF-8."""
+    script = """if True:
+        import locale, sys
+        from pathlib import Path
+        import plotly.graph_objects as go
+        from vitlab.atomic import atomic_write_text
+        from vitlab.report import write_report
+        assert locale.getpreferredencoding(False).lower() in ("ascii", "ansi_x3.4-1968"), locale.getpreferredencoding(False)
+        page = go.Figure().to_html(include_plotlyjs=True)
+        assert not page.isascii()
+        write_report(Path(sys.argv[1]) / "out", page, {"model": "caf" + chr(233)}, None)
+        atomic_write_text(Path(sys.argv[1]) / "note.txt", "na" + chr(239) + "ve")
+    """
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert not (tmp_path / "out" / "report.html").read_bytes().decode("utf-8").isascii()
+    assert json.loads((tmp_path / "out" / "metrics.json").read_bytes().decode("utf-8"))["model"] == "caf\u00e9"
+    assert (tmp_path / "note.txt").read_bytes() == "na\u00efve".encode()

@@ -64,8 +64,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """``atomic_write`` of a text file."""
-    return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    """``atomic_write`` of a text file, in UTF-8 whatever the locale (a Latin-1 or C locale would refuse non-ASCII
+    text after the work that made it)."""
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def _fsync(path: Path) -> None:

@@ -190,14 +190,14 @@ def write_report(out: Path, page: str, metrics: dict[str, Any], figures: dict[st
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         tmp.chmod(0o755)
-        (tmp / "report.html").write_text(page)
+        (tmp / "report.html").write_text(page, encoding="utf-8")  # plotly.js is not ASCII
         if figures is not None:
             paths = [tmp / f"{slug}.{fmt}" for fmt in formats for slug in figures]
             metrics["png"] = write_images([f for fmt in formats for f in figures.values()], paths, scale=image_scale)
         else:
             metrics["png"] = "not asked for"
         metrics["seconds_total"] = round(time.time() - t0, 2)
-        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n", encoding="utf-8")
         replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
