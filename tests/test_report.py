@@ -29,7 +29,9 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint):
     out = tmp_path / "out"
     assert main(["reproduce", "--model", str(checkpoint), "--out", str(out), "--num-images", "3", "--no-png",
                  "--no-shapes", "--quiet"]) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
+    text = (out / "metrics.json").read_text(encoding="utf-8")
+    metrics = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in metrics.json"))  # strict JSON
+    assert "tensor(" not in text and "array(" not in text  # numbers, not their str()
     assert metrics["attention_shape"] == [3, 3, 3, 65, 65]
     # a 32 px model is shown the shipped CIFAR-10 test images (the paper's 128 images, offline)
     assert [p["image"] for p in metrics["predictions"]] == default_images(tiny_vit(), 3)[0] == [
@@ -212,3 +214,29 @@ def test_the_report_is_written_in_utf8_under_an_ascii_locale(tmp_path):
     assert not (tmp_path / "out" / "report.html").read_bytes().decode("utf-8").isascii()
     assert json.loads((tmp_path / "out" / "metrics.json").read_bytes().decode("utf-8"))["model"] == "caf\u00e9"
     assert (tmp_path / "note.txt").read_bytes() == "na\u00efve".encode()
+
+
+def test_metrics_json_is_strict_json_with_numbers_not_their_str(tmp_path):
+    """NaN (an unnormed metric, a few-shot std over one seed) became bare NaN, which strict JSON readers refuse, and
+    default=str wrote tensors and numpy scalars as their repr ("tensor([1., nan])"). Now numbers are numbers, NaN
+    and infinities null, and a value of any other type is refused by its place before anything is written."""
+    import math
+
+    import numpy as np
+    import torch
+
+    from vitlab.report import write_report
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in metrics.json"))
+
+    metrics = {"nan": math.nan, "f32": np.float32(0.5), "t": torch.tensor([1.0, float("nan")]), "i": np.int64(3),
+               "inf": [np.inf, -math.inf], "scalar": torch.tensor(2.5), "nested": {"std": np.float64("nan")}}
+    write_report(tmp_path / "out", "<html></html>", metrics, None)
+    got = strict((tmp_path / "out" / "metrics.json").read_text(encoding="utf-8"))
+    assert {k: v for k, v in got.items() if k not in ("png", "seconds_total")} == {
+        "nan": None, "f32": 0.5, "t": [1.0, None], "i": 3, "inf": [None, None], "scalar": 2.5, "nested": {"std": None}}
+    assert got["png"] == "not asked for"
+    with pytest.raises(TypeError, match=r"metrics\['figures'\]\[0\]\['where'\] \(PosixPath\) is not a JSON value"):
+        write_report(tmp_path / "other", "<html></html>", {"figures": [{"where": tmp_path}]}, None)
+    assert not (tmp_path / "other").exists() and not list(tmp_path.glob(".other.*"))  # nothing half-written

@@ -24,6 +24,7 @@ import vitlab
 from vitlab.atomic import refuse_foreign_dir, replace_dir
 from vitlab.checkpoint import card_line, model_card
 from vitlab.devices import resolve_device
+from vitlab.findings import _plain
 from vitlab.images import default_images, default_labels, default_source, head_class_names, load_images
 from vitlab.models import SHAPES_CHECKPOINT
 from vitlab.provenance import versions
@@ -79,6 +80,27 @@ def check_report_dir(out: Path) -> None:
     else in it would be deleted."""
     refuse_foreign_dir(out, lambda d: (d / "report.html").is_file() and (d / "metrics.json").is_file(),
                        "vitlab reproduce", "earlier report", "--out")
+
+
+def metrics_json(metrics: dict[str, Any]) -> str:
+    """``metrics`` as strict JSON text: numpy and torch numbers, arrays and tensors as JSON numbers and lists, NaN
+    and infinities as null (``findings._plain``). Any other type is refused by its place in ``metrics`` rather than
+    written as its ``str()``, which a reader could not tell from a real string."""
+    plain = _plain(metrics)
+    where = _not_json(plain, "metrics")
+    if where is not None:
+        raise TypeError(f"{where} is not a JSON value: convert it to numbers, strings or lists where the report's "
+                        "metrics are made (vitlab.report)")
+    return json.dumps(plain, indent=2, allow_nan=False) + "\n"
+
+
+def _not_json(x: Any, where: str) -> str | None:
+    """The place and type of the first value in ``x`` that is not a JSON type, None when there is none."""
+    if isinstance(x, dict):
+        return next((w for k, v in x.items() if (w := _not_json(v, f"{where}[{k!r}]")) is not None), None)
+    if isinstance(x, list):
+        return next((w for i, v in enumerate(x) if (w := _not_json(v, f"{where}[{i}]")) is not None), None)
+    return None if x is None or isinstance(x, (str, int, float, bool)) else f"{where} ({type(x).__name__})"
 
 
 def reproduce(model: str | None = None, images: str | None = None, out: str | os.PathLike = "out",
@@ -197,7 +219,7 @@ def write_report(out: Path, page: str, metrics: dict[str, Any], figures: dict[st
         else:
             metrics["png"] = "not asked for"
         metrics["seconds_total"] = round(time.time() - t0, 2)
-        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n", encoding="utf-8")
+        (tmp / "metrics.json").write_text(metrics_json(metrics), encoding="utf-8")
         replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
