@@ -16,6 +16,8 @@ from vitlab.cli import main
 from vitlab.images import default_images
 from vitlab.static import find_chromium
 
+#: the smallest metrics.json that reads as an earlier report's
+EARLIER = {"summary": {"vitlab": "0.1"}, "verdicts": [], "figures": [{"slug": "filters"}]}
 FIGURES = {"filters", "positions", "positions_resampled", "distance", "rollout", "faithfulness", "faithfulness_curves",
            "readout_attention", "entropy", "few_shot", "scaling"}
 
@@ -93,7 +95,7 @@ def test_reproduce_writes_pngs_with_chromium(tmp_path, checkpoint):
 def _keeps_previous(out, argv, capsys, needle):
     out.mkdir(exist_ok=True)
     (out / "report.html").write_text("an earlier report")
-    (out / "metrics.json").write_text("{}")
+    (out / "metrics.json").write_text(json.dumps(EARLIER))
     assert main(argv + ["--out", str(out), "--no-png", "--no-shapes", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert needle in err, err
@@ -151,6 +153,47 @@ def test_reproduce_refuses_a_folder_that_is_not_a_report(tmp_path, checkpoint, c
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "report.html"]
     (tmp_path / "empty").mkdir()
     assert main([*args, "--out", str(tmp_path / "empty")]) == 0
+    # an earlier report with the user's own file in it: refused, naming the file, nothing deleted
+    (out / "thesis_notes.txt").write_text("keep me")
+    assert main([*args, "--out", str(out)]) != 0
+    err = capsys.readouterr().err
+    assert "holds no earlier report" in err and "does not write thesis_notes.txt" in err and "new or empty" in err
+    assert (out / "thesis_notes.txt").read_text() == "keep me" and (out / "report.html").is_file()
+
+
+def test_only_a_folder_of_report_files_with_the_reports_metrics_is_an_earlier_report(tmp_path):
+    """Any folder holding report.html and metrics.json used to count as an earlier report, and was deleted whole.
+    Now metrics.json must parse and carry the report's keys, and every entry must be one the report writes
+    (report.html, metrics.json, {slug}.{format} of its figures); otherwise the refusal names what is wrong."""
+    from vitlab.report import check_report_dir
+
+    d = tmp_path / "out"
+    d.mkdir()
+    (d / "report.html").write_text("<html></html>")
+    (d / "metrics.json").write_text(json.dumps(EARLIER))
+    for name in ("filters.png", "filters.svg"):
+        (d / name).write_bytes(b"image")
+    check_report_dir(d)  # an earlier report with its figures
+    (d / "results.csv").write_text("1,2")
+    (d / "runs").mkdir()
+    with pytest.raises(FileExistsError, match=r"the report does not write results\.csv, runs/\. .*new or empty"):
+        check_report_dir(d)
+    (d / "results.csv").unlink()
+    (d / "runs").rmdir()
+    (d / "distance.png").write_bytes(b"image")  # not a figure of that report
+    with pytest.raises(FileExistsError, match="does not write distance.png"):
+        check_report_dir(d)
+    (d / "distance.png").unlink()
+    (d / "metrics.json").write_text('{"loss": [0.1, 0.2]}')  # the user's own metrics.json
+    with pytest.raises(FileExistsError, match="metrics.json is not a report's.*does not write filters.png"):
+        check_report_dir(d)
+    (d / "metrics.json").write_text("{not json")
+    with pytest.raises(FileExistsError, match="metrics.json does not parse"):
+        check_report_dir(d)
+    (d / "metrics.json").unlink()
+    with pytest.raises(FileExistsError, match="no metrics.json"):
+        check_report_dir(d)
+    assert sorted(p.name for p in d.iterdir()) == ["filters.png", "filters.svg", "report.html"]  # nothing deleted
 
 
 def test_a_fixed_position_table_one_layer_and_one_image_get_no_false_verdicts(tmp_path):

@@ -32,7 +32,7 @@ from vitlab.report import sections as S
 from vitlab.report.render import render_html, stamp_line
 from vitlab.static import write_images
 
-__all__ = ["reproduce", "write_report", "check_report_dir", "SCALING_RESULTS"]
+__all__ = ["reproduce", "write_report", "check_report_dir", "not_a_report", "report_entries", "SCALING_RESULTS"]
 
 #: The shipped data-scaling sweep drawn in the report's scaling section.
 SCALING_RESULTS = Path(__file__).resolve().parents[2] / "data" / "results" / "scaling_cifar10.jsonl"
@@ -76,10 +76,47 @@ def _summary(net, info, model: str | None, weights: str, images: str, n_images: 
 
 def check_report_dir(out: Path) -> None:
     """Refuse an ``out`` that ``reproduce`` must not replace: a file, or a non-empty folder that is not an earlier
-    report (one holding both ``report.html`` and ``metrics.json``). The report replaces the whole folder, so anything
-    else in it would be deleted."""
-    refuse_foreign_dir(out, lambda d: (d / "report.html").is_file() and (d / "metrics.json").is_file(),
-                       "vitlab reproduce", "earlier report", "--out")
+    report. The report replaces the whole folder, so anything else in it would be deleted: an earlier report's
+    folder holds only what the report writes (``report_entries``) and a ``metrics.json`` that the report wrote."""
+    problem = not_a_report(out) if out.is_dir() and any(out.iterdir()) else None
+    if problem is not None:
+        raise FileExistsError(f"{out} holds no earlier report: {problem}. vitlab reproduce replaces the whole folder "
+                              "and would delete them, so give --out a new or empty folder")
+    refuse_foreign_dir(out, lambda d: True, "vitlab reproduce", "earlier report", "--out")  # a file
+
+
+def report_entries(metrics: dict[str, Any]) -> set[str]:
+    """The names ``write_report`` gives the entries of a report's folder, given its ``metrics.json``:
+    report.html, metrics.json and each figure as ``{slug}.{format}``."""
+    slugs = [f.get("slug") for f in metrics.get("figures", []) if isinstance(f, dict)]
+    return {"report.html", "metrics.json"} | {f"{slug}.{fmt}" for slug in slugs if slug for fmt in IMAGE_FORMATS}
+
+
+def not_a_report(folder: Path) -> str | None:
+    """Why ``folder`` is not an earlier report's (its metrics.json is missing, unreadable or not the report's;
+    entries the report does not write, named), None when it is one."""
+    problems, metrics = [], {}
+    try:
+        metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        problems.append("no metrics.json")
+    except (OSError, ValueError) as e:
+        problems.append(f"its metrics.json does not parse ({type(e).__name__}: {e})")
+    else:
+        if not (isinstance(metrics, dict) and isinstance(metrics.get("summary"), dict) and "vitlab" in
+                metrics["summary"] and isinstance(metrics.get("verdicts"), list)
+                and isinstance(metrics.get("figures"), list)):
+            problems.append("its metrics.json is not a report's (no summary.vitlab, verdicts and figures)")
+            metrics = {}
+    if not (folder / "report.html").is_file():
+        problems.append("no report.html")
+    ours = report_entries(metrics)
+    other = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()
+                   if p.name not in ours or not p.is_file())
+    if other:
+        shown = ", ".join(other[:10]) + (f" and {len(other) - 10} more" if len(other) > 10 else "")
+        problems.append(f"the report does not write {shown}")
+    return "; ".join(problems) or None
 
 
 def metrics_json(metrics: dict[str, Any]) -> str:
