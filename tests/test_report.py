@@ -283,3 +283,20 @@ def test_metrics_json_is_strict_json_with_numbers_not_their_str(tmp_path):
     with pytest.raises(TypeError, match=r"metrics\['figures'\]\[0\]\['where'\] \(PosixPath\) is not a JSON value"):
         write_report(tmp_path / "other", "<html></html>", {"figures": [{"where": tmp_path}]}, None)
     assert not (tmp_path / "other").exists() and not list(tmp_path.glob(".other.*"))  # nothing half-written
+
+
+def test_image_and_class_names_are_text_in_map_titles_not_plotly_markup():
+    """Plotly reads <b>, <br> and <a href> in subplot titles as markup: an image file named "<b>x</b>.jpg" or a
+    class named with a link changed the page. Names are escaped (plotly shows &lt; as <); the one <br> between the
+    true and the predicted line is ours."""
+    import torch
+
+    from vitlab.report.sections import Inputs, map_titles
+
+    inp = Inputs(net=None, info=None, names=["<b>x</b>", "a & b<br>c"], x=None, shown=[], base={},
+                 class_names=("<a href='https://example.com'>cat</a>", "dog"))
+    pred = {"pred": torch.tensor([0, 1]), "prob": torch.tensor([0.9, 0.5])}
+    assert map_titles(inp, pred, 2) == [
+        "&lt;b&gt;x&lt;/b&gt;<br>predicted &lt;a href='https://example.com'&gt;cat&lt;/a&gt; (90%)",
+        "a &amp; b&lt;br&gt;c<br>predicted dog (50%)"]
+    assert map_titles(inp, {"pred": None, "prob": None}, 1) == ["&lt;b&gt;x&lt;/b&gt;"]  # no head: the name alone
