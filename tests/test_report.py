@@ -215,6 +215,8 @@ def test_a_fixed_position_table_one_layer_and_one_image_get_no_false_verdicts(tm
     assert by_section["distance"][0]["details"]["no_interval"] == "1 image, at least 4 needed"
     page = (out / "report.html").read_text()  # the page says what is missing, not a reason about training data
     assert "no interval: 1 image, at least 4 needed." in page and "Raghu" not in page
+    seconds = metrics["summary"]["seconds"]  # the run time the page states, in metrics.json too
+    assert 0 < seconds <= metrics["seconds_total"] and f"in {seconds} s." in page
 
 
 def test_a_model_without_a_classifier_head_gets_rollout_and_no_made_up_predictions(tmp_path):

@@ -216,6 +216,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         run("scaling", lambda: S.scaling(SCALING_RESULTS, versions()))
     bar.close()
 
+    summary["seconds"] = round(time.time() - t0, 1)  # before metrics copies the summary: both carry it
     by_slug = {s.slug: s for s in sections}
     metrics: dict[str, Any] = {
         **base, "summary": {k: v for k, v in summary.items() if k != "facts"} | {"facts": dict(summary["facts"])},
@@ -233,7 +234,6 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     }
     if "localisation" in by_slug:
         metrics["shapes_localisation"] = by_slug["localisation"].metrics
-    summary["seconds"] = round(time.time() - t0, 1)
     figures = {s.slug: s.figure for s in sections if s.figure is not None} if png else None
     write_report(out, render_html(summary, sections), metrics, figures, formats, image_scale, t0)
     return out
