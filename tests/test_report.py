@@ -302,3 +302,22 @@ def test_image_and_class_names_are_text_in_map_titles_not_plotly_markup():
         "&lt;b&gt;x&lt;/b&gt;<br>predicted &lt;a href='https://example.com'&gt;cat&lt;/a&gt; (90%)",
         "a &amp; b&lt;br&gt;c<br>predicted dog (50%)"]
     assert map_titles(inp, {"pred": None, "prob": None}, 1) == ["&lt;b&gt;x&lt;/b&gt;"]  # no head: the name alone
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the umask from Linux's /proc")
+def test_the_report_folder_follows_the_umask(tmp_path):
+    """The report's folder was chmod 0755 whatever the umask: with umask 027 (no access for others) the report was
+    readable by everyone. It gets 0777 less the umask, as any new folder; its files 0666 less the umask."""
+    import stat
+
+    from vitlab.report import write_report
+
+    old = os.umask(0o027)
+    try:
+        write_report(tmp_path / "out", "<html></html>", {}, None)
+    finally:
+        os.umask(old)
+    out = tmp_path / "out"
+    assert stat.S_IMODE(out.stat().st_mode) == 0o750
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {"report.html": 0o640,
+                                                                              "metrics.json": 0o640}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 import vitlab
-from vitlab.atomic import refuse_foreign_dir, replace_dir
+from vitlab.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
 from vitlab.checkpoint import card_line, model_card
 from vitlab.devices import resolve_device
 from vitlab.findings import _plain
@@ -245,10 +244,8 @@ def write_report(out: Path, page: str, metrics: dict[str, Any], figures: dict[st
     each of ``formats`` into a temporary folder beside ``out``, then swap it into place (``replace_dir``): a failure
     leaves ``out`` as it was. ``metrics`` gains ``png`` (what was written) and ``seconds_total`` (since ``t0``)."""
     t0 = time.time() if t0 is None else t0
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = temp_dir_beside(out)
     try:
-        tmp.chmod(0o755)
         (tmp / "report.html").write_text(page, encoding="utf-8")  # plotly.js is not ASCII
         if figures is not None:
             paths = [tmp / f"{slug}.{fmt}" for fmt in formats for slug in figures]
