@@ -321,3 +321,20 @@ def test_the_report_folder_follows_the_umask(tmp_path):
     assert stat.S_IMODE(out.stat().st_mode) == 0o750
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {"report.html": 0o640,
                                                                               "metrics.json": 0o640}
+
+
+def test_out_as_the_current_folder_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """--out . (whose Path name is empty) or a folder above the current one would be replaced as a whole from
+    under the shell: refused up front, before the model is loaded, with a name to give instead. Relative names
+    below the current folder are made absolute and work as before."""
+    from vitlab.report import report_target, reproduce
+
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    for out in (".", "..", "./", str(tmp_path)):
+        with pytest.raises(ValueError, match=r"current folder or one that holds it.*give --out a new folder's name"):
+            reproduce(model="no_such_model_name", out=out)  # refused before the model name is even looked up
+    assert main(["reproduce", "--out", ".", "--quiet"]) == 1
+    assert "--out . is the current folder" in capsys.readouterr().err
+    assert report_target("out") == tmp_path / "sub" / "out" and report_target("../x") == tmp_path / "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"] and not list((tmp_path / "sub").iterdir())

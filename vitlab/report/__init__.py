@@ -31,7 +31,8 @@ from vitlab.report import sections as S
 from vitlab.report.render import render_html, stamp_line
 from vitlab.static import write_images
 
-__all__ = ["reproduce", "write_report", "check_report_dir", "not_a_report", "report_entries", "SCALING_RESULTS"]
+__all__ = ["reproduce", "write_report", "check_report_dir", "report_target", "not_a_report", "report_entries",
+           "SCALING_RESULTS"]
 
 #: The shipped data-scaling sweep drawn in the report's scaling section.
 SCALING_RESULTS = Path(__file__).resolve().parents[2] / "data" / "results" / "scaling_cifar10.jsonl"
@@ -82,6 +83,19 @@ def check_report_dir(out: Path) -> None:
         raise FileExistsError(f"{out} holds no earlier report: {problem}. vitlab reproduce replaces the whole folder "
                               "and would delete them, so give --out a new or empty folder")
     refuse_foreign_dir(out, lambda d: True, "vitlab reproduce", "earlier report", "--out")  # a file
+
+
+def report_target(out: str | os.PathLike) -> Path:
+    """``out`` as an absolute path ('.' and '..' resolved, links kept), refused when it is the current folder or
+    one above it: the report replaces its folder as a whole, which would pull the folder out from under the
+    shell it runs in (and ``Path('.').name`` is empty, so the temporary folder beside it had no name)."""
+    target = Path(os.path.abspath(out))
+    here = Path(os.path.abspath(os.curdir))
+    if target == here or target in here.parents:
+        raise ValueError(f"--out {out} is the current folder or one that holds it ({target}); vitlab reproduce "
+                         f"replaces its folder as a whole: give --out a new folder's name, e.g. --out "
+                         f"{Path(out) / 'report'}")
+    return target
 
 
 def report_entries(metrics: dict[str, Any]) -> set[str]:
@@ -156,7 +170,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     available); the figures and numbers are computed the same way on either, up to floating-point rounding.
     """
     t0 = time.time()
-    out = Path(out)
+    out = report_target(out)
     bad = sorted(set(formats) - set(IMAGE_FORMATS))
     if bad:
         raise ValueError(f"unknown figure format(s) {bad}: choose from {list(IMAGE_FORMATS)}")
