@@ -444,6 +444,7 @@ def test_a_printed_interval_never_rounds_onto_or_across_the_threshold():
             assert np.sign(float(fmt_endpoint(x, t)) - shown_t) == np.sign(x - t), (x, t)
             assert len(fmt_endpoint(x, t)) <= 24
     assert fmt_endpoint(0.123456, 0.5) == "0.123" and fmt_endpoint(math.nan, 0.5) == "nan"
+    assert fmt_endpoint(math.inf, 0.5) == "inf" and fmt_endpoint(0.50049, math.nan) == "0.5"
 
 
 def test_explain_gives_one_sentence_per_verdict_with_the_known_reason_and_wraps_on_request():

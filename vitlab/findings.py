@@ -150,7 +150,7 @@ def _sign(x: float) -> int:
 def fmt_threshold(t: float) -> str:
     """A threshold in the fewest significant digits, at least 3, that print it exactly ("0.5", "0")."""
     if not _finite(t):
-        return _fmt(t)
+        return "nan" if t is None or t != t else f"{t:.3g}"
     return next((text for d in range(3, 18) if float(text := f"{t:.{d}g}") == t), repr(float(t)))
 
 
@@ -159,7 +159,7 @@ def fmt_endpoint(x: float, threshold: float) -> str:
     ``threshold``: 0.50049 against 0.5 prints "0.5005", not "0.5". Beside ``fmt_threshold(threshold)`` the printed
     numbers compare as the true ones do, so a printed interval never contradicts its verdict."""
     if not _finite(x, threshold):
-        return _fmt(x)
+        return "nan" if x is None or x != x else f"{x:.3g}"  # inf stays inf; no threshold to keep a side of
     side = _sign(x - threshold)
     return next((text for d in range(3, 18) if _sign(float(text := f"{x:.{d}g}") - threshold) == side),
                 repr(float(x)))
