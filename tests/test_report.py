@@ -246,7 +246,8 @@ def test_the_report_is_written_in_utf8_under_an_ascii_locale(tmp_path):
         import plotly.graph_objects as go
         from vitlab.atomic import atomic_write_text
         from vitlab.report import write_report
-        assert locale.getpreferredencoding(False).lower() in ("ascii", "ansi_x3.4-1968"), locale.getpreferredencoding(False)
+        encoding = locale.getpreferredencoding(False)
+        assert encoding.lower() in ("ascii", "ansi_x3.4-1968"), encoding
         page = go.Figure().to_html(include_plotlyjs=True)
         assert not page.isascii()
         write_report(Path(sys.argv[1]) / "out", page, {"model": "caf" + chr(233)}, None)

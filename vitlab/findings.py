@@ -55,6 +55,7 @@ __all__ = [
     "no_interval_reason",
     "fmt_endpoint",
     "fmt_threshold",
+    "json_types",
 ]
 
 N_BOOT = 1000
@@ -98,7 +99,7 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types only (NaN becomes None), ready for ``json.dumps(..., allow_nan=False)``."""
-        return _plain(asdict(self))
+        return json_types(asdict(self))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
@@ -165,16 +166,16 @@ def fmt_endpoint(x: float, threshold: float) -> str:
                 repr(float(x)))
 
 
-def _plain(x: Any) -> Any:
+def json_types(x: Any) -> Any:
     """Numbers, arrays and tensors inside dicts/lists -> JSON types; NaN/inf -> None; keys -> str."""
     if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
+        return {str(k): json_types(v) for k, v in x.items()}
     if isinstance(x, Tensor):
         x = x.detach().cpu().numpy()
     if isinstance(x, np.ndarray):
-        return _plain(x.tolist())
+        return json_types(x.tolist())
     if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
+        return [json_types(v) for v in x]
     if isinstance(x, (bool, np.bool_)):
         return bool(x)
     if isinstance(x, (int, np.integer)):
@@ -223,7 +224,7 @@ def _verdict(finding: str, criterion: str, statistic: float, interval: tuple[flo
     if not (math.isfinite(interval[0]) and math.isfinite(interval[1])):
         details = {**details, "no_interval": no_interval or NOT_FINITE}
     return Verdict(finding=finding, criterion=criterion, statistic=float(statistic), interval=interval,
-                   threshold=float(threshold), verdict=_decide(interval, threshold, side), details=_plain(details),
+                   threshold=float(threshold), verdict=_decide(interval, threshold, side), details=json_types(details),
                    side=side, quantity=quantity, unit=unit)
 
 

@@ -23,7 +23,7 @@ import vitlab
 from vitlab.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
 from vitlab.checkpoint import card_line, model_card
 from vitlab.devices import resolve_device
-from vitlab.findings import _plain
+from vitlab.findings import json_types
 from vitlab.images import default_images, default_labels, default_source, head_class_names, load_images
 from vitlab.models import SHAPES_CHECKPOINT
 from vitlab.provenance import versions
@@ -134,9 +134,9 @@ def not_a_report(folder: Path) -> str | None:
 
 def metrics_json(metrics: dict[str, Any]) -> str:
     """``metrics`` as strict JSON text: numpy and torch numbers, arrays and tensors as JSON numbers and lists, NaN
-    and infinities as null (``findings._plain``). Any other type is refused by its place in ``metrics`` rather than
+    and infinities as null (``findings.json_types``). Any other type is refused by its place in ``metrics`` rather than
     written as its ``str()``, which a reader could not tell from a real string."""
-    plain = _plain(metrics)
+    plain = json_types(metrics)
     where = _not_json(plain, "metrics")
     if where is not None:
         raise TypeError(f"{where} is not a JSON value: convert it to numbers, strings or lists where the report's "

@@ -30,7 +30,8 @@ def verdict_row(v: Verdict, slug: str = "") -> dict[str, Any]:
             "reason": reason if v.verdict != "reproduced" else None, "no_interval": no_interval_reason(v),
             "css": v.verdict.replace(" ", "-"), "side": v.side,
             "threshold_text": "n/a" if v.threshold != v.threshold else fmt_threshold(v.threshold),
-            "statistic_text": f"{v.quantity} {_num(v.statistic)}{unit} [{_end(lo, v.threshold)}, {_end(hi, v.threshold)}]"}
+            "statistic_text": f"{v.quantity} {_num(v.statistic)}{unit} "
+                              f"[{_end(lo, v.threshold)}, {_end(hi, v.threshold)}]"}
 
 
 def stamp_line(stamp: dict[str, Any]) -> str:
