@@ -419,6 +419,34 @@ def test_findings_take_the_outputs_of_the_analyses_as_they_are(vit):
     assert len(verdict_table(verdicts).splitlines()) == len(verdicts) + 2
 
 
+def test_a_printed_interval_never_rounds_onto_or_across_the_threshold():
+    """(0.50049, 0.9) against > 0.5 is reproduced; 3 significant digits printed it "[0.5, 0.9] > 0.5" beside a
+    green badge. Each endpoint gets the digits that keep it on its side of the printed threshold, on the page and in
+    the printed tables; over endpoints near thresholds the printed numbers compare as the true ones."""
+    from vitlab.findings import explain, fmt_endpoint, fmt_threshold
+    from vitlab.report.render import verdict_row
+
+    v = Verdict("Fig. 7 right: x", "c", 0.7, (0.50049, 0.9), 0.5, "reproduced", quantity="spread")
+    row = verdict_row(v)
+    assert row["statistic_text"] == "spread 0.7 [0.5005, 0.9]" and row["threshold_text"] == "0.5"
+    below = Verdict("Fig. 7 right: x", "c", 0.3, (0.1, 0.49996), 0.5, "not reproduced", quantity="spread")
+    assert verdict_row(below)["statistic_text"] == "spread 0.3 [0.1, 0.49996]"
+    assert "[0.5005, 0.9] > 0.5" in v.summary() and "[0.5005, 0.9] > 0.5" in verdict_table([v])
+    assert "[0.5005, 0.9], finding side > 0.5" in explain([v])
+    touching = Verdict("f", "c", 0.7, (0.5, 0.9), 0.5, "inconclusive")
+    assert verdict_row(touching)["statistic_text"].endswith("[0.5, 0.9]")  # on the threshold: printed on it
+    rng = np.random.default_rng(0)
+    for t in (0.0, 0.5, 1 / 3, -2.0, 1234.5678):
+        shown_t = float(fmt_threshold(t))
+        assert shown_t == t
+        scale = max(abs(t), 1e-3)
+        for x in t + scale * np.concatenate([rng.normal(0, 1e-3, 200), rng.normal(0, 1e-9, 200), [0.0]]):
+            assert np.sign(float(fmt_endpoint(x, t)) - shown_t) == np.sign(x - t), (x, t)
+            assert len(fmt_endpoint(x, t)) <= 24
+    assert fmt_endpoint(0.123456, 0.5) == "0.123" and fmt_endpoint(math.nan, 0.5) == "nan"
+    assert fmt_endpoint(math.inf, 0.5) == "inf" and fmt_endpoint(0.50049, math.nan) == "0.5"
+
+
 def test_explain_gives_one_sentence_per_verdict_with_the_known_reason_and_wraps_on_request():
     from vitlab.findings import KNOWN_REASONS, Verdict, explain
 
@@ -459,6 +487,13 @@ def test_the_lowest_layer_reason_states_where_this_models_heads_sit():
     assert known_reason(slope) == KNOWN_REASONS["Fig. 7 right"]
     other = dataclasses.replace(slope, details={**slope.details, "head_distance_px": [1.0], "ceiling_px": 2.0})
     assert known_reason(other) == KNOWN_REASONS["Fig. 7 right"]  # the numbers belong to the lowest-layer finding only
+    # NaN head distances (None once through to_dict) are left out, not compared: no TypeError while rendering
+    holes = dataclasses.replace(v, details={**v.details, "head_distance_px": [None, 6.5, math.nan, 13.8, None]})
+    assert known_reason(holes).startswith("this model's lowest-layer heads sit at 6.5 to 13.8 px, 39% to 84%")
+    assert verdict_row(holes)["reason"] == known_reason(holes)
+    for heads, ceil in (([None, math.nan], ceiling), ([6.5], None), ([6.5], math.nan)):
+        blank = dataclasses.replace(v, details={**v.details, "head_distance_px": heads, "ceiling_px": ceil})
+        assert known_reason(blank) == KNOWN_REASONS["Fig. 7 right"]
 
 
 def test_the_mpp_reason_names_what_the_probe_reads():
@@ -473,6 +508,55 @@ def test_the_mpp_reason_names_what_the_probe_reads():
     patch = known_reason(v("few_shot", "patch_mean"))
     assert "patch tokens' outputs, which the MPP loss does train" in patch and "class token" not in patch
     assert "class token" not in known_reason(v("finetune", None))
+
+
+def test_a_verdict_without_an_interval_says_why_instead_of_a_known_reason():
+    """Inconclusive because no interval could be computed (too few images, components or seeds): the page and the
+    printed explanation say what was missing, not the training-data reason of a finding the data never tested;
+    an inconclusive verdict with a finite interval keeps its known reason."""
+    from vitlab.findings import KNOWN_REASONS, MIN_RANK_BOOTSTRAP, explain, known_reason, no_interval_reason
+    from vitlab.report.render import render_html, verdict_row
+    from vitlab.report.sections import Section
+
+    two = lowest_layer_spread(np.array([[[1.0, 9.0], [1.5, 8.0]]]), 10.0)  # 2 images: no bootstrap
+    assert two.verdict == "inconclusive" and math.isnan(two.interval[0])
+    assert no_interval_reason(two) == "2 images, at least 4 needed" and known_reason(two) is None
+    assert explain([two]).endswith("The data cannot decide it here; no interval: 2 images, at least 4 needed.")
+    rng = np.random.default_rng(0)
+    comps = filters_low_frequency(rng.normal(size=(5, 3, 4, 4)), k=5)
+    assert no_interval_reason(comps) == f"5 components, at least {MIN_RANK_BOOTSTRAP} needed"
+    one_seed = scaling_gap_narrows(sweep([-0.05], [0.10]))
+    assert no_interval_reason(one_seed) == "1 seed, at least 2 needed"
+    assert no_interval_reason(distance_grows_with_depth(np.zeros((2, 1, 1)))) == "1 image, at least 2 needed"
+    by_hand = Verdict("Fig. 7 right: x", "c", 0.1, (math.nan, math.nan), 0.0, "inconclusive")
+    assert no_interval_reason(by_hand) == "none could be computed" and known_reason(by_hand) is None
+    assert no_interval_reason(Verdict.from_dict(json.loads(json.dumps(two.to_dict())))) == no_interval_reason(two)
+    finite = scaling_gap_narrows(sweep([0.0, 0.0], [0.05, -0.05]))  # straddles 0: the known reason stands
+    assert finite.verdict == "inconclusive" and no_interval_reason(finite) is None
+    assert known_reason(finite) == KNOWN_REASONS["Fig. 3/4"] and verdict_row(finite)["reason"] == known_reason(finite)
+    row = verdict_row(two)
+    assert row["reason"] is None and row["no_interval"] == "2 images, at least 4 needed"
+    summary = {"model": "m", "headline": "h", "facts": [], "vitlab": "0", "seconds": 1.0}
+    page = render_html(summary, [Section("distance", "t", None, "p", "o", {}, [two, finite])])
+    assert "no interval: 2 images, at least 4 needed." in page
+    assert page.count("a known reason:") == 1 and "Raghu" not in page  # only the finite one's (Fig. 3/4) reason
+
+
+def test_the_filter_reason_states_this_models_patch_size_and_no_training_set_it_does_not_know():
+    """vit_base_patch16_224 is not "4 px patches of a small model trained on 50,000 images": the reason names the
+    patch size of the filters judged and claims no training-set size; without a recorded size it is generic."""
+    from vitlab.findings import KNOWN_REASONS, known_reason
+
+    comps = np.random.default_rng(0).normal(size=(12, 3, 16, 16))
+    v = filters_low_frequency(comps, k=12)
+    assert math.isfinite(v.interval[0]) and v.verdict != "reproduced" and v.details["patch_px"] == [16, 16]
+    reason = known_reason(v)
+    assert reason.startswith("this model's filters are 16x16 px, 256 DCT frequencies per channel")
+    assert reason.endswith(KNOWN_REASONS["Fig. 7 left"])
+    structured = filters_structured(np.full(12, 0.05), np.full((3, 12), 0.06), k=12)  # no filters: no size
+    assert known_reason(structured) == KNOWN_REASONS["Fig. 7 left"]
+    for text in (reason, KNOWN_REASONS["Fig. 7 left"]):
+        assert "50,000" not in text and "4 px" not in text and "small model" not in text
 
 
 def test_the_position_intervals_are_as_wide_as_the_statistics_spread():

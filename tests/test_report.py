@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import tiny_bit, tiny_vit
@@ -12,6 +16,8 @@ from vitlab.cli import main
 from vitlab.images import default_images
 from vitlab.static import find_chromium
 
+#: the smallest metrics.json that reads as an earlier report's
+EARLIER = {"summary": {"vitlab": "0.1"}, "verdicts": [], "figures": [{"slug": "filters"}]}
 FIGURES = {"filters", "positions", "positions_resampled", "distance", "rollout", "faithfulness", "faithfulness_curves",
            "readout_attention", "entropy", "few_shot", "scaling"}
 
@@ -25,7 +31,9 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint):
     out = tmp_path / "out"
     assert main(["reproduce", "--model", str(checkpoint), "--out", str(out), "--num-images", "3", "--no-png",
                  "--no-shapes", "--quiet"]) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
+    text = (out / "metrics.json").read_text(encoding="utf-8")
+    metrics = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in metrics.json"))  # strict JSON
+    assert "tensor(" not in text and "array(" not in text  # numbers, not their str()
     assert metrics["attention_shape"] == [3, 3, 3, 65, 65]
     # a 32 px model is shown the shipped CIFAR-10 test images (the paper's 128 images, offline)
     assert [p["image"] for p in metrics["predictions"]] == default_images(tiny_vit(), 3)[0] == [
@@ -87,7 +95,7 @@ def test_reproduce_writes_pngs_with_chromium(tmp_path, checkpoint):
 def _keeps_previous(out, argv, capsys, needle):
     out.mkdir(exist_ok=True)
     (out / "report.html").write_text("an earlier report")
-    (out / "metrics.json").write_text("{}")
+    (out / "metrics.json").write_text(json.dumps(EARLIER))
     assert main(argv + ["--out", str(out), "--no-png", "--no-shapes", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert needle in err, err
@@ -145,6 +153,47 @@ def test_reproduce_refuses_a_folder_that_is_not_a_report(tmp_path, checkpoint, c
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "report.html"]
     (tmp_path / "empty").mkdir()
     assert main([*args, "--out", str(tmp_path / "empty")]) == 0
+    # an earlier report with the user's own file in it: refused, naming the file, nothing deleted
+    (out / "thesis_notes.txt").write_text("keep me")
+    assert main([*args, "--out", str(out)]) != 0
+    err = capsys.readouterr().err
+    assert "holds no earlier report" in err and "does not write thesis_notes.txt" in err and "new or empty" in err
+    assert (out / "thesis_notes.txt").read_text() == "keep me" and (out / "report.html").is_file()
+
+
+def test_only_a_folder_of_report_files_with_the_reports_metrics_is_an_earlier_report(tmp_path):
+    """Any folder holding report.html and metrics.json used to count as an earlier report, and was deleted whole.
+    Now metrics.json must parse and carry the report's keys, and every entry must be one the report writes
+    (report.html, metrics.json, {slug}.{format} of its figures); otherwise the refusal names what is wrong."""
+    from vitlab.report import check_report_dir
+
+    d = tmp_path / "out"
+    d.mkdir()
+    (d / "report.html").write_text("<html></html>")
+    (d / "metrics.json").write_text(json.dumps(EARLIER))
+    for name in ("filters.png", "filters.svg"):
+        (d / name).write_bytes(b"image")
+    check_report_dir(d)  # an earlier report with its figures
+    (d / "results.csv").write_text("1,2")
+    (d / "runs").mkdir()
+    with pytest.raises(FileExistsError, match=r"the report does not write results\.csv, runs/\. .*new or empty"):
+        check_report_dir(d)
+    (d / "results.csv").unlink()
+    (d / "runs").rmdir()
+    (d / "distance.png").write_bytes(b"image")  # not a figure of that report
+    with pytest.raises(FileExistsError, match="does not write distance.png"):
+        check_report_dir(d)
+    (d / "distance.png").unlink()
+    (d / "metrics.json").write_text('{"loss": [0.1, 0.2]}')  # the user's own metrics.json
+    with pytest.raises(FileExistsError, match="metrics.json is not a report's.*does not write filters.png"):
+        check_report_dir(d)
+    (d / "metrics.json").write_text("{not json")
+    with pytest.raises(FileExistsError, match="metrics.json does not parse"):
+        check_report_dir(d)
+    (d / "metrics.json").unlink()
+    with pytest.raises(FileExistsError, match="no metrics.json"):
+        check_report_dir(d)
+    assert sorted(p.name for p in d.iterdir()) == ["filters.png", "filters.svg", "report.html"]  # nothing deleted
 
 
 def test_a_fixed_position_table_one_layer_and_one_image_get_no_false_verdicts(tmp_path):
@@ -163,6 +212,11 @@ def test_a_fixed_position_table_one_layer_and_one_image_get_no_false_verdicts(tm
     positions = next(f for f in metrics["figures"] if f["slug"] == "positions")
     assert "fixed" in positions["ours"] and "Not judged" in positions["ours"]
     assert [v["verdict"] for v in by_section["distance"]] == ["inconclusive"]  # the spread over 1 image; no slope
+    assert by_section["distance"][0]["details"]["no_interval"] == "1 image, at least 4 needed"
+    page = (out / "report.html").read_text()  # the page says what is missing, not a reason about training data
+    assert "no interval: 1 image, at least 4 needed." in page and "Raghu" not in page
+    seconds = metrics["summary"]["seconds"]  # the run time the page states, in metrics.json too
+    assert 0 < seconds <= metrics["seconds_total"] and f"in {seconds} s." in page
 
 
 def test_a_model_without_a_classifier_head_gets_rollout_and_no_made_up_predictions(tmp_path):
@@ -181,3 +235,107 @@ def test_a_model_without_a_classifier_head_gets_rollout_and_no_made_up_predictio
     assert "no classifier head" in rollout["ours"]
     page = (out / "report.html").read_text()
     assert "\\u003cbr\\u003epredicted" not in page and "<br>predicted" not in page  # no title names a predicted class
+
+
+def test_the_report_is_written_in_utf8_under_an_ascii_locale(tmp_path):
+    """plotly.js holds non-ASCII characters: under a C or Latin-1 locale write_text without an encoding raised
+    UnicodeEncodeError after every analysis had run. The report, metrics.json and atomic_write_text write UTF-8."""
+    script = """if True:
+        import locale, sys
+        from pathlib import Path
+        import plotly.graph_objects as go
+        from vitlab.atomic import atomic_write_text
+        from vitlab.report import write_report
+        encoding = locale.getpreferredencoding(False)
+        assert encoding.lower() in ("ascii", "ansi_x3.4-1968"), encoding
+        page = go.Figure().to_html(include_plotlyjs=True)
+        assert not page.isascii()
+        write_report(Path(sys.argv[1]) / "out", page, {"model": "caf" + chr(233)}, None)
+        atomic_write_text(Path(sys.argv[1]) / "note.txt", "na" + chr(239) + "ve")
+    """
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert not (tmp_path / "out" / "report.html").read_bytes().decode("utf-8").isascii()
+    assert json.loads((tmp_path / "out" / "metrics.json").read_bytes().decode("utf-8"))["model"] == "caf\u00e9"
+    assert (tmp_path / "note.txt").read_bytes() == "na\u00efve".encode()
+
+
+def test_metrics_json_is_strict_json_with_numbers_not_their_str(tmp_path):
+    """NaN (an unnormed metric, a few-shot std over one seed) became bare NaN, which strict JSON readers refuse, and
+    default=str wrote tensors and numpy scalars as their repr ("tensor([1., nan])"). Now numbers are numbers, NaN
+    and infinities null, and a value of any other type is refused by its place before anything is written."""
+    import math
+
+    import numpy as np
+    import torch
+
+    from vitlab.report import write_report
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in metrics.json"))
+
+    metrics = {"nan": math.nan, "f32": np.float32(0.5), "t": torch.tensor([1.0, float("nan")]), "i": np.int64(3),
+               "inf": [np.inf, -math.inf], "scalar": torch.tensor(2.5), "nested": {"std": np.float64("nan")}}
+    write_report(tmp_path / "out", "<html></html>", metrics, None)
+    got = strict((tmp_path / "out" / "metrics.json").read_text(encoding="utf-8"))
+    assert {k: v for k, v in got.items() if k not in ("png", "seconds_total")} == {
+        "nan": None, "f32": 0.5, "t": [1.0, None], "i": 3, "inf": [None, None], "scalar": 2.5, "nested": {"std": None}}
+    assert got["png"] == "not asked for"
+    with pytest.raises(TypeError, match=r"metrics\['figures'\]\[0\]\['where'\] \(PosixPath\) is not a JSON value"):
+        write_report(tmp_path / "other", "<html></html>", {"figures": [{"where": tmp_path}]}, None)
+    assert not (tmp_path / "other").exists() and not list(tmp_path.glob(".other.*"))  # nothing half-written
+
+
+def test_image_and_class_names_are_text_in_map_titles_not_plotly_markup():
+    """Plotly reads <b>, <br> and <a href> in subplot titles as markup: an image file named "<b>x</b>.jpg" or a
+    class named with a link changed the page. Names are escaped (plotly shows &lt; as <); the one <br> between the
+    true and the predicted line is ours."""
+    import torch
+
+    from vitlab.report.sections import Inputs, map_titles
+
+    inp = Inputs(net=None, info=None, names=["<b>x</b>", "a & b<br>c"], x=None, shown=[], base={},
+                 class_names=("<a href='https://example.com'>cat</a>", "dog"))
+    pred = {"pred": torch.tensor([0, 1]), "prob": torch.tensor([0.9, 0.5])}
+    assert map_titles(inp, pred, 2) == [
+        "&lt;b&gt;x&lt;/b&gt;<br>predicted &lt;a href='https://example.com'&gt;cat&lt;/a&gt; (90%)",
+        "a &amp; b&lt;br&gt;c<br>predicted dog (50%)"]
+    assert map_titles(inp, {"pred": None, "prob": None}, 1) == ["&lt;b&gt;x&lt;/b&gt;"]  # no head: the name alone
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the umask from Linux's /proc")
+def test_the_report_folder_follows_the_umask(tmp_path):
+    """The report's folder was chmod 0755 whatever the umask: with umask 027 (no access for others) the report was
+    readable by everyone. It gets 0777 less the umask, as any new folder; its files 0666 less the umask."""
+    import stat
+
+    from vitlab.report import write_report
+
+    old = os.umask(0o027)
+    try:
+        write_report(tmp_path / "out", "<html></html>", {}, None)
+    finally:
+        os.umask(old)
+    out = tmp_path / "out"
+    assert stat.S_IMODE(out.stat().st_mode) == 0o750
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {"report.html": 0o640,
+                                                                              "metrics.json": 0o640}
+
+
+def test_out_as_the_current_folder_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """--out . (whose Path name is empty) or a folder above the current one would be replaced as a whole from
+    under the shell: refused up front, before the model is loaded, with a name to give instead. Relative names
+    below the current folder are made absolute and work as before."""
+    from vitlab.report import report_target, reproduce
+
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    for out in (".", "..", "./", str(tmp_path)):
+        with pytest.raises(ValueError, match=r"current folder or one that holds it.*give --out a new folder's name"):
+            reproduce(model="no_such_model_name", out=out)  # refused before the model name is even looked up
+    assert main(["reproduce", "--out", ".", "--quiet"]) == 1
+    assert "--out . is the current folder" in capsys.readouterr().err
+    assert report_target("out") == tmp_path / "sub" / "out" and report_target("../x") == tmp_path / "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"] and not list((tmp_path / "sub").iterdir())

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write", "atomic_write_text", "replace_dir", "refuse_foreign_dir", "rmtree_quiet"]
+__all__ = ["atomic_write", "atomic_write_text", "temp_dir_beside", "replace_dir", "refuse_foreign_dir",
+           "rmtree_quiet"]
 
 
 def refuse_foreign_dir(directory: Path, is_ours: Callable[[Path], bool], writer: str, earlier: str,
@@ -64,8 +65,23 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """``atomic_write`` of a text file."""
-    return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    """``atomic_write`` of a text file, in UTF-8 whatever the locale (a Latin-1 or C locale would refuse non-ASCII
+    text after the work that made it)."""
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def temp_dir_beside(directory: Path) -> Path:
+    """A new temporary folder beside ``directory``, to fill and then move into place with ``replace_dir``. It gets
+    0777 less the umask, as any new folder (``mkdtemp`` makes it private, and a fixed 0755 would ignore a
+    stricter umask such as 027)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        tmp.chmod(0o777 & ~_umask())
+    except BaseException:
+        rmtree_quiet(tmp)
+        raise
+    return tmp
 
 
 def _fsync(path: Path) -> None:

@@ -453,7 +453,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                     few_shot=args.few_shot, scaling=args.scaling, image_scale=args.image_scale,
                     formats=tuple(args.formats.split(",")), skip_bad=args.skip_bad, progress=not args.quiet,
                     device=args.device)
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
     verdicts = [Verdict.from_dict({k: v for k, v in d.items() if k != "section"}) for d in metrics["verdicts"]]
     print(verdict_table(verdicts))
     print(f"report: {out / 'report.html'}")

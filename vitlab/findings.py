@@ -52,6 +52,10 @@ __all__ = [
     "explain",
     "KNOWN_REASONS",
     "known_reason",
+    "no_interval_reason",
+    "fmt_endpoint",
+    "fmt_threshold",
+    "json_types",
 ]
 
 N_BOOT = 1000
@@ -95,7 +99,7 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types only (NaN becomes None), ready for ``json.dumps(..., allow_nan=False)``."""
-        return _plain(asdict(self))
+        return json_types(asdict(self))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
@@ -109,8 +113,9 @@ class Verdict:
         """``reproduced      <finding>: slope 0.83 px/layer [0.61, 1.02] > 0``"""
         unit = f" {self.unit}" if self.unit else ""
         lo, hi = self.interval
+        t = self.threshold
         return (f"{self.verdict:<14}  {self.finding}: {self.quantity} {_fmt(self.statistic)}{unit} "
-                f"[{_fmt(lo)}, {_fmt(hi)}] {self.side} {_fmt(self.threshold)}")
+                f"[{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}] {self.side} {fmt_threshold(t)}")
 
 
 def verdict_table(verdicts: Sequence[Verdict]) -> str:
@@ -119,8 +124,9 @@ def verdict_table(verdicts: Sequence[Verdict]) -> str:
     for v in verdicts:
         unit = f" {v.unit}" if v.unit else ""
         lo, hi = v.interval
-        rows.append((v.finding, f"{_fmt(v.statistic)} [{_fmt(lo)}, {_fmt(hi)}]{unit} {v.side} {_fmt(v.threshold)}",
-                     v.verdict))
+        t = v.threshold
+        rows.append((v.finding, f"{_fmt(v.statistic)} [{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}]{unit} {v.side} "
+                                f"{fmt_threshold(t)}", v.verdict))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -134,16 +140,42 @@ def _fmt(x: float) -> str:
     return "nan" if x is None or not math.isfinite(x) else f"{x:.3g}"
 
 
-def _plain(x: Any) -> Any:
+def _finite(*xs: float | None) -> bool:
+    return all(x is not None and math.isfinite(x) for x in xs)
+
+
+def _sign(x: float) -> int:
+    return int(x > 0) - int(x < 0)
+
+
+def fmt_threshold(t: float) -> str:
+    """A threshold in the fewest significant digits, at least 3, that print it exactly ("0.5", "0")."""
+    if not _finite(t):
+        return "nan" if t is None or t != t else f"{t:.3g}"
+    return next((text for d in range(3, 18) if float(text := f"{t:.{d}g}") == t), repr(float(t)))
+
+
+def fmt_endpoint(x: float, threshold: float) -> str:
+    """An interval endpoint in at least 3 significant digits, more where fewer would round it onto or across
+    ``threshold``: 0.50049 against 0.5 prints "0.5005", not "0.5". Beside ``fmt_threshold(threshold)`` the printed
+    numbers compare as the true ones do, so a printed interval never contradicts its verdict."""
+    if not _finite(x, threshold):
+        return "nan" if x is None or x != x else f"{x:.3g}"  # inf stays inf; no threshold to keep a side of
+    side = _sign(x - threshold)
+    return next((text for d in range(3, 18) if _sign(float(text := f"{x:.{d}g}") - threshold) == side),
+                repr(float(x)))
+
+
+def json_types(x: Any) -> Any:
     """Numbers, arrays and tensors inside dicts/lists -> JSON types; NaN/inf -> None; keys -> str."""
     if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
+        return {str(k): json_types(v) for k, v in x.items()}
     if isinstance(x, Tensor):
         x = x.detach().cpu().numpy()
     if isinstance(x, np.ndarray):
-        return _plain(x.tolist())
+        return json_types(x.tolist())
     if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
+        return [json_types(v) for v in x]
     if isinstance(x, (bool, np.bool_)):
         return bool(x)
     if isinstance(x, (int, np.integer)):
@@ -169,11 +201,30 @@ def _decide(interval: tuple[float, float], threshold: float, side: str) -> str:
     return "reproduced" if below else "not reproduced" if above else "inconclusive"
 
 
+def _units(n: int, unit: str) -> str:
+    """``n`` units in words: "1 image", "2 images"."""
+    return f"{n} {unit.removesuffix('s') if n == 1 else unit}"
+
+
+def _none_reason(method: str) -> str | None:
+    """Why ``_mean_interval`` or ``_prediction_interval`` gave no interval ("2 seeds, at least ... needed"), from the
+    method it returned; None when it gave one."""
+    return method.removeprefix("none: ") if method.startswith("none: ") else None
+
+
+#: why a verdict has no interval when its maker gave no reason: every resample's statistic was NaN or infinite
+NOT_FINITE = "the statistic is not finite on the data or on any resample"
+
+
 def _verdict(finding: str, criterion: str, statistic: float, interval: tuple[float, float], threshold: float,
-             side: str, quantity: str, unit: str, details: dict[str, Any]) -> Verdict:
+             side: str, quantity: str, unit: str, details: dict[str, Any], no_interval: str | None = None) -> Verdict:
+    """A verdict decided by ``_decide``. Where the interval is not finite, ``details["no_interval"]`` says why
+    (``no_interval``, e.g. "2 images, at least 4 needed"; ``NOT_FINITE`` when none is given)."""
     interval = (float(interval[0]), float(interval[1]))
+    if not (math.isfinite(interval[0]) and math.isfinite(interval[1])):
+        details = {**details, "no_interval": no_interval or NOT_FINITE}
     return Verdict(finding=finding, criterion=criterion, statistic=float(statistic), interval=interval,
-                   threshold=float(threshold), verdict=_decide(interval, threshold, side), details=_plain(details),
+                   threshold=float(threshold), verdict=_decide(interval, threshold, side), details=json_types(details),
                    side=side, quantity=quantity, unit=unit)
 
 
@@ -198,7 +249,7 @@ def _mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str) -> tup
     percentile bootstrap from there on, none for 1."""
     n = len(values)
     if n < 2:
-        return (math.nan, math.nan), f"none: {n} {unit}, at least 2 needed"
+        return (math.nan, math.nan), f"none: {_units(n, unit)}, at least 2 needed"
     if n < MIN_MEAN_BOOTSTRAP:
         from scipy.stats import t
 
@@ -213,7 +264,7 @@ def _prediction_interval(values: np.ndarray, unit: str) -> tuple[tuple[float, fl
     2.5 and 97.5 percentiles from 20 on."""
     n = len(values)
     if n < 2:
-        return (math.nan, math.nan), f"none: {n} {unit}, at least 2 needed"
+        return (math.nan, math.nan), f"none: {_units(n, unit)}, at least 2 needed"
     if n < 20:
         from scipy.stats import t
 
@@ -308,7 +359,9 @@ def filters_low_frequency(components: Array, k: int = 28, n_boot: int = N_BOOT, 
         "components > 0 (later components have higher frequencies); 95% bootstrap over components"
         + (f" (none below {MIN_RANK_BOOTSTRAP} components)" if few else ""),
         stat, (math.nan, math.nan) if few else _percentile(boot), 0.0, ">", "Spearman", "",
-        {"k": k, "dct_radius": radius, "constant_resamples": int(np.isnan(boot).sum())})
+        {"k": k, "dct_radius": radius, "constant_resamples": int(np.isnan(boot).sum()),
+         "patch_px": list(_np(components).shape[-2:])},
+        f"{_units(k, 'components')}, at least {MIN_RANK_BOOTSTRAP} needed" if few else None)
 
 
 def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k: int = 28, n_boot: int = N_BOOT,
@@ -336,7 +389,8 @@ def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k:
         f"explained-variance share of the first {k} components minus that of a randomly initialised embedding "
         "of the same shape > 0; 95% prediction interval of one random embedding's share",
         float(diff.mean()), interval, 0.0, ">", "share difference", "",
-        {"k": k, "explained": float(er[:k].sum()), "random_explained": rr[:, :k].sum(1), "interval_method": method})
+        {"k": k, "explained": float(er[:k].sum()), "random_explained": rr[:, :k].sum(1), "interval_method": method},
+        _none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 7 centre
@@ -491,7 +545,8 @@ def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_b
         spread(np.ones((1, b)))[0], interval, threshold, ">",
         "spread", "of uniform",
         {"head_distance_px": heads, "ceiling_px": ceiling, "images": b, "local_head": int(heads.argmin()),
-         "global_head": int(heads.argmax())})
+         "global_head": int(heads.argmax())},
+        None if b >= MIN_BOOTSTRAP else f"{_units(b, 'images')}, at least {MIN_BOOTSTRAP} needed")
 
 
 def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
@@ -514,7 +569,7 @@ def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEE
         "Fig. 7 right: attention distance grows with depth",
         f"least-squares slope of head-averaged mean attention distance over layer index > 0 px/layer; 95% {method}",
         slopes.mean(), interval, 0.0, ">", "slope", "px/layer",
-        {"layer_distance_px": m.mean(1), "images": b})
+        {"layer_distance_px": m.mean(1), "images": b}, _none_reason(method))
 
 
 @dataclass(frozen=True)
@@ -549,7 +604,7 @@ class DistanceShift:
         word = {"a > b": f"{self.a} attends farther", "a < b": f"{self.a} attends nearer"}.get(
             self.differs, "no difference shown")
         return (f"{self.a} - {self.b} mean attention distance over all layers: {_fmt(self.overall)} px "
-                f"[{_fmt(lo)}, {_fmt(hi)}] ({word}; 95% interval over {self.images} images)")
+                f"[{fmt_endpoint(lo, 0.0)}, {fmt_endpoint(hi, 0.0)}] ({word}; 95% interval over {self.images} images)")
 
 
 def attention_distance_shift(dist_a: Array, dist_b: Array, a: str = "a", b: str = "b", n_boot: int = N_BOOT,
@@ -601,7 +656,7 @@ def rollout_localises(mass: Array, pointing: Array, random_mass: Array, random_p
         diff.mean(), interval, 0.0, ">", "mass difference", "",
         {"images": b, "mass": m.mean(), "random_mass": rm.mean(), "pointing": p.mean(),
          "random_pointing": rp.mean(), "pointing_difference": pdiff.mean(),
-         "pointing_difference_interval": _mean_interval(pdiff, n_boot, seed, "images")[0]})
+         "pointing_difference_interval": _mean_interval(pdiff, n_boot, seed, "images")[0]}, _none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 3/4
@@ -649,7 +704,8 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
         per_seed.mean() if len(per_seed) else math.nan, interval, 0.0, ">", "gap change", "",
         {"shots": shots, "smallest": lo, "largest": hi, "seeds": complete, "per_seed": per_seed,
          "interval_method": method, "gap_by_size": {n: mean(vit, n) - mean(resnet, n) for n in sizes},
-         f"{vit}_by_size": {n: mean(vit, n) for n in sizes}, f"{resnet}_by_size": {n: mean(resnet, n) for n in sizes}})
+         f"{vit}_by_size": {n: mean(vit, n) for n in sizes}, f"{resnet}_by_size": {n: mean(resnet, n) for n in sizes}},
+        _none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- Sec. 4.6
@@ -727,7 +783,7 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
          else None, "seeds": common, "per_seed": diff,
          "interval_method": method, f"{better}_mean": float(np.mean([acc[better][s] for s in common])) if common
          else None, f"{worse}_mean": float(np.mean([acc[worse][s] for s in common])) if common else None,
-         "code_hashes": code})
+         "code_hashes": code}, _none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- reasons
@@ -735,9 +791,9 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
 #: Known reasons, with their sources, why a finding of the paper may not show on a small model trained on little
 #: data; keyed by the start of ``Verdict.finding``.
 KNOWN_REASONS: dict[str, str] = {
-    "Fig. 7 left": "the paper's filters come from ViT-L/32 pre-trained on JFT-300M; 4 px patches of a small model "
-                   "trained on 50,000 images leave few frequencies to order and little data to shape them (paper "
-                   "section 4.5 shows them for large-scale pre-training only).",
+    "Fig. 7 left": "the paper's filters come from ViT-L/32 pre-trained on JFT-300M (section 4.5 shows them for "
+                   "large-scale pre-training only); small patches leave few frequencies to order, and less "
+                   "pre-training data shapes the filters less.",
     "Fig. 7 centre": "the 2D topology of 1D position embeddings is learned from data; the paper's Appendix D.4 "
                      "(Table 8) finds position-embedding variants matter little at small scale, and small grids "
                      "trained briefly learn weak structure.",
@@ -765,21 +821,54 @@ _MPP_READOUT = {
 }
 
 
+def no_interval_reason(v: Verdict) -> str | None:
+    """Why ``v`` has no interval (e.g. "2 images, at least 4 needed"), None when it has one. Verdicts made before
+    ``details["no_interval"]`` was recorded (or by hand) say only that none could be computed."""
+    lo, hi = v.interval
+    if math.isfinite(lo) and math.isfinite(hi):
+        return None
+    return v.details.get("no_interval") or "none could be computed"
+
+
 def known_reason(v: Verdict) -> str | None:
-    """The known reason (``KNOWN_REASONS``) shown with a verdict, None when none is known. For the lowest layer's
+    """The known reason (``KNOWN_REASONS``) shown with a verdict, None when none is known or when ``v`` has no
+    interval: then the data decided nothing, and ``no_interval_reason`` says why instead. For the lowest layer's
     spread it starts with where this model's heads sit against the paper's, so the reason is read beside the numbers
     it explains (a model may have local heads and still fall short of the paper's span)."""
+    if no_interval_reason(v) is not None:
+        return None
     reason = next((r for k, r in KNOWN_REASONS.items() if v.finding.startswith(k)), None)
-    if reason is not None and v.finding.startswith("Sec. 4.6"):
+    if reason is None:
+        return None
+    if v.finding.startswith("Sec. 4.6"):
         reason += " " + _MPP_READOUT.get((v.details.get("kind"), v.details.get("readout")), "")
         reason = reason.rstrip()
-    heads, ceiling = v.details.get("head_distance_px"), v.details.get("ceiling_px")
-    if reason is not None and v.finding.startswith(_LOWEST_LAYER) and heads is not None and len(heads) and ceiling:
-        lo, hi = min(heads), max(heads)
-        reason = (f"this model's lowest-layer heads sit at {lo:.1f} to {hi:.1f} px, {lo / ceiling:.0%} to "
-                  f"{hi / ceiling:.0%} of the uniform-attention distance, where the paper's lowest-layer heads span "
-                  f"about 10% to 90%. {reason}")
-    return reason
+    prefix = _filter_size(v) if v.finding.startswith("Fig. 7 left") else \
+        _lowest_layer_heads(v) if v.finding.startswith(_LOWEST_LAYER) else None
+    return f"{prefix} {reason}" if prefix else reason
+
+
+def _filter_size(v: Verdict) -> str | None:
+    """This model's patch size against the paper's 32 px, from ``details["patch_px"]`` (None when not recorded)."""
+    patch = v.details.get("patch_px")
+    if not patch or len(patch) != 2:
+        return None
+    p, q = (int(x) for x in patch)
+    return (f"this model's filters are {p}x{q} px, {p * q:,} DCT frequencies per channel, where the paper's 32x32 px "
+            "filters have 1,024.")
+
+
+def _lowest_layer_heads(v: Verdict) -> str | None:
+    """Where this model's lowest-layer heads sit against the paper's span, from the heads with a finite distance
+    (``to_dict`` turns NaN into None); None without such heads or a finite ceiling."""
+    heads, ceiling = v.details.get("head_distance_px") or [], v.details.get("ceiling_px")
+    heads = [float(h) for h in heads if h is not None and math.isfinite(h)]
+    if not heads or ceiling is None or not math.isfinite(ceiling) or ceiling <= 0:
+        return None
+    lo, hi = min(heads), max(heads)
+    return (f"this model's lowest-layer heads sit at {lo:.1f} to {hi:.1f} px, {lo / ceiling:.0%} to "
+            f"{hi / ceiling:.0%} of the uniform-attention distance, where the paper's lowest-layer heads span "
+            "about 10% to 90%.")
 
 
 def explain(verdicts: Sequence[Verdict], width: int | None = None) -> str:
@@ -789,9 +878,13 @@ def explain(verdicts: Sequence[Verdict], width: int | None = None) -> str:
     lines = []
     for v in verdicts:
         lo, hi = v.interval
-        head = f"{v.finding}: {v.verdict} ({v.quantity} {_fmt(v.statistic)}, 95% interval [{_fmt(lo)}, {_fmt(hi)}], " \
-               f"finding side {v.side} {_fmt(v.threshold)})."
-        if v.verdict != "reproduced":
+        t = v.threshold
+        head = f"{v.finding}: {v.verdict} ({v.quantity} {_fmt(v.statistic)}, 95% interval " \
+               f"[{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}], finding side {v.side} {fmt_threshold(t)})."
+        missing = no_interval_reason(v)
+        if missing is not None:
+            head += f" The data cannot decide it here; no interval: {missing}."
+        elif v.verdict != "reproduced":
             reason = known_reason(v)
             what = "The data cannot decide it here" if v.verdict == "inconclusive" else "Not seen on this model"
             head += f" {what}; known reason: {reason}" if reason else f" {what}."

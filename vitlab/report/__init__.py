@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,9 +20,10 @@ from typing import Any
 from tqdm.auto import tqdm
 
 import vitlab
-from vitlab.atomic import refuse_foreign_dir, replace_dir
+from vitlab.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
 from vitlab.checkpoint import card_line, model_card
 from vitlab.devices import resolve_device
+from vitlab.findings import json_types
 from vitlab.images import default_images, default_labels, default_source, head_class_names, load_images
 from vitlab.models import SHAPES_CHECKPOINT
 from vitlab.provenance import versions
@@ -31,7 +31,8 @@ from vitlab.report import sections as S
 from vitlab.report.render import render_html, stamp_line
 from vitlab.static import write_images
 
-__all__ = ["reproduce", "SCALING_RESULTS"]
+__all__ = ["reproduce", "write_report", "check_report_dir", "report_target", "not_a_report", "report_entries",
+           "SCALING_RESULTS"]
 
 #: The shipped data-scaling sweep drawn in the report's scaling section.
 SCALING_RESULTS = Path(__file__).resolve().parents[2] / "data" / "results" / "scaling_cifar10.jsonl"
@@ -75,10 +76,81 @@ def _summary(net, info, model: str | None, weights: str, images: str, n_images: 
 
 def check_report_dir(out: Path) -> None:
     """Refuse an ``out`` that ``reproduce`` must not replace: a file, or a non-empty folder that is not an earlier
-    report (one holding both ``report.html`` and ``metrics.json``). The report replaces the whole folder, so anything
-    else in it would be deleted."""
-    refuse_foreign_dir(out, lambda d: (d / "report.html").is_file() and (d / "metrics.json").is_file(),
-                       "vitlab reproduce", "earlier report", "--out")
+    report. The report replaces the whole folder, so anything else in it would be deleted: an earlier report's
+    folder holds only what the report writes (``report_entries``) and a ``metrics.json`` that the report wrote."""
+    problem = not_a_report(out) if out.is_dir() and any(out.iterdir()) else None
+    if problem is not None:
+        raise FileExistsError(f"{out} holds no earlier report: {problem}. vitlab reproduce replaces the whole folder "
+                              "and would delete them, so give --out a new or empty folder")
+    refuse_foreign_dir(out, lambda d: True, "vitlab reproduce", "earlier report", "--out")  # a file
+
+
+def report_target(out: str | os.PathLike) -> Path:
+    """``out`` as an absolute path ('.' and '..' resolved, links kept), refused when it is the current folder or
+    one above it: the report replaces its folder as a whole, which would pull the folder out from under the
+    shell it runs in (and ``Path('.').name`` is empty, so the temporary folder beside it had no name)."""
+    target = Path(os.path.abspath(out))
+    here = Path(os.path.abspath(os.curdir))
+    if target == here or target in here.parents:
+        raise ValueError(f"--out {out} is the current folder or one that holds it ({target}); vitlab reproduce "
+                         f"replaces its folder as a whole: give --out a new folder's name, e.g. --out "
+                         f"{Path(out) / 'report'}")
+    return target
+
+
+def report_entries(metrics: dict[str, Any]) -> set[str]:
+    """The names ``write_report`` gives the entries of a report's folder, given its ``metrics.json``:
+    report.html, metrics.json and each figure as ``{slug}.{format}``."""
+    slugs = [f.get("slug") for f in metrics.get("figures", []) if isinstance(f, dict)]
+    return {"report.html", "metrics.json"} | {f"{slug}.{fmt}" for slug in slugs if slug for fmt in IMAGE_FORMATS}
+
+
+def not_a_report(folder: Path) -> str | None:
+    """Why ``folder`` is not an earlier report's (its metrics.json is missing, unreadable or not the report's;
+    entries the report does not write, named), None when it is one."""
+    problems, metrics = [], {}
+    try:
+        metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        problems.append("no metrics.json")
+    except (OSError, ValueError) as e:
+        problems.append(f"its metrics.json does not parse ({type(e).__name__}: {e})")
+    else:
+        if not (isinstance(metrics, dict) and isinstance(metrics.get("summary"), dict) and "vitlab" in
+                metrics["summary"] and isinstance(metrics.get("verdicts"), list)
+                and isinstance(metrics.get("figures"), list)):
+            problems.append("its metrics.json is not a report's (no summary.vitlab, verdicts and figures)")
+            metrics = {}
+    if not (folder / "report.html").is_file():
+        problems.append("no report.html")
+    ours = report_entries(metrics)
+    other = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()
+                   if p.name not in ours or not p.is_file())
+    if other:
+        shown = ", ".join(other[:10]) + (f" and {len(other) - 10} more" if len(other) > 10 else "")
+        problems.append(f"the report does not write {shown}")
+    return "; ".join(problems) or None
+
+
+def metrics_json(metrics: dict[str, Any]) -> str:
+    """``metrics`` as strict JSON text: numpy and torch numbers, arrays and tensors as JSON numbers and lists, NaN
+    and infinities as null (``findings.json_types``). Any other type is refused by its place in ``metrics`` rather than
+    written as its ``str()``, which a reader could not tell from a real string."""
+    plain = json_types(metrics)
+    where = _not_json(plain, "metrics")
+    if where is not None:
+        raise TypeError(f"{where} is not a JSON value: convert it to numbers, strings or lists where the report's "
+                        "metrics are made (vitlab.report)")
+    return json.dumps(plain, indent=2, allow_nan=False) + "\n"
+
+
+def _not_json(x: Any, where: str) -> str | None:
+    """The place and type of the first value in ``x`` that is not a JSON type, None when there is none."""
+    if isinstance(x, dict):
+        return next((w for k, v in x.items() if (w := _not_json(v, f"{where}[{k!r}]")) is not None), None)
+    if isinstance(x, list):
+        return next((w for i, v in enumerate(x) if (w := _not_json(v, f"{where}[{i}]")) is not None), None)
+    return None if x is None or isinstance(x, (str, int, float, bool)) else f"{where} ({type(x).__name__})"
 
 
 def reproduce(model: str | None = None, images: str | None = None, out: str | os.PathLike = "out",
@@ -98,7 +170,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     available); the figures and numbers are computed the same way on either, up to floating-point rounding.
     """
     t0 = time.time()
-    out = Path(out)
+    out = report_target(out)
     bad = sorted(set(formats) - set(IMAGE_FORMATS))
     if bad:
         raise ValueError(f"unknown figure format(s) {bad}: choose from {list(IMAGE_FORMATS)}")
@@ -157,6 +229,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         run("scaling", lambda: S.scaling(SCALING_RESULTS, versions()))
     bar.close()
 
+    summary["seconds"] = round(time.time() - t0, 1)  # before metrics copies the summary: both carry it
     by_slug = {s.slug: s for s in sections}
     metrics: dict[str, Any] = {
         **base, "summary": {k: v for k, v in summary.items() if k != "facts"} | {"facts": dict(summary["facts"])},
@@ -174,23 +247,28 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     }
     if "localisation" in by_slug:
         metrics["shapes_localisation"] = by_slug["localisation"].metrics
-    summary["seconds"] = round(time.time() - t0, 1)
-    page = render_html(summary, sections)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    figures = {s.slug: s.figure for s in sections if s.figure is not None} if png else None
+    write_report(out, render_html(summary, sections), metrics, figures, formats, image_scale, t0)
+    return out
+
+
+def write_report(out: Path, page: str, metrics: dict[str, Any], figures: dict[str, Any] | None,
+                 formats: Sequence[str] = ("png",), image_scale: float = 1.0, t0: float | None = None) -> None:
+    """Write ``report.html``, ``metrics.json`` and the static ``figures`` ({slug: figure}; None: not asked for) in
+    each of ``formats`` into a temporary folder beside ``out``, then swap it into place (``replace_dir``): a failure
+    leaves ``out`` as it was. ``metrics`` gains ``png`` (what was written) and ``seconds_total`` (since ``t0``)."""
+    t0 = time.time() if t0 is None else t0
+    tmp = temp_dir_beside(out)
     try:
-        tmp.chmod(0o755)
-        (tmp / "report.html").write_text(page)
-        drawn = [s for s in sections if s.figure is not None]
-        if png:
-            paths = [tmp / f"{s.slug}.{fmt}" for fmt in formats for s in drawn]
-            metrics["png"] = write_images([s.figure for fmt in formats for s in drawn], paths, scale=image_scale)
+        (tmp / "report.html").write_text(page, encoding="utf-8")  # plotly.js is not ASCII
+        if figures is not None:
+            paths = [tmp / f"{slug}.{fmt}" for fmt in formats for slug in figures]
+            metrics["png"] = write_images([f for fmt in formats for f in figures.values()], paths, scale=image_scale)
         else:
             metrics["png"] = "not asked for"
         metrics["seconds_total"] = round(time.time() - t0, 2)
-        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+        (tmp / "metrics.json").write_text(metrics_json(metrics), encoding="utf-8")
         replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitlab.findings import Verdict, known_reason
+from vitlab.findings import Verdict, fmt_endpoint, fmt_threshold, known_reason, no_interval_reason
 from vitlab.report.sections import Section
 
 __all__ = ["render_html", "stamp_line", "verdict_row"]
@@ -17,14 +17,21 @@ def _num(x: float) -> str:
     return "n/a" if x != x else f"{x:.3g}"  # NaN-safe
 
 
+def _end(x: float, threshold: float) -> str:
+    """An interval endpoint with the digits that keep it on its side of the threshold (``fmt_endpoint``)."""
+    return "n/a" if x != x else fmt_endpoint(x, threshold)
+
+
 def verdict_row(v: Verdict, slug: str = "") -> dict[str, Any]:
     lo, hi = v.interval
     unit = f" {v.unit}" if v.unit else ""
-    reason = known_reason(v)
+    reason = known_reason(v)  # None without an interval: then no_interval says why the data decided nothing
     return {"slug": slug, "finding": v.finding, "criterion": v.criterion, "verdict": v.verdict,
-            "reason": reason if v.verdict != "reproduced" else None,
-            "css": v.verdict.replace(" ", "-"), "side": v.side, "threshold_text": _num(v.threshold),
-            "statistic_text": f"{v.quantity} {_num(v.statistic)}{unit} [{_num(lo)}, {_num(hi)}]"}
+            "reason": reason if v.verdict != "reproduced" else None, "no_interval": no_interval_reason(v),
+            "css": v.verdict.replace(" ", "-"), "side": v.side,
+            "threshold_text": "n/a" if v.threshold != v.threshold else fmt_threshold(v.threshold),
+            "statistic_text": f"{v.quantity} {_num(v.statistic)}{unit} "
+                              f"[{_end(lo, v.threshold)}, {_end(hi, v.threshold)}]"}
 
 
 def stamp_line(stamp: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ with the verdict that decides it.
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,15 +126,17 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
 
 
 def map_titles(inp: Inputs, pred: dict[str, Any], n: int) -> list[str]:
-    """Row titles for map grids: true class (when known), predicted class and its probability."""
+    """Row titles for map grids: true class (when known), predicted class and its probability. Image names and class
+    names are escaped: plotly reads <b>, <br> or <a href> in a title as markup."""
     out = []
     for i in range(n):
         truth = inp.names[i] if inp.labels is None else f"true {inp.true_class_name(int(inp.labels[i]))}"
+        truth = html.escape(truth, quote=False)
         if pred["pred"] is None:
             out.append(truth)
             continue
         c, pr = int(pred["pred"][i]), float(pred["prob"][i])
-        out.append(f"{truth}<br>predicted {inp.class_name(c)} ({pr:.0%})")
+        out.append(f"{truth}<br>predicted {html.escape(inp.class_name(c), quote=False)} ({pr:.0%})")
     return out
 
 
