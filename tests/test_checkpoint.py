@@ -266,3 +266,24 @@ def test_loading_a_checkpoint_that_a_kill_left_aside_restores_it(tmp_path):
     ck = vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
     ck.rename(tmp_path / ".ck.old.abc")
     assert vitlab.load_checkpoint(tmp_path / "ck") is not None and (tmp_path / "ck" / "config.json").is_file()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the umask from Linux's /proc")
+def test_checkpoints_follow_the_umask(tmp_path):
+    """A checkpoint folder and its files get 0777 / 0666 less the umask, like anything new (they were a fixed 0755
+    and 0644, readable by all under umask 077, and the training state's safetensors were 0600 under any umask)."""
+    from vitlab.checkpoint import save_run_checkpoint
+
+    model = vitlab.build_model(vitlab.vit_config("Ti/16", img_size=32, patch_size=8, depth=1))
+    opt = torch.optim.AdamW(model.parameters())
+    for mask in (0o077, 0o022):
+        old = os.umask(mask)
+        try:
+            shipped = vitlab.save_checkpoint(model, tmp_path / f"shipped{mask:o}")
+            run = save_run_checkpoint(tmp_path / f"run{mask:o}", model, opt, None, extra={"epoch": 1})
+        finally:
+            os.umask(old)
+        for folder in (shipped, run):
+            assert folder.stat().st_mode & 0o777 == 0o777 & ~mask
+            files = list(folder.iterdir())
+            assert len(files) >= 2 and {f.stat().st_mode & 0o777 for f in files} == {0o666 & ~mask}

@@ -70,6 +70,12 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
+def new_file_mode() -> int:
+    """The mode a new file gets from ``open``: 0666 less the umask (for files a writer creates private, such as
+    ``mkstemp``'s or safetensors' 0600, that should read like any other new file)."""
+    return 0o666 & ~_umask()
+
+
 def temp_dir_beside(directory: Path) -> Path:
     """A new temporary folder beside ``directory``, to fill and then move into place with ``replace_dir``. It gets
     0777 less the umask, as any new folder (``mkdtemp`` makes it private, and a fixed 0755 would ignore a

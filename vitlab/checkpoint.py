@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from vitlab.atomic import recover_dir, refuse_foreign_dir, replace_dir, rmtree_quiet
+from vitlab.atomic import new_file_mode, recover_dir, refuse_foreign_dir, replace_dir, rmtree_quiet, temp_dir_beside
 from vitlab.errors import ModelLoadError
 from vitlab.provenance import versions
 from vitlab.zoo import ModelConfig, build_model, config_from_dict, config_to_dict
@@ -68,16 +68,14 @@ def save_checkpoint(
                          "plain name")
     text = _meta_json(model, cfg, extra)
     state = _state_for_saving(model, dtype)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp.", dir=directory.parent))
+    tmp = temp_dir_beside(directory)  # a folder like any new one: 0777 less the umask, not mkdtemp's private 0700
     try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary readable folder
         save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-        (tmp / WEIGHTS_NAME).chmod(0o644)
+        (tmp / WEIGHTS_NAME).chmod(new_file_mode())  # safetensors writes 0600 whatever the umask
         for name, module in (modules or {}).items():
             save_file(_state_for_saving(module, dtype), str(tmp / f"{name}.safetensors"), metadata={"format": "pt"})
-            (tmp / f"{name}.safetensors").chmod(0o644)
-        (tmp / CONFIG_NAME).write_text(text)
+            (tmp / f"{name}.safetensors").chmod(new_file_mode())
+        (tmp / CONFIG_NAME).write_text(text, encoding="utf-8")
         replace_dir(tmp, directory)
     finally:
         rmtree_quiet(tmp)  # gone already after a successful swap
@@ -297,13 +295,15 @@ def save_run_checkpoint(directory: str | os.PathLike, model: nn.Module, opt: tor
         ck = save_checkpoint(model, tmp / directory.name, extra=extra)
         tensors, meta = _flatten_optimizer(opt)
         save_file(tensors, str(ck / "optimizer.safetensors"))
-        (ck / "optimizer.json").write_text(json.dumps(meta))
+        (ck / "optimizer.json").write_text(json.dumps(meta), encoding="utf-8")
         if ema is not None:
             save_file({k: v.detach().cpu().contiguous() for k, v in ema.state_dict().items()},
                       str(ck / "ema.safetensors"))
         for name, module in (modules or {}).items():
             save_file({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()},
                       str(ck / f"{name}.safetensors"))
+        for f in ck.glob("*.safetensors"):  # safetensors writes 0600 whatever the umask
+            f.chmod(new_file_mode())
         replace_dir(ck, directory)
     finally:
         rmtree_quiet(tmp)

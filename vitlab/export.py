@@ -209,8 +209,8 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
     facts["path"] = _portable(str(Path(out).absolute()))
     facts["is_default"] = out.resolve() == Path(DEFAULT_CHECKPOINT).resolve()
     facts["learning_curve"] = _learning_curve(history, tmp_out / "learning_curve.png", facts, goal, out.name)
-    (tmp_out / CARD_NAME).write_text(_card(facts, train_cfg, history, shipped))
-    (tmp_out / "card.json").write_text(json.dumps(facts, indent=2) + "\n")
+    (tmp_out / CARD_NAME).write_text(_card(facts, train_cfg, history, shipped), encoding="utf-8")
+    (tmp_out / "card.json").write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
     return facts
 
 
