@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write", "atomic_write_text", "temp_dir_beside", "replace_dir", "refuse_foreign_dir",
+__all__ = ["atomic_write", "atomic_write_text", "new_file_mode", "temp_dir_beside", "replace_dir", "refuse_foreign_dir",
            "rmtree_quiet"]
 
 
@@ -81,7 +81,7 @@ def temp_dir_beside(directory: Path) -> Path:
     0777 less the umask, as any new folder (``mkdtemp`` makes it private, and a fixed 0755 would ignore a
     stricter umask such as 027)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp.", dir=directory.parent))
     try:
         tmp.chmod(0o777 & ~_umask())
     except BaseException:
