@@ -66,7 +66,8 @@ def run(run_dir: Path, goal: float, budget_hours: float) -> dict[str, Any]:
     hours, acc = training_curve(history)
     return {"run_dir": run_dir.name, "epochs_done": len(history), "epochs_planned": cfg.get("epochs"),
             "train_config": {k: cfg[k] for k in ("epochs", "batch_size", "lr", "randaugment", "mixup_prob",
-                                                   "distill_tta", "teacher") if k in cfg},
+                                                   "distill_tta", "teacher", "progressive_size", "progressive_epochs",
+                                                   "progressive_fraction", "full_token_epochs") if k in cfg},
             "patch_drop_rate": (cfg.get("model") or {}).get("patch_drop_rate"),
             "epochs_evaluated": [h["epoch"] for h in history if h.get("test_accuracy") is not None],
             "hours": hours, "test_accuracy": acc, "slow_epochs": slow_epochs(history),

@@ -267,7 +267,8 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
     ips = second["images_per_second"]
     phases = PRESETS[preset].small_epochs  # a preset that trains its first epochs on smaller images
     return {"preset": preset + (f", {small} px phase (progressive resizing)" if small else
-                                f", {size2(cfg.model.img_size)[0]} px phase" if phases else "")
+                                f", {size2(cfg.model.img_size)[0]} px phase" if phases and not every_token else
+                                f", {size2(cfg.model.img_size)[0]} px" if phases else "")
             + (", every patch token (model.patch_drop_rate=0)" if every_token else "")
             + (", compiled" if compiled else ", eager (--compile off)" if forced_eager else ""),
             "compiled": compiled, "batch": cfg.batch_size, "images_per_second": ips,
@@ -288,8 +289,9 @@ def schedule_average(preset: str, cfg: TrainConfig, full: dict, small: dict, pea
     ips = n / seconds
     student = (k * small["student_gflops_per_image"] + (n - k) * full["student_gflops_per_image"]) / n
     teacher = full["teacher_gflops_per_image"]
+    how = "compiled " if full["compiled"] and small["compiled"] else ""
     return {"preset": f"{preset} as the preset trains: {n} epochs, the first {k} at {cfg.progressive_size} px "
-                      "(from the two compiled phase rows above)", "derived": True,
+                      f"(from the {how}32 px and {cfg.progressive_size} px phase rows below)", "derived": True,
             "compiled": full["compiled"] and small["compiled"], "batch": full["batch"], "images_per_second": ips,
             "student_gflops_per_image": student, "teacher_gflops_per_image": teacher,
             "mfu": (student + teacher) * 1e9 * ips / peak}

@@ -683,3 +683,18 @@ def test_a_progressive_share_not_in_effect_is_not_part_of_the_config():
                                                                        progressive_epochs=2)
     off = dataclasses.replace(vit, progressive_size=None)
     assert off.small_epochs == 0 and off == dataclasses.replace(PRESETS["tiny"], epochs=6)
+    # a warm start keeps the size its weights converged at (a share is a from-scratch lever); a count still applies
+    warm = dataclasses.replace(vit, init_from="data/checkpoints/vit_cifar10")
+    assert warm.small_epochs == 0 and warm == dataclasses.replace(off, init_from="data/checkpoints/vit_cifar10")
+    assert dataclasses.replace(counted, init_from="x").small_epochs == 2
+    # the share never covers the whole run: the last epoch trains at the size evaluation sees
+    assert [dataclasses.replace(vit, epochs=n, warmup_epochs=0.0, progressive_fraction=0.95).small_epochs
+            for n in (1, 2, 10)] == [0, 1, 9]
+
+
+def test_a_refused_resume_names_what_restores_a_run_saved_before_the_preset_took_a_share():
+    from vitlab.train import config_changes
+
+    saved = dataclasses.replace(PRESETS["vit_cifar10"], progressive_size=None)  # as such runs stored it
+    text = config_changes(saved, PRESETS["vit_cifar10"])
+    assert text == "progressive_size: saved null, requested 24"  # --set progressive_size=null alone restores it

@@ -703,3 +703,24 @@ def test_the_shipped_sweeps_tuning_evidence_says_where_its_winners_sit():
     assert lines[0].startswith("vit: adamw lr 0.002 (the largest of 0.001, 0.002 tried: at the top edge")
     assert lines[1].startswith("bit: sgd lr 0.1 (the largest of 0.03, 0.1 tried: at the top edge")
     assert not any("NOT the trials' best" in line for line in lines)
+    # two trials that tie: the first in grid order is the best, as tune picks it, in whatever order the store holds them
+    import copy
+
+    tied = copy.deepcopy(trials)
+    for t in tied:
+        t["metrics"]["best"]["val_accuracy"] = 0.5
+    from vitlab.scaling import TUNING_GRID
+
+    grid_first = ("vit", *TUNING_GRID["vit"][0])
+    for order in (tied, tied[::-1]):
+        assert "NOT the trials' best" not in recipe_grid_positions(order, [grid_first])[0]
+
+
+def test_a_sweep_takes_a_config_with_list_fields(tmp_path, monkeypatch):
+    """A config built in Python with lists (sizes=[...]) runs as one with tuples did (the fingerprints are kept per
+    config object, not in a dict keyed by the unhashable config)."""
+    from vitlab.scaling import run_sweep
+
+    _stub_runs(monkeypatch)
+    listed = dataclasses.replace(TUNE, sizes=list(TUNE.sizes))
+    assert len(run_sweep(listed, tmp_path / "r.jsonl", workers=0, progress=False)) == len(TUNE.runs())

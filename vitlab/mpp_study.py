@@ -350,8 +350,8 @@ def _balanced(data: ImageArray, per_class: int | None, seed: int) -> ImageArray:
     return data.subset(nested_subsets(data.labels, [per_class * len(data.classes)], seed=seed)[0])
 
 
-def _load_data(study: MPPStudyConfig) -> _Data:
-    train, test = load_splits(study.data)
+def _load_data(study: MPPStudyConfig, progress: bool = True) -> _Data:
+    train, test = load_splits(study.data, progress)
     caps = sorted({study.pretrain_examples, study.ablation_examples} - {None})
     pretrain: dict[int | None, ImageArray] = {None: train}  # nested: a smaller cap's images are among a larger's
     pretrain.update(zip(caps, map(train.subset, nested_subsets(train.labels, caps, seed=study.seed))))
@@ -501,7 +501,7 @@ def run_study(study: MPPStudyConfig, results: str | os.PathLike, progress: bool 
     unfinished = {pretrain_dir(study, c) for c in pretrain.values()
                   if (_checkpoint_meta(pretrain_dir(study, c)) or {}).get("epoch", 0) < c.epochs}
     dev = resolve_device(device)
-    data = _load_data(study)
+    data = _load_data(study, progress is not False)
     bar = tqdm(total=len(todo) + len(unfinished), desc=f"mpp-study {study.name}", disable=progress is False)
     runs: dict[str, Path | BaseException] = {}
     new: list[dict] = []

@@ -307,7 +307,8 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
     from vitlab.zoo import build_model as vitlab_build
 
     t0 = time.time()
-    full_train, full_test = load_splits(sweep.data)  # class indices pick the same classes in both splits
+    full_train, full_test = load_splits(sweep.data, progress=False)  # the same classes in both splits; a worker
+    # draws no bar of its own (the sweep's bar counts runs)
     missing = sorted(set(sweep.pretrain_classes + sweep.probe_classes) - set(range(len(full_train.classes))))
     if missing:
         raise ValueError(f"classes {missing} do not exist in {sweep.data}, which has {len(full_train.classes)} classes")
@@ -526,11 +527,11 @@ def _execute(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str 
     wd = None if work_dir is None else str(work_dir)
     threads = max(1, (os.cpu_count() or 1) // max(1, workers))
     code = prov.code_hash()
-    prints: dict[SweepConfig, str] = {}  # one fingerprint per config (it may read a data folder's listing)
-    for sweep, _ in jobs:
-        if sweep not in prints:
-            prints[sweep] = sweep.fingerprint()
-    triples = [(sweep, spec, prints[sweep]) for sweep, spec in jobs]
+    prints: dict[int, str] = {}  # one fingerprint per config object (it may read a data folder's listing); by id, as
+    for sweep, _ in jobs:  # a config with list fields (sizes=[...]) is not hashable
+        if id(sweep) not in prints:
+            prints[id(sweep)] = sweep.fingerprint()
+    triples = [(sweep, spec, prints[id(sweep)]) for sweep, spec in jobs]
     if executor == "local" and workers == 0:
         for sweep, spec, fp in triples:
             finish(_run_record(sweep, spec, wd, None, fp, code))
@@ -664,9 +665,9 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
         latest = {(r.get("fingerprint"), r["run_id"]): r for r in store.records() if r.get("sweep") == name}
         return {k: r for k, r in latest.items() if r["status"] == "ok"}
 
-    prints = {trial: trial.fingerprint() for _, _, trial in trials}  # computed here; the workers record these
+    prints = {id(trial): trial.fingerprint() for _, _, trial in trials}  # computed here; the workers record these
     done = finished()
-    todo = [(trial, spec_of[f]) for f, _, trial in trials if (prints[trial], spec_of[f].run_id) not in done]
+    todo = [(trial, spec_of[f]) for f, _, trial in trials if (prints[id(trial)], spec_of[f].run_id) not in done]
     bar = tqdm(total=len(todo), desc=f"tune {sweep.name}", disable=progress is False)
     if progress is not False:
         print(f"tune {sweep.name}: {len(trials) - len(todo)} of {len(trials)} trials already done, skipped; "
@@ -686,13 +687,13 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
     finally:
         bar.close()
     done = finished()
-    missing = [(f, r, trial) for f, r, trial in trials if (prints[trial], spec_of[f].run_id) not in done]
+    missing = [(f, r, trial) for f, r, trial in trials if (prints[id(trial)], spec_of[f].run_id) not in done]
     if missing:
         latest = {(r.get("fingerprint"), r["run_id"]): r for r in store.records()
                   if r.get("sweep") == f"{sweep.name}-tune"}
 
         def why(f: str, trial: SweepConfig) -> str:
-            rec = latest.get((prints[trial], spec_of[f].run_id))
+            rec = latest.get((prints[id(trial)], spec_of[f].run_id))
             return "no record (killed, or never started)" if rec is None else f"failed: {rec.get('error')}"
 
         lines = "\n".join(f"  {f} {opt} lr={lr:g} weight decay={wd:g}: {why(f, trial)}"
@@ -703,7 +704,7 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
             f"complete tuning chose):\n{lines}\nFix what failed and run the same tuning again (the same --tune "
             f"command, or tune() with the results store {store.path}): the {len(trials) - len(missing)} finished "
             "trials are skipped, only these run")
-    best = _winners(done[(prints[trial], spec_of[family].run_id)] for family, _, trial in trials)  # in grid order
+    best = _winners(done[(prints[id(trial)], spec_of[family].run_id)] for family, _, trial in trials)  # grid order
     from vitlab import provenance as prov
 
     # every trial's fingerprint holds this process's code hash: the code the recipes were chosen with
@@ -830,7 +831,9 @@ def recipe_grid_positions(trials: Sequence[dict], chosen: Sequence[tuple[str, st
     ``trials`` tried with the same optimizer (the largest or smallest tried: at an edge of the grid, where the best
     recipe may lie beyond it), and whether it is the trials' best by validation accuracy; then, when any is at an
     edge, a line saying what that means."""
-    ok = [t for t in trials if t.get("status") == "ok"]
+    grid_order = {(f, tuple(r)): i for f, rs in TUNING_GRID.items() for i, r in enumerate(rs)}
+    ok = sorted((t for t in trials if t.get("status") == "ok"),  # grid order: the first of equals wins, as in tune
+                key=lambda t: grid_order.get((t["spec"]["family"], tuple(t["config"]["recipes"][0][1:])), 1 << 30))
     best = _winners(ok)
     lines, edge = [], False
 

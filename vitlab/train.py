@@ -139,8 +139,11 @@ class TrainConfig:
     # progressive_size px (bilinear, antialiased; a multiple of the patch size), the position embeddings resampled to
     # the smaller grid (vitlab.modes.any_image_size; bicubic, a fixed sin-cos table too); the teacher and every
     # evaluation see full-size images. progressive_fraction gives the count as a share of the run's epochs instead
-    # (rounded, at least one), so that --epochs keeps the proportion; a progressive_epochs > 0 takes precedence, and
-    # progressive_size None turns both off. small_epochs is the count in effect.
+    # (rounded; at least one and never all), so that --epochs keeps the proportion; a progressive_epochs > 0 takes
+    # precedence, and progressive_size None turns both off. A share applies from random weights only: a warm start
+    # (init_from) keeps the size its weights converged at unless progressive_epochs is given. small_epochs is the count
+    # in effect. A share not in effect is stored as 0 (and, for a warm start, the size as None): one config, one
+    # form, so a resumed run's saved config compares equal; a replace() that drops it cannot bring it back.
     progressive_size: int | None = None
     progressive_epochs: int = 0
     progressive_fraction: float = 0.0
@@ -190,6 +193,8 @@ class TrainConfig:
         if not isinstance(self.progressive_fraction, (int, float)) or not 0 <= self.progressive_fraction < 1:
             raise ValueError(f"progressive_fraction must be a share of the epochs in [0, 1), got "
                              f"{self.progressive_fraction!r}")
+        if self.init_from is not None and not self.progressive_epochs:  # a warm start: no share (see the fields)
+            object.__setattr__(self, "progressive_size", None)
         if self.progressive_size is None or self.progressive_epochs:  # the share is not in effect: one config, one
             object.__setattr__(self, "progressive_fraction", 0.0)  # form (a resumed run's saved config compares equal)
         if self.progressive_size is not None or self.progressive_epochs:
@@ -230,12 +235,14 @@ class TrainConfig:
     @property
     def small_epochs(self) -> int:
         """The first epochs trained at ``progressive_size``: ``progressive_epochs`` when given, else
-        ``progressive_fraction`` of ``epochs`` rounded (at least one when the share is > 0); 0 without a size."""
+        ``progressive_fraction`` of ``epochs`` rounded (at least one, and never the last); 0 without a size."""
         if self.progressive_size is None:
             return 0
         if self.progressive_epochs:
             return self.progressive_epochs
-        return max(1, round(self.progressive_fraction * self.epochs)) if self.progressive_fraction else 0
+        if not self.progressive_fraction or self.epochs < 2:
+            return 0
+        return min(self.epochs - 1, max(1, round(self.progressive_fraction * self.epochs)))  # the last at full size
 
     def _check_numbers(self) -> None:
         """The plain numeric fields: type and range, each refused with its name, the value and what is allowed
@@ -292,14 +299,15 @@ TEACHER_CIFAR10 = "data/checkpoints/resnet_cifar10_fast"
 PRESETS: dict[str, TrainConfig] = {
     # The default ViT for 32 px images: ViT-Lite-7/4 of the CCT paper (4 px patches, 64 tokens, 7 blocks, 256 wide)
     # with DeiT's distillation token, learning from the resnet_cifar10_fast teacher's hard decisions; half of the patch
-    # tokens dropped at random in training (2x the images/s on CPU; evaluation sees all of them). 75 epochs take
-    # ~2.5 h on a 2-core AVX512-BF16 CPU (2.0 min per epoch: 105 s of training at ~475 images/s with the teacher in
-    # channels_last, 15 s of evaluation; measured 2026-11-25), ~12 h in float32 on an AVX2-only one (~10 min per epoch);
+    # tokens dropped at random in training (2x the images/s on CPU; evaluation sees all of them). At 32 px throughout,
+    # 75 epochs took ~2.5 h on a 2-core AVX512-BF16 CPU (2.0 min per epoch: 105 s of training at ~475 images/s with the
+    # teacher in channels_last, 15 s of evaluation; measured 2026-11-25), ~12 h in float32 on an AVX2-only one;
     # mixup/cutmix on half the batches (a short schedule for a DeiT recipe). Progressive resizing: the first third of
     # the epochs at 24 px (36 patches), 1.5x the images/s of 32 px on the AMX Xeon, 3.95x the SDPA loop over the
     # schedule against 3.49x at 32 px throughout; its accuracy cost over three pairs from scratch (15, 15 and 48
-    # epochs, one seed each): +0.07, -1.11 and -0.32 points at equal epochs, for 0.88-0.91x the hours
-    # (BENCHMARKS.md). --set progressive_size=null trains at 32 px throughout, as the shipped default did.
+    # epochs, one seed each): +0.07, -1.11 and -0.32 points at equal epochs; the two CPU pairs took 0.91x and 0.88x
+    # the hours (on an H100 fed by CPU batch workers it saves nothing). --set progressive_size=null trains at 32 px
+    # throughout, as the shipped default did; a warm start does so anyway.
     "vit_cifar10": TrainConfig(model=cifar_vit(distilled=True, patch_drop_rate=0.5), epochs=75, batch_size=256,
                                lr=1e-3, weight_decay=0.05, randaugment="rand-m9-n2-mstd0.5", mixup_prob=0.5,
                                teacher=TEACHER_CIFAR10, progressive_size=24, progressive_fraction=1 / 3),
@@ -442,6 +450,8 @@ def config_changes(saved: TrainConfig, requested: TrainConfig) -> str:
     the model's), e.g. for a preset whose defaults changed since the run started."""
     a, b = train_config_to_dict(saved), train_config_to_dict(requested)
     am, bm = a.pop("model"), b.pop("model")
+    if a.get("progressive_size") != b.get("progressive_size"):  # the share follows the size (--set progressive_size=
+        a.pop("progressive_fraction", None), b.pop("progressive_fraction", None)  # null alone restores an old run's)
     rows = [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     rows += [(f"model.{k}", am.get(k), bm.get(k)) for k in sorted(set(am) | set(bm)) if am.get(k) != bm.get(k)]
     return "; ".join(f"{k}: saved {json.dumps(x)}, requested {json.dumps(y)}" for k, x, y in rows)
@@ -742,8 +752,8 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     if cfg.mixup_prob > 0 and (cfg.batch_size // d.world) % 2:
         raise ValueError(f"batch_size={cfg.batch_size} gives each of the {d.world} processes an odd batch, which mixup "
                          "cannot pair: use a batch_size that is an even multiple of the processes, or mixup_prob=0")
-    train_data = train_data if train_data is not None else load_dataset(cfg.data, "train", progress)
-    test_data = test_data if test_data is not None else load_dataset(cfg.data, "test", progress)
+    train_data = train_data if train_data is not None else load_dataset(cfg.data, "train", progress and d.main)
+    test_data = test_data if test_data is not None else load_dataset(cfg.data, "test", progress and d.main)
     check_same_classes(train_data, test_data, cfg.data)
     cfg = with_num_classes(cfg, len(train_data.classes))
     _check_image_size(cfg, train_data, test_data)
