@@ -480,7 +480,8 @@ def test_the_lowest_layer_reason_states_where_this_models_heads_sit():
     want = (f"this model's lowest-layer heads sit at {lo:.1f} to {hi:.1f} px, {round(100 * lo / ceiling)}% to "
             f"{round(100 * hi / ceiling)}% of the uniform-attention distance")
     assert known_reason(v).startswith(want) and "6.5 to 13.8 px, 39% to 84%" in want
-    assert known_reason(v).endswith(KNOWN_REASONS["Fig. 7 right"])
+    general = KNOWN_REASONS["Fig. 7 right"]
+    assert known_reason(v).endswith(". " + general[:1].upper() + general[1:])  # a new sentence after the numbers
     assert explain([v]).endswith("known reason: " + known_reason(v))
     assert verdict_row(v)["reason"] == known_reason(v)
     slope = distance_grows_with_depth(d)  # no head details: the general reason alone
@@ -552,7 +553,8 @@ def test_the_filter_reason_states_this_models_patch_size_and_no_training_set_it_
     assert math.isfinite(v.interval[0]) and v.verdict != "reproduced" and v.details["patch_px"] == [16, 16]
     reason = known_reason(v)
     assert reason.startswith("this model's filters are 16x16 px, 256 DCT frequencies per channel")
-    assert reason.endswith(KNOWN_REASONS["Fig. 7 left"])
+    general = KNOWN_REASONS["Fig. 7 left"]
+    assert reason.endswith(". " + general[:1].upper() + general[1:])  # a new sentence after this model's sizes
     structured = filters_structured(np.full(12, 0.05), np.full((3, 12), 0.06), k=12)  # no filters: no size
     assert known_reason(structured) == KNOWN_REASONS["Fig. 7 left"]
     for text in (reason, KNOWN_REASONS["Fig. 7 left"]):

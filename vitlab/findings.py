@@ -845,7 +845,7 @@ def known_reason(v: Verdict) -> str | None:
         reason = reason.rstrip()
     prefix = _filter_size(v) if v.finding.startswith("Fig. 7 left") else \
         _lowest_layer_heads(v) if v.finding.startswith(_LOWEST_LAYER) else None
-    return f"{prefix} {reason}" if prefix else reason
+    return f"{prefix} {reason[:1].upper()}{reason[1:]}" if prefix else reason  # the prefix ends a sentence
 
 
 def _filter_size(v: Verdict) -> str | None:
