@@ -340,18 +340,9 @@ def test_a_pool_that_breaks_between_runs_loses_no_run(tmp_path, monkeypatch):
 
     from vitlab.scaling import _execute
 
-    class Pool:  # runs each job in this process; the submits listed in `breaks` find the pool broken
+    class Pool(InlinePool):  # runs each job in this process; the submits listed in `breaks` find the pool broken
         calls = 0
         breaks: set[int] = set()
-
-        def __init__(self, max_workers, mp_context):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
 
         def submit(self, fn, *args):
             Pool.calls += 1
@@ -379,6 +370,20 @@ def test_a_pool_that_breaks_between_runs_loses_no_run(tmp_path, monkeypatch):
 # The tests below stub ``run_one`` (the training and probing) in this process (``workers=0``): the records, stores,
 # fingerprints and checks around it are the real ones, at no training cost.
 
+
+
+class InlinePool:
+    """A stand-in for ``ProcessPoolExecutor`` (same constructor, a context manager): subclasses run each submitted job
+    in this process."""
+
+    def __init__(self, max_workers, mp_context):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 def _stub_runs(monkeypatch, val=lambda sweep, spec: 0.5, fail=lambda sweep, spec: None) -> list:
     """Replace ``run_one`` with a stub returning metrics of a run (validation accuracy ``val(sweep, spec)``) or
@@ -483,16 +488,7 @@ def test_a_worker_running_other_code_than_the_sweeps_refuses_and_records_the_par
 
     calls = _stub_runs(monkeypatch)
 
-    class EditedWorkerPool:  # each job runs in this process, as a worker that imported edited code would
-        def __init__(self, max_workers, mp_context):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
+    class EditedWorkerPool(InlinePool):  # each job runs in this process, as a worker that imported edited code would
         def submit(self, fn, *args):
             fut = cf.Future()
             with pytest.MonkeyPatch.context() as mp:
