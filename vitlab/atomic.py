@@ -55,7 +55,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
     os.close(fd)
     try:
         write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the result should read like any new file
+        os.chmod(tmp, new_file_mode())  # mkstemp makes 0600; the result should read like any new file
         _fsync(Path(tmp))  # on disk before the rename makes it the file: a power loss leaves old or new, not empty
         os.replace(tmp, path)
         _fsync(path.parent)

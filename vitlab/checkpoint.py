@@ -71,15 +71,21 @@ def save_checkpoint(
     tmp = temp_dir_beside(directory)  # a folder like any new one: 0777 less the umask, not mkdtemp's private 0700
     try:
         save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-        (tmp / WEIGHTS_NAME).chmod(new_file_mode())  # safetensors writes 0600 whatever the umask
         for name, module in (modules or {}).items():
             save_file(_state_for_saving(module, dtype), str(tmp / f"{name}.safetensors"), metadata={"format": "pt"})
-            (tmp / f"{name}.safetensors").chmod(new_file_mode())
+        _as_new_files(tmp)
         (tmp / CONFIG_NAME).write_text(text, encoding="utf-8")
         replace_dir(tmp, directory)
     finally:
         rmtree_quiet(tmp)  # gone already after a successful swap
     return directory
+
+
+def _as_new_files(folder: Path) -> None:
+    """Give the safetensors files in ``folder`` the mode of any new file (0666 less the umask): safetensors writes
+    them 0600 whatever the umask."""
+    for f in folder.glob("*.safetensors"):
+        f.chmod(new_file_mode())
 
 
 def resolve_folder(path: str | os.PathLike) -> Path:
@@ -302,8 +308,7 @@ def save_run_checkpoint(directory: str | os.PathLike, model: nn.Module, opt: tor
         for name, module in (modules or {}).items():
             save_file({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()},
                       str(ck / f"{name}.safetensors"))
-        for f in ck.glob("*.safetensors"):  # safetensors writes 0600 whatever the umask
-            f.chmod(new_file_mode())
+        _as_new_files(ck)
         replace_dir(ck, directory)
     finally:
         rmtree_quiet(tmp)

@@ -16,7 +16,7 @@ resamples at once as a weighted statistic, which equals the statistic on the rep
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -148,11 +148,18 @@ def _sign(x: float) -> int:
     return int(x > 0) - int(x < 0)
 
 
+def _fewest_digits(x: float, keeps: Callable[[float], bool]) -> str:
+    """``x`` in the fewest significant digits, at least 3, whose printed value ``keeps`` accepts (all of them: repr)."""
+    return next((text for d in range(3, 18) if keeps(float(text := f"{x:.{d}g}"))), repr(float(x)))
+
+
+def _not_finite_text(x: float | None) -> str:
+    return "nan" if x is None or x != x else f"{x:.3g}"  # inf stays inf
+
+
 def fmt_threshold(t: float) -> str:
     """A threshold in the fewest significant digits, at least 3, that print it exactly ("0.5", "0")."""
-    if not _finite(t):
-        return "nan" if t is None or t != t else f"{t:.3g}"
-    return next((text for d in range(3, 18) if float(text := f"{t:.{d}g}") == t), repr(float(t)))
+    return _fewest_digits(t, lambda printed: printed == t) if _finite(t) else _not_finite_text(t)
 
 
 def fmt_endpoint(x: float, threshold: float) -> str:
@@ -160,10 +167,9 @@ def fmt_endpoint(x: float, threshold: float) -> str:
     ``threshold``: 0.50049 against 0.5 prints "0.5005", not "0.5". Beside ``fmt_threshold(threshold)`` the printed
     numbers compare as the true ones do, so a printed interval never contradicts its verdict."""
     if not _finite(x, threshold):
-        return "nan" if x is None or x != x else f"{x:.3g}"  # inf stays inf; no threshold to keep a side of
+        return _not_finite_text(x)  # no threshold to keep a side of
     side = _sign(x - threshold)
-    return next((text for d in range(3, 18) if _sign(float(text := f"{x:.{d}g}") - threshold) == side),
-                repr(float(x)))
+    return _fewest_digits(x, lambda printed: _sign(printed - threshold) == side)
 
 
 def json_types(x: Any) -> Any:

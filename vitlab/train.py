@@ -446,15 +446,18 @@ def train_config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def config_changes(saved: TrainConfig, requested: TrainConfig) -> str:
-    """The fields where ``requested`` differs from ``saved``, as ``FIELD: saved -> requested`` (``model.FIELD`` for
+    """The fields where ``requested`` differs from ``saved``, as ``FIELD: saved X, requested Y`` (``model.FIELD`` for
     the model's), e.g. for a preset whose defaults changed since the run started."""
     a, b = train_config_to_dict(saved), train_config_to_dict(requested)
     am, bm = a.pop("model"), b.pop("model")
     if a.get("progressive_size") != b.get("progressive_size"):  # the share follows the size (--set progressive_size=
         a.pop("progressive_fraction", None), b.pop("progressive_fraction", None)  # null alone restores an old run's)
-    rows = [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    rows += [(f"model.{k}", am.get(k), bm.get(k)) for k in sorted(set(am) | set(bm)) if am.get(k) != bm.get(k)]
-    return "; ".join(f"{k}: saved {json.dumps(x)}, requested {json.dumps(y)}" for k, x, y in rows)
+
+    def rows(x: dict[str, Any], y: dict[str, Any], prefix: str = "") -> list[str]:
+        return [f"{prefix}{k}: saved {json.dumps(x.get(k))}, requested {json.dumps(y.get(k))}"
+                for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+
+    return "; ".join(rows(a, b) + rows(am, bm, "model."))
 
 
 def train_config_from_dict(d: dict[str, Any]) -> TrainConfig:
