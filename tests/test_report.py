@@ -27,8 +27,18 @@ def checkpoint(tmp_path):
     return vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
 
 
-def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint):
+def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch):
     out = tmp_path / "out"
+    import vitlab.report
+    from vitlab.report.render import PAGE_WIDTH
+    drawn = {}
+
+    def keep_sections(summary, sections):
+        drawn.update({s.slug: s.figure for s in sections if s.figure is not None})
+        return render_html(summary, sections)
+
+    render_html = vitlab.report.render_html
+    monkeypatch.setattr(vitlab.report, "render_html", keep_sections)
     assert main(["reproduce", "--model", str(checkpoint), "--out", str(out), "--num-images", "3", "--no-png",
                  "--no-shapes", "--quiet"]) == 0
     text = (out / "metrics.json").read_text(encoding="utf-8")
@@ -59,6 +69,9 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint):
     assert page.count("class=\"badge") >= 2 * len(metrics["verdicts"])  # in the summary table and under the figure
     assert '"model_info"' not in page and "{&#34;" not in page  # no raw JSON on the page
     assert metrics["png"] == "not asked for" and not list(out.glob("*.png"))
+    # every figure fits the page's text width (the two-panel scaling figure was 1,400 px wide and cut off)
+    assert set(drawn) == FIGURES and f"max-width: {PAGE_WIDTH}px" in page
+    assert {slug: fig.layout.width for slug, fig in drawn.items() if fig.layout.width > PAGE_WIDTH} == {}
 
 
 def test_reproduce_scores_localisation_on_the_shipped_shapes_model(tmp_path, checkpoint):

@@ -508,6 +508,42 @@ def test_a_worker_running_other_code_than_the_sweeps_refuses_and_records_the_par
     assert records[0]["status"] == "ok" and records[0]["fingerprint"] == sweep.fingerprint() and len(calls) == 1
 
 
+def test_a_run_that_imports_vitlab_code_after_the_files_changed_is_not_kept(tmp_path, monkeypatch):
+    """A worker that imported the sweep's code, then first imports another vitlab module during its run (the training
+    code imports some lazily) after the package's files were edited, may have run other code: its result is refused.
+    A run that imports nothing new ran the checked code only, whatever the files hold by then."""
+    import sys
+    import types
+
+    from vitlab import provenance
+    from vitlab.scaling import _execute
+
+    late = "vitlab._imported_during_the_run"
+    imports = []
+
+    def lazy_import(sweep, spec):  # what `from vitlab.x import y` inside run_one does on a module's first import
+        if imports:
+            monkeypatch.setitem(sys.modules, late, types.ModuleType(late))
+
+    calls = _stub_runs(monkeypatch, fail=lazy_import)
+    monkeypatch.setattr(provenance, "source_hash", lambda: "edited during the run")
+    sweep = dataclasses.replace(QUICK, sizes=(40,), families=("vit_tiny",))
+    records: list[dict] = []
+    _execute([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)  # imports nothing new: kept
+    assert records[0]["status"] == "ok" and len(calls) == 1
+    imports.append(late)
+    records.clear()
+    _execute([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)
+    assert len(calls) == 2 and records[0]["status"] == "failed" and "metrics" not in records[0]
+    assert f"this run imported {late} while the package's files changed (they hash to edited during the run, the " \
+           f"sweep started with code {provenance.code_hash()}" in records[0]["error"]
+    monkeypatch.setattr(provenance, "source_hash", provenance.code_hash)  # imported while the files are unchanged
+    monkeypatch.delitem(sys.modules, late)
+    records.clear()
+    _execute([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)
+    assert records[0]["status"] == "ok"
+
+
 def test_tune_writes_the_frozen_config_beside_the_results_by_default(tmp_path, monkeypatch, capsys):
     """Without --save-config the tuned config goes where `--table` and notebook 06 look for it (RESULTS with the
     suffix .tuned.json), not into the current folder."""

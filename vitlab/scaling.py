@@ -389,8 +389,9 @@ def _run_record(sweep: SweepConfig, spec: RunSpec, work_dir: str | None, threads
                            "fingerprint": fingerprint if fingerprint is not None else sweep.fingerprint(),
                            "started": started}
     try:
-        _check_worker_code(code)
-        rec.update(status="ok", metrics=run_one(sweep, spec, work_dir))
+        with _worker_code_checked(code):
+            metrics = run_one(sweep, spec, work_dir)
+        rec.update(status="ok", metrics=metrics)
     except Exception as e:  # recorded, and the sweep goes on
         rec.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8))
     rec["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -398,17 +399,41 @@ def _run_record(sweep: SweepConfig, spec: RunSpec, work_dir: str | None, threads
     return rec
 
 
-def _check_worker_code(code: str | None) -> None:
-    """Raise when this process's ``code_hash`` is not ``code`` (the sweep's parent process's; None: not checked)."""
+def _vitlab_modules() -> set[str]:
+    return {name for name in sys.modules if name == "vitlab" or name.startswith("vitlab.")}
+
+
+_RUN_ELSEWHERE = ("Run the sweep from a checkout nobody edits (e.g. `git worktree add ../snapshot HEAD`) and start it "
+                  "again: finished runs are skipped")
+
+
+@contextlib.contextmanager
+def _worker_code_checked(code: str | None) -> Iterator[None]:
+    """Run the body only if this process runs the code of the sweep's parent process (``code``: its ``code_hash``;
+    None: not checked), and fail it afterwards if it may not have.
+
+    Before: this process imported vitlab from files whose hash is ``code``. After: a vitlab module first imported
+    during the body (the training code imports some lazily) was read from the files as they were then; when the
+    package's files no longer hash to ``code`` at the end, such a module may be other code, and the body's result is
+    refused. A body that imported nothing new ran only the checked code, whatever the files hold now."""
+    if code is None:
+        yield
+        return
     from vitlab import provenance as prov
 
     mine = prov.code_hash()
-    if code is not None and mine != code:
+    if mine != code:
         raise RuntimeError(f"this worker imported vitlab code {mine}, but the sweep started with code {code}: the "
                            "package's files changed after the sweep started (an edit, a checkout), so this run would "
-                           "be made by other code than its fingerprint records. Run the sweep from a checkout nobody "
-                           "edits (e.g. `git worktree add ../snapshot HEAD`) and start it again: finished runs are "
-                           "skipped")
+                           f"be made by other code than its fingerprint records. {_RUN_ELSEWHERE}")
+    before = _vitlab_modules()
+    yield
+    late = sorted(_vitlab_modules() - before)
+    now = prov.source_hash() if late else code
+    if now != code:
+        raise RuntimeError(f"this run imported {', '.join(late)} while the package's files changed (they hash to "
+                           f"{now}, the sweep started with code {code}: an edit, a checkout), so it may have been "
+                           f"made by other code than its fingerprint records; its result is not kept. {_RUN_ELSEWHERE}")
 
 
 def _crashed_record(sweep: SweepConfig, spec: RunSpec, fingerprint: str, error: BaseException) -> dict:

@@ -11,6 +11,8 @@ from vitlab.report.sections import Section
 __all__ = ["render_html", "stamp_line", "verdict_row"]
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+#: the page's text width in CSS px (the template's ``body`` max-width): the sections' figures are drawn to fit it
+PAGE_WIDTH = 1100
 
 
 def _num(x: float) -> str:
@@ -63,4 +65,5 @@ def render_html(summary: dict[str, Any], sections: list[Section]) -> str:
         rows.append({"slug": s.slug, "title": s.title, "figure_html": html, "paper": s.paper, "ours": s.ours,
                      "verdicts": [verdict_row(v, s.slug) for v in s.verdicts], "stamp_line": stamp_line(s.stamp)})
     verdicts = [verdict_row(v, s.slug) for s in sections for v in s.verdicts]
-    return env.get_template("report.html.j2").render(summary=summary, sections=rows, verdicts=verdicts)
+    return env.get_template("report.html.j2").render(summary=summary, sections=rows, verdicts=verdicts,
+                                                        page_width=PAGE_WIDTH)
