@@ -143,6 +143,58 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_data, monk
     model = vitlab.load_model(tmp_path / "run" / "checkpoint")
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert not list((tmp_path / "run").glob(".checkpoint*"))
+    # the message points at the kept checkpoint and a way on that works (--resume refuses a changed lr)
+    with pytest.raises(TrainingDiverged, match=r"--run-dir NEW --set init_from=.*checkpoint --set lr="):
+        train(cfg, tmp_path / "run2", progress=False)
+    # diverging in the first epoch: no checkpoint, and the message does not name one
+    monkeypatch.setattr(T, "lr_at", lambda s, *a: float("nan"))
+    with pytest.raises(TrainingDiverged, match="No checkpoint was written") as err:
+        train(cfg, tmp_path / "run3", progress=False)
+    assert "last good" not in str(err.value) and not (tmp_path / "run3" / "checkpoint").exists()
+
+
+def test_bad_settings_are_refused_by_name_before_the_run_folder_is_written(tmp_path, tiny_data, monkeypatch, capsys):
+    """Each of these used to start a run: some failed at the first step with a bare torch or timm error after the
+    run folder was written, others trained something else than asked (the text 'False' is true)."""
+    import dataclasses
+
+    from vitlab.cli import main, preset_config
+    from vitlab.zoo import ViTConfig
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    tiny = dataclasses.replace(PRESETS["tiny"], data=str(tiny_data), epochs=1)
+    # Python's spellings of the constants on the command line are the constants
+    cfg = preset_config("tiny", ["bf16=False", "keep_best=True", "model.distilled=False", "ema_decay=None"])
+    assert cfg.bf16 is False and cfg.keep_best is True and cfg.model.distilled is False and cfg.ema_decay is None
+    for field, value in (("bf16", "no"), ("explicit_attention", "off"), ("keep_best", 1)):
+        with pytest.raises(ValueError, match=f"{field} must be true or false, got {value!r}"):
+            dataclasses.replace(tiny, **{field: value})
+    with pytest.raises(ValueError, match="distilled must be true or false"):
+        ViTConfig(distilled="False")
+    with pytest.raises(ValueError, match=r"min_lr=0.001 exceeds the peak lr=0.0001.*--set min_lr=1e-06"):
+        dataclasses.replace(tiny, lr=1e-4, min_lr=1e-3)
+    with pytest.raises(ValueError, match="keep_best .* eval_every=0 never measures"):
+        dataclasses.replace(tiny, keep_best=True, eval_every=0)
+    with pytest.raises(ValueError, match="randaugment='rand-x9' is not a spec timm understands"):
+        dataclasses.replace(tiny, randaugment="rand-x9")
+    with pytest.raises(ValueError, match="starting with 'rand'"):
+        dataclasses.replace(tiny, randaugment=True)
+    # refused by train() after reading the data, before anything is written
+    for bad, needle in ((dataclasses.replace(tiny, batch_size=512, mixup_prob=0.0),
+                         r"batch_size=512 exceeds the 144 training examples: lower it \(--set batch_size=64\)"),
+                        (dataclasses.replace(tiny, crop_padding=32, crop_pad_mode="reflect"),
+                         r"crop_padding=32 with crop_pad_mode='reflect' .* 32 px .* --set crop_padding=4"),
+                        (dataclasses.replace(tiny, teacher="no/such/teacher", model=dataclasses.replace(
+                            tiny.model, distilled=True)), "no/such/teacher")):
+        with pytest.raises((ValueError, FileNotFoundError), match=needle):
+            train(bad, tmp_path / "run", progress=False)
+        assert not (tmp_path / "run").exists()
+    # the command line names the problem without a traceback and writes nothing
+    assert main(["train", "--preset", "tiny", "--data", str(tiny_data), "--run-dir", str(tmp_path / "cli"),
+                 "--set", "randaugment=m9"]) != 0
+    err = capsys.readouterr().err
+    assert "randaugment must be a timm RandAugment spec" in err and "Traceback" not in err
+    assert not (tmp_path / "cli").exists()
 
 
 def test_refuses_to_overwrite_or_resume_wrong_run(tmp_path, tiny_data, monkeypatch):

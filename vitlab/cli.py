@@ -23,7 +23,15 @@ PRESET_NAMES = ("vit_cifar10", "resnet_cifar10_fast", "resnet_cifar10_wide", "re
                 "hybrid_cifar10", "mpp_cifar10", "vit_shapes", "tiny")
 
 
+#: Python's spellings of JSON's true, false and null (``--set bf16=False`` used to set the text 'False', which is true)
+_PYTHON_CONSTANTS = {"True": True, "False": False, "None": None}
+
+
 def _parse_value(text: str):
+    """A ``--set`` value: JSON (numbers, true/false/null, lists, quoted text), Python's True/False/None, else the text
+    itself (e.g. ``flip=none``, ``randaugment=rand-m9-n2-mstd0.5``)."""
+    if text in _PYTHON_CONSTANTS:
+        return _PYTHON_CONSTANTS[text]
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -508,7 +516,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--data", help="dataset: cifar10, cifar100 (cifar10:ROOT for a folder holding train.zip/test.zip), "
                     "or an ImageFolder folder/zip with train/ and test/ splits of the same classes")
     sp.add_argument("--set", action="append", metavar="FIELD=VALUE",
-                    help="override a TrainConfig field (VALUE as JSON, else a string), or a field of the preset's "
+                    help="override a TrainConfig field (VALUE as JSON: 5e-4, true, null, [1, 2]; Python's True/False/None too; "
+                    "else a string), or a field of the preset's "
                     "model config as model.FIELD=VALUE (e.g. model.patch_drop_rate=0)")
     sp.add_argument("--device", help=f"{DEVICE_HELP}; under torchrun, one process per device")
     sp.add_argument("--workers", type=int, help="processes making the augmented batches while the model trains "

@@ -82,6 +82,21 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
 
 
+def _check_randaugment(spec: object) -> None:
+    """Refuse a RandAugment spec that timm cannot parse, before anything is written (timm fails at the first batch
+    with a bare AssertionError)."""
+    from timm.data.auto_augment import rand_augment_transform
+
+    example = "e.g. --set randaugment=rand-m9-n2-mstd0.5, or null for none"
+    if not isinstance(spec, str) or not spec.startswith("rand"):
+        raise ValueError(f"randaugment must be a timm RandAugment spec starting with 'rand' ({example}), got {spec!r}")
+    try:
+        rand_augment_transform(spec, {"translate_const": 10, "img_mean": (128, 128, 128)})
+    except Exception as e:  # noqa: BLE001  (timm raises AssertionError, ValueError or KeyError on a bad part)
+        raise ValueError(f"randaugment={spec!r} is not a spec timm understands ({type(e).__name__}: {e}; "
+                         f"{example})") from None
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that determines a training run (with the data it reads)."""
@@ -182,6 +197,14 @@ class TrainConfig:
             if self.mpp_target not in MPP_TARGETS or not 0 < self.mpp_rate <= 1:
                 raise ValueError(f"mpp_target must be one of {MPP_TARGETS} and mpp_rate in (0, 1], got "
                                  f"{self.mpp_target!r}, {self.mpp_rate!r}")
+        if self.randaugment is not None:
+            _check_randaugment(self.randaugment)
+        if self.keep_best and (self.objective != "classify" or not self.eval_every):
+            raise ValueError("keep_best keeps the checkpoint of the best test accuracy, which "
+                             + ("masked patch prediction does not measure" if self.objective != "classify" else
+                                "eval_every=0 never measures")
+                             + ": leave keep_best false" + ("" if self.objective != "classify" else
+                                                            ", or evaluate (--set eval_every=1)"))
         if self.flip not in ("random", "alternating", "none"):
             raise ValueError(f"flip must be 'random', 'alternating' or 'none', got {self.flip!r}")
         if not isinstance(self.lookahead_every, int) or self.lookahead_every < 0:
@@ -259,6 +282,10 @@ class TrainConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
                 raise ValueError(f"{name} must be {allowed}, got {v!r}")
 
+        for name in ("bf16", "channels_last", "explicit_attention", "keep_best"):
+            if not isinstance(getattr(self, name), bool):  # e.g. the text 'False', which is true
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r} (on the command line: "
+                                 f"--set {name}=false)")
         whole("epochs", 1)
         whole("batch_size", 1)
         whole("crop_padding", 0)
@@ -281,6 +308,9 @@ class TrainConfig:
         real("lr_start", lambda v: 0 <= v <= 1, "a number in [0, 1] (a fraction of the peak lr)")
         real("norm_bias_lr_scale", lambda v: v > 0, "a number > 0")
         real("distill_tau", lambda v: v > 0, "a number > 0")
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr={self.min_lr:g} exceeds the peak lr={self.lr:g}: the schedule would climb instead "
+                             f"of decaying; lower min_lr too (e.g. --set min_lr={self.lr / 100:g})")
         if self.warmup_epochs > self.epochs:
             raise ValueError(f"warmup_epochs={self.warmup_epochs:g} exceeds epochs={self.epochs}: the learning rate would "
                              "still be climbing when the run ends and never come down; lower it (--set "
@@ -480,14 +510,19 @@ def training_subset(data: ImageArray, n: int | None, seed: int) -> ImageArray:
     return data.subset(nested_subsets(data.labels, [n], seed=seed)[0])
 
 
-def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bool = False, tta: int = 0) -> float:
+def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bool = False, tta: int = 0,
+             progress: bool | str = False) -> float:
     """Top-1 accuracy of ``model`` on ``data`` with the model's own normalisation; ``tta`` as in
-    ``vitlab.cifarnet.tta_logits`` (0: the plain forward)."""
+    ``vitlab.cifarnet.tta_logits`` (0: the plain forward). ``progress``: a transient bar over the batches (a str
+    names it)."""
+    from tqdm.auto import tqdm
+
     pc = model.pretrained_cfg
     correct = 0
     with eval_mode(model):
         dev = next(model.parameters()).device
-        for i in range(0, len(data), batch_size):
+        for i in tqdm(range(0, len(data), batch_size), desc=progress if isinstance(progress, str) else "evaluating",
+                      unit="batch", leave=False, disable=not progress):
             x = normalize(data.images[i : i + batch_size].to(dev), pc["mean"], pc["std"])  # uint8 travels
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
                 logits = tta_logits(model, x, tta)
@@ -574,9 +609,11 @@ def teacher_input(x: Tensor, student_cfg: dict, teacher: nn.Module) -> Tensor:
 
 
 def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
-    """Copy every tensor of checkpoint ``path`` whose name and shape match into ``model``; return the names of
-    ``model``'s tensors left at their initialisation (e.g. a new distillation token, or the classifier of an
-    encoder pre-trained without labels, which was never trained). Position embeddings of a
+    """Copy every tensor of checkpoint ``path`` whose name and shape match into ``model``; return what was not copied
+    as saved: the names of ``model``'s tensors left at their initialisation (e.g. a new distillation token, or the
+    classifier of an encoder pre-trained without labels, which was never trained), and a note for position
+    embeddings adapted to another layout ("pos_embed (grid resampled ...)", "pos_embed (prefix rows ...)": the
+    latter left at their initialisation). Position embeddings of a
     different layout keep what carries over: the grid rows (resampled in 2D when the grids differ, as for
     fine-tuning at another resolution) and the prefix rows both models have (the class token's first)."""
     src_model = load_checkpoint(resolve_folder(path))  # data/checkpoints/... from any working directory
@@ -695,6 +732,33 @@ def settle_history(path: Path, meta: dict) -> None:
         atomic_write_text(path, text)
 
 
+def _diverged_text(loss: float, epoch: int, step: int, ck: Path, cfg: TrainConfig) -> str:
+    """What a run whose loss stopped being finite in ``epoch`` (0-based) says: where it stands and how to go on (a
+    --resume refuses a changed lr, so a new run folder warm-started from the last good checkpoint)."""
+    head = f"loss became {loss} by epoch {epoch + 1}, step {step}: stopping. "
+    fix = f"a lower peak lr (now {cfg.lr:g}) or a longer warmup (now {cfg.warmup_epochs:g} epochs)"
+    if not (ck / "config.json").is_file():
+        return head + f"No checkpoint was written (it diverged in the first epoch); start again with {fix}"
+    return (head + f"The last good checkpoint ({ck}, epoch {epoch}) is kept. Go on from it in a new run folder with "
+            f"{fix}: --run-dir NEW --set init_from={ck} --set lr=... (a --resume keeps the saved settings)")
+
+
+def _at_most_half(n: int) -> int:
+    """A batch size for ``n`` training examples: the largest power of two up to half of them (at least 1)."""
+    return 1 << max(0, (n // 2).bit_length() - 1) if n > 1 else 1
+
+
+def _check_crop_padding(cfg: TrainConfig, train_data: ImageArray) -> None:
+    """Reflect padding mirrors the image inside itself, so it needs fewer pixels than each side has (torch refuses
+    at the first step otherwise, without naming the setting)."""
+    side = min(train_data.images.shape[1:3])
+    if cfg.crop_pad_mode == "reflect" and cfg.crop_padding >= side:
+        raise ValueError(f"crop_padding={cfg.crop_padding} with crop_pad_mode='reflect' needs images larger than "
+                         f"the padding, but these are {side} px on their short side: lower it (e.g. --set "
+                         f"crop_padding={max(side // 8, 1) if side > 1 else 0}) or pad with zeros (--set "
+                         "crop_pad_mode=constant)")
+
+
 def _check_image_size(cfg: TrainConfig, train_data: ImageArray, test_data: ImageArray) -> None:
     """A ViT (or hybrid) is built for one image size: refuse data of another size before anything is written,
     naming both and the setting to change (timm's own check fires only at the first forward, as an AssertionError)."""
@@ -760,7 +824,21 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     check_same_classes(train_data, test_data, cfg.data)
     cfg = with_num_classes(cfg, len(train_data.classes))
     _check_image_size(cfg, train_data, test_data)
+    _check_crop_padding(cfg, train_data)
     train_data = training_subset(train_data, cfg.max_train_examples, cfg.seed)
+    steps_per_epoch = len(train_data) // cfg.batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(f"batch_size={cfg.batch_size} exceeds the {len(train_data)} training examples: lower it "
+                         f"(--set batch_size={_at_most_half(len(train_data))})")
+    if cfg.objective == "mpp" and d.world > 1:
+        raise ValueError("objective='mpp' runs in one process: its head lives outside the DDP wrapper; run it "
+                         "without torchrun")
+    teacher = load_teacher(cfg.teacher, d.device) if cfg.teacher else None
+    if teacher is not None:
+        t_classes = int(getattr(teacher, "num_classes", 0) or 0)
+        if t_classes != cfg_num_classes(cfg):
+            raise ValueError(f"the teacher {cfg.teacher} predicts {t_classes} classes but the data has "
+                             f"{cfg_num_classes(cfg)}: distil from a teacher trained on the same classes")
     cfg_file = run / "train_config.json"
     if resume:
         saved = train_config_from_dict(json.loads(cfg_file.read_text()))
@@ -785,22 +863,15 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     elif cfg.init_from:
         fresh = warm_start(model, cfg.init_from)
         if progress and d.main:
-            tqdm.write(f"warm start from {cfg.init_from}; freshly initialised: {', '.join(fresh) or 'nothing'}")
+            tqdm.write(f"warm start from {cfg.init_from}; not copied as saved (left at their initialisation, or "
+                       f"resampled where noted): {', '.join(fresh) or 'nothing'}")
     elif hasattr(model, "init_from_data"):  # e.g. the CNN's whitening layer, from 5,000 random training images
         pick = torch.randperm(len(train_data), generator=torch.Generator().manual_seed(cfg.seed))[:5000]
         model.init_from_data(normalize(train_data.images[pick], pc["mean"], pc["std"]))
     model.to(d.device)
     if cfg.channels_last:
         model.to(memory_format=torch.channels_last)
-    if cfg.objective == "mpp" and d.world > 1:
-        raise ValueError("objective='mpp' runs in one process: its head lives outside the DDP wrapper; run it "
-                         "without torchrun")
-    teacher = load_teacher(cfg.teacher, d.device) if cfg.teacher else None
     if teacher is not None:
-        t_classes = int(getattr(teacher, "num_classes", 0) or 0)
-        if t_classes != cfg_num_classes(cfg):
-            raise ValueError(f"the teacher {cfg.teacher} predicts {t_classes} classes but the data has "
-                             f"{cfg_num_classes(cfg)}: distil from a teacher trained on the same classes")
         model.set_distilled_training(True)
     objective = None
     if cfg.objective == "mpp":
@@ -825,9 +896,6 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
 
         mixup = Mixup(mixup_alpha=cfg.mixup_alpha, cutmix_alpha=cfg.cutmix_alpha, prob=cfg.mixup_prob,
                       label_smoothing=cfg.label_smoothing, num_classes=n_cls)
-    steps_per_epoch = len(train_data) // cfg.batch_size
-    if steps_per_epoch == 0:
-        raise ValueError(f"batch_size={cfg.batch_size} exceeds the {len(train_data)} training examples")
     if start_epoch >= cfg.epochs and progress and d.main:
         tqdm.write(f"{run} is finished: all {cfg.epochs} epochs are done (export it with vitlab export, or start a "
                    "new run folder to train longer)")
@@ -1018,9 +1086,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
                 if it % 10 == 0 or it == steps_per_epoch - 1:
                     mean_loss = loss_sum.item() / seen
                     if not math.isfinite(mean_loss):  # before the epoch's checkpoint: the last one on disk is good
-                        raise TrainingDiverged(
-                            f"loss became {mean_loss} by epoch {epoch + 1}, step {it}: stopping. The last good "
-                            f"checkpoint ({ck}, epoch {epoch}) is kept; lower lr (now {cfg.lr}) or raise warmup")
+                        raise TrainingDiverged(_diverged_text(mean_loss, epoch, it, ck, cfg))
                     bar.set_postfix(loss=f"{mean_loss:.3f}")
         if lookahead is not None:
             lookahead.finish((epoch + 1) * steps_per_epoch)  # evaluation and the checkpoint see the slow weights
@@ -1042,11 +1108,14 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
             if due and objective is not None:
                 record["mpp_test"] = evaluate_mpp(model, objective, test_data, bf16=bf16)
             elif due:
-                record["test_accuracy"] = evaluate(model, test_data, bf16=bf16)
+                shown = "test" if progress else False
+                record["test_accuracy"] = evaluate(model, test_data, bf16=bf16, progress=shown)
                 if ema is not None:
-                    record["test_accuracy_ema"] = evaluate(ema.module, test_data, bf16=bf16)
+                    record["test_accuracy_ema"] = evaluate(ema.module, test_data, bf16=bf16,
+                                                           progress=shown and "test (EMA weights)")
                 if cfg.eval_tta and last:
-                    record["test_accuracy_tta"] = evaluate(model, test_data, bf16=bf16, tta=cfg.eval_tta)
+                    record["test_accuracy_tta"] = evaluate(model, test_data, bf16=bf16, tta=cfg.eval_tta,
+                                                           progress=shown and "test (test-time augmentation)")
             record["eval_seconds"] = round(time.time() - t_eval, 2)
             if cfg.keep_best and record.get("test_accuracy") is not None:
                 best_file = run / "best" / "config.json"

@@ -170,6 +170,8 @@ class ViTConfig:
             raise ValueError(f"pos_embed must be 'learn', 'sincos' or 'none', got {self.pos_embed!r}")
         if self.pos_embed == "sincos" and self.embed_dim % 4:
             raise ValueError(f"2D sin-cos position embeddings need embed_dim divisible by 4, got {self.embed_dim}")
+        if not isinstance(self.distilled, bool):
+            raise ValueError(f"distilled must be true or false, got {self.distilled!r}")
         if self.distilled and self.readout != "token":
             raise ValueError("distilled=True reads the class and distillation tokens: use readout='token'")
         if not 0.0 <= self.patch_drop_rate < 1.0:
@@ -266,6 +268,8 @@ class BiTConfig:
             object.__setattr__(self, "channels", tuple(self.channels))
         if not isinstance(self.width_factor, int) or self.width_factor < 1:
             raise ValueError(f"width_factor must be a positive int, got {self.width_factor!r}")
+        if not isinstance(self.basic, bool):
+            raise ValueError(f"basic must be true or false, got {self.basic!r}")
         _check_widths(self.layers, self.channels, self.gn_min_channels_per_group, bottleneck=not self.basic,
                       width_factor=self.width_factor)
         size2(self.img_size)
