@@ -161,6 +161,47 @@ def test_k_shot_and_nested_subsets():
     assert nested_subsets(labels, []) == []  # no sizes, no subsets (the MPP study without caps asks for none)
 
 
+def _old_nested_order(labels, seed):
+    """nested_subsets' order before the round-robin (interleaved up to the smallest class, then the rest class by
+    class): the draws the shipped results were made with, for classes of equal size."""
+    g = torch.Generator().manual_seed(seed)
+    orders = [torch.nonzero(labels == c).flatten()[torch.randperm(int((labels == c).sum()), generator=g)]
+              for c in torch.unique(labels).tolist()]
+    m = min(len(o) for o in orders)
+    return torch.cat([torch.stack([o[:m] for o in orders], dim=1).flatten(), *[o[m:] for o in orders]])
+
+
+def test_nested_subsets_stay_balanced_when_classes_differ_in_size():
+    """Once the smallest class is used up, the rest are still drawn one image per class in turn (100/100/10 images,
+    120 drawn: 55/55/10, not 100/10/10), and every subset still holds every smaller one."""
+    labels = torch.cat([torch.zeros(100), torch.ones(100), torch.full((10,), 2)]).long()
+    labels = labels[torch.randperm(len(labels), generator=torch.Generator().manual_seed(3))]
+    assert torch.bincount(labels[nested_subsets(labels, [120])[0]]).tolist() == [55, 55, 10]
+    sizes = list(range(1, len(labels) + 1))
+    for seed in (0, 1):
+        subsets = nested_subsets(labels, sizes, seed=seed)
+        again = nested_subsets(labels, sizes, seed=seed)  # the same draw for the same seed
+        assert all(torch.equal(a, b) for a, b in zip(subsets, again))
+        for small, big in zip(subsets, subsets[1:]):
+            assert set(small.tolist()) < set(big.tolist())
+        for s in subsets[:-1]:  # no class with images left holds fewer than any other class's count minus one
+            counts = torch.bincount(labels[s], minlength=3)
+            left = counts < torch.bincount(labels)
+            assert counts.max() - counts[left].min() <= 1
+
+
+@pytest.mark.parametrize("seed", [0, 7, 10_007])
+def test_nested_subsets_of_equal_classes_draw_what_the_shipped_results_drew(seed):
+    """With classes of equal size (CIFAR-10, the shapes) the round-robin is the order the shipped sweep and study
+    results were drawn with: the same images, for any size."""
+    labels = torch.arange(10).repeat_interleave(50)
+    labels = labels[torch.randperm(len(labels), generator=torch.Generator().manual_seed(1))]
+    old = _old_nested_order(labels, seed)
+    sizes = [1, 9, 10, 11, 137, 250, 499, 500]
+    for n, got in zip(sizes, nested_subsets(labels, sizes, seed=seed)):
+        assert torch.equal(got, old[:n].sort().values)
+
+
 def test_sample_images_shipped_with_scikit_learn():
     imgs = sample_images()
     assert [n for n, _ in imgs] == ["china", "flower"]

@@ -437,7 +437,11 @@ def k_shot_indices(labels: Tensor, k: int, seed: int = 0) -> Tensor:
 
 
 def nested_subsets(labels: Tensor, sizes: Sequence[int], seed: int = 0) -> list[Tensor]:
-    """Class-balanced subsets, each containing every smaller one (one fixed per-class order, cut at each size)."""
+    """Class-balanced subsets, each containing every smaller one: one order of all images, cut at each size. Each
+    class's images are shuffled once (``seed``); the order then takes one image of each class in turn, skipping the
+    classes already used up, so a subset's class counts differ by at most one except for classes it holds whole
+    (classes of 100, 100 and 10 images give 55, 55 and 10 of 120). With classes of equal size this is the order of
+    earlier versions (interleaved to the smallest class, then the rest class by class), so draws are unchanged."""
     sizes = sorted(sizes)
     if not sizes:  # no cut asked for: no subsets
         return []
@@ -447,7 +451,7 @@ def nested_subsets(labels: Tensor, sizes: Sequence[int], seed: int = 0) -> list[
     g = torch.Generator().manual_seed(seed)
     orders = [torch.nonzero(labels == c).flatten()[torch.randperm(int((labels == c).sum()), generator=g)]
               for c in classes]
-    interleaved = torch.stack([o[: min(len(x) for x in orders)] for o in orders], dim=1).flatten()
-    leftovers = torch.cat([o[min(len(x) for x in orders):] for o in orders])
-    order = torch.cat([interleaved, leftovers])
+    # round-robin: the r-th image of class i goes at rank r * len(classes) + i (each class sorted by its shuffle)
+    rank = torch.cat([torch.arange(len(o)) * len(orders) + i for i, o in enumerate(orders)])
+    order = torch.cat(orders)[torch.argsort(rank)]
     return [order[:n].sort().values for n in sizes]
