@@ -200,6 +200,27 @@ def test_macos_metadata_and_hidden_files_are_no_images(tmp_path, monkeypatch):
     assert torch.equal(load_image_folder(train_zip, cache=False, progress=False).images, clean["train"].images)
 
 
+def test_mixed_sizes_name_the_sizes_and_a_fix_each_caller_has(tmp_path, monkeypatch):
+    """The command line (--data) and load_dataset take no size: the error names the sizes found, an image of each,
+    and both fixes (resize the files; in Python, load_image_folder's size=), never a size= they cannot pass."""
+    from vitlab.data import load_dataset
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    root = make_folder(tmp_path / "d" / "train", n_per_class=2)
+    Image.new("RGB", (9, 7)).save(root / "b" / "wide.png")  # 7 rows of 9 pixels
+    with pytest.raises(DataError) as e:
+        load_dataset(str(tmp_path / "d"), "train")
+    msg = str(e.value)
+    assert "mixed sizes (height x width): 8x8 (4 images, e.g. a/0.png), 7x9 (1 image: b/wide.png)" in msg
+    assert "resize the image files to one size (e.g. 8x8, the most common)" in msg
+    assert f"vitlab.data.load_image_folder({str(root)!r}, size=(H, W))" in msg and "pass size=" not in msg
+    with zipfile.ZipFile(tmp_path / "both.zip", "w") as zf:
+        for p in sorted((tmp_path / "d").rglob("*.png")):
+            zf.write(p, p.relative_to(tmp_path / "d").as_posix())
+    with pytest.raises(DataError, match=r"7x9 \(1 image: train/b/wide.png\).*size=\(H, W\), split='train'\)"):
+        load_dataset(str(tmp_path / "both.zip"), "train")
+
+
 def test_random_crop_flip_is_a_shifted_window():
     g = torch.Generator().manual_seed(0)
     x = torch.arange(2 * 6 * 6 * 3, dtype=torch.int64).reshape(2, 6, 6, 3).to(torch.uint8)

@@ -257,19 +257,19 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
                         "or in folders below them: add images or remove the folders")
     index = {c: i for i, c in enumerate(classes)}
     problems: list[str] = []
-    images, labels = [], []
+    images, labels, names = [], [], []
     for cls, name, read in tqdm(members, desc=f"decoding {root.name}", disable=not progress, leave=False):
         arr = _decode(read(), name, size, problems)
         if arr is not None:
             images.append(arr)
             labels.append(index[cls])
+            names.append(name)
     if problems:
         shown = "\n  ".join(problems[:10])
         more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
         raise DataError(f"{len(problems)} unreadable image(s) in {root} (remove or replace them):\n  {shown}{more}")
-    shapes = {a.shape for a in images}
-    if len(shapes) > 1:
-        raise DataError(f"images in {root} have mixed sizes {sorted(shapes)[:5]}: pass size=(H, W) to resize them")
+    if len({a.shape for a in images}) > 1:
+        raise DataError(_mixed_sizes(root, split, images, names))
     data = ImageArray(torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.long),
                       tuple(classes), _source(root, split))
     if cache:
@@ -278,6 +278,25 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
         np.savez(tmp, images=data.images.numpy(), labels=data.labels.numpy(), classes=np.array(classes))
         os.replace(tmp, cache_dir() / f"images-{key}.npz")
     return data
+
+
+def _mixed_sizes(root: Path, split: str | None, images: list[np.ndarray], names: list[str]) -> str:
+    """The error for images of several sizes: each size (most common first) with its count and an image of it, and
+    the fixes a caller has (``load_dataset`` and the command line's ``--data`` take no size)."""
+    by_size: dict[tuple[int, int], list[str]] = {}
+    for arr, name in zip(images, names):
+        by_size.setdefault(arr.shape[:2], []).append(Path(name).relative_to(root).as_posix() if root.is_dir()
+                                                      else name)
+    ranked = sorted(by_size.items(), key=lambda kv: -len(kv[1]))
+    sizes = ", ".join(f"{h}x{w} ({len(n)} images, e.g. {n[0]})" if len(n) > 1 else f"{h}x{w} (1 image: {n[0]})"
+                      for (h, w), n in ranked[:5])
+    more = f" and {len(ranked) - 5} more sizes" if len(ranked) > 5 else ""
+    (h, w), _ = ranked[0]
+    where = root if split is None else f"{root} ({split}/)"
+    call = f"vitlab.data.load_image_folder({str(root)!r}, size=(H, W){'' if split is None else f', split={split!r}'})"
+    return (f"images in {where} have mixed sizes (height x width): {sizes}{more}. A data set is read at one size: "
+            f"resize the image files to one size (e.g. {h}x{w}, the most common), or, from Python, load them with "
+            f"{call}, which resizes every image as it is read")
 
 
 SHARED_CIFAR10 = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "cifar10"
