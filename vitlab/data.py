@@ -11,7 +11,7 @@ import hashlib
 import io
 import os
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
