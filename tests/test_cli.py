@@ -146,6 +146,40 @@ def test_probe_command(tmp_path, checkpoint, capsys):
     assert "class 0 has only 10" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, flag, bound", [
+    (["probe", "--data", "shapes", "--max-train", "-3"], "--max-train", "at least 1, got -3"),  # used 29 of 32 images
+    (["probe", "--data", "shapes", "--max-test", "-2"], "--max-test", "at least 1, got -2"),  # used 14 of 16
+    (["probe", "--data", "shapes", "--batch-size", "0"], "--batch-size", "at least 1, got 0"),  # a range() error
+    (["probe", "--data", "shapes", "--shots", "5", "0"], "--shots", "at least 1, got 0"),
+    (["probe", "--data", "shapes", "--seeds", "0"], "--seeds", "at least 1, got 0"),
+    (["probe", "--data", "shapes", "--max-train", "ten"], "--max-train", "a whole number, got 'ten'"),
+    (["info", "--img-size", "0", "32"], "--img-size", "at least 1, got 0"),
+    (["capture", "--batch-size", "-1"], "--batch-size", "at least 1, got -1"),
+    (["train", "--epochs", "0"], "--epochs", "at least 1, got 0"),
+    (["train", "--workers", "-1"], "--workers", "0 or more, got -1"),
+    (["sweep", "--workers", "-2"], "--workers", "0 or more, got -2"),
+    (["sweep", "--shots", "0"], "--shots", "at least 1, got 0"),
+    (["app", "--num-images", "0"], "--num-images", "at least 1, got 0"),
+    (["app", "--port", "-1"], "--port", "at least 1, got -1"),
+    (["reproduce", "--num-images", "-4"], "--num-images", "at least 1, got -4"),
+])
+def test_counts_that_cannot_be_zero_or_negative_are_refused_naming_the_flag(args, flag, bound, capsys):
+    """A count below its least meaningful value is a usage error naming the flag, before anything loads or runs."""
+    with pytest.raises(SystemExit) as e:  # parsing alone: without the check the command would run
+        build_parser().parse_args(args)
+    assert e.value.code == 2
+    assert f"argument {flag}: expected {bound}" in capsys.readouterr().err
+
+
+def test_counts_at_their_least_value_are_accepted():
+    parse = build_parser().parse_args
+    args = parse(["probe", "--data", "shapes", "--max-train", "1", "--max-test", "1", "--batch-size", "1", "--shots",
+                  "1", "--seeds", "1"])
+    assert (args.max_train, args.max_test, args.batch_size, args.shots, args.seeds) == (1, 1, 1, [1], 1)
+    assert parse(["train", "--workers", "0", "--epochs", "1"]).workers == 0
+    assert parse(["sweep", "--workers", "0"]).workers == 0 and parse(["info", "--img-size", "1", "2"]).img_size == [1, 2]
+
+
 def test_offline_hub_name_fails_within_seconds(monkeypatch, capsys):
     import time
 

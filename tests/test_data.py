@@ -125,6 +125,102 @@ def test_broken_and_mixed_size_images_are_named(tmp_path):
         load_image_folder(tmp_path / "empty", cache=False, progress=False)
 
 
+def _zip_folder(root, zpath, prefix=""):
+    """``root``'s files and folders (every one, hidden ones too) zipped under ``prefix``, as ``zip -r`` would."""
+    with zipfile.ZipFile(zpath, "w") as zf:
+        for p in sorted(root.rglob("*")):
+            name = f"{prefix}{p.relative_to(root).as_posix()}"
+            zf.write(p, name) if p.is_file() else zf.writestr(f"{name}/", "")
+    return zpath
+
+
+def test_images_nested_below_class_folders_take_the_class_folders_label(tmp_path, monkeypatch):
+    """As torchvision's ImageFolder: the class is the first folder under the root, its images found at any depth
+    (train/cat/2019/x.png is a cat), in a folder and in a zip alike; never a false 'class folders hold no images'."""
+    from vitlab.data import load_dataset
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "d"
+    make_folder(src / "train" / "cat" / "2019", n_per_class=2, classes=("indoor", "outdoor"))
+    make_folder(src / "train" / "dog", n_per_class=1, classes=("2019",))
+    make_folder(src / "train", n_per_class=1, classes=("dog",))  # one dog image directly in its class folder
+    make_folder(src / "test", n_per_class=1, classes=("cat", "dog"))
+    flat = make_folder(tmp_path / "flat", n_per_class=1, classes=("cat", "dog"))
+    folder = load_image_folder(src / "train", cache=False, progress=False)
+    assert folder.classes == ("cat", "dog") and folder.labels.tolist() == [0, 0, 0, 0, 1, 1]
+    zipped = load_image_folder(_zip_folder(src / "train", tmp_path / "train.zip", "train/"), progress=False)
+    assert zipped.classes == ("cat", "dog")
+    assert torch.equal(zipped.images, folder.images) and torch.equal(zipped.labels, folder.labels)
+    both = _zip_folder(src, tmp_path / "both.zip", "wrapper/")
+    for spec in (src, both):
+        train = load_dataset(str(spec), "train")
+        assert train.classes == ("cat", "dog") and torch.equal(train.images, folder.images)
+        assert load_dataset(str(spec), "test").classes == ("cat", "dog")
+    (src / "train" / "bird" / "2019").mkdir(parents=True)  # an empty class is still found below nested folders
+    for spec in (src, _zip_folder(src, tmp_path / "bird.zip")):
+        with pytest.raises(DataError, match=r"class folder\(s\) \['bird'\].*hold no images"):
+            load_dataset(str(spec), "train")
+    with pytest.raises(DataError, match=r"class folder\(s\) \['bird'\].*hold no images"):
+        load_image_folder(_zip_folder(src / "train", tmp_path / "bird_train.zip", "train/"), progress=False)
+    assert load_image_folder(flat, cache=False, progress=False).classes == ("cat", "dog")
+
+
+def test_macos_metadata_and_hidden_files_are_no_images(tmp_path, monkeypatch):
+    """A zip made on macOS holds __MACOSX/.../._x.png resource forks (no PNGs) beside the images, and a copied
+    folder ._x.png files, .DS_Store and hidden folders: all skipped, never an unreadable image or an extra class."""
+    from vitlab.data import load_dataset, zip_splits
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    make_folder(src / "train", n_per_class=2)
+    make_folder(src / "test", n_per_class=1)
+    clean = {s: load_image_folder(src / s, cache=False, progress=False) for s in ("train", "test")}
+    fork = b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        "  # an AppleDouble header: no image
+    for s in ("train", "test"):
+        (src / s / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+        (src / s / "a" / "._0.png").write_bytes(fork)
+        (src / s / ".ipynb_checkpoints").mkdir()  # a hidden folder with no images: no empty class
+        (src / s / ".ipynb_checkpoints" / "0-checkpoint.png").write_bytes((src / s / "b" / "0.png").read_bytes())
+    with zipfile.ZipFile(tmp_path / "mac.zip", "w") as zf:
+        for p in sorted(src.rglob("*")):
+            if p.is_file():
+                rel = p.relative_to(src).as_posix()
+                zf.write(p, f"data/{rel}")
+                zf.writestr(f"__MACOSX/data/{p.parent.relative_to(src).as_posix()}/._{p.name}", fork)
+        zf.writestr("__MACOSX/data/val/a/._9.png", fork)  # metadata alone is no split
+    assert zip_splits(tmp_path / "mac.zip") == ["test", "train"]
+    for spec in (src, tmp_path / "mac.zip"):
+        for s in ("train", "test"):
+            got = load_dataset(str(spec), s)
+            assert got.classes == ("a", "b") and torch.equal(got.images, clean[s].images)
+            assert torch.equal(got.labels, clean[s].labels)
+    train_zip = _zip_folder(src / "train", tmp_path / "train.zip", "train/")  # a split zip, ._ files and all
+    with zipfile.ZipFile(train_zip, "a") as zf:
+        zf.writestr("__MACOSX/train/a/._0.png", fork)
+    assert torch.equal(load_image_folder(train_zip, cache=False, progress=False).images, clean["train"].images)
+
+
+def test_mixed_sizes_name_the_sizes_and_a_fix_each_caller_has(tmp_path, monkeypatch):
+    """The command line (--data) and load_dataset take no size: the error names the sizes found, an image of each,
+    and both fixes (resize the files; in Python, load_image_folder's size=), never a size= they cannot pass."""
+    from vitlab.data import load_dataset
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    root = make_folder(tmp_path / "d" / "train", n_per_class=2)
+    Image.new("RGB", (9, 7)).save(root / "b" / "wide.png")  # 7 rows of 9 pixels
+    with pytest.raises(DataError) as e:
+        load_dataset(str(tmp_path / "d"), "train")
+    msg = str(e.value)
+    assert "mixed sizes (height x width): 8x8 (4 images, e.g. a/0.png), 7x9 (1 image: b/wide.png)" in msg
+    assert "resize the image files to one size (e.g. 8x8, the most common)" in msg
+    assert f"vitlab.data.load_image_folder({str(root)!r}, size=(H, W))" in msg and "pass size=" not in msg
+    with zipfile.ZipFile(tmp_path / "both.zip", "w") as zf:
+        for p in sorted((tmp_path / "d").rglob("*.png")):
+            zf.write(p, p.relative_to(tmp_path / "d").as_posix())
+    with pytest.raises(DataError, match=r"7x9 \(1 image: train/b/wide.png\).*size=\(H, W\), split='train'\)"):
+        load_dataset(str(tmp_path / "both.zip"), "train")
+
+
 def test_random_crop_flip_is_a_shifted_window():
     g = torch.Generator().manual_seed(0)
     x = torch.arange(2 * 6 * 6 * 3, dtype=torch.int64).reshape(2, 6, 6, 3).to(torch.uint8)
@@ -159,6 +255,47 @@ def test_k_shot_and_nested_subsets():
         assert set(small.tolist()) <= set(big.tolist())
     assert torch.bincount(labels[subsets[1]]).tolist() == [4, 4, 4, 4]  # class balanced
     assert nested_subsets(labels, []) == []  # no sizes, no subsets (the MPP study without caps asks for none)
+
+
+def _old_nested_order(labels, seed):
+    """nested_subsets' order before the round-robin (interleaved up to the smallest class, then the rest class by
+    class): the draws the shipped results were made with, for classes of equal size."""
+    g = torch.Generator().manual_seed(seed)
+    orders = [torch.nonzero(labels == c).flatten()[torch.randperm(int((labels == c).sum()), generator=g)]
+              for c in torch.unique(labels).tolist()]
+    m = min(len(o) for o in orders)
+    return torch.cat([torch.stack([o[:m] for o in orders], dim=1).flatten(), *[o[m:] for o in orders]])
+
+
+def test_nested_subsets_stay_balanced_when_classes_differ_in_size():
+    """Once the smallest class is used up, the rest are still drawn one image per class in turn (100/100/10 images,
+    120 drawn: 55/55/10, not 100/10/10), and every subset still holds every smaller one."""
+    labels = torch.cat([torch.zeros(100), torch.ones(100), torch.full((10,), 2)]).long()
+    labels = labels[torch.randperm(len(labels), generator=torch.Generator().manual_seed(3))]
+    assert torch.bincount(labels[nested_subsets(labels, [120])[0]]).tolist() == [55, 55, 10]
+    sizes = list(range(1, len(labels) + 1))
+    for seed in (0, 1):
+        subsets = nested_subsets(labels, sizes, seed=seed)
+        again = nested_subsets(labels, sizes, seed=seed)  # the same draw for the same seed
+        assert all(torch.equal(a, b) for a, b in zip(subsets, again))
+        for small, big in zip(subsets, subsets[1:]):
+            assert set(small.tolist()) < set(big.tolist())
+        for s in subsets[:-1]:  # no class with images left holds fewer than any other class's count minus one
+            counts = torch.bincount(labels[s], minlength=3)
+            left = counts < torch.bincount(labels)
+            assert counts.max() - counts[left].min() <= 1
+
+
+@pytest.mark.parametrize("seed", [0, 7, 10_007])
+def test_nested_subsets_of_equal_classes_draw_what_the_shipped_results_drew(seed):
+    """With classes of equal size (CIFAR-10, the shapes) the round-robin is the order the shipped sweep and study
+    results were drawn with: the same images, for any size."""
+    labels = torch.arange(10).repeat_interleave(50)
+    labels = labels[torch.randperm(len(labels), generator=torch.Generator().manual_seed(1))]
+    old = _old_nested_order(labels, seed)
+    sizes = [1, 9, 10, 11, 137, 250, 499, 500]
+    for n, got in zip(sizes, nested_subsets(labels, sizes, seed=seed)):
+        assert torch.equal(got, old[:n].sort().values)
 
 
 def test_sample_images_shipped_with_scikit_learn():

@@ -27,6 +27,27 @@ PRESET_NAMES = ("vit_cifar10", "resnet_cifar10_fast", "resnet_cifar10_wide", "re
 _PYTHON_CONSTANTS = {"True": True, "False": False, "None": None}
 
 
+def _whole_number(text: str, least: int, name: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {name}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type`` of a count that means nothing at 0 or below (images, a batch size, epochs): argparse's
+    error names the flag (``argument --max-train: expected at least 1, got -3``)."""
+    return _whole_number(text, 1, "at least 1")
+
+
+def non_negative_int(text: str) -> int:
+    """argparse ``type`` of a count where 0 has a meaning (``--workers 0``: in this process) but no negative does."""
+    return _whole_number(text, 0, "0 or more")
+
+
 def _parse_value(text: str):
     """A ``--set`` value: JSON (numbers, true/false/null, lists, quoted text), Python's True/False/None, else the text
     itself (e.g. ``flip=none``, ``randaugment=rand-m9-n2-mstd0.5``)."""
@@ -203,17 +224,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     import vitlab
     from vitlab.data import load_splits, nested_subsets
+    from vitlab.devices import resolve_device
     from vitlab.features import extract_features
-    from vitlab.probe import DEFAULT_L2
+    from vitlab.probe import DEFAULT_L2, few_shot_accuracy, format_table, linear_probe_accuracy
 
     if args.l2 is None:
         args.l2 = DEFAULT_L2
-    from vitlab.probe import few_shot_accuracy, format_table, linear_probe_accuracy
-
-    if min(args.shots) < 1 or args.seeds < 1:
-        raise ValueError("--shots must be positive and --seeds at least 1")
-    from vitlab.devices import resolve_device
-
     dev = resolve_device(args.device)
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
     train, test = load_splits(args.data, progress=not args.quiet)
@@ -489,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("info", help="print what vitlab knows about a model (grid, prefix tokens, readout, ...)")
     model_args(sp)
     sp.add_argument("--json", action="store_true", help="machine-readable output")
-    sp.add_argument("--img-size", type=int, nargs=2, metavar=("H", "W"), help="input size to describe")
+    sp.add_argument("--img-size", type=positive_int, nargs=2, metavar=("H", "W"), help="input size to describe")
     sp.set_defaults(func=cmd_info)
 
     sp = sub.add_parser("capture", help="save attention maps (L, B, H, T, T) of a model on images to safetensors")
@@ -498,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="attention.safetensors", help="output file")
     sp.add_argument("--head-fusion", choices=["mean", "max", "min"], help="fuse heads inside the hook")
     sp.add_argument("--queries", choices=["all", "prefix"], default=None, help="keep only the readout rows")
-    sp.add_argument("--batch-size", type=int, default=None)
+    sp.add_argument("--batch-size", type=positive_int, default=None)
     sp.add_argument("--skip-bad", action="store_true", help="skip unreadable or too small images with a warning")
     sp.add_argument("--device", help=DEVICE_HELP)
     sp.set_defaults(func=cmd_capture)
@@ -512,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="resume the run when its state exists; otherwise, or when the run finished and was exported, "
                          "warm-start a new leg from the shipped checkpoint of the preset (data/checkpoints/PRESET) "
                          "with a fresh schedule instead of starting over")
-    sp.add_argument("--epochs", type=int, help="override the preset's number of epochs")
+    sp.add_argument("--epochs", type=positive_int, help="override the preset's number of epochs")
     sp.add_argument("--data", help="dataset: cifar10, cifar100 (cifar10:ROOT for a folder holding train.zip/test.zip), "
                     "or an ImageFolder folder/zip with train/ and test/ splits of the same classes")
     sp.add_argument("--set", action="append", metavar="FIELD=VALUE",
@@ -520,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "else a string), or a field of the preset's "
                     "model config as model.FIELD=VALUE (e.g. model.patch_drop_rate=0)")
     sp.add_argument("--device", help=f"{DEVICE_HELP}; under torchrun, one process per device")
-    sp.add_argument("--workers", type=int, help="processes making the augmented batches while the model trains "
+    sp.add_argument("--workers", type=non_negative_int, help="processes making the augmented batches while the model trains "
                     "(default: none on a CPU, all cores but two beside an accelerator); the batches are the same")
     sp.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                     help="the training step through torch.compile (auto: a ViT classifier in one process on a CPU "
@@ -542,16 +558,16 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(sp)
     sp.add_argument("--data", required=True, help="cifar10, cifar100, shapes, or an ImageFolder folder/zip with "
                     "train and test splits")
-    sp.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25], help="examples per class (default 1 5 "
+    sp.add_argument("--shots", type=positive_int, nargs="+", default=[1, 5, 10, 25], help="examples per class (default 1 5 "
                     "10 25)")
-    sp.add_argument("--seeds", type=int, default=3, help="random draws per shot count (default 3)")
+    sp.add_argument("--seeds", type=positive_int, default=3, help="random draws per shot count (default 3)")
     sp.add_argument("--l2", type=float, default=None,
                     help="ridge regularisation (default vitlab.probe.DEFAULT_L2 = 2**10, as big_vision)")
     sp.add_argument("--no-full", dest="full", action="store_false",
                     help="skip the logistic-regression probe on all training features")
-    sp.add_argument("--max-train", type=int, help="use a class-balanced subset of this many training images")
-    sp.add_argument("--max-test", type=int, help="use a class-balanced subset of this many test images")
-    sp.add_argument("--batch-size", type=int, default=128)
+    sp.add_argument("--max-train", type=positive_int, help="use a class-balanced subset of this many training images")
+    sp.add_argument("--max-test", type=positive_int, help="use a class-balanced subset of this many test images")
+    sp.add_argument("--batch-size", type=positive_int, default=128)
     sp.add_argument("--json", help="also write the results to this JSON file")
     sp.add_argument("--device", help=DEVICE_HELP)
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -564,11 +580,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--results", help="JSONL results store (default runs/sweeps/NAME.jsonl); finished runs in it "
                     "are skipped")
     sp.add_argument("--executor", choices=["local", "ray"], default="local")
-    sp.add_argument("--workers", type=int, default=1, help="parallel runs (local: processes, 0 = in this process; "
+    sp.add_argument("--workers", type=non_negative_int, default=1, help="parallel runs (local: processes, 0 = in this process; "
                     "ray: CPUs of a local runtime)")
     sp.add_argument("--address", help="ray: address of a running cluster (default: start a local runtime)")
     sp.add_argument("--work-dir", help="scratch folder for run checkpoints (default: the system temp folder)")
-    sp.add_argument("--shots", type=int, help="shot count to summarise and plot (default: the largest)")
+    sp.add_argument("--shots", type=positive_int, help="shot count to summarise and plot (default: the largest)")
     sp.add_argument("--plot", help="write the scaling curves to this file (.html, or .png with a Chromium)")
     sp.add_argument("--tune", action="store_true", help="tune each family's optimizer, lr and weight decay once on the "
                     "largest subset (validation split), then write the frozen config (--save-config)")
@@ -596,8 +612,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("app", help="serve the attention explorer as a standalone page (Voila)")
     sp.add_argument("--model", help="timm model name or vitlab checkpoint (default: the embedded default)")
-    sp.add_argument("--port", type=int, default=8866)
-    sp.add_argument("--num-images", type=int, default=8, help="embedded images to offer (default 8)")
+    sp.add_argument("--port", type=positive_int, default=8866)
+    sp.add_argument("--num-images", type=positive_int, default=8, help="embedded images to offer (default 8)")
     sp.add_argument("--open", action="store_true", help="open a browser")
     sp.set_defaults(func=cmd_app)
 
@@ -607,7 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "images, otherwise 16 crops of scikit-learn's sample photos)")
     sp.add_argument("--out", default="out", help="output folder: a new or empty one, or an earlier report's "
                     "(replaced only when the report is complete)")
-    sp.add_argument("--num-images", type=int, default=None,
+    sp.add_argument("--num-images", type=positive_int, default=None,
                     help="images to analyse (default: all 128 CIFAR-10 test images for 32 px models, 16 otherwise)")
     sp.add_argument("--no-shapes", dest="shapes", action="store_false",
                     help="skip the localisation table of the shipped shapes ViT")

@@ -11,7 +11,7 @@ import hashlib
 import io
 import os
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,31 +137,69 @@ def _decode(blob: bytes, name: str, size: tuple[int, int] | None, problems: list
 
 SPLIT_NAMES = ("train", "test", "val")
 
+#: how images are found and labelled: part of the decode cache's key, so that arrays labelled by an older rule (the
+#: class was an image's direct parent folder; macOS metadata files counted as images) are never served
+LAYOUT = "first-folder-1"
+
+
+def _skipped(parts: Sequence[str]) -> bool:
+    """Whether a path (its parts below the data's root) holds no data: macOS's metadata (a zip's ``__MACOSX/``
+    folder, ``._name`` resource forks) and every hidden file or folder (``.DS_Store``, ``.ipynb_checkpoints/``)."""
+    return any(p.startswith(".") or p == "__MACOSX" for p in parts)
+
+
+def _split_index(parts: Sequence[str]) -> int | None:
+    """Where the split folder of a zip entry ``[...]/split/class/[...]/img.jpg`` is: the first part named as a split
+    (``SPLIT_NAMES``) with a class folder and a file below it; None without one."""
+    return next((i for i, p in enumerate(parts[:-2]) if p in SPLIT_NAMES), None)
+
 
 def zip_splits(root: Path) -> list[str]:
     """The split folders (``SPLIT_NAMES``) a zip holds its class folders in (``[...]/split/class/img.jpg``)."""
     with zipfile.ZipFile(root) as zf:
-        return sorted({parts[-3] for n in zf.namelist() if n.lower().endswith(IMAGE_SUFFIXES)
-                       and len(parts := Path(n).parts) >= 3 and parts[-3] in SPLIT_NAMES})
+        return sorted({parts[i] for n in zf.namelist() if n.lower().endswith(IMAGE_SUFFIXES)
+                       and not _skipped(parts := Path(n).parts) and (i := _split_index(parts)) is not None})
 
 
-def _members(root: Path, split: str | None = None) -> Iterator[tuple[str, str, callable]]:
-    """(class, name, read) for every image under root (a folder or a zip), in sorted order; with ``split``, only a
-    zip's images in that split folder (``[...]/split/class/img.jpg``)."""
+def _zip_entries(zf: zipfile.ZipFile, split: str | None) -> dict[str, tuple[str, ...]]:
+    """Each entry of a zip under its class root (its name -> its parts below that root; folders end in ``/``). With
+    ``split``: the entries of that split folder (``_split_index``). Without: the root is the deepest folder above
+    every image that holds no image itself (``train/cat/x.jpg`` and ``train/dog/y.jpg``: ``train/``; ``cat/x.jpg``
+    alone: the zip's own root)."""
+    entries = [(n, Path(n).parts) for n in sorted(zf.namelist()) if not _skipped(Path(n).parts)]
+    if split is not None:  # a folder entry (train/cat/) counts as one holding a file
+        return {n: parts[i + 1:] for n, parts in entries
+                if (i := _split_index(parts + ("",) * n.endswith("/"))) is not None and parts[i] == split}
+    images = [parts for n, parts in entries if not n.endswith("/") and n.lower().endswith(IMAGE_SUFFIXES)]
+    prefix = images[0][:-1] if images else ()
+    for parts in images[1:]:
+        k = next((k for k, (a, b) in enumerate(zip(prefix, parts[:-1])) if a != b), min(len(prefix), len(parts) - 1))
+        prefix = prefix[:k]
+    while prefix and any(len(parts) - 1 == len(prefix) for parts in images):  # a folder holding images is a class
+        prefix = prefix[:-1]
+    return {n: parts[len(prefix):] for n, parts in entries if parts[:len(prefix)] == prefix}
+
+
+def _members(root: Path, split: str | None = None) -> tuple[list[tuple[str, str, callable]], set[str]]:
+    """(class, name, read) for every image under root (a folder or a zip), in sorted order, and the class folders.
+    As torchvision's ``ImageFolder``: the class is the first folder under the root, its images found at any depth
+    (``cat/2019/x.jpg`` is a cat); images directly in the root, macOS metadata and hidden files (``_skipped``) are
+    not read. With ``split``, only a zip's images in that split folder (``[...]/split/class/img.jpg``)."""
     if root.is_file() and zipfile.is_zipfile(root):
         zf = zipfile.ZipFile(root)
-        names = sorted(n for n in zf.namelist() if n.lower().endswith(IMAGE_SUFFIXES))
-        for n in names:
-            parts = Path(n).parts
-            if len(parts) < 2 or (split is not None and (len(parts) < 3 or parts[-3] != split)):
-                continue
-            yield parts[-2], n, (lambda n=n: zf.read(n))
-    elif root.is_dir():
+        rel = _zip_entries(zf, split)
+        members = [(parts[0], n, (lambda n=n: zf.read(n))) for n, parts in rel.items()
+                   if len(parts) >= 2 and not n.endswith("/") and n.lower().endswith(IMAGE_SUFFIXES)]
+        folders = {parts[0] for n, parts in rel.items() if len(parts) >= 2 or (parts and n.endswith("/"))}
+        return members, folders
+    if root.is_dir():
+        members = []
         for p in sorted(root.rglob("*")):
-            if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file() and p.parent != root:
-                yield p.parent.name, str(p), p.read_bytes
-    else:
-        raise DataError(f"{root} is neither a folder nor a zip file of images (ImageFolder layout: class/image.jpg)")
+            parts = p.relative_to(root).parts
+            if len(parts) >= 2 and not _skipped(parts) and p.suffix.lower() in IMAGE_SUFFIXES and p.is_file():
+                members.append((parts[0], str(p), p.read_bytes))
+        return members, {p.name for p in root.iterdir() if p.is_dir() and not _skipped((p.name,))}
+    raise DataError(f"{root} is neither a folder nor a zip file of images (ImageFolder layout: class/image.jpg)")
 
 
 def _fingerprint(root: Path) -> str:
@@ -174,7 +212,8 @@ def _fingerprint(root: Path) -> str:
     h = hashlib.sha1()
     for p in sorted(root.rglob("*")):
         try:  # what the loader reads (image files) and the class folders; a dangling link or a vanished file: skip
-            if not (p.is_dir() or (p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())):
+            if _skipped(p.relative_to(root).parts) or not (
+                    p.is_dir() or (p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())):
                 continue
             e = p.stat()
         except OSError:
@@ -186,7 +225,9 @@ def _fingerprint(root: Path) -> str:
 def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | None = None,
                       cache: bool = True, progress: bool = True, split: str | None = None) -> ImageArray:
     """Decode an ImageFolder directory or zip (``class/img.jpg``) into an ``ImageArray``; ``split``: only the
-    images of a zip's ``split/`` folder (a zip holding ``train/`` and ``test/``).
+    images of a zip's ``split/`` folder (a zip holding ``train/`` and ``test/``). As torchvision's ``ImageFolder``,
+    the class is the first folder under the root and its images are found at any depth (``cat/2019/img.jpg``);
+    macOS metadata (``__MACOSX/``, ``._img.jpg``) and hidden files and folders are skipped.
 
     Grayscale, RGBA and palette images are converted to RGB; with ``size`` every image is resized to it,
     otherwise all images must share one size. Unreadable files raise ``DataError`` naming them.
@@ -198,37 +239,37 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
     key = None
     if cache:
         part = "" if split is None else f"|{split}"
-        key = hashlib.sha1(f"{root.resolve()}|{_fingerprint(root)}|{size}{part}|{DECODER}".encode()).hexdigest()[:16]
+        key = hashlib.sha1(f"{root.resolve()}|{_fingerprint(root)}|{size}{part}|{DECODER}|{LAYOUT}".encode())
+        key = key.hexdigest()[:16]
         hit = cache_dir() / f"images-{key}.npz"
         if hit.is_file():
             with np.load(hit, allow_pickle=False) as z:
                 return ImageArray(torch.from_numpy(z["images"]), torch.from_numpy(z["labels"]),
                                   tuple(str(c) for c in z["classes"]), _source(root, split))
-    members = list(_members(root, split))
+    members, folders = _members(root, split)
+    where = root if split is None else f"{root} ({split}/)"
     if not members:
-        where = root if split is None else f"{root} ({split}/)"
         raise DataError(f"no images found in {where}: expected an ImageFolder layout (class/image.jpg)")
     classes = sorted({c for c, _, _ in members})
-    if root.is_dir():
-        empty = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in classes)
-        if empty:
-            raise DataError(f"class folder(s) {empty} in {root} hold no images ({', '.join(IMAGE_SUFFIXES)}): "
-                            "add images or remove the folders")
+    empty = sorted(folders - set(classes))
+    if empty:
+        raise DataError(f"class folder(s) {empty} in {where} hold no images ({', '.join(IMAGE_SUFFIXES)}), in them "
+                        "or in folders below them: add images or remove the folders")
     index = {c: i for i, c in enumerate(classes)}
     problems: list[str] = []
-    images, labels = [], []
+    images, labels, names = [], [], []
     for cls, name, read in tqdm(members, desc=f"decoding {root.name}", disable=not progress, leave=False):
         arr = _decode(read(), name, size, problems)
         if arr is not None:
             images.append(arr)
             labels.append(index[cls])
+            names.append(name)
     if problems:
         shown = "\n  ".join(problems[:10])
         more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
         raise DataError(f"{len(problems)} unreadable image(s) in {root} (remove or replace them):\n  {shown}{more}")
-    shapes = {a.shape for a in images}
-    if len(shapes) > 1:
-        raise DataError(f"images in {root} have mixed sizes {sorted(shapes)[:5]}: pass size=(H, W) to resize them")
+    if len({a.shape for a in images}) > 1:
+        raise DataError(_mixed_sizes(root, split, images, names))
     data = ImageArray(torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.long),
                       tuple(classes), _source(root, split))
     if cache:
@@ -237,6 +278,25 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
         np.savez(tmp, images=data.images.numpy(), labels=data.labels.numpy(), classes=np.array(classes))
         os.replace(tmp, cache_dir() / f"images-{key}.npz")
     return data
+
+
+def _mixed_sizes(root: Path, split: str | None, images: list[np.ndarray], names: list[str]) -> str:
+    """The error for images of several sizes: each size (most common first) with its count and an image of it, and
+    the fixes a caller has (``load_dataset`` and the command line's ``--data`` take no size)."""
+    by_size: dict[tuple[int, int], list[str]] = {}
+    for arr, name in zip(images, names):
+        by_size.setdefault(arr.shape[:2], []).append(Path(name).relative_to(root).as_posix() if root.is_dir()
+                                                      else name)
+    ranked = sorted(by_size.items(), key=lambda kv: -len(kv[1]))
+    sizes = ", ".join(f"{h}x{w} ({len(n)} images, e.g. {n[0]})" if len(n) > 1 else f"{h}x{w} (1 image: {n[0]})"
+                      for (h, w), n in ranked[:5])
+    more = f" and {len(ranked) - 5} more sizes" if len(ranked) > 5 else ""
+    (h, w), _ = ranked[0]
+    where = root if split is None else f"{root} ({split}/)"
+    call = f"vitlab.data.load_image_folder({str(root)!r}, size=(H, W){'' if split is None else f', split={split!r}'})"
+    return (f"images in {where} have mixed sizes (height x width): {sizes}{more}. A data set is read at one size: "
+            f"resize the image files to one size (e.g. {h}x{w}, the most common), or, from Python, load them with "
+            f"{call}, which resizes every image as it is read")
 
 
 SHARED_CIFAR10 = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "cifar10"
@@ -437,7 +497,11 @@ def k_shot_indices(labels: Tensor, k: int, seed: int = 0) -> Tensor:
 
 
 def nested_subsets(labels: Tensor, sizes: Sequence[int], seed: int = 0) -> list[Tensor]:
-    """Class-balanced subsets, each containing every smaller one (one fixed per-class order, cut at each size)."""
+    """Class-balanced subsets, each containing every smaller one: one order of all images, cut at each size. Each
+    class's images are shuffled once (``seed``); the order then takes one image of each class in turn, skipping the
+    classes already used up, so a subset's class counts differ by at most one except for classes it holds whole
+    (classes of 100, 100 and 10 images give 55, 55 and 10 of 120). With classes of equal size this is the order of
+    earlier versions (interleaved to the smallest class, then the rest class by class), so draws are unchanged."""
     sizes = sorted(sizes)
     if not sizes:  # no cut asked for: no subsets
         return []
@@ -447,7 +511,7 @@ def nested_subsets(labels: Tensor, sizes: Sequence[int], seed: int = 0) -> list[
     g = torch.Generator().manual_seed(seed)
     orders = [torch.nonzero(labels == c).flatten()[torch.randperm(int((labels == c).sum()), generator=g)]
               for c in classes]
-    interleaved = torch.stack([o[: min(len(x) for x in orders)] for o in orders], dim=1).flatten()
-    leftovers = torch.cat([o[min(len(x) for x in orders):] for o in orders])
-    order = torch.cat([interleaved, leftovers])
+    # round-robin: the r-th image of class i goes at rank r * len(classes) + i (each class sorted by its shuffle)
+    rank = torch.cat([torch.arange(len(o)) * len(orders) + i for i, o in enumerate(orders)])
+    order = torch.cat(orders)[torch.argsort(rank)]
     return [order[:n].sort().values for n in sizes]
