@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from vitlab.capture import check_images
 from vitlab.info import model_info
 from vitlab.inspect.attribution import ATTRIBUTION_METHODS, attribution_method, predicted_class, require_classifier
 from vitlab.inspect.faithfulness import deletion_insertion, localisation, randomization_sanity
@@ -43,6 +44,7 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | None = No
     """
     fns = {m: attribution_method(m) for m in methods}  # every name checked before any work
     require_classifier(model, "compare_methods (its scores follow a class's probability)")
+    check_images(images)
     if target is None:
         target = predicted_class(model, images)
     rows, maps = [], {}

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitlab.capture import check_images
 from vitlab.info import model_info
 from vitlab.inspect.attribution import attribution_method, patch_mask, predicted_class, require_classifier
 from vitlab.inspect.rollout import attention_rollout
@@ -48,6 +49,7 @@ def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: T
     normalisation mean). Returns ``deletion``/``insertion`` (B,) AUCs in [0, 1] and the (B, steps + 1) curves.
     """
     require_classifier(model, "deletion and insertion (the probability of a class)")
+    check_images(images)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     _check_maps(maps, images, info.grid_size)
     if steps < 1:
@@ -136,6 +138,7 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
     re-initialised copy of the model (same targets). Near 0: the map depends on the learned weights.
     ``method`` takes (model, images, target), as the values of ``ATTRIBUTION_METHODS`` do (or give its name there,
     e.g. ``"rollout"``); ``original``: the map on ``model`` when already computed."""
+    check_images(images)
     if method is attention_rollout:  # its third argument is head_fusion, not a target: the wrapper takes one
         method = "rollout"
     if isinstance(method, str):
