@@ -149,6 +149,22 @@ def test_the_oracle_order_beats_its_reverse_on_the_shipped_model():
     assert good["insertion"].mean() > bad["insertion"].mean()
 
 
+def test_deletion_insertion_takes_targets_as_the_map_methods_do():
+    """One class for every image is that class per image (an int was an AttributeError); a count or shape that is
+    not one per image, and a class outside the head, are refused (3 targets for 2 images were accepted)."""
+    model, x, maps = tiny_vit(), torch.randn(2, 3, 32, 32), torch.rand(2, 8, 8)
+    one = deletion_insertion(model, x, maps, 3, steps=4)
+    each = deletion_insertion(model, x, maps, torch.tensor([3, 3]), steps=4)
+    for k in ("deletion_curve", "insertion_curve"):
+        torch.testing.assert_close(one[k], each[k])
+    with pytest.raises(ValueError, match=r"one per image \(2\), got shape \(3,\)"):
+        deletion_insertion(model, x, maps, torch.tensor([1, 2, 3]), steps=4)
+    with pytest.raises(ValueError, match=r"one per image \(2\), got shape \(2, 1\)"):
+        deletion_insertion(model, x, maps, torch.tensor([[1], [2]]), steps=4)
+    with pytest.raises(ValueError, match="target 10: not a class index"):
+        deletion_insertion(model, x, maps, 10, steps=4)
+
+
 def test_deletion_insertion_rejects_bad_maps():
     model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
     with pytest.raises(ValueError, match="shape"):

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from vitlab.capture import check_images
 from vitlab.info import model_info
-from vitlab.inspect.attribution import attribution_method, patch_mask, predicted_class, require_classifier
+from vitlab.inspect.attribution import _targets, attribution_method, patch_mask, predicted_class, require_classifier
 from vitlab.inspect.rollout import attention_rollout
 from vitlab.modes import eval_mode
 from vitlab.stats import spearman
@@ -38,12 +38,12 @@ def _check_maps(maps: Tensor, images: Tensor, grid: tuple[int, int]) -> None:
 
 
 @torch.no_grad()
-def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: Tensor | None = None,
+def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: Tensor | int | None = None,
                        steps: int = 16, baseline: str | float = "blur", batch_size: int = 64) -> dict[str, Tensor]:
     """Deletion and insertion curves and AUCs for each image.
 
-    ``images`` (B, C, H, W) as the model takes them; ``maps`` (B, gh, gw); ``target`` (B,) classes (default:
-    the prediction). At step s of ``steps``, the top ``round(s / steps * N)`` patches of the map are replaced
+    ``images`` (B, C, H, W) as the model takes them; ``maps`` (B, gh, gw); ``target`` (B,) classes or one class
+    for every image (default: the prediction). At step s of ``steps``, the top ``round(s / steps * N)`` patches of the map are replaced
     by the baseline (deletion) or taken from the image into the baseline (insertion). ``baseline``:
     ``"blur"`` (a heavily blurred copy, as RISE uses for insertion) or a constant in input space (0 = the
     normalisation mean). Returns ``deletion``/``insertion`` (B,) AUCs in [0, 1] and the (B, steps + 1) curves.
@@ -55,8 +55,7 @@ def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: T
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     B, N = len(images), info.num_patches
-    if target is None:
-        target = predicted_class(model, images, batch_size)
+    target = _targets(model, images, target, batch_size)
     if baseline == "blur":
         k = max(3, (min(images.shape[-2:]) // 4) | 1)
         base = _gaussian_blur(images, k, sigma=k / 3)
@@ -133,7 +132,7 @@ def randomized_copy(model: nn.Module, seed: int = 0) -> nn.Module:
 
 
 def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, images: Tensor,
-                         target: Tensor | None = None, seed: int = 0, original: Tensor | None = None) -> Tensor:
+                         target: Tensor | int | None = None, seed: int = 0, original: Tensor | None = None) -> Tensor:
     """(B,) Spearman correlation between ``method(model, images, target)`` and the same on a
     re-initialised copy of the model (same targets). Near 0: the map depends on the learned weights.
     ``method`` takes (model, images, target), as the values of ``ATTRIBUTION_METHODS`` do (or give its name there,
