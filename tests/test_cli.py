@@ -110,6 +110,29 @@ def test_capture_command(tmp_path, checkpoint):
     assert load_file(str(f))["attention"].shape == (3, 2, 1, 1, 65)
 
 
+def test_capture_takes_every_image_of_a_folder_unless_told(tmp_path, checkpoint, capsys):
+    """All 20 images of a folder are captured (the first 16 were, silently); --num-images keeps the first N with a
+    warning that counts those left out."""
+    import warnings
+
+    from _reference import make_folder
+    from safetensors.torch import load_file
+
+    folder = make_folder(tmp_path / "imgs", n_per_class=10, size=32)
+    f = tmp_path / "a.safetensors"
+    base = ["capture", "--model", str(checkpoint), "--images", str(folder), "--out", str(f), "--queries", "prefix"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing left out, nothing to warn about
+        assert main(base) == 0
+    assert load_file(str(f))["attention"].shape[1] == 20 and "for 20 images" in capsys.readouterr().out
+    with pytest.warns(UserWarning, match=r"using the first 5 of the 20 images in .*imgs \(sorted by path\): 15 left "
+                                         "out"):
+        assert main([*base, "--num-images", "5"]) == 0
+    assert load_file(str(f))["attention"].shape[1] == 5
+    assert main([*base, "--num-images", "0"]) == 1
+    assert "--num-images must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_capture_never_leaves_half_a_file(tmp_path, checkpoint, monkeypatch, capsys):
     """A write that fails part-way keeps the earlier file byte for byte and leaves no temporary; a folder as --out
     is refused before any work."""

@@ -431,11 +431,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
     if Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} is a folder; give a file name such as "
                          f"{Path(args.out) / 'attention.safetensors'}")
+    if args.num_images is not None and args.num_images < 1:
+        raise ValueError(f"--num-images must be at least 1, got {args.num_images}")
     from vitlab.devices import resolve_device
 
     dev = resolve_device(args.device)
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
-    names, x, _ = load_images(model, args.images, skip_bad=args.skip_bad)
+    names, x, _ = load_images(model, args.images, limit=args.num_images, skip_bad=args.skip_bad)
     maps = vitlab.attention_maps(model, x.to(dev), head_fusion=args.head_fusion, queries=args.queries,
                                  batch_size=args.batch_size).cpu()
     atomic_write(args.out, lambda tmp: save_file({"attention": maps.contiguous()}, tmp,
@@ -487,6 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("capture", help="save attention maps (L, B, H, T, T) of a model on images to safetensors")
     model_args(sp)
     sp.add_argument("--images", help="folder of images (default: the photos shipped with scikit-learn)")
+    sp.add_argument("--num-images", type=int, help="capture only the first N images of --images, sorted by path, "
+                    "with a warning counting those left out (default: every image)")
     sp.add_argument("--out", default="attention.safetensors", help="output file")
     sp.add_argument("--head-fusion", choices=["mean", "max", "min"], help="fuse heads inside the hook")
     sp.add_argument("--queries", choices=["all", "prefix"], default=None, help="keep only the readout rows")

@@ -34,16 +34,19 @@ def model_transform(model: nn.Module) -> tuple[Callable[[Image.Image], Tensor], 
     return timm.data.create_transform(**cfg), cfg
 
 
-def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit: int = 16,
+def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit: int | None = None,
                 skip_bad: bool = False) -> tuple[list[str], Tensor, list[np.ndarray]]:
     """Images preprocessed as the model expects: (names, (B, C, H, W) batch, the (H, W, 3) uint8 views shown).
 
-    ``folder=None`` uses the photos scikit-learn ships. Unreadable files, and images smaller than one of the
-    model's patches (nothing to look at once resized), raise ``DataError`` naming them; with ``skip_bad=True``
-    they are skipped with a warning that names them instead.
+    ``folder=None`` uses the photos scikit-learn ships. ``limit``: the first ``limit`` image files of ``folder``
+    (sorted by path), with a warning that counts the files left out; None: every one. Unreadable files, and images
+    smaller than one of the model's patches (nothing to look at once resized), raise ``DataError`` naming them;
+    with ``skip_bad=True`` they are skipped with a warning that names them instead.
     """
     import warnings
 
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1 image (or None for all), got {limit}")
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", (1, 1))
     patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
     if folder is None:
@@ -52,9 +55,13 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
         root = Path(folder)
         if not root.is_dir():
             raise DataError(f"--images {root} is not a folder")
-        files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)[:limit]
+        files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
             raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {root}")
+        if limit is not None and len(files) > limit:
+            warnings.warn(f"using the first {limit} of the {len(files)} images in {root} (sorted by path): "
+                          f"{len(files) - limit} left out", stacklevel=2)
+            files = files[:limit]
         items, broken = [], []
         for p in files:
             try:
