@@ -289,6 +289,47 @@ def test_app_hands_voila_an_absolute_checkpoint_path(tmp_path, monkeypatch):
     assert seen["env"]["VITLAB_MODEL"] == "vit_tiny_patch16_224"
 
 
+def test_app_checks_the_model_and_the_image_count_before_starting_voila(tmp_path, checkpoint, monkeypatch, capsys):
+    """A missing model, a model without attention or an image count the model has no images for fail on the command
+    line with exit status 1 (they failed only in the browser); a good one reaches the server with its settings."""
+    from conftest import tiny_bit
+
+    import vitlab.app
+
+    started = []
+
+    class Served:
+        def wait(self):
+            return 0
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(vitlab.app, "serve", lambda model, **kw: started.append((model, kw)) or Served())
+    assert main(["app", "--model", str(tmp_path / "missing")]) == 1
+    assert f"{tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+    assert main(["app", "--model", "vit_tinyy_patch16_224"]) == 1
+    assert "neither a file nor a timm model name" in capsys.readouterr().err
+    cnn = vitlab.save_checkpoint(tiny_bit(), tmp_path / "cnn")
+    assert main(["app", "--model", str(cnn)]) == 1
+    assert "has no self-attention for the explorer to show" in capsys.readouterr().err
+    assert main(["app", "--model", str(checkpoint), "--num-images", "129"]) == 1
+    err = capsys.readouterr().err
+    assert "--num-images 129" in err and "at most 128" in err
+    assert main(["app", "--model", str(checkpoint), "--num-images", "0"]) == 1
+    assert "--num-images must be at least 1, got 0" in capsys.readouterr().err
+    assert not started
+    assert main(["app", "--model", str(checkpoint), "--num-images", "128", "--port", "9999"]) == 0
+    assert started == [(str(checkpoint), {"port": 9999, "open_browser": False, "num_images": 128})]
+
+
+def test_default_images_refuse_zero_images():
+    from vitlab.images import default_images
+
+    with pytest.raises(ValueError, match=r"n must be in \[1, 38\], got 0"):  # 0 gave the default 16
+        default_images(vitlab.load_model("vit_tiny_patch16_224", pretrained=False, depth=1), 0)
+
+
 def test_no_pretrained_with_a_checkpoint_or_a_weights_file_reads_in_flags(tmp_path, checkpoint, capsys):
     assert main(["info", "--model", str(checkpoint), "--no-pretrained"]) != 0
     assert "--no-pretrained is for timm model names; a vitlab checkpoint always loads" in capsys.readouterr().err

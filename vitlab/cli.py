@@ -398,11 +398,32 @@ def cmd_mpp_study(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _check_app_model(model: str | None, num_images: int) -> None:
+    """Load ``model`` as the explorer's kernel will and check that it has attention to show and ``num_images`` of
+    its default images, before any server starts."""
+    import vitlab
+    from vitlab.images import default_image_count, default_source
+
+    if num_images < 1:
+        raise ValueError(f"--num-images must be at least 1, got {num_images}")
+    net = vitlab.load_model(model or None)
+    try:
+        vitlab.model_info(net)
+    except TypeError as e:
+        raise ValueError(f"{model or 'the embedded default'} has no self-attention for the explorer to show ({e}): "
+                         "pass a ViT-family model") from e
+    most = default_image_count(net)
+    if num_images > most:
+        raise ValueError(f"--num-images {num_images}: this model's images are {default_source(net)}, at most "
+                         f"{most}")
+
+
 def cmd_app(args: argparse.Namespace) -> int:
     import signal
 
     from vitlab.app import serve, stop
 
+    _check_app_model(args.model, args.num_images)  # here, with the CLI's message and exit status, not in the browser
     proc = serve(args.model, port=args.port, open_browser=args.open, num_images=args.num_images)
     print(f"serving the attention explorer on http://127.0.0.1:{args.port} (Ctrl-C or kill to stop)")
 
@@ -592,7 +613,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("app", help="serve the attention explorer as a standalone page (Voila)")
     sp.add_argument("--model", help="timm model name or vitlab checkpoint (default: the embedded default)")
     sp.add_argument("--port", type=int, default=8866)
-    sp.add_argument("--num-images", type=int, default=8, help="embedded images to offer (default 8)")
+    sp.add_argument("--num-images", type=int, default=8, help="embedded images to offer (default 8; at most 128 "
+                    "CIFAR-10 test images for 32 px models, 38 photo crops otherwise)")
     sp.add_argument("--open", action="store_true", help="open a browser")
     sp.set_defaults(func=cmd_app)
 

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from vitlab.data import IMAGE_SUFFIXES, DataError, ImageArray, rgb8, sample_images
 from vitlab.info import data_config
 
-__all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_images", "default_labels", "default_source", "CIFAR_SAMPLE"]
+__all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_image_count", "default_images", "default_labels", "default_source", "CIFAR_SAMPLE"]
 
 #: 128 CIFAR-10 test images (13 of each of the first 8 classes, 12 of the last 2, drawn with seed 0, classes
 #: interleaved so that any first n are balanced; ``index`` holds
@@ -91,6 +91,14 @@ def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, l
     The first two are the central squares of the two photos; then crops at 1/2 and 1/3 of the short side on a
     regular grid, alternating between the photos. Returns what ``load_images`` returns.
     """
+    crops = _photo_crops()
+    if not 1 <= n <= len(crops):
+        raise ValueError(f"n must be in [1, {len(crops)}], got {n}")
+    return _preprocessed(model, [(name, Image.fromarray(np.ascontiguousarray(arr))) for name, arr in crops[:n]])
+
+
+def _photo_crops() -> list[tuple[str, np.ndarray]]:
+    """The (name, (h, w, 3) uint8) crops ``embedded_images`` takes its first ``n`` from."""
     photos = sample_images()
     crops: list[tuple[str, np.ndarray]] = []
     for div in (1, 2, 3):
@@ -103,9 +111,7 @@ def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, l
             per_photo.append([(f"{name}_{div}_{y}_{x}", arr[y:y + side, x:x + side]) for y in ys for x in xs])
         for group in zip(*per_photo):
             crops.extend(group)
-    if not 1 <= n <= len(crops):
-        raise ValueError(f"n must be in [1, {len(crops)}], got {n}")
-    return _preprocessed(model, [(name, Image.fromarray(np.ascontiguousarray(arr))) for name, arr in crops[:n]])
+    return crops
 
 
 def cifar_test_sample() -> ImageArray:
@@ -171,12 +177,19 @@ def head_class_names(model: nn.Module) -> tuple[str, ...] | None:
     return None
 
 
+def default_image_count(model: nn.Module) -> int:
+    """How many ``default_images`` this model can have: 128 for a 32 px model, else the number of photo crops."""
+    _, cfg = model_transform(model)
+    return len(cifar_test_sample()) if tuple(cfg["input_size"][-2:]) == (32, 32) else len(_photo_crops())
+
+
 def default_images(model: nn.Module, n: int | None = None) -> tuple[list[str], Tensor, list[np.ndarray]]:
     """The images the analyses use when none are given: for a model with 32 px input, the first ``n`` (default
-    all 128) of the shipped CIFAR-10 test sample, named ``class #i``; otherwise ``embedded_images(model, n or 16)``."""
+    all 128) of the shipped CIFAR-10 test sample, named ``class #i``; otherwise ``embedded_images(model, n)``
+    (default 16)."""
     _, cfg = model_transform(model)
     if tuple(cfg["input_size"][-2:]) != (32, 32):
-        return embedded_images(model, n or 16)
+        return embedded_images(model, 16 if n is None else n)
     data = cifar_test_sample()
     n = len(data) if n is None else n
     if not 1 <= n <= len(data):
