@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import tiny_vit
 
 import vitlab
@@ -131,6 +132,24 @@ def test_capture_takes_every_image_of_a_folder_unless_told(tmp_path, checkpoint,
     assert load_file(str(f))["attention"].shape[1] == 5
     assert main([*base, "--num-images", "0"]) == 1
     assert "--num-images must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_queries_prefix_help_says_it_keeps_the_prefix_token_rows(capsys):
+    """--queries prefix keeps every prefix token's row (class and 4 registers here), not 'only the readout rows':
+    the help and the README say what it keeps."""
+    from pathlib import Path
+
+    from conftest import tiny_timm
+
+    model, x = tiny_timm("vit_small_patch14_reg4_dinov2", img_size=56), torch.randn(1, 3, 56, 56)
+    full = vitlab.attention_maps(model, x)
+    torch.testing.assert_close(vitlab.attention_maps(model, x, queries="prefix"), full[..., :5, :])
+    with pytest.raises(SystemExit):
+        main(["capture", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    for text in (help_text, readme):
+        assert "readout rows" not in text and "class, distillation and register tokens" in text
 
 
 def test_capture_never_leaves_half_a_file(tmp_path, checkpoint, monkeypatch, capsys):

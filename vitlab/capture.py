@@ -428,8 +428,8 @@ def capture_attention(
     """Record post-softmax attention while the caller runs ``model`` inside the block.
 
     ``layers`` keeps only those blocks (only they run unfused); ``head_fusion`` fuses heads inside the hook
-    (H becomes 1); ``queries`` keeps only some query rows: ``"prefix"`` (the readout rows), an index, a
-    list or a slice. ``reduce(layer, maps)`` reduces each layer's maps inside the hook (see ``Reduction``), so only
+    (H becomes 1); ``queries`` keeps only some query rows: ``"prefix"`` (the prefix tokens' rows: class,
+    distillation and register tokens, whatever the readout), an index, a list or a slice. ``reduce(layer, maps)`` reduces each layer's maps inside the hook (see ``Reduction``), so only
     its output is kept. ``preallocate=N`` (the number of images the block will run) writes the maps into one
     preallocated (L, N, ...) tensor instead of concatenating per-call tensors at the end. ``keep_grad=True`` keeps
     the maps in the autograd graph so that after ``backward()`` ``capture.grads()`` returns each layer's own

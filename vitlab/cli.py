@@ -514,7 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "with a warning counting those left out (default: every image)")
     sp.add_argument("--out", default="attention.safetensors", help="output file")
     sp.add_argument("--head-fusion", choices=["mean", "max", "min"], help="fuse heads inside the hook")
-    sp.add_argument("--queries", choices=["all", "prefix"], default=None, help="keep only the readout rows")
+    sp.add_argument("--queries", choices=["all", "prefix"], default=None,
+                    help="prefix: keep only the prefix tokens' query rows (class, distillation and register tokens; "
+                    "not the readout of an average-pooled model)")
     sp.add_argument("--batch-size", type=int, default=None)
     sp.add_argument("--skip-bad", action="store_true", help="skip unreadable or too small images with a warning")
     sp.add_argument("--device", help=DEVICE_HELP)
