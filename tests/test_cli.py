@@ -188,6 +188,17 @@ def test_probe_command(tmp_path, checkpoint, capsys):
     assert "class 0 has only 10" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("l2", ["0", "-1", "nan", "inf"])
+def test_probe_refuses_a_bad_l2_before_loading_the_model(l2, monkeypatch, capsys):
+    """--l2 0 was refused by the ridge fit only after the model loaded and every feature was extracted."""
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before --l2 was checked")
+
+    monkeypatch.setattr(vitlab, "load_model", no_model)
+    assert main(["probe", "--data", "shapes", "--l2", l2, "--quiet"]) == 1
+    assert f"--l2 must be a positive finite number (the ridge penalty), got {float(l2):g}" in capsys.readouterr().err
+
+
 def test_offline_hub_name_fails_within_seconds(monkeypatch, capsys):
     import time
 

@@ -200,6 +200,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     if args.l2 is None:
         args.l2 = DEFAULT_L2
+    if not (args.l2 > 0 and args.l2 != float("inf")):  # before the model loads and the feature pass runs
+        raise ValueError(f"--l2 must be a positive finite number (the ridge penalty), got {args.l2:g}")
     from vitlab.probe import few_shot_accuracy, format_table, linear_probe_accuracy
 
     if min(args.shots) < 1 or args.seeds < 1:
