@@ -185,6 +185,8 @@ def _free_name(run: Path) -> Path:
 def cmd_export(args: argparse.Namespace) -> int:
     from vitlab.export import export_run
 
+    if args.goal is not None and not 0 < args.goal <= 1:
+        raise ValueError(f"--goal is a fraction in (0, 1], e.g. 0.9 for a 90% accuracy goal, got {args.goal:g}")
     facts = export_run(args.run_dir, args.out, command=args.command_line, hardware=args.hardware, goal=args.goal)
     print(json.dumps(facts, indent=2))
     return 0
