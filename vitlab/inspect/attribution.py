@@ -27,7 +27,8 @@ from vitlab.inspect.rollout import attention_rollout, readout_vector
 from vitlab.modes import eval_mode, frozen_parameters
 
 __all__ = ["gradient_rollout", "integrated_gradients", "occlusion", "patch_mask", "ATTRIBUTION_METHODS",
-           "attribution", "attribution_method", "predicted_class", "has_classifier", "require_classifier"]
+           "attribution", "attribution_method", "predicted_class", "has_classifier", "require_classifier",
+           "target_classes"]
 
 
 def has_classifier(model: nn.Module) -> bool:
@@ -72,7 +73,7 @@ def _entries(t: Tensor, bad: Tensor, limit: int = 5) -> str:
     return text + (f" and {len(idx) - limit} more" if len(idx) > limit else "")
 
 
-def _targets(model: nn.Module, images: Tensor, target: Tensor | int | None, batch_size: int = 64) -> Tensor:
+def target_classes(model: nn.Module, images: Tensor, target: Tensor | int | None, batch_size: int = 64) -> Tensor:
     """(B,) int64 class indices on ``images``' device: ``target`` as one index for every image or one per image,
     checked to be whole numbers in [0, num_classes); None: the model's prediction."""
     require_classifier(model, "a class-specific map")
@@ -109,7 +110,7 @@ def gradient_rollout(model: nn.Module, images: Tensor, target: Tensor | int | No
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     if not 0 <= start_layer < info.depth:
         raise ValueError(f"start_layer must be in [0, {info.depth}), got {start_layer}")
-    t = _targets(model, images, target)
+    t = target_classes(model, images, target)
     x = images.detach().clone().requires_grad_(True)
     with frozen_parameters(model), torch.enable_grad(), capture_attention(model, keep_grad=True) as cap:
         logits = model(x)
@@ -155,7 +156,7 @@ def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int 
 
     check_images(images)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
-    t = _targets(model, images, target)
+    t = target_classes(model, images, target)
     with eval_mode(model), frozen_parameters(model), torch.enable_grad():
         attr = IntegratedGradients(model).attribute(images, baselines=baseline, target=t, n_steps=steps,
                                                     internal_batch_size=internal_batch_size)
@@ -170,7 +171,7 @@ def occlusion(model: nn.Module, images: Tensor, target: Tensor | int | None = No
 
     check_images(images)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
-    t = _targets(model, images, target)
+    t = target_classes(model, images, target)
     mask = patch_mask(info, images.device)
     with eval_mode(model):
         attr = FeatureAblation(model).attribute(images, baselines=baseline, target=t, feature_mask=mask,

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from vitlab.capture import check_images
 from vitlab.info import model_info
-from vitlab.inspect.attribution import ATTRIBUTION_METHODS, _targets, attribution_method, require_classifier
+from vitlab.inspect.attribution import ATTRIBUTION_METHODS, attribution_method, require_classifier, target_classes
 from vitlab.inspect.faithfulness import deletion_insertion, localisation, randomization_sanity
 
 __all__ = ["MethodScores", "compare_methods"]
@@ -45,7 +45,7 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
     fns = {m: attribution_method(m) for m in methods}  # every name checked before any work
     require_classifier(model, "compare_methods (its scores follow a class's probability)")
     check_images(images)
-    target = _targets(model, images, target)  # checked once, the same (B,) classes for every method
+    target = target_classes(model, images, target)  # checked once, the same (B,) classes for every method
     rows, maps = [], {}
     names = list(methods) + (["random map"] if random_baseline else [])
     for name in tqdm(names, desc="methods", disable=progress is False or (progress is None and len(names) < 3)):

@@ -21,7 +21,13 @@ from torch import Tensor, nn
 
 from vitlab.capture import check_images
 from vitlab.info import model_info
-from vitlab.inspect.attribution import _targets, attribution_method, patch_mask, predicted_class, require_classifier
+from vitlab.inspect.attribution import (
+    attribution_method,
+    patch_mask,
+    predicted_class,
+    require_classifier,
+    target_classes,
+)
 from vitlab.inspect.rollout import attention_rollout
 from vitlab.modes import eval_mode
 from vitlab.stats import spearman
@@ -55,7 +61,7 @@ def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: T
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     B, N = len(images), info.num_patches
-    target = _targets(model, images, target, batch_size)
+    target = target_classes(model, images, target, batch_size)
     if baseline == "blur":
         k = max(3, (min(images.shape[-2:]) // 4) | 1)
         base = _gaussian_blur(images, k, sigma=k / 3)
