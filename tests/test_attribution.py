@@ -89,6 +89,25 @@ def test_target_is_checked():
         gradient_rollout(tiny_vit(), torch.randn(2, 3, 32, 32), torch.tensor([1, 2, 3]))
 
 
+@pytest.mark.parametrize("method", ["gradient rollout", "integrated gradients", "occlusion"])
+def test_class_indices_are_whole_numbers_within_the_head(method):
+    """Out-of-range or fractional classes are refused by name with the valid range (they gave a raw index error,
+    a device-side assert on CUDA, or were silently truncated: 2.7 -> 2); whole floats and ints are classes."""
+    fn, model, x = ATTRIBUTION_METHODS[method], tiny_vit(), torch.randn(2, 3, 32, 32)  # 10 classes
+    for bad, named in ((10, "target 10"), (-1, "target -1"), (torch.tensor([3, 10]), r"target\[1\] = 10"),
+                       (torch.tensor([-2, 12]), r"target\[0\] = -2, target\[1\] = 12")):
+        with pytest.raises(ValueError, match=named + r": not a class index of this model, which has 10 classes "
+                                                     r"\(valid: 0 to 9\)"):
+            fn(model, x, bad)
+    for bad, named in ((2.7, "target 2.7"), (torch.tensor([1.0, 2.5]), r"target\[1\] = 2.5"),
+                       (float("nan"), "target nan")):
+        with pytest.raises(ValueError, match="target must be whole class indices, got " + named):
+            fn(model, x, bad)
+    with pytest.raises(ValueError, match="integers"):
+        fn(model, x, torch.tensor([True, False]))
+    torch.testing.assert_close(fn(model, x, 9), fn(model, x, torch.tensor([9.0, 9.0])))
+
+
 # ---------------------------------------------------------------------------------------------- faithfulness
 
 
@@ -128,6 +147,22 @@ def test_the_oracle_order_beats_its_reverse_on_the_shipped_model():
     bad = deletion_insertion(model, x, -occ, steps=8)
     assert good["deletion"].mean() < bad["deletion"].mean()
     assert good["insertion"].mean() > bad["insertion"].mean()
+
+
+def test_deletion_insertion_takes_targets_as_the_map_methods_do():
+    """One class for every image is that class per image (an int was an AttributeError); a count or shape that is
+    not one per image, and a class outside the head, are refused (3 targets for 2 images were accepted)."""
+    model, x, maps = tiny_vit(), torch.randn(2, 3, 32, 32), torch.rand(2, 8, 8)
+    one = deletion_insertion(model, x, maps, 3, steps=4)
+    each = deletion_insertion(model, x, maps, torch.tensor([3, 3]), steps=4)
+    for k in ("deletion_curve", "insertion_curve"):
+        torch.testing.assert_close(one[k], each[k])
+    with pytest.raises(ValueError, match=r"one per image \(2\), got shape \(3,\)"):
+        deletion_insertion(model, x, maps, torch.tensor([1, 2, 3]), steps=4)
+    with pytest.raises(ValueError, match=r"one per image \(2\), got shape \(2, 1\)"):
+        deletion_insertion(model, x, maps, torch.tensor([[1], [2]]), steps=4)
+    with pytest.raises(ValueError, match="target 10: not a class index"):
+        deletion_insertion(model, x, maps, 10, steps=4)
 
 
 def test_deletion_insertion_rejects_bad_maps():

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import tiny_vit
 
 import vitlab
@@ -110,6 +111,47 @@ def test_capture_command(tmp_path, checkpoint):
     assert load_file(str(f))["attention"].shape == (3, 2, 1, 1, 65)
 
 
+def test_capture_takes_every_image_of_a_folder_unless_told(tmp_path, checkpoint, capsys):
+    """All 20 images of a folder are captured (the first 16 were, silently); --num-images keeps the first N with a
+    warning that counts those left out."""
+    import warnings
+
+    from _reference import make_folder
+    from safetensors.torch import load_file
+
+    folder = make_folder(tmp_path / "imgs", n_per_class=10, size=32)
+    f = tmp_path / "a.safetensors"
+    base = ["capture", "--model", str(checkpoint), "--images", str(folder), "--out", str(f), "--queries", "prefix"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing left out, nothing to warn about
+        assert main(base) == 0
+    assert load_file(str(f))["attention"].shape[1] == 20 and "for 20 images" in capsys.readouterr().out
+    with pytest.warns(UserWarning, match=r"using the first 5 of the 20 images in .*imgs \(sorted by path\): 15 left "
+                                         "out"):
+        assert main([*base, "--num-images", "5"]) == 0
+    assert load_file(str(f))["attention"].shape[1] == 5
+    assert main([*base, "--num-images", "0"]) == 1
+    assert "--num-images must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_queries_prefix_help_says_it_keeps_the_prefix_token_rows(capsys):
+    """--queries prefix keeps every prefix token's row (class and 4 registers here), not 'only the readout rows':
+    the help and the README say what it keeps."""
+    from pathlib import Path
+
+    from conftest import tiny_timm
+
+    model, x = tiny_timm("vit_small_patch14_reg4_dinov2", img_size=56), torch.randn(1, 3, 56, 56)
+    full = vitlab.attention_maps(model, x)
+    torch.testing.assert_close(vitlab.attention_maps(model, x, queries="prefix"), full[..., :5, :])
+    with pytest.raises(SystemExit):
+        main(["capture", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    for text in (help_text, readme):
+        assert "readout rows" not in text and "class, distillation and register tokens" in text
+
+
 def test_capture_never_leaves_half_a_file(tmp_path, checkpoint, monkeypatch, capsys):
     """A write that fails part-way keeps the earlier file byte for byte and leaves no temporary; a folder as --out
     is refused before any work."""
@@ -178,6 +220,17 @@ def test_counts_at_their_least_value_are_accepted():
     assert (args.max_train, args.max_test, args.batch_size, args.shots, args.seeds) == (1, 1, 1, [1], 1)
     assert parse(["train", "--workers", "0", "--epochs", "1"]).workers == 0
     assert parse(["sweep", "--workers", "0"]).workers == 0 and parse(["info", "--img-size", "1", "2"]).img_size == [1, 2]
+
+
+@pytest.mark.parametrize("l2", ["0", "-1", "nan", "inf"])
+def test_probe_refuses_a_bad_l2_before_loading_the_model(l2, monkeypatch, capsys):
+    """--l2 0 was refused by the ridge fit only after the model loaded and every feature was extracted."""
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before --l2 was checked")
+
+    monkeypatch.setattr(vitlab, "load_model", no_model)
+    assert main(["probe", "--data", "shapes", "--l2", l2, "--quiet"]) == 1
+    assert f"--l2 must be a positive finite number (the ridge penalty), got {float(l2):g}" in capsys.readouterr().err
 
 
 def test_offline_hub_name_fails_within_seconds(monkeypatch, capsys):
@@ -298,6 +351,47 @@ def test_app_hands_voila_an_absolute_checkpoint_path(tmp_path, monkeypatch):
     assert seen["env"]["VITLAB_MODEL"] == str(tmp_path / "runs" / "ck")
     app.serve("vit_tiny_patch16_224")
     assert seen["env"]["VITLAB_MODEL"] == "vit_tiny_patch16_224"
+
+
+def test_app_checks_the_model_and_the_image_count_before_starting_voila(tmp_path, checkpoint, monkeypatch, capsys):
+    """A missing model, a model without attention or an image count the model has no images for fail on the command
+    line with exit status 1 (they failed only in the browser); a good one reaches the server with its settings."""
+    from conftest import tiny_bit
+
+    import vitlab.app
+
+    started = []
+
+    class Served:
+        def wait(self):
+            return 0
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(vitlab.app, "serve", lambda model, **kw: started.append((model, kw)) or Served())
+    assert main(["app", "--model", str(tmp_path / "missing")]) == 1
+    assert f"{tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+    assert main(["app", "--model", "vit_tinyy_patch16_224"]) == 1
+    assert "neither a file nor a timm model name" in capsys.readouterr().err
+    cnn = vitlab.save_checkpoint(tiny_bit(), tmp_path / "cnn")
+    assert main(["app", "--model", str(cnn)]) == 1
+    assert "has no self-attention for the explorer to show" in capsys.readouterr().err
+    assert main(["app", "--model", str(checkpoint), "--num-images", "129"]) == 1
+    err = capsys.readouterr().err
+    assert "--num-images 129" in err and "at most 128" in err
+    assert main(["app", "--model", str(checkpoint), "--num-images", "0"]) == 1
+    assert "--num-images must be at least 1, got 0" in capsys.readouterr().err
+    assert not started
+    assert main(["app", "--model", str(checkpoint), "--num-images", "128", "--port", "9999"]) == 0
+    assert started == [(str(checkpoint), {"port": 9999, "open_browser": False, "num_images": 128})]
+
+
+def test_default_images_refuse_zero_images():
+    from vitlab.images import default_images
+
+    with pytest.raises(ValueError, match=r"n must be in \[1, 38\], got 0"):  # 0 gave the default 16
+        default_images(vitlab.load_model("vit_tiny_patch16_224", pretrained=False, depth=1), 0)
 
 
 def test_no_pretrained_with_a_checkpoint_or_a_weights_file_reads_in_flags(tmp_path, checkpoint, capsys):

@@ -31,6 +31,19 @@ def test_rows_maps_and_scores_agree_with_the_underlying_functions():
     torch.testing.assert_close(maps2["random map"], maps["random map"])  # the random map is seeded
 
 
+def test_one_target_for_every_image_and_wrong_counts():
+    """compare_methods takes an int class as the map methods do (it was an AttributeError in the scores) and
+    refuses a target count that is not one per image before any method runs."""
+    model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    kw = dict(methods=("rollout",), steps=4, sanity=False, progress=False)
+    rows, _ = compare_methods(model, x, 3, **kw)
+    want, _ = compare_methods(model, x, torch.tensor([3, 3]), **kw)
+    assert [r.deletion_curve for r in rows] == [r.deletion_curve for r in want]
+    for bad in (torch.tensor([1, 2, 3]), torch.tensor([[1], [2]])):
+        with pytest.raises(ValueError, match=r"one class index or one per image \(2\)"):
+            compare_methods(model, x, bad, **kw)
+
+
 def test_unknown_method_is_named():
     with pytest.raises(ValueError, match="unknown method 'saliency': choose one of"):
         compare_methods(tiny_vit(), torch.randn(1, 3, 32, 32), methods=("saliency",))

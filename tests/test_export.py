@@ -181,3 +181,30 @@ def test_card_says_how_a_fresh_vits_attention_started(tmp_path, two_class_folder
         (tmp_path / "out" / "MODEL_CARD.md").read_text()
     assert _init_words({"init": "timm"}) == "" and _init_words({}) == ""
     assert _init_words({"vit": {"init": "mimetic_qk"}, "layers": [1]}) == " (mimetic query-key products, `vitlab.init`)"
+
+
+def test_a_run_without_train_seconds_and_a_goal_given_in_percent(tmp_path, two_class_folder, monkeypatch, capsys):
+    """A checkpoint without train_seconds (an older run) gets a card that says so (it was a TypeError), and --goal
+    is a fraction: 90 is refused before any work (it drew "goal 9000%")."""
+    from vitlab.cli import main
+    from vitlab.export import export_run
+
+    monkeypatch.chdir(tmp_path)
+    train(dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=1, bf16=False), tmp_path / "run",
+          progress=False)
+    for goal in ("90", "0", "nan"):
+        assert main(["export", "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--command-line",
+                     "x", "--goal", goal]) == 1
+        assert f"--goal is a fraction in (0, 1], e.g. 0.9 for a 90% accuracy goal, got {float(goal):g}" in \
+            capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"goal must be a fraction in \(0, 1\]"):
+        export_run(tmp_path / "run", tmp_path / "out", command="x", goal=90.0)
+    assert not (tmp_path / "out").exists()
+    cfg_file = tmp_path / "run" / "checkpoint" / "config.json"
+    meta = json.loads(cfg_file.read_text())
+    del meta["train_seconds"]
+    cfg_file.write_text(json.dumps(meta))
+    card = _export(tmp_path / "run", tmp_path / "out")
+    assert card["train_seconds"] is None
+    assert "* Training wall time: not recorded (the run's checkpoint has no train_seconds) on " in \
+        (tmp_path / "out" / "MODEL_CARD.md").read_text()

@@ -105,6 +105,46 @@ def test_mean_attention_distance_on_a_model():
     assert 0 < per.min() and per.max() < patch_distances((8, 8), (4, 4)).max()
 
 
+def _analyses():
+    from vitlab.inspect import (
+        attribution,
+        compare_methods,
+        deletion_insertion,
+        gradient_rollout,
+        integrated_gradients,
+        occlusion,
+        randomization_sanity,
+    )
+    from vitlab.inspect.attribution import predicted_class
+
+    return {
+        "attention_maps": lambda m, x: vitlab.attention_maps(m, x),
+        "mean_attention_distance": lambda m, x: mean_attention_distance(m, x),
+        "attention_rollout": lambda m, x: attention_rollout(m, x),
+        "gradient_rollout": lambda m, x: gradient_rollout(m, x, 3),
+        "integrated_gradients": lambda m, x: integrated_gradients(m, x, 3, steps=2),
+        "occlusion": lambda m, x: occlusion(m, x, 3),
+        "attribution": lambda m, x: attribution("rollout", m, x),
+        "deletion_insertion": lambda m, x: deletion_insertion(m, x, torch.rand(1, 8, 8), steps=2),
+        "randomization_sanity": lambda m, x: randomization_sanity("rollout", m, x),
+        "compare_methods": lambda m, x: compare_methods(m, x, methods=("rollout",), steps=2, progress=False),
+        "predicted_class": lambda m, x: predicted_class(m, x),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_analyses()))
+def test_every_analysis_refuses_an_image_without_its_batch_axis_and_an_empty_batch(name):
+    """One shared check names the problem (a bare (C, H, W) image fails deep inside timm otherwise, and an empty
+    batch gives NaNs or a torch.cat error); a batch of one image works."""
+    model, run = tiny_vit(), _analyses()[name]
+    with pytest.raises(ValueError, match=r"\(B, C, H, W\) batch, got shape \(3, 32, 32\); pass images\[None\] "
+                                         "for one image"):
+        run(model, torch.randn(3, 32, 32))
+    with pytest.raises(ValueError, match=r"empty batch \(shape \(0, 3, 32, 32\)\)"):
+        run(model, torch.randn(0, 3, 32, 32))
+    run(model, torch.randn(3, 32, 32)[None])
+
+
 def loop_rollout(maps, discard_ratio, residual, start_layer):
     """Per image, as vit-explain does it (with its discard applied to every image, not only the first)."""
     L, B, H, T, _ = maps.shape

@@ -24,6 +24,19 @@ def test_image_grid_draws_each_map_over_its_image_scaled_to_its_maximum():
     assert titles[:4] == ["a", "m1", "m2", "m3"]
 
 
+def test_a_signed_map_is_drawn_as_a_share_of_its_largest_absolute_value_and_says_so():
+    """Occlusion and integrated gradients are signed: the grid divides by the largest |value|, and the colour bar
+    says so (it said 'share of map max', which a map whose extreme is negative never reaches)."""
+    images = [np.zeros((32, 32, 3), np.uint8)]
+    maps = np.linspace(-4.0, 1.0, 64).reshape(1, 1, 8, 8)  # largest |value|: -4
+    fig = plots.image_grid_with_maps(images, maps, ["a"], ["m"])
+    heat = next(t for t in fig.data if t.type == "heatmap")
+    np.testing.assert_allclose(np.array(heat.z), maps[0, 0] / 4.0)
+    assert heat.zmin == -1.0 and heat.zmax == 1.0
+    assert heat.colorbar.title.text == "share of the<br>map's largest<br>|value|"
+    assert plots.MAP_SCALING == "each map divided by its own largest |value|"
+
+
 def test_layer_lines_start_at_zero_and_draw_the_reference():
     values = np.array([[1.0, 3.0], [2.0, 6.0]])
     fig = plots.layer_lines(values, "px", "t", spread=np.array([0.5, 0.5]), reference=(10.0, "ceiling"))

@@ -273,6 +273,31 @@ def test_extract_features_are_the_pre_logits_and_are_cached(monkeypatch):
     assert model.training  # mode untouched
 
 
+def test_patch_mean_of_an_average_pooled_vit_goes_through_its_final_layernorm(monkeypatch, tmp_path):
+    """readout="avg": timm's norm is the identity and the LayerNorm is fc_norm, applied after the mean; the patch mean
+    is normalised as the model's own pooled readout (it averaged un-normalised tokens), here that readout exactly.
+    A patch-mean file cached under the old definition is not served."""
+    from safetensors.torch import save_file
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
+    model, data = tiny_vit(readout="avg"), _shapes()
+    assert isinstance(model.norm, torch.nn.Identity) and isinstance(model.fc_norm, torch.nn.LayerNorm)
+    cfg = model.pretrained_cfg
+    x = data.images.permute(0, 3, 1, 2).float() / 255
+    x = (x - torch.tensor(cfg["mean"]).view(1, 3, 1, 1)) / torch.tensor(cfg["std"]).view(1, 3, 1, 1)
+    with torch.no_grad():
+        tokens = model.forward_features(x)  # (B, 64, D): no prefix tokens, no LayerNorm yet
+        want = model.fc_norm(tokens.mean(1))
+        own = model.forward_head(tokens, pre_logits=True)
+    torch.testing.assert_close(want, own, rtol=0, atol=0)
+    old = tmp_path / "features" / f"{feature_key(model, data)}-patch_mean.safetensors"  # version 1's name
+    old.parent.mkdir(parents=True)
+    save_file({"features": tokens.mean(1).contiguous()}, str(old))
+    patch = extract_features(model, data, batch_size=5, readout="patch_mean")
+    torch.testing.assert_close(patch, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(extract_features(model, data, readout="patch_mean"), patch)  # its own (new) cache entry
+
+
 def test_patch_mean_readout_averages_the_patch_tokens_of_a_distilled_vit(monkeypatch, tmp_path):
     """Two prefix tokens (class, distillation): the patch mean leaves both out; its cache entry is its own."""
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))

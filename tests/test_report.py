@@ -318,6 +318,25 @@ def test_image_and_class_names_are_text_in_map_titles_not_plotly_markup():
     assert map_titles(inp, {"pred": None, "prob": None}, 1) == ["&lt;b&gt;x&lt;/b&gt;"]  # no head: the name alone
 
 
+def test_map_grid_titles_state_the_scaling_the_grid_applies():
+    """The map grids divide each map by its largest |value| (plots.MAP_SCALING); their titles said 'scaled to its own
+    maximum', which a signed map (occlusion, integrated gradients) with a negative extreme contradicts."""
+    import numpy as np
+    import torch
+
+    from vitlab.report import sections as S
+
+    net = tiny_vit()
+    inp = S.Inputs(net, vitlab.model_info(net), ["a", "b"], torch.randn(2, 3, 32, 32),
+                   [np.zeros((32, 32, 3), np.uint8)] * 2, {}, n_show=2)
+    pred = S.prediction_pass(inp)
+    grids = [S.rollout_only(inp, {**pred, "pred": None, "prob": None}),
+             S.maps_and_faithfulness(inp, pred, max_images=2)[0], S.readout_and_entropy(inp, pred)[0]]
+    for section in grids:
+        title = section.figure.layout.title.text
+        assert "each map divided by its own largest |value|" in title and "maximum" not in title, title
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the umask from Linux's /proc")
 def test_the_report_folder_follows_the_umask(tmp_path):
     """The report's folder was chmod 0755 whatever the umask: with umask 027 (no access for others) the report was

@@ -56,6 +56,18 @@ def test_attention_rows_match_the_captured_maps(explorer):
         explorer.select_patch(8, 0)
 
 
+def test_select_patch_needs_both_coordinates_or_none(explorer):
+    """A row without a column was a TypeError from comparing None; the query is left as it was."""
+    explorer.select_patch(2, 5)
+    with pytest.raises(ValueError, match=r"select_patch\(3\) needs a column too: .* row in \[0, 8\) and col in \[0, 8\)"):
+        explorer.select_patch(3)
+    with pytest.raises(ValueError, match=r"a patch needs its row too"):
+        explorer.select_patch(None, 4)
+    assert explorer.query == 2 * 8 + 5
+    explorer.select_patch(None)
+    assert explorer.query is None
+
+
 def test_class_specific_methods(explorer):
     for m in ("gradient rollout", "integrated gradients", "occlusion"):
         explorer.method.value = m

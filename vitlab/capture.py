@@ -39,6 +39,7 @@ __all__ = [
     "AttentionCapture",
     "capture_attention",
     "attention_maps",
+    "check_images",
     "find_attention_modules",
     "AttentionLayer",
 ]
@@ -427,8 +428,8 @@ def capture_attention(
     """Record post-softmax attention while the caller runs ``model`` inside the block.
 
     ``layers`` keeps only those blocks (only they run unfused); ``head_fusion`` fuses heads inside the hook
-    (H becomes 1); ``queries`` keeps only some query rows: ``"prefix"`` (the readout rows), an index, a
-    list or a slice. ``reduce(layer, maps)`` reduces each layer's maps inside the hook (see ``Reduction``), so only
+    (H becomes 1); ``queries`` keeps only some query rows: ``"prefix"`` (the prefix tokens' rows: class,
+    distillation and register tokens, whatever the readout), an index, a list or a slice. ``reduce(layer, maps)`` reduces each layer's maps inside the hook (see ``Reduction``), so only
     its output is kept. ``preallocate=N`` (the number of images the block will run) writes the maps into one
     preallocated (L, N, ...) tensor instead of concatenating per-call tensors at the end. ``keep_grad=True`` keeps
     the maps in the autograd graph so that after ``backward()`` ``capture.grads()`` returns each layer's own
@@ -520,6 +521,20 @@ def fuse_heads(attn: Tensor, how: str, dim: int = 1, keepdim: bool = False) -> T
     raise ValueError(f"head fusion must be one of {HEAD_FUSIONS}, got {how!r}")
 
 
+def check_images(images: Tensor) -> None:
+    """Refuse anything but a ``(B, C, H, W)`` batch of at least one image: the check every analysis that runs a
+    model on ``images`` makes first, so a single image without its batch axis or an empty batch is named here
+    instead of failing inside timm (or returning NaNs)."""
+    if not isinstance(images, Tensor):
+        raise TypeError(f"images must be a (B, C, H, W) tensor, got {type(images).__name__}")
+    if images.dim() != 4:
+        raise ValueError(f"images must be a (B, C, H, W) batch, got shape {tuple(images.shape)}"
+                         + ("; pass images[None] for one image" if images.dim() == 3 else ""))
+    if len(images) == 0:
+        raise ValueError(f"images is an empty batch (shape {tuple(images.shape)}): pass at least one image "
+                         "(images[None] for one image)")
+
+
 def attention_maps(
     model: nn.Module,
     images: Tensor,
@@ -537,8 +552,7 @@ def attention_maps(
     """
     from tqdm.auto import tqdm
 
-    if images.dim() != 4:
-        raise ValueError(f"images must be a (B, C, H, W) batch, got shape {tuple(images.shape)}")
+    check_images(images)
     chunks = images.split(batch_size or len(images))
     show = len(chunks) > 1 if progress is None else progress
     with torch.no_grad(), capture_attention(model, layers=layers, head_fusion=head_fusion, queries=queries,

@@ -214,6 +214,8 @@ def _free_name(run: Path) -> Path:
 def cmd_export(args: argparse.Namespace) -> int:
     from vitlab.export import export_run
 
+    if args.goal is not None and not 0 < args.goal <= 1:
+        raise ValueError(f"--goal is a fraction in (0, 1], e.g. 0.9 for a 90% accuracy goal, got {args.goal:g}")
     facts = export_run(args.run_dir, args.out, command=args.command_line, hardware=args.hardware, goal=args.goal)
     print(json.dumps(facts, indent=2))
     return 0
@@ -230,6 +232,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     if args.l2 is None:
         args.l2 = DEFAULT_L2
+    if not (args.l2 > 0 and args.l2 != float("inf")):  # before the model loads and the feature pass runs
+        raise ValueError(f"--l2 must be a positive finite number (the ridge penalty), got {args.l2:g}")
     dev = resolve_device(args.device)
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
     train, test = load_splits(args.data, progress=not args.quiet)
@@ -422,11 +426,32 @@ def cmd_mpp_study(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _check_app_model(model: str | None, num_images: int) -> None:
+    """Load ``model`` as the explorer's kernel will and check that it has attention to show and ``num_images`` of
+    its default images, before any server starts."""
+    import vitlab
+    from vitlab.images import default_image_count, default_source
+
+    if num_images < 1:
+        raise ValueError(f"--num-images must be at least 1, got {num_images}")
+    net = vitlab.load_model(model or None)
+    try:
+        vitlab.model_info(net)
+    except TypeError as e:
+        raise ValueError(f"{model or 'the embedded default'} has no self-attention for the explorer to show ({e}): "
+                         "pass a ViT-family model") from e
+    most = default_image_count(net)
+    if num_images > most:
+        raise ValueError(f"--num-images {num_images}: this model's images are {default_source(net)}, at most "
+                         f"{most}")
+
+
 def cmd_app(args: argparse.Namespace) -> int:
     import signal
 
     from vitlab.app import serve, stop
 
+    _check_app_model(args.model, args.num_images)  # here, with the CLI's message and exit status, not in the browser
     proc = serve(args.model, port=args.port, open_browser=args.open, num_images=args.num_images)
     print(f"serving the attention explorer on http://127.0.0.1:{args.port} (Ctrl-C or kill to stop)")
 
@@ -455,11 +480,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
     if Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} is a folder; give a file name such as "
                          f"{Path(args.out) / 'attention.safetensors'}")
+    if args.num_images is not None and args.num_images < 1:
+        raise ValueError(f"--num-images must be at least 1, got {args.num_images}")
     from vitlab.devices import resolve_device
 
     dev = resolve_device(args.device)
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
-    names, x, _ = load_images(model, args.images, skip_bad=args.skip_bad)
+    names, x, _ = load_images(model, args.images, limit=args.num_images, skip_bad=args.skip_bad)
     maps = vitlab.attention_maps(model, x.to(dev), head_fusion=args.head_fusion, queries=args.queries,
                                  batch_size=args.batch_size).cpu()
     atomic_write(args.out, lambda tmp: save_file({"attention": maps.contiguous()}, tmp,
@@ -511,9 +538,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("capture", help="save attention maps (L, B, H, T, T) of a model on images to safetensors")
     model_args(sp)
     sp.add_argument("--images", help="folder of images (default: the photos shipped with scikit-learn)")
+    sp.add_argument("--num-images", type=positive_int, help="capture only the first N images of --images, sorted by path, "
+                    "with a warning counting those left out (default: every image)")
     sp.add_argument("--out", default="attention.safetensors", help="output file")
     sp.add_argument("--head-fusion", choices=["mean", "max", "min"], help="fuse heads inside the hook")
-    sp.add_argument("--queries", choices=["all", "prefix"], default=None, help="keep only the readout rows")
+    sp.add_argument("--queries", choices=["all", "prefix"], default=None,
+                    help="prefix: keep only the prefix tokens' query rows (class, distillation and register tokens; "
+                    "not the readout of an average-pooled model)")
     sp.add_argument("--batch-size", type=positive_int, default=None)
     sp.add_argument("--skip-bad", action="store_true", help="skip unreadable or too small images with a warning")
     sp.add_argument("--device", help=DEVICE_HELP)
@@ -613,7 +644,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("app", help="serve the attention explorer as a standalone page (Voila)")
     sp.add_argument("--model", help="timm model name or vitlab checkpoint (default: the embedded default)")
     sp.add_argument("--port", type=positive_int, default=8866)
-    sp.add_argument("--num-images", type=positive_int, default=8, help="embedded images to offer (default 8)")
+    sp.add_argument("--num-images", type=positive_int, default=8, help="embedded images to offer (default 8; at most "
+                    "128 CIFAR-10 test images for 32 px models, 38 photo crops otherwise)")
     sp.add_argument("--open", action="store_true", help="open a browser")
     sp.set_defaults(func=cmd_app)
 

@@ -110,6 +110,8 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
     (``objective.safetensors``, same dtype, same atomic folder swap; ``vitlab.mpp.load_mpp`` reads both), and its card
     leads with what it learned: the masked-patch accuracy on every test image (one fixed corruption draw), measured
     from the shipped weights. Its classification head was never trained, so it reports no test accuracy."""
+    if goal is not None and not 0 < goal <= 1:  # a fraction, as the accuracies are: 90 drew "goal 9000%"
+        raise ValueError(f"goal must be a fraction in (0, 1], e.g. 0.9 for a 90% accuracy goal, got {goal:g}")
     run = Path(run_dir)
     ck = run / "checkpoint"
     meta = json.loads((ck / "config.json").read_text())
@@ -467,6 +469,8 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
     teacher_line = (f"; distilled ({f['distill']} targets) from the teacher `{f['teacher']}`" if f.get("teacher")
                     else "")
     test_split = f['data']['test'] if f.get('data') else 'test'
+    wall = (f"{f['train_seconds']:.0f} s" if f.get("train_seconds") is not None
+            else "not recorded (the run's checkpoint has no train_seconds)")
     if f.get("objective") == "mpp":
         m = f["mpp_test"]
         chance = {"color3": " (chance 0.20%)", "patch4x4": " (per 4 x 4 sub-patch colour; chance 0.20%)"}.get(
@@ -497,7 +501,7 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
 * Learning curve: `learning_curve.png` ({metric} against training hours; {f['learning_curve']}).
 * Command: `{f['command']}`
 * Epochs: {f['epochs_done']} of {f['epochs_planned']} planned{'' if done else ' (the run is not finished; it resumes with --resume)'}.
-* Training wall time: {f['train_seconds']:.0f} s on {f['hardware']}{_compiled_note(f, history)}.
+* Training wall time: {wall} on {f['hardware']}{_compiled_note(f, history)}.
 * Data: {f['data']}.
 * Parameters: {f['parameters']:,}; file: {f['file_bytes'] / 1e6:.1f} MB ({f['dtype']}).
 * Preprocessing (from the model's pretrained config): input {tuple(pc['input_size'])}, mean {tuple(pc['mean'])},

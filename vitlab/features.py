@@ -2,7 +2,8 @@
 
 The cache key covers the model (class, readout settings and a hash of every weight), the data (its source, size
 and a hash of its pixels and labels) and the transform (input size, mean, std, interpolation), so a change to
-any of them misses the cache instead of returning stale features. Files are safetensors, written atomically.
+any of them misses the cache instead of returning stale features; each readout's file name carries the version of
+its definition (``READOUT_VERSIONS``), so a changed definition misses too. Files are safetensors, written atomically.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from vitlab.data import ImageArray, cache_dir, normalize
 from vitlab.info import model_info
 from vitlab.modes import eval_mode
 
-__all__ = ["extract_features", "extract_readouts", "feature_key", "preprocess_uint8", "READOUTS", "READOUT_NAMES"]
+__all__ = ["extract_features", "extract_readouts", "feature_key", "patch_mean", "preprocess_uint8", "READOUTS",
+           "READOUT_NAMES", "READOUT_VERSIONS"]
 
 
 #: What a probe reads: the model's own readout (``forward_head(pre_logits=True)``) or the mean of a ViT's patch tokens
@@ -32,6 +34,29 @@ READOUTS: tuple[str, ...] = get_args(Readout)
 READOUT_NAMES = {"model": "the model's own readout (the class token; the mean of the class and distillation tokens "
                           "for a distilled ViT)",
                  "patch_mean": "the mean of the final patch tokens"}
+#: Bumped when a readout's definition changes, so that features cached under the old definition are never served.
+#: patch_mean 2: the mean goes through the model's ``fc_norm`` (an average-pooled ViT's final LayerNorm; version 1
+#: averaged its tokens before any LayerNorm).
+READOUT_VERSIONS = {"model": 1, "patch_mean": 2}
+
+
+def _cache_name(key: str, readout: str) -> str:
+    """The cache file of ``readout`` for ``feature_key`` ``key`` (the model readout's name is the key alone, as
+    before versions were recorded)."""
+    version = READOUT_VERSIONS[readout]
+    return f"{key}{'' if readout == 'model' else '-' + readout}{'' if version == 1 else f'-v{version}'}.safetensors"
+
+
+def patch_mean(model: nn.Module, tokens: Tensor, num_prefix_tokens: int) -> Tensor:
+    """(B, D) the ``patch_mean`` readout of ``forward_features`` output ``tokens`` (B, T, D): the mean of the patch
+    tokens, prefix tokens left out, normalised as the model normalises its own pooled readout. ``forward_features``
+    has applied ``model.norm``; the mean then goes through ``model.fc_norm``, as timm's ``forward_head`` does after
+    pooling: the identity for a class-token ViT (its LayerNorm is ``norm``), the final LayerNorm of an
+    average-pooled ViT (``global_pool="avg"``, vitlab's ``readout="avg"``, whose ``norm`` is the identity), for
+    which ``patch_mean`` is then exactly the model's own readout."""
+    fc_norm = getattr(model, "fc_norm", None)
+    mean = tokens[:, num_prefix_tokens:].mean(1)
+    return fc_norm(mean) if isinstance(fc_norm, nn.Module) else mean
 
 
 def _hash_tensor(h, t: Tensor) -> None:
@@ -82,8 +107,10 @@ def extract_features(model: nn.Module, data: ImageArray, batch_size: int = 128, 
 
     ``readout="model"``: the model's own readout, ``forward_head(pre_logits=True)`` (the class token, the mean of
     the class and distillation tokens, an average or attention pool: whatever the model classifies from);
-    ``"patch_mean"``: the mean of the final (normalised) patch tokens of a ViT, prefix tokens left out, for
-    encoders whose class token was never trained (e.g. masked patch prediction trains only patch outputs).
+    ``"patch_mean"``: the mean of the final patch tokens of a ViT, prefix tokens left out, through the model's
+    final LayerNorm (``norm`` before the mean for a class-token ViT, ``fc_norm`` after it for an average-pooled
+    one, as timm's own pooled representation: see ``patch_mean``), for encoders whose class token was never
+    trained (e.g. masked patch prediction trains only patch outputs).
     Images are resized and normalised as the model's pretrained config says. With ``cache=True`` features
     are stored under ``$VITLAB_CACHE/features`` and reused when model, weights, data, transform and readout match.
     The model's train/eval mode is restored afterwards. ``extract_readouts`` gives several readouts in one pass.
@@ -118,7 +145,7 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
     if cache:
         key = feature_key(model, data)
         for r in readouts:
-            paths[r] = cache_dir() / "features" / f"{key}{'' if r == 'model' else '-' + r}.safetensors"
+            paths[r] = cache_dir() / "features" / _cache_name(key, r)
             if paths[r].exists():
                 found[r] = load_file(paths[r])["features"]
     todo = [r for r in readouts if r not in found]
@@ -139,7 +166,8 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
             x = preprocess_uint8(data.images[i:i + batch_size], tf).to(device)
             tokens = model.forward_features(x)
             for r in todo:
-                f = tokens[:, n_prefix:].mean(1) if r == "patch_mean" else model.forward_head(tokens, pre_logits=True)
+                f = patch_mean(model, tokens, n_prefix) if r == "patch_mean" else model.forward_head(tokens,
+                                                                                                    pre_logits=True)
                 out[r].append(f.float().cpu())
     for r in todo:
         feats = found[r] = torch.cat(out[r]) if out[r] else torch.empty(0, 0)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from vitlab.data import IMAGE_SUFFIXES, DataError, ImageArray, rgb8, sample_images
 from vitlab.info import data_config
 
-__all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_images", "default_labels", "default_source", "CIFAR_SAMPLE"]
+__all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_image_count", "default_images", "default_labels", "default_source", "CIFAR_SAMPLE"]
 
 #: 128 CIFAR-10 test images (13 of each of the first 8 classes, 12 of the last 2, drawn with seed 0, classes
 #: interleaved so that any first n are balanced; ``index`` holds
@@ -34,16 +34,19 @@ def model_transform(model: nn.Module) -> tuple[Callable[[Image.Image], Tensor], 
     return timm.data.create_transform(**cfg), cfg
 
 
-def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit: int = 16,
+def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit: int | None = None,
                 skip_bad: bool = False) -> tuple[list[str], Tensor, list[np.ndarray]]:
     """Images preprocessed as the model expects: (names, (B, C, H, W) batch, the (H, W, 3) uint8 views shown).
 
-    ``folder=None`` uses the photos scikit-learn ships. Unreadable files, and images smaller than one of the
-    model's patches (nothing to look at once resized), raise ``DataError`` naming them; with ``skip_bad=True``
-    they are skipped with a warning that names them instead.
+    ``folder=None`` uses the photos scikit-learn ships. ``limit``: the first ``limit`` image files of ``folder``
+    (sorted by path), with a warning that counts the files left out; None: every one. Unreadable files, and images
+    smaller than one of the model's patches (nothing to look at once resized), raise ``DataError`` naming them;
+    with ``skip_bad=True`` they are skipped with a warning that names them instead.
     """
     import warnings
 
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1 image (or None for all), got {limit}")
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", (1, 1))
     patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
     if folder is None:
@@ -52,9 +55,13 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
         root = Path(folder)
         if not root.is_dir():
             raise DataError(f"--images {root} is not a folder")
-        files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)[:limit]
+        files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
             raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {root}")
+        if limit is not None and len(files) > limit:
+            warnings.warn(f"using the first {limit} of the {len(files)} images in {root} (sorted by path): "
+                          f"{len(files) - limit} left out", stacklevel=2)
+            files = files[:limit]
         items, broken = [], []
         for p in files:
             try:
@@ -84,6 +91,14 @@ def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, l
     The first two are the central squares of the two photos; then crops at 1/2 and 1/3 of the short side on a
     regular grid, alternating between the photos. Returns what ``load_images`` returns.
     """
+    crops = _photo_crops()
+    if not 1 <= n <= len(crops):
+        raise ValueError(f"n must be in [1, {len(crops)}], got {n}")
+    return _preprocessed(model, [(name, Image.fromarray(np.ascontiguousarray(arr))) for name, arr in crops[:n]])
+
+
+def _photo_crops() -> list[tuple[str, np.ndarray]]:
+    """The (name, (h, w, 3) uint8) crops ``embedded_images`` takes its first ``n`` from."""
     photos = sample_images()
     crops: list[tuple[str, np.ndarray]] = []
     for div in (1, 2, 3):
@@ -96,9 +111,7 @@ def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, l
             per_photo.append([(f"{name}_{div}_{y}_{x}", arr[y:y + side, x:x + side]) for y in ys for x in xs])
         for group in zip(*per_photo):
             crops.extend(group)
-    if not 1 <= n <= len(crops):
-        raise ValueError(f"n must be in [1, {len(crops)}], got {n}")
-    return _preprocessed(model, [(name, Image.fromarray(np.ascontiguousarray(arr))) for name, arr in crops[:n]])
+    return crops
 
 
 def cifar_test_sample() -> ImageArray:
@@ -164,12 +177,19 @@ def head_class_names(model: nn.Module) -> tuple[str, ...] | None:
     return None
 
 
+def default_image_count(model: nn.Module) -> int:
+    """How many ``default_images`` this model can have: 128 for a 32 px model, else the number of photo crops."""
+    _, cfg = model_transform(model)
+    return len(cifar_test_sample()) if tuple(cfg["input_size"][-2:]) == (32, 32) else len(_photo_crops())
+
+
 def default_images(model: nn.Module, n: int | None = None) -> tuple[list[str], Tensor, list[np.ndarray]]:
     """The images the analyses use when none are given: for a model with 32 px input, the first ``n`` (default
-    all 128) of the shipped CIFAR-10 test sample, named ``class #i``; otherwise ``embedded_images(model, n or 16)``."""
+    all 128) of the shipped CIFAR-10 test sample, named ``class #i``; otherwise ``embedded_images(model, n)``
+    (default 16)."""
     _, cfg = model_transform(model)
     if tuple(cfg["input_size"][-2:]) != (32, 32):
-        return embedded_images(model, n or 16)
+        return embedded_images(model, 16 if n is None else n)
     data = cifar_test_sample()
     n = len(data) if n is None else n
     if not 1 <= n <= len(data):

@@ -31,10 +31,16 @@ def map_over_image_traces(image: np.ndarray, grid_map: np.ndarray, opacity: floa
             go.Heatmap(z=grid_map, x0=pw / 2 - 0.5, dx=pw, y0=ph / 2 - 0.5, dy=ph, opacity=opacity, **kw)]
 
 
+#: how ``image_grid_with_maps`` scales each map, for the titles of figures that draw with it
+MAP_SCALING = "each map divided by its own largest |value|"
+
+
 def image_grid_with_maps(images: Sequence[np.ndarray], maps: np.ndarray, titles: Sequence[str],
                          map_titles: Sequence[str], title: str = "") -> go.Figure:
-    """One row per image: the image, then each entry of ``maps`` drawn over it, each map scaled to its own maximum
-    (one shared colourbar: share of the map's maximum; hover shows the raw value).
+    """One row per image: the image, then each entry of ``maps`` drawn over it, each map divided by its own largest
+    absolute value (``MAP_SCALING``), so a map's values lie in [-1, 1], signs kept: 1 is its largest positive value
+    only when that is also its largest in magnitude (one shared colourbar from min(0, the lowest share) to 1; hover
+    shows the raw value).
 
     ``images``: (H, W, 3) uint8 each; ``maps``: (N_images, K, gh, gw).
     """
@@ -49,7 +55,8 @@ def image_grid_with_maps(images: Sequence[np.ndarray], maps: np.ndarray, titles:
         for j in range(k):
             for t in map_over_image_traces(images[i], scaled[i, j], zmin=zmin, zmax=1.0,
                                            showscale=i == 0 and j == 0, customdata=maps[i, j][..., None],
-                                           colorbar=dict(title=dict(text="share of<br>map max", side="right"),
+                                           colorbar=dict(title=dict(text="share of the<br>map's largest<br>|value|",
+                                                                    side="right"),
                                                          len=0.6),
                                            hovertemplate="raw value %{customdata[0]:.4g}<extra></extra>"):
                 fig.add_trace(t, row=i + 1, col=j + 2)

@@ -167,11 +167,17 @@ class AttentionExplorer:
             self.select_patch(int(r), int(c))
 
     def select_patch(self, row: int | None, col: int | None = None) -> None:
-        """Choose the query patch (``None`` for the readout) and redraw."""
+        """Choose the query patch at (``row``, ``col``), or the readout with ``row=None`` (and no ``col``), and redraw."""
         gh, gw = self.info.grid_size
         if row is None:
+            if col is not None:
+                raise ValueError(f"select_patch(None, {col}): a patch needs its row too; select_patch(None) chooses the "
+                                 "readout")
             self.query = None
         else:
+            if col is None:
+                raise ValueError(f"select_patch({row}) needs a column too: select_patch(row, col) with row in [0, {gh}) "
+                                 f"and col in [0, {gw}), or select_patch(None) for the readout")
             if not (0 <= row < gh and 0 <= col < gw):
                 raise ValueError(f"patch ({row}, {col}) is outside the {gh}x{gw} grid")
             self.query = row * gw + col

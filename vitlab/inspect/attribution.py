@@ -8,7 +8,8 @@
 * ``occlusion``: captum's FeatureAblation with one feature per patch (patch-aligned masks): the drop of
   the target logit when that patch is replaced by the baseline.
 
-All take ``target`` as (B,) class indices, or None for the model's own prediction. Models keep their
+All take ``target`` as (B,) class indices, one index for every image, or None for the model's own prediction;
+indices are checked (whole numbers in [0, num_classes)) before any map is computed. Models keep their
 parameters' ``requires_grad`` flags and gain no ``.grad``: gradients are taken with respect to the
 inputs and the captured maps only.
 """
@@ -20,13 +21,14 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import capture_attention
+from vitlab.capture import capture_attention, check_images
 from vitlab.info import ModelInfo, model_info
 from vitlab.inspect.rollout import attention_rollout, readout_vector
 from vitlab.modes import eval_mode, frozen_parameters
 
 __all__ = ["gradient_rollout", "integrated_gradients", "occlusion", "patch_mask", "ATTRIBUTION_METHODS",
-           "attribution", "attribution_method", "predicted_class", "has_classifier", "require_classifier"]
+           "attribution", "attribution_method", "predicted_class", "has_classifier", "require_classifier",
+           "target_classes"]
 
 
 def has_classifier(model: nn.Module) -> bool:
@@ -47,20 +49,54 @@ def require_classifier(model: nn.Module, what: str) -> None:
 def predicted_class(model: nn.Module, images: Tensor, batch_size: int = 64) -> Tensor:
     """(B,) argmax of the logits (eval mode)."""
     require_classifier(model, "a predicted class")
+    check_images(images)
     with eval_mode(model):
         return torch.cat([model(images[i:i + batch_size]).argmax(-1) for i in range(0, len(images), batch_size)])
 
 
-def _targets(model: nn.Module, images: Tensor, target: Tensor | int | None) -> Tensor:
+def _num_classes(model: nn.Module, images: Tensor) -> int:
+    """The width of the model's class scores: its ``num_classes`` (timm's), else one forward pass on an image."""
+    n = getattr(model, "num_classes", None)
+    if isinstance(n, int) and n > 0:
+        return n
+    with torch.no_grad(), eval_mode(model):
+        return int(model(images[:1]).shape[-1])
+
+
+def _entries(t: Tensor, bad: Tensor, limit: int = 5) -> str:
+    """``target 10`` or ``target[1] = 10, target[3] = -1``: the offending entries of ``t`` (at most ``limit``)."""
+    if t.dim() == 0:
+        return f"target {t.item():g}" if t.is_floating_point() else f"target {t.item()}"
+    idx = bad.nonzero().flatten().tolist()
+    fmt = (lambda v: f"{v:g}") if t.is_floating_point() else str
+    text = ", ".join(f"target[{i}] = {fmt(t[i].item())}" for i in idx[:limit])
+    return text + (f" and {len(idx) - limit} more" if len(idx) > limit else "")
+
+
+def target_classes(model: nn.Module, images: Tensor, target: Tensor | int | None, batch_size: int = 64) -> Tensor:
+    """(B,) int64 class indices on ``images``' device: ``target`` as one index for every image or one per image,
+    checked to be whole numbers in [0, num_classes); None: the model's prediction."""
     require_classifier(model, "a class-specific map")
     if target is None:
-        return predicted_class(model, images)
-    t = torch.as_tensor(target, dtype=torch.long, device=images.device)
-    t = t.expand(len(images)) if t.dim() == 0 else t
-    if t.shape != (len(images),):
+        return predicted_class(model, images, batch_size)
+    raw = torch.as_tensor(target).detach().cpu()
+    if raw.dtype == torch.bool or raw.is_complex():
+        raise ValueError(f"target must be class indices (integers), got a {raw.dtype} tensor")
+    if raw.is_floating_point():
+        bad = ~(torch.isfinite(raw) & (raw == raw.round()))
+        if bool(bad.any()):
+            raise ValueError(f"target must be whole class indices, got {_entries(raw, bad)}")
+    if raw.dim() != 0 and raw.shape != (len(images),):
         raise ValueError(f"target must be one class index or one per image ({len(images)}), got shape "
-                         f"{tuple(t.shape)}")
-    return t
+                         f"{tuple(raw.shape)}")
+    n = _num_classes(model, images)
+    bad = (raw < 0) | (raw >= n)
+    if bool(bad.any()):
+        raise ValueError(f"{_entries(raw, bad)}: not a class index of this model, which has {n} classes (valid: 0 "
+                         f"to {n - 1})")
+    t = raw.long()
+    t = t.expand(len(images)) if t.dim() == 0 else t
+    return t.to(images.device)
 
 
 def gradient_rollout(model: nn.Module, images: Tensor, target: Tensor | int | None = None,
@@ -70,10 +106,11 @@ def gradient_rollout(model: nn.Module, images: Tensor, target: Tensor | int | No
     Per layer l (from ``start_layer``): ``A_l = mean_heads(relu(grad_l * attn_l))`` with ``grad_l`` the
     gradient of the target logit with respect to that layer's attention; ``R <- R + A_l R`` from ``R = I``.
     """
+    check_images(images)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     if not 0 <= start_layer < info.depth:
         raise ValueError(f"start_layer must be in [0, {info.depth}), got {start_layer}")
-    t = _targets(model, images, target)
+    t = target_classes(model, images, target)
     x = images.detach().clone().requires_grad_(True)
     with frozen_parameters(model), torch.enable_grad(), capture_attention(model, keep_grad=True) as cap:
         logits = model(x)
@@ -117,8 +154,9 @@ def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int 
     """
     from captum.attr import IntegratedGradients
 
+    check_images(images)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
-    t = _targets(model, images, target)
+    t = target_classes(model, images, target)
     with eval_mode(model), frozen_parameters(model), torch.enable_grad():
         attr = IntegratedGradients(model).attribute(images, baselines=baseline, target=t, n_steps=steps,
                                                     internal_batch_size=internal_batch_size)
@@ -131,8 +169,9 @@ def occlusion(model: nn.Module, images: Tensor, target: Tensor | int | None = No
     """(B, gh, gw) drop of the target logit when each patch alone is replaced by ``baseline`` (captum)."""
     from captum.attr import FeatureAblation
 
+    check_images(images)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
-    t = _targets(model, images, target)
+    t = target_classes(model, images, target)
     mask = patch_mask(info, images.device)
     with eval_mode(model):
         attr = FeatureAblation(model).attribute(images, baselines=baseline, target=t, feature_mask=mask,

@@ -10,8 +10,9 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from vitlab.capture import check_images
 from vitlab.info import model_info
-from vitlab.inspect.attribution import ATTRIBUTION_METHODS, attribution_method, predicted_class, require_classifier
+from vitlab.inspect.attribution import ATTRIBUTION_METHODS, attribution_method, require_classifier, target_classes
 from vitlab.inspect.faithfulness import deletion_insertion, localisation, randomization_sanity
 
 __all__ = ["MethodScores", "compare_methods"]
@@ -33,18 +34,18 @@ class MethodScores:
     fraction: list[float] = field(default_factory=list, repr=False)  # x of the curves: share of patches changed
 
 
-def compare_methods(model: nn.Module, images: Tensor, target: Tensor | None = None, masks: Tensor | None = None,
+def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | None = None, masks: Tensor | None = None,
                     methods: Sequence[str] = tuple(ATTRIBUTION_METHODS), steps: int = 16, sanity: bool = True,
                     random_baseline: bool = True, seed: int = 0, progress: bool | None = None
                     ) -> tuple[list[MethodScores], dict[str, Tensor]]:
     """Scores per method (plus a random-map baseline) and the (B, gh, gw) maps, keyed by method.
 
-    ``target`` (B,) defaults to the model's predictions; ``masks`` (B, H, W) adds localisation scores.
+    ``target`` (B,) classes or one class for every image, default the model's predictions; ``masks`` (B, H, W) adds localisation scores.
     """
     fns = {m: attribution_method(m) for m in methods}  # every name checked before any work
     require_classifier(model, "compare_methods (its scores follow a class's probability)")
-    if target is None:
-        target = predicted_class(model, images)
+    check_images(images)
+    target = target_classes(model, images, target)  # checked once, the same (B,) classes for every method
     rows, maps = [], {}
     names = list(methods) + (["random map"] if random_baseline else [])
     for name in tqdm(names, desc="methods", disable=progress is False or (progress is None and len(names) < 3)):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import capture_attention
+from vitlab.capture import capture_attention, check_images
 from vitlab.info import model_info
 
 
@@ -63,6 +63,7 @@ def mean_attention_distance(model: nn.Module, images: Tensor, *, batch_size: int
     """
     from tqdm.auto import tqdm
 
+    check_images(images)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     chunks = images.split(batch_size)
     out = []

@@ -19,8 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitlab.capture import check_images
 from vitlab.info import model_info
-from vitlab.inspect.attribution import attribution_method, patch_mask, predicted_class, require_classifier
+from vitlab.inspect.attribution import (
+    attribution_method,
+    patch_mask,
+    predicted_class,
+    require_classifier,
+    target_classes,
+)
 from vitlab.inspect.rollout import attention_rollout
 from vitlab.modes import eval_mode
 from vitlab.stats import spearman
@@ -37,24 +44,24 @@ def _check_maps(maps: Tensor, images: Tensor, grid: tuple[int, int]) -> None:
 
 
 @torch.no_grad()
-def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: Tensor | None = None,
+def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: Tensor | int | None = None,
                        steps: int = 16, baseline: str | float = "blur", batch_size: int = 64) -> dict[str, Tensor]:
     """Deletion and insertion curves and AUCs for each image.
 
-    ``images`` (B, C, H, W) as the model takes them; ``maps`` (B, gh, gw); ``target`` (B,) classes (default:
-    the prediction). At step s of ``steps``, the top ``round(s / steps * N)`` patches of the map are replaced
+    ``images`` (B, C, H, W) as the model takes them; ``maps`` (B, gh, gw); ``target`` (B,) classes or one class
+    for every image (default: the prediction). At step s of ``steps``, the top ``round(s / steps * N)`` patches of the map are replaced
     by the baseline (deletion) or taken from the image into the baseline (insertion). ``baseline``:
     ``"blur"`` (a heavily blurred copy, as RISE uses for insertion) or a constant in input space (0 = the
     normalisation mean). Returns ``deletion``/``insertion`` (B,) AUCs in [0, 1] and the (B, steps + 1) curves.
     """
     require_classifier(model, "deletion and insertion (the probability of a class)")
+    check_images(images)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     _check_maps(maps, images, info.grid_size)
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     B, N = len(images), info.num_patches
-    if target is None:
-        target = predicted_class(model, images, batch_size)
+    target = target_classes(model, images, target, batch_size)
     if baseline == "blur":
         k = max(3, (min(images.shape[-2:]) // 4) | 1)
         base = _gaussian_blur(images, k, sigma=k / 3)
@@ -131,11 +138,12 @@ def randomized_copy(model: nn.Module, seed: int = 0) -> nn.Module:
 
 
 def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, images: Tensor,
-                         target: Tensor | None = None, seed: int = 0, original: Tensor | None = None) -> Tensor:
+                         target: Tensor | int | None = None, seed: int = 0, original: Tensor | None = None) -> Tensor:
     """(B,) Spearman correlation between ``method(model, images, target)`` and the same on a
     re-initialised copy of the model (same targets). Near 0: the map depends on the learned weights.
     ``method`` takes (model, images, target), as the values of ``ATTRIBUTION_METHODS`` do (or give its name there,
     e.g. ``"rollout"``); ``original``: the map on ``model`` when already computed."""
+    check_images(images)
     if method is attention_rollout:  # its third argument is head_fusion, not a target: the wrapper takes one
         method = "rollout"
     if isinstance(method, str):

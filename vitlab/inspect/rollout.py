@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import HEAD_FUSIONS, capture_attention, find_attention_modules, fuse_heads
+from vitlab.capture import HEAD_FUSIONS, capture_attention, check_images, find_attention_modules, fuse_heads
 from vitlab.info import model_info
 
 
@@ -147,6 +147,7 @@ def attention_rollout(model: nn.Module, images: Tensor, head_fusion: Literal["me
     fused inside the capture and the joint attention is accumulated layer by layer during the forward pass
     (``JointRollout``), so peak memory is one (B, T, T) product, not one map per layer.
     """
+    check_images(images)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     depth = len(find_attention_modules(model))
     _check_settings(depth, discard_ratio, residual, start_layer, head_fusion)

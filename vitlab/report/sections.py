@@ -33,6 +33,7 @@ from vitlab.inspect.attribution import has_classifier
 from vitlab.inspect.compare import compare_methods
 from vitlab.inspect.rollout import attention_rollout
 from vitlab.plots import (
+    MAP_SCALING,
     curves,
     filter_grid,
     image_grid_with_maps,
@@ -252,7 +253,7 @@ def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | N
     grid = Section(
         "rollout", "Attention rollout and class-specific maps (Fig. 6 and 14)",
         image_grid_with_maps(inp.shown[:n], show.numpy(), map_titles(inp, pred, n), list(ATTRIBUTION_METHODS),
-                             title="Maps for the predicted class<br><sup>each map scaled to its own maximum</sup>"),
+                             title=f"Maps for the predicted class<br><sup>{MAP_SCALING}</sup>"),
         "Fig. 6 / Fig. 14 (ViT-L/16): attention rollout of the output token onto the input space concentrates on "
         "the regions semantically relevant for classification.",
         "Rollout (head mean, residual 0.5, no discard) beside gradient rollout, integrated gradients and patch "
@@ -288,7 +289,7 @@ def rollout_only(inp: Inputs, pred: dict[str, Any]) -> Section:
     return Section(
         "rollout", "Attention rollout (Fig. 6 and 14)",
         image_grid_with_maps(inp.shown[:n], roll[:, None].numpy(), map_titles(inp, pred, n), ["rollout"],
-                             title="Attention rollout<br><sup>each map scaled to its own maximum</sup>"),
+                             title=f"Attention rollout<br><sup>{MAP_SCALING}</sup>"),
         "Fig. 6 / Fig. 14 (ViT-L/16): attention rollout of the output token onto the input space concentrates on "
         "the regions semantically relevant for classification.",
         "Rollout (head mean, residual 0.5, no discard) only: this model has no classifier head (its output is its "
@@ -319,7 +320,7 @@ def readout_and_entropy(inp: Inputs, pred: dict[str, Any]) -> list[Section]:
         Section("readout_attention", "Raw attention of the readout (for comparison with rollout)",
                 image_grid_with_maps(inp.shown[:n], readout.numpy(), map_titles(inp, pred, n),
                                      [f"layer {i + 1}" for i in layers],
-                                     title="Readout attention over the patches (head mean)"),
+                                     title=f"Readout attention over the patches (head mean)<br><sup>{MAP_SCALING}</sup>"),
                 "(raw attention, for comparison with rollout)", "Raw attention of the readout in a few layers.",
                 inp.stamp(head_fusion="mean", layers=[i + 1 for i in layers])),
         Section("entropy", "Attention entropy per head against depth (our addition)",
