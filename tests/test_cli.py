@@ -130,8 +130,9 @@ def test_capture_takes_every_image_of_a_folder_unless_told(tmp_path, checkpoint,
                                          "out"):
         assert main([*base, "--num-images", "5"]) == 0
     assert load_file(str(f))["attention"].shape[1] == 5
-    assert main([*base, "--num-images", "0"]) == 1
-    assert "--num-images must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main([*base, "--num-images", "0"])
+    assert e.value.code == 2 and "argument --num-images: expected at least 1, got 0" in capsys.readouterr().err
 
 
 def test_queries_prefix_help_says_it_keeps_the_prefix_token_rows(capsys):
@@ -380,8 +381,9 @@ def test_app_checks_the_model_and_the_image_count_before_starting_voila(tmp_path
     assert main(["app", "--model", str(checkpoint), "--num-images", "129"]) == 1
     err = capsys.readouterr().err
     assert "--num-images 129" in err and "at most 128" in err
-    assert main(["app", "--model", str(checkpoint), "--num-images", "0"]) == 1
-    assert "--num-images must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # refused when the arguments are parsed
+        main(["app", "--model", str(checkpoint), "--num-images", "0"])
+    assert "argument --num-images: expected at least 1, got 0" in capsys.readouterr().err
     assert not started
     assert main(["app", "--model", str(checkpoint), "--num-images", "128", "--port", "9999"]) == 0
     assert started == [(str(checkpoint), {"port": 9999, "open_browser": False, "num_images": 128})]

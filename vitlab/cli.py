@@ -480,8 +480,6 @@ def cmd_capture(args: argparse.Namespace) -> int:
     if Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} is a folder; give a file name such as "
                          f"{Path(args.out) / 'attention.safetensors'}")
-    if args.num_images is not None and args.num_images < 1:
-        raise ValueError(f"--num-images must be at least 1, got {args.num_images}")
     from vitlab.devices import resolve_device
 
     dev = resolve_device(args.device)
