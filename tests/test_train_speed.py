@@ -38,3 +38,22 @@ def test_the_preset_trains_its_first_third_at_24_px_and_keeps_the_share_under_ot
     row = schedule_average("vit_cifar10", cfg, FULL, SMALL, 1.0e12)
     assert row["images_per_second"] == pytest.approx(75 / (25 / 900 + 50 / 600))
     assert "75 epochs, the first 25 at 24 px" in row["preset"]
+
+
+def test_compile_ab_alternates_the_order_and_compares_the_mean_rates_per_size():
+    from benchmarks.compile_ab import order, summarise
+
+    assert order(2) == [True, False, False, True] and order(1) == [True, False]
+
+    def row(size, compiled, ips, first):
+        return {"size": size, "compiled": compiled, "images_per_second": ips, "first_epoch_images_per_second": first}
+
+    rows = [row(32, True, 90.0, 20.0), row(32, False, 92.0, 80.0), row(32, False, 96.0, 90.0), row(32, True, 100.0,
+            100.0), row(24, True, 150.0, 140.0), row(24, False, 130.0, 125.0)]
+    s = summarise(rows)
+    assert list(s) == ["24 px", "32 px"]
+    assert s["32 px"]["ratio"] == pytest.approx(95.0 / 94.0) and s["32 px"]["runs"] == 4
+    assert s["32 px"]["first_epoch_compiled"] == pytest.approx(60.0)
+    assert s["24 px"]["ratio"] == pytest.approx(150 / 130)
+    # where inductor could not compile, every row ran eagerly: no ratio is made up
+    assert summarise([row(32, False, 90.0, 90.0), row(32, False, 91.0, 91.0)]) == {}

@@ -250,6 +250,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
     fte = extract_features(model, test, batch_size=args.batch_size, progress=progress)
     res = few_shot_accuracy(ftr, train.labels, fte, test.labels, shots=args.shots, seeds=range(args.seeds),
                             l2=args.l2)
+    if args.full and progress:  # scikit-learn's lbfgs shows nothing while it fits (minutes on CIFAR-10's 50,000)
+        print(f"fitting a logistic regression on {len(train):,} x {ftr.shape[1]} training features (--full) ...",
+              file=sys.stderr, flush=True)
     full = linear_probe_accuracy(ftr, train.labels, fte, test.labels) if args.full else None
     print(f"{args.model or 'embedded default'} on {args.data}: {len(train)} train / {len(test)} test images, "
           f"{ftr.shape[1]}-d features, l2 = {args.l2:g}, {args.seeds} seeds")
