@@ -203,7 +203,8 @@ def test_probe_command(tmp_path, checkpoint, capsys):
     (["sweep", "--workers", "-2"], "--workers", "0 or more, got -2"),
     (["sweep", "--shots", "0"], "--shots", "at least 1, got 0"),
     (["app", "--num-images", "0"], "--num-images", "at least 1, got 0"),
-    (["app", "--port", "-1"], "--port", "at least 1, got -1"),
+    (["app", "--port", "-1"], "--port", "a port from 1 to 65535, got -1"),
+    (["app", "--port", "70000"], "--port", "a port from 1 to 65535, got 70000"),
     (["reproduce", "--num-images", "-4"], "--num-images", "at least 1, got -4"),
 ])
 def test_counts_that_cannot_be_zero_or_negative_are_refused_naming_the_flag(args, flag, bound, capsys):

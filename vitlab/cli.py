@@ -43,6 +43,14 @@ def positive_int(text: str) -> int:
     return _whole_number(text, 1, "at least 1")
 
 
+def tcp_port(text: str) -> int:
+    """argparse ``type`` of a TCP port: 1 to 65535."""
+    port = _whole_number(text, 1, "a port from 1 to 65535")
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {port}")
+    return port
+
+
 def non_negative_int(text: str) -> int:
     """argparse ``type`` of a count where 0 has a meaning (``--workers 0``: in this process) but no negative does."""
     return _whole_number(text, 0, "0 or more")
@@ -644,7 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("app", help="serve the attention explorer as a standalone page (Voila)")
     sp.add_argument("--model", help="timm model name or vitlab checkpoint (default: the embedded default)")
-    sp.add_argument("--port", type=positive_int, default=8866)
+    sp.add_argument("--port", type=tcp_port, default=8866)
     sp.add_argument("--num-images", type=positive_int, default=8, help="embedded images to offer (default 8; at most "
                     "128 CIFAR-10 test images for 32 px models, 38 photo crops otherwise)")
     sp.add_argument("--open", action="store_true", help="open a browser")
