@@ -310,6 +310,15 @@ def test_verdicts_pair_by_seed_and_need_both_initialisations():
     assert len(study_verdicts([r for r in recs if r["init"] != "supervised"], shots=10)) == 2
 
 
+def test_verdicts_refuse_records_of_two_studies_rather_than_report_nothing():
+    """Only rows not finished yet are left out: records of two studies mixed are an error, never an empty list."""
+    mixed = hand_made(mpp_few=[0.5, 0.5, 0.5], mpp_fine=[0.5, 0.5, 0.5]) + \
+        [finetune_record("mpp", 0, 0.5, study="other")]
+    with pytest.raises(ValueError, match="records of 2 studies"):
+        study_verdicts(mixed, shots=10)
+    assert study_verdicts([], shots=10) == []  # nothing finished yet: nothing to say
+
+
 def test_each_readout_has_its_table_and_verdicts():
     """MPP never trains the class token: the patch-mean readout gets its own table and its own verdicts, and rows
     without it (older records) are left out of them rather than misread."""
