@@ -208,3 +208,35 @@ def test_a_run_without_train_seconds_and_a_goal_given_in_percent(tmp_path, two_c
     assert card["train_seconds"] is None
     assert "* Training wall time: not recorded (the run's checkpoint has no train_seconds) on " in \
         (tmp_path / "out" / "MODEL_CARD.md").read_text()
+
+
+def _shapes_subsets(n_train: int = 64, n_test: int = 64):
+    """The first images of the shapes splits, as a study's run trains and tests on them (train: class-balanced)."""
+    from vitlab.data import load_shapes, nested_subsets
+
+    train_data, test_data = load_shapes("train"), load_shapes("test")
+    return (train_data.subset(nested_subsets(train_data.labels, [n_train], seed=0)[0]),
+            test_data.subset(list(range(n_test))))
+
+
+def test_the_card_names_the_split_it_measured_not_the_runs_test_images(tmp_path, monkeypatch):
+    """A run tested on 64 images of the shapes test split (as the MPP study's runs are) is measured on export on the
+    whole split: the card says so, with the split's own name, and its accuracy is that of the whole split."""
+    from vitlab.data import load_shapes
+    from vitlab.export import timm_pipeline_accuracy
+    from vitlab.models import load_model
+
+    monkeypatch.chdir(tmp_path)
+    train_data, test_data = _shapes_subsets()
+    assert test_data.source == "shapes:test:seed1[subset 64]"
+    train(dataclasses.replace(PRESETS["tiny"], data="shapes", epochs=1, bf16=False), tmp_path / "run", progress=False,
+          train_data=train_data, test_data=test_data)
+    card = _export(tmp_path / "run", tmp_path / "out")
+    whole = load_shapes("test")
+    assert card["test_accuracy"] == timm_pipeline_accuracy(load_model(str(tmp_path / "out")), whole)
+    text = (tmp_path / "out" / "MODEL_CARD.md").read_text()
+    lead = " ".join(text.split("\n* Training time")[0].split())
+    assert "on all 2,000 images of the shapes:test:seed1 split" in lead and "[subset 64]" not in lead
+    assert card["test_split"] == whole.source == "shapes:test:seed1" and card["test_images"] == len(whole) == 2000
+    assert card["data"]["test"] == "shapes:test:seed1[subset 64]"  # what the run itself was tested on, kept apart
+

@@ -177,6 +177,8 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "hardware": hardware or _hardware(meta.get("environment") or {}, precision),
         "data": meta.get("data"),
         "test_accuracy": acc,
+        "test_split": test.source,  # what the shipped model's numbers were measured on (all of it)
+        "test_images": len(test),
         "test_accuracy_tta": acc_tta,
         "tta_level": tta if acc_tta is not None else 0,
         "train_hours": round(run_hours(history), 3),
@@ -468,7 +470,7 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
                        "in all**")
     teacher_line = (f"; distilled ({f['distill']} targets) from the teacher `{f['teacher']}`" if f.get("teacher")
                     else "")
-    test_split = f['data']['test'] if f.get('data') else 'test'
+    test_split = f["test_split"]  # the split measured on export, not the run's own test images (``Data`` below)
     wall = (f"{f['train_seconds']:.0f} s" if f.get("train_seconds") is not None
             else "not recorded (the run's checkpoint has no train_seconds)")
     if f.get("objective") == "mpp":
@@ -490,8 +492,8 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
   {f['training_precision']}, on {f['curve_images']}."""
     else:
         title = f"{train_cfg['model']['kind']} trained on {train_cfg['data']}"
-        lead = f"""* **Test accuracy: {f['test_accuracy']:.2%}** on the {test_split} split
-  ({f['dtype']} weights as shipped, through `timm.data.resolve_data_config({{}}, model=model)` and
+        lead = f"""* **Test accuracy: {f['test_accuracy']:.2%}** on all {f['test_images']:,} images of the {test_split}
+  split ({f['dtype']} weights as shipped, through `timm.data.resolve_data_config({{}}, model=model)` and
   `timm.data.create_transform(**cfg)`).{lines_below}"""
     lineage = _lineage_section(f.get("lineage") or [])
     return f"""# Model card: {title}
