@@ -240,3 +240,24 @@ def test_the_card_names_the_split_it_measured_not_the_runs_test_images(tmp_path,
     assert card["test_split"] == whole.source == "shapes:test:seed1" and card["test_images"] == len(whole) == 2000
     assert card["data"]["test"] == "shapes:test:seed1[subset 64]"  # what the run itself was tested on, kept apart
 
+
+def test_a_run_with_a_qualified_data_label_exports(tmp_path, monkeypatch):
+    """The MPP study's runs name their data "shapes[n=256]" (the data set and the part of it used): export loads the
+    shapes test split, and the card measures and names it."""
+    from vitlab.data import base_dataset
+
+    monkeypatch.chdir(tmp_path)
+    assert base_dataset("shapes[n=256]") == "shapes" and base_dataset("cifar10[500 per class, seed 0]") == "cifar10"
+    assert base_dataset("shapes") == "shapes" and base_dataset("cifar10:/data/c10[n=5]") == "cifar10:/data/c10"
+    (tmp_path / "odd[1]").mkdir()
+    assert base_dataset("odd[1]") == "odd[1]"  # a folder whose name ends in brackets is its own name
+    train_data, test_data = _shapes_subsets()
+    cfg = dataclasses.replace(PRESETS["mpp_cifar10"], model=PRESETS["tiny"].model, data="shapes[n=64]", epochs=1,
+                              batch_size=16, warmup_epochs=0.5, bf16=False)
+    train(cfg, tmp_path / "run", progress=False, train_data=train_data, test_data=test_data)
+    card = _export(tmp_path / "run", tmp_path / "out")
+    assert card["objective"] == "mpp" and card["mpp_test_images"] == 2000 and card["test_split"] == "shapes:test:seed1"
+    text = (tmp_path / "out" / "MODEL_CARD.md").read_text()
+    assert "masked patch prediction on shapes[n=64]" in text
+    assert "on all 2,000 images of the shapes:test:seed1 split" in " ".join(text.split())
+

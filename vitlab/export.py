@@ -30,7 +30,7 @@ from vitlab.checkpoint import (
     resolve_folder,
     save_checkpoint,
 )
-from vitlab.data import ImageArray, load_dataset
+from vitlab.data import ImageArray, base_dataset, load_dataset
 from vitlab.provenance import cpu_model, usable_cores, versions
 
 CARD_NAME = "MODEL_CARD.md"
@@ -126,7 +126,8 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
         modules = {"objective": head}
     else:
         model = load_checkpoint(ck)
-    test = load_dataset(meta["train"]["data"], "test")
+    # the data set's whole test split; a qualified label (an MPP study's "shapes[n=256]") names the same data set
+    test = load_dataset(base_dataset(meta["train"]["data"]), "test")
     out = Path(out)
     check_replaceable(out)  # before the work: a folder that is not a checkpoint is never replaced
     out.parent.mkdir(parents=True, exist_ok=True)
