@@ -261,3 +261,34 @@ def test_a_run_with_a_qualified_data_label_exports(tmp_path, monkeypatch):
     assert "masked patch prediction on shapes[n=64]" in text
     assert "on all 2,000 images of the shapes:test:seed1 split" in " ".join(text.split())
 
+
+def test_an_export_after_a_kill_between_checkpoint_and_metrics_line_keeps_the_last_epoch(tmp_path, two_class_folder,
+                                                                                        monkeypatch):
+    """An epoch's checkpoint is written before its metrics line: exported after a kill between the two, the card
+    still shows every epoch (table, curve, hours), from the checkpoint's own record, and the run folder is left
+    as it was; lines are matched to epochs by number, not counted from the end."""
+    from vitlab.export import read_history, run_history
+
+    monkeypatch.chdir(tmp_path)
+    train(dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=2, bf16=False), tmp_path / "run",
+          progress=False)
+    whole = _export(tmp_path / "run", tmp_path / "whole")
+    rows = [line for line in (tmp_path / "whole" / "MODEL_CARD.md").read_text().splitlines() if line[:4] in ("| 1 ", "| 2 ")]
+    assert len(rows) == 2
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text(lines[0])  # killed after the epoch-2 checkpoint, before its line
+    killed = _export(tmp_path / "run", tmp_path / "killed")
+    text = (tmp_path / "killed" / "MODEL_CARD.md").read_text()
+    assert [line for line in text.splitlines() if line[:4] in ("| 1 ", "| 2 ")] == rows
+    assert killed["train_hours"] == whole["train_hours"] and killed["epochs_done"] == 2
+    assert metrics.read_text() == lines[0]  # export repairs nothing in the run folder
+    meta = json.loads((tmp_path / "run" / "checkpoint" / "config.json").read_text())
+    first, second = (json.loads(x) for x in lines)
+    assert run_history(tmp_path / "run", meta) == [first, second]
+    metrics.write_text(lines[0] + lines[0])  # a line repeated (an older resume): still one record per epoch
+    assert run_history(tmp_path / "run", meta) == [first, second] and len(read_history(tmp_path / "run")) == 2
+    metrics.write_text(lines[0] + lines[1] + json.dumps({**second, "epoch": 3}) + "\n")  # past the checkpoint
+    assert run_history(tmp_path / "run", meta) == [first, second]
+    metrics.unlink()  # killed before the first line was ever written
+    assert run_history(tmp_path / "run", {**meta, "epoch": 1, "metrics": first}) == [first]

@@ -149,7 +149,7 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
                           modules: dict | None) -> dict:
     """Measure the checkpoint written to ``tmp_out`` and write its card, card.json and learning curve there; the
     card names ``out``, where the folder will live."""
-    history = read_history(run)[-meta["epoch"]:]  # an interrupted epoch may have left no line; a restarted run, extra ones
+    history = run_history(run, meta)
     tta = train_cfg.get("eval_tta") or 0
     acc = acc_tta = mpp_test = None
     distillation: dict = {}
@@ -287,6 +287,24 @@ def read_history(run: Path) -> list[dict]:
             raise ValueError(f"{path}, line {i + 1}: not a JSON record ({e}): {line[:60]!r}. Remove or repair that "
                              "line") from None
     return records
+
+
+def run_history(run: Path, meta: dict) -> list[dict]:
+    """The epoch records of the checkpoint whose ``config.json`` is ``meta``, one per epoch up to its epoch, in
+    epoch order: the latest line of each epoch in ``metrics.jsonl`` (``read_history``), and the checkpoint's own
+    record of its epoch (``meta["metrics"]``), which an epoch's checkpoint is written with before its line is
+    appended: a run killed between the two (or during the append) keeps its last epoch, as
+    ``vitlab.train.settle_history`` restores it on resume, here without writing to the run folder. Lines of epochs
+    past the checkpoint's are left out."""
+    epoch = int(meta["epoch"])
+    by_epoch: dict[int, dict] = {}
+    for h in read_history(run) if (run / "metrics.jsonl").is_file() else []:
+        if isinstance(h, dict) and isinstance(h.get("epoch"), int) and 1 <= h["epoch"] <= epoch:
+            by_epoch[h["epoch"]] = h  # the latest line of an epoch wins
+    own = meta.get("metrics")
+    if isinstance(own, dict) and own.get("epoch") == epoch:
+        by_epoch[epoch] = own
+    return [by_epoch[e] for e in sorted(by_epoch)]
 
 
 def run_hours(history: Sequence[dict]) -> float:
