@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -365,3 +366,25 @@ def test_a_study_without_caps_pre_trains_on_every_image():
     assert sorted(k for k in capped.pretrain if k) == [128, 256]
     assert set(capped.pretrain[128].images.flatten(1).sum(1).tolist()) <= \
         set(capped.pretrain[256].images.flatten(1).sum(1).tolist())  # nested
+
+
+def test_ablation_rates_are_named_exactly_and_read_back_as_asked():
+    """A rate that ``:g`` rounds (0.1234567 -> 0.123457) is named exactly, so two close rates are two rows and each
+    pre-trains at the rate asked; repeated rows are refused; the shipped store's ids stay as they were."""
+    study = dataclasses.replace(SMOKE, ablations=(("color3", 0.1234567), ("color3", 0.12345671), ("color3", 1.0)))
+    study.validate()
+    inits = [row.init for row in study_rows(study) if row.init.startswith("ablation:")]
+    assert inits == ["ablation:color3@0.1234567", "ablation:color3@0.12345671", "ablation:color3@1"]
+    assert [pretrain_run_config(study, i).mpp_rate for i in inits] == [0.1234567, 0.12345671, 1.0]
+    for twice in [dataclasses.replace(SMOKE, ablations=(("l2", 0.5), ("color3", 0.15), ("l2", 0.5))),
+                  dataclasses.replace(SMOKE, seeds=(0, 1, 0))]:
+        with pytest.raises(ValueError, match="would share one id"):
+            twice.validate()
+    # the shipped CIFAR-10 store: its rows' ids are those the study gives them now
+    store = Path(__file__).resolve().parents[1] / "data" / "results" / "mpp_cifar10.jsonl"
+    stored = [json.loads(line) for line in store.read_text().splitlines()]
+    assert {r["row_id"] for r in stored} == {row.row_id for row in study_rows(STUDIES["cifar10"])}
+    ablations = {r["init"]: r["spec"]["init"]["pretrain"] for r in stored if r["init"].startswith("ablation:")}
+    assert len(ablations) == 4
+    for init, p in ablations.items():  # each stored rate names its row as it did, and is read back as stored
+        assert pretrain_run_config(STUDIES["cifar10"], init).mpp_rate == p["mpp_rate"]
