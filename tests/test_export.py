@@ -208,3 +208,87 @@ def test_a_run_without_train_seconds_and_a_goal_given_in_percent(tmp_path, two_c
     assert card["train_seconds"] is None
     assert "* Training wall time: not recorded (the run's checkpoint has no train_seconds) on " in \
         (tmp_path / "out" / "MODEL_CARD.md").read_text()
+
+
+def _shapes_subsets(n_train: int = 64, n_test: int = 64):
+    """The first images of the shapes splits, as a study's run trains and tests on them (train: class-balanced)."""
+    from vitlab.data import load_shapes, nested_subsets
+
+    train_data, test_data = load_shapes("train"), load_shapes("test")
+    return (train_data.subset(nested_subsets(train_data.labels, [n_train], seed=0)[0]),
+            test_data.subset(list(range(n_test))))
+
+
+def test_the_card_names_the_split_it_measured_not_the_runs_test_images(tmp_path, monkeypatch):
+    """A run tested on 64 images of the shapes test split (as the MPP study's runs are) is measured on export on the
+    whole split: the card says so, with the split's own name, and its accuracy is that of the whole split."""
+    from vitlab.data import load_shapes
+    from vitlab.export import timm_pipeline_accuracy
+    from vitlab.models import load_model
+
+    monkeypatch.chdir(tmp_path)
+    train_data, test_data = _shapes_subsets()
+    assert test_data.source == "shapes:test:seed1[subset 64]"
+    train(dataclasses.replace(PRESETS["tiny"], data="shapes", epochs=1, bf16=False), tmp_path / "run", progress=False,
+          train_data=train_data, test_data=test_data)
+    card = _export(tmp_path / "run", tmp_path / "out")
+    whole = load_shapes("test")
+    assert card["test_accuracy"] == timm_pipeline_accuracy(load_model(str(tmp_path / "out")), whole)
+    text = (tmp_path / "out" / "MODEL_CARD.md").read_text()
+    lead = " ".join(text.split("\n* Training time")[0].split())
+    assert "on all 2,000 images of the shapes:test:seed1 split" in lead and "[subset 64]" not in lead
+    assert card["test_split"] == whole.source == "shapes:test:seed1" and card["test_images"] == len(whole) == 2000
+    assert card["data"]["test"] == "shapes:test:seed1[subset 64]"  # what the run itself was tested on, kept apart
+
+
+def test_a_run_with_a_qualified_data_label_exports(tmp_path, monkeypatch):
+    """The MPP study's runs name their data "shapes[n=256]" (the data set and the part of it used): export loads the
+    shapes test split, and the card measures and names it."""
+    from vitlab.data import base_dataset
+
+    monkeypatch.chdir(tmp_path)
+    assert base_dataset("shapes[n=256]") == "shapes" and base_dataset("cifar10[500 per class, seed 0]") == "cifar10"
+    assert base_dataset("shapes") == "shapes" and base_dataset("cifar10:/data/c10[n=5]") == "cifar10:/data/c10"
+    (tmp_path / "odd[1]").mkdir()
+    assert base_dataset("odd[1]") == "odd[1]"  # a folder whose name ends in brackets is its own name
+    train_data, test_data = _shapes_subsets()
+    cfg = dataclasses.replace(PRESETS["mpp_cifar10"], model=PRESETS["tiny"].model, data="shapes[n=64]", epochs=1,
+                              batch_size=16, warmup_epochs=0.5, bf16=False)
+    train(cfg, tmp_path / "run", progress=False, train_data=train_data, test_data=test_data)
+    card = _export(tmp_path / "run", tmp_path / "out")
+    assert card["objective"] == "mpp" and card["mpp_test_images"] == 2000 and card["test_split"] == "shapes:test:seed1"
+    text = (tmp_path / "out" / "MODEL_CARD.md").read_text()
+    assert "masked patch prediction on shapes[n=64]" in text
+    assert "on all 2,000 images of the shapes:test:seed1 split" in " ".join(text.split())
+
+
+def test_an_export_after_a_kill_between_checkpoint_and_metrics_line_keeps_the_last_epoch(tmp_path, two_class_folder,
+                                                                                        monkeypatch):
+    """An epoch's checkpoint is written before its metrics line: exported after a kill between the two, the card
+    still shows every epoch (table, curve, hours), from the checkpoint's own record, and the run folder is left
+    as it was; lines are matched to epochs by number, not counted from the end."""
+    from vitlab.export import read_history, run_history
+
+    monkeypatch.chdir(tmp_path)
+    train(dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=2, bf16=False), tmp_path / "run",
+          progress=False)
+    whole = _export(tmp_path / "run", tmp_path / "whole")
+    rows = [line for line in (tmp_path / "whole" / "MODEL_CARD.md").read_text().splitlines() if line[:4] in ("| 1 ", "| 2 ")]
+    assert len(rows) == 2
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text(lines[0])  # killed after the epoch-2 checkpoint, before its line
+    killed = _export(tmp_path / "run", tmp_path / "killed")
+    text = (tmp_path / "killed" / "MODEL_CARD.md").read_text()
+    assert [line for line in text.splitlines() if line[:4] in ("| 1 ", "| 2 ")] == rows
+    assert killed["train_hours"] == whole["train_hours"] and killed["epochs_done"] == 2
+    assert metrics.read_text() == lines[0]  # export repairs nothing in the run folder
+    meta = json.loads((tmp_path / "run" / "checkpoint" / "config.json").read_text())
+    first, second = (json.loads(x) for x in lines)
+    assert run_history(tmp_path / "run", meta) == [first, second]
+    metrics.write_text(lines[0] + lines[0])  # a line repeated (an older resume): still one record per epoch
+    assert run_history(tmp_path / "run", meta) == [first, second] and len(read_history(tmp_path / "run")) == 2
+    metrics.write_text(lines[0] + lines[1] + json.dumps({**second, "epoch": 3}) + "\n")  # past the checkpoint
+    assert run_history(tmp_path / "run", meta) == [first, second]
+    metrics.unlink()  # killed before the first line was ever written
+    assert run_history(tmp_path / "run", {**meta, "epoch": 1, "metrics": first}) == [first]

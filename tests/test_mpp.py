@@ -223,6 +223,29 @@ def test_load_mpp_names_what_is_missing(tmp_path):
         load_mpp(folder)
 
 
+def test_load_mpp_reports_a_head_that_does_not_fit_as_a_damaged_checkpoint(tmp_path):
+    """A prediction head that does not fit the checkpoint's config (another target's, from another save) or cannot
+    be read is a ModelLoadError naming the file and what is wrong, as load_checkpoint reports its weights."""
+    from vitlab.checkpoint import save_checkpoint
+    from vitlab.errors import ModelLoadError
+    from vitlab.mpp import OBJECTIVE_NAME, load_mpp
+
+    model = vitlab.build_model(TINY)
+    train_cfg = {"objective": "mpp", "mpp_target": "color3", "mpp_rate": 0.5}
+    right = MaskedPatchPrediction.for_model(model, "color3", 0.5)
+    wrong = MaskedPatchPrediction.for_model(model, "patch4x4", 0.5)  # another target: another output size
+    folder = save_checkpoint(model, tmp_path / "mpp", extra={"train": train_cfg}, modules={"objective": wrong})
+    with pytest.raises(ModelLoadError, match=rf"{OBJECTIVE_NAME} does not match .*head\.1\.weight: file"):
+        load_mpp(folder)
+    (folder / OBJECTIVE_NAME).write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelLoadError, match=rf"{OBJECTIVE_NAME} could not be read"):
+        load_mpp(folder)
+    folder = save_checkpoint(model, tmp_path / "fits", extra={"train": train_cfg}, modules={"objective": right})
+    _, objective = load_mpp(folder)
+    for k, v in right.state_dict().items():
+        torch.testing.assert_close(objective.state_dict()[k], v, rtol=0, atol=0, msg=k)
+
+
 def test_evaluate_mpp_spreads_its_images_over_a_class_ordered_split():
     from vitlab.data import ImageArray
     from vitlab.train import evaluate_mpp

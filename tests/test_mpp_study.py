@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -310,6 +311,15 @@ def test_verdicts_pair_by_seed_and_need_both_initialisations():
     assert len(study_verdicts([r for r in recs if r["init"] != "supervised"], shots=10)) == 2
 
 
+def test_verdicts_refuse_records_of_two_studies_rather_than_report_nothing():
+    """Only rows not finished yet are left out: records of two studies mixed are an error, never an empty list."""
+    mixed = hand_made(mpp_few=[0.5, 0.5, 0.5], mpp_fine=[0.5, 0.5, 0.5]) + \
+        [finetune_record("mpp", 0, 0.5, study="other")]
+    with pytest.raises(ValueError, match="records of 2 studies"):
+        study_verdicts(mixed, shots=10)
+    assert study_verdicts([], shots=10) == []  # nothing finished yet: nothing to say
+
+
 def test_each_readout_has_its_table_and_verdicts():
     """MPP never trains the class token: the patch-mean readout gets its own table and its own verdicts, and rows
     without it (older records) are left out of them rather than misread."""
@@ -356,3 +366,25 @@ def test_a_study_without_caps_pre_trains_on_every_image():
     assert sorted(k for k in capped.pretrain if k) == [128, 256]
     assert set(capped.pretrain[128].images.flatten(1).sum(1).tolist()) <= \
         set(capped.pretrain[256].images.flatten(1).sum(1).tolist())  # nested
+
+
+def test_ablation_rates_are_named_exactly_and_read_back_as_asked():
+    """A rate that ``:g`` rounds (0.1234567 -> 0.123457) is named exactly, so two close rates are two rows and each
+    pre-trains at the rate asked; repeated rows are refused; the shipped store's ids stay as they were."""
+    study = dataclasses.replace(SMOKE, ablations=(("color3", 0.1234567), ("color3", 0.12345671), ("color3", 1.0)))
+    study.validate()
+    inits = [row.init for row in study_rows(study) if row.init.startswith("ablation:")]
+    assert inits == ["ablation:color3@0.1234567", "ablation:color3@0.12345671", "ablation:color3@1"]
+    assert [pretrain_run_config(study, i).mpp_rate for i in inits] == [0.1234567, 0.12345671, 1.0]
+    for twice in [dataclasses.replace(SMOKE, ablations=(("l2", 0.5), ("color3", 0.15), ("l2", 0.5))),
+                  dataclasses.replace(SMOKE, seeds=(0, 1, 0))]:
+        with pytest.raises(ValueError, match="would share one id"):
+            twice.validate()
+    # the shipped CIFAR-10 store: its rows' ids are those the study gives them now
+    store = Path(__file__).resolve().parents[1] / "data" / "results" / "mpp_cifar10.jsonl"
+    stored = [json.loads(line) for line in store.read_text().splitlines()]
+    assert {r["row_id"] for r in stored} == {row.row_id for row in study_rows(STUDIES["cifar10"])}
+    ablations = {r["init"]: r["spec"]["init"]["pretrain"] for r in stored if r["init"].startswith("ablation:")}
+    assert len(ablations) == 4
+    for init, p in ablations.items():  # each stored rate names its row as it did, and is read back as stored
+        assert pretrain_run_config(STUDIES["cifar10"], init).mpp_rate == p["mpp_rate"]

@@ -21,7 +21,8 @@ from vitlab.errors import ModelLoadError
 from vitlab.provenance import versions
 from vitlab.zoo import ModelConfig, build_model, config_from_dict, config_to_dict
 
-__all__ = ["save_checkpoint", "load_checkpoint", "model_card", "save_run_checkpoint", "load_run_state", "CONFIG_NAME", "WEIGHTS_NAME"]
+__all__ = ["save_checkpoint", "load_checkpoint", "load_module_weights", "model_card", "save_run_checkpoint",
+           "load_run_state", "CONFIG_NAME", "WEIGHTS_NAME"]
 
 CONFIG_NAME = "config.json"
 #: a run folder's identity, written when the run starts (not on resume): an export records it on the card, so a
@@ -233,6 +234,19 @@ def load_checkpoint(path: str | os.PathLike) -> nn.Module:
     model.vitlab_checkpoint = {k: v for k, v in meta.items() if k not in ("config", "pretrained_cfg")}
     model.vitlab_checkpoint["path"] = str(directory)
     return model.eval()
+
+
+def load_module_weights(module: nn.Module, weights: str | os.PathLike) -> nn.Module:
+    """Load a module saved beside a checkpoint's model (``save_checkpoint(modules=...)``, e.g. the MPP prediction
+    head ``objective.safetensors``) into ``module``, built from the checkpoint's config, in its dtype; returns it.
+    As in ``load_checkpoint``, a file that cannot be read or does not fit the module (keys, shapes) is a
+    ``ModelLoadError`` naming the file and what is wrong."""
+    weights = Path(weights)
+    ref = module.state_dict()
+    state = _read_weights(weights)
+    _check_state(state, ref, weights)
+    module.load_state_dict({k: v.to(ref[k].dtype) for k, v in state.items()}, strict=True)
+    return module
 
 
 def model_card(model: nn.Module) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ __all__ = [
     "load_splits",
     "load_cifar",
     "load_dataset",
+    "base_dataset",
     "data_fingerprint",
     "load_shapes",
     "sample_images",
@@ -378,6 +379,15 @@ def load_dataset(spec: str, split: str = "train", progress: bool = True) -> Imag
                         f"test set: put the classes under {path}/train/ and {path}/{split}/ (or train.zip and "
                         f"{split}.zip)")
     return load_image_folder(path, progress=progress)
+
+
+def base_dataset(label: str) -> str:
+    """The ``load_dataset`` spec of a run's ``data`` label: the label less a trailing ``[...]`` qualifier, which says
+    which part of the data set a run used (the MPP study's ``shapes[n=256]``, ``cifar10[500 per class, seed 0]``),
+    so that its splits load; a label that is an existing path as written (a folder named ``x[1]``) stays whole."""
+    if label.endswith("]") and "[" in label and not Path(label).exists():
+        return label[: label.rindex("[")]
+    return label
 
 
 def data_fingerprint(spec: str) -> str | None:

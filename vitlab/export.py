@@ -30,7 +30,7 @@ from vitlab.checkpoint import (
     resolve_folder,
     save_checkpoint,
 )
-from vitlab.data import ImageArray, load_dataset
+from vitlab.data import ImageArray, base_dataset, load_dataset
 from vitlab.provenance import cpu_model, usable_cores, versions
 
 CARD_NAME = "MODEL_CARD.md"
@@ -126,7 +126,8 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
         modules = {"objective": head}
     else:
         model = load_checkpoint(ck)
-    test = load_dataset(meta["train"]["data"], "test")
+    # the data set's whole test split; a qualified label (an MPP study's "shapes[n=256]") names the same data set
+    test = load_dataset(base_dataset(meta["train"]["data"]), "test")
     out = Path(out)
     check_replaceable(out)  # before the work: a folder that is not a checkpoint is never replaced
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -148,7 +149,7 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
                           modules: dict | None) -> dict:
     """Measure the checkpoint written to ``tmp_out`` and write its card, card.json and learning curve there; the
     card names ``out``, where the folder will live."""
-    history = read_history(run)[-meta["epoch"]:]  # an interrupted epoch may have left no line; a restarted run, extra ones
+    history = run_history(run, meta)
     tta = train_cfg.get("eval_tta") or 0
     acc = acc_tta = mpp_test = None
     distillation: dict = {}
@@ -177,6 +178,8 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "hardware": hardware or _hardware(meta.get("environment") or {}, precision),
         "data": meta.get("data"),
         "test_accuracy": acc,
+        "test_split": test.source,  # what the shipped model's numbers were measured on (all of it)
+        "test_images": len(test),
         "test_accuracy_tta": acc_tta,
         "tta_level": tta if acc_tta is not None else 0,
         "train_hours": round(run_hours(history), 3),
@@ -284,6 +287,24 @@ def read_history(run: Path) -> list[dict]:
             raise ValueError(f"{path}, line {i + 1}: not a JSON record ({e}): {line[:60]!r}. Remove or repair that "
                              "line") from None
     return records
+
+
+def run_history(run: Path, meta: dict) -> list[dict]:
+    """The epoch records of the checkpoint whose ``config.json`` is ``meta``, one per epoch up to its epoch, in
+    epoch order: the latest line of each epoch in ``metrics.jsonl`` (``read_history``), and the checkpoint's own
+    record of its epoch (``meta["metrics"]``), which an epoch's checkpoint is written with before its line is
+    appended: a run killed between the two (or during the append) keeps its last epoch, as
+    ``vitlab.train.settle_history`` restores it on resume, here without writing to the run folder. Lines of epochs
+    past the checkpoint's are left out."""
+    epoch = int(meta["epoch"])
+    by_epoch: dict[int, dict] = {}
+    for h in read_history(run) if (run / "metrics.jsonl").is_file() else []:
+        if isinstance(h, dict) and isinstance(h.get("epoch"), int) and 1 <= h["epoch"] <= epoch:
+            by_epoch[h["epoch"]] = h  # the latest line of an epoch wins
+    own = meta.get("metrics")
+    if isinstance(own, dict) and own.get("epoch") == epoch:
+        by_epoch[epoch] = own
+    return [by_epoch[e] for e in sorted(by_epoch)]
 
 
 def run_hours(history: Sequence[dict]) -> float:
@@ -468,7 +489,7 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
                        "in all**")
     teacher_line = (f"; distilled ({f['distill']} targets) from the teacher `{f['teacher']}`" if f.get("teacher")
                     else "")
-    test_split = f['data']['test'] if f.get('data') else 'test'
+    test_split = f["test_split"]  # the split measured on export, not the run's own test images (``Data`` below)
     wall = (f"{f['train_seconds']:.0f} s" if f.get("train_seconds") is not None
             else "not recorded (the run's checkpoint has no train_seconds)")
     if f.get("objective") == "mpp":
@@ -490,8 +511,8 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
   {f['training_precision']}, on {f['curve_images']}."""
     else:
         title = f"{train_cfg['model']['kind']} trained on {train_cfg['data']}"
-        lead = f"""* **Test accuracy: {f['test_accuracy']:.2%}** on the {test_split} split
-  ({f['dtype']} weights as shipped, through `timm.data.resolve_data_config({{}}, model=model)` and
+        lead = f"""* **Test accuracy: {f['test_accuracy']:.2%}** on all {f['test_images']:,} images of the {test_split}
+  split ({f['dtype']} weights as shipped, through `timm.data.resolve_data_config({{}}, model=model)` and
   `timm.data.create_transform(**cfg)`).{lines_below}"""
     lineage = _lineage_section(f.get("lineage") or [])
     return f"""# Model card: {title}

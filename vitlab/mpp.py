@@ -180,9 +180,7 @@ def load_mpp(path: str | os.PathLike) -> tuple[nn.Module, MaskedPatchPrediction]
     """(encoder, objective) of a masked-patch-prediction checkpoint: a shipped folder (``model.safetensors``,
     ``config.json`` and ``objective.safetensors``, as ``vitlab export`` writes it) or a training run folder (its
     ``checkpoint/``). Target and rate come from the checkpoint's training config; both come back in float32 eval mode."""
-    from safetensors.torch import load_file
-
-    from vitlab.checkpoint import load_checkpoint
+    from vitlab.checkpoint import load_checkpoint, load_module_weights
 
     p = Path(path).expanduser()
     folder = p / "checkpoint" if (p / "checkpoint" / OBJECTIVE_NAME).is_file() else p
@@ -195,7 +193,6 @@ def load_mpp(path: str | os.PathLike) -> tuple[nn.Module, MaskedPatchPrediction]
     if train_cfg.get("objective") != "mpp":
         raise ValueError(f"{folder} was not trained with objective='mpp' (its training config says "
                          f"{train_cfg.get('objective', 'nothing')!r})")
-    objective = MaskedPatchPrediction.for_model(model, train_cfg["mpp_target"], train_cfg["mpp_rate"])
-    state = {k: v.float() for k, v in load_file(str(folder / OBJECTIVE_NAME)).items()}
-    objective.load_state_dict(state)
+    objective = MaskedPatchPrediction.for_model(model, train_cfg["mpp_target"], train_cfg["mpp_rate"]).float()
+    load_module_weights(objective, folder / OBJECTIVE_NAME)  # a head that does not fit: a ModelLoadError naming it
     return model, objective.eval()

@@ -136,6 +136,11 @@ class MPPStudyConfig:
         if not self.seeds or not self.probe_seeds:
             raise ValueError("seeds and probe_seeds need at least one seed each (2 or more for an interval)")
         TrainConfig(model=self.model, objective="mpp", mixup_prob=0.0)  # a plain ViT, or the error that says so
+        ids = [row.row_id for row in study_rows(self)]
+        if len(set(ids)) < len(ids):  # two rows under one id: the second would pass for the first in the store
+            raise ValueError(f"rows {sorted({i for i in ids if ids.count(i) > 1})} would share one id, and one record: "
+                             f"give each ablation (target, rate) and each fine-tune seed once (ablations "
+                             f"{list(self.ablations)}, seeds {list(self.seeds)})")
 
     def root(self) -> Path:
         return Path(self.run_root).expanduser() if self.run_root else cache_dir() / "runs" / "mpp_study"
@@ -193,8 +198,15 @@ class StudyRow:
         return f"{self.kind}/{self.init}" + ("" if self.seed is None else f"/s{self.seed}")
 
 
+def _rate_text(rate: float) -> str:
+    """A corruption rate as row ids name it, read back exactly by ``pretrain_run_config``: ``:g`` (0.5, 0.15, the
+    shipped store's ids) where that round-trips, else ``repr`` (0.1234567, never rounded to 0.123457)."""
+    text = f"{rate:g}"
+    return text if float(text) == rate else repr(float(rate))
+
+
 def _ablation(target: str, rate: float) -> str:
-    return f"ablation:{target}@{rate:g}"
+    return f"ablation:{target}@{_rate_text(rate)}"
 
 
 def study_rows(study: MPPStudyConfig) -> list[StudyRow]:
@@ -644,14 +656,14 @@ def study_verdicts(records: Sequence[dict], shots: int = 10) -> list:
     """The paper's ordering as verdicts (``vitlab.findings.mpp_ordering``): MPP beats scratch and supervised beats
     MPP, for the ``shots``-shot probe (a study's ``verdict_shots``) of each readout (the model's own, and the patch
     tokens' mean: MPP trains only the patch outputs, never the class token's) and for the fine-tune. Pairs whose
-    rows are not finished yet are left out."""
-    from vitlab.findings import mpp_ordering
+    rows are not finished yet are left out; records of several studies are refused (``ValueError``)."""
+    from vitlab.findings import mpp_accuracies, mpp_ordering
 
     out = []
     for kind, readout in [("few_shot", r) for r in READOUTS] + [("finetune", "model")]:
+        # records of several studies, or anything else wrong with them, raise here: only "not finished" is skipped
+        finished = mpp_accuracies(records, kind, shots, readout)
         for better, worse in (("mpp", "scratch"), ("supervised", "mpp")):
-            try:
+            if better in finished and worse in finished:  # else rows not finished (or not run) yet
                 out.append(mpp_ordering(records, better, worse, kind=kind, shots=shots, readout=readout))
-            except ValueError:  # rows not finished (or not run) yet
-                continue
     return out
