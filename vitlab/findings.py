@@ -265,20 +265,30 @@ def _mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str) -> tup
     return _percentile(w @ values / n), f"bootstrap over {n} {unit}, {n_boot} resamples"
 
 
+#: the fewest replicates whose order statistics make a 95% prediction interval (ranks 1 and n at 39: 38/40 = 95%)
+MIN_ORDER_PREDICTION = 39
+
+
 def _prediction_interval(values: np.ndarray, unit: str) -> tuple[tuple[float, float], str]:
-    """Where one more replicate would fall, 95%: Student t (mean +- t sd sqrt(1 + 1/n)) below 20 replicates, the
-    2.5 and 97.5 percentiles from 20 on."""
+    """Where one more replicate would fall, 95%: Student t (mean +- t sd sqrt(1 + 1/n)) below
+    ``MIN_ORDER_PREDICTION`` replicates, exact for normal ones; from there on the replicates of ranks
+    i = floor(0.025 (n + 1)) and j = ceil(0.975 (n + 1)), between which one more replicate of any continuous
+    distribution falls with probability (j - i) / (n + 1) >= 95%. (The 2.5 and 97.5 percentiles of the replicates
+    hold one more only 87% of the time at 20 replicates, 90% at 30.)"""
     n = len(values)
     if n < 2:
         return (math.nan, math.nan), f"none: {_units(n, unit)}, at least 2 needed"
-    if n < 20:
+    if n < MIN_ORDER_PREDICTION:
         from scipy.stats import t
 
         half = float(t.ppf(0.975, n - 1)) * values.std(ddof=1) * math.sqrt(1 + 1 / n)
         return (float(values.mean() - half), float(values.mean() + half)), \
             f"Student t prediction interval over {n} {unit} ({n - 1} df)"
-    lo, hi = np.percentile(values, [2.5, 97.5])
-    return (float(lo), float(hi)), f"2.5-97.5 percentiles of {n} {unit}"
+    a = (1 - LEVEL) / 2
+    # 1-based ranks, 1 <= i < j <= n from n = 39 (the 1e-9 keeps a product that is an integer from rounding off it)
+    i, j = math.floor(a * (n + 1) + 1e-9), math.ceil((1 - a) * (n + 1) - 1e-9)
+    s = np.sort(values)
+    return (float(s[i - 1]), float(s[j - 1])), f"ranks {i} and {j} of {n} {unit}"
 
 
 def _weighted_ranks(x: np.ndarray, w: np.ndarray) -> np.ndarray:
