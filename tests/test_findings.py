@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from vitlab.findings import (
+    N_BOOT,
     Verdict,
     _spearman_resampled,
     attention_distance_shift,
@@ -39,19 +40,21 @@ SHIPPED = Path(__file__).resolve().parents[1] / "data" / "results" / "scaling_ci
 
 
 def test_verdict_to_dict_round_trips_through_json():
-    v = distance_grows_with_depth(np.arange(4.0)[:, None, None] + np.zeros((4, 5, 2)))
+    slopes = 1.0 + np.array([0.0, 0.1, -0.1, 0.2, -0.2])  # per image: mean 1, sd 0.158
+    v = distance_grows_with_depth(np.arange(4.0)[:, None, None] * slopes[None, :, None] + np.zeros((4, 5, 2)))
     text = json.dumps(v.to_dict(), allow_nan=False)
     assert Verdict.from_dict(json.loads(text)) == v
     assert json.loads(text) == v.to_dict()
     assert v.summary().startswith("reproduced")
-    assert "slope 1 px/layer [1, 1] > 0" in v.summary()
+    assert "slope 1 px/layer [0.804, 1.2] > 0" in v.summary()  # 1 +- t(0.975, 4) 0.158 / sqrt(5)
 
 
 def test_nan_becomes_null_and_verdict_table_lists_every_finding():
     v = Verdict("f", "c", math.nan, (math.nan, math.nan), 0.0, "inconclusive", {"x": np.float64("nan")})
     assert v.to_dict()["statistic"] is None and v.to_dict()["details"] == {"x": None}
     json.dumps(v.to_dict(), allow_nan=False)
-    w = distance_grows_with_depth(-np.arange(3.0)[:, None, None] + np.zeros((3, 4, 1)))
+    slopes = -1.0 + np.array([0.0, 0.1, -0.1, 0.2])
+    w = distance_grows_with_depth(np.arange(3.0)[:, None, None] * slopes[None, :, None] + np.zeros((3, 4, 1)))
     table = verdict_table([v, w]).splitlines()
     assert len(table) == 4 and table[0].startswith("finding")
     assert table[3].endswith("not reproduced") and table[2].endswith("inconclusive")
@@ -254,14 +257,20 @@ def test_distance_grows_with_depth():
 def test_attention_distance_shift_known_answers():
     g = np.random.default_rng(0)
     b = 20 + g.normal(0, 3, (4, 30, 3))  # (L, B, H)
-    # a constant +2 px on every image: the difference is exactly 2 with a zero-width interval, whatever b is
+    # a constant +2 px on every image: the difference is 2, but with no spread over images there is no interval (a
+    # zero-width one would show a difference on no measured uncertainty)
     s = attention_distance_shift(b + 2.0, b, "a", "b")
-    assert s.overall == pytest.approx(2.0) and s.overall_interval == pytest.approx((2.0, 2.0))
+    assert s.overall == pytest.approx(2.0) and all(math.isnan(x) for x in s.overall_interval)
+    assert s.differs == "no difference shown" and s.layer_differs() == ("no difference shown",) * 4
+    # +2 px give or take 0.5 px per image: a > b
+    s = attention_distance_shift(b + 2.0 + g.normal(0, 0.5, (1, 30, 1)), b, "a", "b")
+    assert s.overall == pytest.approx(2.0, abs=0.2) and s.overall_interval[0] > 0
     assert s.differs == "a > b" and s.layer_differs() == ("a > b",) * 4 and s.images == 30
     assert "a attends farther" in s.summary()
     # only layer 0 moves (-3 px): the other layers show no difference; a has 4 heads, b 3 (each head-averaged)
     a = np.concatenate([b, b.mean(-1, keepdims=True)], -1)  # a fourth head at the mean: the same head average
-    a[0] -= 3.0
+    noise = g.normal(0, 0.5, (30, 1))
+    a[0] -= 3.0 + noise - noise.mean()  # -3 px on average, varying over images
     s = attention_distance_shift(a, b)
     assert s.layer_diff == pytest.approx((-3.0, 0.0, 0.0, 0.0), abs=1e-12)
     assert s.layer_differs()[0] == "a < b" and s.overall == pytest.approx(-0.75)
@@ -287,11 +296,12 @@ def test_attention_distance_shift_known_answers():
 def test_rollout_localises():
     g = np.random.default_rng(0)
     rand_mass, rand_point = g.uniform(0.2, 0.3, 30), (g.uniform(size=30) < 0.25).astype(float)
-    v = rollout_localises(rand_mass + 0.3, np.ones(30), rand_mass, rand_point)
-    assert v.verdict == "reproduced" and v.statistic == pytest.approx(0.3)
+    v = rollout_localises(rand_mass + 0.3 + g.normal(0, 0.02, 30), np.ones(30), rand_mass, rand_point)
+    assert v.verdict == "reproduced" and v.statistic == pytest.approx(0.3, abs=0.01)
     assert v.details["pointing"] == 1.0 and v.details["random_pointing"] == pytest.approx(rand_point.mean())
     assert v.details["pointing_difference_interval"][0] > 0
-    assert rollout_localises(rand_mass - 0.1, rand_point, rand_mass, rand_point).verdict == "not reproduced"
+    less = rand_mass - 0.1 + g.normal(0, 0.02, 30)
+    assert rollout_localises(less, rand_point, rand_mass, rand_point).verdict == "not reproduced"
     # +0.1 on half the images, -0.1 on the other half: mean difference exactly 0
     v = rollout_localises(rand_mass + np.tile([0.1, -0.1], 15), rand_point, rand_mass, rand_point)
     assert v.statistic == pytest.approx(0.0, abs=1e-12) and v.verdict == "inconclusive"
@@ -369,6 +379,25 @@ def test_the_interval_of_a_mean_covers_95_percent(n):
         (lo, hi), _ = _mean_interval(rng.normal(0.0, 1.0, n), 200, i, "seeds")
         hits += lo <= 0.0 <= hi
     assert 0.93 <= hits / 2000 <= 0.97 if n < 20 else 0.91 <= hits / 2000 <= 0.97
+
+
+def test_replicates_without_spread_give_no_interval():
+    """Equal replicates (up to rounding in the last digits) give no interval, by Student t or by bootstrap, and no
+    prediction interval: a zero-width interval would decide a finding on no measured uncertainty."""
+    from vitlab.findings import _mean_interval, _prediction_interval, no_interval_reason
+
+    for n in (2, 5, 30):
+        values = np.full(n, 0.3) - np.full(n, 0.25)  # equal up to rounding: 0.04999999999999999
+        values[-1] = 0.305 - 0.255
+        (lo, hi), method = _mean_interval(values, N_BOOT, 0, "seeds")
+        assert math.isnan(lo) and math.isnan(hi) and method.startswith("none: ")
+        assert "same value, 0.05, so there is no spread" in method
+        assert math.isnan(_prediction_interval(values, "random draws")[0][0])
+    assert math.isnan(_mean_interval(np.zeros(4), N_BOOT, 0, "images")[0][0])
+    v = scaling_gap_narrows(sweep([-0.05, -0.05, -0.05], [0.10, 0.10, 0.10]))
+    assert v.verdict == "inconclusive" and "no spread" in no_interval_reason(v)
+    v = filters_structured([0.5, 0.3], np.full((5, 2), 0.1), k=2)
+    assert v.verdict == "inconclusive" and "no spread" in no_interval_reason(v)
 
 
 def test_scaling_adapter_latest_record_wins_failed_runs_ignored():
@@ -585,7 +614,8 @@ def test_the_filter_reason_states_this_models_patch_size_and_no_training_set_it_
     assert reason.startswith("this model's filters are 16x16 px, 256 DCT frequencies per channel")
     general = KNOWN_REASONS["Fig. 7 left"]
     assert reason.endswith(". " + general[:1].upper() + general[1:])  # a new sentence after this model's sizes
-    structured = filters_structured(np.full(12, 0.05), np.full((3, 12), 0.06), k=12)  # no filters: no size
+    random = np.full((3, 12), 0.06) + np.array([0.0, 0.001, -0.001])[:, None]
+    structured = filters_structured(np.full(12, 0.05), random, k=12)  # no filters: no size
     assert known_reason(structured) == KNOWN_REASONS["Fig. 7 left"]
     for text in (reason, KNOWN_REASONS["Fig. 7 left"]):
         assert "50,000" not in text and "4 px" not in text and "small model" not in text

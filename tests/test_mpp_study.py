@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 
 import pytest
@@ -288,7 +289,7 @@ def test_verdicts_on_hand_made_records():
     assert v["Sec. 4.6: MPP beats scratch (fine-tune)"].verdict == "reproduced"
     assert v["Sec. 4.6: supervised beats MPP (fine-tune)"].verdict == "reproduced"
 
-    loses = hand_made(mpp_few=[0.20, 0.21, 0.19], mpp_fine=[0.30, 0.31, 0.32])
+    loses = hand_made(mpp_few=[0.21, 0.20, 0.19], mpp_fine=[0.30, 0.31, 0.32])
     v = {x.finding: x for x in study_verdicts(loses, shots=10)}
     assert v["Sec. 4.6: MPP beats scratch (10-shot probe)"].verdict == "not reproduced"
     assert v["Sec. 4.6: MPP beats scratch (fine-tune)"].verdict == "not reproduced"
@@ -297,6 +298,36 @@ def test_verdicts_on_hand_made_records():
     noisy = hand_made(mpp_few=[0.40, 0.20, 0.32], mpp_fine=[0.50, 0.30, 0.45])  # differences of both signs
     assert mpp_ordering(noisy, "mpp", "scratch", kind="finetune").verdict == "inconclusive"
     assert mpp_ordering(noisy, "mpp", "scratch", kind="few_shot", shots=10).verdict == "inconclusive"
+
+
+def test_identical_differences_over_seeds_give_no_interval():
+    """The same paired difference on every seed has no spread: a Student t interval of width 0 would call it
+    reproduced on nothing. No interval instead (inconclusive), saying why."""
+    from vitlab.findings import explain, no_interval_reason
+
+    recs = [few_shot_record("scratch", {10: [0.250, 0.300]}), few_shot_record("mpp", {10: [0.255, 0.305]})]
+    v = mpp_ordering(recs, "mpp", "scratch", shots=10)
+    assert v.statistic == pytest.approx(0.005) and v.verdict == "inconclusive"
+    assert all(math.isnan(x) for x in v.interval)
+    assert no_interval_reason(v) == ("both probe seeds give the same value, 0.005, so there is no spread to take "
+                                     "an interval from")
+    assert explain([v]).endswith("no interval: " + no_interval_reason(v) + ".")
+    # the same with 3 fine-tune seeds
+    fine = [finetune_record(i, s, a + (0.01 if i == "mpp" else 0.0)) for i in ("scratch", "mpp")
+            for s, a in enumerate([0.40, 0.42, 0.41])]
+    v = mpp_ordering(fine, "mpp", "scratch", kind="finetune")
+    assert v.verdict == "inconclusive" and no_interval_reason(v).startswith("all 3 fine-tune seeds give the same value")
+    # accuracies on 10,000 test images move in steps of 0.0001: differences 0.0050, 0.0050, 0.0051 (sd 5.8e-05)
+    # spread less than the measurement resolves; with the test count unrecorded the spread counts
+    scratch = few_shot_record("scratch", {10: [0.2500, 0.3000, 0.2800]})
+    mpp = few_shot_record("mpp", {10: [0.2550, 0.3050, 0.2851]})
+    assert mpp_ordering([scratch, mpp], "mpp", "scratch", shots=10).verdict == "reproduced"
+    for r in (scratch, mpp):
+        r["metrics"]["test"] = 10_000
+    v = mpp_ordering([scratch, mpp], "mpp", "scratch", shots=10)
+    assert v.verdict == "inconclusive" and no_interval_reason(v) == (
+        "the 3 probe seeds spread less (sd 5.8e-05) than one step of the measurement resolves (1 of 10,000 test "
+        "images: 0.0001)")
 
 
 def test_verdicts_pair_by_seed_and_need_both_initialisations():
@@ -313,7 +344,7 @@ def test_verdicts_pair_by_seed_and_need_both_initialisations():
 def test_each_readout_has_its_table_and_verdicts():
     """MPP never trains the class token: the patch-mean readout gets its own table and its own verdicts, and rows
     without it (older records) are left out of them rather than misread."""
-    recs = hand_made(mpp_few=[0.25, 0.26, 0.24], mpp_fine=[0.55, 0.56, 0.57])
+    recs = hand_made(mpp_few=[0.25, 0.24, 0.26], mpp_fine=[0.55, 0.56, 0.57])
     patch = {"scratch": [0.33, 0.34, 0.32], "mpp": [0.45, 0.47, 0.46], "supervised": [0.70, 0.71, 0.72]}
     recs = [few_shot_record(r["init"], {10: r["metrics"]["few_shot"]["10"]["per_seed"]},
                             patch_mean={10: patch[r["init"]]}) if r["kind"] == "few_shot" else r for r in recs]

@@ -8,8 +8,9 @@ lies on the finding's side of the threshold, *not reproduced* when the whole int
 Intervals are percentile bootstraps (``N_BOOT`` resamples from ``numpy.random.default_rng(SEED)``, so a
 verdict is deterministic) over the unit that varies: images, patches, filter components, or seeds; the mean of
 fewer than ``MIN_MEAN_BOOTSTRAP`` (20) replicates takes a Student-t interval instead (a percentile bootstrap of a
-few values is too narrow: about 79% coverage for a nominal 95% at 4 seeds). A resample is
-drawn as a vector of counts (how often each unit was drawn), so every statistic is evaluated on all
+few values is too narrow: about 79% coverage for a nominal 95% at 4 seeds), and replicates without spread (all equal,
+or spread less than the measurement resolves) take none: a zero-width interval would decide on no uncertainty. A
+resample is drawn as a vector of counts (how often each unit was drawn), so every statistic is evaluated on all
 resamples at once as a weighted statistic, which equals the statistic on the repeated units.
 """
 
@@ -250,12 +251,36 @@ def _percentile(samples: np.ndarray) -> tuple[float, float]:
     return float(np.quantile(s, a)), float(np.quantile(s, 1 - a))
 
 
-def _mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str) -> tuple[tuple[float, float], str]:
+#: A step of a measurement: (size, in words), e.g. (1e-4, "1 of 10,000 test images") for an accuracy
+Resolution = tuple[float, str]
+
+
+def _no_spread(values: np.ndarray, unit: str, resolution: Resolution | None = None) -> str | None:
+    """Why the replicates ``values`` (2 or more) have no spread to take an interval from, None when they have one:
+    all equal (up to rounding in the last digits, as 0.255 - 0.25 against 0.305 - 0.3), or, where the step of the
+    measurement is known (``resolution``), a standard deviation below that step, which the measurement cannot
+    resolve. An interval from such a spread is (nearly) of zero width and decides a finding on no uncertainty."""
+    n = len(values)
+    sd = float(values.std(ddof=1))
+    if sd <= 1e-9 * float(np.abs(values).max()):
+        who = f"both {unit}" if n == 2 else f"all {n} {unit}"
+        return f"{who} give the same value, {_fmt(float(values.mean()))}, so there is no spread to take an interval from"
+    if resolution is not None and sd < resolution[0]:
+        return (f"the {n} {unit} spread less (sd {sd:.2g}) than one step of the measurement resolves ({resolution[1]}: "
+                f"{resolution[0]:.2g})")
+    return None
+
+
+def _mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str, resolution: Resolution | None = None
+                   ) -> tuple[tuple[float, float], str]:
     """Interval of the mean of replicates (seeds, draws, images): Student t below ``MIN_MEAN_BOOTSTRAP``, a
-    percentile bootstrap from there on, none for 1."""
+    percentile bootstrap from there on, none for 1 or for replicates without spread (``_no_spread``)."""
     n = len(values)
     if n < 2:
         return (math.nan, math.nan), f"none: {_units(n, unit)}, at least 2 needed"
+    flat = _no_spread(values, unit, resolution)
+    if flat is not None:
+        return (math.nan, math.nan), f"none: {flat}"
     if n < MIN_MEAN_BOOTSTRAP:
         from scipy.stats import t
 
@@ -274,10 +299,13 @@ def _prediction_interval(values: np.ndarray, unit: str) -> tuple[tuple[float, fl
     ``MIN_ORDER_PREDICTION`` replicates, exact for normal ones; from there on the replicates of ranks
     i = floor(0.025 (n + 1)) and j = ceil(0.975 (n + 1)), between which one more replicate of any continuous
     distribution falls with probability (j - i) / (n + 1) >= 95%. (The 2.5 and 97.5 percentiles of the replicates
-    hold one more only 87% of the time at 20 replicates, 90% at 30.)"""
+    hold one more only 87% of the time at 20 replicates, 90% at 30.) None for 1 or for replicates without spread."""
     n = len(values)
     if n < 2:
         return (math.nan, math.nan), f"none: {_units(n, unit)}, at least 2 needed"
+    flat = _no_spread(values, unit)
+    if flat is not None:
+        return (math.nan, math.nan), f"none: {flat}"
     if n < MIN_ORDER_PREDICTION:
         from scipy.stats import t
 
@@ -764,6 +792,18 @@ def mpp_accuracies(records: Sequence[Mapping[str, Any]], kind: str = "few_shot",
     return out
 
 
+def _accuracy_step(records: Sequence[Mapping[str, Any]], kind: str, inits: Sequence[str]) -> Resolution | None:
+    """The step of the accuracies compared, 1 / test images, where every compared row records its test images
+    (``metrics["test"]``: the few-shot rows; the fine-tune rows do not record it); None otherwise."""
+    rows = [r for r in {r["row_id"]: r for r in records}.values()
+            if r.get("status") == "ok" and r.get("kind") == kind and r.get("init") in inits]
+    tests = {(r.get("metrics") or {}).get("test") for r in rows}
+    if not rows or None in tests:
+        return None
+    n = min(int(t) for t in tests)
+    return 1.0 / n, f"1 of {n:,} test images"
+
+
 def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", worse: str = "scratch",
                  kind: str = "few_shot", shots: int = 10, n_boot: int = N_BOOT, seed: int = SEED,
                  readout: str = "model") -> Verdict:
@@ -784,7 +824,7 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
     common = sorted(set(acc[better]) & set(acc[worse]))
     diff = np.array([acc[better][s] - acc[worse][s] for s in common])  # (S,)
     unit = "probe seeds" if kind == "few_shot" else "fine-tune seeds"
-    interval, method = _mean_interval(diff, n_boot, seed, unit)
+    interval, method = _mean_interval(diff, n_boot, seed, unit, _accuracy_step(records, kind, (better, worse)))
     b, w = _INIT_NAMES.get(better, better), _INIT_NAMES.get(worse, worse)
     what = "fine-tune" if kind != "few_shot" else f"{shots}-shot probe" + ("" if readout == "model" else
                                                                            f", {readout.replace('_', ' ')}")
