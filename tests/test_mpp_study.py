@@ -363,6 +363,28 @@ def test_each_readout_has_its_table_and_verdicts():
         markdown_tables(recs, "cls")
 
 
+def test_verdicts_refuse_rows_of_several_code_versions():
+    """A study partly rerun after a code change holds rows of two code versions: the verdicts refuse to pair them,
+    naming the versions and how to select one (shown_records, as the table and notebook 07 do), and study_verdicts
+    does not swallow the refusal as it does unfinished pairs."""
+    from vitlab.findings import MixedCodeVersions
+
+    old = hand_made(mpp_few=[0.5, 0.52, 0.51], mpp_fine=[0.5, 0.52, 0.51])
+    new = [dict(r, provenance={"code_hash": "newer"}) for r in old if r["init"] == "mpp"]  # a partial rerun
+    for call in (lambda: mpp_ordering(old + new, "mpp", "scratch", kind="finetune"),
+                 lambda: mpp_accuracies(old + new), lambda: study_verdicts(old + new, shots=10)):
+        with pytest.raises(MixedCodeVersions, match=r"2 code versions \(c0de: 8 rows, newer: 4 rows\).*"
+                                                    r"shown_records\(records, NAME\)\[0\]"):
+            call()
+    assert not issubclass(MixedCodeVersions, ValueError)
+    rows, _ = shown_records(old + new, "hand")  # the newest version's rows only: MPP's, so no pair to judge yet
+    assert study_verdicts(rows, shots=10) == []
+    # rows of one version, rerun by it (a latest record replacing an earlier one of the same code), are fine
+    rerun = [dict(r, metrics={"test_accuracy": 0.6}) for r in old if r["row_id"] == "finetune/mpp/s0"]
+    v = mpp_ordering(old + rerun, "mpp", "scratch", kind="finetune")
+    assert v.details["code_hashes"] == ["c0de"] and v.details["per_seed"][0] == pytest.approx(0.2)
+
+
 def test_rows_of_one_code_version_are_shown_together():
     old = hand_made(mpp_few=[0.5, 0.5, 0.5], mpp_fine=[0.5, 0.5, 0.5])
     new = [dict(r, provenance={"code_hash": "newer"}) for r in old if r["init"] == "mpp"]  # a partial rerun

@@ -48,6 +48,7 @@ __all__ = [
     "scaling_gap_narrows",
     "few_shot_key",
     "mpp_accuracies",
+    "MixedCodeVersions",
     "mpp_ordering",
     "verdict_table",
     "explain",
@@ -765,20 +766,49 @@ def few_shot_key(readout: str = "model") -> str:
     return "few_shot" if readout == "model" else f"few_shot_{readout}"
 
 
+class MixedCodeVersions(Exception):
+    """The latest records of one MPP study's rows come from more than one code version (a study partly rerun after a
+    code change): their accuracies are not compared. Not a ``ValueError``, so that a caller that skips unfinished
+    pairs on ``ValueError`` (``vitlab.mpp_study.study_verdicts``) does not hide it."""
+
+
+def _code_hash(r: Mapping[str, Any]) -> str:
+    return str((r.get("provenance") or {}).get("code_hash"))
+
+
+def _study_rows(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """{row_id: latest record} of one MPP study, all of one code version; records of several studies are refused
+    (``ValueError``), rows of several code versions too (``MixedCodeVersions``)."""
+    latest = {r["row_id"]: r for r in records}
+    studies = {r.get("study") for r in latest.values()}
+    if len(studies) > 1:
+        raise ValueError(f"records of {len(studies)} studies ({sorted(map(str, studies))}): select one, e.g. "
+                         "vitlab.mpp_study.shown_records(records, NAME)[0]")
+    codes: dict[str, int] = {}
+    for r in latest.values():
+        codes[_code_hash(r)] = codes.get(_code_hash(r), 0) + 1
+    if len(codes) > 1:
+        versions = ", ".join(f"{c}: {_units(n, 'rows')}" for c, n in sorted(codes.items()))
+        raise MixedCodeVersions(
+            f"the latest records of the study's rows come from {len(codes)} code versions ({versions}): a study "
+            "partly rerun after a code change would compare rows of different code. Select one version's rows, e.g. "
+            "vitlab.mpp_study.shown_records(records, NAME)[0] (the newest version's, as `vitlab mpp-study --table` "
+            "and notebooks/07 show them), or rerun `vitlab mpp-study` to bring every row to this code")
+    return latest
+
+
 def mpp_accuracies(records: Sequence[Mapping[str, Any]], kind: str = "few_shot", shots: int = 10,
                    readout: str = "model") -> dict[str, dict[int, float]]:
     """{initialisation: {seed: accuracy}} from the MPP study's JSONL records (``vitlab.mpp_study``; the latest
     record of a row id wins, ok rows only). ``kind="few_shot"``: the ``shots``-shot accuracy per probe seed (each
     seed draws the same shots for every initialisation) of features read out as ``readout``; ``"finetune"``: the
-    test accuracy per fine-tune seed. Records of several studies are refused."""
+    test accuracy per fine-tune seed. Records of several studies are refused (``ValueError``), and so are rows whose
+    latest records come from several code versions (``MixedCodeVersions``: select them as
+    ``vitlab.mpp_study.shown_records`` does)."""
     if kind not in ("few_shot", "finetune"):
         raise ValueError(f"kind must be 'few_shot' or 'finetune', got {kind!r}")
     key = few_shot_key(readout)
-    latest = {r["row_id"]: r for r in records}
-    studies = {r.get("study") for r in latest.values()}
-    if len(studies) > 1:
-        raise ValueError(f"records of {len(studies)} studies ({sorted(map(str, studies))}): select one, e.g. "
-                         "vitlab.mpp_study.latest_records(records, NAME).values()")
+    latest = _study_rows(records)
     out: dict[str, dict[int, float]] = {}
     for r in latest.values():
         if r.get("status") != "ok" or r.get("kind") != kind:
@@ -795,7 +825,7 @@ def mpp_accuracies(records: Sequence[Mapping[str, Any]], kind: str = "few_shot",
 def _accuracy_step(records: Sequence[Mapping[str, Any]], kind: str, inits: Sequence[str]) -> Resolution | None:
     """The step of the accuracies compared, 1 / test images, where every compared row records its test images
     (``metrics["test"]``: the few-shot rows; the fine-tune rows do not record it); None otherwise."""
-    rows = [r for r in {r["row_id"]: r for r in records}.values()
+    rows = [r for r in _study_rows(records).values()
             if r.get("status") == "ok" and r.get("kind") == kind and r.get("init") in inits]
     tests = {(r.get("metrics") or {}).get("test") for r in rows}
     if not rows or None in tests:
@@ -828,8 +858,8 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
     b, w = _INIT_NAMES.get(better, better), _INIT_NAMES.get(worse, worse)
     what = "fine-tune" if kind != "few_shot" else f"{shots}-shot probe" + ("" if readout == "model" else
                                                                            f", {readout.replace('_', ' ')}")
-    code = sorted({str(r.get("provenance", {}).get("code_hash")) for r in {r["row_id"]: r for r in records}.values()
-                   if r.get("kind") == kind and r.get("init") in (better, worse)})
+    code = sorted({_code_hash(r) for r in _study_rows(records).values()
+                   if r.get("kind") == kind and r.get("init") in (better, worse)})  # one: _study_rows checked
     return _verdict(
         f"Sec. 4.6: {b} beats {w} ({what})",
         f"mean over {unit} of ({b} - {w}) {what} accuracy on the test images > 0, paired by seed; 95% interval over "
