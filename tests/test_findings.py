@@ -557,17 +557,26 @@ def test_the_lowest_layer_reason_states_where_this_models_heads_sit():
 
 
 def test_the_mpp_reason_names_what_the_probe_reads():
-    """The class-token sentence goes with the class-token probe only; the patch-mean probe reads what MPP trains."""
+    """The class-token sentence goes with the class-token probe only; the patch-mean probe reads what MPP trains.
+    Verdicts without ``details["better"]`` (made before it was recorded) take the comparison from the finding."""
     from vitlab.findings import Verdict, known_reason
 
-    def v(kind, readout):
-        return Verdict("Sec. 4.6: MPP pre-training beats training from scratch", "c", -0.01, (-0.02, 0.0), 0.0,
-                       "not reproduced", {"kind": kind, "readout": readout}, ">", "accuracy difference", "")
+    def v(kind, readout, details=None):
+        what = "fine-tune" if kind == "finetune" else "10-shot probe"
+        return Verdict(f"Sec. 4.6: MPP beats scratch ({what})", "c", -0.01, (-0.02, -0.001), 0.0,
+                       "not reproduced", {"kind": kind, "readout": readout, **(details or {})}, ">",
+                       "accuracy difference", "")
 
     assert "class token's output, which the MPP loss never trains" in known_reason(v("few_shot", "model"))
+    assert known_reason(v("few_shot", "model")) == known_reason(v("few_shot", "model", {"better": "mpp",
+                                                                                        "worse": "scratch"}))
     patch = known_reason(v("few_shot", "patch_mean"))
     assert "patch tokens' outputs, which the MPP loss does train" in patch and "class token" not in patch
     assert "class token" not in known_reason(v("finetune", None))
+    # supervised level with MPP: not the class-token sentence, which would argue for the supervised side
+    level = dataclasses.replace(v("few_shot", "model"), finding="Sec. 4.6: supervised beats MPP (10-shot probe)")
+    assert "class token" not in known_reason(level) and "The supervised side is one supervised checkpoint" in \
+        known_reason(level)
 
 
 def test_a_verdict_without_an_interval_says_why_instead_of_a_known_reason():

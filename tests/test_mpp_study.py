@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -383,6 +384,74 @@ def test_verdicts_refuse_rows_of_several_code_versions():
     rerun = [dict(r, metrics={"test_accuracy": 0.6}) for r in old if r["row_id"] == "finetune/mpp/s0"]
     v = mpp_ordering(old + rerun, "mpp", "scratch", kind="finetune")
     assert v.details["code_hashes"] == ["c0de"] and v.details["per_seed"][0] == pytest.approx(0.2)
+
+
+def _with_pretrain_facts(recs: list[dict], images: int, epochs: int, px: int, data: str) -> list[dict]:
+    """The records as the study writes them: the MPP rows say what their pre-training saw."""
+    out = []
+    for r in recs:
+        r = json.loads(json.dumps(r))
+        r["spec"]["data"] = data
+        if r["init"] == "mpp":
+            r["metrics"]["pretrain"] = {"images": images, "epochs": epochs, "code_hash": "c0de"}
+            r["spec"]["init"]["pretrain"]["model"] = {"img_size": px}
+        out.append(r)
+    return out
+
+
+def test_the_mpp_reasons_follow_the_comparison_its_direction_and_the_records():
+    """Each Sec. 4.6 reason argues for the result it explains, with the numbers of these records: MPP short of
+    scratch is not explained by the supervised checkpoint, MPP level with or above supervised not by what favours
+    supervised, and the pre-training's images and epochs are read from the records (the smoke study's 256 shapes,
+    not CIFAR-10's 50,000)."""
+    from vitlab.findings import known_reason
+
+    # MPP below scratch, few-shot and fine-tune; MPP above supervised on the patch mean, level on the fine-tune
+    recs = hand_made(mpp_few=[0.20, 0.22, 0.19], mpp_fine=[0.30, 0.31, 0.32])
+    recs = [few_shot_record(r["init"], {10: r["metrics"]["few_shot"]["10"]["per_seed"]},
+                            patch_mean={10: {"scratch": [0.3, 0.31, 0.29], "mpp": [0.9, 0.92, 0.91],
+                                             "supervised": [0.5, 0.52, 0.49]}[r["init"]]})
+            if r["kind"] == "few_shot" else r for r in recs]
+    recs = [dict(r, metrics={"test_accuracy": 0.85 + 0.01 * r["seed"]}) if r["row_id"].startswith("finetune/mpp")
+            else r for r in recs]
+    recs = _with_pretrain_facts(recs, 256, 4, 32, "shapes")
+    v = {x.finding: x for x in study_verdicts(recs, shots=10)}
+    short = v["Sec. 4.6: MPP beats scratch (10-shot probe)"]
+    assert short.verdict == "not reproduced"
+    reason = known_reason(short)
+    assert "pre-trained on 256 32 px images (shapes) for 4 epochs" in reason and "50,000" not in reason
+    assert "10-shot linear probe on frozen features" in reason
+    assert "class token's output, which the MPP loss never trains" in reason and "supervised" not in reason
+    loses = _with_pretrain_facts(hand_made(mpp_few=[0.20, 0.22, 0.19], mpp_fine=[0.30, 0.31, 0.32]), 256, 4, 32,
+                                 "shapes")
+    fine = mpp_ordering(loses, "mpp", "scratch", kind="finetune")
+    assert fine.verdict == "not reproduced"
+    assert "3-epoch fine-tune on 500 labelled images per class" in known_reason(fine)
+    assert "supervised" not in known_reason(fine) and "class token" not in known_reason(fine)
+    above = v["Sec. 4.6: supervised beats MPP (10-shot probe, patch mean)"]
+    assert above.verdict == "not reproduced"  # MPP's patch mean beats the supervised one here
+    reason = known_reason(above)
+    assert "favours" not in reason and "labels of the very training images" not in reason
+    assert "the checkpoint data/checkpoints/vit_cifar10" in reason
+    assert "patch tokens' outputs, which the MPP loss does train" in reason
+    level = v["Sec. 4.6: supervised beats MPP (fine-tune)"]
+    assert level.verdict == "inconclusive" and "favours" not in known_reason(level)
+    assert "class token" not in known_reason(level)
+    # without the facts in the records: no numbers are made up
+    bare = mpp_ordering(hand_made(mpp_few=[0.20, 0.22, 0.19], mpp_fine=[0.3, 0.31, 0.32]), "mpp", "scratch")
+    assert "encoder was pre-trained" not in known_reason(bare) and "50,000" not in known_reason(bare)
+
+
+def test_the_shipped_mpp_reasons_quote_the_shipped_study():
+    from vitlab.findings import known_reason
+    from vitlab.scaling import ResultsStore
+
+    root = Path(__file__).resolve().parents[1]
+    records, _ = shown_records(ResultsStore(root / "data" / "results" / "mpp_cifar10.jsonl").records(), "cifar10")
+    v = {x.finding: x for x in study_verdicts(records, STUDIES["cifar10"].verdict_shots)}
+    reason = known_reason(v["Sec. 4.6: MPP beats scratch (10-shot probe)"])
+    assert "Here the MPP encoder was pre-trained on 50,000 32 px images (cifar10) for 6 epochs" in reason
+    assert "supervised" not in reason
 
 
 def test_rows_of_one_code_version_are_shown_together():

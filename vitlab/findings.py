@@ -822,16 +822,34 @@ def mpp_accuracies(records: Sequence[Mapping[str, Any]], kind: str = "few_shot",
     return out
 
 
-def _accuracy_step(records: Sequence[Mapping[str, Any]], kind: str, inits: Sequence[str]) -> Resolution | None:
-    """The step of the accuracies compared, 1 / test images, where every compared row records its test images
-    (``metrics["test"]``: the few-shot rows; the fine-tune rows do not record it); None otherwise."""
-    rows = [r for r in _study_rows(records).values()
-            if r.get("status") == "ok" and r.get("kind") == kind and r.get("init") in inits]
+def _accuracy_step(rows: Sequence[Mapping[str, Any]]) -> Resolution | None:
+    """The step of the accuracies of the compared ``rows`` (finished), 1 / test images, where every row records its
+    test images (``metrics["test"]``: the few-shot rows; the fine-tune rows do not record it); None otherwise."""
     tests = {(r.get("metrics") or {}).get("test") for r in rows}
     if not rows or None in tests:
         return None
     n = min(int(t) for t in tests)
     return 1.0 / n, f"1 of {n:,} test images"
+
+
+def _compared_facts(rows: Sequence[Mapping[str, Any]], kind: str) -> dict[str, Any]:
+    """What the Sec. 4.6 reasons quote, read from the compared ``rows`` (finished) where they record it: the
+    pre-trained side's pre-training (``pretrain``: images, epochs, image size, data), the fine-tune's epochs and
+    labelled images per class (``finetune``), the supervised checkpoint (``supervised_checkpoint``)."""
+    out: dict[str, Any] = {}
+    for r in rows:
+        spec, metrics = r.get("spec") or {}, r.get("metrics") or {}
+        init = spec.get("init") if isinstance(spec.get("init"), Mapping) else {}
+        pre = metrics.get("pretrain")
+        if isinstance(pre, Mapping) and "pretrain" not in out:
+            model = (init.get("pretrain") or {}).get("model") or {}
+            out["pretrain"] = {"images": pre.get("images"), "epochs": pre.get("epochs"),
+                               "image_px": model.get("img_size"), "data": spec.get("data")}
+        if init.get("checkpoint"):
+            out.setdefault("supervised_checkpoint", str(init["checkpoint"]))
+        if kind == "finetune" and "finetune" not in out:
+            out["finetune"] = {"epochs": (spec.get("finetune") or {}).get("epochs"), "per_class": spec.get("per_class")}
+    return out
 
 
 def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", worse: str = "scratch",
@@ -853,13 +871,14 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
                          "`vitlab mpp-study` first")
     common = sorted(set(acc[better]) & set(acc[worse]))
     diff = np.array([acc[better][s] - acc[worse][s] for s in common])  # (S,)
+    rows = [r for r in _study_rows(records).values()
+            if r.get("kind") == kind and r.get("init") in (better, worse) and r.get("status") == "ok"]
     unit = "probe seeds" if kind == "few_shot" else "fine-tune seeds"
-    interval, method = _mean_interval(diff, n_boot, seed, unit, _accuracy_step(records, kind, (better, worse)))
+    interval, method = _mean_interval(diff, n_boot, seed, unit, _accuracy_step(rows))
     b, w = _INIT_NAMES.get(better, better), _INIT_NAMES.get(worse, worse)
     what = "fine-tune" if kind != "few_shot" else f"{shots}-shot probe" + ("" if readout == "model" else
                                                                            f", {readout.replace('_', ' ')}")
-    code = sorted({_code_hash(r) for r in _study_rows(records).values()
-                   if r.get("kind") == kind and r.get("init") in (better, worse)})  # one: _study_rows checked
+    code = sorted({_code_hash(r) for r in rows})  # one: _study_rows checked
     return _verdict(
         f"Sec. 4.6: {b} beats {w} ({what})",
         f"mean over {unit} of ({b} - {w}) {what} accuracy on the test images > 0, paired by seed; 95% interval over "
@@ -869,7 +888,7 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
          else None, "seeds": common, "per_seed": diff,
          "interval_method": method, f"{better}_mean": float(np.mean([acc[better][s] for s in common])) if common
          else None, f"{worse}_mean": float(np.mean([acc[worse][s] for s in common])) if common else None,
-         "code_hashes": code}, _none_reason(method))
+         "code_hashes": code, "better": better, "worse": worse, **_compared_facts(rows, kind)}, _none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- reasons
@@ -889,10 +908,8 @@ KNOWN_REASONS: dict[str, str] = {
     "Fig. 6": "the paper's maps are for ViT-L/16 on JFT-300M; Chefer et al. 2021 (\"Transformer Interpretability "
               "Beyond Attention Visualization\", CVPR) show that rollout is class-agnostic and can spread over the "
               "background.",
-    "Sec. 4.6": "the paper's MPP run is ViT-B/16 pre-trained on JFT-300M (Appendix B.1.2) and "
-                "compared after fine-tuning on ImageNet; here a small ViT sees 50,000 32 px images for a few "
-                "epochs. The supervised checkpoint learned from the labels of the very training images the shots "
-                "and the fine-tune subset come from, which favours it.",
+    "Sec. 4.6": "the paper's MPP run is ViT-B/16 pre-trained on JFT-300M (Appendix B.1.2) and compared after "
+                "fine-tuning on ImageNet.",
     "Fig. 3/4": "the paper's crossing happens between ImageNet (1.3M images) and JFT-300M (Fig. 3, 4); a "
                 "miniature of at most tens of thousands of 32 px images sits far below that regime, where "
                 "convolutional inductive biases should win.",
@@ -927,11 +944,67 @@ def known_reason(v: Verdict) -> str | None:
     if reason is None:
         return None
     if v.finding.startswith("Sec. 4.6"):
-        reason += " " + _MPP_READOUT.get((v.details.get("kind"), v.details.get("readout")), "")
-        reason = reason.rstrip()
+        reason = " ".join([reason, *_mpp_sentences(v)])
     prefix = _filter_size(v) if v.finding.startswith("Fig. 7 left") else \
         _lowest_layer_heads(v) if v.finding.startswith(_LOWEST_LAYER) else None
     return f"{prefix} {reason[:1].upper()}{reason[1:]}" if prefix else reason  # the prefix ends a sentence
+
+
+def _compared(v: Verdict) -> tuple[str | None, str | None]:
+    """The initialisations a Sec. 4.6 verdict compares (``details["better"]``, ``["worse"]``; for verdicts made
+    before they were recorded, from the finding's words "Sec. 4.6: MPP beats scratch (...)")."""
+    better, worse = v.details.get("better"), v.details.get("worse")
+    if better is None or worse is None:
+        names = {name: key for key, name in _INIT_NAMES.items()}
+        words = v.finding.removeprefix("Sec. 4.6: ").split(" (")[0].split(" beats ")
+        if len(words) == 2:
+            better, worse = (names.get(w, w) for w in words)
+    return better, worse
+
+
+def _px(size: Any) -> str:
+    """An image size from a config (32, or [32, 32]) in words: "32 px", "32x48 px"; "" when not recorded."""
+    if isinstance(size, (int, float)):
+        return f"{int(size)} px"
+    if isinstance(size, (list, tuple)) and len(size) == 2:
+        return f"{int(size[0])} px" if size[0] == size[1] else f"{int(size[0])}x{int(size[1])} px"
+    return ""
+
+
+def _mpp_sentences(v: Verdict) -> list[str]:
+    """The Sec. 4.6 reason's sentences after the paper's setup, chosen by the comparison and the way its result
+    went (a reason is shown only where the finding's side did not show): what this study compared, from the records
+    (``details``), then what can hold back the side the finding expects ahead. MPP not ahead of scratch: the probe's
+    readout (MPP never trains the class token). Supervised not ahead of MPP: the supervised side is one checkpoint,
+    whose own data and budget, not only its objective, set its accuracy; a patch-mean probe reads what MPP trains."""
+    d = v.details
+    better, worse = _compared(v)
+    kind, readout = d.get("kind"), d.get("readout")
+    here = []
+    pre = d.get("pretrain") or {}
+    if pre.get("images") and pre.get("epochs"):
+        px = _px(pre.get("image_px"))
+        data = f" ({pre['data']})" if pre.get("data") else ""
+        here.append(f"the MPP encoder was pre-trained on {int(pre['images']):,}{' ' + px if px else ''} images{data} "
+                    f"for {_units(int(pre['epochs']), 'epochs')}")
+    fine = d.get("finetune") or {}
+    if kind == "few_shot" and d.get("shots"):
+        here.append(f"the initialisations are compared by a {d['shots']}-shot linear probe on frozen features, not "
+                    "after fine-tuning")
+    elif kind == "finetune" and fine.get("epochs") and fine.get("per_class"):
+        here.append(f"the initialisations are compared after a {fine['epochs']}-epoch fine-tune on "
+                    f"{int(fine['per_class']):,} labelled images per class")
+    out = ["Here " + ", and ".join(here) + "."] if here else []
+    if better == "mpp":  # MPP not shown ahead of `worse`
+        out.append(_MPP_READOUT.get((kind, readout), ""))
+    elif better == "supervised" and worse == "mpp":  # supervised not shown ahead of MPP
+        ckpt = d.get("supervised_checkpoint")
+        out.append(f"The supervised side is {f'the checkpoint {ckpt}' if ckpt else 'one supervised checkpoint'}: its "
+                   "own data and training budget, not only its objective, set how well it does, where the paper "
+                   "pre-trains both on JFT-300M.")
+        if readout == "patch_mean":
+            out.append(_MPP_READOUT[("few_shot", "patch_mean")])
+    return [x for x in out if x]
 
 
 def _filter_size(v: Verdict) -> str | None:
