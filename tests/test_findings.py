@@ -598,7 +598,7 @@ def test_the_mpp_reason_names_what_the_probe_reads():
     assert "class token" not in known_reason(v("finetune", None))
     # supervised level with MPP: not the class-token sentence, which would argue for the supervised side
     level = dataclasses.replace(v("few_shot", "model"), finding="Sec. 4.6: supervised beats MPP (10-shot probe)")
-    assert "class token" not in known_reason(level) and "The supervised side is one supervised checkpoint" in \
+    assert "class token" not in known_reason(level) and "The supervised side is a single checkpoint" in \
         known_reason(level)
 
 

@@ -1019,7 +1019,7 @@ def _mpp_sentences(v: Verdict) -> list[str]:
         out.append(_MPP_READOUT.get((kind, readout), ""))
     elif better == "supervised" and worse == "mpp":  # supervised not shown ahead of MPP
         ckpt = d.get("supervised_checkpoint")
-        out.append(f"The supervised side is {f'the checkpoint {ckpt}' if ckpt else 'one supervised checkpoint'}: its "
+        out.append(f"The supervised side is {f'the checkpoint {ckpt}' if ckpt else 'a single checkpoint'}: its "
                    "own data and training budget, not only its objective, set how well it does, where the paper "
                    "pre-trains both on JFT-300M.")
         if readout == "patch_mean":
