@@ -225,9 +225,9 @@ def test_a_fixed_position_table_one_layer_and_one_image_get_no_false_verdicts(tm
     positions = next(f for f in metrics["figures"] if f["slug"] == "positions")
     assert "fixed" in positions["ours"] and "Not judged" in positions["ours"]
     assert [v["verdict"] for v in by_section["distance"]] == ["inconclusive"]  # the spread over 1 image; no slope
-    assert by_section["distance"][0]["details"]["no_interval"] == "1 image, at least 4 needed"
+    assert by_section["distance"][0]["details"]["no_interval"] == "1 image, at least 16 needed"
     page = (out / "report.html").read_text()  # the page says what is missing, not a reason about training data
-    assert "no interval: 1 image, at least 4 needed." in page and "Raghu" not in page
+    assert "no interval: 1 image, at least 16 needed." in page and "Raghu" not in page
     seconds = metrics["summary"]["seconds"]  # the run time the page states, in metrics.json too
     assert 0 < seconds <= metrics["seconds_total"] and f"in {seconds} s." in page
 

@@ -8,8 +8,9 @@ lies on the finding's side of the threshold, *not reproduced* when the whole int
 Intervals are percentile bootstraps (``N_BOOT`` resamples from ``numpy.random.default_rng(SEED)``, so a
 verdict is deterministic) over the unit that varies: images, patches, filter components, or seeds; the mean of
 fewer than ``MIN_MEAN_BOOTSTRAP`` (20) replicates takes a Student-t interval instead (a percentile bootstrap of a
-few values is too narrow: about 79% coverage for a nominal 95% at 4 seeds). A resample is
-drawn as a vector of counts (how often each unit was drawn), so every statistic is evaluated on all
+few values is too narrow: about 79% coverage for a nominal 95% at 4 seeds), and replicates without spread (all equal,
+or spread less than the measurement resolves) take none: a zero-width interval would decide on no uncertainty. A
+resample is drawn as a vector of counts (how often each unit was drawn), so every statistic is evaluated on all
 resamples at once as a weighted statistic, which equals the statistic on the repeated units.
 """
 
@@ -47,6 +48,7 @@ __all__ = [
     "scaling_gap_narrows",
     "few_shot_key",
     "mpp_accuracies",
+    "MixedCodeVersions",
     "mpp_ordering",
     "verdict_table",
     "explain",
@@ -61,8 +63,11 @@ __all__ = [
 N_BOOT = 1000
 SEED = 0
 LEVEL = 0.95
-#: the fewest units a percentile bootstrap of a statistic that is not a mean (e.g. a spread) is run over
-MIN_BOOTSTRAP = 4
+#: the fewest images the lowest layer's spread of head distances is judged from (``lowest_layer_spread``). Its
+#: bootstrap is too narrow on few images, as that of a mean is: a spread exactly at the threshold (2 heads, noise sd
+#: 0.2 of the uniform distance per image) came out "reproduced" in 9.9% of draws at 4 images, 5.0% at 8, 3.5% at 16
+#: (nominal 2.5%). Below it there is no interval: the verdict is inconclusive.
+MIN_SPREAD_IMAGES = 16
 #: the fewest units the interval of a mean is bootstrapped over; below it, Student t. A percentile bootstrap of a
 #: mean of n normal replicates covers about 79% at n = 4 and 87% at n = 8 instead of 95% (it ignores that the
 #: spread itself is estimated), so few seeds get the t interval, whose coverage is exact for normal data.
@@ -225,7 +230,7 @@ NOT_FINITE = "the statistic is not finite on the data or on any resample"
 def _verdict(finding: str, criterion: str, statistic: float, interval: tuple[float, float], threshold: float,
              side: str, quantity: str, unit: str, details: dict[str, Any], no_interval: str | None = None) -> Verdict:
     """A verdict decided by ``_decide``. Where the interval is not finite, ``details["no_interval"]`` says why
-    (``no_interval``, e.g. "2 images, at least 4 needed"; ``NOT_FINITE`` when none is given)."""
+    (``no_interval``, e.g. "2 images, at least 16 needed"; ``NOT_FINITE`` when none is given)."""
     interval = (float(interval[0]), float(interval[1]))
     if not (math.isfinite(interval[0]) and math.isfinite(interval[1])):
         details = {**details, "no_interval": no_interval or NOT_FINITE}
@@ -250,12 +255,36 @@ def _percentile(samples: np.ndarray) -> tuple[float, float]:
     return float(np.quantile(s, a)), float(np.quantile(s, 1 - a))
 
 
-def _mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str) -> tuple[tuple[float, float], str]:
+#: A step of a measurement: (size, in words), e.g. (1e-4, "1 of 10,000 test images") for an accuracy
+Resolution = tuple[float, str]
+
+
+def _no_spread(values: np.ndarray, unit: str, resolution: Resolution | None = None) -> str | None:
+    """Why the replicates ``values`` (2 or more) have no spread to take an interval from, None when they have one:
+    all equal (up to rounding in the last digits, as 0.255 - 0.25 against 0.305 - 0.3), or, where the step of the
+    measurement is known (``resolution``), a standard deviation below that step, which the measurement cannot
+    resolve. An interval from such a spread is (nearly) of zero width and decides a finding on no uncertainty."""
+    n = len(values)
+    sd = float(values.std(ddof=1))
+    if sd <= 1e-9 * float(np.abs(values).max()):
+        who = f"both {unit}" if n == 2 else f"all {n} {unit}"
+        return f"{who} give the same value, {_fmt(float(values.mean()))}, so there is no spread to take an interval from"
+    if resolution is not None and sd < resolution[0]:
+        return (f"the {n} {unit} spread less (sd {sd:.2g}) than one step of the measurement resolves ({resolution[1]}: "
+                f"{resolution[0]:.2g})")
+    return None
+
+
+def _mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str, resolution: Resolution | None = None
+                   ) -> tuple[tuple[float, float], str]:
     """Interval of the mean of replicates (seeds, draws, images): Student t below ``MIN_MEAN_BOOTSTRAP``, a
-    percentile bootstrap from there on, none for 1."""
+    percentile bootstrap from there on, none for 1 or for replicates without spread (``_no_spread``)."""
     n = len(values)
     if n < 2:
         return (math.nan, math.nan), f"none: {_units(n, unit)}, at least 2 needed"
+    flat = _no_spread(values, unit, resolution)
+    if flat is not None:
+        return (math.nan, math.nan), f"none: {flat}"
     if n < MIN_MEAN_BOOTSTRAP:
         from scipy.stats import t
 
@@ -265,20 +294,33 @@ def _mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str) -> tup
     return _percentile(w @ values / n), f"bootstrap over {n} {unit}, {n_boot} resamples"
 
 
+#: the fewest replicates whose order statistics make a 95% prediction interval (ranks 1 and n at 39: 38/40 = 95%)
+MIN_ORDER_PREDICTION = 39
+
+
 def _prediction_interval(values: np.ndarray, unit: str) -> tuple[tuple[float, float], str]:
-    """Where one more replicate would fall, 95%: Student t (mean +- t sd sqrt(1 + 1/n)) below 20 replicates, the
-    2.5 and 97.5 percentiles from 20 on."""
+    """Where one more replicate would fall, 95%: Student t (mean +- t sd sqrt(1 + 1/n)) below
+    ``MIN_ORDER_PREDICTION`` replicates, exact for normal ones; from there on the replicates of ranks
+    i = floor(0.025 (n + 1)) and j = ceil(0.975 (n + 1)), between which one more replicate of any continuous
+    distribution falls with probability (j - i) / (n + 1) >= 95%. (The 2.5 and 97.5 percentiles of the replicates
+    hold one more only 87% of the time at 20 replicates, 90% at 30.) None for 1 or for replicates without spread."""
     n = len(values)
     if n < 2:
         return (math.nan, math.nan), f"none: {_units(n, unit)}, at least 2 needed"
-    if n < 20:
+    flat = _no_spread(values, unit)
+    if flat is not None:
+        return (math.nan, math.nan), f"none: {flat}"
+    if n < MIN_ORDER_PREDICTION:
         from scipy.stats import t
 
         half = float(t.ppf(0.975, n - 1)) * values.std(ddof=1) * math.sqrt(1 + 1 / n)
         return (float(values.mean() - half), float(values.mean() + half)), \
             f"Student t prediction interval over {n} {unit} ({n - 1} df)"
-    lo, hi = np.percentile(values, [2.5, 97.5])
-    return (float(lo), float(hi)), f"2.5-97.5 percentiles of {n} {unit}"
+    a = (1 - LEVEL) / 2
+    # 1-based ranks, 1 <= i < j <= n from n = 39 (the 1e-9 keeps a product that is an integer from rounding off it)
+    i, j = math.floor(a * (n + 1) + 1e-9), math.ceil((1 - a) * (n + 1) - 1e-9)
+    s = np.sort(values)
+    return (float(s[i - 1]), float(s[j - 1])), f"ranks {i} and {j} of {n} {unit}"
 
 
 def _weighted_ranks(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -532,7 +574,14 @@ def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_b
     ``uniform_attention_distance(grid, patch)``. Statistic: (largest - smallest head mean in layer 0) /
     uniform distance. Threshold 0.5: in the paper's Fig. 7 right the lowest layer's heads span from about 10% to
     about 90% of the largest distance, a spread of about 0.8; half of the uniform distance separates "some local
-    and some global" from "all heads alike". Bootstrap over images (at least ``MIN_BOOTSTRAP``).
+    and some global" from "all heads alike".
+
+    Interval: the basic bootstrap over images (2 x statistic minus the bootstrap's 97.5 and 2.5 percentiles), from
+    ``MIN_SPREAD_IMAGES`` images on. The largest minus the smallest of noisy head means overshoots the true spread,
+    and a resample's overshoots the statistic by about as much again; the percentile interval kept that bias, the
+    basic one takes it off. (4 heads at 0, 0, 0.45 and 0.45 of the uniform distance, per-image noise sd 0.2: the
+    percentile interval called the spread of 0.45 "reproduced" in 28% of draws at 4 images, 15% at 8, 7% at 16, 3% at
+    32; the basic one 10%, 4.7%, 2.1% and 0.9%.)
     """
     d0 = _per_image(dist)[0]  # (B, H)
     b = len(d0)
@@ -542,17 +591,27 @@ def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_b
         return (heads.max(1) - heads.min(1)) / ceiling
 
     heads = d0.mean(0)
-    # a bootstrap of 1-3 images has 1-10 distinct resamples: no interval (inconclusive) rather than a false one
-    interval = _percentile(spread(_counts(b, n_boot, seed))) if b >= MIN_BOOTSTRAP else (math.nan, math.nan)
+    stat = float(spread(np.ones((1, b)))[0])
+    if b < MIN_SPREAD_IMAGES:  # too few images for the bootstrap's width: no interval (inconclusive), not a false one
+        missing: str | None = f"{_units(b, 'images')}, at least {MIN_SPREAD_IMAGES} needed"
+    elif (np.ptp(d0, axis=0) <= 1e-9 * np.abs(d0).max()).all():  # every resample the same: a zero-width interval
+        missing = f"all {b} images give the same head distances, so there is no spread to take an interval from"
+    else:
+        missing = None
+    if missing is None:
+        lo, hi = _percentile(spread(_counts(b, n_boot, seed)))
+        interval = (2 * stat - hi, 2 * stat - lo)  # NaN stays NaN
+    else:
+        interval = (math.nan, math.nan)
     return _verdict(
         _LOWEST_LAYER,
         f"(largest - smallest head mean attention distance in layer 0) / uniform-attention distance > {threshold}; "
-        f"95% bootstrap over images (at least {MIN_BOOTSTRAP})",
-        spread(np.ones((1, b)))[0], interval, threshold, ">",
+        f"95% basic bootstrap over images (at least {MIN_SPREAD_IMAGES})",
+        stat, interval, threshold, ">",
         "spread", "of uniform",
         {"head_distance_px": heads, "ceiling_px": ceiling, "images": b, "local_head": int(heads.argmin()),
          "global_head": int(heads.argmax())},
-        None if b >= MIN_BOOTSTRAP else f"{_units(b, 'images')}, at least {MIN_BOOTSTRAP} needed")
+        missing)
 
 
 def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
@@ -727,20 +786,49 @@ def few_shot_key(readout: str = "model") -> str:
     return "few_shot" if readout == "model" else f"few_shot_{readout}"
 
 
+class MixedCodeVersions(Exception):
+    """The latest records of one MPP study's rows come from more than one code version (a study partly rerun after a
+    code change): their accuracies are not compared. Not a ``ValueError``, so that a caller that skips unfinished
+    pairs on ``ValueError`` (``vitlab.mpp_study.study_verdicts``) does not hide it."""
+
+
+def _code_hash(r: Mapping[str, Any]) -> str:
+    return str((r.get("provenance") or {}).get("code_hash"))
+
+
+def _study_rows(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """{row_id: latest record} of one MPP study, all of one code version; records of several studies are refused
+    (``ValueError``), rows of several code versions too (``MixedCodeVersions``)."""
+    latest = {r["row_id"]: r for r in records}
+    studies = {r.get("study") for r in latest.values()}
+    if len(studies) > 1:
+        raise ValueError(f"records of {len(studies)} studies ({sorted(map(str, studies))}): select one, e.g. "
+                         "vitlab.mpp_study.shown_records(records, NAME)[0]")
+    codes: dict[str, int] = {}
+    for r in latest.values():
+        codes[_code_hash(r)] = codes.get(_code_hash(r), 0) + 1
+    if len(codes) > 1:
+        versions = ", ".join(f"{c}: {_units(n, 'rows')}" for c, n in sorted(codes.items()))
+        raise MixedCodeVersions(
+            f"the latest records of the study's rows come from {len(codes)} code versions ({versions}): a study "
+            "partly rerun after a code change would compare rows of different code. Select one version's rows, e.g. "
+            "vitlab.mpp_study.shown_records(records, NAME)[0] (the newest version's, as `vitlab mpp-study --table` "
+            "and notebooks/07 show them), or rerun `vitlab mpp-study` to bring every row to this code")
+    return latest
+
+
 def mpp_accuracies(records: Sequence[Mapping[str, Any]], kind: str = "few_shot", shots: int = 10,
                    readout: str = "model") -> dict[str, dict[int, float]]:
     """{initialisation: {seed: accuracy}} from the MPP study's JSONL records (``vitlab.mpp_study``; the latest
     record of a row id wins, ok rows only). ``kind="few_shot"``: the ``shots``-shot accuracy per probe seed (each
     seed draws the same shots for every initialisation) of features read out as ``readout``; ``"finetune"``: the
-    test accuracy per fine-tune seed. Records of several studies are refused."""
+    test accuracy per fine-tune seed. Records of several studies are refused (``ValueError``), and so are rows whose
+    latest records come from several code versions (``MixedCodeVersions``: select them as
+    ``vitlab.mpp_study.shown_records`` does)."""
     if kind not in ("few_shot", "finetune"):
         raise ValueError(f"kind must be 'few_shot' or 'finetune', got {kind!r}")
     key = few_shot_key(readout)
-    latest = {r["row_id"]: r for r in records}
-    studies = {r.get("study") for r in latest.values()}
-    if len(studies) > 1:
-        raise ValueError(f"records of {len(studies)} studies ({sorted(map(str, studies))}): select one, e.g. "
-                         "vitlab.mpp_study.latest_records(records, NAME).values()")
+    latest = _study_rows(records)
     out: dict[str, dict[int, float]] = {}
     for r in latest.values():
         if r.get("status") != "ok" or r.get("kind") != kind:
@@ -751,6 +839,36 @@ def mpp_accuracies(records: Sequence[Mapping[str, Any]], kind: str = "few_shot",
                 out[r["init"]] = {int(s): float(a) for s, a in zip(r["spec"]["probe_seeds"], cell["per_seed"])}
         else:
             out.setdefault(r["init"], {})[int(r["seed"])] = float(r["metrics"]["test_accuracy"])
+    return out
+
+
+def _accuracy_step(rows: Sequence[Mapping[str, Any]]) -> Resolution | None:
+    """The step of the accuracies of the compared ``rows`` (finished), 1 / test images, where every row records its
+    test images (``metrics["test"]``: the few-shot rows; the fine-tune rows do not record it); None otherwise."""
+    tests = {(r.get("metrics") or {}).get("test") for r in rows}
+    if not rows or None in tests:
+        return None
+    n = min(int(t) for t in tests)
+    return 1.0 / n, f"1 of {n:,} test images"
+
+
+def _compared_facts(rows: Sequence[Mapping[str, Any]], kind: str) -> dict[str, Any]:
+    """What the Sec. 4.6 reasons quote, read from the compared ``rows`` (finished) where they record it: the
+    pre-trained side's pre-training (``pretrain``: images, epochs, image size, data), the fine-tune's epochs and
+    labelled images per class (``finetune``), the supervised checkpoint (``supervised_checkpoint``)."""
+    out: dict[str, Any] = {}
+    for r in rows:
+        spec, metrics = r.get("spec") or {}, r.get("metrics") or {}
+        init = spec.get("init") if isinstance(spec.get("init"), Mapping) else {}
+        pre = metrics.get("pretrain")
+        if isinstance(pre, Mapping) and "pretrain" not in out:
+            model = (init.get("pretrain") or {}).get("model") or {}
+            out["pretrain"] = {"images": pre.get("images"), "epochs": pre.get("epochs"),
+                               "image_px": model.get("img_size"), "data": spec.get("data")}
+        if init.get("checkpoint"):
+            out.setdefault("supervised_checkpoint", str(init["checkpoint"]))
+        if kind == "finetune" and "finetune" not in out:
+            out["finetune"] = {"epochs": (spec.get("finetune") or {}).get("epochs"), "per_class": spec.get("per_class")}
     return out
 
 
@@ -773,13 +891,14 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
                          "`vitlab mpp-study` first")
     common = sorted(set(acc[better]) & set(acc[worse]))
     diff = np.array([acc[better][s] - acc[worse][s] for s in common])  # (S,)
+    rows = [r for r in _study_rows(records).values()
+            if r.get("kind") == kind and r.get("init") in (better, worse) and r.get("status") == "ok"]
     unit = "probe seeds" if kind == "few_shot" else "fine-tune seeds"
-    interval, method = _mean_interval(diff, n_boot, seed, unit)
+    interval, method = _mean_interval(diff, n_boot, seed, unit, _accuracy_step(rows))
     b, w = _INIT_NAMES.get(better, better), _INIT_NAMES.get(worse, worse)
     what = "fine-tune" if kind != "few_shot" else f"{shots}-shot probe" + ("" if readout == "model" else
                                                                            f", {readout.replace('_', ' ')}")
-    code = sorted({str(r.get("provenance", {}).get("code_hash")) for r in {r["row_id"]: r for r in records}.values()
-                   if r.get("kind") == kind and r.get("init") in (better, worse)})
+    code = sorted({_code_hash(r) for r in rows})  # one: _study_rows checked
     return _verdict(
         f"Sec. 4.6: {b} beats {w} ({what})",
         f"mean over {unit} of ({b} - {w}) {what} accuracy on the test images > 0, paired by seed; 95% interval over "
@@ -789,7 +908,7 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
          else None, "seeds": common, "per_seed": diff,
          "interval_method": method, f"{better}_mean": float(np.mean([acc[better][s] for s in common])) if common
          else None, f"{worse}_mean": float(np.mean([acc[worse][s] for s in common])) if common else None,
-         "code_hashes": code}, _none_reason(method))
+         "code_hashes": code, "better": better, "worse": worse, **_compared_facts(rows, kind)}, _none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- reasons
@@ -809,10 +928,8 @@ KNOWN_REASONS: dict[str, str] = {
     "Fig. 6": "the paper's maps are for ViT-L/16 on JFT-300M; Chefer et al. 2021 (\"Transformer Interpretability "
               "Beyond Attention Visualization\", CVPR) show that rollout is class-agnostic and can spread over the "
               "background.",
-    "Sec. 4.6": "the paper's MPP run is ViT-B/16 pre-trained on JFT-300M (Appendix B.1.2) and "
-                "compared after fine-tuning on ImageNet; here a small ViT sees 50,000 32 px images for a few "
-                "epochs. The supervised checkpoint learned from the labels of the very training images the shots "
-                "and the fine-tune subset come from, which favours it.",
+    "Sec. 4.6": "the paper's MPP run is ViT-B/16 pre-trained on JFT-300M (Appendix B.1.2) and compared after "
+                "fine-tuning on ImageNet.",
     "Fig. 3/4": "the paper's crossing happens between ImageNet (1.3M images) and JFT-300M (Fig. 3, 4); a "
                 "miniature of at most tens of thousands of 32 px images sits far below that regime, where "
                 "convolutional inductive biases should win.",
@@ -828,7 +945,7 @@ _MPP_READOUT = {
 
 
 def no_interval_reason(v: Verdict) -> str | None:
-    """Why ``v`` has no interval (e.g. "2 images, at least 4 needed"), None when it has one. Verdicts made before
+    """Why ``v`` has no interval (e.g. "2 images, at least 16 needed"), None when it has one. Verdicts made before
     ``details["no_interval"]`` was recorded (or by hand) say only that none could be computed."""
     lo, hi = v.interval
     if math.isfinite(lo) and math.isfinite(hi):
@@ -847,11 +964,67 @@ def known_reason(v: Verdict) -> str | None:
     if reason is None:
         return None
     if v.finding.startswith("Sec. 4.6"):
-        reason += " " + _MPP_READOUT.get((v.details.get("kind"), v.details.get("readout")), "")
-        reason = reason.rstrip()
+        reason = " ".join([reason, *_mpp_sentences(v)])
     prefix = _filter_size(v) if v.finding.startswith("Fig. 7 left") else \
         _lowest_layer_heads(v) if v.finding.startswith(_LOWEST_LAYER) else None
     return f"{prefix} {reason[:1].upper()}{reason[1:]}" if prefix else reason  # the prefix ends a sentence
+
+
+def _compared(v: Verdict) -> tuple[str | None, str | None]:
+    """The initialisations a Sec. 4.6 verdict compares (``details["better"]``, ``["worse"]``; for verdicts made
+    before they were recorded, from the finding's words "Sec. 4.6: MPP beats scratch (...)")."""
+    better, worse = v.details.get("better"), v.details.get("worse")
+    if better is None or worse is None:
+        names = {name: key for key, name in _INIT_NAMES.items()}
+        words = v.finding.removeprefix("Sec. 4.6: ").split(" (")[0].split(" beats ")
+        if len(words) == 2:
+            better, worse = (names.get(w, w) for w in words)
+    return better, worse
+
+
+def _px(size: Any) -> str:
+    """An image size from a config (32, or [32, 32]) in words: "32 px", "32x48 px"; "" when not recorded."""
+    if isinstance(size, (int, float)):
+        return f"{int(size)} px"
+    if isinstance(size, (list, tuple)) and len(size) == 2:
+        return f"{int(size[0])} px" if size[0] == size[1] else f"{int(size[0])}x{int(size[1])} px"
+    return ""
+
+
+def _mpp_sentences(v: Verdict) -> list[str]:
+    """The Sec. 4.6 reason's sentences after the paper's setup, chosen by the comparison and the way its result
+    went (a reason is shown only where the finding's side did not show): what this study compared, from the records
+    (``details``), then what can hold back the side the finding expects ahead. MPP not ahead of scratch: the probe's
+    readout (MPP never trains the class token). Supervised not ahead of MPP: the supervised side is one checkpoint,
+    whose own data and budget, not only its objective, set its accuracy; a patch-mean probe reads what MPP trains."""
+    d = v.details
+    better, worse = _compared(v)
+    kind, readout = d.get("kind"), d.get("readout")
+    here = []
+    pre = d.get("pretrain") or {}
+    if pre.get("images") and pre.get("epochs"):
+        px = _px(pre.get("image_px"))
+        data = f" ({pre['data']})" if pre.get("data") else ""
+        here.append(f"the MPP encoder was pre-trained on {int(pre['images']):,}{' ' + px if px else ''} images{data} "
+                    f"for {_units(int(pre['epochs']), 'epochs')}")
+    fine = d.get("finetune") or {}
+    if kind == "few_shot" and d.get("shots"):
+        here.append(f"the initialisations are compared by a {d['shots']}-shot linear probe on frozen features, not "
+                    "after fine-tuning")
+    elif kind == "finetune" and fine.get("epochs") and fine.get("per_class"):
+        here.append(f"the initialisations are compared after a {fine['epochs']}-epoch fine-tune on "
+                    f"{int(fine['per_class']):,} labelled images per class")
+    out = ["Here " + ", and ".join(here) + "."] if here else []
+    if better == "mpp":  # MPP not shown ahead of `worse`
+        out.append(_MPP_READOUT.get((kind, readout), ""))
+    elif better == "supervised" and worse == "mpp":  # supervised not shown ahead of MPP
+        ckpt = d.get("supervised_checkpoint")
+        out.append(f"The supervised side is {f'the checkpoint {ckpt}' if ckpt else 'a single checkpoint'}: its "
+                   "own data and training budget, not only its objective, set how well it does, where the paper "
+                   "pre-trains both on JFT-300M.")
+        if readout == "patch_mean":
+            out.append(_MPP_READOUT[("few_shot", "patch_mean")])
+    return [x for x in out if x]
 
 
 def _filter_size(v: Verdict) -> str | None:

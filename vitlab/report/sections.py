@@ -216,7 +216,7 @@ def distance(inp: Inputs) -> Section:
     per = mean_attention_distance(inp.net, inp.x, per_image=True, progress=False).cpu()  # (L, B, H) pixels
     dist = per.mean(1)  # (L, H)
     ceiling = findings.uniform_attention_distance(info.grid_size, info.patch_size)
-    # the lowest-layer spread decides from MIN_BOOTSTRAP images on (inconclusive below); a slope needs 2 layers
+    # the lowest-layer spread decides from MIN_SPREAD_IMAGES images on (inconclusive below); a slope needs 2 layers
     verdicts = [findings.lowest_layer_spread(per, ceiling)]
     if per.shape[0] >= 2:
         verdicts.append(findings.distance_grows_with_depth(per))
