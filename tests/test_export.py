@@ -251,6 +251,11 @@ def test_a_run_with_a_qualified_data_label_exports(tmp_path, monkeypatch):
     assert base_dataset("shapes") == "shapes" and base_dataset("cifar10:/data/c10[n=5]") == "cifar10:/data/c10"
     (tmp_path / "odd[1]").mkdir()
     assert base_dataset("odd[1]") == "odd[1]"  # a folder whose name ends in brackets is its own name
+    # loading such a label (e.g. `vitlab train --resume` of a study run) says what it is, not "not found"
+    from vitlab.data import DataError, load_dataset
+
+    with pytest.raises(DataError, match=r"names a part of 'shapes' that a run trained on .* running the study again"):
+        load_dataset("shapes[n=64]", "train")
     train_data, test_data = _shapes_subsets()
     cfg = dataclasses.replace(PRESETS["mpp_cifar10"], model=PRESETS["tiny"].model, data="shapes[n=64]", epochs=1,
                               batch_size=16, warmup_epochs=0.5, bf16=False)
