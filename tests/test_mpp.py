@@ -245,6 +245,19 @@ def test_load_mpp_reports_a_head_that_does_not_fit_as_a_damaged_checkpoint(tmp_p
     for k, v in right.state_dict().items():
         torch.testing.assert_close(objective.state_dict()[k], v, rtol=0, atol=0, msg=k)
 
+    # resuming a run reads the head through the same check (it was torch's raw size-mismatch error)
+    from vitlab.checkpoint import load_run_state, save_run_checkpoint
+
+    opt = torch.optim.AdamW(list(model.parameters()) + list(wrong.parameters()))
+    run = save_run_checkpoint(tmp_path / "run", model, opt, None, {"epoch": 1}, modules={"objective": wrong})
+    with pytest.raises(ModelLoadError, match=rf"{OBJECTIVE_NAME} does not match .*head\.1\.weight: file"):
+        load_run_state(run, torch.optim.AdamW(list(model.parameters()) + list(right.parameters())), None,
+                       modules={"objective": right})
+    fresh = MaskedPatchPrediction.for_model(model, "patch4x4", 0.5)
+    load_run_state(run, opt, None, modules={"objective": fresh})
+    for k, v in wrong.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[k], v, rtol=0, atol=0, msg=k)
+
 
 def test_evaluate_mpp_spreads_its_images_over_a_class_ordered_split():
     from vitlab.data import ImageArray

@@ -339,8 +339,8 @@ def load_run_state(directory: str | os.PathLike, opt: torch.optim.Optimizer, ema
     config.json. The optimizer keeps the implementation it was built with (``foreach``/``fused``: how fast the
     update runs here, not what it computes), whichever one the checkpoint's process used."""
     directory = Path(directory)
-    for name, module in (modules or {}).items():
-        module.load_state_dict(load_file(str(directory / f"{name}.safetensors"), device=str(device)))
+    for name, module in (modules or {}).items():  # a damaged or mismatched file: a ModelLoadError naming it
+        load_module_weights(module, directory / f"{name}.safetensors")
     impl = [{k: g[k] for k in _IMPLEMENTATION_FLAGS if k in g} for g in opt.param_groups]
     opt.load_state_dict(_unflatten_optimizer(load_file(str(directory / "optimizer.safetensors")),
                                              json.loads((directory / "optimizer.json").read_text())))
