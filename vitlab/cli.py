@@ -443,8 +443,6 @@ def _check_app_model(model: str | None, num_images: int) -> None:
     import vitlab
     from vitlab.images import default_image_count, default_source
 
-    if num_images < 1:
-        raise ValueError(f"--num-images must be at least 1, got {num_images}")
     net = vitlab.load_model(model or None)
     try:
         vitlab.model_info(net)

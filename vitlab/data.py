@@ -360,7 +360,7 @@ def load_dataset(spec: str, split: str = "train", progress: bool = True) -> Imag
     if name in ("cifar10", "cifar100"):
         return load_cifar(name, split, root or None, progress=progress)
     path = Path(spec)
-    if not path.exists() and base_dataset(spec) != spec:
+    if base_dataset(spec) != spec:  # not a path as written (base_dataset keeps an existing one whole)
         raise DataError(f"dataset {spec!r} names a part of {base_dataset(spec)!r} that a run trained on (the MPP "
                         f"study's label: `vitlab mpp-study` draws that part and passes it to training itself, so "
                         f"resume such a run by running the study again); load {base_dataset(spec)!r} for the whole "

@@ -788,8 +788,8 @@ def few_shot_key(readout: str = "model") -> str:
 
 class MixedCodeVersions(Exception):
     """The latest records of one MPP study's rows come from more than one code version (a study partly rerun after a
-    code change): their accuracies are not compared. Not a ``ValueError``, so that a caller that skips unfinished
-    pairs on ``ValueError`` (``vitlab.mpp_study.study_verdicts``) does not hide it."""
+    code change): their accuracies are not compared. Not a ``ValueError``, so that a caller that skips bad records on
+    ``ValueError`` does not take it for one: the rows are sound, only not comparable."""
 
 
 def _code_hash(r: Mapping[str, Any]) -> str:

@@ -199,12 +199,12 @@ class TrainConfig:
                                  f"{self.mpp_target!r}, {self.mpp_rate!r}")
         if self.randaugment is not None:
             _check_randaugment(self.randaugment)
-        if self.keep_best and (self.objective != "classify" or not self.eval_every):
-            raise ValueError("keep_best keeps the checkpoint of the best test accuracy, which "
-                             + ("masked patch prediction does not measure" if self.objective != "classify" else
-                                "eval_every=0 never measures")
-                             + ": leave keep_best false" + ("" if self.objective != "classify" else
-                                                            ", or evaluate (--set eval_every=1)"))
+        best = "keep_best keeps the checkpoint of the best test accuracy, which"
+        if self.keep_best and self.objective != "classify":
+            raise ValueError(f"{best} masked patch prediction does not measure: leave keep_best false")
+        if self.keep_best and not self.eval_every:
+            raise ValueError(f"{best} eval_every=0 never measures: leave keep_best false, or evaluate (--set "
+                             "eval_every=1)")
         if self.flip not in ("random", "alternating", "none"):
             raise ValueError(f"flip must be 'random', 'alternating' or 'none', got {self.flip!r}")
         if not isinstance(self.lookahead_every, int) or self.lookahead_every < 0:
