@@ -62,6 +62,39 @@ def test_too_small_and_broken_images_are_refused_or_skipped(tmp_path):
     assert names == ["ok"] and x.shape == (1, 3, 32, 32)
 
 
+@pytest.mark.filterwarnings("ignore:skipped bad images")
+def test_a_limit_with_skip_bad_counts_usable_images(tmp_path):
+    """With skip_bad, ``limit`` counts the images used, not the files read: 2 bad files among the first 4 make it
+    read 6 files for 4 images (it gave 2), the warnings count both; too few usable ones are said; without skip_bad
+    a bad file among the first ``limit`` is still an error and one after them is never read."""
+    import warnings
+
+    from PIL import Image
+
+    from vitlab.data import DataError
+    from vitlab.images import load_images
+
+    for i in range(8):
+        Image.new("RGB", (40, 40), (30 * i, 0, 0)).save(tmp_path / f"{i}.png")
+    for i in (1, 2):
+        (tmp_path / f"{i}.png").write_bytes(b"not a png")
+    model = vitlab.load_model()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        names, x, _ = load_images(model, tmp_path, limit=4, skip_bad=True)
+    assert names == ["0", "3", "4", "5"] and x.shape == (4, 3, 32, 32)
+    text = [str(m.message) for m in w]
+    assert any("using the first 4 usable of the 8 images" in t and ": 2 left out" in t for t in text)
+    assert any(t.startswith("skipped bad images") and "1.png" in t and "2.png" in t for t in text)
+    with pytest.warns(UserWarning, match="only 6 usable images in .*, fewer than the 7 asked for"):
+        names, _, _ = load_images(model, tmp_path, limit=7, skip_bad=True)
+    assert len(names) == 6
+    with pytest.raises(DataError, match="1.png: unreadable"):
+        load_images(model, tmp_path, limit=2)
+    with pytest.warns(UserWarning, match="using the first 1 of the 8 images"):
+        assert load_images(model, tmp_path, limit=1)[0] == ["0"]
+
+
 def test_the_view_is_the_pixels_the_model_sees(tmp_path):
     """timm's eval transform resizes and centre-crops (crop_pct 0.875 here): the view a map is drawn over must be
     those pixels, equal to un-normalising the model's input, not the whole image squashed to the input size."""

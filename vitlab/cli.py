@@ -546,7 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(sp)
     sp.add_argument("--images", help="folder of images (default: the photos shipped with scikit-learn)")
     sp.add_argument("--num-images", type=positive_int, help="capture only the first N images of --images, sorted by path, "
-                    "with a warning counting those left out (default: every image)")
+                    "with a warning counting those left out (with --skip-bad: the first N usable ones; default: "
+                    "every image)")
     sp.add_argument("--out", default="attention.safetensors", help="output file")
     sp.add_argument("--head-fusion", choices=["mean", "max", "min"], help="fuse heads inside the hook")
     sp.add_argument("--queries", choices=["all", "prefix"], default=None,

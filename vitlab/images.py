@@ -38,10 +38,11 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
                 skip_bad: bool = False) -> tuple[list[str], Tensor, list[np.ndarray]]:
     """Images preprocessed as the model expects: (names, (B, C, H, W) batch, the (H, W, 3) uint8 views shown).
 
-    ``folder=None`` uses the photos scikit-learn ships. ``limit``: the first ``limit`` image files of ``folder``
-    (sorted by path), with a warning that counts the files left out; None: every one. Unreadable files, and images
-    smaller than one of the model's patches (nothing to look at once resized), raise ``DataError`` naming them;
-    with ``skip_bad=True`` they are skipped with a warning that names them instead.
+    ``folder=None`` uses the photos scikit-learn ships. ``limit``: the first ``limit`` images of ``folder`` (sorted
+    by path), with a warning that counts the files left out; None: every one. Unreadable files, and images smaller
+    than one of the model's patches (nothing to look at once resized), raise ``DataError`` naming them; with
+    ``skip_bad=True`` they are skipped with a warning that names them instead, and ``limit`` counts the usable
+    images: the files after the first ``limit`` are read until that many are usable or the folder ends.
     """
     import warnings
 
@@ -58,12 +59,13 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
         files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
             raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {root}")
-        if limit is not None and len(files) > limit:
-            warnings.warn(f"using the first {limit} of the {len(files)} images in {root} (sorted by path): "
-                          f"{len(files) - limit} left out", stacklevel=2)
-            files = files[:limit]
-        items, broken = [], []
-        for p in files:
+        # without skip_bad a bad file is an error anyway: only the first ``limit`` files are read
+        candidates = files if skip_bad or limit is None else files[:limit]
+        items, broken, read = [], [], 0
+        for p in candidates:
+            if limit is not None and len(items) == limit:
+                break
+            read += 1
             try:
                 with Image.open(p) as im:
                     rgb = rgb8(im)
@@ -75,6 +77,12 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
                               "patch of this model")
                 continue
             items.append((p.stem, rgb))
+        if read < len(files) and not (broken and not skip_bad):
+            usable = " usable" if broken else ""
+            warnings.warn(f"using the first {len(items)}{usable} of the {len(files)} images in {root} (sorted by "
+                          f"path): {len(files) - read} left out", stacklevel=2)
+        elif limit is not None and skip_bad and 0 < len(items) < limit:
+            warnings.warn(f"only {len(items)} usable images in {root}, fewer than the {limit} asked for", stacklevel=2)
         if broken and not skip_bad:
             raise DataError("bad images (remove or replace them, or pass --skip-bad to skip them):\n  "
                             + "\n  ".join(broken))
