@@ -57,3 +57,29 @@ def test_compile_ab_alternates_the_order_and_compares_the_mean_rates_per_size():
     assert s["24 px"]["ratio"] == pytest.approx(150 / 130)
     # where inductor could not compile, every row ran eagerly: no ratio is made up
     assert summarise([row(32, False, 90.0, 90.0), row(32, False, 91.0, 91.0)]) == {}
+
+
+def test_step_flops_matches_a_hand_count_whatever_attention_path_the_model_runs():
+    """The FLOPs of one training step of a tiny ViT, counted by hand: every matmul 2 x M x N x K forward, twice that
+    backward (gradients of input and weight), but the patch embedding's once (its input needs no gradient). The
+    model runs SDPA by default, which FlopCounterMode does not count on CPU: the sweep's pre-training FLOPs came
+    out a third short for this model before."""
+    import torch
+
+    from vitlab.modes import explicit_attention
+    from vitlab.train import step_flops
+    from vitlab.zoo import build_model, cifar_vit
+
+    D, M, C, L, T, B = 32, 64, 5, 2, 8 * 8 + 1, 4  # width, MLP, classes, blocks, tokens (64 patches + class), batch
+    model = build_model(cifar_vit(embed_dim=D, depth=L, num_heads=2, mlp_dim=M, num_classes=C,
+                                  drop_path_rate=0.0)).train()
+    embed = 2 * 64 * (3 * 4 * 4) * D  # 4 px patches: a (48 -> D) projection per patch
+    block = 2 * T * D * 3 * D + 2 * (2 * T * T * D) + 2 * T * D * D + 2 * (2 * T * D * M)  # qkv, qk^T and AV, proj, MLP
+    forward = B * (embed + L * block + 2 * D * C)
+    x, y = torch.randn(B, 3, 32, 32), torch.randint(0, C, (B,))
+    assert any(getattr(m, "fused_attn", False) for m in model.modules())  # the default path is SDPA
+    assert step_flops(model, x, y, bf16=False) == 3 * forward - B * embed
+    with explicit_attention(model):
+        assert step_flops(model, x, y, bf16=False) == 3 * forward - B * embed
+    assert step_flops(model, x, y, bf16=False, backward=False) == forward
+    assert any(getattr(m, "fused_attn", False) for m in model.modules())  # its attention path is left as it was
