@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -83,3 +84,44 @@ def test_step_flops_matches_a_hand_count_whatever_attention_path_the_model_runs(
         assert step_flops(model, x, y, bf16=False) == 3 * forward - B * embed
     assert step_flops(model, x, y, bf16=False, backward=False) == forward
     assert any(getattr(m, "fused_attn", False) for m in model.modules())  # its attention path is left as it was
+
+
+def test_compile_ab_stamps_the_machine_as_the_run_starts(monkeypatch):
+    """Its JSON's load average was read after the run (2026-11-27 05:18, load 1.98: its own work, the text's run
+    began 05:10 on an idle machine); like train_speed and streaming it now records the load before its own work."""
+    from benchmarks import compile_ab
+
+    clock = iter(range(100))
+    monkeypatch.setattr(compile_ab, "machine_info", lambda: {"date": f"t{next(clock)}"})
+    monkeypatch.setattr(compile_ab, "_data", lambda n: (None, "d"))
+    monkeypatch.setattr(compile_ab, "_teacher_dir", lambda tmp: tmp)
+    monkeypatch.setattr(compile_ab, "peak_matmul_flops", lambda: 1.0)
+
+    def vitlab_train(preset, data, steps, peak, teacher, small=None, compile=None):
+        next(clock)  # time passes while it runs
+        return {"preset": preset, "compiled": compile, "images_per_second": 1.0, "first_epoch_images_per_second": 1.0}
+
+    monkeypatch.setattr(compile_ab, "vitlab_train", vitlab_train)
+    assert compile_ab.run(steps=1, rounds=1)["machine"] == {"date": "t0"}
+
+
+def test_a_benchmark_report_that_fails_mid_write_leaves_no_file(tmp_path, monkeypatch):
+    """``report`` wrote ``NAME.json.tmp`` and renamed it: a failure mid-write left the half-written temporary
+    behind (under one fixed name, which two runs would also share); it now writes through ``atomic_write``."""
+    from pathlib import Path
+
+    from benchmarks._util import report
+
+    out = tmp_path / "r.json"
+    assert report({"a": 1}, "table", out) == 0 and json.loads(out.read_text()) == {"a": 1}
+
+    def torn(self, text, *args, **kwargs):
+        with open(self, "w") as f:
+            f.write(text[:3])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Path, "write_text", torn)
+    with pytest.raises(OSError, match="disk full"):
+        report({"a": 2}, "table", out)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"] and json.loads(out.read_text()) == {"a": 1}
