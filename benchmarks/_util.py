@@ -8,12 +8,12 @@ import json
 import os
 import platform
 import threading
-from pathlib import Path
 from typing import Any
 
 import timm
 import torch
 
+from vitlab.atomic import atomic_write_text
 from vitlab.provenance import cpu_model
 
 
@@ -82,12 +82,8 @@ def machine_info() -> dict[str, Any]:
 
 def report(result: Any, table: str, out: str | os.PathLike | None) -> int:
     """A benchmark script's ending: print its table, write its result as JSON to ``out`` (if given; folders made,
-    the file replaced whole), exit status 0."""
+    the file replaced whole, atomically), exit status 0."""
     print(table)
-    if out:
-        path = Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-        tmp.replace(path)
+    if out:  # atomic_write: a failure or kill mid-write leaves the previous file, no half-written one beside it
+        atomic_write_text(out, json.dumps(result, indent=1) + "\n")
     return 0

@@ -647,11 +647,13 @@ def timed_coverage(pattern: str | None = None, limit: int | None = None, extra: 
     return results, summary, time.perf_counter() - t0
 
 
-def write_json(path: Path, results: list[Result], summary: dict[str, Any], seconds: float) -> None:
-    """Per-model results plus summary and run metadata."""
+def write_json(path: Path, results: list[Result], summary: dict[str, Any], seconds: float,
+               machine: dict[str, Any] | None = None) -> None:
+    """Per-model results plus summary and run metadata; ``machine``: ``machine_info()`` as the run started (its load
+    average before the run's own work; None: as it is now)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
-        "machine": machine_info(), "seconds": round(seconds, 1),
+        "machine": machine or machine_info(), "seconds": round(seconds, 1),
         "modules": list(FAMILY_MODULES), "extra_modules": EXTRA_MODULES,
         "settings": {"depth": REDUCED_DEPTH, "patches_per_side": PATCHES_PER_SIDE, "batch": BATCH,
                      "logit_rtol": LOGIT_RTOL, "map_atol": MAP_ATOL},
@@ -676,9 +678,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    machine = machine_info()  # the load before the run's own work
     results, summary, seconds = timed_coverage(args.filter, args.limit, not args.no_extra, tuple(args.also),
                                                args.threads)
-    write_json(args.out, results, summary, seconds)
+    write_json(args.out, results, summary, seconds, machine)
     print(format_table(summary))
     print()
     print(format_module_table(summary))

@@ -49,6 +49,7 @@ def summarise(rows: list[dict]) -> dict[str, dict]:
 
 
 def run(steps: int = 16, rounds: int = 2) -> dict:
+    machine = machine_info()  # load average at the start of the run (at its end it is the run's own), with the CPU
     data, name = _data(steps * 256)
     peak = peak_matmul_flops()
     rows = []
@@ -61,7 +62,7 @@ def run(steps: int = 16, rounds: int = 2) -> dict:
                 print(f"  {r['preset']}: {r['images_per_second']:.1f} images/s (first epoch "
                       f"{r['first_epoch_images_per_second']:.1f})", flush=True)
                 rows.append(r)
-    return {"machine": machine_info(), "data": name, "steps": steps, "rounds": rounds,
+    return {"machine": machine, "data": name, "steps": steps, "rounds": rounds,
             "precision": "bf16" if use_bf16(True, "cpu") else "fp32", "rows": rows, "summary": summarise(rows)}
 
 

@@ -118,9 +118,10 @@ def figure(res: dict[str, Any]):
     rows = res["rows"]
     fig = go.Figure()
     for key, name in (("test_accuracy", "test accuracy"), ("test_accuracy_tta", "with TTA")):
-        pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-        fig.add_trace(go.Scatter(x=[s for s, _ in pts], y=[100 * a for _, a in pts], mode="lines+markers", name=name,
-                                 text=[f"quality {r['quality']}" for r in rows], hovertemplate="%{text}: %{y:.2f}%"))
+        have = [r for r in rows if r.get(key) is not None]  # a run without TTA has no point on that curve
+        fig.add_trace(go.Scatter(x=[r["step"] for r in have], y=[100 * r[key] for r in have], mode="lines+markers",
+                                 name=name, text=[f"quality {r['quality']}" for r in have],
+                                 hovertemplate="%{text}: %{y:.2f}%"))
     fig.update_layout(title=f"{res['preset']} on CIFAR-10 JPEGs: test accuracy against the quantisation step<br>"
                             f"<sup>step relative to the shared files (IJG quality {res['shared_quality']}, 4:2:0); "
                             "each doubling is one quality step down</sup>",

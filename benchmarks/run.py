@@ -177,31 +177,36 @@ def main(argv: list[str] | None = None) -> int:
         results, summary, seconds = coverage.timed_coverage(args.filter, args.limit)
         partial = args.filter is not None or args.limit is not None  # never overwrite the full run's record
         name = "capture_coverage.partial.json" if partial else "capture_coverage.json"
-        coverage.write_json(args.results / name, results, summary, seconds)
+        coverage.write_json(args.results / name, results, summary, seconds, cov_info)
         if not partial:
             sections["coverage"] = coverage_section(results, summary, seconds, cov_info)
+    # each section's stamp and JSON carry the machine as its benchmark started: "load average at the start" is the
+    # load before the benchmark's own work, not the load it leaves behind
     if not args.no_train:
-        train_res = train_speed.run(steps=args.train_steps)
+        train_info = machine_info()
+        train_res = {"machine": train_info, **train_speed.run(steps=args.train_steps)}  # its own start stamp wins
         partial = args.train_steps != default.train_steps
-        save_result(args.results, "train_speed", {"machine": machine_info(), **train_res}, partial)
+        save_result(args.results, "train_speed", train_res, partial)
         if not partial:
-            sections["train"] = (f"{stamp(machine_info())} {train_res['data']}, {train_res['steps']} timed steps "
+            sections["train"] = (f"{stamp(train_res['machine'])} {train_res['data']}, {train_res['steps']} timed steps "
                                  f"per variant, {train_res['threads']} torch threads.\n\n"
                                  f"{train_speed.format_table(train_res)}")
         print("\n" + train_speed.format_table(train_res))
     if not args.no_inspect:
+        inspect_info = machine_info()
         res = inspect_speed.run(args.inspect_model)
         partial = args.inspect_model != default.inspect_model
-        save_result(args.results, "inspect_speed", {"machine": machine_info(), **res}, partial)
+        save_result(args.results, "inspect_speed", {"machine": inspect_info, **res}, partial)
         if not partial:
-            sections["inspect"] = (f"{stamp(machine_info())} `{res['model']}` at {res['img_size'][0]} px (random "
+            sections["inspect"] = (f"{stamp(inspect_info)} `{res['model']}` at {res['img_size'][0]} px (random "
                                    f"weights: speed does not depend on them), {res['threads']} torch threads, one "
                                    f"timed run each, in one process.\n\n{inspect_speed.format_table(res)}")
         print("\n" + inspect_speed.format_table(res))
     if not args.no_probe:
+        probe_info = machine_info()
         res = probe_speed.run()
-        save_result(args.results, "probe_speed", {"machine": machine_info(), **res}, partial=False)
-        sections["probe"] = (f"{stamp(machine_info())} Embedded default model, {res['train']} training and "
+        save_result(args.results, "probe_speed", {"machine": probe_info, **res}, partial=False)
+        sections["probe"] = (f"{stamp(probe_info)} Embedded default model, {res['train']} training and "
                              f"{res['test']} test images of {res['data']}, {res['seeds']} seeds (median time, mean "
                              f"accuracy), {res['threads']} torch threads.\n\n{probe_speed.format_table(res)}")
         print("\n" + probe_speed.format_table(res))

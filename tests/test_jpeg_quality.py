@@ -116,3 +116,17 @@ def test_steps_double_per_quality_step_and_the_drops_per_doubling():
     drops = drops_per_doubling([2.0, 1.0, 4.0], [0.88, 0.90, 0.85])  # unordered rows; one doubling each
     assert drops == pytest.approx([0.02, 0.03])
     assert drops_per_doubling([1.0, 4.0], [0.90, 0.86]) == pytest.approx([0.02])  # two doublings at once
+
+
+def test_the_figure_labels_each_point_with_its_own_quality_when_a_run_has_no_tta():
+    """Each trace's hover names were taken from every row while its points skip rows without that accuracy: a run
+    without TTA shifted the TTA curve's labels (quality 25's point read "quality 50")."""
+    from benchmarks.jpeg_quality import figure
+
+    rows = [{"quality": 75, "step": 1.0, "test_accuracy": 0.9, "test_accuracy_tta": 0.91},
+            {"quality": 50, "step": 2.0, "test_accuracy": 0.88, "test_accuracy_tta": None},
+            {"quality": 25, "step": 4.0, "test_accuracy": 0.85, "test_accuracy_tta": 0.86}]
+    plain, tta = figure({"preset": "p", "shared_quality": 75, "rows": rows}).data
+    assert list(plain.x) == [1.0, 2.0, 4.0] and list(plain.text) == ["quality 75", "quality 50", "quality 25"]
+    assert list(tta.x) == [1.0, 4.0] and list(tta.y) == pytest.approx([91.0, 86.0])
+    assert list(tta.text) == ["quality 75", "quality 25"]

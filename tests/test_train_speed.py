@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -57,3 +58,70 @@ def test_compile_ab_alternates_the_order_and_compares_the_mean_rates_per_size():
     assert s["24 px"]["ratio"] == pytest.approx(150 / 130)
     # where inductor could not compile, every row ran eagerly: no ratio is made up
     assert summarise([row(32, False, 90.0, 90.0), row(32, False, 91.0, 91.0)]) == {}
+
+
+def test_step_flops_matches_a_hand_count_whatever_attention_path_the_model_runs():
+    """The FLOPs of one training step of a tiny ViT, counted by hand: every matmul 2 x M x N x K forward, twice that
+    backward (gradients of input and weight), but the patch embedding's once (its input needs no gradient). The
+    model runs SDPA by default, which FlopCounterMode does not count on CPU: the sweep's pre-training FLOPs came
+    out a third short for this model before."""
+    import torch
+
+    from vitlab.modes import explicit_attention
+    from vitlab.train import step_flops
+    from vitlab.zoo import build_model, cifar_vit
+
+    D, M, C, L, T, B = 32, 64, 5, 2, 8 * 8 + 1, 4  # width, MLP, classes, blocks, tokens (64 patches + class), batch
+    model = build_model(cifar_vit(embed_dim=D, depth=L, num_heads=2, mlp_dim=M, num_classes=C,
+                                  drop_path_rate=0.0)).train()
+    embed = 2 * 64 * (3 * 4 * 4) * D  # 4 px patches: a (48 -> D) projection per patch
+    block = 2 * T * D * 3 * D + 2 * (2 * T * T * D) + 2 * T * D * D + 2 * (2 * T * D * M)  # qkv, qk^T and AV, proj, MLP
+    forward = B * (embed + L * block + 2 * D * C)
+    x, y = torch.randn(B, 3, 32, 32), torch.randint(0, C, (B,))
+    assert any(getattr(m, "fused_attn", False) for m in model.modules())  # the default path is SDPA
+    assert step_flops(model, x, y, bf16=False) == 3 * forward - B * embed
+    with explicit_attention(model):
+        assert step_flops(model, x, y, bf16=False) == 3 * forward - B * embed
+    assert step_flops(model, x, y, bf16=False, backward=False) == forward
+    assert any(getattr(m, "fused_attn", False) for m in model.modules())  # its attention path is left as it was
+
+
+def test_compile_ab_stamps_the_machine_as_the_run_starts(monkeypatch):
+    """Its JSON's load average was read after the run (2026-11-27 05:18, load 1.98: its own work, the text's run
+    began 05:10 on an idle machine); like train_speed and streaming it now records the load before its own work."""
+    from benchmarks import compile_ab
+
+    clock = iter(range(100))
+    monkeypatch.setattr(compile_ab, "machine_info", lambda: {"date": f"t{next(clock)}"})
+    monkeypatch.setattr(compile_ab, "_data", lambda n: (None, "d"))
+    monkeypatch.setattr(compile_ab, "_teacher_dir", lambda tmp: tmp)
+    monkeypatch.setattr(compile_ab, "peak_matmul_flops", lambda: 1.0)
+
+    def vitlab_train(preset, data, steps, peak, teacher, small=None, compile=None):
+        next(clock)  # time passes while it runs
+        return {"preset": preset, "compiled": compile, "images_per_second": 1.0, "first_epoch_images_per_second": 1.0}
+
+    monkeypatch.setattr(compile_ab, "vitlab_train", vitlab_train)
+    assert compile_ab.run(steps=1, rounds=1)["machine"] == {"date": "t0"}
+
+
+def test_a_benchmark_report_that_fails_mid_write_leaves_no_file(tmp_path, monkeypatch):
+    """``report`` wrote ``NAME.json.tmp`` and renamed it: a failure mid-write left the half-written temporary
+    behind (under one fixed name, which two runs would also share); it now writes through ``atomic_write``."""
+    from pathlib import Path
+
+    from benchmarks._util import report
+
+    out = tmp_path / "r.json"
+    assert report({"a": 1}, "table", out) == 0 and json.loads(out.read_text()) == {"a": 1}
+
+    def torn(self, text, *args, **kwargs):
+        with open(self, "w") as f:
+            f.write(text[:3])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Path, "write_text", torn)
+    with pytest.raises(OSError, match="disk full"):
+        report({"a": 2}, "table", out)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"] and json.loads(out.read_text()) == {"a": 1}

@@ -532,10 +532,12 @@ def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bo
 
 def step_flops(model: nn.Module, x: Tensor, y: Tensor, bf16: bool = True, backward: bool = True) -> float:
     """FLOPs of one training step (forward + backward; or one forward) on the batch ``x``, counted by
-    ``torch.utils.flop_counter.FlopCounterMode`` (not by hand). The model's gradients are cleared afterwards."""
+    ``torch.utils.flop_counter.FlopCounterMode`` (not by hand). A ViT's attention is counted through the explicit
+    softmax (the same maths): FlopCounterMode counts no CPU SDPA kernel, which left the attention matmuls out. The
+    model's gradients are cleared afterwards."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as fc:
+    with FlopCounterMode(display=False) as fc, explicit_attention(model, True):
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
             out = model(x)
         if backward:
