@@ -756,3 +756,32 @@ def test_a_sweep_takes_a_config_with_list_fields(tmp_path, monkeypatch):
     _stub_runs(monkeypatch)
     listed = dataclasses.replace(TUNE, sizes=list(TUNE.sizes))
     assert len(run_sweep(listed, tmp_path / "r.jsonl", workers=0, progress=False)) == len(TUNE.runs())
+
+
+def test_the_shipped_sweeps_flops_are_a_fresh_count_of_each_run():
+    """Every finished run of the shipped sweep and its tuning records FLOPs equal to step_flops' count (attention
+    included) per image of its family's model, times its batch and steps: the records recounted after the SDPA
+    undercount keep no stale value, and a rerun of the sweep would record the same."""
+    from pathlib import Path
+
+    import torch
+
+    from vitlab.scaling import FAMILIES
+    from vitlab.train import step_flops, with_model_classes
+    from vitlab.zoo import build_model
+
+    root = Path(__file__).resolve().parents[1] / "data" / "results"
+    per_image, seen = {}, 0
+    for name in ("scaling_cifar10.jsonl", "scaling_cifar10.tuning.jsonl"):
+        for r in ResultsStore(root / name).records():
+            if r.get("status") != "ok":
+                continue
+            fam, n, m = r["spec"]["family"], r["spec"]["size"], r["metrics"]
+            if fam not in per_image:
+                model = build_model(with_model_classes(FAMILIES[fam](), len(r["config"]["pretrain_classes"])))
+                x, y = torch.randn(2, 3, 32, 32), torch.zeros(2, dtype=torch.long)
+                per_image[fam] = step_flops(model, x, y) / 2
+            assert m["pretrain_flops"] == pytest.approx(per_image[fam] * min(r["config"]["batch_size"], n)
+                                                        * m["steps"], rel=1e-12), r["run_id"]
+            seen += 1
+    assert seen == 54 + 12 and set(per_image) == {"vit", "bit", "hybrid"}
