@@ -94,6 +94,16 @@ def test_dynamic_model_at_a_non_square_size():
     assert model_info(model).grid_size == (4, 4)
 
 
+def test_padded_patches_give_the_token_grid_at_the_models_own_size():
+    """timm's grid_size floors img_size / patch, but with dynamic_img_pad the model pads and runs ceil(...) tokens per
+    side: the grid is the tokens', while pos_embed's rows stay laid out on timm's grid."""
+    model = tiny_timm("vit_tiny_patch16_224", img_size=70, dynamic_img_size=True, dynamic_img_pad=True)
+    info = model_info(model)
+    assert info.grid_size == (5, 5) and tokens(model, 70, 70) == info.num_tokens == 26
+    assert info.pos_grid_size == (4, 4) and info.pos_embed_has_prefix
+    assert model_info(model, img_size=(50, 64)).grid_size == (4, 4)
+    assert model_info(tiny_vit()).pos_grid_size == (8, 8)
+
 def test_img_size_int_and_hybrid_at_another_size():
     assert model_info(tiny_vit(), img_size=48).grid_size == (12, 12)
     info = model_info(tiny_hybrid(), img_size=(48, 64))

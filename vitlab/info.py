@@ -40,7 +40,7 @@ class ModelInfo:
     architecture: str
     img_size: tuple[int, int]
     patch_size: tuple[int, int]  # pixels per token side (for a hybrid: the backbone's total stride)
-    grid_size: tuple[int, int]  # (gh, gw) patch tokens
+    grid_size: tuple[int, int]  # (gh, gw) patch tokens at img_size
     num_prefix_tokens: int  # class + distillation + register tokens, in this order at the front
     num_class_tokens: int
     num_dist_tokens: int
@@ -58,6 +58,10 @@ class ModelInfo:
     # the attention pool's output is its first query row (timm's AttentionPoolPrr on a model with a class token),
     # not the mean of its query rows
     pool_reads_first_row: bool = False
+    # (gh, gw) the grid pos_embed's patch rows are laid out on: the model's own grid as timm builds it, which timm
+    # resamples to grid_size for other inputs (dynamic_img_size); it differs from grid_size even at the model's own
+    # size when the patches pad the image (dynamic_img_pad with a side that is no multiple of the patch)
+    pos_grid_size: tuple[int, int] | None = None
 
     @property
     def num_patches(self) -> int:
@@ -104,7 +108,8 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
     default_img = _pair(getattr(pe, "img_size", None) or pcfg.get("input_size", (3, 224, 224))[-2:])
     size = default_img if img_size is None else _img_size_arg(img_size)
     default_grid, patch = _default_grid_and_patch(pe, default_img, hybrid)
-    grid = default_grid if size == default_img else _grid_for(pe, size, patch)
+    padded = bool(getattr(pe, "dynamic_img_pad", False))  # timm's grid_size floors, its padded tokens ceil
+    grid = default_grid if size == default_img and not padded else _grid_for(pe, size, patch)
 
     n_prefix, n_cls, n_dist, n_reg = _prefix_counts(model)
     pos = getattr(model, "pos_embed", None)
@@ -142,13 +147,15 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
         readout_includes_prefix=bool(getattr(model, "pool_include_prefix", False)) and readout not in ("map", "token"),
         pool_reads_first_row=getattr(model, "global_pool", None) == "prr"
         and getattr(getattr(model, "attn_pool", None), "pool", None) == "token",
+        pos_grid_size=default_grid,
     )
 
 
 def _default_grid_and_patch(
     pe: nn.Module, default_img: tuple[int, int], hybrid: bool
 ) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(gh, gw) at the model's own size and pixels per token side (a hybrid's: the backbone's total stride)."""
+    """(gh, gw) of timm's ``grid_size`` at the model's own size (the layout of pos_embed's patch rows) and pixels per
+    token side (a hybrid's: the backbone's total stride)."""
     grid = getattr(pe, "grid_size", None)
     if hybrid:
         grid = _pair(grid)
