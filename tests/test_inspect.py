@@ -160,6 +160,18 @@ def test_every_analysis_refuses_an_image_without_its_batch_axis_and_an_empty_bat
     run(model, torch.randn(3, 32, 32)[None])
 
 
+@pytest.mark.parametrize("name", sorted(_analyses()))
+@pytest.mark.parametrize("kind", ["vit", "hybrid"])
+def test_every_analysis_names_an_image_size_the_model_cannot_take(name, kind):
+    """A ViT built for 32 px given 48 px images: timm's bare AssertionError (a hybrid's raw tensor size mismatch deep
+    in the forward) before; now a ValueError naming both sizes and the ways out."""
+    from conftest import tiny_hybrid
+
+    model = tiny_vit() if kind == "vit" else tiny_hybrid()
+    with pytest.raises(ValueError, match=r"images are 48x48 px but this VisionTransformer is built for 32x32 px .*"
+                                         r"resize_for_finetuning\(model, \(48, 48\)\).*dynamic_img_size=True"):
+        _analyses()[name](model, torch.randn(2, 3, 48, 48))
+
 def loop_rollout(maps, discard_ratio, residual, start_layer):
     """Per image, as vit-explain does it (with its discard applied to every image, not only the first)."""
     L, B, H, T, _ = maps.shape
