@@ -104,6 +104,15 @@ def test_padded_patches_give_the_token_grid_at_the_models_own_size():
     assert model_info(model, img_size=(50, 64)).grid_size == (4, 4)
     assert model_info(tiny_vit()).pos_grid_size == (8, 8)
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_data_config_gives_the_size_the_model_is_built_for(dynamic):
+    """data_config's docstring said a dynamic-size model kept its name's 224 px; its check read an attribute timm's
+    PatchEmbed does not have, so every model gets the size it is built for, as the docstring now says."""
+    from vitlab.info import data_config
+
+    model = tiny_timm("vit_tiny_patch16_224", img_size=(48, 80), dynamic_img_size=dynamic)
+    assert data_config(model)["input_size"] == (3, 48, 80)
+
 def test_img_size_int_and_hybrid_at_another_size():
     assert model_info(tiny_vit(), img_size=48).grid_size == (12, 12)
     info = model_info(tiny_hybrid(), img_size=(48, 64))

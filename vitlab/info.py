@@ -19,14 +19,14 @@ __all__ = ["ModelInfo", "model_info", "data_config"]
 def data_config(model: nn.Module) -> dict:
     """``timm.data.resolve_data_config({}, model=model)`` with the input size the model is built for: a timm model
     created with an ``img_size`` override (or a bare ``VisionTransformer``) keeps the ``pretrained_cfg`` of its
-    name (224 px), which would resize every image to a size its fixed patch grid refuses. Models with a dynamic
-    input size keep the configured one."""
+    name (224 px), which would resize every image to a size its fixed patch grid refuses. A model with a dynamic
+    input size (``dynamic_img_size=True``) built at another size gets that size too: the size it was built for."""
     import timm.data
 
     cfg = dict(timm.data.resolve_data_config({}, model=model))
     pe = getattr(model, "patch_embed", None)
     size = getattr(pe, "img_size", None)
-    if size is not None and not getattr(pe, "dynamic_img_size", False):
+    if size is not None:
         size = (size, size) if isinstance(size, int) else tuple(int(v) for v in size)
         if tuple(cfg["input_size"][-2:]) != size:
             cfg["input_size"] = (cfg["input_size"][0], *size)
