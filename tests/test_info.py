@@ -119,6 +119,20 @@ def test_img_size_int_and_hybrid_at_another_size():
     assert info.grid_size == (12, 16) and info.patch_size == (4, 4)
 
 
+def test_dynamic_hybrid_at_a_size_its_stride_does_not_divide():
+    """timm's dynamic_feat_size divides by the built size's ratio and floors (2x2 at 72 px for a stride-32 backbone),
+    but the backbone's padded convolutions give 3x3 cells: the grid is read off the backbone, so the analyses get
+    the tokens the model runs (attention_rollout failed with a raw matmul error before)."""
+    model = tiny_timm("vit_small_r26_s32_224", depth=1, img_size=64, dynamic_img_size=True, num_classes=3)
+    model.train()
+    for size, grid in (((72, 72), (3, 3)), ((80, 100), (3, 4)), ((96, 64), (3, 2))):
+        info = model_info(model, img_size=size)
+        assert info.grid_size == grid and info.patch_size == (32, 32)
+        assert tokens(model.eval(), *size) == info.num_tokens
+        model.train()
+    assert all(m.training for m in model.modules())  # the backbone ran in eval mode and was put back
+    assert vitlab.attention_rollout(model, torch.randn(1, 3, 72, 72)).shape == (1, 3, 3)
+
 def test_non_square_vitlab_model():
     model = vitlab.build_model(vit_config("Ti/4", img_size=(32, 48), depth=1))
     info = model_info(model)

@@ -169,10 +169,30 @@ def _default_grid_and_patch(
 
 
 def _grid_for(pe: nn.Module, size: tuple[int, int], patch: tuple[int, int]) -> tuple[int, int]:
-    """Tokens per side for an (H, W) input: timm's own rule when it has one (padding, feature maps)."""
+    """Tokens per side for an (H, W) input: timm's own rule when it has one (padding), a hybrid's feature map."""
+    if hasattr(pe, "backbone"):
+        return _hybrid_grid(pe, size)
     if hasattr(pe, "dynamic_feat_size"):
         return _pair(pe.dynamic_feat_size(size))
     return (size[0] // patch[0], size[1] // patch[1])
+
+
+def _hybrid_grid(pe: nn.Module, size: tuple[int, int]) -> tuple[int, int]:
+    """Tokens per side of a hybrid for an (H, W) input, read off its backbone's feature map for a zero image (as timm
+    sizes the map when it builds one): timm's ``dynamic_feat_size`` divides by the built size's ratio, which floors
+    where the backbone's padded convolutions round up (a stride-32 ResNet gives 3x3 cells at 72 px, not 2x2)."""
+    from vitlab.modes import eval_mode
+
+    ref = next(pe.parameters())
+    chans = int(getattr(pe, "in_chans", None) or 3)
+    with torch.no_grad(), eval_mode(pe):
+        feat = pe.backbone(torch.zeros(1, chans, *size, device=ref.device, dtype=ref.dtype))
+    feat = feat[-1] if isinstance(feat, (list, tuple)) else feat
+    ph, pw = _pair(getattr(pe, "patch_size", 1))
+    h, w = feat.shape[-2:]
+    if getattr(pe, "dynamic_img_pad", False):
+        return (-(-h // ph), -(-w // pw))
+    return (h // ph, w // pw)
 
 
 def _prefix_counts(model: nn.Module) -> tuple[int, int, int, int]:
