@@ -94,11 +94,44 @@ def test_dynamic_model_at_a_non_square_size():
     assert model_info(model).grid_size == (4, 4)
 
 
+def test_padded_patches_give_the_token_grid_at_the_models_own_size():
+    """timm's grid_size floors img_size / patch, but with dynamic_img_pad the model pads and runs ceil(...) tokens per
+    side: the grid is the tokens', while pos_embed's rows stay laid out on timm's grid."""
+    model = tiny_timm("vit_tiny_patch16_224", img_size=70, dynamic_img_size=True, dynamic_img_pad=True)
+    info = model_info(model)
+    assert info.grid_size == (5, 5) and tokens(model, 70, 70) == info.num_tokens == 26
+    assert info.pos_grid_size == (4, 4) and info.pos_embed_has_prefix
+    assert model_info(model, img_size=(50, 64)).grid_size == (4, 4)
+    assert model_info(tiny_vit()).pos_grid_size == (8, 8)
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_data_config_gives_the_size_the_model_is_built_for(dynamic):
+    """data_config's docstring said a dynamic-size model kept its name's 224 px; its check read an attribute timm's
+    PatchEmbed does not have, so every model gets the size it is built for, as the docstring now says."""
+    from vitlab.info import data_config
+
+    model = tiny_timm("vit_tiny_patch16_224", img_size=(48, 80), dynamic_img_size=dynamic)
+    assert data_config(model)["input_size"] == (3, 48, 80)
+
 def test_img_size_int_and_hybrid_at_another_size():
     assert model_info(tiny_vit(), img_size=48).grid_size == (12, 12)
     info = model_info(tiny_hybrid(), img_size=(48, 64))
     assert info.grid_size == (12, 16) and info.patch_size == (4, 4)
 
+
+def test_dynamic_hybrid_at_a_size_its_stride_does_not_divide():
+    """timm's dynamic_feat_size divides by the built size's ratio and floors (2x2 at 72 px for a stride-32 backbone),
+    but the backbone's padded convolutions give 3x3 cells: the grid is read off the backbone, so the analyses get
+    the tokens the model runs (attention_rollout failed with a raw matmul error before)."""
+    model = tiny_timm("vit_small_r26_s32_224", depth=1, img_size=64, dynamic_img_size=True, num_classes=3)
+    model.train()
+    for size, grid in (((72, 72), (3, 3)), ((80, 100), (3, 4)), ((96, 64), (3, 2))):
+        info = model_info(model, img_size=size)
+        assert info.grid_size == grid and info.patch_size == (32, 32)
+        assert tokens(model.eval(), *size) == info.num_tokens
+        model.train()
+    assert all(m.training for m in model.modules())  # the backbone ran in eval mode and was put back
+    assert vitlab.attention_rollout(model, torch.randn(1, 3, 72, 72)).shape == (1, 3, 3)
 
 def test_non_square_vitlab_model():
     model = vitlab.build_model(vit_config("Ti/4", img_size=(32, 48), depth=1))

@@ -105,6 +105,21 @@ def test_mean_attention_distance_on_a_model():
     assert 0 < per.min() and per.max() < patch_distances((8, 8), (4, 4)).max()
 
 
+def test_analyses_of_a_model_whose_patches_pad_its_own_image_size():
+    """A timm ViT at 70 px with 16 px patches and dynamic_img_pad runs a 5x5 grid (timm's grid_size says 4x4): every
+    analysis reads the tokens the model runs, and the position table keeps its own 4x4 layout."""
+    from vitlab.inspect import gradient_rollout, integrated_gradients, occlusion
+
+    model = tiny_timm("vit_tiny_patch16_224", img_size=70, dynamic_img_size=True, dynamic_img_pad=True, num_classes=4)
+    x = torch.randn(2, 3, 70, 70)
+    maps = vitlab.attention_maps(model, x)
+    assert maps.shape == (2, 2, 3, 26, 26)
+    torch.testing.assert_close(mean_attention_distance(model, x, per_image=True),
+                               attention_distance_from_maps(maps, (5, 5), (16, 16), 1).float())
+    assert attention_rollout(model, x).shape == gradient_rollout(model, x, 1).shape == (2, 5, 5)
+    assert integrated_gradients(model, x, 1, steps=2).shape == occlusion(model, x, 1).shape == (2, 5, 5)
+    assert position_embedding_similarity(model).shape == (4, 4, 4, 4)
+
 def _analyses():
     from vitlab.inspect import (
         attribution,
@@ -144,6 +159,18 @@ def test_every_analysis_refuses_an_image_without_its_batch_axis_and_an_empty_bat
         run(model, torch.randn(0, 3, 32, 32))
     run(model, torch.randn(3, 32, 32)[None])
 
+
+@pytest.mark.parametrize("name", sorted(_analyses()))
+@pytest.mark.parametrize("kind", ["vit", "hybrid"])
+def test_every_analysis_names_an_image_size_the_model_cannot_take(name, kind):
+    """A ViT built for 32 px given 48 px images: timm's bare AssertionError (a hybrid's raw tensor size mismatch deep
+    in the forward) before; now a ValueError naming both sizes and the ways out."""
+    from conftest import tiny_hybrid
+
+    model = tiny_vit() if kind == "vit" else tiny_hybrid()
+    with pytest.raises(ValueError, match=r"images are 48x48 px but this VisionTransformer is built for 32x32 px .*"
+                                         r"resize_for_finetuning\(model, \(48, 48\)\).*dynamic_img_size=True"):
+        _analyses()[name](model, torch.randn(2, 3, 48, 48))
 
 def loop_rollout(maps, discard_ratio, residual, start_layer):
     """Per image, as vit-explain does it (with its discard applied to every image, not only the first)."""

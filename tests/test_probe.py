@@ -346,6 +346,19 @@ def test_feature_key_changes_with_weights_data_and_transform():
     assert feature_key(model, data) != key
 
 
+def test_feature_key_tells_a_pool_over_every_token_from_one_over_the_patches():
+    """timm's pool_include_prefix changes an average-pooled ViT's readout but no weight: two such models with the
+    same weights shared one cache file before, so the second was served the first one's features."""
+    from conftest import tiny_timm
+
+    data = _shapes()
+    patches = tiny_timm("vit_tiny_patch16_224", img_size=32, global_pool="avg")
+    every = tiny_timm("vit_tiny_patch16_224", img_size=32, global_pool="avg", pool_include_prefix=True)
+    every.load_state_dict(patches.state_dict())
+    assert feature_key(every, data) != feature_key(patches, data)
+    extract_features(patches, data)
+    torch.testing.assert_close(extract_features(every, data), extract_features(every, data, cache=False))
+
 def test_features_resize_to_the_model_input_and_work_for_a_resnet():
     data = load_shapes("test", n=4, size=48)  # 48 px images, 32 px models
     assert extract_features(tiny_vit(), data, cache=False).shape == (4, 192)

@@ -40,6 +40,7 @@ __all__ = [
     "capture_attention",
     "attention_maps",
     "check_images",
+    "check_input_size",
     "find_attention_modules",
     "AttentionLayer",
 ]
@@ -521,10 +522,11 @@ def fuse_heads(attn: Tensor, how: str, dim: int = 1, keepdim: bool = False) -> T
     raise ValueError(f"head fusion must be one of {HEAD_FUSIONS}, got {how!r}")
 
 
-def check_images(images: Tensor) -> None:
+def check_images(images: Tensor, model: nn.Module | None = None) -> None:
     """Refuse anything but a ``(B, C, H, W)`` batch of at least one image: the check every analysis that runs a
     model on ``images`` makes first, so a single image without its batch axis or an empty batch is named here
-    instead of failing inside timm (or returning NaNs)."""
+    instead of failing inside timm (or returning NaNs). With ``model``, also images of a size the model cannot take
+    (``check_input_size``)."""
     if not isinstance(images, Tensor):
         raise TypeError(f"images must be a (B, C, H, W) tensor, got {type(images).__name__}")
     if images.dim() != 4:
@@ -533,6 +535,27 @@ def check_images(images: Tensor) -> None:
     if len(images) == 0:
         raise ValueError(f"images is an empty batch (shape {tuple(images.shape)}): pass at least one image "
                          "(images[None] for one image)")
+    if model is not None:
+        check_input_size(model, tuple(images.shape[-2:]))
+
+
+def check_input_size(model: nn.Module, size: tuple[int, int]) -> None:
+    """Refuse an (H, W) input that a ViT without a dynamic input size cannot take: its patch grid and position
+    embeddings are built for one size (timm's own check is a bare AssertionError, and a hybrid's a raw tensor size
+    mismatch deep in the forward). Models with ``dynamic_img_size`` and models without a patch embedding (CNNs)
+    take any size."""
+    pe = getattr(model, "patch_embed", None)
+    built = getattr(pe, "img_size", None)
+    if built is None or getattr(model, "dynamic_img_size", False) or not getattr(pe, "strict_img_size", True):
+        return
+    built = (built, built) if isinstance(built, int) else tuple(int(v) for v in built)
+    if tuple(size) != built:
+        h, w = size
+        raise ValueError(f"images are {h}x{w} px but this {type(model).__name__} is built for {built[0]}x{built[1]} "
+                         "px (a fixed patch grid and position embeddings): resize the images to that size "
+                         "(vitlab.images.load_images does it for the model), resample the model for theirs with "
+                         f"vitlab.resize_for_finetuning(model, ({h}, {w})), or build a timm model with "
+                         "dynamic_img_size=True")
 
 
 def attention_maps(
@@ -552,7 +575,7 @@ def attention_maps(
     """
     from tqdm.auto import tqdm
 
-    check_images(images)
+    check_images(images, model)
     chunks = images.split(batch_size or len(images))
     show = len(chunks) > 1 if progress is None else progress
     with torch.no_grad(), capture_attention(model, layers=layers, head_fusion=head_fusion, queries=queries,

@@ -77,11 +77,14 @@ def _transform(model: nn.Module) -> dict:
 
 
 def feature_key(model: nn.Module, data: ImageArray) -> str:
-    """A hex digest of (model config and weights, data, transform)."""
+    """A hex digest of (model config and weights, data, transform); the config includes the readout settings that
+    no weight holds (``global_pool``, timm's ``pool_include_prefix``)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(type(model).__name__.encode())
     arch = getattr(model, "vitlab_config", None) or {k: getattr(model, k, None) for k in
                                                        ("global_pool", "num_prefix_tokens", "num_classes")}
+    if getattr(model, "pool_include_prefix", False):  # a readout setting held in no weight (timm's pooled ViTs)
+        arch = {"arch": arch, "pool_include_prefix": True}
     h.update(json.dumps(arch, sort_keys=True, default=str).encode())
     h.update(json.dumps(_transform(model), sort_keys=True).encode())
     for name, t in model.state_dict().items():

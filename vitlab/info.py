@@ -19,14 +19,14 @@ __all__ = ["ModelInfo", "model_info", "data_config"]
 def data_config(model: nn.Module) -> dict:
     """``timm.data.resolve_data_config({}, model=model)`` with the input size the model is built for: a timm model
     created with an ``img_size`` override (or a bare ``VisionTransformer``) keeps the ``pretrained_cfg`` of its
-    name (224 px), which would resize every image to a size its fixed patch grid refuses. Models with a dynamic
-    input size keep the configured one."""
+    name (224 px), which would resize every image to a size its fixed patch grid refuses. A model with a dynamic
+    input size (``dynamic_img_size=True``) built at another size gets that size too: the size it was built for."""
     import timm.data
 
     cfg = dict(timm.data.resolve_data_config({}, model=model))
     pe = getattr(model, "patch_embed", None)
     size = getattr(pe, "img_size", None)
-    if size is not None and not getattr(pe, "dynamic_img_size", False):
+    if size is not None:
         size = (size, size) if isinstance(size, int) else tuple(int(v) for v in size)
         if tuple(cfg["input_size"][-2:]) != size:
             cfg["input_size"] = (cfg["input_size"][0], *size)
@@ -40,7 +40,7 @@ class ModelInfo:
     architecture: str
     img_size: tuple[int, int]
     patch_size: tuple[int, int]  # pixels per token side (for a hybrid: the backbone's total stride)
-    grid_size: tuple[int, int]  # (gh, gw) patch tokens
+    grid_size: tuple[int, int]  # (gh, gw) patch tokens at img_size
     num_prefix_tokens: int  # class + distillation + register tokens, in this order at the front
     num_class_tokens: int
     num_dist_tokens: int
@@ -58,6 +58,10 @@ class ModelInfo:
     # the attention pool's output is its first query row (timm's AttentionPoolPrr on a model with a class token),
     # not the mean of its query rows
     pool_reads_first_row: bool = False
+    # (gh, gw) the grid pos_embed's patch rows are laid out on: the model's own grid as timm builds it, which timm
+    # resamples to grid_size for other inputs (dynamic_img_size); it differs from grid_size even at the model's own
+    # size when the patches pad the image (dynamic_img_pad with a side that is no multiple of the patch)
+    pos_grid_size: tuple[int, int] | None = None
 
     @property
     def num_patches(self) -> int:
@@ -104,7 +108,8 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
     default_img = _pair(getattr(pe, "img_size", None) or pcfg.get("input_size", (3, 224, 224))[-2:])
     size = default_img if img_size is None else _img_size_arg(img_size)
     default_grid, patch = _default_grid_and_patch(pe, default_img, hybrid)
-    grid = default_grid if size == default_img else _grid_for(pe, size, patch)
+    padded = bool(getattr(pe, "dynamic_img_pad", False))  # timm's grid_size floors, its padded tokens ceil
+    grid = default_grid if size == default_img and not padded else _grid_for(pe, size, patch)
 
     n_prefix, n_cls, n_dist, n_reg = _prefix_counts(model)
     pos = getattr(model, "pos_embed", None)
@@ -142,13 +147,15 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
         readout_includes_prefix=bool(getattr(model, "pool_include_prefix", False)) and readout not in ("map", "token"),
         pool_reads_first_row=getattr(model, "global_pool", None) == "prr"
         and getattr(getattr(model, "attn_pool", None), "pool", None) == "token",
+        pos_grid_size=default_grid,
     )
 
 
 def _default_grid_and_patch(
     pe: nn.Module, default_img: tuple[int, int], hybrid: bool
 ) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(gh, gw) at the model's own size and pixels per token side (a hybrid's: the backbone's total stride)."""
+    """(gh, gw) of timm's ``grid_size`` at the model's own size (the layout of pos_embed's patch rows) and pixels per
+    token side (a hybrid's: the backbone's total stride)."""
     grid = getattr(pe, "grid_size", None)
     if hybrid:
         grid = _pair(grid)
@@ -162,10 +169,30 @@ def _default_grid_and_patch(
 
 
 def _grid_for(pe: nn.Module, size: tuple[int, int], patch: tuple[int, int]) -> tuple[int, int]:
-    """Tokens per side for an (H, W) input: timm's own rule when it has one (padding, feature maps)."""
+    """Tokens per side for an (H, W) input: timm's own rule when it has one (padding), a hybrid's feature map."""
+    if hasattr(pe, "backbone"):
+        return _hybrid_grid(pe, size)
     if hasattr(pe, "dynamic_feat_size"):
         return _pair(pe.dynamic_feat_size(size))
     return (size[0] // patch[0], size[1] // patch[1])
+
+
+def _hybrid_grid(pe: nn.Module, size: tuple[int, int]) -> tuple[int, int]:
+    """Tokens per side of a hybrid for an (H, W) input, read off its backbone's feature map for a zero image (as timm
+    sizes the map when it builds one): timm's ``dynamic_feat_size`` divides by the built size's ratio, which floors
+    where the backbone's padded convolutions round up (a stride-32 ResNet gives 3x3 cells at 72 px, not 2x2)."""
+    from vitlab.modes import eval_mode
+
+    ref = next(pe.parameters())
+    chans = int(getattr(pe, "in_chans", None) or 3)
+    with torch.no_grad(), eval_mode(pe):
+        feat = pe.backbone(torch.zeros(1, chans, *size, device=ref.device, dtype=ref.dtype))
+    feat = feat[-1] if isinstance(feat, (list, tuple)) else feat
+    ph, pw = _pair(getattr(pe, "patch_size", 1))
+    h, w = feat.shape[-2:]
+    if getattr(pe, "dynamic_img_pad", False):
+        return (-(-h // ph), -(-w // pw))
+    return (h // ph, w // pw)
 
 
 def _prefix_counts(model: nn.Module) -> tuple[int, int, int, int]:

@@ -49,7 +49,7 @@ def require_classifier(model: nn.Module, what: str) -> None:
 def predicted_class(model: nn.Module, images: Tensor, batch_size: int = 64) -> Tensor:
     """(B,) argmax of the logits (eval mode)."""
     require_classifier(model, "a predicted class")
-    check_images(images)
+    check_images(images, model)
     with eval_mode(model):
         return torch.cat([model(images[i:i + batch_size]).argmax(-1) for i in range(0, len(images), batch_size)])
 
@@ -106,7 +106,7 @@ def gradient_rollout(model: nn.Module, images: Tensor, target: Tensor | int | No
     Per layer l (from ``start_layer``): ``A_l = mean_heads(relu(grad_l * attn_l))`` with ``grad_l`` the
     gradient of the target logit with respect to that layer's attention; ``R <- R + A_l R`` from ``R = I``.
     """
-    check_images(images)
+    check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     if not 0 <= start_layer < info.depth:
         raise ValueError(f"start_layer must be in [0, {info.depth}), got {start_layer}")
@@ -154,7 +154,7 @@ def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int 
     """
     from captum.attr import IntegratedGradients
 
-    check_images(images)
+    check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     t = target_classes(model, images, target)
     with eval_mode(model), frozen_parameters(model), torch.enable_grad():
@@ -169,7 +169,7 @@ def occlusion(model: nn.Module, images: Tensor, target: Tensor | int | None = No
     """(B, gh, gw) drop of the target logit when each patch alone is replaced by ``baseline`` (captum)."""
     from captum.attr import FeatureAblation
 
-    check_images(images)
+    check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     t = target_classes(model, images, target)
     mask = patch_mask(info, images.device)

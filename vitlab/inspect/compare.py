@@ -44,7 +44,7 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
     """
     fns = {m: attribution_method(m) for m in methods}  # every name checked before any work
     require_classifier(model, "compare_methods (its scores follow a class's probability)")
-    check_images(images)
+    check_images(images, model)
     target = target_classes(model, images, target)  # checked once, the same (B,) classes for every method
     rows, maps = [], {}
     names = list(methods) + (["random map"] if random_baseline else [])

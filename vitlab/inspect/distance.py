@@ -63,7 +63,7 @@ def mean_attention_distance(model: nn.Module, images: Tensor, *, batch_size: int
     """
     from tqdm.auto import tqdm
 
-    check_images(images)
+    check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     chunks = images.split(batch_size)
     out = []

@@ -55,7 +55,7 @@ def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: T
     normalisation mean). Returns ``deletion``/``insertion`` (B,) AUCs in [0, 1] and the (B, steps + 1) curves.
     """
     require_classifier(model, "deletion and insertion (the probability of a class)")
-    check_images(images)
+    check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     _check_maps(maps, images, info.grid_size)
     if steps < 1:
@@ -143,7 +143,7 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
     re-initialised copy of the model (same targets). Near 0: the map depends on the learned weights.
     ``method`` takes (model, images, target), as the values of ``ATTRIBUTION_METHODS`` do (or give its name there,
     e.g. ``"rollout"``); ``original``: the map on ``model`` when already computed."""
-    check_images(images)
+    check_images(images, model)
     if method is attention_rollout:  # its third argument is head_fusion, not a target: the wrapper takes one
         method = "rollout"
     if isinstance(method, str):

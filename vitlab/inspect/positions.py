@@ -28,7 +28,7 @@ def _grid_embeddings(model: nn.Module, grid: tuple[int, int] | None = None) -> t
                          "nothing to compare")
     n_prefix = info.num_prefix_tokens if info.pos_embed_has_prefix else 0
     patches = pe.detach()[:, n_prefix:].float()  # (1, gh*gw, D)
-    src = info.grid_size
+    src = info.pos_grid_size  # the table's own layout (not the token grid of a padded input)
     if grid is not None and tuple(grid) != tuple(src):
         patches = resample_abs_pos_embed(patches, new_size=list(grid), old_size=list(src), num_prefix_tokens=0)
         src = tuple(grid)

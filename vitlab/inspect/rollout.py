@@ -147,7 +147,7 @@ def attention_rollout(model: nn.Module, images: Tensor, head_fusion: Literal["me
     fused inside the capture and the joint attention is accumulated layer by layer during the forward pass
     (``JointRollout``), so peak memory is one (B, T, T) product, not one map per layer.
     """
-    check_images(images)
+    check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     depth = len(find_attention_modules(model))
     _check_settings(depth, discard_ratio, residual, start_layer, head_fusion)
