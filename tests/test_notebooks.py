@@ -64,3 +64,27 @@ def test_html_export_keeps_the_plotly_figures(tmp_path, monkeypatch):
     html, _ = nbconvert.HTMLExporter().from_notebook_node(nb)
     assert "not able to be represented" not in html
     assert html.count("Plotly.newPlot") >= 1 and "plotly" in html.lower()
+
+
+_EXECUTED: dict[str, object] = {}
+
+
+def _smoke_output(stem: str) -> str:
+    """The printed text of notebook ``stem`` run in smoke mode (once per session for the checks below)."""
+    if stem not in _EXECUTED:
+        nb = jupytext.read(NOTEBOOKS / f"{stem}.py")
+        nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                                resources={"metadata": {"path": str(NOTEBOOKS)}}).execute(
+            env={**os.environ, "VITLAB_SMOKE": "1", "OMP_NUM_THREADS": "1"})
+        _EXECUTED[stem] = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                                  for o in c.get("outputs", []) if o.output_type == "stream")
+    return _EXECUTED[stem]
+
+
+def test_few_shot_notebook_says_what_it_probed():
+    """The table's 'all' row is a logistic regression on the probed subset, not on the whole training split: the
+    notebook names the data and both subset sizes (it printed the table alone)."""
+    out = _smoke_output("05_few_shot_probing")
+    assert "embedded default on shapes: class-balanced subsets of 200 of its " in out
+    assert "(the 'all' row: these 200 training images)" in out
+
