@@ -249,11 +249,15 @@ for a, b in (("MPP", "supervised"), ("MPP", "scratch")):
     print("  per layer (px): " + ", ".join(f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]" for d, (lo, hi) in
                                            zip(shift.layer_diff, shift.layer_interval)))
 print()
+fixed = {k for k, m in models.items() if vitlab.model_info(m).pos_embed == "fixed"}  # a sin-cos table: never learned
 print("position-embedding rank correlation with grid distance: " +
-      ", ".join(f"{k} {vitlab.position_structure_score(s):+.3f}" for k, s in pos.items()))
+      ", ".join(f"{k} {vitlab.position_structure_score(s):+.3f}" + (" (a fixed 2D sin-cos table, not learned)"
+                                                                      if k in fixed else "") for k, s in pos.items()))
 
 # %% [markdown]
 # **Here:** the figure and the lines above, computed from these models on these images. Read the per-model
 # verdicts against the reference: a random initialisation attends almost uniformly (near the dashed line) and its
-# position embeddings carry no grid structure, so whatever MPP or supervision changed shows as distance from the
-# scratch row. The distance difference says "no difference shown" whenever its interval touches zero.
+# learned position embeddings carry no grid structure, so whatever MPP or supervision changed shows as distance from
+# the scratch row. A fixed 2D sin-cos table (marked in the line above; the smoke study's models have one) has the
+# grid built in, the same in all three models, so there its rank correlation says nothing about training. The
+# distance difference says "no difference shown" whenever its interval touches zero.

@@ -88,3 +88,13 @@ def test_few_shot_notebook_says_what_it_probed():
     assert "embedded default on shapes: class-balanced subsets of 200 of its " in out
     assert "(the 'all' row: these 200 training images)" in out
 
+
+def test_mpp_notebook_marks_fixed_position_tables():
+    """The smoke study's three models share one fixed 2D sin-cos table, so 'scratch' shows the same grid structure as
+    the trained models; the line says so instead of leaving the notebook's 'a random initialisation's position
+    embeddings carry no grid structure' to contradict the numbers."""
+    line = next(t for t in _smoke_output("07_masked_patch_prediction").splitlines()
+                if t.startswith("position-embedding rank correlation"))
+    assert line.count("(a fixed 2D sin-cos table, not learned)") == 3 and "scratch " in line
+    source = (NOTEBOOKS / "07_masked_patch_prediction.py").read_text()
+    assert "its position\n# embeddings carry no grid structure" not in source
