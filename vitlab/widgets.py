@@ -145,7 +145,8 @@ class AttentionExplorer:
             q = "readout" if self.query is None else f"patch {divmod(self.query, self.info.grid_size[1])}"
             upto = "layers 1-" if method == "rollout" else "layer "
             discard = f", discard {self.discard.value:.2f}" if method == "rollout" and self.discard.value else ""
-            return f"{self.names[i]}: {method}, {upto}{self.layer.value}, heads {self.head.value}{discard}, query {q}"
+            # two lines: on one, a rollout's title with its discard ratio ran past the figure's edge
+            return f"{self.names[i]}: {method}, {upto}{self.layer.value}, heads {self.head.value}{discard},<br>query {q}"
         c = self.target_class()
         p = float(self._probs[i][c]) if i in self._probs and c < len(self._probs[i]) else float("nan")
         return f"{self.names[i]}: {method} for {self._class_label(c)} (p = {p:.2f})"
