@@ -405,3 +405,19 @@ def test_no_pretrained_with_a_checkpoint_or_a_weights_file_reads_in_flags(tmp_pa
                  "--no-pretrained"]) != 0
     err = capsys.readouterr().err
     assert "a weights file and --no-pretrained contradict each other" in err and "or --no-pretrained to load it" in err
+
+
+def test_sweep_table_without_results_points_at_the_shipped_store(tmp_path, monkeypatch, capsys):
+    """`vitlab sweep --table` reads runs/sweeps/cifar10.jsonl by default, where nothing is on a fresh checkout: the
+    message said to run the sweep (38 min) and not that the shipped sweep's results are one --results away."""
+    from pathlib import Path
+
+    shipped = Path(vitlab.__file__).resolve().parents[1] / "data" / "results" / "scaling_cifar10.jsonl"
+    if not shipped.is_file():
+        pytest.skip("no shipped sweep results (a wheel install)")
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "--table"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no records of sweep 'cifar10' in runs/sweeps/cifar10.jsonl" in err
+    assert f"--results {shipped}" in err
+    assert main(["sweep", "--table", "--results", str(shipped)]) == 0
