@@ -191,11 +191,12 @@ if records:
     if sup is not None and pre is not None:
         sup_h = sup.get("total_train_hours", sup.get("train_hours"))
         mpp_h = pre["train_seconds"] / 3600
+        mpp_time = f"{mpp_h:.2f} h" if mpp_h >= 0.01 else f"{pre['train_seconds']:.0f} s"  # seconds, not "0.00 h"
         teacher = (f", its last leg distilled ({sup.get('distill')} targets) from the teacher {sup['teacher']}"
                    if sup.get("teacher") else ", no teacher")
         print(f"\nBudgets: the supervised initialisation ({study.supervised}) trained {sup_h:.1f} h with labels in "
               f"{len(sup.get('lineage') or []) or 1} leg(s){teacher}; the MPP encoder pre-trained {pre['epochs']} "
-              f"epochs on {pre['images']:,} images without labels in {mpp_h:.2f} h (the supervised run trained "
+              f"epochs on {pre['images']:,} images without labels in {mpp_time} (the supervised run trained "
               f"{sup_h / mpp_h:.0f}x as long). "
               "'supervised beats MPP' here compares those two runs, not the two objectives at an equal budget as the "
               "paper does")

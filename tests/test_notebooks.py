@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,10 @@ def test_mpp_notebook_marks_fixed_position_tables():
     assert line.count("(a fixed 2D sin-cos table, not learned)") == 3 and "scratch " in line
     source = (NOTEBOOKS / "07_masked_patch_prediction.py").read_text()
     assert "its position\n# embeddings carry no grid structure" not in source
+
+
+def test_mpp_notebook_budget_line_never_says_zero_hours():
+    """The smoke study's MPP run takes seconds: its budget read 'in 0.00 h (the supervised run trained 241x as
+    long)'; a run under 36 s is now given in seconds."""
+    line = next(t for t in _smoke_output("07_masked_patch_prediction").splitlines() if t.startswith("Budgets:"))
+    assert "0.00 h" not in line and re.search(r"without labels in \d+ s \(the supervised run trained \d+x", line)
