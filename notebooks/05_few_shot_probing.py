@@ -36,17 +36,23 @@ from vitlab.probe import few_shot_accuracy, format_table, linear_probe_accuracy
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
 model = vitlab.load_model(MODEL)
+probed = DATA
 try:
     train, test = load_dataset(DATA, "train"), load_dataset(DATA, "test")
 except (DataError, RuntimeError, OSError) as e:  # offline without CIFAR-10: the synthetic shapes
     print(f"{DATA} unavailable ({e}); probing on the synthetic shapes instead")
     train, test = load_shapes("train"), load_shapes("test")
+    probed = "shapes"
 n_train, n_test = (200, 200) if SMOKE else (5000, 2000)
+n_all_train, n_all_test = len(train), len(test)
 train = train.subset(nested_subsets(train.labels, [min(n_train, len(train))])[0])
 test = test.subset(nested_subsets(test.labels, [min(n_test, len(test))])[0])
 ftr, fte = extract_features(model, train), extract_features(model, test)
 shots = (1, 5, 10) if SMOKE else (1, 5, 10, 25)
 res = few_shot_accuracy(ftr, train.labels, fte, test.labels, shots=shots)
+print(f"{MODEL or 'embedded default'} on {probed}: class-balanced subsets of {len(train):,} of its {n_all_train:,} "
+      f"training and {len(test):,} of its {n_all_test:,} test images, {ftr.shape[1]}-d features (the 'all' row: "
+      f"these {len(train):,} training images)")
 print(format_table(res, linear_probe_accuracy(ftr, train.labels, fte, test.labels)))
 
 # %% [markdown]

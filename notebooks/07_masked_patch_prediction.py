@@ -191,11 +191,12 @@ if records:
     if sup is not None and pre is not None:
         sup_h = sup.get("total_train_hours", sup.get("train_hours"))
         mpp_h = pre["train_seconds"] / 3600
+        mpp_time = f"{mpp_h:.2f} h" if mpp_h >= 0.01 else f"{pre['train_seconds']:.0f} s"  # seconds, not "0.00 h"
         teacher = (f", its last leg distilled ({sup.get('distill')} targets) from the teacher {sup['teacher']}"
                    if sup.get("teacher") else ", no teacher")
         print(f"\nBudgets: the supervised initialisation ({study.supervised}) trained {sup_h:.1f} h with labels in "
               f"{len(sup.get('lineage') or []) or 1} leg(s){teacher}; the MPP encoder pre-trained {pre['epochs']} "
-              f"epochs on {pre['images']:,} images without labels in {mpp_h:.2f} h (the supervised run trained "
+              f"epochs on {pre['images']:,} images without labels in {mpp_time} (the supervised run trained "
               f"{sup_h / mpp_h:.0f}x as long). "
               "'supervised beats MPP' here compares those two runs, not the two objectives at an equal budget as the "
               "paper does")
@@ -249,11 +250,15 @@ for a, b in (("MPP", "supervised"), ("MPP", "scratch")):
     print("  per layer (px): " + ", ".join(f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]" for d, (lo, hi) in
                                            zip(shift.layer_diff, shift.layer_interval)))
 print()
+fixed = {k for k, m in models.items() if vitlab.model_info(m).pos_embed == "fixed"}  # a sin-cos table: never learned
 print("position-embedding rank correlation with grid distance: " +
-      ", ".join(f"{k} {vitlab.position_structure_score(s):+.3f}" for k, s in pos.items()))
+      ", ".join(f"{k} {vitlab.position_structure_score(s):+.3f}" + (" (a fixed 2D sin-cos table, not learned)"
+                                                                      if k in fixed else "") for k, s in pos.items()))
 
 # %% [markdown]
 # **Here:** the figure and the lines above, computed from these models on these images. Read the per-model
 # verdicts against the reference: a random initialisation attends almost uniformly (near the dashed line) and its
-# position embeddings carry no grid structure, so whatever MPP or supervision changed shows as distance from the
-# scratch row. The distance difference says "no difference shown" whenever its interval touches zero.
+# learned position embeddings carry no grid structure, so whatever MPP or supervision changed shows as distance from
+# the scratch row. A fixed 2D sin-cos table (marked in the line above; the smoke study's models have one) has the
+# grid built in, the same in all three models, so there its rank correlation says nothing about training. The
+# distance difference says "no difference shown" whenever its interval touches zero.

@@ -135,6 +135,16 @@ def test_capture_takes_every_image_of_a_folder_unless_told(tmp_path, checkpoint,
     assert e.value.code == 2 and "argument --num-images: expected at least 1, got 0" in capsys.readouterr().err
 
 
+def test_capture_num_images_also_limits_the_default_photos(tmp_path, checkpoint):
+    """Without --images, capture reads scikit-learn's two photos; --num-images 1 captured both, silently."""
+    from safetensors.torch import load_file
+
+    f = tmp_path / "a.safetensors"
+    with pytest.warns(UserWarning, match=r"using the first 1 of the 2 photos scikit-learn ships: 1 left out"):
+        assert main(["capture", "--model", str(checkpoint), "--out", str(f), "--num-images", "1"]) == 0
+    assert load_file(str(f))["attention"].shape[1] == 1
+
+
 def test_queries_prefix_help_says_it_keeps_the_prefix_token_rows(capsys):
     """--queries prefix keeps every prefix token's row (class and 4 registers here), not 'only the readout rows':
     the help and the README say what it keeps."""
@@ -405,3 +415,19 @@ def test_no_pretrained_with_a_checkpoint_or_a_weights_file_reads_in_flags(tmp_pa
                  "--no-pretrained"]) != 0
     err = capsys.readouterr().err
     assert "a weights file and --no-pretrained contradict each other" in err and "or --no-pretrained to load it" in err
+
+
+def test_sweep_table_without_results_points_at_the_shipped_store(tmp_path, monkeypatch, capsys):
+    """`vitlab sweep --table` reads runs/sweeps/cifar10.jsonl by default, where nothing is on a fresh checkout: the
+    message said to run the sweep (38 min) and not that the shipped sweep's results are one --results away."""
+    from pathlib import Path
+
+    shipped = Path(vitlab.__file__).resolve().parents[1] / "data" / "results" / "scaling_cifar10.jsonl"
+    if not shipped.is_file():
+        pytest.skip("no shipped sweep results (a wheel install)")
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "--table"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no records of sweep 'cifar10' in runs/sweeps/cifar10.jsonl" in err
+    assert f"--results {shipped}" in err
+    assert main(["sweep", "--table", "--results", str(shipped)]) == 0

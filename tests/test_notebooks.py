@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,44 @@ def test_html_export_keeps_the_plotly_figures(tmp_path, monkeypatch):
     html, _ = nbconvert.HTMLExporter().from_notebook_node(nb)
     assert "not able to be represented" not in html
     assert html.count("Plotly.newPlot") >= 1 and "plotly" in html.lower()
+
+
+_EXECUTED: dict[str, object] = {}
+
+
+def _smoke_output(stem: str) -> str:
+    """The printed text of notebook ``stem`` run in smoke mode (once per session for the checks below)."""
+    if stem not in _EXECUTED:
+        nb = jupytext.read(NOTEBOOKS / f"{stem}.py")
+        nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                                resources={"metadata": {"path": str(NOTEBOOKS)}}).execute(
+            env={**os.environ, "VITLAB_SMOKE": "1", "OMP_NUM_THREADS": "1"})
+        _EXECUTED[stem] = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                                  for o in c.get("outputs", []) if o.output_type == "stream")
+    return _EXECUTED[stem]
+
+
+def test_few_shot_notebook_says_what_it_probed():
+    """The table's 'all' row is a logistic regression on the probed subset, not on the whole training split: the
+    notebook names the data and both subset sizes (it printed the table alone)."""
+    out = _smoke_output("05_few_shot_probing")
+    assert "embedded default on shapes: class-balanced subsets of 200 of its " in out
+    assert "(the 'all' row: these 200 training images)" in out
+
+
+def test_mpp_notebook_marks_fixed_position_tables():
+    """The smoke study's three models share one fixed 2D sin-cos table, so 'scratch' shows the same grid structure as
+    the trained models; the line says so instead of leaving the notebook's 'a random initialisation's position
+    embeddings carry no grid structure' to contradict the numbers."""
+    line = next(t for t in _smoke_output("07_masked_patch_prediction").splitlines()
+                if t.startswith("position-embedding rank correlation"))
+    assert line.count("(a fixed 2D sin-cos table, not learned)") == 3 and "scratch " in line
+    source = (NOTEBOOKS / "07_masked_patch_prediction.py").read_text()
+    assert "its position\n# embeddings carry no grid structure" not in source
+
+
+def test_mpp_notebook_budget_line_never_says_zero_hours():
+    """The smoke study's MPP run takes seconds: its budget read 'in 0.00 h (the supervised run trained 241x as
+    long)'; a run under 36 s is now given in seconds."""
+    line = next(t for t in _smoke_output("07_masked_patch_prediction").splitlines() if t.startswith("Budgets:"))
+    assert "0.00 h" not in line and re.search(r"without labels in \d+ s \(the supervised run trained \d+x", line)

@@ -217,3 +217,26 @@ def test_class_names_come_from_the_checkpoint_never_from_the_head_size(tmp_path)
     assert ex.class_names[:2] == ["class 0", "class 1"]
     saved.vitlab_checkpoint["data"] = {"classes": [f"shape{i}" for i in range(10)]}
     assert head_class_names(saved)[0] == "shape0"
+
+
+def test_the_colour_bar_names_what_each_method_maps_and_the_title_its_discard_ratio(explorer):
+    """Integrated gradients and occlusion are logit attributions, not attention weights: the colour bar said
+    "weight" for every method. A rollout's title names its discard ratio: moving the slider changed the map under an
+    unchanged title. The title takes two lines, so that the longer one is not cut off at the figure's edge."""
+    assert explorer.figure.data[1].colorbar.title.text == "attention weight"
+    explorer.method.value = "occlusion"
+    assert explorer.figure.data[1].colorbar.title.text == "logit drop"
+    explorer.method.value = "integrated gradients"
+    assert "logit" in explorer.figure.data[1].colorbar.title.text
+    explorer.method.value = "rollout"
+    assert explorer.figure.data[1].colorbar.title.text == "rollout weight" and "discard" not in _title(explorer)
+    explorer.discard.value = 0.5
+    explorer.select_patch(3, 4)
+    assert "discard 0.50" in _title(explorer)  # and no line of it longer than the 500 px figure shows
+    assert max(len(line) for line in _title(explorer).split("<br>")) <= 60, _title(explorer)
+    explorer.method.value = "attention"  # the discard ratio does not change a raw attention map: not in its title
+    assert "discard" not in _title(explorer)
+
+
+def _title(ex) -> str:
+    return ex.figure.layout.title.text

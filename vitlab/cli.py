@@ -356,7 +356,12 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
     in_grid = {s.run_id for s in sweep.runs()}
     records = [r for k, r in ResultsStore(results).latest(sweep.name).items() if k in in_grid]
     if not records:
-        print(f"no records of sweep {sweep.name!r} in {results}: run `vitlab sweep --config ...` first", file=sys.stderr)
+        shipped = Path(__file__).resolve().parents[1] / "data" / "results" / "scaling_cifar10.jsonl"
+        hint = (f"; the shipped sweep's results are in {shipped}: pass --results {shipped}"
+                if shipped.is_file() and results.resolve() != shipped and ResultsStore(shipped).latest(sweep.name)
+                else "")
+        print(f"no records of sweep {sweep.name!r} in {results}: run `vitlab sweep --config ...` first{hint}",
+              file=sys.stderr)
         return 1
     try:
         one_config(records)

@@ -39,10 +39,11 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
     """Images preprocessed as the model expects: (names, (B, C, H, W) batch, the (H, W, 3) uint8 views shown).
 
     ``folder=None`` uses the photos scikit-learn ships. ``limit``: the first ``limit`` images of ``folder`` (sorted
-    by path), with a warning that counts the files left out; None: every one. Unreadable files, and images smaller
-    than one of the model's patches (nothing to look at once resized), raise ``DataError`` naming them; with
-    ``skip_bad=True`` they are skipped with a warning that names them instead, and ``limit`` counts the usable
-    images: the files after the first ``limit`` are read until that many are usable or the folder ends.
+    by path), or of those photos, with a warning that counts the images left out; None: every one. Unreadable
+    files, and images smaller than one of the model's patches (nothing to look at once resized), raise
+    ``DataError`` naming them; with ``skip_bad=True`` they are skipped with a warning that names them instead, and
+    ``limit`` counts the usable images: the files after the first ``limit`` are read until that many are usable or
+    the folder ends.
     """
     import warnings
 
@@ -52,6 +53,10 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
     patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
     if folder is None:
         items = [(name, Image.fromarray(arr)) for name, arr in sample_images()]
+        if limit is not None and len(items) > limit:
+            warnings.warn(f"using the first {limit} of the {len(items)} photos scikit-learn ships: "
+                          f"{len(items) - limit} left out", stacklevel=2)
+            items = items[:limit]
     else:
         root = Path(folder)
         if not root.is_dir():

@@ -21,10 +21,13 @@ from vitlab.inspect import attention_view, attribution, mean_attention_distance,
 from vitlab.inspect.attribution import has_classifier, require_classifier
 from vitlab.plots import heatmap_over_image
 
-__all__ = ["AttentionExplorer", "PositionExplorer", "DistanceExplorer", "METHODS", "HEADS"]
+__all__ = ["AttentionExplorer", "PositionExplorer", "DistanceExplorer", "METHODS", "HEADS", "UNITS"]
 
 METHODS = ("attention", "rollout", "gradient rollout", "integrated gradients", "occlusion")
 HEADS = ("mean", "max", "min")  # fusions; single heads are "head 0", "head 1", ...
+#: what each method's map holds, the colour bar's title (a class-specific map is no attention weight)
+UNITS = {"attention": "attention weight", "rollout": "rollout weight", "gradient rollout": "relevance",
+         "integrated gradients": "attribution (logit)", "occlusion": "logit drop"}
 
 
 def _ipw():
@@ -141,7 +144,9 @@ class AttentionExplorer:
         if method in ("attention", "rollout"):
             q = "readout" if self.query is None else f"patch {divmod(self.query, self.info.grid_size[1])}"
             upto = "layers 1-" if method == "rollout" else "layer "
-            return f"{self.names[i]}: {method}, {upto}{self.layer.value}, heads {self.head.value}, query {q}"
+            discard = f", discard {self.discard.value:.2f}" if method == "rollout" and self.discard.value else ""
+            # two lines: on one, a rollout's title with its discard ratio ran past the figure's edge
+            return f"{self.names[i]}: {method}, {upto}{self.layer.value}, heads {self.head.value}{discard},<br>query {q}"
         c = self.target_class()
         p = float(self._probs[i][c]) if i in self._probs and c < len(self._probs[i]) else float("nan")
         return f"{self.names[i]}: {method} for {self._class_label(c)} (p = {p:.2f})"
@@ -154,6 +159,7 @@ class AttentionExplorer:
             self.figure.data[0].z = self.shown[i]
             self.figure.data[1].z = z
             self.figure.layout.title = self._title()
+            self.figure.data[1].colorbar.title.text = UNITS[self.method.value]
         stats = f"map max {float(np.max(z)):.4f}, sum {float(np.sum(z)):.4f}"
         if not self.has_head:
             self.status.value = f"no classifier head (the model outputs features): no predicted class; {stats}"
