@@ -135,14 +135,14 @@ def test_capture_takes_every_image_of_a_folder_unless_told(tmp_path, checkpoint,
     assert e.value.code == 2 and "argument --num-images: expected at least 1, got 0" in capsys.readouterr().err
 
 
-def test_capture_num_images_also_limits_the_default_photos(tmp_path, checkpoint):
+def test_capture_num_images_also_limits_the_default_photos(tmp_path, checkpoint, capsys):
     """Without --images, capture reads scikit-learn's two photos; --num-images 1 captured both, silently."""
     from safetensors.torch import load_file
 
     f = tmp_path / "a.safetensors"
     with pytest.warns(UserWarning, match=r"using the first 1 of the 2 photos scikit-learn ships: 1 left out"):
         assert main(["capture", "--model", str(checkpoint), "--out", str(f), "--num-images", "1"]) == 0
-    assert load_file(str(f))["attention"].shape[1] == 1
+    assert load_file(str(f))["attention"].shape[1] == 1 and "for 1 image\n" in capsys.readouterr().out
 
 
 def test_queries_prefix_help_says_it_keeps_the_prefix_token_rows(capsys):

@@ -55,6 +55,10 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch):
             assert f["stamp"]["weights"] == str(checkpoint)
         assert set(f["stamp"]["versions"]) == {"vitlab", "torch", "timm"} and "settings" in f["stamp"]
         assert "{" not in f["stamp_line"]  # a readable line, not a JSON dump
+    distance = next(f for f in metrics["figures"] if f["slug"] == "distance")
+    ref = distance["metrics"]["uniform_attention_px"]  # the stamp gives the reference as the text names it, rounded
+    assert distance["stamp"]["settings"]["uniform_attention_px"] == round(ref, 2) != ref
+    assert "ceiling" not in distance["stamp_line"]
     # every figure that judges a finding carries its verdicts, and metrics.json holds them all
     judged = {v["section"] for v in metrics["verdicts"]}
     assert {"filters", "positions", "distance"} <= judged

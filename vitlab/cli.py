@@ -503,7 +503,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
                                  batch_size=args.batch_size).cpu()
     atomic_write(args.out, lambda tmp: save_file({"attention": maps.contiguous()}, tmp,
                                                  metadata={"images": json.dumps(names)}))  # never half a file
-    print(f"wrote {args.out}: attention {tuple(maps.shape)} (L, B, H, Q, T) for {len(names)} images")
+    print(f"wrote {args.out}: attention {tuple(maps.shape)} (L, B, H, Q, T) for {len(names)} "
+          f"image{'' if len(names) == 1 else 's'}")
     return 0
 
 

@@ -235,7 +235,8 @@ def distance(inp: Inputs) -> Section:
         f"{ceiling:.1f} px of uniform attention); last layer: head mean {float(dist[-1].mean()):.1f} px, on a "
         f"{info.img_size[0]}x{info.img_size[1]} input.",
         inp.stamp(queries="patches", keys="patches, prefix dropped without renormalising", unit="pixels",
-                  images=len(inp.x), error_bars="std over images of the head mean", ceiling_px=ceiling),
+                  images=len(inp.x), error_bars="std over images of the head mean",
+                  uniform_attention_px=round(ceiling, 2)),
         verdicts, {"mean_attention_distance_px": dist.tolist(), "uniform_attention_px": ceiling,
                    "std_over_images": spread.tolist() if spread is not None else None})
 
