@@ -146,6 +146,20 @@ def test_an_interrupted_static_export_leaves_no_half_written_image(tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.svg"]
 
 
+def test_static_export_names_a_bad_browser_path(tmp_path, monkeypatch):
+    """BROWSER_PATH naming a missing file or a folder, and no Chromium on PATH: the export is skipped saying that
+    BROWSER_PATH is wrong (it said "set BROWSER_PATH", which was set; a folder was handed to kaleido as a browser)."""
+    from vitlab.static import find_chromium, write_images
+
+    figures, paths = _earlier_images(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for bad in (tmp_path / "no-such-chromium", tmp_path):
+        monkeypatch.setenv("BROWSER_PATH", str(bad))
+        assert find_chromium() is None
+        assert write_images(figures, paths).startswith(f"skipped: BROWSER_PATH={bad} is no executable file")
+    assert [p.read_bytes() for p in paths] == [b"an earlier image"] * 2
+
+
 @pytest.mark.skipif(find_chromium() is None, reason="no Chromium for static export")
 def test_static_export_replaces_the_images_already_there(tmp_path):
     from vitlab.static import write_images

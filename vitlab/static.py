@@ -15,7 +15,7 @@ __all__ = ["find_chromium", "chromium_for_export", "write_images"]
 def find_chromium() -> str | None:
     """A Chrome/Chromium for static export: $BROWSER_PATH, then the usual executables on PATH."""
     env = os.environ.get("BROWSER_PATH")
-    if env and Path(env).exists():
+    if env and Path(env).is_file() and os.access(env, os.X_OK):
         return env
     for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome"):
         found = shutil.which(name)
@@ -46,6 +46,10 @@ def write_images(figures: Sequence[object], paths: Sequence[str | os.PathLike], 
     interrupt) no partial image is left behind and a file already at a path stays as it was."""
     browser = find_chromium()
     if browser is None:
+        env = os.environ.get("BROWSER_PATH")
+        if env:  # set, but to nothing that runs: say so, not that it is unset
+            return (f"skipped: BROWSER_PATH={env} is no executable file and no Chromium is on PATH (point "
+                    "BROWSER_PATH at a Chrome/Chromium, or install Debian's chromium)")
         return "skipped: no Chromium found (install Debian's chromium, or set BROWSER_PATH)"
     try:
         import kaleido  # noqa: F401
