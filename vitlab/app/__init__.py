@@ -44,7 +44,9 @@ def _has_module(name: str) -> bool:
 
 def serve(model: str | None = None, port: int = 8866, open_browser: bool = False,
           num_images: int = 8) -> subprocess.Popen:
-    """Start Voila in a subprocess, in its own process group (so ``stop`` ends it with the kernels it started)."""
+    """Start Voila in a subprocess, in its own process group (so ``stop`` reaches anything it runs there). Its kernels
+    run in sessions of their own: Voila shuts them down on SIGTERM, and each exits by itself once Voila is gone
+    (jupyter_client's JPY_PARENT_PID), so a SIGKILLed server leaves none behind either."""
     env = {**os.environ, "VITLAB_APP_IMAGES": str(num_images)}
     if model:  # Voila's kernel runs in the notebook's folder: a relative checkpoint path must not depend on it
         env["VITLAB_MODEL"] = str(Path(model).resolve()) if Path(model).exists() else model
