@@ -400,6 +400,27 @@ def test_app_checks_the_model_and_the_image_count_before_starting_voila(tmp_path
     assert started == [(str(checkpoint), {"port": 9999, "open_browser": False, "num_images": 128})]
 
 
+def test_app_refuses_a_port_in_use_before_loading_the_model(monkeypatch, capsys):
+    """A port another server listens on: Voila moved to the next free port while `vitlab app` printed the busy one
+    (the page there was someone else's); now the command fails at once naming the port and --port, before the model
+    loads, and Voila itself is told to try no other port."""
+    import socket
+
+    import vitlab.app
+    from vitlab import cli
+
+    monkeypatch.setattr(cli, "_check_app_model", lambda *a: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(vitlab.app, "serve", lambda *a, **kw: pytest.fail("the server was started"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["app", "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"port {port} on 127.0.0.1 is not free" in err and "pass another --port" in err, err
+    assert "--Voila.port_retries=0" in vitlab.app.voila_command(port)
+
+
 def test_default_images_refuse_zero_images():
     from vitlab.images import default_images
 

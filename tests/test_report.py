@@ -109,6 +109,71 @@ def test_reproduce_writes_pngs_with_chromium(tmp_path, checkpoint):
     assert all(p.read_text().lstrip().startswith("<svg") for p in out.glob("*.svg"))
 
 
+def _earlier_images(tmp_path):
+    import plotly.graph_objects as go
+
+    paths = [tmp_path / "a.png", tmp_path / "b.svg"]
+    for p in paths:
+        p.write_bytes(b"an earlier image")
+    return [go.Figure(go.Scatter(y=[1, 3, 2])) for _ in paths], paths
+
+
+def test_a_failing_static_export_keeps_the_images_already_there(tmp_path, monkeypatch):
+    """A browser that dies at once (kaleido raises): the export reports the failure and the files already at the
+    paths (a benchmark's earlier figure) stay as they were; they were deleted. Nothing else is left behind."""
+    from vitlab.static import write_images
+
+    figures, paths = _earlier_images(tmp_path)
+    monkeypatch.setenv("BROWSER_PATH", "/bin/false")
+    assert write_images(figures, paths).startswith("failed: ")
+    assert [p.read_bytes() for p in paths] == [b"an earlier image"] * 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.svg"]
+
+
+def test_an_interrupted_static_export_leaves_no_half_written_image(tmp_path, monkeypatch):
+    """Ctrl-C while kaleido writes (half of the first image on disk): the interrupt goes on, and neither half an
+    image nor a temporary file is left; the earlier files are kept (the first path held the half-written bytes)."""
+    import plotly.io as pio
+
+    from vitlab.static import write_images
+
+    def interrupted(figures, files, **kw):
+        Path(files[0]).write_bytes(b"\x89PNG half")
+        raise KeyboardInterrupt
+
+    figures, paths = _earlier_images(tmp_path)
+    monkeypatch.setenv("BROWSER_PATH", "/bin/false")
+    monkeypatch.setattr(pio, "write_images", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_images(figures, paths)
+    assert [p.read_bytes() for p in paths] == [b"an earlier image"] * 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.svg"]
+
+
+def test_static_export_names_a_bad_browser_path(tmp_path, monkeypatch):
+    """BROWSER_PATH naming a missing file or a folder, and no Chromium on PATH: the export is skipped saying that
+    BROWSER_PATH is wrong (it said "set BROWSER_PATH", which was set; a folder was handed to kaleido as a browser)."""
+    from vitlab.static import find_chromium, write_images
+
+    figures, paths = _earlier_images(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for bad in (tmp_path / "no-such-chromium", tmp_path):
+        monkeypatch.setenv("BROWSER_PATH", str(bad))
+        assert find_chromium() is None
+        assert write_images(figures, paths).startswith(f"skipped: BROWSER_PATH={bad} is no executable file")
+    assert [p.read_bytes() for p in paths] == [b"an earlier image"] * 2
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="no Chromium for static export")
+def test_static_export_replaces_the_images_already_there(tmp_path):
+    from vitlab.static import write_images
+
+    figures, paths = _earlier_images(tmp_path)
+    assert write_images(figures, paths).startswith("written")
+    assert paths[0].read_bytes().startswith(b"\x89PNG") and paths[1].read_text().lstrip().startswith("<svg")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.svg"]
+
+
 def _keeps_previous(out, argv, capsys, needle):
     out.mkdir(exist_ok=True)
     (out / "report.html").write_text("an earlier report")

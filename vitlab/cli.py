@@ -463,8 +463,9 @@ def _check_app_model(model: str | None, num_images: int) -> None:
 def cmd_app(args: argparse.Namespace) -> int:
     import signal
 
-    from vitlab.app import serve, stop
+    from vitlab.app import check_port, serve, stop
 
+    check_port(args.port)  # before the model loads: Voila would otherwise serve on another port than the one named
     _check_app_model(args.model, args.num_images)  # here, with the CLI's message and exit status, not in the browser
     proc = serve(args.model, port=args.port, open_browser=args.open, num_images=args.num_images)
     print(f"serving the attention explorer on http://127.0.0.1:{args.port} (Ctrl-C or kill to stop)")

@@ -33,7 +33,13 @@ def _shape_mask(kind: int, yy: Tensor, xx: Tensor, cy: Tensor, cx: Tensor, r: Te
 
 
 def make_shapes(n: int, size: int = 32, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-    """``n`` images: (n, size, size, 3) uint8, labels (n,) int64, masks (n, size, size) bool."""
+    """``n`` images: (n, size, size, 3) uint8, labels (n,) int64, masks (n, size, size) bool.
+
+    ``size`` is at least 11 px: below, a small cross's arms (0.66 of a radius of 14% of the side) can fall between
+    the pixel centres, leaving an image of that class with no object at all."""
+    if size < 11:
+        raise ValueError(f"shapes need images of at least 11 px (smaller ones can hold no pixel of a thin cross), "
+                         f"got size={size}")
     g = torch.Generator().manual_seed(seed)
     yy, xx = torch.meshgrid(torch.arange(size) + 0.5, torch.arange(size) + 0.5, indexing="ij")
     labels = torch.arange(n) % len(SHAPE_CLASSES)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -14,7 +15,7 @@ __all__ = ["find_chromium", "chromium_for_export", "write_images"]
 def find_chromium() -> str | None:
     """A Chrome/Chromium for static export: $BROWSER_PATH, then the usual executables on PATH."""
     env = os.environ.get("BROWSER_PATH")
-    if env and Path(env).exists():
+    if env and Path(env).is_file() and os.access(env, os.X_OK):
         return env
     for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome"):
         found = shutil.which(name)
@@ -40,25 +41,35 @@ def chromium_for_export(browser: str) -> Iterator[str]:
 def write_images(figures: Sequence[object], paths: Sequence[str | os.PathLike], scale: float = 1.0) -> str:
     """Write each plotly figure to its path (.png, .svg, ... by suffix) when a Chromium is found.
 
-    Returns what happened, one line (for metrics and logs): written, skipped (and why) or failed; on failure
-    no partial image is left behind."""
+    Returns what happened, one line (for metrics and logs): written, skipped (and why) or failed. Each image is drawn
+    into a temporary file beside its path and all are moved into place once every one is drawn: on failure (or an
+    interrupt) no partial image is left behind and a file already at a path stays as it was."""
     browser = find_chromium()
     if browser is None:
+        env = os.environ.get("BROWSER_PATH")
+        if env:  # set, but to nothing that runs: say so, not that it is unset
+            return (f"skipped: BROWSER_PATH={env} is no executable file and no Chromium is on PATH (point "
+                    "BROWSER_PATH at a Chrome/Chromium, or install Debian's chromium)")
         return "skipped: no Chromium found (install Debian's chromium, or set BROWSER_PATH)"
     try:
         import kaleido  # noqa: F401
         import plotly.io as pio
     except ImportError as e:
         return f"skipped: {e}"
-    figures = list(figures)
+    figures, paths = list(figures), [Path(p) for p in paths]
     # each image at its figure's own layout size (kaleido would otherwise draw every figure at 700 x 500)
     widths = [getattr(f.layout, "width", None) or 700 for f in figures]
     heights = [getattr(f.layout, "height", None) or 500 for f in figures]
+    tmps = [p.with_name(f".{p.name}.{secrets.token_hex(4)}.tmp{p.suffix}") for p in paths]  # kaleido reads the suffix
     try:
         with chromium_for_export(browser):
-            pio.write_images(figures, [str(p) for p in paths], scale=scale, width=widths, height=heights)
-    except Exception as e:  # noqa: BLE001 - a broken browser must not cost the caller its other outputs
-        for p in paths:
-            Path(p).unlink(missing_ok=True)
-        return f"failed: {type(e).__name__}: {e}"
+            pio.write_images(figures, [str(t) for t in tmps], scale=scale, width=widths, height=heights)
+        for t, p in zip(tmps, paths):
+            os.replace(t, p)
+    except BaseException as e:
+        for t in tmps:
+            t.unlink(missing_ok=True)
+        if not isinstance(e, Exception):
+            raise
+        return f"failed: {type(e).__name__}: {e}"  # a broken browser must not cost the caller its other outputs
     return f"written with {browser}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +17,23 @@ def voila_command(port: int = 8866, open_browser: bool = False) -> list[str]:
     """The Voila command line that serves the explorer notebook on localhost:``port``."""
     if not _has_module("voila"):
         raise RuntimeError("`vitlab app` needs Voila: pip install 'vitlab[notebooks]' (or pip install voila)")
-    cmd = [sys.executable, "-m", "voila", str(NOTEBOOK), f"--port={port}", "--Voila.ip=127.0.0.1",
-           "--theme=light"]
+    # no other port: Voila would otherwise move to a free one nearby while we name ``port`` to the user
+    cmd = [sys.executable, "-m", "voila", str(NOTEBOOK), f"--port={port}", "--Voila.port_retries=0",
+           "--Voila.ip=127.0.0.1", "--theme=light"]
     if not open_browser:
         cmd.append("--no-browser")
     return cmd
+
+
+def check_port(port: int) -> None:
+    """Refuse a ``port`` that another server already listens on at 127.0.0.1, naming the way out."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: a closed one's port is free
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise RuntimeError(f"port {port} on 127.0.0.1 is not free ({e.strerror}): another server (an earlier "
+                               "`vitlab app`?) holds it; stop it or pass another --port") from e
 
 
 def _has_module(name: str) -> bool:
@@ -31,7 +44,9 @@ def _has_module(name: str) -> bool:
 
 def serve(model: str | None = None, port: int = 8866, open_browser: bool = False,
           num_images: int = 8) -> subprocess.Popen:
-    """Start Voila in a subprocess, in its own process group (so ``stop`` ends it with the kernels it started)."""
+    """Start Voila in a subprocess, in its own process group (so ``stop`` reaches anything it runs there). Its kernels
+    run in sessions of their own: Voila shuts them down on SIGTERM, and each exits by itself once Voila is gone
+    (jupyter_client's JPY_PARENT_PID), so a SIGKILLed server leaves none behind either."""
     env = {**os.environ, "VITLAB_APP_IMAGES": str(num_images)}
     if model:  # Voila's kernel runs in the notebook's folder: a relative checkpoint path must not depend on it
         env["VITLAB_MODEL"] = str(Path(model).resolve()) if Path(model).exists() else model
