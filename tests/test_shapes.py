@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from vitlab.data import load_dataset, load_shapes
+from vitlab.data import DataError, load_dataset, load_shapes
 from vitlab.shapes import SHAPE_CLASSES, make_shapes
 
 
@@ -61,6 +61,8 @@ def test_objects_differ_from_background_and_split_loader():
     assert d.masks.shape == (8, 32, 32) and d.classes == SHAPE_CLASSES
     assert d.subset([0, 2]).masks.shape == (2, 32, 32)
     assert len(load_dataset("shapes", "test")) == 2000
+    with pytest.raises(DataError, match="n must be at least 1 image"):  # n=0 gave the whole split, silently
+        load_shapes("test", n=0)
 
 
 @pytest.mark.slow

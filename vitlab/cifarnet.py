@@ -3,7 +3,8 @@
 The design follows the ideas published with the airbench CIFAR-10 speed runs (Jordan 2024, "94% on CIFAR-10
 in 3.29 seconds on a single GPU"), written here from their description:
 
-* a frozen first layer that *whitens* 2x2 patches: its filters are the eigenvectors of the training patches'
+* a first layer that *whitens* 2x2 patches, its weights frozen (its bias trains: throughout, or for the
+  first ``whiten_bias_epochs``): its filters are the eigenvectors of the training patches'
   covariance scaled by 1/sqrt(eigenvalue), each with its negative (``init_from_data``); ``whiten_fp32=True`` runs
   it in float32 under bf16 autocast;
 * three stages ``conv -> max-pool -> BatchNorm -> GELU`` followed by a residual ``conv -> BatchNorm -> GELU``

@@ -341,13 +341,17 @@ SHAPES_SIZES = {"train": (8000, 0), "test": (2000, 1)}
 
 
 def load_shapes(split: str = "train", n: int | None = None, size: int = 32) -> ImageArray:
-    """The synthetic shapes dataset with object masks (train: 8,000 images, seed 0; test: 2,000, seed 1)."""
+    """The synthetic shapes dataset with object masks (train: 8,000 images, seed 0; test: 2,000, seed 1); ``n``: draw
+    ``n`` images with the split's seed instead (not a prefix of the split: the draw depends on ``n``), None: the
+    split."""
     from vitlab.shapes import SHAPE_CLASSES, make_shapes
 
     if split not in SHAPES_SIZES:
         raise DataError(f"split must be 'train' or 'test', got {split!r}")
+    if n is not None and n < 1:
+        raise DataError(f"n must be at least 1 image (or None for the whole split), got {n}")
     count, seed = SHAPES_SIZES[split]
-    images, labels, masks = make_shapes(n or count, size=size, seed=seed)
+    images, labels, masks = make_shapes(count if n is None else n, size=size, seed=seed)
     return ImageArray(images, labels, SHAPE_CLASSES, f"shapes:{split}:seed{seed}", masks)
 
 

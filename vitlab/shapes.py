@@ -23,7 +23,7 @@ def _shape_mask(kind: int, yy: Tensor, xx: Tensor, cy: Tensor, cx: Tensor, r: Te
     if kind == 1:
         s = r * 0.85
         return (dy.abs() <= s) & (dx.abs() <= s)
-    if kind == 2:  # upward triangle with its centroid at (cy, cx)
+    if kind == 2:  # upward triangle: apex r above (cy, cx), base 0.7 r below it and 2.2 r wide
         top, base = -r, r * 0.7
         inside_y = (dy >= top) & (dy <= base)
         half_width = (dy - top) / (base - top) * r * 1.1
