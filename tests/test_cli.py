@@ -452,3 +452,19 @@ def test_sweep_table_without_results_points_at_the_shipped_store(tmp_path, monke
     assert "no records of sweep 'cifar10' in runs/sweeps/cifar10.jsonl" in err
     assert f"--results {shipped}" in err
     assert main(["sweep", "--table", "--results", str(shipped)]) == 0
+
+
+def test_sweep_plot_png_names_a_bad_browser_path(tmp_path, monkeypatch, capsys):
+    """--plot FILE.png without a Chromium said 'needs a Chromium (apt-get install chromium)' also when BROWSER_PATH
+    was set to a file that does not exist: the message names that path, and no file is written."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "data" / "results"
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-such-chrome"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no chromium on PATH either
+    out = tmp_path / "curves.png"
+    code = main(["sweep", "--config", str(root / "scaling_cifar10.tuned.json"), "--results",
+                 str(root / "scaling_cifar10.jsonl"), "--table", "--plot", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert code != 0 and f"BROWSER_PATH={tmp_path / 'no-such-chrome'} is no executable file" in err
+    assert "or pass an .html file" in err and not out.exists()

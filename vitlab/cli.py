@@ -326,11 +326,11 @@ def _scaling_plot(records: list[dict], name: str, shots: int, path: str) -> None
     fig = scaling_curves(summarise(records, shots), title=f"Sweep {name}: {shots}-shot accuracy on held-out classes "
                          "(error bars: std over seeds)", compute=summarise_compute(records) or None)
     if path.endswith(".png"):  # static export through kaleido: needs a Chromium
-        from vitlab.static import chromium_for_export, find_chromium
+        from vitlab.static import chromium_for_export, find_chromium, no_chromium_reason
 
         browser = find_chromium()
         if browser is None:
-            raise RuntimeError("--plot FILE.png needs a Chromium (apt-get install chromium); or pass an .html file")
+            raise RuntimeError(f"--plot FILE.png needs a Chromium: {no_chromium_reason()}; or pass an .html file")
         with chromium_for_export(browser):
             atomic_write(path, lambda tmp: fig.write_image(tmp, format="png", scale=2))
     else:

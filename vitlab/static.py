@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["find_chromium", "chromium_for_export", "write_images"]
+__all__ = ["find_chromium", "no_chromium_reason", "chromium_for_export", "write_images"]
 
 
 def find_chromium() -> str | None:
@@ -22,6 +22,15 @@ def find_chromium() -> str | None:
         if found:
             return found
     return None
+
+
+def no_chromium_reason() -> str:
+    """Why ``find_chromium`` found none, and the fix: a ``BROWSER_PATH`` set to nothing that runs is named."""
+    env = os.environ.get("BROWSER_PATH")
+    if env:  # set, but to nothing that runs: say so, not that it is unset
+        return (f"BROWSER_PATH={env} is no executable file and no Chromium is on PATH (point BROWSER_PATH at a "
+                "Chrome/Chromium, or install Debian's chromium)")
+    return "no Chromium found (install Debian's chromium, or set BROWSER_PATH)"
 
 
 @contextlib.contextmanager
@@ -46,11 +55,7 @@ def write_images(figures: Sequence[object], paths: Sequence[str | os.PathLike], 
     interrupt) no partial image is left behind and a file already at a path stays as it was."""
     browser = find_chromium()
     if browser is None:
-        env = os.environ.get("BROWSER_PATH")
-        if env:  # set, but to nothing that runs: say so, not that it is unset
-            return (f"skipped: BROWSER_PATH={env} is no executable file and no Chromium is on PATH (point "
-                    "BROWSER_PATH at a Chrome/Chromium, or install Debian's chromium)")
-        return "skipped: no Chromium found (install Debian's chromium, or set BROWSER_PATH)"
+        return f"skipped: {no_chromium_reason()}"
     try:
         import kaleido  # noqa: F401
         import plotly.io as pio
