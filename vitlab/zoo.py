@@ -4,8 +4,9 @@ Three families, each described by a small frozen config:
 
 * ``ViTConfig``    the ViT family of Table 1 (Ti/S/B/L/H, any patch size and resolution), class-token or
                    global-average-pool readout, learned 1D, fixed 2D sin-cos or no position embedding.
-* ``HybridConfig`` a ResNet (v2, GroupNorm + weight standardisation) feature map cut into 1x1 patches
-                   and fed to a ViT (paper section 3.1, "Hybrid Architecture").
+* ``HybridConfig`` a ResNet (GroupNorm + weight standardisation, post-activation bottlenecks: timm's ``ResNetV2``
+                   with ``preact=False``, as timm's ``vit_base_r50_s16_224``) feature map cut into 1x1 patches and
+                   fed to a ViT (paper section 3.1, "Hybrid Architecture"; the R50 layout of section 4.1).
 * ``BiTConfig``    BiT-style ResNet baselines (pre-activation ResNet-v2, GroupNorm, StdConv).
 * ``CifarNetConfig`` a fast residual CNN for 32 px images (``vitlab.cifarnet``): the distillation teacher.
 
@@ -122,6 +123,10 @@ class ViTConfig:
     """One member of the ViT family. ``vit_config("B/16")`` gives the paper's ViT-B/16.
 
     ``img_size`` is an int (square) or (H, W); each side must be a whole number of patches.
+
+    The classification head is a single linear layer (timm's ``head``), the paper's fine-tuning head; the MLP with
+    one hidden layer that the paper's section 3.1 uses at pre-training time is not built, so a model trained here
+    from scratch learns with the linear head (timm's layout, tensor for tensor).
     """
 
     embed_dim: int = 768
@@ -216,10 +221,13 @@ def _check_widths(layers: tuple[int, ...], channels: tuple[int, ...] | None, k: 
 
 @dataclass(frozen=True)
 class HybridConfig:
-    """R?+ViT: a ResNet-v2 stem and stages whose feature map is cut into 1x1 patches (paper section 3.1)."""
+    """R?+ViT: a ResNet stem and stages (GroupNorm, weight-standardised convolutions, post-activation bottlenecks:
+    timm's ``ResNetV2`` built with ``preact=False``) whose feature map is cut into 1x1 patches (paper section 3.1)."""
 
     vit: ViTConfig = ViTConfig()  # vit.patch_size is the backbone's total stride
-    layers: tuple[int, ...] = (3, 4, 9)  # R50 hybrid: the first three stages of ResNet-50
+    #: R50 hybrid (paper section 4.1, option (ii)): ResNet-50 (3, 4, 6, 3) with stage 4 removed and its 3 blocks
+    #: placed in stage 3, keeping the 16 blocks; the extended stage 3's output (stride 16) is the token grid
+    layers: tuple[int, ...] = (3, 4, 9)
     stem: Literal["imagenet", "cifar"] = "imagenet"
     #: backbone stage widths (None: ResNet-50's 256, 512, 1024 bottleneck stages) and GroupNorm grouping (None: BiT's
     #: 32 groups; k: at least k channels per group), for narrow hybrids on small images
