@@ -920,8 +920,10 @@ KNOWN_REASONS: dict[str, str] = {
                    "large-scale pre-training only); small patches leave few frequencies to order, and less "
                    "pre-training data shapes the filters less.",
     "Fig. 7 centre": "the 2D topology of 1D position embeddings is learned from data; the paper's Appendix D.4 "
-                     "(Table 8) finds position-embedding variants matter little at small scale, and small grids "
-                     "trained briefly learn weak structure.",
+                     "finds that how positions are encoded matters little once there is a position embedding "
+                     "(Table 8, on a grid of patches rather than pixels) and that the similarity pattern learned "
+                     "depends on the training hyperparameters (Fig. 10); small grids trained briefly learn weak "
+                     "structure.",
     "Fig. 7 right": "Raghu et al. 2021 (\"Do Vision Transformers See Like Convolutional Neural Networks?\", "
                     "NeurIPS) find that ViTs trained on less data (ImageNet instead of JFT-300M) learn less local "
                     "attention in their lowest layers; the paper's Fig. 7 right is ViT-L/16 on JFT-300M.",
