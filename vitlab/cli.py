@@ -284,7 +284,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.shots is not None and args.shots not in sweep.shots:
         raise ValueError(f"--shots {args.shots}: sweep {sweep.name!r} probes {list(sweep.shots)}-shot only; pick one of "
                          "those")
-    if args.table:  # default: the paper's 10-shot where the sweep probes it, else its largest
+    if args.table:  # default: 10-shot (the sweep's; the paper's Fig. 4 is 5-shot) where probed, else its largest
         shots = args.shots if args.shots is not None else 10 if 10 in sweep.shots else max(sweep.shots)
         return _sweep_tables(sweep, Path(results), shots, args.plot)
     if args.tune:
