@@ -38,6 +38,9 @@ def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, two
     assert card["training_precision"] == "fp32"
     text = (tmp_path / "shipped" / "MODEL_CARD.md").read_text()
     assert "warm-started with a fresh schedule from `start`" in text and "measured in fp32 during training" in text
+    data_line = next(line for line in text.splitlines() if line.startswith("* Data: "))  # sentences, not a dict
+    assert data_line == (f"* Data: trained on `{card['data']['train']}` ({card['data']['train_examples']:,} images); "
+                         f"evaluated during training on `{card['data']['test']}`; 2 classes (a, b).")
     assert str(tmp_path) not in text
     # epochs before the field existed ran as configured; a resumed run on another machine shows both, in order
     assert _precision([{}, {"precision": "bf16"}, {"precision": "fp32"}, {"precision": "fp32"}], {"bf16": True}) \
@@ -297,3 +300,12 @@ def test_an_export_after_a_kill_between_checkpoint_and_metrics_line_keeps_the_la
     assert run_history(tmp_path / "run", meta) == [first, second]
     metrics.unlink()  # killed before the first line was ever written
     assert run_history(tmp_path / "run", {**meta, "epoch": 1, "metrics": first}) == [first]
+
+
+def test_the_cards_data_line_is_sentences_for_any_record():
+    from vitlab.export import _data_line
+
+    assert _data_line(None) == _data_line({}) == "not recorded by the run"
+    assert _data_line({"train": "t.zip", "test": "v.zip", "train_examples": 50000}) == (
+        "trained on `t.zip` (50,000 images); evaluated during training on `v.zip`")
+    assert _data_line({"test": "v.zip", "note": "x"}) == "evaluated during training on `v.zip`; note: x"

@@ -74,6 +74,9 @@ def test_model_card_text_matches_its_json(folder):
         assert f"{name[0].upper()}{name[1:]}: {value:.2%}" in text  # Test accuracy, or an MPP encoder's masked-patch one
     for key in ("train", "test"):  # data sets named by name or relative path, never a machine's absolute path
         assert not Path(str(card["data"][key])).is_absolute(), card["data"][key]
+    from vitlab.export import _data_line
+
+    assert f"* Data: {_data_line(card['data'])}.\n" in text  # the line the exporter writes from the card's record
 
 
 @pytest.mark.parametrize("folder", [f for f in CARDS if json.loads((f / "card.json").read_text()).get(

@@ -523,7 +523,7 @@ def _card(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> st
 * Command: `{f['command']}`
 * Epochs: {f['epochs_done']} of {f['epochs_planned']} planned{'' if done else ' (the run is not finished; it resumes with --resume)'}.
 * Training wall time: {wall} on {f['hardware']}{_compiled_note(f, history)}.
-* Data: {f['data']}.
+* Data: {_data_line(f.get('data'))}.
 * Parameters: {f['parameters']:,}; file: {f['file_bytes'] / 1e6:.1f} MB ({f['dtype']}).
 * Preprocessing (from the model's pretrained config): input {tuple(pc['input_size'])}, mean {tuple(pc['mean'])},
   std {tuple(pc['std'])}, interpolation {pc['interpolation']}, crop_pct {pc['crop_pct']}.
@@ -549,6 +549,24 @@ def _compiled_note(f: dict, history: list[dict]) -> str:
     """How many of the epochs trained through ``torch.compile`` (``vitlab.train``'s ``compile``), when any did."""
     n = f.get("compiled_epochs") or 0
     return f"; the training step compiled by `torch.compile` in {n} of {len(history)} epochs" if n else ""
+
+
+def _data_line(data: dict | None) -> str:
+    """The card's data line from the run's record (``{"train", "test", "train_examples", "classes"}``, each
+    optional): sentences, not the dict's repr."""
+    if not data:
+        return "not recorded by the run"
+    parts = []
+    if data.get("train"):
+        n = data.get("train_examples")
+        parts.append(f"trained on `{data['train']}`" + (f" ({n:,} images)" if isinstance(n, int) else ""))
+    if data.get("test"):
+        parts.append(f"evaluated during training on `{data['test']}`")
+    if data.get("classes"):
+        parts.append(f"{len(data['classes'])} classes ({', '.join(map(str, data['classes']))})")
+    rest = {k: v for k, v in data.items() if k not in ("train", "test", "train_examples", "classes")}
+    parts += [f"{k}: {v}" for k, v in rest.items()]
+    return "; ".join(parts)
 
 
 def _versions_line(f: dict) -> str:
