@@ -381,6 +381,21 @@ def test_feature_cache_is_keyed_on_the_numerics(monkeypatch, tmp_path):
     assert feature_key(model, data) == key  # a CUDA setting leaves the CPU's key alone
 
 
+def test_a_damaged_cache_file_is_computed_anew(monkeypatch, tmp_path):
+    """A truncated cache file (a full disk, a bad copy) raised safetensors' 'invalid header length' from every later
+    probe of that model and data, until the user found and deleted it; now it is a miss, recomputed and replaced."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
+    model, data = tiny_vit(), _shapes()
+    feats = extract_features(model, data)
+    (f,) = (tmp_path / "features").glob("*.safetensors")
+    for damaged in (f.read_bytes()[:50], b""):
+        f.write_bytes(damaged)
+        torch.testing.assert_close(extract_features(model, data), feats, rtol=0, atol=0)
+        assert f.read_bytes() != damaged  # replaced by a good file
+    monkeypatch.setattr(model, "forward_features", lambda *a: (_ for _ in ()).throw(AssertionError("recomputed")))
+    assert torch.equal(extract_features(model, data), feats)  # and served from it
+
+
 def test_features_resize_to_the_model_input_and_work_for_a_resnet():
     data = load_shapes("test", n=4, size=48)  # 48 px images, 32 px models
     assert extract_features(tiny_vit(), data, cache=False).shape == (4, 192)

@@ -4,7 +4,8 @@ The cache key covers the model (class, readout settings and a hash of every weig
 and a hash of its pixels and labels), the transform (input size, mean, std, interpolation) and the numerics (the
 device type, an autocast region around the call, the TF32 and float32 matmul precision settings), so a change to
 any of them misses the cache instead of returning stale features; each readout's file name carries the version of
-its definition (``READOUT_VERSIONS``), so a changed definition misses too. Files are safetensors, written atomically.
+its definition (``READOUT_VERSIONS``), so a changed definition misses too. Files are safetensors, written atomically;
+an unreadable one (damaged outside vitlab) is computed anew and replaced.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
@@ -175,7 +177,12 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
         for r in readouts:
             paths[r] = cache_dir() / "features" / _cache_name(key, r)
             if paths[r].exists():
-                found[r] = load_file(paths[r])["features"]
+                try:
+                    feats = load_file(paths[r])["features"]
+                except (OSError, KeyError, SafetensorError):  # damaged (a full disk, a bad copy): computed anew
+                    continue
+                if feats.dim() == 2 and len(feats) == len(data):
+                    found[r] = feats
     todo = [r for r in readouts if r not in found]
     if not todo:
         return found
