@@ -136,7 +136,7 @@ def extract_features(model: nn.Module, data: ImageArray, batch_size: int = 128, 
     trained (e.g. masked patch prediction trains only patch outputs).
     Images are resized and normalised as the model's pretrained config says. With ``cache=True`` features
     are stored under ``$VITLAB_CACHE/features`` and reused when model, weights, data, transform, readout and numerics
-(device type, autocast, TF32: see ``feature_key``) match.
+    (device type, autocast, TF32: see ``feature_key``) match.
     The model's train/eval mode is restored afterwards. ``extract_readouts`` gives several readouts in one pass.
     The features are computed where the model is (``device``, if given, must name that device: it is checked, the
     model is not moved) and returned on the CPU.
