@@ -196,7 +196,26 @@ def test_probe_command(tmp_path, checkpoint, capsys):
     assert 0 <= d["linear_probe"] <= 1
     assert main(["probe", "--model", str(checkpoint), "--data", "shapes", "--max-train", "40", "--shots", "25",
                  "--quiet"]) == 1
-    assert "class 0 has only 10" in capsys.readouterr().err
+    assert "--max-train 40 keeps 10 training images of class 'circle'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("max_train, shots, kept", [("40", "11", "10"), ("3", "1", "0")])
+def test_probe_checks_shots_against_max_train_before_the_feature_pass(max_train, shots, kept, checkpoint,
+                                                                       monkeypatch, capsys):
+    """--max-train too small for --shots was caught only after both feature passes, by a message that said 'add
+    data' (not --max-train); below one image per class it said 'test labels [3] never occur in the training
+    labels'. Now refused before any feature is extracted, naming --max-train and the least value that works."""
+    import vitlab.features
+
+    def no_features(*args, **kwargs):
+        raise AssertionError("features were extracted before --shots was checked against --max-train")
+
+    monkeypatch.setattr(vitlab.features, "extract_features", no_features)
+    assert main(["probe", "--model", str(checkpoint), "--data", "shapes", "--max-train", max_train, "--max-test",
+                 "8", "--shots", shots, "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert f"--max-train {max_train} keeps {kept} training images of class" in err
+    assert f"raise --max-train to at least {4 * int(shots)} ({shots} x 4 classes) or lower --shots" in err
 
 
 @pytest.mark.parametrize("args, flag, bound", [

@@ -359,6 +359,43 @@ def test_feature_key_tells_a_pool_over_every_token_from_one_over_the_patches():
     extract_features(patches, data)
     torch.testing.assert_close(extract_features(every, data), extract_features(every, data, cache=False))
 
+def test_feature_cache_is_keyed_on_the_numerics(monkeypatch, tmp_path):
+    """Features computed in a bf16 autocast region were cached under the float32 key and served to every later
+    float32 call; a GPU's features (TF32 convolutions, on by default) were served to a CPU run and the reverse, so
+    tests/test_gpu.py's probe command compared the CPU's cached features with themselves."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
+    model, data = tiny_vit(), _shapes()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = extract_features(model, data)
+    exact = extract_features(model, data, cache=False)
+    assert not torch.allclose(low, exact, rtol=1e-4, atol=1e-4)  # the region does change the features
+    torch.testing.assert_close(extract_features(model, data), exact, rtol=0, atol=0)  # not the bf16 file
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(extract_features(model, data), low)  # its own entry
+    key = feature_key(model, data)
+    assert feature_key(model, data, "cpu") == key
+    gpu = feature_key(model, data, "cuda")  # reads settings only: no GPU needed
+    assert gpu != key
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", not torch.backends.cudnn.allow_tf32)
+    assert feature_key(model, data, "cuda") != gpu
+    assert feature_key(model, data) == key  # a CUDA setting leaves the CPU's key alone
+
+
+def test_a_damaged_cache_file_is_computed_anew(monkeypatch, tmp_path):
+    """A truncated cache file (a full disk, a bad copy) raised safetensors' 'invalid header length' from every later
+    probe of that model and data, until the user found and deleted it; now it is a miss, recomputed and replaced."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
+    model, data = tiny_vit(), _shapes()
+    feats = extract_features(model, data)
+    (f,) = (tmp_path / "features").glob("*.safetensors")
+    for damaged in (f.read_bytes()[:50], b""):
+        f.write_bytes(damaged)
+        torch.testing.assert_close(extract_features(model, data), feats, rtol=0, atol=0)
+        assert f.read_bytes() != damaged  # replaced by a good file
+    monkeypatch.setattr(model, "forward_features", lambda *a: (_ for _ in ()).throw(AssertionError("recomputed")))
+    assert torch.equal(extract_features(model, data), feats)  # and served from it
+
+
 def test_features_resize_to_the_model_input_and_work_for_a_resnet():
     data = load_shapes("test", n=4, size=48)  # 48 px images, 32 px models
     assert extract_features(tiny_vit(), data, cache=False).shape == (4, 192)

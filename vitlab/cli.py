@@ -245,12 +245,22 @@ def cmd_probe(args: argparse.Namespace) -> int:
     dev = resolve_device(args.device)
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
     train, test = load_splits(args.data, progress=not args.quiet)
-    counts = torch.bincount(train.labels)
-    if args.max_train is None and max(args.shots) > int(counts[counts > 0].min()):
-        raise ValueError(f"{max(args.shots)} shots need that many training images per class, but the smallest class "
-                         f"of {args.data} has {int(counts[counts > 0].min())}: lower --shots")
+    shots = max(args.shots)
+    counts = torch.bincount(train.labels, minlength=len(train.classes))
+    present = counts > 0
+    if shots > int(counts[present].min()):
+        raise ValueError(f"{shots} shots need that many training images per class, but the smallest class "
+                         f"of {args.data} has {int(counts[present].min())}: lower --shots")
     if args.max_train is not None and args.max_train < len(train):
         train = train.subset(nested_subsets(train.labels, [args.max_train], seed=0)[0])
+        kept = torch.bincount(train.labels, minlength=len(counts))
+        kept[~present] = shots  # classes the data set lacks are no shortfall
+        if shots > int(kept.min()):  # before the feature pass: a balanced subset of shots x classes has enough
+            c = int(kept.argmin())
+            raise ValueError(f"--max-train {args.max_train} keeps {int(kept[c])} training images of class "
+                             f"{train.classes[c]!r}, but --shots {shots} needs {shots} per class: raise --max-train to "
+                             f"at least {shots * int(present.sum())} ({shots} x {int(present.sum())} classes) or "
+                             "lower --shots")
     if args.max_test is not None and args.max_test < len(test):
         test = test.subset(nested_subsets(test.labels, [args.max_test], seed=0)[0])
     progress = not args.quiet

@@ -1,9 +1,11 @@
 """Frozen features for probing: ``forward_head(forward_features(x), pre_logits=True)``, batched, cached on disk.
 
 The cache key covers the model (class, readout settings and a hash of every weight), the data (its source, size
-and a hash of its pixels and labels) and the transform (input size, mean, std, interpolation), so a change to
+and a hash of its pixels and labels), the transform (input size, mean, std, interpolation) and the numerics (the
+device type, an autocast region around the call, the TF32 and float32 matmul precision settings), so a change to
 any of them misses the cache instead of returning stale features; each readout's file name carries the version of
-its definition (``READOUT_VERSIONS``), so a changed definition misses too. Files are safetensors, written atomically.
+its definition (``READOUT_VERSIONS``), so a changed definition misses too. Files are safetensors, written atomically;
+an unreadable one (damaged outside vitlab) is computed anew and replaced.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
@@ -76,10 +79,27 @@ def _transform(model: nn.Module) -> dict:
             "std": [float(v) for v in cfg["std"]], "interpolation": str(cfg["interpolation"])}
 
 
-def feature_key(model: nn.Module, data: ImageArray) -> str:
-    """A hex digest of (model config and weights, data, transform); the config includes the readout settings that
-    no weight holds (``global_pool``, timm's ``pool_include_prefix``)."""
+def _numerics(device: torch.device) -> dict:
+    """What moves float32 features besides weights, data and transform: the device type (a GPU's kernels round
+    differently from the CPU's), an autocast region the call runs in (bf16 features), and the TF32 and float32
+    matmul precision settings (cuDNN's TF32 convolutions are on by default and move features by about 1e-3)."""
+    out: dict = {"device": device.type, "matmul_precision": torch.get_float32_matmul_precision()}
+    try:
+        if torch.is_autocast_enabled(device.type):
+            out["autocast"] = str(torch.get_autocast_dtype(device.type))
+    except (RuntimeError, TypeError):  # a device type without autocast
+        pass
+    if device.type == "cuda":
+        out["tf32"] = [bool(torch.backends.cudnn.allow_tf32), bool(torch.backends.cuda.matmul.allow_tf32)]
+    return out
+
+
+def feature_key(model: nn.Module, data: ImageArray, device: str | torch.device | None = None) -> str:
+    """A hex digest of (model config and weights, data, transform, numerics on ``device``: default the model's); the
+    config includes the readout settings that no weight holds (``global_pool``, timm's ``pool_include_prefix``)."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
     h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps(_numerics(device), sort_keys=True).encode())
     h.update(type(model).__name__.encode())
     arch = getattr(model, "vitlab_config", None) or {k: getattr(model, k, None) for k in
                                                        ("global_pool", "num_prefix_tokens", "num_classes")}
@@ -115,7 +135,8 @@ def extract_features(model: nn.Module, data: ImageArray, batch_size: int = 128, 
     one, as timm's own pooled representation: see ``patch_mean``), for encoders whose class token was never
     trained (e.g. masked patch prediction trains only patch outputs).
     Images are resized and normalised as the model's pretrained config says. With ``cache=True`` features
-    are stored under ``$VITLAB_CACHE/features`` and reused when model, weights, data, transform and readout match.
+    are stored under ``$VITLAB_CACHE/features`` and reused when model, weights, data, transform, readout and numerics
+    (device type, autocast, TF32: see ``feature_key``) match.
     The model's train/eval mode is restored afterwards. ``extract_readouts`` gives several readouts in one pass.
     The features are computed where the model is (``device``, if given, must name that device: it is checked, the
     model is not moved) and returned on the CPU.
@@ -143,24 +164,29 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
         except (TypeError, ValueError) as e:
             raise TypeError(f"readout='patch_mean' needs a ViT with patch tokens; {type(model).__name__}: {e}. Use "
                             "readout='model'") from e
-    paths: dict[str, Path | None] = dict.fromkeys(readouts)
-    found: dict[str, Tensor] = {}
-    if cache:
-        key = feature_key(model, data)
-        for r in readouts:
-            paths[r] = cache_dir() / "features" / _cache_name(key, r)
-            if paths[r].exists():
-                found[r] = load_file(paths[r])["features"]
-    todo = [r for r in readouts if r not in found]
-    if not todo:
-        return found
-    tf = _transform(model)
     here = next(model.parameters()).device
     want = torch.device(device) if device is not None else here
     if want.type != here.type or (want.index is not None and want.index != here.index):
         raise ValueError(f"device={device!r} but the model is on {here}: move the model first "
                          f"(model.to({str(device)!r})); the features run where the model is")
     device = here
+    paths: dict[str, Path | None] = dict.fromkeys(readouts)
+    found: dict[str, Tensor] = {}
+    if cache:
+        key = feature_key(model, data, device)
+        for r in readouts:
+            paths[r] = cache_dir() / "features" / _cache_name(key, r)
+            if paths[r].exists():
+                try:
+                    feats = load_file(paths[r])["features"]
+                except (OSError, KeyError, SafetensorError):  # damaged (a full disk, a bad copy): computed anew
+                    continue
+                if feats.dim() == 2 and len(feats) == len(data):
+                    found[r] = feats
+    todo = [r for r in readouts if r not in found]
+    if not todo:
+        return found
+    tf = _transform(model)
     out: dict[str, list[Tensor]] = {r: [] for r in todo}
     with eval_mode(model):
         starts = range(0, len(data), batch_size)
