@@ -38,6 +38,25 @@ def test_folder_and_zip_give_the_same_array(tmp_path, monkeypatch):
     assert list((tmp_path / "cache").glob("images-*.npz"))
 
 
+def test_a_damaged_decode_cache_file_is_decoded_anew(tmp_path, monkeypatch):
+    """A truncated or foreign images-KEY.npz (full disk, bad copy) made every later load of that data fail with
+    numpy's traceback; it is a cache miss now, decoded again and replaced, and the write leaves no temporary."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    root = make_folder(tmp_path / "train")
+    first = load_image_folder(root, progress=False)
+    (hit,) = (tmp_path / "cache").glob("images-*.npz")
+    good = hit.read_bytes()
+    for damage in (good[: len(good) // 2], b"not a zip", b""):
+        hit.write_bytes(damage)
+        again = load_image_folder(root, progress=False)
+        assert torch.equal(again.images, first.images) and torch.equal(again.labels, first.labels)
+        assert hit.read_bytes() == good  # replaced by the same arrays
+    with open(hit, "wb") as f:  # readable, but not consistent
+        np.savez(f, images=np.zeros((2, 8, 8, 3), np.uint8), labels=np.zeros(3, np.int64), classes=np.array(["a"]))
+    assert torch.equal(load_image_folder(root, progress=False).images, first.images)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [hit.name]
+
+
 def test_the_decode_cache_key_names_the_decoder(tmp_path, monkeypatch):
     """Arrays decoded by an older decoder (e.g. 16-bit images clipped white) are never served after it changed."""
     import vitlab.data as D

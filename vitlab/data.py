@@ -242,11 +242,9 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
         part = "" if split is None else f"|{split}"
         key = hashlib.sha1(f"{root.resolve()}|{_fingerprint(root)}|{size}{part}|{DECODER}|{LAYOUT}".encode())
         key = key.hexdigest()[:16]
-        hit = cache_dir() / f"images-{key}.npz"
-        if hit.is_file():
-            with np.load(hit, allow_pickle=False) as z:
-                return ImageArray(torch.from_numpy(z["images"]), torch.from_numpy(z["labels"]),
-                                  tuple(str(c) for c in z["classes"]), _source(root, split))
+        cached = _cached_images(cache_dir() / f"images-{key}.npz", root, split)
+        if cached is not None:
+            return cached
     members, folders = _members(root, split)
     where = root if split is None else f"{root} ({split}/)"
     if not members:
@@ -274,11 +272,31 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
     data = ImageArray(torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.long),
                       tuple(classes), _source(root, split))
     if cache:
-        cache_dir().mkdir(parents=True, exist_ok=True)
-        tmp = cache_dir() / f".images-{key}.{os.getpid()}.npz"
-        np.savez(tmp, images=data.images.numpy(), labels=data.labels.numpy(), classes=np.array(classes))
-        os.replace(tmp, cache_dir() / f"images-{key}.npz")
+        from vitlab.atomic import atomic_write
+
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:  # a file object: np.savez would add .npz to a path
+                np.savez(f, images=data.images.numpy(), labels=data.labels.numpy(), classes=np.array(classes))
+
+        atomic_write(cache_dir() / f"images-{key}.npz", write)
     return data
+
+
+def _cached_images(hit: Path, root: Path, split: str | None) -> ImageArray | None:
+    """The decoded images cached at ``hit``, or None when there are none or the file is damaged (a full disk, a bad
+    copy): those are decoded again and the file replaced, rather than failing every later load."""
+    import zipfile
+
+    if not hit.is_file():
+        return None
+    try:
+        with np.load(hit, allow_pickle=False) as z:
+            images, labels, classes = z["images"], z["labels"], tuple(str(c) for c in z["classes"])
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    if images.ndim != 4 or len(images) != len(labels) or not classes:
+        return None
+    return ImageArray(torch.from_numpy(images), torch.from_numpy(labels), classes, _source(root, split))
 
 
 def _mixed_sizes(root: Path, split: str | None, images: list[np.ndarray], names: list[str]) -> str:
