@@ -695,6 +695,19 @@ def _dist_setup(device: str | None) -> _Dist:
     return _Dist(rank, world, dev)
 
 
+_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def _per_process_batchnorm(model: nn.Module, cfg: TrainConfig, d: _Dist) -> str | None:
+    """Under torchrun, what a model with BatchNorm is told: each process normalises its own slice of the batch (DDP
+    averages the gradients, not the statistics), so such a run only approximates one process's. None otherwise."""
+    if d.world == 1 or not any(isinstance(m, _BATCHNORMS) for m in model.modules()):
+        return None
+    return (f"note: BatchNorm normalises each of the {d.world} processes' {cfg.batch_size // d.world} images, not the "
+            f"global batch of {cfg.batch_size} (no SyncBatchNorm): this run's statistics, and so its weights, differ "
+            "from a one-process run's; the optimizer still steps on the global batch's mean gradient")
+
+
 def _mean_over_ranks(value: float, d: _Dist) -> float:
     if d.world == 1:
         return value
@@ -796,8 +809,10 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
 
     Under ``torchrun`` each process takes its slice of every global batch of ``cfg.batch_size`` images
     (augmented identically on every rank before slicing), so the run follows the same trajectory as one
-    process with the same global batch (up to the order of floating-point reductions; mixup and
-    stochastic depth draw per process).
+    process with the same global batch (up to the order of floating-point reductions; mixup pairs images within
+    each process's slice, and stochastic depth and patch dropping draw per process). Not a model with BatchNorm
+    (the CNN teacher's presets): each process normalises its own slice (no SyncBatchNorm), so its statistics and
+    weights differ from one process's; the run says so.
     """
     from tqdm.auto import tqdm
 
@@ -890,6 +905,8 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         net = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+        if progress and d.main and (note := _per_process_batchnorm(model, cfg, d)):
+            tqdm.write(note)
 
     mixup = None
     n_cls = cfg_num_classes(cfg)
