@@ -238,7 +238,7 @@ def test_two_process_ddp_matches_single_process(tmp_path, tiny_data):
 
 def test_a_batchnorm_model_under_torchrun_is_told_its_statistics_are_per_process(tmp_path, tiny_data):
     """DDP averages the gradients but each process normalises its own slice of the batch (a tiny CNN's weights after
-    2 epochs in two processes were up to 1.5 from one process's, checked by hand): the main process, alone, says so."""
+    2 epochs in two processes were up to 1.5 from one process's, checked by hand): the main process, alone, says so. So does the command's own line, once."""
     env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     args = ["train", "--preset", "resnet_cifar10", "--data", str(tiny_data), "--epochs", "1", "--device", "cpu",
             "--set", "model.widths=[8,16,16]", "--set", "batch_size=32", "--set", "eval_tta=0",
@@ -255,6 +255,7 @@ def test_a_batchnorm_model_under_torchrun_is_told_its_statistics_are_per_process
     assert ddp.returncode == 0, out
     note = "BatchNorm normalises each of the 2 processes' 16 images, not the global batch of 32"
     assert out.count(note) == 1, out
+    assert out.count(f"run folder: {tmp_path / 'ddp'}") == 1, out  # the command's own lines: the main process too
 
 
 def test_export_ships_half_precision_with_a_card_that_reproduces(tmp_path, tiny_data, monkeypatch):
