@@ -124,7 +124,9 @@ class TrainConfig:
     optimizer: Literal["adamw", "sgd"] = "adamw"  # sgd: Nesterov momentum
     momentum: float = 0.9  # sgd only
     schedule: Literal["cosine", "triangle"] = "cosine"  # triangle: linear up to the peak, linear down to min_lr
-    lr_start: float = 0.0  # lr at step 0, as a fraction of the peak
+    # where the warmup's line starts, as a fraction of the peak: one step before step 0, which trains at
+    # lr_start + (1 - lr_start) / warmup steps of the peak (lr_at); no effect without warmup
+    lr_start: float = 0.0
     norm_bias_lr_scale: float = 1.0  # SGD: every trainable parameter of BatchNorm/GroupNorm/LayerNorm layers (shifts,
     # and scales where they train; the CNN teacher's BatchNorm scales are frozen): lr times this, weight decay / it
     crop_pad_mode: Literal["constant", "reflect"] = "constant"
@@ -410,7 +412,9 @@ PRESETS["resnet_cifar10_wide"] = dataclasses.replace(
 def lr_at(step: int, total: int, warmup: int, peak: float, floor: float, shape: str = "cosine",
           start: float = 0.0) -> float:
     """Linear warmup from ``start * peak`` to ``peak`` over ``warmup`` steps, then down to ``floor`` at ``total``:
-    along a half cosine (``shape="cosine"``) or a straight line (``"triangle"``)."""
+    along a half cosine (``shape="cosine"``) or a straight line (``"triangle"``). The warmup's line starts one step
+    before step 0 (which trains at ``start + (1 - start) / warmup`` of the peak, never at 0) and reaches the peak at
+    step ``warmup - 1``."""
     if step < warmup:
         return peak * (start + (1 - start) * (step + 1) / warmup)
     t = min(1.0, (step - warmup) / max(1, total - warmup))
