@@ -687,6 +687,9 @@ def _dist_setup(device: str | None) -> _Dist:
     dev = resolve_device(device)  # checked before any work: a missing GPU or a typo names the fix
     if world == 1:
         return _Dist(device=dev)
+    if dev.type not in ("cpu", "cuda"):  # it would have trained on the CPU without a word
+        raise ValueError(f"--device {dev} under torchrun: distributed training runs on CPUs (gloo) or CUDA GPUs "
+                         "(nccl); run on one device without torchrun, or pass --device cpu")
     cuda = dev.type == "cuda"
     import torch.distributed as dist
 
