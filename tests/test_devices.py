@@ -67,3 +67,18 @@ def test_the_device_benchmark_refuses_a_machine_without_a_gpu(monkeypatch, tmp_p
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench(["--out", str(tmp_path / "r.json")]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err and not (tmp_path / "r.json").exists()
+
+
+def test_torchrun_refuses_a_device_it_would_replace_by_the_cpu(monkeypatch):
+    """Under torchrun (WORLD_SIZE > 1) the processes run on CPUs (gloo) or CUDA GPUs (nccl); --device mps used to train
+    on the CPU without a word. Refused before any process group is set up."""
+    import torch.distributed as dist
+
+    import vitlab.train as vt
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(vt, "resolve_device", lambda _name: torch.device("mps"))  # as on a Mac that has MPS
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: pytest.fail("set up a process group first"))
+    with pytest.raises(ValueError, match="--device mps under torchrun: .*CPUs \\(gloo\\) or CUDA GPUs"):
+        vt._dist_setup("mps")

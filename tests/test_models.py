@@ -170,6 +170,16 @@ def test_config_spec_with_overrides(x32):
         vitlab.load_model(hybrid, vit=2)
 
 
+def test_every_model_config_loads_and_any_other_spec_is_a_model_load_error(x32):
+    """The CNN teacher's CifarNetConfig is a model config like the others (a raw TypeError from os.fspath before);
+    a spec of no kind at all is a ModelLoadError naming what is accepted."""
+    cnn = vitlab.load_model(vitlab.zoo.CifarNetConfig(widths=(8, 16, 16), num_classes=3), num_classes=4)
+    assert not cnn.training and cnn(x32).shape == (2, 4)
+    for spec in (3, ["vit_tiny_patch16_224"]):
+        with pytest.raises(ModelLoadError, match=r"a timm name, a path or a config \(.*CifarNetConfig\), got"):
+            vitlab.load_model(spec)
+
+
 def test_checkpoint_ignores_no_option_silently(tmp_path):
     d = vitlab.save_checkpoint(tiny_vit(), tmp_path / "c")
     with pytest.raises(ModelLoadError, match="resize_for_finetuning"):

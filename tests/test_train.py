@@ -236,6 +236,28 @@ def test_two_process_ddp_matches_single_process(tmp_path, tiny_data):
     assert max((a[k] - start[k]).abs().max() for k in a) > 1e-3  # the run really moved the weights
 
 
+def test_a_batchnorm_model_under_torchrun_is_told_its_statistics_are_per_process(tmp_path, tiny_data):
+    """DDP averages the gradients but each process normalises its own slice of the batch (a tiny CNN's weights after
+    2 epochs in two processes were up to 1.5 from one process's, checked by hand): the main process, alone, says so. So does the command's own line, once."""
+    env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    args = ["train", "--preset", "resnet_cifar10", "--data", str(tiny_data), "--epochs", "1", "--device", "cpu",
+            "--set", "model.widths=[8,16,16]", "--set", "batch_size=32", "--set", "eval_tta=0",
+            "--set", "warmup_epochs=0.5", "--run-dir", str(tmp_path / "ddp")]
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          "--master_port", str(port), "-m", "vitlab.cli", *args], env=env, capture_output=True,
+                         text=True, timeout=300)
+    out = ddp.stdout + ddp.stderr
+    assert ddp.returncode == 0, out
+    note = "BatchNorm normalises each of the 2 processes' 16 images, not the global batch of 32"
+    assert out.count(note) == 1, out
+    assert out.count(f"run folder: {tmp_path / 'ddp'}") == 1, out  # the command's own lines: the main process too
+
+
 def test_export_ships_half_precision_with_a_card_that_reproduces(tmp_path, tiny_data, monkeypatch):
     from vitlab.cli import main
     from vitlab.data import load_dataset

@@ -157,6 +157,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vitlab.data import cache_dir
     from vitlab.models import DEFAULT_CHECKPOINT
 
+    def say(text: str) -> None:  # under torchrun the main process alone (every process decides the same)
+        if os.environ.get("RANK", "0") == "0":
+            print(text, file=sys.stderr)
+
     run = Path(args.run or cache_dir() / "runs" / args.preset)  # outside the work tree: survives a fresh checkout
     resume = args.resume
     if args.continue_run:
@@ -172,20 +176,19 @@ def cmd_train(args: argparse.Namespace) -> int:
                                       f"(mv {run} {_free_name(run)}) so that no two processes move it at once")
             kept = _free_name(run)
             run.rename(kept)
-            print(f"{run} finished its schedule and was exported to {shipped}: kept as {kept}", file=sys.stderr)
+            say(f"{run} finished its schedule and was exported to {shipped}: kept as {kept}")
         if state.is_file():
             resume = True
         elif cfg.init_from is not None:
-            print(f"no run state in {run}: warm-starting from {cfg.init_from} (--set init_from)", file=sys.stderr)
+            say(f"no run state in {run}: warm-starting from {cfg.init_from} (--set init_from)")
         elif (shipped / "model.safetensors").is_file():
             # the run's state is gone (a new machine): start from the shipped weights with a fresh schedule
             cfg = dataclasses.replace(cfg, init_from=str(shipped))
-            print(f"no run state in {run}: warm-starting from the shipped {shipped} with a fresh schedule",
-                  file=sys.stderr)
+            say(f"no run state in {run}: warm-starting from the shipped {shipped} with a fresh schedule")
         else:
-            print(f"no run state in {run} and no shipped weights {shipped / 'model.safetensors'}: starting a fresh "
-                  "run", file=sys.stderr)
-    print(f"run folder: {run}", file=sys.stderr)
+            say(f"no run state in {run} and no shipped weights {shipped / 'model.safetensors'}: starting a fresh "
+                "run")
+    say(f"run folder: {run}")
     train(cfg, run, resume=resume, progress=not args.quiet, device=args.device, workers=args.workers,
           compile={"auto": None, "on": True, "off": False}[args.compile])
     return 0

@@ -22,7 +22,7 @@ from torch import nn
 
 from vitlab.checkpoint import WEIGHTS_NAME, load_checkpoint
 from vitlab.errors import ModelLoadError
-from vitlab.zoo import BiTConfig, HybridConfig, ModelConfig, ViTConfig, build_model, replace_fields
+from vitlab.zoo import BiTConfig, CifarNetConfig, HybridConfig, ModelConfig, ViTConfig, build_model, replace_fields
 
 __all__ = ["load_model", "DEFAULT_CHECKPOINT", "SHAPES_CHECKPOINT"]
 
@@ -40,7 +40,7 @@ def load_model(spec: str | os.PathLike | ModelConfig | None = None, *, pretraine
 
     * ``None``: the embedded default model shipped in ``data/checkpoints``.
     * a path to a vitlab checkpoint (its folder, ``config.json`` or ``model.safetensors``).
-    * a ``ViTConfig`` / ``HybridConfig`` / ``BiTConfig``: a freshly initialised model (``overrides``
+    * a ``ViTConfig`` / ``HybridConfig`` / ``BiTConfig`` / ``CifarNetConfig``: a freshly initialised model (``overrides``
       replace config fields, all at once; dotted names reach nested groups: ``**{"vit.depth": 2}``).
     * a timm model name (``"vit_base_patch16_224.augreg2_in21k_ft_in1k"``, or ``"hf-hub:org/name"``):
       built by timm; with ``pretrained=True`` the weights come from the hub, or from a local file given as
@@ -60,12 +60,13 @@ def load_model(spec: str | os.PathLike | ModelConfig | None = None, *, pretraine
                 "vitlab.load_model('vit_base_patch16_224', pretrained=False) or a checkpoint folder"
             )
         return load_checkpoint(DEFAULT_CHECKPOINT)
-    if isinstance(spec, (ViTConfig, HybridConfig, BiTConfig)):
+    if isinstance(spec, (ViTConfig, HybridConfig, BiTConfig, CifarNetConfig)):
         _no_extras("a config", weights, {})
         return build_model(_replace_config(spec, overrides)).eval()
-    name = os.fspath(spec)
+    name = os.fspath(spec) if isinstance(spec, (str, os.PathLike)) else None
     if not isinstance(name, str):
-        raise ModelLoadError(f"a model spec must be a timm name, a path or a config, got {type(spec).__name__}")
+        raise ModelLoadError(f"a model spec must be a timm name, a path or a config (ViTConfig, HybridConfig, "
+                             f"BiTConfig, CifarNetConfig), got {type(spec).__name__}")
     if name.startswith(_HUB_PREFIXES):
         if weights is not None:
             raise ModelLoadError("weights= needs a timm architecture name (e.g. 'vit_base_patch16_224'), not a hub id")

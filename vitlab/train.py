@@ -124,7 +124,9 @@ class TrainConfig:
     optimizer: Literal["adamw", "sgd"] = "adamw"  # sgd: Nesterov momentum
     momentum: float = 0.9  # sgd only
     schedule: Literal["cosine", "triangle"] = "cosine"  # triangle: linear up to the peak, linear down to min_lr
-    lr_start: float = 0.0  # lr at step 0, as a fraction of the peak
+    # where the warmup's line starts, as a fraction of the peak: one step before step 0, which trains at
+    # lr_start + (1 - lr_start) / warmup steps of the peak (lr_at); no effect without warmup
+    lr_start: float = 0.0
     norm_bias_lr_scale: float = 1.0  # SGD: every trainable parameter of BatchNorm/GroupNorm/LayerNorm layers (shifts,
     # and scales where they train; the CNN teacher's BatchNorm scales are frozen): lr times this, weight decay / it
     crop_pad_mode: Literal["constant", "reflect"] = "constant"
@@ -410,7 +412,9 @@ PRESETS["resnet_cifar10_wide"] = dataclasses.replace(
 def lr_at(step: int, total: int, warmup: int, peak: float, floor: float, shape: str = "cosine",
           start: float = 0.0) -> float:
     """Linear warmup from ``start * peak`` to ``peak`` over ``warmup`` steps, then down to ``floor`` at ``total``:
-    along a half cosine (``shape="cosine"``) or a straight line (``"triangle"``)."""
+    along a half cosine (``shape="cosine"``) or a straight line (``"triangle"``). The warmup's line starts one step
+    before step 0 (which trains at ``start + (1 - start) / warmup`` of the peak, never at 0) and reaches the peak at
+    step ``warmup - 1``."""
     if step < warmup:
         return peak * (start + (1 - start) * (step + 1) / warmup)
     t = min(1.0, (step - warmup) / max(1, total - warmup))
@@ -683,6 +687,9 @@ def _dist_setup(device: str | None) -> _Dist:
     dev = resolve_device(device)  # checked before any work: a missing GPU or a typo names the fix
     if world == 1:
         return _Dist(device=dev)
+    if dev.type not in ("cpu", "cuda"):  # it would have trained on the CPU without a word
+        raise ValueError(f"--device {dev} under torchrun: distributed training runs on CPUs (gloo) or CUDA GPUs "
+                         "(nccl); run on one device without torchrun, or pass --device cpu")
     cuda = dev.type == "cuda"
     import torch.distributed as dist
 
@@ -693,6 +700,19 @@ def _dist_setup(device: str | None) -> _Dist:
     if cuda:
         torch.cuda.set_device(dev)
     return _Dist(rank, world, dev)
+
+
+_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def _per_process_batchnorm(model: nn.Module, cfg: TrainConfig, d: _Dist) -> str | None:
+    """Under torchrun, what a model with BatchNorm is told: each process normalises its own slice of the batch (DDP
+    averages the gradients, not the statistics), so such a run only approximates one process's. None otherwise."""
+    if d.world == 1 or not any(isinstance(m, _BATCHNORMS) for m in model.modules()):
+        return None
+    return (f"note: BatchNorm normalises each of the {d.world} processes' {cfg.batch_size // d.world} images, not the "
+            f"global batch of {cfg.batch_size} (no SyncBatchNorm): this run's statistics, and so its weights, differ "
+            "from a one-process run's; the optimizer still steps on the global batch's mean gradient")
 
 
 def _mean_over_ranks(value: float, d: _Dist) -> float:
@@ -796,8 +816,10 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
 
     Under ``torchrun`` each process takes its slice of every global batch of ``cfg.batch_size`` images
     (augmented identically on every rank before slicing), so the run follows the same trajectory as one
-    process with the same global batch (up to the order of floating-point reductions; mixup and
-    stochastic depth draw per process).
+    process with the same global batch (up to the order of floating-point reductions; mixup pairs images within
+    each process's slice, and stochastic depth and patch dropping draw per process). Not a model with BatchNorm
+    (the CNN teacher's presets): each process normalises its own slice (no SyncBatchNorm), so its statistics and
+    weights differ from one process's; the run says so.
     """
     from tqdm.auto import tqdm
 
@@ -890,6 +912,8 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         net = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+        if progress and d.main and (note := _per_process_batchnorm(model, cfg, d)):
+            tqdm.write(note)
 
     mixup = None
     n_cls = cfg_num_classes(cfg)
