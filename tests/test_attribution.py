@@ -217,6 +217,19 @@ def test_sanity_takes_a_method_by_name_and_the_public_rollout():
         randomization_sanity("rolout", model, x)
 
 
+def test_sanity_of_rollout_runs_on_a_model_without_a_head():
+    """Rollout needs no class: its sanity check on a num_classes=0 model (timm's .orig_in21k weights) ran
+    predicted_class first and was refused with advice to use rollout; the class-specific methods are still refused."""
+    headless = vitlab.build_model(vitlab.vit_config("Ti/4", img_size=32, depth=3, num_classes=0)).eval()
+    x = torch.randn(2, 3, 32, 32)
+    rho = randomization_sanity("rollout", headless, x)
+    want = rank_correlation(ATTRIBUTION_METHODS["rollout"](headless, x),
+                            ATTRIBUTION_METHODS["rollout"](randomized_copy(headless), x))
+    torch.testing.assert_close(rho, want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="a class-specific map needs class scores"):
+        randomization_sanity("occlusion", headless, x)
+
+
 def test_localisation_known_answers():
     masks = torch.zeros(3, 32, 32, dtype=torch.bool)
     masks[:, 8:16, 8:16] = True  # the object fills patches (2..3, 2..3) of the 8x8 grid

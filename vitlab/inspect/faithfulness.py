@@ -23,6 +23,7 @@ from vitlab.capture import check_images
 from vitlab.info import model_info
 from vitlab.inspect.attribution import (
     attribution_method,
+    has_classifier,
     patch_mask,
     predicted_class,
     require_classifier,
@@ -142,13 +143,15 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
     """(B,) Spearman correlation between ``method(model, images, target)`` and the same on a
     re-initialised copy of the model (same targets). Near 0: the map depends on the learned weights.
     ``method`` takes (model, images, target), as the values of ``ATTRIBUTION_METHODS`` do (or give its name there,
-    e.g. ``"rollout"``); ``original``: the map on ``model`` when already computed."""
+    e.g. ``"rollout"``); ``original``: the map on ``model`` when already computed. ``target`` None: the model's
+    prediction, or, for a model without a classifier head, no class (rollout, which needs none, still runs there;
+    the class-specific methods refuse such a model)."""
     check_images(images, model)
     if method is attention_rollout:  # its third argument is head_fusion, not a target: the wrapper takes one
         method = "rollout"
     if isinstance(method, str):
         method = attribution_method(method)
-    if target is None:
+    if target is None and has_classifier(model):
         target = predicted_class(model, images)
     if original is None:
         original = method(model, images, target)
