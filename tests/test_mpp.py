@@ -162,6 +162,28 @@ def test_tiny_run_learns_and_resumes_to_the_same_weights(tmp_path, images, monke
     torch.testing.assert_close(target.blocks[0].attn.qkv.weight, loaded.blocks[0].attn.qkv.weight, rtol=0, atol=0)
 
 
+def test_a_warm_started_mpp_run_keeps_the_trained_mask_embedding_and_head(tmp_path, images):
+    """Pre-training warm-started from an MPP checkpoint (``init_from``, as ``vitlab train --preset mpp_cifar10
+    --continue`` does from the shipped folder) goes on with that checkpoint's [mask] embedding and prediction head,
+    not fresh ones beside a trained encoder; a checkpoint of another target leaves them fresh."""
+    from vitlab.mpp import load_mpp
+
+    train_data, test_data = images
+    cfg = dataclasses.replace(PRESETS["mpp_cifar10"], model=TINY, epochs=1, batch_size=16, warmup_epochs=0.0,
+                              bf16=False, eval_every=0)
+    train(cfg, tmp_path / "first", progress=False, train_data=train_data, test_data=test_data)
+    _, trained = load_mpp(tmp_path / "first")
+    still = dataclasses.replace(cfg, lr=0.0, min_lr=0.0, init_from=str(tmp_path / "first" / "checkpoint"))
+    train(still, tmp_path / "second", progress=False, train_data=train_data, test_data=test_data)
+    _, continued = load_mpp(tmp_path / "second")
+    for k, v in trained.state_dict().items():
+        torch.testing.assert_close(continued.state_dict()[k], v, rtol=0, atol=0, msg=k)
+    other = dataclasses.replace(still, mpp_target="l2")  # another head: nothing to carry over
+    train(other, tmp_path / "l2", progress=False, train_data=train_data, test_data=test_data)
+    _, fresh = load_mpp(tmp_path / "l2")
+    assert fresh.target == "l2" and not torch.equal(fresh.mask_token, trained.mask_token)
+
+
 def test_mpp_config_is_validated():
     with pytest.raises(ValueError, match="plain ViT"):
         dataclasses.replace(PRESETS["mpp_cifar10"], model=dataclasses.replace(TINY, patch_drop_rate=0.5))

@@ -45,6 +45,7 @@ from vitlab.batches import Augment, default_workers, epoch_seed, training_batche
 from vitlab.checkpoint import (
     RUN_ID,
     load_checkpoint,
+    load_module_weights,
     load_run_state,
     recover_checkpoint,
     resolve_folder,
@@ -75,7 +76,8 @@ from vitlab.zoo import (
     size2,
 )
 
-__all__ = ["TrainConfig", "PRESETS", "train", "TrainingDiverged", "evaluate", "load_teacher", "warm_start"]
+__all__ = ["TrainConfig", "PRESETS", "train", "TrainingDiverged", "evaluate", "load_teacher", "warm_start",
+           "warm_start_objective"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -644,6 +646,26 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
     return fresh
 
 
+def warm_start_objective(objective: MaskedPatchPrediction, path: str | os.PathLike) -> str:
+    """Masked patch prediction warm-started from checkpoint ``path``: its [mask] embedding and prediction head
+    (``objective.safetensors``) into ``objective`` when it was pre-trained by masked patch prediction for the same
+    target (the head fits; the corruption rate may differ), so that the encoder ``warm_start`` copied goes on with
+    the head it was trained with; otherwise both stay fresh. Returns a sentence saying which."""
+    from vitlab.mpp import OBJECTIVE_NAME
+
+    p = resolve_folder(path)
+    folder = p if p.is_dir() else p.parent
+    meta_file = folder / "config.json"
+    src = (json.loads(meta_file.read_text()).get("train") or {}) if meta_file.is_file() else {}
+    if src.get("objective") != "mpp" or not (folder / OBJECTIVE_NAME).is_file():
+        return f"{path} holds no masked-patch-prediction head: the [mask] embedding and the head start fresh"
+    if src.get("mpp_target") != objective.target:
+        return (f"{path} predicts the {src.get('mpp_target')!r} target, this run {objective.target!r}: the [mask] "
+                "embedding and the head start fresh")
+    load_module_weights(objective, folder / OBJECTIVE_NAME)  # a head that does not fit: a ModelLoadError naming it
+    return f"the [mask] embedding and the prediction head come from {path} ({OBJECTIVE_NAME})"
+
+
 def _untrained_heads(model: nn.Module) -> tuple[str, ...]:
     """The classifier module names of a checkpoint whose training never read labels (``objective="mpp"``)."""
     train_cfg = (getattr(model, "vitlab_checkpoint", None) or {}).get("train") or {}
@@ -899,7 +921,12 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
         model.set_distilled_training(True)
     objective = None
     if cfg.objective == "mpp":
-        objective = MaskedPatchPrediction.for_model(model, cfg.mpp_target, cfg.mpp_rate).to(d.device)
+        objective = MaskedPatchPrediction.for_model(model, cfg.mpp_target, cfg.mpp_rate)
+        if cfg.init_from and not resume:
+            note = warm_start_objective(objective, cfg.init_from)
+            if progress and d.main:
+                tqdm.write(f"masked patch prediction: {note}")
+        objective.to(d.device)
     opt = _optimizer(model, cfg, objective)
     ema = timm.utils.ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema_decay else None
     if resume:
