@@ -37,6 +37,22 @@ def test_color3_of_hand_made_patches():
     assert color3_targets(torch.ones(1, 3, 4, 4), 4).item() == 511 and color3_targets(torch.zeros(1, 3, 4, 4), 4) == 0
 
 
+def test_color3_is_the_exact_mean_colour_but_on_level_edges_as_documented():
+    """The 3-bit class of the mean of the raw 0-255 pixels, recomputed in integers: floor(8 * sum / (255 * P * P));
+    only means exactly on a level's edge may differ (one level low), as many as ``color3_targets`` says."""
+    from vitlab.images import cifar_test_sample
+    from vitlab.mpp import _patches
+
+    imgs = cifar_test_sample().images  # (128, 32, 32, 3) uint8
+    got = color3_targets(imgs.permute(0, 3, 1, 2).float().div(255), 4)
+    s = _patches(imgs.permute(0, 3, 1, 2).long(), 4).sum((-1, -2))  # (B, N, 3) exact channel sums
+    q = torch.div(8 * s, 255 * 16, rounding_mode="floor").clamp_max(7)
+    exact = q[..., 0] * 64 + q[..., 1] * 8 + q[..., 2]
+    edge = ((8 * s) % (255 * 16) == 0).any(-1)
+    assert torch.equal(got[~edge], exact[~edge]) and (got <= exact).all()
+    assert (got != exact).sum().item() == 4 and got.numel() == 8192  # the numbers color3_targets's docstring gives
+
+
 def test_patch4x4_of_a_4px_patch_is_the_patch_itself():
     img = torch.rand(2, 3, 8, 8)
     t = patch4x4_targets(img, 4)  # (B, N, 16)

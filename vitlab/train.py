@@ -558,7 +558,8 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
                  bf16: bool = False) -> dict[str, float]:
     """Masked patch prediction on ``n`` images of ``data`` spread evenly over it (``i * len(data) // n``: a split
     stored class by class, as an ImageFolder is, would give one class in its first ``n``) with a fixed draw (seed 0):
-    the loss, for the colour targets the share of corrupted patches whose colour class is predicted exactly, and
+    the loss, for the colour targets the share of corrupted patches whose colour class is predicted exactly (for
+    ``patch4x4`` the share of their 16 sub-patch colours), and
     ``images`` (how many, with ``spread`` = 1: evenly spread; records before it have neither key and used the
     first ``n``)."""
     pc = model.pretrained_cfg
