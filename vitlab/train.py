@@ -198,6 +198,11 @@ class TrainConfig:
                                  "and would not be averaged; set lookahead_every=0")
             if self.mixup_prob or self.teacher:
                 raise ValueError("objective='mpp' reads no labels: set mixup_prob=0 and no teacher")
+            unread = [fix for bad, fix in ((self.label_smoothing, "label_smoothing=0"),
+                                           (self.ema_decay, "ema_decay=null"), (self.eval_tta, "eval_tta=0")) if bad]
+            if unread:  # the MPP loss and evaluate_mpp read none of them: a run would record them and do nothing
+                raise ValueError(f"objective='mpp' smooths no labels and evaluates neither an EMA nor test-time "
+                                 f"augmentation: set {', '.join(unread)} (--set {' --set '.join(unread)})")
             if self.mpp_target not in MPP_TARGETS or not 0 < self.mpp_rate <= 1:
                 raise ValueError(f"mpp_target must be one of {MPP_TARGETS} and mpp_rate in (0, 1], got "
                                  f"{self.mpp_target!r}, {self.mpp_rate!r}")
