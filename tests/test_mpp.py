@@ -60,6 +60,20 @@ def test_patch4x4_of_a_4px_patch_is_the_patch_itself():
     assert t[1, 3, 5].item() == color3_targets(img[1:2, :, 5:6, 5:6], 1).item()  # patch 3, pixel (1, 1)
 
 
+def test_patch4x4_needs_patches_that_split_into_4_x_4_cells():
+    """The paper's 4 x 4 downsized patch averages whole cells of a 16 px patch; a 2 px patch was upsampled (each
+    pixel predicted four times) and a 6 px one averaged overlapping cells, both silently."""
+    with pytest.raises(ValueError, match="patch4x4.*multiple of 4.*patch_size=2"):
+        dataclasses.replace(PRESETS["mpp_cifar10"], model=dataclasses.replace(TINY, patch_size=2), mpp_target="patch4x4")
+    with pytest.raises(ValueError, match="patch4x4.*multiple of 4.*6 px"):
+        MaskedPatchPrediction(32, 6, 1, "patch4x4")
+    dataclasses.replace(PRESETS["mpp_cifar10"], model=dataclasses.replace(TINY, patch_size=2))  # color3: any patch
+    from vitlab.mpp_study import STUDIES
+
+    with pytest.raises(ValueError, match="patch4x4.*multiple of 4"):  # a study with that ablation: before any run
+        dataclasses.replace(STUDIES["smoke"], model=dataclasses.replace(STUDIES["smoke"].model, patch_size=2)).validate()
+
+
 def test_corruption_proportions_within_binomial_bounds():
     g = torch.Generator().manual_seed(0)
     B, N = 400, 64

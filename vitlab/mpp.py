@@ -132,6 +132,9 @@ class MaskedPatchPrediction(nn.Module):
             raise ValueError(f"mpp target must be one of {MPP_TARGETS}, got {target!r}")
         if not 0.0 < rate <= 1.0:
             raise ValueError(f"corruption rate must be in (0, 1], got {rate}")
+        if target == "patch4x4" and patch % 4:
+            raise ValueError(f"the patch4x4 target averages each patch over 4 x 4 cells: it needs a patch size that is a "
+                             f"multiple of 4, got {patch} px; use another target or patch size")
         self.target, self.rate, self.patch, self.num_prefix_tokens = target, rate, patch, num_prefix_tokens
         self.mask_token = nn.Parameter(torch.zeros(embed_dim))
         nn.init.trunc_normal_(self.mask_token, std=0.02)

@@ -198,6 +198,10 @@ class TrainConfig:
                                  "and would not be averaged; set lookahead_every=0")
             if self.mixup_prob or self.teacher:
                 raise ValueError("objective='mpp' reads no labels: set mixup_prob=0 and no teacher")
+            if self.mpp_target == "patch4x4" and self.model.patch_size % 4:
+                raise ValueError(f"mpp_target='patch4x4' averages each patch over 4 x 4 cells: it needs a patch size "
+                                 f"that is a multiple of 4, got model.patch_size={self.model.patch_size}; use "
+                                 "mpp_target='color3' or 'l2', or another patch size")
             unread = [fix for bad, fix in ((self.label_smoothing, "label_smoothing=0"),
                                            (self.ema_decay, "ema_decay=null"), (self.eval_tta, "eval_tta=0")) if bad]
             if unread:  # the MPP loss and evaluate_mpp read none of them: a run would record them and do nothing
