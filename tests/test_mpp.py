@@ -37,11 +37,41 @@ def test_color3_of_hand_made_patches():
     assert color3_targets(torch.ones(1, 3, 4, 4), 4).item() == 511 and color3_targets(torch.zeros(1, 3, 4, 4), 4) == 0
 
 
+def test_color3_is_the_exact_mean_colour_but_on_level_edges_as_documented():
+    """The 3-bit class of the mean of the raw 0-255 pixels, recomputed in integers: floor(8 * sum / (255 * P * P));
+    only means exactly on a level's edge may differ (one level low), as many as ``color3_targets`` says."""
+    from vitlab.images import cifar_test_sample
+    from vitlab.mpp import _patches
+
+    imgs = cifar_test_sample().images  # (128, 32, 32, 3) uint8
+    got = color3_targets(imgs.permute(0, 3, 1, 2).float().div(255), 4)
+    s = _patches(imgs.permute(0, 3, 1, 2).long(), 4).sum((-1, -2))  # (B, N, 3) exact channel sums
+    q = torch.div(8 * s, 255 * 16, rounding_mode="floor").clamp_max(7)
+    exact = q[..., 0] * 64 + q[..., 1] * 8 + q[..., 2]
+    edge = ((8 * s) % (255 * 16) == 0).any(-1)
+    assert torch.equal(got[~edge], exact[~edge]) and (got <= exact).all()
+    assert (got != exact).sum().item() == 4 and got.numel() == 8192  # the numbers color3_targets's docstring gives
+
+
 def test_patch4x4_of_a_4px_patch_is_the_patch_itself():
     img = torch.rand(2, 3, 8, 8)
     t = patch4x4_targets(img, 4)  # (B, N, 16)
     assert t.shape == (2, 4, 16)
     assert t[1, 3, 5].item() == color3_targets(img[1:2, :, 5:6, 5:6], 1).item()  # patch 3, pixel (1, 1)
+
+
+def test_patch4x4_needs_patches_that_split_into_4_x_4_cells():
+    """The paper's 4 x 4 downsized patch averages whole cells of a 16 px patch; a 2 px patch was upsampled (each
+    pixel predicted four times) and a 6 px one averaged overlapping cells, both silently."""
+    with pytest.raises(ValueError, match="patch4x4.*multiple of 4.*patch_size=2"):
+        dataclasses.replace(PRESETS["mpp_cifar10"], model=dataclasses.replace(TINY, patch_size=2), mpp_target="patch4x4")
+    with pytest.raises(ValueError, match="patch4x4.*multiple of 4.*6 px"):
+        MaskedPatchPrediction(32, 6, 1, "patch4x4")
+    dataclasses.replace(PRESETS["mpp_cifar10"], model=dataclasses.replace(TINY, patch_size=2))  # color3: any patch
+    from vitlab.mpp_study import STUDIES
+
+    with pytest.raises(ValueError, match="patch4x4.*multiple of 4"):  # a study with that ablation: before any run
+        dataclasses.replace(STUDIES["smoke"], model=dataclasses.replace(STUDIES["smoke"].model, patch_size=2)).validate()
 
 
 def test_corruption_proportions_within_binomial_bounds():
@@ -162,6 +192,28 @@ def test_tiny_run_learns_and_resumes_to_the_same_weights(tmp_path, images, monke
     torch.testing.assert_close(target.blocks[0].attn.qkv.weight, loaded.blocks[0].attn.qkv.weight, rtol=0, atol=0)
 
 
+def test_a_warm_started_mpp_run_keeps_the_trained_mask_embedding_and_head(tmp_path, images):
+    """Pre-training warm-started from an MPP checkpoint (``init_from``, as ``vitlab train --preset mpp_cifar10
+    --continue`` does from the shipped folder) goes on with that checkpoint's [mask] embedding and prediction head,
+    not fresh ones beside a trained encoder; a checkpoint of another target leaves them fresh."""
+    from vitlab.mpp import load_mpp
+
+    train_data, test_data = images
+    cfg = dataclasses.replace(PRESETS["mpp_cifar10"], model=TINY, epochs=1, batch_size=16, warmup_epochs=0.0,
+                              bf16=False, eval_every=0)
+    train(cfg, tmp_path / "first", progress=False, train_data=train_data, test_data=test_data)
+    _, trained = load_mpp(tmp_path / "first")
+    still = dataclasses.replace(cfg, lr=0.0, min_lr=0.0, init_from=str(tmp_path / "first" / "checkpoint"))
+    train(still, tmp_path / "second", progress=False, train_data=train_data, test_data=test_data)
+    _, continued = load_mpp(tmp_path / "second")
+    for k, v in trained.state_dict().items():
+        torch.testing.assert_close(continued.state_dict()[k], v, rtol=0, atol=0, msg=k)
+    other = dataclasses.replace(still, mpp_target="l2")  # another head: nothing to carry over
+    train(other, tmp_path / "l2", progress=False, train_data=train_data, test_data=test_data)
+    _, fresh = load_mpp(tmp_path / "l2")
+    assert fresh.target == "l2" and not torch.equal(fresh.mask_token, trained.mask_token)
+
+
 def test_mpp_config_is_validated():
     with pytest.raises(ValueError, match="plain ViT"):
         dataclasses.replace(PRESETS["mpp_cifar10"], model=dataclasses.replace(TINY, patch_drop_rate=0.5))
@@ -171,6 +223,19 @@ def test_mpp_config_is_validated():
         dataclasses.replace(PRESETS["mpp_cifar10"], mpp_target="colour")
     with pytest.raises(ValueError, match="lookahead_every=0"):
         dataclasses.replace(PRESETS["mpp_cifar10"], lookahead_every=5)
+
+
+@pytest.mark.parametrize("field, value, fix", [("label_smoothing", 0.1, "label_smoothing=0"),
+                                               ("ema_decay", 0.999, "ema_decay=null"),
+                                               ("eval_tta", 2, "eval_tta=0")])
+def test_settings_the_mpp_loop_never_reads_are_refused(field, value, fix):
+    """The MPP loss is an unsmoothed cross-entropy on colour classes (or a squared error), and its evaluation
+    (``evaluate_mpp``) reads neither an EMA nor test-time augmentation: such a setting (e.g. the vit_shapes preset's
+    label_smoothing=0.1 with --set objective=mpp) was recorded in the run's config and silently did nothing."""
+    with pytest.raises(ValueError, match=f"objective='mpp'.*{fix}"):
+        dataclasses.replace(PRESETS["mpp_cifar10"], **{field: value})
+    with pytest.raises(ValueError, match="label_smoothing=0"):
+        dataclasses.replace(PRESETS["vit_shapes"], objective="mpp")
 
 
 def test_export_ships_the_prediction_head_and_a_card_that_reproduces(tmp_path, monkeypatch, capsys):

@@ -136,7 +136,7 @@ def test_a_finished_pretraining_run_of_another_config_is_not_reused(smoke, tmp_p
     shutil.copytree(study.root(), moved.root())
     run = pretrain_dir(moved, pretrain_run_config(moved, "mpp"))
     saved = json.loads((run / "train_config.json").read_text())
-    (run / "train_config.json").write_text(json.dumps({**saved, "label_smoothing": 0.3}))  # as a changed default would
+    (run / "train_config.json").write_text(json.dumps({**saved, "weight_decay": 0.3}))  # as a changed default would
     records = run_study(moved, tmp_path / "results.jsonl", progress=False)
     mpp_rows = [r for r in records if r["init"] == "mpp"]
     assert mpp_rows and all(r["status"] != "ok" and "delete that folder" in r["error"] for r in mpp_rows)

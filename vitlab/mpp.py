@@ -11,7 +11,9 @@ From each corrupted patch's output token the model predicts one of three targets
 Only corrupted patches enter the loss. The corruption is drawn from the caller's generator (the training loop's
 per-epoch generator), so a resumed run draws exactly what an uninterrupted one would. The encoder stays a plain
 vitlab ViT: the [mask] embedding and the prediction head live in ``MaskedPatchPrediction``, next to it, and the
-corruption is applied by a forward hook on ``patch_embed`` that exists only inside ``corrupted_patches``.
+corruption is applied by a forward hook on ``patch_embed`` that exists only inside ``corrupted_patches``: before the
+position embeddings are added, so a [mask] or a random other patch's embedding gets the position of the slot it fills
+(as BERT adds positions to a replaced token; the paper does not say), and a random patch's embedding is its clean one.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ def _bits3(x: Tensor) -> Tensor:
 
 def color3_targets(images01: Tensor, patch: int) -> Tensor:
     """(B, 3, H, W) pixels in [0, 1] -> (B, N) classes 0..511: each patch's mean colour, 3 bits per channel
-    (class = 64 r + 8 g + b)."""
+    (class = 64 r + 8 g + b). The mean is taken in float32 before quantising (level = floor(8 * mean)): a mean exactly
+    on a level's edge (a 4 x 4 patch's channel of 0-255 pixels summing to a multiple of 510) can round to the level
+    below (4 of the 8,192 patches of the 128 shipped CIFAR-10 test images)."""
     mean = _patches(images01, patch).mean(dim=(-1, -2))  # (B, N, 3)
     q = _bits3(mean)
     return q[..., 0] * 64 + q[..., 1] * 8 + q[..., 2]
@@ -128,6 +132,9 @@ class MaskedPatchPrediction(nn.Module):
             raise ValueError(f"mpp target must be one of {MPP_TARGETS}, got {target!r}")
         if not 0.0 < rate <= 1.0:
             raise ValueError(f"corruption rate must be in (0, 1], got {rate}")
+        if target == "patch4x4" and patch % 4:
+            raise ValueError(f"the patch4x4 target averages each patch over 4 x 4 cells: it needs a patch size that is a "
+                             f"multiple of 4, got {patch} px; use another target or patch size")
         self.target, self.rate, self.patch, self.num_prefix_tokens = target, rate, patch, num_prefix_tokens
         self.mask_token = nn.Parameter(torch.zeros(embed_dim))
         nn.init.trunc_normal_(self.mask_token, std=0.02)

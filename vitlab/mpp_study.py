@@ -135,7 +135,9 @@ class MPPStudyConfig:
             raise ValueError(f"verdict_shots={self.verdict_shots} is not among the shots {list(self.shots)}: add it")
         if not self.seeds or not self.probe_seeds:
             raise ValueError("seeds and probe_seeds need at least one seed each (2 or more for an interval)")
-        TrainConfig(model=self.model, objective="mpp", mixup_prob=0.0)  # a plain ViT, or the error that says so
+        for target, rate in {self.main, *self.ablations}:  # a plain ViT (and a patch each target fits), or the error
+            TrainConfig(model=self.model, objective="mpp", mixup_prob=0.0, label_smoothing=0.0, mpp_target=target,
+                        mpp_rate=rate)
         ids = [row.row_id for row in study_rows(self)]
         if len(set(ids)) < len(ids):  # two rows under one id: the second would pass for the first in the store
             raise ValueError(f"rows {sorted({i for i in ids if ids.count(i) > 1})} would share one id, and one record: "

@@ -45,6 +45,7 @@ from vitlab.batches import Augment, default_workers, epoch_seed, training_batche
 from vitlab.checkpoint import (
     RUN_ID,
     load_checkpoint,
+    load_module_weights,
     load_run_state,
     recover_checkpoint,
     resolve_folder,
@@ -75,7 +76,8 @@ from vitlab.zoo import (
     size2,
 )
 
-__all__ = ["TrainConfig", "PRESETS", "train", "TrainingDiverged", "evaluate", "load_teacher", "warm_start"]
+__all__ = ["TrainConfig", "PRESETS", "train", "TrainingDiverged", "evaluate", "load_teacher", "warm_start",
+           "warm_start_objective"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -196,6 +198,15 @@ class TrainConfig:
                                  "and would not be averaged; set lookahead_every=0")
             if self.mixup_prob or self.teacher:
                 raise ValueError("objective='mpp' reads no labels: set mixup_prob=0 and no teacher")
+            if self.mpp_target == "patch4x4" and self.model.patch_size % 4:
+                raise ValueError(f"mpp_target='patch4x4' averages each patch over 4 x 4 cells: it needs a patch size "
+                                 f"that is a multiple of 4, got model.patch_size={self.model.patch_size}; use "
+                                 "mpp_target='color3' or 'l2', or another patch size")
+            unread = [fix for bad, fix in ((self.label_smoothing, "label_smoothing=0"),
+                                           (self.ema_decay, "ema_decay=null"), (self.eval_tta, "eval_tta=0")) if bad]
+            if unread:  # the MPP loss and evaluate_mpp read none of them: a run would record them and do nothing
+                raise ValueError(f"objective='mpp' smooths no labels and evaluates neither an EMA nor test-time "
+                                 f"augmentation: set {', '.join(unread)} (--set {' --set '.join(unread)})")
             if self.mpp_target not in MPP_TARGETS or not 0 < self.mpp_rate <= 1:
                 raise ValueError(f"mpp_target must be one of {MPP_TARGETS} and mpp_rate in (0, 1], got "
                                  f"{self.mpp_target!r}, {self.mpp_rate!r}")
@@ -556,7 +567,8 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
                  bf16: bool = False) -> dict[str, float]:
     """Masked patch prediction on ``n`` images of ``data`` spread evenly over it (``i * len(data) // n``: a split
     stored class by class, as an ImageFolder is, would give one class in its first ``n``) with a fixed draw (seed 0):
-    the loss, for the colour targets the share of corrupted patches whose colour class is predicted exactly, and
+    the loss, for the colour targets the share of corrupted patches whose colour class is predicted exactly (for
+    ``patch4x4`` the share of their 16 sub-patch colours), and
     ``images`` (how many, with ``spread`` = 1: evenly spread; records before it have neither key and used the
     first ``n``)."""
     pc = model.pretrained_cfg
@@ -642,6 +654,26 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
             else:
                 fresh.append(k)
     return fresh
+
+
+def warm_start_objective(objective: MaskedPatchPrediction, path: str | os.PathLike) -> str:
+    """Masked patch prediction warm-started from checkpoint ``path``: its [mask] embedding and prediction head
+    (``objective.safetensors``) into ``objective`` when it was pre-trained by masked patch prediction for the same
+    target (the head fits; the corruption rate may differ), so that the encoder ``warm_start`` copied goes on with
+    the head it was trained with; otherwise both stay fresh. Returns a sentence saying which."""
+    from vitlab.mpp import OBJECTIVE_NAME
+
+    p = resolve_folder(path)
+    folder = p if p.is_dir() else p.parent
+    meta_file = folder / "config.json"
+    src = (json.loads(meta_file.read_text()).get("train") or {}) if meta_file.is_file() else {}
+    if src.get("objective") != "mpp" or not (folder / OBJECTIVE_NAME).is_file():
+        return f"{path} holds no masked-patch-prediction head: the [mask] embedding and the head start fresh"
+    if src.get("mpp_target") != objective.target:
+        return (f"{path} predicts the {src.get('mpp_target')!r} target, this run {objective.target!r}: the [mask] "
+                "embedding and the head start fresh")
+    load_module_weights(objective, folder / OBJECTIVE_NAME)  # a head that does not fit: a ModelLoadError naming it
+    return f"the [mask] embedding and the prediction head come from {path} ({OBJECTIVE_NAME})"
 
 
 def _untrained_heads(model: nn.Module) -> tuple[str, ...]:
@@ -899,7 +931,12 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
         model.set_distilled_training(True)
     objective = None
     if cfg.objective == "mpp":
-        objective = MaskedPatchPrediction.for_model(model, cfg.mpp_target, cfg.mpp_rate).to(d.device)
+        objective = MaskedPatchPrediction.for_model(model, cfg.mpp_target, cfg.mpp_rate)
+        if cfg.init_from and not resume:
+            note = warm_start_objective(objective, cfg.init_from)
+            if progress and d.main:
+                tqdm.write(f"masked patch prediction: {note}")
+        objective.to(d.device)
     opt = _optimizer(model, cfg, objective)
     ema = timm.utils.ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema_decay else None
     if resume:
