@@ -66,6 +66,8 @@ def test_main_writes_the_curve_and_says_the_verdict(tmp_path, capsys):
     res = json.loads(out.read_text())
     assert res["verdict"]["reached"] and res["hours"] == pytest.approx([0.76, 1.27])
     assert res["figure"].startswith(("written", "skipped"))  # skipped only where no Chromium is installed
+    if res["figure"].startswith("written"):  # and then the image is there
+        assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
 
 
 def _tiny_distilled(seed: int):

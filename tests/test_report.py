@@ -174,6 +174,33 @@ def test_static_export_replaces_the_images_already_there(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.svg"]
 
 
+@pytest.mark.skipif(find_chromium() is None, reason="no Chromium for static export")
+def test_static_export_into_a_new_folder_writes_the_image(tmp_path):
+    """kaleido writes nothing, and raises nothing, into a folder that does not exist: the export said 'written' and
+    no image was there (benchmarks/from_scratch.py draws its curve before writing its JSON into that folder)."""
+    from vitlab.static import write_images
+
+    figures, _ = _earlier_images(tmp_path)
+    path = tmp_path / "new" / "deeper" / "a.png"
+    assert write_images(figures[:1], [path]).startswith("written")
+    assert path.read_bytes().startswith(b"\x89PNG") and [p.name for p in path.parent.iterdir()] == ["a.png"]
+
+
+def test_a_static_export_that_writes_nothing_is_a_failure(tmp_path, monkeypatch):
+    """A kaleido that returns without writing a file is reported as failed, naming the image, not as written."""
+    import plotly.io as pio
+
+    from vitlab.static import write_images
+
+    figures, paths = _earlier_images(tmp_path)
+    monkeypatch.setenv("BROWSER_PATH", "/bin/false")
+    monkeypatch.setattr(pio, "write_images", lambda figures, files, **kw: None)
+    res = write_images(figures, paths)
+    assert res.startswith("failed: RuntimeError: kaleido wrote no image for ") and str(paths[0]) in res
+    assert [p.read_bytes() for p in paths] == [b"an earlier image"] * 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.svg"]
+
+
 def _keeps_previous(out, argv, capsys, needle):
     out.mkdir(exist_ok=True)
     (out / "report.html").write_text("an earlier report")

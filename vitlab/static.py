@@ -67,8 +67,13 @@ def write_images(figures: Sequence[object], paths: Sequence[str | os.PathLike], 
     heights = [getattr(f.layout, "height", None) or 500 for f in figures]
     tmps = [p.with_name(f".{p.name}.{secrets.token_hex(4)}.tmp{p.suffix}") for p in paths]  # kaleido reads the suffix
     try:
+        for p in paths:  # kaleido writes nothing, and says nothing, into a folder that does not exist
+            p.parent.mkdir(parents=True, exist_ok=True)
         with chromium_for_export(browser):
             pio.write_images(figures, [str(t) for t in tmps], scale=scale, width=widths, height=heights)
+        missing = [str(p) for t, p in zip(tmps, paths) if not t.is_file()]
+        if missing:
+            raise RuntimeError(f"kaleido wrote no image for {', '.join(missing)}")
         for t, p in zip(tmps, paths):
             os.replace(t, p)
     except BaseException as e:
