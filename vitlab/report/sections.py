@@ -74,9 +74,14 @@ class Inputs:
     labels: Tensor | None = None  # (B,) true classes, for images with labels
     class_names: tuple[str, ...] | None = None
     n_show: int = 4  # images drawn in map grids
+    untrained: bool = False  # random weights: the verdicts measured on this model decide nothing (findings.untrained)
 
     def stamp(self, **settings: Any) -> dict[str, Any]:
         return {**self.base, "settings": settings}
+
+    def judged(self, verdicts: list[findings.Verdict]) -> list[findings.Verdict]:
+        """The verdicts measured on this model, inconclusive when its weights are random (``findings.untrained``)."""
+        return [findings.untrained(v) for v in verdicts] if self.untrained else verdicts
 
     def true_class_name(self, c: int) -> str:
         """The name of a true label (the images' own classes, e.g. CIFAR-10's, whatever the model's head)."""
@@ -161,7 +166,7 @@ def filters(inp: Inputs) -> Section | None:
         f"{float(ratio[0]):.1%}); randomly initialised filters of the same shape: "
         f"{float(random.sum(1).mean()):.1%}.",
         inp.stamp(k=k, centred=True, random_draws=20),
-        verdicts, {"explained_variance": ratio.tolist(), "random_explained_variance": random.sum(1).tolist()})
+        inp.judged(verdicts), {"explained_variance": ratio.tolist(), "random_explained_variance": random.sum(1).tolist()})
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 7 centre
@@ -193,7 +198,7 @@ def positions(inp: Inputs) -> list[Section]:
         "the model learns the 2D image topology.",
         f"Spearman correlation between similarity and grid distance: {score:.3f} (-1: perfectly local; 0: no "
         f"structure).{row_col_note}",
-        inp.stamp(prefix_rows="excluded", grid=[gh, gw]), verdicts, {"spearman": score})]
+        inp.stamp(prefix_rows="excluded", grid=[gh, gw]), inp.judged(verdicts), {"spearman": score})]
     hi = (2 * gh, 2 * gw)
     sim_hi = position_embedding_similarity(inp.net, grid=hi).cpu()
     score_hi = position_structure_score(sim_hi)
@@ -237,7 +242,7 @@ def distance(inp: Inputs) -> Section:
         inp.stamp(queries="patches", keys="patches, prefix dropped without renormalising", unit="pixels",
                   images=len(inp.x), error_bars="std over images of the head mean",
                   uniform_attention_px=round(ceiling, 2)),
-        verdicts, {"mean_attention_distance_px": dist.tolist(), "uniform_attention_px": ceiling,
+        inp.judged(verdicts), {"mean_attention_distance_px": dist.tolist(), "uniform_attention_px": ceiling,
                    "std_over_images": spread.tolist() if spread is not None else None})
 
 
