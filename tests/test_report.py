@@ -463,3 +463,17 @@ def test_a_model_with_random_weights_reproduces_no_finding(tmp_path):
 
     page = (out / "report.html").read_text()
     assert str(markupsafe.escape(UNTRAINED_REASON)) in page and "JFT-300M (section 4.5" not in page and "trained briefly" not in page
+
+
+def test_the_rollout_section_points_to_a_localisation_section_only_when_there_is_one(tmp_path):
+    """With --no-shapes the rollout section still said the maps' localisation 'is judged on the synthetic shapes
+    (localisation section)', a section the report did not have; now it says it is not judged here and why."""
+    cfg = vitlab.vit_config("Ti/4", img_size=32, depth=1, num_classes=10)
+    ck = vitlab.save_checkpoint(vitlab.build_model(cfg).eval(), tmp_path / "ck")
+    out = tmp_path / "out"
+    assert main(["reproduce", "--model", str(ck), "--out", str(out), "--num-images", "1", "--no-png", "--no-shapes",
+                 "--no-few-shot", "--no-scaling", "--quiet"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert "localisation" not in {f["slug"] for f in metrics["figures"]}
+    rollout = next(f for f in metrics["figures"] if f["slug"] == "rollout")
+    assert "localisation section" not in rollout["ours"] and "not judged" in rollout["ours"]

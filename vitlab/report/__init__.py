@@ -228,7 +228,8 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     run("filters", lambda: S.filters(inp))
     run("positions", lambda: S.positions(inp))
     run("distance", lambda: S.distance(inp))
-    run("maps", lambda: S.maps_and_faithfulness(inp, pred))
+    localised = shapes and (SHAPES_CHECKPOINT / "model.safetensors").exists()  # as S.localisation decides
+    run("maps", lambda: S.maps_and_faithfulness(inp, pred, localisation=localised))
     run("readout", lambda: S.readout_and_entropy(inp, pred))
     if shapes:
         run("localisation", lambda: S.localisation(SHAPES_CHECKPOINT, versions(), device=dev))

@@ -249,7 +249,10 @@ def distance(inp: Inputs) -> Section:
 # ---------------------------------------------------------------------------------------------- Fig. 6 / 14
 
 
-def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | None = None) -> list[Section]:
+def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | None = None,
+                          localisation: bool = True) -> list[Section]:
+    """Fig. 6 maps, their faithfulness table and curves; ``localisation``: whether the report has the localisation
+    section on the synthetic shapes, which the map section points to."""
     if pred["pred"] is None:
         return [rollout_only(inp, pred)]
     n_attr = min(len(inp.x), max_images or (16 if inp.info.num_tokens <= 100 else 4))
@@ -263,8 +266,10 @@ def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | N
         "Fig. 6 / Fig. 14 (ViT-L/16): attention rollout of the output token onto the input space concentrates on "
         "the regions semantically relevant for classification.",
         "Rollout (head mean, residual 0.5, no discard) beside gradient rollout, integrated gradients and patch "
-        "occlusion for the predicted class. Whether the maps localise the object is judged on the synthetic shapes, "
-        "where the object's mask is known (localisation section).",
+        "occlusion for the predicted class. Whether the maps localise the object is "
+        + ("judged on the synthetic shapes, where the object's mask is known (localisation section)." if localisation
+           else "not judged in this report: that needs the object's mask, which these images lack, and the "
+                "scoring on the synthetic shapes, whose masks are known, was not run."),
         inp.stamp(head_fusion="mean", residual=0.5, discard_ratio=0.0, start_layer=0, target="predicted class",
                   integrated_gradients="32 steps, grey baseline", occlusion="one patch at a time, grey baseline"))
     table = Section(
