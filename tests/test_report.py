@@ -477,3 +477,19 @@ def test_the_rollout_section_points_to_a_localisation_section_only_when_there_is
     assert "localisation" not in {f["slug"] for f in metrics["figures"]}
     rollout = next(f for f in metrics["figures"] if f["slug"] == "rollout")
     assert "localisation section" not in rollout["ours"] and "not judged" in rollout["ours"]
+
+
+def test_a_masked_patch_prediction_checkpoint_gets_no_predictions_from_its_untrained_head(tmp_path):
+    """The shipped mpp_cifar10 never read a label, so its classification head is its initialisation: the report
+    used to give its 'predicted' classes (about 16%) and class-specific maps and faithfulness scores for them. Now a
+    checkpoint whose card records objective 'mpp' is treated as a model without a head: rollout alone, no predictions."""
+    ck = vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
+    card = Path(vitlab.__file__).resolve().parents[1] / "data" / "checkpoints" / "mpp_cifar10" / "card.json"
+    (ck / "card.json").write_text(card.read_text())  # the shipped MPP checkpoint's card: objective "mpp"
+    out = tmp_path / "out"
+    assert main(["reproduce", "--model", str(ck), "--out", str(out), "--num-images", "2", "--no-png", "--no-shapes",
+                 "--no-few-shot", "--no-scaling", "--quiet"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["predictions"] == [] and metrics["methods"] == []
+    rollout = next(f for f in metrics["figures"] if f["slug"] == "rollout")
+    assert "untrained" in rollout["ours"] and "no classifier head" not in rollout["ours"]

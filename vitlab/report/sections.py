@@ -118,7 +118,7 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
     v = readout_vector(inp.info, len(inp.x), pool, device=inp.x.device).float()  # (B, T)
     layers = sorted(readout_rows)
     readout = torch.stack([(v[:, None] @ readout_rows[i]).squeeze(1)[:, p:] for i in layers])  # (L, B, N)
-    if has_classifier(inp.net):
+    if has_classifier(inp.net) and not untrained_head(inp.net):
         probs = logits.float().softmax(-1)
         top = probs.max(-1)
         classes = {"probs": probs, "pred": top.indices, "prob": top.values}
@@ -129,6 +129,14 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
             "readout": readout.reshape(len(layers), len(inp.x), *inp.info.grid_size).cpu(),  # (L, B, gh, gw)
             "entropy": torch.stack([entropy[i] for i in layers]).mean(1).cpu(),  # (L, H)
             "attention_shape": [len(layers), len(inp.x), int(entropy[layers[0]].shape[1]), T, T]}
+
+
+def untrained_head(net: nn.Module) -> bool:
+    """Whether ``net``'s classification head was never trained: a checkpoint whose card records masked-patch
+    prediction (``objective="mpp"``: labels never read, the head is its initialisation)."""
+    from vitlab.checkpoint import model_card
+
+    return (model_card(net) or {}).get("objective") == "mpp"
 
 
 def map_titles(inp: Inputs, pred: dict[str, Any], n: int) -> list[str]:
@@ -303,8 +311,10 @@ def rollout_only(inp: Inputs, pred: dict[str, Any]) -> Section:
                              title=f"Attention rollout<br><sup>{MAP_SCALING}</sup>"),
         "Fig. 6 / Fig. 14 (ViT-L/16): attention rollout of the output token onto the input space concentrates on "
         "the regions semantically relevant for classification.",
-        "Rollout (head mean, residual 0.5, no discard) only: this model has no classifier head (its output is its "
-        "features), so there is no predicted class for the class-specific maps or the faithfulness scores.",
+        "Rollout (head mean, residual 0.5, no discard) only: "
+        + ("this model's classification head is untrained (masked-patch prediction never reads a label)"
+           if untrained_head(inp.net) else "this model has no classifier head (its output is its features)")
+        + ", so there is no predicted class for the class-specific maps or the faithfulness scores.",
         inp.stamp(head_fusion="mean", residual=0.5, discard_ratio=0.0, start_layer=0))
 
 
