@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import markupsafe
 import pytest
+import torch
 from conftest import tiny_bit, tiny_vit
 
 import vitlab
@@ -467,3 +469,54 @@ def test_out_as_the_current_folder_is_refused_before_any_work(tmp_path, monkeypa
     assert "--out . is the current folder" in capsys.readouterr().err
     assert report_target("out") == tmp_path / "sub" / "out" and report_target("../x") == tmp_path / "x"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"] and not list((tmp_path / "sub").iterdir())
+
+
+def test_a_model_with_random_weights_reproduces_no_finding(tmp_path):
+    """A random initialisation has learned nothing: a chance slope (e.g. 0.15 px/layer of an average-pooled timm ViT
+    at uniform attention) used to read 'reproduced', with the paper's reasons about pre-training data beside the
+    others. Now every verdict measured on such a model (--no-pretrained, or a config) is inconclusive, its statistic
+    kept, and says why; the weights of a config are stamped as random, not as 'pretrained (timm)'."""
+    from vitlab.report import reproduce
+
+    cfg = vitlab.vit_config("Ti/4", img_size=32, depth=2, num_classes=10, readout="avg")
+    torch.manual_seed(0)
+    out = reproduce(model=cfg, out=tmp_path / "out", num_images=4, png=False, shapes=False, few_shot=False,
+                    scaling=False, progress=False, device="cpu")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["weights"] == "random initialisation (no pretrained weights)"
+    judged = [v for v in metrics["verdicts"] if v["section"] in ("filters", "positions", "distance")]
+    assert len(judged) >= 4 and all(v["verdict"] == "inconclusive" and v["details"]["untrained"] for v in judged)
+    from vitlab.findings import UNTRAINED_REASON
+
+    page = (out / "report.html").read_text()
+    assert str(markupsafe.escape(UNTRAINED_REASON)) in page and "JFT-300M (section 4.5" not in page and "trained briefly" not in page
+
+
+def test_the_rollout_section_points_to_a_localisation_section_only_when_there_is_one(tmp_path):
+    """With --no-shapes the rollout section still said the maps' localisation 'is judged on the synthetic shapes
+    (localisation section)', a section the report did not have; now it says it is not judged here and why."""
+    cfg = vitlab.vit_config("Ti/4", img_size=32, depth=1, num_classes=10)
+    ck = vitlab.save_checkpoint(vitlab.build_model(cfg).eval(), tmp_path / "ck")
+    out = tmp_path / "out"
+    assert main(["reproduce", "--model", str(ck), "--out", str(out), "--num-images", "1", "--no-png", "--no-shapes",
+                 "--no-few-shot", "--no-scaling", "--quiet"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert "localisation" not in {f["slug"] for f in metrics["figures"]}
+    rollout = next(f for f in metrics["figures"] if f["slug"] == "rollout")
+    assert "localisation section" not in rollout["ours"] and "not judged" in rollout["ours"]
+
+
+def test_a_masked_patch_prediction_checkpoint_gets_no_predictions_from_its_untrained_head(tmp_path):
+    """The shipped mpp_cifar10 never read a label, so its classification head is its initialisation: the report
+    used to give its 'predicted' classes (about 16%) and class-specific maps and faithfulness scores for them. Now a
+    checkpoint whose card records objective 'mpp' is treated as a model without a head: rollout alone, no predictions."""
+    ck = vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
+    card = Path(vitlab.__file__).resolve().parents[1] / "data" / "checkpoints" / "mpp_cifar10" / "card.json"
+    (ck / "card.json").write_text(card.read_text())  # the shipped MPP checkpoint's card: objective "mpp"
+    out = tmp_path / "out"
+    assert main(["reproduce", "--model", str(ck), "--out", str(out), "--num-images", "2", "--no-png", "--no-shapes",
+                 "--no-few-shot", "--no-scaling", "--quiet"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["predictions"] == [] and metrics["methods"] == []
+    rollout = next(f for f in metrics["figures"] if f["slug"] == "rollout")
+    assert "untrained" in rollout["ours"] and "no classifier head" not in rollout["ours"]

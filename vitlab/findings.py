@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,8 @@ from vitlab.scaling import one_config
 
 __all__ = [
     "Verdict",
+    "UNTRAINED_REASON",
+    "untrained",
     "dct_radius",
     "filters_low_frequency",
     "filters_structured",
@@ -946,6 +948,20 @@ _MPP_READOUT = {
 }
 
 
+#: the reason given with every verdict measured on a model whose weights are a random initialisation (``untrained``)
+UNTRAINED_REASON = ("this model's weights are a random initialisation (no pretrained weights): it has learned nothing, "
+                    "so what its filters, position embeddings and attention show is chance, not what a trained ViT "
+                    "learns.")
+
+
+def untrained(v: Verdict) -> Verdict:
+    """``v`` measured on a model with random weights: inconclusive whatever its interval says, since the paper's
+    findings are about what a ViT learns and a random model's chance structure (e.g. a slope of a fraction of a pixel
+    per layer at uniform attention) is not that. Statistic and interval are kept; ``details["untrained"]`` makes
+    ``known_reason`` give ``UNTRAINED_REASON`` instead of the paper's reasons about pre-training data."""
+    return replace(v, verdict="inconclusive", details={**v.details, "untrained": True})
+
+
 def no_interval_reason(v: Verdict) -> str | None:
     """Why ``v`` has no interval (e.g. "2 images, at least 16 needed"), None when it has one. Verdicts made before
     ``details["no_interval"]`` was recorded (or by hand) say only that none could be computed."""
@@ -960,6 +976,8 @@ def known_reason(v: Verdict) -> str | None:
     interval: then the data decided nothing, and ``no_interval_reason`` says why instead. For the lowest layer's
     spread it starts with where this model's heads sit against the paper's, so the reason is read beside the numbers
     it explains (a model may have local heads and still fall short of the paper's span)."""
+    if v.details.get("untrained"):
+        return UNTRAINED_REASON
     if no_interval_reason(v) is not None:
         return None
     reason = next((r for k, r in KNOWN_REASONS.items() if v.finding.startswith(k)), None)

@@ -39,6 +39,14 @@ SCALING_RESULTS = Path(__file__).resolve().parents[2] / "data" / "results" / "sc
 IMAGE_FORMATS = ("png", "svg", "pdf", "jpg", "webp")
 
 
+def random_weights(net, model: Any, pretrained: bool, weights: str | None) -> bool:
+    """Whether ``net`` has random weights: a timm name with ``pretrained=False``, or a config (``load_model`` builds
+    it freshly initialised); a checkpoint or a weights file has saved ones."""
+    if getattr(net, "vitlab_checkpoint", {}).get("path") or weights:
+        return False
+    return not pretrained or not (model is None or isinstance(model, (str, os.PathLike)))
+
+
 def weights_description(net, model: str | None, pretrained: bool, weights: str | None) -> str:
     """Where the weights came from, truthfully: a checkpoint, a weights file, the hub, or random initialisation."""
     ck = getattr(net, "vitlab_checkpoint", {}).get("path")
@@ -47,7 +55,7 @@ def weights_description(net, model: str | None, pretrained: bool, weights: str |
         return Path(ck).resolve().relative_to(repo).as_posix() if Path(ck).resolve().is_relative_to(repo) else str(ck)
     if weights:
         return f"{weights} (local file)"
-    if not pretrained or model is None:
+    if random_weights(net, model, pretrained, weights) or model is None:
         return "random initialisation (no pretrained weights)"
     hub = net.pretrained_cfg.get("hf_hub_id") or net.pretrained_cfg.get("tag")
     return f"{hub} (hub)" if hub else "pretrained (timm)"
@@ -193,7 +201,8 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     wdesc = weights_description(net, model, pretrained, weights)
     base = {"model": str(model or "embedded default"), "weights": wdesc, "versions": versions(),
             "images": f"{len(names)} of {source}"}
-    inp = S.Inputs(net, info, names, x.to(dev), shown, base, labels, classes)
+    inp = S.Inputs(net, info, names, x.to(dev), shown, base, labels, classes,
+                   untrained=random_weights(net, model, pretrained, weights))
     summary = _summary(net, info, model, wdesc, source, len(names))
 
     steps = ["predictions", "filters", "positions", "distance", "maps", "readout"]
@@ -219,7 +228,8 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     run("filters", lambda: S.filters(inp))
     run("positions", lambda: S.positions(inp))
     run("distance", lambda: S.distance(inp))
-    run("maps", lambda: S.maps_and_faithfulness(inp, pred))
+    localised = shapes and (SHAPES_CHECKPOINT / "model.safetensors").exists()  # as S.localisation decides
+    run("maps", lambda: S.maps_and_faithfulness(inp, pred, localisation=localised))
     run("readout", lambda: S.readout_and_entropy(inp, pred))
     if shapes:
         run("localisation", lambda: S.localisation(SHAPES_CHECKPOINT, versions(), device=dev))

@@ -74,9 +74,14 @@ class Inputs:
     labels: Tensor | None = None  # (B,) true classes, for images with labels
     class_names: tuple[str, ...] | None = None
     n_show: int = 4  # images drawn in map grids
+    untrained: bool = False  # random weights: the verdicts measured on this model decide nothing (findings.untrained)
 
     def stamp(self, **settings: Any) -> dict[str, Any]:
         return {**self.base, "settings": settings}
+
+    def judged(self, verdicts: list[findings.Verdict]) -> list[findings.Verdict]:
+        """The verdicts measured on this model, inconclusive when its weights are random (``findings.untrained``)."""
+        return [findings.untrained(v) for v in verdicts] if self.untrained else verdicts
 
     def true_class_name(self, c: int) -> str:
         """The name of a true label (the images' own classes, e.g. CIFAR-10's, whatever the model's head)."""
@@ -113,7 +118,7 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
     v = readout_vector(inp.info, len(inp.x), pool, device=inp.x.device).float()  # (B, T)
     layers = sorted(readout_rows)
     readout = torch.stack([(v[:, None] @ readout_rows[i]).squeeze(1)[:, p:] for i in layers])  # (L, B, N)
-    if has_classifier(inp.net):
+    if has_classifier(inp.net) and not untrained_head(inp.net):
         probs = logits.float().softmax(-1)
         top = probs.max(-1)
         classes = {"probs": probs, "pred": top.indices, "prob": top.values}
@@ -124,6 +129,14 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
             "readout": readout.reshape(len(layers), len(inp.x), *inp.info.grid_size).cpu(),  # (L, B, gh, gw)
             "entropy": torch.stack([entropy[i] for i in layers]).mean(1).cpu(),  # (L, H)
             "attention_shape": [len(layers), len(inp.x), int(entropy[layers[0]].shape[1]), T, T]}
+
+
+def untrained_head(net: nn.Module) -> bool:
+    """Whether ``net``'s classification head was never trained: a checkpoint whose card records masked-patch
+    prediction (``objective="mpp"``: labels never read, the head is its initialisation)."""
+    from vitlab.checkpoint import model_card
+
+    return (model_card(net) or {}).get("objective") == "mpp"
 
 
 def map_titles(inp: Inputs, pred: dict[str, Any], n: int) -> list[str]:
@@ -161,7 +174,7 @@ def filters(inp: Inputs) -> Section | None:
         f"{float(ratio[0]):.1%}); randomly initialised filters of the same shape: "
         f"{float(random.sum(1).mean()):.1%}.",
         inp.stamp(k=k, centred=True, random_draws=20),
-        verdicts, {"explained_variance": ratio.tolist(), "random_explained_variance": random.sum(1).tolist()})
+        inp.judged(verdicts), {"explained_variance": ratio.tolist(), "random_explained_variance": random.sum(1).tolist()})
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 7 centre
@@ -193,7 +206,7 @@ def positions(inp: Inputs) -> list[Section]:
         "the model learns the 2D image topology.",
         f"Spearman correlation between similarity and grid distance: {score:.3f} (-1: perfectly local; 0: no "
         f"structure).{row_col_note}",
-        inp.stamp(prefix_rows="excluded", grid=[gh, gw]), verdicts, {"spearman": score})]
+        inp.stamp(prefix_rows="excluded", grid=[gh, gw]), inp.judged(verdicts), {"spearman": score})]
     hi = (2 * gh, 2 * gw)
     sim_hi = position_embedding_similarity(inp.net, grid=hi).cpu()
     score_hi = position_structure_score(sim_hi)
@@ -237,14 +250,17 @@ def distance(inp: Inputs) -> Section:
         inp.stamp(queries="patches", keys="patches, prefix dropped without renormalising", unit="pixels",
                   images=len(inp.x), error_bars="std over images of the head mean",
                   uniform_attention_px=round(ceiling, 2)),
-        verdicts, {"mean_attention_distance_px": dist.tolist(), "uniform_attention_px": ceiling,
+        inp.judged(verdicts), {"mean_attention_distance_px": dist.tolist(), "uniform_attention_px": ceiling,
                    "std_over_images": spread.tolist() if spread is not None else None})
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 6 / 14
 
 
-def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | None = None) -> list[Section]:
+def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | None = None,
+                          localisation: bool = True) -> list[Section]:
+    """Fig. 6 maps, their faithfulness table and curves; ``localisation``: whether the report has the localisation
+    section on the synthetic shapes, which the map section points to."""
     if pred["pred"] is None:
         return [rollout_only(inp, pred)]
     n_attr = min(len(inp.x), max_images or (16 if inp.info.num_tokens <= 100 else 4))
@@ -258,8 +274,10 @@ def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | N
         "Fig. 6 / Fig. 14 (ViT-L/16): attention rollout of the output token onto the input space concentrates on "
         "the regions semantically relevant for classification.",
         "Rollout (head mean, residual 0.5, no discard) beside gradient rollout, integrated gradients and patch "
-        "occlusion for the predicted class. Whether the maps localise the object is judged on the synthetic shapes, "
-        "where the object's mask is known (localisation section).",
+        "occlusion for the predicted class. Whether the maps localise the object is "
+        + ("judged on the synthetic shapes, where the object's mask is known (localisation section)." if localisation
+           else "not judged in this report: that needs the object's mask, which these images lack, and the "
+                "scoring on the synthetic shapes, whose masks are known, was not run."),
         inp.stamp(head_fusion="mean", residual=0.5, discard_ratio=0.0, start_layer=0, target="predicted class",
                   integrated_gradients="32 steps, grey baseline", occlusion="one patch at a time, grey baseline"))
     table = Section(
@@ -293,8 +311,10 @@ def rollout_only(inp: Inputs, pred: dict[str, Any]) -> Section:
                              title=f"Attention rollout<br><sup>{MAP_SCALING}</sup>"),
         "Fig. 6 / Fig. 14 (ViT-L/16): attention rollout of the output token onto the input space concentrates on "
         "the regions semantically relevant for classification.",
-        "Rollout (head mean, residual 0.5, no discard) only: this model has no classifier head (its output is its "
-        "features), so there is no predicted class for the class-specific maps or the faithfulness scores.",
+        "Rollout (head mean, residual 0.5, no discard) only: "
+        + ("this model's classification head is untrained (masked-patch prediction never reads a label)"
+           if untrained_head(inp.net) else "this model has no classifier head (its output is its features)")
+        + ", so there is no predicted class for the class-specific maps or the faithfulness scores.",
         inp.stamp(head_fusion="mean", residual=0.5, discard_ratio=0.0, start_layer=0))
 
 
