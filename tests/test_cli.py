@@ -606,3 +606,19 @@ def test_mpp_study_refuses_a_run_root_that_is_a_file_before_any_row(tmp_path, mo
     assert main(["mpp-study", "--study", "smoke", "--run-root", str(tmp_path / "f.txt"),
                  "--results", str(tmp_path / "r.jsonl")]) == 1
     assert "--run-root" in capsys.readouterr().err and not (tmp_path / "r.jsonl").exists()
+
+
+def test_sweep_config_typos_name_the_file(tmp_path, capsys):
+    """A JSON syntax error said only 'JSONDecodeError: Expecting property name ...: line 1 column 2', naming no file;
+    a misspelt .json path was an 'unknown sweep'."""
+    bad = tmp_path / "my sweep ü.json"
+    bad.write_text("{bad json")
+    assert main(["sweep", "--config", str(bad), "--table"]) == 1
+    assert capsys.readouterr().err.startswith(f"vitlab sweep: ValueError: {bad} is not valid JSON (")
+    assert main(["sweep", "--config", str(tmp_path / "nope.json"), "--table"]) == 1
+    assert f"no such file '{tmp_path / 'nope.json'}'" in capsys.readouterr().err
+
+
+def test_a_weights_folder_is_named_a_folder_not_missing(tmp_path, capsys):
+    assert main(["info", "--model", "vit_tiny_patch16_224", "--weights", str(tmp_path)]) == 1
+    assert f"weights file {tmp_path} is a folder: pass the weights file inside it" in capsys.readouterr().err
