@@ -487,3 +487,138 @@ def test_sweep_plot_png_names_a_bad_browser_path(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert code != 0 and f"BROWSER_PATH={tmp_path / 'no-such-chrome'} is no executable file" in err
     assert "or pass an .html file" in err and not out.exists()
+
+
+@pytest.mark.parametrize("error, words", [
+    (PermissionError(13, "Permission denied", "/ro/out.json"), "Permission denied: /ro/out.json; check its permissions"),
+    (IsADirectoryError(21, "Is a directory", "/tmp/x"), "Is a directory: /tmp/x; it is a folder: give a file's name"),
+    (NotADirectoryError(20, "Not a directory", "/f.txt/y"), "Not a directory: /f.txt/y; a part of the path is a file"),
+    (FileExistsError(17, "File exists", "/f.txt"), "File exists: /f.txt; a file stands where a folder is needed"),
+])
+def test_system_errors_are_one_line_naming_the_path_not_a_traceback(error, words, monkeypatch, capsys):
+    """A read-only output folder (PermissionError) or a folder where a file goes (IsADirectoryError) escaped main()
+    as a raw traceback, after all the work; now a line naming the path and the fix, exit status 1."""
+    import vitlab.cli
+
+    def fail(args):
+        raise error
+
+    monkeypatch.setattr(vitlab.cli, "cmd_info", fail)
+    assert main(["info"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"vitlab info: {type(error).__name__}: {words}") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_ctrl_c_is_a_message_and_status_130_not_a_traceback(monkeypatch, capsys):
+    import vitlab.cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vitlab.cli, "cmd_train", interrupted)
+    assert main(["train", "--preset", "tiny"]) == 130
+    assert capsys.readouterr().err == "vitlab train: interrupted; --resume continues from the last finished epoch, if one finished\n"
+    monkeypatch.setattr(vitlab.cli, "cmd_info", interrupted)
+    assert main(["info"]) == 130
+    assert capsys.readouterr().err == "vitlab info: interrupted\n"
+
+
+def test_atomic_write_into_a_read_only_folder_names_the_file_not_its_temporary(tmp_path, monkeypatch):
+    import tempfile
+
+    from vitlab.atomic import atomic_write, temp_dir_beside
+
+    def denied(*args, dir=None, **kwargs):
+        raise PermissionError(13, "Permission denied", f"{dir}/.out.json.abc123.tmp")
+
+    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    monkeypatch.setattr(tempfile, "mkdtemp", denied)
+    with pytest.raises(PermissionError) as e:
+        atomic_write(tmp_path / "out.json", lambda tmp: None)
+    assert e.value.filename == str(tmp_path / "out.json")
+    with pytest.raises(PermissionError) as e:
+        temp_dir_beside(tmp_path / "report")
+    assert e.value.filename == str(tmp_path / "report")
+
+
+@pytest.mark.parametrize("where", ["folder", "under_a_file"])
+def test_probe_json_that_cannot_be_written_is_refused_before_the_model_loads(where, tmp_path, monkeypatch, capsys):
+    """--json naming a folder failed with a traceback after the whole feature pass and probe (the results lost)."""
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before --json was checked")
+
+    monkeypatch.setattr(vitlab, "load_model", no_model)
+    (tmp_path / "f.txt").write_text("x")
+    target = tmp_path if where == "folder" else tmp_path / "f.txt" / "p.json"
+    assert main(["probe", "--data", "shapes", "--json", str(target)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vitlab probe: ValueError: --json ") and ("is a folder" in err or "is a file" in err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+
+
+def test_capture_out_under_a_file_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before --out was checked")
+
+    monkeypatch.setattr(vitlab, "load_model", no_model)
+    (tmp_path / "f.txt").write_text("x")
+    assert main(["capture", "--out", str(tmp_path / "f.txt" / "a.safetensors")]) == 1
+    assert f"{tmp_path / 'f.txt'} is a file, not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("run", ["missing", "empty", "file"])
+def test_export_of_a_folder_without_a_run_says_what_run_dir_needs(run, tmp_path, capsys):
+    """A misspelt or empty --run-dir gave '[Errno 2] No such file or directory: .../checkpoint/config.json', a file
+    a NotADirectoryError traceback."""
+    path = tmp_path / run
+    if run == "empty":
+        path.mkdir()
+    elif run == "file":
+        path.write_text("x")
+    assert main(["export", "--run-dir", str(path), "--out", str(tmp_path / "out"), "--command-line", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"vitlab export: FileNotFoundError: {path} holds no training checkpoint")
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_resume_and_continue_together_are_a_usage_error(capsys):
+    """Both were accepted: --continue printed 'starting a fresh run', then --resume failed for want of state."""
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["train", "--resume", "--continue"])
+    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scale", ["0", "-1", "nan", "inf", "abc"])
+def test_reproduce_refuses_an_image_scale_that_is_no_positive_number(scale, capsys):
+    """--image-scale -1 or nan drew every PNG at the default scale without a word."""
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["reproduce", "--image-scale", scale])
+    assert e.value.code == 2 and "argument --image-scale: expected a" in capsys.readouterr().err
+
+
+def test_mpp_study_refuses_a_run_root_that_is_a_file_before_any_row(tmp_path, monkeypatch, capsys):
+    """Every row was run and stored as failed (NotADirectoryError) in the results store."""
+    import vitlab.mpp_study
+
+    monkeypatch.setattr(vitlab.mpp_study, "run_study", lambda *a, **k: pytest.fail("a row ran"))
+    (tmp_path / "f.txt").write_text("x")
+    assert main(["mpp-study", "--study", "smoke", "--run-root", str(tmp_path / "f.txt"),
+                 "--results", str(tmp_path / "r.jsonl")]) == 1
+    assert "--run-root" in capsys.readouterr().err and not (tmp_path / "r.jsonl").exists()
+
+
+def test_sweep_config_typos_name_the_file(tmp_path, capsys):
+    """A JSON syntax error said only 'JSONDecodeError: Expecting property name ...: line 1 column 2', naming no file;
+    a misspelt .json path was an 'unknown sweep'."""
+    bad = tmp_path / "my sweep ü.json"
+    bad.write_text("{bad json")
+    assert main(["sweep", "--config", str(bad), "--table"]) == 1
+    assert capsys.readouterr().err.startswith(f"vitlab sweep: ValueError: {bad} is not valid JSON (")
+    assert main(["sweep", "--config", str(tmp_path / "nope.json"), "--table"]) == 1
+    assert f"no such file '{tmp_path / 'nope.json'}'" in capsys.readouterr().err
+
+
+def test_a_weights_folder_is_named_a_folder_not_missing(tmp_path, capsys):
+    assert main(["info", "--model", "vit_tiny_patch16_224", "--weights", str(tmp_path)]) == 1
+    assert f"weights file {tmp_path} is a folder: pass the weights file inside it" in capsys.readouterr().err

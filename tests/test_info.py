@@ -164,3 +164,11 @@ def test_resnets_are_refused_clearly():
 def test_bad_img_size():
     with pytest.raises(ValueError, match="img_size"):
         model_info(tiny_vit(), img_size=0)
+
+
+def test_an_input_smaller_than_one_patch_is_refused():
+    """`vitlab info --img-size 2 2` described a 0x0 grid (2 tokens) for a 4 px patch model, an input no model takes."""
+    model = tiny_timm("vit_tiny_patch16_224", img_size=64, dynamic_img_size=True)
+    with pytest.raises(ValueError, match="smaller than one 16x16 px patch"):
+        model_info(model, img_size=(8, 64))
+    assert model_info(model, img_size=(16, 16)).grid_size == (1, 1)

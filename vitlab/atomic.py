@@ -51,7 +51,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
     readers see the old file or the new one, never a half-written one; on error nothing is left behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:  # named by the file asked for, not the temporary name (a read-only folder)
+        raise type(e)(e.errno, e.strerror, str(path)) from None
     os.close(fd)
     try:
         write(tmp)
@@ -81,7 +84,10 @@ def temp_dir_beside(directory: Path) -> Path:
     0777 less the umask, as any new folder (``mkdtemp`` makes it private, and a fixed 0755 would ignore a
     stricter umask such as 027)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp.", dir=directory.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp.", dir=directory.parent))
+    except OSError as e:  # named by the folder asked for, not the temporary name (a read-only parent)
+        raise type(e)(e.errno, e.strerror, str(directory)) from None
     try:
         tmp.chmod(0o777 & ~_umask())
     except BaseException:

@@ -56,6 +56,17 @@ def non_negative_int(text: str) -> int:
     return _whole_number(text, 0, "0 or more")
 
 
+def positive_float(text: str) -> float:
+    """argparse ``type`` of a finite number above 0 (``--image-scale``: -1 and nan drew figures at scale 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number above 0, got {text}")
+    return value
+
+
 def _parse_value(text: str):
     """A ``--set`` value: JSON (numbers, true/false/null, lists, quoted text), Python's True/False/None, else the text
     itself (e.g. ``flip=none``, ``randaugment=rand-m9-n2-mstd0.5``)."""
@@ -65,6 +76,17 @@ def _parse_value(text: str):
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def _check_output_file(path: str, flag: str, example: str) -> None:
+    """Before any work: refuse an output file's name that is a folder, or whose parent is a file (the result would
+    be computed and then lost)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; give a file name such as {p / example}")
+    parent = next((a for a in p.absolute().parents if a.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"{flag} {path}: {parent} is a file, not a folder; choose another path")
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -245,6 +267,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         args.l2 = DEFAULT_L2
     if not (args.l2 > 0 and args.l2 != float("inf")):  # before the model loads and the feature pass runs
         raise ValueError(f"--l2 must be a positive finite number (the ridge penalty), got {args.l2:g}")
+    if args.json:  # before the feature pass, not after it
+        _check_output_file(args.json, "--json", "probe.json")
     dev = resolve_device(args.device)
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
     train, test = load_splits(args.data, progress=not args.quiet)
@@ -421,6 +445,8 @@ def cmd_mpp_study(args: argparse.Namespace) -> int:
     from vitlab.scaling import ResultsStore
 
     study = STUDIES[args.study]
+    if args.run_root and Path(args.run_root).exists() and not Path(args.run_root).is_dir():  # before any row runs
+        raise ValueError(f"--run-root {args.run_root} is a file; give a folder for the pre-training runs")
     if args.run_root:
         study = dataclasses.replace(study, run_root=args.run_root)
     results = Path(args.results) if args.results else default_results(study)
@@ -505,9 +531,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from vitlab.atomic import atomic_write
     from vitlab.images import load_images
 
-    if Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out} is a folder; give a file name such as "
-                         f"{Path(args.out) / 'attention.safetensors'}")
+    _check_output_file(args.out, "--out", "attention.safetensors")
     from vitlab.devices import resolve_device
 
     dev = resolve_device(args.device)
@@ -582,8 +606,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--preset", default="vit_cifar10", help=", ".join(PRESET_NAMES))
     sp.add_argument("--run-dir", dest="run", help="run folder (default $VITLAB_CACHE/runs/PRESET, i.e. "
                     "~/.cache/vitlab/runs/PRESET: outside the work tree)")
-    sp.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
-    sp.add_argument("--continue", dest="continue_run", action="store_true",
+    leg = sp.add_mutually_exclusive_group()  # --continue resumes by itself where there is state to resume
+    leg.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    leg.add_argument("--continue", dest="continue_run", action="store_true",
                     help="resume the run when its state exists; otherwise, or when the run finished and was exported, "
                          "warm-start a new leg from the shipped checkpoint of the preset (data/checkpoints/PRESET) "
                          "with a fresh schedule instead of starting over")
@@ -694,7 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-png", dest="png", action="store_false", help="skip the static figures (need Chromium)")
     sp.add_argument("--formats", default="png", help="static figure formats, comma-separated: png, svg, pdf (e.g. "
                     "png,svg for papers)")
-    sp.add_argument("--image-scale", type=float, default=1.0, help="static figure scale (2: high resolution)")
+    sp.add_argument("--image-scale", type=positive_float, default=1.0, help="static figure scale (2: high resolution)")
     sp.add_argument("--skip-bad", action="store_true", help="skip unreadable or too small images (with a warning "
                     "naming them) instead of stopping")
     sp.add_argument("--device", help=DEVICE_HELP)
@@ -720,10 +745,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError, TypeError) as e:
-        name = type(e).__name__
-        print(f"vitlab {args.command}: {name}: {cli_words(str(e))}", file=sys.stderr)
+    except (ValueError, RuntimeError, TypeError, OSError) as e:
+        # an OSError from the system (errno set: a read-only or full disk, a file where a folder should be) is told
+        # by its path and what to do, not as [Errno 13] ... or a traceback
+        text = _os_error_words(e) if isinstance(e, OSError) and e.errno is not None else cli_words(str(e))
+        print(f"vitlab {args.command}: {type(e).__name__}: {text}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: a message and the shell's status for it, not a traceback
+        print(f"vitlab {args.command}: interrupted"
+              + ("; --resume continues from the last finished epoch, if one finished" if args.command == "train" else ""),
+              file=sys.stderr)
+        return 130
+
+
+def _os_error_words(e: OSError) -> str:
+    """An ``OSError`` as one line naming its path and what to do (``[Errno 13] Permission denied: 'x'`` says neither
+    which flag nor the fix)."""
+    if e.filename is None:
+        return str(e)
+    where = f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 else "")
+    hint = {PermissionError: "check its permissions (and its folder's) or choose another path",
+            IsADirectoryError: "it is a folder: give a file's name",
+            NotADirectoryError: "a part of the path is a file, not a folder: choose another path",
+            FileExistsError: "a file stands where a folder is needed: choose another path",
+            FileNotFoundError: "check the path"}.get(type(e), "")
+    return f"{e.strerror or e}: {where}" + (f"; {hint}" if hint else "")
 
 
 if __name__ == "__main__":

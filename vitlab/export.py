@@ -114,6 +114,10 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
         raise ValueError(f"goal must be a fraction in (0, 1], e.g. 0.9 for a 90% accuracy goal, got {goal:g}")
     run = Path(run_dir)
     ck = run / "checkpoint"
+    if not (ck / "config.json").is_file():  # a misspelt, empty or never-trained run folder, or a file
+        raise FileNotFoundError(f"{run} holds no training checkpoint ({ck / 'config.json'} is missing): pass the run "
+                                "folder that vitlab train wrote (--run-dir of train, by default "
+                                "$VITLAB_CACHE/runs/PRESET)")
     meta = json.loads((ck / "config.json").read_text())
     train_cfg = {**meta["train"], **{k: _portable(meta["train"][k]) for k in ("data", "init_from", "teacher")
                                      if k in meta["train"]}}  # as the card and the shipped config name them

@@ -110,6 +110,9 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
     default_grid, patch = _default_grid_and_patch(pe, default_img, hybrid)
     padded = bool(getattr(pe, "dynamic_img_pad", False))  # timm's grid_size floors, its padded tokens ceil
     grid = default_grid if size == default_img and not padded else _grid_for(pe, size, patch)
+    if min(grid) < 1:  # `vitlab info --img-size 2 2` described a 0x0 grid: an input no forward pass takes
+        raise ValueError(f"img_size {size[0]}x{size[1]} is smaller than one {patch[0]}x{patch[1]} px patch: give at "
+                         f"least {patch[0]}x{patch[1]}")
 
     n_prefix, n_cls, n_dist, n_reg = _prefix_counts(model)
     pos = getattr(model, "pos_embed", None)

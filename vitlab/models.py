@@ -173,8 +173,10 @@ def _load_timm_with_file(name: str, wpath: Path, overrides: dict[str, Any]) -> n
     timm drops the classifier whenever ``num_classes`` differs from the pretrained config's, so the file's
     own class count is put into the config: a fine-tuned 10-class file keeps its head.
     """
-    if not wpath.is_file():
-        raise ModelLoadError(f"weights file {wpath} does not exist")
+    if not wpath.is_file():  # a folder "did not exist"
+        raise ModelLoadError(f"weights file {wpath} " + ("is a folder: pass the weights file inside it (.safetensors, "
+                             ".pth, .bin), or a vitlab checkpoint folder as --model alone" if wpath.is_dir()
+                             else "does not exist"))
     kwargs = dict(overrides)
     file_classes = _file_num_classes(wpath, _classifier_names(name))
     wanted = kwargs.pop("num_classes", file_classes)

@@ -903,8 +903,13 @@ def load_sweep_config(spec: str) -> SweepConfig:
         return SWEEPS[spec]
     path = Path(spec)
     if not path.is_file():
-        raise ValueError(f"unknown sweep {spec!r}: use one of {sorted(SWEEPS)} or a JSON file of SweepConfig fields")
-    d = json.loads(path.read_text())
+        what = "no such file" if path.suffix == ".json" else "unknown sweep"  # a misspelt path is no sweep's name
+        raise ValueError(f"{what} {spec!r}: use one of {sorted(SWEEPS)} or a JSON file of SweepConfig fields")
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:  # the decoder's message names no file
+        raise ValueError(f"{path} is not valid JSON ({e}): a sweep config is a JSON object of SweepConfig "
+                         "fields") from None
     fields = {f.name for f in dataclasses.fields(SweepConfig)}
     unknown = sorted(set(d) - fields)
     if unknown:
