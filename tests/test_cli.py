@@ -199,6 +199,34 @@ def test_probe_command(tmp_path, checkpoint, capsys):
     assert "--max-train 40 keeps 10 training images of class 'circle'" in capsys.readouterr().err
 
 
+def test_probe_reads_the_patch_mean_when_asked(tmp_path, checkpoint, capsys):
+    """--readout patch_mean probes the mean of the final patch tokens (an MPP encoder's class token was never trained,
+    and `vitlab probe` could only read it): the features are extract_features' patch_mean ones, and the output and
+    JSON say which readout was probed."""
+    import vitlab
+    from vitlab.data import load_splits, nested_subsets
+    from vitlab.features import extract_features
+    from vitlab.probe import few_shot_accuracy
+
+    f = tmp_path / "probe.json"
+    argv = ["probe", "--model", str(checkpoint), "--data", "shapes", "--max-train", "40", "--max-test", "20",
+            "--shots", "2", "--seeds", "2", "--no-full", "--quiet", "--json", str(f)]
+    assert main([*argv, "--readout", "patch_mean"]) == 0
+    assert "(the mean of the final patch tokens)" in capsys.readouterr().out
+    d = json.loads(f.read_text())
+    train, test = load_splits("shapes", progress=False)
+    train = train.subset(nested_subsets(train.labels, [40], seed=0)[0])
+    test = test.subset(nested_subsets(test.labels, [20], seed=0)[0])
+    model = vitlab.load_model(str(checkpoint))
+    feats = [extract_features(model, x, progress=False, readout="patch_mean") for x in (train, test)]
+    want = few_shot_accuracy(feats[0], train.labels, feats[1], test.labels, shots=[2], seeds=range(2), l2=1024.0)
+    assert d["readout"] == "patch_mean" and d["few_shot"]["2"]["per_seed"] == list(want[2].per_seed)
+    assert main([*argv]) == 0 and json.loads(f.read_text())["readout"] == "model"
+    assert "(the model's own readout" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([*argv, "--readout", "mean"])
+
+
 @pytest.mark.parametrize("max_train, shots, kept", [("40", "11", "10"), ("3", "1", "0")])
 def test_probe_checks_shots_against_max_train_before_the_feature_pass(max_train, shots, kept, checkpoint,
                                                                        monkeypatch, capsys):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vitlab.devices import DEVICE_HELP
+from vitlab.features import READOUT_NAMES, READOUTS
 
 if TYPE_CHECKING:
     from vitlab.scaling import SweepConfig
@@ -291,8 +292,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if args.max_test is not None and args.max_test < len(test):
         test = test.subset(nested_subsets(test.labels, [args.max_test], seed=0)[0])
     progress = not args.quiet
-    ftr = extract_features(model, train, batch_size=args.batch_size, progress=progress)
-    fte = extract_features(model, test, batch_size=args.batch_size, progress=progress)
+    ftr = extract_features(model, train, batch_size=args.batch_size, progress=progress, readout=args.readout)
+    fte = extract_features(model, test, batch_size=args.batch_size, progress=progress, readout=args.readout)
     res = few_shot_accuracy(ftr, train.labels, fte, test.labels, shots=args.shots, seeds=range(args.seeds),
                             l2=args.l2)
     if args.full and progress:  # scikit-learn's lbfgs shows nothing while it fits (minutes on CIFAR-10's 50,000)
@@ -300,13 +301,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
     full = linear_probe_accuracy(ftr, train.labels, fte, test.labels) if args.full else None
     print(f"{args.model or 'embedded default'} on {args.data}: {len(train)} train / {len(test)} test images, "
-          f"{ftr.shape[1]}-d features, l2 = {args.l2:g}, {args.seeds} seeds")
+          f"{ftr.shape[1]}-d features ({READOUT_NAMES[args.readout]}), l2 = {args.l2:g}, {args.seeds} seeds")
     print(format_table(res, full))
     if args.json:
         from vitlab.atomic import atomic_write_text
         from vitlab.provenance import versions
 
-        out = {"model": args.model, "data": args.data, "l2": args.l2, "train": len(train), "test": len(test),
+        out = {"model": args.model, "data": args.data, "readout": args.readout, "l2": args.l2, "train": len(train),
+               "test": len(test),
                "few_shot": {k: dataclasses.asdict(r) for k, r in res.items()}, "linear_probe": full,
                "versions": versions()}
         atomic_write_text(args.json, json.dumps(out, indent=2) + "\n")
@@ -649,6 +651,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="ridge regularisation (default vitlab.probe.DEFAULT_L2 = 2**10, as big_vision)")
     sp.add_argument("--no-full", dest="full", action="store_false",
                     help="skip the logistic-regression probe on all training features")
+    sp.add_argument("--readout", choices=READOUTS, default="model",
+                    help="the features probed: model (default), the model's own readout (its class token; the mean of "
+                    "class and distillation tokens for a distilled ViT), or patch_mean, the mean of the final patch "
+                    "tokens (for encoders whose class token was never trained, e.g. masked patch prediction's)")
     sp.add_argument("--max-train", type=positive_int, help="use a class-balanced subset of this many training images")
     sp.add_argument("--max-test", type=positive_int, help="use a class-balanced subset of this many test images")
     sp.add_argument("--batch-size", type=positive_int, default=128)
