@@ -356,11 +356,17 @@ def readout_and_entropy(inp: Inputs, pred: dict[str, Any]) -> list[Section]:
 # ---------------------------------------------------------------------------------------------- localisation
 
 
+def localisation_possible(shapes_checkpoint: Path) -> bool:
+    """Whether the localisation section can be made: the shipped shapes ViT is there (a plain wheel install has no
+    ``data/`` folder)."""
+    return (shapes_checkpoint / "model.safetensors").exists()
+
+
 def localisation(shapes_checkpoint: Path, versions: dict, n: int = 32,
                  device: torch.device | str = "cpu") -> Section | None:
     """Localisation scores of every method for the shipped shapes ViT on ``n`` test shapes (true classes), computed
-    on ``device``."""
-    if not (shapes_checkpoint / "model.safetensors").exists():
+    on ``device``; None without that model (``localisation_possible``)."""
+    if not localisation_possible(shapes_checkpoint):
         return None
     import vitlab
     from vitlab.data import load_shapes, normalize
