@@ -307,15 +307,21 @@ def test_only_a_folder_of_report_files_with_the_reports_metrics_is_an_earlier_re
     assert sorted(p.name for p in d.iterdir()) == ["filters.png", "filters.svg", "report.html"]  # nothing deleted
 
 
+def _minimal_report(ck: Path, out: Path, num_images: int) -> dict:
+    """`vitlab reproduce` of checkpoint ``ck`` into ``out`` on ``num_images`` images, with only the sections computed
+    from the model itself (no PNGs, shapes, few-shot or scaling); its metrics.json."""
+    assert main(["reproduce", "--model", str(ck), "--out", str(out), "--num-images", str(num_images), "--no-png",
+                 "--no-shapes", "--no-few-shot", "--no-scaling", "--quiet"]) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
 def test_a_fixed_position_table_one_layer_and_one_image_get_no_false_verdicts(tmp_path):
     """A sin-cos table has the 2D topology by construction: not judged as learned; one block has no slope to fit
     (the report goes on); one image decides nothing about the lowest layer's spread."""
     cfg = vitlab.vit_config("Ti/4", img_size=32, depth=1, num_classes=10, pos_embed="sincos")
     ck = vitlab.save_checkpoint(vitlab.build_model(cfg).eval(), tmp_path / "ck")
     out = tmp_path / "out"
-    assert main(["reproduce", "--model", str(ck), "--out", str(out), "--num-images", "1", "--no-png", "--no-shapes",
-                 "--no-few-shot", "--no-scaling", "--quiet"]) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = _minimal_report(ck, out, 1)
     by_section = {}
     for v in metrics["verdicts"]:
         by_section.setdefault(v["section"], []).append(v)
@@ -336,9 +342,7 @@ def test_a_model_without_a_classifier_head_gets_rollout_and_no_made_up_predictio
     cfg = vitlab.vit_config("Ti/4", img_size=32, depth=2, num_classes=0)
     ck = vitlab.save_checkpoint(vitlab.build_model(cfg).eval(), tmp_path / "ck")
     out = tmp_path / "out"
-    assert main(["reproduce", "--model", str(ck), "--out", str(out), "--num-images", "4", "--no-png", "--no-shapes",
-                 "--no-few-shot", "--no-scaling", "--quiet"]) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = _minimal_report(ck, out, 4)
     assert metrics["predictions"] == [] and metrics["methods"] == []
     slugs = {f["slug"] for f in metrics["figures"]}
     assert "rollout" in slugs and not slugs & {"faithfulness", "faithfulness_curves"}
@@ -499,9 +503,7 @@ def test_the_rollout_section_points_to_a_localisation_section_only_when_there_is
     cfg = vitlab.vit_config("Ti/4", img_size=32, depth=1, num_classes=10)
     ck = vitlab.save_checkpoint(vitlab.build_model(cfg).eval(), tmp_path / "ck")
     out = tmp_path / "out"
-    assert main(["reproduce", "--model", str(ck), "--out", str(out), "--num-images", "1", "--no-png", "--no-shapes",
-                 "--no-few-shot", "--no-scaling", "--quiet"]) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = _minimal_report(ck, out, 1)
     assert "localisation" not in {f["slug"] for f in metrics["figures"]}
     rollout = next(f for f in metrics["figures"] if f["slug"] == "rollout")
     assert "localisation section" not in rollout["ours"] and "not judged" in rollout["ours"]
@@ -515,9 +517,7 @@ def test_a_masked_patch_prediction_checkpoint_gets_no_predictions_from_its_untra
     card = Path(vitlab.__file__).resolve().parents[1] / "data" / "checkpoints" / "mpp_cifar10" / "card.json"
     (ck / "card.json").write_text(card.read_text())  # the shipped MPP checkpoint's card: objective "mpp"
     out = tmp_path / "out"
-    assert main(["reproduce", "--model", str(ck), "--out", str(out), "--num-images", "2", "--no-png", "--no-shapes",
-                 "--no-few-shot", "--no-scaling", "--quiet"]) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = _minimal_report(ck, out, 2)
     assert metrics["predictions"] == [] and metrics["methods"] == []
     rollout = next(f for f in metrics["figures"] if f["slug"] == "rollout")
     assert "untrained" in rollout["ours"] and "no classifier head" not in rollout["ours"]
