@@ -27,6 +27,9 @@ __all__ = ["model_transform", "head_class_names", "load_images", "embedded_image
 #: their positions in the sorted test split): the paper's 128 images for attention distance, shipped for offline use.
 CIFAR_SAMPLE = Path(__file__).resolve().parent.parent / "data" / "cifar10_test_128.npz"
 
+#: How many test shapes a checkpoint trained on the synthetic shapes is shown by default, as many as the CIFAR sample.
+SHAPES_SAMPLE_SIZE = 128
+
 
 def model_transform(model: nn.Module) -> tuple[Callable[[Image.Image], Tensor], dict]:
     """The model's own timm eval transform (PIL image -> normalised (C, H, W) tensor) and its data config."""
@@ -158,52 +161,83 @@ def _preprocessed(model: nn.Module, items: list[tuple[str, Image.Image]]) -> tup
     return [n for n, _ in items], x, shown
 
 
+def _default_set(model: nn.Module) -> str:
+    """Which images ``default_images`` gives this model: ``"shapes"`` for a vitlab checkpoint trained on the synthetic
+    shapes (its own test draw, so the model is shown the kind of image it classifies), ``"cifar"`` for any other
+    32 px model, ``"photos"`` otherwise."""
+    _, cfg = model_transform(model)
+    ck = getattr(model, "vitlab_checkpoint", None) or {}
+    if str((ck.get("train") or {}).get("data", "")).split(":")[0] == "shapes":
+        return "shapes"
+    return "cifar" if tuple(cfg["input_size"][-2:]) == (32, 32) else "photos"
+
+
+def _shapes_sample(model: nn.Module) -> ImageArray:
+    """The first 128 test shapes (seed 1, the split the shapes checkpoints are scored on) at the model's input size."""
+    from vitlab.data import load_shapes
+
+    _, cfg = model_transform(model)
+    return load_shapes("test", n=SHAPES_SAMPLE_SIZE, size=int(cfg["input_size"][-1]))
+
+
 def default_source(model: nn.Module) -> str:
     """In words, where ``default_images`` takes this model's images from."""
-    _, cfg = model_transform(model)
-    if tuple(cfg["input_size"][-2:]) == (32, 32):
+    kind = _default_set(model)
+    if kind == "shapes":
+        return f"the first {SHAPES_SAMPLE_SIZE} test images of the synthetic shapes (seed 1)"
+    if kind == "cifar":
         return "the 128 shipped CIFAR-10 test images (data/cifar10_test_128.npz)"
     return "crops of scikit-learn's sample photos"
 
 
 def default_labels(model: nn.Module, n: int) -> tuple[Tensor | None, tuple[str, ...] | None]:
-    """True classes and class names of the first ``n`` ``default_images``, when they are the CIFAR sample."""
-    _, cfg = model_transform(model)
-    if tuple(cfg["input_size"][-2:]) != (32, 32):
+    """True classes and class names of the first ``n`` ``default_images``, when they are the CIFAR or shapes
+    sample."""
+    kind = _default_set(model)
+    if kind == "photos":
         return None, None
-    data = cifar_test_sample()
+    data = _shapes_sample(model) if kind == "shapes" else cifar_test_sample()
     return data.labels[:n], data.classes
 
 
 def head_class_names(model: nn.Module) -> tuple[str, ...] | None:
     """The names of the model's output classes, where known: the training set's classes a vitlab checkpoint records
-    (``data.classes``), or CIFAR-10's for a 10-class checkpoint trained on ``cifar10`` (checkpoints from before the
-    names were recorded); None otherwise (e.g. a timm model or a checkpoint of another data set): never a guess
+    (``data.classes``), or CIFAR-10's for a 10-class checkpoint trained on ``cifar10`` and the shapes' for a 4-class
+    one trained on ``shapes`` (checkpoints from before the names were recorded); None otherwise (e.g. a timm model or a checkpoint of another data set): never a guess
     from the head's size."""
     n_cls = int(getattr(model, "num_classes", 0) or 0)
     ck = getattr(model, "vitlab_checkpoint", None) or {}
     names = (ck.get("data") or {}).get("classes")
     if names and len(names) == n_cls:
         return tuple(str(c) for c in names)
-    if n_cls == 10 and str((ck.get("train") or {}).get("data", "")).split(":")[0] == "cifar10":
+    trained_on = str((ck.get("train") or {}).get("data", "")).split(":")[0]
+    if n_cls == 10 and trained_on == "cifar10":
         return cifar_test_sample().classes
+    from vitlab.shapes import SHAPE_CLASSES
+
+    if n_cls == len(SHAPE_CLASSES) and trained_on == "shapes":
+        return SHAPE_CLASSES
     return None
 
 
 def default_image_count(model: nn.Module) -> int:
-    """How many ``default_images`` this model can have: 128 for a 32 px model, else the number of photo crops."""
-    _, cfg = model_transform(model)
-    return len(cifar_test_sample()) if tuple(cfg["input_size"][-2:]) == (32, 32) else len(_photo_crops())
+    """How many ``default_images`` this model can have: 128 for a 32 px or shapes model, else the number of photo
+    crops."""
+    kind = _default_set(model)
+    if kind == "photos":
+        return len(_photo_crops())
+    return SHAPES_SAMPLE_SIZE if kind == "shapes" else len(cifar_test_sample())
 
 
 def default_images(model: nn.Module, n: int | None = None) -> tuple[list[str], Tensor, list[np.ndarray]]:
-    """The images the analyses use when none are given: for a model with 32 px input, the first ``n`` (default
-    all 128) of the shipped CIFAR-10 test sample, named ``class #i``; otherwise ``embedded_images(model, n)``
+    """The images the analyses use when none are given: for a checkpoint trained on the synthetic shapes, the first
+    ``n`` (default all 128) of their test draw; for another model with 32 px input, the first ``n`` (default all 128)
+    of the shipped CIFAR-10 test sample; both named ``class #i``; otherwise ``embedded_images(model, n)``
     (default 16)."""
-    _, cfg = model_transform(model)
-    if tuple(cfg["input_size"][-2:]) != (32, 32):
+    kind = _default_set(model)
+    if kind == "photos":
         return embedded_images(model, 16 if n is None else n)
-    data = cifar_test_sample()
+    data = _shapes_sample(model) if kind == "shapes" else cifar_test_sample()
     n = len(data) if n is None else n
     if not 1 <= n <= len(data):
         raise ValueError(f"n must be in [1, {len(data)}], got {n}")
