@@ -1085,7 +1085,7 @@ def explain(verdicts: Sequence[Verdict], width: int | None = None) -> str:
             head += f" The data cannot decide it here; no interval: {missing}."
         elif v.verdict != "reproduced":
             reason = known_reason(v)
-            what = "The data cannot decide it here" if v.verdict == "inconclusive" else "Not seen on this model"
+            what = "The data cannot decide it here" if v.verdict == "inconclusive" else "Not seen here"
             head += f" {what}; known reason: {reason}" if reason else f" {what}."
         lines.append(head)
     if width is not None:
