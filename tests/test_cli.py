@@ -552,6 +552,40 @@ def test_ctrl_c_is_a_message_and_status_130_not_a_traceback(monkeypatch, capsys)
     assert capsys.readouterr().err == "vitlab info: interrupted\n"
 
 
+def test_kill_cleans_up_like_ctrl_c_status_143(monkeypatch, capsys, tmp_path):
+    """SIGTERM (kill, timeout, a scheduler) during a checkpoint save: Python's default would die at once and leave the
+    save's .NAME.tmp.* folder with its weights beside the target; through main it is an exception, so the save's
+    clean-up runs, the earlier checkpoint stays, and the status is the shell's for SIGTERM (128 + 15)."""
+    import os
+    import signal
+
+    import vitlab.checkpoint
+    import vitlab.cli
+    from vitlab.checkpoint import save_checkpoint
+
+    model = vitlab.load_model(vitlab.vit_config("Ti/16", img_size=32, patch_size=8, depth=1, num_classes=2))
+    target = tmp_path / "ck"
+    save_checkpoint(model, target)
+    before = (target / "model.safetensors").read_bytes()
+    real_save = vitlab.checkpoint.save_file
+
+    def killed_while_writing(state, path, **kw):
+        real_save(state, path, **kw)  # the new weights are on disk in the temporary folder...
+        os.kill(os.getpid(), signal.SIGTERM)  # ...when the process is told to stop
+
+    def save(args):
+        monkeypatch.setattr(vitlab.checkpoint, "save_file", killed_while_writing)
+        save_checkpoint(model, target)
+        return 0
+
+    monkeypatch.setattr(vitlab.cli, "cmd_info", save)
+    handler = signal.getsignal(signal.SIGTERM)
+    assert main(["info"]) == 143
+    assert capsys.readouterr().err == "vitlab info: terminated (SIGTERM)\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"] and (target / "model.safetensors").read_bytes() == before
+    assert signal.getsignal(signal.SIGTERM) is handler  # main leaves the process's handler as it found it
+
+
 def test_atomic_write_into_a_read_only_folder_names_the_file_not_its_temporary(tmp_path, monkeypatch):
     import tempfile
 

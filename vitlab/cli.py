@@ -747,8 +747,23 @@ def cli_words(message: str) -> str:
     return message
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, a job scheduler, torchrun stopping its workers) raised as an exception in the
+    main thread, so that every writer's clean-up runs as for Ctrl-C: without it Python dies at once and leaves the
+    ``.NAME.tmp.*`` folder of a checkpoint, export or report it was writing."""
+
+
+def _raise_terminated(_signum, _frame) -> None:
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+    import threading
+
     args = build_parser().parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()  # signal.signal works only there
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
         return args.func(args)
     except (ValueError, RuntimeError, TypeError, OSError) as e:
@@ -757,11 +772,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = _os_error_words(e) if isinstance(e, OSError) and e.errno is not None else cli_words(str(e))
         print(f"vitlab {args.command}: {type(e).__name__}: {text}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # Ctrl-C: a message and the shell's status for it, not a traceback
-        print(f"vitlab {args.command}: interrupted"
+    except KeyboardInterrupt as e:  # Ctrl-C or kill: a message and the shell's status for it, not a traceback
+        term = isinstance(e, Terminated)
+        print(f"vitlab {args.command}: " + ("terminated (SIGTERM)" if term else "interrupted")
               + ("; --resume continues from the last finished epoch, if one finished" if args.command == "train" else ""),
               file=sys.stderr)
-        return 130
+        return 143 if term else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _os_error_words(e: OSError) -> str:
