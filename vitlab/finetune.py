@@ -30,7 +30,7 @@ def resize_for_finetuning(model: nn.Module, img_size: int | tuple[int, int], num
     if not isinstance(model, VisionTransformer):
         raise TypeError(f"resize_for_finetuning needs a timm VisionTransformer, got {type(model).__name__}")
     size = size2(img_size)
-    if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 0):
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0):
         raise ValueError(f"num_classes must be an int >= 0 (0: no head), got {num_classes!r}")
     embed = model.patch_embed
     if not isinstance(embed, HybridEmbed) and not getattr(embed, "dynamic_img_pad", False):
