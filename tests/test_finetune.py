@@ -176,3 +176,14 @@ def test_resize_rejects_a_bad_interpolation_and_leaves_a_failed_resize_undone(x3
         vitlab.resize_for_finetuning(model, 48)
     assert model.patch_embed.img_size == (32, 32) and model.patch_embed.grid_size == (8, 8)
     assert model.pos_embed.shape == (1, 64, 192)
+
+
+def test_a_new_head_leaves_the_callers_random_state_as_it_was():
+    # timm's reset_classifier draws the new head's weights from torch's global generator before they are zeroed: a
+    # seeded fine-tuning run then drew different dropout and augmentation than one seeded after the resize
+    model = tiny_vit()
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    vitlab.resize_for_finetuning(model, 48, num_classes=5)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert model.head.out_features == 5 and not model.head.weight.any() and not model.head.bias.any()

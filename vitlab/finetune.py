@@ -126,7 +126,8 @@ def _check_interpolation(interpolation: str) -> None:
 def _zero_head(model: VisionTransformer, num_classes: int) -> None:
     """A fresh D x K head with zero weight and bias (paper section 3.2), on the model's device and dtype."""
     ref = model.pos_embed if model.pos_embed is not None else next(model.parameters())
-    model.reset_classifier(num_classes)
+    with torch.random.fork_rng(devices=[]):  # timm draws the new head's weights (zeroed below) on the CPU
+        model.reset_classifier(num_classes)
     for name in ("head", "head_dist"):  # DeiT-distilled models have a second head
         head = getattr(model, name, None)
         if isinstance(head, nn.Linear):
