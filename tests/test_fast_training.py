@@ -698,3 +698,22 @@ def test_a_refused_resume_names_what_restores_a_run_saved_before_the_preset_took
     saved = dataclasses.replace(PRESETS["vit_cifar10"], progressive_size=None)  # as such runs stored it
     text = config_changes(saved, PRESETS["vit_cifar10"])
     assert text == "progressive_size: saved null, requested 24"  # --set progressive_size=null alone restores it
+
+
+def test_a_warm_start_that_fails_leaves_the_model_as_it_was(tmp_path, monkeypatch):
+    # the position grid is resampled after the class token was read: a failure there (or Ctrl-C) once left the class
+    # token copied from the checkpoint and every other tensor at its initialisation
+    import vitlab.train as T
+
+    ck = save_checkpoint(vitlab.build_model(TINY_VIT), tmp_path / "src")
+    torch.manual_seed(1)
+    coarse = vitlab.build_model(dataclasses.replace(TINY_VIT, patch_size=8))  # another grid: resampled
+    before = {k: v.clone() for k, v in coarse.state_dict().items()}
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(T, "resample_grid", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        warm_start(coarse, ck)
+    torch.testing.assert_close(coarse.state_dict(), before, rtol=0, atol=0)

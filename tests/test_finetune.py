@@ -144,6 +144,20 @@ def test_resize_rejects_bad_sizes_without_changing_the_model():
         vitlab.resize_for_finetuning(tiny_bit(), 64)
 
 
+@pytest.mark.parametrize("num_classes", [True, False])
+def test_resize_refuses_a_boolean_class_count_before_changing_the_model(num_classes, x32):
+    # True passed the int check and failed in timm's reset_classifier after the grid and position table had changed
+    # (a model half-resized, num_classes=True); False silently removed the head (0 classes)
+    model = tiny_vit().eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    y = model(x32)
+    with pytest.raises(ValueError, match=f"num_classes must be an int >= 0 .*got {num_classes}"):
+        vitlab.resize_for_finetuning(model, 48, num_classes=num_classes)
+    assert model.patch_embed.grid_size == (8, 8) and model.num_classes == 10
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    torch.testing.assert_close(model(x32), y, atol=0, rtol=0)
+
+
 def test_resize_rejects_a_bad_interpolation_and_leaves_a_failed_resize_undone(x32):
     """A misspelt mode is refused before anything changes; a failure after the patch embedding took the new size
     (here a position table whose rows do not match the grid) puts the input size back, so the model still runs."""
@@ -162,3 +176,14 @@ def test_resize_rejects_a_bad_interpolation_and_leaves_a_failed_resize_undone(x3
         vitlab.resize_for_finetuning(model, 48)
     assert model.patch_embed.img_size == (32, 32) and model.patch_embed.grid_size == (8, 8)
     assert model.pos_embed.shape == (1, 64, 192)
+
+
+def test_a_new_head_leaves_the_callers_random_state_as_it_was():
+    # timm's reset_classifier draws the new head's weights from torch's global generator before they are zeroed: a
+    # seeded fine-tuning run then drew different dropout and augmentation than one seeded after the resize
+    model = tiny_vit()
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    vitlab.resize_for_finetuning(model, 48, num_classes=5)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert model.head.out_features == 5 and not model.head.weight.any() and not model.head.bias.any()

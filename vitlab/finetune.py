@@ -30,7 +30,7 @@ def resize_for_finetuning(model: nn.Module, img_size: int | tuple[int, int], num
     if not isinstance(model, VisionTransformer):
         raise TypeError(f"resize_for_finetuning needs a timm VisionTransformer, got {type(model).__name__}")
     size = size2(img_size)
-    if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 0):
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0):
         raise ValueError(f"num_classes must be an int >= 0 (0: no head), got {num_classes!r}")
     embed = model.patch_embed
     if not isinstance(embed, HybridEmbed) and not getattr(embed, "dynamic_img_pad", False):
@@ -126,7 +126,8 @@ def _check_interpolation(interpolation: str) -> None:
 def _zero_head(model: VisionTransformer, num_classes: int) -> None:
     """A fresh D x K head with zero weight and bias (paper section 3.2), on the model's device and dtype."""
     ref = model.pos_embed if model.pos_embed is not None else next(model.parameters())
-    model.reset_classifier(num_classes)
+    with torch.random.fork_rng(devices=[]):  # timm draws the new head's weights (zeroed below) on the CPU
+        model.reset_classifier(num_classes)
     for name in ("head", "head_dist"):  # DeiT-distilled models have a second head
         head = getattr(model, name, None)
         if isinstance(head, nn.Linear):

@@ -562,12 +562,13 @@ def run_study(study: MPPStudyConfig, results: str | os.PathLike, progress: bool 
 
 def scratch_model(study: MPPStudyConfig, num_classes: int) -> torch.nn.Module:
     """The scratch initialisation: exactly the weights the MPP runs start from (``train`` seeds with the run's seed,
-    then builds the model, the same way), in eval mode."""
+    then builds the model, the same way), in eval mode. The caller's random state is left as it was."""
     from vitlab.train import with_model_classes
     from vitlab.zoo import build_model
 
-    torch.manual_seed(study.seed)
-    return build_model(with_model_classes(study.model, num_classes)).eval()
+    with torch.random.fork_rng(devices=[]):  # built on the CPU: only its generator is seeded, and put back after
+        torch.manual_seed(study.seed)
+        return build_model(with_model_classes(study.model, num_classes)).eval()
 
 
 def supervised_model(study: MPPStudyConfig) -> torch.nn.Module:

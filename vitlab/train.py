@@ -640,6 +640,7 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
     fresh = []
     untrained = _untrained_heads(src_model)
     fixed_pos = "pos_embed" in own and model_info(model).pos_embed == "fixed"  # e.g. its own exact sin-cos table
+    copies: dict[str, Tensor] = {}  # every tensor made first, then copied: a failure leaves the model as it was
     with torch.no_grad():
         for k, v in own.items():
             w = src.get(k)
@@ -648,11 +649,14 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
             elif k == "pos_embed" and fixed_pos:
                 continue  # built for this model's grid; resampling another grid's table would only blur it
             elif w is not None and k == "pos_embed" and w.shape != v.shape and w.shape[-1] == v.shape[-1]:
-                fresh += _warm_pos_embed(v, w, model, src_model)
+                copies[k] = v.clone()
+                fresh += _warm_pos_embed(copies[k], w, model, src_model)
             elif w is not None and w.shape == v.shape:
-                v.copy_(w.to(v.dtype))
+                copies[k] = w.to(v.dtype)
             else:
                 fresh.append(k)
+        for k, w in copies.items():
+            own[k].copy_(w)
     return fresh
 
 
