@@ -14,6 +14,7 @@ import timm
 import torch
 
 from vitlab.atomic import atomic_write_text
+from vitlab.modes import explicit_attention
 from vitlab.provenance import cpu_model
 
 
@@ -56,6 +57,15 @@ class PeakRSS:
     @property
     def extra(self) -> int:
         return self.peak - self.start
+
+
+@torch.no_grad()
+def plain_forward(model: torch.nn.Module, x: torch.Tensor, batch: int) -> None:
+    """The model's forward over ``x`` (N, C, H, W) in batches of ``batch``, through the explicit softmax, keeping
+    nothing: the baseline an instrumented pass is timed against."""
+    with explicit_attention(model):
+        for i in range(0, len(x), batch):
+            model(x[i:i + batch])
 
 
 def load_average() -> str:

@@ -31,10 +31,9 @@ import timm
 import torch
 
 import vitlab
-from benchmarks._util import report
+from benchmarks._util import plain_forward, report
 from vitlab.inspect.distance import attention_distance_from_maps
 from vitlab.inspect.rollout import readout_vector, rollout_row
-from vitlab.modes import explicit_attention
 
 GOAL_FORWARD = 1.5  # ours / plain unfused forward
 GOAL_LOOP = 20.0  # loop reference / ours
@@ -44,13 +43,6 @@ def _timed(fn, *args, **kwargs) -> tuple[float, object]:
     t = time.perf_counter()
     out = fn(*args, **kwargs)
     return time.perf_counter() - t, out
-
-
-@torch.no_grad()
-def plain_forward(model: torch.nn.Module, x: torch.Tensor, batch: int) -> None:
-    with explicit_attention(model):
-        for i in range(0, len(x), batch):
-            model(x[i:i + batch])
 
 
 # ------------------------------------------------------------------------------------ loop references

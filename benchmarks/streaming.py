@@ -24,18 +24,10 @@ import timm
 import torch
 
 import vitlab
-from benchmarks._util import PeakRSS, report
-from vitlab.modes import explicit_attention
+from benchmarks._util import PeakRSS, plain_forward, report
 
 GOAL_MEMORY_GB = 2.0
 GOAL_RATIO = 1.2
-
-
-@torch.no_grad()
-def _forward(model: torch.nn.Module, x: torch.Tensor, batch: int) -> None:
-    with explicit_attention(model):
-        for i in range(0, len(x), batch):
-            model(x[i:i + batch])
 
 
 def _measure(fn) -> tuple[float, float]:
@@ -55,7 +47,7 @@ def run(model_name: str = "vit_large_patch16_384", images: int = 128, batch: int
     x = torch.randn(images, 3, *info.img_size)
     L, H, T = info.depth, info.num_heads, info.num_tokens
     variants = {
-        "forward": lambda xs: _forward(model, xs, batch),
+        "forward": lambda xs: plain_forward(model, xs, batch),
         "distance": lambda xs: vitlab.mean_attention_distance(model, xs, batch_size=batch, progress=False),
         "rollout": lambda xs: [vitlab.attention_rollout(model, xs[i:i + batch]) for i in range(0, len(xs), batch)],
     }

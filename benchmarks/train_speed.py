@@ -92,7 +92,6 @@ VIT_LEVERS = [
     Lever("explicit softmax, batch 256, bf16 weights (no autocast, no fp32 master copy)", bf16_weights=True),
 ]
 GOAL_MFU = 0.40
-GOAL_SPEEDUP = 3.5
 
 
 def _data(n: int) -> tuple[ImageArray, str]:

@@ -105,6 +105,20 @@ def test_settle_history_restores_the_checkpoints_record_and_drops_torn_lines(tmp
     assert [json.loads(x) for x in path.read_text().splitlines()] == [r3]
 
 
+def test_settle_history_keeps_one_record_per_epoch_as_the_export_reads_it(tmp_path):
+    """A line repeated in metrics.jsonl (an older resume) stayed through a resume, so read_history counted that
+    epoch twice (its hours too); settled, the file holds what run_history reads from it: one record per epoch."""
+    from vitlab.export import run_history
+    from vitlab.train import settle_history
+
+    path = tmp_path / "metrics.jsonl"
+    r1, r2 = ({"epoch": e, "train_loss": 1.0 / e, "epoch_seconds": 10.0 * e} for e in (1, 2))
+    path.write_text(json.dumps(r1) + "\n" + json.dumps(r1) + "\n")
+    meta = {"epoch": 2, "metrics": r2}
+    settle_history(path, meta)
+    assert read_history(tmp_path) == [r1, r2] == run_history(tmp_path, meta)
+
+
 def test_read_history_leaves_out_a_torn_last_line_and_names_a_broken_one(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"epoch": 1}\n\n{"epoch": 2}\n{"epo')
     with pytest.warns(UserWarning, match="the last line is not a whole record"):

@@ -54,8 +54,7 @@ def save_checkpoint(
     ``modules`` adds one ``NAME.safetensors`` per entry (parts that live beside the model, e.g. a masked-patch-
     prediction head), in ``dtype`` too, inside the same atomic swap.
     """
-    model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: its state_dict keys carry "_orig_mod."
-    cfg = getattr(model, "vitlab_config", None)
+    cfg = getattr(model, "vitlab_config", None)  # a torch.compile wrapper passes it (and pretrained_cfg) through
     if cfg is None:
         raise ValueError(
             "this model has no vitlab config (it was not built by vitlab.build_model); "
@@ -145,7 +144,8 @@ def _meta_json(model: nn.Module, cfg: ModelConfig, extra: dict[str, Any] | None)
 
 
 def _state_for_saving(model: nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """CPU, contiguous copies of the state dict; floating-point tensors cast to ``dtype`` when given."""
+    """CPU, contiguous copies of the state dict (of the module a ``torch.compile`` wrapper holds: the wrapper's keys
+    carry "_orig_mod."); floating-point tensors cast to ``dtype`` when given."""
     if dtype is not None and not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point dtype such as torch.float16, got {dtype}")
     state = {}

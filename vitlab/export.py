@@ -295,14 +295,20 @@ def read_history(run: Path) -> list[dict]:
 
 def run_history(run: Path, meta: dict) -> list[dict]:
     """The epoch records of the checkpoint whose ``config.json`` is ``meta``, one per epoch up to its epoch, in
-    epoch order: the latest line of each epoch in ``metrics.jsonl`` (``read_history``), and the checkpoint's own
-    record of its epoch (``meta["metrics"]``), which an epoch's checkpoint is written with before its line is
-    appended: a run killed between the two (or during the append) keeps its last epoch, as
-    ``vitlab.train.settle_history`` restores it on resume, here without writing to the run folder. Lines of epochs
-    past the checkpoint's are left out."""
+    epoch order (``history_as_of``) from the lines of ``metrics.jsonl`` (``read_history``): a run killed between an
+    epoch's checkpoint and its line (or during the append) keeps its last epoch, as ``vitlab.train.settle_history``
+    restores it on resume, here without writing to the run folder."""
+    return history_as_of(read_history(run) if (run / "metrics.jsonl").is_file() else [], meta)
+
+
+def history_as_of(records: Sequence[object], meta: dict) -> list[dict]:
+    """One epoch record per epoch up to the epoch of the checkpoint whose ``config.json`` is ``meta``, in epoch
+    order: the latest of ``records`` for each epoch (anything but an epoch record, and epochs past the
+    checkpoint's, left out), and the checkpoint's own record of its epoch (``meta["metrics"]``), which an epoch's
+    checkpoint is written with before its line is appended."""
     epoch = int(meta["epoch"])
     by_epoch: dict[int, dict] = {}
-    for h in read_history(run) if (run / "metrics.jsonl").is_file() else []:
+    for h in records:
         if isinstance(h, dict) and isinstance(h.get("epoch"), int) and 1 <= h["epoch"] <= epoch:
             by_epoch[h["epoch"]] = h  # the latest line of an epoch wins
     own = meta.get("metrics")

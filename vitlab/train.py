@@ -55,6 +55,7 @@ from vitlab.checkpoint import (
 from vitlab.cifarnet import CifarResNet, tta_logits
 from vitlab.data import ImageArray, check_same_classes, load_dataset, nested_subsets, normalize, shrink
 from vitlab.devices import resolve_device
+from vitlab.export import history_as_of
 from vitlab.finetune import resample_grid
 from vitlab.info import model_info
 from vitlab.lookahead import Lookahead
@@ -769,23 +770,19 @@ def _barrier(d: _Dist) -> None:
 
 
 def settle_history(path: Path, meta: dict) -> None:
-    """On resume, make ``metrics.jsonl`` hold one record per epoch up to the checkpoint's, before any is appended.
-    An epoch's checkpoint is written before its record, and the checkpoint keeps the record (``meta["metrics"]``):
-    a run killed between the two, or during the append (a torn last line), gets that record back from the
-    checkpoint, and an unreadable line is dropped instead of being joined to the next record."""
-    epoch = int(meta["epoch"])
+    """On resume, make ``metrics.jsonl`` hold one record per epoch up to the checkpoint's, before any is appended
+    (``vitlab.export.history_as_of``, as the export reads the run). An epoch's checkpoint is written before its
+    record, and the checkpoint keeps the record (``meta["metrics"]``): a run killed between the two, or during the
+    append (a torn last line), gets that record back from the checkpoint, and an unreadable line is dropped instead
+    of being joined to the next record."""
     old = path.read_text() if path.is_file() else ""
     records = []
     for line in old.splitlines():
         try:
-            record = json.loads(line)
+            records.append(json.loads(line))
         except ValueError:
             continue  # blank, or torn by a kill during the append
-        if isinstance(record, dict) and isinstance(record.get("epoch"), int) and record["epoch"] <= epoch:
-            records.append(record)
-    if (not records or records[-1]["epoch"] != epoch) and isinstance(meta.get("metrics"), dict):
-        records.append(meta["metrics"])
-    text = "".join(json.dumps(r) + "\n" for r in records)
+    text = "".join(json.dumps(r) + "\n" for r in history_as_of(records, meta))
     if text != old:
         atomic_write_text(path, text)
 
