@@ -47,8 +47,9 @@ import torch.nn.functional as F
 
 import vitlab
 from benchmarks._util import report
+from vitlab.augment import shrink
 from vitlab.checkpoint import save_checkpoint
-from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize, shrink
+from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize
 from vitlab.modes import any_image_size, explicit_attention
 from vitlab.precision import use_bf16
 from vitlab.train import (

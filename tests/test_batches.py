@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vitlab.augment import alternating_flips
 from vitlab.batches import Augment, TrainBatches, default_workers, training_batches
-from vitlab.data import ImageArray, alternating_flips
+from vitlab.data import ImageArray
 
 N, B, STEPS = 40, 8, 5  # 5 steps of 8 visit all 40 images
 

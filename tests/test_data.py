@@ -10,6 +10,7 @@ import torch
 from _reference import make_folder
 from PIL import Image
 
+from vitlab.augment import random_crop_flip
 from vitlab.data import (
     SHARED_CIFAR10,
     DataError,
@@ -17,7 +18,6 @@ from vitlab.data import (
     load_image_folder,
     nested_subsets,
     normalize,
-    random_crop_flip,
     sample_images,
 )
 

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from _reference import three_class_split
 
 import vitlab
+from vitlab.augment import random_crop_flip
 from vitlab.checkpoint import load_checkpoint, save_checkpoint
 from vitlab.cifarnet import CifarResNet, tta_logits, whitening_filters
-from vitlab.data import random_crop_flip
 from vitlab.modes import eval_mode, explicit_attention
 from vitlab.train import (
     PRESETS,

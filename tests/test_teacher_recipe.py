@@ -14,7 +14,7 @@ from torch import nn
 
 import vitlab.batches as B
 import vitlab.train as T
-from vitlab.data import alternating_flips, random_crop_flip
+from vitlab.augment import alternating_flips, random_crop_flip
 from vitlab.lookahead import Lookahead, lookahead_decay
 from vitlab.train import PRESETS, TrainConfig, train, train_config_from_dict, train_config_to_dict
 from vitlab.zoo import CifarNetConfig

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vitlab.data import ImageArray, alternating_flips, random_crop_flip
+from vitlab.augment import alternating_flips, random_crop_flip
+from vitlab.data import ImageArray
 
 if TYPE_CHECKING:
     from PIL import Image

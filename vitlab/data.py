@@ -1,8 +1,8 @@
-"""Datasets as decoded uint8 tensors, batched augmentation, and samplers.
+"""Datasets as decoded uint8 tensors, their normalisation into model inputs, and samplers.
 
 Small-image datasets (CIFAR-10/100, an ImageFolder folder or zip) are decoded once into one
 ``(N, H, W, 3)`` uint8 array and cached on disk (``~/.cache/vitlab`` or ``$VITLAB_CACHE``), so an epoch never
-decodes JPEGs again. Augmentation then runs on whole batches of tensors.
+decodes JPEGs again. Augmentation then runs on whole batches of tensors (``vitlab.augment``).
 """
 
 from __future__ import annotations
@@ -33,10 +33,7 @@ __all__ = [
     "data_fingerprint",
     "load_shapes",
     "sample_images",
-    "random_crop_flip",
-    "alternating_flips",
     "normalize",
-    "shrink",
     "k_shot_indices",
     "nested_subsets",
     "IMAGE_SUFFIXES",
@@ -464,39 +461,6 @@ def sample_images() -> list[tuple[str, np.ndarray]]:
 # ---------------------------------------------------------------------------------------------- batch ops
 
 
-def random_crop_flip(images: Tensor, padding: int, generator: torch.Generator, mode: str = "constant",
-                     flip: Tensor | None = None) -> Tensor:
-    """(B, H, W, C) uint8 -> same shape: pad by ``padding`` (zeros, or ``mode="reflect"``), random crop back,
-    random horizontal flip. ``flip`` (B,) bool mirrors exactly the images it marks instead of a coin drawn per
-    image (e.g. ``alternating_flips``); then no flip coins are drawn from ``generator``."""
-    B, H, W, C = images.shape
-    if mode == "reflect":
-        padded = torch.nn.functional.pad(images.permute(0, 3, 1, 2).float(), (padding,) * 4, mode="reflect")
-        padded = padded.to(images.dtype).permute(0, 2, 3, 1)
-    else:
-        padded = torch.nn.functional.pad(images, (0, 0, padding, padding, padding, padding))
-    dy = torch.randint(0, 2 * padding + 1, (B,), generator=generator)
-    dx = torch.randint(0, 2 * padding + 1, (B,), generator=generator)
-    rows = (dy[:, None] + torch.arange(H)[None])[:, :, None]  # (B, H, 1)
-    cols = dx[:, None] + torch.arange(W)[None]  # (B, W)
-    if flip is None:
-        flip = torch.rand(B, generator=generator) < 0.5
-    elif flip.shape != (B,) or flip.dtype != torch.bool:
-        raise ValueError(f"flip must be a ({B},) bool tensor, one entry per image; got {tuple(flip.shape)} "
-                         f"{flip.dtype}")
-    cols = torch.where(flip[:, None], cols.flip(1), cols)[:, None, :]  # (B, 1, W)
-    return padded[torch.arange(B)[:, None, None], rows, cols]
-
-
-def alternating_flips(n: int, epoch: int, seed: int) -> Tensor:
-    """(n,) bool: which of ``n`` training images to mirror in ``epoch`` under alternating flipping (Jordan 2024,
-    "94% on CIFAR-10 in 3.29 seconds", a derandomised flip): epoch 0 mirrors each image on a coin drawn from
-    ``seed``; every later epoch mirrors exactly the images the epoch before did not, so any two consecutive
-    epochs show every image both ways. A function of ``(seed, epoch)`` alone: nothing to save for a resume."""
-    first = torch.rand(n, generator=torch.Generator().manual_seed(seed)) < 0.5
-    return first ^ bool(epoch % 2)
-
-
 def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float], size: Sequence[int] | None = None,
               interpolation: str = "bicubic") -> Tensor:
     """(B, H, W, 3) uint8 -> (B, 3, h, w) float32 normalised with ``mean`` and ``std``, on the images' device: the one
@@ -510,12 +474,6 @@ def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float], size:
     m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     return x.sub_(m).div_(s)
-
-
-def shrink(x: Tensor, size: int) -> Tensor:
-    """(B, C, H, W) -> (B, C, size, size): a batch downsampled bilinearly with antialiasing, after normalisation
-    (progressive resizing: what a ViT sees in its small-image phase)."""
-    return torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
 
 
 # ---------------------------------------------------------------------------------------------- sampling

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitlab.atomic import atomic_write_text
+from vitlab.augment import shrink
 from vitlab.batches import Augment, default_workers, epoch_seed, training_batches
 from vitlab.checkpoint import (
     RUN_ID,
@@ -53,7 +54,7 @@ from vitlab.checkpoint import (
     save_run_checkpoint,
 )
 from vitlab.cifarnet import CifarResNet, tta_logits
-from vitlab.data import ImageArray, check_same_classes, load_dataset, nested_subsets, normalize, shrink
+from vitlab.data import ImageArray, check_same_classes, load_dataset, nested_subsets, normalize
 from vitlab.devices import resolve_device
 from vitlab.export import history_as_of
 from vitlab.finetune import resample_grid
@@ -149,7 +150,7 @@ class TrainConfig:
     mpp_rate: float = 0.5  # share of patches corrupted per image
     keep_best: bool = False  # also keep the checkpoint of the best evaluated epoch in RUN/best (early stopping)
     # random: a coin per image with each crop (no flips when crop_padding=0); alternating: epoch 0 a coin per image,
-    # later epochs exactly the images the epoch before did not mirror (vitlab.data.alternating_flips); none
+    # later epochs exactly the images the epoch before did not mirror (vitlab.augment.alternating_flips); none
     flip: Literal["random", "alternating", "none"] = "random"
     lookahead_every: int = 0  # Lookahead averaging (vitlab.lookahead): slow and fast weights meet every k steps; 0 off
     lookahead_decay: float = 0.95**5  # the slow weights' share at a meeting at the end of the run ...
