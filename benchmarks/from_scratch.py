@@ -4,7 +4,7 @@
         [--goal 0.9] [--budget-hours 5] [--fit] [--out benchmarks/results/from_scratch.json]
 
 It reads a ``vitlab train`` run folder (``metrics.jsonl``, ``train_config.json``), measures nothing (but --fit), and writes
-the learning curve (cumulative wall clock of training and evaluation, ``vitlab.export.training_curve``) as JSON and
+the learning curve (cumulative wall clock of training and evaluation, ``vitlab.history.training_curve``) as JSON and
 as a plotly PNG beside it, with the goal line and the time budget. The verdict is the curve's: the first evaluated
 point at or above the goal within the budget, else the best point within it. Hours on a machine that also ran other
 work overstate what an idle one needs; the JSON lists the epochs that ran slower than the run's median by more than
@@ -27,7 +27,7 @@ if __package__ in (None, ""):
 
 from benchmarks._util import report
 from vitlab.errors import ModelLoadError
-from vitlab.export import read_history, training_curve
+from vitlab.history import read_history, training_curve
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -34,7 +34,7 @@ from PIL import Image
 
 from benchmarks._util import report
 from vitlab.atomic import atomic_write
-from vitlab.export import read_history, run_hours
+from vitlab.history import read_history, run_hours
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "cifar10"

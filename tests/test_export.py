@@ -275,7 +275,7 @@ def test_an_export_after_a_kill_between_checkpoint_and_metrics_line_keeps_the_la
     """An epoch's checkpoint is written before its metrics line: exported after a kill between the two, the card
     still shows every epoch (table, curve, hours), from the checkpoint's own record, and the run folder is left
     as it was; lines are matched to epochs by number, not counted from the end."""
-    from vitlab.export import read_history, run_history
+    from vitlab.history import read_history, run_history
 
     monkeypatch.chdir(tmp_path)
     train(dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=2, bf16=False), tmp_path / "run",

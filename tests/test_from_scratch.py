@@ -7,7 +7,7 @@ import json
 import pytest
 
 from benchmarks.from_scratch import main, run, slow_epochs, verdict
-from vitlab.export import training_curve
+from vitlab.history import training_curve
 
 # four epochs: 0.5 h, then 0.25 h each with evaluations of 36 s (0.01 h) at epochs 2 and 4
 HISTORY = [{"epoch": 1, "epoch_seconds": 1800.0, "eval_seconds": 0.0},

@@ -16,7 +16,7 @@ from _reference import make_folder
 from safetensors.torch import load_file
 
 import vitlab
-from vitlab.export import read_history
+from vitlab.history import read_history
 from vitlab.train import PRESETS, TrainingDiverged, lr_at, train, with_num_classes
 
 
@@ -108,7 +108,7 @@ def test_settle_history_restores_the_checkpoints_record_and_drops_torn_lines(tmp
 def test_settle_history_keeps_one_record_per_epoch_as_the_export_reads_it(tmp_path):
     """A line repeated in metrics.jsonl (an older resume) stayed through a resume, so read_history counted that
     epoch twice (its hours too); settled, the file holds what run_history reads from it: one record per epoch."""
-    from vitlab.export import run_history
+    from vitlab.history import run_history
     from vitlab.train import settle_history
 
     path = tmp_path / "metrics.jsonl"

@@ -56,8 +56,8 @@ from vitlab.checkpoint import (
 from vitlab.cifarnet import CifarResNet, tta_logits
 from vitlab.data import ImageArray, check_same_classes, load_dataset, nested_subsets, normalize
 from vitlab.devices import resolve_device
-from vitlab.export import history_as_of
 from vitlab.finetune import resample_grid
+from vitlab.history import history_as_of
 from vitlab.info import model_info
 from vitlab.lookahead import Lookahead
 from vitlab.modes import all_patch_tokens, any_image_size, eval_mode, explicit_attention
@@ -772,7 +772,7 @@ def _barrier(d: _Dist) -> None:
 
 def settle_history(path: Path, meta: dict) -> None:
     """On resume, make ``metrics.jsonl`` hold one record per epoch up to the checkpoint's, before any is appended
-    (``vitlab.export.history_as_of``, as the export reads the run). An epoch's checkpoint is written before its
+    (``vitlab.history.history_as_of``, as the export reads the run). An epoch's checkpoint is written before its
     record, and the checkpoint keeps the record (``meta["metrics"]``): a run killed between the two, or during the
     append (a torn last line), gets that record back from the checkpoint, and an unreadable line is dropped instead
     of being joined to the next record."""
