@@ -210,3 +210,17 @@ def test_card_line_states_a_multi_leg_models_whole_training():
     assert card_line(many) == "90.00% test accuracy on t.zip, 7.50 h of training in 2 legs, its last leg 5 of 5 epochs"
     assert card_line({k: v for k, v in many.items() if k != "total_train_hours"}) == card_line(many)  # the last leg's
     assert card_line({k: v for k, v in one.items() if k != "lineage"}) == card_line(one)  # cards before lineages
+
+
+def test_readme_from_scratch_sentence_quotes_its_benchmark():
+    """The README's from-scratch run (the default preset's headline) states the hours, the accuracy and the fit
+    against its teacher that benchmarks/results/from_scratch.json recorded, not its 5 h budget."""
+    run = json.loads((ROOT / "benchmarks" / "results" / "from_scratch.json").read_text())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(r"From random weights, ([\d.]+) h of it .*? reached ([\d.]+)% \((\d+) epochs", readme)
+    assert m, "the README's from-scratch sentence is missing"
+    assert (m[1], m[2], int(m[3])) == (f"{run['hours'][-1]:.2f}", f"{100 * run['test_accuracy'][-1]:.2f}",
+                                       run["epochs_done"])
+    fit = run["fit"]["train"]
+    assert f"({100 * fit['readout']:.1f}% of {fit['images']:,} sampled training images right against the teacher's " \
+           f"{100 * fit['teacher']:.1f}%)" in readme
