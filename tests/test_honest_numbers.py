@@ -224,3 +224,62 @@ def test_readme_from_scratch_sentence_quotes_its_benchmark():
     fit = run["fit"]["train"]
     assert f"({100 * fit['readout']:.1f}% of {fit['images']:,} sampled training images right against the teacher's " \
            f"{100 * fit['teacher']:.1f}%)" in readme
+
+
+def _readme() -> str:
+    return " ".join((ROOT / "README.md").read_text().split())
+
+
+def _card(name: str) -> dict:
+    return json.loads((CHECKPOINTS / name / "card.json").read_text())
+
+
+def test_readme_presets_quote_the_shipped_cards():
+    """The README's preset list quotes each shipped checkpoint's card: a new leg of the default or a retrained teacher
+    must show there too."""
+    readme = _readme()
+    fast = _card("resnet_cifar10_fast")
+    assert (f"Shipped in `data/checkpoints/resnet_cifar10_fast`: {fast['test_accuracy']:.2%} test accuracy "
+            f"({fast['test_accuracy_tta']:.2%} with TTA) in {fast['train_hours']:.2f} h") in readme
+    wide = _card("resnet_cifar10_wide")
+    assert f"({wide['parameters'] / 1e6:.1f} M parameters)" in readme
+    assert f"({wide['train_seconds']:.0f} s on one H100)" in readme
+    assert (f"Shipped in `data/checkpoints/resnet_cifar10_wide`: {wide['test_accuracy']:.2%} "
+            f"({wide['test_accuracy_tta']:.2%} with TTA)") in readme
+    default = _card("vit_cifar10")
+    m = re.search(r"the shipped default reached ([\d.]+)% over ([\d.]+) h of warm-started legs, ([\d.]+) h of them on "
+                  r"GPUs", readme)
+    assert m, "the README's sentence on the shipped default is missing"
+    assert (m[1], m[2]) == (f"{100 * default['test_accuracy']:.2f}", f"{default['total_train_hours']:.2f}")
+    gpu_hours = sum(leg["train_hours"] for leg in default["lineage"] if "NVIDIA" in leg["hardware"])
+    assert abs(float(m[3]) - gpu_hours) <= 0.005 + 1e-9, (m[3], gpu_hours)  # the legs' hours are rounded to 0.001
+
+
+def test_readme_device_speed_quotes_its_benchmark():
+    """The README's GPU speed-ups are benchmarks/results/device_speed.json's ratios."""
+    run = json.loads((ROOT / "benchmarks" / "results" / "device_speed.json").read_text())
+    assert (f"ran {run['features']['ratio']:.0f}x faster than on its host's {run['cpu_threads']} CPU threads, the whole "
+            f"report {run['report']['ratio']:.1f}x") in _readme()
+
+
+def test_readme_scaling_result_quotes_the_records():
+    """The README's summary of the data-scaling sweep: run count, the ResNet's tuning margin of SGD over Adam, the
+    range of the ResNet's lead over the ViT and the gap change's interval, all from the shipped stores."""
+    from vitlab.findings import scaling_gap_narrows
+
+    readme = _readme()
+    records = _records()
+    assert f"(`data/results/README.md`, {sum(r['status'] == 'ok' for r in records)} runs, 3 seeds)" in readme
+    best = {}
+    for t in ResultsStore(RESULTS / "scaling_cifar10.tuning.jsonl").records():
+        family, optimizer, *_ = t["config"]["recipes"][0]
+        key = (family, optimizer)
+        best[key] = max(best.get(key, 0.0), t["metrics"]["best"]["val_accuracy"])
+    assert f"BiT's SGD, {100 * (best['bit', 'sgd'] - best['bit', 'adamw']):.1f} points of validation accuracy above " \
+           "Adam" in readme
+    v = scaling_gap_narrows(records)
+    leads = [-100 * g for g in v.details["gap_by_size"].values()]
+    assert min(leads) > 0
+    assert f"by {min(leads):.1f} to {max(leads):.1f} points" in readme
+    lo, hi = (100 * x for x in v.interval)
+    assert f"(change {100 * v.statistic:+.1f} points, 95% interval [{lo:+.1f}, {hi:+.1f}]: {v.verdict})" in readme
