@@ -283,3 +283,22 @@ def test_readme_scaling_result_quotes_the_records():
     assert f"by {min(leads):.1f} to {max(leads):.1f} points" in readme
     lo, hi = (100 * x for x in v.interval)
     assert f"(change {100 * v.statistic:+.1f} points, 95% interval [{lo:+.1f}, {hi:+.1f}]: {v.verdict})" in readme
+
+
+@pytest.mark.parametrize("folder", CARDS, ids=lambda p: p.name)
+def test_card_commands_run_as_written(folder):
+    """Each command a card shows (its own and each leg's) is one a user can paste: the shell reads it (a remark
+    after `#`) and vitlab's parser accepts it, so it names no removed option."""
+    import shlex
+
+    from vitlab.cli import build_parser
+
+    card = json.loads((folder / "card.json").read_text())
+    commands = [card["command"]] + [leg["command"] for leg in card.get("lineage", []) if leg.get("command")]
+    for command in commands:
+        argv = shlex.split(command, comments=True)
+        assert argv[0] == "vitlab", command
+        try:
+            build_parser().parse_args(argv[1:])
+        except SystemExit:
+            pytest.fail(f"{folder.name}'s card shows a command vitlab refuses: {command}")
