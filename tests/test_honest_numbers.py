@@ -302,3 +302,26 @@ def test_card_commands_run_as_written(folder):
             build_parser().parse_args(argv[1:])
         except SystemExit:
             pytest.fail(f"{folder.name}'s card shows a command vitlab refuses: {command}")
+
+
+def test_readme_shell_blocks_name_real_commands():
+    """Every line of the README's ```bash blocks is a make target the Makefile has or a vitlab command its parser
+    accepts (continuation lines joined), so a renamed option or target shows here, not on a reader's machine."""
+    import shlex
+
+    from vitlab.cli import build_parser
+
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    assert lines
+    for line in lines:
+        argv = shlex.split(line, comments=True)
+        if argv[0] == "make":
+            assert set(argv[1:]) <= targets, line
+            continue
+        assert argv[0] == "vitlab", line
+        try:
+            build_parser().parse_args(argv[1:])
+        except SystemExit:
+            pytest.fail(f"the README shows a command vitlab refuses: {line}")
