@@ -210,3 +210,118 @@ def test_card_line_states_a_multi_leg_models_whole_training():
     assert card_line(many) == "90.00% test accuracy on t.zip, 7.50 h of training in 2 legs, its last leg 5 of 5 epochs"
     assert card_line({k: v for k, v in many.items() if k != "total_train_hours"}) == card_line(many)  # the last leg's
     assert card_line({k: v for k, v in one.items() if k != "lineage"}) == card_line(one)  # cards before lineages
+
+
+def test_readme_from_scratch_sentence_quotes_its_benchmark():
+    """The README's from-scratch run (the default preset's headline) states the hours, the accuracy and the fit
+    against its teacher that benchmarks/results/from_scratch.json recorded, not its 5 h budget."""
+    run = json.loads((ROOT / "benchmarks" / "results" / "from_scratch.json").read_text())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(r"From random weights, ([\d.]+) h of it .*? reached ([\d.]+)% \((\d+) epochs", readme)
+    assert m, "the README's from-scratch sentence is missing"
+    assert (m[1], m[2], int(m[3])) == (f"{run['hours'][-1]:.2f}", f"{100 * run['test_accuracy'][-1]:.2f}",
+                                       run["epochs_done"])
+    fit = run["fit"]["train"]
+    assert f"({100 * fit['readout']:.1f}% of {fit['images']:,} sampled training images right against the teacher's " \
+           f"{100 * fit['teacher']:.1f}%)" in readme
+
+
+def _readme() -> str:
+    return " ".join((ROOT / "README.md").read_text().split())
+
+
+def _card(name: str) -> dict:
+    return json.loads((CHECKPOINTS / name / "card.json").read_text())
+
+
+def test_readme_presets_quote_the_shipped_cards():
+    """The README's preset list quotes each shipped checkpoint's card: a new leg of the default or a retrained teacher
+    must show there too."""
+    readme = _readme()
+    fast = _card("resnet_cifar10_fast")
+    assert (f"Shipped in `data/checkpoints/resnet_cifar10_fast`: {fast['test_accuracy']:.2%} test accuracy "
+            f"({fast['test_accuracy_tta']:.2%} with TTA) in {fast['train_hours']:.2f} h") in readme
+    wide = _card("resnet_cifar10_wide")
+    assert f"({wide['parameters'] / 1e6:.1f} M parameters)" in readme
+    assert f"({wide['train_seconds']:.0f} s on one H100)" in readme
+    assert (f"Shipped in `data/checkpoints/resnet_cifar10_wide`: {wide['test_accuracy']:.2%} "
+            f"({wide['test_accuracy_tta']:.2%} with TTA)") in readme
+    default = _card("vit_cifar10")
+    m = re.search(r"the shipped default reached ([\d.]+)% over ([\d.]+) h of warm-started legs, ([\d.]+) h of them on "
+                  r"GPUs", readme)
+    assert m, "the README's sentence on the shipped default is missing"
+    assert (m[1], m[2]) == (f"{100 * default['test_accuracy']:.2f}", f"{default['total_train_hours']:.2f}")
+    gpu_hours = sum(leg["train_hours"] for leg in default["lineage"] if "NVIDIA" in leg["hardware"])
+    assert abs(float(m[3]) - gpu_hours) <= 0.005 + 1e-9, (m[3], gpu_hours)  # the legs' hours are rounded to 0.001
+
+
+def test_readme_device_speed_quotes_its_benchmark():
+    """The README's GPU speed-ups are benchmarks/results/device_speed.json's ratios."""
+    run = json.loads((ROOT / "benchmarks" / "results" / "device_speed.json").read_text())
+    assert (f"ran {run['features']['ratio']:.0f}x faster than on its host's {run['cpu_threads']} CPU threads, the whole "
+            f"report {run['report']['ratio']:.1f}x") in _readme()
+
+
+def test_readme_scaling_result_quotes_the_records():
+    """The README's summary of the data-scaling sweep: run count, the ResNet's tuning margin of SGD over Adam, the
+    range of the ResNet's lead over the ViT and the gap change's interval, all from the shipped stores."""
+    from vitlab.findings import scaling_gap_narrows
+
+    readme = _readme()
+    records = _records()
+    assert f"(`data/results/README.md`, {sum(r['status'] == 'ok' for r in records)} runs, 3 seeds)" in readme
+    best = {}
+    for t in ResultsStore(RESULTS / "scaling_cifar10.tuning.jsonl").records():
+        family, optimizer, *_ = t["config"]["recipes"][0]
+        key = (family, optimizer)
+        best[key] = max(best.get(key, 0.0), t["metrics"]["best"]["val_accuracy"])
+    assert f"BiT's SGD, {100 * (best['bit', 'sgd'] - best['bit', 'adamw']):.1f} points of validation accuracy above " \
+           "Adam" in readme
+    v = scaling_gap_narrows(records)
+    leads = [-100 * g for g in v.details["gap_by_size"].values()]
+    assert min(leads) > 0
+    assert f"by {min(leads):.1f} to {max(leads):.1f} points" in readme
+    lo, hi = (100 * x for x in v.interval)
+    assert f"(change {100 * v.statistic:+.1f} points, 95% interval [{lo:+.1f}, {hi:+.1f}]: {v.verdict})" in readme
+
+
+@pytest.mark.parametrize("folder", CARDS, ids=lambda p: p.name)
+def test_card_commands_run_as_written(folder):
+    """Each command a card shows (its own and each leg's) is one a user can paste: the shell reads it (a remark
+    after `#`) and vitlab's parser accepts it, so it names no removed option."""
+    import shlex
+
+    from vitlab.cli import build_parser
+
+    card = json.loads((folder / "card.json").read_text())
+    commands = [card["command"]] + [leg["command"] for leg in card.get("lineage", []) if leg.get("command")]
+    for command in commands:
+        argv = shlex.split(command, comments=True)
+        assert argv[0] == "vitlab", command
+        try:
+            build_parser().parse_args(argv[1:])
+        except SystemExit:
+            pytest.fail(f"{folder.name}'s card shows a command vitlab refuses: {command}")
+
+
+def test_readme_shell_blocks_name_real_commands():
+    """Every line of the README's ```bash blocks is a make target the Makefile has or a vitlab command its parser
+    accepts (continuation lines joined), so a renamed option or target shows here, not on a reader's machine."""
+    import shlex
+
+    from vitlab.cli import build_parser
+
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    assert lines
+    for line in lines:
+        argv = shlex.split(line, comments=True)
+        if argv[0] == "make":
+            assert set(argv[1:]) <= targets, line
+            continue
+        assert argv[0] == "vitlab", line
+        try:
+            build_parser().parse_args(argv[1:])
+        except SystemExit:
+            pytest.fail(f"the README shows a command vitlab refuses: {line}")
