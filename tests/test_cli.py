@@ -586,6 +586,28 @@ def test_kill_cleans_up_like_ctrl_c_status_143(monkeypatch, capsys, tmp_path):
     assert signal.getsignal(signal.SIGTERM) is handler  # main leaves the process's handler as it found it
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly(monkeypatch, capsys):
+    """`vitlab info --json | head -1`: when the pipe's reader has gone, the command stops with the shell's SIGPIPE
+    status (141) and no message, as Unix tools do; a broken pipe that is not stdout is still an error that names it."""
+    import subprocess
+    import sys
+
+    import vitlab.cli
+
+    proc = subprocess.Popen([sys.executable, "-m", "vitlab.cli", "info", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader leaves before the first line
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 141 and err.decode() == ""
+
+    def other_pipe(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(vitlab.cli, "cmd_info", other_pipe)
+    assert main(["info"]) == 1
+    assert capsys.readouterr().err == "vitlab info: BrokenPipeError: [Errno 32] Broken pipe\n"
+
+
 def test_atomic_write_into_a_read_only_folder_names_the_file_not_its_temporary(tmp_path, monkeypatch):
     import tempfile
 

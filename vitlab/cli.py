@@ -766,6 +766,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
         return args.func(args)
+    except BrokenPipeError as e:
+        if not _stdout_closed_by_reader():
+            print(f"vitlab {args.command}: {type(e).__name__}: {_os_error_words(e)}", file=sys.stderr)
+            return 1
+        # the reader went away (`vitlab info --json | head -1`): stop quietly, as Unix tools do, and point stdout
+        # at /dev/null so that the interpreter's final flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # the shell's status for SIGPIPE (128 + 13)
     except (ValueError, RuntimeError, TypeError, OSError) as e:
         # an OSError from the system (errno set: a read-only or full disk, a file where a folder should be) is told
         # by its path and what to do, not as [Errno 13] ... or a traceback
@@ -781,6 +789,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _stdout_closed_by_reader() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end)."""
+    import select
+    import stat
+
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no real stdout (a notebook's), or no poll on this platform
+        return False
 
 
 def _os_error_words(e: OSError) -> str:
