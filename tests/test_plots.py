@@ -76,3 +76,20 @@ def test_similarity_tiles_and_table():
     np.testing.assert_allclose(z[:3, :4], sim[0, 0])  # tile (0, 0) is patch (0, 0)'s map
     table = plots.table_figure(["a", "b"], [["x", 0.12345], ["y", 2]])
     assert list(table.data[0].cells.values[1]) == ["0.123", "2"]
+
+
+def test_a_table_is_tall_enough_for_its_wrapped_header_and_every_row():
+    """The report's faithfulness, localisation and few-shot tables cut their last row: rows at plotly's default
+    20 px cut the descenders of the 12 px font, and the figure left no room for a header wrapped to two lines, so
+    plotly scrolled the table and the report and its PNG hid the bottom of the last row."""
+    header = ["method", "deletion AUC (lower better)", "insertion AUC (higher better)", "a much longer header that "
+              "wraps onto three lines"]
+    rows = [["integrated gradients", 0.1, 0.2, 0.3]] * 5
+    fig = plots.table_figure(header, rows, "t")
+    t = fig.data[0]
+    assert t.cells.height >= 24  # room for descenders under a 12 px font
+    assert plots.wrapped_lines(header[3], plots.TABLE_COLUMN_CHARS) == 3
+    assert t.header.height >= t.cells.height + 2 * 14  # two more lines of text in the header
+    plot_height = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    assert plot_height >= t.header.height + len(rows) * t.cells.height  # nothing left to scroll to
+    assert plots.wrapped_lines("shots", 20) == 1 and plots.wrapped_lines("accuracy (mean over seeds)", 20) == 2

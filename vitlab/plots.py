@@ -162,13 +162,33 @@ def similarity_tiles(sim: np.ndarray, title: str = "") -> go.Figure:
     return fig
 
 
+#: a table's row height in px: plotly's default (20) cuts the descenders of its 12 px font (g, p, y)
+TABLE_ROW_PX = 26
+#: a table column's width in px, and the characters of its 12 px font that fit on one line of it
+TABLE_COLUMN_PX, TABLE_COLUMN_CHARS = 150, 20
+
+
+def wrapped_lines(text: str, chars: int) -> int:
+    """How many lines ``text`` takes when wrapped at spaces into lines of at most ``chars`` characters."""
+    lines, width = 1, 0
+    for word in text.split():
+        if width and width + 1 + len(word) > chars:
+            lines, width = lines + 1, len(word)
+        else:
+            width += len(word) + (1 if width else 0)
+    return lines
+
+
 def table_figure(header: Sequence[str], rows: Sequence[Sequence[object]], title: str = "") -> go.Figure:
-    """A plotly table; floats shown with 3 decimals."""
+    """A plotly table; floats shown with 3 decimals. Tall enough for every row and for the header wrapped to its
+    column width: plotly scrolls a table that does not fit, which in a report or a PNG hides its last rows."""
     cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in col] for col in zip(*rows)]
-    fig = go.Figure(go.Table(header=dict(values=list(header), align="left", fill_color="#e8e8f0"),
-                             cells=dict(values=cells, align="left")))
-    fig.update_layout(title=title, width=150 * len(header) + 40, height=110 + 24 * len(rows),
-                      margin=dict(l=10, r=10, t=50, b=10))
+    header_lines = max((wrapped_lines(str(h), TABLE_COLUMN_CHARS) for h in header), default=1)
+    header_px = TABLE_ROW_PX + 16 * (header_lines - 1)
+    fig = go.Figure(go.Table(header=dict(values=list(header), align="left", fill_color="#e8e8f0", height=header_px),
+                             cells=dict(values=cells, align="left", height=TABLE_ROW_PX)))
+    fig.update_layout(title=title, width=TABLE_COLUMN_PX * len(header) + 40,
+                      height=60 + header_px + TABLE_ROW_PX * len(rows) + 10, margin=dict(l=10, r=10, t=50, b=10))
     return fig
 
 
