@@ -93,3 +93,23 @@ def test_a_table_is_tall_enough_for_its_wrapped_header_and_every_row():
     plot_height = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
     assert plot_height >= t.header.height + len(rows) * t.cells.height  # nothing left to scroll to
     assert plots.wrapped_lines("shots", 20) == 1 and plots.wrapped_lines("accuracy (mean over seeds)", 20) == 2
+
+
+def test_deletion_and_insertion_curves_of_a_method_share_its_colour_and_differ_in_dash():
+    """The report's curves figure gave each of its ten curves its own colour, so a method's deletion and insertion
+    curves could not be paired; each method now has one colour, deletion solid and insertion dashed."""
+    x = np.linspace(0, 1, 5)
+    methods = ["rollout", "gradient rollout", "integrated gradients", "occlusion", "random map"]
+    fig = plots.deletion_insertion_curves(x, {m: x * i for i, m in enumerate(methods)},
+                                          {m: 1 - x * i for i, m in enumerate(methods)}, "p")
+    by_name = {t.name: t for t in fig.data}
+    assert len(by_name) == 10
+    colours = set()
+    for i, m in enumerate(methods):
+        d, ins = by_name[f"{m} deletion"], by_name[f"{m} insertion"]
+        assert d.line.color == ins.line.color and d.line.dash == "solid" and ins.line.dash == "dash"
+        np.testing.assert_allclose(d.y, x * i)
+        np.testing.assert_allclose(ins.y, 1 - x * i)
+        colours.add(d.line.color)
+    assert len(colours) == len(methods)  # one colour per method, none shared
+    assert fig.layout.xaxis.title.text == "fraction of patches changed" and fig.layout.yaxis.title.text == "p"

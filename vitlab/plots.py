@@ -199,6 +199,24 @@ def curves(x: np.ndarray, ys: dict[str, np.ndarray], xlabel: str, ylabel: str, t
     return fig
 
 
+def deletion_insertion_curves(x: np.ndarray, deletion: dict[str, np.ndarray], insertion: dict[str, np.ndarray],
+                               ylabel: str, title: str = "") -> go.Figure:
+    """Each method's deletion (solid) and insertion (dashed) curve in one colour per method (each shaped like ``x``,
+    the fraction of patches changed): with a colour per curve, ten curves took ten unrelated colours and a method's
+    two curves could not be told apart from the others'."""
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#7f7f7f", "#ff7f0e", "#17becf"]
+    fig = go.Figure()
+    for k, method in enumerate(dict.fromkeys([*deletion, *insertion])):
+        for kind, ys, dash in (("deletion", deletion, "solid"), ("insertion", insertion, "dash")):
+            if method in ys:
+                fig.add_trace(go.Scatter(x=x, y=ys[method], mode="lines+markers", name=f"{method} {kind}",
+                                         legendgroup=method, line=dict(color=colours[k % len(colours)], dash=dash),
+                                         marker=dict(size=5)))
+    fig.update_layout(title=title, xaxis_title="fraction of patches changed", yaxis_title=ylabel, width=900,
+                      height=480)
+    return fig
+
+
 def scaling_curves(summary: dict[str, dict[int, dict[str, float]]], title: str = "",
                    ylabel: str = "few-shot accuracy on held-out classes",
                    compute: dict[str, dict[int, float]] | None = None) -> go.Figure:

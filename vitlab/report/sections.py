@@ -34,7 +34,7 @@ from vitlab.inspect.compare import compare_methods
 from vitlab.inspect.rollout import attention_rollout
 from vitlab.plots import (
     MAP_SCALING,
-    curves,
+    deletion_insertion_curves,
     filter_grid,
     image_grid_with_maps,
     layer_lines,
@@ -302,11 +302,11 @@ def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | N
         "learned weights).",
         inp.stamp(images=n_attr, steps=16, baseline="blur", sanity="weights re-drawn, same targets"),
         metrics={"methods": [r.__dict__ for r in rows]})
-    curves_fig = curves(np.array(rows[0].fraction),
-                        {f"{r.method} deletion": np.array(r.deletion_curve) for r in rows}
-                        | {f"{r.method} insertion": np.array(r.insertion_curve) for r in rows},
-                        "fraction of patches changed", "probability of the predicted class",
-                        "Deletion and insertion curves<br><sup>mean over images; the random map is the reference</sup>")
+    curves_fig = deletion_insertion_curves(
+        np.array(rows[0].fraction), {r.method: np.array(r.deletion_curve) for r in rows},
+        {r.method: np.array(r.insertion_curve) for r in rows}, "probability of the predicted class",
+        "Deletion (solid) and insertion (dashed) curves<br><sup>mean over images; the random map is the "
+        "reference</sup>")
     curve_sec = Section("faithfulness_curves", "Deletion and insertion curves (our addition)", curves_fig,
                         "(our addition)", "Mean over the images.", inp.stamp(images=n_attr))
     return [grid, table, curve_sec]
