@@ -113,3 +113,13 @@ def test_deletion_and_insertion_curves_of_a_method_share_its_colour_and_differ_i
         colours.add(d.line.color)
     assert len(colours) == len(methods)  # one colour per method, none shared
     assert fig.layout.xaxis.title.text == "fraction of patches changed" and fig.layout.yaxis.title.text == "p"
+
+
+def test_layer_lines_name_their_error_bars_in_the_legend():
+    """The attention-distance figure drew error bars on the head mean and said nowhere on the figure what they were
+    (only the report's stamp did); the mean's legend entry now names them, and has no error bars to name without."""
+    values = np.array([[1.0, 3.0], [2.0, 6.0]])
+    fig = plots.layer_lines(values, "px", "t", spread=np.array([0.5, 0.5]), spread_label="std over images")
+    mean = fig.data[-1]
+    assert mean.error_y.array is not None and "error bars: std over images" in mean.name
+    assert "error bars" not in plots.layer_lines(values, "px", "t").data[-1].name

@@ -91,18 +91,20 @@ def _depth_layout(fig: go.Figure, top: float, ylabel: str, title: str,
 
 
 def layer_lines(values: np.ndarray, ylabel: str, title: str, spread: np.ndarray | None = None,
-                reference: tuple[float, str] | None = None) -> go.Figure:
+                reference: tuple[float, str] | None = None, spread_label: str = "spread") -> go.Figure:
     """(L, H) per-head values against depth: one dot per head, the head mean as a line; y axis from zero.
 
-    ``spread`` (L,): error bars on the head mean (for example the standard deviation over images);
-    ``reference`` (value, label): a dashed horizontal line, e.g. the uniform-attention distance.
+    ``spread`` (L,): error bars on the head mean (for example the standard deviation over images), named in the
+    legend by ``spread_label``; ``reference`` (value, label): a dashed horizontal line, e.g. the uniform-attention
+    distance.
     """
     L, H = values.shape
     fig = go.Figure()
     for h in range(H):
         fig.add_trace(go.Scatter(x=np.arange(1, L + 1), y=values[:, h], mode="markers", name=f"head {h}",
                                  marker=dict(size=6), hovertemplate=f"layer %{{x}}, head {h}: %{{y:.3f}}<extra></extra>"))
-    fig.add_trace(go.Scatter(x=np.arange(1, L + 1), y=values.mean(1), mode="lines", name="mean over heads",
+    name = "mean over heads" if spread is None else f"mean over heads<br>(error bars: {spread_label})"
+    fig.add_trace(go.Scatter(x=np.arange(1, L + 1), y=values.mean(1), mode="lines", name=name,
                              line=dict(color="black"),
                              error_y=None if spread is None else dict(type="data", array=spread, visible=True)))
     top = float(np.nanmax(values)) if values.size else 1.0

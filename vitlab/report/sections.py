@@ -253,7 +253,7 @@ def distance(inp: Inputs) -> Section:
                     f"Mean attention distance per head<br><sup>{len(inp.x)} images; dashed: uniform attention</sup>",
                     spread,
                     reference=(ceiling, f"uniform attention over the {info.grid_size[0]}x{info.grid_size[1]} grid: "
-                                        f"{ceiling:.1f} px")),
+                                        f"{ceiling:.1f} px"), spread_label="std over images"),
         "Fig. 7 right / Fig. 11 (ViT-L/16 on 128 images, 224 px): some heads attend to most of the image already in "
         "the lowest layers while others stay local; the attention distance grows with depth.",
         f"Lowest layer: heads from {lo:.1f} to {hi:.1f} px ({lo / ceiling:.0%} to {hi / ceiling:.0%} of the "
