@@ -257,3 +257,20 @@ def test_the_position_explorer_sends_the_browser_its_title():
     ex = PositionExplorer(tiny_vit())
     assert ex.figure._widget_layout["title"]["text"] == ex.figure.layout.title.text
     assert "patch (4, 4)" in ex.figure.layout.title.text
+
+
+def test_controls_the_chosen_method_does_not_read_are_greyed_out(explorer):
+    """Every control stayed live for every method: with occlusion chosen, the layer slider, heads and discard ratio
+    could be moved and changed nothing (dead widgets); the class did nothing for raw attention."""
+    def live(ex):
+        return {w.description for w in (ex.layer, ex.head, ex.discard, ex.target) if not w.disabled}
+
+    assert live(explorer) == {"layer", "heads"}
+    explorer.method.value = "rollout"
+    assert live(explorer) == {"layer", "heads", "discard"}
+    for method in ("gradient rollout", "integrated gradients", "occlusion"):
+        explorer.method.value = method
+        assert live(explorer) == {"class"}, method
+        before = _z(explorer)
+        explorer.layer.value = 1 if explorer.layer.value != 1 else 2  # what is greyed out changes nothing
+        np.testing.assert_array_equal(_z(explorer), before)

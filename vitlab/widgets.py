@@ -158,6 +158,7 @@ class AttentionExplorer:
     def update(self) -> None:
         i = self.image.value
         z = self.current_map()
+        self._enable_controls()
         with self.figure.batch_update():
             self.figure.data[0].z = self.shown[i]
             self.figure.data[1].z = z
@@ -169,6 +170,14 @@ class AttentionExplorer:
             return
         c, p = self.prediction(i)
         self.status.value = f"predicted <b>{self._class_label(c)}</b> ({p:.0%}); {stats}"
+
+    def _enable_controls(self) -> None:
+        """Grey out the controls the chosen method does not read: layer and heads for the class-specific maps, the
+        discard ratio for all but rollout, the class for attention and rollout (and without a classifier head)."""
+        attention = self.method.value in ("attention", "rollout")
+        self.layer.disabled = self.head.disabled = not attention
+        self.discard.disabled = self.method.value != "rollout"
+        self.target.disabled = attention or not self.has_head
 
     def _on_click(self, trace, points, _state) -> None:
         if points.point_inds:
