@@ -44,7 +44,7 @@ info = vitlab.model_info(model)
 ceiling = findings.uniform_attention_distance(info.grid_size, info.patch_size)  # uniform attention over the grid
 layer_lines(dist.numpy(), "mean attention distance (pixels)",
             f"Mean attention distance per head ({per_image.shape[1]} images)", spread=per_image.mean(2).std(1).numpy(),
-            reference=(ceiling, f"uniform attention: {ceiling:.1f} px"))
+            reference=(ceiling, f"uniform attention: {ceiling:.1f} px"), spread_label="std over images")
 
 # %%
 print(f"lowest layer: heads from {float(dist[0].min()):.1f} to {float(dist[0].max()):.1f} px; "

@@ -19,6 +19,7 @@ from vitlab.findings import (
     attention_distance_shift,
     dct_radius,
     distance_grows_with_depth,
+    explain,
     filters_low_frequency,
     filters_structured,
     lowest_layer_spread,
@@ -536,7 +537,7 @@ def test_a_printed_interval_never_rounds_onto_or_across_the_threshold():
         for x in t + scale * np.concatenate([rng.normal(0, 1e-3, 200), rng.normal(0, 1e-9, 200), [0.0]]):
             assert np.sign(float(fmt_endpoint(x, t)) - shown_t) == np.sign(x - t), (x, t)
             assert len(fmt_endpoint(x, t)) <= 24
-    assert fmt_endpoint(0.123456, 0.5) == "0.123" and fmt_endpoint(math.nan, 0.5) == "nan"
+    assert fmt_endpoint(0.123456, 0.5) == "0.123" and fmt_endpoint(math.nan, 0.5) == "n/a"
     assert fmt_endpoint(math.inf, 0.5) == "inf" and fmt_endpoint(0.50049, math.nan) == "0.5"
 
 
@@ -702,3 +703,16 @@ def test_too_few_components_or_patches_decide_nothing():
     assert MIN_RANK_BOOTSTRAP > 5 and v.verdict == "inconclusive" and v.statistic == 1.0
     with pytest.raises(ValueError, match="a 1x1 grid has 1 patch"):
         position_similarity_decreases(np.ones((1, 1, 1, 1)))
+
+
+def test_a_verdict_without_an_interval_reads_n_a_in_text_as_in_the_report():
+    """A verdict over too few images has no interval: the report wrote '[n/a, n/a]', but the verdict table that
+    `vitlab reproduce` prints and the notebooks' tables and explanations printed '[nan, nan]', which reads as a
+    failed computation; they now say n/a too."""
+    ceiling = uniform_attention_distance((8, 8), (4, 4))
+    v = lowest_layer_spread(np.linspace(5.0, 15.0, 8 * 4).reshape(1, 8, 4), ceiling)  # 8 images: no interval
+    assert math.isnan(v.interval[0]) and math.isnan(v.interval[1])
+    for text in (verdict_table([v]), explain([v]), v.summary()):
+        assert "[n/a, n/a]" in text and "nan" not in text, text
+    w = Verdict("f", "c", math.nan, (math.nan, math.nan), 0.0, "inconclusive")
+    assert "n/a [n/a, n/a]" in verdict_table([w]) and "nan" not in verdict_table([w])

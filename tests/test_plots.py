@@ -76,3 +76,50 @@ def test_similarity_tiles_and_table():
     np.testing.assert_allclose(z[:3, :4], sim[0, 0])  # tile (0, 0) is patch (0, 0)'s map
     table = plots.table_figure(["a", "b"], [["x", 0.12345], ["y", 2]])
     assert list(table.data[0].cells.values[1]) == ["0.123", "2"]
+
+
+def test_a_table_is_tall_enough_for_its_wrapped_header_and_every_row():
+    """The report's faithfulness, localisation and few-shot tables cut their last row: rows at plotly's default
+    20 px cut the descenders of the 12 px font, and the figure left no room for a header wrapped to two lines, so
+    plotly scrolled the table and the report and its PNG hid the bottom of the last row."""
+    header = ["method", "deletion AUC (lower better)", "insertion AUC (higher better)", "a much longer header that "
+              "wraps onto three lines"]
+    rows = [["integrated gradients", 0.1, 0.2, 0.3]] * 5
+    fig = plots.table_figure(header, rows, "t")
+    t = fig.data[0]
+    assert t.cells.height >= 24  # room for descenders under a 12 px font
+    assert plots.wrapped_lines(header[3], plots.TABLE_COLUMN_CHARS) == 3
+    assert t.header.height >= t.cells.height + 2 * 14  # two more lines of text in the header
+    plot_height = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    assert plot_height >= t.header.height + len(rows) * t.cells.height  # nothing left to scroll to
+    assert plots.wrapped_lines("shots", 20) == 1 and plots.wrapped_lines("accuracy (mean over seeds)", 20) == 2
+
+
+def test_deletion_and_insertion_curves_of_a_method_share_its_colour_and_differ_in_dash():
+    """The report's curves figure gave each of its ten curves its own colour, so a method's deletion and insertion
+    curves could not be paired; each method now has one colour, deletion solid and insertion dashed."""
+    x = np.linspace(0, 1, 5)
+    methods = ["rollout", "gradient rollout", "integrated gradients", "occlusion", "random map"]
+    fig = plots.deletion_insertion_curves(x, {m: x * i for i, m in enumerate(methods)},
+                                          {m: 1 - x * i for i, m in enumerate(methods)}, "p")
+    by_name = {t.name: t for t in fig.data}
+    assert len(by_name) == 10
+    colours = set()
+    for i, m in enumerate(methods):
+        d, ins = by_name[f"{m} deletion"], by_name[f"{m} insertion"]
+        assert d.line.color == ins.line.color and d.line.dash == "solid" and ins.line.dash == "dash"
+        np.testing.assert_allclose(d.y, x * i)
+        np.testing.assert_allclose(ins.y, 1 - x * i)
+        colours.add(d.line.color)
+    assert len(colours) == len(methods)  # one colour per method, none shared
+    assert fig.layout.xaxis.title.text == "fraction of patches changed" and fig.layout.yaxis.title.text == "p"
+
+
+def test_layer_lines_name_their_error_bars_in_the_legend():
+    """The attention-distance figure drew error bars on the head mean and said nowhere on the figure what they were
+    (only the report's stamp did); the mean's legend entry now names them, and has no error bars to name without."""
+    values = np.array([[1.0, 3.0], [2.0, 6.0]])
+    fig = plots.layer_lines(values, "px", "t", spread=np.array([0.5, 0.5]), spread_label="std over images")
+    mean = fig.data[-1]
+    assert mean.error_y.array is not None and "error bars: std over images" in mean.name
+    assert "error bars" not in plots.layer_lines(values, "px", "t").data[-1].name

@@ -521,3 +521,27 @@ def test_a_masked_patch_prediction_checkpoint_gets_no_predictions_from_its_untra
     assert metrics["predictions"] == [] and metrics["methods"] == []
     rollout = next(f for f in metrics["figures"] if f["slug"] == "rollout")
     assert "untrained" in rollout["ours"] and "no classifier head" not in rollout["ours"]
+
+
+def test_each_stamp_names_the_images_its_section_read():
+    """Every stamp said 'images: 128 of the 128 shipped CIFAR-10 test images', also where the section read none (the
+    filters and position embeddings are weights), the first 16 (the maps and their faithfulness scores) or the first
+    4 (the readout grid), or CIFAR-10's own splits (the few-shot probe)."""
+    import numpy as np
+
+    from vitlab.report import sections as S
+    from vitlab.report.render import stamp_line
+
+    net = tiny_vit()
+    source = "the 6 shipped test images"
+    inp = S.Inputs(net, vitlab.model_info(net), list("abcdef"), torch.randn(6, 3, 32, 32),
+                   [np.zeros((32, 32, 3), np.uint8)] * 6, {"images": f"6 of {source}"}, n_show=2, source=source)
+    pred = S.prediction_pass(inp)
+    maps = S.maps_and_faithfulness(inp, pred, max_images=3)
+    readout, entropy = S.readout_and_entropy(inp, pred)
+    got = {s.slug: s.stamp["images"] for s in [S.filters(inp), *S.positions(inp), *maps, readout, entropy]}
+    assert got == {"filters": S.NO_IMAGES, "positions": S.NO_IMAGES, "positions_resampled": S.NO_IMAGES,
+                   "rollout": f"the first 3 of {source}", "faithfulness": f"the first 3 of {source}",
+                   "faithfulness_curves": f"the first 3 of {source}", "readout_attention": f"the first 2 of {source}",
+                   "entropy": f"6 of {source}"}
+    assert "images: the first 3 of the 6 shipped test images" in stamp_line(maps[1].stamp)

@@ -240,3 +240,37 @@ def test_the_colour_bar_names_what_each_method_maps_and_the_title_its_discard_ra
 
 def _title(ex) -> str:
     return ex.figure.layout.title.text
+
+
+def test_the_first_view_the_browser_gets_has_the_methods_colour_bar_title(explorer):
+    """The first view's colour bar read "weight" in Chromium while the figure in Python read "attention weight": the
+    figure was built with "weight" and retitled before it was displayed, and plotly's widget sends a browser only
+    the state it was built with. The state sent to the browser (``_widget_data``) now names what the map holds."""
+    sent = explorer.figure._widget_data[1]
+    assert sent["colorbar"]["title"]["text"] == "attention weight" == explorer.figure.data[1].colorbar.title.text
+    np.testing.assert_allclose(np.array(sent["z"], dtype=float), _z(explorer))
+
+
+def test_the_position_explorer_sends_the_browser_its_title():
+    """The position explorer's title was set after the figure was built, which plotly's widget never sends to a
+    browser: in a notebook or the app the figure had no title at all (Python's copy had one)."""
+    ex = PositionExplorer(tiny_vit())
+    assert ex.figure._widget_layout["title"]["text"] == ex.figure.layout.title.text
+    assert "patch (4, 4)" in ex.figure.layout.title.text
+
+
+def test_controls_the_chosen_method_does_not_read_are_greyed_out(explorer):
+    """Every control stayed live for every method: with occlusion chosen, the layer slider, heads and discard ratio
+    could be moved and changed nothing (dead widgets); the class did nothing for raw attention."""
+    def live(ex):
+        return {w.description for w in (ex.layer, ex.head, ex.discard, ex.target) if not w.disabled}
+
+    assert live(explorer) == {"layer", "heads"}
+    explorer.method.value = "rollout"
+    assert live(explorer) == {"layer", "heads", "discard"}
+    for method in ("gradient rollout", "integrated gradients", "occlusion"):
+        explorer.method.value = method
+        assert live(explorer) == {"class"}, method
+        before = _z(explorer)
+        explorer.layer.value = 1 if explorer.layer.value != 1 else 2  # what is greyed out changes nothing
+        np.testing.assert_array_equal(_z(explorer), before)

@@ -144,7 +144,7 @@ def verdict_table(verdicts: Sequence[Verdict]) -> str:
 
 
 def _fmt(x: float) -> str:
-    return "nan" if x is None or not math.isfinite(x) else f"{x:.3g}"
+    return _not_finite_text(x) if x is None or not math.isfinite(x) else f"{x:.3g}"
 
 
 def _finite(*xs: float | None) -> bool:
@@ -161,7 +161,7 @@ def _fewest_digits(x: float, keeps: Callable[[float], bool]) -> str:
 
 
 def _not_finite_text(x: float | None) -> str:
-    return "nan" if x is None or x != x else f"{x:.3g}"  # inf stays inf
+    return "n/a" if x is None or x != x else f"{x:.3g}"  # as the report writes a missing value; inf stays inf
 
 
 def fmt_threshold(t: float) -> str:

@@ -91,18 +91,20 @@ def _depth_layout(fig: go.Figure, top: float, ylabel: str, title: str,
 
 
 def layer_lines(values: np.ndarray, ylabel: str, title: str, spread: np.ndarray | None = None,
-                reference: tuple[float, str] | None = None) -> go.Figure:
+                reference: tuple[float, str] | None = None, spread_label: str = "spread") -> go.Figure:
     """(L, H) per-head values against depth: one dot per head, the head mean as a line; y axis from zero.
 
-    ``spread`` (L,): error bars on the head mean (for example the standard deviation over images);
-    ``reference`` (value, label): a dashed horizontal line, e.g. the uniform-attention distance.
+    ``spread`` (L,): error bars on the head mean (for example the standard deviation over images), named in the
+    legend by ``spread_label``; ``reference`` (value, label): a dashed horizontal line, e.g. the uniform-attention
+    distance.
     """
     L, H = values.shape
     fig = go.Figure()
     for h in range(H):
         fig.add_trace(go.Scatter(x=np.arange(1, L + 1), y=values[:, h], mode="markers", name=f"head {h}",
                                  marker=dict(size=6), hovertemplate=f"layer %{{x}}, head {h}: %{{y:.3f}}<extra></extra>"))
-    fig.add_trace(go.Scatter(x=np.arange(1, L + 1), y=values.mean(1), mode="lines", name="mean over heads",
+    name = "mean over heads" if spread is None else f"mean over heads<br>(error bars: {spread_label})"
+    fig.add_trace(go.Scatter(x=np.arange(1, L + 1), y=values.mean(1), mode="lines", name=name,
                              line=dict(color="black"),
                              error_y=None if spread is None else dict(type="data", array=spread, visible=True)))
     top = float(np.nanmax(values)) if values.size else 1.0
@@ -162,13 +164,33 @@ def similarity_tiles(sim: np.ndarray, title: str = "") -> go.Figure:
     return fig
 
 
+#: a table's row height in px: plotly's default (20) cuts the descenders of its 12 px font (g, p, y)
+TABLE_ROW_PX = 26
+#: a table column's width in px, and the characters of its 12 px font that fit on one line of it
+TABLE_COLUMN_PX, TABLE_COLUMN_CHARS = 150, 20
+
+
+def wrapped_lines(text: str, chars: int) -> int:
+    """How many lines ``text`` takes when wrapped at spaces into lines of at most ``chars`` characters."""
+    lines, width = 1, 0
+    for word in text.split():
+        if width and width + 1 + len(word) > chars:
+            lines, width = lines + 1, len(word)
+        else:
+            width += len(word) + (1 if width else 0)
+    return lines
+
+
 def table_figure(header: Sequence[str], rows: Sequence[Sequence[object]], title: str = "") -> go.Figure:
-    """A plotly table; floats shown with 3 decimals."""
+    """A plotly table; floats shown with 3 decimals. Tall enough for every row and for the header wrapped to its
+    column width: plotly scrolls a table that does not fit, which in a report or a PNG hides its last rows."""
     cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in col] for col in zip(*rows)]
-    fig = go.Figure(go.Table(header=dict(values=list(header), align="left", fill_color="#e8e8f0"),
-                             cells=dict(values=cells, align="left")))
-    fig.update_layout(title=title, width=150 * len(header) + 40, height=110 + 24 * len(rows),
-                      margin=dict(l=10, r=10, t=50, b=10))
+    header_lines = max((wrapped_lines(str(h), TABLE_COLUMN_CHARS) for h in header), default=1)
+    header_px = TABLE_ROW_PX + 16 * (header_lines - 1)
+    fig = go.Figure(go.Table(header=dict(values=list(header), align="left", fill_color="#e8e8f0", height=header_px),
+                             cells=dict(values=cells, align="left", height=TABLE_ROW_PX)))
+    fig.update_layout(title=title, width=TABLE_COLUMN_PX * len(header) + 40,
+                      height=60 + header_px + TABLE_ROW_PX * len(rows) + 10, margin=dict(l=10, r=10, t=50, b=10))
     return fig
 
 
@@ -176,6 +198,24 @@ def curves(x: np.ndarray, ys: dict[str, np.ndarray], xlabel: str, ylabel: str, t
     """One line per entry of ``ys`` (each shaped like ``x``)."""
     fig = go.Figure([go.Scatter(x=x, y=y, mode="lines+markers", name=name) for name, y in ys.items()])
     fig.update_layout(title=title, xaxis_title=xlabel, yaxis_title=ylabel, width=700, height=420)
+    return fig
+
+
+def deletion_insertion_curves(x: np.ndarray, deletion: dict[str, np.ndarray], insertion: dict[str, np.ndarray],
+                               ylabel: str, title: str = "") -> go.Figure:
+    """Each method's deletion (solid) and insertion (dashed) curve in one colour per method (each shaped like ``x``,
+    the fraction of patches changed): with a colour per curve, ten curves took ten unrelated colours and a method's
+    two curves could not be told apart from the others'."""
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#7f7f7f", "#ff7f0e", "#17becf"]
+    fig = go.Figure()
+    for k, method in enumerate(dict.fromkeys([*deletion, *insertion])):
+        for kind, ys, dash in (("deletion", deletion, "solid"), ("insertion", insertion, "dash")):
+            if method in ys:
+                fig.add_trace(go.Scatter(x=x, y=ys[method], mode="lines+markers", name=f"{method} {kind}",
+                                         legendgroup=method, line=dict(color=colours[k % len(colours)], dash=dash),
+                                         marker=dict(size=5)))
+    fig.update_layout(title=title, xaxis_title="fraction of patches changed", yaxis_title=ylabel, width=900,
+                      height=480)
     return fig
 
 

@@ -89,7 +89,10 @@ class AttentionExplorer:
                                    value=-1, description="class", disabled=not self.has_head)
         self.status = ipw.HTML()
         z, title = self.current_map(), self._title()  # the first view is computed before the figure exists
-        self.figure = go.FigureWidget(heatmap_over_image(self.shown[0], z, title))
+        first = heatmap_over_image(self.shown[0], z, title)
+        # the browser draws the figure as built: changes made before it is displayed never reach it
+        first.data[1].colorbar.title.text = UNITS[self.method.value]
+        self.figure = go.FigureWidget(first)
         self.figure.data[1].on_click(self._on_click)
         for w in (self.image, self.layer, self.head, self.method, self.discard, self.target):
             w.observe(lambda _change: self.update(), names="value")
@@ -155,6 +158,7 @@ class AttentionExplorer:
     def update(self) -> None:
         i = self.image.value
         z = self.current_map()
+        self._enable_controls()
         with self.figure.batch_update():
             self.figure.data[0].z = self.shown[i]
             self.figure.data[1].z = z
@@ -166,6 +170,14 @@ class AttentionExplorer:
             return
         c, p = self.prediction(i)
         self.status.value = f"predicted <b>{self._class_label(c)}</b> ({p:.0%}); {stats}"
+
+    def _enable_controls(self) -> None:
+        """Grey out the controls the chosen method does not read: layer and heads for the class-specific maps, the
+        discard ratio for all but rollout, the class for attention and rollout (and without a classifier head)."""
+        attention = self.method.value in ("attention", "rollout")
+        self.layer.disabled = self.head.disabled = not attention
+        self.discard.disabled = self.method.value != "rollout"
+        self.target.disabled = attention or not self.has_head
 
     def _on_click(self, trace, points, _state) -> None:
         if points.point_inds:
@@ -247,7 +259,7 @@ class PositionExplorer:
             data=[go.Heatmap(z=self.sim[self.patch].numpy(), zmin=-1, zmax=1, colorscale="Viridis",
                              colorbar=dict(title="cosine"),
                              hovertemplate="row %{y}, col %{x}: %{z:.3f}<extra></extra>")],
-            layout=go.Layout(width=460, height=460, margin=dict(l=60, r=10, t=50, b=50),
+            layout=go.Layout(width=460, height=460, margin=dict(l=60, r=10, t=50, b=50), title=self._title(),
                              xaxis=dict(title="patch column", range=[-0.5, gw - 0.5], dtick=1, constrain="domain"),
                              yaxis=dict(title="patch row", range=[gh - 0.5, -0.5], dtick=1, scaleanchor="x",
                                         constrain="domain")))
@@ -261,7 +273,10 @@ class PositionExplorer:
         self.patch = (int(row), int(col))
         with self.figure.batch_update():
             self.figure.data[0].z = self.sim[self.patch].numpy()
-            self.figure.layout.title = f"Position-embedding similarity to patch {self.patch} (click a patch)"
+            self.figure.layout.title = self._title()
+
+    def _title(self) -> str:
+        return f"Position-embedding similarity to patch {self.patch} (click a patch)"
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

@@ -202,7 +202,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     base = {"model": str(model or "embedded default"), "weights": wdesc, "versions": versions(),
             "images": f"{len(names)} of {source}"}
     inp = S.Inputs(net, info, names, x.to(dev), shown, base, labels, classes,
-                   untrained=random_weights(net, model, pretrained, weights))
+                   untrained=random_weights(net, model, pretrained, weights), source=source)
     summary = _summary(net, info, model, wdesc, source, len(names))
 
     steps = ["predictions", "filters", "positions", "distance", "maps", "readout"]

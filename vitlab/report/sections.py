@@ -34,7 +34,7 @@ from vitlab.inspect.compare import compare_methods
 from vitlab.inspect.rollout import attention_rollout
 from vitlab.plots import (
     MAP_SCALING,
-    curves,
+    deletion_insertion_curves,
     filter_grid,
     image_grid_with_maps,
     layer_lines,
@@ -75,9 +75,17 @@ class Inputs:
     class_names: tuple[str, ...] | None = None
     n_show: int = 4  # images drawn in map grids
     untrained: bool = False  # random weights: the verdicts measured on this model decide nothing (findings.untrained)
+    source: str = ""  # where the images come from, e.g. "the 128 shipped CIFAR-10 test images (...)"
 
-    def stamp(self, **settings: Any) -> dict[str, Any]:
-        return {**self.base, "settings": settings}
+    def stamp(self, images: int | str | None = None, **settings: Any) -> dict[str, Any]:
+        """The base stamp with ``settings``. ``images``: the first N of the images when the section reads fewer than
+        all of them, or what it read instead (``NO_IMAGES``: the weights alone); default: all of them."""
+        base = dict(self.base)
+        if isinstance(images, int) and (self.x is None or images < len(self.x)):
+            base["images"] = f"the first {images} of {self.source or self.base.get('images', 'the images')}"
+        elif isinstance(images, str):
+            base["images"] = images
+        return {**base, "settings": settings}
 
     def judged(self, verdicts: list[findings.Verdict]) -> list[findings.Verdict]:
         """The verdicts measured on this model, inconclusive when its weights are random (``findings.untrained``)."""
@@ -157,6 +165,10 @@ def map_titles(inp: Inputs, pred: dict[str, Any], n: int) -> list[str]:
 # ---------------------------------------------------------------------------------------------- Fig. 7 left
 
 
+#: the stamp's images for a section computed from the model's weights alone
+NO_IMAGES = "none (computed from the weights alone)"
+
+
 def filters(inp: Inputs) -> Section | None:
     if inp.info.hybrid:
         return None
@@ -173,7 +185,7 @@ def filters(inp: Inputs) -> Section | None:
         f"The top {k} components explain {float(ratio.sum()):.1%} of the filters' variance (the first "
         f"{float(ratio[0]):.1%}); randomly initialised filters of the same shape: "
         f"{float(random.sum(1).mean()):.1%}.",
-        inp.stamp(k=k, centred=True, random_draws=20),
+        inp.stamp(NO_IMAGES, k=k, centred=True, random_draws=20),
         inp.judged(verdicts), {"explained_variance": ratio.tolist(), "random_explained_variance": random.sum(1).tolist()})
 
 
@@ -206,7 +218,7 @@ def positions(inp: Inputs) -> list[Section]:
         "the model learns the 2D image topology.",
         f"Spearman correlation between similarity and grid distance: {score:.3f} (-1: perfectly local; 0: no "
         f"structure).{row_col_note}",
-        inp.stamp(prefix_rows="excluded", grid=[gh, gw]), inp.judged(verdicts), {"spearman": score})]
+        inp.stamp(NO_IMAGES, prefix_rows="excluded", grid=[gh, gw]), inp.judged(verdicts), {"spearman": score})]
     hi = (2 * gh, 2 * gw)
     sim_hi = position_embedding_similarity(inp.net, grid=hi).cpu()
     score_hi = position_structure_score(sim_hi)
@@ -217,7 +229,7 @@ def positions(inp: Inputs) -> list[Section]:
         "Section 3.2: for fine-tuning at a higher resolution the pre-trained position embeddings are "
         "2D-interpolated according to their location in the original image.",
         f"After bicubic resampling to {hi[0]}x{hi[1]}: Spearman {score_hi:.3f} (before: {score:.3f}).",
-        inp.stamp(resample="bicubic", grid=list(hi)), [], {"grid": list(hi), "spearman": score_hi}))
+        inp.stamp(NO_IMAGES, resample="bicubic", grid=list(hi)), [], {"grid": list(hi), "spearman": score_hi}))
     return out
 
 
@@ -241,7 +253,7 @@ def distance(inp: Inputs) -> Section:
                     f"Mean attention distance per head<br><sup>{len(inp.x)} images; dashed: uniform attention</sup>",
                     spread,
                     reference=(ceiling, f"uniform attention over the {info.grid_size[0]}x{info.grid_size[1]} grid: "
-                                        f"{ceiling:.1f} px")),
+                                        f"{ceiling:.1f} px"), spread_label="std over images"),
         "Fig. 7 right / Fig. 11 (ViT-L/16 on 128 images, 224 px): some heads attend to most of the image already in "
         "the lowest layers while others stay local; the attention distance grows with depth.",
         f"Lowest layer: heads from {lo:.1f} to {hi:.1f} px ({lo / ceiling:.0%} to {hi / ceiling:.0%} of the "
@@ -278,7 +290,7 @@ def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | N
         + ("judged on the synthetic shapes, where the object's mask is known (localisation section)." if localisation
            else "not judged in this report: that needs the object's mask, which these images lack, and the "
                 "scoring on the synthetic shapes, whose masks are known, was not run."),
-        inp.stamp(head_fusion="mean", residual=0.5, discard_ratio=0.0, start_layer=0, target="predicted class",
+        inp.stamp(n_attr, head_fusion="mean", residual=0.5, discard_ratio=0.0, start_layer=0, target="predicted class",
                   integrated_gradients="32 steps, grey baseline", occlusion="one patch at a time, grey baseline"))
     table = Section(
         "faithfulness", "Faithfulness of the map methods (our addition)", scores_table(rows, f"{n_attr} images"),
@@ -290,11 +302,11 @@ def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | N
         "learned weights).",
         inp.stamp(images=n_attr, steps=16, baseline="blur", sanity="weights re-drawn, same targets"),
         metrics={"methods": [r.__dict__ for r in rows]})
-    curves_fig = curves(np.array(rows[0].fraction),
-                        {f"{r.method} deletion": np.array(r.deletion_curve) for r in rows}
-                        | {f"{r.method} insertion": np.array(r.insertion_curve) for r in rows},
-                        "fraction of patches changed", "probability of the predicted class",
-                        "Deletion and insertion curves<br><sup>mean over images; the random map is the reference</sup>")
+    curves_fig = deletion_insertion_curves(
+        np.array(rows[0].fraction), {r.method: np.array(r.deletion_curve) for r in rows},
+        {r.method: np.array(r.insertion_curve) for r in rows}, "probability of the predicted class",
+        "Deletion (solid) and insertion (dashed) curves<br><sup>mean over images; the random map is the "
+        "reference</sup>")
     curve_sec = Section("faithfulness_curves", "Deletion and insertion curves (our addition)", curves_fig,
                         "(our addition)", "Mean over the images.", inp.stamp(images=n_attr))
     return [grid, table, curve_sec]
@@ -315,7 +327,7 @@ def rollout_only(inp: Inputs, pred: dict[str, Any]) -> Section:
         + ("this model's classification head is untrained (masked-patch prediction never reads a label)"
            if untrained_head(inp.net) else "this model has no classifier head (its output is its features)")
         + ", so there is no predicted class for the class-specific maps or the faithfulness scores.",
-        inp.stamp(head_fusion="mean", residual=0.5, discard_ratio=0.0, start_layer=0))
+        inp.stamp(n, head_fusion="mean", residual=0.5, discard_ratio=0.0, start_layer=0))
 
 
 def scores_table(rows: list, title: str, localisation: bool = False):
@@ -343,7 +355,7 @@ def readout_and_entropy(inp: Inputs, pred: dict[str, Any]) -> list[Section]:
                                      [f"layer {i + 1}" for i in layers],
                                      title=f"Readout attention over the patches (head mean)<br><sup>{MAP_SCALING}</sup>"),
                 "(raw attention, for comparison with rollout)", "Raw attention of the readout in a few layers.",
-                inp.stamp(head_fusion="mean", layers=[i + 1 for i in layers])),
+                inp.stamp(n, head_fusion="mean", layers=[i + 1 for i in layers])),
         Section("entropy", "Attention entropy per head against depth (our addition)",
                 layer_lines(pred["entropy"].numpy(), "attention entropy (nats)",
                             "Attention entropy per head<br><sup>dashed: uniform attention</sup>",
@@ -414,7 +426,7 @@ def few_shot(inp: Inputs, train_per_class: int | None = None, test_images: int |
                        "to {-1, 1}^K targets.",
                        f"Not run: no CIFAR-10 is readable here ({str(e).splitlines()[0]}). Online, torchvision "
                        "downloads it; offline, put train.zip/test.zip in ImageFolder layout under shared/datasets/cifar10.",
-                       inp.stamp())
+                       inp.stamp("none (the probe was not run)"))
     small = inp.info.num_tokens <= 100  # 32 px models: cheap; large inputs: fewer images (CIFAR is upsampled)
     train_per_class = train_per_class or (100 if small else 30)
     test_images = test_images or (2000 if small else 500)
@@ -435,8 +447,9 @@ def few_shot(inp: Inputs, train_per_class: int | None = None, test_images: int |
         ", ".join(f"{k}-shot {res[k].mean:.1%} (std {res[k].std:.1%})" for k in shots)
         + f"; chance {1 / len(train.classes):.0%}. Note: a model trained on CIFAR-10 itself has seen these classes; "
           "the data-scaling section probes held-out classes.",
-        inp.stamp(l2=DEFAULT_L2, seeds=3, train_pool=f"{len(train)} training images (class-balanced)",
-                  test=f"{len(test)} test images", whitened=True),
+        inp.stamp(f"{len(train)} CIFAR-10 training and {len(test)} test images", l2=DEFAULT_L2, seeds=3,
+                  train_pool=f"{len(train)} training images (class-balanced)", test=f"{len(test)} test images",
+                  whitened=True),
         metrics={str(k): {"mean": res[k].mean, "std": res[k].std} for k in shots})
 
 
