@@ -545,3 +545,21 @@ def test_each_stamp_names_the_images_its_section_read():
                    "faithfulness_curves": f"the first 3 of {source}", "readout_attention": f"the first 2 of {source}",
                    "entropy": f"6 of {source}"}
     assert "images: the first 3 of the 6 shipped test images" in stamp_line(maps[1].stamp)
+
+
+def test_the_faithfulness_text_names_the_methods_that_beat_the_random_map():
+    """The faithfulness sections' text names, from the table's means, the methods with a deletion area below the
+    random map's and an insertion area above it; without a random map it says nothing."""
+    from vitlab.inspect.compare import MethodScores
+    from vitlab.report import sections as S
+
+    rows = [MethodScores("rollout", 1.0, 0.20, 0.50, 0.1), MethodScores("occlusion", 1.0, 0.35, 0.30, 0.0),
+            MethodScores("random map", 0.0, 0.30, 0.40, None)]
+    assert S.faithfulness_sentence(rows) == ("Mean deletion area below the random map's 0.300: rollout; mean "
+                                             "insertion area above its 0.400: rollout.")
+    rows[1] = MethodScores("occlusion", 1.0, 0.31, 0.30, 0.0)
+    assert "below the random map's 0.300: rollout;" in S.faithfulness_sentence(rows)
+    assert "above its 0.400: rollout." in S.faithfulness_sentence(rows[:1] + rows[2:])
+    assert S.faithfulness_sentence([MethodScores("occlusion", 1.0, 0.5, 0.1, 0.0), rows[2]]).endswith(
+        "0.300: none; mean insertion area above its 0.400: none.")
+    assert S.faithfulness_sentence(rows[:2]) == ""

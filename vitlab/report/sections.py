@@ -8,6 +8,7 @@ with the verdict that decides it.
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from vitlab.inspect import (
     readout_vector,
 )
 from vitlab.inspect.attribution import has_classifier
-from vitlab.inspect.compare import compare_methods
+from vitlab.inspect.compare import MethodScores, compare_methods
 from vitlab.inspect.rollout import attention_rollout
 from vitlab.plots import (
     MAP_SCALING,
@@ -299,7 +300,7 @@ def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | N
         "Deletion (lower is better) and insertion (higher is better): the predicted class's probability as patches "
         "are removed from (or revealed on) a blurred copy in the map's order; the random map is the reference. "
         "Sanity: rank correlation with the same method on re-initialised weights (near 0: the map depends on the "
-        "learned weights).",
+        "learned weights). " + faithfulness_sentence(rows),
         inp.stamp(images=n_attr, steps=16, baseline="blur", sanity="weights re-drawn, same targets"),
         metrics={"methods": [r.__dict__ for r in rows]})
     curves_fig = deletion_insertion_curves(
@@ -308,7 +309,9 @@ def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | N
         "Deletion (solid) and insertion (dashed) curves<br><sup>mean over images; the random map is the "
         "reference</sup>")
     curve_sec = Section("faithfulness_curves", "Deletion and insertion curves (our addition)", curves_fig,
-                        "(our addition)", "Mean over the images.", inp.stamp(images=n_attr))
+                        "(our addition)", f"Mean over the {n_attr} images; the areas under these curves are the "
+                        "faithfulness table's deletion and insertion columns. " + faithfulness_sentence(rows),
+                        inp.stamp(images=n_attr))
     return [grid, table, curve_sec]
 
 
@@ -366,6 +369,23 @@ def readout_and_entropy(inp: Inputs, pred: dict[str, Any]) -> list[Section]:
 
 
 # ---------------------------------------------------------------------------------------------- localisation
+
+
+def faithfulness_sentence(rows: Sequence[MethodScores]) -> str:
+    """Which methods score better than the random map on these images, in words formatted from the mean areas (a
+    statement about these means, not a test: the table has no intervals)."""
+    ref = next((r for r in rows if r.method == "random map"), None)
+    if ref is None:
+        return ""
+    methods = [r for r in rows if r.method != "random map"]
+    lower = [r.method for r in methods if r.deletion_auc < ref.deletion_auc]
+    higher = [r.method for r in methods if r.insertion_auc > ref.insertion_auc]
+
+    def names(xs: list[str]) -> str:
+        return ", ".join(xs) if xs else "none"
+
+    return (f"Mean deletion area below the random map's {ref.deletion_auc:.3f}: {names(lower)}; mean insertion area "
+            f"above its {ref.insertion_auc:.3f}: {names(higher)}.")
 
 
 def localisation_possible(shapes_checkpoint: Path) -> bool:
