@@ -434,6 +434,15 @@ def test_replicates_that_spread_less_than_the_measurement_resolves_give_no_inter
     (lo, hi), method = _mean_interval(np.array([0.50, 0.51, 0.52]), N_BOOT, 0, "seeds", step)
     assert method.startswith("Student t") and lo < 0.51 < hi
 
+def test_the_accuracy_step_is_that_of_the_smallest_test_set():
+    """Rows probed on 1,000 and 2,000 test images: the coarser step, 1 of 1,000, is what both can resolve; a row that
+    does not record its test images leaves the step unknown."""
+    from vitlab.findings import _accuracy_step
+
+    rows = [{"metrics": {"test": 2000}}, {"metrics": {"test": 1000}}]
+    assert _accuracy_step(rows) == (1e-3, "1 of 1,000 test images")
+    assert _accuracy_step([*rows, {"metrics": {}}]) is None and _accuracy_step([]) is None
+
 def test_an_interval_that_touches_the_threshold_decides_nothing():
     """A finding is reproduced only when its whole interval lies strictly on the finding's side: an endpoint on the
     threshold is inconclusive, for either side."""
