@@ -111,6 +111,12 @@ def test_class_indices_are_whole_numbers_within_the_head(method):
 # ---------------------------------------------------------------------------------------------- faithfulness
 
 
+def test_deletion_insertion_changes_the_rounded_share_of_patches_at_each_step():
+    """Step s of ``steps`` changes round(s / steps * N) patches: 64 patches in 5 steps are 0, 13, 26, 38, 51, 64."""
+    model, x = tiny_vit(), torch.randn(1, 3, 32, 32)
+    r = deletion_insertion(model, x, torch.rand(1, 8, 8), steps=5, baseline=0.0)
+    torch.testing.assert_close(r["fraction"], torch.tensor([0, 13, 26, 38, 51, 64]) / 64)
+
 def test_deletion_insertion_curves_end_at_the_image_and_the_baseline():
     model, x = tiny_vit(), torch.randn(3, 3, 32, 32)
     maps = torch.rand(3, 8, 8)
