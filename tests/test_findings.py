@@ -443,6 +443,14 @@ def test_the_accuracy_step_is_that_of_the_smallest_test_set():
     assert _accuracy_step(rows) == (1e-3, "1 of 1,000 test images")
     assert _accuracy_step([*rows, {"metrics": {}}]) is None and _accuracy_step([]) is None
 
+def test_filter_components_from_min_rank_bootstrap_on_get_an_interval():
+    """The rank bootstrap decides from MIN_RANK_BOOTSTRAP (8) components on; one fewer gives no interval."""
+    from vitlab.findings import MIN_RANK_BOOTSTRAP
+
+    comps = torch.randn(MIN_RANK_BOOTSTRAP, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    assert math.isfinite(filters_low_frequency(comps).interval[0])
+    assert math.isnan(filters_low_frequency(comps[:-1]).interval[0])
+
 def test_an_interval_that_touches_the_threshold_decides_nothing():
     """A finding is reproduced only when its whole interval lies strictly on the finding's side: an endpoint on the
     threshold is inconclusive, for either side."""
