@@ -111,6 +111,21 @@ def test_class_indices_are_whole_numbers_within_the_head(method):
 # ---------------------------------------------------------------------------------------------- faithfulness
 
 
+def test_localisation_counts_only_the_positive_mass_of_a_map():
+    """Negative map values (a signed attribution) carry no mass: a map whose only positive patch is off the object
+    puts 0 of its mass on it, whatever negative value lies on the object."""
+    maps = torch.tensor([[[1.0, -1.0], [0.0, 0.0]]])
+    masks = torch.zeros(1, 4, 4, dtype=torch.bool)
+    masks[0, :2, 2:] = True  # the object fills patch (0, 1), where the map is -1
+    r = localisation(maps, masks)
+    assert r["mass_in_mask"].item() == 0.0 and r["chance"].item() == 0.25 and r["pointing"].item() == 0.0
+
+def test_deletion_insertion_changes_the_rounded_share_of_patches_at_each_step():
+    """Step s of ``steps`` changes round(s / steps * N) patches: 64 patches in 5 steps are 0, 13, 26, 38, 51, 64."""
+    model, x = tiny_vit(), torch.randn(1, 3, 32, 32)
+    r = deletion_insertion(model, x, torch.rand(1, 8, 8), steps=5, baseline=0.0)
+    torch.testing.assert_close(r["fraction"], torch.tensor([0, 13, 26, 38, 51, 64]) / 64)
+
 def test_deletion_insertion_curves_end_at_the_image_and_the_baseline():
     model, x = tiny_vit(), torch.randn(3, 3, 32, 32)
     maps = torch.rand(3, 8, 8)

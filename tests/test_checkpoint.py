@@ -236,6 +236,20 @@ def test_atomic_writes_follow_the_umask_without_changing_it(tmp_path):
         os.umask(old)
 
 
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary_file(tmp_path):
+    """A writer that fails half-way leaves the previous file as it was and nothing else in the folder."""
+    from vitlab.atomic import atomic_write, atomic_write_text
+
+    path = atomic_write_text(tmp_path / "a.txt", "old")
+
+    def half(tmp: str) -> None:
+        Path(tmp).write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        atomic_write(path, half)
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["a.txt"]
+
 def test_a_checkpoint_is_on_disk_before_it_replaces_the_old_one(tmp_path, monkeypatch):
     """Every file of the new checkpoint is flushed (fsync) before the rename that makes it the checkpoint, and the
     folder after it; the old checkpoint is replaced only then."""

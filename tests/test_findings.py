@@ -435,6 +435,44 @@ def test_replicates_without_spread_give_no_interval():
     assert v.verdict == "inconclusive" and "no spread" in no_interval_reason(v)
 
 
+def test_replicates_that_spread_less_than_the_measurement_resolves_give_no_interval():
+    """Accuracies on 1,000 test images move in steps of 1e-3: seeds whose sd is below one step give no interval
+    (the spread is not measured); seeds that spread over several steps give the Student t interval."""
+    from vitlab.findings import _mean_interval
+
+    step = (1e-3, "1 of 1,000 test images")
+    (lo, hi), method = _mean_interval(np.array([0.5, 0.5001, 0.5002]), N_BOOT, 0, "seeds", step)
+    assert math.isnan(lo) and math.isnan(hi) and "spread less (sd 0.0001)" in method
+    (lo, hi), method = _mean_interval(np.array([0.50, 0.51, 0.52]), N_BOOT, 0, "seeds", step)
+    assert method.startswith("Student t") and lo < 0.51 < hi
+
+def test_the_accuracy_step_is_that_of_the_smallest_test_set():
+    """Rows probed on 1,000 and 2,000 test images: the coarser step, 1 of 1,000, is what both can resolve; a row that
+    does not record its test images leaves the step unknown."""
+    from vitlab.findings import _accuracy_step
+
+    rows = [{"metrics": {"test": 2000}}, {"metrics": {"test": 1000}}]
+    assert _accuracy_step(rows) == (1e-3, "1 of 1,000 test images")
+    assert _accuracy_step([*rows, {"metrics": {}}]) is None and _accuracy_step([]) is None
+
+def test_filter_components_from_min_rank_bootstrap_on_get_an_interval():
+    """The rank bootstrap decides from MIN_RANK_BOOTSTRAP (8) components on; one fewer gives no interval."""
+    from vitlab.findings import MIN_RANK_BOOTSTRAP
+
+    comps = torch.randn(MIN_RANK_BOOTSTRAP, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    assert math.isfinite(filters_low_frequency(comps).interval[0])
+    assert math.isnan(filters_low_frequency(comps[:-1]).interval[0])
+
+def test_an_interval_that_touches_the_threshold_decides_nothing():
+    """A finding is reproduced only when its whole interval lies strictly on the finding's side: an endpoint on the
+    threshold is inconclusive, for either side."""
+    from vitlab.findings import _decide
+
+    assert _decide((0.0, 1.0), 0.0, ">") == "inconclusive" and _decide((-1.0, 0.0), 0.0, ">") == "inconclusive"
+    assert _decide((-1.0, 0.0), 0.0, "<") == "inconclusive" and _decide((0.0, 1.0), 0.0, "<") == "inconclusive"
+    assert _decide((1e-12, 1.0), 0.0, ">") == "reproduced" and _decide((-1.0, -1e-12), 0.0, ">") == "not reproduced"
+    assert _decide((-1.0, -1e-12), 0.0, "<") == "reproduced" and _decide((1e-12, 1.0), 0.0, "<") == "not reproduced"
+
 def test_scaling_adapter_latest_record_wins_failed_runs_ignored():
     recs = sweep([-0.05, -0.05], [0.10, 0.10])
     recs.append(rec("vit", 1000, 0, 0.0))  # a rerun of vit-n1000-s0: the latest wins

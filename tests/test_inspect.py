@@ -251,6 +251,66 @@ def test_readouts_of_timms_prr_pool_and_of_an_average_over_every_token():
     torch.testing.assert_close(vitlab.attention_rollout(avg, x), joint.mean(1)[:, 1:].reshape(2, 8, 8).float())
 
 
+
+def test_a_distillation_token_readout_averages_the_class_and_distillation_rows():
+    """DeiT's distilled model averages its class and distillation heads at evaluation: rollout's readout is the mean
+    of those two rows of the joint attention (weights 1/2 each, summing to 1), not their sum."""
+    from vitlab.inspect.rollout import readout_vector
+
+    model = tiny_vit(distilled=True)
+    info = vitlab.model_info(model)
+    assert info.num_prefix_tokens == 2
+    torch.testing.assert_close(readout_vector(info, 1)[0, :3], torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64))
+    x = torch.randn(2, 3, 32, 32)
+    joint = rollout_from_maps(vitlab.attention_maps(model, x))
+    torch.testing.assert_close(attention_rollout(model, x), joint[:, :2, 2:].mean(1).reshape(2, 8, 8).float())
+
+
+
+def test_a_latent_pool_readout_averages_its_queries_and_heads():
+    """An attention pool with several latent queries (timm's AttentionPoolLatent, latent_len > 1) reads out their
+    mean: the readout weights are the pool's maps averaged over heads and queries, placed on the tokens it reads."""
+    from types import SimpleNamespace
+
+    from vitlab.inspect.rollout import readout_vector
+
+    info = SimpleNamespace(readout="map", num_tokens=5, num_prefix_tokens=1, pool_reads_first_row=False)
+    pool = torch.rand(2, 3, 2, 4).softmax(-1)  # (B, heads, queries, keys): the 4 patch tokens
+    want = torch.zeros(2, 5, dtype=torch.float64)
+    want[:, 1:] = pool.double().mean((1, 2))
+    torch.testing.assert_close(readout_vector(info, 2, pool), want)
+    torch.testing.assert_close(readout_vector(info, 2, pool).sum(1), torch.ones(2, dtype=torch.float64))
+
+
+
+def test_readout_attention_is_the_head_mean_of_the_readout_row():
+    """(L, B, gh, gw): the class token's row over the patches, heads averaged; a one-hot vector picks a query."""
+    from vitlab.inspect.rollout import readout_attention
+
+    model = tiny_vit()
+    info = vitlab.model_info(model)
+    maps = vitlab.attention_maps(model, torch.randn(2, 3, 32, 32))  # (3, 2, 3, 65, 65)
+    want = maps[:, :, :, 0, 1:].mean(2).reshape(3, 2, 8, 8)
+    torch.testing.assert_close(readout_attention(maps, info), want)
+    one_hot = torch.zeros(2, 65)
+    one_hot[:, 1 + 9] = 1.0  # patch 9 as the query
+    torch.testing.assert_close(readout_attention(maps, info, one_hot), maps[:, :, :, 10, 1:].mean(2).reshape(3, 2, 8, 8))
+
+
+
+def test_attention_view_of_a_query_patch_is_that_patchs_row():
+    """The explorer's attention of query patch q (row-major over the grid) is token 1 + q's row past the class token,
+    in the layer asked for (1-based), heads averaged or one head."""
+    from vitlab.inspect.rollout import attention_view
+
+    model = tiny_vit()
+    info = vitlab.model_info(model)
+    maps = vitlab.attention_maps(model, torch.randn(2, 3, 32, 32))  # (3, 2, 3, 65, 65)
+    got = attention_view(maps, info, layer=2, query=9)
+    torch.testing.assert_close(got, maps[1, :, :, 10, 1:].mean(1).reshape(2, 8, 8))
+    torch.testing.assert_close(attention_view(maps, info, layer=3, head=1, query=0), maps[2, :, 1, 1, 1:].reshape(2, 8, 8))
+
+
 def test_rollout_known_answers():
     T = 5
     uniform = torch.full((2, 1, 1, T, T), 1 / T)
@@ -320,6 +380,7 @@ def test_spearman_matches_scipy():
     rho = spearman(a, b)  # a NaN row gives NaN, as scipy's spearmanr; the other row is scipy's value
     assert math.isnan(rho[0]) and math.isnan(spearmanr(a[0], b[0]).statistic)
     assert float(rho[1]) == pytest.approx(spearmanr(a[1], b[1]).statistic)
+    assert math.isnan(spearman(b, a)[0])  # a NaN in the second input too
 
 
 def test_filter_pca_matches_scikit_learn():
@@ -336,6 +397,41 @@ def test_filter_pca_matches_scikit_learn():
     torch.testing.assert_close((ours * theirs).sum(1).abs(), torch.ones(10, dtype=torch.float64), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="k must be"):
         embedding_filter_pca(model, k=0)
+
+
+
+def test_filter_pca_gives_each_component_the_sign_of_its_largest_entry():
+    """A singular vector's sign is arbitrary; like scikit-learn, each component's largest-magnitude entry is
+    positive, so the same filters always show the same picture."""
+    from vitlab.inspect import filter_pca
+
+    w = torch.randn(40, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    comps, _ = filter_pca(w, k=6)
+    flat = comps.reshape(6, -1)
+    assert (flat.gather(1, flat.abs().argmax(1, keepdim=True)) > 0).all()
+    torch.testing.assert_close(filter_pca(-w, k=6)[0], comps)  # negated filters: the same components
+
+
+
+def test_linear_patch_embedding_filters_follow_timms_patch_flattening():
+    """A linear patch projection reads a patch flattened as (P, P, C) (timm's NHWC order): weight column
+    (y * P + x) * C + c is channel c of pixel (y, x) of the (D, C, P, P) filter."""
+    from torch import nn
+
+    from vitlab.inspect.filters import _filters
+
+    model = nn.Module()
+    model.patch_embed = nn.Module()
+    model.patch_embed.proj = nn.Linear(3 * 2 * 2, 5)
+    model.patch_embed.patch_size = (2, 2)
+    with torch.no_grad():
+        model.patch_embed.proj.weight.copy_(torch.arange(12.0).expand(5, 12))
+    f = _filters(model)
+    assert f.shape == (5, 3, 2, 2)
+    for c in range(3):
+        for y in range(2):
+            for x in range(2):
+                assert f[0, c, y, x].item() == (y * 2 + x) * 3 + c
 
 
 def test_filter_pca_refuses_hybrid_clearly():

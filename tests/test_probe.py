@@ -254,6 +254,18 @@ def test_logistic_probe_separates_clusters():
     assert linear_probe_accuracy(Xtr, ytr, Xtr, ytr) == 1.0
 
 
+def test_logistic_probe_standardises_so_a_features_scale_does_not_matter():
+    """The features are standardised before the (L2-regularised) logistic regression: the class read from one
+    feature measured in tiny units (1e-4 of the others') is found as well as in the original units."""
+    g = np.random.default_rng(0)
+    X = g.normal(size=(300, 5))
+    y = (X[:, 0] > 0).astype(np.int64)
+    scaled = X * np.array([1e-4, 1, 1, 1, 1])
+    acc = linear_probe_accuracy(X[:200], y[:200], X[200:], y[200:])
+    assert acc > 0.9
+    assert linear_probe_accuracy(scaled[:200], y[:200], scaled[200:], y[200:]) == pytest.approx(acc, abs=0.02)
+
+
 def _shapes(n: int = 12) -> ImageArray:
     return load_shapes("test", n=n)
 
