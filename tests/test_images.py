@@ -85,6 +85,29 @@ def test_too_small_and_broken_images_are_refused_or_skipped(tmp_path):
     assert names == ["ok"] and x.shape == (1, 3, 32, 32)
 
 
+def test_macos_metadata_and_hidden_files_in_an_images_folder_are_no_images(tmp_path):
+    """A folder unzipped from a macOS zip holds __MACOSX/._x.png resource forks and ._x.png files beside the images:
+    as for training data they are no images, never 'bad images' that stop the analysis (or warnings with
+    --skip-bad)."""
+    import warnings
+
+    from PIL import Image
+
+    from vitlab.images import load_images
+
+    Image.new("RGB", (40, 40), "blue").save(tmp_path / "x.png")
+    fork = b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        "  # an AppleDouble header: no image
+    (tmp_path / "._x.png").write_bytes(fork)
+    (tmp_path / "__MACOSX").mkdir()
+    (tmp_path / "__MACOSX" / "._x.png").write_bytes(fork)
+    (tmp_path / ".thumbs").mkdir()
+    (tmp_path / ".thumbs" / "x.jpg").write_bytes(b"not a jpeg")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        names, x, _ = load_images(vitlab.load_model(), tmp_path)
+    assert names == ["x"] and x.shape == (1, 3, 32, 32)
+
+
 @pytest.mark.filterwarnings("ignore:skipped bad images")
 def test_a_limit_with_skip_bad_counts_usable_images(tmp_path):
     """With skip_bad, ``limit`` counts the images used, not the files read: 2 bad files among the first 4 make it

@@ -146,6 +146,13 @@ def _skipped(parts: Sequence[str]) -> bool:
     return any(p.startswith(".") or p == "__MACOSX" for p in parts)
 
 
+def image_files(root: Path) -> list[Path]:
+    """The image files (``IMAGE_SUFFIXES``, in any case) at any depth below folder ``root``, sorted by path, less
+    macOS metadata and hidden files and folders (``_skipped``)."""
+    return sorted(p for p in root.rglob("*")
+                  if p.suffix.lower() in IMAGE_SUFFIXES and not _skipped(p.relative_to(root).parts))
+
+
 def _split_index(parts: Sequence[str]) -> int | None:
     """Where the split folder of a zip entry ``[...]/split/class/[...]/img.jpg`` is: the first part named as a split
     (``SPLIT_NAMES``) with a class folder and a file below it; None without one."""

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from vitlab.data import IMAGE_SUFFIXES, DataError, ImageArray, rgb8, sample_images
+from vitlab.data import IMAGE_SUFFIXES, DataError, ImageArray, image_files, rgb8, sample_images
 from vitlab.info import data_config
 
 __all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_image_count", "default_images", "default_labels", "default_source", "CIFAR_SAMPLE"]
@@ -42,7 +42,8 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
     """Images preprocessed as the model expects: (names, (B, C, H, W) batch, the (H, W, 3) uint8 views shown).
 
     ``folder=None`` uses the photos scikit-learn ships. ``limit``: the first ``limit`` images of ``folder`` (sorted
-    by path), or of those photos, with a warning that counts the images left out; None: every one. Unreadable
+    by path), or of those photos, with a warning that counts the images left out; None: every one. As for training
+    data, macOS metadata (``__MACOSX/``, ``._x.jpg``) and hidden files and folders are no images. Unreadable
     files, and images smaller than one of the model's patches (nothing to look at once resized), raise
     ``DataError`` naming them; with ``skip_bad=True`` they are skipped with a warning that names them instead, and
     ``limit`` counts the usable images: the files after the first ``limit`` are read until that many are usable or
@@ -64,7 +65,7 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
         root = Path(folder)
         if not root.is_dir():
             raise DataError(f"--images {root} is not a folder")
-        files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        files = image_files(root)  # less macOS metadata and hidden files
         if not files:
             raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {root}")
         # without skip_bad a bad file is an error anyway: only the first ``limit`` files are read
