@@ -144,6 +144,18 @@ def test_broken_and_mixed_size_images_are_named(tmp_path):
         load_image_folder(tmp_path / "empty", cache=False, progress=False)
 
 
+def test_damaged_images_pillow_reports_as_value_or_syntax_errors_are_named(tmp_path):
+    """A damaged PNG can make Pillow raise SyntaxError ('broken PNG file') while decoding: it was a traceback that
+    named no file instead of the list of unreadable images."""
+    from _reference import damaged_pngs
+
+    root = make_folder(tmp_path / "d", n_per_class=1)
+    for name, blob in damaged_pngs().items():
+        (root / "a" / name).write_bytes(blob)
+    with pytest.raises(DataError, match=r"(?s)2 unreadable.*chunk\.png: SyntaxError.*ihdr\.png: ValueError"):
+        load_image_folder(root, cache=False, progress=False)
+
+
 def _zip_folder(root, zpath, prefix=""):
     """``root``'s files and folders (every one, hidden ones too) zipped under ``prefix``, as ``zip -r`` would."""
     with zipfile.ZipFile(zpath, "w") as zf:

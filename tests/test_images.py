@@ -108,6 +108,26 @@ def test_macos_metadata_and_hidden_files_in_an_images_folder_are_no_images(tmp_p
     assert names == ["x"] and x.shape == (1, 3, 32, 32)
 
 
+def test_damaged_files_pillow_reports_as_value_or_syntax_errors_are_named_bad_images(tmp_path):
+    """A damaged PNG can make Pillow raise ValueError or SyntaxError, not OSError: it was a traceback that named no
+    file, and --skip-bad did not skip it."""
+    from _reference import damaged_pngs
+    from PIL import Image
+
+    from vitlab.data import DataError
+    from vitlab.images import load_images
+
+    for name, blob in damaged_pngs().items():
+        (tmp_path / name).write_bytes(blob)
+    Image.new("RGB", (40, 40), "blue").save(tmp_path / "ok.png")
+    model = vitlab.load_model()
+    with pytest.raises(DataError, match=r"(?s)chunk.png: unreadable \(SyntaxError.*ihdr.png: unreadable \(ValueError"):
+        load_images(model, tmp_path)
+    with pytest.warns(UserWarning, match=r"(?s)skipped bad images.*chunk.png.*ihdr.png"):
+        names, _, _ = load_images(model, tmp_path, skip_bad=True)
+    assert names == ["ok"]
+
+
 @pytest.mark.filterwarnings("ignore:skipped bad images")
 def test_a_limit_with_skip_bad_counts_usable_images(tmp_path):
     """With skip_bad, ``limit`` counts the images used, not the files read: 2 bad files among the first 4 make it

@@ -84,6 +84,16 @@ def test_upload_adds_an_image_and_broken_bytes_are_reported(explorer):
     assert "could not read broken.png" in explorer.status.value and len(explorer.names) == 3
 
 
+def test_a_damaged_upload_is_reported_not_raised(explorer):
+    """Pillow reports some damaged PNGs with ValueError or SyntaxError: an upload of one escaped as an exception in
+    the widget's callback instead of the status line."""
+    from _reference import damaged_pngs
+
+    for name, blob in damaged_pngs().items():
+        explorer.add_image(name, blob)
+        assert f"could not read {name}" in explorer.status.value and len(explorer.names) == 2
+
+
 def test_position_explorer_click_selects_a_patch():
     model = tiny_vit()
     ex = PositionExplorer(model)

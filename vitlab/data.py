@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import struct
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from torch import Tensor
 
 __all__ = [
@@ -44,6 +45,12 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 class DataError(ValueError):
     """A dataset could not be read; the message names the files and the fix."""
+
+
+#: what Pillow raises on a file it cannot decode: besides ``OSError`` (``UnidentifiedImageError``, a truncated file),
+#: a damaged header or chunk can raise ``ValueError`` ('Truncated IHDR chunk'), ``SyntaxError`` ('broken PNG file'),
+#: ``EOFError`` or ``struct.error``; ``DecompressionBombError`` is its guard on huge images
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
 
 
 @dataclass(frozen=True)
@@ -128,7 +135,7 @@ def _decode(blob: bytes, name: str, size: tuple[int, int] | None, problems: list
         with Image.open(io.BytesIO(blob)) as img:
             img.load()
             return _to_rgb(img, name, size, problems)
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+    except DECODE_ERRORS as e:
         problems.append(f"{name}: {type(e).__name__}: {e}")
         return None
 

@@ -203,9 +203,9 @@ class AttentionExplorer:
 
     def add_image(self, name: str, data: bytes) -> None:
         """Add an uploaded image (encoded bytes), preprocessed as the model expects, and show it."""
-        from PIL import Image, UnidentifiedImageError
+        from PIL import Image
 
-        from vitlab.data import rgb8
+        from vitlab.data import DECODE_ERRORS, rgb8
         from vitlab.images import model_transform, view_transform
 
         try:
@@ -214,7 +214,7 @@ class AttentionExplorer:
                 tf, cfg = model_transform(self.model)
                 x = tf(im)[None].float()
                 shown = view_transform(tf, cfg["input_size"][-2:])(im)  # the pixels the model sees
-        except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
+        except DECODE_ERRORS as e:
             self.status.value = f"<b>could not read {name}</b>: {e}"
             return
         try:  # the model runs on it before anything changes: a failure leaves the explorer as it was
