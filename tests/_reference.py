@@ -24,6 +24,18 @@ def make_folder(root: Path, n_per_class: int = 3, size: int = 8, classes=("a", "
     return root
 
 
+def turned_photo(path: Path) -> Path:
+    """A JPEG as a phone stores a portrait shot: 64 wide by 32 high, left half red, right half black, with EXIF
+    orientation 6 (turn 90 degrees clockwise to view): upright it is 32 wide by 64 high, top half red."""
+    pixels = np.zeros((32, 64, 3), np.uint8)
+    pixels[:, :32] = (255, 0, 0)
+    img = Image.fromarray(pixels)
+    exif = img.getexif()
+    exif[0x0112] = 6
+    img.save(path, exif=exif, quality=95)
+    return path
+
+
 def damaged_pngs() -> dict[str, bytes]:
     """PNGs whose damage Pillow reports as other than ``OSError``: ``ihdr.png``, a header chunk cut short
     (``ValueError`` on open), and ``chunk.png``, a garbage chunk between its image data chunks (``SyntaxError``

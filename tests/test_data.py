@@ -126,6 +126,19 @@ def test_grayscale_rgba_palette_converted(tmp_path):
     assert d.images[2, 0, 0].tolist() == [10, 20, 30]
 
 
+def test_training_photos_are_decoded_upright_as_their_exif_orientation_says(tmp_path):
+    from _reference import turned_photo
+
+    root = tmp_path / "d"
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        turned_photo(root / c / "portrait.jpg")
+    d = load_image_folder(root, cache=False, progress=False)
+    assert d.images.shape == (2, 64, 32, 3)  # (N, H, W, 3): upright, not the stored 32 x 64
+    red = d.images[0, ..., 0].int() - d.images[0, ..., 1].int()
+    assert red[:28].min() > 200 and red[-28:].max() < 50
+
+
 def test_broken_and_mixed_size_images_are_named(tmp_path):
     root = make_folder(tmp_path / "d", n_per_class=1)
     (root / "a" / "broken.jpg").write_bytes(b"not a jpeg")

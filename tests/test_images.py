@@ -161,6 +161,18 @@ def test_a_limit_with_skip_bad_counts_usable_images(tmp_path):
         assert load_images(model, tmp_path, limit=1)[0] == ["0"]
 
 
+def test_a_photo_is_shown_upright_as_its_exif_orientation_says(tmp_path):
+    """A phone stores a portrait shot landscape with an EXIF orientation tag: it was analysed lying on its side."""
+    from _reference import turned_photo
+
+    from vitlab.images import load_images
+
+    turned_photo(tmp_path / "portrait.jpg")
+    _, _, shown = load_images(vitlab.load_model(), tmp_path)  # 32 px: the upright 32 x 64 resized, centre-cropped
+    red = shown[0][..., 0].astype(int) - shown[0][..., 1]  # (32, 32): red minus green, about 255 on red
+    assert red[:12].min() > 200 and red[-12:].max() < 50  # top red, bottom black; lying, it was left and right
+
+
 def test_the_view_is_the_pixels_the_model_sees(tmp_path):
     """timm's eval transform resizes and centre-crops (crop_pct 0.875 here): the view a map is drawn over must be
     those pixels, equal to un-normalising the model's input, not the whole image squashed to the input size."""

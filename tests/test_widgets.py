@@ -214,6 +214,14 @@ def test_a_16_bit_upload_is_scaled_not_clipped_white(explorer):
     assert abs(view.mean() - ramp.mean() / 257) < 2.0 and (view == 255).mean() < 0.01
 
 
+def test_an_uploaded_photo_is_shown_upright_as_its_exif_orientation_says(explorer, tmp_path):
+    from _reference import turned_photo
+
+    explorer.add_image("portrait.jpg", turned_photo(tmp_path / "portrait.jpg").read_bytes())
+    red = explorer.shown[-1][..., 0].astype(int) - explorer.shown[-1][..., 1]
+    assert red[:12].min() > 200 and red[-12:].max() < 50  # top red, bottom black
+
+
 def test_class_names_come_from_the_checkpoint_never_from_the_head_size(tmp_path):
     """The shipped CIFAR-10 default is named with CIFAR-10's classes; a 10-class model that does not say what it was
     trained on is not."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch import Tensor
 
 __all__ = [
@@ -103,14 +103,21 @@ def cache_dir() -> Path:
 
 #: what decoded images depend on besides the files: part of the decode cache's key, so that a change to the
 #: decoding (e.g. 16-bit images scaled instead of clipped) never serves arrays decoded the old way
-DECODER = "rgb8-1"
+DECODER = "rgb8-2"
+
+#: the EXIF tag that says how a camera's photo is turned: 1 upright, 3/6/8 turned (and 2/4/5/7 mirrored)
+EXIF_ORIENTATION = 0x0112
 
 
 def rgb8(img: Image.Image) -> Image.Image:
     """Any PIL image as 8-bit RGB. 16-bit and 32-bit integer greyscale (``I;16*``, and ``I`` above 255) is scaled
     by 255/65535 and float greyscale (``F``) from [0, 1] (else clipped to [0, 255]), where Pillow's own
     ``convert`` would clip them at 255 (a 16-bit image came out almost white); palette and alpha images drop the
-    alpha; everything else is Pillow's conversion. Always a new, loaded image."""
+    alpha; everything else is Pillow's conversion. A photo whose EXIF orientation says it is turned (a phone's
+    portrait shot is stored landscape) is turned upright first, as image viewers show it. Always a new, loaded
+    image."""
+    if img.getexif().get(EXIF_ORIENTATION, 1) != 1:
+        img = ImageOps.exif_transpose(img)
     if img.mode.startswith("I;16") or img.mode in ("I", "F"):
         arr = np.asarray(img, dtype=np.float64)
         if img.mode.startswith("I;16") or (img.mode == "I" and arr.size and arr.max() > 255):
