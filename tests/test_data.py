@@ -139,6 +139,28 @@ def test_training_photos_are_decoded_upright_as_their_exif_orientation_says(tmp_
     assert red[:28].min() > 200 and red[-28:].max() < 50
 
 
+def test_transparency_is_laid_over_white_not_the_colour_kept_under_it(tmp_path):
+    """A logo on a transparent background keeps black (or any colour) under its transparent pixels: dropping the
+    alpha showed that colour; over white, an opaque pixel keeps its colour and a half-transparent one is blended."""
+    root = tmp_path / "d"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    rgba = np.zeros((8, 8, 4), np.uint8)  # transparent black
+    rgba[0, 0] = (255, 0, 0, 255)  # opaque red
+    rgba[0, 1] = (255, 0, 0, 128)  # half-transparent red
+    Image.fromarray(rgba, "RGBA").save(root / "a" / "rgba.png")
+    Image.merge("LA", (Image.new("L", (8, 8), 0), Image.new("L", (8, 8), 0))).save(root / "a" / "la.png")
+    pal = Image.new("P", (8, 8), 0)
+    pal.putpalette([0, 0, 0, 0, 255, 0] + [0] * 762)
+    pal.paste(1, (0, 0, 4, 8))  # left half green, right half palette entry 0: black, marked transparent
+    pal.save(root / "b" / "pal.png", transparency=0)
+    d = load_image_folder(root, cache=False, progress=False)  # sorted: a/la.png, a/rgba.png, b/pal.png
+    la, rgb, p = (d.images[i].int() for i in range(3))
+    assert (la == 255).all() and (rgb[1:] == 255).all() and (p[:, 4:] == 255).all()
+    assert rgb[0, 0].tolist() == [255, 0, 0] and p[0, 0].tolist() == [0, 255, 0]
+    assert rgb[0, 1, 0] == 255 and abs(int(rgb[0, 1, 1]) - 127) <= 1  # half red over white: pink
+
+
 def test_broken_and_mixed_size_images_are_named(tmp_path):
     root = make_folder(tmp_path / "d", n_per_class=1)
     (root / "a" / "broken.jpg").write_bytes(b"not a jpeg")

@@ -103,7 +103,7 @@ def cache_dir() -> Path:
 
 #: what decoded images depend on besides the files: part of the decode cache's key, so that a change to the
 #: decoding (e.g. 16-bit images scaled instead of clipped) never serves arrays decoded the old way
-DECODER = "rgb8-2"
+DECODER = "rgb8-3"
 
 #: the EXIF tag that says how a camera's photo is turned: 1 upright, 3/6/8 turned (and 2/4/5/7 mirrored)
 EXIF_ORIENTATION = 0x0112
@@ -112,10 +112,11 @@ EXIF_ORIENTATION = 0x0112
 def rgb8(img: Image.Image) -> Image.Image:
     """Any PIL image as 8-bit RGB. 16-bit and 32-bit integer greyscale (``I;16*``, and ``I`` above 255) is scaled
     by 255/65535 and float greyscale (``F``) from [0, 1] (else clipped to [0, 255]), where Pillow's own
-    ``convert`` would clip them at 255 (a 16-bit image came out almost white); palette and alpha images drop the
-    alpha; everything else is Pillow's conversion. A photo whose EXIF orientation says it is turned (a phone's
-    portrait shot is stored landscape) is turned upright first, as image viewers show it. Always a new, loaded
-    image."""
+    ``convert`` would clip them at 255 (a 16-bit image came out almost white); images with transparency (an alpha
+    channel, or a palette or colour marked transparent) are laid over white, as a page shows them, where dropping
+    the alpha showed whatever colour the file keeps under transparent pixels (mostly black); everything else is
+    Pillow's conversion. A photo whose EXIF orientation says it is turned (a phone's portrait shot is stored
+    landscape) is turned upright first, as image viewers show it. Always a new, loaded image."""
     if img.getexif().get(EXIF_ORIENTATION, 1) != 1:
         img = ImageOps.exif_transpose(img)
     if img.mode.startswith("I;16") or img.mode in ("I", "F"):
@@ -125,8 +126,9 @@ def rgb8(img: Image.Image) -> Image.Image:
         elif img.mode == "F" and arr.size and arr.max() <= 1.0:
             arr = arr * 255
         return Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8)).convert("RGB")
-    if "A" in img.mode or img.mode == "P":
-        return img.convert("RGBA").convert("RGB")
+    if "A" in img.mode or img.mode == "P" or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
     return img.convert("RGB")  # a loaded copy, also for RGB: the caller may close the file
 
 
@@ -248,8 +250,8 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
     the class is the first folder under the root and its images are found at any depth (``cat/2019/img.jpg``);
     macOS metadata (``__MACOSX/``, ``._img.jpg``) and hidden files and folders are skipped.
 
-    Grayscale, RGBA and palette images are converted to RGB; with ``size`` every image is resized to it,
-    otherwise all images must share one size. Unreadable files raise ``DataError`` naming them.
+    Grayscale, RGBA and palette images are converted to RGB (transparency laid over white: ``rgb8``); with ``size``
+    every image is resized to it, otherwise all images must share one size. Unreadable files raise ``DataError`` naming them.
     """
     from tqdm.auto import tqdm
 
