@@ -128,6 +128,20 @@ def test_damaged_files_pillow_reports_as_value_or_syntax_errors_are_named_bad_im
     assert names == ["ok"]
 
 
+def test_images_of_the_same_name_in_sub_folders_or_formats_keep_apart(tmp_path):
+    """cat/001.jpg and dog/001.jpg (or pic.bmp and pic.webp) were both named by their stem alone: a report's rows and
+    a capture's image list could not say which file each was."""
+    from PIL import Image
+
+    from vitlab.images import load_images
+
+    for rel in ("cat/001.jpg", "dog/001.jpg", "dog/2019/001.png", "pic.bmp", "pic.webp", "solo.png"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (40, 40), "blue").save(tmp_path / rel)
+    names, _, _ = load_images(vitlab.load_model(), tmp_path)
+    assert names == ["cat/001", "dog/001", "dog/2019/001", "pic.bmp", "pic.webp", "solo"]
+
+
 @pytest.mark.filterwarnings("ignore:skipped bad images")
 def test_a_limit_with_skip_bad_counts_usable_images(tmp_path):
     """With skip_bad, ``limit`` counts the images used, not the files read: 2 bad files among the first 4 make it

@@ -8,6 +8,7 @@ model's input size, for drawing maps over them.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
     files, and images smaller than one of the model's patches (nothing to look at once resized), raise
     ``DataError`` naming them; with ``skip_bad=True`` they are skipped with a warning that names them instead, and
     ``limit`` counts the usable images: the files after the first ``limit`` are read until that many are usable or
-    the folder ends.
+    the folder ends. An image's name is its path below ``folder`` (``_image_names``).
     """
     import warnings
 
@@ -68,6 +69,7 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
         files = image_files(root)  # less macOS metadata and hidden files
         if not files:
             raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {root}")
+        name_of = dict(zip(files, _image_names(root, files)))
         # without skip_bad a bad file is an error anyway: only the first ``limit`` files are read
         candidates = files if skip_bad or limit is None else files[:limit]
         items, broken, read = [], [], 0
@@ -85,7 +87,7 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
                 broken.append(f"{p}: {rgb.size[0]}x{rgb.size[1]} px is smaller than one {patch[0]}x{patch[1]} px "
                               "patch of this model")
                 continue
-            items.append((p.stem, rgb))
+            items.append((name_of[p], rgb))
         if read < len(files) and not (broken and not skip_bad):
             usable = " usable" if broken else ""
             warnings.warn(f"using the first {len(items)}{usable} of the {len(files)} images in {root} (sorted by "
@@ -100,6 +102,14 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
         if not items:
             raise DataError(f"no usable images in {root}: every file was skipped")
     return _preprocessed(model, items)
+
+
+def _image_names(root: Path, files: Sequence[Path]) -> list[str]:
+    """Each file's name in results, one per file: its path below ``root`` without the suffix (``cat/001`` and
+    ``dog/001`` are two images), with the suffix where files differ only in it (``pic.bmp``, ``pic.webp``)."""
+    stems = [p.relative_to(root).with_suffix("").as_posix() for p in files]
+    counts = Counter(stems)
+    return [p.relative_to(root).as_posix() if counts[s] > 1 else s for p, s in zip(files, stems)]
 
 
 def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, list[np.ndarray]]:
