@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -92,6 +93,14 @@ def test_a_damaged_upload_is_reported_not_raised(explorer):
     for name, blob in damaged_pngs().items():
         explorer.add_image(name, blob)
         assert f"could not read {name}" in explorer.status.value and len(explorer.names) == 2
+
+
+def test_an_upload_smaller_than_a_patch_is_refused_as_the_command_line_refuses_it(explorer):
+    """A 1x1 upload was resized to the input and analysed (one colour: nothing to look at), where vitlab capture and
+    reproduce refuse it; it is now refused with the same reason and the explorer is left as it was."""
+    explorer.add_image("dot.png", _png(np.zeros((1, 1, 3), np.uint8)))
+    assert re.search(r"could not use dot.png</b>: 1x1 px is smaller than one \d+x\d+ px patch", explorer.status.value)
+    assert explorer.names == ["a", "b"] and len(explorer.x) == 2
 
 
 def test_position_explorer_click_selects_a_patch():

@@ -54,8 +54,6 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
 
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1 image (or None for all), got {limit}")
-    patch = getattr(getattr(model, "patch_embed", None), "patch_size", (1, 1))
-    patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
     if folder is None:
         items = [(name, Image.fromarray(arr)) for name, arr in sample_images()]
         if limit is not None and len(items) > limit:
@@ -83,9 +81,8 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
             except DECODE_ERRORS as e:  # a damaged file, or Pillow's guard on huge images
                 broken.append(f"{p}: unreadable ({type(e).__name__}: {e})")
                 continue
-            if rgb.size[0] < patch[1] or rgb.size[1] < patch[0]:
-                broken.append(f"{p}: {rgb.size[0]}x{rgb.size[1]} px is smaller than one {patch[0]}x{patch[1]} px "
-                              "patch of this model")
+            if (small := too_small(model, rgb)) is not None:
+                broken.append(f"{p}: {small}")
                 continue
             items.append((name_of[p], rgb))
         if read < len(files) and not (broken and not skip_bad):
@@ -102,6 +99,16 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
         if not items:
             raise DataError(f"no usable images in {root}: every file was skipped")
     return _preprocessed(model, items)
+
+
+def too_small(model: nn.Module, im: Image.Image) -> str | None:
+    """Why ``im`` is too small for ``model`` (smaller than one of its patches: nothing to look at once resized to
+    its input), or None."""
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", (1, 1))
+    patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    if im.size[0] < patch[1] or im.size[1] < patch[0]:
+        return f"{im.size[0]}x{im.size[1]} px is smaller than one {patch[0]}x{patch[1]} px patch of this model"
+    return None
 
 
 def _image_names(root: Path, files: Sequence[Path]) -> list[str]:

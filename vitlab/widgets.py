@@ -206,7 +206,7 @@ class AttentionExplorer:
         from PIL import Image
 
         from vitlab.data import DECODE_ERRORS, rgb8
-        from vitlab.images import model_transform, view_transform
+        from vitlab.images import model_transform, too_small, view_transform
 
         try:
             with Image.open(io.BytesIO(data)) as im:
@@ -216,6 +216,9 @@ class AttentionExplorer:
                 shown = view_transform(tf, cfg["input_size"][-2:])(im)  # the pixels the model sees
         except DECODE_ERRORS as e:
             self.status.value = f"<b>could not read {name}</b>: {e}"
+            return
+        if (small := too_small(self.model, im)) is not None:  # as vitlab capture/reproduce --images refuse it
+            self.status.value = f"<b>could not use {name}</b>: {small}"
             return
         try:  # the model runs on it before anything changes: a failure leaves the explorer as it was
             maps, probs = self._run(x)
