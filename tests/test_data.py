@@ -166,8 +166,10 @@ def test_broken_and_mixed_size_images_are_named(tmp_path):
     (root / "a" / "broken.jpg").write_bytes(b"not a jpeg")
     good = (root / "b" / "0.png").read_bytes()
     (root / "b" / "trunc.png").write_bytes(good[: len(good) // 2])
-    with pytest.raises(DataError, match=r"(?s)2 unreadable.*broken\.jpg.*trunc\.png"):
+    with pytest.raises(DataError, match=r"(?s)2 unreadable.*broken\.jpg.*trunc\.png") as e:
         load_image_folder(root, cache=False, progress=False)
+    assert "broken.jpg: UnidentifiedImageError: not an image Pillow can read (10 bytes)" in str(e.value)
+    assert "BytesIO" not in str(e.value)  # Pillow's name for the in-memory copy, not the file's
     root2 = make_folder(tmp_path / "e", n_per_class=1)
     Image.new("RGB", (9, 7)).save(root2 / "a" / "big.png")
     with pytest.raises(DataError, match="mixed sizes"):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
 __all__ = [
@@ -144,8 +144,9 @@ def _decode(blob: bytes, name: str, size: tuple[int, int] | None, problems: list
         with Image.open(io.BytesIO(blob)) as img:
             img.load()
             return _to_rgb(img, name, size, problems)
-    except DECODE_ERRORS as e:
-        problems.append(f"{name}: {type(e).__name__}: {e}")
+    except DECODE_ERRORS as e:  # Pillow names the in-memory file (<_io.BytesIO object at 0x...>), not the image
+        why = f"not an image Pillow can read ({len(blob)} bytes)" if isinstance(e, UnidentifiedImageError) else e
+        problems.append(f"{name}: {type(e).__name__}: {why}")
         return None
 
 
