@@ -193,6 +193,22 @@ def test_damaged_images_pillow_reports_as_value_or_syntax_errors_are_named(tmp_p
         load_image_folder(root, cache=False, progress=False)
 
 
+def test_linked_class_folders_are_read_as_torchvision_reads_them(tmp_path, monkeypatch):
+    """train/dog -> /data/dogs (a class folder kept elsewhere) was 'class folder(s) ['dog'] hold no images', and a
+    linked folder below a class was left out; links to folders are followed, a loop adds nothing, and the cache
+    follows changes behind a link."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    root = make_folder(tmp_path / "train", n_per_class=2, classes=("cat",))
+    store = make_folder(tmp_path / "store", n_per_class=2, classes=("dogs", "more_cats"))
+    (root / "dog").symlink_to(store / "dogs", target_is_directory=True)
+    (root / "cat" / "more").symlink_to(store / "more_cats", target_is_directory=True)
+    (root / "cat" / "loop").symlink_to(root, target_is_directory=True)
+    d = load_image_folder(root, progress=False)
+    assert d.classes == ("cat", "dog") and d.labels.tolist() == [0, 0, 0, 0, 1, 1]
+    Image.new("RGB", (8, 8)).save(store / "dogs" / "new.png")
+    assert load_image_folder(root, progress=False).labels.tolist() == [0, 0, 0, 0, 1, 1, 1]
+
+
 def _zip_folder(root, zpath, prefix=""):
     """``root``'s files and folders (every one, hidden ones too) zipped under ``prefix``, as ``zip -r`` would."""
     with zipfile.ZipFile(zpath, "w") as zf:

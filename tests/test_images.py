@@ -142,6 +142,21 @@ def test_images_of_the_same_name_in_sub_folders_or_formats_keep_apart(tmp_path):
     assert names == ["cat/001", "dog/001", "dog/2019/001", "pic.bmp", "pic.webp", "solo"]
 
 
+def test_a_linked_folder_of_images_is_read(tmp_path):
+    """--images mine/ holding photos -> /elsewhere/photos read no image below the link ('no images in mine')."""
+    from PIL import Image
+
+    from vitlab.images import load_images
+
+    (tmp_path / "elsewhere").mkdir()
+    Image.new("RGB", (40, 40), "blue").save(tmp_path / "elsewhere" / "x.png")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "photos").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "mine" / "photos" / "loop").symlink_to(tmp_path / "mine", target_is_directory=True)  # not entered
+    names, _, _ = load_images(vitlab.load_model(), tmp_path / "mine")
+    assert names == ["photos/x"]
+
+
 @pytest.mark.filterwarnings("ignore:skipped bad images")
 def test_a_limit_with_skip_bad_counts_usable_images(tmp_path):
     """With skip_bad, ``limit`` counts the images used, not the files read: 2 bad files among the first 4 make it

@@ -153,8 +153,29 @@ def _decode(blob: bytes, name: str, size: tuple[int, int] | None, problems: list
 SPLIT_NAMES = ("train", "test", "val")
 
 #: how images are found and labelled: part of the decode cache's key, so that arrays labelled by an older rule (the
-#: class was an image's direct parent folder; macOS metadata files counted as images) are never served
-LAYOUT = "first-folder-1"
+#: class was an image's direct parent folder; macOS metadata files counted as images; links to folders not followed)
+#: are never served
+LAYOUT = "first-folder-2"
+
+
+def walk(root: Path) -> list[Path]:
+    """Every folder and file below ``root`` at any depth, sorted, as ``root.rglob("*")`` but following links to
+    folders (``train/dog -> /data/dogs``), as torchvision's ``ImageFolder`` does; a link to a folder it is already
+    inside (a loop) is listed but not entered. A folder that cannot be read is left out, as ``rglob`` leaves it."""
+    found: list[Path] = []
+
+    def visit(folder: Path, inside: frozenset[str]) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return
+        for e in entries:
+            found.append(Path(e.path))
+            if e.is_dir() and (real := os.path.realpath(e.path)) not in inside:
+                visit(Path(e.path), inside | {real})
+
+    visit(root, frozenset({os.path.realpath(root)}))
+    return sorted(found)
 
 
 def _skipped(parts: Sequence[str]) -> bool:
@@ -164,9 +185,9 @@ def _skipped(parts: Sequence[str]) -> bool:
 
 
 def image_files(root: Path) -> list[Path]:
-    """The image files (``IMAGE_SUFFIXES``, in any case) at any depth below folder ``root``, sorted by path, less
-    macOS metadata and hidden files and folders (``_skipped``)."""
-    return sorted(p for p in root.rglob("*")
+    """The image files (``IMAGE_SUFFIXES``, in any case) at any depth below folder ``root`` (``walk``: links to
+    folders followed), sorted by path, less macOS metadata and hidden files and folders (``_skipped``)."""
+    return sorted(p for p in walk(root)
                   if p.suffix.lower() in IMAGE_SUFFIXES and not _skipped(p.relative_to(root).parts))
 
 
@@ -216,7 +237,7 @@ def _members(root: Path, split: str | None = None) -> tuple[list[tuple[str, str,
         return members, folders
     if root.is_dir():
         members = []
-        for p in sorted(root.rglob("*")):
+        for p in walk(root):
             parts = p.relative_to(root).parts
             if len(parts) >= 2 and not _skipped(parts) and p.suffix.lower() in IMAGE_SUFFIXES and p.is_file():
                 members.append((parts[0], str(p), p.read_bytes))
@@ -232,7 +253,7 @@ def _fingerprint(root: Path) -> str:
     if not root.is_dir():
         return f"{st.st_size}|{st.st_mtime_ns}"
     h = hashlib.sha1()
-    for p in sorted(root.rglob("*")):
+    for p in walk(root):
         try:  # what the loader reads (image files) and the class folders; a dangling link or a vanished file: skip
             if _skipped(p.relative_to(root).parts) or not (
                     p.is_dir() or (p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())):
