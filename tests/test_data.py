@@ -209,6 +209,20 @@ def test_linked_class_folders_are_read_as_torchvision_reads_them(tmp_path, monke
     assert load_image_folder(root, progress=False).labels.tolist() == [0, 0, 0, 0, 1, 1, 1]
 
 
+def test_a_damaged_zip_entry_is_named_among_the_unreadable_images(tmp_path):
+    """A zip entry whose bytes no longer match its checksum (a bad copy) stopped loading with zipfile's traceback;
+    it is now one of the unreadable images, named."""
+    root = make_folder(tmp_path / "d", n_per_class=2)
+    with zipfile.ZipFile(tmp_path / "d.zip", "w") as zf:  # stored: the PNG's bytes stand as they are in the zip
+        for p in sorted(root.rglob("*.png")):
+            zf.write(p, p.relative_to(root).as_posix())
+    blob = bytearray((tmp_path / "d.zip").read_bytes())
+    blob[blob.index(b"IDAT") + 6] ^= 0xFF  # a byte of a/0.png's image data
+    (tmp_path / "d.zip").write_bytes(blob)
+    with pytest.raises(DataError, match=r"1 unreadable image\(s\) in .*d\.zip.*\n  a/0\.png: BadZipFile: Bad CRC-32"):
+        load_image_folder(tmp_path / "d.zip", cache=False, progress=False)
+
+
 def _zip_folder(root, zpath, prefix=""):
     """``root``'s files and folders (every one, hidden ones too) zipped under ``prefix``, as ``zip -r`` would."""
     with zipfile.ZipFile(zpath, "w") as zf:

@@ -12,6 +12,7 @@ import io
 import os
 import struct
 import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,11 @@ class DataError(ValueError):
 #: a damaged header or chunk can raise ``ValueError`` ('Truncated IHDR chunk'), ``SyntaxError`` ('broken PNG file'),
 #: ``EOFError`` or ``struct.error``; ``DecompressionBombError`` is its guard on huge images
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
+
+#: what reading a file's bytes raises: ``OSError`` from a folder; from a zip's damaged entry ``BadZipFile`` (Bad
+#: CRC-32) or ``zlib.error``, from an encrypted one ``RuntimeError``, from an unknown compression method
+#: ``NotImplementedError``, from a cut-off one ``EOFError``
+READ_ERRORS = (OSError, zipfile.BadZipFile, zlib.error, RuntimeError, NotImplementedError, EOFError)
 
 
 @dataclass(frozen=True)
@@ -300,7 +306,12 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
     problems: list[str] = []
     images, labels, names = [], [], []
     for cls, name, read in tqdm(members, desc=f"decoding {root.name}", disable=not progress, leave=False):
-        arr = _decode(read(), name, size, problems)
+        try:
+            blob = read()
+        except READ_ERRORS as e:  # a zip's damaged entry (Bad CRC-32), an encrypted one, an unreadable file
+            problems.append(f"{name}: {type(e).__name__}: {e}")
+            continue
+        arr = _decode(blob, name, size, problems)
         if arr is not None:
             images.append(arr)
             labels.append(index[cls])
