@@ -235,8 +235,9 @@ def test_a_decompression_bomb_is_a_named_bad_image(tmp_path, monkeypatch):
     Image.new("RGB", (64, 64), "blue").save(tmp_path / "huge.png")
     Image.new("RGB", (40, 40), "blue").save(tmp_path / "ok.png")
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1700)  # 64 x 64 is over twice this (refused); 40 x 40 under it
-    with pytest.raises(DataError, match=r"huge.png: unreadable \(DecompressionBombError"):
+    with pytest.raises(DataError, match=r"huge.png: unreadable \(DecompressionBombError") as e:
         load_images(vitlab.load_model(), tmp_path)
+    assert "Resize it below 3400 pixels or, if you trust the file, raise PIL.Image.MAX_IMAGE_PIXELS" in str(e.value)
     with pytest.warns(UserWarning, match="huge.png"):
         names, _, _ = load_images(vitlab.load_model(), tmp_path, skip_bad=True)
     assert names == ["ok"]

@@ -53,6 +53,15 @@ class DataError(ValueError):
 #: ``EOFError`` or ``struct.error``; ``DecompressionBombError`` is its guard on huge images
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
 
+
+def decode_error_words(e: BaseException) -> str:
+    """One of ``DECODE_ERRORS`` as words, with the fix where Pillow names none: an image over Pillow's pixel limit
+    (``DecompressionBombError``) says how to get it read."""
+    if isinstance(e, Image.DecompressionBombError):
+        return (f"{e} Resize it below {2 * Image.MAX_IMAGE_PIXELS} pixels or, if you trust the file, raise "
+                "PIL.Image.MAX_IMAGE_PIXELS before loading")
+    return str(e)
+
 #: what reading a file's bytes raises: ``OSError`` from a folder; from a zip's damaged entry ``BadZipFile`` (Bad
 #: CRC-32) or ``zlib.error``, from an encrypted one ``RuntimeError``, from an unknown compression method
 #: ``NotImplementedError``, from a cut-off one ``EOFError``
@@ -151,7 +160,8 @@ def _decode(blob: bytes, name: str, size: tuple[int, int] | None, problems: list
             img.load()
             return _to_rgb(img, name, size, problems)
     except DECODE_ERRORS as e:  # Pillow names the in-memory file (<_io.BytesIO object at 0x...>), not the image
-        why = f"not an image Pillow can read ({len(blob)} bytes)" if isinstance(e, UnidentifiedImageError) else e
+        why = (f"not an image Pillow can read ({len(blob)} bytes)" if isinstance(e, UnidentifiedImageError)
+               else decode_error_words(e))
         problems.append(f"{name}: {type(e).__name__}: {why}")
         return None
 

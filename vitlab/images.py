@@ -18,7 +18,16 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from vitlab.data import DECODE_ERRORS, IMAGE_SUFFIXES, DataError, ImageArray, image_files, rgb8, sample_images
+from vitlab.data import (
+    DECODE_ERRORS,
+    IMAGE_SUFFIXES,
+    DataError,
+    ImageArray,
+    decode_error_words,
+    image_files,
+    rgb8,
+    sample_images,
+)
 from vitlab.info import data_config
 
 __all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_image_count", "default_images", "default_labels", "default_source", "CIFAR_SAMPLE"]
@@ -79,7 +88,7 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
                 with Image.open(p) as im:
                     rgb = rgb8(im)
             except DECODE_ERRORS as e:  # a damaged file, or Pillow's guard on huge images
-                broken.append(f"{p}: unreadable ({type(e).__name__}: {e})")
+                broken.append(f"{p}: unreadable ({type(e).__name__}: {decode_error_words(e)})")
                 continue
             if (small := too_small(model, rgb)) is not None:
                 broken.append(f"{p}: {small}")

@@ -205,7 +205,7 @@ class AttentionExplorer:
         """Add an uploaded image (encoded bytes), preprocessed as the model expects, and show it."""
         from PIL import Image
 
-        from vitlab.data import DECODE_ERRORS, rgb8
+        from vitlab.data import DECODE_ERRORS, decode_error_words, rgb8
         from vitlab.images import model_transform, too_small, view_transform
 
         try:
@@ -215,7 +215,7 @@ class AttentionExplorer:
                 x = tf(im)[None].float()
                 shown = view_transform(tf, cfg["input_size"][-2:])(im)  # the pixels the model sees
         except DECODE_ERRORS as e:
-            self.status.value = f"<b>could not read {name}</b>: {e}"
+            self.status.value = f"<b>could not read {name}</b>: {decode_error_words(e)}"
             return
         if (small := too_small(self.model, im)) is not None:  # as vitlab capture/reproduce --images refuse it
             self.status.value = f"<b>could not use {name}</b>: {small}"
