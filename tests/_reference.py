@@ -24,6 +24,36 @@ def make_folder(root: Path, n_per_class: int = 3, size: int = 8, classes=("a", "
     return root
 
 
+def turned_photo(path: Path) -> Path:
+    """A JPEG as a phone stores a portrait shot: 64 wide by 32 high, left half red, right half black, with EXIF
+    orientation 6 (turn 90 degrees clockwise to view): upright it is 32 wide by 64 high, top half red."""
+    pixels = np.zeros((32, 64, 3), np.uint8)
+    pixels[:, :32] = (255, 0, 0)
+    img = Image.fromarray(pixels)
+    exif = img.getexif()
+    exif[0x0112] = 6
+    img.save(path, exif=exif, quality=95)
+    return path
+
+
+def damaged_pngs() -> dict[str, bytes]:
+    """PNGs whose damage Pillow reports as other than ``OSError``: ``ihdr.png``, a header chunk cut short
+    (``ValueError`` on open), and ``chunk.png``, a garbage chunk between its image data chunks (``SyntaxError``
+    while decoding)."""
+    import io
+
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 40), "red").save(buf, "PNG")
+    ihdr = bytearray(buf.getvalue())
+    ihdr[11] = 6  # IHDR's length: 6 of its 13 bytes
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (256, 256, 3), np.uint8)).save(buf, "PNG")
+    chunk = bytearray(buf.getvalue())  # noise that does not compress: several IDAT chunks
+    second = chunk.index(b"IDAT", chunk.index(b"IDAT") + 4)
+    chunk[second:second + 4] = b"\x01\x02\x03\x04"
+    return {"ihdr.png": bytes(ihdr), "chunk.png": bytes(chunk)}
+
+
 def reference_gradient_rollout(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """(B, T, T) float64 (I + A_L) ... (I + A_1) with A_l = mean over heads of relu(a_l * grad_l), each layer's map
     paired with its own gradient through ``torch.autograd.grad``: the definition, computed independently."""

@@ -110,7 +110,7 @@ def test_a_decompression_bomb_in_a_training_folder_is_named(tmp_path, monkeypatc
     root = make_folder(tmp_path / "train", n_per_class=1)
     Image.new("RGB", (64, 64)).save(root / "a" / "huge.png")
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 64 x 64 is over twice this: Pillow refuses it
-    with pytest.raises(DataError, match=r"huge.png: DecompressionBombError"):
+    with pytest.raises(DataError, match=r"huge.png: DecompressionBombError.*raise PIL.Image.MAX_IMAGE_PIXELS"):
         load_image_folder(root, cache=False, progress=False)
 
 
@@ -126,13 +126,50 @@ def test_grayscale_rgba_palette_converted(tmp_path):
     assert d.images[2, 0, 0].tolist() == [10, 20, 30]
 
 
+def test_training_photos_are_decoded_upright_as_their_exif_orientation_says(tmp_path):
+    from _reference import turned_photo
+
+    root = tmp_path / "d"
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        turned_photo(root / c / "portrait.jpg")
+    d = load_image_folder(root, cache=False, progress=False)
+    assert d.images.shape == (2, 64, 32, 3)  # (N, H, W, 3): upright, not the stored 32 x 64
+    red = d.images[0, ..., 0].int() - d.images[0, ..., 1].int()
+    assert red[:28].min() > 200 and red[-28:].max() < 50
+
+
+def test_transparency_is_laid_over_white_not_the_colour_kept_under_it(tmp_path):
+    """A logo on a transparent background keeps black (or any colour) under its transparent pixels: dropping the
+    alpha showed that colour; over white, an opaque pixel keeps its colour and a half-transparent one is blended."""
+    root = tmp_path / "d"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    rgba = np.zeros((8, 8, 4), np.uint8)  # transparent black
+    rgba[0, 0] = (255, 0, 0, 255)  # opaque red
+    rgba[0, 1] = (255, 0, 0, 128)  # half-transparent red
+    Image.fromarray(rgba, "RGBA").save(root / "a" / "rgba.png")
+    Image.merge("LA", (Image.new("L", (8, 8), 0), Image.new("L", (8, 8), 0))).save(root / "a" / "la.png")
+    pal = Image.new("P", (8, 8), 0)
+    pal.putpalette([0, 0, 0, 0, 255, 0] + [0] * 762)
+    pal.paste(1, (0, 0, 4, 8))  # left half green, right half palette entry 0: black, marked transparent
+    pal.save(root / "b" / "pal.png", transparency=0)
+    d = load_image_folder(root, cache=False, progress=False)  # sorted: a/la.png, a/rgba.png, b/pal.png
+    la, rgb, p = (d.images[i].int() for i in range(3))
+    assert (la == 255).all() and (rgb[1:] == 255).all() and (p[:, 4:] == 255).all()
+    assert rgb[0, 0].tolist() == [255, 0, 0] and p[0, 0].tolist() == [0, 255, 0]
+    assert rgb[0, 1, 0] == 255 and abs(int(rgb[0, 1, 1]) - 127) <= 1  # half red over white: pink
+
+
 def test_broken_and_mixed_size_images_are_named(tmp_path):
     root = make_folder(tmp_path / "d", n_per_class=1)
     (root / "a" / "broken.jpg").write_bytes(b"not a jpeg")
     good = (root / "b" / "0.png").read_bytes()
     (root / "b" / "trunc.png").write_bytes(good[: len(good) // 2])
-    with pytest.raises(DataError, match=r"(?s)2 unreadable.*broken\.jpg.*trunc\.png"):
+    with pytest.raises(DataError, match=r"(?s)2 unreadable.*broken\.jpg.*trunc\.png") as e:
         load_image_folder(root, cache=False, progress=False)
+    assert "broken.jpg: UnidentifiedImageError: not an image Pillow can read (10 bytes)" in str(e.value)
+    assert "BytesIO" not in str(e.value)  # Pillow's name for the in-memory copy, not the file's
     root2 = make_folder(tmp_path / "e", n_per_class=1)
     Image.new("RGB", (9, 7)).save(root2 / "a" / "big.png")
     with pytest.raises(DataError, match="mixed sizes"):
@@ -142,6 +179,48 @@ def test_broken_and_mixed_size_images_are_named(tmp_path):
     with pytest.raises(DataError, match="no images"):
         (tmp_path / "empty" / "a").mkdir(parents=True)
         load_image_folder(tmp_path / "empty", cache=False, progress=False)
+
+
+def test_damaged_images_pillow_reports_as_value_or_syntax_errors_are_named(tmp_path):
+    """A damaged PNG can make Pillow raise SyntaxError ('broken PNG file') while decoding: it was a traceback that
+    named no file instead of the list of unreadable images."""
+    from _reference import damaged_pngs
+
+    root = make_folder(tmp_path / "d", n_per_class=1)
+    for name, blob in damaged_pngs().items():
+        (root / "a" / name).write_bytes(blob)
+    with pytest.raises(DataError, match=r"(?s)2 unreadable.*chunk\.png: SyntaxError.*ihdr\.png: ValueError"):
+        load_image_folder(root, cache=False, progress=False)
+
+
+def test_linked_class_folders_are_read_as_torchvision_reads_them(tmp_path, monkeypatch):
+    """train/dog -> /data/dogs (a class folder kept elsewhere) was 'class folder(s) ['dog'] hold no images', and a
+    linked folder below a class was left out; links to folders are followed, a loop adds nothing, and the cache
+    follows changes behind a link."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    root = make_folder(tmp_path / "train", n_per_class=2, classes=("cat",))
+    store = make_folder(tmp_path / "store", n_per_class=2, classes=("dogs", "more_cats"))
+    (root / "dog").symlink_to(store / "dogs", target_is_directory=True)
+    (root / "cat" / "more").symlink_to(store / "more_cats", target_is_directory=True)
+    (root / "cat" / "loop").symlink_to(root, target_is_directory=True)
+    d = load_image_folder(root, progress=False)
+    assert d.classes == ("cat", "dog") and d.labels.tolist() == [0, 0, 0, 0, 1, 1]
+    Image.new("RGB", (8, 8)).save(store / "dogs" / "new.png")
+    assert load_image_folder(root, progress=False).labels.tolist() == [0, 0, 0, 0, 1, 1, 1]
+
+
+def test_a_damaged_zip_entry_is_named_among_the_unreadable_images(tmp_path):
+    """A zip entry whose bytes no longer match its checksum (a bad copy) stopped loading with zipfile's traceback;
+    it is now one of the unreadable images, named."""
+    root = make_folder(tmp_path / "d", n_per_class=2)
+    with zipfile.ZipFile(tmp_path / "d.zip", "w") as zf:  # stored: the PNG's bytes stand as they are in the zip
+        for p in sorted(root.rglob("*.png")):
+            zf.write(p, p.relative_to(root).as_posix())
+    blob = bytearray((tmp_path / "d.zip").read_bytes())
+    blob[blob.index(b"IDAT") + 6] ^= 0xFF  # a byte of a/0.png's image data
+    (tmp_path / "d.zip").write_bytes(blob)
+    with pytest.raises(DataError, match=r"1 unreadable image\(s\) in .*d\.zip.*\n  a/0\.png: BadZipFile: Bad CRC-32"):
+        load_image_folder(tmp_path / "d.zip", cache=False, progress=False)
 
 
 def _zip_folder(root, zpath, prefix=""):

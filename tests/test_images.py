@@ -85,6 +85,78 @@ def test_too_small_and_broken_images_are_refused_or_skipped(tmp_path):
     assert names == ["ok"] and x.shape == (1, 3, 32, 32)
 
 
+def test_macos_metadata_and_hidden_files_in_an_images_folder_are_no_images(tmp_path):
+    """A folder unzipped from a macOS zip holds __MACOSX/._x.png resource forks and ._x.png files beside the images:
+    as for training data they are no images, never 'bad images' that stop the analysis (or warnings with
+    --skip-bad)."""
+    import warnings
+
+    from PIL import Image
+
+    from vitlab.images import load_images
+
+    Image.new("RGB", (40, 40), "blue").save(tmp_path / "x.png")
+    fork = b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        "  # an AppleDouble header: no image
+    (tmp_path / "._x.png").write_bytes(fork)
+    (tmp_path / "__MACOSX").mkdir()
+    (tmp_path / "__MACOSX" / "._x.png").write_bytes(fork)
+    (tmp_path / ".thumbs").mkdir()
+    (tmp_path / ".thumbs" / "x.jpg").write_bytes(b"not a jpeg")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        names, x, _ = load_images(vitlab.load_model(), tmp_path)
+    assert names == ["x"] and x.shape == (1, 3, 32, 32)
+
+
+def test_damaged_files_pillow_reports_as_value_or_syntax_errors_are_named_bad_images(tmp_path):
+    """A damaged PNG can make Pillow raise ValueError or SyntaxError, not OSError: it was a traceback that named no
+    file, and --skip-bad did not skip it."""
+    from _reference import damaged_pngs
+    from PIL import Image
+
+    from vitlab.data import DataError
+    from vitlab.images import load_images
+
+    for name, blob in damaged_pngs().items():
+        (tmp_path / name).write_bytes(blob)
+    Image.new("RGB", (40, 40), "blue").save(tmp_path / "ok.png")
+    model = vitlab.load_model()
+    with pytest.raises(DataError, match=r"(?s)chunk.png: unreadable \(SyntaxError.*ihdr.png: unreadable \(ValueError"):
+        load_images(model, tmp_path)
+    with pytest.warns(UserWarning, match=r"(?s)skipped bad images.*chunk.png.*ihdr.png"):
+        names, _, _ = load_images(model, tmp_path, skip_bad=True)
+    assert names == ["ok"]
+
+
+def test_images_of_the_same_name_in_sub_folders_or_formats_keep_apart(tmp_path):
+    """cat/001.jpg and dog/001.jpg (or pic.bmp and pic.webp) were both named by their stem alone: a report's rows and
+    a capture's image list could not say which file each was."""
+    from PIL import Image
+
+    from vitlab.images import load_images
+
+    for rel in ("cat/001.jpg", "dog/001.jpg", "dog/2019/001.png", "pic.bmp", "pic.webp", "solo.png"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (40, 40), "blue").save(tmp_path / rel)
+    names, _, _ = load_images(vitlab.load_model(), tmp_path)
+    assert names == ["cat/001", "dog/001", "dog/2019/001", "pic.bmp", "pic.webp", "solo"]
+
+
+def test_a_linked_folder_of_images_is_read(tmp_path):
+    """--images mine/ holding photos -> /elsewhere/photos read no image below the link ('no images in mine')."""
+    from PIL import Image
+
+    from vitlab.images import load_images
+
+    (tmp_path / "elsewhere").mkdir()
+    Image.new("RGB", (40, 40), "blue").save(tmp_path / "elsewhere" / "x.png")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "photos").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "mine" / "photos" / "loop").symlink_to(tmp_path / "mine", target_is_directory=True)  # not entered
+    names, _, _ = load_images(vitlab.load_model(), tmp_path / "mine")
+    assert names == ["photos/x"]
+
+
 @pytest.mark.filterwarnings("ignore:skipped bad images")
 def test_a_limit_with_skip_bad_counts_usable_images(tmp_path):
     """With skip_bad, ``limit`` counts the images used, not the files read: 2 bad files among the first 4 make it
@@ -116,6 +188,18 @@ def test_a_limit_with_skip_bad_counts_usable_images(tmp_path):
         load_images(model, tmp_path, limit=2)
     with pytest.warns(UserWarning, match="using the first 1 of the 8 images"):
         assert load_images(model, tmp_path, limit=1)[0] == ["0"]
+
+
+def test_a_photo_is_shown_upright_as_its_exif_orientation_says(tmp_path):
+    """A phone stores a portrait shot landscape with an EXIF orientation tag: it was analysed lying on its side."""
+    from _reference import turned_photo
+
+    from vitlab.images import load_images
+
+    turned_photo(tmp_path / "portrait.jpg")
+    _, _, shown = load_images(vitlab.load_model(), tmp_path)  # 32 px: the upright 32 x 64 resized, centre-cropped
+    red = shown[0][..., 0].astype(int) - shown[0][..., 1]  # (32, 32): red minus green, about 255 on red
+    assert red[:12].min() > 200 and red[-12:].max() < 50  # top red, bottom black; lying, it was left and right
 
 
 def test_the_view_is_the_pixels_the_model_sees(tmp_path):
@@ -151,8 +235,9 @@ def test_a_decompression_bomb_is_a_named_bad_image(tmp_path, monkeypatch):
     Image.new("RGB", (64, 64), "blue").save(tmp_path / "huge.png")
     Image.new("RGB", (40, 40), "blue").save(tmp_path / "ok.png")
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1700)  # 64 x 64 is over twice this (refused); 40 x 40 under it
-    with pytest.raises(DataError, match=r"huge.png: unreadable \(DecompressionBombError"):
+    with pytest.raises(DataError, match=r"huge.png: unreadable \(DecompressionBombError") as e:
         load_images(vitlab.load_model(), tmp_path)
+    assert "Resize it below 3400 pixels or, if you trust the file, raise PIL.Image.MAX_IMAGE_PIXELS" in str(e.value)
     with pytest.warns(UserWarning, match="huge.png"):
         names, _, _ = load_images(vitlab.load_model(), tmp_path, skip_bad=True)
     assert names == ["ok"]

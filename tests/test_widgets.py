@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -82,6 +83,24 @@ def test_upload_adds_an_image_and_broken_bytes_are_reported(explorer):
     assert np.array(explorer.figure.data[0].z).shape == (32, 32, 3)
     explorer.add_image("broken.png", b"not an image")
     assert "could not read broken.png" in explorer.status.value and len(explorer.names) == 3
+
+
+def test_a_damaged_upload_is_reported_not_raised(explorer):
+    """Pillow reports some damaged PNGs with ValueError or SyntaxError: an upload of one escaped as an exception in
+    the widget's callback instead of the status line."""
+    from _reference import damaged_pngs
+
+    for name, blob in damaged_pngs().items():
+        explorer.add_image(name, blob)
+        assert f"could not read {name}" in explorer.status.value and len(explorer.names) == 2
+
+
+def test_an_upload_smaller_than_a_patch_is_refused_as_the_command_line_refuses_it(explorer):
+    """A 1x1 upload was resized to the input and analysed (one colour: nothing to look at), where vitlab capture and
+    reproduce refuse it; it is now refused with the same reason and the explorer is left as it was."""
+    explorer.add_image("dot.png", _png(np.zeros((1, 1, 3), np.uint8)))
+    assert re.search(r"could not use dot.png</b>: 1x1 px is smaller than one \d+x\d+ px patch", explorer.status.value)
+    assert explorer.names == ["a", "b"] and len(explorer.x) == 2
 
 
 def test_position_explorer_click_selects_a_patch():
@@ -202,6 +221,14 @@ def test_a_16_bit_upload_is_scaled_not_clipped_white(explorer):
     explorer.add_image("ramp16.png", _png(ramp))
     view = np.asarray(explorer.shown[-1], dtype=float)
     assert abs(view.mean() - ramp.mean() / 257) < 2.0 and (view == 255).mean() < 0.01
+
+
+def test_an_uploaded_photo_is_shown_upright_as_its_exif_orientation_says(explorer, tmp_path):
+    from _reference import turned_photo
+
+    explorer.add_image("portrait.jpg", turned_photo(tmp_path / "portrait.jpg").read_bytes())
+    red = explorer.shown[-1][..., 0].astype(int) - explorer.shown[-1][..., 1]
+    assert red[:12].min() > 200 and red[-12:].max() < 50  # top red, bottom black
 
 
 def test_class_names_come_from_the_checkpoint_never_from_the_head_size(tmp_path):

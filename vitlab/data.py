@@ -10,14 +10,16 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import struct
 import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
 __all__ = [
@@ -44,6 +46,26 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 class DataError(ValueError):
     """A dataset could not be read; the message names the files and the fix."""
+
+
+#: what Pillow raises on a file it cannot decode: besides ``OSError`` (``UnidentifiedImageError``, a truncated file),
+#: a damaged header or chunk can raise ``ValueError`` ('Truncated IHDR chunk'), ``SyntaxError`` ('broken PNG file'),
+#: ``EOFError`` or ``struct.error``; ``DecompressionBombError`` is its guard on huge images
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
+
+
+def decode_error_words(e: BaseException) -> str:
+    """One of ``DECODE_ERRORS`` as words, with the fix where Pillow names none: an image over Pillow's pixel limit
+    (``DecompressionBombError``) says how to get it read."""
+    if isinstance(e, Image.DecompressionBombError):
+        return (f"{e} Resize it below {2 * Image.MAX_IMAGE_PIXELS} pixels or, if you trust the file, raise "
+                "PIL.Image.MAX_IMAGE_PIXELS before loading")
+    return str(e)
+
+#: what reading a file's bytes raises: ``OSError`` from a folder; from a zip's damaged entry ``BadZipFile`` (Bad
+#: CRC-32) or ``zlib.error``, from an encrypted one ``RuntimeError``, from an unknown compression method
+#: ``NotImplementedError``, from a cut-off one ``EOFError``
+READ_ERRORS = (OSError, zipfile.BadZipFile, zlib.error, RuntimeError, NotImplementedError, EOFError)
 
 
 @dataclass(frozen=True)
@@ -96,14 +118,22 @@ def cache_dir() -> Path:
 
 #: what decoded images depend on besides the files: part of the decode cache's key, so that a change to the
 #: decoding (e.g. 16-bit images scaled instead of clipped) never serves arrays decoded the old way
-DECODER = "rgb8-1"
+DECODER = "rgb8-3"
+
+#: the EXIF tag that says how a camera's photo is turned: 1 upright, 3/6/8 turned (and 2/4/5/7 mirrored)
+EXIF_ORIENTATION = 0x0112
 
 
 def rgb8(img: Image.Image) -> Image.Image:
     """Any PIL image as 8-bit RGB. 16-bit and 32-bit integer greyscale (``I;16*``, and ``I`` above 255) is scaled
     by 255/65535 and float greyscale (``F``) from [0, 1] (else clipped to [0, 255]), where Pillow's own
-    ``convert`` would clip them at 255 (a 16-bit image came out almost white); palette and alpha images drop the
-    alpha; everything else is Pillow's conversion. Always a new, loaded image."""
+    ``convert`` would clip them at 255 (a 16-bit image came out almost white); images with transparency (an alpha
+    channel, or a palette or colour marked transparent) are laid over white, as a page shows them, where dropping
+    the alpha showed whatever colour the file keeps under transparent pixels (mostly black); everything else is
+    Pillow's conversion. A photo whose EXIF orientation says it is turned (a phone's portrait shot is stored
+    landscape) is turned upright first, as image viewers show it. Always a new, loaded image."""
+    if img.getexif().get(EXIF_ORIENTATION, 1) != 1:
+        img = ImageOps.exif_transpose(img)
     if img.mode.startswith("I;16") or img.mode in ("I", "F"):
         arr = np.asarray(img, dtype=np.float64)
         if img.mode.startswith("I;16") or (img.mode == "I" and arr.size and arr.max() > 255):
@@ -111,8 +141,9 @@ def rgb8(img: Image.Image) -> Image.Image:
         elif img.mode == "F" and arr.size and arr.max() <= 1.0:
             arr = arr * 255
         return Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8)).convert("RGB")
-    if "A" in img.mode or img.mode == "P":
-        return img.convert("RGBA").convert("RGB")
+    if "A" in img.mode or img.mode == "P" or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
     return img.convert("RGB")  # a loaded copy, also for RGB: the caller may close the file
 
 
@@ -128,22 +159,52 @@ def _decode(blob: bytes, name: str, size: tuple[int, int] | None, problems: list
         with Image.open(io.BytesIO(blob)) as img:
             img.load()
             return _to_rgb(img, name, size, problems)
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
-        problems.append(f"{name}: {type(e).__name__}: {e}")
+    except DECODE_ERRORS as e:  # Pillow names the in-memory file (<_io.BytesIO object at 0x...>), not the image
+        why = (f"not an image Pillow can read ({len(blob)} bytes)" if isinstance(e, UnidentifiedImageError)
+               else decode_error_words(e))
+        problems.append(f"{name}: {type(e).__name__}: {why}")
         return None
 
 
 SPLIT_NAMES = ("train", "test", "val")
 
 #: how images are found and labelled: part of the decode cache's key, so that arrays labelled by an older rule (the
-#: class was an image's direct parent folder; macOS metadata files counted as images) are never served
-LAYOUT = "first-folder-1"
+#: class was an image's direct parent folder; macOS metadata files counted as images; links to folders not followed)
+#: are never served
+LAYOUT = "first-folder-2"
+
+
+def walk(root: Path) -> list[Path]:
+    """Every folder and file below ``root`` at any depth, sorted, as ``root.rglob("*")`` but following links to
+    folders (``train/dog -> /data/dogs``), as torchvision's ``ImageFolder`` does; a link to a folder it is already
+    inside (a loop) is listed but not entered. A folder that cannot be read is left out, as ``rglob`` leaves it."""
+    found: list[Path] = []
+
+    def visit(folder: Path, inside: frozenset[str]) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return
+        for e in entries:
+            found.append(Path(e.path))
+            if e.is_dir() and (real := os.path.realpath(e.path)) not in inside:
+                visit(Path(e.path), inside | {real})
+
+    visit(root, frozenset({os.path.realpath(root)}))
+    return sorted(found)
 
 
 def _skipped(parts: Sequence[str]) -> bool:
     """Whether a path (its parts below the data's root) holds no data: macOS's metadata (a zip's ``__MACOSX/``
     folder, ``._name`` resource forks) and every hidden file or folder (``.DS_Store``, ``.ipynb_checkpoints/``)."""
     return any(p.startswith(".") or p == "__MACOSX" for p in parts)
+
+
+def image_files(root: Path) -> list[Path]:
+    """The image files (``IMAGE_SUFFIXES``, in any case) at any depth below folder ``root`` (``walk``: links to
+    folders followed), sorted by path, less macOS metadata and hidden files and folders (``_skipped``)."""
+    return sorted(p for p in walk(root)
+                  if p.suffix.lower() in IMAGE_SUFFIXES and not _skipped(p.relative_to(root).parts))
 
 
 def _split_index(parts: Sequence[str]) -> int | None:
@@ -192,7 +253,7 @@ def _members(root: Path, split: str | None = None) -> tuple[list[tuple[str, str,
         return members, folders
     if root.is_dir():
         members = []
-        for p in sorted(root.rglob("*")):
+        for p in walk(root):
             parts = p.relative_to(root).parts
             if len(parts) >= 2 and not _skipped(parts) and p.suffix.lower() in IMAGE_SUFFIXES and p.is_file():
                 members.append((parts[0], str(p), p.read_bytes))
@@ -208,7 +269,7 @@ def _fingerprint(root: Path) -> str:
     if not root.is_dir():
         return f"{st.st_size}|{st.st_mtime_ns}"
     h = hashlib.sha1()
-    for p in sorted(root.rglob("*")):
+    for p in walk(root):
         try:  # what the loader reads (image files) and the class folders; a dangling link or a vanished file: skip
             if _skipped(p.relative_to(root).parts) or not (
                     p.is_dir() or (p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())):
@@ -227,8 +288,8 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
     the class is the first folder under the root and its images are found at any depth (``cat/2019/img.jpg``);
     macOS metadata (``__MACOSX/``, ``._img.jpg``) and hidden files and folders are skipped.
 
-    Grayscale, RGBA and palette images are converted to RGB; with ``size`` every image is resized to it,
-    otherwise all images must share one size. Unreadable files raise ``DataError`` naming them.
+    Grayscale, RGBA and palette images are converted to RGB (transparency laid over white: ``rgb8``); with ``size``
+    every image is resized to it, otherwise all images must share one size. Unreadable files raise ``DataError`` naming them.
     """
     from tqdm.auto import tqdm
 
@@ -255,7 +316,12 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
     problems: list[str] = []
     images, labels, names = [], [], []
     for cls, name, read in tqdm(members, desc=f"decoding {root.name}", disable=not progress, leave=False):
-        arr = _decode(read(), name, size, problems)
+        try:
+            blob = read()
+        except READ_ERRORS as e:  # a zip's damaged entry (Bad CRC-32), an encrypted one, an unreadable file
+            problems.append(f"{name}: {type(e).__name__}: {e}")
+            continue
+        arr = _decode(blob, name, size, problems)
         if arr is not None:
             images.append(arr)
             labels.append(index[cls])

@@ -8,6 +8,7 @@ model's input size, for drawing maps over them.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -17,7 +18,16 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from vitlab.data import IMAGE_SUFFIXES, DataError, ImageArray, rgb8, sample_images
+from vitlab.data import (
+    DECODE_ERRORS,
+    IMAGE_SUFFIXES,
+    DataError,
+    ImageArray,
+    decode_error_words,
+    image_files,
+    rgb8,
+    sample_images,
+)
 from vitlab.info import data_config
 
 __all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_image_count", "default_images", "default_labels", "default_source", "CIFAR_SAMPLE"]
@@ -42,18 +52,17 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
     """Images preprocessed as the model expects: (names, (B, C, H, W) batch, the (H, W, 3) uint8 views shown).
 
     ``folder=None`` uses the photos scikit-learn ships. ``limit``: the first ``limit`` images of ``folder`` (sorted
-    by path), or of those photos, with a warning that counts the images left out; None: every one. Unreadable
+    by path), or of those photos, with a warning that counts the images left out; None: every one. As for training
+    data, macOS metadata (``__MACOSX/``, ``._x.jpg``) and hidden files and folders are no images. Unreadable
     files, and images smaller than one of the model's patches (nothing to look at once resized), raise
     ``DataError`` naming them; with ``skip_bad=True`` they are skipped with a warning that names them instead, and
     ``limit`` counts the usable images: the files after the first ``limit`` are read until that many are usable or
-    the folder ends.
+    the folder ends. An image's name is its path below ``folder`` (``_image_names``).
     """
     import warnings
 
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1 image (or None for all), got {limit}")
-    patch = getattr(getattr(model, "patch_embed", None), "patch_size", (1, 1))
-    patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
     if folder is None:
         items = [(name, Image.fromarray(arr)) for name, arr in sample_images()]
         if limit is not None and len(items) > limit:
@@ -64,9 +73,10 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
         root = Path(folder)
         if not root.is_dir():
             raise DataError(f"--images {root} is not a folder")
-        files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        files = image_files(root)  # less macOS metadata and hidden files
         if not files:
             raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {root}")
+        name_of = dict(zip(files, _image_names(root, files)))
         # without skip_bad a bad file is an error anyway: only the first ``limit`` files are read
         candidates = files if skip_bad or limit is None else files[:limit]
         items, broken, read = [], [], 0
@@ -77,14 +87,13 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
             try:
                 with Image.open(p) as im:
                     rgb = rgb8(im)
-            except (OSError, Image.DecompressionBombError) as e:  # the latter: Pillow's guard on huge images
-                broken.append(f"{p}: unreadable ({type(e).__name__}: {e})")
+            except DECODE_ERRORS as e:  # a damaged file, or Pillow's guard on huge images
+                broken.append(f"{p}: unreadable ({type(e).__name__}: {decode_error_words(e)})")
                 continue
-            if rgb.size[0] < patch[1] or rgb.size[1] < patch[0]:
-                broken.append(f"{p}: {rgb.size[0]}x{rgb.size[1]} px is smaller than one {patch[0]}x{patch[1]} px "
-                              "patch of this model")
+            if (small := too_small(model, rgb)) is not None:
+                broken.append(f"{p}: {small}")
                 continue
-            items.append((p.stem, rgb))
+            items.append((name_of[p], rgb))
         if read < len(files) and not (broken and not skip_bad):
             usable = " usable" if broken else ""
             warnings.warn(f"using the first {len(items)}{usable} of the {len(files)} images in {root} (sorted by "
@@ -99,6 +108,24 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
         if not items:
             raise DataError(f"no usable images in {root}: every file was skipped")
     return _preprocessed(model, items)
+
+
+def too_small(model: nn.Module, im: Image.Image) -> str | None:
+    """Why ``im`` is too small for ``model`` (smaller than one of its patches: nothing to look at once resized to
+    its input), or None."""
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", (1, 1))
+    patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    if im.size[0] < patch[1] or im.size[1] < patch[0]:
+        return f"{im.size[0]}x{im.size[1]} px is smaller than one {patch[0]}x{patch[1]} px patch of this model"
+    return None
+
+
+def _image_names(root: Path, files: Sequence[Path]) -> list[str]:
+    """Each file's name in results, one per file: its path below ``root`` without the suffix (``cat/001`` and
+    ``dog/001`` are two images), with the suffix where files differ only in it (``pic.bmp``, ``pic.webp``)."""
+    stems = [p.relative_to(root).with_suffix("").as_posix() for p in files]
+    counts = Counter(stems)
+    return [p.relative_to(root).as_posix() if counts[s] > 1 else s for p, s in zip(files, stems)]
 
 
 def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, list[np.ndarray]]:

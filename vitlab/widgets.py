@@ -203,10 +203,10 @@ class AttentionExplorer:
 
     def add_image(self, name: str, data: bytes) -> None:
         """Add an uploaded image (encoded bytes), preprocessed as the model expects, and show it."""
-        from PIL import Image, UnidentifiedImageError
+        from PIL import Image
 
-        from vitlab.data import rgb8
-        from vitlab.images import model_transform, view_transform
+        from vitlab.data import DECODE_ERRORS, decode_error_words, rgb8
+        from vitlab.images import model_transform, too_small, view_transform
 
         try:
             with Image.open(io.BytesIO(data)) as im:
@@ -214,8 +214,11 @@ class AttentionExplorer:
                 tf, cfg = model_transform(self.model)
                 x = tf(im)[None].float()
                 shown = view_transform(tf, cfg["input_size"][-2:])(im)  # the pixels the model sees
-        except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
-            self.status.value = f"<b>could not read {name}</b>: {e}"
+        except DECODE_ERRORS as e:
+            self.status.value = f"<b>could not read {name}</b>: {decode_error_words(e)}"
+            return
+        if (small := too_small(self.model, im)) is not None:  # as vitlab capture/reproduce --images refuse it
+            self.status.value = f"<b>could not use {name}</b>: {small}"
             return
         try:  # the model runs on it before anything changes: a failure leaves the explorer as it was
             maps, probs = self._run(x)
