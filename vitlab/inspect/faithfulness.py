@@ -139,11 +139,13 @@ def randomized_copy(model: nn.Module, seed: int = 0) -> nn.Module:
 
 
 def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, images: Tensor,
-                         target: Tensor | int | None = None, seed: int = 0, original: Tensor | None = None) -> Tensor:
+                         target: Tensor | int | None = None, seed: int = 0, original: Tensor | None = None,
+                         randomized: nn.Module | None = None) -> Tensor:
     """(B,) Spearman correlation between ``method(model, images, target)`` and the same on a
     re-initialised copy of the model (same targets). Near 0: the map depends on the learned weights.
     ``method`` takes (model, images, target), as the values of ``ATTRIBUTION_METHODS`` do (or give its name there,
-    e.g. ``"rollout"``); ``original``: the map on ``model`` when already computed. ``target`` None: the model's
+    e.g. ``"rollout"``); ``original``: the map on ``model`` when already computed; ``randomized``: the copy
+    ``randomized_copy(model, seed)`` when already made (``seed`` is then not used). ``target`` None: the model's
     prediction, or, for a model without a classifier head, no class (rollout, which needs none, still runs there;
     the class-specific methods refuse such a model)."""
     check_images(images, model)
@@ -155,8 +157,9 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
         target = predicted_class(model, images)
     if original is None:
         original = method(model, images, target)
-    randomized = method(randomized_copy(model, seed), images, target)
-    return rank_correlation(original, randomized)
+    if randomized is None:
+        randomized = randomized_copy(model, seed)
+    return rank_correlation(original, method(randomized, images, target))
 
 
 def localisation(maps: Tensor, masks: Tensor) -> dict[str, Tensor]:
