@@ -13,7 +13,12 @@ from tqdm.auto import tqdm
 from vitlab.capture import check_images
 from vitlab.info import model_info
 from vitlab.inspect.attribution import ATTRIBUTION_METHODS, attribution_method, require_classifier, target_classes
-from vitlab.inspect.faithfulness import deletion_insertion, localisation, randomization_sanity, randomized_copy
+from vitlab.inspect.faithfulness import (
+    deletion_insertion_scorer,
+    localisation,
+    randomization_sanity,
+    randomized_copy,
+)
 
 __all__ = ["MethodScores", "compare_methods"]
 
@@ -49,6 +54,8 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
     rows, maps = [], {}
     names = list(methods) + (["random map"] if random_baseline else [])
     randomized = randomized_copy(model, seed) if sanity and methods else None  # one copy serves every method
+    # the baseline and the curves' two ends (unchanged images, baseline) are the same for every map: made once
+    faithfulness = deletion_insertion_scorer(model, images, target, steps=steps) if names else None
     for name in tqdm(names, desc="methods", disable=progress is False or (progress is None and len(names) < 3)):
         t0 = time.perf_counter()
         if name == "random map":
@@ -59,7 +66,7 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
             m = fns[name](model, images, target)
         seconds = time.perf_counter() - t0
         maps[name] = m
-        di = deletion_insertion(model, images, m, target, steps=steps)
+        di = faithfulness(m)
         san = None
         if sanity and name != "random map":
             san = float(randomization_sanity(fns[name], model, images, target, original=m,
