@@ -521,3 +521,27 @@ def test_a_masked_patch_prediction_checkpoint_gets_no_predictions_from_its_untra
     assert metrics["predictions"] == [] and metrics["methods"] == []
     rollout = next(f for f in metrics["figures"] if f["slug"] == "rollout")
     assert "untrained" in rollout["ours"] and "no classifier head" not in rollout["ours"]
+
+
+def test_the_distance_section_reads_the_prediction_pass_instead_of_a_second_forward():
+    """The distance section ran the model over the report's images a second time (mean_attention_distance) after
+    the prediction pass had captured the same maps; the prediction pass now reduces them to distances too, so the
+    images go through the model once, and the distances are mean_attention_distance's, bit for bit."""
+    import numpy as np
+    import torch
+
+    from vitlab.inspect import mean_attention_distance
+    from vitlab.report import sections as S
+
+    net, x = tiny_vit(), torch.randn(5, 3, 32, 32)
+    inp = S.Inputs(net, vitlab.model_info(net), list("abcde"), x, [np.zeros((32, 32, 3), np.uint8)] * 5, {})
+    seen = []
+    hook = net.register_forward_pre_hook(lambda module, args: seen.append(len(args[0])))
+    try:
+        section = S.distance(inp, S.prediction_pass(inp))
+    finally:
+        hook.remove()
+    assert seen == [5]
+    want = mean_attention_distance(net, x, per_image=True, progress=False)  # (L, B, H)
+    assert section.metrics["mean_attention_distance_px"] == want.mean(1).tolist()
+    assert section.metrics["std_over_images"] == want.mean(2).std(1).numpy().tolist()
