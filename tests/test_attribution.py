@@ -262,3 +262,27 @@ def test_localisation_known_answers():
     edge[0, :, 0] = 1.0
     edge[0, :, 1] = 1.0
     np.testing.assert_allclose(localisation(edge, half)["mass_in_mask"], 0.25)
+
+
+def test_deletion_insertion_scorer_scores_each_map_as_deletion_insertion_does():
+    """The scorer does the shared work (targets, baseline, both ends of the curves) once; each map then costs only
+    its inner steps, and its scores are deletion_insertion's exactly."""
+    from vitlab.inspect.faithfulness import deletion_insertion_scorer
+
+    model, x, steps = tiny_vit(), torch.randn(3, 3, 32, 32), 4
+    score = deletion_insertion_scorer(model, x, steps=steps, batch_size=4)
+    seen = []
+    hook = model.register_forward_pre_hook(lambda module, args: seen.append(len(args[0])))
+    try:
+        got = [score(torch.rand(3, 8, 8, generator=torch.Generator().manual_seed(k))) for k in range(2)]
+    finally:
+        hook.remove()
+    assert sum(seen) == 2 * (2 * 3 * (steps - 1))
+    for k, g in enumerate(got):
+        want = deletion_insertion(model, x, torch.rand(3, 8, 8, generator=torch.Generator().manual_seed(k)),
+                                  steps=steps, batch_size=4)
+        assert want.keys() == g.keys()
+        for key in want:
+            torch.testing.assert_close(g[key], want[key], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"maps must have shape \(B, gh, gw\)"):
+        score(torch.rand(2, 8, 8))

@@ -47,3 +47,50 @@ def test_one_target_for_every_image_and_wrong_counts():
 def test_unknown_method_is_named():
     with pytest.raises(ValueError, match="unknown method 'saliency': choose one of"):
         compare_methods(tiny_vit(), torch.randn(1, 3, 32, 32), methods=("saliency",))
+
+
+def test_one_randomized_copy_serves_every_method(monkeypatch):
+    """compare_methods drew the same re-initialised copy of the model again for each method's sanity check (a deep
+    copy and new weights each time); one copy now serves them all, and the scores are those of the functions."""
+    import vitlab.inspect.compare as compare_module
+    import vitlab.inspect.faithfulness as faithfulness_module
+    from vitlab.inspect import randomization_sanity
+
+    real, seeds = faithfulness_module.randomized_copy, []
+
+    def counted(model, seed=0):
+        seeds.append(seed)
+        return real(model, seed)
+
+    monkeypatch.setattr(faithfulness_module, "randomized_copy", counted)
+    monkeypatch.setattr(compare_module, "randomized_copy", counted, raising=False)
+    model, x, target = tiny_vit(), torch.randn(2, 3, 32, 32), torch.tensor([1, 2])
+    rows, _ = compare_methods(model, x, target, methods=("rollout", "gradient rollout", "occlusion"), steps=2, seed=3,
+                              progress=False)
+    assert seeds == [3]
+    monkeypatch.setattr(faithfulness_module, "randomized_copy", real)
+    for r in rows[:-1]:
+        assert r.sanity_spearman == float(randomization_sanity(r.method, model, x, target, seed=3).mean())
+    assert rows[-1].sanity_spearman is None  # the random map has no sanity score
+
+
+def test_no_deletion_insertion_variant_is_evaluated_twice():
+    """Step 0 and the last step of every deletion and insertion curve are the unchanged images or the baseline,
+    whatever the map: compare_methods evaluated those 4 variants per image again for each map (and each curve);
+    they are now evaluated once per call, and the curves are the same as deletion_insertion's, bit for bit."""
+    model, x, target, steps = tiny_vit(), torch.randn(2, 3, 32, 32), torch.tensor([1, 2]), 4
+    seen = []
+    hook = model.register_forward_pre_hook(lambda module, args: seen.append(len(args[0])))
+    try:
+        rows, maps = compare_methods(model, x, target, methods=("rollout",), steps=steps, sanity=False,
+                                     progress=False)
+    finally:
+        hook.remove()
+    B = len(x)
+    rollout, ends, per_map = B, 2 * B, 2 * B * (steps - 1)  # per map: both curves at steps 1 .. steps - 1
+    assert sum(seen) == rollout + ends + len(rows) * per_map
+    for r in rows:
+        di = deletion_insertion(model, x, maps[r.method], target, steps=steps)
+        assert r.deletion_curve == di["deletion_curve"].mean(0).tolist()
+        assert r.insertion_curve == di["insertion_curve"].mean(0).tolist()
+        assert (r.deletion_auc, r.insertion_auc) == (float(di["deletion"].mean()), float(di["insertion"].mean()))

@@ -563,3 +563,27 @@ def test_the_faithfulness_text_names_the_methods_that_beat_the_random_map():
     assert S.faithfulness_sentence([MethodScores("occlusion", 1.0, 0.5, 0.1, 0.0), rows[2]]).endswith(
         "0.300: none; mean insertion area above its 0.400: none.")
     assert S.faithfulness_sentence(rows[:2]) == ""
+
+
+def test_the_distance_section_reads_the_prediction_pass_instead_of_a_second_forward():
+    """The distance section ran the model over the report's images a second time (mean_attention_distance) after
+    the prediction pass had captured the same maps; the prediction pass now reduces them to distances too, so the
+    images go through the model once, and the distances are mean_attention_distance's, bit for bit."""
+    import numpy as np
+    import torch
+
+    from vitlab.inspect import mean_attention_distance
+    from vitlab.report import sections as S
+
+    net, x = tiny_vit(), torch.randn(5, 3, 32, 32)
+    inp = S.Inputs(net, vitlab.model_info(net), list("abcde"), x, [np.zeros((32, 32, 3), np.uint8)] * 5, {})
+    seen = []
+    hook = net.register_forward_pre_hook(lambda module, args: seen.append(len(args[0])))
+    try:
+        section = S.distance(inp, S.prediction_pass(inp))
+    finally:
+        hook.remove()
+    assert seen == [5]
+    want = mean_attention_distance(net, x, per_image=True, progress=False)  # (L, B, H)
+    assert section.metrics["mean_attention_distance_px"] == want.mean(1).tolist()
+    assert section.metrics["std_over_images"] == want.mean(2).std(1).numpy().tolist()

@@ -13,7 +13,12 @@ from tqdm.auto import tqdm
 from vitlab.capture import check_images
 from vitlab.info import model_info
 from vitlab.inspect.attribution import ATTRIBUTION_METHODS, attribution_method, require_classifier, target_classes
-from vitlab.inspect.faithfulness import deletion_insertion, localisation, randomization_sanity
+from vitlab.inspect.faithfulness import (
+    deletion_insertion_scorer,
+    localisation,
+    randomization_sanity,
+    randomized_copy,
+)
 
 __all__ = ["MethodScores", "compare_methods"]
 
@@ -48,6 +53,9 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
     target = target_classes(model, images, target)  # checked once, the same (B,) classes for every method
     rows, maps = [], {}
     names = list(methods) + (["random map"] if random_baseline else [])
+    randomized = randomized_copy(model, seed) if sanity and methods else None  # one copy serves every method
+    # the baseline and the curves' two ends (unchanged images, baseline) are the same for every map: made once
+    faithfulness = deletion_insertion_scorer(model, images, target, steps=steps) if names else None
     for name in tqdm(names, desc="methods", disable=progress is False or (progress is None and len(names) < 3)):
         t0 = time.perf_counter()
         if name == "random map":
@@ -58,11 +66,11 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
             m = fns[name](model, images, target)
         seconds = time.perf_counter() - t0
         maps[name] = m
-        di = deletion_insertion(model, images, m, target, steps=steps)
+        di = faithfulness(m)
         san = None
         if sanity and name != "random map":
-            san = float(randomization_sanity(fns[name], model, images, target, seed=seed,
-                                             original=m).mean())
+            san = float(randomization_sanity(fns[name], model, images, target, original=m,
+                                             randomized=randomized).mean())
         loc = localisation(m, masks) if masks is not None else None
         rows.append(MethodScores(
             method=name, seconds=round(seconds, 3), deletion_auc=float(di["deletion"].mean()),

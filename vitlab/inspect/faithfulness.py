@@ -33,7 +33,8 @@ from vitlab.inspect.rollout import attention_rollout
 from vitlab.modes import eval_mode
 from vitlab.stats import spearman
 
-__all__ = ["deletion_insertion", "randomization_sanity", "localisation", "rank_correlation", "randomized_copy"]
+__all__ = ["deletion_insertion", "deletion_insertion_scorer", "randomization_sanity", "localisation", "rank_correlation",
+           "randomized_copy"]
 
 
 def _check_maps(maps: Tensor, images: Tensor, grid: tuple[int, int]) -> None:
@@ -44,7 +45,6 @@ def _check_maps(maps: Tensor, images: Tensor, grid: tuple[int, int]) -> None:
         raise ValueError("maps contain NaN or infinite values")
 
 
-@torch.no_grad()
 def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: Tensor | int | None = None,
                        steps: int = 16, baseline: str | float = "blur", batch_size: int = 64) -> dict[str, Tensor]:
     """Deletion and insertion curves and AUCs for each image.
@@ -54,11 +54,24 @@ def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: T
     by the baseline (deletion) or taken from the image into the baseline (insertion). ``baseline``:
     ``"blur"`` (a heavily blurred copy, as RISE uses for insertion) or a constant in input space (0 = the
     normalisation mean). Returns ``deletion``/``insertion`` (B,) AUCs in [0, 1] and the (B, steps + 1) curves.
+    Several maps of the same images: ``deletion_insertion_scorer``, which does the shared work once.
     """
     require_classifier(model, "deletion and insertion (the probability of a class)")
     check_images(images, model)
+    _check_maps(maps, images, model_info(model, img_size=tuple(images.shape[-2:])).grid_size)
+    return deletion_insertion_scorer(model, images, target, steps, baseline, batch_size)(maps)
+
+
+@torch.no_grad()
+def deletion_insertion_scorer(model: nn.Module, images: Tensor, target: Tensor | int | None = None, steps: int = 16,
+                              baseline: str | float = "blur", batch_size: int = 64
+                              ) -> Callable[[Tensor], dict[str, Tensor]]:
+    """``deletion_insertion`` of these images as a function of the (B, gh, gw) maps alone: the checks, the target
+    classes, the baseline and both ends of the curves (the unchanged images and the baseline, the same for every
+    map) are done once here, so each map costs only its steps 1 to ``steps - 1``."""
+    require_classifier(model, "deletion and insertion (the probability of a class)")
+    check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
-    _check_maps(maps, images, info.grid_size)
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     B, N = len(images), info.num_patches
@@ -70,24 +83,40 @@ def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: T
         base = torch.full_like(images, float(baseline))
     else:
         raise ValueError(f"baseline must be 'blur' or a number, got {baseline!r}")
-    # rank[b, n]: position of patch n in image b's order (0 = most important); ties keep grid order
-    maps = maps.to(images.device)
-    order = maps.flatten(1).double().argsort(dim=1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(N, device=order.device).expand(B, N).contiguous())
-    pix = patch_mask(info, images.device).view(1, -1)  # (1, H*W) patch index per pixel
-    pix_rank = rank.gather(1, pix.expand(B, -1)).view(B, 1, *images.shape[-2:])  # (B, 1, H, W)
-    counts = torch.tensor([round(s / steps * N) for s in range(steps + 1)])
-    # all (step, image) variants of both curves, evaluated in chunks of ``batch_size``
-    pairs = [(s, b) for s in range(steps + 1) for b in range(B)]
-    probs = {"deletion": torch.empty(B, steps + 1), "insertion": torch.empty(B, steps + 1)}
     with eval_mode(model):
-        _fill_curves(model, images, base, pix_rank, counts, target, pairs, probs, batch_size)
-    curves = probs
-    counts = counts.tolist()
-    x = torch.tensor(counts, dtype=torch.float64) / N
-    auc = {k: torch.trapezoid(v.double(), x, dim=1).float() for k, v in curves.items()}
-    return {**auc, "deletion_curve": curves["deletion"], "insertion_curve": curves["insertion"],
-            "fraction": x.float()}
+        ends = _target_probs(model, torch.cat([images, base]), target.repeat(2), batch_size).view(2, B)
+    pix = patch_mask(info, images.device).view(1, -1)  # (1, H*W) patch index per pixel
+    counts = torch.tensor([round(s / steps * N) for s in range(steps + 1)])
+    x = torch.tensor(counts.tolist(), dtype=torch.float64) / N
+
+    @torch.no_grad()
+    def score(maps: Tensor) -> dict[str, Tensor]:
+        _check_maps(maps, images, info.grid_size)
+        # rank[b, n]: position of patch n in image b's order (0 = most important); ties keep grid order
+        maps = maps.to(images.device)
+        order = maps.flatten(1).double().argsort(dim=1, descending=True, stable=True)
+        rank = torch.empty_like(order).scatter_(1, order,
+                                                torch.arange(N, device=order.device).expand(B, N).contiguous())
+        pix_rank = rank.gather(1, pix.expand(B, -1)).view(B, 1, *images.shape[-2:])  # (B, 1, H, W)
+        # step 0 and the last step change nothing or everything: the unchanged images and the baseline
+        probs = {"deletion": torch.empty(B, steps + 1), "insertion": torch.empty(B, steps + 1)}
+        probs["deletion"][:, 0], probs["deletion"][:, steps] = ends[0], ends[1]
+        probs["insertion"][:, 0], probs["insertion"][:, steps] = ends[1], ends[0]
+        # the other (step, image) variants of both curves, evaluated in chunks of ``batch_size``
+        pairs = [(s, b) for s in range(1, steps) for b in range(B)]
+        with eval_mode(model):
+            _fill_curves(model, images, base, pix_rank, counts, target, pairs, probs, batch_size)
+        auc = {k: torch.trapezoid(v.double(), x, dim=1).float() for k, v in probs.items()}
+        return {**auc, "deletion_curve": probs["deletion"], "insertion_curve": probs["insertion"],
+                "fraction": x.float()}
+
+    return score
+
+
+def _target_probs(model: nn.Module, images: Tensor, target: Tensor, batch_size: int) -> Tensor:
+    """(B,) float32 CPU probability of class ``target[b]`` for ``images[b]``, in chunks of ``batch_size``."""
+    return torch.cat([model(images[i:i + batch_size]).softmax(-1).gather(1, target[i:i + batch_size, None])
+                      .squeeze(1).float().cpu() for i in range(0, len(images), batch_size)])
 
 
 def _fill_curves(model: nn.Module, images: Tensor, base: Tensor, pix_rank: Tensor, counts: Tensor, target: Tensor,
@@ -139,11 +168,13 @@ def randomized_copy(model: nn.Module, seed: int = 0) -> nn.Module:
 
 
 def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, images: Tensor,
-                         target: Tensor | int | None = None, seed: int = 0, original: Tensor | None = None) -> Tensor:
+                         target: Tensor | int | None = None, seed: int = 0, original: Tensor | None = None,
+                         randomized: nn.Module | None = None) -> Tensor:
     """(B,) Spearman correlation between ``method(model, images, target)`` and the same on a
     re-initialised copy of the model (same targets). Near 0: the map depends on the learned weights.
     ``method`` takes (model, images, target), as the values of ``ATTRIBUTION_METHODS`` do (or give its name there,
-    e.g. ``"rollout"``); ``original``: the map on ``model`` when already computed. ``target`` None: the model's
+    e.g. ``"rollout"``); ``original``: the map on ``model`` when already computed; ``randomized``: the copy
+    ``randomized_copy(model, seed)`` when already made (``seed`` is then not used). ``target`` None: the model's
     prediction, or, for a model without a classifier head, no class (rollout, which needs none, still runs there;
     the class-specific methods refuse such a model)."""
     check_images(images, model)
@@ -155,8 +186,9 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
         target = predicted_class(model, images)
     if original is None:
         original = method(model, images, target)
-    randomized = method(randomized_copy(model, seed), images, target)
-    return rank_correlation(original, randomized)
+    if randomized is None:
+        randomized = randomized_copy(model, seed)
+    return rank_correlation(original, method(randomized, images, target))
 
 
 def localisation(maps: Tensor, masks: Tensor) -> dict[str, Tensor]:

@@ -227,7 +227,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     run("predictions", lambda: pred.update(S.prediction_pass(inp)))
     run("filters", lambda: S.filters(inp))
     run("positions", lambda: S.positions(inp))
-    run("distance", lambda: S.distance(inp))
+    run("distance", lambda: S.distance(inp, pred))
     localised = shapes and S.localisation_possible(SHAPES_CHECKPOINT)
     run("maps", lambda: S.maps_and_faithfulness(inp, pred, localisation=localised))
     run("readout", lambda: S.readout_and_entropy(inp, pred))

@@ -22,9 +22,9 @@ from vitlab.capture import capture_attention
 from vitlab.info import ModelInfo
 from vitlab.inspect import (
     ATTRIBUTION_METHODS,
+    attention_distance_from_maps,
     embedding_filter_pca,
     filter_component_count,
-    mean_attention_distance,
     position_embedding_similarity,
     position_structure_score,
     random_filter_pca_ratios,
@@ -110,15 +110,18 @@ class Inputs:
 
 @torch.no_grad()
 def prediction_pass(inp: Inputs) -> dict[str, Any]:
-    """One forward over the images: predictions, and per layer the readout's attention over patches and the
-    attention entropy per head, both reduced inside the capture (no (L, B, H, T, T) tensor is kept)."""
+    """One forward over the images: predictions, and per layer the readout's attention over patches, the
+    attention entropy per head and the mean attention distance per head and image (Fig. 7 right), all reduced
+    inside the capture (no (L, B, H, T, T) tensor is kept)."""
     T, p = inp.info.num_tokens, inp.info.num_prefix_tokens
     readout_rows: dict[int, Tensor] = {}
     entropy: dict[int, Tensor] = {}
+    dist: dict[int, Tensor] = {}
 
     def reduce(layer: int, maps: Tensor) -> None:  # maps: (B, H, T, T)
         entropy[layer] = -(maps.clamp_min(1e-12).log() * maps).sum(-1).mean(-1)  # (B, H) nats, mean over queries
         readout_rows[layer] = maps.mean(1)  # (B, T, T) head mean; the readout vector is applied below
+        dist[layer] = attention_distance_from_maps(maps[None], inp.info.grid_size, inp.info.patch_size, p)[0]  # (B, H)
         return None
 
     with capture_attention(inp.net, reduce=reduce) as cap:
@@ -137,6 +140,7 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
     return {**classes,
             "readout": readout.reshape(len(layers), len(inp.x), *inp.info.grid_size).cpu(),  # (L, B, gh, gw)
             "entropy": torch.stack([entropy[i] for i in layers]).mean(1).cpu(),  # (L, H)
+            "distance": torch.stack([dist[i] for i in layers]).float().cpu(),  # (L, B, H) pixels
             "attention_shape": [len(layers), len(inp.x), int(entropy[layers[0]].shape[1]), T, T]}
 
 
@@ -237,9 +241,9 @@ def positions(inp: Inputs) -> list[Section]:
 # ---------------------------------------------------------------------------------------------- Fig. 7 right
 
 
-def distance(inp: Inputs) -> Section:
+def distance(inp: Inputs, pred: dict[str, Any]) -> Section:
     info = inp.info
-    per = mean_attention_distance(inp.net, inp.x, per_image=True, progress=False).cpu()  # (L, B, H) pixels
+    per = pred["distance"]  # (L, B, H) pixels, as mean_attention_distance(per_image=True): from the prediction pass
     dist = per.mean(1)  # (L, H)
     ceiling = findings.uniform_attention_distance(info.grid_size, info.patch_size)
     # the lowest-layer spread decides from MIN_SPREAD_IMAGES images on (inconclusive below); a slope needs 2 layers
