@@ -91,7 +91,16 @@ def portable_source(path: str | os.PathLike) -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("VITLAB_CACHE", Path.home() / ".cache" / "vitlab"))
+    """Where vitlab keeps what it can compute again (decoded images, features) and, by default, training runs:
+    ``$VITLAB_CACHE`` (a leading ``~`` is the home folder; set but empty counts as unset, never the working
+    directory), else ``~/.cache/vitlab``."""
+    env = os.environ.get("VITLAB_CACHE", "")
+    try:
+        return Path(env).expanduser() if env else Path.home() / ".cache" / "vitlab"
+    except RuntimeError:  # no HOME and no home in the password file (a container's made-up user), or ~nobody
+        where = f"VITLAB_CACHE={env}" if env else "~/.cache/vitlab (VITLAB_CACHE is unset)"
+        raise RuntimeError(f"vitlab's cache folder is {where}, but that home folder cannot be found (HOME is unset "
+                           "or the user unknown): set VITLAB_CACHE to a writable folder's full path") from None
 
 
 #: what decoded images depend on besides the files: part of the decode cache's key, so that a change to the
