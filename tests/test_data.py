@@ -92,6 +92,30 @@ def test_no_home_folder_is_an_error_naming_vitlab_cache(monkeypatch):
         cache_dir()
 
 
+def test_a_cache_that_cannot_be_used_keeps_the_decoded_images(tmp_path, monkeypatch):
+    """VITLAB_CACHE naming a file (or a read-only or full disk) failed every load with FileExistsError after all
+    the images were decoded, and with no home folder the load failed before decoding; the images are returned now,
+    the same as an uncached load, with a CacheWarning naming VITLAB_CACHE."""
+    import pwd
+
+    from vitlab.data import CacheWarning
+
+    root = make_folder(tmp_path / "train")
+    fresh = load_image_folder(root, cache=False, progress=False)
+    (tmp_path / "afile").write_text("not a folder")
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "afile"))
+    with pytest.warns(CacheWarning, match=r"afile.*going on without it.*set VITLAB_CACHE to a writable folder"):
+        got = load_image_folder(root, progress=False)
+    assert torch.equal(got.images, fresh.images) and torch.equal(got.labels, fresh.labels)
+    assert (tmp_path / "afile").read_text() == "not a folder"
+    monkeypatch.delenv("VITLAB_CACHE")
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+    with pytest.warns(CacheWarning, match="set VITLAB_CACHE to a writable folder's full path; going on without"):
+        got = load_image_folder(root, progress=False)
+    assert torch.equal(got.images, fresh.images)
+
+
 def test_the_decode_cache_key_names_the_decoder(tmp_path, monkeypatch):
     """Arrays decoded by an older decoder (e.g. 16-bit images clipped white) are never served after it changed."""
     import vitlab.data as D
