@@ -261,6 +261,22 @@ def test_the_cifar10_table_reads_the_shipped_records_from_any_folder(tmp_path, m
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_results_store_that_cannot_be_written_is_refused_before_any_row(tmp_path, monkeypatch):
+    """--results under a file let the study load its data and pre-train (on CIFAR-10, an hour of rows) before the
+    first record's append failed; the store is now checked before any work."""
+    import vitlab.mpp_study
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the study started its work before checking the results store")
+
+    monkeypatch.setattr(vitlab.mpp_study, "_load_data", no_work)
+    (tmp_path / "f.txt").write_text("x")
+    study = dataclasses.replace(SMOKE, run_root=str(tmp_path / "runs"))
+    with pytest.raises(FileExistsError) as e:
+        run_study(study, tmp_path / "f.txt" / "results.jsonl", progress=False)
+    assert e.value.filename == str(tmp_path / "f.txt") and not (tmp_path / "runs").exists()
+
+
 def test_tables_from_hand_made_records():
     recs = [few_shot_record("scratch", {1: [0.20, 0.22, 0.24], 10: [0.30, 0.31, 0.29]}),
             few_shot_record("mpp", {1: [0.25, 0.25, 0.25], 10: [0.40, 0.42, 0.44]}),

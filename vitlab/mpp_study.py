@@ -507,6 +507,7 @@ def run_study(study: MPPStudyConfig, results: str | os.PathLike, progress: bool 
               f"and code, skipped; {len(todo)} to run" + (f" ({'; '.join(why)})" if why else ""), file=sys.stderr)
     if not todo:
         return []
+    store.check_writable()
     pretrain = {}  # init -> TrainConfig, in first-needed order
     for row, _, _ in todo:
         cfg = pretrain_run_config(study, row.init)
