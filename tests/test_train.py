@@ -244,6 +244,21 @@ def test_a_second_training_into_a_busy_run_folder_is_refused(tmp_path, tiny_data
     assert _epoch(run) == 1 and len(read_history(run)) == 1
 
 
+def test_a_run_folder_on_a_file_system_without_locks_still_trains(tmp_path, tiny_data, monkeypatch):
+    """Some network mounts refuse flock (ENOLCK): the run folder's lock must not stop every training there."""
+    import errno
+    import fcntl
+
+    def no_locks(f, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "data": str(tiny_data), "epochs": 1})
+    train(cfg, tmp_path / "run", progress=False)
+    assert _epoch(tmp_path / "run") == 1
+
+
 def test_two_process_ddp_matches_single_process(tmp_path, tiny_data):
     """torchrun with 2 CPU processes (gloo) follows the single-process run with the same global batch."""
     env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}

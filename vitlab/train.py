@@ -886,6 +886,8 @@ def run_lock(run: Path):
         except BlockingIOError:
             raise RuntimeError(f"{run} is in use: another process is training into it now. Wait for it to finish, "
                                "or give this run its own folder (--run-dir NEW)") from None
+        except OSError:  # a file system without locks (some network mounts): train unguarded, as before locks
+            pass
         yield
     finally:
         f.close()  # releases the lock
