@@ -57,6 +57,65 @@ def test_a_damaged_decode_cache_file_is_decoded_anew(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [hit.name]
 
 
+def test_an_empty_or_tilde_vitlab_cache_is_not_the_working_directory(tmp_path, monkeypatch):
+    """VITLAB_CACHE set but empty (``VITLAB_CACHE= vitlab ...``, an env file's blank value) put images-KEY.npz, and
+    by default training runs, into the working directory, and VITLAB_CACHE=~/cache (quoted, so the shell left the
+    ~) made a folder named '~' there; empty now counts as unset and a leading ~ is the home folder."""
+    from vitlab.data import cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    root = make_folder(tmp_path / "train")
+    monkeypatch.setenv("VITLAB_CACHE", "")
+    assert cache_dir() == tmp_path / "home" / ".cache" / "vitlab"
+    load_image_folder(root, progress=False)
+    assert len(list((tmp_path / "home" / ".cache" / "vitlab").glob("images-*.npz"))) == 1
+    monkeypatch.setenv("VITLAB_CACHE", "~/vc")
+    assert cache_dir() == tmp_path / "home" / "vc"
+    assert not list(tmp_path.glob("images-*")) and not (tmp_path / "~").exists()
+
+
+def test_no_home_folder_is_an_error_naming_vitlab_cache(monkeypatch):
+    """With HOME unset and no home for the user (a container's made-up uid), the cache folder was pathlib's
+    'Could not determine home directory.'; the error now names the cache and VITLAB_CACHE as the fix."""
+    import pwd
+
+    from vitlab.data import cache_dir
+
+    def unknown(uid):
+        raise KeyError(uid)
+
+    monkeypatch.delenv("VITLAB_CACHE")
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", unknown)
+    with pytest.raises(RuntimeError, match=r"~/.cache/vitlab \(VITLAB_CACHE is unset\).*set VITLAB_CACHE to a writable"):
+        cache_dir()
+
+
+def test_a_cache_that_cannot_be_used_keeps_the_decoded_images(tmp_path, monkeypatch):
+    """VITLAB_CACHE naming a file (or a read-only or full disk) failed every load with FileExistsError after all
+    the images were decoded, and with no home folder the load failed before decoding; the images are returned now,
+    the same as an uncached load, with a CacheWarning naming VITLAB_CACHE."""
+    import pwd
+
+    from vitlab.data import CacheWarning
+
+    root = make_folder(tmp_path / "train")
+    fresh = load_image_folder(root, cache=False, progress=False)
+    (tmp_path / "afile").write_text("not a folder")
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "afile"))
+    with pytest.warns(CacheWarning, match=r"afile.*going on without it.*set VITLAB_CACHE to a writable folder"):
+        got = load_image_folder(root, progress=False)
+    assert torch.equal(got.images, fresh.images) and torch.equal(got.labels, fresh.labels)
+    assert (tmp_path / "afile").read_text() == "not a folder"
+    monkeypatch.delenv("VITLAB_CACHE")
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+    with pytest.warns(CacheWarning, match="set VITLAB_CACHE to a writable folder's full path; going on without"):
+        got = load_image_folder(root, progress=False)
+    assert torch.equal(got.images, fresh.images)
+
+
 def test_the_decode_cache_key_names_the_decoder(tmp_path, monkeypatch):
     """Arrays decoded by an older decoder (e.g. 16-bit images clipped white) are never served after it changed."""
     import vitlab.data as D

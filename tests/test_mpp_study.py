@@ -246,6 +246,37 @@ def hand_made(mpp_few: list[float], mpp_fine: list[float]) -> list[dict]:
     return recs
 
 
+def test_the_cifar10_table_reads_the_shipped_records_from_any_folder(tmp_path, monkeypatch, capsys):
+    """The CIFAR-10 study's default store was data/results/mpp_cifar10.jsonl relative to the working directory: run
+    from anywhere but the repository root, `vitlab mpp-study --table` said there were no records and to rerun the
+    45-minute study (which would have started over in a new store there); it now reads the checkout's records."""
+    from vitlab.mpp_study import STUDIES, default_results
+
+    shipped = Path(__file__).resolve().parents[1] / "data" / "results" / "mpp_cifar10.jsonl"
+    monkeypatch.chdir(tmp_path)
+    assert default_results(STUDIES["cifar10"]) == shipped and shipped.is_file()
+    assert main(["mpp-study", "--study", "cifar10", "--table"]) == 0
+    out = capsys.readouterr().out
+    assert f"of study cifar10 in {shipped}" in out and "| " in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_results_store_that_cannot_be_written_is_refused_before_any_row(tmp_path, monkeypatch):
+    """--results under a file let the study load its data and pre-train (on CIFAR-10, an hour of rows) before the
+    first record's append failed; the store is now checked before any work."""
+    import vitlab.mpp_study
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the study started its work before checking the results store")
+
+    monkeypatch.setattr(vitlab.mpp_study, "_load_data", no_work)
+    (tmp_path / "f.txt").write_text("x")
+    study = dataclasses.replace(SMOKE, run_root=str(tmp_path / "runs"))
+    with pytest.raises(FileExistsError) as e:
+        run_study(study, tmp_path / "f.txt" / "results.jsonl", progress=False)
+    assert e.value.filename == str(tmp_path / "f.txt") and not (tmp_path / "runs").exists()
+
+
 def test_tables_from_hand_made_records():
     recs = [few_shot_record("scratch", {1: [0.20, 0.22, 0.24], 10: [0.30, 0.31, 0.29]}),
             few_shot_record("mpp", {1: [0.25, 0.25, 0.25], 10: [0.40, 0.42, 0.44]}),

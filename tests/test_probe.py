@@ -408,6 +408,33 @@ def test_a_damaged_cache_file_is_computed_anew(monkeypatch, tmp_path):
     assert torch.equal(extract_features(model, data), feats)  # and served from it
 
 
+def test_a_cache_that_cannot_be_written_keeps_the_features(monkeypatch, tmp_path):
+    """VITLAB_CACHE naming a file (or a read-only or full disk) failed every probe with FileExistsError or
+    safetensors' 'Error while serializing' after the features were computed; the features are returned now, and a
+    CacheWarning names the cache folder and VITLAB_CACHE."""
+    from safetensors import SafetensorError
+
+    import vitlab.features
+    from vitlab.data import CacheWarning
+
+    model, data = tiny_vit(), _shapes()
+    expected = extract_features(model, data, cache=False)
+    (tmp_path / "afile").write_text("not a folder")
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "afile"))
+    with pytest.warns(CacheWarning, match=r"afile.*going on without it.*set VITLAB_CACHE to a writable folder"):
+        torch.testing.assert_close(extract_features(model, data), expected, rtol=0, atol=0)
+    assert (tmp_path / "afile").read_text() == "not a folder"
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(vitlab.features, "save_file", full_disk)
+    with pytest.warns(CacheWarning, match="No space left on device"):
+        torch.testing.assert_close(extract_features(model, data), expected, rtol=0, atol=0)
+    assert list((tmp_path / "cache" / "features").iterdir()) == []  # no temporary left behind
+
+
 def test_features_resize_to_the_model_input_and_work_for_a_resnet():
     data = load_shapes("test", n=4, size=48)  # 48 px images, 32 px models
     assert extract_features(tiny_vit(), data, cache=False).shape == (4, 192)

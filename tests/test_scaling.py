@@ -544,6 +544,23 @@ def test_a_run_that_imports_vitlab_code_after_the_files_changed_is_not_kept(tmp_
     assert records[0]["status"] == "ok"
 
 
+@pytest.mark.parametrize("tune", [False, True])
+def test_a_results_store_that_cannot_be_written_is_refused_before_any_run(tune, tmp_path, monkeypatch, capsys):
+    """--results under a file (or in a read-only folder) let the sweep train its first run (on CIFAR-10, many
+    minutes) and then fail on the record's append, the run's result lost; the store is now checked before any
+    run, and the message names it."""
+    calls = _stub_runs(monkeypatch)
+    cfg = tmp_path / "t.json"
+    cfg.write_text(json.dumps(dataclasses.asdict(TUNE)))
+    (tmp_path / "f.txt").write_text("x")
+    results = tmp_path / "f.txt" / "scaling.jsonl"
+    args = ["sweep", "--config", str(cfg), "--results", str(results), "--workers", "0", "--quiet"]
+    assert main(args + ["--tune"] * tune) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'f.txt'}; a file stands where a folder is needed" in err and "Traceback" not in err
+    assert calls == [] and (tmp_path / "f.txt").read_text() == "x"
+
+
 def test_tune_writes_the_frozen_config_beside_the_results_by_default(tmp_path, monkeypatch, capsys):
     """Without --save-config the tuned config goes where `--table` and notebook 06 look for it (RESULTS with the
     suffix .tuned.json), not into the current folder."""

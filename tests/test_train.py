@@ -224,6 +224,41 @@ def test_refuses_to_overwrite_or_resume_wrong_run(tmp_path, tiny_data, monkeypat
         train(cfg, tmp_path / "fresh", resume=True, progress=False)
 
 
+def test_a_second_training_into_a_busy_run_folder_is_refused(tmp_path, tiny_data, monkeypatch):
+    """Two trainings into one folder (two `vitlab train --preset tiny` without --run-dir share
+    $VITLAB_CACHE/runs/tiny) both ran: metrics.jsonl held both runs' epoch lines, train_config.json one run's
+    settings and the checkpoint the other's. While one trains (holds RUN/.lock) the second is now refused before it
+    writes anything; once the lock is free, training there proceeds."""
+    import fcntl
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "data": str(tiny_data), "epochs": 1})
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / ".lock", "a") as other:  # another process's training (flock: one lock per open file)
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RuntimeError, match=r"run is in use: another process is training into it.*--run-dir NEW"):
+            train(cfg, run, progress=False)
+        assert [p.name for p in run.iterdir()] == [".lock"]
+    train(cfg, run, progress=False)
+    assert _epoch(run) == 1 and len(read_history(run)) == 1
+
+
+def test_a_run_folder_on_a_file_system_without_locks_still_trains(tmp_path, tiny_data, monkeypatch):
+    """Some network mounts refuse flock (ENOLCK): the run folder's lock must not stop every training there."""
+    import errno
+    import fcntl
+
+    def no_locks(f, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "data": str(tiny_data), "epochs": 1})
+    train(cfg, tmp_path / "run", progress=False)
+    assert _epoch(tmp_path / "run") == 1
+
+
 def test_two_process_ddp_matches_single_process(tmp_path, tiny_data):
     """torchrun with 2 CPU processes (gloo) follows the single-process run with the same global batch."""
     env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}

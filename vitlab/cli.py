@@ -691,8 +691,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--study", choices=["cifar10", "smoke"], default="cifar10",
                     help="cifar10: the default ViT shape on CIFAR-10 (about 45 min on a 2-core CPU with fast bf16); "
                     "smoke: a small ViT on the synthetic shapes (seconds)")
-    sp.add_argument("--results", help="JSONL results store (default data/results/mpp_cifar10.jsonl for cifar10, "
-                    "$VITLAB_CACHE/results/mpp_NAME.jsonl otherwise); rows done with this config and code are skipped")
+    sp.add_argument("--results", help="JSONL results store (default the checkout's data/results/mpp_cifar10.jsonl for "
+                    "cifar10, $VITLAB_CACHE/results/mpp_NAME.jsonl otherwise); rows done with this config and code are "
+                    "skipped")
     sp.add_argument("--table", action="store_true", help="run nothing: print the comparison and ablation tables "
                     "(Markdown) and the verdicts from the results")
     sp.add_argument("--run-root", help="pre-training run folders (default $VITLAB_CACHE/runs/mpp_study)")

@@ -11,9 +11,10 @@ import hashlib
 import io
 import os
 import struct
+import warnings
 import zipfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,10 +63,15 @@ def decode_error_words(e: BaseException) -> str:
                 "PIL.Image.MAX_IMAGE_PIXELS before loading")
     return str(e)
 
+
 #: what reading a file's bytes raises: ``OSError`` from a folder; from a zip's damaged entry ``BadZipFile`` (Bad
 #: CRC-32) or ``zlib.error``, from an encrypted one ``RuntimeError``, from an unknown compression method
 #: ``NotImplementedError``, from a cut-off one ``EOFError``
 READ_ERRORS = (OSError, zipfile.BadZipFile, zlib.error, RuntimeError, NotImplementedError, EOFError)
+
+
+class CacheWarning(UserWarning):
+    """vitlab's cache could not be read or written; the work goes on without it (and is done again next time)."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,41 @@ def portable_source(path: str | os.PathLike) -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("VITLAB_CACHE", Path.home() / ".cache" / "vitlab"))
+    """Where vitlab keeps what it can compute again (decoded images, features) and, by default, training runs:
+    ``$VITLAB_CACHE`` (a leading ``~`` is the home folder; set but empty counts as unset, never the working
+    directory), else ``~/.cache/vitlab``."""
+    env = os.environ.get("VITLAB_CACHE", "")
+    try:
+        return Path(env).expanduser() if env else Path.home() / ".cache" / "vitlab"
+    except RuntimeError:  # no HOME and no home in the password file (a container's made-up user), or ~nobody
+        where = f"VITLAB_CACHE={env}" if env else "~/.cache/vitlab (VITLAB_CACHE is unset)"
+        raise RuntimeError(f"vitlab's cache folder is {where}, but that home folder cannot be found (HOME is unset "
+                           "or the user unknown): set VITLAB_CACHE to a writable folder's full path") from None
+
+
+def cache_file(*parts: str) -> Path | None:
+    """``cache_dir() / parts``, or None with a ``CacheWarning`` where there is no cache folder (no home folder):
+    the caller then computes without the cache."""
+    try:
+        return cache_dir().joinpath(*parts)
+    except RuntimeError as e:
+        warnings.warn(f"{e}; going on without the cache", CacheWarning, stacklevel=3)
+        return None
+
+
+def write_cache(path: Path, write: Callable[[str], object], errors: tuple[type[Exception], ...] = (OSError,)) -> None:
+    """``atomic_write(path, write)`` of a cache file, best effort: where it fails with one of ``errors`` (a read-only
+    or full disk, a file where the cache folder should be) the result in hand is kept and a ``CacheWarning`` names
+    the folder and the fix; the next run computes it again."""
+    from vitlab.atomic import atomic_write
+
+    try:
+        atomic_write(path, write)
+    except errors as e:
+        why = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+        warnings.warn(f"vitlab's cache cannot keep files in {path.parent} ({why}); going on without it, so what "
+                      "it would keep is computed again next time: set VITLAB_CACHE to a writable folder", CacheWarning,
+                      stacklevel=3)  # one message per folder: Python shows it once, not once per file
 
 
 #: what decoded images depend on besides the files: part of the decode cache's key, so that a change to the
@@ -295,12 +335,12 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
 
     root = Path(root)
     size = (size, size) if isinstance(size, int) else size
-    key = None
+    hit = None
     if cache:
         part = "" if split is None else f"|{split}"
         key = hashlib.sha1(f"{root.resolve()}|{_fingerprint(root)}|{size}{part}|{DECODER}|{LAYOUT}".encode())
-        key = key.hexdigest()[:16]
-        cached = _cached_images(cache_dir() / f"images-{key}.npz", root, split)
+        hit = cache_file(f"images-{key.hexdigest()[:16]}.npz")
+        cached = _cached_images(hit, root, split) if hit is not None else None
         if cached is not None:
             return cached
     members, folders = _members(root, split)
@@ -334,14 +374,12 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
         raise DataError(_mixed_sizes(root, split, images, names))
     data = ImageArray(torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.long),
                       tuple(classes), _source(root, split))
-    if cache:
-        from vitlab.atomic import atomic_write
-
+    if hit is not None:
         def write(tmp: str) -> None:
             with open(tmp, "wb") as f:  # a file object: np.savez would add .npz to a path
                 np.savez(f, images=data.images.numpy(), labels=data.labels.numpy(), classes=np.array(classes))
 
-        atomic_write(cache_dir() / f"images-{key}.npz", write)
+        write_cache(hit, write)
     return data
 
 

@@ -22,8 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from vitlab.atomic import atomic_write
-from vitlab.data import ImageArray, cache_dir, normalize
+from vitlab.data import ImageArray, cache_file, normalize, write_cache
 from vitlab.info import model_info
 from vitlab.modes import eval_mode
 
@@ -175,8 +174,8 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
     if cache:
         key = feature_key(model, data, device)
         for r in readouts:
-            paths[r] = cache_dir() / "features" / _cache_name(key, r)
-            if paths[r].exists():
+            paths[r] = cache_file("features", _cache_name(key, r))
+            if paths[r] is not None and paths[r].exists():
                 try:
                     feats = load_file(paths[r])["features"]
                 except (OSError, KeyError, SafetensorError):  # damaged (a full disk, a bad copy): computed anew
@@ -201,7 +200,8 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
     for r in todo:
         feats = found[r] = torch.cat(out[r]) if out[r] else torch.empty(0, 0)
         if paths[r] is not None:
-            atomic_write(paths[r], lambda tmp, f=feats: save_file({"features": f.contiguous()}, tmp,
-                                                                   metadata={"source": data.source,
-                                                                             "n": str(len(data))}))
+            write_cache(paths[r], lambda tmp, f=feats: save_file({"features": f.contiguous()}, tmp,
+                                                                  metadata={"source": data.source,
+                                                                            "n": str(len(data))}),
+                        errors=(OSError, SafetensorError))
     return {r: found[r] for r in readouts}

@@ -177,10 +177,10 @@ STUDIES: dict[str, MPPStudyConfig] = {
 
 
 def default_results(study: MPPStudyConfig) -> Path:
-    """``data/results/mpp_cifar10.jsonl`` for the CIFAR-10 study (relative to the cwd: run from the repository
-    root), ``$VITLAB_CACHE/results/mpp_NAME.jsonl`` for the others."""
-    return Path("data/results/mpp_cifar10.jsonl") if study.name == "cifar10" else \
-        cache_dir() / "results" / f"mpp_{study.name}.jsonl"
+    """The checkout's ``data/results/mpp_cifar10.jsonl`` (the shipped records) for the CIFAR-10 study, whatever the
+    working directory, ``$VITLAB_CACHE/results/mpp_NAME.jsonl`` for the others."""
+    return Path(__file__).resolve().parents[1] / "data" / "results" / "mpp_cifar10.jsonl" if study.name == "cifar10" \
+        else cache_dir() / "results" / f"mpp_{study.name}.jsonl"
 
 
 # ---------------------------------------------------------------------------------------------- rows and specs
@@ -507,6 +507,7 @@ def run_study(study: MPPStudyConfig, results: str | os.PathLike, progress: bool 
               f"and code, skipped; {len(todo)} to run" + (f" ({'; '.join(why)})" if why else ""), file=sys.stderr)
     if not todo:
         return []
+    store.check_writable()
     pretrain = {}  # init -> TrainConfig, in first-needed order
     for row, _, _ in todo:
         cfg = pretrain_run_config(study, row.init)

@@ -249,6 +249,14 @@ class ResultsStore:
         """Run ids whose latest record (of ``sweep`` and config ``fingerprint``) finished."""
         return {k for k, r in self.latest(sweep, fingerprint).items() if r["status"] == "ok"}
 
+    def check_writable(self) -> None:
+        """Before the first run: make the store's folder and open it for appending (an empty file where there was
+        none), so that a store that cannot take a record (a file where its folder should be, a read-only folder)
+        fails now, naming it, not after a run's work, whose record would be lost."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "ab"):
+            pass
+
     def append(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps(record, sort_keys=True) + "\n"
@@ -489,6 +497,8 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
         print(f"sweep {sweep.name}: {len(done)} of {len(sweep.runs())} runs already done with this config and code, "
               f"skipped; {len(todo)} to run" + (f"; rows from other code or config (fingerprints {sorted(stale)}) are "
                                                 "kept in the store but not counted" if stale else ""), file=sys.stderr)
+    if todo:
+        store.check_writable()
     new: list[dict] = []
     bar = tqdm(total=len(todo), desc=f"sweep {sweep.name}", disable=progress is False)
 
@@ -693,6 +703,8 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
     prints = {id(trial): trial.fingerprint() for _, _, trial in trials}  # computed here; the workers record these
     done = finished()
     todo = [(trial, spec_of[f]) for f, _, trial in trials if (prints[id(trial)], spec_of[f].run_id) not in done]
+    if todo:
+        store.check_writable()
     bar = tqdm(total=len(todo), desc=f"tune {sweep.name}", disable=progress is False)
     if progress is not False:
         print(f"tune {sweep.name}: {len(trials) - len(todo)} of {len(trials)} trials already done, skipped; "

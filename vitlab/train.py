@@ -854,7 +854,53 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     each process's slice, and stochastic depth and patch dropping draw per process). Not a model with BatchNorm
     (the CNN teacher's presets): each process normalises its own slice (no SyncBatchNorm), so its statistics and
     weights differ from one process's; the run says so.
+
+    While it trains, ``run_dir`` is locked (``run_lock``): a second ``train`` into the same folder is refused.
     """
+    with run_lock(Path(run_dir)):
+        return _train(cfg, run_dir, resume=resume, progress=progress, train_data=train_data, test_data=test_data,
+                      device=device, workers=workers, compile=compile)
+
+
+RUN_LOCK = ".lock"
+
+
+@contextlib.contextmanager
+def run_lock(run: Path):
+    """Hold ``RUN/.lock`` (an exclusive ``fcntl`` lock) while training into ``run``: a second process training into
+    the same folder (two ``vitlab train --preset P`` without ``--run-dir`` share ``$VITLAB_CACHE/runs/P``) would
+    interleave its checkpoints and ``metrics.jsonl`` lines with the first's, so it is refused. The operating system
+    drops the lock when its process ends, a kill included. Under ``torchrun`` the main process (RANK 0) holds it.
+    A folder made only for the lock is removed again when training never wrote into it."""
+    import fcntl
+
+    if os.environ.get("RANK", "0") != "0":
+        yield
+        return
+    made = not run.exists()
+    run.mkdir(parents=True, exist_ok=True)
+    f = open(run / RUN_LOCK, "a")
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"{run} is in use: another process is training into it now. Wait for it to finish, "
+                               "or give this run its own folder (--run-dir NEW)") from None
+        except OSError:  # a file system without locks (some network mounts): train unguarded, as before locks
+            pass
+        yield
+    finally:
+        f.close()  # releases the lock
+        with contextlib.suppress(OSError):
+            if made and [p.name for p in run.iterdir()] == [RUN_LOCK]:
+                (run / RUN_LOCK).unlink()
+                run.rmdir()
+
+
+def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progress: bool,
+           train_data: ImageArray | None, test_data: ImageArray | None, device: str | None, workers: int | None,
+           compile: bool | None) -> nn.Module:
+    """``train``, with ``run_dir``'s lock held."""
     from tqdm.auto import tqdm
 
     if compile and cfg.objective != "classify":
