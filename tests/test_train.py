@@ -257,6 +257,9 @@ def test_a_run_folder_on_a_file_system_without_locks_still_trains(tmp_path, tiny
     cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "data": str(tiny_data), "epochs": 1})
     train(cfg, tmp_path / "run", progress=False)
     assert _epoch(tmp_path / "run") == 1
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # no fcntl at all (Windows): training goes on unguarded
+    train(cfg, tmp_path / "run2", progress=False)
+    assert _epoch(tmp_path / "run2") == 1
 
 
 def test_two_process_ddp_matches_single_process(tmp_path, tiny_data):

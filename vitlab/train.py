@@ -872,9 +872,11 @@ def run_lock(run: Path):
     interleave its checkpoints and ``metrics.jsonl`` lines with the first's, so it is refused. The operating system
     drops the lock when its process ends, a kill included. Under ``torchrun`` the main process (RANK 0) holds it.
     A folder made only for the lock is removed again when training never wrote into it."""
-    import fcntl
-
-    if os.environ.get("RANK", "0") != "0":
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system (Windows): train unguarded, as before the lock
+        fcntl = None
+    if os.environ.get("RANK", "0") != "0" or fcntl is None:
         yield
         return
     made = not run.exists()
