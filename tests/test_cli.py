@@ -706,3 +706,23 @@ def test_sweep_config_typos_name_the_file(tmp_path, capsys):
 def test_a_weights_folder_is_named_a_folder_not_missing(tmp_path, capsys):
     assert main(["info", "--model", "vit_tiny_patch16_224", "--weights", str(tmp_path)]) == 1
     assert f"weights file {tmp_path} is a folder: pass the weights file inside it" in capsys.readouterr().err
+
+
+def test_a_tilde_in_a_path_option_is_the_home_folder(monkeypatch):
+    """`--out=~/report` reaches vitlab unexpanded (the shell expands a ~ only at a word's start) and made a folder
+    named '~' in the current folder; every path option now reads a leading ~ as the home folder."""
+    import os
+
+    monkeypatch.setenv("HOME", "/home/someone")
+    parse = build_parser().parse_args
+    home = "/home/someone/x"
+    assert parse(["reproduce", "--out=~/x", "--images=~/x", "--model=~/x"]).out == home
+    got = parse(["reproduce", "--out=~/x", "--images=~/x", "--model=~/x"])
+    assert (got.images, got.model) == (home, home)
+    assert parse(["capture", "--out=~/x", "--weights=~/x"]).weights == home
+    assert parse(["train", "--run-dir=~/x", "--data=~/x"]).run == home
+    assert parse(["export", "--run-dir=~/x", "--out=~/x", "--command-line", "c"]).out == home
+    assert parse(["sweep", "--results=~/x", "--plot=~/x"]).plot == home
+    assert parse(["reproduce", "--out=out"]).out == "out" and parse(["capture"]).out == "attention.safetensors"
+    assert parse(["reproduce", "--model=vit_tiny_patch16_224"]).model == "vit_tiny_patch16_224"
+    assert os.path.expanduser("~") == "/home/someone"

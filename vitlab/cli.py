@@ -564,6 +564,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def user_path(text: str) -> str:
+    """A path option as typed, with a leading ``~`` made the home folder: the shell expands ``--out ~/x`` but not
+    ``--out=~/x``, which would otherwise make a folder named ``~`` here."""
+    return os.path.expanduser(text) if text.startswith("~") else text
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vitlab import __version__
 
@@ -572,13 +578,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def model_args(sp: argparse.ArgumentParser, default=None) -> None:
-        sp.add_argument("--model", default=default,
+        sp.add_argument("--model", type=user_path, default=default,
                         help="timm model name (the paper's own weights: e.g. vit_base_patch16_224.orig_in21k or "
                              "vit_large_patch32_224.orig_in21k; AugReg's: vit_base_patch16_224.augreg2_in21k_ft_in1k), "
                              "a vitlab checkpoint folder, or omit for the embedded default")
         sp.add_argument("--no-pretrained", dest="pretrained", action="store_false",
                         help="for timm names: random weights instead of downloading pretrained ones")
-        sp.add_argument("--weights", metavar="FILE",
+        sp.add_argument("--weights", type=user_path, metavar="FILE",
                         help="for timm names: a local weights file (.safetensors, or .pth/.bin read with "
                              "weights_only) instead of the hub: the offline route")
 
@@ -590,11 +596,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("capture", help="save attention maps (L, B, H, T, T) of a model on images to safetensors")
     model_args(sp)
-    sp.add_argument("--images", help="folder of images (default: the photos shipped with scikit-learn)")
+    sp.add_argument("--images", type=user_path, help="folder of images (default: the photos shipped with scikit-learn)")
     sp.add_argument("--num-images", type=positive_int, help="capture only the first N images of --images, sorted by path, "
                     "with a warning counting those left out (with --skip-bad: the first N usable ones; default: "
                     "every image)")
-    sp.add_argument("--out", default="attention.safetensors", help="output file")
+    sp.add_argument("--out", type=user_path, default="attention.safetensors", help="output file")
     sp.add_argument("--head-fusion", choices=["mean", "max", "min"], help="fuse heads inside the hook")
     sp.add_argument("--queries", choices=["all", "prefix"], default=None,
                     help="prefix: keep only the prefix tokens' query rows (class, distillation and register tokens; "
@@ -606,7 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("train", help="train a preset (resumable; metrics in RUN/metrics.jsonl)")
     sp.add_argument("--preset", default="vit_cifar10", help=", ".join(PRESET_NAMES))
-    sp.add_argument("--run-dir", dest="run", help="run folder (default $VITLAB_CACHE/runs/PRESET, i.e. "
+    sp.add_argument("--run-dir", type=user_path, dest="run", help="run folder (default $VITLAB_CACHE/runs/PRESET, i.e. "
                     "~/.cache/vitlab/runs/PRESET: outside the work tree)")
     leg = sp.add_mutually_exclusive_group()  # --continue resumes by itself where there is state to resume
     leg.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
@@ -615,7 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "warm-start a new leg from the shipped checkpoint of the preset (data/checkpoints/PRESET) "
                          "with a fresh schedule instead of starting over")
     sp.add_argument("--epochs", type=positive_int, help="override the preset's number of epochs")
-    sp.add_argument("--data", help="dataset: cifar10, cifar100 (cifar10:ROOT for a folder holding train.zip/test.zip), "
+    sp.add_argument("--data", type=user_path, help="dataset: cifar10, cifar100 (cifar10:ROOT for a folder holding train.zip/test.zip), "
                     "or an ImageFolder folder/zip with train/ and test/ splits of the same classes")
     sp.add_argument("--set", action="append", metavar="FIELD=VALUE",
                     help="override a TrainConfig field (VALUE as JSON: 5e-4, true, null, [1, 2]; Python's True/False/None too; "
@@ -632,8 +638,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_train)
 
     sp = sub.add_parser("export", help="ship a run's last checkpoint in half precision with a model card")
-    sp.add_argument("--run-dir", required=True, help="the run folder written by vitlab train")
-    sp.add_argument("--out", required=True, help="output folder, e.g. data/checkpoints/vit_cifar10")
+    sp.add_argument("--run-dir", type=user_path, required=True, help="the run folder written by vitlab train")
+    sp.add_argument("--out", type=user_path, required=True, help="output folder, e.g. data/checkpoints/vit_cifar10")
     sp.add_argument("--command-line", required=True, help="the training command, recorded on the card")
     sp.add_argument("--hardware", help="where it trained (default: the CPU or GPU, cores and threads the run "
                     "recorded when it trained)")
@@ -642,7 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("probe", help="few-shot linear probe (paper section 4.1) of a model's frozen features")
     model_args(sp)
-    sp.add_argument("--data", required=True, help="cifar10, cifar100, shapes, or an ImageFolder folder/zip with "
+    sp.add_argument("--data", type=user_path, required=True, help="cifar10, cifar100, shapes, or an ImageFolder folder/zip with "
                     "train and test splits")
     sp.add_argument("--shots", type=positive_int, nargs="+", default=[1, 5, 10, 25], help="examples per class (default 1 5 "
                     "10 25)")
@@ -667,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "few-shot; resumable")
     sp.add_argument("--config", default="cifar10", help="a named sweep (cifar10, quick) or a JSON file of "
                     "SweepConfig fields")
-    sp.add_argument("--results", help="JSONL results store (default runs/sweeps/NAME.jsonl); finished runs in it "
+    sp.add_argument("--results", type=user_path, help="JSONL results store (default runs/sweeps/NAME.jsonl); finished runs in it "
                     "are skipped")
     sp.add_argument("--executor", choices=["local", "ray"], default="local")
     sp.add_argument("--workers", type=non_negative_int, default=1, help="parallel runs (local: processes, 0 = in this process; "
@@ -675,7 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--address", help="ray: address of a running cluster (default: start a local runtime)")
     sp.add_argument("--work-dir", help="scratch folder for run checkpoints (default: the system temp folder)")
     sp.add_argument("--shots", type=positive_int, help="shot count to summarise and plot (default: the largest)")
-    sp.add_argument("--plot", help="write the scaling curves to this file (.html, or .png with a Chromium)")
+    sp.add_argument("--plot", type=user_path, help="write the scaling curves to this file (.html, or .png with a Chromium)")
     sp.add_argument("--tune", action="store_true", help="tune each family's optimizer, lr and weight decay once on the "
                     "largest subset (validation split), then write the frozen config (--save-config)")
     sp.add_argument("--save-config", help="with --tune: where to write the tuned sweep config (JSON; default: "
@@ -691,7 +697,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--study", choices=["cifar10", "smoke"], default="cifar10",
                     help="cifar10: the default ViT shape on CIFAR-10 (about 45 min on a 2-core CPU with fast bf16); "
                     "smoke: a small ViT on the synthetic shapes (seconds)")
-    sp.add_argument("--results", help="JSONL results store (default the checkout's data/results/mpp_cifar10.jsonl for "
+    sp.add_argument("--results", type=user_path, help="JSONL results store (default the checkout's data/results/mpp_cifar10.jsonl for "
                     "cifar10, $VITLAB_CACHE/results/mpp_NAME.jsonl otherwise); rows done with this config and code are "
                     "skipped")
     sp.add_argument("--table", action="store_true", help="run nothing: print the comparison and ablation tables "
@@ -702,7 +708,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_mpp_study)
 
     sp = sub.add_parser("app", help="serve the attention explorer as a standalone page (Voila)")
-    sp.add_argument("--model", help="timm model name or vitlab checkpoint (default: the embedded default)")
+    sp.add_argument("--model", type=user_path, help="timm model name or vitlab checkpoint (default: the embedded default)")
     sp.add_argument("--port", type=tcp_port, default=8866)
     sp.add_argument("--num-images", type=positive_int, default=8, help="embedded images to offer (default 8; at most "
                     "128 CIFAR-10 test images for 32 px models, 38 photo crops otherwise)")
@@ -711,9 +717,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("reproduce", help="run the inspection experiments and write an HTML report")
     model_args(sp)
-    sp.add_argument("--images", help="folder of images (default: for 32 px models the 128 shipped CIFAR-10 test "
+    sp.add_argument("--images", type=user_path, help="folder of images (default: for 32 px models the 128 shipped CIFAR-10 test "
                     "images, otherwise 16 crops of scikit-learn's sample photos)")
-    sp.add_argument("--out", default="out", help="output folder: a new or empty one, or an earlier report's "
+    sp.add_argument("--out", type=user_path, default="out", help="output folder: a new or empty one, or an earlier report's "
                     "(replaced only when the report is complete)")
     sp.add_argument("--num-images", type=positive_int, default=None,
                     help="images to analyse (default: all 128 CIFAR-10 test images for 32 px models, 16 otherwise)")
