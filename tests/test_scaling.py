@@ -26,6 +26,17 @@ def test_store_appends_tolerates_a_torn_line_and_keeps_the_latest(tmp_path):
     assert store.path.read_text().count("\n") == 4  # the torn line was closed before the next record
 
 
+def test_a_torn_line_of_garbage_bytes_is_skipped_too(tmp_path):
+    """A crash can leave bytes that are not UTF-8 at the end of the store (a page of garbage after a power loss):
+    reading it raised UnicodeDecodeError and lost every record; that line is now skipped like any torn one."""
+    store = ResultsStore(tmp_path / "r.jsonl")
+    store.append({"run_id": "a", "status": "ok", "sweep": "s"})
+    with open(store.path, "ab") as f:
+        f.write(b'{"run_id": "b", \xff\xfe\x00\x9c')
+    store.append({"run_id": "c", "status": "ok", "sweep": "s"})
+    assert [r["run_id"] for r in store.records()] == ["a", "c"] and store.done("s") == {"a", "c"}
+
+
 def test_sweep_runs_resumes_and_skips_finished_runs(tmp_path):
     results = tmp_path / "r.jsonl"
     new = run_sweep(QUICK, results, workers=0, progress=False)

@@ -197,13 +197,13 @@ class ResultsStore:
         if not self.path.exists():
             return []
         out = []
-        for line in self.path.read_text().splitlines():
-            if not line.strip():
+        for raw in self.path.read_bytes().splitlines():
+            if not raw.strip():
                 continue
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line torn by a crash mid-write: that run simply reruns
-                continue
+                out.append(json.loads(raw.decode("utf-8")))
+            except (json.JSONDecodeError, UnicodeDecodeError):  # a line torn by a crash mid-write (garbage bytes
+                continue  # included): that run simply reruns
         return out
 
     def latest(self, sweep: str | None = None, fingerprint: str | None = None) -> dict[str, dict]:
