@@ -723,6 +723,9 @@ def test_a_tilde_in_a_path_option_is_the_home_folder(monkeypatch):
     assert parse(["train", "--run-dir=~/x", "--data=~/x"]).run == home
     assert parse(["export", "--run-dir=~/x", "--out=~/x", "--command-line", "c"]).out == home
     assert parse(["sweep", "--results=~/x", "--plot=~/x"]).plot == home
+    got = parse(["sweep", "--work-dir=~/x", "--save-config=~/x"])
+    assert (got.work_dir, got.save_config) == (home, home)
+    assert parse(["mpp-study", "--results=~/x", "--run-root=~/x"]).run_root == home
     assert parse(["reproduce", "--out=out"]).out == "out" and parse(["capture"]).out == "attention.safetensors"
     assert parse(["reproduce", "--model=vit_tiny_patch16_224"]).model == "vit_tiny_patch16_224"
     assert os.path.expanduser("~") == "/home/someone"

@@ -679,12 +679,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--workers", type=non_negative_int, default=1, help="parallel runs (local: processes, 0 = in this process; "
                     "ray: CPUs of a local runtime)")
     sp.add_argument("--address", help="ray: address of a running cluster (default: start a local runtime)")
-    sp.add_argument("--work-dir", help="scratch folder for run checkpoints (default: the system temp folder)")
+    sp.add_argument("--work-dir", type=user_path, help="scratch folder for run checkpoints (default: the system temp folder)")
     sp.add_argument("--shots", type=positive_int, help="shot count to summarise and plot (default: the largest)")
     sp.add_argument("--plot", type=user_path, help="write the scaling curves to this file (.html, or .png with a Chromium)")
     sp.add_argument("--tune", action="store_true", help="tune each family's optimizer, lr and weight decay once on the "
                     "largest subset (validation split), then write the frozen config (--save-config)")
-    sp.add_argument("--save-config", help="with --tune: where to write the tuned sweep config (JSON; default: "
+    sp.add_argument("--save-config", type=user_path, help="with --tune: where to write the tuned sweep config (JSON; default: "
                     "beside the results, RESULTS with the suffix .tuned.json)")
     sp.add_argument("--table", action="store_true", help="run nothing: print the README's tables (the grid at --shots, "
                     "default 10 where the sweep probes it, else its largest, and the tuning trials) and the Fig. 3/4 verdict from the results store; with --plot, "
@@ -702,7 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "skipped")
     sp.add_argument("--table", action="store_true", help="run nothing: print the comparison and ablation tables "
                     "(Markdown) and the verdicts from the results")
-    sp.add_argument("--run-root", help="pre-training run folders (default $VITLAB_CACHE/runs/mpp_study)")
+    sp.add_argument("--run-root", type=user_path, help="pre-training run folders (default $VITLAB_CACHE/runs/mpp_study)")
     sp.add_argument("--device", help=DEVICE_HELP)
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_mpp_study)
@@ -718,7 +718,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("reproduce", help="run the inspection experiments and write an HTML report")
     model_args(sp)
     sp.add_argument("--images", type=user_path, help="folder of images (default: for 32 px models the 128 shipped CIFAR-10 test "
-                    "images, otherwise 16 crops of scikit-learn's sample photos)")
+                    "images, the first 128 test shapes for a model trained on the synthetic shapes, otherwise 16 crops "
+                    "of scikit-learn's sample photos)")
     sp.add_argument("--out", type=user_path, default="out", help="output folder: a new or empty one, or an earlier report's "
                     "(replaced only when the report is complete)")
     sp.add_argument("--num-images", type=positive_int, default=None,
