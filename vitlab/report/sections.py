@@ -314,7 +314,7 @@ def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | N
         "reference</sup>")
     curve_sec = Section("faithfulness_curves", "Deletion and insertion curves (our addition)", curves_fig,
                         "(our addition)", f"Mean over the {n_attr} images; the areas under these curves are the "
-                        "faithfulness table's deletion and insertion columns. " + faithfulness_sentence(rows),
+                        "faithfulness table's deletion and insertion columns.",
                         inp.stamp(images=n_attr))
     return [grid, table, curve_sec]
 
