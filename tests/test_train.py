@@ -229,19 +229,48 @@ def test_a_second_training_into_a_busy_run_folder_is_refused(tmp_path, tiny_data
     $VITLAB_CACHE/runs/tiny) both ran: metrics.jsonl held both runs' epoch lines, train_config.json one run's
     settings and the checkpoint the other's. While one trains (holds RUN/.lock) the second is now refused before it
     writes anything; once the lock is free, training there proceeds."""
-    import fcntl
-
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "data": str(tiny_data), "epochs": 1})
     run = tmp_path / "run"
     run.mkdir()
-    with open(run / ".lock", "a") as other:  # another process's training (flock: one lock per open file)
-        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    holder = subprocess.Popen(  # another process's training: it holds the folder's lock until told to stop
+        [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.lockf(f, fcntl.LOCK_EX); "
+         "print('locked', flush=True); sys.stdin.read()", str(run / ".lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RuntimeError, match=r"run is in use: another process is training into it.*--run-dir NEW"):
             train(cfg, run, progress=False)
         assert [p.name for p in run.iterdir()] == [".lock"]
+    finally:
+        holder.communicate("", timeout=60)  # ends it, and its lock with it
     train(cfg, run, progress=False)
     assert _epoch(run) == 1 and len(read_history(run)) == 1
+
+
+def test_a_killed_trainings_forked_workers_do_not_keep_the_run_folder_locked(tmp_path):
+    """kill -9 of a training leaves its forked batch workers running for a while; with an flock lock they kept the
+    folder locked and the --resume right after was refused ('in use'). The record lock belongs to the killed
+    process alone, so the folder is free at once while its forked child still lives."""
+    from vitlab.train import run_lock
+
+    script = ("import os, signal, sys, time\nfrom pathlib import Path\nfrom vitlab.train import run_lock\n"
+              "with run_lock(Path(sys.argv[1])):\n"
+              "    pid = os.fork()\n"
+              "    if pid == 0:\n"
+              "        time.sleep(60)\n"
+              "        os._exit(0)\n"
+              "    print(pid, flush=True)\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    killed = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
+    child = int(killed.stdout.readline())
+    assert killed.wait(timeout=60) == -signal.SIGKILL
+    try:
+        os.kill(child, 0)  # the forked worker is still alive...
+        with run_lock(tmp_path / "run"):  # ...and the folder can be trained into again
+            pass
+    finally:
+        os.kill(child, signal.SIGKILL)
 
 
 def test_a_run_folder_on_a_file_system_without_locks_still_trains(tmp_path, tiny_data, monkeypatch):
@@ -253,7 +282,7 @@ def test_a_run_folder_on_a_file_system_without_locks_still_trains(tmp_path, tiny
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(fcntl, "flock", no_locks)
+    monkeypatch.setattr(fcntl, "lockf", no_locks)
     cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "data": str(tiny_data), "epochs": 1})
     train(cfg, tmp_path / "run", progress=False)
     assert _epoch(tmp_path / "run") == 1

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -867,11 +868,13 @@ RUN_LOCK = ".lock"
 
 @contextlib.contextmanager
 def run_lock(run: Path):
-    """Hold ``RUN/.lock`` (an exclusive ``fcntl`` lock) while training into ``run``: a second process training into
-    the same folder (two ``vitlab train --preset P`` without ``--run-dir`` share ``$VITLAB_CACHE/runs/P``) would
-    interleave its checkpoints and ``metrics.jsonl`` lines with the first's, so it is refused. The operating system
-    drops the lock when its process ends, a kill included. Under ``torchrun`` the main process (RANK 0) holds it.
-    A folder made only for the lock is removed again when training never wrote into it."""
+    """Hold ``RUN/.lock`` (an exclusive POSIX record lock, ``fcntl.lockf``) while training into ``run``: a second
+    process training into the same folder (two ``vitlab train --preset P`` without ``--run-dir`` share
+    ``$VITLAB_CACHE/runs/P``) would interleave its checkpoints and ``metrics.jsonl`` lines with the first's, so it is
+    refused. The operating system drops the lock when its process ends, a kill included; a record lock belongs to
+    the process alone, so batch workers it forked do not keep it after a ``kill -9`` (an ``flock`` lock would stay
+    with them and refuse the ``--resume``). Under ``torchrun`` the main process (RANK 0) holds it. A folder made only
+    for the lock is removed again when training never wrote into it."""
     try:
         import fcntl
     except ImportError:  # not a POSIX system (Windows): train unguarded, as before the lock
@@ -884,12 +887,13 @@ def run_lock(run: Path):
     f = open(run / RUN_LOCK, "a")
     try:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RuntimeError(f"{run} is in use: another process is training into it now. Wait for it to finish, "
-                               "or give this run its own folder (--run-dir NEW)") from None
-        except OSError:  # a file system without locks (some network mounts): train unguarded, as before locks
-            pass
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):  # a file system without locks (some network mounts,
+                pass  # ENOLCK): train unguarded, as before locks
+            else:
+                raise RuntimeError(f"{run} is in use: another process is training into it now. Wait for it to "
+                                   "finish, or give this run its own folder (--run-dir NEW)") from None
         yield
     finally:
         f.close()  # releases the lock
