@@ -194,13 +194,6 @@ def table_figure(header: Sequence[str], rows: Sequence[Sequence[object]], title:
     return fig
 
 
-def curves(x: np.ndarray, ys: dict[str, np.ndarray], xlabel: str, ylabel: str, title: str = "") -> go.Figure:
-    """One line per entry of ``ys`` (each shaped like ``x``)."""
-    fig = go.Figure([go.Scatter(x=x, y=y, mode="lines+markers", name=name) for name, y in ys.items()])
-    fig.update_layout(title=title, xaxis_title=xlabel, yaxis_title=ylabel, width=700, height=420)
-    return fig
-
-
 def deletion_insertion_curves(x: np.ndarray, deletion: dict[str, np.ndarray], insertion: dict[str, np.ndarray],
                                ylabel: str, title: str = "") -> go.Figure:
     """Each method's deletion (solid) and insertion (dashed) curve in one colour per method (each shaped like ``x``,
