@@ -274,6 +274,23 @@ def distance(inp: Inputs, pred: dict[str, Any]) -> Section:
 # ---------------------------------------------------------------------------------------------- Fig. 6 / 14
 
 
+def faithfulness_sentence(rows: Sequence[MethodScores]) -> str:
+    """Which methods score better than the random map on these images, in words formatted from the mean areas (a
+    statement about these means, not a test: the table has no intervals)."""
+    ref = next((r for r in rows if r.method == "random map"), None)
+    if ref is None:
+        return ""
+    methods = [r for r in rows if r.method != "random map"]
+    lower = [r.method for r in methods if r.deletion_auc < ref.deletion_auc]
+    higher = [r.method for r in methods if r.insertion_auc > ref.insertion_auc]
+
+    def names(xs: list[str]) -> str:
+        return ", ".join(xs) if xs else "none"
+
+    return (f"Mean deletion area below the random map's {ref.deletion_auc:.3f}: {names(lower)}; mean insertion area "
+            f"above its {ref.insertion_auc:.3f}: {names(higher)}.")
+
+
 def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | None = None,
                           localisation: bool = True) -> list[Section]:
     """Fig. 6 maps, their faithfulness table and curves; ``localisation``: whether the report has the localisation
@@ -373,23 +390,6 @@ def readout_and_entropy(inp: Inputs, pred: dict[str, Any]) -> list[Section]:
 
 
 # ---------------------------------------------------------------------------------------------- localisation
-
-
-def faithfulness_sentence(rows: Sequence[MethodScores]) -> str:
-    """Which methods score better than the random map on these images, in words formatted from the mean areas (a
-    statement about these means, not a test: the table has no intervals)."""
-    ref = next((r for r in rows if r.method == "random map"), None)
-    if ref is None:
-        return ""
-    methods = [r for r in rows if r.method != "random map"]
-    lower = [r.method for r in methods if r.deletion_auc < ref.deletion_auc]
-    higher = [r.method for r in methods if r.insertion_auc > ref.insertion_auc]
-
-    def names(xs: list[str]) -> str:
-        return ", ".join(xs) if xs else "none"
-
-    return (f"Mean deletion area below the random map's {ref.deletion_auc:.3f}: {names(lower)}; mean insertion area "
-            f"above its {ref.insertion_auc:.3f}: {names(higher)}.")
 
 
 def localisation_possible(shapes_checkpoint: Path) -> bool:
