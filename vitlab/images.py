@@ -188,23 +188,27 @@ def _preprocessed(model: nn.Module, items: list[tuple[str, Image.Image]]) -> tup
     return [n for n, _ in items], x, shown
 
 
+def _trained_on(model: nn.Module) -> str:
+    """The data set a vitlab checkpoint's card records its training on (``cifar10``, ``shapes``, a folder), without
+    its root; "" for a model that is not a vitlab checkpoint."""
+    ck = getattr(model, "vitlab_checkpoint", None) or {}
+    return str((ck.get("train") or {}).get("data", "")).split(":")[0]
+
+
 def _default_set(model: nn.Module) -> str:
     """Which images ``default_images`` gives this model: ``"shapes"`` for a vitlab checkpoint trained on the synthetic
     shapes (its own test draw, so the model is shown the kind of image it classifies), ``"cifar"`` for any other
     32 px model, ``"photos"`` otherwise."""
-    _, cfg = model_transform(model)
-    ck = getattr(model, "vitlab_checkpoint", None) or {}
-    if str((ck.get("train") or {}).get("data", "")).split(":")[0] == "shapes":
+    if _trained_on(model) == "shapes":
         return "shapes"
-    return "cifar" if tuple(cfg["input_size"][-2:]) == (32, 32) else "photos"
+    return "cifar" if tuple(data_config(model)["input_size"][-2:]) == (32, 32) else "photos"
 
 
 def _shapes_sample(model: nn.Module) -> ImageArray:
     """The first 128 test shapes (seed 1, the split the shapes checkpoints are scored on) at the model's input size."""
     from vitlab.data import load_shapes
 
-    _, cfg = model_transform(model)
-    return load_shapes("test", n=SHAPES_SAMPLE_SIZE, size=int(cfg["input_size"][-1]))
+    return load_shapes("test", n=SHAPES_SAMPLE_SIZE, size=int(data_config(model)["input_size"][-1]))
 
 
 def default_source(model: nn.Module) -> str:
@@ -237,7 +241,7 @@ def head_class_names(model: nn.Module) -> tuple[str, ...] | None:
     names = (ck.get("data") or {}).get("classes")
     if names and len(names) == n_cls:
         return tuple(str(c) for c in names)
-    trained_on = str((ck.get("train") or {}).get("data", "")).split(":")[0]
+    trained_on = _trained_on(model)
     if n_cls == 10 and trained_on == "cifar10":
         return cifar_test_sample().classes
     from vitlab.shapes import SHAPE_CLASSES
