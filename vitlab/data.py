@@ -293,9 +293,9 @@ def _members(root: Path, split: str | None = None) -> tuple[list[tuple[str, str,
         return members, folders
     if root.is_dir():
         members = []
-        for p in walk(root):
+        for p in image_files(root):
             parts = p.relative_to(root).parts
-            if len(parts) >= 2 and not _skipped(parts) and p.suffix.lower() in IMAGE_SUFFIXES and p.is_file():
+            if len(parts) >= 2 and p.is_file():  # in a class folder; not a folder named like an image
                 members.append((parts[0], str(p), p.read_bytes))
         return members, {p.name for p in root.iterdir() if p.is_dir() and not _skipped((p.name,))}
     raise DataError(f"{root} is neither a folder nor a zip file of images (ImageFolder layout: class/image.jpg)")
