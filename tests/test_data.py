@@ -128,7 +128,60 @@ def test_the_decode_cache_key_names_the_decoder(tmp_path, monkeypatch):
     real = D._decode
     monkeypatch.setattr(D, "_decode", lambda *a: (calls.append(1), real(*a))[1])
     load_image_folder(root, progress=False)
-    assert len(calls) == 6 and len(list((tmp_path / "cache").glob("images-*.npz"))) == 2
+    assert len(calls) == 6 and len(list((tmp_path / "cache").glob("images-*.npz"))) == 1  # the old one replaced
+
+
+def test_a_new_decode_cache_entry_replaces_the_stale_ones_of_its_source(tmp_path, monkeypatch):
+    """Each change of a data set's files (or of the decoder) wrote another images-KEY.npz and never removed the old
+    one: the cache held 1 GB of stale CIFAR-10 copies. Writing an entry now removes the earlier entries of the same
+    source (folder, size and split) and entries in the name format before sources were named; another source's
+    entry and the same folder at another size stay, and a failed write removes nothing."""
+    import vitlab.data as D
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("VITLAB_CACHE", str(cache))
+    root, other = make_folder(tmp_path / "train"), make_folder(tmp_path / "other", classes=("c", "d"))
+    load_image_folder(other, progress=False)
+    load_image_folder(root, progress=False)
+    load_image_folder(root, size=4, progress=False)
+    cache.joinpath("images-0123456789abcdef.npz").write_bytes(b"an entry named the old way")
+    kept = sorted(p.name for p in cache.glob("images-*.npz") if "0123456789abcdef" not in p.name)
+    assert len(kept) == 3 and all(len(n.split("-")) == 3 for n in kept)
+    monkeypatch.setattr(D, "DECODER", "another")
+    with monkeypatch.context() as m:  # a write that fails leaves every entry as it was
+        m.setattr("vitlab.atomic.atomic_write", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
+        with pytest.warns(D.CacheWarning):
+            load_image_folder(root, progress=False)
+    assert sorted(p.name for p in cache.glob("images-*.npz")) == sorted([*kept, "images-0123456789abcdef.npz"])
+    again = load_image_folder(root, progress=False)
+    after = sorted(p.name for p in cache.glob("images-*.npz"))
+    assert len(after) == 3 and "images-0123456789abcdef.npz" not in after
+    assert len(set(after) & set(kept)) == 2  # the other folder and the size-4 entry stay; the stale one is gone
+    assert torch.equal(again.images, load_image_folder(root, cache=False, progress=False).images)
+
+
+def test_ppm_pgm_and_avif_files_are_images(tmp_path, monkeypatch):
+    """torchvision's ImageFolder reads .ppm and .pgm files and Pillow reads .avif, but vitlab's loaders counted
+    none of them as images: a folder of them was 'no images'. They load now, from a folder and from a zip."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(1)
+    root = tmp_path / "data"
+    pixels = {}
+    for cls, suffix, mode in (("a", ".ppm", "RGB"), ("b", ".pgm", "L"), ("c", ".avif", "RGB")):
+        (root / cls).mkdir(parents=True)
+        arr = rng.integers(0, 255, (8, 8, 3) if mode == "RGB" else (8, 8), dtype=np.uint8)
+        img = Image.fromarray(arr, mode)
+        img.save(root / cls / f"x{suffix}", **({"quality": 100} if suffix == ".avif" else {}))
+        with Image.open(root / cls / f"x{suffix}") as saved:  # what Pillow reads back (AVIF is lossy)
+            pixels[cls] = np.asarray(saved.convert("RGB"))
+        assert cls == "c" or np.array_equal(pixels[cls], np.asarray(img.convert("RGB")))
+    with zipfile.ZipFile(tmp_path / "data.zip", "w") as zf:
+        for p in sorted(root.rglob("*.*")):
+            zf.write(p, f"{p.parent.name}/{p.name}")
+    for src in (root, tmp_path / "data.zip"):
+        got = load_image_folder(src, progress=False)
+        assert got.classes == ("a", "b", "c") and got.labels.tolist() == [0, 1, 2]
+        assert all(np.array_equal(got.images[i].numpy(), pixels[c]) for i, c in enumerate("abc"))
 
 
 def test_the_cache_follows_changes_inside_class_folders(tmp_path, monkeypatch):
@@ -150,7 +203,7 @@ def test_the_cache_follows_changes_inside_class_folders(tmp_path, monkeypatch):
     assert torch.equal(again.images, fresh.images) and torch.equal(again.labels, fresh.labels)
     assert (again.images == 255).all(dim=(1, 2, 3)).sum() == 1  # the added white image
     assert any((img == torch.tensor([1, 2, 3], dtype=torch.uint8)).all() for img in again.images)  # the overwritten
-    assert len(list((tmp_path / "cache").glob("images-*.npz"))) == 2
+    assert len(list((tmp_path / "cache").glob("images-*.npz"))) == 1
 
 
 def test_the_cache_key_skips_what_the_loader_skips(tmp_path, monkeypatch):
@@ -578,3 +631,15 @@ def test_quiet_loads_decode_without_a_progress_bar(two_class_folder, tmp_path, m
     assert main(["train", "--preset", "tiny", "--data", str(two_class_folder), "--run-dir", str(tmp_path / "run"),
                  "--epochs", "1", "--set", "warmup_epochs=0", "--quiet"]) == 0
     assert "decoding" not in capsys.readouterr().err
+
+
+def test_the_readme_lists_the_image_suffixes_the_loaders_read():
+    """README's list of image file types is the loaders' own (``IMAGE_SUFFIXES``), so it cannot fall behind."""
+    import re
+    from pathlib import Path
+
+    from vitlab.data import IMAGE_SUFFIXES
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    listed = re.search(r"Image files are\s+(.*?)\s+in any case", text, re.S).group(1)
+    assert tuple(re.findall(r"`(\.\w+)`", listed)) == IMAGE_SUFFIXES

@@ -7,6 +7,7 @@ decodes JPEGs again. Augmentation then runs on whole batches of tensors (``vitla
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -42,7 +43,7 @@ __all__ = [
     "IMAGE_SUFFIXES",
 ]
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".avif")
 
 
 class DataError(ValueError):
@@ -209,9 +210,9 @@ def _decode(blob: bytes, name: str, size: tuple[int, int] | None, problems: list
 SPLIT_NAMES = ("train", "test", "val")
 
 #: how images are found and labelled: part of the decode cache's key, so that arrays labelled by an older rule (the
-#: class was an image's direct parent folder; macOS metadata files counted as images; links to folders not followed)
-#: are never served
-LAYOUT = "first-folder-2"
+#: class was an image's direct parent folder; macOS metadata files counted as images; links to folders not followed;
+#: .ppm, .pgm and .avif files not counted as images) are never served
+LAYOUT = "first-folder-3"
 
 
 def walk(root: Path) -> list[Path]:
@@ -338,8 +339,9 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
     hit = None
     if cache:
         part = "" if split is None else f"|{split}"
+        source = hashlib.sha1(f"{root.resolve()}|{size}{part}".encode()).hexdigest()[:8]
         key = hashlib.sha1(f"{root.resolve()}|{_fingerprint(root)}|{size}{part}|{DECODER}|{LAYOUT}".encode())
-        hit = cache_file(f"images-{key.hexdigest()[:16]}.npz")
+        hit = cache_file(f"images-{source}-{key.hexdigest()[:16]}.npz")
         cached = _cached_images(hit, root, split) if hit is not None else None
         if cached is not None:
             return cached
@@ -380,7 +382,23 @@ def load_image_folder(root: str | os.PathLike, *, size: int | tuple[int, int] | 
                 np.savez(f, images=data.images.numpy(), labels=data.labels.numpy(), classes=np.array(classes))
 
         write_cache(hit, write)
+        if hit.is_file():  # written: what it replaces can go
+            _drop_stale(hit)
     return data
+
+
+def _drop_stale(hit: Path) -> None:
+    """Remove the decode cache's entries that ``hit`` (``images-SOURCE-KEY.npz``, just written) replaces: those of
+    the same source (folder or zip, size and split) under another key, i.e. decoded before its files, the decoder
+    or the layout rule changed, and entries named as before sources were part of the name (``images-KEY.npz``).
+    No code reads either again; kept, each change of a data set or of vitlab left another copy of it behind (150 MB
+    for CIFAR-10's training set). Best effort: a file another process removed first or cannot remove is left."""
+    source = hit.name.split("-")[1]
+    for p in hit.parent.glob("images-*.npz"):
+        parts = p.stem.split("-")
+        if p != hit and ((len(parts) == 3 and parts[1] == source) or len(parts) == 2):
+            with contextlib.suppress(OSError):
+                p.unlink()
 
 
 def _cached_images(hit: Path, root: Path, split: str | None) -> ImageArray | None:
