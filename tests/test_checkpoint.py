@@ -301,3 +301,77 @@ def test_checkpoints_follow_the_umask(tmp_path):
             assert folder.stat().st_mode & 0o777 == 0o777 & ~mask
             files = list(folder.iterdir())
             assert len(files) >= 2 and {f.stat().st_mode & 0o777 for f in files} == {0o666 & ~mask}
+
+
+def _run_state(tmp_path):
+    """A run checkpoint after one AdamW step, with an EMA and a module beside the model, and fresh objects to load
+    it into (their state before loading, to compare with)."""
+    import timm
+
+    torch.manual_seed(0)
+    model, head = tiny_vit(), torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=1e-3)
+    ema = timm.utils.ModelEmaV3(model, decay=0.9)
+    (model(torch.randn(2, 3, 32, 32)).sum() + head(torch.randn(2, 4)).sum()).backward()
+    opt.step()
+    ema.update(model)
+    ck = vc.save_run_checkpoint(tmp_path / "ck", model, opt, ema, {"epoch": 1}, modules={"head": head})
+    model2, head2 = tiny_vit(), torch.nn.Linear(4, 3)
+    opt2 = torch.optim.AdamW([*model2.parameters(), *head2.parameters()], lr=1e-3)
+    ema2 = timm.utils.ModelEmaV3(model2, decay=0.9)
+    return ck, opt, opt2, ema2, head2
+
+
+def _snapshot(opt, ema, head):
+    return (json.dumps(opt.state_dict()["param_groups"]), len(opt.state),
+            {k: v.clone() for k, v in ema.state_dict().items()}, {k: v.clone() for k, v in head.state_dict().items()})
+
+
+def _same(a, b):
+    return a[:2] == b[:2] and all(torch.equal(a[i][k], b[i][k]) for i in (2, 3) for k in a[i])
+
+
+@pytest.mark.parametrize("damage", ["optimizer_bytes", "optimizer_json", "optimizer_groups", "ema", "head",
+                                    "config", "missing_ema"])
+def test_a_damaged_run_checkpoint_is_a_clear_error_that_changes_nothing(tmp_path, damage):
+    """A damaged optimizer.safetensors made `vitlab train --resume` end in safetensors' traceback, and a damaged
+    file late in the folder (the EMA) left the modules and optimizer already loaded from it. Every file is read and
+    checked first now: a ModelLoadError names the file and the way on (a new leg from the model's weights), and
+    the optimizer, EMA and module are unchanged."""
+    ck, _, opt2, ema2, head2 = _run_state(tmp_path)
+    cut = lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])  # noqa: E731
+    if damage == "optimizer_bytes":
+        cut(ck / "optimizer.safetensors")
+    elif damage == "optimizer_json":
+        (ck / "optimizer.json").write_text('{"param_groups": ')
+    elif damage == "optimizer_groups":
+        meta = json.loads((ck / "optimizer.json").read_text())
+        meta["param_groups"][0]["params"] = meta["param_groups"][0]["params"][:-1]
+        (ck / "optimizer.json").write_text(json.dumps(meta))
+    elif damage == "ema":
+        cut(ck / "ema.safetensors")
+    elif damage == "head":
+        from safetensors.torch import save_file
+
+        save_file({"weight": torch.zeros(3, 5), "bias": torch.zeros(3)}, str(ck / "head.safetensors"))
+    elif damage == "config":
+        (ck / "config.json").write_text("{")
+    else:
+        (ck / "ema.safetensors").unlink()
+    before = _snapshot(opt2, ema2, head2)
+    with pytest.raises(ModelLoadError, match=r"ck/\w+\.(safetensors|json).*The run cannot resume from it: start a "
+                                              r"new leg .*--set init_from=.*ck, or train the run afresh"):
+        vc.load_run_state(ck, opt2, ema2, modules={"head": head2})
+    assert _same(_snapshot(opt2, ema2, head2), before)
+
+
+def test_a_run_checkpoint_loads_exactly(tmp_path):
+    """The all-or-nothing load still restores the optimizer, EMA and module state exactly."""
+    ck, opt, opt2, ema2, head2 = _run_state(tmp_path)
+    assert vc.load_run_state(ck, opt2, ema2, modules={"head": head2})["epoch"] == 1
+    a, b = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert sorted(a) == sorted(b) and len(a) > 0
+    assert all(torch.equal(a[i][k], b[i][k]) for i in a for k in a[i])
+    saved = vc.load_file(str(ck / "ema.safetensors"))
+    assert all(torch.equal(saved[k], v) for k, v in ema2.state_dict().items())
+    assert torch.equal(head2.weight, vc.load_file(str(ck / "head.safetensors"))["weight"])

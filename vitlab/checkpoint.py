@@ -337,15 +337,61 @@ def load_run_state(directory: str | os.PathLike, opt: torch.optim.Optimizer, ema
                    device: torch.device | str = "cpu", modules: dict[str, nn.Module] | None = None) -> dict[str, Any]:
     """Load the optimizer (and EMA, and ``modules``) state of a ``save_run_checkpoint`` folder in place; return its
     config.json. The optimizer keeps the implementation it was built with (``foreach``/``fused``: how fast the
-    update runs here, not what it computes), whichever one the checkpoint's process used."""
+    update runs here, not what it computes), whichever one the checkpoint's process used.
+
+    All or nothing: every file is read and checked against what it loads into (keys, shapes, parameter groups)
+    before anything changes, and a damaged, missing or mismatched file is a ``ModelLoadError`` naming it and the way
+    on (a new leg from the checkpoint's model weights), with the optimizer, EMA and modules as they were."""
     directory = Path(directory)
-    for name, module in (modules or {}).items():  # a damaged or mismatched file: a ModelLoadError naming it
-        load_module_weights(module, directory / f"{name}.safetensors")
+    try:
+        states = {}
+        for name, module in (modules or {}).items():
+            states[name] = _read_weights(directory / f"{name}.safetensors")
+            _check_state(states[name], module.state_dict(), directory / f"{name}.safetensors")
+        opt_state = _optimizer_state(directory, opt)
+        ema_state = None
+        if ema is not None:
+            ema_state = _read_weights(directory / "ema.safetensors")
+            _check_state(ema_state, ema.state_dict(), directory / "ema.safetensors")
+        config = _read_json(directory / CONFIG_NAME)
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{e}. The run cannot resume from it: start a new leg from the checkpoint's model "
+                             f"weights with --run-dir NEW --set init_from={directory}, or train the run afresh"
+                             ) from None
+    for name, module in (modules or {}).items():
+        ref = module.state_dict()
+        module.load_state_dict({k: v.to(ref[k].dtype) for k, v in states[name].items()}, strict=True)
     impl = [{k: g[k] for k in _IMPLEMENTATION_FLAGS if k in g} for g in opt.param_groups]
-    opt.load_state_dict(_unflatten_optimizer(load_file(str(directory / "optimizer.safetensors")),
-                                             json.loads((directory / "optimizer.json").read_text())))
+    opt.load_state_dict(opt_state)
     for group, flags in zip(opt.param_groups, impl):
         group.update(flags)
-    if ema is not None:
-        ema.load_state_dict(load_file(str(directory / "ema.safetensors"), device=str(device)))
-    return json.loads((directory / CONFIG_NAME).read_text())
+    if ema_state is not None:
+        ema.load_state_dict({k: v.to(device) for k, v in ema_state.items()})
+    return config
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path} could not be read ({type(e).__name__}: {e}); the checkpoint is damaged"
+                             ) from None
+
+
+def _optimizer_state(directory: Path, opt: torch.optim.Optimizer) -> dict:
+    """The optimizer state of a run checkpoint, checked against ``opt`` (its parameter groups and their sizes, what
+    ``load_state_dict`` requires) without changing it; a ``ModelLoadError`` naming the file otherwise."""
+    tensors, meta = _read_weights(directory / "optimizer.safetensors"), _read_json(directory / "optimizer.json")
+    try:
+        state = _unflatten_optimizer(tensors, meta)
+        groups = state["param_groups"]
+        sizes = [len(g["params"]) for g in groups]
+        ids = {i for g in groups for i in g["params"]}
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"{directory / 'optimizer.json'} is not an optimizer state vitlab wrote ({type(e).__name__}: "
+                             f"{e}); the checkpoint is damaged") from None
+    want = [len(g["params"]) for g in opt.param_groups]
+    if sizes != want or not set(state["state"]) <= ids:
+        raise ModelLoadError(f"{directory / 'optimizer.json'} holds parameter groups of sizes {sizes} where this model's "
+                             f"optimizer has {want}; the checkpoint's files come from different saves or models")
+    return state
