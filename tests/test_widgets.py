@@ -115,7 +115,9 @@ def test_position_explorer_click_selects_a_patch():
 
 def test_distance_explorer_opens_a_head_in_the_attention_explorer(explorer):
     d = DistanceExplorer(explorer.model, explorer.x, explorer)
-    assert len(d.figure.data[0].x) == 3 * 3  # one dot per (layer, head)
+    heads = [t for t in d.figure.data if t.mode == "markers"]
+    assert [t.name for t in heads] == ["head 0", "head 1", "head 2"]  # a legend entry and colour per head
+    assert all(np.allclose(t.y, d.distance[:, h].numpy()) and list(t.x) == [1, 2, 3] for h, t in enumerate(heads))
     assert d.open(5) == (2, 2)  # dot 5 = layer 2, head 2
     assert explorer.layer.value == 2 and explorer.head.value == "head 2" and explorer.method.value == "attention"
 
@@ -132,9 +134,12 @@ def test_clicks_reach_the_explorers(explorer):
         cb(pos.figure.data[0], Points(point_inds=[[1, 2]], xs=[], ys=[], trace_name="", trace_index=0), None)
     assert pos.patch == (1, 2)
     dist = DistanceExplorer(explorer.model, explorer.x, explorer)
-    for cb in dist.figure.data[0]._click_callbacks:
-        cb(dist.figure.data[0], Points(point_inds=[7], xs=[], ys=[], trace_name="", trace_index=0), None)
+    for cb in dist.figure.data[1]._click_callbacks:  # head 1's trace, its third dot: layer 3
+        cb(dist.figure.data[1], Points(point_inds=[2], xs=[], ys=[], trace_name="head 1", trace_index=1), None)
     assert explorer.layer.value == 3 and explorer.head.value == "head 1"
+    for cb in dist.figure.data[2]._click_callbacks:
+        cb(dist.figure.data[2], Points(point_inds=[0], xs=[], ys=[], trace_name="head 2", trace_index=2), None)
+    assert explorer.layer.value == 1 and explorer.head.value == "head 2"
 
 
 def test_gradient_rollout_heatmap_is_the_library_map_for_the_chosen_class(explorer):

@@ -19,7 +19,7 @@ import vitlab
 from vitlab.info import model_info
 from vitlab.inspect import attention_view, attribution, mean_attention_distance, position_embedding_similarity
 from vitlab.inspect.attribution import has_classifier, require_classifier
-from vitlab.plots import heatmap_over_image
+from vitlab.plots import heatmap_over_image, layer_lines
 
 __all__ = ["AttentionExplorer", "PositionExplorer", "DistanceExplorer", "METHODS", "HEADS", "UNITS"]
 
@@ -300,22 +300,15 @@ class DistanceExplorer:
         self.distance = mean_attention_distance(model, _as_input(model, images),
                                                 progress=False).detach().float().cpu()  # (L, H) pixels
         self.explorer = explorer
-        L, H = self.distance.shape
-        layers, heads = np.meshgrid(np.arange(1, L + 1), np.arange(H), indexing="ij")
-        self.figure = go.FigureWidget(
-            data=[go.Scatter(x=layers.ravel(), y=self.distance.numpy().ravel(), mode="markers", name="one head",
-                             customdata=heads.ravel(), marker=dict(size=8, color=heads.ravel(), colorscale="Turbo",
-                                                                   colorbar=dict(title="head")),
-                             hovertemplate="layer %{x}, head %{customdata}: %{y:.1f} px<extra></extra>"),
-                  go.Scatter(x=np.arange(1, L + 1), y=self.distance.mean(1).numpy(), mode="lines",
-                             name="mean over heads", line=dict(color="black"))],
-            layout=go.Layout(width=600, height=420, xaxis_title="network depth (layer)",
-                             yaxis_title="mean attention distance (pixels)", showlegend=True,
-                             legend=dict(orientation="h", y=-0.2), xaxis=dict(dtick=1),
-                             yaxis=dict(range=[0, 1.1 * float(self.distance.max())]),
-                             title=f"Mean attention distance per head ({len(images)} images); click a dot",
-                             margin=dict(l=60, r=10, t=50, b=80)))
-        self.figure.data[0].on_click(lambda _t, pts, _s: pts.point_inds and self.open(pts.point_inds[0]))
+        H = self.distance.shape[1]
+        self.figure = go.FigureWidget(layer_lines(  # one trace (and colour, and legend entry) per head
+            self.distance.numpy(), "mean attention distance (pixels)",
+            f"Mean attention distance per head ({len(images)} images); click a dot"))
+        self.figure.update_layout(width=600, height=440, legend=dict(orientation="h", y=-0.2),
+                                  margin=dict(l=60, r=10, t=50, b=80))
+        self.figure.update_traces(marker_size=8, selector=dict(mode="markers"))  # dots big enough to click
+        for h in range(H):  # dot i of head h's trace is layer i + 1
+            self.figure.data[h].on_click(lambda _t, pts, _s, h=h: pts.point_inds and self.open(pts.point_inds[0] * H + h))
 
     def open(self, point: int) -> tuple[int, int]:
         """The (layer, head) of dot ``point`` (1-based layer); shown in the linked explorer when there is one."""
