@@ -37,6 +37,23 @@ def test_color3_of_hand_made_patches():
     assert color3_targets(torch.ones(1, 3, 4, 4), 4).item() == 511 and color3_targets(torch.zeros(1, 3, 4, 4), 4) == 0
 
 
+@pytest.mark.parametrize("make", [patch4x4_targets, color3_targets])
+@pytest.mark.parametrize("pixels, problem", [
+    (lambda u8: u8.float(), r"values in \[0, 255\]"),  # 0-255 floats: clamped, every patch would be class 511
+    (lambda u8: (u8.float() / 255 - 0.5) / 0.25, r"before normalisation"),  # normalised images
+    (lambda u8: u8, r"torch.uint8"),  # the raw bytes
+])
+def test_colour_targets_refuse_pixels_outside_0_1(make, pixels, problem):
+    """The colour classes are defined on [0, 1] pixels; anything else is refused, not clamped into a few classes."""
+    u8 = torch.arange(3 * 8 * 8).reshape(1, 3, 8, 8).mul(7).remainder(256).to(torch.uint8)
+    u8[0, 0, 0, 0] = 255
+    u8[0, 0, 0, 1] = 0
+    with pytest.raises(ValueError, match=problem):
+        make(pixels(u8), 4)
+    expected = make(u8.float() / 255, 4)  # the same image in [0, 1]: classes spread over the range
+    assert expected.unique().numel() > 1
+
+
 def test_color3_is_the_exact_mean_colour_but_on_level_edges_as_documented():
     """The 3-bit class of the mean of the raw 0-255 pixels, recomputed in integers: floor(8 * sum / (255 * P * P));
     only means exactly on a level's edge may differ (one level low), as many as ``color3_targets`` says."""
