@@ -54,6 +54,22 @@ def test_colour_targets_refuse_pixels_outside_0_1(make, pixels, problem):
     assert expected.unique().numel() > 1
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 64, 32), (3, 3, 32, 64), (2, 3, 16, 32)])
+def test_colour_targets_come_from_the_same_batch_at_the_same_size(shape):
+    """images01 of another size or batch is refused before the forward pass, also where its patch count happens to
+    match x's (64 x 32 against 32 x 64: 128 patches each, every target from the wrong place)."""
+    model = vitlab.build_model(vitlab.vit_config("Ti/4", img_size=(32, 64), depth=1, num_classes=3)).eval()
+    objective = MaskedPatchPrediction.for_model(model)
+    x = torch.randn(2, 3, 32, 64)
+    calls = []
+    model.blocks[0].register_forward_hook(lambda *a: calls.append(1))
+    with pytest.raises(ValueError, match="images01 .* must be the batch x"):
+        objective(model, x, torch.rand(shape), torch.Generator().manual_seed(0))
+    assert not calls and not model.patch_embed._forward_hooks  # nothing ran, no corruption hook left behind
+    loss, _ = objective(model, x, torch.rand(2, 3, 32, 64), torch.Generator().manual_seed(0))
+    assert loss.isfinite()
+
+
 def test_color3_is_the_exact_mean_colour_but_on_level_edges_as_documented():
     """The 3-bit class of the mean of the raw 0-255 pixels, recomputed in integers: floor(8 * sum / (255 * P * P));
     only means exactly on a level's edge may differ (one level low), as many as ``color3_targets`` says."""

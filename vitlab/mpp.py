@@ -179,6 +179,9 @@ class MaskedPatchPrediction(nn.Module):
             raise ValueError("masked patch prediction needs every patch token: build the encoder with "
                              "patch_drop_rate=0")
         B = len(x)
+        if self.target != "l2" and (images01.shape[0] != B or images01.shape[-2:] != x.shape[-2:]):
+            raise ValueError(f"images01 {tuple(images01.shape)} must be the batch x {tuple(x.shape)} before "
+                             "normalisation (same images, same size): its patches give the colour targets of x's")
         N = (x.shape[-2] // self.patch) * (x.shape[-1] // self.patch)
         mode, source = draw_corruption(B, N, self.rate, generator)
         with corrupted_patches(model, mode, source, self.mask_token):
