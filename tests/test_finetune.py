@@ -45,6 +45,17 @@ def test_resize_down_is_antialiased():
     torch.testing.assert_close(model.pos_embed[0, 1:], ref, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("rows, old, new, problem", [
+    ((1, 10, 8), (4, 4), (8, 8), r"\(4, 4\) grid \(16 rows\), got shape \(1, 10, 8\)"),  # was (1, 40, 8) of noise
+    ((1, 17, 8), (4, 4), (4, 4), r"got shape \(1, 17, 8\)"),  # a class row left in: was returned as it came
+    ((16, 8), (4, 4), (8, 8), r"got shape \(16, 8\)"),
+    ((1, 16, 8), (4, 4), (0, 8), "new_grid must be"),
+])
+def test_resample_grid_refuses_rows_that_are_not_the_grid(rows, old, new, problem):
+    with pytest.raises(ValueError, match=problem):
+        resample_grid(torch.randn(rows), old, new)
+
+
 def test_position_similarity_at_a_grid_is_that_of_the_model_fine_tuned_there():
     """The position-embedding panel resampled to a grid (timm's resampling) shows what fine-tuning there gives."""
     from vitlab.inspect.positions import position_embedding_similarity

@@ -111,7 +111,11 @@ def resample_grid(rows: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple
     ``dynamic_img_size`` model (upwards this changes the bicubic kernel, to PyTorch's antialiased a = -0.5), so a
     model resized here equals the one timm builds at that size."""
     _check_interpolation(interpolation)
-    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
+    old_grid, new_grid = size2(tuple(old_grid), "old_grid"), size2(tuple(new_grid), "new_grid")
+    if rows.dim() != 3 or rows.shape[1] != old_grid[0] * old_grid[1]:
+        raise ValueError(f"resample_grid needs (B, gh*gw, D) rows of the {old_grid} grid ({old_grid[0] * old_grid[1]} "
+                         f"rows), got shape {tuple(rows.shape)}: leave out the prefix rows and pass the grid they were "
+                         "laid out on")
     if old_grid == new_grid:
         return rows
     antialias = interpolation in ("bilinear", "bicubic")  # F.interpolate antialiases these two modes only
