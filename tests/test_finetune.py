@@ -13,12 +13,12 @@ import vitlab
 from vitlab.finetune import resample_grid
 
 
-def ref_resample(grid_rows: torch.Tensor, old: tuple[int, int], new: tuple[int, int], mode: str,
-                 antialias: bool = False) -> torch.Tensor:
-    """(new gh*gw, D) from (old gh*gw, D) by F.interpolate of the (1, D, gh, gw) image."""
+def ref_resample(grid_rows: torch.Tensor, old: tuple[int, int], new: tuple[int, int], mode: str) -> torch.Tensor:
+    """(new gh*gw, D) from (old gh*gw, D) by F.interpolate of the (1, D, gh, gw) image, antialiased where
+    F.interpolate can be (bilinear, bicubic), as timm's resample_abs_pos_embed by default."""
     d = grid_rows.shape[-1]
     img = grid_rows.reshape(1, *old, d).permute(0, 3, 1, 2)
-    out = F.interpolate(img, size=new, mode=mode, antialias=antialias)
+    out = F.interpolate(img, size=new, mode=mode, antialias=mode in ("bilinear", "bicubic"))
     return out.permute(0, 2, 3, 1).reshape(-1, d)
 
 
@@ -41,8 +41,51 @@ def test_resize_down_is_antialiased():
     model = tiny_vit()
     old = model.pos_embed.detach().clone()
     vitlab.resize_for_finetuning(model, 16)
-    ref = ref_resample(old[0, 1:], (8, 8), (4, 4), "bicubic", antialias=True)
+    ref = ref_resample(old[0, 1:], (8, 8), (4, 4), "bicubic")
     torch.testing.assert_close(model.pos_embed[0, 1:], ref, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("rows, old, new, problem", [
+    ((1, 10, 8), (4, 4), (8, 8), r"\(4, 4\) grid \(16 rows\), got shape \(1, 10, 8\)"),  # was (1, 40, 8) of noise
+    ((1, 17, 8), (4, 4), (4, 4), r"got shape \(1, 17, 8\)"),  # a class row left in: was returned as it came
+    ((16, 8), (4, 4), (8, 8), r"got shape \(16, 8\)"),
+    ((1, 16, 8), (4, 4), (0, 8), "new_grid must be"),
+])
+def test_resample_grid_refuses_rows_that_are_not_the_grid(rows, old, new, problem):
+    with pytest.raises(ValueError, match=problem):
+        resample_grid(torch.randn(rows), old, new)
+
+
+def test_position_similarity_at_a_grid_is_that_of_the_model_fine_tuned_there():
+    """The position-embedding panel resampled to a grid (timm's resampling) shows what fine-tuning there gives."""
+    from vitlab.inspect.positions import position_embedding_similarity
+
+    model = tiny_vit()
+    at_grid = position_embedding_similarity(model, grid=(12, 16))
+    vitlab.resize_for_finetuning(model, (48, 64))
+    torch.testing.assert_close(position_embedding_similarity(model), at_grid, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("src", [(32, 48), (32, 32)])
+@pytest.mark.parametrize("size", [(64, 96), (16, 32)])
+def test_resize_equals_timm_at_the_new_size(src, size):
+    """A timm ViT (class and register tokens, square and non-square grids) resized up or down here has the
+    position embeddings timm gives the same weights at that size: its own set_input_size, and for a square source
+    grid the checkpoint filter it loads weights at another img_size with (load_model(name, weights=, img_size=))."""
+    from timm.models.vision_transformer import checkpoint_filter_fn
+
+    model = tiny_timm("vit_tiny_patch16_224", img_size=src, reg_tokens=2, num_classes=3)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    theirs = tiny_timm("vit_tiny_patch16_224", img_size=src, reg_tokens=2, num_classes=3)
+    theirs.load_state_dict(state)
+    theirs.set_input_size(img_size=size)
+    vitlab.resize_for_finetuning(model, size)
+    assert model.pos_embed.shape == (1, 3 + size[0] // 16 * size[1] // 16, 192)
+    torch.testing.assert_close(model.pos_embed, theirs.pos_embed, atol=1e-6, rtol=1e-6)
+    if src[0] == src[1]:  # timm's filter takes the old grid for a square one
+        loaded = tiny_timm("vit_tiny_patch16_224", img_size=size, reg_tokens=2, num_classes=3)
+        torch.testing.assert_close(model.pos_embed, checkpoint_filter_fn(state, loaded)["pos_embed"], atol=1e-6,
+                                   rtol=1e-6)
 
 
 def test_resize_to_the_same_size_is_the_identity(x32):

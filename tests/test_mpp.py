@@ -37,6 +37,39 @@ def test_color3_of_hand_made_patches():
     assert color3_targets(torch.ones(1, 3, 4, 4), 4).item() == 511 and color3_targets(torch.zeros(1, 3, 4, 4), 4) == 0
 
 
+@pytest.mark.parametrize("make", [patch4x4_targets, color3_targets])
+@pytest.mark.parametrize("pixels, problem", [
+    (lambda u8: u8.float(), r"values in \[0, 255\]"),  # 0-255 floats: clamped, every patch would be class 511
+    (lambda u8: (u8.float() / 255 - 0.5) / 0.25, r"before normalisation"),  # normalised images
+    (lambda u8: u8, r"torch.uint8"),  # the raw bytes
+])
+def test_colour_targets_refuse_pixels_outside_0_1(make, pixels, problem):
+    """The colour classes are defined on [0, 1] pixels; anything else is refused, not clamped into a few classes."""
+    u8 = torch.arange(3 * 8 * 8).reshape(1, 3, 8, 8).mul(7).remainder(256).to(torch.uint8)
+    u8[0, 0, 0, 0] = 255
+    u8[0, 0, 0, 1] = 0
+    with pytest.raises(ValueError, match=problem):
+        make(pixels(u8), 4)
+    expected = make(u8.float() / 255, 4)  # the same image in [0, 1]: classes spread over the range
+    assert expected.unique().numel() > 1
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 64, 32), (3, 3, 32, 64), (2, 3, 16, 32)])
+def test_colour_targets_come_from_the_same_batch_at_the_same_size(shape):
+    """images01 of another size or batch is refused before the forward pass, also where its patch count happens to
+    match x's (64 x 32 against 32 x 64: 128 patches each, every target from the wrong place)."""
+    model = vitlab.build_model(vitlab.vit_config("Ti/4", img_size=(32, 64), depth=1, num_classes=3)).eval()
+    objective = MaskedPatchPrediction.for_model(model)
+    x = torch.randn(2, 3, 32, 64)
+    calls = []
+    model.blocks[0].register_forward_hook(lambda *a: calls.append(1))
+    with pytest.raises(ValueError, match="images01 .* must be the batch x"):
+        objective(model, x, torch.rand(shape), torch.Generator().manual_seed(0))
+    assert not calls and not model.patch_embed._forward_hooks  # nothing ran, no corruption hook left behind
+    loss, _ = objective(model, x, torch.rand(2, 3, 32, 64), torch.Generator().manual_seed(0))
+    assert loss.isfinite()
+
+
 def test_color3_is_the_exact_mean_colour_but_on_level_edges_as_documented():
     """The 3-bit class of the mean of the raw 0-255 pixels, recomputed in integers: floor(8 * sum / (255 * P * P));
     only means exactly on a level's edge may differ (one level low), as many as ``color3_targets`` says."""

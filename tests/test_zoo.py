@@ -282,6 +282,22 @@ def test_bottleneck_middle_widths_are_checked_before_the_build():
         assert vitlab.build_model(cfg)(torch.zeros(1, 3, 16, 16)).shape == (1, 10)
 
 
+@pytest.mark.parametrize("channels, basic, k", [((48, 80), True, None), ((256, 320), False, None), ((4, 8), True, 8)])
+def test_widened_stages_are_checked_at_the_width_they_are_built(channels, basic, k):
+    """width_factor 2 builds (48, 80) as (96, 160), all multiples of 32, and (4, 8) as (16, 32), at least 8 channels
+    wide: the check judges those built widths (it used to refuse the declared 48 or 4, which no layer has)."""
+    cfg = BiTConfig(layers=(1, 1), channels=channels, basic=basic, width_factor=2, stem="cifar", img_size=16,
+                    num_classes=3, gn_min_channels_per_group=k)
+    model = vitlab.build_model(cfg)
+    norms = [g for g in model.modules() if isinstance(g, torch.nn.GroupNorm)]
+    assert {g.num_channels for g in norms} >= {2 * c for c in channels}
+    assert all(g.num_channels % g.num_groups == 0 and g.num_channels // g.num_groups >= (k or 1) for g in norms)
+    assert k is not None or all(g.num_groups == 32 for g in norms)
+    assert model(torch.zeros(1, 3, 16, 16)).shape == (1, 3)
+    with pytest.raises(ValueError, match="multiples of 32"):  # a built width off the groups is still refused
+        BiTConfig(layers=(1, 1), channels=(40, 80), basic=True, width_factor=2, stem="cifar", img_size=16)
+
+
 def test_group_norm_keeps_at_least_k_channels_per_group():
     from vitlab.zoo import group_count
 

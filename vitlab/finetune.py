@@ -22,8 +22,8 @@ def resize_for_finetuning(model: nn.Module, img_size: int | tuple[int, int], num
     """Prepare a ViT for fine-tuning at another resolution, as in the paper's section 3.2.
 
     The patch size stays, so the grid grows; the learned position embeddings of the patch grid are
-    resampled by 2D interpolation (``interpolation`` is the ``F.interpolate`` mode; antialiased only when
-    the grid shrinks), prefix rows kept as they are; fixed sin-cos embeddings are rebuilt exactly for the
+    resampled by 2D interpolation (``interpolation`` is the ``F.interpolate`` mode, antialiased for bilinear and
+    bicubic as timm's ``resample_abs_pos_embed``), prefix rows kept as they are; fixed sin-cos embeddings are rebuilt exactly for the
     new grid; with ``num_classes`` the head is replaced by a zero-initialised linear layer (0: no head).
     For a hybrid the grid is the backbone's feature map at the new size. Works in place and returns the model.
     """
@@ -106,13 +106,19 @@ def _resized_pos_embed(pe: torch.Tensor, n_prefix: int, old_grid: tuple[int, int
 def resample_grid(rows: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int],
                   interpolation: str = "bicubic") -> torch.Tensor:
     """(1, gh*gw, D) learned position embeddings of an ``old_grid`` -> (1, gh'*gw', D) for ``new_grid`` by 2D
-    interpolation (``F.interpolate`` mode), antialiased only when the grid shrinks (paper section 3.2)."""
+    interpolation (``F.interpolate`` mode; paper section 3.2). Bilinear and bicubic are antialiased in either
+    direction, as timm's ``resample_abs_pos_embed`` does when it loads weights at another ``img_size`` or resizes a
+    ``dynamic_img_size`` model (upwards this changes the bicubic kernel, to PyTorch's antialiased a = -0.5), so a
+    model resized here equals the one timm builds at that size."""
     _check_interpolation(interpolation)
-    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
+    old_grid, new_grid = size2(tuple(old_grid), "old_grid"), size2(tuple(new_grid), "new_grid")
+    if rows.dim() != 3 or rows.shape[1] != old_grid[0] * old_grid[1]:
+        raise ValueError(f"resample_grid needs (B, gh*gw, D) rows of the {old_grid} grid ({old_grid[0] * old_grid[1]} "
+                         f"rows), got shape {tuple(rows.shape)}: leave out the prefix rows and pass the grid they were "
+                         "laid out on")
     if old_grid == new_grid:
         return rows
-    shrink = new_grid[0] < old_grid[0] or new_grid[1] < old_grid[1]
-    antialias = shrink and interpolation in ("bilinear", "bicubic")
+    antialias = interpolation in ("bilinear", "bicubic")  # F.interpolate antialiases these two modes only
     return resample_abs_pos_embed(rows, new_size=list(new_grid), old_size=list(old_grid), num_prefix_tokens=0,
                                   interpolation=interpolation, antialias=antialias)
 

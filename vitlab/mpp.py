@@ -45,6 +45,20 @@ def _patches(images: Tensor, patch: int) -> Tensor:
     return p.permute(0, 2, 3, 1, 4, 5).reshape(B, (H // patch) * (W // patch), C, patch, patch)
 
 
+def _unit_pixels(images01: Tensor, what: str) -> Tensor:
+    """``images01`` (B, 3, H, W) floats in [0, 1], or a ValueError naming what is wrong (normalised or 0-255 pixels
+    would otherwise clamp into a few colour classes without a word)."""
+    if images01.dim() != 4 or images01.shape[1] != 3 or not images01.is_floating_point():
+        raise ValueError(f"{what} targets need (B, 3, H, W) float pixels in [0, 1], got {images01.dtype} of shape "
+                         f"{tuple(images01.shape)}: pass the RGB images as uint8 / 255")
+    if images01.numel():
+        lo, hi = (float(v) for v in torch.aminmax(images01.detach()))
+        if not (0.0 <= lo and hi <= 1.0):  # NaN fails too
+            raise ValueError(f"{what} targets need pixels in [0, 1] (uint8 / 255, before normalisation), got values "
+                             f"in [{lo:.4g}, {hi:.4g}]: pass the unnormalised images divided by 255")
+    return images01
+
+
 def _bits3(x: Tensor) -> Tensor:
     """Values in [0, 1] -> 3-bit levels 0..7."""
     return (x.clamp(0, 1) * 8).floor().clamp_max(7).long()
@@ -55,14 +69,14 @@ def color3_targets(images01: Tensor, patch: int) -> Tensor:
     (class = 64 r + 8 g + b). The mean is taken in float32 before quantising (level = floor(8 * mean)): a mean exactly
     on a level's edge (a 4 x 4 patch's channel of 0-255 pixels summing to a multiple of 510) can round to the level
     below (4 of the 8,192 patches of the 128 shipped CIFAR-10 test images)."""
-    mean = _patches(images01, patch).mean(dim=(-1, -2))  # (B, N, 3)
+    mean = _patches(_unit_pixels(images01, "color3"), patch).mean(dim=(-1, -2))  # (B, N, 3)
     q = _bits3(mean)
     return q[..., 0] * 64 + q[..., 1] * 8 + q[..., 2]
 
 
 def patch4x4_targets(images01: Tensor, patch: int) -> Tensor:
     """(B, 3, H, W) in [0, 1] -> (B, N, 16): each patch average-pooled to 4 x 4 pixels, 3-bit colours (0..511)."""
-    p = _patches(images01, patch)  # (B, N, 3, P, P)
+    p = _patches(_unit_pixels(images01, "patch4x4"), patch)  # (B, N, 3, P, P)
     B, N = p.shape[:2]
     small = F.adaptive_avg_pool2d(p.reshape(B * N, 3, patch, patch), 4).reshape(B, N, 3, 16)
     q = _bits3(small)
@@ -165,6 +179,9 @@ class MaskedPatchPrediction(nn.Module):
             raise ValueError("masked patch prediction needs every patch token: build the encoder with "
                              "patch_drop_rate=0")
         B = len(x)
+        if self.target != "l2" and (images01.shape[0] != B or images01.shape[-2:] != x.shape[-2:]):
+            raise ValueError(f"images01 {tuple(images01.shape)} must be the batch x {tuple(x.shape)} before "
+                             "normalisation (same images, same size): its patches give the colour targets of x's")
         N = (x.shape[-2] // self.patch) * (x.shape[-1] // self.patch)
         mode, source = draw_corruption(B, N, self.rate, generator)
         with corrupted_patches(model, mode, source, self.mask_token):

@@ -207,7 +207,8 @@ def _check_widths(layers: tuple[int, ...], channels: tuple[int, ...] | None, k: 
     outs = [make_divisible(c * width_factor) for c in (channels or [256 * 2**i for i in range(len(layers))])]
     stem = make_divisible(64 * width_factor) if bottleneck else outs[0]  # timm's default stem; basic: channels[0]
     mids = [make_divisible(o * 0.25) for o in outs] if bottleneck else []
-    widths = sorted({stem, *outs, *mids, *(channels or ())})  # as given too: timm rounds a narrow width up to 8
+    # as declared too (times the width factor): timm rounds a narrow width up to 8 where the config says another
+    widths = sorted({stem, *outs, *mids, *(c * width_factor for c in channels or ())})
     what = f"channels {channels!r}" + (f" (bottleneck middle widths {mids})" if bottleneck else "")
     if k is None and any(w % 32 for w in widths):
         raise ValueError(f"{what}: every normalised width must be a multiple of 32 with BiT's 32 GroupNorm groups, "
