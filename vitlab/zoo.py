@@ -6,7 +6,10 @@ Three families, each described by a small frozen config:
                    global-average-pool readout, learned 1D, fixed 2D sin-cos or no position embedding.
 * ``HybridConfig`` a ResNet (GroupNorm + weight standardisation, post-activation bottlenecks: timm's ``ResNetV2``
                    with ``preact=False``, as timm's ``vit_base_r50_s16_224``) feature map cut into 1x1 patches and
-                   fed to a ViT (paper section 3.1, "Hybrid Architecture"; the R50 layout of section 4.1).
+                   fed to a ViT (paper section 3.1, "Hybrid Architecture"; the R50 layout of section 4.1). Its
+                   ImageNet stem pads as BiT does (fixed padding), where timm's hybrid pads "SAME": the parameter
+                   names match, but timm's hybrid weights loaded into it compute something else; load those by
+                   their timm name.
 * ``BiTConfig``    BiT-style ResNet baselines (pre-activation ResNet-v2, GroupNorm, StdConv).
 * ``CifarNetConfig`` a fast residual CNN for 32 px images (``vitlab.cifarnet``): the distillation teacher.
 
