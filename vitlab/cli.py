@@ -483,13 +483,13 @@ def cmd_mpp_study(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _check_app_model(model: str | None, num_images: int) -> None:
+def _check_app_model(model: str | None, num_images: int, pretrained: bool = True, weights: str | None = None) -> None:
     """Load ``model`` as the explorer's kernel will and check that it has attention to show and ``num_images`` of
     its default images, before any server starts."""
     import vitlab
     from vitlab.images import default_image_count, default_source
 
-    net = vitlab.load_model(model or None)
+    net = vitlab.load_model(model or None, pretrained=pretrained, weights=weights)
     try:
         vitlab.model_info(net)
     except TypeError as e:
@@ -507,8 +507,10 @@ def cmd_app(args: argparse.Namespace) -> int:
     from vitlab.app import check_port, serve, stop
 
     check_port(args.port)  # before the model loads: Voila would otherwise serve on another port than the one named
-    _check_app_model(args.model, args.num_images)  # here, with the CLI's message and exit status, not in the browser
-    proc = serve(args.model, port=args.port, open_browser=args.open, num_images=args.num_images)
+    # here, with the CLI's message and exit status, not in the browser
+    _check_app_model(args.model, args.num_images, args.pretrained, args.weights)
+    proc = serve(args.model, port=args.port, open_browser=args.open, num_images=args.num_images,
+                 pretrained=args.pretrained, weights=args.weights)
     print(f"serving the attention explorer on http://127.0.0.1:{args.port} (Ctrl-C or kill to stop)")
 
     def on_term(_signum, _frame):  # kill (SIGTERM) stops the server and its kernels too, not only this process
@@ -708,7 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_mpp_study)
 
     sp = sub.add_parser("app", help="serve the attention explorer as a standalone page (Voila)")
-    sp.add_argument("--model", type=user_path, help="timm model name or vitlab checkpoint (default: the embedded default)")
+    model_args(sp)
     sp.add_argument("--port", type=tcp_port, default=8866)
     sp.add_argument("--num-images", type=positive_int, default=8, help="embedded images to offer (default 8; at most "
                     "128 CIFAR-10 test images for 32 px models, 38 photo crops otherwise)")
