@@ -98,9 +98,18 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
     """
     pe = getattr(model, "patch_embed", None)
     blocks = getattr(model, "blocks", None)
+    if pe is None and blocks is not None and hasattr(model, "embeds"):  # timm's NaFlexVit: a ViT all the same
+        raise TypeError(
+            f"{type(model).__name__} embeds its patches with timm's variable-resolution NaFlex embedding (`embeds`, "
+            "patches placed by coordinates, not a patch_embed with one fixed grid), which vitlab does not read: its "
+            "patch grid, prefix tokens and position embeddings are unknown to vitlab's analyses. Use the same model "
+            "as a timm VisionTransformer (e.g. vit_base_patch16_siglip_224 for naflexvit_base_patch16_siglip); "
+            "vitlab.attention_maps alone works on it"
+        )
     if pe is None or blocks is None:
         raise TypeError(
-            f"{type(model).__name__} is not a ViT-family model (it has no patch_embed and blocks); "
+            f"{type(model).__name__} is not a ViT-family model (it has no "
+            f"{' and no '.join(n for n, v in (('patch_embed', pe), ('blocks', blocks)) if v is None)}); "
             "model_info describes timm VisionTransformer-like models"
         )
     hybrid = hasattr(pe, "backbone")
