@@ -122,7 +122,9 @@ def cmd_info(args: argparse.Namespace) -> int:
                  ("tokens", f"{info.num_tokens} ({info.num_prefix_tokens} prefix: "
                             f"{', '.join(info.prefix_kinds) or 'none'})"),
                  ("blocks", f"{info.depth} x width {info.embed_dim}, {info.num_heads} heads"),
-                 ("position embedding", f"{info.pos_embed} (prefix rows: {'yes' if info.pos_embed_has_prefix else 'no'})"),
+                 ("position embedding", f"{info.pos_embed} (prefix rows: {'yes' if info.pos_embed_has_prefix else 'no'})"
+                                        + (f"; in attention: {', '.join(info.attention_positions)}"
+                                           if info.attention_positions else "")),
                  ("readout", info.readout + (" (hybrid: CNN features as patches)" if info.hybrid else ""))]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
