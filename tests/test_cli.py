@@ -111,6 +111,19 @@ def test_capture_command(tmp_path, checkpoint):
     assert load_file(str(f))["attention"].shape == (3, 2, 1, 1, 65)
 
 
+def test_capture_file_tells_prefix_tokens_from_patches(tmp_path, checkpoint):
+    """The saved maps' T axis counts prefix tokens (class, distillation, registers) before the patches, but the file
+    did not say how many (a register model's 4 registers read as patches): its metadata now names them and the grid."""
+    from safetensors import safe_open
+
+    f = tmp_path / "a.safetensors"
+    assert main(["capture", "--model", str(checkpoint), "--out", str(f), "--num-images", "1"]) == 0
+    with safe_open(str(f), "pt") as opened:
+        meta, T = opened.metadata(), opened.get_slice("attention").get_shape()[-1]
+    prefix, grid = json.loads(meta["prefix_tokens"]), json.loads(meta["grid"])
+    assert prefix == ["class"] and grid == [8, 8] and len(prefix) + grid[0] * grid[1] == T
+
+
 def test_capture_takes_every_image_of_a_folder_unless_told(tmp_path, checkpoint, capsys):
     """All 20 images of a folder are captured (the first 16 were, silently); --num-images keeps the first N with a
     warning that counts those left out."""

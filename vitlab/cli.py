@@ -545,8 +545,15 @@ def cmd_capture(args: argparse.Namespace) -> int:
     names, x, _ = load_images(model, args.images, limit=args.num_images, skip_bad=args.skip_bad)
     maps = vitlab.attention_maps(model, x.to(dev), head_fusion=args.head_fusion, queries=args.queries,
                                  batch_size=args.batch_size).cpu()
+    meta = {"images": json.dumps(names)}
+    try:  # the token layout, so that a reader of the file alone tells prefix tokens (class, registers) from patches
+        info = vitlab.model_info(model, img_size=tuple(x.shape[-2:]))
+    except TypeError:  # a model vitlab captures but cannot describe (timm's NaFlexVit)
+        pass
+    else:
+        meta.update(prefix_tokens=json.dumps(list(info.prefix_kinds)), grid=json.dumps(list(info.grid_size)))
     atomic_write(args.out, lambda tmp: save_file({"attention": maps.contiguous()}, tmp,
-                                                 metadata={"images": json.dumps(names)}))  # never half a file
+                                                 metadata=meta))  # never half a file
     print(f"wrote {args.out}: attention {tuple(maps.shape)} (L, B, H, Q, T) for {len(names)} "
           f"image{'' if len(names) == 1 else 's'}")
     return 0
@@ -598,7 +605,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--img-size", type=positive_int, nargs=2, metavar=("H", "W"), help="input size to describe")
     sp.set_defaults(func=cmd_info)
 
-    sp = sub.add_parser("capture", help="save attention maps (L, B, H, T, T) of a model on images to safetensors")
+    sp = sub.add_parser("capture", help="save attention maps (L, B, H, T, T) of a model on images to safetensors "
+                        "(metadata: the images, the prefix tokens before the patches, the patch grid)")
     model_args(sp)
     sp.add_argument("--images", type=user_path, help="folder of images (default: the photos shipped with scikit-learn)")
     sp.add_argument("--num-images", type=positive_int, help="capture only the first N images of --images, sorted by path, "
