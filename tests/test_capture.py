@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -104,6 +105,49 @@ def test_maps_match_independent_softmax_and_logits_unchanged(case):
     torch.testing.assert_close(maps.double(), ref, atol=1e-5, rtol=0)
     torch.testing.assert_close(captured_logits, plain, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(maps.sum(-1), torch.ones_like(maps.sum(-1)), atol=1e-5, rtol=0)
+
+
+def beit_with_a_bias() -> nn.Module:
+    """A tiny BEiT whose relative position bias is not timm's initial zeros (which no capture could drop unseen)."""
+    model = tiny_timm("beit_base_patch16_224", img_size=(48, 80), embed_dim=32, num_heads=2)
+    with torch.no_grad():
+        for blk in model.blocks:
+            blk.attn.relative_position_bias_table.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    return model
+
+
+POSITIONS_IN_ATTENTION = {  # (model, (prefix kinds), input size): positions the attention adds, or a CNN stem
+    "eva02_rope": (lambda: tiny_timm("eva02_tiny_patch14_224", img_size=(42, 70)), ("class",), (42, 70)),
+    "vit_rope_reg_gap": (lambda: tiny_timm("vit_medium_patch16_rope_reg1_gap_256", img_size=48, embed_dim=32,
+                                           num_heads=2), ("reg",), (48, 48)),
+    "dinov3_rope_registers": (lambda: tiny_timm("vit_small_patch16_dinov3", img_size=48), ("class",) + ("reg",) * 4,
+                              (48, 48)),
+    "beit_relative_bias": (beit_with_a_bias, ("class",), (48, 80)),
+    "hybrid_r26": (lambda: tiny_timm("vit_small_r26_s32_224", img_size=(64, 96)), ("class",), (64, 96)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(POSITIONS_IN_ATTENTION))
+def test_rotary_relative_bias_and_hybrid_maps_are_timms_own_softmax(case):
+    """Rotary embeddings (EVA-02, DINOv3, timm's rope ViTs) and BEiT's relative position bias act inside the attention:
+    the captured maps must be the softmax timm computes with them, read independently by torch.fx (timm's
+    AttentionExtract), on a non-square input where the model takes one; prefix tokens come first, then the grid."""
+    from timm.utils import AttentionExtract
+
+    build, kinds, size = POSITIONS_IN_ATTENTION[case]
+    model = build()
+    x = torch.randn(2, 3, *size)
+    maps = vitlab.attention_maps(model, x)
+    ref_model = copy.deepcopy(model)
+    for m in ref_model.modules():
+        if hasattr(m, "fused_attn"):
+            m.fused_attn = False
+    with torch.no_grad():
+        ref = torch.stack(list(AttentionExtract(ref_model, names=["blocks.*softmax*"], method="fx")(x).values()))
+    info = vitlab.model_info(model, img_size=size)
+    assert info.prefix_kinds == kinds
+    assert maps.shape == (info.depth, 2, info.num_heads, info.num_tokens, info.num_tokens)
+    torch.testing.assert_close(maps, ref.float(), atol=1e-5, rtol=0)
 
 
 def test_attention_pool_reported_separately():

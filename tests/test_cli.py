@@ -111,6 +111,19 @@ def test_capture_command(tmp_path, checkpoint):
     assert load_file(str(f))["attention"].shape == (3, 2, 1, 1, 65)
 
 
+def test_capture_file_tells_prefix_tokens_from_patches(tmp_path, checkpoint):
+    """The saved maps' T axis counts prefix tokens (class, distillation, registers) before the patches, but the file
+    did not say how many (a register model's 4 registers read as patches): its metadata now names them and the grid."""
+    from safetensors import safe_open
+
+    f = tmp_path / "a.safetensors"
+    assert main(["capture", "--model", str(checkpoint), "--out", str(f), "--num-images", "1"]) == 0
+    with safe_open(str(f), "pt") as opened:
+        meta, T = opened.metadata(), opened.get_slice("attention").get_shape()[-1]
+    prefix, grid = json.loads(meta["prefix_tokens"]), json.loads(meta["grid"])
+    assert prefix == ["class"] and grid == [8, 8] and len(prefix) + grid[0] * grid[1] == T
+
+
 def test_capture_takes_every_image_of_a_folder_unless_told(tmp_path, checkpoint, capsys):
     """All 20 images of a folder are captured (the first 16 were, silently); --num-images keeps the first N with a
     warning that counts those left out."""
@@ -444,7 +457,41 @@ def test_app_checks_the_model_and_the_image_count_before_starting_voila(tmp_path
     assert "argument --num-images: expected at least 1, got 0" in capsys.readouterr().err
     assert not started
     assert main(["app", "--model", str(checkpoint), "--num-images", "128", "--port", "9999"]) == 0
-    assert started == [(str(checkpoint), {"port": 9999, "open_browser": False, "num_images": 128})]
+    assert started == [(str(checkpoint), {"port": 9999, "open_browser": False, "num_images": 128, "pretrained": True,
+                                          "weights": None})]
+
+
+def test_app_takes_a_timm_name_offline_with_random_or_local_weights(tmp_path, monkeypatch, capsys):
+    """`vitlab app --model <timm name>` offline told the user to pass --no-pretrained or --weights, which `vitlab app`
+    did not accept: a timm model could not be explored without the hub. Both now reach the check and the kernel."""
+    import timm
+    from safetensors.torch import save_file
+
+    import vitlab.app
+
+    serve, started = vitlab.app.serve, []
+
+    class Served:
+        def wait(self):
+            return 0
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(vitlab.app, "serve", lambda model, **kw: started.append((model, kw)) or Served())
+    assert main(["app", "--model", "vit_tiny_patch16_224", "--no-pretrained", "--num-images", "2"]) == 0
+    assert started[-1][1]["pretrained"] is False
+    weights = tmp_path / "w.safetensors"
+    save_file(timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3).state_dict(), weights)
+    assert main(["app", "--model", "vit_tiny_patch16_224", "--weights", str(weights), "--num-images", "2"]) == 0
+    assert started[-1][1]["weights"] == str(weights)
+    seen = {}
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, env, start_new_session: seen.update(env=env))
+    serve("vit_tiny_patch16_224", pretrained=False, weights=str(weights))
+    assert seen["env"]["VITLAB_PRETRAINED"] == "0" and seen["env"]["VITLAB_WEIGHTS"] == str(weights)
+    monkeypatch.setenv("VITLAB_PRETRAINED", "0")
+    serve("vit_tiny_patch16_224")
+    assert "VITLAB_PRETRAINED" not in seen["env"] and "VITLAB_WEIGHTS" not in seen["env"]
 
 
 def test_app_refuses_a_port_in_use_before_loading_the_model(monkeypatch, capsys):

@@ -161,6 +161,35 @@ def test_resnets_are_refused_clearly():
         model_info(timm.create_model("resnet18", pretrained=False, num_classes=10))
 
 
+def test_naflex_vit_is_refused_as_what_it_is():
+    """timm's NaFlexVit (a ViT whose patches are placed by coordinates, `embeds` instead of `patch_embed`) was refused
+    as 'not a ViT-family model (it has no patch_embed and blocks)': it has blocks and is a ViT. The message now names
+    its embedding, why vitlab cannot read it and what to use instead."""
+    model = timm.create_model("naflexvit_base_patch16_gap", pretrained=False, depth=1, embed_dim=32, num_heads=2,
+                              img_size=32, num_classes=3)
+    with pytest.raises(TypeError, match=r"NaFlex embedding \(`embeds`.*Use the same model as a timm VisionTransformer"):
+        model_info(model)
+    maps = vitlab.attention_maps(model.eval(), torch.randn(1, 3, 32, 32))  # what does work on it
+    assert maps.shape == (1, 1, 2, model.num_prefix_tokens + 4, model.num_prefix_tokens + 4)
+
+
+def test_positions_the_attention_adds_are_named(capsys):
+    """`vitlab info` said 'position embedding none' for RoPE and BEiT models, whose attention encodes positions (rotary
+    embeddings, a relative position bias): model_info and the command now name them."""
+    from vitlab.cli import main
+
+    small = dict(pretrained=False, depth=1, img_size=32, num_classes=3)
+    rope = timm.create_model("vit_base_patch16_rope_224", embed_dim=32, num_heads=2, **small)
+    beit = timm.create_model("beit_base_patch16_224", embed_dim=32, num_heads=2, **small)
+    eva = timm.create_model("eva02_tiny_patch14_224", **{**small, "img_size": 28})
+    assert (model_info(rope).pos_embed, model_info(rope).attention_positions) == ("none", ("rotary",))
+    assert (model_info(beit).pos_embed, model_info(beit).attention_positions) == ("none", ("relative bias",))
+    assert (model_info(eva).pos_embed, model_info(eva).attention_positions) == ("learn", ("rotary",))
+    assert model_info(tiny_vit()).attention_positions == ()
+    assert main(["info", "--model", "eva02_tiny_patch14_224", "--no-pretrained"]) == 0
+    assert "learn (prefix rows: yes); in attention: rotary" in capsys.readouterr().out
+
+
 def test_bad_img_size():
     with pytest.raises(ValueError, match="img_size"):
         model_info(tiny_vit(), img_size=0)

@@ -371,6 +371,23 @@ def test_feature_key_tells_a_pool_over_every_token_from_one_over_the_patches():
     extract_features(patches, data)
     torch.testing.assert_close(extract_features(every, data), extract_features(every, data, cache=False))
 
+def test_feature_key_tells_models_apart_by_a_layer_that_holds_no_weight():
+    """CLIP's QuickGELU and GELU hold no weight: the same weights loaded into timm's vit_*_clip_quickgelu_224 and
+    vit_*_clip_224 shared one cache file, so the second model was served the first one's features."""
+    from timm.layers import QuickGELU
+    from timm.models import VisionTransformer
+
+    data = _shapes()
+    gelu = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=0).eval()
+    quick = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=0,
+                              act_layer=QuickGELU).eval()
+    quick.load_state_dict(gelu.state_dict())
+    assert feature_key(quick, data) != feature_key(gelu, data)
+    assert feature_key(copy.deepcopy(quick), data) == feature_key(quick, data)
+    extract_features(gelu, data)
+    torch.testing.assert_close(extract_features(quick, data), extract_features(quick, data, cache=False))
+
+
 def test_feature_cache_is_keyed_on_the_numerics(monkeypatch, tmp_path):
     """Features computed in a bf16 autocast region were cached under the float32 key and served to every later
     float32 call; a GPU's features (TF32 convolutions, on by default) were served to a CPU run and the reverse, so

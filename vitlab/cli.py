@@ -122,7 +122,9 @@ def cmd_info(args: argparse.Namespace) -> int:
                  ("tokens", f"{info.num_tokens} ({info.num_prefix_tokens} prefix: "
                             f"{', '.join(info.prefix_kinds) or 'none'})"),
                  ("blocks", f"{info.depth} x width {info.embed_dim}, {info.num_heads} heads"),
-                 ("position embedding", f"{info.pos_embed} (prefix rows: {'yes' if info.pos_embed_has_prefix else 'no'})"),
+                 ("position embedding", f"{info.pos_embed} (prefix rows: {'yes' if info.pos_embed_has_prefix else 'no'})"
+                                        + (f"; in attention: {', '.join(info.attention_positions)}"
+                                           if info.attention_positions else "")),
                  ("readout", info.readout + (" (hybrid: CNN features as patches)" if info.hybrid else ""))]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
@@ -483,13 +485,13 @@ def cmd_mpp_study(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _check_app_model(model: str | None, num_images: int) -> None:
+def _check_app_model(model: str | None, num_images: int, pretrained: bool = True, weights: str | None = None) -> None:
     """Load ``model`` as the explorer's kernel will and check that it has attention to show and ``num_images`` of
     its default images, before any server starts."""
     import vitlab
     from vitlab.images import default_image_count, default_source
 
-    net = vitlab.load_model(model or None)
+    net = vitlab.load_model(model or None, pretrained=pretrained, weights=weights)
     try:
         vitlab.model_info(net)
     except TypeError as e:
@@ -507,8 +509,10 @@ def cmd_app(args: argparse.Namespace) -> int:
     from vitlab.app import check_port, serve, stop
 
     check_port(args.port)  # before the model loads: Voila would otherwise serve on another port than the one named
-    _check_app_model(args.model, args.num_images)  # here, with the CLI's message and exit status, not in the browser
-    proc = serve(args.model, port=args.port, open_browser=args.open, num_images=args.num_images)
+    # here, with the CLI's message and exit status, not in the browser
+    _check_app_model(args.model, args.num_images, args.pretrained, args.weights)
+    proc = serve(args.model, port=args.port, open_browser=args.open, num_images=args.num_images,
+                 pretrained=args.pretrained, weights=args.weights)
     print(f"serving the attention explorer on http://127.0.0.1:{args.port} (Ctrl-C or kill to stop)")
 
     def on_term(_signum, _frame):  # kill (SIGTERM) stops the server and its kernels too, not only this process
@@ -541,8 +545,15 @@ def cmd_capture(args: argparse.Namespace) -> int:
     names, x, _ = load_images(model, args.images, limit=args.num_images, skip_bad=args.skip_bad)
     maps = vitlab.attention_maps(model, x.to(dev), head_fusion=args.head_fusion, queries=args.queries,
                                  batch_size=args.batch_size).cpu()
+    meta = {"images": json.dumps(names)}
+    try:  # the token layout, so that a reader of the file alone tells prefix tokens (class, registers) from patches
+        info = vitlab.model_info(model, img_size=tuple(x.shape[-2:]))
+    except TypeError:  # a model vitlab captures but cannot describe (timm's NaFlexVit)
+        pass
+    else:
+        meta.update(prefix_tokens=json.dumps(list(info.prefix_kinds)), grid=json.dumps(list(info.grid_size)))
     atomic_write(args.out, lambda tmp: save_file({"attention": maps.contiguous()}, tmp,
-                                                 metadata={"images": json.dumps(names)}))  # never half a file
+                                                 metadata=meta))  # never half a file
     print(f"wrote {args.out}: attention {tuple(maps.shape)} (L, B, H, Q, T) for {len(names)} "
           f"image{'' if len(names) == 1 else 's'}")
     return 0
@@ -594,7 +605,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--img-size", type=positive_int, nargs=2, metavar=("H", "W"), help="input size to describe")
     sp.set_defaults(func=cmd_info)
 
-    sp = sub.add_parser("capture", help="save attention maps (L, B, H, T, T) of a model on images to safetensors")
+    sp = sub.add_parser("capture", help="save attention maps (L, B, H, T, T) of a model on images to safetensors "
+                        "(metadata: the images, the prefix tokens before the patches, the patch grid)")
     model_args(sp)
     sp.add_argument("--images", type=user_path, help="folder of images (default: the photos shipped with scikit-learn)")
     sp.add_argument("--num-images", type=positive_int, help="capture only the first N images of --images, sorted by path, "
@@ -708,7 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_mpp_study)
 
     sp = sub.add_parser("app", help="serve the attention explorer as a standalone page (Voila)")
-    sp.add_argument("--model", type=user_path, help="timm model name or vitlab checkpoint (default: the embedded default)")
+    model_args(sp)
     sp.add_argument("--port", type=tcp_port, default=8866)
     sp.add_argument("--num-images", type=positive_int, default=8, help="embedded images to offer (default 8; at most "
                     "128 CIFAR-10 test images for 32 px models, 38 photo crops otherwise)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, get_args
@@ -93,13 +94,22 @@ def _numerics(device: torch.device) -> dict:
     return out
 
 
+def _structure(model: nn.Module) -> list[str]:
+    """Each module's name, class and settings (``extra_repr``, memory addresses left out): what computes the features
+    besides the weights, e.g. the activation, which holds no weight (CLIP's QuickGELU against GELU)."""
+    return [f"{name}:{type(m).__module__}.{type(m).__qualname__}({re.sub(r' at 0x[0-9a-fA-F]+', '', m.extra_repr())})"
+            for name, m in model.named_modules()]
+
+
 def feature_key(model: nn.Module, data: ImageArray, device: str | torch.device | None = None) -> str:
-    """A hex digest of (model config and weights, data, transform, numerics on ``device``: default the model's); the
-    config includes the readout settings that no weight holds (``global_pool``, timm's ``pool_include_prefix``)."""
+    """A hex digest of (model config, modules and weights, data, transform, numerics on ``device``: default the
+    model's); the config includes the readout settings that no weight holds (``global_pool``, timm's
+    ``pool_include_prefix``), the modules each layer's class and settings (an activation holds no weight)."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     h = hashlib.blake2b(digest_size=16)
     h.update(json.dumps(_numerics(device), sort_keys=True).encode())
     h.update(type(model).__name__.encode())
+    h.update(json.dumps(_structure(model)).encode())
     arch = getattr(model, "vitlab_config", None) or {k: getattr(model, k, None) for k in
                                                        ("global_pool", "num_prefix_tokens", "num_classes")}
     if getattr(model, "pool_include_prefix", False):  # a readout setting held in no weight (timm's pooled ViTs)

@@ -62,6 +62,9 @@ class ModelInfo:
     # resamples to grid_size for other inputs (dynamic_img_size); it differs from grid_size even at the model's own
     # size when the patches pad the image (dynamic_img_pad with a side that is no multiple of the patch)
     pos_grid_size: tuple[int, int] | None = None
+    # position information the attention adds itself, which pos_embed does not hold: "rotary" (RoPE: EVA-02, DINOv3,
+    # timm's vit_*_rope_*) and "relative bias" (BEiT's relative position bias); () for none
+    attention_positions: tuple[str, ...] = ()
 
     @property
     def num_patches(self) -> int:
@@ -98,9 +101,18 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
     """
     pe = getattr(model, "patch_embed", None)
     blocks = getattr(model, "blocks", None)
+    if pe is None and blocks is not None and hasattr(model, "embeds"):  # timm's NaFlexVit: a ViT all the same
+        raise TypeError(
+            f"{type(model).__name__} embeds its patches with timm's variable-resolution NaFlex embedding (`embeds`, "
+            "patches placed by coordinates, not a patch_embed with one fixed grid), which vitlab does not read: its "
+            "patch grid, prefix tokens and position embeddings are unknown to vitlab's analyses. Use the same model "
+            "as a timm VisionTransformer (e.g. vit_base_patch16_siglip_224 for naflexvit_base_patch16_siglip); "
+            "vitlab.attention_maps alone works on it"
+        )
     if pe is None or blocks is None:
         raise TypeError(
-            f"{type(model).__name__} is not a ViT-family model (it has no patch_embed and blocks); "
+            f"{type(model).__name__} is not a ViT-family model (it has no "
+            f"{' and no '.join(n for n, v in (('patch_embed', pe), ('blocks', blocks)) if v is None)}); "
             "model_info describes timm VisionTransformer-like models"
         )
     hybrid = hasattr(pe, "backbone")
@@ -151,7 +163,19 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
         pool_reads_first_row=getattr(model, "global_pool", None) == "prr"
         and getattr(getattr(model, "attn_pool", None), "pool", None) == "token",
         pos_grid_size=default_grid,
+        attention_positions=_attention_positions(model),
     )
+
+
+def _attention_positions(model: nn.Module) -> tuple[str, ...]:
+    """("rotary", "relative bias") as far as the model's attention encodes positions itself: a rotary embedding module
+    (timm's ``RotaryEmbedding*``), a relative position bias table (BEiT's)."""
+    kinds = []
+    if any("rotary" in type(m).__name__.lower() for m in model.modules()):
+        kinds.append("rotary")
+    if any(name.endswith("relative_position_bias_table") for name, _ in model.named_parameters()):
+        kinds.append("relative bias")
+    return tuple(kinds)
 
 
 def _default_grid_and_patch(

@@ -43,13 +43,20 @@ def _has_module(name: str) -> bool:
 
 
 def serve(model: str | None = None, port: int = 8866, open_browser: bool = False,
-          num_images: int = 8) -> subprocess.Popen:
+          num_images: int = 8, pretrained: bool = True, weights: str | None = None) -> subprocess.Popen:
     """Start Voila in a subprocess, in its own process group (so ``stop`` reaches anything it runs there). Its kernels
     run in sessions of their own: Voila shuts them down on SIGTERM, and each exits by itself once Voila is gone
-    (jupyter_client's JPY_PARENT_PID), so a SIGKILLed server leaves none behind either."""
+    (jupyter_client's JPY_PARENT_PID), so a SIGKILLed server leaves none behind either. ``pretrained`` and
+    ``weights`` reach the kernel's ``vitlab.load_model`` (for timm names: random or local weights, offline)."""
     env = {**os.environ, "VITLAB_APP_IMAGES": str(num_images)}
+    for name in ("VITLAB_PRETRAINED", "VITLAB_WEIGHTS"):  # never a value inherited from the caller's environment
+        env.pop(name, None)
     if model:  # Voila's kernel runs in the notebook's folder: a relative checkpoint path must not depend on it
         env["VITLAB_MODEL"] = str(Path(model).resolve()) if Path(model).exists() else model
+    if not pretrained:
+        env["VITLAB_PRETRAINED"] = "0"
+    if weights:
+        env["VITLAB_WEIGHTS"] = str(Path(weights).resolve())
     return subprocess.Popen(voila_command(port, open_browser), env=env, start_new_session=True)
 
 
