@@ -492,6 +492,11 @@ def test_app_takes_a_timm_name_offline_with_random_or_local_weights(tmp_path, mo
     monkeypatch.setenv("VITLAB_PRETRAINED", "0")
     serve("vit_tiny_patch16_224")
     assert "VITLAB_PRETRAINED" not in seen["env"] and "VITLAB_WEIGHTS" not in seen["env"]
+    # a VITLAB_MODEL left in the shell (the notebooks read it) made `vitlab app` without --model serve that model,
+    # though the command checked the embedded default: the kernel now gets the default too
+    monkeypatch.setenv("VITLAB_MODEL", "vit_small_patch16_224")
+    serve(None)
+    assert "VITLAB_MODEL" not in seen["env"]
 
 
 def test_app_refuses_a_port_in_use_before_loading_the_model(monkeypatch, capsys):

@@ -49,8 +49,8 @@ def serve(model: str | None = None, port: int = 8866, open_browser: bool = False
     (jupyter_client's JPY_PARENT_PID), so a SIGKILLed server leaves none behind either. ``pretrained`` and
     ``weights`` reach the kernel's ``vitlab.load_model`` (for timm names: random or local weights, offline)."""
     env = {**os.environ, "VITLAB_APP_IMAGES": str(num_images)}
-    for name in ("VITLAB_PRETRAINED", "VITLAB_WEIGHTS"):  # never a value inherited from the caller's environment
-        env.pop(name, None)
+    for name in ("VITLAB_MODEL", "VITLAB_PRETRAINED", "VITLAB_WEIGHTS"):  # never a value inherited from the caller's
+        env.pop(name, None)  # environment: without ``model`` the kernel shows the embedded default, the one checked
     if model:  # Voila's kernel runs in the notebook's folder: a relative checkpoint path must not depend on it
         env["VITLAB_MODEL"] = str(Path(model).resolve()) if Path(model).exists() else model
     if not pretrained:
