@@ -336,6 +336,54 @@ def test_a_fixed_position_table_one_layer_and_one_image_get_no_false_verdicts(tm
     assert 0 < seconds <= metrics["seconds_total"] and f"in {seconds} s." in page
 
 
+def test_sections_a_model_cannot_have_say_why_instead_of_vanishing(tmp_path):
+    """A hybrid's report left out the filters section and a model without a position table (vitlab's
+    pos_embed="none", rotary and relative-bias models) the positions section, without a word: a reader could not
+    tell a missing figure from a broken one. Each section now stays, with no figure and no verdict, saying why."""
+    from conftest import tiny_hybrid
+
+    ck = vitlab.save_checkpoint(tiny_hybrid(), tmp_path / "hybrid")
+    metrics = _minimal_report(ck, tmp_path / "out_h", 2)
+    filters = next(f for f in metrics["figures"] if f["slug"] == "filters")
+    assert filters["ours"].startswith("Not shown for this model: a hybrid's patches") and not filters["verdicts"]
+    assert not (tmp_path / "out_h" / "filters.png").exists()
+    page = (tmp_path / "out_h" / "report.html").read_text()
+    assert "Not shown for this model: a hybrid" in page
+    # the facts say what the model is, in words that agree with their numbers ("1 blocks", "prefix token(s)")
+    assert "VisionTransformer (hybrid: ResNet features as patches; 1 block, width 192, 3 heads)" in page
+    assert "4 px per patch (the ResNet&#39;s stride), 8x8 grid, 1 prefix token (class)," in page
+    cfg = vitlab.vit_config("Ti/4", img_size=32, depth=1, num_classes=10, pos_embed="none")
+    ck = vitlab.save_checkpoint(vitlab.build_model(cfg).eval(), tmp_path / "nopos")
+    metrics = _minimal_report(ck, tmp_path / "out_n", 2)
+    positions = [f for f in metrics["figures"] if f["slug"].startswith("positions")]
+    assert len(positions) == 1 and not positions[0]["verdicts"]
+    assert positions[0]["ours"] == ("Not shown for this model: it has no position-embedding table; it is told "
+                                    "nothing about where a patch lies.")
+    assert not [v for v in metrics["verdicts"] if v["section"].startswith("positions")]
+
+
+def test_positions_name_what_a_rotary_or_relative_bias_model_adds_in_attention():
+    """A rope model's attention knows positions through rotary embeddings the table cannot show; BEiT's through a
+    relative bias: the section names them (EVA-02 keeps its learned table too: a note says the table is only part)."""
+    import numpy as np
+    import timm
+
+    from vitlab.report import sections as S
+
+    for name, kw, words in (("beit_base_patch16_224", dict(use_abs_pos_emb=False), "a relative position bias"),
+                            ("eva02_tiny_patch14_224", {}, "rotary embeddings")):
+        net = timm.create_model(name, pretrained=False, num_classes=3, depth=1, img_size=32, **kw).eval()
+        info = vitlab.model_info(net)
+        assert (info.pos_embed == "none") == name.startswith("beit")  # BEiT here: no table; EVA-02: a table too
+        x = torch.zeros(1, 3, 32, 32)
+        inp = S.Inputs(net, info, ["a"], x, [np.zeros((32, 32, 3), np.uint8)], {"images": "1 of test"})
+        made = S.positions(inp)
+        if info.pos_embed == "none":
+            assert made[0].figure is None and f"through {words} instead" in made[0].ours
+        else:
+            assert f"its attention adds {words}, which this figure does not show" in made[0].ours
+
+
 def test_a_model_without_a_classifier_head_gets_rollout_and_no_made_up_predictions(tmp_path):
     """num_classes=0 (timm's .orig_in21k weights): no predicted classes, no class-specific maps or faithfulness
     scores, the rest of the report as usual."""

@@ -61,15 +61,25 @@ def weights_description(net, model: str | None, pretrained: bool, weights: str |
     return f"{hub} (hub)" if hub else "pretrained (timm)"
 
 
+def _count(n: int, word: str) -> str:
+    """``n word`` with the word in the plural unless ``n`` is 1: "1 block", "7 blocks"."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def _summary(net, info, model: str | None, weights: str, images: str, n_images: int) -> dict[str, Any]:
     card = model_card(net)
     params = sum(p.numel() for p in net.parameters())
     cfg = getattr(net, "vitlab_config", None)
-    arch = f"{type(net).__name__}" + (f" ({info.depth} blocks, width {info.embed_dim}, {info.num_heads} heads)")
+    arch = (f"{type(net).__name__} ({'hybrid: ResNet features as patches; ' if info.hybrid else ''}"
+            f"{_count(info.depth, 'block')}, width {info.embed_dim}, {_count(info.num_heads, 'head')})")
+    ph, pw = info.patch_size
+    patches = f"{ph}x{pw} px" if ph != pw else f"{ph} px"
+    patches = f"{patches} per patch (the ResNet's stride)" if info.hybrid else f"{patches} patches"
+    prefix = (f"{_count(info.num_prefix_tokens, 'prefix token')} ({', '.join(info.prefix_kinds)})"
+              if info.num_prefix_tokens else "no prefix tokens")
     facts = [("model", str(model or "embedded default")), ("architecture", arch), ("parameters", f"{params:,}"),
-             ("input", f"{info.img_size[0]}x{info.img_size[1]} px, {info.patch_size[0]} px patches, "
-                       f"{info.grid_size[0]}x{info.grid_size[1]} grid, {info.num_prefix_tokens} prefix token(s) "
-                       f"({', '.join(info.prefix_kinds) or 'none'}), readout {info.readout}"),
+             ("input", f"{info.img_size[0]}x{info.img_size[1]} px, {patches}, "
+                       f"{info.grid_size[0]}x{info.grid_size[1]} grid, {prefix}, readout {info.readout}"),
              ("weights", weights)]
     if card is not None:
         facts.append(("model card", card_line(card)))

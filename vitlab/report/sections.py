@@ -174,19 +174,27 @@ def map_titles(inp: Inputs, pred: dict[str, Any], n: int) -> list[str]:
 NO_IMAGES = "none (computed from the weights alone)"
 
 
-def filters(inp: Inputs) -> Section | None:
-    if inp.info.hybrid:
-        return None
+FILTERS_TITLE = "Patch-embedding filters: principal components (Fig. 7 left)"
+FILTERS_PAPER = ("Fig. 7 left (ViT-L/32): the top 28 principal components of the patch-embedding filters resemble "
+                 "plausible basis functions for a low-dimensional representation of the fine structure within each "
+                 "patch.")
+
+
+def filters(inp: Inputs) -> Section:
+    if inp.info.hybrid:  # said, not silently left out
+        return Section("filters", FILTERS_TITLE, None, FILTERS_PAPER,
+                       "Not shown for this model: a hybrid's patches are cells of a ResNet feature map (paper "
+                       "section 3.1), embedded from the ResNet's channels, so it has no filters over pixels to "
+                       "decompose.", inp.stamp(NO_IMAGES))
     k = filter_component_count(inp.net)  # the paper's 28, or fewer where the filters allow fewer
     comps, ratio = (t.cpu() for t in embedding_filter_pca(inp.net, k=k))  # on the model's device: the figure's on the CPU
     random = random_filter_pca_ratios(inp.net, k=k, draws=20).cpu()
     verdicts = [findings.filters_low_frequency(comps, k=k), findings.filters_structured(ratio, random, k=k)]
     return Section(
-        "filters", "Patch-embedding filters: principal components (Fig. 7 left)",
+        "filters", FILTERS_TITLE,
         filter_grid(comps.numpy(), ratio.numpy(), title="Patch-embedding filters: principal components<br><sup>"
                     "tile title: rank, explained variance</sup>"),
-        "Fig. 7 left (ViT-L/32): the top 28 principal components of the patch-embedding filters resemble plausible "
-        "basis functions for a low-dimensional representation of the fine structure within each patch.",
+        FILTERS_PAPER,
         f"The top {k} components explain {float(ratio.sum()):.1%} of the filters' variance (the first "
         f"{float(ratio[0]):.1%}); randomly initialised filters of the same shape: "
         f"{float(random.sum(1).mean()):.1%}.",
@@ -197,9 +205,24 @@ def filters(inp: Inputs) -> Section | None:
 # ---------------------------------------------------------------------------------------------- Fig. 7 centre
 
 
+POSITIONS_TITLE = "Position-embedding similarity (Fig. 7 centre)"
+POSITIONS_PAPER = ("Fig. 7 centre (ViT-L/32): closer patches have more similar position embeddings, with row/column "
+                   "structure; the model learns the 2D image topology.")
+
+
+def _in_attention(info: ModelInfo) -> str:
+    """How the model's attention adds positions itself (rotary embeddings, a relative position bias), as words."""
+    return " and ".join({"rotary": "rotary embeddings", "relative bias": "a relative position bias"}.get(k, k)
+                        for k in info.attention_positions)
+
+
 def positions(inp: Inputs) -> list[Section]:
-    if inp.info.pos_embed == "none":
-        return []
+    if inp.info.pos_embed == "none":  # said, not silently left out
+        how = _in_attention(inp.info)
+        why = (f"positions enter its attention through {how} instead, which has no table per patch to compare"
+               if how else "it is told nothing about where a patch lies")
+        return [Section("positions", POSITIONS_TITLE, None, POSITIONS_PAPER,
+                        f"Not shown for this model: it has no position-embedding table; {why}.", inp.stamp(NO_IMAGES))]
     sim = position_embedding_similarity(inp.net).cpu()  # (gh, gw, gh, gw)
     score = position_structure_score(sim)
     gh, gw = inp.info.grid_size
@@ -215,12 +238,14 @@ def positions(inp: Inputs) -> list[Section]:
             row_col_note = f" Row/column structure not judged: {e}"
         else:
             row_col_note = ""
+    if inp.info.attention_positions:  # e.g. EVA-02: a learned table and rotary embeddings
+        row_col_note += (f" The table is only part of what this model knows of positions: its attention adds "
+                         f"{_in_attention(inp.info)}, which this figure does not show.")
     out = [Section(
-        "positions", "Position-embedding similarity (Fig. 7 centre)",
+        "positions", POSITIONS_TITLE,
         similarity_tiles(sim.numpy(), title=f"Position-embedding similarity<br><sup>tile (i, j): patch (i, j) against "
                          f"all patches of the {gh}x{gw} grid</sup>"),
-        "Fig. 7 centre (ViT-L/32): closer patches have more similar position embeddings, with row/column structure; "
-        "the model learns the 2D image topology.",
+        POSITIONS_PAPER,
         f"Spearman correlation between similarity and grid distance: {score:.3f} (-1: perfectly local; 0: no "
         f"structure).{row_col_note}",
         inp.stamp(NO_IMAGES, prefix_rows="excluded", grid=[gh, gw]), inp.judged(verdicts), {"spearman": score})]
