@@ -261,6 +261,20 @@ def test_the_cifar10_table_reads_the_shipped_records_from_any_folder(tmp_path, m
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_shipped_records_are_found_by_the_fingerprint_a_rerun_computes(monkeypatch):
+    """A rerun skips a row only when its latest record holds the fingerprint computed now (``_plan``): every shipped
+    record's fingerprint recomputes from its own spec and code hash (``vitlab.provenance.fingerprint``, the one the
+    scaling sweep's store is keyed by too), so a change to how it is computed cannot orphan them silently."""
+    from vitlab import provenance
+
+    records = [json.loads(x) for x in
+               (Path(__file__).resolve().parents[1] / "data" / "results" / "mpp_cifar10.jsonl").read_text().splitlines()]
+    assert len(records) > 30
+    for r in records:
+        monkeypatch.setattr(provenance, "code_hash", lambda r=r: r["provenance"]["code_hash"])
+        assert provenance.fingerprint({"spec": r["spec"]}) == r["fingerprint"], r["row_id"]
+
+
 def test_a_results_store_that_cannot_be_written_is_refused_before_any_row(tmp_path, monkeypatch):
     """--results under a file let the study load its data and pre-train (on CIFAR-10, an hour of rows) before the
     first record's append failed; the store is now checked before any work."""

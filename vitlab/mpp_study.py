@@ -29,7 +29,7 @@ rate and the two other targets did slightly worse than 50% and the 3-bit mean co
 
 Every row's record carries its ``spec`` (everything its number depends on: data, shapes, the pre-training or
 fine-tune ``TrainConfig``, the supervised checkpoint's weights digest, the probe settings) and a fingerprint of
-that spec and the package's code hash (``vitlab.provenance.code_hash``). Running again skips every row whose latest
+that spec and the package's code hash (``vitlab.provenance.fingerprint``). Running again skips every row whose latest
 record has its current fingerprint and says how many and why; a failed row is recorded with its error and the
 others go on. ``markdown_tables`` renders the comparison and the ablation from the records, ``study_verdicts``
 the findings (``vitlab.findings.mpp_ordering``).
@@ -60,11 +60,11 @@ from vitlab.features import READOUTS
 from vitlab.findings import few_shot_key
 from vitlab.mpp import MPP_TARGETS
 from vitlab.probe import DEFAULT_L2
-from vitlab.provenance import code_hash, provenance
+from vitlab.provenance import fingerprint, json_digest, provenance
 from vitlab.stats import percent_cell
 from vitlab.zoo import ViTConfig, cifar_vit, config_to_dict
 
-__all__ = ["MPPStudyConfig", "STUDIES", "StudyRow", "study_rows", "row_spec", "fingerprint", "pretrain_config",
+__all__ = ["MPPStudyConfig", "STUDIES", "StudyRow", "study_rows", "row_spec", "pretrain_config",
            "pretrain_run_config", "finetune_config", "pretrain_dir", "run_study", "latest_records", "shown_records",
            "markdown_tables", "study_verdicts", "default_results", "row_status", "scratch_model", "supervised_model",
            "INITS"]
@@ -220,10 +220,6 @@ def study_rows(study: MPPStudyConfig) -> list[StudyRow]:
     return rows
 
 
-def _hash(obj: Any, n: int = 16) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
-
-
 def pretrain_config(study: MPPStudyConfig, target: str, rate: float, epochs: int, examples: int | None):
     """The MPP preset (``PRESETS["mpp_cifar10"]``) on the study's shape, data, target, rate and budget (``examples``
     pre-training images, None: all); warmup: the preset's 2 epochs or a fifth of the run, whichever is shorter."""
@@ -251,7 +247,7 @@ def pretrain_dir(study: MPPStudyConfig, cfg) -> Path:
     """The run folder of pre-training config ``cfg``: named by its target, rate, epochs and a hash of the config's
     non-default fields (so a new ``TrainConfig`` field with a neutral default does not orphan an hour of
     pre-training; ``train`` itself checks on resume that the saved config equals ``cfg``)."""
-    key = _hash(_changed_fields(cfg), 10)
+    key = json_digest(_changed_fields(cfg), 10)
     return study.root() / f"mpp-{cfg.mpp_target}-r{cfg.mpp_rate:g}-e{cfg.epochs}-{key}"
 
 
@@ -339,12 +335,6 @@ def row_spec(study: MPPStudyConfig, row: StudyRow, supervised: tuple[Path, ViTCo
         cfg = finetune_config(study, _finetune_model(study, row.init, supervised), row.seed, None)
         spec.update(finetune=train_config_to_dict(cfg), per_class=study.finetune_per_class)
     return spec
-
-
-def fingerprint(spec: dict[str, Any]) -> str:
-    """A hash of the row's spec and of the package's source code: a record counts as done only for the exact
-    inputs and code that produced it."""
-    return _hash({"spec": spec, "code": code_hash()})
 
 
 # ---------------------------------------------------------------------------------------------- the work
@@ -466,7 +456,7 @@ def _plan(study: MPPStudyConfig) -> tuple[list[tuple[StudyRow, dict[str, Any], s
     """Every row with its spec and fingerprint, and the supervised checkpoint (checked)."""
     study.validate()
     supervised = _supervised_checkpoint(study)
-    return [(row, spec, fingerprint(spec)) for row in study_rows(study)
+    return [(row, spec, fingerprint({"spec": spec})) for row in study_rows(study)
             for spec in [row_spec(study, row, supervised)]], supervised
 
 
