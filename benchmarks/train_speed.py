@@ -52,16 +52,9 @@ from vitlab.checkpoint import save_checkpoint
 from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize
 from vitlab.modes import any_image_size, explicit_attention
 from vitlab.precision import use_bf16
-from vitlab.train import (
-    COMPILE_MIN_STEPS,
-    PRESETS,
-    TrainConfig,
-    compile_by_default,
-    load_teacher,
-    train,
-    with_num_classes,
-)
+from vitlab.train import COMPILE_MIN_STEPS, compile_by_default, load_teacher, train
 from vitlab.train import step_flops as train_step_flops
+from vitlab.train_config import PRESETS, TrainConfig, with_num_classes
 from vitlab.zoo import size2
 
 

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from vitlab import precision
-from vitlab.train import PRESETS, train
+from vitlab.train import train
+from vitlab.train_config import PRESETS
 
 
 def _export(run, out) -> dict:

@@ -17,18 +17,8 @@ from vitlab.augment import random_crop_flip
 from vitlab.checkpoint import load_checkpoint, save_checkpoint
 from vitlab.cifarnet import CifarResNet, tta_logits, whitening_filters
 from vitlab.modes import eval_mode, explicit_attention
-from vitlab.train import (
-    PRESETS,
-    TrainConfig,
-    _distill_loss,
-    _optimizer,
-    evaluate,
-    load_teacher,
-    lr_at,
-    teacher_input,
-    train,
-    warm_start,
-)
+from vitlab.train import _distill_loss, _optimizer, evaluate, load_teacher, lr_at, teacher_input, train, warm_start
+from vitlab.train_config import PRESETS, TrainConfig
 from vitlab.zoo import CifarNetConfig, ViTConfig, sincos_grid
 
 TINY_CNN = CifarNetConfig(widths=(8, 16, 16), num_classes=3)
@@ -693,7 +683,7 @@ def test_a_progressive_share_not_in_effect_is_not_part_of_the_config():
 
 
 def test_a_refused_resume_names_what_restores_a_run_saved_before_the_preset_took_a_share():
-    from vitlab.train import config_changes
+    from vitlab.train_config import config_changes
 
     saved = dataclasses.replace(PRESETS["vit_cifar10"], progressive_size=None)  # as such runs stored it
     text = config_changes(saved, PRESETS["vit_cifar10"])

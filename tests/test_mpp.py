@@ -22,7 +22,8 @@ from vitlab.mpp import (
     draw_corruption,
     patch4x4_targets,
 )
-from vitlab.train import PRESETS, train
+from vitlab.train import train
+from vitlab.train_config import PRESETS
 
 TINY = dataclasses.replace(PRESETS["tiny"].model, num_classes=3)
 

@@ -16,10 +16,10 @@ from vitlab.features import READOUT_NAMES, READOUTS
 
 if TYPE_CHECKING:
     from vitlab.scaling import SweepConfig
-    from vitlab.train import TrainConfig
+    from vitlab.train_config import TrainConfig
 
 
-#: ``vitlab.train.PRESETS`` by name, for ``--preset``'s help without importing torch (a test keeps them equal)
+#: ``vitlab.train_config.PRESETS`` by name, for ``--preset``'s help without importing torch (a test keeps them equal)
 PRESET_NAMES = ("vit_cifar10", "resnet_cifar10_fast", "resnet_cifar10_wide", "resnet_cifar10", "bit_cifar10",
                 "hybrid_cifar10", "mpp_cifar10", "vit_shapes", "tiny")
 
@@ -138,7 +138,7 @@ def preset_config(preset: str, sets: list[str] | None = None, epochs: int | None
     """The ``TrainConfig`` that ``vitlab train --preset PRESET [--set FIELD=VALUE ...] [--epochs N] [--data D]``
     trains. ``OptionError`` names an unknown preset or field with the valid ones; a value the config refuses raises
     its own ValueError."""
-    from vitlab.train import PRESETS
+    from vitlab.train_config import PRESETS
     from vitlab.zoo import replace_fields
 
     if preset not in PRESETS:

@@ -86,7 +86,7 @@ class MPPStudyConfig:
     #: pre-training run folders; None: $VITLAB_CACHE/runs/mpp_study (~/.cache/vitlab/runs/mpp_study)
     run_root: str | None = None
     seed: int = 0  # pre-training seed, and the seed of the scratch initialisation (the MPP run's own init)
-    # pre-training (vitlab.train PRESETS["mpp_cifar10"] with these changes)
+    # pre-training (vitlab.train_config PRESETS["mpp_cifar10"] with these changes)
     main: tuple[str, float] = ("color3", 0.5)  # (target, corruption rate) of the run the comparison uses
     main_epochs: int = 6
     ablations: tuple[tuple[str, float], ...] = (("color3", 0.5), ("color3", 0.15), ("patch4x4", 0.5), ("l2", 0.5))
@@ -113,7 +113,7 @@ class MPPStudyConfig:
     bf16: bool = True
 
     def validate(self) -> None:
-        from vitlab.train import TrainConfig
+        from vitlab.train_config import TrainConfig
 
         for target, rate in (self.main, *self.ablations):
             if target not in MPP_TARGETS or not 0 < rate <= 1:
@@ -149,7 +149,7 @@ class MPPStudyConfig:
 
 
 def _shapes_vit() -> ViTConfig:
-    from vitlab.train import PRESETS
+    from vitlab.train_config import PRESETS
 
     return PRESETS["vit_shapes"].model  # the shape of the shipped shapes ViT (data/checkpoints/vit_shapes)
 
@@ -223,7 +223,7 @@ def study_rows(study: MPPStudyConfig) -> list[StudyRow]:
 def pretrain_config(study: MPPStudyConfig, target: str, rate: float, epochs: int, examples: int | None):
     """The MPP preset (``PRESETS["mpp_cifar10"]``) on the study's shape, data, target, rate and budget (``examples``
     pre-training images, None: all); warmup: the preset's 2 epochs or a fifth of the run, whichever is shorter."""
-    from vitlab.train import PRESETS
+    from vitlab.train_config import PRESETS
 
     base = PRESETS["mpp_cifar10"]
     data = study.data if examples is None else f"{study.data}[n={examples}]"
@@ -235,7 +235,7 @@ def pretrain_config(study: MPPStudyConfig, target: str, rate: float, epochs: int
 def _changed_fields(cfg) -> dict[str, Any]:
     """The fields of a ``TrainConfig`` (and of its model config) that differ from their defaults: a field added to
     ``TrainConfig`` later, with a default that keeps the old behaviour, leaves this unchanged."""
-    from vitlab.train import TrainConfig, train_config_to_dict
+    from vitlab.train_config import TrainConfig, train_config_to_dict
 
     d, ref = train_config_to_dict(cfg), train_config_to_dict(TrainConfig(model=type(cfg.model)()))
     out = {k: v for k, v in d.items() if k != "model" and v != ref.get(k)}
@@ -294,7 +294,7 @@ def _supervised_checkpoint(study: MPPStudyConfig) -> tuple[Path, ViTConfig, str]
 def finetune_config(study: MPPStudyConfig, model: ViTConfig, seed: int, init_from: str | None):
     """One recipe for every initialisation: AdamW, warmup and cosine, crop and flip, label smoothing 0.1, no
     mixup, no patch dropping; evaluated on the test images once, at the end."""
-    from vitlab.train import TrainConfig
+    from vitlab.train_config import TrainConfig
 
     if model.patch_drop_rate:
         model = dataclasses.replace(model, patch_drop_rate=0.0)  # every initialisation sees every token
@@ -306,7 +306,7 @@ def finetune_config(study: MPPStudyConfig, model: ViTConfig, seed: int, init_fro
 
 
 def _init_spec(study: MPPStudyConfig, init: str, supervised: tuple[Path, ViTConfig, str] | None) -> dict[str, Any]:
-    from vitlab.train import train_config_to_dict
+    from vitlab.train_config import train_config_to_dict
 
     if init == "scratch":
         return {"init": "scratch", "model": config_to_dict(study.model), "seed": study.seed}
@@ -324,7 +324,7 @@ def _finetune_model(study: MPPStudyConfig, init: str, supervised: tuple[Path, Vi
 
 def row_spec(study: MPPStudyConfig, row: StudyRow, supervised: tuple[Path, ViTConfig, str] | None) -> dict[str, Any]:
     """Everything the row's number depends on (the run folders' locations excluded)."""
-    from vitlab.train import train_config_to_dict
+    from vitlab.train_config import train_config_to_dict
 
     spec: dict[str, Any] = {"kind": row.kind, "data": study.data, "test_per_class": study.test_per_class,
                             "init": _init_spec(study, row.init, supervised)}
@@ -371,7 +371,8 @@ def _pretrain(study: MPPStudyConfig, cfg, images: ImageArray, test: ImageArray, 
               device: str | None) -> Path:
     """Pre-train ``cfg`` into its run folder, resuming it where it stopped; a finished run is not touched, but it must
     have been trained with ``cfg`` (else a changed default would pass an old encoder off as the new config's)."""
-    from vitlab.train import train, train_config_from_dict, with_num_classes
+    from vitlab.train import train
+    from vitlab.train_config import train_config_from_dict, with_num_classes
 
     run = pretrain_dir(study, cfg)
     meta = _checkpoint_meta(run)
@@ -554,7 +555,7 @@ def run_study(study: MPPStudyConfig, results: str | os.PathLike, progress: bool 
 def scratch_model(study: MPPStudyConfig, num_classes: int) -> torch.nn.Module:
     """The scratch initialisation: exactly the weights the MPP runs start from (``train`` seeds with the run's seed,
     then builds the model, the same way), in eval mode. The caller's random state is left as it was."""
-    from vitlab.train import with_model_classes
+    from vitlab.train_config import with_model_classes
     from vitlab.zoo import build_model
 
     with torch.random.fork_rng(devices=[]):  # built on the CPU: only its generator is seeded, and put back after

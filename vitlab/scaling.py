@@ -291,7 +291,7 @@ def _classes(data: ImageArray, classes: Sequence[int], per_class: int | None = N
 
 
 def _train_config(sweep: SweepConfig, spec: RunSpec, n: int):
-    from vitlab.train import TrainConfig, with_model_classes
+    from vitlab.train_config import TrainConfig, with_model_classes
 
     model = with_model_classes(FAMILIES[spec.family](), len(sweep.pretrain_classes))
     steps_per_epoch = max(1, n // sweep.batch_size)
