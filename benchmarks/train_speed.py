@@ -50,9 +50,10 @@ from benchmarks._util import report
 from vitlab.augment import shrink
 from vitlab.checkpoint import save_checkpoint
 from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize
+from vitlab.distill import load_teacher
 from vitlab.modes import any_image_size, explicit_attention
 from vitlab.precision import use_bf16
-from vitlab.train import COMPILE_MIN_STEPS, compile_by_default, load_teacher, train
+from vitlab.train import COMPILE_MIN_STEPS, compile_by_default, train
 from vitlab.train import step_flops as train_step_flops
 from vitlab.train_config import PRESETS, TrainConfig, with_num_classes
 from vitlab.zoo import size2

@@ -16,8 +16,9 @@ import vitlab
 from vitlab.augment import random_crop_flip
 from vitlab.checkpoint import load_checkpoint, save_checkpoint
 from vitlab.cifarnet import CifarResNet, tta_logits, whitening_filters
+from vitlab.distill import distill_loss, load_teacher, teacher_input
 from vitlab.modes import eval_mode, explicit_attention
-from vitlab.train import _distill_loss, _optimizer, evaluate, load_teacher, lr_at, teacher_input, train, warm_start
+from vitlab.train import _optimizer, evaluate, lr_at, train, warm_start
 from vitlab.train_config import PRESETS, TrainConfig
 from vitlab.zoo import CifarNetConfig, ViTConfig, sincos_grid
 
@@ -192,12 +193,12 @@ def test_hard_and_soft_distillation_losses_known_answers():
     y = torch.tensor([0, 1, 2, 3, 0])
     target = F.one_hot(y, 4).float()
     cfg = TrainConfig(model=ViTConfig(distilled=True), teacher="x")
-    hard = _distill_loss(cls, dist, teach, target, cfg)
+    hard = distill_loss(cls, dist, teach, target, cfg)
     torch.testing.assert_close(hard, 0.5 * F.cross_entropy(cls, y) + 0.5 * F.cross_entropy(dist, teach.argmax(-1)))
     soft_cfg = dataclasses.replace(cfg, distill="soft", distill_tau=2.0)
     p = F.softmax(teach / 2, -1)
     kl = (p * (p.log() - F.log_softmax(dist / 2, -1))).sum(-1).mean() * 4
-    torch.testing.assert_close(_distill_loss(cls, dist, teach, target, soft_cfg),
+    torch.testing.assert_close(distill_loss(cls, dist, teach, target, soft_cfg),
                                0.5 * F.cross_entropy(cls, y) + 0.5 * kl)
 
 
@@ -436,9 +437,9 @@ def test_distillation_targets_can_average_the_teacher_over_the_mirror(tmp_path, 
     teacher = vitlab.build_model(TINY_CNN).eval()
     save_checkpoint(teacher, tmp_path / "teacher")
     seen = []  # (the teacher's input, the logits the loss received)
-    real_input, real_loss = vt.teacher_input, vt._distill_loss
+    real_input, real_loss = vt.teacher_input, vt.distill_loss
     monkeypatch.setattr(vt, "teacher_input", lambda x, pc, t: seen.append([real_input(x, pc, t)]) or seen[-1][0])
-    monkeypatch.setattr(vt, "_distill_loss", lambda a, b, t, y, c: seen[-1].append(t) or real_loss(a, b, t, y, c))
+    monkeypatch.setattr(vt, "distill_loss", lambda a, b, t, y, c: seen[-1].append(t) or real_loss(a, b, t, y, c))
     cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, distilled=True),
                               teacher=str(tmp_path / "teacher"), epochs=1, batch_size=32, distill_tta=1)
     train(cfg, tmp_path / "run", progress=False, train_data=train_data, test_data=test_data)

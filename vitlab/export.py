@@ -227,7 +227,7 @@ def _distillation(shipped: nn.Module, teacher: str, trained_with: str, test: Ima
     """``distillation_facts`` of the shipped student against the teacher it learned from, looked for where the card
     names it (``teacher``, relative to the checkout), then where the run found it (``trained_with``); or why they
     are missing."""
-    from vitlab.train import load_teacher
+    from vitlab.distill import load_teacher
 
     for path in dict.fromkeys((teacher, trained_with)):
         try:

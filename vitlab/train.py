@@ -18,7 +18,8 @@ the end of each epoch with the model, optimizer and EMA state (Lookahead's slow 
 ``--resume`` after a ``kill -9`` therefore ends exactly where an uninterrupted run would. A non-finite loss stops
 the run and keeps the last good checkpoint.
 
-What a run is given, ``TrainConfig`` and the presets, lives in ``vitlab.train_config``.
+What a run is given, ``TrainConfig`` and the presets, lives in ``vitlab.train_config``; the teacher and the
+distillation loss in ``vitlab.distill``.
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ from vitlab.checkpoint import (
     save_checkpoint,
     save_run_checkpoint,
 )
-from vitlab.cifarnet import CifarResNet, tta_logits
+from vitlab.cifarnet import tta_logits
 from vitlab.data import ImageArray, check_same_classes, load_dataset, nested_subsets, normalize
 from vitlab.devices import resolve_device
+from vitlab.distill import distill_loss, load_teacher, soft_cross_entropy, teacher_input
 from vitlab.finetune import resample_grid
 from vitlab.history import history_as_of
 from vitlab.info import model_info
@@ -82,7 +84,7 @@ from vitlab.zoo import (
     size2,
 )
 
-__all__ = ["train", "TrainingDiverged", "evaluate", "load_teacher", "warm_start",
+__all__ = ["train", "TrainingDiverged", "evaluate", "warm_start",
            "warm_start_objective"]
 
 
@@ -239,37 +241,6 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
     if count:
         res["accuracy"] = hits / count
     return res
-
-
-def load_teacher(path: str | os.PathLike, device: torch.device) -> nn.Module:
-    """A frozen teacher in eval mode from a vitlab checkpoint folder (relative paths: to the cwd, then the repo).
-    The CNN teacher (``vitlab.cifarnet.CifarResNet``) comes in channels_last, which ``teacher_input`` matches: its
-    bf16 forward ran 2.1x faster that way on a 2-core AVX512-BF16 CPU. Other teachers keep their layout (not
-    measured)."""
-    p = resolve_folder(path)
-    if not (p / "config.json").is_file():
-        raise FileNotFoundError(f"teacher checkpoint {path} not found: train it first (vitlab train --preset "
-                                f"resnet_cifar10_fast, then vitlab export) or pass --set teacher=FOLDER")
-    teacher = load_checkpoint(p).to(device).eval()
-    for q in teacher.parameters():
-        q.requires_grad_(False)
-    if (fmt := _teacher_layout(teacher)) is not None:
-        teacher.to(memory_format=fmt)
-    return teacher
-
-
-def _teacher_layout(teacher: nn.Module) -> torch.memory_format | None:
-    """The memory format a teacher runs in, the one place that decides it: channels_last for the CNN teacher; None
-    (left as it is) for any other."""
-    return torch.channels_last if isinstance(teacher, CifarResNet) else None
-
-
-def teacher_input(x: Tensor, student_cfg: dict, teacher: nn.Module) -> Tensor:
-    """(B, 3, H, W) normalised for the student -> the same images normalised for ``teacher``, in its memory
-    format (channels_last for the CNN teacher from ``load_teacher``)."""
-    x = _renormalize(x, student_cfg, teacher.pretrained_cfg)
-    fmt = _teacher_layout(teacher)
-    return x if fmt is None else x.contiguous(memory_format=fmt)
 
 
 def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
@@ -736,36 +707,6 @@ class _Compiler:
         return forward
 
 
-def _renormalize(x: Tensor, src: dict, dst: dict) -> Tensor:
-    """``x`` normalised with ``src``'s mean and std, re-expressed with ``dst``'s (a no-op when they agree)."""
-    if tuple(src["mean"]) == tuple(dst["mean"]) and tuple(src["std"]) == tuple(dst["std"]):
-        return x
-
-    def col(v):
-        return torch.tensor(v, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-
-    return (x * col(src["std"]) + col(src["mean"]) - col(dst["mean"])) / col(dst["std"])
-
-
-def _soft_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
-    """Cross-entropy against (B, K) soft targets (label smoothing, mixup), averaged over the batch."""
-    return torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
-
-
-def _distill_loss(logits: Tensor, dist_logits: Tensor, teacher_logits: Tensor, target: Tensor,
-                  cfg: TrainConfig) -> Tensor:
-    """DeiT: half the loss on the labels through the class token, half on the teacher through the
-    distillation token (its argmax for ``hard``; KL divergence at temperature ``distill_tau`` for ``soft``)."""
-    base = _soft_cross_entropy(logits, target)
-    if cfg.distill == "hard":
-        dist = F.cross_entropy(dist_logits.float(), teacher_logits.argmax(-1))
-    else:
-        tau = cfg.distill_tau
-        dist = F.kl_div(F.log_softmax(dist_logits.float() / tau, -1), F.log_softmax(teacher_logits.float() / tau, -1),
-                        reduction="batchmean", log_target=True) * tau * tau
-    return 0.5 * base + 0.5 * dist
-
-
 def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Module, opt: torch.optim.Optimizer,
             ema: nn.Module | None, teacher: nn.Module | None, mixup: Any, train_data: ImageArray,
             test_data: ImageArray, start_epoch: int, elapsed: float, steps_per_epoch: int, progress: bool,
@@ -827,9 +768,9 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
                 if teacher is not None:
                     with torch.autocast(**amp), torch.no_grad():
                         teacher_logits = tta_logits(teacher_forward, teacher_input(x, pc, teacher), cfg.distill_tta)
-                    loss = _distill_loss(logits[0], logits[1], teacher_logits, target, cfg)
+                    loss = distill_loss(logits[0], logits[1], teacher_logits, target, cfg)
                 elif objective is None:
-                    loss = _soft_cross_entropy(logits, target)
+                    loss = soft_cross_entropy(logits, target)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 for p in frozen:  # no gradient: the optimizer skips it (no step, no momentum, no weight decay)
