@@ -77,9 +77,10 @@ for r in loc_rows:
 # %%
 from vitlab import findings
 from vitlab.inspect import localisation
+from vitlab.verdict import verdict_table
 
 ro, rnd = localisation(loc_maps["rollout"], data.masks), localisation(loc_maps["random map"], data.masks)
 verdicts = [findings.rollout_localises(ro["mass_in_mask"], ro["pointing"], rnd["mass_in_mask"], rnd["pointing"])]
-print(findings.verdict_table(verdicts))
+print(verdict_table(verdicts))
 print()
 print(findings.explain(verdicts, width=110))

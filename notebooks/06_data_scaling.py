@@ -114,11 +114,12 @@ else:
 
 # %%
 from vitlab import findings
+from vitlab.verdict import verdict_table
 
 try:
     verdicts = [findings.scaling_gap_narrows(records, shots=SHOTS, resnet="bit" if not SMOKE else "bit_tiny",
                                              vit="vit" if not SMOKE else "vit_tiny")]
-    print(findings.verdict_table(verdicts))
+    print(verdict_table(verdicts))
     print()
     print(findings.explain(verdicts, width=110))
 except ValueError as e:

@@ -68,6 +68,7 @@ from vitlab.mpp_study import (
 )
 from vitlab.plots import layer_lines_by_model, notebook_figures
 from vitlab.scaling import ResultsStore
+from vitlab.verdict import verdict_table
 
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
@@ -181,7 +182,7 @@ if records:
     for readout in READOUTS:
         display(Markdown(f"**Few-shot features: {READOUT_NAMES[readout]}**\n\n" + markdown_tables(records, readout)))
     verdicts = study_verdicts(records, study.verdict_shots)
-    print(findings.verdict_table(verdicts))
+    print(verdict_table(verdicts))
     print(findings.explain(verdicts, width=110))
     # the budgets behind "supervised beats MPP": the supervised checkpoint's card, the MPP run's record
     card_file = resolve_folder(study.supervised) / "card.json"
@@ -242,7 +243,7 @@ for name in models:
     for v in (findings.lowest_layer_spread(dist[name], ceiling), findings.distance_grows_with_depth(dist[name]),
               findings.position_similarity_decreases(pos[name])):
         rows.append(dataclasses.replace(v, finding=f"[{name}] {v.finding}"))
-print(findings.verdict_table(rows))
+print(verdict_table(rows))
 print()
 for a, b in (("MPP", "supervised"), ("MPP", "scratch")):
     shift = findings.attention_distance_shift(dist[a], dist[b], a, b)

@@ -46,8 +46,9 @@ def test_results_readme_sentences_match_the_records():
 def test_results_readme_shows_the_tuning_evidence_and_the_verdict():
     """The tuning trials (with the recipes the frozen config holds marked) and the Fig. 3/4 verdict are the ones
     `vitlab sweep --table` computes from the shipped stores."""
-    from vitlab.findings import scaling_gap_narrows, verdict_table
+    from vitlab.findings import scaling_gap_narrows
     from vitlab.scaling import load_sweep_config, tuning_table
+    from vitlab.verdict import verdict_table
 
     readme = (RESULTS / "README.md").read_text()
     tuned = load_sweep_config(str(RESULTS / "scaling_cifar10.tuned.json"))
@@ -121,8 +122,8 @@ def test_mpp_readme_quotes_the_study():
     """The MPP section of data/results/README.md holds the tables and the verdicts generated from the shipped
     records (``vitlab mpp-study --table`` prints them), not typed numbers."""
     from vitlab.features import READOUTS
-    from vitlab.findings import verdict_table
     from vitlab.mpp_study import STUDIES, markdown_tables, shown_records, study_verdicts
+    from vitlab.verdict import verdict_table
 
     records, _ = shown_records(ResultsStore(RESULTS / "mpp_cifar10.jsonl").records(), "cifar10")
     assert len(records) == 16 and all(r["status"] == "ok" for r in records)  # the whole study, one code version

@@ -380,7 +380,7 @@ def _scaling_plot(records: list[dict], name: str, shots: int, path: str) -> None
 def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | None = None) -> int:
     """``vitlab sweep --table``: the README's tables and verdict from a results store, running nothing. The records
     are the latest of each grid run of ``sweep.name`` whatever code made them (one fingerprint, or an error)."""
-    from vitlab.findings import explain, scaling_gap_narrows, verdict_table
+    from vitlab.findings import explain, scaling_gap_narrows
     from vitlab.scaling import (
         ResultsStore,
         markdown_table,
@@ -391,6 +391,7 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
         tuning_table,
         tuning_trials_for,
     )
+    from vitlab.verdict import verdict_table
 
     in_grid = {s.run_id for s in sweep.runs()}
     records = [r for k, r in ResultsStore(results).latest(sweep.name).items() if k in in_grid]
@@ -434,7 +435,7 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
 
 def cmd_mpp_study(args: argparse.Namespace) -> int:
     from vitlab.features import READOUT_NAMES, READOUTS
-    from vitlab.findings import explain, verdict_table
+    from vitlab.findings import explain
     from vitlab.mpp_study import (
         STUDIES,
         default_results,
@@ -445,6 +446,7 @@ def cmd_mpp_study(args: argparse.Namespace) -> int:
         study_verdicts,
     )
     from vitlab.scaling import ResultsStore
+    from vitlab.verdict import verdict_table
 
     study = STUDIES[args.study]
     if args.run_root and Path(args.run_root).exists() and not Path(args.run_root).is_dir():  # before any row runs
@@ -549,8 +551,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from vitlab.findings import Verdict, verdict_table
     from vitlab.report import reproduce
+    from vitlab.verdict import Verdict, verdict_table
 
     out = reproduce(model=args.model, images=args.images, out=args.out, pretrained=args.pretrained,
                     weights=args.weights, num_images=args.num_images, shapes=args.shapes, png=args.png,

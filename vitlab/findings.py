@@ -1,38 +1,46 @@
-"""The paper's findings as verdicts: a statistic, a 95% interval, a threshold and a decision rule.
+"""The paper's findings as verdicts (``vitlab.verdict``: a statistic, a 95% interval, a threshold and a decision rule).
 
 Each function takes the output of one existing analysis (``vitlab.inspect``, the scaling sweep's or the MPP
-study's records) and returns a ``Verdict``. The rule is the same everywhere: *reproduced* when the whole interval
-lies on the finding's side of the threshold, *not reproduced* when the whole interval lies on the other side,
-*inconclusive* when it straddles (or touches) the threshold or could not be computed.
-
-Intervals are percentile bootstraps (``N_BOOT`` resamples from ``numpy.random.default_rng(SEED)``, so a
-verdict is deterministic) over the unit that varies: images, patches, filter components, or seeds; the mean of
-fewer than ``MIN_MEAN_BOOTSTRAP`` (20) replicates takes a Student-t interval instead (a percentile bootstrap of a
-few values is too narrow: about 79% coverage for a nominal 95% at 4 seeds), and replicates without spread (all equal,
-or spread less than the measurement resolves) take none: a zero-width interval would decide on no uncertainty. A
-resample is drawn as a vector of counts (how often each unit was drawn), so every statistic is evaluated on all
-resamples at once as a weighted statistic, which equals the statistic on the repeated units.
+study's records) and returns a ``Verdict``, decided by the same rule everywhere, over intervals made as
+``vitlab.verdict`` describes.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from vitlab.features import READOUTS
 from vitlab.inspect.distance import patch_distances
 from vitlab.inspect.faithfulness import rank_correlation
 from vitlab.inspect.positions import position_structure_score
 from vitlab.scaling import one_config
+from vitlab.verdict import (
+    N_BOOT,
+    SEED,
+    Array,
+    Resolution,
+    Verdict,
+    as_float64,
+    bootstrap_counts,
+    fmt_endpoint,
+    fmt_threshold,
+    fmt_value,
+    make_verdict,
+    mean_interval,
+    n_units,
+    none_reason,
+    percentile_interval,
+    prediction_interval,
+    spearman_resampled,
+)
 
 __all__ = [
-    "Verdict",
     "UNTRAINED_REASON",
     "untrained",
     "dct_radius",
@@ -52,309 +60,20 @@ __all__ = [
     "mpp_accuracies",
     "MixedCodeVersions",
     "mpp_ordering",
-    "verdict_table",
     "explain",
     "KNOWN_REASONS",
     "known_reason",
     "no_interval_reason",
-    "fmt_endpoint",
-    "fmt_threshold",
-    "json_types",
 ]
 
-N_BOOT = 1000
-SEED = 0
-LEVEL = 0.95
 #: the fewest images the lowest layer's spread of head distances is judged from (``lowest_layer_spread``). Its
 #: bootstrap is too narrow on few images, as that of a mean is: a spread exactly at the threshold (2 heads, noise sd
 #: 0.2 of the uniform distance per image) came out "reproduced" in 9.9% of draws at 4 images, 5.0% at 8, 3.5% at 16
 #: (nominal 2.5%). Below it there is no interval: the verdict is inconclusive.
 MIN_SPREAD_IMAGES = 16
-#: the fewest units the interval of a mean is bootstrapped over; below it, Student t. A percentile bootstrap of a
-#: mean of n normal replicates covers about 79% at n = 4 and 87% at n = 8 instead of 95% (it ignores that the
-#: spread itself is estimated), so few seeds get the t interval, whose coverage is exact for normal data.
-MIN_MEAN_BOOTSTRAP = 20
-VERDICTS = ("reproduced", "not reproduced", "inconclusive")
-
-Array = Tensor | np.ndarray | Sequence[float]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One finding checked: ``statistic`` with its 95% ``interval`` against ``threshold``.
-
-    ``side`` is where the finding puts the statistic (``">"``: above the threshold, ``"<"``: below);
-    ``quantity`` and ``unit`` name the statistic for ``summary()``.
-    """
-
-    finding: str
-    criterion: str
-    statistic: float
-    interval: tuple[float, float]
-    threshold: float
-    verdict: str
-    details: dict[str, Any] = field(default_factory=dict)
-    side: str = ">"
-    quantity: str = "statistic"
-    unit: str = ""
-
-    def __post_init__(self) -> None:
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
-        if self.side not in (">", "<"):
-            raise ValueError(f"side must be '>' or '<', got {self.side!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON types only (NaN becomes None), ready for ``json.dumps(..., allow_nan=False)``."""
-        return json_types(asdict(self))
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
-        def num(x: Any) -> float:
-            return math.nan if x is None else float(x)
-
-        return cls(**{**d, "statistic": num(d["statistic"]), "threshold": num(d["threshold"]),
-                      "interval": (num(d["interval"][0]), num(d["interval"][1])), "details": dict(d["details"])})
-
-    def summary(self) -> str:
-        """``reproduced      <finding>: slope 0.83 px/layer [0.61, 1.02] > 0``"""
-        unit = f" {self.unit}" if self.unit else ""
-        lo, hi = self.interval
-        t = self.threshold
-        return (f"{self.verdict:<14}  {self.finding}: {self.quantity} {_fmt(self.statistic)}{unit} "
-                f"[{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}] {self.side} {fmt_threshold(t)}")
-
-
-def verdict_table(verdicts: Sequence[Verdict]) -> str:
-    """A plain-text table: finding, statistic [95% interval] against the threshold, verdict."""
-    rows = [("finding", "statistic [95% interval]", "verdict")]
-    for v in verdicts:
-        unit = f" {v.unit}" if v.unit else ""
-        lo, hi = v.interval
-        t = v.threshold
-        rows.append((v.finding, f"{_fmt(v.statistic)} [{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}]{unit} {v.side} "
-                                f"{fmt_threshold(t)}", v.verdict))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-
-
-def _fmt(x: float) -> str:
-    return _not_finite_text(x) if x is None or not math.isfinite(x) else f"{x:.3g}"
-
-
-def _finite(*xs: float | None) -> bool:
-    return all(x is not None and math.isfinite(x) for x in xs)
-
-
-def _sign(x: float) -> int:
-    return int(x > 0) - int(x < 0)
-
-
-def _fewest_digits(x: float, keeps: Callable[[float], bool]) -> str:
-    """``x`` in the fewest significant digits, at least 3, whose printed value ``keeps`` accepts (all of them: repr)."""
-    return next((text for d in range(3, 18) if keeps(float(text := f"{x:.{d}g}"))), repr(float(x)))
-
-
-def _not_finite_text(x: float | None) -> str:
-    return "n/a" if x is None or x != x else f"{x:.3g}"  # as the report writes a missing value; inf stays inf
-
-
-def fmt_threshold(t: float) -> str:
-    """A threshold in the fewest significant digits, at least 3, that print it exactly ("0.5", "0")."""
-    return _fewest_digits(t, lambda printed: printed == t) if _finite(t) else _not_finite_text(t)
-
-
-def fmt_endpoint(x: float, threshold: float) -> str:
-    """An interval endpoint in at least 3 significant digits, more where fewer would round it onto or across
-    ``threshold``: 0.50049 against 0.5 prints "0.5005", not "0.5". Beside ``fmt_threshold(threshold)`` the printed
-    numbers compare as the true ones do, so a printed interval never contradicts its verdict."""
-    if not _finite(x, threshold):
-        return _not_finite_text(x)  # no threshold to keep a side of
-    side = _sign(x - threshold)
-    return _fewest_digits(x, lambda printed: _sign(printed - threshold) == side)
-
-
-def json_types(x: Any) -> Any:
-    """Numbers, arrays and tensors inside dicts/lists -> JSON types; NaN/inf -> None; keys -> str."""
-    if isinstance(x, Mapping):
-        return {str(k): json_types(v) for k, v in x.items()}
-    if isinstance(x, Tensor):
-        x = x.detach().cpu().numpy()
-    if isinstance(x, np.ndarray):
-        return json_types(x.tolist())
-    if isinstance(x, (list, tuple)):
-        return [json_types(v) for v in x]
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    return x
-
-
-def _np(x: Array) -> np.ndarray:
-    if isinstance(x, Tensor):
-        return x.detach().cpu().double().numpy()
-    return np.asarray(x, dtype=np.float64)
-
-
-def _decide(interval: tuple[float, float], threshold: float, side: str) -> str:
-    lo, hi = interval
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return "inconclusive"
-    above, below = lo > threshold, hi < threshold
-    if side == ">":
-        return "reproduced" if above else "not reproduced" if below else "inconclusive"
-    return "reproduced" if below else "not reproduced" if above else "inconclusive"
-
-
-def _units(n: int, unit: str) -> str:
-    """``n`` units in words: "1 image", "2 images"."""
-    return f"{n} {unit.removesuffix('s') if n == 1 else unit}"
-
-
-def _none_reason(method: str) -> str | None:
-    """Why ``_mean_interval`` or ``_prediction_interval`` gave no interval ("2 seeds, at least ... needed"), from the
-    method it returned; None when it gave one."""
-    return method.removeprefix("none: ") if method.startswith("none: ") else None
-
-
-#: why a verdict has no interval when its maker gave no reason: every resample's statistic was NaN or infinite
-NOT_FINITE = "the statistic is not finite on the data or on any resample"
-
-
-def _verdict(finding: str, criterion: str, statistic: float, interval: tuple[float, float], threshold: float,
-             side: str, quantity: str, unit: str, details: dict[str, Any], no_interval: str | None = None) -> Verdict:
-    """A verdict decided by ``_decide``. Where the interval is not finite, ``details["no_interval"]`` says why
-    (``no_interval``, e.g. "2 images, at least 16 needed"; ``NOT_FINITE`` when none is given)."""
-    interval = (float(interval[0]), float(interval[1]))
-    if not (math.isfinite(interval[0]) and math.isfinite(interval[1])):
-        details = {**details, "no_interval": no_interval or NOT_FINITE}
-    return Verdict(finding=finding, criterion=criterion, statistic=float(statistic), interval=interval,
-                   threshold=float(threshold), verdict=_decide(interval, threshold, side), details=json_types(details),
-                   side=side, quantity=quantity, unit=unit)
-
-
-def _counts(n: int, n_boot: int, seed: int) -> np.ndarray:
-    """(n_boot, n) how often each of ``n`` units is drawn in each bootstrap resample of size ``n``."""
-    if n < 1:
-        raise ValueError("nothing to resample: no units")
-    return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)
-
-
-def _percentile(samples: np.ndarray) -> tuple[float, float]:
-    """The central ``LEVEL`` percentile interval of the finite bootstrap samples (NaN when there are none)."""
-    s = samples[np.isfinite(samples)]
-    if len(s) == 0:
-        return (math.nan, math.nan)
-    a = (1 - LEVEL) / 2
-    return float(np.quantile(s, a)), float(np.quantile(s, 1 - a))
-
-
-#: A step of a measurement: (size, in words), e.g. (1e-4, "1 of 10,000 test images") for an accuracy
-Resolution = tuple[float, str]
-
-
-def _no_spread(values: np.ndarray, unit: str, resolution: Resolution | None = None) -> str | None:
-    """Why the replicates ``values`` (2 or more) have no spread to take an interval from, None when they have one:
-    all equal (up to rounding in the last digits, as 0.255 - 0.25 against 0.305 - 0.3), or, where the step of the
-    measurement is known (``resolution``), a standard deviation below that step, which the measurement cannot
-    resolve. An interval from such a spread is (nearly) of zero width and decides a finding on no uncertainty."""
-    n = len(values)
-    sd = float(values.std(ddof=1))
-    if sd <= 1e-9 * float(np.abs(values).max()):
-        who = f"both {unit}" if n == 2 else f"all {n} {unit}"
-        return f"{who} give the same value, {_fmt(float(values.mean()))}, so there is no spread to take an interval from"
-    if resolution is not None and sd < resolution[0]:
-        return (f"the {n} {unit} spread less (sd {sd:.2g}) than one step of the measurement resolves ({resolution[1]}: "
-                f"{resolution[0]:.2g})")
-    return None
-
-
-def _mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str, resolution: Resolution | None = None
-                   ) -> tuple[tuple[float, float], str]:
-    """Interval of the mean of replicates (seeds, draws, images): Student t below ``MIN_MEAN_BOOTSTRAP``, a
-    percentile bootstrap from there on, none for 1 or for replicates without spread (``_no_spread``)."""
-    n = len(values)
-    if n < 2:
-        return (math.nan, math.nan), f"none: {_units(n, unit)}, at least 2 needed"
-    flat = _no_spread(values, unit, resolution)
-    if flat is not None:
-        return (math.nan, math.nan), f"none: {flat}"
-    if n < MIN_MEAN_BOOTSTRAP:
-        from scipy.stats import t
-
-        half = float(t.ppf(0.975, n - 1)) * values.std(ddof=1) / math.sqrt(n)
-        return (float(values.mean() - half), float(values.mean() + half)), f"Student t over {n} {unit} ({n - 1} df)"
-    w = _counts(n, n_boot, seed)
-    return _percentile(w @ values / n), f"bootstrap over {n} {unit}, {n_boot} resamples"
-
-
-#: the fewest replicates whose order statistics make a 95% prediction interval (ranks 1 and n at 39: 38/40 = 95%)
-MIN_ORDER_PREDICTION = 39
-
-
-def _prediction_interval(values: np.ndarray, unit: str) -> tuple[tuple[float, float], str]:
-    """Where one more replicate would fall, 95%: Student t (mean +- t sd sqrt(1 + 1/n)) below
-    ``MIN_ORDER_PREDICTION`` replicates, exact for normal ones; from there on the replicates of ranks
-    i = floor(0.025 (n + 1)) and j = ceil(0.975 (n + 1)), between which one more replicate of any continuous
-    distribution falls with probability (j - i) / (n + 1) >= 95%. (The 2.5 and 97.5 percentiles of the replicates
-    hold one more only 87% of the time at 20 replicates, 90% at 30.) None for 1 or for replicates without spread."""
-    n = len(values)
-    if n < 2:
-        return (math.nan, math.nan), f"none: {_units(n, unit)}, at least 2 needed"
-    flat = _no_spread(values, unit)
-    if flat is not None:
-        return (math.nan, math.nan), f"none: {flat}"
-    if n < MIN_ORDER_PREDICTION:
-        from scipy.stats import t
-
-        half = float(t.ppf(0.975, n - 1)) * values.std(ddof=1) * math.sqrt(1 + 1 / n)
-        return (float(values.mean() - half), float(values.mean() + half)), \
-            f"Student t prediction interval over {n} {unit} ({n - 1} df)"
-    a = (1 - LEVEL) / 2
-    # 1-based ranks, 1 <= i < j <= n from n = 39 (the 1e-9 keeps a product that is an integer from rounding off it)
-    i, j = math.floor(a * (n + 1) + 1e-9), math.ceil((1 - a) * (n + 1) - 1e-9)
-    s = np.sort(values)
-    return (float(s[i - 1]), float(s[j - 1])), f"ranks {i} and {j} of {n} {unit}"
-
-
-def _weighted_ranks(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """(R, M) ranks of the values ``x`` (M,) in each resample given by counts ``w`` (R, M), ties averaged: the
-    rank that each value would get if it were repeated w times (as ``scipy.stats.rankdata``)."""
-    order = np.argsort(x, kind="stable")
-    xs = x[order]
-    new = np.r_[True, xs[1:] != xs[:-1]]  # (M,) first of a tie group, in sorted order
-    group = np.cumsum(new) - 1  # (M,) tie group of each sorted value
-    ws = w[:, order]
-    total = np.add.reduceat(ws, np.flatnonzero(new), axis=1)  # (R, G) count of each tie group
-    mid = np.cumsum(total, axis=1) - total + (total + 1) / 2  # (R, G) mean rank of each tie group
-    ranks = np.empty_like(ws)
-    ranks[:, order] = mid[:, group]
-    return ranks
-
-
-def _spearman_resampled(x: np.ndarray, y: np.ndarray, w: np.ndarray, chunk_elems: int = 4_000_000) -> np.ndarray:
-    """(R,) Spearman correlation of the pairs (x, y) (M,) repeated by counts ``w`` (R, M): equal to
-    ``rank_correlation`` on the repeated pairs, without building them. NaN where a resample is constant."""
-    out = np.empty(len(w))
-    step = max(1, chunk_elems // max(1, len(x)))
-    for s in range(0, len(w), step):
-        ww = w[s:s + step]
-        rx, ry = _weighted_ranks(x, ww), _weighted_ranks(y, ww)
-        tot = ww.sum(1, keepdims=True)
-        rx = rx - (ww * rx).sum(1, keepdims=True) / tot
-        ry = ry - (ww * ry).sum(1, keepdims=True) / tot
-        den = np.sqrt((ww * rx**2).sum(1) * (ww * ry**2).sum(1))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out[s:s + step] = np.where(den > 0, (ww * rx * ry).sum(1) / den, np.nan)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 7 left
@@ -364,7 +83,7 @@ def dct_radius(components: Array) -> np.ndarray:
     """(k,) energy-weighted DCT radius of (k, C, P, Q) filters: each channel's orthonormal 2D DCT-II over the
     patch, radius sqrt(u^2 + v^2) of frequency (u, v) averaged with weights = squared coefficients (pooled over
     channels). 0 for a constant filter; sqrt((P-1)^2 + (Q-1)^2) for the highest DCT frequency."""
-    w = _np(components)
+    w = as_float64(components)
     if w.ndim != 4:
         raise ValueError(f"components must be (k, C, P, Q) filters, got shape {w.shape}")
     p, q = w.shape[-2:]
@@ -401,17 +120,17 @@ def filters_low_frequency(components: Array, k: int = 28, n_boot: int = N_BOOT, 
         raise ValueError(f"need at least 3 non-zero components, got {k} (radii {radius.tolist()})")
     rank = np.arange(k, dtype=np.float64)
     stat = float(rank_correlation(torch.from_numpy(rank)[None], torch.from_numpy(radius)[None])[0])
-    boot = _spearman_resampled(rank, radius, _counts(k, n_boot, seed))
+    boot = spearman_resampled(rank, radius, bootstrap_counts(k, n_boot, seed))
     few = k < MIN_RANK_BOOTSTRAP  # a bootstrap of so few ranks calls random orders low-frequency too often
-    return _verdict(
+    return make_verdict(
         "Fig. 7 left: leading filter components are low-frequency",
         f"Spearman correlation between component rank and energy-weighted DCT radius over the first {k} "
         "components > 0 (later components have higher frequencies); 95% bootstrap over components"
         + (f" (none below {MIN_RANK_BOOTSTRAP} components)" if few else ""),
-        stat, (math.nan, math.nan) if few else _percentile(boot), 0.0, ">", "Spearman", "",
+        stat, (math.nan, math.nan) if few else percentile_interval(boot), 0.0, ">", "Spearman", "",
         {"k": k, "dct_radius": radius, "constant_resamples": int(np.isnan(boot).sum()),
-         "patch_px": list(_np(components).shape[-2:])},
-        f"{_units(k, 'components')}, at least {MIN_RANK_BOOTSTRAP} needed" if few else None)
+         "patch_px": list(as_float64(components).shape[-2:])},
+        f"{n_units(k, 'components')}, at least {MIN_RANK_BOOTSTRAP} needed" if few else None)
 
 
 def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k: int = 28, n_boot: int = N_BOOT,
@@ -423,8 +142,8 @@ def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k:
     ``embedding_filter_pca(randomized_copy(model, s), k)[1]`` for s in range(S). Statistic: cumulative ratio of
     the first ``k`` minus the random one's, averaged over draws; interval over the draws.
     """
-    er = _np(explained_ratio)
-    rr = _np(random_explained_ratio)
+    er = as_float64(explained_ratio)
+    rr = as_float64(random_explained_ratio)
     if rr.ndim == 1:
         rr = rr[None]
     if er.ndim != 1 or rr.ndim != 2:
@@ -433,14 +152,14 @@ def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k:
     diff = er[:k].sum() - rr[:, :k].sum(1)  # (S,) one per random draw
     # the trained embedding is one draw's worth of filters: it is compared with where a single random embedding
     # falls (a 95% prediction interval), not with the mean of random draws, which any one draw may beat by chance
-    interval, method = _prediction_interval(diff, "random draws")
-    return _verdict(
+    interval, method = prediction_interval(diff, "random draws")
+    return make_verdict(
         "Fig. 7 left: filter components are structured (vs. random init)",
         f"explained-variance share of the first {k} components minus that of a randomly initialised embedding "
         "of the same shape > 0; 95% prediction interval of one random embedding's share",
         float(diff.mean()), interval, 0.0, ">", "share difference", "",
         {"k": k, "explained": float(er[:k].sum()), "random_explained": rr[:, :k].sum(1), "interval_method": method},
-        _none_reason(method))
+        none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 7 centre
@@ -448,7 +167,7 @@ def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k:
 
 def _similarity(sim: Array, grid: tuple[int, int] | None) -> tuple[np.ndarray, tuple[int, int]]:
     """(N, N) similarity and the grid from (gh, gw, gh, gw) or (N, N) with ``grid``."""
-    s = _np(sim)
+    s = as_float64(sim)
     if s.ndim == 4:
         gh, gw = s.shape[:2]
         if s.shape[2:] != (gh, gw) or (grid is not None and tuple(grid) != (gh, gw)):
@@ -473,7 +192,7 @@ PAIR_WIDENING = 2.0
 
 def _pair_interval(stat: float, boot: np.ndarray) -> tuple[float, float]:
     """The percentile interval of a row bootstrap of a pair statistic, widened by ``PAIR_WIDENING`` about ``stat``."""
-    lo, hi = _percentile(boot)
+    lo, hi = percentile_interval(boot)
     return stat - PAIR_WIDENING * (stat - lo), stat + PAIR_WIDENING * (hi - stat)
 
 
@@ -494,9 +213,9 @@ def position_similarity_decreases(sim: Array, grid: tuple[int, int] | None = Non
     d = patch_distances((gh, gw), (1, 1)).numpy()  # (N, N) in grid units
     off = ~np.eye(n, dtype=bool)
     rows = np.nonzero(off)[0]  # (N(N-1),) the row of each off-diagonal pair
-    w = _counts(n, n_boot, seed)[:, rows]  # (R, N(N-1)) a pair counts as often as its row was drawn
-    boot = _spearman_resampled(s[off], d[off], w)
-    return _verdict(
+    w = bootstrap_counts(n, n_boot, seed)[:, rows]  # (R, N(N-1)) a pair counts as often as its row was drawn
+    boot = spearman_resampled(s[off], d[off], w)
+    return make_verdict(
         "Fig. 7 centre: position similarity falls with grid distance",
         "Spearman correlation between position-embedding cosine similarity and grid distance over patch pairs "
         "< 0; 95% bootstrap over patches, widened by 2 for pairs",
@@ -537,8 +256,8 @@ def position_row_column_structure(sim: Array, grid: tuple[int, int] | None = Non
         return stat, diffs
 
     stat, diffs = stat_of(np.ones((1, n)))
-    boot, _ = stat_of(_counts(n, n_boot, seed))
-    return _verdict(
+    boot, _ = stat_of(bootstrap_counts(n, n_boot, seed))
+    return make_verdict(
         "Fig. 7 centre: row/column structure in position embeddings",
         "mean over grid distances of (similarity of same-row/column pairs - similarity of other pairs at that "
         "distance) > 0; 95% bootstrap over patches, widened by 2 for pairs",
@@ -557,7 +276,7 @@ def uniform_attention_distance(grid: tuple[int, int], patch: tuple[int, int]) ->
 
 
 def _per_image(dist: Array) -> np.ndarray:
-    d = _np(dist)
+    d = as_float64(dist)
     if d.ndim != 3:
         raise ValueError(f"dist must be (L, B, H) per-image mean attention distances "
                          f"(mean_attention_distance(..., per_image=True)), got shape {d.shape}")
@@ -595,17 +314,17 @@ def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_b
     heads = d0.mean(0)
     stat = float(spread(np.ones((1, b)))[0])
     if b < MIN_SPREAD_IMAGES:  # too few images for the bootstrap's width: no interval (inconclusive), not a false one
-        missing: str | None = f"{_units(b, 'images')}, at least {MIN_SPREAD_IMAGES} needed"
+        missing: str | None = f"{n_units(b, 'images')}, at least {MIN_SPREAD_IMAGES} needed"
     elif (np.ptp(d0, axis=0) <= 1e-9 * np.abs(d0).max()).all():  # every resample the same: a zero-width interval
         missing = f"all {b} images give the same head distances, so there is no spread to take an interval from"
     else:
         missing = None
     if missing is None:
-        lo, hi = _percentile(spread(_counts(b, n_boot, seed)))
+        lo, hi = percentile_interval(spread(bootstrap_counts(b, n_boot, seed)))
         interval = (2 * stat - hi, 2 * stat - lo)  # NaN stays NaN
     else:
         interval = (math.nan, math.nan)
-    return _verdict(
+    return make_verdict(
         _LOWEST_LAYER,
         f"(largest - smallest head mean attention distance in layer 0) / uniform-attention distance > {threshold}; "
         f"95% basic bootstrap over images (at least {MIN_SPREAD_IMAGES})",
@@ -621,7 +340,7 @@ def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEE
 
     ``dist`` (L, B, H) px as for ``lowest_layer_spread``. Statistic: least-squares slope of the head-averaged
     distance over the layer index (px per layer); the slope is linear in the data, so it is the mean of the
-    per-image slopes, and its interval is that of a mean over images (``_mean_interval``: bootstrap from 20 images,
+    per-image slopes, and its interval is that of a mean over images (``mean_interval``: bootstrap from 20 images,
     Student t for 2-19, none for 1).
     """
     d = _per_image(dist)
@@ -631,18 +350,18 @@ def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEE
     m = d.mean(-1)  # (L, B) head-averaged per image
     x = np.arange(L) - (L - 1) / 2
     slopes = x @ m / (x @ x)  # (B,) px per layer
-    interval, method = _mean_interval(slopes, n_boot, seed, "images")
-    return _verdict(
+    interval, method = mean_interval(slopes, n_boot, seed, "images")
+    return make_verdict(
         "Fig. 7 right: attention distance grows with depth",
         f"least-squares slope of head-averaged mean attention distance over layer index > 0 px/layer; 95% {method}",
         slopes.mean(), interval, 0.0, ">", "slope", "px/layer",
-        {"layer_distance_px": m.mean(1), "images": b}, _none_reason(method))
+        {"layer_distance_px": m.mean(1), "images": b}, none_reason(method))
 
 
 @dataclass(frozen=True)
 class DistanceShift:
     """Model a's mean attention distance minus model b's on the same images, per layer and over all layers (px),
-    each with its 95% interval over images (``_mean_interval``: bootstrap from 20 images, Student t for 2-19, none
+    each with its 95% interval over images (``mean_interval``: bootstrap from 20 images, Student t for 2-19, none
     for 1). ``differs``: "a > b", "a < b" or "no difference shown" (the interval touches 0 or there is none), per
     layer and overall."""
 
@@ -670,7 +389,7 @@ class DistanceShift:
         lo, hi = self.overall_interval
         word = {"a > b": f"{self.a} attends farther", "a < b": f"{self.a} attends nearer"}.get(
             self.differs, "no difference shown")
-        return (f"{self.a} - {self.b} mean attention distance over all layers: {_fmt(self.overall)} px "
+        return (f"{self.a} - {self.b} mean attention distance over all layers: {fmt_value(self.overall)} px "
                 f"[{fmt_endpoint(lo, 0.0)}, {fmt_endpoint(hi, 0.0)}] ({word}; 95% interval over {self.images} images)")
 
 
@@ -690,10 +409,10 @@ def attention_distance_shift(dist_a: Array, dist_b: Array, a: str = "a", b: str 
                          f"{db.shape[:2]}")
     diff = da.mean(-1) - db.mean(-1)  # (L, B) head-averaged, paired by image
     n = diff.shape[1]
-    # every statistic is a mean over images: _mean_interval's bootstrap (one draw of images for all) from 20 images,
+    # every statistic is a mean over images: mean_interval's bootstrap (one draw of images for all) from 20 images,
     # Student t for 2-19, none for 1
-    layer_interval = tuple(_mean_interval(row, n_boot, seed, "images")[0] for row in diff)
-    overall_interval = _mean_interval(diff.mean(0), n_boot, seed, "images")[0]
+    layer_interval = tuple(mean_interval(row, n_boot, seed, "images")[0] for row in diff)
+    overall_interval = mean_interval(diff.mean(0), n_boot, seed, "images")[0]
     return DistanceShift(a=a, b=b, layer_diff=tuple(float(x) for x in diff.mean(1)), layer_interval=layer_interval,
                          overall=float(diff.mean()), overall_interval=overall_interval, images=n)
 
@@ -709,21 +428,21 @@ def rollout_localises(mass: Array, pointing: Array, random_mass: Array, random_p
     ``random_mass``/``random_pointing`` for random maps on the same images (``compare_methods`` returns one
     as ``maps["random map"]``; its expected mass is ``localisation(...)["chance"]``). Statistic: mean paired
     difference of mass on the object; bootstrap over images from 20, Student t for 2-19, no interval for 1
-    (``_mean_interval``). The pointing game goes into ``details`` with its interval made the same way.
+    (``mean_interval``). The pointing game goes into ``details`` with its interval made the same way.
     """
-    m, p, rm, rp = (_np(a) for a in (mass, pointing, random_mass, random_pointing))
+    m, p, rm, rp = (as_float64(a) for a in (mass, pointing, random_mass, random_pointing))
     b = len(m)
     if not all(a.shape == (b,) for a in (m, p, rm, rp)):
         raise ValueError(f"all four inputs must be (B,), got {[a.shape for a in (m, p, rm, rp)]}")
     diff, pdiff = m - rm, p - rp
-    interval, method = _mean_interval(diff, n_boot, seed, "images")
-    return _verdict(
+    interval, method = mean_interval(diff, n_boot, seed, "images")
+    return make_verdict(
         "Fig. 6: attention rollout localises the object",
         f"mean over images of (rollout mass on the object - random-map mass on the object) > 0; 95% {method}",
         diff.mean(), interval, 0.0, ">", "mass difference", "",
         {"images": b, "mass": m.mean(), "random_mass": rm.mean(), "pointing": p.mean(),
          "random_pointing": rp.mean(), "pointing_difference": pdiff.mean(),
-         "pointing_difference_interval": _mean_interval(pdiff, n_boot, seed, "images")[0]}, _none_reason(method))
+         "pointing_difference_interval": mean_interval(pdiff, n_boot, seed, "images")[0]}, none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 3/4
@@ -759,12 +478,12 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
     complete = [s for s in seeds if all((f, n, s) in acc for f in (vit, resnet) for n in (lo, hi))]
     per_seed = np.array([(acc[vit, hi, s] - acc[resnet, hi, s]) - (acc[vit, lo, s] - acc[resnet, lo, s])
                          for s in complete])  # (S,)
-    interval, method = _mean_interval(per_seed, n_boot, seed, "seeds")
+    interval, method = mean_interval(per_seed, n_boot, seed, "seeds")
 
     def mean(f: str, n: int) -> float:
         return float(np.mean([a for (ff, nn, _), a in acc.items() if ff == f and nn == n]))
 
-    return _verdict(
+    return make_verdict(
         "Fig. 3/4: ViT gains more from data than ResNet",
         f"(ViT - ResNet {shots}-shot accuracy) at {hi} images minus the same at {lo} images > 0; "
         "95% interval over pre-training seeds",
@@ -772,7 +491,7 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
         {"shots": shots, "smallest": lo, "largest": hi, "seeds": complete, "per_seed": per_seed,
          "interval_method": method, "gap_by_size": {n: mean(vit, n) - mean(resnet, n) for n in sizes},
          f"{vit}_by_size": {n: mean(vit, n) for n in sizes}, f"{resnet}_by_size": {n: mean(resnet, n) for n in sizes}},
-        _none_reason(method))
+        none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- Sec. 4.6
@@ -810,7 +529,7 @@ def _study_rows(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, 
     for r in latest.values():
         codes[_code_hash(r)] = codes.get(_code_hash(r), 0) + 1
     if len(codes) > 1:
-        versions = ", ".join(f"{c}: {_units(n, 'rows')}" for c, n in sorted(codes.items()))
+        versions = ", ".join(f"{c}: {n_units(n, 'rows')}" for c, n in sorted(codes.items()))
         raise MixedCodeVersions(
             f"the latest records of the study's rows come from {len(codes)} code versions ({versions}): a study "
             "partly rerun after a code change would compare rows of different code. Select one version's rows, e.g. "
@@ -896,12 +615,12 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
     rows = [r for r in _study_rows(records).values()
             if r.get("kind") == kind and r.get("init") in (better, worse) and r.get("status") == "ok"]
     unit = "probe seeds" if kind == "few_shot" else "fine-tune seeds"
-    interval, method = _mean_interval(diff, n_boot, seed, unit, _accuracy_step(rows))
+    interval, method = mean_interval(diff, n_boot, seed, unit, _accuracy_step(rows))
     b, w = _INIT_NAMES.get(better, better), _INIT_NAMES.get(worse, worse)
     what = "fine-tune" if kind != "few_shot" else f"{shots}-shot probe" + ("" if readout == "model" else
                                                                            f", {readout.replace('_', ' ')}")
     code = sorted({_code_hash(r) for r in rows})  # one: _study_rows checked
-    return _verdict(
+    return make_verdict(
         f"Sec. 4.6: {b} beats {w} ({what})",
         f"mean over {unit} of ({b} - {w}) {what} accuracy on the test images > 0, paired by seed; 95% interval over "
         f"{unit}",
@@ -910,7 +629,7 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
          else None, "seeds": common, "per_seed": diff,
          "interval_method": method, f"{better}_mean": float(np.mean([acc[better][s] for s in common])) if common
          else None, f"{worse}_mean": float(np.mean([acc[worse][s] for s in common])) if common else None,
-         "code_hashes": code, "better": better, "worse": worse, **_compared_facts(rows, kind)}, _none_reason(method))
+         "code_hashes": code, "better": better, "worse": worse, **_compared_facts(rows, kind)}, none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- reasons
@@ -1026,7 +745,7 @@ def _mpp_sentences(v: Verdict) -> list[str]:
         px = _px(pre.get("image_px"))
         data = f" ({pre['data']})" if pre.get("data") else ""
         here.append(f"the MPP encoder was pre-trained on {int(pre['images']):,}{' ' + px if px else ''} images{data} "
-                    f"for {_units(int(pre['epochs']), 'epochs')}")
+                    f"for {n_units(int(pre['epochs']), 'epochs')}")
     fine = d.get("finetune") or {}
     if kind == "few_shot" and d.get("shots"):
         here.append(f"the initialisations are compared by a {d['shots']}-shot linear probe on frozen features, not "
@@ -1078,7 +797,7 @@ def explain(verdicts: Sequence[Verdict], width: int | None = None) -> str:
     for v in verdicts:
         lo, hi = v.interval
         t = v.threshold
-        head = f"{v.finding}: {v.verdict} ({v.quantity} {_fmt(v.statistic)}, 95% interval " \
+        head = f"{v.finding}: {v.verdict} ({v.quantity} {fmt_value(v.statistic)}, 95% interval " \
                f"[{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}], finding side {v.side} {fmt_threshold(t)})."
         missing = no_interval_reason(v)
         if missing is not None:

@@ -43,6 +43,7 @@ from vitlab.plots import (
     similarity_tiles,
     table_figure,
 )
+from vitlab.verdict import Verdict
 
 __all__ = ["Section", "Inputs", "prediction_pass", "filters", "positions", "distance", "maps_and_faithfulness",
            "readout_and_entropy", "localisation", "few_shot", "scaling"]
@@ -58,7 +59,7 @@ class Section:
     paper: str
     ours: str
     stamp: dict[str, Any]
-    verdicts: list[findings.Verdict] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
@@ -88,7 +89,7 @@ class Inputs:
             base["images"] = images
         return {**base, "settings": settings}
 
-    def judged(self, verdicts: list[findings.Verdict]) -> list[findings.Verdict]:
+    def judged(self, verdicts: list[Verdict]) -> list[Verdict]:
         """The verdicts measured on this model, inconclusive when its weights are random (``findings.untrained``)."""
         return [findings.untrained(v) for v in verdicts] if self.untrained else verdicts
 
