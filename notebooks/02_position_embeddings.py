@@ -58,6 +58,7 @@ print(f"Spearman at {gh}x{gw}: {score:.3f}; resampled to {2 * gh}x{2 * gw}: {vit
 
 # %%
 from vitlab import findings
+from vitlab.explain import explain
 from vitlab.verdict import verdict_table
 
 verdicts = [findings.position_similarity_decreases(sim)]
@@ -67,4 +68,4 @@ except ValueError as e:  # grids too small for pairs at equal distance inside an
     print(f"row/column structure not judged: {e}")
 print(verdict_table(verdicts))
 print()
-print(findings.explain(verdicts, width=110))
+print(explain(verdicts, width=110))

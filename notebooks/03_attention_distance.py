@@ -39,6 +39,7 @@ _, x, _ = default_images(model, N_IMAGES)
 per_image = vitlab.mean_attention_distance(model, x, per_image=True)  # (L, B, H)
 dist = per_image.mean(1)
 from vitlab import findings
+from vitlab.explain import explain
 from vitlab.verdict import verdict_table
 
 info = vitlab.model_info(model)
@@ -64,4 +65,4 @@ verdicts = [findings.lowest_layer_spread(per_image, ceiling), findings.distance_
 print(f"uniform attention over the {info.grid_size[0]}x{info.grid_size[1]} grid: {ceiling:.1f} px")
 print(verdict_table(verdicts))
 print()
-print(findings.explain(verdicts, width=110))
+print(explain(verdicts, width=110))

@@ -114,6 +114,7 @@ else:
 
 # %%
 from vitlab import findings
+from vitlab.explain import explain
 from vitlab.verdict import verdict_table
 
 try:
@@ -121,6 +122,6 @@ try:
                                              vit="vit" if not SMOKE else "vit_tiny")]
     print(verdict_table(verdicts))
     print()
-    print(findings.explain(verdicts, width=110))
+    print(explain(verdicts, width=110))
 except ValueError as e:
     print(f"not judged: {e}")

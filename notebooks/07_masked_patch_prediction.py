@@ -52,6 +52,7 @@ from plotly.subplots import make_subplots
 import vitlab
 from vitlab import findings
 from vitlab.data import DataError, load_dataset, normalize
+from vitlab.explain import explain
 from vitlab.features import READOUT_NAMES, READOUTS
 from vitlab.images import default_images
 from vitlab.mpp import KEEP, MASK, OBJECTIVE_NAME, RANDOM, color3_targets, load_mpp
@@ -183,7 +184,7 @@ if records:
         display(Markdown(f"**Few-shot features: {READOUT_NAMES[readout]}**\n\n" + markdown_tables(records, readout)))
     verdicts = study_verdicts(records, study.verdict_shots)
     print(verdict_table(verdicts))
-    print(findings.explain(verdicts, width=110))
+    print(explain(verdicts, width=110))
     # the budgets behind "supervised beats MPP": the supervised checkpoint's card, the MPP run's record
     card_file = resolve_folder(study.supervised) / "card.json"
     sup = json.loads(card_file.read_text()) if card_file.is_file() else None

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from vitlab.explain import explain
 from vitlab.findings import (
     attention_distance_shift,
     dct_radius,
     distance_grows_with_depth,
-    explain,
     filters_low_frequency,
     filters_structured,
     lowest_layer_spread,
@@ -327,7 +327,8 @@ def test_few_images_give_no_decided_verdict_from_a_degenerate_bootstrap():
     """One image leaves no interval (inconclusive, not a zero-width 'reproduced'); 2-3 images get Student t for
     the means; the spread, not a mean, needs MIN_SPREAD_IMAGES images, and images that all give the same head
     distances leave it no spread to take an interval from."""
-    from vitlab.findings import MIN_SPREAD_IMAGES, no_interval_reason
+    from vitlab.explain import no_interval_reason
+    from vitlab.findings import MIN_SPREAD_IMAGES
 
     layers = np.arange(3.0)[:, None, None]
     one = 10 + 0.5 * layers + np.zeros((3, 1, 2))  # one image, a clean rise
@@ -391,7 +392,7 @@ def test_scaling_gap_narrows_known_answers():
 def test_a_sweep_verdict_that_fails_is_not_put_on_the_inspected_model():
     """The Fig. 3/4 verdict is measured on the shipped sweep's runs, not on the model a report inspects: where it is
     not seen, the sentence says so without "on this model", and still gives the known reason."""
-    from vitlab.findings import explain
+    from vitlab.explain import explain
 
     v = scaling_gap_narrows(sweep([0.10, 0.11, 0.10], [-0.05, -0.04, -0.06]))
     text = explain([v])
@@ -416,7 +417,7 @@ def test_the_interval_of_a_mean_covers_95_percent(n):
 def test_replicates_without_spread_give_no_interval():
     """Equal replicates (up to rounding in the last digits) give no interval, by Student t or by bootstrap, and no
     prediction interval: a zero-width interval would decide a finding on no measured uncertainty."""
-    from vitlab.findings import no_interval_reason
+    from vitlab.explain import no_interval_reason
     from vitlab.verdict import mean_interval, prediction_interval
 
     for n in (2, 5, 30):
@@ -553,7 +554,7 @@ def test_a_printed_interval_never_rounds_onto_or_across_the_threshold():
     """(0.50049, 0.9) against > 0.5 is reproduced; 3 significant digits printed it "[0.5, 0.9] > 0.5" beside a
     green badge. Each endpoint gets the digits that keep it on its side of the printed threshold, on the page and in
     the printed tables; over endpoints near thresholds the printed numbers compare as the true ones."""
-    from vitlab.findings import explain
+    from vitlab.explain import explain
     from vitlab.report.render import verdict_row
     from vitlab.verdict import fmt_endpoint, fmt_threshold
 
@@ -579,7 +580,7 @@ def test_a_printed_interval_never_rounds_onto_or_across_the_threshold():
 
 
 def test_explain_gives_one_sentence_per_verdict_with_the_known_reason_and_wraps_on_request():
-    from vitlab.findings import KNOWN_REASONS, explain
+    from vitlab.explain import KNOWN_REASONS, explain
     from vitlab.verdict import Verdict
 
     ok = Verdict("Fig. 7 right: distance grows with depth", "slope > 0", 0.8, (0.6, 1.0), 0.0, "reproduced",
@@ -600,7 +601,7 @@ def test_explain_gives_one_sentence_per_verdict_with_the_known_reason_and_wraps_
 def test_the_lowest_layer_reason_states_where_this_models_heads_sit():
     """A not-reproduced spread is explained beside its numbers: the most local and most global head of layer 0, in px
     and as shares of the ceiling (computed here independently), then the general reason; other verdicts keep theirs."""
-    from vitlab.findings import KNOWN_REASONS, explain, known_reason
+    from vitlab.explain import KNOWN_REASONS, explain, known_reason
     from vitlab.report.render import verdict_row
 
     ceiling = 16.5
@@ -632,7 +633,7 @@ def test_the_lowest_layer_reason_states_where_this_models_heads_sit():
 def test_the_mpp_reason_names_what_the_probe_reads():
     """The class-token sentence goes with the class-token probe only; the patch-mean probe reads what MPP trains.
     Verdicts without ``details["better"]`` (made before it was recorded) take the comparison from the finding."""
-    from vitlab.findings import known_reason
+    from vitlab.explain import known_reason
     from vitlab.verdict import Verdict
 
     def v(kind, readout, details=None):
@@ -657,7 +658,8 @@ def test_a_verdict_without_an_interval_says_why_instead_of_a_known_reason():
     """Inconclusive because no interval could be computed (too few images, components or seeds): the page and the
     printed explanation say what was missing, not the training-data reason of a finding the data never tested;
     an inconclusive verdict with a finite interval keeps its known reason."""
-    from vitlab.findings import KNOWN_REASONS, MIN_RANK_BOOTSTRAP, explain, known_reason, no_interval_reason
+    from vitlab.explain import KNOWN_REASONS, explain, known_reason, no_interval_reason
+    from vitlab.findings import MIN_RANK_BOOTSTRAP
     from vitlab.report.render import render_html, verdict_row
     from vitlab.report.sections import Section
 
@@ -688,7 +690,7 @@ def test_a_verdict_without_an_interval_says_why_instead_of_a_known_reason():
 def test_the_filter_reason_states_this_models_patch_size_and_no_training_set_it_does_not_know():
     """vit_base_patch16_224 is not "4 px patches of a small model trained on 50,000 images": the reason names the
     patch size of the filters judged and claims no training-set size; without a recorded size it is generic."""
-    from vitlab.findings import KNOWN_REASONS, known_reason
+    from vitlab.explain import KNOWN_REASONS, known_reason
 
     comps = np.random.default_rng(0).normal(size=(12, 3, 16, 16))
     v = filters_low_frequency(comps, k=12)

@@ -349,7 +349,7 @@ def test_verdicts_on_hand_made_records():
 def test_identical_differences_over_seeds_give_no_interval():
     """The same paired difference on every seed has no spread: a Student t interval of width 0 would call it
     reproduced on nothing. No interval instead (inconclusive), saying why."""
-    from vitlab.findings import explain, no_interval_reason
+    from vitlab.explain import explain, no_interval_reason
 
     recs = [few_shot_record("scratch", {10: [0.250, 0.300]}), few_shot_record("mpp", {10: [0.255, 0.305]})]
     v = mpp_ordering(recs, "mpp", "scratch", shots=10)
@@ -458,7 +458,7 @@ def test_the_mpp_reasons_follow_the_comparison_its_direction_and_the_records():
     scratch is not explained by the supervised checkpoint, MPP level with or above supervised not by what favours
     supervised, and the pre-training's images and epochs are read from the records (the smoke study's 256 shapes,
     not CIFAR-10's 50,000)."""
-    from vitlab.findings import known_reason
+    from vitlab.explain import known_reason
 
     # MPP below scratch, few-shot and fine-tune; MPP above supervised on the patch mean, level on the fine-tune
     recs = hand_made(mpp_few=[0.20, 0.22, 0.19], mpp_fine=[0.30, 0.31, 0.32])
@@ -497,7 +497,7 @@ def test_the_mpp_reasons_follow_the_comparison_its_direction_and_the_records():
 
 
 def test_the_shipped_mpp_reasons_quote_the_shipped_study():
-    from vitlab.findings import known_reason
+    from vitlab.explain import known_reason
     from vitlab.scaling import ResultsStore
 
     root = Path(__file__).resolve().parents[1]

@@ -380,7 +380,8 @@ def _scaling_plot(records: list[dict], name: str, shots: int, path: str) -> None
 def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | None = None) -> int:
     """``vitlab sweep --table``: the README's tables and verdict from a results store, running nothing. The records
     are the latest of each grid run of ``sweep.name`` whatever code made them (one fingerprint, or an error)."""
-    from vitlab.findings import explain, scaling_gap_narrows
+    from vitlab.explain import explain
+    from vitlab.findings import scaling_gap_narrows
     from vitlab.scaling import (
         ResultsStore,
         markdown_table,
@@ -434,8 +435,8 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
 
 
 def cmd_mpp_study(args: argparse.Namespace) -> int:
+    from vitlab.explain import explain
     from vitlab.features import READOUT_NAMES, READOUTS
-    from vitlab.findings import explain
     from vitlab.mpp_study import (
         STUDIES,
         default_results,

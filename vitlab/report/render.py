@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitlab.findings import known_reason, no_interval_reason
+from vitlab.explain import known_reason, no_interval_reason
 from vitlab.report.sections import Section
 from vitlab.verdict import Verdict, fmt_endpoint, fmt_threshold
 
