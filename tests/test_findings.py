@@ -23,12 +23,11 @@ from vitlab.findings import (
     position_row_column_structure,
     position_similarity_decreases,
     rollout_localises,
-    scaling_accuracies,
-    scaling_gap_narrows,
     uniform_attention_distance,
 )
 from vitlab.inspect.faithfulness import rank_correlation
 from vitlab.scaling import ResultsStore, summarise
+from vitlab.study_findings import scaling_accuracies, scaling_gap_narrows
 from vitlab.verdict import N_BOOT, Verdict, spearman_resampled, verdict_table
 
 SHIPPED = Path(__file__).resolve().parents[1] / "data" / "results" / "scaling_cifar10.jsonl"
@@ -448,7 +447,7 @@ def test_replicates_that_spread_less_than_the_measurement_resolves_give_no_inter
 def test_the_accuracy_step_is_that_of_the_smallest_test_set():
     """Rows probed on 1,000 and 2,000 test images: the coarser step, 1 of 1,000, is what both can resolve; a row that
     does not record its test images leaves the step unknown."""
-    from vitlab.findings import _accuracy_step
+    from vitlab.study_findings import _accuracy_step
 
     rows = [{"metrics": {"test": 2000}}, {"metrics": {"test": 1000}}]
     assert _accuracy_step(rows) == (1e-3, "1 of 1,000 test images")

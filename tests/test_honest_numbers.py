@@ -46,8 +46,8 @@ def test_results_readme_sentences_match_the_records():
 def test_results_readme_shows_the_tuning_evidence_and_the_verdict():
     """The tuning trials (with the recipes the frozen config holds marked) and the Fig. 3/4 verdict are the ones
     `vitlab sweep --table` computes from the shipped stores."""
-    from vitlab.findings import scaling_gap_narrows
     from vitlab.scaling import load_sweep_config, tuning_table
+    from vitlab.study_findings import scaling_gap_narrows
     from vitlab.verdict import verdict_table
 
     readme = (RESULTS / "README.md").read_text()
@@ -266,7 +266,7 @@ def test_readme_device_speed_quotes_its_benchmark():
 def test_readme_scaling_result_quotes_the_records():
     """The README's summary of the data-scaling sweep: run count, the ResNet's tuning margin of SGD over Adam, the
     range of the ResNet's lead over the ViT and the gap change's interval, all from the shipped stores."""
-    from vitlab.findings import scaling_gap_narrows
+    from vitlab.study_findings import scaling_gap_narrows
 
     readme = _readme()
     records = _records()

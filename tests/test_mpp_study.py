@@ -14,7 +14,6 @@ import torch
 
 from vitlab.cli import main
 from vitlab.data import load_shapes
-from vitlab.findings import mpp_accuracies, mpp_ordering
 from vitlab.mpp_study import (
     STUDIES,
     markdown_tables,
@@ -28,6 +27,7 @@ from vitlab.mpp_study import (
     study_rows,
     study_verdicts,
 )
+from vitlab.study_findings import mpp_accuracies, mpp_ordering
 from vitlab.train import train
 
 SMOKE = STUDIES["smoke"]
@@ -422,7 +422,7 @@ def test_verdicts_refuse_rows_of_several_code_versions():
     """A study partly rerun after a code change holds rows of two code versions: the verdicts refuse to pair them,
     naming the versions and how to select one (shown_records, as the table and notebook 07 do), and study_verdicts
     does not swallow the refusal as it does unfinished pairs."""
-    from vitlab.findings import MixedCodeVersions
+    from vitlab.study_findings import MixedCodeVersions
 
     old = hand_made(mpp_few=[0.5, 0.52, 0.51], mpp_fine=[0.5, 0.52, 0.51])
     new = [dict(r, provenance={"code_hash": "newer"}) for r in old if r["init"] == "mpp"]  # a partial rerun

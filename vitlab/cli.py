@@ -381,7 +381,6 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
     """``vitlab sweep --table``: the README's tables and verdict from a results store, running nothing. The records
     are the latest of each grid run of ``sweep.name`` whatever code made them (one fingerprint, or an error)."""
     from vitlab.explain import explain
-    from vitlab.findings import scaling_gap_narrows
     from vitlab.scaling import (
         ResultsStore,
         markdown_table,
@@ -392,6 +391,7 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
         tuning_table,
         tuning_trials_for,
     )
+    from vitlab.study_findings import scaling_gap_narrows
     from vitlab.verdict import verdict_table
 
     in_grid = {s.run_id for s in sweep.runs()}

@@ -9,7 +9,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from vitlab.findings import INIT_NAMES, LOWEST_LAYER
+from vitlab.findings import LOWEST_LAYER
+from vitlab.study_findings import INIT_NAMES
 from vitlab.verdict import Verdict, fmt_endpoint, fmt_threshold, fmt_value, n_units
 
 __all__ = ["explain", "known_reason", "no_interval_reason", "KNOWN_REASONS", "UNTRAINED_REASON"]

@@ -32,7 +32,7 @@ fine-tune ``TrainConfig``, the supervised checkpoint's weights digest, the probe
 that spec and the package's code hash (``vitlab.provenance.fingerprint``). Running again skips every row whose latest
 record has its current fingerprint and says how many and why; a failed row is recorded with its error and the
 others go on. ``markdown_tables`` renders the comparison and the ablation from the records, ``study_verdicts``
-the findings (``vitlab.findings.mpp_ordering``).
+the findings (``vitlab.study_findings.mpp_ordering``).
 """
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ from tqdm.auto import tqdm
 from vitlab.data import ImageArray, cache_dir, load_splits, nested_subsets
 from vitlab.devices import resolve_device
 from vitlab.features import READOUTS
-from vitlab.findings import few_shot_key
 from vitlab.mpp import MPP_TARGETS
 from vitlab.probe import DEFAULT_L2
 from vitlab.provenance import fingerprint, json_digest, provenance
 from vitlab.stats import percent_cell
+from vitlab.study_findings import few_shot_key
 from vitlab.zoo import ViTConfig, cifar_vit, config_to_dict
 
 __all__ = ["MPPStudyConfig", "STUDIES", "StudyRow", "study_rows", "row_spec", "pretrain_config",
@@ -648,11 +648,11 @@ def markdown_tables(records: Sequence[dict], readout: str = "model") -> str:
 
 
 def study_verdicts(records: Sequence[dict], shots: int = 10) -> list:
-    """The paper's ordering as verdicts (``vitlab.findings.mpp_ordering``): MPP beats scratch and supervised beats
-    MPP, for the ``shots``-shot probe (a study's ``verdict_shots``) of each readout (the model's own, and the patch
-    tokens' mean: MPP trains only the patch outputs, never the class token's) and for the fine-tune. Pairs whose
+    """The paper's ordering as verdicts (``vitlab.study_findings.mpp_ordering``): MPP beats scratch and supervised
+    beats MPP, for the ``shots``-shot probe (a study's ``verdict_shots``) of each readout (the model's own, and the
+    patch tokens' mean: MPP trains only the patch outputs, never the class token's) and for the fine-tune. Pairs whose
     rows are not finished yet are left out; records of several studies are refused (``ValueError``)."""
-    from vitlab.findings import mpp_accuracies, mpp_ordering
+    from vitlab.study_findings import mpp_accuracies, mpp_ordering
 
     out = []
     for kind, readout in [("few_shot", r) for r in READOUTS] + [("finetune", "model")]:

@@ -11,7 +11,8 @@ or spread less than the measurement resolves) take none: a zero-width interval w
 resample is drawn as a vector of counts (how often each unit was drawn), so every statistic is evaluated on all
 resamples at once as a weighted statistic, which equals the statistic on the repeated units.
 
-The findings decided this way: ``vitlab.findings``; in words: ``vitlab.explain``.
+The findings decided this way: ``vitlab.findings`` (one model's) and ``vitlab.study_findings`` (the studies'); in
+words: ``vitlab.explain``.
 """
 
 from __future__ import annotations

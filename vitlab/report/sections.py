@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vitlab import findings
+from vitlab import findings, study_findings
 from vitlab.capture import capture_attention
 from vitlab.info import ModelInfo
 from vitlab.inspect import (
@@ -492,7 +492,7 @@ def scaling(results: Path, versions: dict) -> Section | None:
     if not records:
         return None
     try:
-        verdict = findings.scaling_gap_narrows(records)
+        verdict = study_findings.scaling_gap_narrows(records)
         verdicts = [verdict]
     except ValueError as e:
         verdicts, verdict = [], None
