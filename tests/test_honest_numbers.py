@@ -75,7 +75,7 @@ def test_model_card_text_matches_its_json(folder):
         assert f"{name[0].upper()}{name[1:]}: {value:.2%}" in text  # Test accuracy, or an MPP encoder's masked-patch one
     for key in ("train", "test"):  # data sets named by name or relative path, never a machine's absolute path
         assert not Path(str(card["data"][key])).is_absolute(), card["data"][key]
-    from vitlab.export import _data_line
+    from vitlab.card import _data_line
 
     assert f"* Data: {_data_line(card['data'])}.\n" in text  # the line the exporter writes from the card's record
 
@@ -86,7 +86,7 @@ def test_card_lineage_adds_up_to_its_training_time(folder):
     """A model trained over several warm starts lists every leg: the first starts at hour 0, each ends where the
     next began (its cumulative hours plus the next leg's own hours), the leg before this one is the start the card
     names, the last leg is the card itself, and the card's text shows the table of them all."""
-    from vitlab.export import _lineage_section
+    from vitlab.card import _lineage_section
 
     card = json.loads((folder / "card.json").read_text())
     legs = card["lineage"]

@@ -375,7 +375,7 @@ def test_export_of_an_l2_run_reports_its_loss_and_an_interrupted_export_changes_
     def broken(*args, **kwargs):
         raise KeyboardInterrupt  # e.g. Ctrl-C while the card is written
 
-    monkeypatch.setattr(E, "_card", broken)
+    monkeypatch.setattr(E, "card_text", broken)
     assert main(["export", "--run-dir", str(tmp_path / "run"), "--out", str(out), "--command-line", "again"]) == 130
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the previous export, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "data", "run", "shipped"]  # no staging left
