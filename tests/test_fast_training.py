@@ -18,8 +18,9 @@ from vitlab.checkpoint import load_checkpoint, save_checkpoint
 from vitlab.cifarnet import CifarResNet, tta_logits, whitening_filters
 from vitlab.distill import distill_loss, load_teacher, teacher_input
 from vitlab.modes import eval_mode, explicit_attention
-from vitlab.train import _optimizer, evaluate, lr_at, train, warm_start
+from vitlab.train import _optimizer, evaluate, lr_at, train
 from vitlab.train_config import PRESETS, TrainConfig
+from vitlab.warm_start import warm_start
 from vitlab.zoo import CifarNetConfig, ViTConfig, sincos_grid
 
 TINY_CNN = CifarNetConfig(widths=(8, 16, 16), num_classes=3)
@@ -694,7 +695,7 @@ def test_a_refused_resume_names_what_restores_a_run_saved_before_the_preset_took
 def test_a_warm_start_that_fails_leaves_the_model_as_it_was(tmp_path, monkeypatch):
     # the position grid is resampled after the class token was read: a failure there (or Ctrl-C) once left the class
     # token copied from the checkpoint and every other tensor at its initialisation
-    import vitlab.train as T
+    import vitlab.warm_start as W
 
     ck = save_checkpoint(vitlab.build_model(TINY_VIT), tmp_path / "src")
     torch.manual_seed(1)
@@ -704,7 +705,7 @@ def test_a_warm_start_that_fails_leaves_the_model_as_it_was(tmp_path, monkeypatc
     def interrupted(*_args, **_kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(T, "resample_grid", interrupted)
+    monkeypatch.setattr(W, "resample_grid", interrupted)
     with pytest.raises(KeyboardInterrupt):
         warm_start(coarse, ck)
     torch.testing.assert_close(coarse.state_dict(), before, rtol=0, atol=0)

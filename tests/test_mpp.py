@@ -148,6 +148,7 @@ def test_tiny_run_learns_and_resumes_to_the_same_weights(tmp_path, images, monke
     import json
 
     import vitlab.train as T
+    from vitlab.warm_start import warm_start
 
     train_data, test_data = images
     cfg = dataclasses.replace(PRESETS["mpp_cifar10"], model=TINY, epochs=4, batch_size=16, warmup_epochs=0.5,
@@ -186,7 +187,7 @@ def test_tiny_run_learns_and_resumes_to_the_same_weights(tmp_path, images, monke
     torch.manual_seed(7)
     target = vitlab.build_model(TINY)
     head_before = target.head.weight.detach().clone()
-    fresh = T.warm_start(target, tmp_path / "full" / "checkpoint")
+    fresh = warm_start(target, tmp_path / "full" / "checkpoint")
     assert fresh == ["head.weight", "head.bias"]
     torch.testing.assert_close(target.head.weight, head_before, rtol=0, atol=0)
     assert not torch.equal(target.head.weight, loaded.head.weight)
