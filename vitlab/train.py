@@ -19,7 +19,8 @@ the end of each epoch with the model, optimizer and EMA state (Lookahead's slow 
 the run and keeps the last good checkpoint.
 
 What a run is given, ``TrainConfig`` and the presets, lives in ``vitlab.train_config``; the teacher and the
-distillation loss in ``vitlab.distill``; a warm start's copy of a checkpoint's weights in ``vitlab.warm_start``.
+distillation loss in ``vitlab.distill``; a warm start's copy of a checkpoint's weights in ``vitlab.warm_start``;
+the processes under ``torchrun`` in ``vitlab.distributed``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +57,8 @@ from vitlab.checkpoint import (
 )
 from vitlab.cifarnet import tta_logits
 from vitlab.data import ImageArray, check_same_classes, load_dataset, nested_subsets, normalize
-from vitlab.devices import resolve_device
 from vitlab.distill import distill_loss, load_teacher, soft_cross_entropy, teacher_input
+from vitlab.distributed import Dist, barrier, dist_setup, mean_over_ranks, per_process_batchnorm
 from vitlab.history import history_as_of
 from vitlab.lookahead import Lookahead
 from vitlab.modes import all_patch_tokens, any_image_size, eval_mode, explicit_attention
@@ -239,68 +239,6 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
     return res
 
 
-@dataclass(frozen=True)
-class _Dist:
-    rank: int = 0
-    world: int = 1
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def _dist_setup(device: str | None) -> _Dist:
-    """One process (default) or one of ``torchrun``'s (``WORLD_SIZE`` > 1): gloo on CPU, nccl on GPU."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    dev = resolve_device(device)  # checked before any work: a missing GPU or a typo names the fix
-    if world == 1:
-        return _Dist(device=dev)
-    if dev.type not in ("cpu", "cuda"):  # it would have trained on the CPU without a word
-        raise ValueError(f"--device {dev} under torchrun: distributed training runs on CPUs (gloo) or CUDA GPUs "
-                         "(nccl); run on one device without torchrun, or pass --device cpu")
-    cuda = dev.type == "cuda"
-    import torch.distributed as dist
-
-    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if cuda else "gloo")
-    dev = torch.device(f"cuda:{local}") if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(dev)
-    return _Dist(rank, world, dev)
-
-
-_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-
-
-def _per_process_batchnorm(model: nn.Module, cfg: TrainConfig, d: _Dist) -> str | None:
-    """Under torchrun, what a model with BatchNorm is told: each process normalises its own slice of the batch (DDP
-    averages the gradients, not the statistics), so such a run only approximates one process's. None otherwise."""
-    if d.world == 1 or not any(isinstance(m, _BATCHNORMS) for m in model.modules()):
-        return None
-    return (f"note: BatchNorm normalises each of the {d.world} processes' {cfg.batch_size // d.world} images, not the "
-            f"global batch of {cfg.batch_size} (no SyncBatchNorm): this run's statistics, and so its weights, differ "
-            "from a one-process run's; the optimizer still steps on the global batch's mean gradient")
-
-
-def _mean_over_ranks(value: float, d: _Dist) -> float:
-    if d.world == 1:
-        return value
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.float64, device=d.device)
-    dist.all_reduce(t)
-    return float(t) / d.world
-
-
-def _barrier(d: _Dist) -> None:
-    if d.world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-
 def settle_history(path: Path, meta: dict) -> None:
     """On resume, make ``metrics.jsonl`` hold one record per epoch up to the checkpoint's, before any is appended
     (``vitlab.history.history_as_of``, as the export reads the run). An epoch's checkpoint is written before its
@@ -442,7 +380,7 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
     if compile and cfg.objective != "classify":
         raise ValueError(f"compile=True (--compile on) is for classification runs; objective={cfg.objective!r} "
                          "trains eagerly: leave compile at its default (auto) or off")
-    d = _dist_setup(device)
+    d = dist_setup(device)
     run = Path(run_dir)
     if not resume and (run / "checkpoint").exists():
         raise FileExistsError(f"{run} already holds a checkpoint: pass --resume to continue it, or choose a new folder")
@@ -533,7 +471,7 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         net = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
-        if progress and d.main and (note := _per_process_batchnorm(model, cfg, d)):
+        if progress and d.main and (note := per_process_batchnorm(model, cfg, d)):
             tqdm.write(note)
 
     mixup = None
@@ -623,7 +561,7 @@ class _Compiler:
         return forward
 
 
-def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Module, opt: torch.optim.Optimizer,
+def _epochs(cfg: TrainConfig, run: Path, d: Dist, model: nn.Module, net: nn.Module, opt: torch.optim.Optimizer,
             ema: nn.Module | None, teacher: nn.Module | None, mixup: Any, train_data: ImageArray,
             test_data: ImageArray, start_epoch: int, elapsed: float, steps_per_epoch: int, progress: bool,
             objective: nn.Module | None = None, bf16: bool = False, workers: int = 0, compile: bool = False) -> None:
@@ -708,7 +646,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
         if lookahead is not None:
             lookahead.finish((epoch + 1) * steps_per_epoch)  # evaluation and the checkpoint see the slow weights
         elapsed += time.time() - t0
-        record: dict[str, Any] = {"epoch": epoch + 1, "train_loss": _mean_over_ranks(mean_loss, d),
+        record: dict[str, Any] = {"epoch": epoch + 1, "train_loss": mean_over_ranks(mean_loss, d),
                                   "lr": lr, "epoch_seconds": round(time.time() - t0, 2),
                                   "images_per_second": round(seen * d.world / (time.time() - t0), 1),
                                   "precision": "bf16" if bf16 else "fp32"}
@@ -750,7 +688,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: _Dist, model: nn.Module, net: nn.Mod
                 f.write(json.dumps(record) + "\n")
             if progress:
                 tqdm.write(json.dumps(record))
-        _barrier(d)
+        barrier(d)
 
 
 def _frozen_params(cfg: TrainConfig, model: nn.Module, epoch: int) -> list[nn.Parameter]:
