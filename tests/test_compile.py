@@ -16,8 +16,9 @@ from _reference import three_class_split
 
 import vitlab
 from vitlab.checkpoint import save_checkpoint
+from vitlab.compiling import COMPILE_MIN_STEPS, compile_by_default
 from vitlab.export import export_run
-from vitlab.train import COMPILE_MIN_STEPS, compile_by_default, train
+from vitlab.train import train
 from vitlab.train_config import PRESETS
 from vitlab.zoo import CifarNetConfig
 

@@ -20,7 +20,7 @@ the run and keeps the last good checkpoint.
 
 What a run is given, ``TrainConfig`` and the presets, lives in ``vitlab.train_config``; the teacher and the
 distillation loss in ``vitlab.distill``; a warm start's copy of a checkpoint's weights in ``vitlab.warm_start``;
-the processes under ``torchrun`` in ``vitlab.distributed``.
+the processes under ``torchrun`` in ``vitlab.distributed``; ``torch.compile`` in ``vitlab.compiling``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ import math
 import os
 import time
 import uuid
-import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +54,7 @@ from vitlab.checkpoint import (
     save_run_checkpoint,
 )
 from vitlab.cifarnet import tta_logits
+from vitlab.compiling import Compiler, compile_by_default
 from vitlab.data import ImageArray, check_same_classes, load_dataset, nested_subsets, normalize
 from vitlab.distill import distill_loss, load_teacher, soft_cross_entropy, teacher_input
 from vitlab.distributed import Dist, barrier, dist_setup, mean_over_ranks, per_process_batchnorm
@@ -309,13 +308,13 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
     ``vitlab.batches.default_workers``: none on a CPU). They change the speed, never the batches.
 
     ``compile``: the training forward and backward (and a teacher's forward) through ``torch.compile`` (inductor;
-    evaluation stays eager). Default (None): ``compile_by_default``, i.e. a ViT classifier in one process on a CPU
-    for a run of at least ``COMPILE_MIN_STEPS`` steps, where it pays (the default preset's epochs 1.12x faster on a
-    2-core AMX Xeon, after a ~40 s first step). True for masked patch prediction is an error (it trains eagerly).
-    Like ``workers`` it is not part of the run's config: a compiled run resumes eagerly and back. Unlike ``workers``
-    it changes the draws inside the model (patch dropping, stochastic depth: inductor's random kernels instead of
-    eager's) and the rounding of fused operations, not what is trained. Where inductor cannot compile (e.g. no C++
-    compiler), the run says so and goes on eagerly.
+    evaluation stays eager). Default (None): ``compile_by_default`` (``vitlab.compiling``), i.e. a ViT classifier in
+    one process on a CPU for a run of at least ``COMPILE_MIN_STEPS`` steps, where it pays (the default preset's
+    epochs 1.12x faster on a 2-core AMX Xeon, after a ~40 s first step). True for masked patch prediction is an
+    error (it trains eagerly). Like ``workers`` it is not part of the run's config: a compiled run resumes eagerly
+    and back. Unlike ``workers`` it changes the draws inside the model (patch dropping, stochastic depth: inductor's
+    random kernels instead of eager's) and the rounding of fused operations, not what is trained. Where inductor
+    cannot compile (e.g. no C++ compiler), the run says so and goes on eagerly.
 
     Under ``torchrun`` each process takes its slice of every global batch of ``cfg.batch_size`` images
     (augmented identically on every rank before slicing), so the run follows the same trajectory as one
@@ -502,65 +501,6 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
     return model.eval()
 
 
-#: the shortest run (in steps) that ``train`` compiles by default: the first compiled step takes ~40 s on a 2-core CPU
-#: (the default preset's ViT, forward and backward; its epochs then run 1.12x faster), so a run of a few minutes would
-#: lose
-COMPILE_MIN_STEPS = 1000
-
-
-def compile_by_default(cfg: TrainConfig, device: torch.device, steps: int, world: int = 1) -> bool:
-    """Whether ``train`` compiles by default: a ViT classifier (the CNNs and masked patch prediction stay eager,
-    unmeasured) trained on a CPU (on an accelerator: unmeasured) in one process (under torchrun: unmeasured) for at
-    least ``COMPILE_MIN_STEPS`` more steps."""
-    return (device.type == "cpu" and world == 1 and isinstance(cfg.model, ViTConfig) and cfg.objective == "classify"
-            and steps >= COMPILE_MIN_STEPS)
-
-
-def _eager_backward_lowering() -> contextlib.AbstractContextManager:
-    """AOTAutograd compiles a graph's backward together with its forward (where this torch has the switch; otherwise
-    at the first backward, as it does by default)."""
-    import torch._functorch.config as functorch_config
-
-    if hasattr(functorch_config, "force_non_lazy_backward_lowering"):
-        return functorch_config.patch(force_non_lazy_backward_lowering=True)
-    return contextlib.nullcontext()
-
-
-class _Compiler:
-    """Modules' forwards through ``torch.compile`` (static shapes: a new image size, token count or batch compiles
-    once more), or eager ones when ``enabled`` is False. When inductor cannot compile (e.g. no C++ compiler on the
-    machine) a warning, and every module wrapped here runs eagerly from then on. The backward graph is compiled with
-    the forward (not lazily at the first ``backward()``), so a compile fails inside the forward, before any gradient
-    or weight changed: that forward is simply made again eagerly."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-
-    def __call__(self, module: nn.Module) -> Callable[[Tensor], Any]:
-        if not self.enabled:
-            return module
-        compiled = torch.compile(module, dynamic=False)
-
-        def forward(x: Tensor):
-            if self.enabled:
-                try:
-                    with _eager_backward_lowering():
-                        return compiled(x)
-                except Exception as e:  # noqa: BLE001  (only a compiler failure falls back; anything else is raised)
-                    from torch._dynamo.exc import BackendCompilerFailed
-
-                    if not isinstance(e, BackendCompilerFailed):
-                        raise
-                    self.enabled = False
-                    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                    warnings.warn(f"torch.compile could not compile the training step ({type(e).__name__}: {first}); "
-                                  "training eagerly instead (slower, the same run). Pass compile=False (vitlab train "
-                                  "--compile off) to skip the attempt", stacklevel=2)
-            return module(x)
-
-        return forward
-
-
 def _epochs(cfg: TrainConfig, run: Path, d: Dist, model: nn.Module, net: nn.Module, opt: torch.optim.Optimizer,
             ema: nn.Module | None, teacher: nn.Module | None, mixup: Any, train_data: ImageArray,
             test_data: ImageArray, start_epoch: int, elapsed: float, steps_per_epoch: int, progress: bool,
@@ -570,7 +510,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: Dist, model: nn.Module, net: nn.Modu
     forward (and so its backward) and the teacher's forward through ``torch.compile``."""
     from tqdm.auto import tqdm
 
-    compiler = _Compiler(compile)  # False for masked patch prediction: train refuses True, the default is False
+    compiler = Compiler(compile)  # False for masked patch prediction: train refuses True, the default is False
     forward = compiler(net)
     teacher_forward = compiler(teacher) if teacher is not None else None
 
