@@ -8,7 +8,7 @@ the second (steady state) and for the first (which pays for compiling, unless in
 already holds the graphs). Per image size (32 px, and the 24 px phase of progressive resizing) the rounds alternate
 which mode goes first (compiled-eager, then eager-compiled, ...), so a machine that slows down or speeds up over the
 run favours neither. The verdict is the ratio of the mean steady-state rates, compiled over eager, in this process:
-what ``--compile auto`` (``vitlab.train.compile_by_default``) should be judged by on this machine.
+what ``--compile auto`` (``vitlab.compiling.compile_by_default``) should be judged by on this machine.
 """
 
 from __future__ import annotations

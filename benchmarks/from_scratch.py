@@ -85,8 +85,9 @@ def fit(run_dir: Path, train_images: int = 5000, seed: int = 0) -> dict[str, Any
 
     from vitlab.checkpoint import load_checkpoint
     from vitlab.data import load_splits
+    from vitlab.distill import load_teacher
     from vitlab.export import distillation_facts
-    from vitlab.train import load_teacher, training_subset
+    from vitlab.train import training_subset
 
     cfg = json.loads((run_dir / "train_config.json").read_text())
     if not cfg.get("teacher") or not (cfg.get("model") or {}).get("distilled"):

@@ -49,19 +49,14 @@ import vitlab
 from benchmarks._util import report
 from vitlab.augment import shrink
 from vitlab.checkpoint import save_checkpoint
+from vitlab.compiling import COMPILE_MIN_STEPS, compile_by_default
 from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize
+from vitlab.distill import load_teacher
 from vitlab.modes import any_image_size, explicit_attention
 from vitlab.precision import use_bf16
-from vitlab.train import (
-    COMPILE_MIN_STEPS,
-    PRESETS,
-    TrainConfig,
-    compile_by_default,
-    load_teacher,
-    train,
-    with_num_classes,
-)
 from vitlab.train import step_flops as train_step_flops
+from vitlab.train import train
+from vitlab.train_config import PRESETS, TrainConfig, with_num_classes
 from vitlab.zoo import size2
 
 
@@ -233,7 +228,7 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
     progressive-resizing phase at that many px; ``every_token``: with ``--set model.patch_drop_rate=0``, as the
     default's legs train since one on every token beat half the tokens in a 2-epoch comparison (BENCHMARKS.md);
     ``compile``: ``train``'s ``compile`` (None: as a real run of the preset on this device, whose 1,000 steps or
-    more ``vitlab.train.compile_by_default`` judges, not these few)."""
+    more ``vitlab.compiling.compile_by_default`` judges, not these few)."""
     cfg = with_num_classes(PRESETS[preset], len(data.classes))
     if every_token:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, patch_drop_rate=0.0))

@@ -51,10 +51,12 @@ print(f"top {k} components explain {100 * float(ratio.sum()):.1f}% of the varian
 
 # %%
 from vitlab import findings
+from vitlab.explain import explain
 from vitlab.inspect import random_filter_pca_ratios
+from vitlab.verdict import verdict_table
 
 verdicts = [findings.filters_low_frequency(components, k=k),
             findings.filters_structured(ratio, random_filter_pca_ratios(model, k=k), k=k)]
-print(findings.verdict_table(verdicts))
+print(verdict_table(verdicts))
 print()
-print(findings.explain(verdicts, width=110))
+print(explain(verdicts, width=110))

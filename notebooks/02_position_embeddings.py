@@ -58,12 +58,14 @@ print(f"Spearman at {gh}x{gw}: {score:.3f}; resampled to {2 * gh}x{2 * gw}: {vit
 
 # %%
 from vitlab import findings
+from vitlab.explain import explain
+from vitlab.verdict import verdict_table
 
 verdicts = [findings.position_similarity_decreases(sim)]
 try:
     verdicts.append(findings.position_row_column_structure(sim))
 except ValueError as e:  # grids too small for pairs at equal distance inside and outside rows
     print(f"row/column structure not judged: {e}")
-print(findings.verdict_table(verdicts))
+print(verdict_table(verdicts))
 print()
-print(findings.explain(verdicts, width=110))
+print(explain(verdicts, width=110))

@@ -39,6 +39,8 @@ _, x, _ = default_images(model, N_IMAGES)
 per_image = vitlab.mean_attention_distance(model, x, per_image=True)  # (L, B, H)
 dist = per_image.mean(1)
 from vitlab import findings
+from vitlab.explain import explain
+from vitlab.verdict import verdict_table
 
 info = vitlab.model_info(model)
 ceiling = findings.uniform_attention_distance(info.grid_size, info.patch_size)  # uniform attention over the grid
@@ -61,6 +63,6 @@ print(f"renormalised over patch keys: last layer mean {float(renorm[-1].mean()):
 # %%
 verdicts = [findings.lowest_layer_spread(per_image, ceiling), findings.distance_grows_with_depth(per_image)]
 print(f"uniform attention over the {info.grid_size[0]}x{info.grid_size[1]} grid: {ceiling:.1f} px")
-print(findings.verdict_table(verdicts))
+print(verdict_table(verdicts))
 print()
-print(findings.explain(verdicts, width=110))
+print(explain(verdicts, width=110))

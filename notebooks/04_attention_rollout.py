@@ -76,10 +76,12 @@ for r in loc_rows:
 
 # %%
 from vitlab import findings
+from vitlab.explain import explain
 from vitlab.inspect import localisation
+from vitlab.verdict import verdict_table
 
 ro, rnd = localisation(loc_maps["rollout"], data.masks), localisation(loc_maps["random map"], data.masks)
 verdicts = [findings.rollout_localises(ro["mass_in_mask"], ro["pointing"], rnd["mass_in_mask"], rnd["pointing"])]
-print(findings.verdict_table(verdicts))
+print(verdict_table(verdicts))
 print()
-print(findings.explain(verdicts, width=110))
+print(explain(verdicts, width=110))

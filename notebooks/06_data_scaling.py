@@ -113,13 +113,15 @@ else:
 # does the ViT's lead over the ResNet grow (or its deficit shrink) from the smallest to the largest pre-training set?
 
 # %%
-from vitlab import findings
+from vitlab import study_findings
+from vitlab.explain import explain
+from vitlab.verdict import verdict_table
 
 try:
-    verdicts = [findings.scaling_gap_narrows(records, shots=SHOTS, resnet="bit" if not SMOKE else "bit_tiny",
-                                             vit="vit" if not SMOKE else "vit_tiny")]
-    print(findings.verdict_table(verdicts))
+    verdicts = [study_findings.scaling_gap_narrows(records, shots=SHOTS, resnet="bit" if not SMOKE else "bit_tiny",
+                                                   vit="vit" if not SMOKE else "vit_tiny")]
+    print(verdict_table(verdicts))
     print()
-    print(findings.explain(verdicts, width=110))
+    print(explain(verdicts, width=110))
 except ValueError as e:
     print(f"not judged: {e}")

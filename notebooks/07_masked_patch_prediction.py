@@ -52,6 +52,7 @@ from plotly.subplots import make_subplots
 import vitlab
 from vitlab import findings
 from vitlab.data import DataError, load_dataset, normalize
+from vitlab.explain import explain
 from vitlab.features import READOUT_NAMES, READOUTS
 from vitlab.images import default_images
 from vitlab.mpp import KEEP, MASK, OBJECTIVE_NAME, RANDOM, color3_targets, load_mpp
@@ -68,6 +69,7 @@ from vitlab.mpp_study import (
 )
 from vitlab.plots import layer_lines_by_model, notebook_figures
 from vitlab.scaling import ResultsStore
+from vitlab.verdict import verdict_table
 
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
@@ -181,8 +183,8 @@ if records:
     for readout in READOUTS:
         display(Markdown(f"**Few-shot features: {READOUT_NAMES[readout]}**\n\n" + markdown_tables(records, readout)))
     verdicts = study_verdicts(records, study.verdict_shots)
-    print(findings.verdict_table(verdicts))
-    print(findings.explain(verdicts, width=110))
+    print(verdict_table(verdicts))
+    print(explain(verdicts, width=110))
     # the budgets behind "supervised beats MPP": the supervised checkpoint's card, the MPP run's record
     card_file = resolve_folder(study.supervised) / "card.json"
     sup = json.loads(card_file.read_text()) if card_file.is_file() else None
@@ -242,7 +244,7 @@ for name in models:
     for v in (findings.lowest_layer_spread(dist[name], ceiling), findings.distance_grows_with_depth(dist[name]),
               findings.position_similarity_decreases(pos[name])):
         rows.append(dataclasses.replace(v, finding=f"[{name}] {v.finding}"))
-print(findings.verdict_table(rows))
+print(verdict_table(rows))
 print()
 for a, b in (("MPP", "supervised"), ("MPP", "scratch")):
     shift = findings.attention_distance_shift(dist[a], dist[b], a, b)

@@ -31,7 +31,7 @@ def test_every_subcommand_has_help(cmd, capsys):
 
 def test_preset_help_names_every_preset(capsys):
     from vitlab.cli import PRESET_NAMES
-    from vitlab.train import PRESETS
+    from vitlab.train_config import PRESETS
 
     assert sorted(PRESET_NAMES) == sorted(PRESETS)
     with pytest.raises(SystemExit):
@@ -42,17 +42,18 @@ def test_preset_help_names_every_preset(capsys):
 
 def test_train_set_reaches_the_model_config(tmp_path, monkeypatch, capsys):
     import vitlab.train
+    import vitlab.train_config
 
     seen = {}
     monkeypatch.setattr(vitlab.train, "train", lambda cfg, run, **kw: seen.update(cfg=cfg, run=run))
     base = ["train", "--run-dir", str(tmp_path / "run"), "--quiet"]
     assert main([*base, "--preset", "resnet_cifar10", "--set", "model.residual=false", "--set", "lr=0.5",
                  "--set", "model.widths=[16, 32, 32]"]) == 0
-    want = vitlab.train.PRESETS["resnet_cifar10"]
+    want = vitlab.train_config.PRESETS["resnet_cifar10"]
     assert seen["cfg"].model == dataclasses.replace(want.model, residual=False, widths=(16, 32, 32))
     assert seen["cfg"].lr == 0.5 and seen["cfg"].epochs == want.epochs
     assert main([*base, "--preset", "hybrid_cifar10", "--set", "model.vit.depth=2"]) == 0
-    hybrid = vitlab.train.PRESETS["hybrid_cifar10"].model
+    hybrid = vitlab.train_config.PRESETS["hybrid_cifar10"].model
     assert seen["cfg"].model == dataclasses.replace(hybrid, vit=dataclasses.replace(hybrid.vit, depth=2))
     # fields that must agree change together (90 is no multiple of the preset's 4 heads)
     assert main([*base, "--preset", "vit_cifar10", "--set", "model.embed_dim=90", "--set", "model.num_heads=3"]) == 0

@@ -16,8 +16,10 @@ from _reference import three_class_split
 
 import vitlab
 from vitlab.checkpoint import save_checkpoint
+from vitlab.compiling import COMPILE_MIN_STEPS, compile_by_default
 from vitlab.export import export_run
-from vitlab.train import COMPILE_MIN_STEPS, PRESETS, compile_by_default, train
+from vitlab.train import train
+from vitlab.train_config import PRESETS
 from vitlab.zoo import CifarNetConfig
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -102,7 +104,8 @@ def test_without_a_working_compiler_the_run_warns_and_trains_eagerly(tmp_path):
 import json, warnings, dataclasses
 from pathlib import Path
 from vitlab.data import load_image_folder
-from vitlab.train import PRESETS, train
+from vitlab.train import train
+from vitlab.train_config import PRESETS
 cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(PRESETS["tiny"].model, num_classes=3), epochs=2,
                           batch_size=16, randaugment=None, mixup_prob=0.0)
 load = lambda s: load_image_folder(Path({str(tmp_path / "data")!r}) / s, cache=False, progress=False)

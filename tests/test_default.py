@@ -41,7 +41,7 @@ def test_the_defaults_teacher_is_shipped_and_its_card_agrees():
         pytest.skip("the default was not distilled")
     teacher = DEFAULT_CHECKPOINT.parents[2] / card["teacher"]  # a path relative to the repository
     assert (teacher / "model.safetensors").is_file(), f"{card['teacher']} is not shipped"
-    from vitlab.train import TEACHER_CIFAR10
+    from vitlab.train_config import TEACHER_CIFAR10
 
     assert f"--set teacher={card['teacher']}" in card["command"] or card["teacher"] == TEACHER_CIFAR10
     teacher_card = json.loads((teacher / "card.json").read_text())
@@ -139,7 +139,7 @@ def test_a_cards_command_rebuilds_the_training_config_it_shipped_with(folder):
     import shlex
 
     from vitlab.cli import build_parser, preset_config
-    from vitlab.train import train_config_from_dict
+    from vitlab.train_config import train_config_from_dict
 
     path = CHECKPOINTS / folder
     if not (path / "model.safetensors").is_file():

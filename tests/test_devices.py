@@ -74,11 +74,11 @@ def test_torchrun_refuses_a_device_it_would_replace_by_the_cpu(monkeypatch):
     on the CPU without a word. Refused before any process group is set up."""
     import torch.distributed as dist
 
-    import vitlab.train as vt
+    import vitlab.distributed as vd
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr(vt, "resolve_device", lambda _name: torch.device("mps"))  # as on a Mac that has MPS
+    monkeypatch.setattr(vd, "resolve_device", lambda _name: torch.device("mps"))  # as on a Mac that has MPS
     monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: pytest.fail("set up a process group first"))
     with pytest.raises(ValueError, match="--device mps under torchrun: .*CPUs \\(gloo\\) or CUDA GPUs"):
-        vt._dist_setup("mps")
+        vd.dist_setup("mps")

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from vitlab import precision
-from vitlab.train import PRESETS, train
+from vitlab.train import train
+from vitlab.train_config import PRESETS
 
 
 def _export(run, out) -> dict:
@@ -173,7 +174,7 @@ def test_card_versions_name_the_training_stack_where_it_differs_from_the_exporti
 
 def test_card_says_how_a_fresh_vits_attention_started(tmp_path, two_class_folder, monkeypatch):
     """A run from random weights with mimetic attention says so on its card; timm's initialisation goes unnamed."""
-    from vitlab.export import _init_words
+    from vitlab.card import _init_words
 
     monkeypatch.chdir(tmp_path)
     tiny = PRESETS["tiny"]
@@ -303,7 +304,7 @@ def test_an_export_after_a_kill_between_checkpoint_and_metrics_line_keeps_the_la
 
 
 def test_the_cards_data_line_is_sentences_for_any_record():
-    from vitlab.export import _data_line
+    from vitlab.card import _data_line
 
     assert _data_line(None) == _data_line({}) == "not recorded by the run"
     assert _data_line({"train": "t.zip", "test": "v.zip", "train_examples": 50000}) == (

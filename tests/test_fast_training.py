@@ -16,19 +16,11 @@ import vitlab
 from vitlab.augment import random_crop_flip
 from vitlab.checkpoint import load_checkpoint, save_checkpoint
 from vitlab.cifarnet import CifarResNet, tta_logits, whitening_filters
+from vitlab.distill import distill_loss, load_teacher, teacher_input
 from vitlab.modes import eval_mode, explicit_attention
-from vitlab.train import (
-    PRESETS,
-    TrainConfig,
-    _distill_loss,
-    _optimizer,
-    evaluate,
-    load_teacher,
-    lr_at,
-    teacher_input,
-    train,
-    warm_start,
-)
+from vitlab.train import _optimizer, evaluate, lr_at, train
+from vitlab.train_config import PRESETS, TrainConfig
+from vitlab.warm_start import warm_start
 from vitlab.zoo import CifarNetConfig, ViTConfig, sincos_grid
 
 TINY_CNN = CifarNetConfig(widths=(8, 16, 16), num_classes=3)
@@ -202,12 +194,12 @@ def test_hard_and_soft_distillation_losses_known_answers():
     y = torch.tensor([0, 1, 2, 3, 0])
     target = F.one_hot(y, 4).float()
     cfg = TrainConfig(model=ViTConfig(distilled=True), teacher="x")
-    hard = _distill_loss(cls, dist, teach, target, cfg)
+    hard = distill_loss(cls, dist, teach, target, cfg)
     torch.testing.assert_close(hard, 0.5 * F.cross_entropy(cls, y) + 0.5 * F.cross_entropy(dist, teach.argmax(-1)))
     soft_cfg = dataclasses.replace(cfg, distill="soft", distill_tau=2.0)
     p = F.softmax(teach / 2, -1)
     kl = (p * (p.log() - F.log_softmax(dist / 2, -1))).sum(-1).mean() * 4
-    torch.testing.assert_close(_distill_loss(cls, dist, teach, target, soft_cfg),
+    torch.testing.assert_close(distill_loss(cls, dist, teach, target, soft_cfg),
                                0.5 * F.cross_entropy(cls, y) + 0.5 * kl)
 
 
@@ -446,9 +438,9 @@ def test_distillation_targets_can_average_the_teacher_over_the_mirror(tmp_path, 
     teacher = vitlab.build_model(TINY_CNN).eval()
     save_checkpoint(teacher, tmp_path / "teacher")
     seen = []  # (the teacher's input, the logits the loss received)
-    real_input, real_loss = vt.teacher_input, vt._distill_loss
+    real_input, real_loss = vt.teacher_input, vt.distill_loss
     monkeypatch.setattr(vt, "teacher_input", lambda x, pc, t: seen.append([real_input(x, pc, t)]) or seen[-1][0])
-    monkeypatch.setattr(vt, "_distill_loss", lambda a, b, t, y, c: seen[-1].append(t) or real_loss(a, b, t, y, c))
+    monkeypatch.setattr(vt, "distill_loss", lambda a, b, t, y, c: seen[-1].append(t) or real_loss(a, b, t, y, c))
     cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, distilled=True),
                               teacher=str(tmp_path / "teacher"), epochs=1, batch_size=32, distill_tta=1)
     train(cfg, tmp_path / "run", progress=False, train_data=train_data, test_data=test_data)
@@ -693,7 +685,7 @@ def test_a_progressive_share_not_in_effect_is_not_part_of_the_config():
 
 
 def test_a_refused_resume_names_what_restores_a_run_saved_before_the_preset_took_a_share():
-    from vitlab.train import config_changes
+    from vitlab.train_config import config_changes
 
     saved = dataclasses.replace(PRESETS["vit_cifar10"], progressive_size=None)  # as such runs stored it
     text = config_changes(saved, PRESETS["vit_cifar10"])
@@ -703,7 +695,7 @@ def test_a_refused_resume_names_what_restores_a_run_saved_before_the_preset_took
 def test_a_warm_start_that_fails_leaves_the_model_as_it_was(tmp_path, monkeypatch):
     # the position grid is resampled after the class token was read: a failure there (or Ctrl-C) once left the class
     # token copied from the checkpoint and every other tensor at its initialisation
-    import vitlab.train as T
+    import vitlab.warm_start as W
 
     ck = save_checkpoint(vitlab.build_model(TINY_VIT), tmp_path / "src")
     torch.manual_seed(1)
@@ -713,7 +705,7 @@ def test_a_warm_start_that_fails_leaves_the_model_as_it_was(tmp_path, monkeypatc
     def interrupted(*_args, **_kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(T, "resample_grid", interrupted)
+    monkeypatch.setattr(W, "resample_grid", interrupted)
     with pytest.raises(KeyboardInterrupt):
         warm_start(coarse, ck)
     torch.testing.assert_close(coarse.state_dict(), before, rtol=0, atol=0)

@@ -12,27 +12,23 @@ import numpy as np
 import pytest
 import torch
 
+from vitlab.explain import explain
 from vitlab.findings import (
-    N_BOOT,
-    Verdict,
-    _spearman_resampled,
     attention_distance_shift,
     dct_radius,
     distance_grows_with_depth,
-    explain,
     filters_low_frequency,
     filters_structured,
     lowest_layer_spread,
     position_row_column_structure,
     position_similarity_decreases,
     rollout_localises,
-    scaling_accuracies,
-    scaling_gap_narrows,
     uniform_attention_distance,
-    verdict_table,
 )
 from vitlab.inspect.faithfulness import rank_correlation
 from vitlab.scaling import ResultsStore, summarise
+from vitlab.study_findings import scaling_accuracies, scaling_gap_narrows
+from vitlab.verdict import N_BOOT, Verdict, spearman_resampled, verdict_table
 
 SHIPPED = Path(__file__).resolve().parents[1] / "data" / "results" / "scaling_cifar10.jsonl"
 
@@ -67,7 +63,7 @@ def test_weighted_spearman_equals_rank_correlation_on_repeated_pairs():
     g = np.random.default_rng(1)
     x, y = g.integers(0, 4, 12).astype(float), g.normal(size=12)  # ties in x
     w = g.integers(0, 3, (5, 12)).astype(float)
-    got = _spearman_resampled(x, y, w)
+    got = spearman_resampled(x, y, w)
     for r in range(5):
         rep = np.repeat(np.arange(12), w[r].astype(int))
         want = rank_correlation(torch.tensor(x[rep])[None], torch.tensor(y[rep])[None])[0]
@@ -134,12 +130,12 @@ def test_the_prediction_interval_holds_one_more_draw_95_percent_of_the_time(n):
     """Over 4,000 sets of n normal draws, one more draw falls inside the 95% prediction interval of the n at least
     94% of the time, for every n. The 2.5 and 97.5 percentiles of the draws (what 20 or more draws used to get)
     hold it 87% of the time at 20 draws and 90% at 30, so "reproduced" came about 3 times too often."""
-    from vitlab.findings import _prediction_interval
+    from vitlab.verdict import prediction_interval
 
     rng = np.random.default_rng(0)
     hits = 0
     for _ in range(4000):
-        (lo, hi), _ = _prediction_interval(rng.normal(0.0, 1.0, n), "random draws")
+        (lo, hi), _ = prediction_interval(rng.normal(0.0, 1.0, n), "random draws")
         hits += lo <= rng.normal() <= hi
     assert hits / 4000 >= 0.94
 
@@ -147,16 +143,16 @@ def test_the_prediction_interval_holds_one_more_draw_95_percent_of_the_time(n):
 def test_the_prediction_interval_of_many_draws_is_their_order_statistics():
     """From 39 draws on, the interval runs between the draws of ranks floor(0.025 (n + 1)) and ceil(0.975 (n + 1)):
     one more draw of any continuous distribution falls between them with probability at least 95%."""
-    from vitlab.findings import _prediction_interval
+    from vitlab.verdict import prediction_interval
 
     draws = np.random.default_rng(1).exponential(size=79)  # skewed: no normal assumption
-    (lo, hi), method = _prediction_interval(draws, "random draws")
+    (lo, hi), method = prediction_interval(draws, "random draws")
     s = np.sort(draws)
     assert (lo, hi) == (s[1], s[77])  # ranks 2 and 78 of 79 (1-based): (78 - 2) / 80 = 95% coverage
     assert method == "ranks 2 and 78 of 79 random draws"
-    (lo, hi), method = _prediction_interval(draws[:39], "random draws")
+    (lo, hi), method = prediction_interval(draws[:39], "random draws")
     assert (lo, hi) == (draws[:39].min(), draws[:39].max()) and method == "ranks 1 and 39 of 39 random draws"
-    assert _prediction_interval(draws[:38], "random draws")[1].startswith("Student t prediction interval over 38")
+    assert prediction_interval(draws[:38], "random draws")[1].startswith("Student t prediction interval over 38")
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 7 centre
@@ -330,7 +326,8 @@ def test_few_images_give_no_decided_verdict_from_a_degenerate_bootstrap():
     """One image leaves no interval (inconclusive, not a zero-width 'reproduced'); 2-3 images get Student t for
     the means; the spread, not a mean, needs MIN_SPREAD_IMAGES images, and images that all give the same head
     distances leave it no spread to take an interval from."""
-    from vitlab.findings import MIN_SPREAD_IMAGES, no_interval_reason
+    from vitlab.explain import no_interval_reason
+    from vitlab.findings import MIN_SPREAD_IMAGES
 
     layers = np.arange(3.0)[:, None, None]
     one = 10 + 0.5 * layers + np.zeros((3, 1, 2))  # one image, a clean rise
@@ -394,7 +391,7 @@ def test_scaling_gap_narrows_known_answers():
 def test_a_sweep_verdict_that_fails_is_not_put_on_the_inspected_model():
     """The Fig. 3/4 verdict is measured on the shipped sweep's runs, not on the model a report inspects: where it is
     not seen, the sentence says so without "on this model", and still gives the known reason."""
-    from vitlab.findings import explain
+    from vitlab.explain import explain
 
     v = scaling_gap_narrows(sweep([0.10, 0.11, 0.10], [-0.05, -0.04, -0.06]))
     text = explain([v])
@@ -406,12 +403,12 @@ def test_a_sweep_verdict_that_fails_is_not_put_on_the_inspected_model():
 def test_the_interval_of_a_mean_covers_95_percent(n):
     """Over 2,000 draws of n normal replicates the mean's 95% interval holds the true mean 93-97% of the time. A
     percentile bootstrap of 4 replicates (what 4-19 seeds used to get) covers about 79%; from 20 on it is close."""
-    from vitlab.findings import _mean_interval
+    from vitlab.verdict import mean_interval
 
     rng = np.random.default_rng(0)
     hits = 0
     for i in range(2000):
-        (lo, hi), _ = _mean_interval(rng.normal(0.0, 1.0, n), 200, i, "seeds")
+        (lo, hi), _ = mean_interval(rng.normal(0.0, 1.0, n), 200, i, "seeds")
         hits += lo <= 0.0 <= hi
     assert 0.93 <= hits / 2000 <= 0.97 if n < 20 else 0.91 <= hits / 2000 <= 0.97
 
@@ -419,16 +416,17 @@ def test_the_interval_of_a_mean_covers_95_percent(n):
 def test_replicates_without_spread_give_no_interval():
     """Equal replicates (up to rounding in the last digits) give no interval, by Student t or by bootstrap, and no
     prediction interval: a zero-width interval would decide a finding on no measured uncertainty."""
-    from vitlab.findings import _mean_interval, _prediction_interval, no_interval_reason
+    from vitlab.explain import no_interval_reason
+    from vitlab.verdict import mean_interval, prediction_interval
 
     for n in (2, 5, 30):
         values = np.full(n, 0.3) - np.full(n, 0.25)  # equal up to rounding: 0.04999999999999999
         values[-1] = 0.305 - 0.255
-        (lo, hi), method = _mean_interval(values, N_BOOT, 0, "seeds")
+        (lo, hi), method = mean_interval(values, N_BOOT, 0, "seeds")
         assert math.isnan(lo) and math.isnan(hi) and method.startswith("none: ")
         assert "same value, 0.05, so there is no spread" in method
-        assert math.isnan(_prediction_interval(values, "random draws")[0][0])
-    assert math.isnan(_mean_interval(np.zeros(4), N_BOOT, 0, "images")[0][0])
+        assert math.isnan(prediction_interval(values, "random draws")[0][0])
+    assert math.isnan(mean_interval(np.zeros(4), N_BOOT, 0, "images")[0][0])
     v = scaling_gap_narrows(sweep([-0.05, -0.05, -0.05], [0.10, 0.10, 0.10]))
     assert v.verdict == "inconclusive" and "no spread" in no_interval_reason(v)
     v = filters_structured([0.5, 0.3], np.full((5, 2), 0.1), k=2)
@@ -438,18 +436,18 @@ def test_replicates_without_spread_give_no_interval():
 def test_replicates_that_spread_less_than_the_measurement_resolves_give_no_interval():
     """Accuracies on 1,000 test images move in steps of 1e-3: seeds whose sd is below one step give no interval
     (the spread is not measured); seeds that spread over several steps give the Student t interval."""
-    from vitlab.findings import _mean_interval
+    from vitlab.verdict import mean_interval
 
     step = (1e-3, "1 of 1,000 test images")
-    (lo, hi), method = _mean_interval(np.array([0.5, 0.5001, 0.5002]), N_BOOT, 0, "seeds", step)
+    (lo, hi), method = mean_interval(np.array([0.5, 0.5001, 0.5002]), N_BOOT, 0, "seeds", step)
     assert math.isnan(lo) and math.isnan(hi) and "spread less (sd 0.0001)" in method
-    (lo, hi), method = _mean_interval(np.array([0.50, 0.51, 0.52]), N_BOOT, 0, "seeds", step)
+    (lo, hi), method = mean_interval(np.array([0.50, 0.51, 0.52]), N_BOOT, 0, "seeds", step)
     assert method.startswith("Student t") and lo < 0.51 < hi
 
 def test_the_accuracy_step_is_that_of_the_smallest_test_set():
     """Rows probed on 1,000 and 2,000 test images: the coarser step, 1 of 1,000, is what both can resolve; a row that
     does not record its test images leaves the step unknown."""
-    from vitlab.findings import _accuracy_step
+    from vitlab.study_findings import _accuracy_step
 
     rows = [{"metrics": {"test": 2000}}, {"metrics": {"test": 1000}}]
     assert _accuracy_step(rows) == (1e-3, "1 of 1,000 test images")
@@ -466,12 +464,12 @@ def test_filter_components_from_min_rank_bootstrap_on_get_an_interval():
 def test_an_interval_that_touches_the_threshold_decides_nothing():
     """A finding is reproduced only when its whole interval lies strictly on the finding's side: an endpoint on the
     threshold is inconclusive, for either side."""
-    from vitlab.findings import _decide
+    from vitlab.verdict import decide
 
-    assert _decide((0.0, 1.0), 0.0, ">") == "inconclusive" and _decide((-1.0, 0.0), 0.0, ">") == "inconclusive"
-    assert _decide((-1.0, 0.0), 0.0, "<") == "inconclusive" and _decide((0.0, 1.0), 0.0, "<") == "inconclusive"
-    assert _decide((1e-12, 1.0), 0.0, ">") == "reproduced" and _decide((-1.0, -1e-12), 0.0, ">") == "not reproduced"
-    assert _decide((-1.0, -1e-12), 0.0, "<") == "reproduced" and _decide((1e-12, 1.0), 0.0, "<") == "not reproduced"
+    assert decide((0.0, 1.0), 0.0, ">") == "inconclusive" and decide((-1.0, 0.0), 0.0, ">") == "inconclusive"
+    assert decide((-1.0, 0.0), 0.0, "<") == "inconclusive" and decide((0.0, 1.0), 0.0, "<") == "inconclusive"
+    assert decide((1e-12, 1.0), 0.0, ">") == "reproduced" and decide((-1.0, -1e-12), 0.0, ">") == "not reproduced"
+    assert decide((-1.0, -1e-12), 0.0, "<") == "reproduced" and decide((1e-12, 1.0), 0.0, "<") == "not reproduced"
 
 def test_scaling_adapter_latest_record_wins_failed_runs_ignored():
     recs = sweep([-0.05, -0.05], [0.10, 0.10])
@@ -555,8 +553,9 @@ def test_a_printed_interval_never_rounds_onto_or_across_the_threshold():
     """(0.50049, 0.9) against > 0.5 is reproduced; 3 significant digits printed it "[0.5, 0.9] > 0.5" beside a
     green badge. Each endpoint gets the digits that keep it on its side of the printed threshold, on the page and in
     the printed tables; over endpoints near thresholds the printed numbers compare as the true ones."""
-    from vitlab.findings import explain, fmt_endpoint, fmt_threshold
+    from vitlab.explain import explain
     from vitlab.report.render import verdict_row
+    from vitlab.verdict import fmt_endpoint, fmt_threshold
 
     v = Verdict("Fig. 7 right: x", "c", 0.7, (0.50049, 0.9), 0.5, "reproduced", quantity="spread")
     row = verdict_row(v)
@@ -580,7 +579,8 @@ def test_a_printed_interval_never_rounds_onto_or_across_the_threshold():
 
 
 def test_explain_gives_one_sentence_per_verdict_with_the_known_reason_and_wraps_on_request():
-    from vitlab.findings import KNOWN_REASONS, Verdict, explain
+    from vitlab.explain import KNOWN_REASONS, explain
+    from vitlab.verdict import Verdict
 
     ok = Verdict("Fig. 7 right: distance grows with depth", "slope > 0", 0.8, (0.6, 1.0), 0.0, "reproduced",
                  quantity="slope")
@@ -600,7 +600,7 @@ def test_explain_gives_one_sentence_per_verdict_with_the_known_reason_and_wraps_
 def test_the_lowest_layer_reason_states_where_this_models_heads_sit():
     """A not-reproduced spread is explained beside its numbers: the most local and most global head of layer 0, in px
     and as shares of the ceiling (computed here independently), then the general reason; other verdicts keep theirs."""
-    from vitlab.findings import KNOWN_REASONS, explain, known_reason
+    from vitlab.explain import KNOWN_REASONS, explain, known_reason
     from vitlab.report.render import verdict_row
 
     ceiling = 16.5
@@ -632,7 +632,8 @@ def test_the_lowest_layer_reason_states_where_this_models_heads_sit():
 def test_the_mpp_reason_names_what_the_probe_reads():
     """The class-token sentence goes with the class-token probe only; the patch-mean probe reads what MPP trains.
     Verdicts without ``details["better"]`` (made before it was recorded) take the comparison from the finding."""
-    from vitlab.findings import Verdict, known_reason
+    from vitlab.explain import known_reason
+    from vitlab.verdict import Verdict
 
     def v(kind, readout, details=None):
         what = "fine-tune" if kind == "finetune" else "10-shot probe"
@@ -656,7 +657,8 @@ def test_a_verdict_without_an_interval_says_why_instead_of_a_known_reason():
     """Inconclusive because no interval could be computed (too few images, components or seeds): the page and the
     printed explanation say what was missing, not the training-data reason of a finding the data never tested;
     an inconclusive verdict with a finite interval keeps its known reason."""
-    from vitlab.findings import KNOWN_REASONS, MIN_RANK_BOOTSTRAP, explain, known_reason, no_interval_reason
+    from vitlab.explain import KNOWN_REASONS, explain, known_reason, no_interval_reason
+    from vitlab.findings import MIN_RANK_BOOTSTRAP
     from vitlab.report.render import render_html, verdict_row
     from vitlab.report.sections import Section
 
@@ -687,7 +689,7 @@ def test_a_verdict_without_an_interval_says_why_instead_of_a_known_reason():
 def test_the_filter_reason_states_this_models_patch_size_and_no_training_set_it_does_not_know():
     """vit_base_patch16_224 is not "4 px patches of a small model trained on 50,000 images": the reason names the
     patch size of the filters judged and claims no training-set size; without a recorded size it is generic."""
-    from vitlab.findings import KNOWN_REASONS, known_reason
+    from vitlab.explain import KNOWN_REASONS, known_reason
 
     comps = np.random.default_rng(0).normal(size=(12, 3, 16, 16))
     v = filters_low_frequency(comps, k=12)

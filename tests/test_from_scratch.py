@@ -78,7 +78,7 @@ def _tiny_distilled(seed: int):
 
     import vitlab
     from vitlab.shapes import SHAPE_CLASSES
-    from vitlab.train import PRESETS
+    from vitlab.train_config import PRESETS
 
     torch.manual_seed(seed)
     model = vitlab.build_model(dataclasses.replace(PRESETS["tiny"].model, num_classes=len(SHAPE_CLASSES),

@@ -46,8 +46,9 @@ def test_results_readme_sentences_match_the_records():
 def test_results_readme_shows_the_tuning_evidence_and_the_verdict():
     """The tuning trials (with the recipes the frozen config holds marked) and the Fig. 3/4 verdict are the ones
     `vitlab sweep --table` computes from the shipped stores."""
-    from vitlab.findings import scaling_gap_narrows, verdict_table
     from vitlab.scaling import load_sweep_config, tuning_table
+    from vitlab.study_findings import scaling_gap_narrows
+    from vitlab.verdict import verdict_table
 
     readme = (RESULTS / "README.md").read_text()
     tuned = load_sweep_config(str(RESULTS / "scaling_cifar10.tuned.json"))
@@ -74,7 +75,7 @@ def test_model_card_text_matches_its_json(folder):
         assert f"{name[0].upper()}{name[1:]}: {value:.2%}" in text  # Test accuracy, or an MPP encoder's masked-patch one
     for key in ("train", "test"):  # data sets named by name or relative path, never a machine's absolute path
         assert not Path(str(card["data"][key])).is_absolute(), card["data"][key]
-    from vitlab.export import _data_line
+    from vitlab.card import _data_line
 
     assert f"* Data: {_data_line(card['data'])}.\n" in text  # the line the exporter writes from the card's record
 
@@ -85,7 +86,7 @@ def test_card_lineage_adds_up_to_its_training_time(folder):
     """A model trained over several warm starts lists every leg: the first starts at hour 0, each ends where the
     next began (its cumulative hours plus the next leg's own hours), the leg before this one is the start the card
     names, the last leg is the card itself, and the card's text shows the table of them all."""
-    from vitlab.export import _lineage_section
+    from vitlab.card import _lineage_section
 
     card = json.loads((folder / "card.json").read_text())
     legs = card["lineage"]
@@ -121,8 +122,8 @@ def test_mpp_readme_quotes_the_study():
     """The MPP section of data/results/README.md holds the tables and the verdicts generated from the shipped
     records (``vitlab mpp-study --table`` prints them), not typed numbers."""
     from vitlab.features import READOUTS
-    from vitlab.findings import verdict_table
     from vitlab.mpp_study import STUDIES, markdown_tables, shown_records, study_verdicts
+    from vitlab.verdict import verdict_table
 
     records, _ = shown_records(ResultsStore(RESULTS / "mpp_cifar10.jsonl").records(), "cifar10")
     assert len(records) == 16 and all(r["status"] == "ok" for r in records)  # the whole study, one code version
@@ -265,7 +266,7 @@ def test_readme_device_speed_quotes_its_benchmark():
 def test_readme_scaling_result_quotes_the_records():
     """The README's summary of the data-scaling sweep: run count, the ResNet's tuning margin of SGD over Adam, the
     range of the ResNet's lead over the ViT and the gap change's interval, all from the shipped stores."""
-    from vitlab.findings import scaling_gap_narrows
+    from vitlab.study_findings import scaling_gap_narrows
 
     readme = _readme()
     records = _records()

@@ -22,7 +22,8 @@ from vitlab.mpp import (
     draw_corruption,
     patch4x4_targets,
 )
-from vitlab.train import PRESETS, train
+from vitlab.train import train
+from vitlab.train_config import PRESETS
 
 TINY = dataclasses.replace(PRESETS["tiny"].model, num_classes=3)
 
@@ -180,6 +181,7 @@ def test_tiny_run_learns_and_resumes_to_the_same_weights(tmp_path, images, monke
     import json
 
     import vitlab.train as T
+    from vitlab.warm_start import warm_start
 
     train_data, test_data = images
     cfg = dataclasses.replace(PRESETS["mpp_cifar10"], model=TINY, epochs=4, batch_size=16, warmup_epochs=0.5,
@@ -218,7 +220,7 @@ def test_tiny_run_learns_and_resumes_to_the_same_weights(tmp_path, images, monke
     torch.manual_seed(7)
     target = vitlab.build_model(TINY)
     head_before = target.head.weight.detach().clone()
-    fresh = T.warm_start(target, tmp_path / "full" / "checkpoint")
+    fresh = warm_start(target, tmp_path / "full" / "checkpoint")
     assert fresh == ["head.weight", "head.bias"]
     torch.testing.assert_close(target.head.weight, head_before, rtol=0, atol=0)
     assert not torch.equal(target.head.weight, loaded.head.weight)
@@ -407,7 +409,7 @@ def test_export_of_an_l2_run_reports_its_loss_and_an_interrupted_export_changes_
     def broken(*args, **kwargs):
         raise KeyboardInterrupt  # e.g. Ctrl-C while the card is written
 
-    monkeypatch.setattr(E, "_card", broken)
+    monkeypatch.setattr(E, "card_text", broken)
     assert main(["export", "--run-dir", str(tmp_path / "run"), "--out", str(out), "--command-line", "again"]) == 130
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the previous export, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "data", "run", "shipped"]  # no staging left

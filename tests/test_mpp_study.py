@@ -14,7 +14,6 @@ import torch
 
 from vitlab.cli import main
 from vitlab.data import load_shapes
-from vitlab.findings import mpp_accuracies, mpp_ordering
 from vitlab.mpp_study import (
     STUDIES,
     markdown_tables,
@@ -28,6 +27,7 @@ from vitlab.mpp_study import (
     study_rows,
     study_verdicts,
 )
+from vitlab.study_findings import mpp_accuracies, mpp_ordering
 from vitlab.train import train
 
 SMOKE = STUDIES["smoke"]
@@ -261,6 +261,20 @@ def test_the_cifar10_table_reads_the_shipped_records_from_any_folder(tmp_path, m
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_shipped_records_are_found_by_the_fingerprint_a_rerun_computes(monkeypatch):
+    """A rerun skips a row only when its latest record holds the fingerprint computed now (``_plan``): every shipped
+    record's fingerprint recomputes from its own spec and code hash (``vitlab.provenance.fingerprint``, the one the
+    scaling sweep's store is keyed by too), so a change to how it is computed cannot orphan them silently."""
+    from vitlab import provenance
+
+    records = [json.loads(x) for x in
+               (Path(__file__).resolve().parents[1] / "data" / "results" / "mpp_cifar10.jsonl").read_text().splitlines()]
+    assert len(records) > 30
+    for r in records:
+        monkeypatch.setattr(provenance, "code_hash", lambda r=r: r["provenance"]["code_hash"])
+        assert provenance.fingerprint({"spec": r["spec"]}) == r["fingerprint"], r["row_id"]
+
+
 def test_a_results_store_that_cannot_be_written_is_refused_before_any_row(tmp_path, monkeypatch):
     """--results under a file let the study load its data and pre-train (on CIFAR-10, an hour of rows) before the
     first record's append failed; the store is now checked before any work."""
@@ -335,7 +349,7 @@ def test_verdicts_on_hand_made_records():
 def test_identical_differences_over_seeds_give_no_interval():
     """The same paired difference on every seed has no spread: a Student t interval of width 0 would call it
     reproduced on nothing. No interval instead (inconclusive), saying why."""
-    from vitlab.findings import explain, no_interval_reason
+    from vitlab.explain import explain, no_interval_reason
 
     recs = [few_shot_record("scratch", {10: [0.250, 0.300]}), few_shot_record("mpp", {10: [0.255, 0.305]})]
     v = mpp_ordering(recs, "mpp", "scratch", shots=10)
@@ -408,7 +422,7 @@ def test_verdicts_refuse_rows_of_several_code_versions():
     """A study partly rerun after a code change holds rows of two code versions: the verdicts refuse to pair them,
     naming the versions and how to select one (shown_records, as the table and notebook 07 do), and study_verdicts
     does not swallow the refusal as it does unfinished pairs."""
-    from vitlab.findings import MixedCodeVersions
+    from vitlab.study_findings import MixedCodeVersions
 
     old = hand_made(mpp_few=[0.5, 0.52, 0.51], mpp_fine=[0.5, 0.52, 0.51])
     new = [dict(r, provenance={"code_hash": "newer"}) for r in old if r["init"] == "mpp"]  # a partial rerun
@@ -444,7 +458,7 @@ def test_the_mpp_reasons_follow_the_comparison_its_direction_and_the_records():
     scratch is not explained by the supervised checkpoint, MPP level with or above supervised not by what favours
     supervised, and the pre-training's images and epochs are read from the records (the smoke study's 256 shapes,
     not CIFAR-10's 50,000)."""
-    from vitlab.findings import known_reason
+    from vitlab.explain import known_reason
 
     # MPP below scratch, few-shot and fine-tune; MPP above supervised on the patch mean, level on the fine-tune
     recs = hand_made(mpp_few=[0.20, 0.22, 0.19], mpp_fine=[0.30, 0.31, 0.32])
@@ -483,7 +497,7 @@ def test_the_mpp_reasons_follow_the_comparison_its_direction_and_the_records():
 
 
 def test_the_shipped_mpp_reasons_quote_the_shipped_study():
-    from vitlab.findings import known_reason
+    from vitlab.explain import known_reason
     from vitlab.scaling import ResultsStore
 
     root = Path(__file__).resolve().parents[1]

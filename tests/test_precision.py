@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from vitlab import precision
-from vitlab.train import PRESETS, train
+from vitlab.train import train
+from vitlab.train_config import PRESETS
 
 
 def _cpu_flags() -> set[str] | None:

@@ -538,7 +538,7 @@ def test_a_model_with_random_weights_reproduces_no_finding(tmp_path):
     assert metrics["weights"] == "random initialisation (no pretrained weights)"
     judged = [v for v in metrics["verdicts"] if v["section"] in ("filters", "positions", "distance")]
     assert len(judged) >= 4 and all(v["verdict"] == "inconclusive" and v["details"]["untrained"] for v in judged)
-    from vitlab.findings import UNTRAINED_REASON
+    from vitlab.explain import UNTRAINED_REASON
 
     page = (out / "report.html").read_text()
     text = html.unescape(page)  # the page as read: jinja2 escapes the reason's apostrophes

@@ -795,7 +795,8 @@ def test_the_shipped_sweeps_flops_are_a_fresh_count_of_each_run():
     import torch
 
     from vitlab.scaling import FAMILIES
-    from vitlab.train import step_flops, with_model_classes
+    from vitlab.train import step_flops
+    from vitlab.train_config import with_model_classes
     from vitlab.zoo import build_model
 
     root = Path(__file__).resolve().parents[1] / "data" / "results"

@@ -70,7 +70,8 @@ def test_the_shapes_recipe_leaves_the_chance_plateau_for_at_least_four_of_five_s
     """The shapes preset on a 10-epoch schedule, seeds 0-4 (about 2 minutes each on one core). With learned position
     embeddings this ViT sat on the chance plateau (25%) for most seeds; the preset's fixed 2D sin-cos table gives it
     the grid from the first step, and every seed measured left the plateau (54-65% after these 10 epochs)."""
-    from vitlab.train import PRESETS, train
+    from vitlab.train import train
+    from vitlab.train_config import PRESETS
 
     cfg = dataclasses.replace(PRESETS["vit_shapes"], epochs=10, eval_every=10)
     accuracies = []

@@ -16,7 +16,8 @@ import vitlab.batches as B
 import vitlab.train as T
 from vitlab.augment import alternating_flips, random_crop_flip
 from vitlab.lookahead import Lookahead, lookahead_decay
-from vitlab.train import PRESETS, TrainConfig, train, train_config_from_dict, train_config_to_dict
+from vitlab.train import train
+from vitlab.train_config import PRESETS, TrainConfig, train_config_from_dict, train_config_to_dict
 from vitlab.zoo import CifarNetConfig
 
 TINY_CNN = CifarNetConfig(widths=(8, 16, 16), num_classes=3)

@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 
 import vitlab
 from vitlab.history import read_history
-from vitlab.train import PRESETS, TrainingDiverged, lr_at, train, with_num_classes
+from vitlab.train import TrainingDiverged, lr_at, train
+from vitlab.train_config import PRESETS, with_num_classes
 
 
 @pytest.fixture(scope="module")

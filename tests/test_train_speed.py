@@ -8,7 +8,7 @@ import json
 import pytest
 
 from benchmarks.train_speed import schedule_average
-from vitlab.train import PRESETS
+from vitlab.train_config import PRESETS
 
 FULL = {"images_per_second": 600.0, "student_gflops_per_image": 0.8, "teacher_gflops_per_image": 0.2, "mfu": 0.25,
         "compiled": True, "batch": 256}

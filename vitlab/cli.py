@@ -16,10 +16,10 @@ from vitlab.features import READOUT_NAMES, READOUTS
 
 if TYPE_CHECKING:
     from vitlab.scaling import SweepConfig
-    from vitlab.train import TrainConfig
+    from vitlab.train_config import TrainConfig
 
 
-#: ``vitlab.train.PRESETS`` by name, for ``--preset``'s help without importing torch (a test keeps them equal)
+#: ``vitlab.train_config.PRESETS`` by name, for ``--preset``'s help without importing torch (a test keeps them equal)
 PRESET_NAMES = ("vit_cifar10", "resnet_cifar10_fast", "resnet_cifar10_wide", "resnet_cifar10", "bit_cifar10",
                 "hybrid_cifar10", "mpp_cifar10", "vit_shapes", "tiny")
 
@@ -140,7 +140,7 @@ def preset_config(preset: str, sets: list[str] | None = None, epochs: int | None
     """The ``TrainConfig`` that ``vitlab train --preset PRESET [--set FIELD=VALUE ...] [--epochs N] [--data D]``
     trains. ``OptionError`` names an unknown preset or field with the valid ones; a value the config refuses raises
     its own ValueError."""
-    from vitlab.train import PRESETS
+    from vitlab.train_config import PRESETS
     from vitlab.zoo import replace_fields
 
     if preset not in PRESETS:
@@ -382,7 +382,7 @@ def _scaling_plot(records: list[dict], name: str, shots: int, path: str) -> None
 def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | None = None) -> int:
     """``vitlab sweep --table``: the README's tables and verdict from a results store, running nothing. The records
     are the latest of each grid run of ``sweep.name`` whatever code made them (one fingerprint, or an error)."""
-    from vitlab.findings import explain, scaling_gap_narrows, verdict_table
+    from vitlab.explain import explain
     from vitlab.scaling import (
         ResultsStore,
         markdown_table,
@@ -393,6 +393,8 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
         tuning_table,
         tuning_trials_for,
     )
+    from vitlab.study_findings import scaling_gap_narrows
+    from vitlab.verdict import verdict_table
 
     in_grid = {s.run_id for s in sweep.runs()}
     records = [r for k, r in ResultsStore(results).latest(sweep.name).items() if k in in_grid]
@@ -435,8 +437,8 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
 
 
 def cmd_mpp_study(args: argparse.Namespace) -> int:
+    from vitlab.explain import explain
     from vitlab.features import READOUT_NAMES, READOUTS
-    from vitlab.findings import explain, verdict_table
     from vitlab.mpp_study import (
         STUDIES,
         default_results,
@@ -447,6 +449,7 @@ def cmd_mpp_study(args: argparse.Namespace) -> int:
         study_verdicts,
     )
     from vitlab.scaling import ResultsStore
+    from vitlab.verdict import verdict_table
 
     study = STUDIES[args.study]
     if args.run_root and Path(args.run_root).exists() and not Path(args.run_root).is_dir():  # before any row runs
@@ -560,8 +563,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from vitlab.findings import Verdict, verdict_table
     from vitlab.report import reproduce
+    from vitlab.verdict import Verdict, verdict_table
 
     out = reproduce(model=args.model, images=args.images, out=args.out, pretrained=args.pretrained,
                     weights=args.weights, num_images=args.num_images, shapes=args.shapes, png=args.png,

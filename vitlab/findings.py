@@ -1,39 +1,40 @@
-"""The paper's findings as verdicts: a statistic, a 95% interval, a threshold and a decision rule.
+"""The paper's findings as verdicts (``vitlab.verdict``: a statistic, a 95% interval, a threshold and a decision rule).
 
-Each function takes the output of one existing analysis (``vitlab.inspect``, the scaling sweep's or the MPP
-study's records) and returns a ``Verdict``. The rule is the same everywhere: *reproduced* when the whole interval
-lies on the finding's side of the threshold, *not reproduced* when the whole interval lies on the other side,
-*inconclusive* when it straddles (or touches) the threshold or could not be computed.
-
-Intervals are percentile bootstraps (``N_BOOT`` resamples from ``numpy.random.default_rng(SEED)``, so a
-verdict is deterministic) over the unit that varies: images, patches, filter components, or seeds; the mean of
-fewer than ``MIN_MEAN_BOOTSTRAP`` (20) replicates takes a Student-t interval instead (a percentile bootstrap of a
-few values is too narrow: about 79% coverage for a nominal 95% at 4 seeds), and replicates without spread (all equal,
-or spread less than the measurement resolves) take none: a zero-width interval would decide on no uncertainty. A
-resample is drawn as a vector of counts (how often each unit was drawn), so every statistic is evaluated on all
-resamples at once as a weighted statistic, which equals the statistic on the repeated units.
+Each function takes the output of one existing analysis of a model (``vitlab.inspect``) and returns a ``Verdict``,
+decided by the same rule everywhere, over intervals made as ``vitlab.verdict`` describes. The findings that the
+scaling sweep's and the MPP study's records decide are ``vitlab.study_findings``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-from torch import Tensor
 
-from vitlab.features import READOUTS
 from vitlab.inspect.distance import patch_distances
 from vitlab.inspect.faithfulness import rank_correlation
 from vitlab.inspect.positions import position_structure_score
-from vitlab.scaling import one_config
+from vitlab.verdict import (
+    N_BOOT,
+    SEED,
+    Array,
+    Verdict,
+    as_float64,
+    bootstrap_counts,
+    fmt_endpoint,
+    fmt_value,
+    make_verdict,
+    mean_interval,
+    n_units,
+    none_reason,
+    percentile_interval,
+    prediction_interval,
+    spearman_resampled,
+)
 
 __all__ = [
-    "Verdict",
-    "UNTRAINED_REASON",
     "untrained",
     "dct_radius",
     "filters_low_frequency",
@@ -46,315 +47,13 @@ __all__ = [
     "DistanceShift",
     "attention_distance_shift",
     "rollout_localises",
-    "scaling_accuracies",
-    "scaling_gap_narrows",
-    "few_shot_key",
-    "mpp_accuracies",
-    "MixedCodeVersions",
-    "mpp_ordering",
-    "verdict_table",
-    "explain",
-    "KNOWN_REASONS",
-    "known_reason",
-    "no_interval_reason",
-    "fmt_endpoint",
-    "fmt_threshold",
-    "json_types",
 ]
 
-N_BOOT = 1000
-SEED = 0
-LEVEL = 0.95
 #: the fewest images the lowest layer's spread of head distances is judged from (``lowest_layer_spread``). Its
 #: bootstrap is too narrow on few images, as that of a mean is: a spread exactly at the threshold (2 heads, noise sd
 #: 0.2 of the uniform distance per image) came out "reproduced" in 9.9% of draws at 4 images, 5.0% at 8, 3.5% at 16
 #: (nominal 2.5%). Below it there is no interval: the verdict is inconclusive.
 MIN_SPREAD_IMAGES = 16
-#: the fewest units the interval of a mean is bootstrapped over; below it, Student t. A percentile bootstrap of a
-#: mean of n normal replicates covers about 79% at n = 4 and 87% at n = 8 instead of 95% (it ignores that the
-#: spread itself is estimated), so few seeds get the t interval, whose coverage is exact for normal data.
-MIN_MEAN_BOOTSTRAP = 20
-VERDICTS = ("reproduced", "not reproduced", "inconclusive")
-
-Array = Tensor | np.ndarray | Sequence[float]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One finding checked: ``statistic`` with its 95% ``interval`` against ``threshold``.
-
-    ``side`` is where the finding puts the statistic (``">"``: above the threshold, ``"<"``: below);
-    ``quantity`` and ``unit`` name the statistic for ``summary()``.
-    """
-
-    finding: str
-    criterion: str
-    statistic: float
-    interval: tuple[float, float]
-    threshold: float
-    verdict: str
-    details: dict[str, Any] = field(default_factory=dict)
-    side: str = ">"
-    quantity: str = "statistic"
-    unit: str = ""
-
-    def __post_init__(self) -> None:
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
-        if self.side not in (">", "<"):
-            raise ValueError(f"side must be '>' or '<', got {self.side!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON types only (NaN becomes None), ready for ``json.dumps(..., allow_nan=False)``."""
-        return json_types(asdict(self))
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
-        def num(x: Any) -> float:
-            return math.nan if x is None else float(x)
-
-        return cls(**{**d, "statistic": num(d["statistic"]), "threshold": num(d["threshold"]),
-                      "interval": (num(d["interval"][0]), num(d["interval"][1])), "details": dict(d["details"])})
-
-    def summary(self) -> str:
-        """``reproduced      <finding>: slope 0.83 px/layer [0.61, 1.02] > 0``"""
-        unit = f" {self.unit}" if self.unit else ""
-        lo, hi = self.interval
-        t = self.threshold
-        return (f"{self.verdict:<14}  {self.finding}: {self.quantity} {_fmt(self.statistic)}{unit} "
-                f"[{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}] {self.side} {fmt_threshold(t)}")
-
-
-def verdict_table(verdicts: Sequence[Verdict]) -> str:
-    """A plain-text table: finding, statistic [95% interval] against the threshold, verdict."""
-    rows = [("finding", "statistic [95% interval]", "verdict")]
-    for v in verdicts:
-        unit = f" {v.unit}" if v.unit else ""
-        lo, hi = v.interval
-        t = v.threshold
-        rows.append((v.finding, f"{_fmt(v.statistic)} [{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}]{unit} {v.side} "
-                                f"{fmt_threshold(t)}", v.verdict))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------- helpers
-
-
-def _fmt(x: float) -> str:
-    return _not_finite_text(x) if x is None or not math.isfinite(x) else f"{x:.3g}"
-
-
-def _finite(*xs: float | None) -> bool:
-    return all(x is not None and math.isfinite(x) for x in xs)
-
-
-def _sign(x: float) -> int:
-    return int(x > 0) - int(x < 0)
-
-
-def _fewest_digits(x: float, keeps: Callable[[float], bool]) -> str:
-    """``x`` in the fewest significant digits, at least 3, whose printed value ``keeps`` accepts (all of them: repr)."""
-    return next((text for d in range(3, 18) if keeps(float(text := f"{x:.{d}g}"))), repr(float(x)))
-
-
-def _not_finite_text(x: float | None) -> str:
-    return "n/a" if x is None or x != x else f"{x:.3g}"  # as the report writes a missing value; inf stays inf
-
-
-def fmt_threshold(t: float) -> str:
-    """A threshold in the fewest significant digits, at least 3, that print it exactly ("0.5", "0")."""
-    return _fewest_digits(t, lambda printed: printed == t) if _finite(t) else _not_finite_text(t)
-
-
-def fmt_endpoint(x: float, threshold: float) -> str:
-    """An interval endpoint in at least 3 significant digits, more where fewer would round it onto or across
-    ``threshold``: 0.50049 against 0.5 prints "0.5005", not "0.5". Beside ``fmt_threshold(threshold)`` the printed
-    numbers compare as the true ones do, so a printed interval never contradicts its verdict."""
-    if not _finite(x, threshold):
-        return _not_finite_text(x)  # no threshold to keep a side of
-    side = _sign(x - threshold)
-    return _fewest_digits(x, lambda printed: _sign(printed - threshold) == side)
-
-
-def json_types(x: Any) -> Any:
-    """Numbers, arrays and tensors inside dicts/lists -> JSON types; NaN/inf -> None; keys -> str."""
-    if isinstance(x, Mapping):
-        return {str(k): json_types(v) for k, v in x.items()}
-    if isinstance(x, Tensor):
-        x = x.detach().cpu().numpy()
-    if isinstance(x, np.ndarray):
-        return json_types(x.tolist())
-    if isinstance(x, (list, tuple)):
-        return [json_types(v) for v in x]
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    return x
-
-
-def _np(x: Array) -> np.ndarray:
-    if isinstance(x, Tensor):
-        return x.detach().cpu().double().numpy()
-    return np.asarray(x, dtype=np.float64)
-
-
-def _decide(interval: tuple[float, float], threshold: float, side: str) -> str:
-    lo, hi = interval
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return "inconclusive"
-    above, below = lo > threshold, hi < threshold
-    if side == ">":
-        return "reproduced" if above else "not reproduced" if below else "inconclusive"
-    return "reproduced" if below else "not reproduced" if above else "inconclusive"
-
-
-def _units(n: int, unit: str) -> str:
-    """``n`` units in words: "1 image", "2 images"."""
-    return f"{n} {unit.removesuffix('s') if n == 1 else unit}"
-
-
-def _none_reason(method: str) -> str | None:
-    """Why ``_mean_interval`` or ``_prediction_interval`` gave no interval ("2 seeds, at least ... needed"), from the
-    method it returned; None when it gave one."""
-    return method.removeprefix("none: ") if method.startswith("none: ") else None
-
-
-#: why a verdict has no interval when its maker gave no reason: every resample's statistic was NaN or infinite
-NOT_FINITE = "the statistic is not finite on the data or on any resample"
-
-
-def _verdict(finding: str, criterion: str, statistic: float, interval: tuple[float, float], threshold: float,
-             side: str, quantity: str, unit: str, details: dict[str, Any], no_interval: str | None = None) -> Verdict:
-    """A verdict decided by ``_decide``. Where the interval is not finite, ``details["no_interval"]`` says why
-    (``no_interval``, e.g. "2 images, at least 16 needed"; ``NOT_FINITE`` when none is given)."""
-    interval = (float(interval[0]), float(interval[1]))
-    if not (math.isfinite(interval[0]) and math.isfinite(interval[1])):
-        details = {**details, "no_interval": no_interval or NOT_FINITE}
-    return Verdict(finding=finding, criterion=criterion, statistic=float(statistic), interval=interval,
-                   threshold=float(threshold), verdict=_decide(interval, threshold, side), details=json_types(details),
-                   side=side, quantity=quantity, unit=unit)
-
-
-def _counts(n: int, n_boot: int, seed: int) -> np.ndarray:
-    """(n_boot, n) how often each of ``n`` units is drawn in each bootstrap resample of size ``n``."""
-    if n < 1:
-        raise ValueError("nothing to resample: no units")
-    return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)
-
-
-def _percentile(samples: np.ndarray) -> tuple[float, float]:
-    """The central ``LEVEL`` percentile interval of the finite bootstrap samples (NaN when there are none)."""
-    s = samples[np.isfinite(samples)]
-    if len(s) == 0:
-        return (math.nan, math.nan)
-    a = (1 - LEVEL) / 2
-    return float(np.quantile(s, a)), float(np.quantile(s, 1 - a))
-
-
-#: A step of a measurement: (size, in words), e.g. (1e-4, "1 of 10,000 test images") for an accuracy
-Resolution = tuple[float, str]
-
-
-def _no_spread(values: np.ndarray, unit: str, resolution: Resolution | None = None) -> str | None:
-    """Why the replicates ``values`` (2 or more) have no spread to take an interval from, None when they have one:
-    all equal (up to rounding in the last digits, as 0.255 - 0.25 against 0.305 - 0.3), or, where the step of the
-    measurement is known (``resolution``), a standard deviation below that step, which the measurement cannot
-    resolve. An interval from such a spread is (nearly) of zero width and decides a finding on no uncertainty."""
-    n = len(values)
-    sd = float(values.std(ddof=1))
-    if sd <= 1e-9 * float(np.abs(values).max()):
-        who = f"both {unit}" if n == 2 else f"all {n} {unit}"
-        return f"{who} give the same value, {_fmt(float(values.mean()))}, so there is no spread to take an interval from"
-    if resolution is not None and sd < resolution[0]:
-        return (f"the {n} {unit} spread less (sd {sd:.2g}) than one step of the measurement resolves ({resolution[1]}: "
-                f"{resolution[0]:.2g})")
-    return None
-
-
-def _mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str, resolution: Resolution | None = None
-                   ) -> tuple[tuple[float, float], str]:
-    """Interval of the mean of replicates (seeds, draws, images): Student t below ``MIN_MEAN_BOOTSTRAP``, a
-    percentile bootstrap from there on, none for 1 or for replicates without spread (``_no_spread``)."""
-    n = len(values)
-    if n < 2:
-        return (math.nan, math.nan), f"none: {_units(n, unit)}, at least 2 needed"
-    flat = _no_spread(values, unit, resolution)
-    if flat is not None:
-        return (math.nan, math.nan), f"none: {flat}"
-    if n < MIN_MEAN_BOOTSTRAP:
-        from scipy.stats import t
-
-        half = float(t.ppf(0.975, n - 1)) * values.std(ddof=1) / math.sqrt(n)
-        return (float(values.mean() - half), float(values.mean() + half)), f"Student t over {n} {unit} ({n - 1} df)"
-    w = _counts(n, n_boot, seed)
-    return _percentile(w @ values / n), f"bootstrap over {n} {unit}, {n_boot} resamples"
-
-
-#: the fewest replicates whose order statistics make a 95% prediction interval (ranks 1 and n at 39: 38/40 = 95%)
-MIN_ORDER_PREDICTION = 39
-
-
-def _prediction_interval(values: np.ndarray, unit: str) -> tuple[tuple[float, float], str]:
-    """Where one more replicate would fall, 95%: Student t (mean +- t sd sqrt(1 + 1/n)) below
-    ``MIN_ORDER_PREDICTION`` replicates, exact for normal ones; from there on the replicates of ranks
-    i = floor(0.025 (n + 1)) and j = ceil(0.975 (n + 1)), between which one more replicate of any continuous
-    distribution falls with probability (j - i) / (n + 1) >= 95%. (The 2.5 and 97.5 percentiles of the replicates
-    hold one more only 87% of the time at 20 replicates, 90% at 30.) None for 1 or for replicates without spread."""
-    n = len(values)
-    if n < 2:
-        return (math.nan, math.nan), f"none: {_units(n, unit)}, at least 2 needed"
-    flat = _no_spread(values, unit)
-    if flat is not None:
-        return (math.nan, math.nan), f"none: {flat}"
-    if n < MIN_ORDER_PREDICTION:
-        from scipy.stats import t
-
-        half = float(t.ppf(0.975, n - 1)) * values.std(ddof=1) * math.sqrt(1 + 1 / n)
-        return (float(values.mean() - half), float(values.mean() + half)), \
-            f"Student t prediction interval over {n} {unit} ({n - 1} df)"
-    a = (1 - LEVEL) / 2
-    # 1-based ranks, 1 <= i < j <= n from n = 39 (the 1e-9 keeps a product that is an integer from rounding off it)
-    i, j = math.floor(a * (n + 1) + 1e-9), math.ceil((1 - a) * (n + 1) - 1e-9)
-    s = np.sort(values)
-    return (float(s[i - 1]), float(s[j - 1])), f"ranks {i} and {j} of {n} {unit}"
-
-
-def _weighted_ranks(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """(R, M) ranks of the values ``x`` (M,) in each resample given by counts ``w`` (R, M), ties averaged: the
-    rank that each value would get if it were repeated w times (as ``scipy.stats.rankdata``)."""
-    order = np.argsort(x, kind="stable")
-    xs = x[order]
-    new = np.r_[True, xs[1:] != xs[:-1]]  # (M,) first of a tie group, in sorted order
-    group = np.cumsum(new) - 1  # (M,) tie group of each sorted value
-    ws = w[:, order]
-    total = np.add.reduceat(ws, np.flatnonzero(new), axis=1)  # (R, G) count of each tie group
-    mid = np.cumsum(total, axis=1) - total + (total + 1) / 2  # (R, G) mean rank of each tie group
-    ranks = np.empty_like(ws)
-    ranks[:, order] = mid[:, group]
-    return ranks
-
-
-def _spearman_resampled(x: np.ndarray, y: np.ndarray, w: np.ndarray, chunk_elems: int = 4_000_000) -> np.ndarray:
-    """(R,) Spearman correlation of the pairs (x, y) (M,) repeated by counts ``w`` (R, M): equal to
-    ``rank_correlation`` on the repeated pairs, without building them. NaN where a resample is constant."""
-    out = np.empty(len(w))
-    step = max(1, chunk_elems // max(1, len(x)))
-    for s in range(0, len(w), step):
-        ww = w[s:s + step]
-        rx, ry = _weighted_ranks(x, ww), _weighted_ranks(y, ww)
-        tot = ww.sum(1, keepdims=True)
-        rx = rx - (ww * rx).sum(1, keepdims=True) / tot
-        ry = ry - (ww * ry).sum(1, keepdims=True) / tot
-        den = np.sqrt((ww * rx**2).sum(1) * (ww * ry**2).sum(1))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out[s:s + step] = np.where(den > 0, (ww * rx * ry).sum(1) / den, np.nan)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 7 left
@@ -364,7 +63,7 @@ def dct_radius(components: Array) -> np.ndarray:
     """(k,) energy-weighted DCT radius of (k, C, P, Q) filters: each channel's orthonormal 2D DCT-II over the
     patch, radius sqrt(u^2 + v^2) of frequency (u, v) averaged with weights = squared coefficients (pooled over
     channels). 0 for a constant filter; sqrt((P-1)^2 + (Q-1)^2) for the highest DCT frequency."""
-    w = _np(components)
+    w = as_float64(components)
     if w.ndim != 4:
         raise ValueError(f"components must be (k, C, P, Q) filters, got shape {w.shape}")
     p, q = w.shape[-2:]
@@ -401,17 +100,17 @@ def filters_low_frequency(components: Array, k: int = 28, n_boot: int = N_BOOT, 
         raise ValueError(f"need at least 3 non-zero components, got {k} (radii {radius.tolist()})")
     rank = np.arange(k, dtype=np.float64)
     stat = float(rank_correlation(torch.from_numpy(rank)[None], torch.from_numpy(radius)[None])[0])
-    boot = _spearman_resampled(rank, radius, _counts(k, n_boot, seed))
+    boot = spearman_resampled(rank, radius, bootstrap_counts(k, n_boot, seed))
     few = k < MIN_RANK_BOOTSTRAP  # a bootstrap of so few ranks calls random orders low-frequency too often
-    return _verdict(
+    return make_verdict(
         "Fig. 7 left: leading filter components are low-frequency",
         f"Spearman correlation between component rank and energy-weighted DCT radius over the first {k} "
         "components > 0 (later components have higher frequencies); 95% bootstrap over components"
         + (f" (none below {MIN_RANK_BOOTSTRAP} components)" if few else ""),
-        stat, (math.nan, math.nan) if few else _percentile(boot), 0.0, ">", "Spearman", "",
+        stat, (math.nan, math.nan) if few else percentile_interval(boot), 0.0, ">", "Spearman", "",
         {"k": k, "dct_radius": radius, "constant_resamples": int(np.isnan(boot).sum()),
-         "patch_px": list(_np(components).shape[-2:])},
-        f"{_units(k, 'components')}, at least {MIN_RANK_BOOTSTRAP} needed" if few else None)
+         "patch_px": list(as_float64(components).shape[-2:])},
+        f"{n_units(k, 'components')}, at least {MIN_RANK_BOOTSTRAP} needed" if few else None)
 
 
 def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k: int = 28, n_boot: int = N_BOOT,
@@ -423,8 +122,8 @@ def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k:
     ``embedding_filter_pca(randomized_copy(model, s), k)[1]`` for s in range(S). Statistic: cumulative ratio of
     the first ``k`` minus the random one's, averaged over draws; interval over the draws.
     """
-    er = _np(explained_ratio)
-    rr = _np(random_explained_ratio)
+    er = as_float64(explained_ratio)
+    rr = as_float64(random_explained_ratio)
     if rr.ndim == 1:
         rr = rr[None]
     if er.ndim != 1 or rr.ndim != 2:
@@ -433,14 +132,14 @@ def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k:
     diff = er[:k].sum() - rr[:, :k].sum(1)  # (S,) one per random draw
     # the trained embedding is one draw's worth of filters: it is compared with where a single random embedding
     # falls (a 95% prediction interval), not with the mean of random draws, which any one draw may beat by chance
-    interval, method = _prediction_interval(diff, "random draws")
-    return _verdict(
+    interval, method = prediction_interval(diff, "random draws")
+    return make_verdict(
         "Fig. 7 left: filter components are structured (vs. random init)",
         f"explained-variance share of the first {k} components minus that of a randomly initialised embedding "
         "of the same shape > 0; 95% prediction interval of one random embedding's share",
         float(diff.mean()), interval, 0.0, ">", "share difference", "",
         {"k": k, "explained": float(er[:k].sum()), "random_explained": rr[:, :k].sum(1), "interval_method": method},
-        _none_reason(method))
+        none_reason(method))
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 7 centre
@@ -448,7 +147,7 @@ def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k:
 
 def _similarity(sim: Array, grid: tuple[int, int] | None) -> tuple[np.ndarray, tuple[int, int]]:
     """(N, N) similarity and the grid from (gh, gw, gh, gw) or (N, N) with ``grid``."""
-    s = _np(sim)
+    s = as_float64(sim)
     if s.ndim == 4:
         gh, gw = s.shape[:2]
         if s.shape[2:] != (gh, gw) or (grid is not None and tuple(grid) != (gh, gw)):
@@ -473,7 +172,7 @@ PAIR_WIDENING = 2.0
 
 def _pair_interval(stat: float, boot: np.ndarray) -> tuple[float, float]:
     """The percentile interval of a row bootstrap of a pair statistic, widened by ``PAIR_WIDENING`` about ``stat``."""
-    lo, hi = _percentile(boot)
+    lo, hi = percentile_interval(boot)
     return stat - PAIR_WIDENING * (stat - lo), stat + PAIR_WIDENING * (hi - stat)
 
 
@@ -494,9 +193,9 @@ def position_similarity_decreases(sim: Array, grid: tuple[int, int] | None = Non
     d = patch_distances((gh, gw), (1, 1)).numpy()  # (N, N) in grid units
     off = ~np.eye(n, dtype=bool)
     rows = np.nonzero(off)[0]  # (N(N-1),) the row of each off-diagonal pair
-    w = _counts(n, n_boot, seed)[:, rows]  # (R, N(N-1)) a pair counts as often as its row was drawn
-    boot = _spearman_resampled(s[off], d[off], w)
-    return _verdict(
+    w = bootstrap_counts(n, n_boot, seed)[:, rows]  # (R, N(N-1)) a pair counts as often as its row was drawn
+    boot = spearman_resampled(s[off], d[off], w)
+    return make_verdict(
         "Fig. 7 centre: position similarity falls with grid distance",
         "Spearman correlation between position-embedding cosine similarity and grid distance over patch pairs "
         "< 0; 95% bootstrap over patches, widened by 2 for pairs",
@@ -537,8 +236,8 @@ def position_row_column_structure(sim: Array, grid: tuple[int, int] | None = Non
         return stat, diffs
 
     stat, diffs = stat_of(np.ones((1, n)))
-    boot, _ = stat_of(_counts(n, n_boot, seed))
-    return _verdict(
+    boot, _ = stat_of(bootstrap_counts(n, n_boot, seed))
+    return make_verdict(
         "Fig. 7 centre: row/column structure in position embeddings",
         "mean over grid distances of (similarity of same-row/column pairs - similarity of other pairs at that "
         "distance) > 0; 95% bootstrap over patches, widened by 2 for pairs",
@@ -557,14 +256,14 @@ def uniform_attention_distance(grid: tuple[int, int], patch: tuple[int, int]) ->
 
 
 def _per_image(dist: Array) -> np.ndarray:
-    d = _np(dist)
+    d = as_float64(dist)
     if d.ndim != 3:
         raise ValueError(f"dist must be (L, B, H) per-image mean attention distances "
                          f"(mean_attention_distance(..., per_image=True)), got shape {d.shape}")
     return d
 
 
-_LOWEST_LAYER = "Fig. 7 right: lowest layer mixes local and global heads"
+LOWEST_LAYER = "Fig. 7 right: lowest layer mixes local and global heads"
 
 
 def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_boot: int = N_BOOT,
@@ -595,18 +294,18 @@ def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_b
     heads = d0.mean(0)
     stat = float(spread(np.ones((1, b)))[0])
     if b < MIN_SPREAD_IMAGES:  # too few images for the bootstrap's width: no interval (inconclusive), not a false one
-        missing: str | None = f"{_units(b, 'images')}, at least {MIN_SPREAD_IMAGES} needed"
+        missing: str | None = f"{n_units(b, 'images')}, at least {MIN_SPREAD_IMAGES} needed"
     elif (np.ptp(d0, axis=0) <= 1e-9 * np.abs(d0).max()).all():  # every resample the same: a zero-width interval
         missing = f"all {b} images give the same head distances, so there is no spread to take an interval from"
     else:
         missing = None
     if missing is None:
-        lo, hi = _percentile(spread(_counts(b, n_boot, seed)))
+        lo, hi = percentile_interval(spread(bootstrap_counts(b, n_boot, seed)))
         interval = (2 * stat - hi, 2 * stat - lo)  # NaN stays NaN
     else:
         interval = (math.nan, math.nan)
-    return _verdict(
-        _LOWEST_LAYER,
+    return make_verdict(
+        LOWEST_LAYER,
         f"(largest - smallest head mean attention distance in layer 0) / uniform-attention distance > {threshold}; "
         f"95% basic bootstrap over images (at least {MIN_SPREAD_IMAGES})",
         stat, interval, threshold, ">",
@@ -621,7 +320,7 @@ def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEE
 
     ``dist`` (L, B, H) px as for ``lowest_layer_spread``. Statistic: least-squares slope of the head-averaged
     distance over the layer index (px per layer); the slope is linear in the data, so it is the mean of the
-    per-image slopes, and its interval is that of a mean over images (``_mean_interval``: bootstrap from 20 images,
+    per-image slopes, and its interval is that of a mean over images (``mean_interval``: bootstrap from 20 images,
     Student t for 2-19, none for 1).
     """
     d = _per_image(dist)
@@ -631,18 +330,18 @@ def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEE
     m = d.mean(-1)  # (L, B) head-averaged per image
     x = np.arange(L) - (L - 1) / 2
     slopes = x @ m / (x @ x)  # (B,) px per layer
-    interval, method = _mean_interval(slopes, n_boot, seed, "images")
-    return _verdict(
+    interval, method = mean_interval(slopes, n_boot, seed, "images")
+    return make_verdict(
         "Fig. 7 right: attention distance grows with depth",
         f"least-squares slope of head-averaged mean attention distance over layer index > 0 px/layer; 95% {method}",
         slopes.mean(), interval, 0.0, ">", "slope", "px/layer",
-        {"layer_distance_px": m.mean(1), "images": b}, _none_reason(method))
+        {"layer_distance_px": m.mean(1), "images": b}, none_reason(method))
 
 
 @dataclass(frozen=True)
 class DistanceShift:
     """Model a's mean attention distance minus model b's on the same images, per layer and over all layers (px),
-    each with its 95% interval over images (``_mean_interval``: bootstrap from 20 images, Student t for 2-19, none
+    each with its 95% interval over images (``mean_interval``: bootstrap from 20 images, Student t for 2-19, none
     for 1). ``differs``: "a > b", "a < b" or "no difference shown" (the interval touches 0 or there is none), per
     layer and overall."""
 
@@ -670,7 +369,7 @@ class DistanceShift:
         lo, hi = self.overall_interval
         word = {"a > b": f"{self.a} attends farther", "a < b": f"{self.a} attends nearer"}.get(
             self.differs, "no difference shown")
-        return (f"{self.a} - {self.b} mean attention distance over all layers: {_fmt(self.overall)} px "
+        return (f"{self.a} - {self.b} mean attention distance over all layers: {fmt_value(self.overall)} px "
                 f"[{fmt_endpoint(lo, 0.0)}, {fmt_endpoint(hi, 0.0)}] ({word}; 95% interval over {self.images} images)")
 
 
@@ -690,10 +389,10 @@ def attention_distance_shift(dist_a: Array, dist_b: Array, a: str = "a", b: str 
                          f"{db.shape[:2]}")
     diff = da.mean(-1) - db.mean(-1)  # (L, B) head-averaged, paired by image
     n = diff.shape[1]
-    # every statistic is a mean over images: _mean_interval's bootstrap (one draw of images for all) from 20 images,
+    # every statistic is a mean over images: mean_interval's bootstrap (one draw of images for all) from 20 images,
     # Student t for 2-19, none for 1
-    layer_interval = tuple(_mean_interval(row, n_boot, seed, "images")[0] for row in diff)
-    overall_interval = _mean_interval(diff.mean(0), n_boot, seed, "images")[0]
+    layer_interval = tuple(mean_interval(row, n_boot, seed, "images")[0] for row in diff)
+    overall_interval = mean_interval(diff.mean(0), n_boot, seed, "images")[0]
     return DistanceShift(a=a, b=b, layer_diff=tuple(float(x) for x in diff.mean(1)), layer_interval=layer_interval,
                          overall=float(diff.mean()), overall_interval=overall_interval, images=n)
 
@@ -709,387 +408,31 @@ def rollout_localises(mass: Array, pointing: Array, random_mass: Array, random_p
     ``random_mass``/``random_pointing`` for random maps on the same images (``compare_methods`` returns one
     as ``maps["random map"]``; its expected mass is ``localisation(...)["chance"]``). Statistic: mean paired
     difference of mass on the object; bootstrap over images from 20, Student t for 2-19, no interval for 1
-    (``_mean_interval``). The pointing game goes into ``details`` with its interval made the same way.
+    (``mean_interval``). The pointing game goes into ``details`` with its interval made the same way.
     """
-    m, p, rm, rp = (_np(a) for a in (mass, pointing, random_mass, random_pointing))
+    m, p, rm, rp = (as_float64(a) for a in (mass, pointing, random_mass, random_pointing))
     b = len(m)
     if not all(a.shape == (b,) for a in (m, p, rm, rp)):
         raise ValueError(f"all four inputs must be (B,), got {[a.shape for a in (m, p, rm, rp)]}")
     diff, pdiff = m - rm, p - rp
-    interval, method = _mean_interval(diff, n_boot, seed, "images")
-    return _verdict(
+    interval, method = mean_interval(diff, n_boot, seed, "images")
+    return make_verdict(
         "Fig. 6: attention rollout localises the object",
         f"mean over images of (rollout mass on the object - random-map mass on the object) > 0; 95% {method}",
         diff.mean(), interval, 0.0, ">", "mass difference", "",
         {"images": b, "mass": m.mean(), "random_mass": rm.mean(), "pointing": p.mean(),
          "random_pointing": rp.mean(), "pointing_difference": pdiff.mean(),
-         "pointing_difference_interval": _mean_interval(pdiff, n_boot, seed, "images")[0]}, _none_reason(method))
+         "pointing_difference_interval": mean_interval(pdiff, n_boot, seed, "images")[0]}, none_reason(method))
 
 
-# ---------------------------------------------------------------------------------------------- Fig. 3/4
-
-
-def scaling_accuracies(records: Sequence[Mapping[str, Any]], shots: int = 10) -> dict[tuple[str, int, int], float]:
-    """{(family, size, seed): ``shots``-shot accuracy} from the sweep's JSONL records
-    (``ResultsStore(path).records()``): ok runs only, the latest record of a run id wins (as
-    ``ResultsStore.latest``). Records of several sweep configs (fingerprints) are refused."""
-    latest = {r["run_id"]: r for r in records}
-    ok = [r for r in latest.values() if r.get("status") == "ok" and str(shots) in r["metrics"]["few_shot"]]
-    one_config(ok)
-    return {(r["spec"]["family"], int(r["spec"]["size"]), int(r["spec"]["seed"])):
-            float(r["metrics"]["few_shot"][str(shots)]["mean"]) for r in ok}
-
-
-def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, vit: str = "vit",
-                        resnet: str = "bit", n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
-    """Fig. 3/4: the ViT gains more from pre-training data than the ResNet.
-
-    ``records``: the sweep's JSONL records (``ResultsStore(path).records()``, e.g.
-    ``data/results/scaling_cifar10.jsonl``). gap(n) = ViT - ResNet ``shots``-shot accuracy at subset size n.
-    Statistic: gap(largest) - gap(smallest). A seed fixes the nested subsets and the probe pool for both
-    families, so the difference is taken per seed (seeds with all four runs) and the interval is over seeds:
-    Student t below 20 seeds, bootstrap over seeds from 20, none with 1.
-    """
-    acc = scaling_accuracies(records, shots)
-    sizes = sorted({n for f, n, _ in acc if f == vit} & {n for f, n, _ in acc if f == resnet})
-    if len(sizes) < 2:
-        raise ValueError(f"need finished {vit!r} and {resnet!r} runs at 2 or more common sizes, got {sizes}")
-    lo, hi = sizes[0], sizes[-1]
-    seeds = sorted({s for *_, s in acc})
-    complete = [s for s in seeds if all((f, n, s) in acc for f in (vit, resnet) for n in (lo, hi))]
-    per_seed = np.array([(acc[vit, hi, s] - acc[resnet, hi, s]) - (acc[vit, lo, s] - acc[resnet, lo, s])
-                         for s in complete])  # (S,)
-    interval, method = _mean_interval(per_seed, n_boot, seed, "seeds")
-
-    def mean(f: str, n: int) -> float:
-        return float(np.mean([a for (ff, nn, _), a in acc.items() if ff == f and nn == n]))
-
-    return _verdict(
-        "Fig. 3/4: ViT gains more from data than ResNet",
-        f"(ViT - ResNet {shots}-shot accuracy) at {hi} images minus the same at {lo} images > 0; "
-        "95% interval over pre-training seeds",
-        per_seed.mean() if len(per_seed) else math.nan, interval, 0.0, ">", "gap change", "",
-        {"shots": shots, "smallest": lo, "largest": hi, "seeds": complete, "per_seed": per_seed,
-         "interval_method": method, "gap_by_size": {n: mean(vit, n) - mean(resnet, n) for n in sizes},
-         f"{vit}_by_size": {n: mean(vit, n) for n in sizes}, f"{resnet}_by_size": {n: mean(resnet, n) for n in sizes}},
-        _none_reason(method))
-
-
-# ---------------------------------------------------------------------------------------------- Sec. 4.6
-
-_INIT_NAMES = {"scratch": "scratch", "mpp": "MPP", "supervised": "supervised"}
-
-
-def few_shot_key(readout: str = "model") -> str:
-    """The metrics key of an MPP study record's few-shot cells for features read out as ``readout``
-    (``vitlab.features.READOUTS``): ``few_shot`` for the model's own readout, ``few_shot_patch_mean`` etc."""
-    if readout not in READOUTS:
-        raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
-    return "few_shot" if readout == "model" else f"few_shot_{readout}"
-
-
-class MixedCodeVersions(Exception):
-    """The latest records of one MPP study's rows come from more than one code version (a study partly rerun after a
-    code change): their accuracies are not compared. Not a ``ValueError``, so that a caller that skips bad records on
-    ``ValueError`` does not take it for one: the rows are sound, only not comparable."""
-
-
-def _code_hash(r: Mapping[str, Any]) -> str:
-    return str((r.get("provenance") or {}).get("code_hash"))
-
-
-def _study_rows(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    """{row_id: latest record} of one MPP study, all of one code version; records of several studies are refused
-    (``ValueError``), rows of several code versions too (``MixedCodeVersions``)."""
-    latest = {r["row_id"]: r for r in records}
-    studies = {r.get("study") for r in latest.values()}
-    if len(studies) > 1:
-        raise ValueError(f"records of {len(studies)} studies ({sorted(map(str, studies))}): select one, e.g. "
-                         "vitlab.mpp_study.shown_records(records, NAME)[0]")
-    codes: dict[str, int] = {}
-    for r in latest.values():
-        codes[_code_hash(r)] = codes.get(_code_hash(r), 0) + 1
-    if len(codes) > 1:
-        versions = ", ".join(f"{c}: {_units(n, 'rows')}" for c, n in sorted(codes.items()))
-        raise MixedCodeVersions(
-            f"the latest records of the study's rows come from {len(codes)} code versions ({versions}): a study "
-            "partly rerun after a code change would compare rows of different code. Select one version's rows, e.g. "
-            "vitlab.mpp_study.shown_records(records, NAME)[0] (the newest version's, as `vitlab mpp-study --table` "
-            "and notebooks/07 show them), or rerun `vitlab mpp-study` to bring every row to this code")
-    return latest
-
-
-def mpp_accuracies(records: Sequence[Mapping[str, Any]], kind: str = "few_shot", shots: int = 10,
-                   readout: str = "model") -> dict[str, dict[int, float]]:
-    """{initialisation: {seed: accuracy}} from the MPP study's JSONL records (``vitlab.mpp_study``; the latest
-    record of a row id wins, ok rows only). ``kind="few_shot"``: the ``shots``-shot accuracy per probe seed (each
-    seed draws the same shots for every initialisation) of features read out as ``readout``; ``"finetune"``: the
-    test accuracy per fine-tune seed. Records of several studies are refused (``ValueError``), and so are rows whose
-    latest records come from several code versions (``MixedCodeVersions``: select them as
-    ``vitlab.mpp_study.shown_records`` does)."""
-    if kind not in ("few_shot", "finetune"):
-        raise ValueError(f"kind must be 'few_shot' or 'finetune', got {kind!r}")
-    key = few_shot_key(readout)
-    latest = _study_rows(records)
-    out: dict[str, dict[int, float]] = {}
-    for r in latest.values():
-        if r.get("status") != "ok" or r.get("kind") != kind:
-            continue
-        if kind == "few_shot":
-            cell = r["metrics"].get(key, {}).get(str(shots))
-            if cell is not None:
-                out[r["init"]] = {int(s): float(a) for s, a in zip(r["spec"]["probe_seeds"], cell["per_seed"])}
-        else:
-            out.setdefault(r["init"], {})[int(r["seed"])] = float(r["metrics"]["test_accuracy"])
-    return out
-
-
-def _accuracy_step(rows: Sequence[Mapping[str, Any]]) -> Resolution | None:
-    """The step of the accuracies of the compared ``rows`` (finished), 1 / test images, where every row records its
-    test images (``metrics["test"]``: the few-shot rows; the fine-tune rows do not record it); None otherwise."""
-    tests = {(r.get("metrics") or {}).get("test") for r in rows}
-    if not rows or None in tests:
-        return None
-    n = min(int(t) for t in tests)
-    return 1.0 / n, f"1 of {n:,} test images"
-
-
-def _compared_facts(rows: Sequence[Mapping[str, Any]], kind: str) -> dict[str, Any]:
-    """What the Sec. 4.6 reasons quote, read from the compared ``rows`` (finished) where they record it: the
-    pre-trained side's pre-training (``pretrain``: images, epochs, image size, data), the fine-tune's epochs and
-    labelled images per class (``finetune``), the supervised checkpoint (``supervised_checkpoint``)."""
-    out: dict[str, Any] = {}
-    for r in rows:
-        spec, metrics = r.get("spec") or {}, r.get("metrics") or {}
-        init = spec.get("init") if isinstance(spec.get("init"), Mapping) else {}
-        pre = metrics.get("pretrain")
-        if isinstance(pre, Mapping) and "pretrain" not in out:
-            model = (init.get("pretrain") or {}).get("model") or {}
-            out["pretrain"] = {"images": pre.get("images"), "epochs": pre.get("epochs"),
-                               "image_px": model.get("img_size"), "data": spec.get("data")}
-        if init.get("checkpoint"):
-            out.setdefault("supervised_checkpoint", str(init["checkpoint"]))
-        if kind == "finetune" and "finetune" not in out:
-            out["finetune"] = {"epochs": (spec.get("finetune") or {}).get("epochs"), "per_class": spec.get("per_class")}
-    return out
-
-
-def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", worse: str = "scratch",
-                 kind: str = "few_shot", shots: int = 10, n_boot: int = N_BOOT, seed: int = SEED,
-                 readout: str = "model") -> Verdict:
-    """Sec. 4.6: one step of the paper's ordering scratch < MPP < supervised, e.g. MPP beats scratch.
-
-    ``records``: one MPP study's JSONL records (``vitlab.mpp_study.run_study``, e.g.
-    ``data/results/mpp_cifar10.jsonl``). Statistic: mean over seeds of the paired difference ``better - worse``:
-    few-shot accuracy per probe seed (the same shots for both), or fine-tune test accuracy per fine-tune seed (the
-    same subset, order and augmentation for both). Interval over those seeds: Student t below 20, bootstrap from
-    20, none with 1. Each initialisation is one pre-trained model, so the few-shot interval covers the draw of
-    the shots, not pre-training seeds. ``readout``: which features the few-shot probe read (``few_shot_key``).
-    """
-    acc = mpp_accuracies(records, kind, shots, readout)
-    missing = [i for i in (better, worse) if i not in acc]
-    if missing:
-        raise ValueError(f"no finished {kind} rows of {missing} in the records (have {sorted(acc)}): run "
-                         "`vitlab mpp-study` first")
-    common = sorted(set(acc[better]) & set(acc[worse]))
-    diff = np.array([acc[better][s] - acc[worse][s] for s in common])  # (S,)
-    rows = [r for r in _study_rows(records).values()
-            if r.get("kind") == kind and r.get("init") in (better, worse) and r.get("status") == "ok"]
-    unit = "probe seeds" if kind == "few_shot" else "fine-tune seeds"
-    interval, method = _mean_interval(diff, n_boot, seed, unit, _accuracy_step(rows))
-    b, w = _INIT_NAMES.get(better, better), _INIT_NAMES.get(worse, worse)
-    what = "fine-tune" if kind != "few_shot" else f"{shots}-shot probe" + ("" if readout == "model" else
-                                                                           f", {readout.replace('_', ' ')}")
-    code = sorted({_code_hash(r) for r in rows})  # one: _study_rows checked
-    return _verdict(
-        f"Sec. 4.6: {b} beats {w} ({what})",
-        f"mean over {unit} of ({b} - {w}) {what} accuracy on the test images > 0, paired by seed; 95% interval over "
-        f"{unit}",
-        diff.mean() if len(diff) else math.nan, interval, 0.0, ">", "accuracy difference", "",
-        {"kind": kind, "shots": shots if kind == "few_shot" else None, "readout": readout if kind == "few_shot"
-         else None, "seeds": common, "per_seed": diff,
-         "interval_method": method, f"{better}_mean": float(np.mean([acc[better][s] for s in common])) if common
-         else None, f"{worse}_mean": float(np.mean([acc[worse][s] for s in common])) if common else None,
-         "code_hashes": code, "better": better, "worse": worse, **_compared_facts(rows, kind)}, _none_reason(method))
-
-
-# ---------------------------------------------------------------------------------------------- reasons
-
-#: Known reasons, with their sources, why a finding of the paper may not show on a small model trained on little
-#: data; keyed by the start of ``Verdict.finding``.
-KNOWN_REASONS: dict[str, str] = {
-    "Fig. 7 left": "the paper's filters come from ViT-L/32 pre-trained on JFT-300M (section 4.5 shows them for "
-                   "large-scale pre-training only); small patches leave few frequencies to order, and less "
-                   "pre-training data shapes the filters less.",
-    "Fig. 7 centre": "the 2D topology of 1D position embeddings is learned from data; the paper's Appendix D.4 "
-                     "finds that how positions are encoded matters little once there is a position embedding "
-                     "(Table 8, on a grid of patches rather than pixels) and that the similarity pattern learned "
-                     "depends on the training hyperparameters (Fig. 10); small grids trained briefly learn weak "
-                     "structure.",
-    "Fig. 7 right": "Raghu et al. 2021 (\"Do Vision Transformers See Like Convolutional Neural Networks?\", "
-                    "NeurIPS) find that ViTs trained on less data (ImageNet instead of JFT-300M) learn less local "
-                    "attention in their lowest layers; the paper's Fig. 7 right is ViT-L/16 on JFT-300M.",
-    "Fig. 6": "the paper's maps are for ViT-L/16 on JFT-300M; Chefer et al. 2021 (\"Transformer Interpretability "
-              "Beyond Attention Visualization\", CVPR) show that rollout is class-agnostic and can spread over the "
-              "background.",
-    "Sec. 4.6": "the paper's MPP run is ViT-B/16 pre-trained on JFT-300M (Appendix B.1.2) and compared after "
-                "fine-tuning on ImageNet.",
-    "Fig. 3/4": "the paper's crossing happens between ImageNet (1.3M images) and JFT-300M (Fig. 3, 4); a "
-                "miniature of at most tens of thousands of 32 px images sits far below that regime, where "
-                "convolutional inductive biases should win.",
-}
-
-
-#: what the compared models' features are read through, for the Sec. 4.6 verdicts: (kind, readout) -> sentence
-_MPP_READOUT = {
-    ("few_shot", "model"): "This few-shot probe reads the class token's output, which the MPP loss never trains.",
-    ("few_shot", "patch_mean"): "This few-shot probe reads the mean of the patch tokens' outputs, which the MPP loss "
-                                "does train (on corrupted inputs).",
-}
-
-
-#: the reason given with every verdict measured on a model whose weights are a random initialisation (``untrained``)
-UNTRAINED_REASON = ("this model's weights are a random initialisation (no pretrained weights): it has learned nothing, "
-                    "so what its filters, position embeddings and attention show is chance, not what a trained ViT "
-                    "learns.")
+# ---------------------------------------------------------------------------------------------- untrained models
 
 
 def untrained(v: Verdict) -> Verdict:
     """``v`` measured on a model with random weights: inconclusive whatever its interval says, since the paper's
     findings are about what a ViT learns and a random model's chance structure (e.g. a slope of a fraction of a pixel
     per layer at uniform attention) is not that. Statistic and interval are kept; ``details["untrained"]`` makes
-    ``known_reason`` give ``UNTRAINED_REASON`` instead of the paper's reasons about pre-training data."""
+    ``vitlab.explain.known_reason`` give its ``UNTRAINED_REASON`` instead of the paper's reasons about pre-training data."""
     return replace(v, verdict="inconclusive", details={**v.details, "untrained": True})
 
 
-def no_interval_reason(v: Verdict) -> str | None:
-    """Why ``v`` has no interval (e.g. "2 images, at least 16 needed"), None when it has one. Verdicts made before
-    ``details["no_interval"]`` was recorded (or by hand) say only that none could be computed."""
-    lo, hi = v.interval
-    if math.isfinite(lo) and math.isfinite(hi):
-        return None
-    return v.details.get("no_interval") or "none could be computed"
-
-
-def known_reason(v: Verdict) -> str | None:
-    """The known reason (``KNOWN_REASONS``) shown with a verdict, None when none is known or when ``v`` has no
-    interval: then the data decided nothing, and ``no_interval_reason`` says why instead. For the lowest layer's
-    spread it starts with where this model's heads sit against the paper's, so the reason is read beside the numbers
-    it explains (a model may have local heads and still fall short of the paper's span)."""
-    if v.details.get("untrained"):
-        return UNTRAINED_REASON
-    if no_interval_reason(v) is not None:
-        return None
-    reason = next((r for k, r in KNOWN_REASONS.items() if v.finding.startswith(k)), None)
-    if reason is None:
-        return None
-    if v.finding.startswith("Sec. 4.6"):
-        reason = " ".join([reason, *_mpp_sentences(v)])
-    prefix = _filter_size(v) if v.finding.startswith("Fig. 7 left") else \
-        _lowest_layer_heads(v) if v.finding.startswith(_LOWEST_LAYER) else None
-    return f"{prefix} {reason[:1].upper()}{reason[1:]}" if prefix else reason  # the prefix ends a sentence
-
-
-def _compared(v: Verdict) -> tuple[str | None, str | None]:
-    """The initialisations a Sec. 4.6 verdict compares (``details["better"]``, ``["worse"]``; for verdicts made
-    before they were recorded, from the finding's words "Sec. 4.6: MPP beats scratch (...)")."""
-    better, worse = v.details.get("better"), v.details.get("worse")
-    if better is None or worse is None:
-        names = {name: key for key, name in _INIT_NAMES.items()}
-        words = v.finding.removeprefix("Sec. 4.6: ").split(" (")[0].split(" beats ")
-        if len(words) == 2:
-            better, worse = (names.get(w, w) for w in words)
-    return better, worse
-
-
-def _px(size: Any) -> str:
-    """An image size from a config (32, or [32, 32]) in words: "32 px", "32x48 px"; "" when not recorded."""
-    if isinstance(size, (int, float)):
-        return f"{int(size)} px"
-    if isinstance(size, (list, tuple)) and len(size) == 2:
-        return f"{int(size[0])} px" if size[0] == size[1] else f"{int(size[0])}x{int(size[1])} px"
-    return ""
-
-
-def _mpp_sentences(v: Verdict) -> list[str]:
-    """The Sec. 4.6 reason's sentences after the paper's setup, chosen by the comparison and the way its result
-    went (a reason is shown only where the finding's side did not show): what this study compared, from the records
-    (``details``), then what can hold back the side the finding expects ahead. MPP not ahead of scratch: the probe's
-    readout (MPP never trains the class token). Supervised not ahead of MPP: the supervised side is one checkpoint,
-    whose own data and budget, not only its objective, set its accuracy; a patch-mean probe reads what MPP trains."""
-    d = v.details
-    better, worse = _compared(v)
-    kind, readout = d.get("kind"), d.get("readout")
-    here = []
-    pre = d.get("pretrain") or {}
-    if pre.get("images") and pre.get("epochs"):
-        px = _px(pre.get("image_px"))
-        data = f" ({pre['data']})" if pre.get("data") else ""
-        here.append(f"the MPP encoder was pre-trained on {int(pre['images']):,}{' ' + px if px else ''} images{data} "
-                    f"for {_units(int(pre['epochs']), 'epochs')}")
-    fine = d.get("finetune") or {}
-    if kind == "few_shot" and d.get("shots"):
-        here.append(f"the initialisations are compared by a {d['shots']}-shot linear probe on frozen features, not "
-                    "after fine-tuning")
-    elif kind == "finetune" and fine.get("epochs") and fine.get("per_class"):
-        here.append(f"the initialisations are compared after a {fine['epochs']}-epoch fine-tune on "
-                    f"{int(fine['per_class']):,} labelled images per class")
-    out = ["Here " + ", and ".join(here) + "."] if here else []
-    if better == "mpp":  # MPP not shown ahead of `worse`
-        out.append(_MPP_READOUT.get((kind, readout), ""))
-    elif better == "supervised" and worse == "mpp":  # supervised not shown ahead of MPP
-        ckpt = d.get("supervised_checkpoint")
-        out.append(f"The supervised side is {f'the checkpoint {ckpt}' if ckpt else 'a single checkpoint'}: its "
-                   "own data and training budget, not only its objective, set how well it does, where the paper "
-                   "pre-trains both on JFT-300M.")
-        if readout == "patch_mean":
-            out.append(_MPP_READOUT[("few_shot", "patch_mean")])
-    return [x for x in out if x]
-
-
-def _filter_size(v: Verdict) -> str | None:
-    """This model's patch size against the paper's 32 px, from ``details["patch_px"]`` (None when not recorded)."""
-    patch = v.details.get("patch_px")
-    if not patch or len(patch) != 2:
-        return None
-    p, q = (int(x) for x in patch)
-    return (f"this model's filters are {p}x{q} px, {p * q:,} DCT frequencies per channel, where the paper's 32x32 px "
-            "filters have 1,024.")
-
-
-def _lowest_layer_heads(v: Verdict) -> str | None:
-    """Where this model's lowest-layer heads sit against the paper's span, from the heads with a finite distance
-    (``to_dict`` turns NaN into None); None without such heads or a finite ceiling."""
-    heads, ceiling = v.details.get("head_distance_px") or [], v.details.get("ceiling_px")
-    heads = [float(h) for h in heads if h is not None and math.isfinite(h)]
-    if not heads or ceiling is None or not math.isfinite(ceiling) or ceiling <= 0:
-        return None
-    lo, hi = min(heads), max(heads)
-    return (f"this model's lowest-layer heads sit at {lo:.1f} to {hi:.1f} px, {lo / ceiling:.0%} to "
-            f"{hi / ceiling:.0%} of the uniform-attention distance, where the paper's lowest-layer heads span "
-            "about 10% to 90%.")
-
-
-def explain(verdicts: Sequence[Verdict], width: int | None = None) -> str:
-    """One sentence per verdict, in words that follow from the numbers: what was found and, where the paper's
-    finding does not show here, the known reason with its source. ``width``: wrap each to lines of at most that many
-    characters, with a blank line between verdicts (for plain-text outputs such as a notebook's)."""
-    lines = []
-    for v in verdicts:
-        lo, hi = v.interval
-        t = v.threshold
-        head = f"{v.finding}: {v.verdict} ({v.quantity} {_fmt(v.statistic)}, 95% interval " \
-               f"[{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}], finding side {v.side} {fmt_threshold(t)})."
-        missing = no_interval_reason(v)
-        if missing is not None:
-            head += f" The data cannot decide it here; no interval: {missing}."
-        elif v.verdict != "reproduced":
-            reason = known_reason(v)
-            what = "The data cannot decide it here" if v.verdict == "inconclusive" else "Not seen here"
-            head += f" {what}; known reason: {reason}" if reason else f" {what}."
-        lines.append(head)
-    if width is not None:
-        import textwrap
-
-        return "\n\n".join(textwrap.fill(line, width) for line in lines)
-    return "\n".join(lines)

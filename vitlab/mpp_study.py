@@ -29,10 +29,10 @@ rate and the two other targets did slightly worse than 50% and the 3-bit mean co
 
 Every row's record carries its ``spec`` (everything its number depends on: data, shapes, the pre-training or
 fine-tune ``TrainConfig``, the supervised checkpoint's weights digest, the probe settings) and a fingerprint of
-that spec and the package's code hash (``vitlab.provenance.code_hash``). Running again skips every row whose latest
+that spec and the package's code hash (``vitlab.provenance.fingerprint``). Running again skips every row whose latest
 record has its current fingerprint and says how many and why; a failed row is recorded with its error and the
 others go on. ``markdown_tables`` renders the comparison and the ablation from the records, ``study_verdicts``
-the findings (``vitlab.findings.mpp_ordering``).
+the findings (``vitlab.study_findings.mpp_ordering``).
 """
 
 from __future__ import annotations
@@ -57,14 +57,14 @@ from tqdm.auto import tqdm
 from vitlab.data import ImageArray, cache_dir, load_splits, nested_subsets
 from vitlab.devices import resolve_device
 from vitlab.features import READOUTS
-from vitlab.findings import few_shot_key
 from vitlab.mpp import MPP_TARGETS
 from vitlab.probe import DEFAULT_L2
-from vitlab.provenance import code_hash, provenance
+from vitlab.provenance import fingerprint, json_digest, provenance
 from vitlab.stats import percent_cell
+from vitlab.study_findings import few_shot_key
 from vitlab.zoo import ViTConfig, cifar_vit, config_to_dict
 
-__all__ = ["MPPStudyConfig", "STUDIES", "StudyRow", "study_rows", "row_spec", "fingerprint", "pretrain_config",
+__all__ = ["MPPStudyConfig", "STUDIES", "StudyRow", "study_rows", "row_spec", "pretrain_config",
            "pretrain_run_config", "finetune_config", "pretrain_dir", "run_study", "latest_records", "shown_records",
            "markdown_tables", "study_verdicts", "default_results", "row_status", "scratch_model", "supervised_model",
            "INITS"]
@@ -86,7 +86,7 @@ class MPPStudyConfig:
     #: pre-training run folders; None: $VITLAB_CACHE/runs/mpp_study (~/.cache/vitlab/runs/mpp_study)
     run_root: str | None = None
     seed: int = 0  # pre-training seed, and the seed of the scratch initialisation (the MPP run's own init)
-    # pre-training (vitlab.train PRESETS["mpp_cifar10"] with these changes)
+    # pre-training (vitlab.train_config PRESETS["mpp_cifar10"] with these changes)
     main: tuple[str, float] = ("color3", 0.5)  # (target, corruption rate) of the run the comparison uses
     main_epochs: int = 6
     ablations: tuple[tuple[str, float], ...] = (("color3", 0.5), ("color3", 0.15), ("patch4x4", 0.5), ("l2", 0.5))
@@ -113,7 +113,7 @@ class MPPStudyConfig:
     bf16: bool = True
 
     def validate(self) -> None:
-        from vitlab.train import TrainConfig
+        from vitlab.train_config import TrainConfig
 
         for target, rate in (self.main, *self.ablations):
             if target not in MPP_TARGETS or not 0 < rate <= 1:
@@ -149,7 +149,7 @@ class MPPStudyConfig:
 
 
 def _shapes_vit() -> ViTConfig:
-    from vitlab.train import PRESETS
+    from vitlab.train_config import PRESETS
 
     return PRESETS["vit_shapes"].model  # the shape of the shipped shapes ViT (data/checkpoints/vit_shapes)
 
@@ -220,14 +220,10 @@ def study_rows(study: MPPStudyConfig) -> list[StudyRow]:
     return rows
 
 
-def _hash(obj: Any, n: int = 16) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
-
-
 def pretrain_config(study: MPPStudyConfig, target: str, rate: float, epochs: int, examples: int | None):
     """The MPP preset (``PRESETS["mpp_cifar10"]``) on the study's shape, data, target, rate and budget (``examples``
     pre-training images, None: all); warmup: the preset's 2 epochs or a fifth of the run, whichever is shorter."""
-    from vitlab.train import PRESETS
+    from vitlab.train_config import PRESETS
 
     base = PRESETS["mpp_cifar10"]
     data = study.data if examples is None else f"{study.data}[n={examples}]"
@@ -239,7 +235,7 @@ def pretrain_config(study: MPPStudyConfig, target: str, rate: float, epochs: int
 def _changed_fields(cfg) -> dict[str, Any]:
     """The fields of a ``TrainConfig`` (and of its model config) that differ from their defaults: a field added to
     ``TrainConfig`` later, with a default that keeps the old behaviour, leaves this unchanged."""
-    from vitlab.train import TrainConfig, train_config_to_dict
+    from vitlab.train_config import TrainConfig, train_config_to_dict
 
     d, ref = train_config_to_dict(cfg), train_config_to_dict(TrainConfig(model=type(cfg.model)()))
     out = {k: v for k, v in d.items() if k != "model" and v != ref.get(k)}
@@ -251,7 +247,7 @@ def pretrain_dir(study: MPPStudyConfig, cfg) -> Path:
     """The run folder of pre-training config ``cfg``: named by its target, rate, epochs and a hash of the config's
     non-default fields (so a new ``TrainConfig`` field with a neutral default does not orphan an hour of
     pre-training; ``train`` itself checks on resume that the saved config equals ``cfg``)."""
-    key = _hash(_changed_fields(cfg), 10)
+    key = json_digest(_changed_fields(cfg), 10)
     return study.root() / f"mpp-{cfg.mpp_target}-r{cfg.mpp_rate:g}-e{cfg.epochs}-{key}"
 
 
@@ -298,7 +294,7 @@ def _supervised_checkpoint(study: MPPStudyConfig) -> tuple[Path, ViTConfig, str]
 def finetune_config(study: MPPStudyConfig, model: ViTConfig, seed: int, init_from: str | None):
     """One recipe for every initialisation: AdamW, warmup and cosine, crop and flip, label smoothing 0.1, no
     mixup, no patch dropping; evaluated on the test images once, at the end."""
-    from vitlab.train import TrainConfig
+    from vitlab.train_config import TrainConfig
 
     if model.patch_drop_rate:
         model = dataclasses.replace(model, patch_drop_rate=0.0)  # every initialisation sees every token
@@ -310,7 +306,7 @@ def finetune_config(study: MPPStudyConfig, model: ViTConfig, seed: int, init_fro
 
 
 def _init_spec(study: MPPStudyConfig, init: str, supervised: tuple[Path, ViTConfig, str] | None) -> dict[str, Any]:
-    from vitlab.train import train_config_to_dict
+    from vitlab.train_config import train_config_to_dict
 
     if init == "scratch":
         return {"init": "scratch", "model": config_to_dict(study.model), "seed": study.seed}
@@ -328,7 +324,7 @@ def _finetune_model(study: MPPStudyConfig, init: str, supervised: tuple[Path, Vi
 
 def row_spec(study: MPPStudyConfig, row: StudyRow, supervised: tuple[Path, ViTConfig, str] | None) -> dict[str, Any]:
     """Everything the row's number depends on (the run folders' locations excluded)."""
-    from vitlab.train import train_config_to_dict
+    from vitlab.train_config import train_config_to_dict
 
     spec: dict[str, Any] = {"kind": row.kind, "data": study.data, "test_per_class": study.test_per_class,
                             "init": _init_spec(study, row.init, supervised)}
@@ -339,12 +335,6 @@ def row_spec(study: MPPStudyConfig, row: StudyRow, supervised: tuple[Path, ViTCo
         cfg = finetune_config(study, _finetune_model(study, row.init, supervised), row.seed, None)
         spec.update(finetune=train_config_to_dict(cfg), per_class=study.finetune_per_class)
     return spec
-
-
-def fingerprint(spec: dict[str, Any]) -> str:
-    """A hash of the row's spec and of the package's source code: a record counts as done only for the exact
-    inputs and code that produced it."""
-    return _hash({"spec": spec, "code": code_hash()})
 
 
 # ---------------------------------------------------------------------------------------------- the work
@@ -381,7 +371,8 @@ def _pretrain(study: MPPStudyConfig, cfg, images: ImageArray, test: ImageArray, 
               device: str | None) -> Path:
     """Pre-train ``cfg`` into its run folder, resuming it where it stopped; a finished run is not touched, but it must
     have been trained with ``cfg`` (else a changed default would pass an old encoder off as the new config's)."""
-    from vitlab.train import train, train_config_from_dict, with_num_classes
+    from vitlab.train import train
+    from vitlab.train_config import train_config_from_dict, with_num_classes
 
     run = pretrain_dir(study, cfg)
     meta = _checkpoint_meta(run)
@@ -466,7 +457,7 @@ def _plan(study: MPPStudyConfig) -> tuple[list[tuple[StudyRow, dict[str, Any], s
     """Every row with its spec and fingerprint, and the supervised checkpoint (checked)."""
     study.validate()
     supervised = _supervised_checkpoint(study)
-    return [(row, spec, fingerprint(spec)) for row in study_rows(study)
+    return [(row, spec, fingerprint({"spec": spec})) for row in study_rows(study)
             for spec in [row_spec(study, row, supervised)]], supervised
 
 
@@ -564,7 +555,7 @@ def run_study(study: MPPStudyConfig, results: str | os.PathLike, progress: bool 
 def scratch_model(study: MPPStudyConfig, num_classes: int) -> torch.nn.Module:
     """The scratch initialisation: exactly the weights the MPP runs start from (``train`` seeds with the run's seed,
     then builds the model, the same way), in eval mode. The caller's random state is left as it was."""
-    from vitlab.train import with_model_classes
+    from vitlab.train_config import with_model_classes
     from vitlab.zoo import build_model
 
     with torch.random.fork_rng(devices=[]):  # built on the CPU: only its generator is seeded, and put back after
@@ -657,11 +648,11 @@ def markdown_tables(records: Sequence[dict], readout: str = "model") -> str:
 
 
 def study_verdicts(records: Sequence[dict], shots: int = 10) -> list:
-    """The paper's ordering as verdicts (``vitlab.findings.mpp_ordering``): MPP beats scratch and supervised beats
-    MPP, for the ``shots``-shot probe (a study's ``verdict_shots``) of each readout (the model's own, and the patch
-    tokens' mean: MPP trains only the patch outputs, never the class token's) and for the fine-tune. Pairs whose
+    """The paper's ordering as verdicts (``vitlab.study_findings.mpp_ordering``): MPP beats scratch and supervised
+    beats MPP, for the ``shots``-shot probe (a study's ``verdict_shots``) of each readout (the model's own, and the
+    patch tokens' mean: MPP trains only the patch outputs, never the class token's) and for the fine-tune. Pairs whose
     rows are not finished yet are left out; records of several studies are refused (``ValueError``)."""
-    from vitlab.findings import mpp_accuracies, mpp_ordering
+    from vitlab.study_findings import mpp_accuracies, mpp_ordering
 
     out = []
     for kind, readout in [("few_shot", r) for r in READOUTS] + [("finetune", "model")]:

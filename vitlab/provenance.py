@@ -1,7 +1,9 @@
 """Provenance: the one place that says which code, versions and machine produced a result.
 
 ``versions()`` for small stamps (figures, cards, probe JSON), ``provenance()`` for records that must be traceable
-(training runs, sweep rows, reports), ``code_hash()`` for fingerprints that must change when the code does.
+(training runs, sweep rows, reports), ``code_hash()`` for fingerprints that must change when the code does, and
+``fingerprint()``, the one such fingerprint that the results stores (the scaling sweep's, the MPP study's) key their
+records by.
 """
 
 from __future__ import annotations
@@ -9,13 +11,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import os
 import platform
 import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["versions", "provenance", "git_commit", "code_hash", "source_hash", "cpu_model", "usable_cores"]
+__all__ = ["versions", "provenance", "git_commit", "code_hash", "source_hash", "json_digest", "fingerprint", "cpu_model",
+           "usable_cores"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -60,6 +64,19 @@ def code_hash() -> str:
     edit, runs the edited code under the old hash: for a long job beside edits to the checkout, run it from a
     snapshot, e.g. ``git worktree add ../snapshot HEAD``.)"""
     return _CODE_HASH
+
+
+def json_digest(obj: Any, n: int = 16) -> str:
+    """The first ``n`` hex digits of the sha256 of ``obj`` as JSON with sorted keys (other types written by ``str``)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
+
+
+def fingerprint(inputs: dict[str, Any]) -> str:
+    """The key a results store finds a record by: ``json_digest`` of ``inputs`` (e.g. ``{"config": ...}`` of a sweep,
+    ``{"spec": ...}`` of an MPP study row) with ``code_hash()`` under ``"code"``, so a record counts as done only for
+    the exact inputs and code that produced it. Its form must not change: the records shipped in ``data/results``
+    are found by it (a test recomputes them)."""
+    return json_digest({**inputs, "code": code_hash()})
 
 
 def cpu_model() -> str:

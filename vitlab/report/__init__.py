@@ -23,13 +23,13 @@ import vitlab
 from vitlab.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
 from vitlab.checkpoint import card_line, model_card
 from vitlab.devices import resolve_device
-from vitlab.findings import json_types
 from vitlab.images import default_images, default_labels, default_source, head_class_names, load_images
 from vitlab.models import SHAPES_CHECKPOINT
 from vitlab.provenance import versions
 from vitlab.report import sections as S
 from vitlab.report.render import render_html, stamp_line
 from vitlab.static import write_images
+from vitlab.verdict import json_types
 
 __all__ = ["reproduce", "write_report", "check_report_dir", "report_target", "not_a_report", "report_entries",
            "SCALING_RESULTS"]
@@ -152,8 +152,8 @@ def not_a_report(folder: Path) -> str | None:
 
 def metrics_json(metrics: dict[str, Any]) -> str:
     """``metrics`` as strict JSON text: numpy and torch numbers, arrays and tensors as JSON numbers and lists, NaN
-    and infinities as null (``findings.json_types``). Any other type is refused by its place in ``metrics`` rather than
-    written as its ``str()``, which a reader could not tell from a real string."""
+    and infinities as null (``vitlab.verdict.json_types``). Any other type is refused by its place in ``metrics``
+    rather than written as its ``str()``, which a reader could not tell from a real string."""
     plain = json_types(metrics)
     where = _not_json(plain, "metrics")
     if where is not None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitlab.findings import Verdict, fmt_endpoint, fmt_threshold, known_reason, no_interval_reason
+from vitlab.explain import known_reason, no_interval_reason
 from vitlab.report.sections import Section
+from vitlab.verdict import Verdict, fmt_endpoint, fmt_threshold
 
 __all__ = ["render_html", "stamp_line", "verdict_row"]
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vitlab import findings
+from vitlab import findings, study_findings
 from vitlab.capture import capture_attention
 from vitlab.info import ModelInfo
 from vitlab.inspect import (
@@ -43,6 +43,7 @@ from vitlab.plots import (
     similarity_tiles,
     table_figure,
 )
+from vitlab.verdict import Verdict
 
 __all__ = ["Section", "Inputs", "prediction_pass", "filters", "positions", "distance", "maps_and_faithfulness",
            "readout_and_entropy", "localisation", "few_shot", "scaling"]
@@ -58,7 +59,7 @@ class Section:
     paper: str
     ours: str
     stamp: dict[str, Any]
-    verdicts: list[findings.Verdict] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
@@ -88,7 +89,7 @@ class Inputs:
             base["images"] = images
         return {**base, "settings": settings}
 
-    def judged(self, verdicts: list[findings.Verdict]) -> list[findings.Verdict]:
+    def judged(self, verdicts: list[Verdict]) -> list[Verdict]:
         """The verdicts measured on this model, inconclusive when its weights are random (``findings.untrained``)."""
         return [findings.untrained(v) for v in verdicts] if self.untrained else verdicts
 
@@ -516,7 +517,7 @@ def scaling(results: Path, versions: dict) -> Section | None:
     if not records:
         return None
     try:
-        verdict = findings.scaling_gap_narrows(records)
+        verdict = study_findings.scaling_gap_narrows(records)
         verdicts = [verdict]
     except ValueError as e:
         verdicts, verdict = [], None
