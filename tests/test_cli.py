@@ -651,6 +651,24 @@ def test_capture_out_under_a_file_is_refused_before_the_model_loads(tmp_path, mo
     assert f"{tmp_path / 'f.txt'} is a file, not a folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("target", ["weights", "image"])
+def test_capture_out_that_is_an_input_is_refused_before_the_model_loads(target, tmp_path, checkpoint, monkeypatch,
+                                                                        capsys):
+    """`--out CHECKPOINT/model.safetensors` replaced the model's weights with the attention maps (the checkpoint lost),
+    `--out IMAGES/x.png` an image of --images."""
+    from _reference import make_folder
+
+    folder = make_folder(tmp_path / "imgs", n_per_class=1, size=32)
+    out = checkpoint / "model.safetensors" if target == "weights" else sorted(folder.rglob("*.png"))[0]
+    before = out.read_bytes()
+    monkeypatch.setattr(vitlab, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(["capture", "--model", str(checkpoint), "--images", str(folder), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"vitlab capture: ValueError: --out {out} is an input of this command") and \
+        "give another file name" in err
+    assert out.read_bytes() == before
+
+
 @pytest.mark.parametrize("run", ["missing", "empty", "file"])
 def test_export_of_a_folder_without_a_run_says_what_run_dir_needs(run, tmp_path, capsys):
     """A misspelt or empty --run-dir gave '[Errno 2] No such file or directory: .../checkpoint/config.json', a file

@@ -90,6 +90,31 @@ def _check_output_file(path: str, flag: str, example: str) -> None:
         raise ValueError(f"{flag} {path}: {parent} is a file, not a folder; choose another path")
 
 
+def _model_files(model: str | None, weights: str | None) -> list[Path]:
+    """The files that loading ``--model`` (and ``--weights``) reads: a checkpoint's folder's files (the embedded
+    default's when ``model`` is None; a checkpoint given by one of its files is its folder), and the weights file."""
+    from vitlab.models import DEFAULT_CHECKPOINT
+
+    files = [Path(weights)] if weights else []
+    p = DEFAULT_CHECKPOINT if model is None else Path(model)
+    if p.exists():
+        folder = p if p.is_dir() else p.parent
+        files += [f for f in folder.iterdir() if f.is_file()] if folder.is_dir() else []
+    return files
+
+
+def _check_not_an_input(path: str, flag: str, inputs: Sequence[Path]) -> None:
+    """Before any work: refuse an output file that is one of the command's inputs (a checkpoint's weights, an image
+    of --images), which writing the result would destroy."""
+    p = Path(path)
+    if not p.is_file():
+        return
+    hit = next((f for f in inputs if f.is_file() and os.path.samefile(f, p)), None)
+    if hit is not None:
+        raise ValueError(f"{flag} {path} is an input of this command ({hit}), which the result would overwrite; "
+                         "give another file name")
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     import vitlab
     from vitlab.checkpoint import card_line, card_metric, model_card
@@ -534,6 +559,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from vitlab.images import load_images
 
     _check_output_file(args.out, "--out", "attention.safetensors")
+    from vitlab.data import image_files
+
+    images = image_files(Path(args.images)) if args.images and Path(args.images).is_dir() else []
+    _check_not_an_input(args.out, "--out", _model_files(args.model, args.weights) + images)
     from vitlab.devices import resolve_device
 
     dev = resolve_device(args.device)
