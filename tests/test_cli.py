@@ -641,6 +641,16 @@ def test_probe_json_that_cannot_be_written_is_refused_before_the_model_loads(whe
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
 
 
+def test_probe_json_that_is_an_input_is_refused_before_the_model_loads(tmp_path, checkpoint, monkeypatch, capsys):
+    """`--json CHECKPOINT/config.json` replaced the model's config with the probe's results: the checkpoint lost."""
+    monkeypatch.setattr(vitlab, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    target = checkpoint / "config.json"
+    before = target.read_bytes()
+    assert main(["probe", "--model", str(checkpoint), "--data", "shapes", "--json", str(target)]) == 1
+    assert capsys.readouterr().err.startswith(f"vitlab probe: ValueError: --json {target} is an input of this command")
+    assert target.read_bytes() == before
+
+
 def test_capture_out_under_a_file_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before --out was checked")

@@ -295,6 +295,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         raise ValueError(f"--l2 must be a positive finite number (the ridge penalty), got {args.l2:g}")
     if args.json:  # before the feature pass, not after it
         _check_output_file(args.json, "--json", "probe.json")
+        _check_not_an_input(args.json, "--json", _model_files(args.model, args.weights) + [Path(args.data)])
     dev = resolve_device(args.device)
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
     train, test = load_splits(args.data, progress=not args.quiet)
