@@ -694,6 +694,20 @@ def test_export_of_a_folder_without_a_run_says_what_run_dir_needs(run, tmp_path,
     assert "Traceback" not in err and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("where", ["checkpoint", ".", ".."])
+def test_export_into_its_own_run_is_refused_before_any_work(where, tmp_path, monkeypatch, capsys):
+    """`--out RUN/checkpoint` replaced the run's training checkpoint (its --resume point) with the half-precision
+    export."""
+    import vitlab.export
+
+    monkeypatch.setattr(vitlab.export, "export_run", lambda *a, **k: pytest.fail("the export ran"))
+    run = tmp_path / "run"
+    (run / "checkpoint").mkdir(parents=True)
+    assert main(["export", "--run-dir", str(run), "--out", str(run / where), "--command-line", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"vitlab export: ValueError: --out {run / where} is --run-dir {run}, inside it or above it")
+
+
 def test_resume_and_continue_together_are_a_usage_error(capsys):
     """Both were accepted: --continue printed 'starting a fresh run', then --resume failed for want of state."""
     with pytest.raises(SystemExit) as e:

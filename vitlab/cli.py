@@ -275,6 +275,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if args.goal is not None and not 0 < args.goal <= 1:
         raise ValueError(f"--goal is a fraction in (0, 1], e.g. 0.9 for a 90% accuracy goal, got {args.goal:g}")
+    run, out = Path(args.run_dir).resolve(), Path(args.out).resolve()
+    if out == run or run in out.parents or out in run.parents:  # the export replaces --out as a whole
+        raise ValueError(f"--out {args.out} is --run-dir {args.run_dir}, inside it or above it: the export would replace "
+                         "the run's training state (its checkpoint, the --resume point); give --out a folder outside "
+                         "the run, e.g. data/checkpoints/NAME")
     facts = export_run(args.run_dir, args.out, command=args.command_line, hardware=args.hardware, goal=args.goal)
     print(json.dumps(facts, indent=2))
     return 0
