@@ -483,6 +483,9 @@ def test_no_pretrained_with_a_checkpoint_or_a_weights_file_reads_in_flags(tmp_pa
                  "--no-pretrained"]) != 0
     err = capsys.readouterr().err
     assert "a weights file and --no-pretrained contradict each other" in err and "or --no-pretrained to load it" in err
+    assert main(["info", "--model", str(checkpoint), "--weights", str(tmp_path / "w.safetensors")]) != 0
+    assert "vitlab info: ModelLoadError: --weights is for timm model names; a vitlab checkpoint already says" in \
+        capsys.readouterr().err  # was '--weights  is', two spaces
 
 
 def test_sweep_table_without_results_points_at_the_shipped_store(tmp_path, monkeypatch, capsys):

@@ -785,7 +785,7 @@ def cli_words(message: str) -> str:
                      lambda m: f"--model {m.group(1).strip(chr(39) + chr(34))} --weights "
                                f"{'FILE' if m.group(2) == 'path' else m.group(2).strip(chr(39) + chr(34))}", message)
     for api, flag in (("use pretrained=False", "pass --no-pretrained"), ("pretrained=False", "--no-pretrained"),
-                      ("pass weights=", "pass --weights "), ("weights=", "--weights "),
+                      ("pass weights=", "pass --weights "), ("weights= ", "--weights "), ("weights=", "--weights "),
                       ("num_images=", "--num-images "), ("pass images= ", "pass --images ")):
         message = message.replace(api, flag)
     return message
