@@ -504,6 +504,21 @@ def test_sweep_table_without_results_points_at_the_shipped_store(tmp_path, monke
     assert main(["sweep", "--table", "--results", str(shipped)]) == 0
 
 
+def test_sweep_plot_over_its_own_results_is_refused(tmp_path, capsys):
+    """`--table --plot data/results/scaling_cifar10.jsonl` replaced the shipped results store with the HTML figure."""
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[1] / "data" / "results" / "scaling_cifar10.jsonl"
+    store = tmp_path / "scaling.jsonl"
+    store.write_bytes(shipped.read_bytes())
+    assert main(["sweep", "--table", "--results", str(store), "--plot", str(store)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"vitlab sweep: ValueError: --plot {store} is an input of this command")
+    assert store.read_bytes() == shipped.read_bytes()
+    assert main(["sweep", "--table", "--results", str(store), "--plot", str(tmp_path)]) == 1
+    assert f"--plot {tmp_path} is a folder; give a file name" in capsys.readouterr().err
+
+
 def test_sweep_plot_png_names_a_bad_browser_path(tmp_path, monkeypatch, capsys):
     """--plot FILE.png without a Chromium said 'needs a Chromium (apt-get install chromium)' also when BROWSER_PATH
     was set to a file that does not exist: the message names that path, and no file is written."""

@@ -354,6 +354,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.shots is not None and args.shots not in sweep.shots:
         raise ValueError(f"--shots {args.shots}: sweep {sweep.name!r} probes {list(sweep.shots)}-shot only; pick one of "
                          "those")
+    stores = [Path(results), Path(results).with_suffix(".tuning.jsonl")]
+    if args.plot:  # before any run, and never over the results it draws
+        _check_output_file(args.plot, "--plot", "scaling.html")
+        _check_not_an_input(args.plot, "--plot", [*stores, Path(args.config)])
+    if args.save_config:
+        _check_not_an_input(args.save_config, "--save-config", stores)
     if args.table:  # default: 10-shot (the sweep's; the paper's Fig. 4 is 5-shot) where probed, else its largest
         shots = args.shots if args.shots is not None else 10 if 10 in sweep.shots else max(sweep.shots)
         return _sweep_tables(sweep, Path(results), shots, args.plot)
