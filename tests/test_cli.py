@@ -789,3 +789,13 @@ def test_a_tilde_in_a_path_option_is_the_home_folder(monkeypatch):
     assert parse(["reproduce", "--out=out"]).out == "out" and parse(["capture"]).out == "attention.safetensors"
     assert parse(["reproduce", "--model=vit_tiny_patch16_224"]).model == "vit_tiny_patch16_224"
     assert os.path.expanduser("~") == "/home/someone"
+
+
+@pytest.mark.parametrize("argv", [["capture", "--images", ""], ["capture", "--out", " "], ["reproduce", "--out", ""],
+                                  ["train", "--run-dir", ""], ["probe", "--data", ""]])
+def test_an_empty_path_is_a_usage_error(argv, capsys):
+    """`--images ""` (an unset shell variable) captured the default photos without a word; `--out ""` said
+    '--out  is a folder'."""
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2 and f"argument {argv[1]}: expected a path, got an empty text" in capsys.readouterr().err

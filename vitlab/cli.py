@@ -607,7 +607,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 def user_path(text: str) -> str:
     """A path option as typed, with a leading ``~`` made the home folder: the shell expands ``--out ~/x`` but not
-    ``--out=~/x``, which would otherwise make a folder named ``~`` here."""
+    ``--out=~/x``, which would otherwise make a folder named ``~`` here. An empty text (``--images "$UNSET"``) is
+    refused: it read as the option left out (``--images ''`` took the default photos) or as the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty text (an unset shell variable?)")
     return os.path.expanduser(text) if text.startswith("~") else text
 
 
