@@ -91,6 +91,17 @@ def test_info_is_readable_by_default_and_json_on_request(capsys):
     assert d["parameters"] == 5_910_800
 
 
+def test_img_size_of_a_cnn_is_refused_not_ignored(tmp_path, capsys):
+    """`vitlab info --model RESNET --img-size 64 64` printed the CNN's facts as if 64x64 had been described."""
+    from conftest import tiny_bit
+
+    ck = vitlab.save_checkpoint(tiny_bit(), tmp_path / "bit")
+    assert main(["info", "--model", str(ck), "--img-size", "64", "64"]) == 1
+    assert capsys.readouterr().err.startswith(f"vitlab info: ValueError: --img-size gives a ViT's token grid at another "
+                                              f"input size; {ck} is a ")
+    assert main(["info", "--model", str(ck)]) == 0
+
+
 def test_unknown_model_is_a_clear_error(capsys):
     assert main(["info", "--model", "vit_tinyy_patch16_224"]) == 1
     err = capsys.readouterr().err

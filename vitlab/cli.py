@@ -128,6 +128,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     try:
         info = vitlab.model_info(model, img_size=tuple(args.img_size) if args.img_size else None)
     except TypeError:  # a CNN: no tokens to describe
+        if args.img_size:  # not left out without a word
+            raise ValueError(f"--img-size gives a ViT's token grid at another input size; {args.model} is a "
+                             f"{type(model).__name__}, which has no tokens: leave --img-size out") from None
         info = None
     d = dataclasses.asdict(info) if info is not None else {"architecture": type(model).__name__}
     if info is not None:
