@@ -122,3 +122,29 @@ def test_randaugment_is_unchanged_where_posterize_keeps_bits():
     tf = rand_augment_transform("rand-m9-n3-mstd0", {"translate_const": 7, "img_mean": (125, 123, 114)})
     want = np.stack([np.asarray(tf(Image.fromarray(a))) for a in images.numpy()])
     assert np.array_equal(got.numpy(), want)
+
+
+def test_a_batch_worker_ends_on_sigterm_without_the_commands_handler():
+    """`vitlab train --workers 1000` printed a 'vitlab.cli.Terminated' traceback per worker: the workers forked with
+    the command's SIGTERM handler, and the loader stops a slow worker with SIGTERM."""
+    import os
+    import signal
+
+    from vitlab.batches import _worker_init
+    from vitlab.cli import _raise_terminated
+
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the worker
+            try:
+                _worker_init(0)
+                os.kill(os.getpid(), signal.SIGTERM)
+                signal.pause()
+            except BaseException:
+                os._exit(3)  # the handler raised: a traceback in a real worker
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM

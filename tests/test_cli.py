@@ -92,6 +92,17 @@ def test_info_is_readable_by_default_and_json_on_request(capsys):
     assert d["parameters"] == 5_910_800
 
 
+def test_img_size_of_a_cnn_is_refused_not_ignored(tmp_path, capsys):
+    """`vitlab info --model RESNET --img-size 64 64` printed the CNN's facts as if 64x64 had been described."""
+    from conftest import tiny_bit
+
+    ck = vitlab.save_checkpoint(tiny_bit(), tmp_path / "bit")
+    assert main(["info", "--model", str(ck), "--img-size", "64", "64"]) == 1
+    assert capsys.readouterr().err.startswith(f"vitlab info: ValueError: --img-size gives a ViT's token grid at another "
+                                              f"input size; {ck} is a ")
+    assert main(["info", "--model", str(ck)]) == 0
+
+
 def test_unknown_model_is_a_clear_error(capsys):
     assert main(["info", "--model", "vit_tinyy_patch16_224"]) == 1
     err = capsys.readouterr().err
@@ -536,6 +547,9 @@ def test_no_pretrained_with_a_checkpoint_or_a_weights_file_reads_in_flags(tmp_pa
                  "--no-pretrained"]) != 0
     err = capsys.readouterr().err
     assert "a weights file and --no-pretrained contradict each other" in err and "or --no-pretrained to load it" in err
+    assert main(["info", "--model", str(checkpoint), "--weights", str(tmp_path / "w.safetensors")]) != 0
+    assert "vitlab info: ModelLoadError: --weights is for timm model names; a vitlab checkpoint already says" in \
+        capsys.readouterr().err  # was '--weights  is', two spaces
 
 
 def test_sweep_table_without_results_points_at_the_shipped_store(tmp_path, monkeypatch, capsys):
@@ -552,6 +566,21 @@ def test_sweep_table_without_results_points_at_the_shipped_store(tmp_path, monke
     assert "no records of sweep 'cifar10' in runs/sweeps/cifar10.jsonl" in err
     assert f"--results {shipped}" in err
     assert main(["sweep", "--table", "--results", str(shipped)]) == 0
+
+
+def test_sweep_plot_over_its_own_results_is_refused(tmp_path, capsys):
+    """`--table --plot data/results/scaling_cifar10.jsonl` replaced the shipped results store with the HTML figure."""
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[1] / "data" / "results" / "scaling_cifar10.jsonl"
+    store = tmp_path / "scaling.jsonl"
+    store.write_bytes(shipped.read_bytes())
+    assert main(["sweep", "--table", "--results", str(store), "--plot", str(store)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"vitlab sweep: ValueError: --plot {store} is an input of this command")
+    assert store.read_bytes() == shipped.read_bytes()
+    assert main(["sweep", "--table", "--results", str(store), "--plot", str(tmp_path)]) == 1
+    assert f"--plot {tmp_path} is a folder; give a file name" in capsys.readouterr().err
 
 
 def test_sweep_plot_png_names_a_bad_browser_path(tmp_path, monkeypatch, capsys):
@@ -694,6 +723,16 @@ def test_probe_json_that_cannot_be_written_is_refused_before_the_model_loads(whe
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
 
 
+def test_probe_json_that_is_an_input_is_refused_before_the_model_loads(tmp_path, checkpoint, monkeypatch, capsys):
+    """`--json CHECKPOINT/config.json` replaced the model's config with the probe's results: the checkpoint lost."""
+    monkeypatch.setattr(vitlab, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    target = checkpoint / "config.json"
+    before = target.read_bytes()
+    assert main(["probe", "--model", str(checkpoint), "--data", "shapes", "--json", str(target)]) == 1
+    assert capsys.readouterr().err.startswith(f"vitlab probe: ValueError: --json {target} is an input of this command")
+    assert target.read_bytes() == before
+
+
 def test_capture_out_under_a_file_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before --out was checked")
@@ -702,6 +741,24 @@ def test_capture_out_under_a_file_is_refused_before_the_model_loads(tmp_path, mo
     (tmp_path / "f.txt").write_text("x")
     assert main(["capture", "--out", str(tmp_path / "f.txt" / "a.safetensors")]) == 1
     assert f"{tmp_path / 'f.txt'} is a file, not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["weights", "image"])
+def test_capture_out_that_is_an_input_is_refused_before_the_model_loads(target, tmp_path, checkpoint, monkeypatch,
+                                                                        capsys):
+    """`--out CHECKPOINT/model.safetensors` replaced the model's weights with the attention maps (the checkpoint lost),
+    `--out IMAGES/x.png` an image of --images."""
+    from _reference import make_folder
+
+    folder = make_folder(tmp_path / "imgs", n_per_class=1, size=32)
+    out = checkpoint / "model.safetensors" if target == "weights" else sorted(folder.rglob("*.png"))[0]
+    before = out.read_bytes()
+    monkeypatch.setattr(vitlab, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(["capture", "--model", str(checkpoint), "--images", str(folder), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"vitlab capture: ValueError: --out {out} is an input of this command") and \
+        "give another file name" in err
+    assert out.read_bytes() == before
 
 
 @pytest.mark.parametrize("run", ["missing", "empty", "file"])
@@ -717,6 +774,20 @@ def test_export_of_a_folder_without_a_run_says_what_run_dir_needs(run, tmp_path,
     err = capsys.readouterr().err
     assert err.startswith(f"vitlab export: FileNotFoundError: {path} holds no training checkpoint")
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["checkpoint", ".", ".."])
+def test_export_into_its_own_run_is_refused_before_any_work(where, tmp_path, monkeypatch, capsys):
+    """`--out RUN/checkpoint` replaced the run's training checkpoint (its --resume point) with the half-precision
+    export."""
+    import vitlab.export
+
+    monkeypatch.setattr(vitlab.export, "export_run", lambda *a, **k: pytest.fail("the export ran"))
+    run = tmp_path / "run"
+    (run / "checkpoint").mkdir(parents=True)
+    assert main(["export", "--run-dir", str(run), "--out", str(run / where), "--command-line", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"vitlab export: ValueError: --out {run / where} is --run-dir {run}, inside it or above it")
 
 
 def test_resume_and_continue_together_are_a_usage_error(capsys):
@@ -782,3 +853,13 @@ def test_a_tilde_in_a_path_option_is_the_home_folder(monkeypatch):
     assert parse(["reproduce", "--out=out"]).out == "out" and parse(["capture"]).out == "attention.safetensors"
     assert parse(["reproduce", "--model=vit_tiny_patch16_224"]).model == "vit_tiny_patch16_224"
     assert os.path.expanduser("~") == "/home/someone"
+
+
+@pytest.mark.parametrize("argv", [["capture", "--images", ""], ["capture", "--out", " "], ["reproduce", "--out", ""],
+                                  ["train", "--run-dir", ""], ["probe", "--data", ""]])
+def test_an_empty_path_is_a_usage_error(argv, capsys):
+    """`--images ""` (an unset shell variable) captured the default photos without a word; `--out ""` said
+    '--out  is a folder'."""
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2 and f"argument {argv[1]}: expected a path, got an empty text" in capsys.readouterr().err

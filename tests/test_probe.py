@@ -358,6 +358,19 @@ def test_feature_key_changes_with_weights_data_and_transform():
     assert feature_key(model, data) != key
 
 
+def test_a_batchnorm_cnn_is_probed():
+    """`vitlab probe --model data/checkpoints/resnet_cifar10_fast` failed with 'self.dim() cannot be 0 to view Long
+    as Byte': the feature cache's key could not hash BatchNorm's 0-d num_batches_tracked."""
+    from vitlab.zoo import CifarNetConfig
+
+    model, data = build_model(CifarNetConfig(widths=(8, 8, 8))).eval(), _shapes()
+    key = feature_key(model, data)
+    with torch.no_grad():
+        model.get_buffer(next(n for n, b in model.named_buffers() if b.dim() == 0)).add_(1)
+    assert feature_key(model, data) != key  # the 0-d buffer is hashed, not skipped
+    assert extract_features(model, data, cache=False).shape == (12, 8)
+
+
 def test_feature_key_tells_a_pool_over_every_token_from_one_over_the_patches():
     """timm's pool_include_prefix changes an average-pooled ViT's readout but no weight: two such models with the
     same weights shared one cache file before, so the second was served the first one's features."""

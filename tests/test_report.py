@@ -225,6 +225,14 @@ def test_bad_images_leave_the_previous_report(tmp_path, checkpoint, capsys):
                     "x.jpg")
 
 
+def test_more_default_images_than_there_are_is_named_by_its_flag(tmp_path, checkpoint, capsys):
+    """`--num-images 200` on a 32 px model said 'n must be in [1, 128], got 200', naming no flag or image set."""
+    _keeps_previous(tmp_path / "out", ["reproduce", "--model", str(checkpoint), "--num-images", "200"], capsys,
+                    "--num-images 200: this model's default images are the 128 shipped CIFAR-10 test images "
+                    "(data/cifar10_test_128.npz), at most "
+                    "128; ask for fewer, or pass --images a folder of your own")
+
+
 def test_unknown_model_and_model_without_attention(tmp_path, capsys):
     _keeps_previous(tmp_path / "out", ["reproduce", "--model", "vit_tinyy_patch16_224"], capsys,
                     "neither a file nor a timm model name")

@@ -26,6 +26,20 @@ def test_store_appends_tolerates_a_torn_line_and_keeps_the_latest(tmp_path):
     assert store.path.read_text().count("\n") == 4  # the torn line was closed before the next record
 
 
+@pytest.mark.parametrize("command", [["sweep", "--config", "quick", "--table"], ["mpp-study", "--study", "smoke",
+                                                                                 "--table"]])
+def test_a_file_that_is_no_results_store_is_named_not_a_traceback(command, tmp_path, capsys):
+    """`--results CHECKPOINT/config.json` (indented JSON: some of its lines parse as numbers) failed with
+    "AttributeError: 'float' object has no attribute 'get'" and a traceback."""
+    other = tmp_path / "config.json"
+    other.write_text(json.dumps({"mean": [0.5, 0.25]}, indent=2))
+    before = other.read_text()
+    assert main([*command, "--results", str(other)]) == 1
+    assert capsys.readouterr().err.startswith(f"vitlab {command[0]}: ValueError: {other} is not a results store: "
+                                              "line 4 holds a float, not a record")
+    assert other.read_text() == before
+
+
 def test_a_torn_line_of_garbage_bytes_is_skipped_too(tmp_path):
     """A crash can leave bytes that are not UTF-8 at the end of the store (a page of garbage after a power loss):
     reading it raised UnicodeDecodeError and lost every record; that line is now skipped like any torn one."""

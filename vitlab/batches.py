@@ -16,6 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -140,6 +141,9 @@ def default_workers(device: torch.device) -> int:
 
 def _worker_init(_: int) -> None:
     torch.set_num_threads(1)  # each worker is one core's worth of augmentation
+    # the loader stops a slow worker with SIGTERM: end it, not raise the `vitlab` command's Terminated (forked with
+    # its handler) with a traceback per worker
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def training_batches(data: ImageArray, batch_size: int, steps_per_epoch: int, aug: Augment, start_step: int,

@@ -90,6 +90,31 @@ def _check_output_file(path: str, flag: str, example: str) -> None:
         raise ValueError(f"{flag} {path}: {parent} is a file, not a folder; choose another path")
 
 
+def _model_files(model: str | None, weights: str | None) -> list[Path]:
+    """The files that loading ``--model`` (and ``--weights``) reads: a checkpoint's folder's files (the embedded
+    default's when ``model`` is None; a checkpoint given by one of its files is its folder), and the weights file."""
+    from vitlab.models import DEFAULT_CHECKPOINT
+
+    files = [Path(weights)] if weights else []
+    p = DEFAULT_CHECKPOINT if model is None else Path(model)
+    if p.exists():
+        folder = p if p.is_dir() else p.parent
+        files += [f for f in folder.iterdir() if f.is_file()] if folder.is_dir() else []
+    return files
+
+
+def _check_not_an_input(path: str, flag: str, inputs: Sequence[Path]) -> None:
+    """Before any work: refuse an output file that is one of the command's inputs (a checkpoint's weights, an image
+    of --images), which writing the result would destroy."""
+    p = Path(path)
+    if not p.is_file():
+        return
+    hit = next((f for f in inputs if f.is_file() and os.path.samefile(f, p)), None)
+    if hit is not None:
+        raise ValueError(f"{flag} {path} is an input of this command ({hit}), which the result would overwrite; "
+                         "give another file name")
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     import vitlab
     from vitlab.checkpoint import card_line, card_metric, model_card
@@ -103,6 +128,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     try:
         info = vitlab.model_info(model, img_size=tuple(args.img_size) if args.img_size else None)
     except TypeError:  # a CNN: no tokens to describe
+        if args.img_size:  # not left out without a word
+            raise ValueError(f"--img-size gives a ViT's token grid at another input size; {args.model} is a "
+                             f"{type(model).__name__}, which has no tokens: leave --img-size out") from None
         info = None
     d = dataclasses.asdict(info) if info is not None else {"architecture": type(model).__name__}
     if info is not None:
@@ -252,6 +280,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if args.goal is not None and not 0 < args.goal <= 1:
         raise ValueError(f"--goal is a fraction in (0, 1], e.g. 0.9 for a 90% accuracy goal, got {args.goal:g}")
+    run, out = Path(args.run_dir).resolve(), Path(args.out).resolve()
+    if out == run or run in out.parents or out in run.parents:  # the export replaces --out as a whole
+        raise ValueError(f"--out {args.out} is --run-dir {args.run_dir}, inside it or above it: the export would replace "
+                         "the run's training state (its checkpoint, the --resume point); give --out a folder outside "
+                         "the run, e.g. data/checkpoints/NAME")
     facts = export_run(args.run_dir, args.out, command=args.command_line, hardware=args.hardware, goal=args.goal)
     print(json.dumps(facts, indent=2))
     return 0
@@ -272,6 +305,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         raise ValueError(f"--l2 must be a positive finite number (the ridge penalty), got {args.l2:g}")
     if args.json:  # before the feature pass, not after it
         _check_output_file(args.json, "--json", "probe.json")
+        _check_not_an_input(args.json, "--json", _model_files(args.model, args.weights) + [Path(args.data)])
     dev = resolve_device(args.device)
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
     train, test = load_splits(args.data, progress=not args.quiet)
@@ -325,6 +359,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.shots is not None and args.shots not in sweep.shots:
         raise ValueError(f"--shots {args.shots}: sweep {sweep.name!r} probes {list(sweep.shots)}-shot only; pick one of "
                          "those")
+    stores = [Path(results), Path(results).with_suffix(".tuning.jsonl")]
+    if args.plot:  # before any run, and never over the results it draws
+        _check_output_file(args.plot, "--plot", "scaling.html")
+        _check_not_an_input(args.plot, "--plot", [*stores, Path(args.config)])
+    if args.save_config:
+        _check_not_an_input(args.save_config, "--save-config", stores)
     if args.table:  # default: 10-shot (the sweep's; the paper's Fig. 4 is 5-shot) where probed, else its largest
         shots = args.shots if args.shots is not None else 10 if 10 in sweep.shots else max(sweep.shots)
         return _sweep_tables(sweep, Path(results), shots, args.plot)
@@ -541,6 +581,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from vitlab.images import load_images
 
     _check_output_file(args.out, "--out", "attention.safetensors")
+    from vitlab.data import image_files
+
+    images = image_files(Path(args.images)) if args.images and Path(args.images).is_dir() else []
+    _check_not_an_input(args.out, "--out", _model_files(args.model, args.weights) + images)
     from vitlab.devices import resolve_device
 
     dev = resolve_device(args.device)
@@ -580,7 +624,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 def user_path(text: str) -> str:
     """A path option as typed, with a leading ``~`` made the home folder: the shell expands ``--out ~/x`` but not
-    ``--out=~/x``, which would otherwise make a folder named ``~`` here."""
+    ``--out=~/x``, which would otherwise make a folder named ``~`` here. An empty text (``--images "$UNSET"``) is
+    refused: it read as the option left out (``--images ''`` took the default photos) or as the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty text (an unset shell variable?)")
     return os.path.expanduser(text) if text.startswith("~") else text
 
 
@@ -765,7 +812,8 @@ def cli_words(message: str) -> str:
                      lambda m: f"--model {m.group(1).strip(chr(39) + chr(34))} --weights "
                                f"{'FILE' if m.group(2) == 'path' else m.group(2).strip(chr(39) + chr(34))}", message)
     for api, flag in (("use pretrained=False", "pass --no-pretrained"), ("pretrained=False", "--no-pretrained"),
-                      ("pass weights=", "pass --weights "), ("weights=", "--weights ")):
+                      ("pass weights=", "pass --weights "), ("weights= ", "--weights "), ("weights=", "--weights "),
+                      ("num_images=", "--num-images "), ("pass images= ", "pass --images ")):
         message = message.replace(api, flag)
     return message
 

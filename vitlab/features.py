@@ -65,7 +65,7 @@ def patch_mean(model: nn.Module, tokens: Tensor, num_prefix_tokens: int) -> Tens
 def _hash_tensor(h, t: Tensor) -> None:
     t = t.detach().cpu().contiguous()
     h.update(str((t.dtype, tuple(t.shape))).encode())
-    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # 0-d too (BatchNorm's count)
 
 
 def _transform(model: nn.Module) -> dict:

@@ -195,13 +195,17 @@ class ResultsStore:
         if not self.path.exists():
             return []
         out = []
-        for raw in self.path.read_bytes().splitlines():
+        for i, raw in enumerate(self.path.read_bytes().splitlines(), 1):
             if not raw.strip():
                 continue
             try:
-                out.append(json.loads(raw.decode("utf-8")))
+                record = json.loads(raw.decode("utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError):  # a line torn by a crash mid-write (garbage bytes
                 continue  # included): that run simply reruns
+            if not isinstance(record, dict):  # a torn record never parses as a number or list: another kind of file
+                raise ValueError(f"{self.path} is not a results store: line {i} holds a {type(record).__name__}, not "
+                                 "a record; pass --results a .jsonl file that vitlab wrote, or a new file's name")
+            out.append(record)
         return out
 
     def latest(self, sweep: str | None = None, fingerprint: str | None = None) -> dict[str, dict]:

@@ -23,7 +23,14 @@ import vitlab
 from vitlab.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
 from vitlab.checkpoint import card_line, model_card
 from vitlab.devices import resolve_device
-from vitlab.images import default_images, default_labels, default_source, head_class_names, load_images
+from vitlab.images import (
+    default_image_count,
+    default_images,
+    default_labels,
+    default_source,
+    head_class_names,
+    load_images,
+)
 from vitlab.models import SHAPES_CHECKPOINT
 from vitlab.provenance import versions
 from vitlab.report import sections as S
@@ -204,6 +211,10 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         names, x, shown = load_images(net, images, limit=num_images or 16, skip_bad=skip_bad)
         labels, source = None, str(images)
     else:
+        most = default_image_count(net)
+        if num_images is not None and num_images > most:  # default_images' own error named its argument n
+            raise ValueError(f"num_images={num_images}: this model's default images are {default_source(net)}, at "
+                             f"most {most}; ask for fewer, or pass images= a folder of your own")
         names, x, shown = default_images(net, num_images)
         labels, _ = default_labels(net, len(names))  # the CIFAR sample's true classes (named by Inputs)
         source = default_source(net)
