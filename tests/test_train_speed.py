@@ -86,6 +86,28 @@ def test_step_flops_matches_a_hand_count_whatever_attention_path_the_model_runs(
     assert any(getattr(m, "fused_attn", False) for m in model.modules())  # its attention path is left as it was
 
 
+def test_step_flops_leaves_the_model_and_the_random_state_as_they_were():
+    """Counting a step ran a real forward in train mode: a BatchNorm model's running statistics moved, the
+    parameters' gradients were wiped (a caller's accumulated ones too) and dropout advanced the random state, so
+    the benchmark timed (and the sweep measured) a model the count had changed. All three are as they were now."""
+    import torch
+
+    from vitlab.train import step_flops
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.Dropout(0.5), torch.nn.Flatten(), torch.nn.LazyLinear(5)).train()
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
+    model(x).sum().backward()  # a caller's gradients, accumulated before the count
+    buffers = [b.clone() for b in model.buffers()]
+    grads = [p.grad.clone() for p in model.parameters()]
+    rng = torch.get_rng_state()
+    assert step_flops(model, x + 1, y, bf16=False) > 0
+    assert all(torch.equal(a, b) for a, b in zip(buffers, model.buffers()))
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    assert torch.equal(rng, torch.get_rng_state()) and model.training
+
+
 def test_compile_ab_stamps_the_machine_as_the_run_starts(monkeypatch):
     """Its JSON's load average was read after the run (2026-11-27 05:18, load 1.98: its own work, the text's run
     began 05:10 on an idle machine); like train_speed and streaming it now records the load before its own work."""

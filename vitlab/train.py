@@ -191,17 +191,31 @@ def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bo
 def step_flops(model: nn.Module, x: Tensor, y: Tensor, bf16: bool = True, backward: bool = True) -> float:
     """FLOPs of one training step (forward + backward; or one forward) on the batch ``x``, counted by
     ``torch.utils.flop_counter.FlopCounterMode`` (not by hand). A ViT's attention is counted through the explicit
-    softmax (the same maths): FlopCounterMode counts no CPU SDPA kernel, which left the attention matmuls out. The
-    model's gradients are cleared afterwards."""
+    softmax (the same maths): FlopCounterMode counts no CPU SDPA kernel, which left the attention matmuls out.
+
+    Counting leaves the model and the process as they were: its buffers (a BatchNorm's running statistics, which a
+    forward in train mode updates), its parameters' gradients and the random number generators (dropout)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as fc, explicit_attention(model, True):
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-            out = model(x)
-        if backward:
-            out = out[0] if isinstance(out, tuple) else out
-            F.cross_entropy(out.float(), y).backward()
-    model.zero_grad(set_to_none=True)
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    grads = [(p, p.grad) for p in model.parameters()]
+    for p, _ in grads:  # set aside: backward would add this step's gradients into them in place
+        p.grad = None
+    devices = [x.device.index or 0] if x.device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), FlopCounterMode(display=False) as fc, \
+                explicit_attention(model, True):
+            with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+                out = model(x)
+            if backward:
+                out = out[0] if isinstance(out, tuple) else out
+                F.cross_entropy(out.float(), y).backward()
+    finally:
+        with torch.no_grad():
+            for b, kept in buffers:
+                b.copy_(kept)
+        for p, g in grads:
+            p.grad = g
     return float(fc.get_total_flops())
 
 
