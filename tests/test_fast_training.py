@@ -274,6 +274,26 @@ def test_warm_start_copies_matching_tensors_and_position_grid(tmp_path):
     torch.testing.assert_close(sincos.pos_embed[0, 1:], sincos_grid((4, 4), table.shape[-1], table), rtol=0, atol=1e-6)
 
 
+def test_a_warm_start_from_another_architecture_is_refused_not_a_silent_fresh_start(tmp_path):
+    """--set init_from= a ResNet (or a ViT of another width) copied nothing, exited 0 and trained from scratch,
+    saying so only in a line --quiet hides; it is a ValueError now, naming the share that matched, with the model
+    unchanged. A checkpoint of the model's shape with another head still warm-starts."""
+    from conftest import tiny_bit
+
+    torch.manual_seed(0)
+    model = vitlab.build_model(TINY_VIT)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for other in (tiny_bit(), vitlab.build_model(dataclasses.replace(TINY_VIT, embed_dim=TINY_VIT.embed_dim * 2))):
+        ck = save_checkpoint(other, tmp_path / type(other).__name__ / str(id(other)))
+        with pytest.raises(ValueError, match=r"init_from .*shares \d+% of this VisionTransformer's weights.*another "
+                                              r"architecture or size.*leave init_from unset"):
+            warm_start(model, ck)
+        assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    head = save_checkpoint(vitlab.build_model(dataclasses.replace(TINY_VIT, num_classes=TINY_VIT.num_classes + 3)),
+                           tmp_path / "head")
+    assert warm_start(model, head) == ["head.weight", "head.bias"]
+
+
 def test_warm_start_finds_a_checkout_folder_from_any_working_directory(tmp_path, monkeypatch):
     # a config names the shipped weights as data/checkpoints/...: that must not depend on where python was started
     shipped = vitlab.load_model("data/checkpoints/vit_shapes")

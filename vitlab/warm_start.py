@@ -27,7 +27,9 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
     embeddings adapted to another layout ("pos_embed (grid resampled ...)", "pos_embed (prefix rows ...)": the
     latter left at their initialisation). Position embeddings of a
     different layout keep what carries over: the grid rows (resampled in 2D when the grids differ, as for
-    fine-tuning at another resolution) and the prefix rows both models have (the class token's first)."""
+    fine-tuning at another resolution) and the prefix rows both models have (the class token's first). A checkpoint
+    that would fill less than half of the model's weights (another architecture or size) is a ``ValueError``, with
+    the model unchanged."""
     src_model = load_checkpoint(resolve_folder(path))  # data/checkpoints/... from any working directory
     src = src_model.state_dict()
     own = model.state_dict()
@@ -49,6 +51,14 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
                 copies[k] = w.to(v.dtype)
             else:
                 fresh.append(k)
+        carried = sum(own[k].numel() for k in copies if own[k].is_floating_point())
+        total = sum(v.numel() for v in own.values() if v.is_floating_point())
+        if carried < total / 2:  # another architecture or size: a "warm start" that is really a fresh one
+            raise ValueError(
+                f"init_from {path}: its {type(src_model).__name__} shares {carried / max(total, 1):.0%} of this "
+                f"{type(model).__name__}'s weights by name and shape (a warm start copies only those), so the run "
+                "would start almost from scratch: the checkpoint is another architecture or size. Give a checkpoint "
+                "of this model's shape, or leave init_from unset to train from scratch")
         for k, w in copies.items():
             own[k].copy_(w)
     return fresh
