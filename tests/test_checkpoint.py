@@ -375,3 +375,21 @@ def test_a_run_checkpoint_loads_exactly(tmp_path):
     saved = vc.load_file(str(ck / "ema.safetensors"))
     assert all(torch.equal(saved[k], v) for k, v in ema2.state_dict().items())
     assert torch.equal(head2.weight, vc.load_file(str(ck / "head.safetensors"))["weight"])
+
+
+def test_a_run_checkpoint_that_cannot_be_staged_names_its_folder(tmp_path, monkeypatch):
+    """save_run_checkpoint (and export) made their staging folder with a bare mkdtemp: a parent that refuses new
+    folders said 'Permission denied: .../.checkpoint.k2j4x9' (a name the user never gave); both use
+    temp_dir_beside now, whose error names the folder asked for."""
+    import tempfile
+
+    model = tiny_vit()
+    opt = torch.optim.AdamW(model.parameters())
+
+    def refuse(prefix, dir):
+        raise PermissionError(13, "Permission denied", f"{dir}/{prefix}x1y2z3")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    with pytest.raises(PermissionError) as e:
+        vc.save_run_checkpoint(tmp_path / "run" / "checkpoint", model, opt, None, {"epoch": 1})
+    assert e.value.filename == str(tmp_path / "run" / "checkpoint")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -309,8 +308,7 @@ def save_run_checkpoint(directory: str | os.PathLike, model: nn.Module, opt: tor
     ``NAME.safetensors`` per entry of ``modules`` (training-only parts beside the model, e.g. an objective's head)."""
     directory = Path(directory)
     check_replaceable(directory)  # it replaces the whole folder: only an earlier checkpoint's, or a new one
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    tmp = temp_dir_beside(directory)  # a failure to make it names the checkpoint, not the temporary folder
     try:
         ck = save_checkpoint(model, tmp / directory.name, extra=extra)
         tensors, meta = _flatten_optimizer(opt)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from vitlab.atomic import replace_dir, rmtree_quiet
+from vitlab.atomic import replace_dir, rmtree_quiet, temp_dir_beside
 from vitlab.card import card_series, card_text
 from vitlab.checkpoint import (
     RUN_ID,
@@ -134,8 +133,7 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
     test = load_dataset(base_dataset(meta["train"]["data"]), "test")
     out = Path(out)
     check_replaceable(out)  # before the work: a folder that is not a checkpoint is never replaced
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export.", dir=out.parent))
+    staging = temp_dir_beside(out)  # a failure to make it names --out, not the temporary folder
     try:  # weights, head, card and curve are built beside ``out`` and swapped in together, or not at all
         tmp_out = save_checkpoint(model, staging / out.name, dtype=dtype, modules=modules, extra={
             "epoch": meta["epoch"], "train": train_cfg, "metrics": meta.get("metrics"), "data": meta.get("data"),
