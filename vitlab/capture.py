@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from vitlab.modes import eval_mode
+from vitlab.modes import eval_mode, unwrapped
 
 __all__ = [
     "HEAD_FUSIONS",
@@ -108,6 +108,7 @@ def find_attention_modules(model: nn.Module) -> list[AttentionLayer]:
     heads are the branches' heads, concatenated in branch order. Attentions whose applied map is not a
     post-softmax map (differential, talking-heads) raise ``AttentionCaptureError``.
     """
+    model = unwrapped(model)
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, (nn.Sequential, nn.ModuleList)) and len(blocks):
         layers = []
@@ -438,6 +439,7 @@ def capture_attention(
     mode inside the block (never maps with dropout applied); its modes, fused flags and hooks are
     restored on exit, also when the body raises.
     """
+    model = unwrapped(model)
     if head_fusion not in (None, "mean", "max", "min"):
         raise ValueError(f"head_fusion must be None, 'mean', 'max' or 'min', got {head_fusion!r}")
     if keep_grad and (head_fusion is not None or queries not in (None, "all") or reduce is not None):
@@ -544,6 +546,7 @@ def check_input_size(model: nn.Module, size: tuple[int, int]) -> None:
     embeddings are built for one size (timm's own check is a bare AssertionError, and a hybrid's a raw tensor size
     mismatch deep in the forward). Models with ``dynamic_img_size`` and models without a patch embedding (CNNs)
     take any size."""
+    model = unwrapped(model)
     pe = getattr(model, "patch_embed", None)
     built = getattr(pe, "img_size", None)
     if built is None or getattr(model, "dynamic_img_size", False) or not getattr(pe, "strict_img_size", True):
@@ -575,6 +578,7 @@ def attention_maps(
     """
     from tqdm.auto import tqdm
 
+    model = unwrapped(model)
     check_images(images, model)
     chunks = images.split(batch_size or len(images))
     show = len(chunks) > 1 if progress is None else progress

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from vitlab.data import ImageArray, cache_file, normalize, write_cache
 from vitlab.info import model_info
-from vitlab.modes import eval_mode
+from vitlab.modes import eval_mode, unwrapped
 
 __all__ = ["extract_features", "extract_readouts", "feature_key", "patch_mean", "preprocess_uint8", "READOUTS",
            "READOUT_NAMES", "READOUT_VERSIONS"]
@@ -96,6 +96,7 @@ def _numerics(device: torch.device) -> dict:
 def feature_key(model: nn.Module, data: ImageArray, device: str | torch.device | None = None) -> str:
     """A hex digest of (model config and weights, data, transform, numerics on ``device``: default the model's); the
     config includes the readout settings that no weight holds (``global_pool``, timm's ``pool_include_prefix``)."""
+    model = unwrapped(model)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     h = hashlib.blake2b(digest_size=16)
     h.update(json.dumps(_numerics(device), sort_keys=True).encode())
@@ -149,6 +150,7 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
                      device: str | torch.device | None = None) -> dict[str, Tensor]:
     """{readout: (N, D) float32 features} of ``data`` for each of ``readouts`` (as ``extract_features`` defines
     them) from one forward pass over the images; each readout is cached on its own."""
+    model = unwrapped(model)
     if not hasattr(model, "forward_head") or not hasattr(model, "forward_features"):
         raise TypeError(f"{type(model).__name__} has no forward_features/forward_head: extract_features needs a "
                         "timm model (a ViT, hybrid or ResNet)")

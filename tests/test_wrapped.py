@@ -1,0 +1,50 @@
+"""Models as users hold them: wrapped (torch.compile, DataParallel), in half precision, with gradient checkpointing,
+inside no-grad contexts. Each analysis gives the plain eval-mode model's result or a clear error, and leaves the
+model as it was."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import tiny_vit
+
+import vitlab
+from vitlab.inspect import (
+    attention_rollout,
+    embedding_filter_pca,
+    gradient_rollout,
+    mean_attention_distance,
+    position_embedding_similarity,
+)
+
+
+def _analyses(model, x) -> dict[str, torch.Tensor]:
+    return {"maps": vitlab.attention_maps(model, x), "rollout": attention_rollout(model, x),
+            "gradient rollout": gradient_rollout(model, x, target=1), "distance": mean_attention_distance(model, x),
+            "positions": position_embedding_similarity(model), "filters": embedding_filter_pca(model, k=4)[1]}
+
+
+def test_data_parallel_model_analysed_as_its_module(vit, x32):
+    want = _analyses(vit, x32)
+    wrapped = torch.nn.DataParallel(vit)
+    assert vitlab.model_info(wrapped) == vitlab.model_info(vit)
+    got = _analyses(wrapped, x32)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-6, msg=k)
+    with vitlab.capture_attention(wrapped, queries="prefix") as cap:  # the module's class token, not "no prefix"
+        wrapped(x32)
+    assert cap.stack().shape == (3, 2, 3, 1, 65)
+
+
+def test_compiled_model_analysed_eagerly(vit, x32):
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    compiled = torch.compile(vit, backend=counter)
+    want = _analyses(vit, x32)
+    got = _analyses(compiled, x32)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-6, msg=k)
+    assert counter.frame_count == 0  # the original module ran: nothing traced, no recompiles around the hooks
