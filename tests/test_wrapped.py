@@ -8,7 +8,6 @@ import copy
 
 import pytest
 import torch
-from conftest import tiny_vit
 
 import vitlab
 from vitlab.inspect import (
@@ -48,3 +47,28 @@ def test_compiled_model_analysed_eagerly(vit, x32):
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-6, msg=k)
     assert counter.frame_count == 0  # the original module ran: nothing traced, no recompiles around the hooks
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_model_takes_its_own_precision_and_names_it(vit, x32, dtype):
+    half = copy.deepcopy(vit).to(dtype)
+    with pytest.raises(TypeError, match=rf"images are float32 but the model's weights are {str(dtype)[6:]}: pass "
+                                        rf"images.to\(torch.{str(dtype)[6:]}\)"):
+        attention_rollout(half, x32)
+    want = _analyses(vit, x32)
+    got = _analyses(half, x32.to(dtype))
+    for k in want:
+        torch.testing.assert_close(got[k].float(), want[k], rtol=0.05, atol=0.05, msg=k)
+    assert all(p.dtype == dtype for p in half.parameters())
+
+
+def test_raw_or_double_images_refused_by_name(vit, x32):
+    pixels = (x32 * 60 + 128).clamp(0, 255).to(torch.uint8)
+    for f in (attention_rollout, vitlab.inspect.integrated_gradients, mean_attention_distance):
+        with pytest.raises(TypeError, match="images are uint8: the analyses take preprocessed float images"):
+            f(vit, pixels)
+        with pytest.raises(TypeError, match=r"images are float64 but the model's weights are float32: pass "
+                                            r"images.to\(torch.float32\)"):
+            f(vit, x32.double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts the images itself: no refusal
+        assert attention_rollout(vit, x32).shape == (2, 8, 8)

@@ -40,6 +40,7 @@ __all__ = [
     "capture_attention",
     "attention_maps",
     "check_images",
+    "check_input_dtype",
     "check_input_size",
     "find_attention_modules",
     "AttentionLayer",
@@ -537,8 +538,26 @@ def check_images(images: Tensor, model: nn.Module | None = None) -> None:
     if len(images) == 0:
         raise ValueError(f"images is an empty batch (shape {tuple(images.shape)}): pass at least one image "
                          "(images[None] for one image)")
+    if not images.is_floating_point():
+        raise TypeError(f"images are {str(images.dtype).removeprefix('torch.')}: the analyses take preprocessed float "
+                        "images (resized and normalised for the model), not raw pixels: load them with "
+                        "vitlab.images.load_images(model, folder), or normalise them with vitlab.data.normalize")
     if model is not None:
         check_input_size(model, tuple(images.shape[-2:]))
+        check_input_dtype(model, images)
+
+
+def check_input_dtype(model: nn.Module, images: Tensor) -> None:
+    """Refuse float images of another precision than the model's weights (float32 images on a bfloat16 model,
+    float64 on a float32 one), which fail inside the first convolution with a bare dtype error; inside an autocast
+    region the model casts them itself."""
+    dtypes = [p.dtype for p in unwrapped(model).parameters() if p.is_floating_point()]
+    if not dtypes or images.dtype in dtypes or torch.is_autocast_enabled(images.device.type):
+        return
+    want = str(dtypes[0]).removeprefix("torch.")
+    have = str(images.dtype).removeprefix("torch.")
+    raise TypeError(f"images are {have} but the model's weights are {want}: pass images.to(torch.{want}), or run "
+                    f"the model in {have} (model.to(torch.{have})) or inside torch.autocast")
 
 
 def check_input_size(model: nn.Module, size: tuple[int, int]) -> None:
