@@ -72,3 +72,13 @@ def test_raw_or_double_images_refused_by_name(vit, x32):
             f(vit, x32.double())
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts the images itself: no refusal
         assert attention_rollout(vit, x32).shape == (2, 8, 8)
+
+
+def test_gradient_checkpointing_model_gives_its_gradient_rollout(vit, x32):
+    want = gradient_rollout(vit, x32, target=1)
+    vit.set_grad_checkpointing(True)
+    torch.testing.assert_close(gradient_rollout(vit, x32, target=1), want, rtol=0, atol=1e-6)
+    with vitlab.capture_attention(vit, keep_grad=True) as cap:  # one map per layer: none recorded again in backward
+        vit(x32.requires_grad_(True)).sum().backward()
+        assert cap.grads().shape == (3, 2, 3, 65, 65)
+    assert vit.grad_checkpointing is True

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from vitlab.modes import eval_mode, unwrapped
+from vitlab.modes import eval_mode, no_checkpointing, unwrapped
 
 __all__ = [
     "HEAD_FUSIONS",
@@ -437,8 +437,8 @@ def capture_attention(
     preallocated (L, N, ...) tensor instead of concatenating per-call tensors at the end. ``keep_grad=True`` keeps
     the maps in the autograd graph so that after ``backward()`` ``capture.grads()`` returns each layer's own
     gradient (no reductions then). The model runs in eval
-    mode inside the block (never maps with dropout applied); its modes, fused flags and hooks are
-    restored on exit, also when the body raises.
+    mode and without gradient checkpointing inside the block (never maps with dropout applied); its modes, fused and
+    checkpointing flags and hooks are restored on exit, also when the body raises.
     """
     model = unwrapped(model)
     if head_fusion not in (None, "mean", "max", "min"):
@@ -481,7 +481,8 @@ def capture_attention(
         handles.append(module.register_forward_pre_hook(pre))
         handles.append(module.register_forward_hook(post, always_call=True))
 
-    with eval_mode(model):  # every module's own mode comes back after the block
+    # every module's own mode comes back after the block; checkpointed blocks would record outside the graph
+    with eval_mode(model), no_checkpointing(model):
         try:
             for i in chosen:
                 for b, m in enumerate(found[i].modules):
