@@ -82,3 +82,18 @@ def test_gradient_checkpointing_model_gives_its_gradient_rollout(vit, x32):
         vit(x32.requires_grad_(True)).sum().backward()
         assert cap.grads().shape == (3, 2, 3, 65, 65)
     assert vit.grad_checkpointing is True
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_gradient_methods_inside_no_grad_contexts(vit, x32, context):
+    from vitlab.inspect import integrated_gradients
+
+    want = gradient_rollout(vit, x32, target=1), integrated_gradients(vit, x32, target=1, steps=4)
+    with context():
+        x = x32.clone()  # made inside the context, as a user's inputs are
+        got = gradient_rollout(vit, x, target=1), integrated_gradients(vit, x, target=1, steps=4)
+        assert torch.is_inference_mode_enabled() == (context is torch.inference_mode)
+        assert not torch.is_grad_enabled()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
+    assert all(p.grad is None for p in vit.parameters())

@@ -115,8 +115,11 @@ def gradient_rollout(model: nn.Module, images: Tensor, target: Tensor | int | No
     if not 0 <= start_layer < info.depth:
         raise ValueError(f"start_layer must be in [0, {info.depth}), got {start_layer}")
     t = target_classes(model, images, target)
-    x = images.detach().clone().requires_grad_(True)
-    with frozen_parameters(model), torch.enable_grad(), capture_attention(model, keep_grad=True) as cap:
+    # autograd also inside a caller's torch.inference_mode(): the clones made here are ordinary tensors it can save
+    with torch.inference_mode(False):
+        x, t = images.detach().clone().requires_grad_(True), t.clone()
+    with (torch.inference_mode(False), frozen_parameters(model), torch.enable_grad(),
+          capture_attention(model, keep_grad=True) as cap):
         logits = model(x)
         logits.gather(1, t[:, None]).sum().backward()
         maps, grads, pool = cap.stack(), cap.grads(), cap.pool_maps()
@@ -162,7 +165,9 @@ def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int 
     check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     t = target_classes(model, images, target)
-    with eval_mode(model), frozen_parameters(model), torch.enable_grad():
+    with torch.inference_mode(False):  # autograd also inside a caller's torch.inference_mode(), on ordinary clones
+        images, t = images.clone(), t.clone()
+    with torch.inference_mode(False), eval_mode(model), frozen_parameters(model), torch.enable_grad():
         attr = IntegratedGradients(model).attribute(images, baselines=baseline, target=t, n_steps=steps,
                                                     internal_batch_size=internal_batch_size)
     return _pool_to_patches(attr.detach(), info)
