@@ -97,3 +97,18 @@ def test_gradient_methods_inside_no_grad_contexts(vit, x32, context):
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
     assert all(p.grad is None for p in vit.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_model_features(vit, dtype):
+    from vitlab.features import extract_readouts
+    from vitlab.images import cifar_test_sample
+
+    data = cifar_test_sample().subset(range(4))
+    want = extract_readouts(vit, data, cache=False)
+    half = copy.deepcopy(vit).to(dtype)
+    got = extract_readouts(half, data, cache=False)
+    for k in want:
+        assert got[k].dtype == torch.float32
+        torch.testing.assert_close(got[k], want[k], rtol=0.05, atol=0.05, msg=k)
+    assert all(p.dtype == dtype for p in half.parameters())

@@ -171,6 +171,7 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
         raise ValueError(f"device={device!r} but the model is on {here}: move the model first "
                          f"(model.to({str(device)!r})); the features run where the model is")
     device = here
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     paths: dict[str, Path | None] = dict.fromkeys(readouts)
     found: dict[str, Tensor] = {}
     if cache:
@@ -193,7 +194,7 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
         starts = range(0, len(data), batch_size)
         for i in tqdm(starts, desc="features", disable=progress is False or (progress is None and len(starts) < 4),
                       leave=False):
-            x = preprocess_uint8(data.images[i:i + batch_size], tf).to(device)
+            x = preprocess_uint8(data.images[i:i + batch_size], tf).to(device, dtype)  # a half model: half images
             tokens = model.forward_features(x)
             for r in todo:
                 f = patch_mean(model, tokens, n_prefix) if r == "patch_mean" else model.forward_head(tokens,
