@@ -112,3 +112,13 @@ def test_half_model_features(vit, dtype):
         assert got[k].dtype == torch.float32
         torch.testing.assert_close(got[k], want[k], rtol=0.05, atol=0.05, msg=k)
     assert all(p.dtype == dtype for p in half.parameters())
+
+
+def test_randomization_sanity_of_a_gradient_method_inside_inference_mode(vit, x32):
+    from vitlab.inspect import randomization_sanity
+
+    want = randomization_sanity("gradient rollout", vit, x32, target=1)
+    with torch.inference_mode():
+        got = randomization_sanity("gradient rollout", vit, x32, target=1)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert all(p.requires_grad and p.grad is None for p in vit.parameters())

@@ -158,9 +158,10 @@ def randomized_copy(model: nn.Module, seed: int = 0) -> nn.Module:
     convolutions, position embeddings, prefix tokens) are re-drawn from N(0, s^2), s the tensor's own
     standard deviation, so activations keep their scale but nothing learned remains; 1-d parameters (norm
     scales, biases, layer scales) are kept. The original model is untouched."""
-    rand = copy.deepcopy(model)
+    with torch.inference_mode(False):  # inside a caller's inference_mode, ordinary tensors: gradient methods run on it
+        rand = copy.deepcopy(model)
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad():
         for p in rand.parameters():
             if p.ndim >= 2:
                 # drawn and scaled on the CPU in float32: the same copy whatever the model's device
