@@ -122,3 +122,9 @@ def test_randomization_sanity_of_a_gradient_method_inside_inference_mode(vit, x3
         got = randomization_sanity("gradient rollout", vit, x32, target=1)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     assert all(p.requires_grad and p.grad is None for p in vit.parameters())
+
+
+def test_data_parallel_model_saved_as_its_module(vit, x32, tmp_path):
+    vitlab.save_checkpoint(torch.nn.DataParallel(vit), tmp_path / "ck")
+    back = vitlab.load_checkpoint(tmp_path / "ck")
+    torch.testing.assert_close(back.eval()(x32), vit(x32), rtol=0, atol=0)
