@@ -128,3 +128,21 @@ def test_data_parallel_model_saved_as_its_module(vit, x32, tmp_path):
     vitlab.save_checkpoint(torch.nn.DataParallel(vit), tmp_path / "ck")
     back = vitlab.load_checkpoint(tmp_path / "ck")
     torch.testing.assert_close(back.eval()(x32), vit(x32), rtol=0, atol=0)
+
+
+def test_data_parallel_checkpoint_keeps_its_class_names(vit):
+    from vitlab.images import head_class_names
+
+    vit.vitlab_checkpoint = {"train": {"data": "cifar10"}}  # what load_checkpoint attaches for a CIFAR-10 run
+    names = head_class_names(vit)
+    assert names is not None and names[0] == "airplane"
+    assert head_class_names(torch.nn.DataParallel(vit)) == names
+
+
+def test_data_parallel_shapes_model_shown_shapes(vit):
+    from vitlab.images import default_images
+
+    vit.vitlab_checkpoint = {"train": {"data": "shapes"}}
+    names = default_images(vit, 2)[0]
+    assert default_images(torch.nn.DataParallel(vit), 2)[0] == names
+    assert not names[0].startswith("airplane")  # the shapes' test draw, not CIFAR-10's
