@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from vitlab.modes import eval_mode
+from vitlab.modes import eval_mode, no_checkpointing, unwrapped
 
 __all__ = [
     "HEAD_FUSIONS",
@@ -40,6 +40,7 @@ __all__ = [
     "capture_attention",
     "attention_maps",
     "check_images",
+    "check_input_dtype",
     "check_input_size",
     "find_attention_modules",
     "AttentionLayer",
@@ -108,6 +109,7 @@ def find_attention_modules(model: nn.Module) -> list[AttentionLayer]:
     heads are the branches' heads, concatenated in branch order. Attentions whose applied map is not a
     post-softmax map (differential, talking-heads) raise ``AttentionCaptureError``.
     """
+    model = unwrapped(model)
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, (nn.Sequential, nn.ModuleList)) and len(blocks):
         layers = []
@@ -435,9 +437,10 @@ def capture_attention(
     preallocated (L, N, ...) tensor instead of concatenating per-call tensors at the end. ``keep_grad=True`` keeps
     the maps in the autograd graph so that after ``backward()`` ``capture.grads()`` returns each layer's own
     gradient (no reductions then). The model runs in eval
-    mode inside the block (never maps with dropout applied); its modes, fused flags and hooks are
-    restored on exit, also when the body raises.
+    mode and without gradient checkpointing inside the block (never maps with dropout applied); its modes, fused and
+    checkpointing flags and hooks are restored on exit, also when the body raises.
     """
+    model = unwrapped(model)
     if head_fusion not in (None, "mean", "max", "min"):
         raise ValueError(f"head_fusion must be None, 'mean', 'max' or 'min', got {head_fusion!r}")
     if keep_grad and (head_fusion is not None or queries not in (None, "all") or reduce is not None):
@@ -478,7 +481,8 @@ def capture_attention(
         handles.append(module.register_forward_pre_hook(pre))
         handles.append(module.register_forward_hook(post, always_call=True))
 
-    with eval_mode(model):  # every module's own mode comes back after the block
+    # every module's own mode comes back after the block; checkpointed blocks would record outside the graph
+    with eval_mode(model), no_checkpointing(model):
         try:
             for i in chosen:
                 for b, m in enumerate(found[i].modules):
@@ -535,8 +539,26 @@ def check_images(images: Tensor, model: nn.Module | None = None) -> None:
     if len(images) == 0:
         raise ValueError(f"images is an empty batch (shape {tuple(images.shape)}): pass at least one image "
                          "(images[None] for one image)")
+    if not images.is_floating_point():
+        raise TypeError(f"images are {str(images.dtype).removeprefix('torch.')}: the analyses take preprocessed float "
+                        "images (resized and normalised for the model), not raw pixels: load them with "
+                        "vitlab.images.load_images(model, folder), or normalise them with vitlab.data.normalize")
     if model is not None:
         check_input_size(model, tuple(images.shape[-2:]))
+        check_input_dtype(model, images)
+
+
+def check_input_dtype(model: nn.Module, images: Tensor) -> None:
+    """Refuse float images of another precision than the model's weights (float32 images on a bfloat16 model,
+    float64 on a float32 one), which fail inside the first convolution with a bare dtype error; inside an autocast
+    region the model casts them itself."""
+    dtypes = [p.dtype for p in unwrapped(model).parameters() if p.is_floating_point()]
+    if not dtypes or images.dtype in dtypes or torch.is_autocast_enabled(images.device.type):
+        return
+    want = str(dtypes[0]).removeprefix("torch.")
+    have = str(images.dtype).removeprefix("torch.")
+    raise TypeError(f"images are {have} but the model's weights are {want}: pass images.to(torch.{want}), or run "
+                    f"the model in {have} (model.to(torch.{have})) or inside torch.autocast")
 
 
 def check_input_size(model: nn.Module, size: tuple[int, int]) -> None:
@@ -544,6 +566,7 @@ def check_input_size(model: nn.Module, size: tuple[int, int]) -> None:
     embeddings are built for one size (timm's own check is a bare AssertionError, and a hybrid's a raw tensor size
     mismatch deep in the forward). Models with ``dynamic_img_size`` and models without a patch embedding (CNNs)
     take any size."""
+    model = unwrapped(model)
     pe = getattr(model, "patch_embed", None)
     built = getattr(pe, "img_size", None)
     if built is None or getattr(model, "dynamic_img_size", False) or not getattr(pe, "strict_img_size", True):
@@ -575,6 +598,7 @@ def attention_maps(
     """
     from tqdm.auto import tqdm
 
+    model = unwrapped(model)
     check_images(images, model)
     chunks = images.split(batch_size or len(images))
     show = len(chunks) > 1 if progress is None else progress

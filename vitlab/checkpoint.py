@@ -17,6 +17,7 @@ from torch import nn
 
 from vitlab.atomic import new_file_mode, recover_dir, refuse_foreign_dir, replace_dir, rmtree_quiet, temp_dir_beside
 from vitlab.errors import ModelLoadError
+from vitlab.modes import unwrapped
 from vitlab.provenance import versions
 from vitlab.zoo import ModelConfig, build_model, config_from_dict, config_to_dict
 
@@ -53,7 +54,8 @@ def save_checkpoint(
     ``modules`` adds one ``NAME.safetensors`` per entry (parts that live beside the model, e.g. a masked-patch-
     prediction head), in ``dtype`` too, inside the same atomic swap.
     """
-    cfg = getattr(model, "vitlab_config", None)  # a torch.compile wrapper passes it (and pretrained_cfg) through
+    model = unwrapped(model)  # a torch.compile or DataParallel wrapper: the model it holds, and its keys
+    cfg = getattr(model, "vitlab_config", None)
     if cfg is None:
         raise ValueError(
             "this model has no vitlab config (it was not built by vitlab.build_model); "
@@ -143,12 +145,12 @@ def _meta_json(model: nn.Module, cfg: ModelConfig, extra: dict[str, Any] | None)
 
 
 def _state_for_saving(model: nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """CPU, contiguous copies of the state dict (of the module a ``torch.compile`` wrapper holds: the wrapper's keys
-    carry "_orig_mod."); floating-point tensors cast to ``dtype`` when given."""
+    """CPU, contiguous copies of the state dict (of the module a ``torch.compile`` or ``DataParallel`` wrapper holds:
+    the wrapper's keys carry "_orig_mod." or "module."); floating-point tensors cast to ``dtype`` when given."""
     if dtype is not None and not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point dtype such as torch.float16, got {dtype}")
     state = {}
-    for k, v in getattr(model, "_orig_mod", model).state_dict().items():
+    for k, v in unwrapped(model).state_dict().items():
         v = v.detach().cpu()
         if dtype is not None and v.is_floating_point():
             v = v.to(dtype)

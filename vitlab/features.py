@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from vitlab.data import ImageArray, cache_file, normalize, write_cache
 from vitlab.info import model_info
-from vitlab.modes import eval_mode
+from vitlab.modes import eval_mode, unwrapped
 
 __all__ = ["extract_features", "extract_readouts", "feature_key", "patch_mean", "preprocess_uint8", "READOUTS",
            "READOUT_NAMES", "READOUT_VERSIONS"]
@@ -104,7 +104,9 @@ def _structure(model: nn.Module) -> list[str]:
 def feature_key(model: nn.Module, data: ImageArray, device: str | torch.device | None = None) -> str:
     """A hex digest of (model config, modules and weights, data, transform, numerics on ``device``: default the
     model's); the config includes the readout settings that no weight holds (``global_pool``, timm's
-    ``pool_include_prefix``), the modules each layer's class and settings (an activation holds no weight)."""
+    ``pool_include_prefix``), the modules each layer's class and settings (an activation holds no weight). A
+    wrapped model (``torch.compile``, ``DataParallel``) has the key of the module it wraps."""
+    model = unwrapped(model)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     h = hashlib.blake2b(digest_size=16)
     h.update(json.dumps(_numerics(device), sort_keys=True).encode())
@@ -159,6 +161,7 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
                      device: str | torch.device | None = None) -> dict[str, Tensor]:
     """{readout: (N, D) float32 features} of ``data`` for each of ``readouts`` (as ``extract_features`` defines
     them) from one forward pass over the images; each readout is cached on its own."""
+    model = unwrapped(model)
     if not hasattr(model, "forward_head") or not hasattr(model, "forward_features"):
         raise TypeError(f"{type(model).__name__} has no forward_features/forward_head: extract_features needs a "
                         "timm model (a ViT, hybrid or ResNet)")
@@ -179,6 +182,7 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
         raise ValueError(f"device={device!r} but the model is on {here}: move the model first "
                          f"(model.to({str(device)!r})); the features run where the model is")
     device = here
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     paths: dict[str, Path | None] = dict.fromkeys(readouts)
     found: dict[str, Tensor] = {}
     if cache:
@@ -201,7 +205,7 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
         starts = range(0, len(data), batch_size)
         for i in tqdm(starts, desc="features", disable=progress is False or (progress is None and len(starts) < 4),
                       leave=False):
-            x = preprocess_uint8(data.images[i:i + batch_size], tf).to(device)
+            x = preprocess_uint8(data.images[i:i + batch_size], tf).to(device, dtype)  # a half model: half images
             tokens = model.forward_features(x)
             for r in todo:
                 f = patch_mean(model, tokens, n_prefix) if r == "patch_mean" else model.forward_head(tokens,

@@ -29,6 +29,7 @@ from vitlab.data import (
     sample_images,
 )
 from vitlab.info import data_config
+from vitlab.modes import unwrapped
 
 __all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_image_count", "default_images", "default_labels", "default_source", "CIFAR_SAMPLE"]
 
@@ -191,7 +192,7 @@ def _preprocessed(model: nn.Module, items: list[tuple[str, Image.Image]]) -> tup
 def _trained_on(model: nn.Module) -> str:
     """The data set a vitlab checkpoint's card records its training on (``cifar10``, ``shapes``, a folder), without
     its root; "" for a model that is not a vitlab checkpoint."""
-    ck = getattr(model, "vitlab_checkpoint", None) or {}
+    ck = getattr(unwrapped(model), "vitlab_checkpoint", None) or {}  # a DataParallel wrapper: its module's card
     return str((ck.get("train") or {}).get("data", "")).split(":")[0]
 
 
@@ -236,6 +237,7 @@ def head_class_names(model: nn.Module) -> tuple[str, ...] | None:
     (``data.classes``), or CIFAR-10's for a 10-class checkpoint trained on ``cifar10`` and the shapes' for a 4-class
     one trained on ``shapes`` (checkpoints from before the names were recorded); None otherwise (e.g. a timm model or a checkpoint of another data set): never a guess
     from the head's size."""
+    model = unwrapped(model)  # a DataParallel wrapper: its module's head and card
     n_cls = int(getattr(model, "num_classes", 0) or 0)
     ck = getattr(model, "vitlab_checkpoint", None) or {}
     names = (ck.get("data") or {}).get("classes")

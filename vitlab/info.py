@@ -13,6 +13,8 @@ import torch
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from torch import nn
 
+from vitlab.modes import unwrapped
+
 __all__ = ["ModelInfo", "model_info", "data_config"]
 
 
@@ -23,6 +25,7 @@ def data_config(model: nn.Module) -> dict:
     input size (``dynamic_img_size=True``) built at another size gets that size too: the size it was built for."""
     import timm.data
 
+    model = unwrapped(model)
     cfg = dict(timm.data.resolve_data_config({}, model=model))
     pe = getattr(model, "patch_embed", None)
     size = getattr(pe, "img_size", None)
@@ -99,6 +102,7 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
 
     Raises ``TypeError`` for models without a patch embedding and transformer blocks (e.g. a ResNet).
     """
+    model = unwrapped(model)
     pe = getattr(model, "patch_embed", None)
     blocks = getattr(model, "blocks", None)
     if pe is None and blocks is not None and hasattr(model, "embeds"):  # timm's NaFlexVit: a ViT all the same

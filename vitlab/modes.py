@@ -2,7 +2,9 @@
 
 ``eval_mode`` (every module's own train/eval flag), ``frozen_parameters`` (``requires_grad``),
 ``explicit_attention`` (timm's per-module ``fused_attn`` flag), ``any_image_size`` (timm's ``dynamic_img_size``
-path of a ViT) and ``all_patch_tokens`` (timm's ``PatchDropout`` rate). Nothing here imports the rest of vitlab.
+path of a ViT), ``all_patch_tokens`` (timm's ``PatchDropout`` rate) and ``no_checkpointing`` (timm's
+``grad_checkpointing``); ``unwrapped``, the module a wrapper runs.
+Nothing here imports the rest of vitlab.
 """
 
 from __future__ import annotations
@@ -12,7 +14,22 @@ from collections.abc import Iterator
 
 from torch import nn
 
-__all__ = ["eval_mode", "frozen_parameters", "explicit_attention", "any_image_size", "all_patch_tokens"]
+__all__ = ["unwrapped", "eval_mode", "frozen_parameters", "explicit_attention", "no_checkpointing", "any_image_size", "all_patch_tokens"]
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model a wrapper holds, unwrapped to the bottom: ``torch.compile``'s ``OptimizedModule`` (its ``_orig_mod``),
+    ``nn.DataParallel`` and ``DistributedDataParallel`` (their ``module``); any other model itself. The analyses
+    read and run this module: its attributes (``patch_embed``, ``blocks``, ``num_classes``) are the model's, hooks
+    on it run eagerly (a compiled graph would recompile around them), and each map stays with its own image (a
+    multi-GPU ``DataParallel`` runs hooks on per-device replicas in any order)."""
+    while True:
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
+            model = model._orig_mod
+        else:
+            return model
 
 
 @contextlib.contextmanager
@@ -55,6 +72,23 @@ def explicit_attention(model: nn.Module, enabled: bool = True) -> Iterator[nn.Mo
     finally:
         for m, flag in zip(mods, saved):
             m.fused_attn = flag
+
+
+@contextlib.contextmanager
+def no_checkpointing(model: nn.Module) -> Iterator[nn.Module]:
+    """Gradient checkpointing off inside the block (every module's boolean ``grad_checkpointing``, as timm's
+    ``set_grad_checkpointing(False)`` sets it), each flag restored after. A checkpointed block runs its forward
+    without autograd and again during ``backward()``: hooks would record maps outside the graph, then record them
+    a second time."""
+    mods = [m for m in model.modules() if isinstance(getattr(m, "grad_checkpointing", None), bool)]
+    saved = [m.grad_checkpointing for m in mods]
+    try:
+        for m in mods:
+            m.grad_checkpointing = False
+        yield model
+    finally:
+        for m, flag in zip(mods, saved):
+            m.grad_checkpointing = flag
 
 
 @contextlib.contextmanager

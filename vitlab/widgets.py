@@ -19,6 +19,7 @@ import vitlab
 from vitlab.info import model_info
 from vitlab.inspect import attention_view, attribution, mean_attention_distance, position_embedding_similarity
 from vitlab.inspect.attribution import has_classifier, require_classifier
+from vitlab.modes import unwrapped
 from vitlab.plots import heatmap_over_image, layer_lines
 
 __all__ = ["AttentionExplorer", "PositionExplorer", "DistanceExplorer", "METHODS", "HEADS", "UNITS"]
@@ -63,6 +64,7 @@ class AttentionExplorer:
         ipw = _ipw()
         from vitlab.images import default_images, head_class_names
 
+        model = unwrapped(model)  # a compiled or DataParallel model: the module it runs
         self.model = model  # its modes are left alone: capture and the methods run in eval mode temporarily
         names, x, shown = images if images is not None else default_images(model, num_images)
         self.names, self.x, self.shown = list(names), x.detach().float().cpu(), list(shown)  # cast at each use
@@ -295,6 +297,7 @@ class DistanceExplorer:
                  num_images: int = 16) -> None:
         from vitlab.images import default_images
 
+        model = unwrapped(model)
         if images is None:
             images = default_images(model, num_images)[1]
         self.distance = mean_attention_distance(model, _as_input(model, images),

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from vitlab.capture import capture_attention, check_images
 from vitlab.info import ModelInfo, model_info
 from vitlab.inspect.rollout import attention_rollout, readout_vector
-from vitlab.modes import eval_mode, frozen_parameters
+from vitlab.modes import eval_mode, frozen_parameters, unwrapped
 
 __all__ = ["gradient_rollout", "integrated_gradients", "occlusion", "patch_mask", "ATTRIBUTION_METHODS",
            "attribution", "attribution_method", "predicted_class", "has_classifier", "require_classifier",
@@ -34,6 +34,7 @@ __all__ = ["gradient_rollout", "integrated_gradients", "occlusion", "patch_mask"
 def has_classifier(model: nn.Module) -> bool:
     """False for a model built without a classifier head (timm's ``num_classes=0``, e.g. the paper's own
     ``.orig_in21k`` weights), whose output is its features, not class scores."""
+    model = unwrapped(model)
     return getattr(model, "num_classes", None) != 0
 
 
@@ -48,6 +49,7 @@ def require_classifier(model: nn.Module, what: str) -> None:
 @torch.no_grad()
 def predicted_class(model: nn.Module, images: Tensor, batch_size: int = 64) -> Tensor:
     """(B,) argmax of the logits (eval mode)."""
+    model = unwrapped(model)
     require_classifier(model, "a predicted class")
     check_images(images, model)
     with eval_mode(model):
@@ -56,6 +58,7 @@ def predicted_class(model: nn.Module, images: Tensor, batch_size: int = 64) -> T
 
 def _num_classes(model: nn.Module, images: Tensor) -> int:
     """The width of the model's class scores: its ``num_classes`` (timm's), else one forward pass on an image."""
+    model = unwrapped(model)
     n = getattr(model, "num_classes", None)
     if isinstance(n, int) and n > 0:
         return n
@@ -106,13 +109,17 @@ def gradient_rollout(model: nn.Module, images: Tensor, target: Tensor | int | No
     Per layer l (from ``start_layer``): ``A_l = mean_heads(relu(grad_l * attn_l))`` with ``grad_l`` the
     gradient of the target logit with respect to that layer's attention; ``R <- R + A_l R`` from ``R = I``.
     """
+    model = unwrapped(model)
     check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     if not 0 <= start_layer < info.depth:
         raise ValueError(f"start_layer must be in [0, {info.depth}), got {start_layer}")
     t = target_classes(model, images, target)
-    x = images.detach().clone().requires_grad_(True)
-    with frozen_parameters(model), torch.enable_grad(), capture_attention(model, keep_grad=True) as cap:
+    # autograd also inside a caller's torch.inference_mode(): the clones made here are ordinary tensors it can save
+    with torch.inference_mode(False):
+        x, t = images.detach().clone().requires_grad_(True), t.clone()
+    with (torch.inference_mode(False), frozen_parameters(model), torch.enable_grad(),
+          capture_attention(model, keep_grad=True) as cap):
         logits = model(x)
         logits.gather(1, t[:, None]).sum().backward()
         maps, grads, pool = cap.stack(), cap.grads(), cap.pool_maps()
@@ -154,10 +161,13 @@ def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int 
     """
     from captum.attr import IntegratedGradients
 
+    model = unwrapped(model)
     check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     t = target_classes(model, images, target)
-    with eval_mode(model), frozen_parameters(model), torch.enable_grad():
+    with torch.inference_mode(False):  # autograd also inside a caller's torch.inference_mode(), on ordinary clones
+        images, t = images.clone(), t.clone()
+    with torch.inference_mode(False), eval_mode(model), frozen_parameters(model), torch.enable_grad():
         attr = IntegratedGradients(model).attribute(images, baselines=baseline, target=t, n_steps=steps,
                                                     internal_batch_size=internal_batch_size)
     return _pool_to_patches(attr.detach(), info)
@@ -169,6 +179,7 @@ def occlusion(model: nn.Module, images: Tensor, target: Tensor | int | None = No
     """(B, gh, gw) drop of the target logit when each patch alone is replaced by ``baseline`` (captum)."""
     from captum.attr import FeatureAblation
 
+    model = unwrapped(model)
     check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     t = target_classes(model, images, target)

@@ -19,6 +19,7 @@ from vitlab.inspect.faithfulness import (
     randomization_sanity,
     randomized_copy,
 )
+from vitlab.modes import unwrapped
 
 __all__ = ["MethodScores", "compare_methods"]
 
@@ -47,6 +48,7 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
 
     ``target`` (B,) classes or one class for every image, default the model's predictions; ``masks`` (B, H, W) adds localisation scores.
     """
+    model = unwrapped(model)
     fns = {m: attribution_method(m) for m in methods}  # every name checked before any work
     require_classifier(model, "compare_methods (its scores follow a class's probability)")
     check_images(images, model)

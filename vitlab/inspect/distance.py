@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from vitlab.capture import capture_attention, check_images
 from vitlab.info import model_info
+from vitlab.modes import unwrapped
 
 
 def patch_distances(grid: tuple[int, int], patch: tuple[int, int], dtype=torch.float64) -> Tensor:
@@ -63,6 +64,7 @@ def mean_attention_distance(model: nn.Module, images: Tensor, *, batch_size: int
     """
     from tqdm.auto import tqdm
 
+    model = unwrapped(model)
     check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     chunks = images.split(batch_size)

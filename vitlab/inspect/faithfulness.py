@@ -30,7 +30,7 @@ from vitlab.inspect.attribution import (
     target_classes,
 )
 from vitlab.inspect.rollout import attention_rollout
-from vitlab.modes import eval_mode
+from vitlab.modes import eval_mode, unwrapped
 from vitlab.stats import spearman
 
 __all__ = ["deletion_insertion", "deletion_insertion_scorer", "randomization_sanity", "localisation", "rank_correlation",
@@ -56,6 +56,7 @@ def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: T
     normalisation mean). Returns ``deletion``/``insertion`` (B,) AUCs in [0, 1] and the (B, steps + 1) curves.
     Several maps of the same images: ``deletion_insertion_scorer``, which does the shared work once.
     """
+    model = unwrapped(model)
     require_classifier(model, "deletion and insertion (the probability of a class)")
     check_images(images, model)
     _check_maps(maps, images, model_info(model, img_size=tuple(images.shape[-2:])).grid_size)
@@ -69,6 +70,7 @@ def deletion_insertion_scorer(model: nn.Module, images: Tensor, target: Tensor |
     """``deletion_insertion`` of these images as a function of the (B, gh, gw) maps alone: the checks, the target
     classes, the baseline and both ends of the curves (the unchanged images and the baseline, the same for every
     map) are done once here, so each map costs only its steps 1 to ``steps - 1``."""
+    model = unwrapped(model)
     require_classifier(model, "deletion and insertion (the probability of a class)")
     check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
@@ -156,9 +158,10 @@ def randomized_copy(model: nn.Module, seed: int = 0) -> nn.Module:
     convolutions, position embeddings, prefix tokens) are re-drawn from N(0, s^2), s the tensor's own
     standard deviation, so activations keep their scale but nothing learned remains; 1-d parameters (norm
     scales, biases, layer scales) are kept. The original model is untouched."""
-    rand = copy.deepcopy(model)
+    with torch.inference_mode(False):  # inside a caller's inference_mode, ordinary tensors: gradient methods run on it
+        rand = copy.deepcopy(model)
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad():
         for p in rand.parameters():
             if p.ndim >= 2:
                 # drawn and scaled on the CPU in float32: the same copy whatever the model's device
@@ -177,6 +180,7 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
     ``randomized_copy(model, seed)`` when already made (``seed`` is then not used). ``target`` None: the model's
     prediction, or, for a model without a classifier head, no class (rollout, which needs none, still runs there;
     the class-specific methods refuse such a model)."""
+    model = unwrapped(model)
     check_images(images, model)
     if method is attention_rollout:  # its third argument is head_fusion, not a target: the wrapper takes one
         method = "rollout"

@@ -10,9 +10,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from vitlab.modes import unwrapped
+
 
 def _filters(model: nn.Module) -> Tensor:
     """(D, C, P, P) patch-embedding filters."""
+    model = unwrapped(model)
     pe = getattr(model, "patch_embed", None)
     if pe is None:
         raise TypeError(f"{type(model).__name__} has no patch_embed: not a ViT-family model")
@@ -67,6 +70,7 @@ def random_filter_pca_ratios(model: nn.Module, k: int = 28, draws: int = 5) -> T
     against, drawn from exactly the distribution training started from."""
     import copy
 
+    model = unwrapped(model)
     pe = getattr(model, "patch_embed", None)
     proj = getattr(pe, "proj", None)
     out = []

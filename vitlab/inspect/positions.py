@@ -16,11 +16,13 @@ from torch import Tensor, nn
 
 from vitlab.info import model_info
 from vitlab.inspect.distance import patch_distances
+from vitlab.modes import unwrapped
 from vitlab.stats import spearman
 
 
 def _grid_embeddings(model: nn.Module, grid: tuple[int, int] | None = None) -> tuple[Tensor, tuple[int, int]]:
     """(gh, gw, D) patch position embeddings, optionally resampled (bicubic, as timm) to ``grid``."""
+    model = unwrapped(model)
     info = model_info(model)
     pe = getattr(model, "pos_embed", None)
     if info.pos_embed == "none" or pe is None:

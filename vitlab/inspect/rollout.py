@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from vitlab.capture import HEAD_FUSIONS, capture_attention, check_images, find_attention_modules, fuse_heads
 from vitlab.info import model_info
+from vitlab.modes import unwrapped
 
 
 def _check(maps: Tensor, discard_ratio: float, residual: float, start_layer: int, head_fusion: str) -> None:
@@ -147,6 +148,7 @@ def attention_rollout(model: nn.Module, images: Tensor, head_fusion: Literal["me
     fused inside the capture and the joint attention is accumulated layer by layer during the forward pass
     (``JointRollout``), so peak memory is one (B, T, T) product, not one map per layer.
     """
+    model = unwrapped(model)
     check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     depth = len(find_attention_modules(model))
