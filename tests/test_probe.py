@@ -487,3 +487,23 @@ def test_features_take_missing_preprocessing_from_timms_defaults_and_resize_with
     with torch.no_grad():
         expected = model.forward_head(model.forward_features(x), pre_logits=True)
     torch.testing.assert_close(extract_features(model, data, cache=False), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_probe_says_what_each_models_own_readout_is():
+    """`vitlab probe` described every model's features as 'the class token; the mean of the class and distillation
+    tokens for a distilled ViT', also a ResNet's (no tokens) and an average-pooled ViT's: it now names what this
+    model reads out."""
+    import timm
+
+    import vitlab
+    from vitlab.features import readout_description
+
+    assert readout_description(tiny_vit(), "model") == "the model's own readout (the class token)"
+    assert readout_description(vitlab.load_model(), "model") == (
+        "the model's own readout (the mean of the class and distillation tokens)")  # the distilled default
+    assert readout_description(tiny_vit(readout="avg"), "model") == (
+        "the model's own readout (the mean of the final patch tokens)")
+    assert readout_description(tiny_bit(), "model") == "the model's own readout (its globally pooled final feature map)"
+    siglip = timm.create_model("vit_base_patch16_siglip_224", pretrained=False, depth=1, num_classes=0, img_size=32)
+    assert readout_description(siglip, "model") == "the model's own readout (its attention pool over the final tokens)"
+    assert readout_description(tiny_bit(), "patch_mean") == "the mean of the final patch tokens"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vitlab.devices import DEVICE_HELP
-from vitlab.features import READOUT_NAMES, READOUTS
+from vitlab.features import READOUTS, readout_description
 
 if TYPE_CHECKING:
     from vitlab.scaling import SweepConfig
@@ -337,7 +337,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
     full = linear_probe_accuracy(ftr, train.labels, fte, test.labels) if args.full else None
     print(f"{args.model or 'embedded default'} on {args.data}: {len(train)} train / {len(test)} test images, "
-          f"{ftr.shape[1]}-d features ({READOUT_NAMES[args.readout]}), l2 = {args.l2:g}, {args.seeds} seeds")
+          f"{ftr.shape[1]}-d features ({readout_description(model, args.readout)}), l2 = {args.l2:g}, {args.seeds} seeds")
     print(format_table(res, full))
     if args.json:
         from vitlab.atomic import atomic_write_text

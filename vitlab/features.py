@@ -28,7 +28,7 @@ from vitlab.info import model_info
 from vitlab.modes import eval_mode, unwrapped
 
 __all__ = ["extract_features", "extract_readouts", "feature_key", "patch_mean", "preprocess_uint8", "READOUTS",
-           "READOUT_NAMES", "READOUT_VERSIONS"]
+           "READOUT_NAMES", "READOUT_VERSIONS", "readout_description"]
 
 
 #: What a probe reads: the model's own readout (``forward_head(pre_logits=True)``) or the mean of a ViT's patch tokens
@@ -37,6 +37,27 @@ READOUTS: tuple[str, ...] = get_args(Readout)
 READOUT_NAMES = {"model": "the model's own readout (the class token; the mean of the class and distillation tokens "
                           "for a distilled ViT)",
                  "patch_mean": "the mean of the final patch tokens"}
+def readout_description(model: nn.Module, readout: str) -> str:
+    """``READOUT_NAMES[readout]`` said of ``model``: what its own readout is (the class token, the class and
+    distillation tokens' mean, an average or attention pool, a CNN's pooled feature map)."""
+    if readout != "model":
+        return READOUT_NAMES[readout]
+    try:
+        info = model_info(unwrapped(model))
+    except (TypeError, ValueError):  # no tokens: a CNN's head pools its last feature map
+        return "the model's own readout (its globally pooled final feature map)"
+    if info.readout == "token":
+        what = ("the mean of the class and distillation tokens" if "dist" in info.prefix_kinds
+                else "the class token")
+    elif info.readout == "avg":
+        what = "the mean of the final tokens" if info.readout_includes_prefix else "the mean of the final patch tokens"
+    elif info.readout == "map":
+        what = "its attention pool over the final tokens"
+    else:
+        what = f"timm's global_pool={info.readout!r} over the final tokens"
+    return f"the model's own readout ({what})"
+
+
 #: Bumped when a readout's definition changes, so that features cached under the old definition are never served.
 #: patch_mean 2: the mean goes through the model's ``fc_norm`` (an average-pooled ViT's final LayerNorm; version 1
 #: averaged its tokens before any LayerNorm).
