@@ -583,6 +583,16 @@ def test_sweep_plot_over_its_own_results_is_refused(tmp_path, capsys):
     assert f"--plot {tmp_path} is a folder; give a file name" in capsys.readouterr().err
 
 
+def test_sweep_options_that_would_be_ignored_are_refused(tmp_path, capsys):
+    """`sweep --table --tune` printed the tables and silently skipped the tuning, and `--save-config` without
+    --tune wrote nothing; both are refused now, before any work, naming the fix."""
+    assert main(["sweep", "--table", "--tune"]) == 1
+    assert "--table runs nothing" in capsys.readouterr().err
+    assert main(["sweep", "--table", "--save-config", str(tmp_path / "c.json")]) == 1
+    assert "--save-config writes the config --tune freezes: pass --tune too" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_sweep_plot_png_names_a_bad_browser_path(tmp_path, monkeypatch, capsys):
     """--plot FILE.png without a Chromium said 'needs a Chromium (apt-get install chromium)' also when BROWSER_PATH
     was set to a file that does not exist: the message names that path, and no file is written."""

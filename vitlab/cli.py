@@ -354,6 +354,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from vitlab.scaling import ResultsStore, load_sweep_config, run_sweep, summarise
 
+    if args.table and args.tune:
+        raise ValueError("--table runs nothing (it prints what the results store holds) and --tune runs the tuning: "
+                         "pass one of them")
+    if args.save_config and not args.tune:
+        raise ValueError("--save-config writes the config --tune freezes: pass --tune too, or leave --save-config out")
     sweep = load_sweep_config(args.config)
     results = args.results or f"runs/sweeps/{sweep.name}.jsonl"
     if args.shots is not None and args.shots not in sweep.shots:
