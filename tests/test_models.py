@@ -113,6 +113,14 @@ def test_local_weights_file_problems(timm_file, tmp_path):
         vitlab.load_model("vit_tiny_patch16_224", weights=tmp_path / "missing.safetensors")
     with pytest.raises(ModelLoadError, match="weights= is for timm model names"):
         vitlab.load_model(vit_config("Ti/4", img_size=32), weights=path)
+    # an empty file (a failed download) said '(EOFError: )', with nothing after the colon and no way on
+    for name in ("empty.pth", "empty.safetensors"):
+        (tmp_path / name).write_bytes(b"")
+        with pytest.raises(ModelLoadError, match=rf"{name} \(\w+(: [^)]+)?\): it is empty; give the model's "):
+            vitlab.load_model("vit_tiny_patch16_224", weights=tmp_path / name)
+    (tmp_path / "junk.pth").write_bytes(b"not a state dict")
+    with pytest.raises(ModelLoadError, match=r"junk.pth \(.+\): it is damaged or not a weights file"):
+        vitlab.load_model("vit_tiny_patch16_224", weights=tmp_path / "junk.pth")
 
 
 

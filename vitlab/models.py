@@ -251,7 +251,11 @@ def _file_num_classes(wpath: Path, classifiers: tuple[str, ...]) -> int | None:
                 return f.get_slice(key).get_shape()[0] if key in f.keys() else None
         state = timm.models.load_state_dict(str(wpath), weights_only=True)
     except Exception as e:
-        raise ModelLoadError(f"could not read weights file {wpath} ({type(e).__name__}: {e})") from None
+        why = f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__}"
+        size = wpath.stat().st_size if wpath.is_file() else None
+        damaged = "it is empty" if size == 0 else "it is damaged or not a weights file"
+        raise ModelLoadError(f"could not read weights file {wpath} ({why}): {damaged}; give the model's .safetensors "
+                             "(or a PyTorch state dict) as saved") from None
     return int(state[key].shape[0]) if key in state else None
 
 
