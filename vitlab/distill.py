@@ -69,7 +69,10 @@ def soft_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
 def distill_loss(logits: Tensor, dist_logits: Tensor, teacher_logits: Tensor, target: Tensor,
                   cfg: TrainConfig) -> Tensor:
     """DeiT: half the loss on the labels through the class token, half on the teacher through the
-    distillation token (its argmax for ``hard``; KL divergence at temperature ``distill_tau`` for ``soft``)."""
+    distillation token (its argmax for ``hard``; KL divergence at temperature ``distill_tau`` for ``soft``). The soft
+    term is the KL divergence per image, the DeiT paper's formula; DeiT's reference code divides the summed KL by
+    every logit (B x K), which makes its soft term K times smaller (10 times for CIFAR-10): compare soft-target
+    numbers with that code's only after scaling."""
     base = soft_cross_entropy(logits, target)
     if cfg.distill == "hard":
         dist = F.cross_entropy(dist_logits.float(), teacher_logits.argmax(-1))
