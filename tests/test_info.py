@@ -201,3 +201,21 @@ def test_an_input_smaller_than_one_patch_is_refused():
     with pytest.raises(ValueError, match="smaller than one 16x16 px patch"):
         model_info(model, img_size=(8, 64))
     assert model_info(model, img_size=(16, 16)).grid_size == (1, 1)
+
+
+def test_a_vit_vitlab_cannot_read_is_not_said_to_have_no_attention(tmp_path, monkeypatch):
+    """`vitlab reproduce` and `vitlab app` wrapped model_info's refusal of timm's NaFlexVit (a ViT that vitlab cannot
+    read) in 'has no self-attention', which is false; a model with attention layers is now 'cannot be inspected',
+    and a CNN still 'has no self-attention'."""
+    from conftest import tiny_bit
+
+    import vitlab.report as R
+    from vitlab.info import has_attention
+
+    naflex = timm.create_model("naflexvit_base_patch16_gap", pretrained=False, depth=1, num_classes=3)
+    assert has_attention(naflex) and has_attention(vitlab.load_model()) and not has_attention(tiny_bit())
+    for net, words in ((naflex, "m cannot be inspected"), (tiny_bit(), "m has no self-attention to inspect")):
+        monkeypatch.setattr(R.vitlab, "load_model", lambda *a, _n=net, **k: _n)
+        with pytest.raises(ValueError, match=words):
+            R.reproduce("m", out=tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

@@ -538,13 +538,14 @@ def _check_app_model(model: str | None, num_images: int, pretrained: bool = True
     its default images, before any server starts."""
     import vitlab
     from vitlab.images import default_image_count, default_source
+    from vitlab.info import has_attention
 
     net = vitlab.load_model(model or None, pretrained=pretrained, weights=weights)
     try:
         vitlab.model_info(net)
     except TypeError as e:
-        raise ValueError(f"{model or 'the embedded default'} has no self-attention for the explorer to show ({e}): "
-                         "pass a ViT-family model") from e
+        what = "cannot be read by the explorer" if has_attention(net) else "has no self-attention for the explorer to show"
+        raise ValueError(f"{model or 'the embedded default'} {what} ({e}): pass a ViT-family model") from e
     most = default_image_count(net)
     if num_images > most:
         raise ValueError(f"--num-images {num_images}: this model's images are {default_source(net)}, at most "

@@ -171,6 +171,12 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
     )
 
 
+def has_attention(model: nn.Module) -> bool:
+    """Whether any module of ``model`` is an attention layer (timm's ``Attention``, ``EvaAttention`` and kin, by class
+    name): what separates a CNN from a ViT that ``model_info`` cannot read (e.g. timm's NaFlexVit)."""
+    return any("attention" in type(m).__name__.lower() for m in model.modules())
+
+
 def _attention_positions(model: nn.Module) -> tuple[str, ...]:
     """("rotary", "relative bias") as far as the model's attention encodes positions itself: a rotary embedding module
     (timm's ``RotaryEmbedding*``), a relative position bias table (BEiT's)."""

@@ -31,6 +31,7 @@ from vitlab.images import (
     head_class_names,
     load_images,
 )
+from vitlab.info import has_attention
 from vitlab.models import SHAPES_CHECKPOINT
 from vitlab.provenance import versions
 from vitlab.report import sections as S
@@ -205,8 +206,9 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     try:
         info = vitlab.model_info(net)  # a model without attention fails here, before any work
     except TypeError as e:
-        raise ValueError(f"{model or 'this model'} has no self-attention to inspect ({e}). `vitlab reproduce` needs a "
-                         "ViT-family model: a timm ViT/DeiT name or a vitlab ViT or hybrid checkpoint") from e
+        what = "cannot be inspected" if has_attention(net) else "has no self-attention to inspect"
+        raise ValueError(f"{model or 'this model'} {what} ({e}). `vitlab reproduce` needs a ViT-family model that "
+                         "vitlab reads: a timm ViT/DeiT name or a vitlab ViT or hybrid checkpoint") from e
     if images:
         names, x, shown = load_images(net, images, limit=num_images or 16, skip_bad=skip_bad)
         labels, source = None, str(images)
