@@ -375,5 +375,3 @@ def _precision(history: list[dict], train_cfg: dict) -> str:
         if not seen or seen[-1] != p:
             seen.append(p)
     return ", then ".join(seen) or configured
-
-

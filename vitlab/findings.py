@@ -434,5 +434,3 @@ def untrained(v: Verdict) -> Verdict:
     per layer at uniform attention) is not that. Statistic and interval are kept; ``details["untrained"]`` makes
     ``vitlab.explain.known_reason`` give its ``UNTRAINED_REASON`` instead of the paper's reasons about pre-training data."""
     return replace(v, verdict="inconclusive", details={**v.details, "untrained": True})
-
-

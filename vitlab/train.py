@@ -636,5 +636,3 @@ def _frozen_params(cfg: TrainConfig, model: nn.Module, epoch: int) -> list[nn.Pa
     if cfg.whiten_bias_epochs is not None and epoch >= cfg.whiten_bias_epochs:
         return [model.whiten.bias]
     return []
-
-
