@@ -263,6 +263,7 @@ def _per_image(dist: Array) -> np.ndarray:
     return d
 
 
+#: the lowest layer's finding, by which ``vitlab.explain`` knows its verdicts
 LOWEST_LAYER = "Fig. 7 right: lowest layer mixes local and global heads"
 
 
