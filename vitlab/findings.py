@@ -43,6 +43,7 @@ __all__ = [
     "position_row_column_structure",
     "uniform_attention_distance",
     "lowest_layer_spread",
+    "LOWEST_LAYER",
     "distance_grows_with_depth",
     "DistanceShift",
     "attention_distance_shift",
