@@ -1,8 +1,12 @@
 """The paper's findings as verdicts (``vitlab.verdict``: a statistic, a 95% interval, a threshold and a decision rule).
 
-Each function takes the output of one existing analysis of a model (``vitlab.inspect``) and returns a ``Verdict``,
-decided by the same rule everywhere, over intervals made as ``vitlab.verdict`` describes. The findings that the
-scaling sweep's and the MPP study's records decide are ``vitlab.study_findings``.
+Each finding's function takes the output of one existing analysis of a model (``vitlab.inspect``) and returns a
+``Verdict``, decided by the same rule everywhere, over intervals made as ``vitlab.verdict`` describes. Beside them:
+what they measure with (``dct_radius``; ``uniform_attention_distance``, the reference a head's distance is judged
+against), ``untrained``, which makes a verdict measured on random weights inconclusive, and
+``attention_distance_shift``, a paired comparison of two models that is no finding of the paper and so gets an
+interval, not a verdict. The findings that the scaling sweep's and the MPP study's records decide are
+``vitlab.study_findings``.
 """
 
 from __future__ import annotations
