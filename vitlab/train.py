@@ -239,6 +239,9 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
     return res
 
 
+# ---------------------------------------------------------------------------------------------- the run
+
+
 def settle_history(path: Path, meta: dict) -> None:
     """On resume, make ``metrics.jsonl`` hold one record per epoch up to the checkpoint's, before any is appended
     (``vitlab.history.history_as_of``, as the export reads the run). An epoch's checkpoint is written before its
