@@ -1,6 +1,7 @@
 """A shipped model's card, ``MODEL_CARD.md``, written from the facts ``vitlab.export`` measured on the exported
 weights (``card.json``): the headline number and how it was measured, the training time over every warm-started
-leg, the configuration and the per-epoch metrics. Text only: every number in it comes from those facts.
+leg, the configuration and the per-epoch metrics. Text only, measuring nothing: every number in it comes from those
+facts, the run's configuration and epoch history, or the model's preprocessing config.
 """
 
 from __future__ import annotations

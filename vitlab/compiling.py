@@ -33,7 +33,7 @@ def compile_by_default(cfg: TrainConfig, device: torch.device, steps: int, world
             and steps >= COMPILE_MIN_STEPS)
 
 
-def eager_backward_lowering() -> contextlib.AbstractContextManager:
+def _eager_backward_lowering() -> contextlib.AbstractContextManager:
     """AOTAutograd compiles a graph's backward together with its forward (where this torch has the switch; otherwise
     at the first backward, as it does by default)."""
     import torch._functorch.config as functorch_config
@@ -61,7 +61,7 @@ class Compiler:
         def forward(x: Tensor):
             if self.enabled:
                 try:
-                    with eager_backward_lowering():
+                    with _eager_backward_lowering():
                         return compiled(x)
                 except Exception as e:  # noqa: BLE001  (only a compiler failure falls back; anything else is raised)
                     from torch._dynamo.exc import BackendCompilerFailed

@@ -49,7 +49,8 @@ _MPP_READOUT = {
 }
 
 
-#: the reason given with every verdict measured on a model whose weights are a random initialisation (``untrained``)
+#: the reason given with every verdict measured on a model whose weights are a random initialisation
+#: (``vitlab.findings.untrained``)
 UNTRAINED_REASON = ("this model's weights are a random initialisation (no pretrained weights): it has learned nothing, "
                     "so what its filters, position embeddings and attention show is chance, not what a trained ViT "
                     "learns.")

@@ -2,7 +2,9 @@
 
 The accuracy on the card is computed from the exported (half-precision) weights, fed through the transform
 that ``timm.data.resolve_data_config({}, model=model)`` gives, so anyone loading the checkpoint the
-documented way reproduces it. The card's text is written by ``vitlab.card``.
+documented way reproduces it. Here: the measuring (``timm_pipeline_accuracy``; for a distilled ViT
+``distillation_facts``, its heads against its teacher), the card's facts (``card.json``, with the training time over
+every warm-started leg) and its learning curve; the card's text is written by ``vitlab.card``.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from vitlab.checkpoint import (
     resolve_folder,
     save_checkpoint,
 )
-from vitlab.data import ImageArray, base_dataset, load_dataset
+from vitlab.data import ImageArray, base_dataset, load_dataset, portable_source
+from vitlab.distill import load_teacher
 from vitlab.history import run_history, run_hours, training_curve
+from vitlab.mpp import load_mpp
 from vitlab.provenance import cpu_model, usable_cores, versions
 
 CARD_NAME = "MODEL_CARD.md"
@@ -123,8 +127,6 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
     is_mpp = train_cfg.get("objective", "classify") == "mpp"
     modules = None
     if is_mpp:
-        from vitlab.mpp import load_mpp
-
         model, head = load_mpp(run)  # the encoder and its prediction head, both shipped
         modules = {"objective": head}
     else:
@@ -156,7 +158,6 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
     acc = acc_tta = mpp_test = None
     distillation: dict = {}
     if is_mpp:
-        from vitlab.mpp import load_mpp
         from vitlab.train import evaluate_mpp
 
         shipped, objective = load_mpp(tmp_out)  # the shipped encoder and head, read back
@@ -225,8 +226,6 @@ def _distillation(shipped: nn.Module, teacher: str, trained_with: str, test: Ima
     """``distillation_facts`` of the shipped student against the teacher it learned from, looked for where the card
     names it (``teacher``, relative to the checkout), then where the run found it (``trained_with``); or why they
     are missing."""
-    from vitlab.distill import load_teacher
-
     for path in dict.fromkeys((teacher, trained_with)):
         try:
             t = load_teacher(path, torch.device("cpu"))
@@ -358,8 +357,6 @@ def _leg(card: dict) -> dict:
 def _portable(path: str | None) -> str | None:
     """A path as a card names it (``vitlab.data.portable_source``: relative to the checkout or the working
     directory, never this machine's absolute path); names and relative paths stay as they are."""
-    from vitlab.data import portable_source
-
     return portable_source(path) if isinstance(path, str) and os.path.isabs(path) else path
 
 
@@ -373,5 +370,3 @@ def _precision(history: list[dict], train_cfg: dict) -> str:
         if not seen or seen[-1] != p:
             seen.append(p)
     return ", then ".join(seen) or configured
-
-

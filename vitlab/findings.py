@@ -1,8 +1,12 @@
 """The paper's findings as verdicts (``vitlab.verdict``: a statistic, a 95% interval, a threshold and a decision rule).
 
-Each function takes the output of one existing analysis of a model (``vitlab.inspect``) and returns a ``Verdict``,
-decided by the same rule everywhere, over intervals made as ``vitlab.verdict`` describes. The findings that the
-scaling sweep's and the MPP study's records decide are ``vitlab.study_findings``.
+Each finding's function takes the output of one existing analysis of a model (``vitlab.inspect``) and returns a
+``Verdict``, decided by the same rule everywhere, over intervals made as ``vitlab.verdict`` describes. Beside them:
+what they measure with (``dct_radius``; ``uniform_attention_distance``, the reference a head's distance is judged
+against), ``untrained``, which makes a verdict measured on random weights inconclusive, and
+``attention_distance_shift``, a paired comparison of two models that is no finding of the paper and so gets an
+interval, not a verdict. The findings that the scaling sweep's and the MPP study's records decide are
+``vitlab.study_findings``.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ __all__ = [
     "position_row_column_structure",
     "uniform_attention_distance",
     "lowest_layer_spread",
+    "LOWEST_LAYER",
     "distance_grows_with_depth",
     "DistanceShift",
     "attention_distance_shift",
@@ -263,6 +268,7 @@ def _per_image(dist: Array) -> np.ndarray:
     return d
 
 
+#: the lowest layer's finding, by which ``vitlab.explain`` knows its verdicts
 LOWEST_LAYER = "Fig. 7 right: lowest layer mixes local and global heads"
 
 
@@ -434,5 +440,3 @@ def untrained(v: Verdict) -> Verdict:
     per layer at uniform attention) is not that. Statistic and interval are kept; ``details["untrained"]`` makes
     ``vitlab.explain.known_reason`` give its ``UNTRAINED_REASON`` instead of the paper's reasons about pre-training data."""
     return replace(v, verdict="inconclusive", details={**v.details, "untrained": True})
-
-

@@ -61,8 +61,16 @@ from vitlab.mpp import MPP_TARGETS
 from vitlab.probe import DEFAULT_L2
 from vitlab.provenance import fingerprint, json_digest, provenance
 from vitlab.stats import percent_cell
-from vitlab.study_findings import few_shot_key
-from vitlab.zoo import ViTConfig, cifar_vit, config_to_dict
+from vitlab.study_findings import few_shot_key, mpp_accuracies, mpp_ordering
+from vitlab.train_config import (
+    PRESETS,
+    TrainConfig,
+    train_config_from_dict,
+    train_config_to_dict,
+    with_model_classes,
+    with_num_classes,
+)
+from vitlab.zoo import ViTConfig, build_model, cifar_vit, config_to_dict
 
 __all__ = ["MPPStudyConfig", "STUDIES", "StudyRow", "study_rows", "row_spec", "pretrain_config",
            "pretrain_run_config", "finetune_config", "pretrain_dir", "run_study", "latest_records", "shown_records",
@@ -113,8 +121,6 @@ class MPPStudyConfig:
     bf16: bool = True
 
     def validate(self) -> None:
-        from vitlab.train_config import TrainConfig
-
         for target, rate in (self.main, *self.ablations):
             if target not in MPP_TARGETS or not 0 < rate <= 1:
                 raise ValueError(f"MPP runs need a target in {MPP_TARGETS} and a rate in (0, 1], got {(target, rate)}")
@@ -149,8 +155,6 @@ class MPPStudyConfig:
 
 
 def _shapes_vit() -> ViTConfig:
-    from vitlab.train_config import PRESETS
-
     return PRESETS["vit_shapes"].model  # the shape of the shipped shapes ViT (data/checkpoints/vit_shapes)
 
 
@@ -223,8 +227,6 @@ def study_rows(study: MPPStudyConfig) -> list[StudyRow]:
 def pretrain_config(study: MPPStudyConfig, target: str, rate: float, epochs: int, examples: int | None):
     """The MPP preset (``PRESETS["mpp_cifar10"]``) on the study's shape, data, target, rate and budget (``examples``
     pre-training images, None: all); warmup: the preset's 2 epochs or a fifth of the run, whichever is shorter."""
-    from vitlab.train_config import PRESETS
-
     base = PRESETS["mpp_cifar10"]
     data = study.data if examples is None else f"{study.data}[n={examples}]"
     return dataclasses.replace(base, model=study.model, data=data, epochs=epochs, batch_size=study.pretrain_batch_size,
@@ -235,8 +237,6 @@ def pretrain_config(study: MPPStudyConfig, target: str, rate: float, epochs: int
 def _changed_fields(cfg) -> dict[str, Any]:
     """The fields of a ``TrainConfig`` (and of its model config) that differ from their defaults: a field added to
     ``TrainConfig`` later, with a default that keeps the old behaviour, leaves this unchanged."""
-    from vitlab.train_config import TrainConfig, train_config_to_dict
-
     d, ref = train_config_to_dict(cfg), train_config_to_dict(TrainConfig(model=type(cfg.model)()))
     out = {k: v for k, v in d.items() if k != "model" and v != ref.get(k)}
     out["model"] = {k: v for k, v in d["model"].items() if v != ref["model"].get(k)}
@@ -294,8 +294,6 @@ def _supervised_checkpoint(study: MPPStudyConfig) -> tuple[Path, ViTConfig, str]
 def finetune_config(study: MPPStudyConfig, model: ViTConfig, seed: int, init_from: str | None):
     """One recipe for every initialisation: AdamW, warmup and cosine, crop and flip, label smoothing 0.1, no
     mixup, no patch dropping; evaluated on the test images once, at the end."""
-    from vitlab.train_config import TrainConfig
-
     if model.patch_drop_rate:
         model = dataclasses.replace(model, patch_drop_rate=0.0)  # every initialisation sees every token
     e = study.finetune_epochs
@@ -306,8 +304,6 @@ def finetune_config(study: MPPStudyConfig, model: ViTConfig, seed: int, init_fro
 
 
 def _init_spec(study: MPPStudyConfig, init: str, supervised: tuple[Path, ViTConfig, str] | None) -> dict[str, Any]:
-    from vitlab.train_config import train_config_to_dict
-
     if init == "scratch":
         return {"init": "scratch", "model": config_to_dict(study.model), "seed": study.seed}
     if init == "supervised":
@@ -324,8 +320,6 @@ def _finetune_model(study: MPPStudyConfig, init: str, supervised: tuple[Path, Vi
 
 def row_spec(study: MPPStudyConfig, row: StudyRow, supervised: tuple[Path, ViTConfig, str] | None) -> dict[str, Any]:
     """Everything the row's number depends on (the run folders' locations excluded)."""
-    from vitlab.train_config import train_config_to_dict
-
     spec: dict[str, Any] = {"kind": row.kind, "data": study.data, "test_per_class": study.test_per_class,
                             "init": _init_spec(study, row.init, supervised)}
     if row.kind == "few_shot":
@@ -372,7 +366,6 @@ def _pretrain(study: MPPStudyConfig, cfg, images: ImageArray, test: ImageArray, 
     """Pre-train ``cfg`` into its run folder, resuming it where it stopped; a finished run is not touched, but it must
     have been trained with ``cfg`` (else a changed default would pass an old encoder off as the new config's)."""
     from vitlab.train import train
-    from vitlab.train_config import train_config_from_dict, with_num_classes
 
     run = pretrain_dir(study, cfg)
     meta = _checkpoint_meta(run)
@@ -555,9 +548,6 @@ def run_study(study: MPPStudyConfig, results: str | os.PathLike, progress: bool 
 def scratch_model(study: MPPStudyConfig, num_classes: int) -> torch.nn.Module:
     """The scratch initialisation: exactly the weights the MPP runs start from (``train`` seeds with the run's seed,
     then builds the model, the same way), in eval mode. The caller's random state is left as it was."""
-    from vitlab.train_config import with_model_classes
-    from vitlab.zoo import build_model
-
     with torch.random.fork_rng(devices=[]):  # built on the CPU: only its generator is seeded, and put back after
         torch.manual_seed(study.seed)
         return build_model(with_model_classes(study.model, num_classes)).eval()
@@ -652,8 +642,6 @@ def study_verdicts(records: Sequence[dict], shots: int = 10) -> list:
     beats MPP, for the ``shots``-shot probe (a study's ``verdict_shots``) of each readout (the model's own, and the
     patch tokens' mean: MPP trains only the patch outputs, never the class token's) and for the fine-tune. Pairs whose
     rows are not finished yet are left out; records of several studies are refused (``ValueError``)."""
-    from vitlab.study_findings import mpp_accuracies, mpp_ordering
-
     out = []
     for kind, readout in [("few_shot", r) for r in READOUTS] + [("finetune", "model")]:
         # records of several studies, or anything else wrong with them, raise here: only "not finished" is skipped

@@ -40,6 +40,7 @@ from vitlab.data import ImageArray, load_splits, nested_subsets
 from vitlab.probe import DEFAULT_L2
 from vitlab.provenance import provenance
 from vitlab.stats import percent_cell
+from vitlab.train_config import TrainConfig, with_model_classes
 from vitlab.zoo import BiTConfig, HybridConfig, ViTConfig, cifar_bit, cifar_vit
 
 __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "TUNING_GRID", "run_one", "run_sweep",
@@ -295,8 +296,6 @@ def _classes(data: ImageArray, classes: Sequence[int], per_class: int | None = N
 
 
 def _train_config(sweep: SweepConfig, spec: RunSpec, n: int):
-    from vitlab.train_config import TrainConfig, with_model_classes
-
     model = with_model_classes(FAMILIES[spec.family](), len(sweep.pretrain_classes))
     steps_per_epoch = max(1, n // sweep.batch_size)
     epochs = max(sweep.epochs, math.ceil(sweep.min_steps / steps_per_epoch))

@@ -71,6 +71,7 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
 
 # ---------------------------------------------------------------------------------------------- Sec. 4.6
 
+#: the initialisations as the Sec. 4.6 findings name them (``vitlab.explain`` reads the names back)
 INIT_NAMES = {"scratch": "scratch", "mpp": "MPP", "supervised": "supervised"}
 
 

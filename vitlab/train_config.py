@@ -69,12 +69,12 @@ class TrainConfig:
     ema_decay: float | None = None
     seed: int = 0
     eval_every: int = 1
-    max_train_examples: int | None = None  # for quick runs and tests: a class-balanced draw (training_subset)
+    max_train_examples: int | None = None  # quick runs, tests: a class-balanced draw (vitlab.train.training_subset)
     optimizer: Literal["adamw", "sgd"] = "adamw"  # sgd: Nesterov momentum
     momentum: float = 0.9  # sgd only
     schedule: Literal["cosine", "triangle"] = "cosine"  # triangle: linear up to the peak, linear down to min_lr
     # where the warmup's line starts, as a fraction of the peak: one step before step 0, which trains at
-    # lr_start + (1 - lr_start) / warmup steps of the peak (lr_at); no effect without warmup
+    # lr_start + (1 - lr_start) / warmup steps of the peak (vitlab.train.lr_at); no effect without warmup
     lr_start: float = 0.0
     norm_bias_lr_scale: float = 1.0  # SGD: every trainable parameter of BatchNorm/GroupNorm/LayerNorm layers (shifts,
     # and scales where they train; the CNN teacher's BatchNorm scales are frozen): lr times this, weight decay / it

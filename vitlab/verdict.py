@@ -32,22 +32,13 @@ __all__ = ["Verdict", "verdict_table", "fmt_value", "fmt_endpoint", "fmt_thresho
 
 
 N_BOOT = 1000
-
-
 SEED = 0
-
-
 LEVEL = 0.95
-
-
 #: the fewest units the interval of a mean is bootstrapped over; below it, Student t. A percentile bootstrap of a
 #: mean of n normal replicates covers about 79% at n = 4 and 87% at n = 8 instead of 95% (it ignores that the
 #: spread itself is estimated), so few seeds get the t interval, whose coverage is exact for normal data.
 MIN_MEAN_BOOTSTRAP = 20
-
-
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
-
 
 Array = Tensor | np.ndarray | Sequence[float]
 
@@ -200,7 +191,8 @@ NOT_FINITE = "the statistic is not finite on the data or on any resample"
 
 
 def make_verdict(finding: str, criterion: str, statistic: float, interval: tuple[float, float], threshold: float,
-             side: str, quantity: str, unit: str, details: dict[str, Any], no_interval: str | None = None) -> Verdict:
+                 side: str, quantity: str, unit: str, details: dict[str, Any],
+                 no_interval: str | None = None) -> Verdict:
     """A verdict decided by ``decide``. Where the interval is not finite, ``details["no_interval"]`` says why
     (``no_interval``, e.g. "2 images, at least 16 needed"; ``NOT_FINITE`` when none is given)."""
     interval = (float(interval[0]), float(interval[1]))
@@ -248,7 +240,7 @@ def _no_spread(values: np.ndarray, unit: str, resolution: Resolution | None = No
 
 
 def mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str, resolution: Resolution | None = None
-                   ) -> tuple[tuple[float, float], str]:
+                  ) -> tuple[tuple[float, float], str]:
     """Interval of the mean of replicates (seeds, draws, images): Student t below ``MIN_MEAN_BOOTSTRAP``, a
     percentile bootstrap from there on, none for 1 or for replicates without spread (``_no_spread``)."""
     n = len(values)
@@ -312,7 +304,8 @@ def _weighted_ranks(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def spearman_resampled(x: np.ndarray, y: np.ndarray, w: np.ndarray, chunk_elems: int = 4_000_000) -> np.ndarray:
     """(R,) Spearman correlation of the pairs (x, y) (M,) repeated by counts ``w`` (R, M): equal to
-    ``rank_correlation`` on the repeated pairs, without building them. NaN where a resample is constant."""
+    ``vitlab.inspect.faithfulness.rank_correlation`` on the repeated pairs, without building them. NaN where a
+    resample is constant."""
     out = np.empty(len(w))
     step = max(1, chunk_elems // max(1, len(x)))
     for s in range(0, len(w), step):

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from vitlab.checkpoint import load_checkpoint, load_module_weights, resolve_folder
 from vitlab.finetune import resample_grid
 from vitlab.info import model_info
-from vitlab.mpp import MaskedPatchPrediction
+from vitlab.mpp import OBJECTIVE_NAME, MaskedPatchPrediction
 
 __all__ = ["warm_start", "warm_start_objective"]
 
@@ -69,8 +69,6 @@ def warm_start_objective(objective: MaskedPatchPrediction, path: str | os.PathLi
     (``objective.safetensors``) into ``objective`` when it was pre-trained by masked patch prediction for the same
     target (the head fits; the corruption rate may differ), so that the encoder ``warm_start`` copied goes on with
     the head it was trained with; otherwise both stay fresh. Returns a sentence saying which."""
-    from vitlab.mpp import OBJECTIVE_NAME
-
     p = resolve_folder(path)
     folder = p if p.is_dir() else p.parent
     meta_file = folder / "config.json"
