@@ -19,10 +19,6 @@ if TYPE_CHECKING:
     from vitlab.train_config import TrainConfig
 
 
-#: ``vitlab.train_config.PRESETS`` by name, for ``--preset``'s help without importing torch (a test keeps them equal)
-PRESET_NAMES = ("vit_cifar10", "resnet_cifar10_fast", "resnet_cifar10_wide", "resnet_cifar10", "bit_cifar10",
-                "hybrid_cifar10", "mpp_cifar10", "vit_shapes", "tiny")
-
 
 #: Python's spellings of JSON's true, false and null (``--set bf16=False`` used to set the text 'False', which is true)
 _PYTHON_CONSTANTS = {"True": True, "False": False, "None": None}
@@ -639,6 +635,7 @@ def user_path(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from vitlab import __version__
+    from vitlab.train_config import PRESETS  # cheap: torch and timm are loaded with vitlab already
 
     p = argparse.ArgumentParser(prog="vitlab", description="Look inside Vision Transformers.")
     p.add_argument("--version", action="version", version=f"vitlab {__version__}")
@@ -679,7 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_capture)
 
     sp = sub.add_parser("train", help="train a preset (resumable; metrics in RUN/metrics.jsonl)")
-    sp.add_argument("--preset", default="vit_cifar10", help=", ".join(PRESET_NAMES))
+    sp.add_argument("--preset", default="vit_cifar10", help=", ".join(PRESETS))
     sp.add_argument("--run-dir", type=user_path, dest="run", help="run folder (default $VITLAB_CACHE/runs/PRESET, i.e. "
                     "~/.cache/vitlab/runs/PRESET: outside the work tree)")
     leg = sp.add_mutually_exclusive_group()  # --continue resumes by itself where there is state to resume

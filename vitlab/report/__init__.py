@@ -1,7 +1,8 @@
 """``vitlab reproduce``: run every inspection experiment on a model and write a self-contained report.
 
 One builder per paper figure (``vitlab.report.sections``) returns a section with its figure, the paper's
-statement, ours (formatted from the numbers), a provenance stamp and the verdicts of ``vitlab.findings``;
+statement, ours (formatted from the numbers), a provenance stamp and the verdicts of ``vitlab.findings`` (the
+scaling section's of ``vitlab.study_findings``);
 ``vitlab.report.render`` turns the sections into HTML through a Jinja2 template. Everything is written into a
 temporary folder beside ``out`` and moved into place at the end, so a failed run leaves ``out`` as it was.
 Nothing else in vitlab imports this package (it is a leaf).

@@ -1,6 +1,7 @@
 """One builder per paper figure: model and images in, a ``Section`` out (figure, statement, stamp, verdicts).
 
-Builders compute through ``vitlab.inspect`` and judge through ``vitlab.findings``; they never render HTML. Every
+Builders compute through ``vitlab.inspect`` and judge through ``vitlab.findings`` (the scaling section through
+``vitlab.study_findings``); they never render HTML. Every
 sentence in ``ours`` is formatted from the numbers computed here, and every claim about the paper's finding comes
 with the verdict that decides it.
 """
