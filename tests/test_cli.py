@@ -435,14 +435,10 @@ def test_app_hands_voila_an_absolute_checkpoint_path(tmp_path, monkeypatch):
     assert seen["env"]["VITLAB_MODEL"] == "vit_tiny_patch16_224"
 
 
-def test_app_checks_the_model_and_the_image_count_before_starting_voila(tmp_path, checkpoint, monkeypatch, capsys):
-    """A missing model, a model without attention or an image count the model has no images for fail on the command
-    line with exit status 1 (they failed only in the browser); a good one reaches the server with its settings."""
-    from conftest import tiny_bit
-
+def _fake_serve(monkeypatch, started: list) -> None:
+    """``vitlab.app.serve`` replaced by a recorder: each call's (model, options) appended to ``started``, and a
+    server that has already ended."""
     import vitlab.app
-
-    started = []
 
     class Served:
         def wait(self):
@@ -452,6 +448,18 @@ def test_app_checks_the_model_and_the_image_count_before_starting_voila(tmp_path
             return 0
 
     monkeypatch.setattr(vitlab.app, "serve", lambda model, **kw: started.append((model, kw)) or Served())
+
+
+def test_app_checks_the_model_and_the_image_count_before_starting_voila(tmp_path, checkpoint, monkeypatch, capsys):
+    """A missing model, a model without attention or an image count the model has no images for fail on the command
+    line with exit status 1 (they failed only in the browser); a good one reaches the server with its settings."""
+    from conftest import tiny_bit
+
+    import vitlab.app
+
+    started = []
+
+    _fake_serve(monkeypatch, started)
     assert main(["app", "--model", str(tmp_path / "missing")]) == 1
     assert f"{tmp_path / 'missing'} does not exist" in capsys.readouterr().err
     assert main(["app", "--model", "vit_tinyy_patch16_224"]) == 1
@@ -481,14 +489,7 @@ def test_app_takes_a_timm_name_offline_with_random_or_local_weights(tmp_path, mo
 
     serve, started = vitlab.app.serve, []
 
-    class Served:
-        def wait(self):
-            return 0
-
-        def poll(self):
-            return 0
-
-    monkeypatch.setattr(vitlab.app, "serve", lambda model, **kw: started.append((model, kw)) or Served())
+    _fake_serve(monkeypatch, started)
     assert main(["app", "--model", "vit_tiny_patch16_224", "--no-pretrained", "--num-images", "2"]) == 0
     assert started[-1][1]["pretrained"] is False
     weights = tmp_path / "w.safetensors"

@@ -59,19 +59,26 @@ def frozen_parameters(model: nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _module_flags(model: nn.Module, name: str, value: bool) -> Iterator[nn.Module]:
+    """Every module's boolean attribute ``name`` set to ``value`` inside the block, each restored after."""
+    mods = [m for m in model.modules() if isinstance(getattr(m, name, None), bool)]
+    saved = [getattr(m, name) for m in mods]
+    try:
+        for m in mods:
+            setattr(m, name, value)
+        yield model
+    finally:
+        for m, flag in zip(mods, saved):
+            setattr(m, name, flag)
+
+
+@contextlib.contextmanager
 def explicit_attention(model: nn.Module, enabled: bool = True) -> Iterator[nn.Module]:
     """Attention through the explicit softmax (each module's boolean ``fused_attn`` set False) inside the block,
     every flag restored after. Capture needs it (no softmax runs inside SDPA); training on CPU uses it because
     the explicit path's backward is about 2x faster there; timm tests the two paths against each other."""
-    mods = [m for m in model.modules() if isinstance(getattr(m, "fused_attn", None), bool)] if enabled else []
-    saved = [m.fused_attn for m in mods]
-    try:
-        for m in mods:
-            m.fused_attn = False
+    with _module_flags(model, "fused_attn", False) if enabled else contextlib.nullcontext(model):
         yield model
-    finally:
-        for m, flag in zip(mods, saved):
-            m.fused_attn = flag
 
 
 @contextlib.contextmanager
@@ -80,15 +87,8 @@ def no_checkpointing(model: nn.Module) -> Iterator[nn.Module]:
     ``set_grad_checkpointing(False)`` sets it), each flag restored after. A checkpointed block runs its forward
     without autograd and again during ``backward()``: hooks would record maps outside the graph, then record them
     a second time."""
-    mods = [m for m in model.modules() if isinstance(getattr(m, "grad_checkpointing", None), bool)]
-    saved = [m.grad_checkpointing for m in mods]
-    try:
-        for m in mods:
-            m.grad_checkpointing = False
+    with _module_flags(model, "grad_checkpointing", False):
         yield model
-    finally:
-        for m, flag in zip(mods, saved):
-            m.grad_checkpointing = flag
 
 
 @contextlib.contextmanager
