@@ -394,6 +394,22 @@ def test_continue_after_a_finished_and_exported_leg_trains_a_new_leg(tmp_path, c
     assert (run / "checkpoint" / "model.safetensors").read_bytes() == first and not run.with_name("run.leg1").exists()
 
     export_run(run, shipped, command="vitlab train --preset tiny")
+    # another process training into the run now (it holds RUN/.lock): --continue neither repairs nor moves the
+    # folder from under it (it was renamed before the lock was taken)
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+                               "fcntl.lockf(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+                               str(run / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(args + ["--continue"]) == 1
+        assert "is in use: another process is training into it now" in capsys.readouterr().err
+        assert not run.with_name("run.leg1").exists() and (run / "checkpoint" / "model.safetensors").read_bytes() == first
+    finally:
+        holder.kill()
+        holder.wait()
     assert main(args + ["--continue"]) == 0  # exported: kept as run.leg1, and a new leg from the shipped weights
     assert "kept as" in capsys.readouterr().err
     assert (run.with_name("run.leg1") / "checkpoint" / "model.safetensors").read_bytes() == first

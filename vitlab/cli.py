@@ -213,19 +213,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     run = Path(args.run or cache_dir() / "runs" / args.preset)  # outside the work tree: survives a fresh checkout
     resume = args.resume
     if args.continue_run:
+        import contextlib
+
         from vitlab.checkpoint import recover_checkpoint
+        from vitlab.train import run_lock
 
         shipped = DEFAULT_CHECKPOINT.parent / args.preset
-        recover_checkpoint(run / "checkpoint")  # a kill between the two renames of its last replacement
         state = run / "checkpoint" / "config.json"
-        if state.is_file() and _finished_and_shipped(run, shipped):
-            # a finished leg whose weights were exported: keep its state and train a new leg from what shipped
-            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-                raise FileExistsError(f"--continue under torchrun: {run} holds a finished leg; move it aside first "
-                                      f"(mv {run} {_free_name(run)}) so that no two processes move it at once")
-            kept = _free_name(run)
-            run.rename(kept)
-            say(f"{run} finished its schedule and was exported to {shipped}: kept as {kept}")
+        # under the run's lock: a run another process is training into now is neither repaired nor moved aside
+        with run_lock(run) if run.is_dir() else contextlib.nullcontext():
+            recover_checkpoint(run / "checkpoint")  # a kill between the two renames of its last replacement
+            if state.is_file() and _finished_and_shipped(run, shipped):
+                # a finished leg whose weights were exported: keep its state and train a new leg from what shipped
+                if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                    raise FileExistsError(f"--continue under torchrun: {run} holds a finished leg; move it aside "
+                                          f"first (mv {run} {_free_name(run)}) so that no two processes move it at "
+                                          "once")
+                kept = _free_name(run)
+                run.rename(kept)
+                say(f"{run} finished its schedule and was exported to {shipped}: kept as {kept}")
         if state.is_file():
             resume = True
         elif cfg.init_from is not None:
