@@ -230,3 +230,19 @@ def test_a_new_head_leaves_the_callers_random_state_as_it_was():
     vitlab.resize_for_finetuning(model, 48, num_classes=5)
     assert torch.equal(torch.get_rng_state(), state)
     assert model.head.out_features == 5 and not model.head.weight.any() and not model.head.bias.any()
+
+
+def test_a_model_resize_cannot_take_says_what_to_do_instead():
+    """resize_for_finetuning said only 'needs a timm VisionTransformer, got DataParallel' (or Eva): the message now
+    names the module a wrapper holds (resize that, wrap again) and timm's own set_input_size for Eva-like models."""
+    import timm
+
+    from vitlab.finetune import resize_for_finetuning
+
+    wrapped = torch.nn.DataParallel(vitlab.load_model())
+    with pytest.raises(TypeError, match="got DataParallel: resize the VisionTransformerDistilled it wraps, then wrap"):
+        resize_for_finetuning(wrapped, 64)
+    assert wrapped.module.patch_embed.img_size == (32, 32)  # untouched
+    eva = timm.create_model("eva02_tiny_patch14_224", pretrained=False, depth=1)
+    with pytest.raises(TypeError, match="got Eva; Eva has timm's own set_input_size"):
+        resize_for_finetuning(eva, 64)

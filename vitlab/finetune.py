@@ -28,7 +28,18 @@ def resize_for_finetuning(model: nn.Module, img_size: int | tuple[int, int], num
     For a hybrid the grid is the backbone's feature map at the new size. Works in place and returns the model.
     """
     if not isinstance(model, VisionTransformer):
-        raise TypeError(f"resize_for_finetuning needs a timm VisionTransformer, got {type(model).__name__}")
+        from vitlab.modes import unwrapped
+
+        inner = unwrapped(model)
+        if inner is not model:  # torch.compile's OptimizedModule, DataParallel
+            why = (f": resize the {type(inner).__name__} it wraps, then wrap that again"
+                   + (" (compile again: the compiled code is for the old size)" if hasattr(model, "_orig_mod") else ""))
+        elif hasattr(model, "set_input_size"):  # e.g. Eva, Beit: positions also in rotary or relative-bias tables
+            why = (f"; {type(model).__name__} has timm's own set_input_size for another resolution (vitlab resizes "
+                   "only a VisionTransformer's position table)")
+        else:
+            why = ""
+        raise TypeError(f"resize_for_finetuning needs a timm VisionTransformer, got {type(model).__name__}{why}")
     size = size2(img_size)
     if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0):
         raise ValueError(f"num_classes must be an int >= 0 (0: no head), got {num_classes!r}")
