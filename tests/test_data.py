@@ -10,7 +10,7 @@ import torch
 from _reference import make_folder
 from PIL import Image
 
-from vitlab.augment import random_crop_flip
+from vitlab.augment import alternating_flips, random_crop_flip, shrink
 from vitlab.data import (
     SHARED_CIFAR10,
     DataError,
@@ -497,6 +497,42 @@ def test_random_crop_flip_is_a_shifted_window():
         hits = [(dy, dx, f) for dy in range(5) for dx in range(5) for f in (False, True)
                 if torch.equal(y[i], (lambda w: w.flip(1) if f else w)(padded[i, dy:dy + 6, dx:dx + 6]))]
         assert hits
+
+
+def test_reflect_padding_crops_windows_of_the_mirrored_border():
+    """mode="reflect" pads with the image mirrored at its edge (row -1 is row 1), not its edge row repeated: each
+    output is a window of the reflect-padded image, possibly mirrored."""
+    x = torch.arange(8 * 6 * 6).reshape(8, 6, 6, 1).to(torch.uint8)  # every pixel its own value
+    y = random_crop_flip(x, 2, torch.Generator().manual_seed(0), mode="reflect")
+    padded = torch.nn.functional.pad(x.permute(0, 3, 1, 2).float(), (2, 2, 2, 2), mode="reflect")
+    padded = padded.to(torch.uint8).permute(0, 2, 3, 1)
+    for i in range(8):
+        assert any(torch.equal(y[i], (lambda w: w.flip(1) if f else w)(padded[i, dy:dy + 6, dx:dx + 6]))
+                   for dy in range(5) for dx in range(5) for f in (False, True)), i
+
+
+def test_random_flips_mirror_half_the_images():
+    """Each image is mirrored on a fair coin: 100,000 two-pixel images, 50% +- 0.4% mirrored (4 standard errors)."""
+    x = torch.tensor([0, 1], dtype=torch.uint8).view(1, 1, 2, 1).expand(100_000, 1, 2, 1)
+    y = random_crop_flip(x, 0, torch.Generator().manual_seed(0))
+    assert abs(y[:, 0, 0, 0].float().mean().item() - 0.5) < 0.004
+
+
+def test_alternating_flips_complement_every_epoch_before():
+    """Any two consecutive epochs show every image both ways, so every even epoch mirrors what epoch 0 did."""
+    flips = [alternating_flips(50, epoch, seed=7) for epoch in range(6)]
+    assert 0 < int(flips[0].sum()) < 50
+    for a, b in zip(flips, flips[1:]):
+        assert torch.equal(b, ~a)
+
+
+def test_shrink_antialiases_fine_detail_into_its_mean():
+    """Progressive resizing's small images are antialiased: 1-in-4 pixel stripes shrunk 4 times are a grey near
+    their mean 0.25, not whichever pixels a plain bilinear sample hits (here all black)."""
+    x = torch.zeros(1, 1, 16, 16)
+    x[..., ::4] = 1
+    out = shrink(x, 4)
+    assert out.shape == (1, 1, 4, 4) and (out - 0.25).abs().max() < 0.1  # 0.18 to 0.29: the border's share
 
 
 def test_normalize_matches_manual():
