@@ -294,6 +294,20 @@ def test_a_warm_start_from_another_architecture_is_refused_not_a_silent_fresh_st
     assert warm_start(model, head) == ["head.weight", "head.bias"]
 
 
+def test_a_warm_start_must_fill_half_of_the_models_weights(tmp_path):
+    """The line is half: a 1-block checkpoint fills 59% of a 2-block model's weights (a warm start, the second
+    block fresh) but only 42% of a 3-block one's (refused, the model unchanged)."""
+    torch.manual_seed(0)
+    ck = save_checkpoint(vitlab.build_model(dataclasses.replace(TINY_VIT, depth=1)), tmp_path / "one")
+    two = vitlab.build_model(dataclasses.replace(TINY_VIT, depth=2))
+    assert {k.split(".")[1] for k in warm_start(two, ck)} == {"1"}  # only the second block stayed fresh
+    three = vitlab.build_model(dataclasses.replace(TINY_VIT, depth=3))
+    before = {k: v.clone() for k, v in three.state_dict().items()}
+    with pytest.raises(ValueError, match=r"shares 42% of this VisionTransformer's weights"):
+        warm_start(three, ck)
+    assert all(torch.equal(v, before[k]) for k, v in three.state_dict().items())
+
+
 def test_warm_start_finds_a_checkout_folder_from_any_working_directory(tmp_path, monkeypatch):
     # a config names the shipped weights as data/checkpoints/...: that must not depend on where python was started
     shipped = vitlab.load_model("data/checkpoints/vit_shapes")
