@@ -223,6 +223,30 @@ def test_explicit_attention_and_eval_mode_restore_every_module():
     assert model.training and not model.blocks[0].training and model.blocks[1].training
 
 
+def test_frozen_parameters_and_no_checkpointing_restore_each_flag_and_explicit_attention_can_be_off():
+    """Each parameter's requires_grad and each module's grad_checkpointing come back as they were, mixed ones
+    included (a frozen embedding stays frozen); explicit_attention(model, False) leaves every fused_attn alone."""
+    from vitlab.modes import frozen_parameters, no_checkpointing
+
+    model = vitlab.build_model(TINY_VIT)
+    model.pos_embed.requires_grad_(False)
+    model.set_grad_checkpointing(True)
+    model.blocks[0].grad_checkpointing = False  # a module flag of its own, not the model's
+    flags = [p.requires_grad for p in model.parameters()]
+    ckpt = [(m, m.grad_checkpointing) for m in model.modules() if isinstance(getattr(m, "grad_checkpointing", None),
+                                                                               bool)]
+    assert any(f for _, f in ckpt)
+    with frozen_parameters(model), no_checkpointing(model):
+        assert not any(p.requires_grad for p in model.parameters())
+        assert not any(m.grad_checkpointing for m, _ in ckpt)
+    assert [p.requires_grad for p in model.parameters()] == flags and not model.pos_embed.requires_grad
+    assert [m.grad_checkpointing for m, _ in ckpt] == [f for _, f in ckpt]
+    model.blocks[0].attn.fused_attn, model.blocks[1].attn.fused_attn = True, False
+    fused = [m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")]
+    with explicit_attention(model, False):
+        assert [m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")] == fused
+
+
 def test_explicit_attention_gives_the_same_training_gradients():
     torch.manual_seed(0)
     model = vitlab.build_model(TINY_VIT).train()
