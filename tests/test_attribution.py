@@ -39,6 +39,16 @@ def test_patch_mask_tiles_the_image_row_major():
     assert torch.equal(torch.bincount(mask.flatten()), torch.full((64,), 16))
 
 
+def test_patch_mask_of_non_square_patches_is_patch_high_and_patch_wide():
+    """A 4 px high, 2 px wide patch covers 4 rows and 2 columns: an 8 x 8 image is a 2 x 4 grid of them."""
+    from timm.models import VisionTransformer
+
+    model = VisionTransformer(img_size=8, patch_size=(4, 2), embed_dim=16, depth=1, num_heads=2, num_classes=3)
+    mask = patch_mask(vitlab.model_info(model))[0, 0]
+    row = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    assert torch.equal(mask, torch.stack([row] * 4 + [row + 4] * 4))
+
+
 def test_gradient_rollout_equals_product_of_identity_plus_weighted_attention():
     model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
     flags = [p.requires_grad for p in model.parameters()]

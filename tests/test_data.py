@@ -10,7 +10,7 @@ import torch
 from _reference import make_folder
 from PIL import Image
 
-from vitlab.augment import random_crop_flip
+from vitlab.augment import alternating_flips, random_crop_flip, shrink
 from vitlab.data import (
     SHARED_CIFAR10,
     DataError,
@@ -206,6 +206,26 @@ def test_the_cache_follows_changes_inside_class_folders(tmp_path, monkeypatch):
     assert len(list((tmp_path / "cache").glob("images-*.npz"))) == 1
 
 
+def test_the_cache_follows_an_image_overwritten_with_one_of_the_same_byte_size(tmp_path, monkeypatch):
+    """An uncompressed image overwritten in place by another of its size keeps its path and byte count: its
+    modification time tells the cache it changed."""
+    import os
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "train"
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        Image.new("RGB", (8, 8), (10, 10, 10)).save(root / c / "x.bmp")
+    first = load_image_folder(root, progress=False)
+    target = root / "b" / "x.bmp"
+    size, st = target.stat().st_size, target.stat()
+    Image.new("RGB", (8, 8), (200, 100, 50)).save(target)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert target.stat().st_size == size
+    again = load_image_folder(root, progress=False)
+    assert first.images[1, 0, 0].tolist() == [10, 10, 10] and again.images[1, 0, 0].tolist() == [200, 100, 50]
+
+
 def test_the_cache_key_skips_what_the_loader_skips(tmp_path, monkeypatch):
     """A dangling link or a non-image file under the folder is no image: the cached load reads the same images as
     the uncached one instead of failing on the link's stat."""
@@ -236,6 +256,27 @@ def test_grayscale_rgba_palette_converted(tmp_path):
     gray = d.images[d.labels == 0][0]  # sorted: 0.png, gray.png, rgba.png
     assert (d.images[1] == 100).all() and gray.shape == (8, 8, 3)
     assert d.images[2, 0, 0].tolist() == [10, 20, 30]
+
+
+def test_deep_and_float_greyscale_scale_to_8_bits_by_their_range(tmp_path):
+    """16-bit greyscale is scaled by 255/65535 and rounded (25854 -> 100.6 -> 101), 32-bit greyscale whose largest
+    value is 255 is kept as it is, float greyscale in [0, 1] (1.0 included) is scaled by 255."""
+    root = tmp_path / "d"
+    for c in ("a", "b", "c"):
+        (root / c).mkdir(parents=True)
+    Image.fromarray(np.array([[25854, 65535], [0, 257]], np.uint16)).save(root / "a" / "x.png")
+    Image.fromarray(np.array([[0, 100], [200, 255]], np.int32), mode="I").save(root / "b" / "x.tif")
+    Image.fromarray(np.array([[0.0, 0.5], [0.2, 1.0]], np.float32), mode="F").save(root / "c" / "x.tif")
+    d = load_image_folder(root, cache=False, progress=False)
+    assert d.images[..., 0].tolist() == [[[101, 255], [0, 1]], [[0, 100], [200, 255]], [[0, 128], [51, 255]]]
+    assert (d.images == d.images[..., :1]).all()  # grey: every channel the same
+
+
+def test_images_read_at_a_size_take_its_height_and_width(tmp_path):
+    """size=(H, W) is height by width, as the arrays are: a non-square size is not read transposed."""
+    root = make_folder(tmp_path / "d", n_per_class=1)
+    d = load_image_folder(root, size=(4, 6), cache=False, progress=False)
+    assert d.images.shape == (2, 4, 6, 3)
 
 
 def test_training_photos_are_decoded_upright_as_their_exif_orientation_says(tmp_path):
@@ -375,6 +416,21 @@ def test_images_nested_below_class_folders_take_the_class_folders_label(tmp_path
     assert load_image_folder(flat, cache=False, progress=False).classes == ("cat", "dog")
 
 
+def test_images_directly_in_the_root_and_a_zip_of_one_class_folder(tmp_path, monkeypatch):
+    """As torchvision's ImageFolder: an image lying directly in the root belongs to no class and is not read; a zip
+    holding one class folder is that one class, as the folder is."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    root = make_folder(tmp_path / "d", n_per_class=2, classes=("cat",))
+    Image.new("RGB", (8, 8)).save(tmp_path / "d" / "stray.png")
+    folder = load_image_folder(root, cache=False, progress=False)
+    assert folder.classes == ("cat",) and len(folder) == 2
+    with zipfile.ZipFile(tmp_path / "cat.zip", "w") as zf:
+        for p in sorted((root / "cat").glob("*.png")):
+            zf.write(p, f"cat/{p.name}")
+    zipped = load_image_folder(tmp_path / "cat.zip", progress=False)
+    assert zipped.classes == ("cat",) and torch.equal(zipped.images, folder.images)
+
+
 def test_macos_metadata_and_hidden_files_are_no_images(tmp_path, monkeypatch):
     """A zip made on macOS holds __MACOSX/.../._x.png resource forks (no PNGs) beside the images, and a copied
     folder ._x.png files, .DS_Store and hidden folders: all skipped, never an unreadable image or an extra class."""
@@ -443,12 +499,58 @@ def test_random_crop_flip_is_a_shifted_window():
         assert hits
 
 
+def test_reflect_padding_crops_windows_of_the_mirrored_border():
+    """mode="reflect" pads with the image mirrored at its edge (row -1 is row 1), not its edge row repeated: each
+    output is a window of the reflect-padded image, possibly mirrored."""
+    x = torch.arange(8 * 6 * 6).reshape(8, 6, 6, 1).to(torch.uint8)  # every pixel its own value
+    y = random_crop_flip(x, 2, torch.Generator().manual_seed(0), mode="reflect")
+    padded = torch.nn.functional.pad(x.permute(0, 3, 1, 2).float(), (2, 2, 2, 2), mode="reflect")
+    padded = padded.to(torch.uint8).permute(0, 2, 3, 1)
+    for i in range(8):
+        assert any(torch.equal(y[i], (lambda w: w.flip(1) if f else w)(padded[i, dy:dy + 6, dx:dx + 6]))
+                   for dy in range(5) for dx in range(5) for f in (False, True)), i
+
+
+def test_random_flips_mirror_half_the_images():
+    """Each image is mirrored on a fair coin: 100,000 two-pixel images, 50% +- 0.4% mirrored (4 standard errors)."""
+    x = torch.tensor([0, 1], dtype=torch.uint8).view(1, 1, 2, 1).expand(100_000, 1, 2, 1)
+    y = random_crop_flip(x, 0, torch.Generator().manual_seed(0))
+    assert abs(y[:, 0, 0, 0].float().mean().item() - 0.5) < 0.004
+
+
+def test_alternating_flips_complement_every_epoch_before():
+    """Any two consecutive epochs show every image both ways, so every even epoch mirrors what epoch 0 did."""
+    flips = [alternating_flips(50, epoch, seed=7) for epoch in range(6)]
+    assert 0 < int(flips[0].sum()) < 50
+    for a, b in zip(flips, flips[1:]):
+        assert torch.equal(b, ~a)
+
+
+def test_shrink_antialiases_fine_detail_into_its_mean():
+    """Progressive resizing's small images are antialiased: 1-in-4 pixel stripes shrunk 4 times are a grey near
+    their mean 0.25, not whichever pixels a plain bilinear sample hits (here all black)."""
+    x = torch.zeros(1, 1, 16, 16)
+    x[..., ::4] = 1
+    out = shrink(x, 4)
+    assert out.shape == (1, 1, 4, 4) and (out - 0.25).abs().max() < 0.1  # 0.18 to 0.29: the border's share
+
+
 def test_normalize_matches_manual():
     x = torch.randint(0, 256, (2, 4, 4, 3), dtype=torch.uint8)
     out = normalize(x, (0.5, 0.4, 0.3), (0.2, 0.25, 0.5))
     ref = (x.permute(0, 3, 1, 2).float() / 255 - torch.tensor([0.5, 0.4, 0.3])[:, None, None]) / torch.tensor(
         [0.2, 0.25, 0.5])[:, None, None]
     torch.testing.assert_close(out, ref)
+
+
+def test_normalize_keeps_resized_pixels_in_the_images_range():
+    """Bicubic resizing overshoots at sharp edges: the resized pixels are clamped to [0, 1] before normalising, so
+    no input lies outside what an image of 0..255 pixels gives."""
+    x = torch.zeros(1, 8, 8, 3, dtype=torch.uint8)
+    x[:, :, ::2] = 255  # one-pixel stripes: the sharpest edges
+    out = normalize(x, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), size=(13, 13))
+    assert out.min() >= -2 and out.max() <= 2  # (0 - 0.5) / 0.25 and (1 - 0.5) / 0.25
+    assert out.max() == 2 and out.min() == -2
 
 
 def test_k_shot_and_nested_subsets():

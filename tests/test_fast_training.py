@@ -223,6 +223,30 @@ def test_explicit_attention_and_eval_mode_restore_every_module():
     assert model.training and not model.blocks[0].training and model.blocks[1].training
 
 
+def test_frozen_parameters_and_no_checkpointing_restore_each_flag_and_explicit_attention_can_be_off():
+    """Each parameter's requires_grad and each module's grad_checkpointing come back as they were, mixed ones
+    included (a frozen embedding stays frozen); explicit_attention(model, False) leaves every fused_attn alone."""
+    from vitlab.modes import frozen_parameters, no_checkpointing
+
+    model = vitlab.build_model(TINY_VIT)
+    model.pos_embed.requires_grad_(False)
+    model.set_grad_checkpointing(True)
+    model.blocks[0].grad_checkpointing = False  # a module flag of its own, not the model's
+    flags = [p.requires_grad for p in model.parameters()]
+    ckpt = [(m, m.grad_checkpointing) for m in model.modules() if isinstance(getattr(m, "grad_checkpointing", None),
+                                                                               bool)]
+    assert any(f for _, f in ckpt)
+    with frozen_parameters(model), no_checkpointing(model):
+        assert not any(p.requires_grad for p in model.parameters())
+        assert not any(m.grad_checkpointing for m, _ in ckpt)
+    assert [p.requires_grad for p in model.parameters()] == flags and not model.pos_embed.requires_grad
+    assert [m.grad_checkpointing for m, _ in ckpt] == [f for _, f in ckpt]
+    model.blocks[0].attn.fused_attn, model.blocks[1].attn.fused_attn = True, False
+    fused = [m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")]
+    with explicit_attention(model, False):
+        assert [m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")] == fused
+
+
 def test_explicit_attention_gives_the_same_training_gradients():
     torch.manual_seed(0)
     model = vitlab.build_model(TINY_VIT).train()
@@ -292,6 +316,20 @@ def test_a_warm_start_from_another_architecture_is_refused_not_a_silent_fresh_st
     head = save_checkpoint(vitlab.build_model(dataclasses.replace(TINY_VIT, num_classes=TINY_VIT.num_classes + 3)),
                            tmp_path / "head")
     assert warm_start(model, head) == ["head.weight", "head.bias"]
+
+
+def test_a_warm_start_must_fill_half_of_the_models_weights(tmp_path):
+    """The line is half: a 1-block checkpoint fills 59% of a 2-block model's weights (a warm start, the second
+    block fresh) but only 42% of a 3-block one's (refused, the model unchanged)."""
+    torch.manual_seed(0)
+    ck = save_checkpoint(vitlab.build_model(dataclasses.replace(TINY_VIT, depth=1)), tmp_path / "one")
+    two = vitlab.build_model(dataclasses.replace(TINY_VIT, depth=2))
+    assert {k.split(".")[1] for k in warm_start(two, ck)} == {"1"}  # only the second block stayed fresh
+    three = vitlab.build_model(dataclasses.replace(TINY_VIT, depth=3))
+    before = {k: v.clone() for k, v in three.state_dict().items()}
+    with pytest.raises(ValueError, match=r"shares 42% of this VisionTransformer's weights"):
+        warm_start(three, ck)
+    assert all(torch.equal(v, before[k]) for k, v in three.state_dict().items())
 
 
 def test_warm_start_finds_a_checkout_folder_from_any_working_directory(tmp_path, monkeypatch):

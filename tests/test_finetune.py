@@ -114,6 +114,20 @@ def test_resize_rebuilds_sincos_exactly():
     torch.testing.assert_close(pe[0, 1:], ref_sincos(12, 16, 192), atol=1e-5, rtol=0)
 
 
+def test_resize_rebuilds_a_timm_models_sincos_table_behind_its_class_row():
+    """Without a vitlab config the sin-cos table is recognised in pos_embed's patch rows (the last gh*gw, after the
+    class token's row) and rebuilt exactly for the new grid, not blurred by interpolation."""
+    from timm.models import VisionTransformer
+
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2, num_classes=10)
+    with torch.no_grad():
+        model.pos_embed[0, 1:] = ref_sincos(4, 4, 64)
+    row = model.pos_embed[0, 0].detach().clone()
+    vitlab.resize_for_finetuning(model, 48)
+    assert torch.equal(model.pos_embed[0, 0], row)
+    torch.testing.assert_close(model.pos_embed[0, 1:], ref_sincos(6, 6, 64), atol=1e-5, rtol=0)
+
+
 def test_resize_replaces_the_head_with_zeros():
     model = tiny_vit()
     vitlab.resize_for_finetuning(model, 48, num_classes=5)
@@ -180,6 +194,8 @@ def test_resize_rejects_bad_sizes_without_changing_the_model():
     model = tiny_vit()
     with pytest.raises(ValueError, match="not a multiple of the patch size"):
         vitlab.resize_for_finetuning(model, 30)
+    with pytest.raises(ValueError, match=r"img_size \(32, 30\) is not a multiple"):  # the width alone
+        vitlab.resize_for_finetuning(model, (32, 30))
     with pytest.raises(ValueError, match="img_size"):
         vitlab.resize_for_finetuning(model, 0)
     assert model.patch_embed.grid_size == (8, 8) and model.pos_embed.shape == (1, 65, 192)

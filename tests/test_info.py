@@ -139,6 +139,37 @@ def test_non_square_vitlab_model():
     assert info.img_size == (32, 48) and info.grid_size == (8, 12)
 
 
+def test_non_square_patches_give_the_grid_the_model_runs():
+    """Rows divide by the patch's height and columns by its width: an (8, 4) px patch at 48 x 40 px is a 6 x 10 grid."""
+    model = VisionTransformer(img_size=32, patch_size=(8, 4), embed_dim=64, depth=1, num_heads=2, num_classes=10,
+                              dynamic_img_size=True).eval()
+    info = model_info(model, img_size=(48, 40))
+    assert info.patch_size == (8, 4) and info.grid_size == (6, 10)
+    assert tokens(model, 48, 40) == info.num_tokens == 61
+
+
+def test_a_frozen_sincos_table_behind_a_class_row_is_fixed():
+    """The sin-cos check reads pos_embed's patch rows, the last gh*gw, not its first rows (the class token's row
+    first): a wholly frozen timm ViT whose patch rows hold the 2D sin-cos table has a fixed embedding."""
+    from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
+
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2, num_classes=10).eval()
+    with torch.no_grad():
+        model.pos_embed[0, 1:] = build_sincos2d_pos_embed([4, 4], dim=64)
+    model.requires_grad_(False)
+    assert model_info(model).pos_embed == "fixed"
+    with torch.no_grad():
+        model.pos_embed[0, 1:] += 0.1  # no longer the table: a learned embedding, frozen for inspection
+    assert model_info(model).pos_embed == "learn"
+
+
+def test_a_class_token_readout_never_includes_the_prefix_in_a_pool():
+    """pool_include_prefix is about pooled readouts ("avg"): a class-token readout pools nothing."""
+    kw = dict(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2, num_classes=10, pool_include_prefix=True)
+    assert not model_info(VisionTransformer(global_pool="token", **kw)).readout_includes_prefix
+    assert model_info(VisionTransformer(global_pool="avg", **kw)).readout_includes_prefix
+
+
 def test_frozen_model_keeps_a_learned_embedding():
     """Freezing a model for inspection does not turn its learned pos_embed into a 'fixed' one."""
     vitlab_model = tiny_vit().requires_grad_(False)
@@ -191,7 +222,7 @@ def test_positions_the_attention_adds_are_named(capsys):
 
 
 def test_bad_img_size():
-    with pytest.raises(ValueError, match="img_size"):
+    with pytest.raises(ValueError, match="img_size must be positive"):
         model_info(tiny_vit(), img_size=0)
 
 

@@ -94,6 +94,18 @@ def test_patch4x4_of_a_4px_patch_is_the_patch_itself():
     assert t[1, 3, 5].item() == color3_targets(img[1:2, :, 5:6, 5:6], 1).item()  # patch 3, pixel (1, 1)
 
 
+def test_patch4x4_of_an_8px_patch_averages_each_2_x_2_cell():
+    """Each of the 16 targets is the mean colour of its 2 x 2 cell (the paper's downsized patch), not its brightest
+    pixel: a cell of 0, 0, 0 and 1 has mean 0.25, level 2."""
+    img = torch.zeros(1, 3, 8, 8)
+    img[0, :, 1::2, 1::2] = 1.0  # one bright pixel in every 2 x 2 cell
+    img[0, 0, :2, :2] = 1.0  # cell 0's red: the whole cell
+    t = patch4x4_targets(img, 8)
+    assert t.shape == (1, 1, 16)
+    grey = 2 * 64 + 2 * 8 + 2
+    assert t[0, 0].tolist() == [7 * 64 + 2 * 8 + 2] + [grey] * 15
+
+
 def test_patch4x4_needs_patches_that_split_into_4_x_4_cells():
     """The paper's 4 x 4 downsized patch averages whole cells of a 16 px patch; a 2 px patch was upsampled (each
     pixel predicted four times) and a 6 px one averaged overlapping cells, both silently."""
@@ -157,6 +169,34 @@ def test_loss_ignores_uncorrupted_patches():
     loss2, out2 = obj(model, x, changed, torch.Generator().manual_seed(3))
     assert not torch.equal(out["target"], out2["target"])
     torch.testing.assert_close(loss, loss2)
+
+
+def test_the_loss_is_over_every_corrupted_patch_the_kept_and_replaced_ones_too():
+    """The paper's loss is over all corrupted patches: [mask], a random other patch and the 10% left as they are
+    (as BERT's), not the masked ones alone."""
+    torch.manual_seed(0)
+    model = vitlab.build_model(TINY).eval()
+    obj = MaskedPatchPrediction.for_model(model, "color3", 0.5)
+    x = torch.rand(4, 3, 32, 32)
+    loss, out = obj(model, x, x, torch.Generator().manual_seed(3))
+    corrupted = out["mode"] != KEEP
+    assert (out["mode"] == SAME).any() and (out["mode"] == RANDOM).any()
+    want = torch.nn.functional.cross_entropy(out["prediction"][corrupted], out["target"][corrupted])
+    torch.testing.assert_close(loss, want)
+
+
+def test_an_encoder_without_a_class_token_predicts_every_patch():
+    """With no prefix token the patch tokens start at the first token: none is dropped or shifted."""
+    torch.manual_seed(0)
+    model = vitlab.build_model(dataclasses.replace(TINY, readout="avg")).eval()
+    assert model.num_prefix_tokens == 0
+    obj = MaskedPatchPrediction.for_model(model, "color3", 0.5)
+    x = torch.rand(2, 3, 32, 32)
+    loss, out = obj(model, x, x, torch.Generator().manual_seed(3))
+    assert out["prediction"].shape[:2] == (2, 64) and torch.isfinite(loss)
+    corrupted = out["mode"] != KEEP
+    want = torch.nn.functional.cross_entropy(out["prediction"][corrupted], out["target"][corrupted])
+    torch.testing.assert_close(loss, want)
 
 
 @pytest.mark.parametrize("target", ["color3", "patch4x4", "l2"])

@@ -358,6 +358,18 @@ def test_feature_key_changes_with_weights_data_and_transform():
     assert feature_key(model, data) != key
 
 
+def test_feature_key_tells_images_of_the_same_bytes_in_another_shape_apart():
+    """Images 4 high by 8 wide and 8 high by 4 wide can hold the same bytes: different images, different features,
+    so different keys (the key hashes each tensor's shape and dtype with its bytes)."""
+    model = tiny_vit()
+    wide = torch.randint(0, 256, (2, 4, 8, 3), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    labels = torch.tensor([0, 1])
+    a = ImageArray(wide, labels, ("a", "b"), "x")
+    b = ImageArray(wide.reshape(2, 8, 4, 3), labels, ("a", "b"), "x")
+    assert torch.equal(a.images.flatten(), b.images.flatten())
+    assert feature_key(model, a) != feature_key(model, b)
+
+
 def test_a_batchnorm_cnn_is_probed():
     """`vitlab probe --model data/checkpoints/resnet_cifar10_fast` failed with 'self.dim() cannot be 0 to view Long
     as Byte': the feature cache's key could not hash BatchNorm's 0-d num_batches_tracked."""

@@ -120,6 +120,26 @@ def test_settle_history_keeps_one_record_per_epoch_as_the_export_reads_it(tmp_pa
     assert read_history(tmp_path) == [r1, r2] == run_history(tmp_path, meta)
 
 
+def test_history_as_of_keeps_each_epochs_latest_line_up_to_the_checkpoints():
+    """One record per epoch, the latest line of each (a resume re-ran it), the checkpoint's own epoch included when
+    its config carries no record, later epochs and lines without an epoch left out."""
+    from vitlab.history import history_as_of
+
+    old, new = {"epoch": 2, "train_loss": 0.9}, {"epoch": 2, "train_loss": 0.5}
+    records = [{"epoch": 1}, old, {"epoch": 3}, new, {"note": "no epoch"}, {"epoch": 4}]
+    assert history_as_of(records, {"epoch": 3}) == [{"epoch": 1}, new, {"epoch": 3}]
+    own = {"epoch": 3, "train_loss": 0.1}
+    assert history_as_of(records, {"epoch": 3, "metrics": own}) == [{"epoch": 1}, new, own]
+
+
+def test_run_hours_adds_training_and_evaluation_seconds():
+    from vitlab.history import run_hours
+
+    history = [{"epoch": 1, "epoch_seconds": 1800.0}, {"epoch": 2, "epoch_seconds": 900.0, "eval_seconds": 36.0}]
+    assert run_hours(history) == pytest.approx(0.76)  # (1800 + 900 + 36) s
+    assert run_hours([]) == 0
+
+
 def test_read_history_leaves_out_a_torn_last_line_and_names_a_broken_one(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"epoch": 1}\n\n{"epoch": 2}\n{"epo')
     with pytest.warns(UserWarning, match="the last line is not a whole record"):
