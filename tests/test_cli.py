@@ -127,7 +127,8 @@ def test_capture_file_tells_prefix_tokens_from_patches(tmp_path, checkpoint):
     from safetensors import safe_open
 
     f = tmp_path / "a.safetensors"
-    assert main(["capture", "--model", str(checkpoint), "--out", str(f), "--num-images", "1"]) == 0
+    with pytest.warns(UserWarning, match="using the first 1 of the 2 photos"):  # said, as to any user
+        assert main(["capture", "--model", str(checkpoint), "--out", str(f), "--num-images", "1"]) == 0
     with safe_open(str(f), "pt") as opened:
         meta, T = opened.metadata(), opened.get_slice("attention").get_shape()[-1]
     prefix, grid = json.loads(meta["prefix_tokens"]), json.loads(meta["grid"])
