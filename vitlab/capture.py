@@ -438,7 +438,10 @@ def capture_attention(
     the maps in the autograd graph so that after ``backward()`` ``capture.grads()`` returns each layer's own
     gradient (no reductions then). The model runs in eval
     mode and without gradient checkpointing inside the block (never maps with dropout applied); its modes, fused and
-    checkpointing flags and hooks are restored on exit, also when the body raises.
+    checkpointing flags and hooks are restored on exit, also when the body raises. A wrapped model
+    (``torch.compile``, ``nn.DataParallel``) is captured through the module it wraps: run that module, or the
+    wrapper on one device, inside the block (DataParallel over several GPUs calls the hooks from several threads, in
+    no fixed order of images).
     """
     model = unwrapped(model)
     if head_fusion not in (None, "mean", "max", "min"):
