@@ -37,13 +37,21 @@ READOUTS: tuple[str, ...] = get_args(Readout)
 READOUT_NAMES = {"model": "the model's own readout (the class token; the mean of the class and distillation tokens "
                           "for a distilled ViT)",
                  "patch_mean": "the mean of the final patch tokens"}
+
+
+#: Bumped when a readout's definition changes, so that features cached under the old definition are never served.
+#: patch_mean 2: the mean goes through the model's ``fc_norm`` (an average-pooled ViT's final LayerNorm; version 1
+#: averaged its tokens before any LayerNorm).
+READOUT_VERSIONS = {"model": 1, "patch_mean": 2}
+
+
 def readout_description(model: nn.Module, readout: str) -> str:
     """``READOUT_NAMES[readout]`` said of ``model``: what its own readout is (the class token, the class and
     distillation tokens' mean, an average or attention pool, a CNN's pooled feature map)."""
     if readout != "model":
         return READOUT_NAMES[readout]
     try:
-        info = model_info(unwrapped(model))
+        info = model_info(model)  # a wrapped model: the one it holds
     except (TypeError, ValueError):  # no tokens: a CNN's head pools its last feature map
         return "the model's own readout (its globally pooled final feature map)"
     if info.readout == "token":
@@ -56,12 +64,6 @@ def readout_description(model: nn.Module, readout: str) -> str:
     else:
         what = f"timm's global_pool={info.readout!r} over the final tokens"
     return f"the model's own readout ({what})"
-
-
-#: Bumped when a readout's definition changes, so that features cached under the old definition are never served.
-#: patch_mean 2: the mean goes through the model's ``fc_norm`` (an average-pooled ViT's final LayerNorm; version 1
-#: averaged its tokens before any LayerNorm).
-READOUT_VERSIONS = {"model": 1, "patch_mean": 2}
 
 
 def _cache_name(key: str, readout: str) -> str:
