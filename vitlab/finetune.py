@@ -23,8 +23,9 @@ def resize_for_finetuning(model: nn.Module, img_size: int | tuple[int, int], num
 
     The patch size stays, so the grid grows; the learned position embeddings of the patch grid are
     resampled by 2D interpolation (``interpolation`` is the ``F.interpolate`` mode, antialiased for bilinear and
-    bicubic as timm's ``resample_abs_pos_embed``), prefix rows kept as they are; fixed sin-cos embeddings are rebuilt exactly for the
-    new grid; with ``num_classes`` the head is replaced by a zero-initialised linear layer (0: no head).
+    bicubic as timm's ``resample_abs_pos_embed``), prefix rows kept as they are; fixed sin-cos embeddings are
+    rebuilt exactly for the new grid; with ``num_classes`` the head is replaced by a zero-initialised linear layer
+    (0: no head).
     For a hybrid the grid is the backbone's feature map at the new size. Works in place and returns the model.
     """
     if not isinstance(model, VisionTransformer):

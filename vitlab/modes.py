@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 from torch import nn
 
-__all__ = ["unwrapped", "eval_mode", "frozen_parameters", "explicit_attention", "no_checkpointing", "any_image_size", "all_patch_tokens"]
+__all__ = ["unwrapped", "eval_mode", "frozen_parameters", "explicit_attention", "no_checkpointing", "any_image_size",
+           "all_patch_tokens"]
 
 
 def unwrapped(model: nn.Module) -> nn.Module:
