@@ -84,7 +84,7 @@ def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
 
 
 def test_settle_history_restores_the_checkpoints_record_and_drops_torn_lines(tmp_path):
-    from vitlab.train import settle_history
+    from vitlab.run_folder import settle_history
 
     path = tmp_path / "metrics.jsonl"
     r1, r2, r3 = ({"epoch": e, "train_loss": 1.0 / e, "epoch_seconds": 10.0 * e} for e in (1, 2, 3))
@@ -110,7 +110,7 @@ def test_settle_history_keeps_one_record_per_epoch_as_the_export_reads_it(tmp_pa
     """A line repeated in metrics.jsonl (an older resume) stayed through a resume, so read_history counted that
     epoch twice (its hours too); settled, the file holds what run_history reads from it: one record per epoch."""
     from vitlab.history import run_history
-    from vitlab.train import settle_history
+    from vitlab.run_folder import settle_history
 
     path = tmp_path / "metrics.jsonl"
     r1, r2 = ({"epoch": e, "train_loss": 1.0 / e, "epoch_seconds": 10.0 * e} for e in (1, 2))
@@ -273,9 +273,9 @@ def test_a_killed_trainings_forked_workers_do_not_keep_the_run_folder_locked(tmp
     """kill -9 of a training leaves its forked batch workers running for a while; with an flock lock they kept the
     folder locked and the --resume right after was refused ('in use'). The record lock belongs to the killed
     process alone, so the folder is free at once while its forked child still lives."""
-    from vitlab.train import run_lock
+    from vitlab.run_folder import run_lock
 
-    script = ("import os, signal, sys, time\nfrom pathlib import Path\nfrom vitlab.train import run_lock\n"
+    script = ("import os, signal, sys, time\nfrom pathlib import Path\nfrom vitlab.run_folder import run_lock\n"
               "with run_lock(Path(sys.argv[1])):\n"
               "    pid = os.fork()\n"
               "    if pid == 0:\n"
@@ -417,3 +417,47 @@ def test_resume_after_a_kill_between_the_checkpoint_renames(tmp_path):
     (run / ".checkpoint.old.cut").mkdir()
     (run / ".checkpoint.old.cut" / "config.json").write_text('{"epoch": 9}')
     assert recover_checkpoint(run / "checkpoint") and (run / "checkpoint" / "model.safetensors").is_file()
+
+
+def test_a_new_run_refuses_a_folder_that_holds_more_than_a_killed_first_epoch_left(tmp_path, tiny_data, monkeypatch):
+    """A new run (no --resume) used to go into any folder: into an earlier run's, whose checkpoint was removed, it
+    appended its records to the earlier metrics.jsonl and kept the earlier best/ wherever that scored higher; into a
+    folder that is not a run's (a shipped checkpoint given as --run-dir), it wrote its files among the user's. Each
+    is refused now before anything is written; what a run killed before its first checkpoint leaves is not."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "data": str(tiny_data), "epochs": 1})
+
+    def snapshot(folder: Path) -> dict:
+        return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+    earlier = tmp_path / "earlier"  # an earlier run's records, its checkpoint removed
+    (earlier / "best").mkdir(parents=True)
+    (earlier / "best" / "config.json").write_text('{"metrics": {"test_accuracy": 0.99}}')
+    (earlier / "metrics.jsonl").write_text('{"epoch": 1, "test_accuracy": 0.99}\n')
+    (earlier / "train_config.json").write_text("{}")
+    before = snapshot(earlier)
+    with pytest.raises(FileExistsError, match=r"earlier run's records \(best, metrics.jsonl\).*--run-dir NEW"):
+        train(cfg, earlier, progress=False)
+    assert snapshot(earlier) == before and sorted(p.name for p in earlier.iterdir()) == ["best", "metrics.jsonl",
+                                                                                         "train_config.json"]
+    shipped = tmp_path / "shipped"  # not a run folder at all
+    shipped.mkdir()
+    (shipped / "model.safetensors").write_bytes(b"weights")
+    (shipped / "config.json").write_text("{}")
+    before = snapshot(shipped)
+    with pytest.raises(FileExistsError, match=r"not a vitlab run folder \(it holds config.json, model.safetensors\)"):
+        train(cfg, shipped, progress=False)
+    assert snapshot(shipped) == before and sorted(p.name for p in shipped.iterdir()) == ["config.json",
+                                                                                         "model.safetensors"]
+    aside = tmp_path / "aside"  # a kill between a checkpoint replacement's two renames
+    (aside / ".checkpoint.old.x1").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match=r"set aside as .checkpoint.old.x1.*pass --resume"):
+        train(cfg, aside, progress=False)
+    # a run killed in its first epoch leaves its settings, its id and a half-written checkpoint: a new run goes on
+    killed = tmp_path / "killed"
+    (killed / ".checkpoint.tmp.x2").mkdir(parents=True)
+    (killed / "train_config.json").write_text("{}")
+    (killed / "run_id").write_text("old\n")
+    train(cfg, killed, progress=False)
+    assert _epoch(killed) == 1 and (killed / "run_id").read_text() != "old\n"
+    assert len(read_history(killed)) == 1

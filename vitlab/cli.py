@@ -216,7 +216,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         import contextlib
 
         from vitlab.checkpoint import recover_checkpoint
-        from vitlab.train import run_lock
+        from vitlab.run_folder import run_lock
 
         shipped = DEFAULT_CHECKPOINT.parent / args.preset
         state = run / "checkpoint" / "config.json"

@@ -22,9 +22,9 @@ the end of each epoch with the model, optimizer and EMA state (Lookahead's slow 
 the run and keeps the last good checkpoint.
 
 Here too: what a run measures as it goes (``evaluate``, ``evaluate_mpp``; ``step_flops`` for the benchmarks and
-sweeps), the images it trains on (``training_subset``), its ``metrics.jsonl`` settled on resume (``settle_history``)
-and the lock on its folder (``run_lock``). What a run is given, ``TrainConfig`` and the presets, lives in
-``vitlab.train_config``; the teacher and the distillation loss in ``vitlab.distill``; a warm start's copy of a
+sweeps) and the images it trains on (``training_subset``). The run folder (its lock, what a new run may find there,
+its ``metrics.jsonl`` settled on resume) is ``vitlab.run_folder``'s. What a run is given, ``TrainConfig`` and the
+presets, lives in ``vitlab.train_config``; the teacher and the distillation loss in ``vitlab.distill``; a warm start's copy of a
 checkpoint's weights in ``vitlab.warm_start``; the processes under ``torchrun`` in ``vitlab.distributed``;
 ``torch.compile`` in ``vitlab.compiling``.
 """
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import math
 import os
@@ -64,12 +63,12 @@ from vitlab.compiling import Compiler, compile_by_default
 from vitlab.data import ImageArray, check_same_classes, load_dataset, nested_subsets, normalize
 from vitlab.distill import distill_loss, load_teacher, soft_cross_entropy, teacher_input
 from vitlab.distributed import Dist, barrier, dist_setup, mean_over_ranks, per_process_batchnorm
-from vitlab.history import history_as_of
 from vitlab.lookahead import Lookahead
 from vitlab.modes import all_patch_tokens, any_image_size, eval_mode, explicit_attention
 from vitlab.mpp import KEEP, MaskedPatchPrediction
 from vitlab.precision import use_bf16
 from vitlab.provenance import provenance
+from vitlab.run_folder import check_fresh, run_lock, settle_history
 from vitlab.train_config import (
     TrainConfig,
     cfg_num_classes,
@@ -256,24 +255,6 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
 # ---------------------------------------------------------------------------------------------- the run
 
 
-def settle_history(path: Path, meta: dict) -> None:
-    """On resume, make ``metrics.jsonl`` hold one record per epoch up to the checkpoint's, before any is appended
-    (``vitlab.history.history_as_of``, as the export reads the run). An epoch's checkpoint is written before its
-    record, and the checkpoint keeps the record (``meta["metrics"]``): a run killed between the two, or during the
-    append (a torn last line), gets that record back from the checkpoint, and an unreadable line is dropped instead
-    of being joined to the next record."""
-    old = path.read_text() if path.is_file() else ""
-    records = []
-    for line in old.splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue  # blank, or torn by a kill during the append
-    text = "".join(json.dumps(r) + "\n" for r in history_as_of(records, meta))
-    if text != old:
-        atomic_write_text(path, text)
-
-
 def _diverged_text(loss: float, epoch: int, step: int, ck: Path, cfg: TrainConfig) -> str:
     """What a run whose loss stopped being finite in ``epoch`` (0-based) says: where it stands and how to go on (a
     --resume refuses a changed lr, so a new run folder warm-started from the last good checkpoint)."""
@@ -343,49 +324,11 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
 
     While it trains, ``run_dir`` is locked (``run_lock``): a second ``train`` into the same folder is refused.
     """
+    if not resume:  # before the lock, which would leave its file in a folder that is refused
+        check_fresh(Path(run_dir))
     with run_lock(Path(run_dir)):
         return _train(cfg, run_dir, resume=resume, progress=progress, train_data=train_data, test_data=test_data,
                       device=device, workers=workers, compile=compile)
-
-
-RUN_LOCK = ".lock"
-
-
-@contextlib.contextmanager
-def run_lock(run: Path):
-    """Hold ``RUN/.lock`` (an exclusive POSIX record lock, ``fcntl.lockf``) while training into ``run``: a second
-    process training into the same folder (two ``vitlab train --preset P`` without ``--run-dir`` share
-    ``$VITLAB_CACHE/runs/P``) would interleave its checkpoints and ``metrics.jsonl`` lines with the first's, so it is
-    refused. The operating system drops the lock when its process ends, a kill included; a record lock belongs to
-    the process alone, so batch workers it forked do not keep it after a ``kill -9`` (an ``flock`` lock would stay
-    with them and refuse the ``--resume``). Under ``torchrun`` the main process (RANK 0) holds it. A folder made only
-    for the lock is removed again when training never wrote into it."""
-    try:
-        import fcntl
-    except ImportError:  # not a POSIX system (Windows): train unguarded, as before the lock
-        fcntl = None
-    if os.environ.get("RANK", "0") != "0" or fcntl is None:
-        yield
-        return
-    made = not run.exists()
-    run.mkdir(parents=True, exist_ok=True)
-    f = open(run / RUN_LOCK, "a")
-    try:
-        try:
-            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EACCES, errno.EAGAIN):  # a file system without locks (some network mounts,
-                pass  # ENOLCK): train unguarded, as before locks
-            else:
-                raise RuntimeError(f"{run} is in use: another process is training into it now. Wait for it to "
-                                   "finish, or give this run its own folder (--run-dir NEW)") from None
-        yield
-    finally:
-        f.close()  # releases the lock
-        with contextlib.suppress(OSError):
-            if made and [p.name for p in run.iterdir()] == [RUN_LOCK]:
-                (run / RUN_LOCK).unlink()
-                run.rmdir()
 
 
 def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progress: bool,
@@ -399,8 +342,8 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
                          "trains eagerly: leave compile at its default (auto) or off")
     d = dist_setup(device)
     run = Path(run_dir)
-    if not resume and (run / "checkpoint").exists():
-        raise FileExistsError(f"{run} already holds a checkpoint: pass --resume to continue it, or choose a new folder")
+    if not resume:  # again under the lock: another process may have written into it since
+        check_fresh(run)
     if resume and d.main and recover_checkpoint(run / "checkpoint") and progress:  # killed between replace_dir's renames
         print(f"{run / 'checkpoint'} restored from the previous epoch's copy (a kill interrupted its replacement)")
     if resume and d.world > 1:  # the other processes look after the main one restored it

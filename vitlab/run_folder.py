@@ -1,0 +1,113 @@
+"""A training run's folder: the lock held on it while a process trains into it (``run_lock``), what a new run may
+find in it (``check_fresh``), and its ``metrics.jsonl`` settled to the checkpoint's epochs on resume
+(``settle_history``).
+
+A run folder holds ``train_config.json``, ``run_id``, ``checkpoint/`` (the resume point, replaced at the end of every
+epoch), ``metrics.jsonl`` (one record per epoch), optionally ``best/``, and ``.lock`` while it trains
+(``vitlab.train.train`` writes them; ``vitlab.history`` reads the records back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+from pathlib import Path
+
+from vitlab.atomic import atomic_write_text
+from vitlab.checkpoint import RUN_ID
+from vitlab.history import history_as_of
+
+__all__ = ["RUN_LOCK", "run_lock", "check_fresh", "settle_history"]
+
+
+RUN_LOCK = ".lock"
+
+
+@contextlib.contextmanager
+def run_lock(run: Path):
+    """Hold ``RUN/.lock`` (an exclusive POSIX record lock, ``fcntl.lockf``) while training into ``run``: a second
+    process training into the same folder (two ``vitlab train --preset P`` without ``--run-dir`` share
+    ``$VITLAB_CACHE/runs/P``) would interleave its checkpoints and ``metrics.jsonl`` lines with the first's, so it is
+    refused. The operating system drops the lock when its process ends, a kill included; a record lock belongs to
+    the process alone, so batch workers it forked do not keep it after a ``kill -9`` (an ``flock`` lock would stay
+    with them and refuse the ``--resume``). Under ``torchrun`` the main process (RANK 0) holds it. A folder made only
+    for the lock is removed again when training never wrote into it."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system (Windows): train unguarded, as before the lock
+        fcntl = None
+    if os.environ.get("RANK", "0") != "0" or fcntl is None:
+        yield
+        return
+    made = not run.exists()
+    run.mkdir(parents=True, exist_ok=True)
+    f = open(run / RUN_LOCK, "a")
+    try:
+        try:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):  # a file system without locks (some network mounts,
+                pass  # ENOLCK): train unguarded, as before locks
+            else:
+                raise RuntimeError(f"{run} is in use: another process is training into it now. Wait for it to "
+                                   "finish, or give this run its own folder (--run-dir NEW)") from None
+        yield
+    finally:
+        f.close()  # releases the lock
+        with contextlib.suppress(OSError):
+            if made and [p.name for p in run.iterdir()] == [RUN_LOCK]:
+                (run / RUN_LOCK).unlink()
+                run.rmdir()
+
+
+# what a run killed before its first checkpoint leaves: its settings, its id, the lock, a half-written checkpoint
+_FRESH_NAMES = ("train_config.json", RUN_ID)
+_FRESH_PREFIXES = (".checkpoint.tmp.",)
+
+
+def check_fresh(run: Path) -> None:
+    """Refuse to start a new run (not a resume) in ``run`` unless the folder is new, empty, or holds only what a run
+    killed before its first checkpoint leaves (``train_config.json``, ``run_id``, the lock, a half-written
+    ``checkpoint``): a new run into an earlier run's folder would append its records to the earlier ``metrics.jsonl``
+    and keep the earlier ``best/`` wherever it scored higher, and one into a folder that is not a run's (a project
+    folder, a shipped checkpoint given as ``--run-dir`` by mistake) would write its files among the user's. Raises
+    ``FileExistsError`` naming what is there and the way on, before anything is written."""
+    if not run.is_dir():
+        return
+    if (run / "checkpoint").exists():
+        raise FileExistsError(f"{run} already holds a checkpoint: pass --resume to continue it, or choose a new folder")
+    names = sorted(p.name for p in run.iterdir())
+    aside = [n for n in names if n.startswith(".checkpoint.old.")]
+    if aside:
+        raise FileExistsError(f"{run} holds its last checkpoint set aside as {aside[0]} (a kill interrupted its "
+                              "replacement): pass --resume, which puts it back and continues, or choose a new folder")
+    other = [n for n in names if n not in (*_FRESH_NAMES, RUN_LOCK) and not n.startswith(_FRESH_PREFIXES)]
+    earlier = [n for n in other if n in ("metrics.jsonl", "best")]
+    if earlier:
+        raise FileExistsError(f"{run} holds an earlier run's records ({', '.join(earlier)}) but no checkpoint to "
+                              "resume: a new run would add to them. Move them away, or choose a new folder "
+                              "(--run-dir NEW)")
+    if other:
+        shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
+        raise FileExistsError(f"{run} is not a vitlab run folder (it holds {shown}): a new run writes its checkpoint, "
+                              "records and settings there. Give --run-dir a new or empty folder")
+
+
+def settle_history(path: Path, meta: dict) -> None:
+    """On resume, make ``metrics.jsonl`` hold one record per epoch up to the checkpoint's, before any is appended
+    (``vitlab.history.history_as_of``, as the export reads the run). An epoch's checkpoint is written before its
+    record, and the checkpoint keeps the record (``meta["metrics"]``): a run killed between the two, or during the
+    append (a torn last line), gets that record back from the checkpoint, and an unreadable line is dropped instead
+    of being joined to the next record."""
+    old = path.read_text() if path.is_file() else ""
+    records = []
+    for line in old.splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # blank, or torn by a kill during the append
+    text = "".join(json.dumps(r) + "\n" for r in history_as_of(records, meta))
+    if text != old:
+        atomic_write_text(path, text)
