@@ -213,68 +213,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     run = Path(args.run or cache_dir() / "runs" / args.preset)  # outside the work tree: survives a fresh checkout
     resume = args.resume
     if args.continue_run:
-        import contextlib
+        from vitlab.run_folder import continue_run
 
-        from vitlab.checkpoint import recover_checkpoint
-        from vitlab.run_folder import run_lock
-
-        shipped = DEFAULT_CHECKPOINT.parent / args.preset
-        state = run / "checkpoint" / "config.json"
-        # under the run's lock: a run another process is training into now is neither repaired nor moved aside
-        with run_lock(run) if run.is_dir() else contextlib.nullcontext():
-            recover_checkpoint(run / "checkpoint")  # a kill between the two renames of its last replacement
-            if state.is_file() and _finished_and_shipped(run, shipped):
-                # a finished leg whose weights were exported: keep its state and train a new leg from what shipped
-                if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-                    raise FileExistsError(f"--continue under torchrun: {run} holds a finished leg; move it aside "
-                                          f"first (mv {run} {_free_name(run)}) so that no two processes move it at "
-                                          "once")
-                kept = _free_name(run)
-                run.rename(kept)
-                say(f"{run} finished its schedule and was exported to {shipped}: kept as {kept}")
-        if state.is_file():
-            resume = True
-        elif cfg.init_from is not None:
-            say(f"no run state in {run}: warm-starting from {cfg.init_from} (--set init_from)")
-        elif (shipped / "model.safetensors").is_file():
-            # the run's state is gone (a new machine): start from the shipped weights with a fresh schedule
-            cfg = dataclasses.replace(cfg, init_from=str(shipped))
-            say(f"no run state in {run}: warm-starting from the shipped {shipped} with a fresh schedule")
-        else:
-            say(f"no run state in {run} and no shipped weights {shipped / 'model.safetensors'}: starting a fresh "
-                "run")
+        cfg, resume = continue_run(run, DEFAULT_CHECKPOINT.parent / args.preset, cfg, say)
     say(f"run folder: {run}")
     train(cfg, run, resume=resume, progress=not args.quiet, device=args.device, workers=args.workers,
           compile={"auto": None, "on": True, "off": False}[args.compile])
     return 0
-
-
-def _finished_and_shipped(run: Path, shipped: Path) -> bool:
-    """Whether ``run`` has done every epoch of its schedule and ``shipped`` was exported from that state (the
-    shipped checkpoint's record of its last epoch, training seconds and epoch count are the run's). An unfinished run
-    is resumed; a finished one that ``shipped`` does not hold raises, since warm-starting a new leg from the shipped
-    weights would silently drop what the run learned (or the shipped folder has moved on past it)."""
-    meta = json.loads((run / "checkpoint" / "config.json").read_text())
-    planned = meta["train"]["epochs"]  # the run's own config (a resume must match it)
-    if meta["epoch"] < planned:
-        return False
-    f = shipped / "config.json"
-    held = json.loads(f.read_text()) if f.is_file() else {}
-    if all(held.get(k) == meta.get(k) for k in ("epoch", "train_seconds", "metrics")):
-        return True
-    raise FileExistsError(
-        f"--continue: {run} finished its {planned} epochs, but {shipped} does not hold its weights. If the run was "
-        f"never exported, export it first (vitlab export --run-dir {run} --out {shipped} --command-line '...'), then "
-        f"--continue trains a new leg from it; if {shipped} holds a later leg trained elsewhere, move {run} aside "
-        "(its state is older); or pass --run-dir NEW to start elsewhere.")
-
-
-def _free_name(run: Path) -> Path:
-    """``RUN.leg1``, ``RUN.leg2``, ...: the first name not taken."""
-    k = 1
-    while run.with_name(f"{run.name}.leg{k}").exists():
-        k += 1
-    return run.with_name(f"{run.name}.leg{k}")
 
 
 def cmd_export(args: argparse.Namespace) -> int:

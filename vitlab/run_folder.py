@@ -1,6 +1,6 @@
 """A training run's folder: the lock held on it while a process trains into it (``run_lock``), what a new run may
-find in it (``check_fresh``), and its ``metrics.jsonl`` settled to the checkpoint's epochs on resume
-(``settle_history``).
+find in it (``check_fresh``), its ``metrics.jsonl`` settled to the checkpoint's epochs on resume
+(``settle_history``), and what ``vitlab train --continue`` makes of it (``continue_run``).
 
 A run folder holds ``train_config.json``, ``run_id``, ``checkpoint/`` (the resume point, replaced at the end of every
 epoch), ``metrics.jsonl`` (one record per epoch), optionally ``best/``, and ``.lock`` while it trains
@@ -10,16 +10,22 @@ epoch), ``metrics.jsonl`` (one record per epoch), optionally ``best/``, and ``.l
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vitlab.atomic import atomic_write_text
-from vitlab.checkpoint import RUN_ID
+from vitlab.checkpoint import RUN_ID, recover_checkpoint
 from vitlab.history import history_as_of
 
-__all__ = ["RUN_LOCK", "run_lock", "check_fresh", "settle_history"]
+if TYPE_CHECKING:
+    from vitlab.train_config import TrainConfig
+
+__all__ = ["RUN_LOCK", "run_lock", "check_fresh", "settle_history", "continue_run"]
 
 
 RUN_LOCK = ".lock"
@@ -111,3 +117,63 @@ def settle_history(path: Path, meta: dict) -> None:
     text = "".join(json.dumps(r) + "\n" for r in history_as_of(records, meta))
     if text != old:
         atomic_write_text(path, text)
+
+
+def continue_run(run: Path, shipped: Path, cfg: TrainConfig, say: Callable[[str], None]) -> tuple[TrainConfig, bool]:
+    """What ``vitlab train --preset P --continue`` trains: ``(cfg, resume)`` for run folder ``run`` of the preset
+    whose shipped checkpoint is ``shipped``. An unfinished run is resumed; a finished one that ``shipped`` was
+    exported from is kept aside as ``RUN.legK`` and a new leg warm-starts from ``shipped`` with a fresh schedule;
+    with no run state (a new machine) the run warm-starts from ``--set init_from``, else from ``shipped``, else
+    starts fresh. ``say`` is told each decision. The repair and the move happen under the run's lock, so a run
+    another process is training into now is neither repaired nor moved aside."""
+    state = run / "checkpoint" / "config.json"
+    with run_lock(run) if run.is_dir() else contextlib.nullcontext():
+        recover_checkpoint(run / "checkpoint")  # a kill between the two renames of its last replacement
+        if state.is_file() and _finished_and_shipped(run, shipped):
+            # a finished leg whose weights were exported: keep its state and train a new leg from what shipped
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                raise FileExistsError(f"--continue under torchrun: {run} holds a finished leg; move it aside "
+                                      f"first (mv {run} {_free_name(run)}) so that no two processes move it at "
+                                      "once")
+            kept = _free_name(run)
+            run.rename(kept)
+            say(f"{run} finished its schedule and was exported to {shipped}: kept as {kept}")
+    if state.is_file():
+        return cfg, True
+    if cfg.init_from is not None:
+        say(f"no run state in {run}: warm-starting from {cfg.init_from} (--set init_from)")
+    elif (shipped / "model.safetensors").is_file():
+        # the run's state is gone (a new machine): start from the shipped weights with a fresh schedule
+        cfg = dataclasses.replace(cfg, init_from=str(shipped))
+        say(f"no run state in {run}: warm-starting from the shipped {shipped} with a fresh schedule")
+    else:
+        say(f"no run state in {run} and no shipped weights {shipped / 'model.safetensors'}: starting a fresh run")
+    return cfg, False
+
+
+def _finished_and_shipped(run: Path, shipped: Path) -> bool:
+    """Whether ``run`` has done every epoch of its schedule and ``shipped`` was exported from that state (the
+    shipped checkpoint's record of its last epoch, training seconds and epoch count are the run's). An unfinished run
+    is resumed; a finished one that ``shipped`` does not hold raises, since warm-starting a new leg from the shipped
+    weights would silently drop what the run learned (or the shipped folder has moved on past it)."""
+    meta = json.loads((run / "checkpoint" / "config.json").read_text())
+    planned = meta["train"]["epochs"]  # the run's own config (a resume must match it)
+    if meta["epoch"] < planned:
+        return False
+    f = shipped / "config.json"
+    held = json.loads(f.read_text()) if f.is_file() else {}
+    if all(held.get(k) == meta.get(k) for k in ("epoch", "train_seconds", "metrics")):
+        return True
+    raise FileExistsError(
+        f"--continue: {run} finished its {planned} epochs, but {shipped} does not hold its weights. If the run was "
+        f"never exported, export it first (vitlab export --run-dir {run} --out {shipped} --command-line '...'), then "
+        f"--continue trains a new leg from it; if {shipped} holds a later leg trained elsewhere, move {run} aside "
+        "(its state is older); or pass --run-dir NEW to start elsewhere.")
+
+
+def _free_name(run: Path) -> Path:
+    """``RUN.leg1``, ``RUN.leg2``, ...: the first name not taken."""
+    k = 1
+    while run.with_name(f"{run.name}.leg{k}").exists():
+        k += 1
+    return run.with_name(f"{run.name}.leg{k}")
