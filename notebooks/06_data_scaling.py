@@ -88,7 +88,7 @@ for fam, by_size in summary.items():
 # %%
 from IPython.display import Markdown, display
 
-from vitlab.scaling import plotted_recipes, recipe_grid_positions, tuning_table, tuning_trials_for
+from vitlab.tuning import plotted_recipes, recipe_grid_positions, tuning_table, tuning_trials_for
 
 tuning = RESULTS.with_suffix(".tuning.jsonl")
 if tuning.exists():

@@ -46,8 +46,9 @@ def test_results_readme_sentences_match_the_records():
 def test_results_readme_shows_the_tuning_evidence_and_the_verdict():
     """The tuning trials (with the recipes the frozen config holds marked) and the Fig. 3/4 verdict are the ones
     `vitlab sweep --table` computes from the shipped stores."""
-    from vitlab.scaling import load_sweep_config, tuning_table
+    from vitlab.scaling import load_sweep_config
     from vitlab.study_findings import scaling_gap_narrows
+    from vitlab.tuning import tuning_table
     from vitlab.verdict import verdict_table
 
     readme = (RESULTS / "README.md").read_text()

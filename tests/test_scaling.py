@@ -166,7 +166,8 @@ def test_sweep_shots_must_be_among_the_sweeps_own(tmp_path, capsys):
 def test_tuning_freezes_the_best_recipe_and_runs_report_their_best_validation_epoch(tmp_path, capsys):
     import dataclasses
 
-    from vitlab.scaling import SWEEPS, ResultsStore, run_sweep, summarise_compute, tune
+    from vitlab.scaling import SWEEPS, ResultsStore, run_sweep, summarise_compute
+    from vitlab.tuning import tune
 
     sweep = dataclasses.replace(SWEEPS["quick"], families=("vit_tiny",), val_per_class=5, epochs=2)
     grid = {"vit_tiny": (("adamw", 1e-3, 0.05), ("adamw", 1e-2, 0.05))}
@@ -198,7 +199,8 @@ def test_tuning_freezes_the_best_recipe_and_runs_report_their_best_validation_ep
     import json
 
     from vitlab.cli import main
-    from vitlab.scaling import markdown_table, summarise, tuning_table
+    from vitlab.scaling import markdown_table, summarise
+    from vitlab.tuning import tuning_table
 
     (tmp_path / "tuned.json").write_text(json.dumps(dataclasses.asdict(tuned)))
     (tmp_path / "sweep.tuning.jsonl").write_bytes((tmp_path / "tuning.jsonl").read_bytes())
@@ -267,7 +269,8 @@ def test_every_family_gets_a_training_config_with_the_sweeps_classes():
 def test_the_shipped_sweep_meets_the_issues_design():
     """At least 5 nested sizes over at least 50x, 3 seeds, three families, a validation split, and the same number
     of tuning recipes for every family (an equal chance), within the training-image budget its comment states."""
-    from vitlab.scaling import SWEEPS, TUNING_GRID, RunSpec, _train_config
+    from vitlab.scaling import SWEEPS, RunSpec, _train_config
+    from vitlab.tuning import TUNING_GRID
 
     sweep = SWEEPS["cifar10"]
     assert len(sweep.sizes) >= 5 and max(sweep.sizes) / min(sweep.sizes) >= 50 and len(sweep.seeds) >= 3
@@ -299,7 +302,7 @@ def test_percent_cell_known_answers_and_the_sweep_table_uses_it():
 
 
 def test_tuning_table_orders_by_grid_marks_the_winner_and_shows_failures():
-    from vitlab.scaling import tuning_table
+    from vitlab.tuning import tuning_table
 
     def rec(fam, opt, lr, wd, val=None, epoch=3):
         ok = val is not None
@@ -345,13 +348,13 @@ def test_a_dead_worker_fails_its_own_run_and_the_sweep_goes_on(tmp_path, monkeyp
 
     from _reference import CrashFirstWorker
 
-    from vitlab.scaling import _execute
+    from vitlab.scaling import execute_runs
 
     monkeypatch.setenv("VITLAB_TEST_CRASH_FLAG", str(tmp_path / "crashed"))
     monkeypatch.setenv("VITLAB_TEST_PARENT_PID", str(os.getpid()))
     sweep = CrashFirstWorker("crash", data=str(tmp_path / "no-such-data"))
     records: list[dict] = []
-    _execute([(sweep, RunSpec("vit", n, 0)) for n in (10, 20, 30, 40)], records.append, "local", 1)
+    execute_runs([(sweep, RunSpec("vit", n, 0)) for n in (10, 20, 30, 40)], records.append, "local", 1)
     assert [r["spec"]["size"] for r in records] == [10, 20, 30, 40]
     assert records[0]["error"].startswith("worker crashed: BrokenProcessPool")
     assert all(r["status"] == "failed" and "worker crashed" not in r["error"] for r in records[1:])
@@ -363,7 +366,7 @@ def test_a_pool_that_breaks_between_runs_loses_no_run(tmp_path, monkeypatch):
     import concurrent.futures as cf
     from concurrent.futures.process import BrokenProcessPool
 
-    from vitlab.scaling import _execute
+    from vitlab.scaling import execute_runs
 
     class Pool(InlinePool):  # runs each job in this process; the submits listed in `breaks` find the pool broken
         calls = 0
@@ -382,11 +385,11 @@ def test_a_pool_that_breaks_between_runs_loses_no_run(tmp_path, monkeypatch):
     jobs = [(sweep, RunSpec("vit", n, 0)) for n in (10, 20, 30, 40)]
     records: list[dict] = []
     Pool.breaks = {2}  # the second submit: run 20 waits for the next pool and runs there
-    _execute(jobs, records.append, "local", 2)
+    execute_runs(jobs, records.append, "local", 2)
     assert sorted(r["spec"]["size"] for r in records) == [10, 20, 30, 40]
     assert not any("worker crashed" in r["error"] for r in records)
     Pool.calls, Pool.breaks, records = 0, {1, 2, 3, 4, 5, 6, 7, 8}, []  # every pool broken from the start
-    _execute(jobs, records.append, "local", 2)
+    execute_runs(jobs, records.append, "local", 2)
     assert [r["spec"]["size"] for r in records] == [10, 20, 30, 40]
     assert all(r["error"].startswith("worker crashed: BrokenProcessPool") for r in records)
 
@@ -438,7 +441,7 @@ GRID = {"vit_tiny": (("adamw", 1e-3, 0.05), ("adamw", 2e-3, 0.05)), "bit_tiny": 
 
 
 def test_tune_checks_the_sweep_config_before_running_a_trial(tmp_path, monkeypatch):
-    from vitlab.scaling import tune
+    from vitlab.tuning import tune
 
     calls = _stub_runs(monkeypatch)
     for bad, match in ((dataclasses.replace(TUNE, families=("vit_tiny", "vit_huge")), "unknown model families"),
@@ -450,7 +453,7 @@ def test_tune_checks_the_sweep_config_before_running_a_trial(tmp_path, monkeypat
 
 def test_adding_a_family_reruns_only_its_own_tuning_trials(tmp_path, monkeypatch):
     """A trial's fingerprint depends on its own family's settings, not on which other families the sweep holds."""
-    from vitlab.scaling import tune
+    from vitlab.tuning import tune
 
     calls = _stub_runs(monkeypatch)
     one = dataclasses.replace(TUNE, families=("vit_tiny",))
@@ -469,7 +472,7 @@ def test_tune_refuses_to_freeze_a_grid_with_failed_trials_and_a_rerun_runs_only_
     """One ViT trial fails and every ResNet trial fails: no config is frozen (the ResNet would otherwise train with
     the default recipe, the ViT be "tuned" on half its grid); the error names each trial, and running the same tuning
     again runs those three only."""
-    from vitlab.scaling import TuningIncomplete, tune
+    from vitlab.tuning import TuningIncomplete, tune
 
     broken = lambda sweep, spec: (RuntimeError("out of memory") if spec.family == "bit_tiny"  # noqa: E731
                                   or sweep.recipes[0][2] == 2e-3 else None)
@@ -494,7 +497,7 @@ def test_tune_refuses_to_freeze_a_grid_with_failed_trials_and_a_rerun_runs_only_
     cfg = tmp_path / "t2.json"
     cfg.write_text(json.dumps(dataclasses.asdict(dataclasses.replace(TUNE, name="t2"))))
     out = tmp_path / "t2.tuned.json"
-    monkeypatch.setattr("vitlab.scaling.TUNING_GRID", GRID)
+    monkeypatch.setattr("vitlab.tuning.TUNING_GRID", GRID)
     assert main(["sweep", "--config", str(cfg), "--results", str(tmp_path / "t2.jsonl"), "--tune", "--workers", "0",
                  "--save-config", str(out), "--quiet"]) == 1
     io = capsys.readouterr()
@@ -509,7 +512,7 @@ def test_a_worker_running_other_code_than_the_sweeps_refuses_and_records_the_par
     import concurrent.futures as cf
 
     from vitlab import provenance
-    from vitlab.scaling import _execute
+    from vitlab.scaling import execute_runs
 
     calls = _stub_runs(monkeypatch)
 
@@ -524,12 +527,12 @@ def test_a_worker_running_other_code_than_the_sweeps_refuses_and_records_the_par
     monkeypatch.setattr(cf, "ProcessPoolExecutor", EditedWorkerPool)
     sweep = dataclasses.replace(QUICK, sizes=(40,), families=("vit_tiny",))
     records: list[dict] = []
-    _execute([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 1)
+    execute_runs([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 1)
     assert calls == [] and records[0]["fingerprint"] == sweep.fingerprint()
     assert records[0]["status"] == "failed" and f"the sweep started with code {provenance.code_hash()}" in \
         records[0]["error"] and "imported vitlab code edited" in records[0]["error"]
     records.clear()
-    _execute([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)  # the same code: it runs
+    execute_runs([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)  # the same code: it runs
     assert records[0]["status"] == "ok" and records[0]["fingerprint"] == sweep.fingerprint() and len(calls) == 1
 
 
@@ -541,7 +544,7 @@ def test_a_run_that_imports_vitlab_code_after_the_files_changed_is_not_kept(tmp_
     import types
 
     from vitlab import provenance
-    from vitlab.scaling import _execute
+    from vitlab.scaling import execute_runs
 
     late = "vitlab._imported_during_the_run"
     imports = []
@@ -554,18 +557,18 @@ def test_a_run_that_imports_vitlab_code_after_the_files_changed_is_not_kept(tmp_
     monkeypatch.setattr(provenance, "source_hash", lambda: "edited during the run")
     sweep = dataclasses.replace(QUICK, sizes=(40,), families=("vit_tiny",))
     records: list[dict] = []
-    _execute([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)  # imports nothing new: kept
+    execute_runs([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)  # imports nothing new: kept
     assert records[0]["status"] == "ok" and len(calls) == 1
     imports.append(late)
     records.clear()
-    _execute([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)
+    execute_runs([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)
     assert len(calls) == 2 and records[0]["status"] == "failed" and "metrics" not in records[0]
     assert f"this run imported {late} while the package's files changed (they hash to edited during the run, the " \
            f"sweep started with code {provenance.code_hash()}" in records[0]["error"]
     monkeypatch.setattr(provenance, "source_hash", provenance.code_hash)  # imported while the files are unchanged
     monkeypatch.delitem(sys.modules, late)
     records.clear()
-    _execute([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)
+    execute_runs([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)
     assert records[0]["status"] == "ok"
 
 
@@ -590,7 +593,7 @@ def test_tune_writes_the_frozen_config_beside_the_results_by_default(tmp_path, m
     """Without --save-config the tuned config goes where `--table` and notebook 06 look for it (RESULTS with the
     suffix .tuned.json), not into the current folder."""
     _stub_runs(monkeypatch)
-    monkeypatch.setattr("vitlab.scaling.TUNING_GRID", GRID)
+    monkeypatch.setattr("vitlab.tuning.TUNING_GRID", GRID)
     cfg = tmp_path / "t.json"
     cfg.write_text(json.dumps(dataclasses.asdict(TUNE)))
     elsewhere = tmp_path / "cwd"
@@ -610,10 +613,11 @@ def test_a_frozen_config_records_the_code_it_was_tuned_with_and_the_sweep_warns_
     from pathlib import Path
 
     from vitlab import provenance
-    from vitlab.scaling import RecipeProvenanceWarning, load_sweep_config, recipe_provenance, tune
+    from vitlab.scaling import RecipeProvenanceWarning, load_sweep_config, recipe_provenance
+    from vitlab.tuning import tune
 
     _stub_runs(monkeypatch)
-    monkeypatch.setattr("vitlab.scaling.TUNING_GRID", GRID)
+    monkeypatch.setattr("vitlab.tuning.TUNING_GRID", GRID)
     cfg = tmp_path / "t.json"
     cfg.write_text(json.dumps(dataclasses.asdict(TUNE)))
     results = tmp_path / "t.jsonl"
@@ -734,7 +738,7 @@ def test_the_sweep_table_marks_the_recipes_the_runs_trained_with_and_only_their_
     """`--table` with a --config whose recipes differ from the stored runs' (a re-tuned config, same grid), and a
     tuning store that also holds a later re-tuning under other code: the marks are the runs' own recipes, the trials
     those of the runs' tuning, and where each winner sits in its grid is printed."""
-    from vitlab.scaling import tune, tuning_table
+    from vitlab.tuning import tune, tuning_table
 
     _stub_runs(monkeypatch, val=lambda sweep, spec: sweep.recipes[0][2])  # the larger lr wins
     results = tmp_path / "s.jsonl"
@@ -765,7 +769,8 @@ def test_the_shipped_sweeps_tuning_evidence_says_where_its_winners_sit():
     ResNet's SGD lr 0.1 are the largest of their grids, which the lines say."""
     from pathlib import Path
 
-    from vitlab.scaling import load_sweep_config, plotted_recipes, recipe_grid_positions, tuning_trials_for
+    from vitlab.scaling import load_sweep_config
+    from vitlab.tuning import plotted_recipes, recipe_grid_positions, tuning_trials_for
 
     results = Path(__file__).resolve().parents[1] / "data" / "results"
     records = list(ResultsStore(results / "scaling_cifar10.jsonl").newest_sweep().values())
@@ -783,7 +788,7 @@ def test_the_shipped_sweeps_tuning_evidence_says_where_its_winners_sit():
     tied = copy.deepcopy(trials)
     for t in tied:
         t["metrics"]["best"]["val_accuracy"] = 0.5
-    from vitlab.scaling import TUNING_GRID
+    from vitlab.tuning import TUNING_GRID
 
     grid_first = ("vit", *TUNING_GRID["vit"][0])
     for order in (tied, tied[::-1]):

@@ -321,7 +321,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         shots = args.shots if args.shots is not None else 10 if 10 in sweep.shots else max(sweep.shots)
         return _sweep_tables(sweep, Path(results), shots, args.plot)
     if args.tune:
-        from vitlab.scaling import tune
+        from vitlab.tuning import tune
 
         tuned = tune(sweep, Path(results).with_suffix(".tuning.jsonl"), progress=not args.quiet,
                      executor=args.executor, workers=args.workers, address=args.address, work_dir=args.work_dir)
@@ -375,17 +375,9 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
     """``vitlab sweep --table``: the README's tables and verdict from a results store, running nothing. The records
     are the latest of each grid run of ``sweep.name`` whatever code made them (one fingerprint, or an error)."""
     from vitlab.explain import explain
-    from vitlab.scaling import (
-        ResultsStore,
-        markdown_table,
-        one_config,
-        plotted_recipes,
-        recipe_grid_positions,
-        summarise,
-        tuning_table,
-        tuning_trials_for,
-    )
+    from vitlab.scaling import ResultsStore, markdown_table, one_config, summarise
     from vitlab.study_findings import scaling_gap_narrows
+    from vitlab.tuning import plotted_recipes, recipe_grid_positions, tuning_table, tuning_trials_for
     from vitlab.verdict import verdict_table
 
     in_grid = {s.run_id for s in sweep.runs()}
