@@ -326,3 +326,44 @@ def test_readme_shell_blocks_name_real_commands():
             build_parser().parse_args(argv[1:])
         except SystemExit:
             pytest.fail(f"the README shows a command vitlab refuses: {line}")
+
+
+def _benchmarks() -> str:
+    return " ".join((ROOT / "BENCHMARKS.md").read_text().split())
+
+
+def _bench_json(name: str) -> dict:
+    return json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text())
+
+
+def _row(rows: list[dict], name: str) -> dict:
+    """The row named ``name``, or else the one row whose name starts with it."""
+    names = [r.get("variant") or r["preset"] for r in rows]
+    (row,) = [r for r, n in zip(rows, names) if n == name] or [r for r, n in zip(rows, names) if n.startswith(name)]
+    return row
+
+
+def test_benchmarks_avx2_paragraphs_quote_their_json():
+    """The AVX2 EPYC paragraphs quote train_speed_avx2.json and compile_ab_avx2.json: each ratio is the ratio of the
+    rows it names (torch.compile against eager of the same loop, not against the SDPA baseline)."""
+    text = _benchmarks()
+    run = _bench_json("train_speed_avx2")
+    sdpa = _row(run["vit_levers"], "SDPA")["images_per_second"]
+    preset, c32, e32, p24 = (_row(run["vitlab_train"], p) for p in (
+        "vit_cifar10 as the preset trains", "vit_cifar10, 32 px phase, compiled", "vit_cifar10, 32 px phase, eager",
+        "vit_cifar10, 24 px phase"))
+    rate = preset["images_per_second"]
+    assert f"runs at {rate:.0f} images/s against {sdpa:.0f} for the SDPA batch-128 loop: **{rate / sdpa:.2f}x" in text
+    assert f"Its 32 px phase runs at {c32['images_per_second']:.0f} ({c32['images_per_second'] / sdpa:.2f}x)" in text
+    assert f"24 px phase at {p24['images_per_second']:.0f} ({p24['images_per_second'] / sdpa:.2f}x)" in text
+    assert f"**MFU is {preset['mfu']:.0%}** against a float32 peak of {run['peak_tflops']:.3f} TFLOP/s" in text
+    loop_c, loop_e = (_row(run["vit_levers"], f"explicit softmax, batch 256{s}")["images_per_second"]
+                      for s in (", torch.compile", ""))
+    assert f"`torch.compile` {loop_c / loop_e:.2f}x of eager in the loop ({loop_c:.1f} against {loop_e:.1f})" in text
+    c, e = c32["images_per_second"], e32["images_per_second"]
+    assert f"{c / e:.2f}x in `vitlab train` ({c:.1f} against {e:.1f} images/s" in text
+    ab = _bench_json("compile_ab_avx2")["summary"]
+    for size in ("32 px", "24 px"):
+        s = ab[size]
+        assert (f"| {s['compiled']:.1f} | {s['eager']:.1f} | {s['ratio']:.2f}x | {s['first_epoch_compiled']:.1f} / "
+                f"{s['first_epoch_eager']:.1f} |") in text, size
