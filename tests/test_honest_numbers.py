@@ -367,3 +367,16 @@ def test_benchmarks_avx2_paragraphs_quote_their_json():
         s = ab[size]
         assert (f"| {s['compiled']:.1f} | {s['eager']:.1f} | {s['ratio']:.2f}x | {s['first_epoch_compiled']:.1f} / "
                 f"{s['first_epoch_eager']:.1f} |") in text, size
+
+
+def test_readme_training_speed_quotes_the_recorded_run():
+    """The README's progressive-resizing and torch.compile speed-ups are train_speed.json's (the AMX CPU's run): the
+    24 px phase and the preset's schedule against its 32 px phase, and compiled against eager at 32 px."""
+    readme = _readme()
+    run = _bench_json("train_speed")
+    c32, e32, p24, schedule = (_row(run["vitlab_train"], p)["images_per_second"] for p in (
+        "vit_cifar10, compiled", "vit_cifar10, eager (--compile off)", "vit_cifar10, 24 px phase",
+        "vit_cifar10 over 75 epochs"))
+    assert (f"the 24 px epochs run at {p24 / c32:.1f}x the images/s of 32 px, the whole schedule at "
+            f"{schedule / c32:.2f}x") in readme
+    assert f"32 px epochs ran {c32 / e32:.2f}x faster on the 2-core AMX CPU" in readme
