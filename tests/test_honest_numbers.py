@@ -380,3 +380,39 @@ def test_readme_training_speed_quotes_the_recorded_run():
     assert (f"the 24 px epochs run at {p24 / c32:.1f}x the images/s of 32 px, the whole schedule at "
             f"{schedule / c32:.2f}x") in readme
     assert f"32 px epochs ran {c32 / e32:.2f}x faster on the 2-core AMX CPU" in readme
+
+
+def test_progressive_resizing_cost_is_the_pairs_it_lists():
+    """BENCHMARKS' and the README's cost of a first third at 24 px are the differences of the pairs in BENCHMARKS'
+    tables (epoch 15 of the two CPU pairs) and of progressive_pair_h100.json (epoch 48): each gap, hours ratio and the
+    mean over the pairs is computed, not typed."""
+    text, readme = _benchmarks(), _readme()
+    end = {}  # the CPU table's last column before the rates: "**hours / accuracy%**"
+    for run in ("the preset, 32 px throughout", "the first 5 epochs at 24 px", "seed 1: the preset, 32 px throughout",
+                "seed 1: the first 5 epochs at 24 px"):
+        m = re.search(rf"\| {re.escape(run)} \| [^|]+ \| [^|]+ \| \*\*([\d.]+) / ([\d.]+)%\*\* \|", text)
+        assert m, run
+        end[run] = (float(m[1]), float(m[2]))
+    pairs = [(end["the first 5 epochs at 24 px"], end["the preset, 32 px throughout"]),
+             (end["seed 1: the first 5 epochs at 24 px"], end["seed 1: the preset, 32 px throughout"])]
+    gaps = [round(p[1] - b[1], 2) for p, b in pairs]
+    ratios = [p[0] / b[0] for p, b in pairs]
+    runs = _bench_json("progressive_pair_h100")["runs"]
+    last = {name: rows[-1]["test_accuracy"] for name, rows in runs.items()}
+    h100 = round(100 * (last["progressive"] - last["32 px throughout"]), 2)
+    assert f"{h100:+.2f} points at the end** ({100 * last['progressive']:.2f}% against " \
+           f"{100 * last['32 px throughout']:.2f}%" in text
+    cpu = f"{gaps[0]:+.2f} and {gaps[1]:+.2f}"
+    assert f"{abs(sum(gaps) / 2):.1f} points on average over two 15-epoch pairs from scratch ({cpu})" in text
+    assert f"for {min(ratios):.2f}-{max(ratios):.2f}x the hours" in text
+    assert f"ended level ({gaps[0]:+.2f} points) in {ratios[0]:.2f}x the hours" in text
+    assert f"ended {-gaps[1]:.2f} points behind, in {ratios[1]:.2f}x the hours" in text
+    assert f"{gaps[0]:+.2f}, {gaps[1]:+.2f} and {h100:+.2f} points at equal epochs, a mean of {(sum(gaps) + h100) / 3:+.2f}" in text
+    seed1 = [end[f"seed 1: {r}"][0] / end[r][0] - 1 for r in ("the preset, 32 px throughout",
+                                                              "the first 5 epochs at 24 px")]
+    assert f"took {100 * min(seed1):.0f}-{100 * max(seed1):.0f}% more hours than the seed-0 pair" in text
+    base = abs(end["the preset, 32 px throughout"][1] - end["seed 1: the preset, 32 px throughout"][1])
+    assert f"the two seeds of the baseline ended {base:.1f} points apart here, their progressive pairs' gaps " \
+           f"{gaps[0] - gaps[1]:.1f} apart ({cpu})" in text  # the mimetic bullet's yardstick of seed noise
+    assert (f"ended {cpu} points against 32 px throughout over 15 epochs on the CPU, in {ratios[0]:.2f}x and "
+            f"{ratios[1]:.2f}x the hours, and {h100:+.2f} over 48 on an H100") in readme
