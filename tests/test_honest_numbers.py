@@ -416,3 +416,15 @@ def test_progressive_resizing_cost_is_the_pairs_it_lists():
            f"{gaps[0] - gaps[1]:.1f} apart ({cpu})" in text  # the mimetic bullet's yardstick of seed noise
     assert (f"ended {cpu} points against 32 px throughout over 15 epochs on the CPU, in {ratios[0]:.2f}x and "
             f"{ratios[1]:.2f}x the hours, and {h100:+.2f} over 48 on an H100") in readme
+
+
+def test_reproduce_speedup_is_its_tables_range():
+    """The `make reproduce` paragraph's speed-ups span its table: old over new, slowest against fastest both ways."""
+    text = _benchmarks()
+    old, new = ([float(x) for x in re.search(rf"\| {who}, first / second \| ([\d.]+) / ([\d.]+) \| [\d.]+ / [\d.]+ \| "
+                                             r"([\d.]+) / ([\d.]+) \|", text).groups()] for who in ("old", "new"))
+    maps = (min(old[:2]) / max(new[:2]), max(old[:2]) / min(new[:2]))
+    report = (min(old[2:]) / max(new[2:]), max(old[2:]) / min(new[2:]))
+    assert (f"So about {report[0]:.2f}-{report[1]:.2f}x over the report (old {min(old[2:]):.1f}-{max(old[2:]):.1f} s, "
+            f"new {min(new[2:]):.1f}-{max(new[2:]):.1f} s), most of it the maps step ({maps[0]:.2f}-{maps[1]:.2f}x)") \
+        in text
