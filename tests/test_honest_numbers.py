@@ -428,3 +428,63 @@ def test_reproduce_speedup_is_its_tables_range():
     assert (f"So about {report[0]:.2f}-{report[1]:.2f}x over the report (old {min(old[2:]):.1f}-{max(old[2:]):.1f} s, "
             f"new {min(new[2:]):.1f}-{max(new[2:]):.1f} s), most of it the maps step ({maps[0]:.2f}-{maps[1]:.2f}x)") \
         in text
+
+
+def test_benchmarks_recorded_training_run_bullets_quote_its_json():
+    """The bullets under the training block describe the run train_speed.json records: a rerun of the benchmark that
+    changes its rates fails here until the prose is rewritten for it."""
+    text = _benchmarks()
+    run = _bench_json("train_speed")
+    sdpa = _row(run["vit_levers"], "SDPA, batch 128 (before)")["images_per_second"]
+    c32, e32, p24, schedule = (_row(run["vitlab_train"], p) for p in (
+        "vit_cifar10, compiled", "vit_cifar10, eager (--compile off)", "vit_cifar10, 24 px phase",
+        "vit_cifar10 over 75 epochs"))
+    rate, r32, r24 = (r["images_per_second"] for r in (schedule, c32, p24))
+    assert f"{rate:.0f} images/s over its 75 epochs against {sdpa:.0f} for the SDPA batch-128 loop in the same " \
+           f"process, {rate / sdpa:.2f}x: the 3.5x goal is {'met' if rate / sdpa >= 3.5 else 'not met'}" in text
+    assert f"{r24:.0f} images/s in the 24 px phase and {r32:.0f} at 32 px" in text
+    assert f"{r32:.0f} against {sdpa:.0f}, {r32 / sdpa:.2f}x** (" in text
+    assert f"compiled against eager {r32 / e32['images_per_second']:.2f}x" in text
+    assert (f"**MFU {c32['mfu']:.0%} on the preset** ({p24['mfu']:.0%} in the 24 px phase, {schedule['mfu']:.0%} over "
+            f"the progressive schedule) against a peak of {run['peak_tflops']:.2f}") in text
+    fused, foreach = (_row(run["vit_levers"], f"explicit softmax, batch 256{s}")["images_per_second"]
+                      for s in (", fused AdamW", ""))
+    assert f"{fused:.0f} against {foreach:.0f} images/s in the minimal loop" in text
+
+
+def test_benchmarks_tables_of_kept_results_quote_their_json():
+    """Tables typed into BENCHMARKS' prose from kept result files hold those files' numbers: the JPEG-quality runs,
+    the device speed-ups, the from-scratch curve and its fit, and the 48-epoch progressive pair."""
+    text = _benchmarks()
+    jpeg = _bench_json("jpeg_quality")["rows"]
+    for row in jpeg:
+        acc, tta = 100 * row["test_accuracy"], 100 * row["test_accuracy_tta"]
+        if row["source"] == "shared":
+            assert f"| {row['quality']} (the shared files) | {row['step']:.0f} | {acc:.2f}% | {tta:.2f}% |" in text
+            base = acc, tta
+        else:
+            assert (f"| {row['quality']} | {row['step']:.0f} | {acc:.2f}% ({acc - base[0]:+.2f}) | {tta:.2f}% "
+                    f"({tta - base[1]:+.2f}) |") in text
+    dev = _bench_json("device_speed")
+    cpu, gpu = min(dev["features"]["seconds"]["cpu"]), min(dev["features"]["seconds"]["cuda"])
+    assert f"| {cpu:.2f} | {gpu:.2f} | **{dev['features']['ratio']:.0f}x** |" in text
+    rep = dev["report"]
+    assert f"| {rep['cpu']['seconds']:.1f} | {rep['cuda']['seconds']:.1f} | **{rep['ratio']:.1f}x** |" in text
+    scratch = _bench_json("from_scratch")
+    assert "| hours | " + " | ".join(f"{h:.2f}" for h in scratch["hours"]) + " |" in text
+    curve = " | ".join(f"{100 * a:.2f}" for a in scratch["test_accuracy"])
+    assert f"| test accuracy (%) | {curve} |" in text
+    assert f"| the first recipe, above (%) | {curve} |" in text
+    fit = scratch["fit"]
+    assert (f"| {fit['train']['images']:,} training images | {100 * fit['train']['readout']:.2f}% | "
+            f"{100 * fit['train']['teacher']:.2f}% | {100 * fit['train']['readout_agrees_with_teacher']:.2f}% |") in text
+    assert (f"| {100 * fit['test']['readout']:.2f}% | {100 * fit['test']['teacher']:.2f}% | "
+            f"{100 * fit['test']['readout_agrees_with_teacher']:.2f}% |") in text
+    for name, label in (("32 px throughout", "32 px throughout (%)"), ("progressive", "first 16 epochs at 24 px (%)")):
+        rows = _bench_json("progressive_pair_h100")["runs"][name]
+        accs = " | ".join(f"{100 * r['test_accuracy']:.2f}" for r in rows if "test_accuracy" in r)
+        assert f"| {label} | {accs} |" in text, name
+    light = [json.loads(line) for line in (ROOT / "benchmarks" / "results" / "from_scratch_h100_light.jsonl")
+             .read_text().splitlines() if line.strip()]
+    accs = " | ".join(f"{100 * r['test_accuracy']:.2f}" for r in light if "test_accuracy" in r)
+    assert f"| this recipe (%) | {accs} |" in text
