@@ -488,3 +488,18 @@ def test_benchmarks_tables_of_kept_results_quote_their_json():
              .read_text().splitlines() if line.strip()]
     accs = " | ".join(f"{100 * r['test_accuracy']:.2f}" for r in light if "test_accuracy" in r)
     assert f"| this recipe (%) | {accs} |" in text
+
+
+def test_benchmarks_inspection_bullets_quote_their_json():
+    """The bullets under the inspection block give inspect_speed.json's overheads and analysis-step speed-ups, and
+    call a step faster only where the loop took longer."""
+    text = _benchmarks()
+    run = _bench_json("inspect_speed")
+    dist, roll = run["distance"], run["rollout"]
+    assert (f"the capture adds {100 * (dist['ours/forward'] - 1):.0f}% (distance, 128 images in batches of 32) and "
+            f"{100 * (roll['ours/forward'] - 1):.0f}% (rollout") in text
+    assert f"**Distance, analysis step: {dist['loop/ours step']:.0f}x** faster than the probing-vits loop" in text
+    assert roll["loop_step_s"] > roll["ours_step_s"]
+    assert (f"**Rollout, analysis step: only {roll['loop/ours step']:.1f}x faster than the per-image loop "
+            f"({roll['ours_step_s']:.3f} s against {roll['loop_step_s']:.3f} s;") in text
+    assert f"the per-image loop was even faster ({roll['loop_s']:.1f} s against {roll['ours_s']:.1f} s)" in text
