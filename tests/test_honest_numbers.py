@@ -503,3 +503,28 @@ def test_benchmarks_inspection_bullets_quote_their_json():
     assert (f"**Rollout, analysis step: only {roll['loop/ours step']:.1f}x faster than the per-image loop "
             f"({roll['ours_step_s']:.3f} s against {roll['loop_step_s']:.3f} s;") in text
     assert f"the per-image loop was even faster ({roll['loop_s']:.1f} s against {roll['ours_s']:.1f} s)" in text
+
+
+def test_benchmarks_capture_and_streaming_prose_quote_their_json():
+    """The prose after the speed, coverage and streaming blocks gives capture_speed.json's c/b ratios and ViT-B's
+    memory against its result, capture_coverage.json's worst errors over the captured names, and streaming.json's
+    peaks and ratios."""
+    text = _benchmarks()
+    tiny, base = _bench_json("capture_speed")["rows"]
+    assert f"**c/b = {tiny['ratios']['c/b']:.2f} (ViT-Ti/16) and {base['ratios']['c/b']:.2f} (ViT-B/16)**" in text
+    mib = base["peak_rss"]["capture"] / 2**20
+    assert f"to {mib:.0f} MiB for ViT-B/16 ({base['peak_rss']['capture'] / base['maps_bytes']:.1f}x the result" in text
+    assert f"(d/b = {base['ratios']['d/b']:.2f} for ViT-B/16;" in text
+    captured = [r for r in _bench_json("capture_coverage")["results"] if r["status"] == "captured"]
+    worst = {k: max(r[k] for r in captured) for k in ("logits_max_diff", "maps_max_diff", "rowsum_max_err")}
+    assert (f"Across all {len(captured)} captured names, the largest relative change of the output under capture is "
+            f"{worst['logits_max_diff']:.1e}, the maps are bit-identical to the independent reference (max difference "
+            f"{worst['maps_max_diff']:.1f}), rows sum to 1 within {worst['rowsum_max_err']:.0e}, and the attention-pool "
+            f"maps of the {sum(bool(r['pool_shape']) for r in captured)} names").replace("e-0", "e-") in text
+    run = _bench_json("streaming")
+    sec, peak = run["seconds"], run["peak_extra_gb"]
+    assert (f"the distance's and the rollout's extra peak ({peak['distance']:.2f} and {peak['rollout']:.2f} GB) is the "
+            f"forward's own ({peak['forward']:.2f} GB)") in text
+    assert f"one batch of full maps would be {run['full_maps_one_batch_gb']:.1f} GB" in text
+    assert f"({sec['distance'] / sec['forward']:.2f}x and {sec['rollout'] / sec['forward']:.2f}x)" in text
+    assert f"so its {sec['forward']:.0f} s is inflated" in text
