@@ -528,3 +528,28 @@ def test_benchmarks_capture_and_streaming_prose_quote_their_json():
     assert f"one batch of full maps would be {run['full_maps_one_batch_gb']:.1f} GB" in text
     assert f"({sec['distance'] / sec['forward']:.2f}x and {sec['rollout'] / sec['forward']:.2f}x)" in text
     assert f"so its {sec['forward']:.0f} s is inflated" in text
+
+
+def test_benchmarks_accelerator_bullet_quotes_the_cards():
+    """The accelerator bullet's shipped accuracies, sizes and seconds are the cards': a retrained teacher, BiT or a
+    new leg of the default must show there too."""
+    text = _benchmarks()
+    wide, fast, bit, default = (_card(n) for n in ("resnet_cifar10_wide", "resnet_cifar10_fast", "bit_cifar10",
+                                                   "vit_cifar10"))
+    assert (f"({wide['parameters'] / 1e6:.1f} M parameters against {fast['parameters'] / 1e6:.1f} M) over "
+            f"{wide['epochs_done']} epochs") in text
+    assert f"per epoch, {wide['train_seconds']:.0f} s in all; **{wide['test_accuracy']:.2%} " \
+           f"({wide['test_accuracy_tta']:.2%} with TTA)** as shipped in fp16" in text
+    d = default["distillation"]
+    assert (f"Shipped: **{d['readout']:.2%}** (class head {d['class_head']:.2%}, distillation head "
+            f"{d['distillation_head']:.2%}), taking the {d['teacher']:.2%} teacher's decision on "
+            f"{d['readout_agrees_with_teacher']:.2%} of test images") in text
+    assert f"the default from its {default['warm_start_test_accuracy']:.2%} for {default['epochs_done']} epochs" in text
+    assert (f"from the shipped {bit['warm_start_test_accuracy']:.2%} at ~27,000 images/s, "
+            f"{bit['train_seconds']:.0f} s") in text
+    assert f"shipped {bit['test_accuracy']:.2%}." in text
+    gpu_hours = sum(leg["train_hours"] for leg in default["lineage"] if "NVIDIA" in leg["hardware"])
+    m = re.search(r"The default itself reached ([\d.]+)% only after ([\d.]+) h of training, ([\d.]+) h of it on GPUs",
+                  text)
+    assert m and (m[1], m[2]) == (f"{100 * default['test_accuracy']:.2f}", f"{default['total_train_hours']:.2f}")
+    assert abs(float(m[3]) - gpu_hours) <= 0.005 + 1e-9, (m[3], gpu_hours)  # the legs' hours are rounded to 0.001
