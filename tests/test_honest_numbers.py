@@ -554,3 +554,35 @@ def test_benchmarks_accelerator_bullet_quotes_the_cards():
                   text)
     assert m and (m[1], m[2]) == (f"{100 * default['test_accuracy']:.2f}", f"{default['total_train_hours']:.2f}")
     assert abs(float(m[3]) - gpu_hours) <= 0.005 + 1e-9, (m[3], gpu_hours)  # the legs' hours are rounded to 0.001
+
+
+def test_benchmarks_teacher_ceiling_bullet_quotes_its_sources():
+    """The teacher bullet on more epochs and width quotes the quality-75 run, the wide teacher's card and both
+    networks' FLOPs per training step, and the points it derives from them."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vitlab.train_config import PRESETS
+    from vitlab.zoo import build_model
+
+    text = " ".join(_benchmarks().split())
+    m = re.search(r"over 20 epochs scores ([\d.]+)% \(([\d.]+)% with TTA.*?over 150 epochs ([\d.]+)% \(([\d.]+)%; "
+                  r"the shipped `resnet_cifar10_wide`.*?: (\d+)x the training FLOPs \(([\d.]+) against ([\d.]+) GFLOP "
+                  r"per image and step.*?over ([\d.]+)x the epochs\) bought ([\d.]+) points, ([\d.]+) with TTA.*?"
+                  r"within ([\d.]+) points of 94% with TTA \(([\d.]+) without\)", text)
+    assert m, "the teacher ceiling bullet is missing or reworded"
+    q75 = next(r for r in _bench_json("jpeg_quality")["rows"] if r["quality"] == 75)
+    wide = _card("resnet_cifar10_wide")
+    assert float(m[1]) == round(100 * q75["test_accuracy"], 2) and float(m[2]) == round(100 * q75["test_accuracy_tta"], 2)
+    assert float(m[3]) == round(100 * wide["test_accuracy"], 2) and float(m[4]) == round(100 * wide["test_accuracy_tta"], 2)
+    flops = {}
+    for name in ("resnet_cifar10_fast", "resnet_cifar10_wide"):
+        model = build_model(PRESETS[name].model)
+        with FlopCounterMode(display=False) as fc:
+            model(torch.randn(2, 3, 32, 32)).sum().backward()
+        flops[name] = fc.get_total_flops() / 2 / 1e9
+    assert float(m[6]) == round(flops["resnet_cifar10_wide"], 2) and float(m[7]) == round(flops["resnet_cifar10_fast"], 2)
+    epochs = PRESETS["resnet_cifar10_wide"].epochs / PRESETS["resnet_cifar10_fast"].epochs
+    assert float(m[8]) == round(epochs, 1) and int(m[5]) == round(epochs * float(m[6]) / float(m[7]))
+    assert float(m[9]) == round(float(m[3]) - float(m[1]), 2) and float(m[10]) == round(float(m[4]) - float(m[2]), 2)
+    assert float(m[11]) == round(94 - float(m[4]), 1) and float(m[12]) == round(94 - float(m[3]), 2)
