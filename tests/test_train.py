@@ -456,6 +456,8 @@ def test_a_new_run_refuses_a_folder_that_holds_more_than_a_killed_first_epoch_le
     # a run killed in its first epoch leaves its settings, its id and a half-written checkpoint: a new run goes on
     killed = tmp_path / "killed"
     (killed / ".checkpoint.tmp.x2").mkdir(parents=True)
+    (killed / ".best.tmp.x3").mkdir()
+    (killed / ".train_config.json.x4.tmp").write_text("{")
     (killed / "train_config.json").write_text("{}")
     (killed / "run_id").write_text("old\n")
     train(cfg, killed, progress=False)

@@ -68,15 +68,20 @@ def run_lock(run: Path):
                 run.rmdir()
 
 
-# what a run killed before its first checkpoint leaves: its settings, its id, the lock, a half-written checkpoint
+# what a run killed before its first checkpoint leaves: its settings and its id (or their half-written temporary
+# files), the lock, a half-written checkpoint or best checkpoint
 _FRESH_NAMES = ("train_config.json", RUN_ID)
-_FRESH_PREFIXES = (".checkpoint.tmp.",)
+
+
+def _left_by_a_first_epoch(name: str) -> bool:
+    return (name in (*_FRESH_NAMES, RUN_LOCK) or name.startswith((".checkpoint.tmp.", ".best.tmp."))
+            or any(name.startswith(f".{n}.") and name.endswith(".tmp") for n in _FRESH_NAMES))
 
 
 def check_fresh(run: Path) -> None:
     """Refuse to start a new run (not a resume) in ``run`` unless the folder is new, empty, or holds only what a run
-    killed before its first checkpoint leaves (``train_config.json``, ``run_id``, the lock, a half-written
-    ``checkpoint``): a new run into an earlier run's folder would append its records to the earlier ``metrics.jsonl``
+    killed before its first checkpoint leaves (``train_config.json``, ``run_id``, the lock, the temporary files and
+    folders of their atomic writes): a new run into an earlier run's folder would append its records to the earlier ``metrics.jsonl``
     and keep the earlier ``best/`` wherever it scored higher, and one into a folder that is not a run's (a project
     folder, a shipped checkpoint given as ``--run-dir`` by mistake) would write its files among the user's. Raises
     ``FileExistsError`` naming what is there and the way on, before anything is written."""
@@ -89,7 +94,7 @@ def check_fresh(run: Path) -> None:
     if aside:
         raise FileExistsError(f"{run} holds its last checkpoint set aside as {aside[0]} (a kill interrupted its "
                               "replacement): pass --resume, which puts it back and continues, or choose a new folder")
-    other = [n for n in names if n not in (*_FRESH_NAMES, RUN_LOCK) and not n.startswith(_FRESH_PREFIXES)]
+    other = [n for n in names if not _left_by_a_first_epoch(n)]
     earlier = [n for n in other if n in ("metrics.jsonl", "best")]
     if earlier:
         raise FileExistsError(f"{run} holds an earlier run's records ({', '.join(earlier)}) but no checkpoint to "
