@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -62,9 +64,22 @@ def test_alternating_flips_mirror_the_images_the_epoch_before_did_not(data):
             assert torch.equal(x, want)
 
 
-def test_worker_defaults_and_bad_counts(data):
+def test_each_batch_of_an_epoch_draws_its_own_crops():
+    """40 copies of one image: the batches differ only by their crops and flips, which each step draws anew."""
+    images = torch.randint(0, 256, (1, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    same = ImageArray(images.expand(N, -1, -1, -1).clone(), torch.zeros(N, dtype=torch.long), ("a",), "one image")
+    ds = TrainBatches(same, B, STEPS, Augment(seed=0, crop_padding=4))
+    batches = [ds[it][0] for it in range(STEPS)]
+    assert all(not torch.equal(a, b) for a, b in zip(batches, batches[1:]))
+    assert torch.equal(TrainBatches(same, B, STEPS, Augment(seed=0, crop_padding=4))[1][0], batches[1])
+
+
+def test_worker_defaults_and_bad_counts(data, monkeypatch):
     assert default_workers(torch.device("cpu")) == 0
     assert 0 <= default_workers(torch.device("cuda")) <= 16
+    for cores, workers in ((1, 0), (2, 0), (8, 6), (64, 16)):  # all cores but two, at most 16
+        monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
+        assert default_workers(torch.device("cuda")) == workers
     with pytest.raises(ValueError, match="workers must be >= 0"):
         training_batches(data, B, STEPS, Augment(), 0, STEPS, workers=-1)
 

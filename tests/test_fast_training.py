@@ -39,6 +39,21 @@ def test_whitening_filters_whiten_the_patches():
     torch.testing.assert_close(w[12:], -w[:12])
 
 
+def test_whitening_filters_whiten_patches_correlated_along_one_axis_and_init_sets_them():
+    """Images smooth along their width only (a running sum over columns): a filter laid out with its rows and columns
+    swapped would not whiten them. 2 images give 50 patches, so the second moment's divisor shows (50, not 49); the
+    stem takes these filters and a zero bias."""
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(2, 3, 6, 6, generator=g).double().cumsum(-1)  # (2, 3, 6, 6): columns correlated, rows not
+    w = whitening_filters(images, kernel=2, eps=0.0)
+    out = F.conv2d(images, w[:12].double()).permute(0, 2, 3, 1).reshape(-1, 12)  # (50, 12)
+    torch.testing.assert_close(out.T @ out / len(out), torch.eye(12, dtype=torch.float64), atol=1e-4, rtol=0)
+    model = CifarResNet((8, 8, 8), num_classes=3)
+    model.init_from_data(images.float())
+    torch.testing.assert_close(model.whiten.weight, whitening_filters(images.float(), 2))
+    assert not model.whiten.bias.any()
+
+
 def test_cifarnet_follows_timm_calling_convention_and_round_trips(tmp_path):
     torch.manual_seed(0)
     model = vitlab.build_model(TINY_CNN).eval()
@@ -116,6 +131,35 @@ def test_tta_levels_equal_their_definitions():
         views = [pad[..., :-2, :-2], pad[..., 2:, 2:]]
         shifted = sum(model(v) + model(v.flip(-1)) for v in views) / 4
         torch.testing.assert_close(tta_logits(model, x, 2), 0.5 * mirror + 0.5 * shifted)
+
+
+class _LeftOrRight(torch.nn.Module):
+    """(B, 3, H, 2) -> logits (left - right, right - left) of the columns' means: class 0 when the left column is
+    brighter. Mirrored, the logits are exactly negated, so their mean over an image and its mirror is a tie (class 0)."""
+
+    pretrained_cfg = {"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}
+
+    def __init__(self):
+        super().__init__()
+        self.unused = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        d = x[..., 0].mean((1, 2)) - x[..., 1].mean((1, 2))
+        return torch.stack([d, -d], -1)
+
+
+def test_evaluate_counts_every_batch_and_averages_over_the_mirror_with_tta():
+    """5 images in batches of 2, the brighter column on the side of the label but for the last: 4 of 5 right; with
+    test-time augmentation over the mirror every image ties at class 0, which 3 of the 5 are."""
+    from vitlab.data import ImageArray
+
+    bright_left = torch.tensor([1, 0, 1, 0, 0], dtype=torch.bool)  # (5,)
+    images = torch.zeros(5, 2, 2, 3, dtype=torch.uint8)
+    images[bright_left, :, 0] = 200
+    images[~bright_left, :, 1] = 200
+    data = ImageArray(images, torch.tensor([0, 1, 0, 1, 0]), ("left", "right"), "toy")
+    assert evaluate(_LeftOrRight(), data, batch_size=2) == pytest.approx(4 / 5)
+    assert evaluate(_LeftOrRight(), data, batch_size=2, tta=1) == pytest.approx(3 / 5)
 
 
 def test_reflect_crop_flip_keeps_pixels_from_the_image():
@@ -406,6 +450,22 @@ def test_a_cnn_teacher_runs_channels_last_with_the_same_logits(tmp_path):
     save_checkpoint(vitlab.build_model(TINY_VIT), tmp_path / "vit")  # a ViT teacher keeps its layout
     vit_teacher = load_teacher(tmp_path / "vit", torch.device("cpu"))
     assert teacher_input(x, vit_teacher.pretrained_cfg, vit_teacher) is x
+
+
+def test_teacher_input_is_the_images_normalised_as_the_teacher_is():
+    """A student normalised with one mean and std, a teacher with another: the teacher is given the same uint8
+    images normalised with its own."""
+    from vitlab.data import normalize
+
+    images = torch.randint(0, 256, (2, 8, 8, 3), dtype=torch.uint8)
+    student = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
+    teacher = torch.nn.Linear(1, 1)
+    teacher.pretrained_cfg = {"mean": (0.49, 0.48, 0.45), "std": (0.25, 0.24, 0.26)}
+    got = teacher_input(normalize(images, student["mean"], student["std"]), student, teacher)
+    torch.testing.assert_close(got, normalize(images, teacher.pretrained_cfg["mean"], teacher.pretrained_cfg["std"]))
+    teacher.pretrained_cfg = {"mean": student["mean"], "std": (0.25, 0.24, 0.26)}  # the same mean, another std
+    got = teacher_input(normalize(images, student["mean"], student["std"]), student, teacher)
+    torch.testing.assert_close(got, normalize(images, student["mean"], teacher.pretrained_cfg["std"]))
 
 
 def test_patch_dropping_keeps_both_prefix_tokens_of_a_distilled_vit():

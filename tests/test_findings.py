@@ -413,6 +413,21 @@ def test_the_interval_of_a_mean_covers_95_percent(n):
     assert 0.93 <= hits / 2000 <= 0.97 if n < 20 else 0.91 <= hits / 2000 <= 0.97
 
 
+def test_the_bootstrap_interval_of_a_mean_is_central_and_moves_with_the_values():
+    """The percentile interval cuts 2.5% off each end (of 0, 1, ..., 1000: 25 and 975). The bootstrapped mean's
+    interval (from 20 replicates on; Student t up to 19) moves with the replicates: shifted by 10, it shifts by 10;
+    negated, it is negated end for end (the same resamples)."""
+    from vitlab.verdict import MIN_MEAN_BOOTSTRAP, mean_interval, percentile_interval
+
+    assert percentile_interval(np.arange(1001.0)) == pytest.approx((25.0, 975.0))
+    values = np.random.default_rng(3).exponential(size=MIN_MEAN_BOOTSTRAP)  # skewed: the ends differ
+    (lo, hi), method = mean_interval(values, N_BOOT, 0, "seeds")
+    assert method == f"bootstrap over {MIN_MEAN_BOOTSTRAP} seeds, {N_BOOT} resamples"
+    assert mean_interval(values[:-1], N_BOOT, 0, "seeds")[1].startswith("Student t over 19 seeds")
+    assert mean_interval(values + 10, N_BOOT, 0, "seeds")[0] == pytest.approx((lo + 10, hi + 10), abs=1e-12)
+    assert mean_interval(-values, N_BOOT, 0, "seeds")[0] == pytest.approx((-hi, -lo), abs=1e-12)
+
+
 def test_replicates_without_spread_give_no_interval():
     """Equal replicates (up to rounding in the last digits) give no interval, by Student t or by bootstrap, and no
     prediction interval: a zero-width interval would decide a finding on no measured uncertainty."""
@@ -480,6 +495,10 @@ def test_scaling_adapter_latest_record_wins_failed_runs_ignored():
     v = scaling_gap_narrows(recs)
     assert v.details["seeds"] == [0] and v.verdict == "inconclusive"  # one complete seed: no interval
     assert v.statistic == pytest.approx((0.0 - 0.5) - (-0.05))
+    recs = sweep([-0.05, -0.04, -0.06], [0.10, 0.11, 0.10])
+    recs.append(rec("bit", 100, 2, 0.9, status="failed"))  # the ResNet's run of seed 2 is missing: seed 2 drops out
+    v = scaling_gap_narrows(recs)
+    assert v.details["seeds"] == [0, 1] and v.statistic == pytest.approx(0.15)
     with pytest.raises(ValueError, match="sweep configs"):
         scaling_accuracies(recs + [rec("bit", 5, 9, 0.1, fingerprint="g")])
 

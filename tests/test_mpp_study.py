@@ -331,6 +331,7 @@ def test_verdicts_on_hand_made_records():
     few = v["Sec. 4.6: MPP beats scratch (10-shot probe)"]
     assert few.verdict == "reproduced" and few.statistic == pytest.approx(0.21)  # (0.20 + 0.21 + 0.22) / 3
     assert few.interval[0] > 0 and few.details["seeds"] == [0, 1, 2]
+    assert (few.details["mpp_mean"], few.details["scratch_mean"]) == pytest.approx((0.51, 0.30))  # each side's own
     assert v["Sec. 4.6: MPP beats scratch (fine-tune)"].statistic == pytest.approx(0.15)
     assert v["Sec. 4.6: MPP beats scratch (fine-tune)"].verdict == "reproduced"
     assert v["Sec. 4.6: supervised beats MPP (fine-tune)"].verdict == "reproduced"

@@ -59,6 +59,7 @@ def test_sweep_runs_resumes_and_skips_finished_runs(tmp_path):
         assert r["status"] == "ok", r.get("traceback")
         assert set(r["metrics"]["few_shot"]) == {"1", "5"}
         assert r["provenance"]["torch"] and r["config"]["name"] == "quick"
+        assert r["metrics"]["steps"] == {40: 2, 80: 5}[r["spec"]["size"]]  # one epoch of n // 16 batches
     assert run_sweep(QUICK, results, workers=0, progress=False) == []  # all done: nothing reruns
     # a sweep killed during its last run: that run's line was never written (or was torn)
     lines = results.read_text().splitlines()
@@ -116,6 +117,32 @@ def test_summarise_means_and_spreads_over_seeds():
     assert set(s) == {"vit"} and list(s["vit"]) == [50, 100]
     assert s["vit"][100]["mean"] == pytest.approx(0.6) and s["vit"][100]["std"] == pytest.approx(0.1414213, 1e-5)
     assert s["vit"][50] == {"mean": 0.4, "std": 0.0, "n": 1, "values": [0.4]}
+
+
+def test_summarise_compute_means_the_flops_of_the_finished_runs_that_counted_them():
+    from vitlab.scaling import summarise_compute
+
+    def rec(fam, n, flops, status="ok"):
+        return {"status": status, "spec": {"family": fam, "size": n}, "metrics": {"pretrain_flops": flops}}
+
+    got = summarise_compute([rec("vit", 100, 1e9), rec("vit", 100, 3e9), rec("vit", 50, 5e8), rec("vit", 50, None),
+                             rec("bit", 100, 7e9, status="failed")])
+    assert got == {"vit": {50: 5e8, 100: 2e9}}
+
+
+def test_classes_given_out_of_order_keep_each_image_with_its_class_name():
+    """Probe classes (2, 0): the images of class 2 become class 0 and are named as class 2 was, those of class 0
+    become class 1; class 1 is left out."""
+    import torch
+
+    from vitlab.data import ImageArray
+    from vitlab.scaling import _classes
+
+    data = ImageArray(torch.arange(6, dtype=torch.uint8).view(6, 1, 1, 1).expand(6, 2, 2, 3).clone(),
+                      torch.tensor([0, 1, 2, 0, 1, 2]), ("cat", "dog", "frog"), "toy")
+    sub = _classes(data, (2, 0))
+    assert sub.classes == ("frog", "cat")
+    assert {int(img[0, 0, 0]): int(y) for img, y in zip(sub.images, sub.labels)} == {2: 0, 5: 0, 0: 1, 3: 1}
 
 
 def test_newest_sweep_never_mixes_configs_and_summarise_refuses_a_mix(tmp_path):
@@ -264,6 +291,9 @@ def test_every_family_gets_a_training_config_with_the_sweeps_classes():
         cfg = _train_config(sweep, RunSpec("vit", n, 0), n)
         assert (cfg.epochs, cfg.eval_every) == (epochs, every) and cfg.keep_best
         assert len([e for e in range(cfg.epochs) if (e + 1) % every == 0 or e + 1 == epochs]) <= sweep.max_evals
+        assert cfg.warmup_epochs == 1.0  # one epoch of warmup, at most a fifth of the run
+    quick = _train_config(SWEEPS["quick"], RunSpec("vit_tiny", 40, 0), 40)  # 2 steps of 16 images, 1 epoch
+    assert (quick.epochs, quick.batch_size, quick.warmup_epochs) == (1, 16, 0.2)  # a fifth of its one epoch
 
 
 def test_the_shipped_sweep_meets_the_issues_design():
@@ -793,6 +823,9 @@ def test_the_shipped_sweeps_tuning_evidence_says_where_its_winners_sit():
     grid_first = ("vit", *TUNING_GRID["vit"][0])
     for order in (tied, tied[::-1]):
         assert "NOT the trials' best" not in recipe_grid_positions(order, [grid_first])[0]
+    assert recipe_grid_positions(tied, [grid_first])[0].startswith(  # the lowest values tried: the bottom edge
+        "vit: adamw lr 0.001 (the smallest of 0.001, 0.002 tried: at the bottom edge of the grid), weight decay 0.05 "
+        "(the smallest of 0.05, 0.2 tried: at the bottom edge of the grid)")
 
 
 def test_a_sweep_takes_a_config_with_list_fields(tmp_path, monkeypatch):

@@ -40,6 +40,27 @@ def test_mask_area_matches_each_shape_formula():
         assert 0.85 < ratio < 1.15, (name, ratio)
 
 
+def test_mean_areas_follow_the_shape_formulas_and_the_radius_distribution():
+    """r is uniform on 14%..32% of the side, so E[r^2] = (0.32^3 - 0.14^3) / (3 * 0.18) of its square; the area of
+    each shape in r^2: circle pi, square 1.7^2, triangle 1.7 r high and 2.2 r wide at the base (1.87), cross two 2r
+    bars 0.66 r wide (2 * 2 * 0.66 - 0.66^2). The bounding-box check above cannot see a shape drawn at another scale."""
+    _, labels, masks = make_shapes(4000, size=64, seed=0)
+    share = masks.flatten(1).float().mean(1)  # (4000,) of the image
+    r2 = (0.32**3 - 0.14**3) / (3 * 0.18)
+    for k, per_r2 in enumerate((math.pi, 1.7**2, 0.5 * 1.7 * 2.2, 4 * 0.66 - 0.66**2)):
+        assert share[labels == k].mean().item() == pytest.approx(per_r2 * r2, rel=0.04), SHAPE_CLASSES[k]
+
+
+def test_few_objects_are_coloured_like_their_background():
+    """A colour within 0.5 (summed over RGB, in 0..1) of the background's is inverted: about 2% of objects stay that
+    close to the background around them (with the inversion at 0.3 instead, 12%)."""
+    imgs, _, masks = make_shapes(4000, seed=0)
+    x = imgs.float() / 255
+    inside = (x * masks[..., None]).sum((1, 2)) / masks.sum((1, 2))[:, None]
+    outside = (x * ~masks[..., None]).sum((1, 2)) / (~masks).sum((1, 2))[:, None]
+    assert ((inside - outside).abs().sum(1) < 0.5).float().mean() < 0.04
+
+
 def test_every_image_holds_its_object_and_too_small_sizes_are_refused():
     """At 10 px and less a thin cross could fall between the pixel centres: 1 of 40,000 images at 10 px and 12 at 9 px
     had an empty mask (a labelled image with no object) before such sizes were refused; from 11 px none can."""

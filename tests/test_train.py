@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -46,6 +47,16 @@ def test_lr_schedule_shape():
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # cosine decays monotonically
     assert lrs[55] == pytest.approx(0.5, abs=0.02)
+
+
+def test_cosine_schedule_known_values_with_a_floor():
+    """Warmup 10 of 110 steps, peak 1, floor 0.2: the peak at steps 9 and 10 and never above it, halfway down the
+    cosine (step 60) the mean of peak and floor, the floor at the end."""
+    lrs = [lr_at(s, 110, 10, 1.0, 0.2) for s in range(111)]
+    assert lrs[9] == pytest.approx(1.0) and lrs[10] == pytest.approx(1.0) and max(lrs) == pytest.approx(1.0)
+    assert lrs[60] == pytest.approx(0.6)
+    assert lrs[35] == pytest.approx(0.2 + 0.4 * (1 + math.cos(math.pi / 4)))
+    assert lrs[110] == pytest.approx(0.2)
 
 
 def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
@@ -394,6 +405,7 @@ def test_max_train_examples_draws_every_class_not_the_first_images():
     assert torch.bincount(sub.labels).tolist() == [4, 4, 4]
     assert torch.equal(training_subset(data, 12, seed=0).labels, sub.labels)
     assert training_subset(data, None, 0) is data and training_subset(data, 30, 0) is data
+    assert len(training_subset(data, 29, seed=0)) == 29  # one short of all: still a draw, not every image
 
 
 def test_resume_after_a_kill_between_the_checkpoint_renames(tmp_path):
