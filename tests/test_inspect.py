@@ -172,6 +172,20 @@ def test_every_analysis_names_an_image_size_the_model_cannot_take(name, kind):
                                          r"resize_for_finetuning\(model, \(48, 48\)\).*dynamic_img_size=True"):
         _analyses()[name](model, torch.randn(2, 3, 48, 48))
 
+
+@pytest.mark.parametrize("name", sorted(_analyses()))
+def test_every_analysis_names_channels_last_and_greyscale_images(name):
+    """A (B, H, W, C) batch was read as 32x3 px images (a wrong size named) and a one-channel batch failed inside the
+    patch convolution with torch's bare 'expected input to have 3 channels'; now both name the channels and the fix."""
+    model, run = tiny_vit(), _analyses()[name]
+    with pytest.raises(ValueError, match=r"have 32 channels on axis 1 but the model takes 3: they look channels-last "
+                                         r"\(B, H, W, C\); pass images.permute\(0, 3, 1, 2\)"):
+        run(model, torch.randn(2, 32, 32, 3))
+    with pytest.raises(ValueError, match=r"images have 1 channel\(s\) but the model takes 3"):
+        run(model, torch.randn(2, 1, 32, 32))
+    with pytest.raises(ValueError, match=r"one \(H, W, C\) image: pass images.permute\(2, 0, 1\)\[None\]"):
+        run(model, torch.randn(32, 32, 3))
+
 def loop_rollout(maps, discard_ratio, residual, start_layer):
     """Per image, as vit-explain does it (with its discard applied to every image, not only the first)."""
     L, B, H, T, _ = maps.shape

@@ -40,6 +40,7 @@ __all__ = [
     "capture_attention",
     "attention_maps",
     "check_images",
+    "check_input_channels",
     "check_input_dtype",
     "check_input_size",
     "find_attention_modules",
@@ -537,8 +538,10 @@ def check_images(images: Tensor, model: nn.Module | None = None) -> None:
     if not isinstance(images, Tensor):
         raise TypeError(f"images must be a (B, C, H, W) tensor, got {type(images).__name__}")
     if images.dim() != 4:
+        last = images.dim() == 3 and images.shape[-1] in (1, 3, 4) and images.shape[0] not in (1, 3, 4)
         raise ValueError(f"images must be a (B, C, H, W) batch, got shape {tuple(images.shape)}"
-                         + ("; pass images[None] for one image" if images.dim() == 3 else ""))
+                         + ("; it looks like one (H, W, C) image: pass images.permute(2, 0, 1)[None]" if last
+                            else "; pass images[None] for one image" if images.dim() == 3 else ""))
     if len(images) == 0:
         raise ValueError(f"images is an empty batch (shape {tuple(images.shape)}): pass at least one image "
                          "(images[None] for one image)")
@@ -547,8 +550,24 @@ def check_images(images: Tensor, model: nn.Module | None = None) -> None:
                         "images (resized and normalised for the model), not raw pixels: load them with "
                         "vitlab.images.load_images(model, folder), or normalise them with vitlab.data.normalize")
     if model is not None:
+        check_input_channels(model, images)
         check_input_size(model, tuple(images.shape[-2:]))
         check_input_dtype(model, images)
+
+
+def check_input_channels(model: nn.Module, images: Tensor) -> None:
+    """Refuse a (B, C, H, W) batch whose C is not the channel count of the model's first convolution: a channels-last
+    (B, H, W, C) batch (which the size check would misread as C x H px images) or greyscale images on an RGB model,
+    which fail inside that convolution with a bare shape error. A model without a convolution is not checked."""
+    conv = next((m for m in unwrapped(model).modules() if isinstance(m, nn.Conv2d)), None)
+    if conv is None or images.shape[1] == conv.in_channels:
+        return
+    want, have = conv.in_channels, images.shape[1]
+    if images.shape[-1] == want:
+        raise ValueError(f"images of shape {tuple(images.shape)} have {have} channels on axis 1 but the model takes "
+                         f"{want}: they look channels-last (B, H, W, C); pass images.permute(0, 3, 1, 2)")
+    raise ValueError(f"images have {have} channel(s) but the model takes {want}: give {want}-channel images "
+                     "(vitlab.images.load_images converts every image to RGB for the model)")
 
 
 def check_input_dtype(model: nn.Module, images: Tensor) -> None:
