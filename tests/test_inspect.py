@@ -173,6 +173,23 @@ def test_every_analysis_names_an_image_size_the_model_cannot_take(name, kind):
         _analyses()[name](model, torch.randn(2, 3, 48, 48))
 
 
+@pytest.mark.parametrize("name", sorted(_analyses()) + ["attention_maps", "capture_attention", "model_info",
+                                                        "position_embedding_similarity", "embedding_filter_pca"])
+def test_every_analysis_asks_for_a_loaded_model_given_a_path_or_none(name):
+    """A checkpoint path or None where the model goes failed with "'str' object has no attribute 'parameters'" (or
+    'named_modules', or timm's bare AssertionError) from deep inside; now a TypeError says to load the model first."""
+    run = {**_analyses(), "attention_maps": vitlab.attention_maps,
+           "capture_attention": lambda m, x: vitlab.capture_attention(m).__enter__(),
+           "model_info": lambda m, x: vitlab.model_info(m),
+           "position_embedding_similarity": lambda m, x: vitlab.position_embedding_similarity(m),
+           "embedding_filter_pca": lambda m, x: vitlab.embedding_filter_pca(m)}[name]
+    x = torch.randn(1, 3, 32, 32)
+    with pytest.raises(TypeError, match=r"model is the path or name 'data/checkpoints/vit_cifar10', not a loaded "
+                                        r"model: load it first, model = vitlab.load_model\('data/checkpoints/"):
+        run("data/checkpoints/vit_cifar10", x)
+    with pytest.raises(TypeError, match=r"model must be a torch nn.Module \(a loaded model\), got None"):
+        run(None, x)
+
 @pytest.mark.parametrize("name", sorted(_analyses()))
 def test_every_analysis_names_channels_last_and_greyscale_images(name):
     """A (B, H, W, C) batch was read as 32x3 px images (a wrong size named) and a one-channel batch failed inside the
