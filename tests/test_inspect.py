@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -340,6 +341,34 @@ def test_attention_view_of_a_query_patch_is_that_patchs_row():
     got = attention_view(maps, info, layer=2, query=9)
     torch.testing.assert_close(got, maps[1, :, :, 10, 1:].mean(1).reshape(2, 8, 8))
     torch.testing.assert_close(attention_view(maps, info, layer=3, head=1, query=0), maps[2, :, 1, 1, 1:].reshape(2, 8, 8))
+
+
+def test_attention_view_refuses_a_head_it_does_not_have_and_maps_of_another_model():
+    """head=-1 silently showed the last head and head=1.5 head 1; head=3 of 3 heads was a bare IndexError and
+    head='avg' int()'s ValueError; maps of another model (or one layer's 4-d maps) failed in a bare matrix product.
+    Now each is a ValueError naming the valid heads, or the token counts and the fix; head=np.int64(2) still works."""
+    import numpy as np
+
+    from vitlab.inspect.rollout import attention_view, readout_attention
+
+    model = tiny_vit()
+    info = vitlab.model_info(model)
+    maps = vitlab.attention_maps(model, torch.randn(2, 3, 32, 32))  # (3, 2, 3, 65, 65): 3 heads
+    for head in (-1, 3, 1.5, "avg", True):
+        with pytest.raises(ValueError, match=r"head must be a head index from 0 to 2 or one of \('mean', 'max', "
+                                             r"'min'\), got " + re.escape(repr(head))):
+            attention_view(maps, info, head=head)
+    torch.testing.assert_close(attention_view(maps, info, head=np.int64(2)), attention_view(maps, info, head=2))
+    other = vitlab.model_info(tiny_vit(readout="avg"))  # 64 tokens, no prefix
+    for run in (lambda m, i: attention_view(m, i), lambda m, i: readout_attention(m, i)):
+        with pytest.raises(ValueError, match=r"maps over 65x65 tokens do not match this info's 64 tokens \(0 prefix "
+                                             r"\+ a 8x8 grid\): pass model_info\(model, img_size=...\)"):
+            run(maps, other)
+        with pytest.raises(ValueError, match=r"got shape \(2, 3, 65, 65\); for one layer's \(B, H, T, T\) maps "
+                                             r"pass maps\[None\]"):
+            run(maps[0], info)
+    with pytest.raises(ValueError, match=r"maps must be the \(L, B, H, T, T\) attention of every layer"):
+        rollout_from_maps(maps[0])
 
 
 def test_rollout_known_answers():
