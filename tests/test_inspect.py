@@ -535,3 +535,32 @@ def test_random_filter_reference_is_the_projection_redrawn_and_leaves_every_stat
         torch.testing.assert_close(got[s], filter_pca(fresh.weight.detach(), 5)[1], rtol=0, atol=0)
     torch.set_rng_state(state)
     torch.testing.assert_close(random_filter_pca_ratios(tiny_vit().double(), k=5, draws=2), got, rtol=0, atol=0)
+
+
+_COUNTS = {  # (function, count argument): a call with that count n
+    ("attention_maps", "batch_size"): lambda m, x, n: vitlab.attention_maps(m, x, batch_size=n),
+    ("mean_attention_distance", "batch_size"): lambda m, x, n: vitlab.mean_attention_distance(m, x, batch_size=n),
+    ("deletion_insertion", "batch_size"): lambda m, x, n: vitlab.deletion_insertion(m, x, torch.rand(2, 8, 8), steps=2,
+                                                                                     batch_size=n),
+    ("integrated_gradients", "steps"): lambda m, x, n: vitlab.integrated_gradients(m, x, 3, steps=n),
+    ("integrated_gradients", "internal_batch_size"): lambda m, x, n: vitlab.integrated_gradients(
+        m, x, 3, steps=2, internal_batch_size=n),
+    ("occlusion", "perturbations_per_eval"): lambda m, x, n: vitlab.occlusion(m, x, 3, perturbations_per_eval=n),
+}
+
+
+@pytest.mark.parametrize("key", sorted(_COUNTS), ids="-".join)
+def test_counts_below_one_are_named(key):
+    """batch_size=-1 reached Tensor.split's bare error (0 meant "all" in attention_maps, and failed in
+    mean_attention_distance), deletion_insertion's batch_size=0 range()'s, and captum asserted on steps=0 or
+    perturbations_per_eval=0; each is now a ValueError naming the argument and its value."""
+    m, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    for n in (0, -1):
+        with pytest.raises(ValueError, match=rf"{key[1]} must be a whole number of at least 1, got {n}"):
+            _COUNTS[key](m, x, n)
+
+
+def test_an_empty_layer_list_is_named():
+    """layers=[] captured nothing and blamed the caller for running the model outside the block."""
+    with pytest.raises(ValueError, match=r"layers is empty: give at least one block index \(0 to 2"):
+        vitlab.attention_maps(tiny_vit(), torch.randn(1, 3, 32, 32), layers=[])

@@ -39,6 +39,7 @@ __all__ = [
     "AttentionCapture",
     "capture_attention",
     "attention_maps",
+    "check_count",
     "check_images",
     "check_input_channels",
     "check_input_dtype",
@@ -408,6 +409,9 @@ class AttentionCapture:
 def _normalise_layers(layers: Sequence[int] | None, depth: int) -> tuple[int, ...]:
     if layers is None:
         return tuple(range(depth))
+    if len(layers) == 0:
+        raise ValueError(f"layers is empty: give at least one block index (0 to {depth - 1}, or negative from the "
+                         "end), or layers=None for every block")
     out = []
     for i in layers:
         j = i + depth if i < 0 else i
@@ -555,6 +559,13 @@ def check_images(images: Tensor, model: nn.Module | None = None) -> None:
         check_input_dtype(model, images)
 
 
+def check_count(name: str, value: object) -> None:
+    """Refuse a count (a batch size, a number of steps) that is not a whole number of at least 1: 0 and negatives
+    reached ``Tensor.split``, ``range`` or captum as bare errors or assertions (or, for some, meant "all")."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+
+
 def check_input_channels(model: nn.Module, images: Tensor) -> None:
     """Refuse a (B, C, H, W) batch whose C is not the channel count of the model's first convolution: a channels-last
     (B, H, W, C) batch (which the size check would misread as C x H px images) or greyscale images on an RGB model,
@@ -622,6 +633,8 @@ def attention_maps(
 
     model = unwrapped(model)
     check_images(images, model)
+    if batch_size is not None:
+        check_count("batch_size", batch_size)
     chunks = images.split(batch_size or len(images))
     show = len(chunks) > 1 if progress is None else progress
     with torch.no_grad(), capture_attention(model, layers=layers, head_fusion=head_fusion, queries=queries,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import capture_attention, check_images
+from vitlab.capture import capture_attention, check_count, check_images
 from vitlab.info import ModelInfo, model_info
 from vitlab.inspect.rollout import attention_rollout, readout_vector
 from vitlab.modes import eval_mode, frozen_parameters, unwrapped
@@ -163,6 +163,8 @@ def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int 
 
     model = unwrapped(model)
     check_images(images, model)
+    check_count("steps", steps)
+    check_count("internal_batch_size", internal_batch_size)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     t = target_classes(model, images, target)
     with torch.inference_mode(False):  # autograd also inside a caller's torch.inference_mode(), on ordinary clones
@@ -181,6 +183,7 @@ def occlusion(model: nn.Module, images: Tensor, target: Tensor | int | None = No
 
     model = unwrapped(model)
     check_images(images, model)
+    check_count("perturbations_per_eval", perturbations_per_eval)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     t = target_classes(model, images, target)
     mask = patch_mask(info, images.device)

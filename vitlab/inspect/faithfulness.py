@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitlab.capture import check_images
+from vitlab.capture import check_count, check_images
 from vitlab.info import model_info
 from vitlab.inspect.attribution import (
     attribution_method,
@@ -76,6 +76,7 @@ def deletion_insertion_scorer(model: nn.Module, images: Tensor, target: Tensor |
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
+    check_count("batch_size", batch_size)
     B, N = len(images), info.num_patches
     target = target_classes(model, images, target, batch_size)
     if baseline == "blur":
