@@ -423,6 +423,20 @@ def test_position_similarity_structure():
         position_embedding_similarity(tiny_vit(pos_embed="none"))
 
 
+def test_position_similarity_names_a_grid_or_similarity_it_cannot_use():
+    """grid=(0, 0) reached timm's resampling as torch's bare 'Input and output sizes should be greater than 0' and
+    grid=12 "'int' object is not iterable"; position_structure_score of one patch's (gh, gw) row a bare reshape
+    error. Now grid=12 is the square grid, and the others ValueErrors naming the argument and its shape."""
+    model = tiny_vit()
+    assert torch.equal(position_embedding_similarity(model, grid=12), position_embedding_similarity(model, grid=(12, 12)))
+    with pytest.raises(ValueError, match=r"grid must be a positive int or a pair \(H, W\) of positive ints, got \(0, 0\)"):
+        position_embedding_similarity(model, grid=(0, 0))
+    sim = position_embedding_similarity(model)
+    with pytest.raises(ValueError, match=r"similarity must be the \(gh, gw, gh, gw\) output of "
+                                         r"position_embedding_similarity, got shape \(8, 8\)"):
+        position_structure_score(sim[3, 4])
+
+
 def test_spearman_matches_scipy():
     from scipy.stats import spearmanr
 
