@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import scipy.stats
@@ -116,6 +118,26 @@ def test_class_indices_are_whole_numbers_within_the_head(method):
     with pytest.raises(ValueError, match="integers"):
         fn(model, x, torch.tensor([True, False]))
     torch.testing.assert_close(fn(model, x, 9), fn(model, x, torch.tensor([9.0, 9.0])))
+
+
+def test_a_class_name_or_ragged_list_as_target_is_named():
+    """target="cat" failed in torch.as_tensor with "new(): invalid data type 'str'"; now a ValueError names it."""
+    for bad in ("cat", [[1], [2, 3]]):
+        with pytest.raises(ValueError, match=r"target must be a class index, one per image, or None for the model's "
+                                             r"prediction, got " + re.escape(repr(bad))):
+            gradient_rollout(tiny_vit(), torch.randn(2, 3, 32, 32), bad)
+
+
+def test_sanity_and_localisation_name_maps_of_the_wrong_shape():
+    """An ``original`` map of other images failed in spearman's bare size mismatch and localisation of one (gh, gw)
+    map in a tuple unpacking; both now name the (B, gh, gw) shape they need."""
+    model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    with pytest.raises(ValueError, match=r"maps must have shape \(B, gh, gw\) = \(2, 8, 8\) for these images, got "
+                                         r"\(2, 4, 4\)"):
+        randomization_sanity("rollout", model, x, original=torch.rand(2, 4, 4))
+    with pytest.raises(ValueError, match=r"maps must be \(B, gh, gw\), one map per image, got shape \(8, 8\); pass "
+                                         r"maps\[None\] for one image"):
+        localisation(torch.rand(8, 8), torch.ones(1, 32, 32, dtype=torch.bool))
 
 
 # ---------------------------------------------------------------------------------------------- faithfulness

@@ -49,6 +49,13 @@ def test_unknown_method_is_named():
         compare_methods(tiny_vit(), torch.randn(1, 3, 32, 32), methods=("saliency",))
 
 
+def test_one_method_name_as_a_string_is_named():
+    """methods="rollout" was read letter by letter: "unknown method 'r'"."""
+    with pytest.raises(TypeError, match=r"methods must be a list of method names, got the string 'rollout': pass "
+                                        r"\['rollout'\]"):
+        compare_methods(tiny_vit(), torch.randn(1, 3, 32, 32), methods="rollout")
+
+
 def test_one_randomized_copy_serves_every_method(monkeypatch):
     """compare_methods drew the same re-initialised copy of the model again for each method's sanity check (a deep
     copy and new weights each time); one copy now serves them all, and the scores are those of the functions."""

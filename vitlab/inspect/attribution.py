@@ -82,7 +82,11 @@ def target_classes(model: nn.Module, images: Tensor, target: Tensor | int | None
     require_classifier(model, "a class-specific map")
     if target is None:
         return predicted_class(model, images, batch_size)
-    raw = torch.as_tensor(target).detach().cpu()
+    try:
+        raw = torch.as_tensor(target).detach().cpu()
+    except (TypeError, ValueError, RuntimeError):  # a class name, a ragged list: torch's "new(): invalid data type"
+        raise ValueError(f"target must be a class index, one per image, or None for the model's prediction, got "
+                         f"{target!r}") from None
     if raw.dtype == torch.bool or raw.is_complex():
         raise ValueError(f"target must be class indices (integers), got a {raw.dtype} tensor")
     if raw.is_floating_point():

@@ -191,6 +191,8 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
         target = predicted_class(model, images)
     if original is None:
         original = method(model, images, target)
+    else:  # a map of other images or another model failed in spearman's bare size mismatch
+        _check_maps(original, images, model_info(model, img_size=tuple(images.shape[-2:])).grid_size)
     if randomized is None:
         randomized = randomized_copy(model, seed)
     return rank_correlation(original, method(randomized, images, target))
@@ -203,6 +205,9 @@ def localisation(maps: Tensor, masks: Tensor) -> dict[str, Tensor]:
     mass is spread evenly over its pixels. Returns ``mass_in_mask``, ``pointing`` (1.0 when the top patch
     overlaps the object) and ``chance`` (the object's area share: what a uniform map scores), each (B,).
     """
+    if maps.dim() != 3:
+        raise ValueError(f"maps must be (B, gh, gw), one map per image, got shape {tuple(maps.shape)}"
+                         + ("; pass maps[None] for one image" if maps.dim() == 2 else ""))
     B, gh, gw = maps.shape
     masks = masks.to(maps.device)
     if masks.shape[0] != B or masks.dim() != 3 or masks.shape[1] % gh or masks.shape[2] % gw:
