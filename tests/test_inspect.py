@@ -192,6 +192,17 @@ def test_every_analysis_asks_for_a_loaded_model_given_a_path_or_none(name):
         run(None, x)
 
 @pytest.mark.parametrize("name", sorted(_analyses()))
+def test_every_analysis_names_images_on_another_device_than_the_model(name):
+    """Images left on the CPU for a model moved to another device failed in the first layer with torch's bare "Tensor
+    on device cpu is not on the expected device" (on a GPU: "Expected all tensors to be on the same device"); now a
+    ValueError names both devices and the fix, before any hook is set. (The meta device stands in for a GPU here.)"""
+    model, run = tiny_vit().to("meta"), _analyses()[name]
+    with pytest.raises(ValueError, match=r"images are on cpu but the model is on meta: pass images.to\('meta'\), or "
+                                         r"move the model with model.to\('cpu'\)"):
+        run(model, torch.randn(2, 3, 32, 32))
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+@pytest.mark.parametrize("name", sorted(_analyses()))
 def test_every_analysis_names_channels_last_and_greyscale_images(name):
     """A (B, H, W, C) batch was read as 32x3 px images (a wrong size named) and a one-channel batch failed inside the
     patch convolution with torch's bare 'expected input to have 3 channels'; now both name the channels and the fix."""

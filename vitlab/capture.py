@@ -42,6 +42,7 @@ __all__ = [
     "check_count",
     "check_images",
     "check_input_channels",
+    "check_input_device",
     "check_input_dtype",
     "check_input_size",
     "find_attention_modules",
@@ -556,7 +557,17 @@ def check_images(images: Tensor, model: nn.Module | None = None) -> None:
     if model is not None:
         check_input_channels(model, images)
         check_input_size(model, tuple(images.shape[-2:]))
+        check_input_device(model, images)
         check_input_dtype(model, images)
+
+
+def check_input_device(model: nn.Module, images: Tensor) -> None:
+    """Refuse images on another device than the model's weights (CPU images for a model on the GPU), which fail
+    inside the first layer with torch's bare device error. A model spread over several devices is not checked."""
+    devices = {p.device for p in unwrapped(model).parameters()}
+    if len(devices) == 1 and images.device != (dev := devices.pop()):
+        raise ValueError(f"images are on {images.device} but the model is on {dev}: pass images.to('{dev}'), or move "
+                         f"the model with model.to('{images.device}')")
 
 
 def check_count(name: str, value: object) -> None:
