@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -410,6 +410,15 @@ class AttentionCapture:
 def _normalise_layers(layers: Sequence[int] | None, depth: int) -> tuple[int, ...]:
     if layers is None:
         return tuple(range(depth))
+    if isinstance(layers, str) or not isinstance(layers, Iterable) or getattr(layers, "ndim", 1) == 0:
+        one = hasattr(layers, "__index__") and not isinstance(layers, bool)
+        raise TypeError(f"layers must be a list of block indices or None, got {layers!r}"
+                        + (f": pass [{layers}] for that one block" if one else ""))
+    layers = layers.tolist() if hasattr(layers, "tolist") else list(layers)  # a torch or NumPy array of indices too
+    bad = [i for i in layers if isinstance(i, bool) or not hasattr(i, "__index__")]
+    if bad:
+        raise TypeError(f"layers must be whole block indices, got {bad} in {list(layers)}")
+    layers = [operator.index(i) for i in layers]
     if len(layers) == 0:
         raise ValueError(f"layers is empty: give at least one block index (0 to {depth - 1}, or negative from the "
                          "end), or layers=None for every block")
@@ -452,6 +461,8 @@ def capture_attention(
     model = unwrapped(model)
     if head_fusion not in (None, "mean", "max", "min"):
         raise ValueError(f"head_fusion must be None, 'mean', 'max' or 'min', got {head_fusion!r}")
+    if preallocate is not None:
+        check_count("preallocate", preallocate)
     if keep_grad and (head_fusion is not None or queries not in (None, "all") or reduce is not None):
         raise ValueError("keep_grad=True records full maps; fuse heads, select queries or reduce after reading grads()")
     found = find_attention_modules(model)
