@@ -542,6 +542,19 @@ def test_filter_component_count_is_what_the_pca_can_give():
             vitlab.embedding_filter_pca(model, k=k + 1) if k < 28 else vitlab.embedding_filter_pca(model, k=10**6)
 
 
+def test_filter_counts_that_are_no_whole_number_are_named():
+    """k=2.5 failed in a tensor slice ("slice indices must be integers") and draws=0 in torch.stack ("expects a
+    non-empty TensorList"); both are now ValueErrors naming the argument and its value."""
+    from vitlab.inspect import random_filter_pca_ratios
+
+    model = tiny_vit()
+    with pytest.raises(ValueError, match=r"k must be in \[1, 48\] for 192 filters of 3x4x4, got 2.5"):
+        vitlab.embedding_filter_pca(model, k=2.5)
+    for draws in (0, -1):
+        with pytest.raises(ValueError, match=f"draws must be a whole number of at least 1, got {draws}"):
+            random_filter_pca_ratios(model, draws=draws)
+
+
 def test_random_filter_reference_is_the_projection_redrawn_and_leaves_every_state():
     """Each draw is the patch projection's own reset_parameters under seed s, on the CPU in float32: the same for
     a float64 copy of the model; the model and the global random state are left as they were."""
