@@ -296,6 +296,21 @@ def test_localisation_known_answers():
     np.testing.assert_allclose(localisation(edge, half)["mass_in_mask"], 0.25)
 
 
+def test_localisation_refuses_a_0_255_mask():
+    """A mask read from a PNG (0 and 255, uint8) made the share on the object and the chance level 255 times too large
+    (a "share" of 255 for this map), and compare_methods averaged those into its table without a word; now it is
+    refused with its value range and the fix, and the same mask as bool (or 0/1 numbers) scores as before."""
+    masks = torch.zeros(1, 32, 32, dtype=torch.uint8)
+    masks[:, 8:16, 8:16] = 255
+    one = torch.zeros(1, 8, 8)
+    one[0, 2, 2] = 1.0
+    with pytest.raises(ValueError, match="masks must be object masks of 0 and 1 \\(bool\\), got values from 0 to "
+                                         "255: pass masks > 0"):
+        localisation(one, masks)
+    assert localisation(one, masks > 0)["mass_in_mask"].item() == 1.0
+    assert localisation(one, (masks > 0).float())["chance"].item() == 64 / 1024
+
+
 def test_deletion_insertion_scorer_scores_each_map_as_deletion_insertion_does():
     """The scorer does the shared work (targets, baseline, both ends of the curves) once; each map then costs only
     its inner steps, and its scores are deletion_insertion's exactly."""

@@ -213,6 +213,11 @@ def localisation(maps: Tensor, masks: Tensor) -> dict[str, Tensor]:
     if masks.shape[0] != B or masks.dim() != 3 or masks.shape[1] % gh or masks.shape[2] % gw:
         raise ValueError(f"masks must be (B, H, W) with B = {B} and H, W multiples of the grid ({gh}, {gw}), got "
                          f"{tuple(masks.shape)}")
+    if masks.dtype != torch.bool and masks.numel() and not bool(((masks >= 0) & (masks <= 1)).all()):
+        # a 0/255 mask read from a PNG made the share on the object and the chance level 255 times too large
+        lo, hi = float(masks.min()), float(masks.max())
+        raise ValueError(f"masks must be object masks of 0 and 1 (bool), got values from {lo:g} to {hi:g}: pass "
+                         "masks > 0 (the object's pixels) as bool")
     frac = F.avg_pool2d(masks[:, None].double(), (masks.shape[1] // gh, masks.shape[2] // gw))[:, 0]  # (B, gh, gw)
     pos = maps.double().clamp_min(0)
     total = pos.flatten(1).sum(1)
