@@ -120,6 +120,15 @@ def test_class_indices_are_whole_numbers_within_the_head(method):
     torch.testing.assert_close(fn(model, x, 9), fn(model, x, torch.tensor([9.0, 9.0])))
 
 
+@pytest.mark.parametrize("method", [integrated_gradients, occlusion])
+def test_a_baseline_that_is_no_number_is_named(method):
+    """baseline="blur" (deletion_insertion's) reached captum's bare AssertionError; now a ValueError says what a
+    baseline is here."""
+    with pytest.raises(ValueError, match=r"baseline must be a number in the model's input space \(0 = the "
+                                         r"normalisation mean, a grey image\), got 'blur'"):
+        method(tiny_vit(), torch.randn(1, 3, 32, 32), 3, baseline="blur")
+
+
 def test_a_class_name_or_ragged_list_as_target_is_named():
     """target="cat" failed in torch.as_tensor with "new(): invalid data type 'str'"; now a ValueError names it."""
     for bad in ("cat", [[1], [2, 3]]):

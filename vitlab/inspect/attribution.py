@@ -157,6 +157,14 @@ def _pool_to_patches(attr: Tensor, info: ModelInfo) -> Tensor:
     return out.view(len(attr), *info.grid_size).float()
 
 
+def _check_baseline(baseline: object) -> None:
+    """Refuse a baseline that is not one number in input space ("blur", deletion_insertion's, reached captum's bare
+    AssertionError)."""
+    if isinstance(baseline, bool) or not isinstance(baseline, (int, float)):
+        raise ValueError(f"baseline must be a number in the model's input space (0 = the normalisation mean, a grey "
+                         f"image), got {baseline!r}")
+
+
 def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int | None = None, steps: int = 32,
                          baseline: float = 0.0, internal_batch_size: int = 256) -> Tensor:
     """(B, gh, gw) integrated gradients (captum) of the target logit, summed per patch.
@@ -169,6 +177,7 @@ def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int 
     check_images(images, model)
     check_count("steps", steps)
     check_count("internal_batch_size", internal_batch_size)
+    _check_baseline(baseline)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     t = target_classes(model, images, target)
     with torch.inference_mode(False):  # autograd also inside a caller's torch.inference_mode(), on ordinary clones
@@ -188,6 +197,7 @@ def occlusion(model: nn.Module, images: Tensor, target: Tensor | int | None = No
     model = unwrapped(model)
     check_images(images, model)
     check_count("perturbations_per_eval", perturbations_per_eval)
+    _check_baseline(baseline)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     t = target_classes(model, images, target)
     mask = patch_mask(info, images.device)
