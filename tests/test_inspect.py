@@ -382,6 +382,25 @@ def test_attention_view_refuses_a_head_it_does_not_have_and_maps_of_another_mode
         rollout_from_maps(maps[0])
 
 
+def test_attention_view_names_a_layer_or_query_that_is_no_whole_number():
+    """layer=2.5 failed in a bare slice ("slice indices must be integers") and query=1.5 in a bare tensor index; both
+    are now refused with the valid range, and NumPy integers still work."""
+    import numpy as np
+
+    from vitlab.inspect.rollout import attention_view
+
+    model = tiny_vit()
+    info = vitlab.model_info(model)
+    maps = vitlab.attention_maps(model, torch.randn(2, 3, 32, 32))
+    with pytest.raises(ValueError, match=r"layer must be in \[1, 3\], got 2.5"):
+        attention_view(maps, info, layer=2.5)
+    with pytest.raises(ValueError, match=r"query patch 1.5 is outside the 8x8 grid: give a patch index from 0 to 63 "
+                                         r"\(row-major\), or None for the readout"):
+        attention_view(maps, info, query=1.5)
+    torch.testing.assert_close(attention_view(maps, info, layer=np.int64(2), query=np.int64(9)),
+                               attention_view(maps, info, layer=2, query=9))
+
+
 def test_rollout_known_answers():
     T = 5
     uniform = torch.full((2, 1, 1, T, T), 1 / T)

@@ -180,6 +180,15 @@ def attention_rollout(model: nn.Module, images: Tensor, head_fusion: Literal["me
     return row[:, info.num_prefix_tokens:].reshape(len(images), *info.grid_size).float()
 
 
+def _whole(v: object) -> bool:
+    """Whether ``v`` is a whole number that indexes (a Python, NumPy or 0-d torch integer; no float, no bool)."""
+    try:
+        operator.index(v)
+    except TypeError:
+        return False
+    return not isinstance(v, bool)
+
+
 def _head_index(head: object, heads: int) -> int:
     """``head`` as an index in [0, ``heads``): a negative index or a fraction is refused, not read as another head."""
     try:
@@ -203,8 +212,8 @@ def attention_view(maps: Tensor, info, method: str = "attention", layer: int | N
     _check_stack(maps, info)
     L, B, H = maps.shape[:3]
     layer = L if layer is None else layer
-    if not 1 <= layer <= L:
-        raise ValueError(f"layer must be in [1, {L}], got {layer}")
+    if not _whole(layer) or not 1 <= layer <= L:  # 2.5 failed in a bare slice
+        raise ValueError(f"layer must be in [1, {L}], got {layer!r}")
     p, (gh, gw) = info.num_prefix_tokens, info.grid_size
     if isinstance(head, str) and head in HEAD_FUSIONS:
         picked = fuse_heads(maps[:layer], head, dim=2)  # (l, B, T, T)
@@ -213,8 +222,9 @@ def attention_view(maps: Tensor, info, method: str = "attention", layer: int | N
     if query is None:
         v = readout_vector(info, B, pool, device=maps.device)
     else:
-        if not 0 <= query < gh * gw:
-            raise ValueError(f"query patch {query} is outside the {gh}x{gw} grid")
+        if not _whole(query) or not 0 <= query < gh * gw:  # 1.5 failed in a bare tensor index
+            raise ValueError(f"query patch {query!r} is outside the {gh}x{gw} grid: give a patch index from 0 to "
+                             f"{gh * gw - 1} (row-major), or None for the readout")
         v = torch.zeros(B, maps.shape[-1], dtype=torch.float64, device=maps.device)
         v[:, p + query] = 1.0
     if method == "attention":
