@@ -11,6 +11,8 @@ import torch
 from conftest import tiny_vit
 from PIL import Image
 
+import vitlab
+
 pytest.importorskip("ipywidgets")
 from vitlab.widgets import AttentionExplorer, DistanceExplorer, PositionExplorer  # noqa: E402
 
@@ -332,3 +334,16 @@ def test_explorers_refuse_images_they_would_misread():
     for point in (-1, 9):
         with pytest.raises(ValueError, match=rf"dot {point} does not exist: the 3 layers x 3 heads are dots 0 to 8"):
             distance.open(point)
+
+
+def test_a_distance_explorer_refuses_the_attention_explorer_of_another_model():
+    """Linked to the explorer of a shallower model, clicking layer 3's dot set that explorer's layer slider to 3,
+    which ipywidgets clamped to its last layer without a word (and 'head 3' of a 3-head model raised a TraitError);
+    now the link itself is refused."""
+    x = torch.randn(2, 3, 32, 32)
+    shallow = vitlab.build_model(vitlab.vit_config("Ti/4", img_size=32, depth=2, num_classes=10)).eval()
+    other = AttentionExplorer(shallow, (["a", "b"], x, [np.zeros((32, 32, 3), np.uint8)] * 2))
+    with pytest.raises(ValueError, match=r"explorer shows another model \(VisionTransformer\) than this one "
+                                         r"\(VisionTransformer\): link the AttentionExplorer of the same model"):
+        DistanceExplorer(tiny_vit(), x, other)
+    assert DistanceExplorer(shallow, x, other).open(5) == (2, 2)

@@ -322,6 +322,9 @@ class DistanceExplorer:
             raise TypeError(f"images must be a (B, C, H, W) batch, got {type(images).__name__}: pass the batch alone "
                             "(load_images(model, folder)[1])")
         check_images(images)  # before the cast to the model's dtype: raw uint8 pixels are no input
+        if explorer is not None and explorer.model is not model:  # its sliders would clamp this model's layer
+            raise ValueError(f"explorer shows another model ({type(explorer.model).__name__}) than this one "
+                             f"({type(model).__name__}): link the AttentionExplorer of the same model")
         self.distance = mean_attention_distance(model, _as_input(model, images),
                                                 progress=False).detach().float().cpu()  # (L, H) pixels
         self.explorer = explorer
