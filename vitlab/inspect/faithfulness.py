@@ -34,7 +34,7 @@ from vitlab.modes import eval_mode, unwrapped
 from vitlab.stats import spearman
 
 __all__ = ["deletion_insertion", "deletion_insertion_scorer", "randomization_sanity", "localisation", "rank_correlation",
-           "randomized_copy"]
+           "randomized_copy", "check_masks"]
 
 
 def _check_maps(maps: Tensor, images: Tensor, grid: tuple[int, int]) -> None:
@@ -198,6 +198,19 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
     return rank_correlation(original, method(randomized, images, target))
 
 
+def check_masks(masks: Tensor, batch: int, grid: tuple[int, int]) -> None:
+    """Refuse object masks that are not (B, H, W) of 0 and 1 with H, W multiples of the (gh, gw) grid."""
+    gh, gw = grid
+    if masks.shape[0] != batch or masks.dim() != 3 or masks.shape[1] % gh or masks.shape[2] % gw:
+        raise ValueError(f"masks must be (B, H, W) with B = {batch} and H, W multiples of the grid ({gh}, {gw}), got "
+                         f"{tuple(masks.shape)}")
+    if masks.dtype != torch.bool and masks.numel() and not bool(((masks >= 0) & (masks <= 1)).all()):
+        # a 0/255 mask read from a PNG made the share on the object and the chance level 255 times too large
+        lo, hi = float(masks.min()), float(masks.max())
+        raise ValueError(f"masks must be object masks of 0 and 1 (bool), got values from {lo:g} to {hi:g}: pass "
+                         "masks > 0 (the object's pixels) as bool")
+
+
 def localisation(maps: Tensor, masks: Tensor) -> dict[str, Tensor]:
     """Share of positive map mass on the object, and the pointing game, per image.
 
@@ -210,14 +223,7 @@ def localisation(maps: Tensor, masks: Tensor) -> dict[str, Tensor]:
                          + ("; pass maps[None] for one image" if maps.dim() == 2 else ""))
     B, gh, gw = maps.shape
     masks = masks.to(maps.device)
-    if masks.shape[0] != B or masks.dim() != 3 or masks.shape[1] % gh or masks.shape[2] % gw:
-        raise ValueError(f"masks must be (B, H, W) with B = {B} and H, W multiples of the grid ({gh}, {gw}), got "
-                         f"{tuple(masks.shape)}")
-    if masks.dtype != torch.bool and masks.numel() and not bool(((masks >= 0) & (masks <= 1)).all()):
-        # a 0/255 mask read from a PNG made the share on the object and the chance level 255 times too large
-        lo, hi = float(masks.min()), float(masks.max())
-        raise ValueError(f"masks must be object masks of 0 and 1 (bool), got values from {lo:g} to {hi:g}: pass "
-                         "masks > 0 (the object's pixels) as bool")
+    check_masks(masks, B, (gh, gw))
     frac = F.avg_pool2d(masks[:, None].double(), (masks.shape[1] // gh, masks.shape[2] // gw))[:, 0]  # (B, gh, gw)
     pos = maps.double().clamp_min(0)
     total = pos.flatten(1).sum(1)
