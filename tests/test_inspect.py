@@ -599,6 +599,7 @@ _COUNTS = {  # (function, count argument): a call with that count n
     ("mean_attention_distance", "batch_size"): lambda m, x, n: vitlab.mean_attention_distance(m, x, batch_size=n),
     ("deletion_insertion", "batch_size"): lambda m, x, n: vitlab.deletion_insertion(m, x, torch.rand(2, 8, 8), steps=2,
                                                                                      batch_size=n),
+    ("deletion_insertion", "steps"): lambda m, x, n: vitlab.deletion_insertion(m, x, torch.rand(2, 8, 8), steps=n),
     ("integrated_gradients", "steps"): lambda m, x, n: vitlab.integrated_gradients(m, x, 3, steps=n),
     ("integrated_gradients", "internal_batch_size"): lambda m, x, n: vitlab.integrated_gradients(
         m, x, 3, steps=2, internal_batch_size=n),
@@ -609,10 +610,10 @@ _COUNTS = {  # (function, count argument): a call with that count n
 @pytest.mark.parametrize("key", sorted(_COUNTS), ids="-".join)
 def test_counts_below_one_are_named(key):
     """batch_size=-1 reached Tensor.split's bare error (0 meant "all" in attention_maps, and failed in
-    mean_attention_distance), deletion_insertion's batch_size=0 range()'s, and captum asserted on steps=0 or
-    perturbations_per_eval=0; each is now a ValueError naming the argument and its value."""
+    mean_attention_distance), deletion_insertion's batch_size=0 and steps=2.5 range()'s, and captum asserted on
+    steps=0 or perturbations_per_eval=0; each is now a ValueError naming the argument and its value."""
     m, x = tiny_vit(), torch.randn(2, 3, 32, 32)
-    for n in (0, -1):
+    for n in (0, -1, 2.5):
         with pytest.raises(ValueError, match=rf"{key[1]} must be a whole number of at least 1, got {n}"):
             _COUNTS[key](m, x, n)
 

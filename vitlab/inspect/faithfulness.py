@@ -74,8 +74,7 @@ def deletion_insertion_scorer(model: nn.Module, images: Tensor, target: Tensor |
     require_classifier(model, "deletion and insertion (the probability of a class)")
     check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
+    check_count("steps", steps)  # 2.5 failed in range() with a bare TypeError
     check_count("batch_size", batch_size)
     B, N = len(images), info.num_patches
     target = target_classes(model, images, target, batch_size)
