@@ -622,3 +622,11 @@ def test_an_empty_layer_list_is_named():
     """layers=[] captured nothing and blamed the caller for running the model outside the block."""
     with pytest.raises(ValueError, match=r"layers is empty: give at least one block index \(0 to 2"):
         vitlab.attention_maps(tiny_vit(), torch.randn(1, 3, 32, 32), layers=[])
+
+
+@pytest.mark.parametrize("method", ["attention_rollout", "gradient_rollout"])
+def test_a_start_layer_that_is_no_whole_number_is_named(method):
+    """start_layer=1.5 ran attention_rollout from layer 2 without a word and failed in gradient_rollout's range() with
+    a bare TypeError; both now refuse it with the valid range."""
+    with pytest.raises(ValueError, match=r"start_layer must be in \[0, 3\), got 1.5"):
+        getattr(vitlab, method)(tiny_vit(), torch.randn(1, 3, 32, 32), start_layer=1.5)
