@@ -347,3 +347,17 @@ def test_a_distance_explorer_refuses_the_attention_explorer_of_another_model():
                                          r"\(VisionTransformer\): link the AttentionExplorer of the same model"):
         DistanceExplorer(tiny_vit(), x, other)
     assert DistanceExplorer(shallow, x, other).open(5) == (2, 2)
+
+
+def test_class_names_of_another_length_than_the_head_are_refused():
+    """Twelve names for a 10-class head offered classes 10 and 11 in the class menu, whose maps then failed inside the
+    widget's callback ("target 10: not a class index"), and eight left two classes unnamed; now the explorer refuses
+    them when built."""
+    x = torch.randn(1, 3, 32, 32)
+    shown = [np.zeros((32, 32, 3), np.uint8)]
+    for n in (12, 8):
+        with pytest.raises(ValueError, match=f"class_names has {n} names but the model has 10 classes: give one name "
+                                             "per class"):
+            AttentionExplorer(tiny_vit(), (["a"], x, shown), class_names=[f"c{k}" for k in range(n)])
+    ex = AttentionExplorer(tiny_vit(), (["a"], x, shown), class_names=[f"c{k}" for k in range(10)])
+    assert ex.class_names[9] == "c9"

@@ -91,6 +91,9 @@ class AttentionExplorer:
         self.has_head = has_classifier(model)  # without one: attention and rollout only, no predicted class
         if class_names is None and n_cls:
             class_names = head_class_names(model)  # recorded by the checkpoint, never guessed from the head's size
+        elif class_names is not None and len(class_names) != n_cls:  # extra names offered classes the head lacks
+            raise ValueError(f"class_names has {len(class_names)} names but the model has {n_cls} classes: give one "
+                             "name per class, in the head's order, or None for the checkpoint's own")
         self.class_names = list(class_names) if class_names else [f"class {c}" for c in range(n_cls)]
         self._maps: dict[int, tuple[Tensor, Tensor | None]] = {}  # image -> captured (L, 1, H, T, T), pool maps
         self._class_maps: dict[tuple[int, str, int], Tensor] = {}
