@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import scipy.stats
@@ -116,6 +118,35 @@ def test_class_indices_are_whole_numbers_within_the_head(method):
     with pytest.raises(ValueError, match="integers"):
         fn(model, x, torch.tensor([True, False]))
     torch.testing.assert_close(fn(model, x, 9), fn(model, x, torch.tensor([9.0, 9.0])))
+
+
+@pytest.mark.parametrize("method", [integrated_gradients, occlusion])
+def test_a_baseline_that_is_no_number_is_named(method):
+    """baseline="blur" (deletion_insertion's) reached captum's bare AssertionError; now a ValueError says what a
+    baseline is here."""
+    with pytest.raises(ValueError, match=r"baseline must be a number in the model's input space \(0 = the "
+                                         r"normalisation mean, a grey image\), got 'blur'"):
+        method(tiny_vit(), torch.randn(1, 3, 32, 32), 3, baseline="blur")
+
+
+def test_a_class_name_or_ragged_list_as_target_is_named():
+    """target="cat" failed in torch.as_tensor with "new(): invalid data type 'str'"; now a ValueError names it."""
+    for bad in ("cat", [[1], [2, 3]]):
+        with pytest.raises(ValueError, match=r"target must be a class index, one per image, or None for the model's "
+                                             r"prediction, got " + re.escape(repr(bad))):
+            gradient_rollout(tiny_vit(), torch.randn(2, 3, 32, 32), bad)
+
+
+def test_sanity_and_localisation_name_maps_of_the_wrong_shape():
+    """An ``original`` map of other images failed in spearman's bare size mismatch and localisation of one (gh, gw)
+    map in a tuple unpacking; both now name the (B, gh, gw) shape they need."""
+    model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    with pytest.raises(ValueError, match=r"maps must have shape \(B, gh, gw\) = \(2, 8, 8\) for these images, got "
+                                         r"\(2, 4, 4\)"):
+        randomization_sanity("rollout", model, x, original=torch.rand(2, 4, 4))
+    with pytest.raises(ValueError, match=r"maps must be \(B, gh, gw\), one map per image, got shape \(8, 8\); pass "
+                                         r"maps\[None\] for one image"):
+        localisation(torch.rand(8, 8), torch.ones(1, 32, 32, dtype=torch.bool))
 
 
 # ---------------------------------------------------------------------------------------------- faithfulness
@@ -272,6 +303,21 @@ def test_localisation_known_answers():
     edge[0, :, 0] = 1.0
     edge[0, :, 1] = 1.0
     np.testing.assert_allclose(localisation(edge, half)["mass_in_mask"], 0.25)
+
+
+def test_localisation_refuses_a_0_255_mask():
+    """A mask read from a PNG (0 and 255, uint8) made the share on the object and the chance level 255 times too large
+    (a "share" of 255 for this map), and compare_methods averaged those into its table without a word; now it is
+    refused with its value range and the fix, and the same mask as bool (or 0/1 numbers) scores as before."""
+    masks = torch.zeros(1, 32, 32, dtype=torch.uint8)
+    masks[:, 8:16, 8:16] = 255
+    one = torch.zeros(1, 8, 8)
+    one[0, 2, 2] = 1.0
+    with pytest.raises(ValueError, match="masks must be object masks of 0 and 1 \\(bool\\), got values from 0 to "
+                                         "255: pass masks > 0"):
+        localisation(one, masks)
+    assert localisation(one, masks > 0)["mass_in_mask"].item() == 1.0
+    assert localisation(one, (masks > 0).float())["chance"].item() == 64 / 1024
 
 
 def test_deletion_insertion_scorer_scores_each_map_as_deletion_insertion_does():

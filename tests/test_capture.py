@@ -236,6 +236,23 @@ def test_reductions_inside_hook_agree_with_full_maps(vit):
     torch.testing.assert_close(vitlab.attention_maps(vit, x, batch_size=3), full)
 
 
+def test_layers_and_preallocate_of_the_wrong_kind_are_named(vit, x32):
+    """layers=2 failed with "object of type 'int' has no len()", layers=[1.5] with a bare list-index TypeError and
+    preallocate=-1 with torch's "negative dimension"; each is now named with its value and the fix, and layers given
+    as a tensor of indices still works."""
+    full = vitlab.attention_maps(vit, x32)
+    with pytest.raises(TypeError, match=r"layers must be a list of block indices or None, got 2: pass \[2\] for "
+                                        "that one block"):
+        vitlab.attention_maps(vit, x32, layers=2)
+    with pytest.raises(TypeError, match=r"layers must be whole block indices, got \[1.5\] in \[0, 1.5\]"):
+        vitlab.attention_maps(vit, x32, layers=[0, 1.5])
+    with pytest.raises(ValueError, match="preallocate must be a whole number of at least 1, got -1"):
+        with vitlab.capture_attention(vit, preallocate=-1):
+            pass
+    torch.testing.assert_close(vitlab.attention_maps(vit, x32, layers=torch.tensor([2, 0])), full[[0, 2]])
+    assert not any(m._forward_hooks for m in vit.modules())
+
+
 def test_only_selected_layers_are_unfused(vit):
     seen = []
     with vitlab.capture_attention(vit, layers=[1]):

@@ -188,6 +188,16 @@ def test_a_path_that_does_not_exist_never_loads_its_parents_checkpoint(tmp_path)
     assert isinstance(vitlab.load_checkpoint(ck / "config.json"), torch.nn.Module)  # one of its files still loads
 
 
+def test_none_as_a_checkpoint_path_is_named():
+    """load_checkpoint(None) and save_checkpoint(model, None) failed in pathlib with "expected str, bytes or
+    os.PathLike object, not NoneType"; both now name the argument (loading keeps its ModelLoadError)."""
+    with pytest.raises(ModelLoadError, match=r"path must be a vitlab checkpoint folder or one of its two files, got "
+                                             r"None \(vitlab.load_model\(\) with no argument loads the embedded"):
+        vitlab.load_checkpoint(None)
+    with pytest.raises(TypeError, match="directory must be the path of the folder to write, got None"):
+        vitlab.save_checkpoint(tiny_vit(), None)
+
+
 def test_a_run_checkpoint_refuses_to_replace_another_folder(tmp_path):
     model = tiny_vit()
     opt = torch.optim.AdamW(model.parameters())

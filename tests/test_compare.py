@@ -49,6 +49,31 @@ def test_unknown_method_is_named():
         compare_methods(tiny_vit(), torch.randn(1, 3, 32, 32), methods=("saliency",))
 
 
+def test_one_method_name_as_a_string_is_named():
+    """methods="rollout" was read letter by letter: "unknown method 'r'"."""
+    with pytest.raises(TypeError, match=r"methods must be a list of method names, got the string 'rollout': pass "
+                                        r"\['rollout'\]"):
+        compare_methods(tiny_vit(), torch.randn(1, 3, 32, 32), methods="rollout")
+
+
+def test_bad_masks_are_refused_before_any_map_is_computed(monkeypatch):
+    """Masks of the wrong shape (or 0/255 values) were found only by localisation, after the first method's maps,
+    sanity copy and curves had been computed (minutes on a real model); now they are refused before any map."""
+    import vitlab.inspect.compare as compare_module
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a map was computed before the masks were checked")
+
+    monkeypatch.setattr(compare_module, "randomized_copy", no_work)
+    monkeypatch.setattr(compare_module, "deletion_insertion_scorer", no_work)
+    x = torch.randn(2, 3, 32, 32)
+    with pytest.raises(ValueError, match=r"masks must be \(B, H, W\) with B = 2 and H, W multiples of the grid "
+                                         r"\(8, 8\), got \(2, 30, 30\)"):
+        compare_methods(tiny_vit(), x, masks=torch.ones(2, 30, 30, dtype=torch.bool), progress=False)
+    with pytest.raises(ValueError, match="masks must be object masks of 0 and 1 \\(bool\\), got values from 0 to 255"):
+        compare_methods(tiny_vit(), x, masks=torch.arange(2 * 32 * 32).reshape(2, 32, 32) % 256, progress=False)
+
+
 def test_one_randomized_copy_serves_every_method(monkeypatch):
     """compare_methods drew the same re-initialised copy of the model again for each method's sanity check (a deep
     copy and new weights each time); one copy now serves them all, and the scores are those of the functions."""

@@ -96,6 +96,18 @@ def test_resize_to_the_same_size_is_the_identity(x32):
     assert torch.equal(outputs(model, x32), before)
 
 
+def test_resize_names_a_size_that_is_no_int_or_pair():
+    """img_size=64.0 failed with "'float' object is not iterable" from inside the size check; now the check names
+    it, and the model is left as it was."""
+    model = tiny_vit()
+    pe = model.pos_embed.detach().clone()
+    for bad in (64.0, None):
+        with pytest.raises(ValueError, match=rf"img_size must be a positive int or a pair \(H, W\) of positive ints, "
+                                             rf"got {bad!r}"):
+            vitlab.resize_for_finetuning(model, bad)
+    assert torch.equal(model.pos_embed, pe)
+
+
 def test_resize_a_frozen_model_still_interpolates():
     """A frozen learned embedding is not mistaken for the fixed sin-cos one."""
     model = tiny_vit().requires_grad_(False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import timm
 import torch
@@ -224,6 +226,12 @@ def test_positions_the_attention_adds_are_named(capsys):
 def test_bad_img_size():
     with pytest.raises(ValueError, match="img_size must be positive"):
         model_info(tiny_vit(), img_size=0)
+    # "88" was read as the pair ("8", "8"): a 2x2 grid described without a word; 64.0 reached a bare error
+    for bad in ("88", 64.0, (32,), (32.0, 32.0)):
+        with pytest.raises(ValueError, match=r"img_size must be an int or a pair \(H, W\) of ints, got "
+                                             + re.escape(repr(bad))):
+            model_info(tiny_vit(), img_size=bad)
+    assert model_info(tiny_vit(), img_size=[64, 32]).grid_size == (16, 8)
 
 
 def test_an_input_smaller_than_one_patch_is_refused():

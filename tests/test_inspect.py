@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -172,6 +173,48 @@ def test_every_analysis_names_an_image_size_the_model_cannot_take(name, kind):
                                          r"resize_for_finetuning\(model, \(48, 48\)\).*dynamic_img_size=True"):
         _analyses()[name](model, torch.randn(2, 3, 48, 48))
 
+
+@pytest.mark.parametrize("name", sorted(_analyses()) + ["attention_maps", "capture_attention", "model_info",
+                                                        "position_embedding_similarity", "embedding_filter_pca"])
+def test_every_analysis_asks_for_a_loaded_model_given_a_path_or_none(name):
+    """A checkpoint path or None where the model goes failed with "'str' object has no attribute 'parameters'" (or
+    'named_modules', or timm's bare AssertionError) from deep inside; now a TypeError says to load the model first."""
+    run = {**_analyses(), "attention_maps": vitlab.attention_maps,
+           "capture_attention": lambda m, x: vitlab.capture_attention(m).__enter__(),
+           "model_info": lambda m, x: vitlab.model_info(m),
+           "position_embedding_similarity": lambda m, x: vitlab.position_embedding_similarity(m),
+           "embedding_filter_pca": lambda m, x: vitlab.embedding_filter_pca(m)}[name]
+    x = torch.randn(1, 3, 32, 32)
+    with pytest.raises(TypeError, match=r"model is the path or name 'data/checkpoints/vit_cifar10', not a loaded "
+                                        r"model: load it first, model = vitlab.load_model\('data/checkpoints/"):
+        run("data/checkpoints/vit_cifar10", x)
+    with pytest.raises(TypeError, match=r"model must be a torch nn.Module \(a loaded model\), got None"):
+        run(None, x)
+
+@pytest.mark.parametrize("name", sorted(_analyses()))
+def test_every_analysis_names_images_on_another_device_than_the_model(name):
+    """Images left on the CPU for a model moved to another device failed in the first layer with torch's bare "Tensor
+    on device cpu is not on the expected device" (on a GPU: "Expected all tensors to be on the same device"); now a
+    ValueError names both devices and the fix, before any hook is set. (The meta device stands in for a GPU here.)"""
+    model, run = tiny_vit().to("meta"), _analyses()[name]
+    with pytest.raises(ValueError, match=r"images are on cpu but the model is on meta: pass images.to\('meta'\), or "
+                                         r"move the model with model.to\('cpu'\)"):
+        run(model, torch.randn(2, 3, 32, 32))
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+@pytest.mark.parametrize("name", sorted(_analyses()))
+def test_every_analysis_names_channels_last_and_greyscale_images(name):
+    """A (B, H, W, C) batch was read as 32x3 px images (a wrong size named) and a one-channel batch failed inside the
+    patch convolution with torch's bare 'expected input to have 3 channels'; now both name the channels and the fix."""
+    model, run = tiny_vit(), _analyses()[name]
+    with pytest.raises(ValueError, match=r"have 32 channels on axis 1 but the model takes 3: they look channels-last "
+                                         r"\(B, H, W, C\); pass images.permute\(0, 3, 1, 2\)"):
+        run(model, torch.randn(2, 32, 32, 3))
+    with pytest.raises(ValueError, match=r"images have 1 channel\(s\) but the model takes 3"):
+        run(model, torch.randn(2, 1, 32, 32))
+    with pytest.raises(ValueError, match=r"one \(H, W, C\) image: pass images.permute\(2, 0, 1\)\[None\]"):
+        run(model, torch.randn(32, 32, 3))
+
 def loop_rollout(maps, discard_ratio, residual, start_layer):
     """Per image, as vit-explain does it (with its discard applied to every image, not only the first)."""
     L, B, H, T, _ = maps.shape
@@ -311,6 +354,53 @@ def test_attention_view_of_a_query_patch_is_that_patchs_row():
     torch.testing.assert_close(attention_view(maps, info, layer=3, head=1, query=0), maps[2, :, 1, 1, 1:].reshape(2, 8, 8))
 
 
+def test_attention_view_refuses_a_head_it_does_not_have_and_maps_of_another_model():
+    """head=-1 silently showed the last head and head=1.5 head 1; head=3 of 3 heads was a bare IndexError and
+    head='avg' int()'s ValueError; maps of another model (or one layer's 4-d maps) failed in a bare matrix product.
+    Now each is a ValueError naming the valid heads, or the token counts and the fix; head=np.int64(2) still works."""
+    import numpy as np
+
+    from vitlab.inspect.rollout import attention_view, readout_attention
+
+    model = tiny_vit()
+    info = vitlab.model_info(model)
+    maps = vitlab.attention_maps(model, torch.randn(2, 3, 32, 32))  # (3, 2, 3, 65, 65): 3 heads
+    for head in (-1, 3, 1.5, "avg", True):
+        with pytest.raises(ValueError, match=r"head must be a head index from 0 to 2 or one of \('mean', 'max', "
+                                             r"'min'\), got " + re.escape(repr(head))):
+            attention_view(maps, info, head=head)
+    torch.testing.assert_close(attention_view(maps, info, head=np.int64(2)), attention_view(maps, info, head=2))
+    other = vitlab.model_info(tiny_vit(readout="avg"))  # 64 tokens, no prefix
+    for run in (lambda m, i: attention_view(m, i), lambda m, i: readout_attention(m, i)):
+        with pytest.raises(ValueError, match=r"maps over 65x65 tokens do not match this info's 64 tokens \(0 prefix "
+                                             r"\+ a 8x8 grid\): pass model_info\(model, img_size=...\)"):
+            run(maps, other)
+        with pytest.raises(ValueError, match=r"got shape \(2, 3, 65, 65\); for one layer's \(B, H, T, T\) maps "
+                                             r"pass maps\[None\]"):
+            run(maps[0], info)
+    with pytest.raises(ValueError, match=r"maps must be the \(L, B, H, T, T\) attention of every layer"):
+        rollout_from_maps(maps[0])
+
+
+def test_attention_view_names_a_layer_or_query_that_is_no_whole_number():
+    """layer=2.5 failed in a bare slice ("slice indices must be integers") and query=1.5 in a bare tensor index; both
+    are now refused with the valid range, and NumPy integers still work."""
+    import numpy as np
+
+    from vitlab.inspect.rollout import attention_view
+
+    model = tiny_vit()
+    info = vitlab.model_info(model)
+    maps = vitlab.attention_maps(model, torch.randn(2, 3, 32, 32))
+    with pytest.raises(ValueError, match=r"layer must be in \[1, 3\], got 2.5"):
+        attention_view(maps, info, layer=2.5)
+    with pytest.raises(ValueError, match=r"query patch 1.5 is outside the 8x8 grid: give a patch index from 0 to 63 "
+                                         r"\(row-major\), or None for the readout"):
+        attention_view(maps, info, query=1.5)
+    torch.testing.assert_close(attention_view(maps, info, layer=np.int64(2), query=np.int64(9)),
+                               attention_view(maps, info, layer=2, query=9))
+
+
 def test_rollout_known_answers():
     T = 5
     uniform = torch.full((2, 1, 1, T, T), 1 / T)
@@ -361,6 +451,20 @@ def test_position_similarity_structure():
     assert position_embedding_similarity(reg).shape == (4, 4, 4, 4)
     with pytest.raises(ValueError, match="no absolute position embedding"):
         position_embedding_similarity(tiny_vit(pos_embed="none"))
+
+
+def test_position_similarity_names_a_grid_or_similarity_it_cannot_use():
+    """grid=(0, 0) reached timm's resampling as torch's bare 'Input and output sizes should be greater than 0' and
+    grid=12 "'int' object is not iterable"; position_structure_score of one patch's (gh, gw) row a bare reshape
+    error. Now grid=12 is the square grid, and the others ValueErrors naming the argument and its shape."""
+    model = tiny_vit()
+    assert torch.equal(position_embedding_similarity(model, grid=12), position_embedding_similarity(model, grid=(12, 12)))
+    with pytest.raises(ValueError, match=r"grid must be a positive int or a pair \(H, W\) of positive ints, got \(0, 0\)"):
+        position_embedding_similarity(model, grid=(0, 0))
+    sim = position_embedding_similarity(model)
+    with pytest.raises(ValueError, match=r"similarity must be the \(gh, gw, gh, gw\) output of "
+                                         r"position_embedding_similarity, got shape \(8, 8\)"):
+        position_structure_score(sim[3, 4])
 
 
 def test_spearman_matches_scipy():
@@ -457,6 +561,19 @@ def test_filter_component_count_is_what_the_pca_can_give():
             vitlab.embedding_filter_pca(model, k=k + 1) if k < 28 else vitlab.embedding_filter_pca(model, k=10**6)
 
 
+def test_filter_counts_that_are_no_whole_number_are_named():
+    """k=2.5 failed in a tensor slice ("slice indices must be integers") and draws=0 in torch.stack ("expects a
+    non-empty TensorList"); both are now ValueErrors naming the argument and its value."""
+    from vitlab.inspect import random_filter_pca_ratios
+
+    model = tiny_vit()
+    with pytest.raises(ValueError, match=r"k must be in \[1, 48\] for 192 filters of 3x4x4, got 2.5"):
+        vitlab.embedding_filter_pca(model, k=2.5)
+    for draws in (0, -1):
+        with pytest.raises(ValueError, match=f"draws must be a whole number of at least 1, got {draws}"):
+            random_filter_pca_ratios(model, draws=draws)
+
+
 def test_random_filter_reference_is_the_projection_redrawn_and_leaves_every_state():
     """Each draw is the patch projection's own reset_parameters under seed s, on the CPU in float32: the same for
     a float64 copy of the model; the model and the global random state are left as they were."""
@@ -475,3 +592,41 @@ def test_random_filter_reference_is_the_projection_redrawn_and_leaves_every_stat
         torch.testing.assert_close(got[s], filter_pca(fresh.weight.detach(), 5)[1], rtol=0, atol=0)
     torch.set_rng_state(state)
     torch.testing.assert_close(random_filter_pca_ratios(tiny_vit().double(), k=5, draws=2), got, rtol=0, atol=0)
+
+
+_COUNTS = {  # (function, count argument): a call with that count n
+    ("attention_maps", "batch_size"): lambda m, x, n: vitlab.attention_maps(m, x, batch_size=n),
+    ("mean_attention_distance", "batch_size"): lambda m, x, n: vitlab.mean_attention_distance(m, x, batch_size=n),
+    ("deletion_insertion", "batch_size"): lambda m, x, n: vitlab.deletion_insertion(m, x, torch.rand(2, 8, 8), steps=2,
+                                                                                     batch_size=n),
+    ("deletion_insertion", "steps"): lambda m, x, n: vitlab.deletion_insertion(m, x, torch.rand(2, 8, 8), steps=n),
+    ("integrated_gradients", "steps"): lambda m, x, n: vitlab.integrated_gradients(m, x, 3, steps=n),
+    ("integrated_gradients", "internal_batch_size"): lambda m, x, n: vitlab.integrated_gradients(
+        m, x, 3, steps=2, internal_batch_size=n),
+    ("occlusion", "perturbations_per_eval"): lambda m, x, n: vitlab.occlusion(m, x, 3, perturbations_per_eval=n),
+}
+
+
+@pytest.mark.parametrize("key", sorted(_COUNTS), ids="-".join)
+def test_counts_below_one_are_named(key):
+    """batch_size=-1 reached Tensor.split's bare error (0 meant "all" in attention_maps, and failed in
+    mean_attention_distance), deletion_insertion's batch_size=0 and steps=2.5 range()'s, and captum asserted on
+    steps=0 or perturbations_per_eval=0; each is now a ValueError naming the argument and its value."""
+    m, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    for n in (0, -1, 2.5):
+        with pytest.raises(ValueError, match=rf"{key[1]} must be a whole number of at least 1, got {n}"):
+            _COUNTS[key](m, x, n)
+
+
+def test_an_empty_layer_list_is_named():
+    """layers=[] captured nothing and blamed the caller for running the model outside the block."""
+    with pytest.raises(ValueError, match=r"layers is empty: give at least one block index \(0 to 2"):
+        vitlab.attention_maps(tiny_vit(), torch.randn(1, 3, 32, 32), layers=[])
+
+
+@pytest.mark.parametrize("method", ["attention_rollout", "gradient_rollout"])
+def test_a_start_layer_that_is_no_whole_number_is_named(method):
+    """start_layer=1.5 ran attention_rollout from layer 2 without a word and failed in gradient_rollout's range() with
+    a bare TypeError; both now refuse it with the valid range."""
+    with pytest.raises(ValueError, match=r"start_layer must be in \[0, 3\), got 1.5"):
+        getattr(vitlab, method)(tiny_vit(), torch.randn(1, 3, 32, 32), start_layer=1.5)

@@ -531,6 +531,26 @@ def test_out_as_the_current_folder_is_refused_before_any_work(tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"] and not list((tmp_path / "sub").iterdir())
 
 
+def test_formats_counts_and_scale_of_the_wrong_kind_are_refused_before_any_work(tmp_path):
+    """formats="svg" was read letter by letter ("unknown figure format(s) ['g', 's', 'v']"), num_images=0 was refused
+    as "n must be in [1, 128]" after the model was loaded, and image_scale=0 silently wrote scale-1 figures; each
+    is now refused by its own name before the model is looked up, and nothing is written."""
+    from vitlab.report import reproduce
+
+    out = tmp_path / "out"
+    for kw, err, words in [
+        (dict(formats="svg"), TypeError, r"formats must be a list of figure formats, got the string 'svg': pass "
+                                         r"\['svg'\]"),
+        (dict(num_images=0), ValueError, "num_images must be a whole number of at least 1, or None for the default, "
+                                         "got 0"),
+        (dict(image_scale=0), ValueError, r"image_scale must be a positive number \(2.0: twice the resolution\), "
+                                          "got 0"),
+        (dict(image_scale=float("nan")), ValueError, "image_scale must be a positive number .*got nan")]:
+        with pytest.raises(err, match=words):
+            reproduce(model="no_such_model_name", out=out, **kw)  # refused before the model name is looked up
+    assert not out.exists()
+
+
 def test_a_model_with_random_weights_reproduces_no_finding(tmp_path):
     """A random initialisation has learned nothing: a chance slope (e.g. 0.15 px/layer of an average-pooled timm ViT
     at uniform attention) used to read 'reproduced', with the paper's reasons about pre-training data beside the

@@ -11,6 +11,8 @@ import torch
 from conftest import tiny_vit
 from PIL import Image
 
+import vitlab
+
 pytest.importorskip("ipywidgets")
 from vitlab.widgets import AttentionExplorer, DistanceExplorer, PositionExplorer  # noqa: E402
 
@@ -306,3 +308,56 @@ def test_controls_the_chosen_method_does_not_read_are_greyed_out(explorer):
         before = _z(explorer)
         explorer.layer.value = 1 if explorer.layer.value != 1 else 2  # what is greyed out changes nothing
         np.testing.assert_array_equal(_z(explorer), before)
+
+
+def test_explorers_refuse_images_they_would_misread():
+    """A bare batch where (names, batch, shown) goes failed inside timm; 48 px images hit timm's AssertionError; raw
+    uint8 pixels were cast to float and explained without a word; names for fewer images than the batch were taken.
+    Each is now refused naming the problem, and DistanceExplorer.open refuses a dot that does not exist."""
+    model = tiny_vit()
+    x = torch.randn(2, 3, 32, 32)
+    shown = [np.zeros((32, 32, 3), np.uint8)] * 2
+    with pytest.raises(TypeError, match=r"images must be \(names, \(B, C, H, W\) batch, shown\) .* got a tensor"):
+        AttentionExplorer(model, x)
+    with pytest.raises(ValueError, match="images are 48x48 px but this VisionTransformer is built for 32x32 px"):
+        AttentionExplorer(model, (["a", "b"], torch.randn(2, 3, 48, 48), shown))
+    with pytest.raises(TypeError, match="images are uint8: the analyses take preprocessed float images"):
+        AttentionExplorer(model, (["a", "b"], torch.zeros(2, 3, 32, 32, dtype=torch.uint8), shown))
+    with pytest.raises(ValueError, match="images has 1 names, 2 images and 2 shown views"):
+        AttentionExplorer(model, (["a"], x, shown))
+    with pytest.raises(TypeError, match="images are uint8: the analyses take preprocessed float images"):
+        DistanceExplorer(model, torch.zeros(2, 3, 32, 32, dtype=torch.uint8))
+    with pytest.raises(TypeError, match=r"pass the batch alone \(load_images\(model, folder\)\[1\]\)"):
+        DistanceExplorer(model, (["a", "b"], x, shown))
+    distance = DistanceExplorer(model, x)  # 3 layers x 3 heads
+    assert distance.open(8) == (3, 2)
+    for point in (-1, 9):
+        with pytest.raises(ValueError, match=rf"dot {point} does not exist: the 3 layers x 3 heads are dots 0 to 8"):
+            distance.open(point)
+
+
+def test_a_distance_explorer_refuses_the_attention_explorer_of_another_model():
+    """Linked to the explorer of a shallower model, clicking layer 3's dot set that explorer's layer slider to 3,
+    which ipywidgets clamped to its last layer without a word (and 'head 3' of a 3-head model raised a TraitError);
+    now the link itself is refused."""
+    x = torch.randn(2, 3, 32, 32)
+    shallow = vitlab.build_model(vitlab.vit_config("Ti/4", img_size=32, depth=2, num_classes=10)).eval()
+    other = AttentionExplorer(shallow, (["a", "b"], x, [np.zeros((32, 32, 3), np.uint8)] * 2))
+    with pytest.raises(ValueError, match=r"explorer shows another model \(VisionTransformer\) than this one "
+                                         r"\(VisionTransformer\): link the AttentionExplorer of the same model"):
+        DistanceExplorer(tiny_vit(), x, other)
+    assert DistanceExplorer(shallow, x, other).open(5) == (2, 2)
+
+
+def test_class_names_of_another_length_than_the_head_are_refused():
+    """Twelve names for a 10-class head offered classes 10 and 11 in the class menu, whose maps then failed inside the
+    widget's callback ("target 10: not a class index"), and eight left two classes unnamed; now the explorer refuses
+    them when built."""
+    x = torch.randn(1, 3, 32, 32)
+    shown = [np.zeros((32, 32, 3), np.uint8)]
+    for n in (12, 8):
+        with pytest.raises(ValueError, match=f"class_names has {n} names but the model has 10 classes: give one name "
+                                             "per class"):
+            AttentionExplorer(tiny_vit(), (["a"], x, shown), class_names=[f"c{k}" for k in range(n)])
+    ex = AttentionExplorer(tiny_vit(), (["a"], x, shown), class_names=[f"c{k}" for k in range(10)])
+    assert ex.class_names[9] == "c9"

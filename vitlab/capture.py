@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,7 +39,10 @@ __all__ = [
     "AttentionCapture",
     "capture_attention",
     "attention_maps",
+    "check_count",
     "check_images",
+    "check_input_channels",
+    "check_input_device",
     "check_input_dtype",
     "check_input_size",
     "find_attention_modules",
@@ -407,6 +410,18 @@ class AttentionCapture:
 def _normalise_layers(layers: Sequence[int] | None, depth: int) -> tuple[int, ...]:
     if layers is None:
         return tuple(range(depth))
+    if isinstance(layers, str) or not isinstance(layers, Iterable) or getattr(layers, "ndim", 1) == 0:
+        one = hasattr(layers, "__index__") and not isinstance(layers, bool)
+        raise TypeError(f"layers must be a list of block indices or None, got {layers!r}"
+                        + (f": pass [{layers}] for that one block" if one else ""))
+    layers = layers.tolist() if hasattr(layers, "tolist") else list(layers)  # a torch or NumPy array of indices too
+    bad = [i for i in layers if isinstance(i, bool) or not hasattr(i, "__index__")]
+    if bad:
+        raise TypeError(f"layers must be whole block indices, got {bad} in {list(layers)}")
+    layers = [operator.index(i) for i in layers]
+    if len(layers) == 0:
+        raise ValueError(f"layers is empty: give at least one block index (0 to {depth - 1}, or negative from the "
+                         "end), or layers=None for every block")
     out = []
     for i in layers:
         j = i + depth if i < 0 else i
@@ -446,6 +461,8 @@ def capture_attention(
     model = unwrapped(model)
     if head_fusion not in (None, "mean", "max", "min"):
         raise ValueError(f"head_fusion must be None, 'mean', 'max' or 'min', got {head_fusion!r}")
+    if preallocate is not None:
+        check_count("preallocate", preallocate)
     if keep_grad and (head_fusion is not None or queries not in (None, "all") or reduce is not None):
         raise ValueError("keep_grad=True records full maps; fuse heads, select queries or reduce after reading grads()")
     found = find_attention_modules(model)
@@ -537,8 +554,10 @@ def check_images(images: Tensor, model: nn.Module | None = None) -> None:
     if not isinstance(images, Tensor):
         raise TypeError(f"images must be a (B, C, H, W) tensor, got {type(images).__name__}")
     if images.dim() != 4:
+        last = images.dim() == 3 and images.shape[-1] in (1, 3, 4) and images.shape[0] not in (1, 3, 4)
         raise ValueError(f"images must be a (B, C, H, W) batch, got shape {tuple(images.shape)}"
-                         + ("; pass images[None] for one image" if images.dim() == 3 else ""))
+                         + ("; it looks like one (H, W, C) image: pass images.permute(2, 0, 1)[None]" if last
+                            else "; pass images[None] for one image" if images.dim() == 3 else ""))
     if len(images) == 0:
         raise ValueError(f"images is an empty batch (shape {tuple(images.shape)}): pass at least one image "
                          "(images[None] for one image)")
@@ -547,8 +566,41 @@ def check_images(images: Tensor, model: nn.Module | None = None) -> None:
                         "images (resized and normalised for the model), not raw pixels: load them with "
                         "vitlab.images.load_images(model, folder), or normalise them with vitlab.data.normalize")
     if model is not None:
+        check_input_channels(model, images)
         check_input_size(model, tuple(images.shape[-2:]))
+        check_input_device(model, images)
         check_input_dtype(model, images)
+
+
+def check_input_device(model: nn.Module, images: Tensor) -> None:
+    """Refuse images on another device than the model's weights (CPU images for a model on the GPU), which fail
+    inside the first layer with torch's bare device error. A model spread over several devices is not checked."""
+    devices = {p.device for p in unwrapped(model).parameters()}
+    if len(devices) == 1 and images.device != (dev := devices.pop()):
+        raise ValueError(f"images are on {images.device} but the model is on {dev}: pass images.to('{dev}'), or move "
+                         f"the model with model.to('{images.device}')")
+
+
+def check_count(name: str, value: object) -> None:
+    """Refuse a count (a batch size, a number of steps) that is not a whole number of at least 1: 0 and negatives
+    reached ``Tensor.split``, ``range`` or captum as bare errors or assertions (or, for some, meant "all")."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+
+
+def check_input_channels(model: nn.Module, images: Tensor) -> None:
+    """Refuse a (B, C, H, W) batch whose C is not the channel count of the model's first convolution: a channels-last
+    (B, H, W, C) batch (which the size check would misread as C x H px images) or greyscale images on an RGB model,
+    which fail inside that convolution with a bare shape error. A model without a convolution is not checked."""
+    conv = next((m for m in unwrapped(model).modules() if isinstance(m, nn.Conv2d)), None)
+    if conv is None or images.shape[1] == conv.in_channels:
+        return
+    want, have = conv.in_channels, images.shape[1]
+    if images.shape[-1] == want:
+        raise ValueError(f"images of shape {tuple(images.shape)} have {have} channels on axis 1 but the model takes "
+                         f"{want}: they look channels-last (B, H, W, C); pass images.permute(0, 3, 1, 2)")
+    raise ValueError(f"images have {have} channel(s) but the model takes {want}: give {want}-channel images "
+                     "(vitlab.images.load_images converts every image to RGB for the model)")
 
 
 def check_input_dtype(model: nn.Module, images: Tensor) -> None:
@@ -603,6 +655,8 @@ def attention_maps(
 
     model = unwrapped(model)
     check_images(images, model)
+    if batch_size is not None:
+        check_count("batch_size", batch_size)
     chunks = images.split(batch_size or len(images))
     show = len(chunks) > 1 if progress is None else progress
     with torch.no_grad(), capture_attention(model, layers=layers, head_fusion=head_fusion, queries=queries,

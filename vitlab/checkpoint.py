@@ -61,6 +61,8 @@ def save_checkpoint(
             "this model has no vitlab config (it was not built by vitlab.build_model); "
             "save timm models with timm's own tools, or build the model with vitlab.build_model"
         )
+    if not isinstance(directory, (str, os.PathLike)):  # None failed in pathlib's bare "expected str"
+        raise TypeError(f"directory must be the path of the folder to write, got {directory!r}")
     directory = Path(directory)
     check_replaceable(directory)
     clash = sorted(n for n in modules or {} if f"{n}.safetensors" == WEIGHTS_NAME or not n or "/" in n)
@@ -204,6 +206,9 @@ def load_checkpoint(path: str | os.PathLike) -> nn.Module:
     Every problem (missing files, damaged JSON or weights, weights that do not fit the config) is a
     ``ModelLoadError`` saying what is wrong.
     """
+    if not isinstance(path, (str, os.PathLike)):  # None failed in pathlib's bare "expected str"
+        raise ModelLoadError(f"path must be a vitlab checkpoint folder or one of its two files, got {path!r} "
+                             "(vitlab.load_model() with no argument loads the embedded default model)")
     path = Path(path)
     if not path.exists():  # a kill between the two renames of its replacement left its previous copy beside it
         recover_checkpoint(path)

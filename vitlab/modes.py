@@ -10,6 +10,7 @@ Nothing here imports the rest of vitlab.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 from torch import nn
@@ -23,7 +24,10 @@ def unwrapped(model: nn.Module) -> nn.Module:
     ``nn.DataParallel`` and ``DistributedDataParallel`` (their ``module``); any other model itself. The analyses
     read and run this module: its attributes (``patch_embed``, ``blocks``, ``num_classes``) are the model's, hooks
     on it run eagerly (a compiled graph would recompile around them), and each map stays with its own image (a
-    multi-GPU ``DataParallel`` runs hooks on per-device replicas in any order)."""
+    multi-GPU ``DataParallel`` runs hooks on per-device replicas in any order). Anything but a module (a checkpoint
+    path, a model name, None) is refused here, where every analysis starts, with a ``TypeError`` saying to load it."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(_not_a_module(model))
     while True:
         if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
             model = model.module
@@ -31,6 +35,16 @@ def unwrapped(model: nn.Module) -> nn.Module:
             model = model._orig_mod
         else:
             return model
+
+
+def _not_a_module(model: object) -> str:
+    """Why ``model`` is no model, and how to get one."""
+    if isinstance(model, (str, os.PathLike)):
+        return (f"model is the path or name {str(model)!r}, not a loaded model: load it first, "
+                f"model = vitlab.load_model({str(model)!r}), and pass that")
+    what = "None" if model is None else f"a {type(model).__name__}"
+    return (f"model must be a torch nn.Module (a loaded model), got {what}: load one with "
+            "vitlab.load_model(name or checkpoint folder)")
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 import vitlab
+from vitlab.capture import check_images, check_input_channels, check_input_size
 from vitlab.info import model_info
 from vitlab.inspect import attention_view, attribution, mean_attention_distance, position_embedding_similarity
 from vitlab.inspect.attribution import has_classifier, require_classifier
@@ -43,6 +44,23 @@ def _as_input(model: nn.Module, x: Tensor) -> Tensor:
     return x.to(p.device, p.dtype if p.is_floating_point() else x.dtype)
 
 
+def _explorer_images(model: nn.Module, images: object) -> tuple[list[str], Tensor, list[np.ndarray]]:
+    """``images`` checked to be ``(names, (B, C, H, W) float batch, shown)`` of one length that ``model`` takes: a bare
+    batch failed inside timm, raw uint8 pixels were cast to float and explained without a word."""
+    if isinstance(images, Tensor) or not (isinstance(images, (tuple, list)) and len(images) == 3):
+        raise TypeError(f"images must be (names, (B, C, H, W) batch, shown) as vitlab.images.load_images returns, got "
+                        f"{'a tensor' if isinstance(images, Tensor) else type(images).__name__}: pass "
+                        "load_images(model, folder), or None for the default images")
+    names, x, shown = images
+    check_images(x)
+    check_input_channels(model, x)
+    check_input_size(model, tuple(x.shape[-2:]))
+    if not len(names) == len(x) == len(shown):
+        raise ValueError(f"images has {len(names)} names, {len(x)} images and {len(shown)} shown views: give one of "
+                         "each per image")
+    return list(names), x, list(shown)
+
+
 def _drawable(t: Tensor) -> np.ndarray:
     """A result on whatever device and dtype, as the float32 NumPy array a figure draws."""
     return t.detach().float().cpu().numpy()
@@ -66,13 +84,16 @@ class AttentionExplorer:
 
         model = unwrapped(model)  # a compiled or DataParallel model: the module it runs
         self.model = model  # its modes are left alone: capture and the methods run in eval mode temporarily
-        names, x, shown = images if images is not None else default_images(model, num_images)
+        names, x, shown = _explorer_images(model, images) if images is not None else default_images(model, num_images)
         self.names, self.x, self.shown = list(names), x.detach().float().cpu(), list(shown)  # cast at each use
         self.info = model_info(model, img_size=tuple(x.shape[-2:]))
         n_cls = int(getattr(model, "num_classes", 0) or 0)
         self.has_head = has_classifier(model)  # without one: attention and rollout only, no predicted class
         if class_names is None and n_cls:
             class_names = head_class_names(model)  # recorded by the checkpoint, never guessed from the head's size
+        elif class_names is not None and len(class_names) != n_cls:  # extra names offered classes the head lacks
+            raise ValueError(f"class_names has {len(class_names)} names but the model has {n_cls} classes: give one "
+                             "name per class, in the head's order, or None for the checkpoint's own")
         self.class_names = list(class_names) if class_names else [f"class {c}" for c in range(n_cls)]
         self._maps: dict[int, tuple[Tensor, Tensor | None]] = {}  # image -> captured (L, 1, H, T, T), pool maps
         self._class_maps: dict[tuple[int, str, int], Tensor] = {}
@@ -300,6 +321,13 @@ class DistanceExplorer:
         model = unwrapped(model)
         if images is None:
             images = default_images(model, num_images)[1]
+        elif not isinstance(images, Tensor):
+            raise TypeError(f"images must be a (B, C, H, W) batch, got {type(images).__name__}: pass the batch alone "
+                            "(load_images(model, folder)[1])")
+        check_images(images)  # before the cast to the model's dtype: raw uint8 pixels are no input
+        if explorer is not None and explorer.model is not model:  # its sliders would clamp this model's layer
+            raise ValueError(f"explorer shows another model ({type(explorer.model).__name__}) than this one "
+                             f"({type(model).__name__}): link the AttentionExplorer of the same model")
         self.distance = mean_attention_distance(model, _as_input(model, images),
                                                 progress=False).detach().float().cpu()  # (L, H) pixels
         self.explorer = explorer
@@ -315,7 +343,9 @@ class DistanceExplorer:
 
     def open(self, point: int) -> tuple[int, int]:
         """The (layer, head) of dot ``point`` (1-based layer); shown in the linked explorer when there is one."""
-        H = self.distance.shape[1]
+        L, H = self.distance.shape
+        if not 0 <= point < L * H:
+            raise ValueError(f"dot {point} does not exist: the {L} layers x {H} heads are dots 0 to {L * H - 1}")
         layer, head = point // H + 1, point % H
         if self.explorer is not None:
             self.explorer.method.value = "attention"

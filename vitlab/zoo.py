@@ -115,7 +115,10 @@ def replace_fields(obj: Any, changes: dict[str, Any]) -> Any:
 
 def size2(v: int | tuple[int, int] | list[int], what: str = "img_size") -> tuple[int, int]:
     """``v`` as (H, W) of positive ints; a clear ValueError otherwise."""
-    pair = (v, v) if isinstance(v, int) else tuple(v)
+    try:
+        pair = (v, v) if isinstance(v, int) else tuple(v)
+    except TypeError:  # 64.0, None: not iterable
+        pair = ()
     if len(pair) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in pair):
         raise ValueError(f"{what} must be a positive int or a pair (H, W) of positive ints, got {v!r}")
     return pair  # type: ignore[return-value]

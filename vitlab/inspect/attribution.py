@@ -21,9 +21,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import capture_attention, check_images
+from vitlab.capture import capture_attention, check_count, check_images
 from vitlab.info import ModelInfo, model_info
-from vitlab.inspect.rollout import attention_rollout, readout_vector
+from vitlab.inspect.rollout import attention_rollout, readout_vector, whole_index
 from vitlab.modes import eval_mode, frozen_parameters, unwrapped
 
 __all__ = ["gradient_rollout", "integrated_gradients", "occlusion", "patch_mask", "ATTRIBUTION_METHODS",
@@ -82,7 +82,11 @@ def target_classes(model: nn.Module, images: Tensor, target: Tensor | int | None
     require_classifier(model, "a class-specific map")
     if target is None:
         return predicted_class(model, images, batch_size)
-    raw = torch.as_tensor(target).detach().cpu()
+    try:
+        raw = torch.as_tensor(target).detach().cpu()
+    except (TypeError, ValueError, RuntimeError):  # a class name, a ragged list: torch's "new(): invalid data type"
+        raise ValueError(f"target must be a class index, one per image, or None for the model's prediction, got "
+                         f"{target!r}") from None
     if raw.dtype == torch.bool or raw.is_complex():
         raise ValueError(f"target must be class indices (integers), got a {raw.dtype} tensor")
     if raw.is_floating_point():
@@ -112,8 +116,8 @@ def gradient_rollout(model: nn.Module, images: Tensor, target: Tensor | int | No
     model = unwrapped(model)
     check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
-    if not 0 <= start_layer < info.depth:
-        raise ValueError(f"start_layer must be in [0, {info.depth}), got {start_layer}")
+    if not whole_index(start_layer) or not 0 <= start_layer < info.depth:
+        raise ValueError(f"start_layer must be in [0, {info.depth}), got {start_layer!r}")  # 1.5: range()'s bare error
     t = target_classes(model, images, target)
     # autograd also inside a caller's torch.inference_mode(): the clones made here are ordinary tensors it can save
     with torch.inference_mode(False):
@@ -153,6 +157,14 @@ def _pool_to_patches(attr: Tensor, info: ModelInfo) -> Tensor:
     return out.view(len(attr), *info.grid_size).float()
 
 
+def _check_baseline(baseline: object) -> None:
+    """Refuse a baseline that is not one number in input space ("blur", deletion_insertion's, reached captum's bare
+    AssertionError)."""
+    if isinstance(baseline, bool) or not isinstance(baseline, (int, float)):
+        raise ValueError(f"baseline must be a number in the model's input space (0 = the normalisation mean, a grey "
+                         f"image), got {baseline!r}")
+
+
 def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int | None = None, steps: int = 32,
                          baseline: float = 0.0, internal_batch_size: int = 256) -> Tensor:
     """(B, gh, gw) integrated gradients (captum) of the target logit, summed per patch.
@@ -163,6 +175,9 @@ def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int 
 
     model = unwrapped(model)
     check_images(images, model)
+    check_count("steps", steps)
+    check_count("internal_batch_size", internal_batch_size)
+    _check_baseline(baseline)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     t = target_classes(model, images, target)
     with torch.inference_mode(False):  # autograd also inside a caller's torch.inference_mode(), on ordinary clones
@@ -181,6 +196,8 @@ def occlusion(model: nn.Module, images: Tensor, target: Tensor | int | None = No
 
     model = unwrapped(model)
     check_images(images, model)
+    check_count("perturbations_per_eval", perturbations_per_eval)
+    _check_baseline(baseline)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     t = target_classes(model, images, target)
     mask = patch_mask(info, images.device)

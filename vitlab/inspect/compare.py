@@ -14,6 +14,7 @@ from vitlab.capture import check_images
 from vitlab.info import model_info
 from vitlab.inspect.attribution import ATTRIBUTION_METHODS, attribution_method, require_classifier, target_classes
 from vitlab.inspect.faithfulness import (
+    check_masks,
     deletion_insertion_scorer,
     localisation,
     randomization_sanity,
@@ -49,9 +50,13 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
     ``target`` (B,) classes or one class for every image, default the model's predictions; ``masks`` (B, H, W) adds localisation scores.
     """
     model = unwrapped(model)
+    if isinstance(methods, str):  # its letters were read as method names ("unknown method 'r'")
+        raise TypeError(f"methods must be a list of method names, got the string {methods!r}: pass [{methods!r}]")
     fns = {m: attribution_method(m) for m in methods}  # every name checked before any work
     require_classifier(model, "compare_methods (its scores follow a class's probability)")
     check_images(images, model)
+    if masks is not None:  # before any map is computed, not after the first method's minutes
+        check_masks(masks, len(images), model_info(model, img_size=tuple(images.shape[-2:])).grid_size)
     target = target_classes(model, images, target)  # checked once, the same (B,) classes for every method
     rows, maps = [], {}
     names = list(methods) + (["random map"] if random_baseline else [])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import capture_attention, check_images
+from vitlab.capture import capture_attention, check_count, check_images
 from vitlab.info import model_info
 from vitlab.modes import unwrapped
 
@@ -66,6 +66,7 @@ def mean_attention_distance(model: nn.Module, images: Tensor, *, batch_size: int
 
     model = unwrapped(model)
     check_images(images, model)
+    check_count("batch_size", batch_size)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     chunks = images.split(batch_size)
     out = []

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitlab.capture import check_images
+from vitlab.capture import check_count, check_images
 from vitlab.info import model_info
 from vitlab.inspect.attribution import (
     attribution_method,
@@ -34,7 +34,7 @@ from vitlab.modes import eval_mode, unwrapped
 from vitlab.stats import spearman
 
 __all__ = ["deletion_insertion", "deletion_insertion_scorer", "randomization_sanity", "localisation", "rank_correlation",
-           "randomized_copy"]
+           "randomized_copy", "check_masks"]
 
 
 def _check_maps(maps: Tensor, images: Tensor, grid: tuple[int, int]) -> None:
@@ -74,8 +74,8 @@ def deletion_insertion_scorer(model: nn.Module, images: Tensor, target: Tensor |
     require_classifier(model, "deletion and insertion (the probability of a class)")
     check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
+    check_count("steps", steps)  # 2.5 failed in range() with a bare TypeError
+    check_count("batch_size", batch_size)
     B, N = len(images), info.num_patches
     target = target_classes(model, images, target, batch_size)
     if baseline == "blur":
@@ -190,9 +190,24 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
         target = predicted_class(model, images)
     if original is None:
         original = method(model, images, target)
+    else:  # a map of other images or another model failed in spearman's bare size mismatch
+        _check_maps(original, images, model_info(model, img_size=tuple(images.shape[-2:])).grid_size)
     if randomized is None:
         randomized = randomized_copy(model, seed)
     return rank_correlation(original, method(randomized, images, target))
+
+
+def check_masks(masks: Tensor, batch: int, grid: tuple[int, int]) -> None:
+    """Refuse object masks that are not (B, H, W) of 0 and 1 with H, W multiples of the (gh, gw) grid."""
+    gh, gw = grid
+    if masks.shape[0] != batch or masks.dim() != 3 or masks.shape[1] % gh or masks.shape[2] % gw:
+        raise ValueError(f"masks must be (B, H, W) with B = {batch} and H, W multiples of the grid ({gh}, {gw}), got "
+                         f"{tuple(masks.shape)}")
+    if masks.dtype != torch.bool and masks.numel() and not bool(((masks >= 0) & (masks <= 1)).all()):
+        # a 0/255 mask read from a PNG made the share on the object and the chance level 255 times too large
+        lo, hi = float(masks.min()), float(masks.max())
+        raise ValueError(f"masks must be object masks of 0 and 1 (bool), got values from {lo:g} to {hi:g}: pass "
+                         "masks > 0 (the object's pixels) as bool")
 
 
 def localisation(maps: Tensor, masks: Tensor) -> dict[str, Tensor]:
@@ -202,11 +217,12 @@ def localisation(maps: Tensor, masks: Tensor) -> dict[str, Tensor]:
     mass is spread evenly over its pixels. Returns ``mass_in_mask``, ``pointing`` (1.0 when the top patch
     overlaps the object) and ``chance`` (the object's area share: what a uniform map scores), each (B,).
     """
+    if maps.dim() != 3:
+        raise ValueError(f"maps must be (B, gh, gw), one map per image, got shape {tuple(maps.shape)}"
+                         + ("; pass maps[None] for one image" if maps.dim() == 2 else ""))
     B, gh, gw = maps.shape
     masks = masks.to(maps.device)
-    if masks.shape[0] != B or masks.dim() != 3 or masks.shape[1] % gh or masks.shape[2] % gw:
-        raise ValueError(f"masks must be (B, H, W) with B = {B} and H, W multiples of the grid ({gh}, {gw}), got "
-                         f"{tuple(masks.shape)}")
+    check_masks(masks, B, (gh, gw))
     frac = F.avg_pool2d(masks[:, None].double(), (masks.shape[1] // gh, masks.shape[2] // gw))[:, 0]  # (B, gh, gw)
     pos = maps.double().clamp_min(0)
     total = pos.flatten(1).sum(1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from vitlab.capture import check_count
 from vitlab.modes import unwrapped
 
 
@@ -38,7 +39,7 @@ def filter_pca(w: Tensor, k: int = 28) -> tuple[Tensor, Tensor]:
     """(D, C, P, P) filters -> (components (k, C, P, P), explained_variance_ratio (k,)), mean-centred like sklearn."""
     d, c, ph, pw = w.shape
     k_max = min(d, c * ph * pw)
-    if not 1 <= k <= k_max:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= k_max:  # k=2.5 failed in a slice
         raise ValueError(f"k must be in [1, {k_max}] for {d} filters of {c}x{ph}x{pw}, got {k}")
     x = w.reshape(d, -1).double()
     x = x - x.mean(0, keepdim=True)
@@ -71,6 +72,7 @@ def random_filter_pca_ratios(model: nn.Module, k: int = 28, draws: int = 5) -> T
     import copy
 
     model = unwrapped(model)
+    check_count("draws", draws)  # 0 failed in torch.stack
     pe = getattr(model, "patch_embed", None)
     proj = getattr(pe, "proj", None)
     out = []

@@ -18,6 +18,7 @@ from vitlab.info import model_info
 from vitlab.inspect.distance import patch_distances
 from vitlab.modes import unwrapped
 from vitlab.stats import spearman
+from vitlab.zoo import size2
 
 
 def _grid_embeddings(model: nn.Module, grid: tuple[int, int] | None = None) -> tuple[Tensor, tuple[int, int]]:
@@ -31,14 +32,16 @@ def _grid_embeddings(model: nn.Module, grid: tuple[int, int] | None = None) -> t
     n_prefix = info.num_prefix_tokens if info.pos_embed_has_prefix else 0
     patches = pe.detach()[:, n_prefix:].float()  # (1, gh*gw, D)
     src = info.pos_grid_size  # the table's own layout (not the token grid of a padded input)
-    if grid is not None and tuple(grid) != tuple(src):
+    grid = None if grid is None else size2(grid, "grid")  # (0, 0) and 8 reached timm's resampling as bare errors
+    if grid is not None and grid != tuple(src):
         patches = resample_abs_pos_embed(patches, new_size=list(grid), old_size=list(src), num_prefix_tokens=0)
         src = tuple(grid)
     return patches[0].reshape(*src, -1), src
 
 
 def position_embedding_similarity(model: nn.Module, grid: tuple[int, int] | None = None) -> Tensor:
-    """(gh, gw, gh, gw) cosine similarity of patch position embeddings; ``grid`` resamples them first."""
+    """(gh, gw, gh, gw) cosine similarity of patch position embeddings; ``grid`` (gh, gw), or one int for a square
+    grid, resamples them first."""
     emb, (gh, gw) = _grid_embeddings(model, grid)
     flat = F.normalize(emb.reshape(gh * gw, -1), dim=-1)
     return (flat @ flat.T).reshape(gh, gw, gh, gw)
@@ -46,6 +49,9 @@ def position_embedding_similarity(model: nn.Module, grid: tuple[int, int] | None
 
 def position_structure_score(similarity: Tensor) -> float:
     """Spearman correlation between similarity and grid distance over all distinct patch pairs."""
+    if similarity.dim() != 4 or similarity.shape[:2] != similarity.shape[2:]:
+        raise ValueError(f"similarity must be the (gh, gw, gh, gw) output of position_embedding_similarity, got shape "
+                         f"{tuple(similarity.shape)}")
     gh, gw = similarity.shape[:2]
     dist = patch_distances((gh, gw), (1, 1))  # in grid units
     iu = torch.triu_indices(gh * gw, gh * gw, offset=1)

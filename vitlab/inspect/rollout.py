@@ -8,6 +8,7 @@ multiplied from ``start_layer`` up to the last, in float64.
 
 from __future__ import annotations
 
+import operator
 from typing import Literal
 
 import torch
@@ -19,6 +20,7 @@ from vitlab.modes import unwrapped
 
 
 def _check(maps: Tensor, discard_ratio: float, residual: float, start_layer: int, head_fusion: str) -> None:
+    _check_stack(maps)
     _check_settings(maps.shape[0], discard_ratio, residual, start_layer, head_fusion)
 
 
@@ -27,12 +29,27 @@ def _check_settings(depth: int, discard_ratio: float, residual: float, start_lay
         raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
     if not 0.0 <= residual <= 1.0:
         raise ValueError(f"residual must be in [0, 1], got {residual}")
-    if not 0 <= start_layer < depth:
-        raise ValueError(f"start_layer must be in [0, {depth}), got {start_layer}")
+    if not whole_index(start_layer) or not 0 <= start_layer < depth:  # 1.5 ran from layer 2 without a word
+        raise ValueError(f"start_layer must be in [0, {depth}), got {start_layer!r}")
     if head_fusion not in HEAD_FUSIONS:
         raise ValueError(f"head_fusion must be 'mean', 'max' or 'min', got {head_fusion!r}")
 
 
+
+
+def _check_stack(maps: Tensor, info=None) -> None:
+    """Refuse maps that are not one (L, B, H, T, T) stack of every layer, or (with ``info``) whose T is not the
+    number of tokens ``info`` describes: maps of another model or image size would be read with the wrong prefix
+    and grid, or fail in a bare matrix product."""
+    if maps.dim() != 5:
+        raise ValueError(f"maps must be the (L, B, H, T, T) attention of every layer (vitlab.attention_maps), got "
+                         f"shape {tuple(maps.shape)}" + ("; for one layer's (B, H, T, T) maps pass maps[None]"
+                                                         if maps.dim() == 4 else ""))
+    if info is not None and tuple(maps.shape[-2:]) != (info.num_tokens, info.num_tokens):
+        raise ValueError(f"maps over {maps.shape[-2]}x{maps.shape[-1]} tokens do not match this info's "
+                         f"{info.num_tokens} tokens ({info.num_prefix_tokens} prefix + a {info.grid_size[0]}x"
+                         f"{info.grid_size[1]} grid): pass model_info(model, img_size=...) of the model and image size "
+                         "the maps were captured with")
 
 
 def _layer_matrix(layer_maps: Tensor, head_fusion: str, discard_ratio: float, residual: float) -> Tensor:
@@ -109,6 +126,7 @@ def readout_attention(maps: Tensor, info, vector: Tensor | None = None) -> Tenso
     """(L, B, H, T, T) maps -> (L, B, gh, gw): the readout's attention over the patch tokens in each layer, heads
     averaged. ``vector`` (B, T) or (T,) weights the query rows (default: ``readout_vector``, the class token's
     row or the mean of the patch rows for pooled readouts); a one-hot vector selects one query token."""
+    _check_stack(maps, info)
     v = readout_vector(info, 1, device=maps.device)[0] if vector is None else vector
     v = v.to(maps.dtype)
     if v.dim() == 1:
@@ -162,6 +180,26 @@ def attention_rollout(model: nn.Module, images: Tensor, head_fusion: Literal["me
     return row[:, info.num_prefix_tokens:].reshape(len(images), *info.grid_size).float()
 
 
+def whole_index(v: object) -> bool:
+    """Whether ``v`` is a whole number that indexes (a Python, NumPy or 0-d torch integer; no float, no bool)."""
+    try:
+        operator.index(v)
+    except TypeError:
+        return False
+    return not isinstance(v, bool)
+
+
+def _head_index(head: object, heads: int) -> int:
+    """``head`` as an index in [0, ``heads``): a negative index or a fraction is refused, not read as another head."""
+    try:
+        h = operator.index(head)  # a Python, NumPy or 0-d torch integer; never a float or a bool
+    except TypeError:
+        h = None
+    if h is None or isinstance(head, bool) or not 0 <= h < heads:
+        raise ValueError(f"head must be a head index from 0 to {heads - 1} or one of {HEAD_FUSIONS}, got {head!r}")
+    return h
+
+
 def attention_view(maps: Tensor, info, method: str = "attention", layer: int | None = None, head: str | int = "mean",
                    query: int | None = None, discard_ratio: float = 0.0, pool: Tensor | None = None) -> Tensor:
     """(L, B, H, T, T) captured maps -> (B, gh, gw): what one query sees, the explorer's two attention methods.
@@ -171,17 +209,22 @@ def attention_view(maps: Tensor, info, method: str = "attention", layer: int | N
     head index or a fusion in ``HEAD_FUSIONS``; ``query``: a patch index (row-major) or None for the readout
     (the class token's row, or the patch mean; ``pool``: an attention pool's maps for ``readout="map"``).
     """
-    L, B = maps.shape[:2]
+    _check_stack(maps, info)
+    L, B, H = maps.shape[:3]
     layer = L if layer is None else layer
-    if not 1 <= layer <= L:
-        raise ValueError(f"layer must be in [1, {L}], got {layer}")
+    if not whole_index(layer) or not 1 <= layer <= L:  # 2.5 failed in a bare slice
+        raise ValueError(f"layer must be in [1, {L}], got {layer!r}")
     p, (gh, gw) = info.num_prefix_tokens, info.grid_size
-    picked = fuse_heads(maps[:layer], head, dim=2) if head in HEAD_FUSIONS else maps[:layer, :, int(head)]  # (l,B,T,T)
+    if isinstance(head, str) and head in HEAD_FUSIONS:
+        picked = fuse_heads(maps[:layer], head, dim=2)  # (l, B, T, T)
+    else:
+        picked = maps[:layer, :, _head_index(head, H)]
     if query is None:
         v = readout_vector(info, B, pool, device=maps.device)
     else:
-        if not 0 <= query < gh * gw:
-            raise ValueError(f"query patch {query} is outside the {gh}x{gw} grid")
+        if not whole_index(query) or not 0 <= query < gh * gw:  # 1.5 failed in a bare tensor index
+            raise ValueError(f"query patch {query!r} is outside the {gh}x{gw} grid: give a patch index from 0 to "
+                             f"{gh * gw - 1} (row-major), or None for the readout")
         v = torch.zeros(B, maps.shape[-1], dtype=torch.float64, device=maps.device)
         v[:, p + query] = 1.0
     if method == "attention":

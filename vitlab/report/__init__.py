@@ -11,6 +11,7 @@ Nothing else in vitlab imports this package (it is a leaf).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -198,6 +199,12 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     """
     t0 = time.time()
     out = report_target(out)
+    if isinstance(formats, str):  # its letters were read as formats ("unknown figure format(s) ['g', 'n', 'p']")
+        raise TypeError(f"formats must be a list of figure formats, got the string {formats!r}: pass [{formats!r}]")
+    if num_images is not None and (isinstance(num_images, bool) or not isinstance(num_images, int) or num_images < 1):
+        raise ValueError(f"num_images must be a whole number of at least 1, or None for the default, got {num_images!r}")
+    if not (isinstance(image_scale, (int, float)) and math.isfinite(image_scale) and image_scale > 0):
+        raise ValueError(f"image_scale must be a positive number (2.0: twice the resolution), got {image_scale!r}")
     bad = sorted(set(formats) - set(IMAGE_FORMATS))
     if bad:
         raise ValueError(f"unknown figure format(s) {bad}: choose from {list(IMAGE_FORMATS)}")
