@@ -202,6 +202,7 @@ def test_every_analysis_names_images_on_another_device_than_the_model(name):
         run(model, torch.randn(2, 3, 32, 32))
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
+
 @pytest.mark.parametrize("name", sorted(_analyses()))
 def test_every_analysis_names_channels_last_and_greyscale_images(name):
     """A (B, H, W, C) batch was read as 32x3 px images (a wrong size named) and a one-channel batch failed inside the
@@ -214,6 +215,31 @@ def test_every_analysis_names_channels_last_and_greyscale_images(name):
         run(model, torch.randn(2, 1, 32, 32))
     with pytest.raises(ValueError, match=r"one \(H, W, C\) image: pass images.permute\(2, 0, 1\)\[None\]"):
         run(model, torch.randn(32, 32, 3))
+
+
+def test_the_channel_check_reads_the_input_convolution_timm_names():
+    """The channel check took the first Conv2d a model registers as its input layer; a model whose first registered
+    convolution is another one (here a one-channel conv registered before the stem) had its RGB images refused.
+    It now reads timm's pretrained_cfg["first_conv"] where the model names it."""
+    from vitlab.capture import check_input_channels
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.side = torch.nn.Conv2d(1, 4, 1)  # registered first, not the input layer
+            self.stem = torch.nn.Conv2d(3, 8, 3)
+            self.pretrained_cfg = {"first_conv": "stem"}
+
+    net = Net()
+    check_input_channels(net, torch.randn(2, 3, 8, 8))
+    with pytest.raises(ValueError, match=r"images have 1 channel\(s\) but the model takes 3"):
+        check_input_channels(net, torch.randn(2, 1, 8, 8))
+    net.pretrained_cfg = {"first_conv": ("stem", "side")}  # several, as CrossViT's: the first
+    check_input_channels(net, torch.randn(2, 3, 8, 8))
+    del net.pretrained_cfg  # no name: the first registered convolution
+    with pytest.raises(ValueError, match=r"images have 3 channel\(s\) but the model takes 1"):
+        check_input_channels(net, torch.randn(2, 3, 8, 8))
+
 
 def loop_rollout(maps, discard_ratio, residual, start_layer):
     """Per image, as vit-explain does it (with its discard applied to every image, not only the first)."""

@@ -45,6 +45,7 @@ __all__ = [
     "check_input_device",
     "check_input_dtype",
     "check_input_size",
+    "whole_index",
     "find_attention_modules",
     "AttentionLayer",
 ]
@@ -588,11 +589,20 @@ def check_count(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
 
 
+def whole_index(v: object) -> bool:
+    """Whether ``v`` is a whole number that indexes (a Python, NumPy or 0-d torch integer; no float, no bool)."""
+    try:
+        operator.index(v)
+    except TypeError:
+        return False
+    return not isinstance(v, bool)
+
+
 def check_input_channels(model: nn.Module, images: Tensor) -> None:
     """Refuse a (B, C, H, W) batch whose C is not the channel count of the model's first convolution: a channels-last
     (B, H, W, C) batch (which the size check would misread as C x H px images) or greyscale images on an RGB model,
     which fail inside that convolution with a bare shape error. A model without a convolution is not checked."""
-    conv = next((m for m in unwrapped(model).modules() if isinstance(m, nn.Conv2d)), None)
+    conv = _input_conv(unwrapped(model))
     if conv is None or images.shape[1] == conv.in_channels:
         return
     want, have = conv.in_channels, images.shape[1]
@@ -601,6 +611,21 @@ def check_input_channels(model: nn.Module, images: Tensor) -> None:
                          f"{want}: they look channels-last (B, H, W, C); pass images.permute(0, 3, 1, 2)")
     raise ValueError(f"images have {have} channel(s) but the model takes {want}: give {want}-channel images "
                      "(vitlab.images.load_images converts every image to RGB for the model)")
+
+
+def _input_conv(model: nn.Module) -> nn.Conv2d | None:
+    """The convolution that takes the images: the one timm's ``pretrained_cfg["first_conv"]`` names (the first of
+    several, as CrossViT's two), else the first ``Conv2d`` the model registers."""
+    first = (getattr(model, "pretrained_cfg", None) or {}).get("first_conv")
+    name = first[0] if isinstance(first, (list, tuple)) and first else first
+    if isinstance(name, str):
+        try:
+            conv = model.get_submodule(name)
+        except AttributeError:
+            conv = None
+        if isinstance(conv, nn.Conv2d):
+            return conv
+    return next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
 
 
 def check_input_dtype(model: nn.Module, images: Tensor) -> None:

@@ -14,7 +14,14 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import HEAD_FUSIONS, capture_attention, check_images, find_attention_modules, fuse_heads
+from vitlab.capture import (
+    HEAD_FUSIONS,
+    capture_attention,
+    check_images,
+    find_attention_modules,
+    fuse_heads,
+    whole_index,
+)
 from vitlab.info import model_info
 from vitlab.modes import unwrapped
 
@@ -33,8 +40,6 @@ def _check_settings(depth: int, discard_ratio: float, residual: float, start_lay
         raise ValueError(f"start_layer must be in [0, {depth}), got {start_layer!r}")
     if head_fusion not in HEAD_FUSIONS:
         raise ValueError(f"head_fusion must be 'mean', 'max' or 'min', got {head_fusion!r}")
-
-
 
 
 def _check_stack(maps: Tensor, info=None) -> None:
@@ -180,24 +185,11 @@ def attention_rollout(model: nn.Module, images: Tensor, head_fusion: Literal["me
     return row[:, info.num_prefix_tokens:].reshape(len(images), *info.grid_size).float()
 
 
-def whole_index(v: object) -> bool:
-    """Whether ``v`` is a whole number that indexes (a Python, NumPy or 0-d torch integer; no float, no bool)."""
-    try:
-        operator.index(v)
-    except TypeError:
-        return False
-    return not isinstance(v, bool)
-
-
 def _head_index(head: object, heads: int) -> int:
     """``head`` as an index in [0, ``heads``): a negative index or a fraction is refused, not read as another head."""
-    try:
-        h = operator.index(head)  # a Python, NumPy or 0-d torch integer; never a float or a bool
-    except TypeError:
-        h = None
-    if h is None or isinstance(head, bool) or not 0 <= h < heads:
+    if not whole_index(head) or not 0 <= operator.index(head) < heads:
         raise ValueError(f"head must be a head index from 0 to {heads - 1} or one of {HEAD_FUSIONS}, got {head!r}")
-    return h
+    return operator.index(head)
 
 
 def attention_view(maps: Tensor, info, method: str = "attention", layer: int | None = None, head: str | int = "mean",
