@@ -644,6 +644,24 @@ def test_counts_below_one_are_named(key):
             _COUNTS[key](m, x, n)
 
 
+def test_numpy_integer_counts_are_told_what_they_are():
+    """check_count told batch_size=np.int64(2) it "must be a whole number of at least 1", which it is, and
+    filter_pca refused k=np.int64(3) (which it had taken) as out of range "got 3"; a NumPy integer k is taken, and a
+    NumPy count is told to pass a Python int."""
+    import numpy as np
+
+    from vitlab.inspect import filter_pca
+
+    m, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    with pytest.raises(ValueError, match=r"batch_size must be a Python int, got the NumPy or torch integer "
+                                         r"np.int64\(2\): pass batch_size=int\(batch_size\)"):
+        vitlab.mean_attention_distance(m, x, batch_size=np.int64(2))
+    w = torch.randn(8, 3, 4, 4)
+    torch.testing.assert_close(filter_pca(w, k=np.int64(3))[1], filter_pca(w, k=3)[1])
+    with pytest.raises(ValueError, match=r"k must be in \[1, 8\] for 8 filters of 3x4x4, got 2.5"):
+        filter_pca(w, k=2.5)
+
+
 def test_an_empty_layer_list_is_named():
     """layers=[] captured nothing and blamed the caller for running the model outside the block."""
     with pytest.raises(ValueError, match=r"layers is empty: give at least one block index \(0 to 2"):

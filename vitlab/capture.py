@@ -584,7 +584,11 @@ def check_input_device(model: nn.Module, images: Tensor) -> None:
 
 def check_count(name: str, value: object) -> None:
     """Refuse a count (a batch size, a number of steps) that is not a whole number of at least 1: 0 and negatives
-    reached ``Tensor.split``, ``range`` or captum as bare errors or assertions (or, for some, meant "all")."""
+    reached ``Tensor.split``, ``range`` or captum as bare errors or assertions (or, for some, meant "all"). A NumPy
+    or torch integer is a whole number but not one ``Tensor.split`` takes: it is told to pass a Python int."""
+    if whole_index(value) and not isinstance(value, int) and operator.index(value) >= 1:
+        raise ValueError(f"{name} must be a Python int, got the NumPy or torch integer {value!r}: pass "
+                         f"{name}=int({name})")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import check_count
+from vitlab.capture import check_count, whole_index
 from vitlab.modes import unwrapped
 
 
@@ -39,7 +39,7 @@ def filter_pca(w: Tensor, k: int = 28) -> tuple[Tensor, Tensor]:
     """(D, C, P, P) filters -> (components (k, C, P, P), explained_variance_ratio (k,)), mean-centred like sklearn."""
     d, c, ph, pw = w.shape
     k_max = min(d, c * ph * pw)
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= k_max:  # k=2.5 failed in a slice
+    if not whole_index(k) or not 1 <= k <= k_max:  # a NumPy integer is a whole number too; 2.5 is none
         raise ValueError(f"k must be in [1, {k_max}] for {d} filters of {c}x{ph}x{pw}, got {k}")
     x = w.reshape(d, -1).double()
     x = x - x.mean(0, keepdim=True)
