@@ -336,6 +336,25 @@ def test_explorers_refuse_images_they_would_misread():
             distance.open(point)
 
 
+def test_a_fractional_patch_or_dot_is_refused_and_changes_nothing(explorer):
+    """PositionExplorer.select(1.5, 2) showed patch (1, 2) without a word, select_patch(1.5, 0) kept the query 12.0
+    and then failed in attention_view (every later redraw failed with it), and DistanceExplorer.open(1.5) returned
+    layer 1.0, head 1.5; each is refused as a patch or dot that does not exist, and nothing changes."""
+    positions = PositionExplorer(explorer.model)
+    before = positions.patch
+    with pytest.raises(ValueError, match=r"patch \(1.5, 2\) is outside the 8x8 grid: give a whole row from 0 to 7"):
+        positions.select(1.5, 2)
+    assert positions.patch == before
+    explorer.select_patch(2, 5)
+    with pytest.raises(ValueError, match=r"patch \(1.5, 0\) is outside the 8x8 grid"):
+        explorer.select_patch(1.5, 0)
+    assert explorer.query == 2 * 8 + 5
+    explorer.layer.value = 2  # the explorer still redraws
+    with pytest.raises(ValueError, match=r"dot 1.5 does not exist"):
+        DistanceExplorer(explorer.model, explorer.x, explorer).open(1.5)
+    assert positions.select(np.int64(3), 4) is None and positions.patch == (3, 4)
+
+
 def test_a_distance_explorer_refuses_the_attention_explorer_of_another_model():
     """Linked to the explorer of a shallower model, clicking layer 3's dot set that explorer's layer slider to 3,
     which ipywidgets clamped to its last layer without a word (and 'head 3' of a 3-head model raised a TraitError);

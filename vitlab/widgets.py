@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 import vitlab
-from vitlab.capture import check_images, check_input_channels, check_input_size
+from vitlab.capture import check_images, check_input_channels, check_input_size, whole_index
 from vitlab.info import model_info
 from vitlab.inspect import attention_view, attribution, mean_attention_distance, position_embedding_similarity
 from vitlab.inspect.attribution import has_classifier, require_classifier
@@ -59,6 +59,16 @@ def _explorer_images(model: nn.Module, images: object) -> tuple[list[str], Tenso
         raise ValueError(f"images has {len(names)} names, {len(x)} images and {len(shown)} shown views: give one of "
                          "each per image")
     return list(names), x, list(shown)
+
+
+def _check_patch(row: object, col: object, grid: tuple[int, int]) -> tuple[int, int]:
+    """(``row``, ``col``) as a patch of the (gh, gw) ``grid``: whole numbers inside it, never a fraction rounded to
+    another patch."""
+    gh, gw = grid
+    if not (whole_index(row) and whole_index(col) and 0 <= row < gh and 0 <= col < gw):
+        raise ValueError(f"patch ({row}, {col}) is outside the {gh}x{gw} grid: give a whole row from 0 to {gh - 1} "
+                         f"and column from 0 to {gw - 1}")
+    return int(row), int(col)
 
 
 def _drawable(t: Tensor) -> np.ndarray:
@@ -219,8 +229,7 @@ class AttentionExplorer:
             if col is None:
                 raise ValueError(f"select_patch({row}) needs a column too: select_patch(row, col) with row in [0, {gh}) "
                                  f"and col in [0, {gw}), or select_patch(None) for the readout")
-            if not (0 <= row < gh and 0 <= col < gw):
-                raise ValueError(f"patch ({row}, {col}) is outside the {gh}x{gw} grid")
+            row, col = _check_patch(row, col, (gh, gw))
             self.query = row * gw + col
         self.update()
 
@@ -293,10 +302,7 @@ class PositionExplorer:
         self.select(*self.patch)
 
     def select(self, row: int, col: int) -> None:
-        gh, gw = self.sim.shape[:2]
-        if not (0 <= row < gh and 0 <= col < gw):
-            raise ValueError(f"patch ({row}, {col}) is outside the {gh}x{gw} grid")
-        self.patch = (int(row), int(col))
+        self.patch = _check_patch(row, col, tuple(self.sim.shape[:2]))
         with self.figure.batch_update():
             self.figure.data[0].z = self.sim[self.patch].numpy()
             self.figure.layout.title = self._title()
@@ -344,7 +350,7 @@ class DistanceExplorer:
     def open(self, point: int) -> tuple[int, int]:
         """The (layer, head) of dot ``point`` (1-based layer); shown in the linked explorer when there is one."""
         L, H = self.distance.shape
-        if not 0 <= point < L * H:
+        if not whole_index(point) or not 0 <= point < L * H:
             raise ValueError(f"dot {point} does not exist: the {L} layers x {H} heads are dots 0 to {L * H - 1}")
         layer, head = point // H + 1, point % H
         if self.explorer is not None:
