@@ -229,6 +229,21 @@ def test_deletion_insertion_rejects_bad_maps():
         deletion_insertion(model, x, torch.full((2, 8, 8), float("nan")))
 
 
+def test_a_baseline_or_step_count_is_refused_before_running_the_model():
+    """An unknown baseline ("grey") was refused only after the model had predicted every image's class (target=None),
+    and compare_methods(steps=0) only after that prediction and the sanity check's re-initialised copy; both are now
+    refused before any forward pass."""
+    model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    calls = []
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    with pytest.raises(ValueError, match="baseline must be 'blur' or a number, got 'grey'"):
+        deletion_insertion(model, x, torch.rand(2, 8, 8), baseline="grey")
+    with pytest.raises(ValueError, match="steps must be a whole number of at least 1, got 0"):
+        vitlab.compare_methods(model, x, steps=0)
+    handle.remove()
+    assert calls == []
+
+
 def test_rank_correlation_matches_scipy_with_ties():
     a = torch.tensor([[1.0, 2.0, 2.0, 5.0, 0.0, 3.0], [4.0, 4.0, 4.0, 1.0, 2.0, 9.0]])
     b = torch.tensor([[0.5, 1.0, 3.0, 3.0, -1.0, 2.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from vitlab.capture import check_images
+from vitlab.capture import check_count, check_images
 from vitlab.info import model_info
 from vitlab.inspect.attribution import ATTRIBUTION_METHODS, attribution_method, require_classifier, target_classes
 from vitlab.inspect.faithfulness import (
@@ -55,6 +55,7 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
     fns = {m: attribution_method(m) for m in methods}  # every name checked before any work
     require_classifier(model, "compare_methods (its scores follow a class's probability)")
     check_images(images, model)
+    check_count("steps", steps)  # before the prediction and the sanity copy, not in the scorer after them
     if masks is not None:  # before any map is computed, not after the first method's minutes
         check_masks(masks, len(images), model_info(model, img_size=tuple(images.shape[-2:])).grid_size)
     target = target_classes(model, images, target)  # checked once, the same (B,) classes for every method

@@ -74,17 +74,18 @@ def deletion_insertion_scorer(model: nn.Module, images: Tensor, target: Tensor |
     require_classifier(model, "deletion and insertion (the probability of a class)")
     check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
-    check_count("steps", steps)  # 2.5 failed in range() with a bare TypeError
+    check_count("steps", steps)
     check_count("batch_size", batch_size)
+    blur = isinstance(baseline, str) and baseline == "blur"
+    if not blur and not isinstance(baseline, (int, float)):  # before the prediction's forward pass
+        raise ValueError(f"baseline must be 'blur' or a number, got {baseline!r}")
     B, N = len(images), info.num_patches
     target = target_classes(model, images, target, batch_size)
-    if baseline == "blur":
+    if blur:
         k = max(3, (min(images.shape[-2:]) // 4) | 1)
         base = _gaussian_blur(images, k, sigma=k / 3)
-    elif isinstance(baseline, (int, float)):
-        base = torch.full_like(images, float(baseline))
     else:
-        raise ValueError(f"baseline must be 'blur' or a number, got {baseline!r}")
+        base = torch.full_like(images, float(baseline))
     with eval_mode(model):
         ends = _target_probs(model, torch.cat([images, base]), target.repeat(2), batch_size).view(2, B)
     pix = patch_mask(info, images.device).view(1, -1)  # (1, H*W) patch index per pixel
