@@ -244,6 +244,18 @@ def test_a_baseline_or_step_count_is_refused_before_running_the_model():
     assert calls == []
 
 
+def test_sanity_refuses_an_original_map_before_running_the_model():
+    """An ``original`` map of the wrong shape was refused only after the model had predicted every image's class
+    (target=None); it is now refused before any forward pass."""
+    model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    calls = []
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    with pytest.raises(ValueError, match=r"maps must have shape \(B, gh, gw\) = \(2, 8, 8\)"):
+        randomization_sanity("rollout", model, x, original=torch.rand(2, 4, 4))
+    handle.remove()
+    assert calls == []
+
+
 def test_rank_correlation_matches_scipy_with_ties():
     a = torch.tensor([[1.0, 2.0, 2.0, 5.0, 0.0, 3.0], [4.0, 4.0, 4.0, 1.0, 2.0, 9.0]])
     b = torch.tensor([[0.5, 1.0, 3.0, 3.0, -1.0, 2.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])

@@ -187,12 +187,12 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
         method = "rollout"
     if isinstance(method, str):
         method = attribution_method(method)
+    if original is not None:  # a map of these images on this model, checked before the prediction's forward pass
+        _check_maps(original, images, model_info(model, img_size=tuple(images.shape[-2:])).grid_size)
     if target is None and has_classifier(model):
         target = predicted_class(model, images)
     if original is None:
         original = method(model, images, target)
-    else:  # a map of other images or another model failed in spearman's bare size mismatch
-        _check_maps(original, images, model_info(model, img_size=tuple(images.shape[-2:])).grid_size)
     if randomized is None:
         randomized = randomized_copy(model, seed)
     return rank_correlation(original, method(randomized, images, target))
