@@ -224,11 +224,10 @@ def test_positions_the_attention_adds_are_named(capsys):
 
 
 def test_bad_img_size():
-    with pytest.raises(ValueError, match="img_size must be positive"):
-        model_info(tiny_vit(), img_size=0)
+    """In the words of vitlab.zoo.size2 (model building and resize_for_finetuning), whatever is wrong with it."""
     # "88" was read as the pair ("8", "8"): a 2x2 grid described without a word; 64.0 reached a bare error
-    for bad in ("88", 64.0, (32,), (32.0, 32.0)):
-        with pytest.raises(ValueError, match=r"img_size must be an int or a pair \(H, W\) of ints, got "
+    for bad in (0, (32, -1), "88", 64.0, (32,), (32.0, 32.0)):
+        with pytest.raises(ValueError, match=r"img_size must be a positive int or a pair \(H, W\) of positive ints, got "
                                              + re.escape(repr(bad))):
             model_info(tiny_vit(), img_size=bad)
     assert model_info(tiny_vit(), img_size=[64, 32]).grid_size == (16, 8)

@@ -91,14 +91,13 @@ def _pair(v) -> tuple[int, int]:
 
 
 def _img_size_arg(img_size: int | tuple[int, int]) -> tuple[int, int]:
+    """``img_size`` as (H, W): a positive int or a tuple or list of two (NumPy integers too; a string such as "88" is
+    no pair), refused otherwise in the words of ``vitlab.zoo.size2``."""
     pair = (img_size, img_size) if isinstance(img_size, int) else img_size
     if (isinstance(img_size, (bool, str)) or not isinstance(pair, (tuple, list)) or len(pair) != 2
-            or not all(hasattr(v, "__index__") and not isinstance(v, bool) for v in pair)):  # "88" read as 8x8 before
-        raise ValueError(f"img_size must be an int or a pair (H, W) of ints, got {img_size!r}")
-    size = _pair(pair)
-    if min(size) < 1:
-        raise ValueError(f"img_size must be positive, got {img_size!r}")
-    return size
+            or not all(hasattr(v, "__index__") and not isinstance(v, bool) for v in pair) or min(_pair(pair)) < 1):
+        raise ValueError(f"img_size must be a positive int or a pair (H, W) of positive ints, got {img_size!r}")
+    return _pair(pair)
 
 
 def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> ModelInfo:
