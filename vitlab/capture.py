@@ -412,11 +412,11 @@ def _normalise_layers(layers: Sequence[int] | None, depth: int) -> tuple[int, ..
     if layers is None:
         return tuple(range(depth))
     if isinstance(layers, str) or not isinstance(layers, Iterable) or getattr(layers, "ndim", 1) == 0:
-        one = hasattr(layers, "__index__") and not isinstance(layers, bool)
+        one = whole_index(layers)
         raise TypeError(f"layers must be a list of block indices or None, got {layers!r}"
                         + (f": pass [{layers}] for that one block" if one else ""))
     layers = layers.tolist() if hasattr(layers, "tolist") else list(layers)  # a torch or NumPy array of indices too
-    bad = [i for i in layers if isinstance(i, bool) or not hasattr(i, "__index__")]
+    bad = [i for i in layers if not whole_index(i)]
     if bad:
         raise TypeError(f"layers must be whole block indices, got {bad} in {list(layers)}")
     layers = [operator.index(i) for i in layers]
@@ -583,8 +583,8 @@ def check_input_device(model: nn.Module, images: Tensor) -> None:
 
 
 def check_count(name: str, value: object) -> None:
-    """Refuse a count (a batch size, a number of steps) that is not a whole number of at least 1: 0 and negatives
-    reached ``Tensor.split``, ``range`` or captum as bare errors or assertions (or, for some, meant "all"). A NumPy
+    """Refuse a count (a batch size, a number of steps) that is not a whole number of at least 1, by its name, before
+    it reaches ``Tensor.split``, ``range`` or captum, whose own errors do not name it; 0 never means "all". A NumPy
     or torch integer is a whole number but not one ``Tensor.split`` takes: it is told to pass a Python int."""
     if whole_index(value) and not isinstance(value, int) and operator.index(value) >= 1:
         raise ValueError(f"{name} must be a Python int, got the NumPy or torch integer {value!r}: pass "

@@ -61,7 +61,7 @@ def save_checkpoint(
             "this model has no vitlab config (it was not built by vitlab.build_model); "
             "save timm models with timm's own tools, or build the model with vitlab.build_model"
         )
-    if not isinstance(directory, (str, os.PathLike)):  # None failed in pathlib's bare "expected str"
+    if not isinstance(directory, (str, os.PathLike)):  # named here: pathlib's own error does not say which argument
         raise TypeError(f"directory must be the path of the folder to write, got {directory!r}")
     directory = Path(directory)
     check_replaceable(directory)
@@ -206,7 +206,7 @@ def load_checkpoint(path: str | os.PathLike) -> nn.Module:
     Every problem (missing files, damaged JSON or weights, weights that do not fit the config) is a
     ``ModelLoadError`` saying what is wrong.
     """
-    if not isinstance(path, (str, os.PathLike)):  # None failed in pathlib's bare "expected str"
+    if not isinstance(path, (str, os.PathLike)):  # named here: pathlib's own error does not say which argument
         raise ModelLoadError(f"path must be a vitlab checkpoint folder or one of its two files, got {path!r} "
                              "(vitlab.load_model() with no argument loads the embedded default model)")
     path = Path(path)

@@ -42,7 +42,7 @@ def run_lock(run: Path):
     for the lock is removed again when training never wrote into it."""
     try:
         import fcntl
-    except ImportError:  # not a POSIX system (Windows): train unguarded, as before the lock
+    except ImportError:  # not a POSIX system (Windows): train unguarded
         fcntl = None
     if os.environ.get("RANK", "0") != "0" or fcntl is None:
         yield
@@ -55,7 +55,7 @@ def run_lock(run: Path):
             fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno not in (errno.EACCES, errno.EAGAIN):  # a file system without locks (some network mounts,
-                pass  # ENOLCK): train unguarded, as before locks
+                pass  # ENOLCK): train unguarded
             else:
                 raise RuntimeError(f"{run} is in use: another process is training into it now. Wait for it to "
                                    "finish, or give this run its own folder (--run-dir NEW)") from None

@@ -45,8 +45,8 @@ def _as_input(model: nn.Module, x: Tensor) -> Tensor:
 
 
 def _explorer_images(model: nn.Module, images: object) -> tuple[list[str], Tensor, list[np.ndarray]]:
-    """``images`` checked to be ``(names, (B, C, H, W) float batch, shown)`` of one length that ``model`` takes: a bare
-    batch failed inside timm, raw uint8 pixels were cast to float and explained without a word."""
+    """``images`` checked to be ``(names, (B, C, H, W) float batch, shown)`` of one length that ``model`` takes: never
+    a bare batch, nor raw uint8 pixels (the explorer casts its batch to float, which would hide them)."""
     if isinstance(images, Tensor) or not (isinstance(images, (tuple, list)) and len(images) == 3):
         raise TypeError(f"images must be (names, (B, C, H, W) batch, shown) as vitlab.images.load_images returns, got "
                         f"{'a tensor' if isinstance(images, Tensor) else type(images).__name__}: pass "

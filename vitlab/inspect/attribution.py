@@ -117,7 +117,7 @@ def gradient_rollout(model: nn.Module, images: Tensor, target: Tensor | int | No
     check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
     if not whole_index(start_layer) or not 0 <= start_layer < info.depth:
-        raise ValueError(f"start_layer must be in [0, {info.depth}), got {start_layer!r}")  # 1.5: range()'s bare error
+        raise ValueError(f"start_layer must be in [0, {info.depth}), got {start_layer!r}")  # as attention_rollout
     t = target_classes(model, images, target)
     # autograd also inside a caller's torch.inference_mode(): the clones made here are ordinary tensors it can save
     with torch.inference_mode(False):
@@ -158,8 +158,8 @@ def _pool_to_patches(attr: Tensor, info: ModelInfo) -> Tensor:
 
 
 def _check_baseline(baseline: object) -> None:
-    """Refuse a baseline that is not one number in input space ("blur", deletion_insertion's, reached captum's bare
-    AssertionError)."""
+    """Refuse a baseline that is not one number in input space (not deletion_insertion's "blur") before captum, whose
+    own check is a bare AssertionError."""
     if isinstance(baseline, bool) or not isinstance(baseline, (int, float)):
         raise ValueError(f"baseline must be a number in the model's input space (0 = the normalisation mean, a grey "
                          f"image), got {baseline!r}")

@@ -50,7 +50,7 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
     ``target`` (B,) classes or one class for every image, default the model's predictions; ``masks`` (B, H, W) adds localisation scores.
     """
     model = unwrapped(model)
-    if isinstance(methods, str):  # its letters were read as method names ("unknown method 'r'")
+    if isinstance(methods, str):  # one name, not a list: its letters are no method names
         raise TypeError(f"methods must be a list of method names, got the string {methods!r}: pass [{methods!r}]")
     fns = {m: attribution_method(m) for m in methods}  # every name checked before any work
     require_classifier(model, "compare_methods (its scores follow a class's probability)")

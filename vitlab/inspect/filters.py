@@ -72,7 +72,7 @@ def random_filter_pca_ratios(model: nn.Module, k: int = 28, draws: int = 5) -> T
     import copy
 
     model = unwrapped(model)
-    check_count("draws", draws)  # 0 failed in torch.stack
+    check_count("draws", draws)
     pe = getattr(model, "patch_embed", None)
     proj = getattr(pe, "proj", None)
     out = []

@@ -32,7 +32,7 @@ def _grid_embeddings(model: nn.Module, grid: tuple[int, int] | None = None) -> t
     n_prefix = info.num_prefix_tokens if info.pos_embed_has_prefix else 0
     patches = pe.detach()[:, n_prefix:].float()  # (1, gh*gw, D)
     src = info.pos_grid_size  # the table's own layout (not the token grid of a padded input)
-    grid = None if grid is None else size2(grid, "grid")  # (0, 0) and 8 reached timm's resampling as bare errors
+    grid = None if grid is None else size2(grid, "grid")  # one int: a square grid; checked before timm resamples
     if grid is not None and grid != tuple(src):
         patches = resample_abs_pos_embed(patches, new_size=list(grid), old_size=list(src), num_prefix_tokens=0)
         src = tuple(grid)

@@ -36,7 +36,7 @@ def _check_settings(depth: int, discard_ratio: float, residual: float, start_lay
         raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
     if not 0.0 <= residual <= 1.0:
         raise ValueError(f"residual must be in [0, 1], got {residual}")
-    if not whole_index(start_layer) or not 0 <= start_layer < depth:  # 1.5 ran from layer 2 without a word
+    if not whole_index(start_layer) or not 0 <= start_layer < depth:  # a fraction is refused, never rounded
         raise ValueError(f"start_layer must be in [0, {depth}), got {start_layer!r}")
     if head_fusion not in HEAD_FUSIONS:
         raise ValueError(f"head_fusion must be 'mean', 'max' or 'min', got {head_fusion!r}")
@@ -204,7 +204,7 @@ def attention_view(maps: Tensor, info, method: str = "attention", layer: int | N
     _check_stack(maps, info)
     L, B, H = maps.shape[:3]
     layer = L if layer is None else layer
-    if not whole_index(layer) or not 1 <= layer <= L:  # 2.5 failed in a bare slice
+    if not whole_index(layer) or not 1 <= layer <= L:
         raise ValueError(f"layer must be in [1, {L}], got {layer!r}")
     p, (gh, gw) = info.num_prefix_tokens, info.grid_size
     if isinstance(head, str) and head in HEAD_FUSIONS:
@@ -214,7 +214,7 @@ def attention_view(maps: Tensor, info, method: str = "attention", layer: int | N
     if query is None:
         v = readout_vector(info, B, pool, device=maps.device)
     else:
-        if not whole_index(query) or not 0 <= query < gh * gw:  # 1.5 failed in a bare tensor index
+        if not whole_index(query) or not 0 <= query < gh * gw:
             raise ValueError(f"query patch {query!r} is outside the {gh}x{gw} grid: give a patch index from 0 to "
                              f"{gh * gw - 1} (row-major), or None for the readout")
         v = torch.zeros(B, maps.shape[-1], dtype=torch.float64, device=maps.device)
