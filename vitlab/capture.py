@@ -15,6 +15,10 @@ Two recording mechanisms, both reading the tensor the model really uses (never r
 Shapes: one map per layer and forward call, ``(B, H, T, T)``; ``stack()`` gives ``(L, B, H, T, T)``
 (rows = queries, columns = keys, T counting the prefix tokens). Reductions applied inside the hook
 (``queries``, ``head_fusion``) shrink the Q or H axis while keeping the rank.
+
+Also here, as every analysis that runs a model on images starts with them: ``check_images`` (a float (B, C, H, W)
+batch; with a model, its channels, size, device and dtype: ``check_input_channels``, ``check_input_size``,
+``check_input_device``, ``check_input_dtype``), ``check_count`` and ``whole_index``.
 """
 
 from __future__ import annotations
@@ -550,8 +554,9 @@ def fuse_heads(attn: Tensor, how: str, dim: int = 1, keepdim: bool = False) -> T
 def check_images(images: Tensor, model: nn.Module | None = None) -> None:
     """Refuse anything but a ``(B, C, H, W)`` batch of at least one image: the check every analysis that runs a
     model on ``images`` makes first, so a single image without its batch axis or an empty batch is named here
-    instead of failing inside timm (or returning NaNs). With ``model``, also images of a size the model cannot take
-    (``check_input_size``)."""
+    instead of failing inside timm (or returning NaNs). With ``model``, also images the model cannot take: another
+    channel count, size, device or precision (``check_input_channels``, ``check_input_size``, ``check_input_device``,
+    ``check_input_dtype``), each named before any hook is set."""
     if not isinstance(images, Tensor):
         raise TypeError(f"images must be a (B, C, H, W) tensor, got {type(images).__name__}")
     if images.dim() != 4:

@@ -11,7 +11,8 @@ A sweep is a grid of runs (family x subset size x seed). Every finished run is a
 store (one line, flushed and fsynced, under a file lock) with its config, metrics and provenance; a failed
 run is recorded with its error and the others go on. Running the sweep again skips the runs already done,
 so a killed sweep resumes. Executors: ``local`` (a process pool, or in-process with ``workers=0``) and
-``ray`` (joins a running cluster by address, or starts a local one).
+``ray`` (joins a running cluster by address, or starts a local one). The tuning of each family's recipe, and the
+tables that read its trials back, are ``vitlab.tuning``'s.
 """
 
 from __future__ import annotations
