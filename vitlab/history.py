@@ -2,8 +2,8 @@
 clock they add up to.
 
 ``vitlab train`` appends one record per epoch to ``RUN/metrics.jsonl`` after writing the epoch's checkpoint; a resume
-settles the file to the checkpoint's epochs (``vitlab.run_folder.settle_history``), and an export and the benchmarks read it
-back through ``run_history`` and ``read_history``.
+settles the file to the checkpoint's epochs (``vitlab.run_folder.settle_history``), and an export and the benchmarks
+read it back through ``run_history`` and ``read_history``.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def read_history(run: Path) -> list[dict]:
 def run_history(run: Path, meta: dict) -> list[dict]:
     """The epoch records of the checkpoint whose ``config.json`` is ``meta``, one per epoch up to its epoch, in
     epoch order (``history_as_of``) from the lines of ``metrics.jsonl`` (``read_history``): a run killed between an
-    epoch's checkpoint and its line (or during the append) keeps its last epoch, as ``vitlab.run_folder.settle_history``
-    restores it on resume, here without writing to the run folder."""
+    epoch's checkpoint and its line (or during the append) keeps its last epoch, as
+    ``vitlab.run_folder.settle_history`` restores it on resume, here without writing to the run folder."""
     return history_as_of(read_history(run) if (run / "metrics.jsonl").is_file() else [], meta)
 
 

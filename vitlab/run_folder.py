@@ -81,10 +81,10 @@ def _left_by_a_first_epoch(name: str) -> bool:
 def check_fresh(run: Path) -> None:
     """Refuse to start a new run (not a resume) in ``run`` unless the folder is new, empty, or holds only what a run
     killed before its first checkpoint leaves (``train_config.json``, ``run_id``, the lock, the temporary files and
-    folders of their atomic writes): a new run into an earlier run's folder would append its records to the earlier ``metrics.jsonl``
-    and keep the earlier ``best/`` wherever it scored higher, and one into a folder that is not a run's (a project
-    folder, a shipped checkpoint given as ``--run-dir`` by mistake) would write its files among the user's. Raises
-    ``FileExistsError`` naming what is there and the way on, before anything is written."""
+    folders of their atomic writes): a new run into an earlier run's folder would append its records to the earlier
+    ``metrics.jsonl`` and keep the earlier ``best/`` wherever it scored higher, and one into a folder that is not a
+    run's (a project folder, a shipped checkpoint given as ``--run-dir`` by mistake) would write its files among the
+    user's. Raises ``FileExistsError`` naming what is there and the way on, before anything is written."""
     if not run.is_dir():
         return
     if (run / "checkpoint").exists():

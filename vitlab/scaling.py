@@ -101,9 +101,10 @@ class SweepConfig:
     #: validation passes per run at most: every ceil(epochs / max_evals) epochs and the last (the smallest subsets
     #: train for 150 one-step epochs; validating after each would cost more than the training)
     max_evals: int = 15
-    #: provenance of ``recipes``: the ``vitlab.provenance.code_hash`` of the code ``vitlab.tuning.tune`` chose them with (None: not
-    #: tuned, or a config frozen before this was recorded: unknown). ``run_sweep`` warns when it is not the current
-    #: code's. Not part of the fingerprint: it says where the recipes came from, the runs depend on the recipes only.
+    #: provenance of ``recipes``: the ``vitlab.provenance.code_hash`` of the code ``vitlab.tuning.tune`` chose them
+    #: with (None: not tuned, or a config frozen before this was recorded: unknown). ``run_sweep`` warns when it is not
+    #: the current code's. Not part of the fingerprint: it says where the recipes came from, the runs depend on the
+    #: recipes only.
     tuned_code: str | None = None
 
     def recipe(self, family: str) -> tuple[str, float, float]:
@@ -542,6 +543,8 @@ def recipe_provenance(sweep: SweepConfig) -> str | None:
 
 
 def check_executor(executor: str, workers: int) -> None:
+    """Refuse an executor ``run_sweep`` and ``vitlab.tuning.tune`` do not know, or a negative worker count, before any
+    run starts."""
     if executor not in ("local", "ray"):
         raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
     if workers < 0:
@@ -549,7 +552,7 @@ def check_executor(executor: str, workers: int) -> None:
 
 
 def execute_runs(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str = "local", workers: int = 1,
-             address: str | None = None, work_dir: str | os.PathLike | None = None) -> None:
+                 address: str | None = None, work_dir: str | os.PathLike | None = None) -> None:
     """Run each (sweep, run) of ``jobs`` with ``executor`` (as ``run_sweep`` describes) and call ``finish(record)``
     in this process as each ends, in the order they end; a worker that dies gives a failed record. Each record's
     fingerprint is computed here, in this process, and each worker refuses to run when the code it imported is not

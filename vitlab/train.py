@@ -24,9 +24,9 @@ the run and keeps the last good checkpoint.
 Here too: what a run measures as it goes (``evaluate``, ``evaluate_mpp``; ``step_flops`` for the benchmarks and
 sweeps) and the images it trains on (``training_subset``). The run folder (its lock, what a new run may find there,
 its ``metrics.jsonl`` settled on resume) is ``vitlab.run_folder``'s. What a run is given, ``TrainConfig`` and the
-presets, lives in ``vitlab.train_config``; the teacher and the distillation loss in ``vitlab.distill``; a warm start's copy of a
-checkpoint's weights in ``vitlab.warm_start``; the processes under ``torchrun`` in ``vitlab.distributed``;
-``torch.compile`` in ``vitlab.compiling``.
+presets, lives in ``vitlab.train_config``; the teacher and the distillation loss in ``vitlab.distill``; a warm
+start's copy of a checkpoint's weights in ``vitlab.warm_start``; the processes under ``torchrun`` in
+``vitlab.distributed``; ``torch.compile`` in ``vitlab.compiling``.
 """
 
 from __future__ import annotations

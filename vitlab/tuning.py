@@ -133,9 +133,9 @@ def tuning_table(records: Sequence[dict], shots: int = 10,
     in the order they first appear and recipes in ``TUNING_GRID`` order, with the best validation accuracy and its
     epoch, and the ``shots``-shot probe (mean ± std over probe seeds) of that model. ``chosen``: the recipes to mark
     (those the shown runs trained with: ``plotted_recipes``; empty: none); None marks each family's highest
-    validation accuracy (the first of equals in grid order, as ``tune`` picks). The latest record of a trial wins, among the
-    records of the newest code version (the store's last record's ``provenance.code_hash``): a re-tuning after a code
-    change never shows a trial twice or marks an old code's winner."""
+    validation accuracy (the first of equals in grid order, as ``tune`` picks). The latest record of a trial wins,
+    among the records of the newest code version (the store's last record's ``provenance.code_hash``): a re-tuning
+    after a code change never shows a trial twice or marks an old code's winner."""
     code = lambda r: (r.get("provenance") or {}).get("code_hash")  # noqa: E731
     newest = code(records[-1]) if records else None
     latest: dict[tuple, dict] = {}
