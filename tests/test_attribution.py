@@ -347,6 +347,14 @@ def test_localisation_refuses_a_0_255_mask():
     assert localisation(one, (masks > 0).float())["chance"].item() == 64 / 1024
 
 
+def test_localisation_names_a_mask_without_a_batch_axis():
+    """A 0-d mask (one flag for the whole image) failed with a bare "tuple index out of range" before its shape was
+    checked; it is now refused as masks of the wrong shape."""
+    with pytest.raises(ValueError, match=r"masks must be \(B, H, W\) with B = 1 and H, W multiples of the grid "
+                                         r"\(8, 8\), got \(\)"):
+        localisation(torch.rand(1, 8, 8), torch.tensor(True))
+
+
 def test_deletion_insertion_scorer_scores_each_map_as_deletion_insertion_does():
     """The scorer does the shared work (targets, baseline, both ends of the curves) once; each map then costs only
     its inner steps, and its scores are deletion_insertion's exactly."""

@@ -201,7 +201,7 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
 def check_masks(masks: Tensor, batch: int, grid: tuple[int, int]) -> None:
     """Refuse object masks that are not (B, H, W) of 0 and 1 with H, W multiples of the (gh, gw) grid."""
     gh, gw = grid
-    if masks.shape[0] != batch or masks.dim() != 3 or masks.shape[1] % gh or masks.shape[2] % gw:
+    if masks.dim() != 3 or masks.shape[0] != batch or masks.shape[1] % gh or masks.shape[2] % gw:
         raise ValueError(f"masks must be (B, H, W) with B = {batch} and H, W multiples of the grid ({gh}, {gw}), got "
                          f"{tuple(masks.shape)}")
     if masks.dtype != torch.bool and masks.numel() and not bool(((masks >= 0) & (masks <= 1)).all()):
