@@ -889,3 +889,34 @@ def test_an_empty_path_is_a_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(argv)
     assert e.value.code == 2 and f"argument {argv[1]}: expected a path, got an empty text" in capsys.readouterr().err
+
+
+def _raised(call) -> str:
+    with pytest.raises((ValueError, OSError)) as e:
+        call()
+    return str(e.value)
+
+
+def _python_then_flags(said: dict[str, str], root) -> None:
+    """Each error message (keys) names no flag, and cli_words, which main applies to every error, gives the command
+    line its flag wording (values)."""
+    from vitlab.cli import cli_words
+
+    for python, flag in said.items():
+        assert "--" not in python.replace(str(root), "") and flag in cli_words(python), (python, flag)
+
+
+def test_image_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_path):
+    """load_images told a Python caller about --images and --skip-bad, flags it never passed; the command line
+    still prints them."""
+    from vitlab.images import load_images
+
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "broken.jpg").write_bytes(b"not a jpeg")
+    model = tiny_vit()
+    _python_then_flags({
+        _raised(lambda: load_images(model, tmp_path / "a_file")):
+            f"{tmp_path / 'a_file'} is not a folder: pass --images a folder of images",
+        _raised(lambda: load_images(model, tmp_path / "bad")): "or pass --skip-bad to skip them",
+    }, tmp_path)

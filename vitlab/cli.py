@@ -759,7 +759,9 @@ def cli_words(message: str) -> str:
                                f"{'FILE' if m.group(2) == 'path' else m.group(2).strip(chr(39) + chr(34))}", message)
     for api, flag in (("use pretrained=False", "pass --no-pretrained"), ("pretrained=False", "--no-pretrained"),
                       ("pass weights=", "pass --weights "), ("weights= ", "--weights "), ("weights=", "--weights "),
-                      ("num_images=", "--num-images "), ("pass images= ", "pass --images ")):
+                      ("num_images=", "--num-images "), ("pass images= ", "pass --images "),
+                      (": pass a folder of images", ": pass --images a folder of images"),
+                      ("pass skip_bad=True", "pass --skip-bad")):
         message = message.replace(api, flag)
     return message
 
