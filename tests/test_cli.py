@@ -920,3 +920,24 @@ def test_image_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_p
             f"{tmp_path / 'a_file'} is not a folder: pass --images a folder of images",
         _raised(lambda: load_images(model, tmp_path / "bad")): "or pass --skip-bad to skip them",
     }, tmp_path)
+
+
+def test_device_errors_name_arguments_and_the_command_line_its_flags(monkeypatch):
+    """resolve_device and dist_setup told a Python caller (reproduce, train, mpp_study: device=) about --device, a
+    flag it never passed; the command line still prints it."""
+    import vitlab.distributed as vd
+    from vitlab.cli import cli_words
+    from vitlab.devices import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    no_gpu = _raised(lambda: resolve_device("cuda"))
+    assert "pass --device cpu or leave --device out" in cli_words(no_gpu)
+    said = {_raised(lambda: resolve_device("gpu")): "--device 'gpu' is not a device: use cpu, cuda",
+            no_gpu: "--device 'cuda': this machine has no CUDA GPU",
+            _raised(lambda: resolve_device("mps")): "pass --device cpu"}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(vd, "resolve_device", lambda _name: torch.device("mps"))
+    torchrun = _raised(lambda: vd.dist_setup("mps"))
+    assert "or pass --device cpu" in cli_words(torchrun)
+    _python_then_flags(said | {torchrun: "--device 'mps' under torchrun"}, "")
+    assert cli_words("the model's device='cuda' differs") == "the model's device='cuda' differs"  # not its flag

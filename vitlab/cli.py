@@ -761,9 +761,11 @@ def cli_words(message: str) -> str:
                       ("pass weights=", "pass --weights "), ("weights= ", "--weights "), ("weights=", "--weights "),
                       ("num_images=", "--num-images "), ("pass images= ", "pass --images "),
                       (": pass a folder of images", ": pass --images a folder of images"),
-                      ("pass skip_bad=True", "pass --skip-bad")):
+                      ("pass skip_bad=True", "pass --skip-bad"), ("pass device='cpu'", "pass --device cpu"),
+                      ("leave device=None", "leave --device out")):
         message = message.replace(api, flag)
-    return message
+    # a message that opens with the argument it refuses (``device='cuda:3': ...``)
+    return re.sub(r"^device=", "--device ", message)
 
 
 class Terminated(KeyboardInterrupt):
