@@ -941,3 +941,24 @@ def test_device_errors_name_arguments_and_the_command_line_its_flags(monkeypatch
     assert "or pass --device cpu" in cli_words(torchrun)
     _python_then_flags(said | {torchrun: "--device 'mps' under torchrun"}, "")
     assert cli_words("the model's device='cuda' differs") == "the model's device='cuda' differs"  # not its flag
+
+
+def test_report_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_path, monkeypatch):
+    """reproduce's folder checks told a Python caller about --out, a flag it never passed; the command line still
+    prints it. A short argument name inside a longer one is left alone."""
+    from vitlab.cli import cli_words
+    from vitlab.report import check_report_dir, report_target
+
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "thesis.txt").write_text("keep me")
+    monkeypatch.chdir(tmp_path)
+    here = _raised(lambda: report_target("."))
+    assert "give --out a new folder's name, e.g. --out report" in cli_words(here)
+    _python_then_flags({here: "--out . is the current folder",
+                        _raised(lambda: check_report_dir(tmp_path / "a_file")): "give --out a new folder's name",
+                        _raised(lambda: check_report_dir(tmp_path / "notes")): "so give --out a new or empty folder"},
+                       tmp_path)
+    for other in ("readout='cls', layout=x, timeout=3", "give output= a file"):
+        assert cli_words(other) == other
+    assert cli_words("num_images=3: pass images= a folder") == "--num-images 3: pass --images a folder"

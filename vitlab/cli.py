@@ -762,10 +762,11 @@ def cli_words(message: str) -> str:
                       ("num_images=", "--num-images "), ("pass images= ", "pass --images "),
                       (": pass a folder of images", ": pass --images a folder of images"),
                       ("pass skip_bad=True", "pass --skip-bad"), ("pass device='cpu'", "pass --device cpu"),
-                      ("leave device=None", "leave --device out")):
+                      ("leave device=None", "leave --device out"), ("give out= ", "give --out "),
+                      ("e.g. out=", "e.g. --out ")):
         message = message.replace(api, flag)
-    # a message that opens with the argument it refuses (``device='cuda:3': ...``)
-    return re.sub(r"^device=", "--device ", message)
+    # a message that opens with the argument it refuses (``device='cuda:3': ...``, ``out=. is ...``)
+    return re.sub(r"^(device|out)=", r"--\1 ", message)
 
 
 class Terminated(KeyboardInterrupt):
