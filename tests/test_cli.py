@@ -962,3 +962,27 @@ def test_report_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_
     for other in ("readout='cls', layout=x, timeout=3", "give output= a file"):
         assert cli_words(other) == other
     assert cli_words("num_images=3: pass images= a folder") == "--num-images 3: pass --images a folder"
+
+
+def test_run_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_path):
+    """train(cfg, run_dir, resume=...) told a Python caller to pass --resume or --run-dir NEW, flags it never
+    passed; the command line still prints them."""
+    from vitlab.cli import cli_words
+    from vitlab.run_folder import check_fresh
+    from vitlab.train import train
+    from vitlab.train_config import PRESETS
+
+    folders = {name: tmp_path / name for name in ("done", "aside", "earlier", "other")}
+    (folders["done"] / "checkpoint").mkdir(parents=True)
+    (folders["aside"] / ".checkpoint.old.x1").mkdir(parents=True)
+    (folders["earlier"] / "best").mkdir(parents=True)
+    folders["other"].mkdir()
+    (folders["other"] / "notes.txt").write_text("keep me")
+    said = {_raised(lambda: check_fresh(folders["done"])): "pass --resume to continue it",
+            _raised(lambda: check_fresh(folders["aside"])): "pass --resume, which puts it back",
+            _raised(lambda: check_fresh(folders["earlier"])): "or choose a new folder (--run-dir NEW)",
+            _raised(lambda: check_fresh(folders["other"])): "Give --run-dir a new or empty folder"}
+    no_run = _raised(lambda: train(PRESETS["tiny"], tmp_path / "fresh", resume=True, progress=False, device="cpu"))
+    assert no_run.startswith("resume=True: ") and cli_words(no_run).startswith("--resume: ")
+    _python_then_flags(said | {no_run: "no checkpoint to resume from; start without --resume"}, tmp_path)
+    assert not (tmp_path / "fresh").exists()

@@ -763,10 +763,12 @@ def cli_words(message: str) -> str:
                       (": pass a folder of images", ": pass --images a folder of images"),
                       ("pass skip_bad=True", "pass --skip-bad"), ("pass device='cpu'", "pass --device cpu"),
                       ("leave device=None", "leave --device out"), ("give out= ", "give --out "),
-                      ("e.g. out=", "e.g. --out ")):
+                      ("e.g. out=", "e.g. --out "), ("run_dir=NEW", "--run-dir NEW"),
+                      ("Give run_dir= ", "Give --run-dir "), ("pass resume=True", "pass --resume"),
+                      ("start with resume=False", "start without --resume")):
         message = message.replace(api, flag)
-    # a message that opens with the argument it refuses (``device='cuda:3': ...``, ``out=. is ...``)
-    return re.sub(r"^(device|out)=", r"--\1 ", message)
+    # a message that opens with the argument it refuses (``device='cuda:3': ...``, ``out=. is ...``, ``resume=True: ``)
+    return re.sub(r"^resume=True:", "--resume:", re.sub(r"^(device|out)=", r"--\1 ", message))
 
 
 class Terminated(KeyboardInterrupt):
