@@ -892,7 +892,7 @@ def test_an_empty_path_is_a_usage_error(argv, capsys):
 
 
 def _raised(call) -> str:
-    with pytest.raises((ValueError, OSError)) as e:
+    with pytest.raises((ValueError, RuntimeError, OSError)) as e:  # what main translates
         call()
     return str(e.value)
 
@@ -986,3 +986,20 @@ def test_run_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_pat
     assert no_run.startswith("resume=True: ") and cli_words(no_run).startswith("--resume: ")
     _python_then_flags(said | {no_run: "no checkpoint to resume from; start without --resume"}, tmp_path)
     assert not (tmp_path / "fresh").exists()
+
+
+def test_sweep_errors_name_arguments_and_the_command_line_its_flags(tmp_path, monkeypatch):
+    """run_sweep, mpp_study and ResultsStore told a Python caller to pass --results, or that --executor ray needs
+    Ray, flags it never passed; the command line still prints them."""
+    from vitlab.scaling import ResultsStore, _ray_runtime
+
+    (tmp_path / "config.json").write_text(json.dumps({"mean": [0.5, 0.25]}, indent=2))
+    monkeypatch.setitem(sys.modules, "ray", None)  # as where Ray is not installed: its import fails
+
+    def with_ray():
+        with _ray_runtime(None, 1):
+            pass
+
+    _python_then_flags({_raised(lambda: ResultsStore(tmp_path / "config.json").records()):
+                        "pass --results a .jsonl file that vitlab wrote",
+                        _raised(with_ray): "--executor ray needs Ray: pip install"}, tmp_path)

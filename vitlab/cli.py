@@ -765,7 +765,8 @@ def cli_words(message: str) -> str:
                       ("leave device=None", "leave --device out"), ("give out= ", "give --out "),
                       ("e.g. out=", "e.g. --out "), ("run_dir=NEW", "--run-dir NEW"),
                       ("Give run_dir= ", "Give --run-dir "), ("pass resume=True", "pass --resume"),
-                      ("start with resume=False", "start without --resume")):
+                      ("start with resume=False", "start without --resume"),
+                      ("pass results= ", "pass --results "), ("executor='ray' needs", "--executor ray needs")):
         message = message.replace(api, flag)
     # a message that opens with the argument it refuses (``device='cuda:3': ...``, ``out=. is ...``, ``resume=True: ``)
     return re.sub(r"^resume=True:", "--resume:", re.sub(r"^(device|out)=", r"--\1 ", message))
