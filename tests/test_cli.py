@@ -855,7 +855,13 @@ def test_sweep_config_typos_name_the_file(tmp_path, capsys):
 
 def test_a_weights_folder_is_named_a_folder_not_missing(tmp_path, capsys):
     assert main(["info", "--model", "vit_tiny_patch16_224", "--weights", str(tmp_path)]) == 1
-    assert f"weights file {tmp_path} is a folder: pass the weights file inside it" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"weights file {tmp_path} is a folder: pass the weights file inside it" in err
+    assert err.rstrip().endswith("or a vitlab checkpoint folder as --model alone"), err
+    # from Python: load_model's words (it was told to pass the folder "as --model alone", a flag it never had)
+    python = _raised(lambda: vitlab.load_model("vit_tiny_patch16_224", weights=tmp_path))
+    assert python.endswith("or a vitlab checkpoint folder as the model itself, without weights=") and "--" not in \
+        python.replace(str(tmp_path), "")
 
 
 def test_a_tilde_in_a_path_option_is_the_home_folder(monkeypatch):

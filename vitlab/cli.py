@@ -757,7 +757,8 @@ def cli_words(message: str) -> str:
     message = re.sub(r"vitlab\.load_model\(('[^']*'|\"[^\"]*\"), weights=('[^']*'|\"[^\"]*\"|path)\)",
                      lambda m: f"--model {m.group(1).strip(chr(39) + chr(34))} --weights "
                                f"{'FILE' if m.group(2) == 'path' else m.group(2).strip(chr(39) + chr(34))}", message)
-    for api, flag in (("use pretrained=False", "pass --no-pretrained"), ("pretrained=False", "--no-pretrained"),
+    for api, flag in (("as the model itself, without weights=", "as --model alone"),  # before weights= below
+                      ("use pretrained=False", "pass --no-pretrained"), ("pretrained=False", "--no-pretrained"),
                       ("pass weights=", "pass --weights "), ("weights= ", "--weights "), ("weights=", "--weights "),
                       ("num_images=", "--num-images "), ("pass images= ", "pass --images "),
                       (": pass a folder of images", ": pass --images a folder of images"),
