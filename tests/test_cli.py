@@ -855,7 +855,13 @@ def test_sweep_config_typos_name_the_file(tmp_path, capsys):
 
 def test_a_weights_folder_is_named_a_folder_not_missing(tmp_path, capsys):
     assert main(["info", "--model", "vit_tiny_patch16_224", "--weights", str(tmp_path)]) == 1
-    assert f"weights file {tmp_path} is a folder: pass the weights file inside it" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"weights file {tmp_path} is a folder: pass the weights file inside it" in err
+    assert err.rstrip().endswith("or a vitlab checkpoint folder as --model alone"), err
+    # from Python: load_model's words (it was told to pass the folder "as --model alone", a flag it never had)
+    python = _raised(lambda: vitlab.load_model("vit_tiny_patch16_224", weights=tmp_path))
+    assert python.endswith("or a vitlab checkpoint folder as the model itself, without weights=") and "--" not in \
+        python.replace(str(tmp_path), "")
 
 
 def test_a_tilde_in_a_path_option_is_the_home_folder(monkeypatch):
@@ -889,3 +895,117 @@ def test_an_empty_path_is_a_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(argv)
     assert e.value.code == 2 and f"argument {argv[1]}: expected a path, got an empty text" in capsys.readouterr().err
+
+
+def _raised(call) -> str:
+    with pytest.raises((ValueError, RuntimeError, OSError)) as e:  # what main translates
+        call()
+    return str(e.value)
+
+
+def _python_then_flags(said: dict[str, str], root) -> None:
+    """Each error message (keys) names no flag, and cli_words, which main applies to every error, gives the command
+    line its flag wording (values)."""
+    from vitlab.cli import cli_words
+
+    for python, flag in said.items():
+        assert "--" not in python.replace(str(root), "") and flag in cli_words(python), (python, flag)
+
+
+def test_image_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_path):
+    """load_images told a Python caller about --images and --skip-bad, flags it never passed; the command line
+    still prints them."""
+    from vitlab.images import load_images
+
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "broken.jpg").write_bytes(b"not a jpeg")
+    model = tiny_vit()
+    _python_then_flags({
+        _raised(lambda: load_images(model, tmp_path / "a_file")):
+            f"{tmp_path / 'a_file'} is not a folder: pass --images a folder of images",
+        _raised(lambda: load_images(model, tmp_path / "bad")): "or pass --skip-bad to skip them",
+    }, tmp_path)
+
+
+def test_device_errors_name_arguments_and_the_command_line_its_flags(monkeypatch):
+    """resolve_device and dist_setup told a Python caller (reproduce, train, mpp_study: device=) about --device, a
+    flag it never passed; the command line still prints it."""
+    import vitlab.distributed as vd
+    from vitlab.cli import cli_words
+    from vitlab.devices import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    no_gpu = _raised(lambda: resolve_device("cuda"))
+    assert "pass --device cpu or leave --device out" in cli_words(no_gpu)
+    said = {_raised(lambda: resolve_device("gpu")): "--device 'gpu' is not a device: use cpu, cuda",
+            no_gpu: "--device 'cuda': this machine has no CUDA GPU",
+            _raised(lambda: resolve_device("mps")): "pass --device cpu"}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(vd, "resolve_device", lambda _name: torch.device("mps"))
+    torchrun = _raised(lambda: vd.dist_setup("mps"))
+    assert "or pass --device cpu" in cli_words(torchrun)
+    _python_then_flags(said | {torchrun: "--device 'mps' under torchrun"}, "")
+    assert cli_words("the model's device='cuda' differs") == "the model's device='cuda' differs"  # not its flag
+
+
+def test_report_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_path, monkeypatch):
+    """reproduce's folder checks told a Python caller about --out, a flag it never passed; the command line still
+    prints it. A short argument name inside a longer one is left alone."""
+    from vitlab.cli import cli_words
+    from vitlab.report import check_report_dir, report_target
+
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "thesis.txt").write_text("keep me")
+    monkeypatch.chdir(tmp_path)
+    here = _raised(lambda: report_target("."))
+    assert "give --out a new folder's name, e.g. --out report" in cli_words(here)
+    _python_then_flags({here: "--out . is the current folder",
+                        _raised(lambda: check_report_dir(tmp_path / "a_file")): "give --out a new folder's name",
+                        _raised(lambda: check_report_dir(tmp_path / "notes")): "so give --out a new or empty folder"},
+                       tmp_path)
+    for other in ("readout='cls', layout=x, timeout=3", "give output= a file"):
+        assert cli_words(other) == other
+    assert cli_words("num_images=3: pass images= a folder") == "--num-images 3: pass --images a folder"
+
+
+def test_run_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_path):
+    """train(cfg, run_dir, resume=...) told a Python caller to pass --resume or --run-dir NEW, flags it never
+    passed; the command line still prints them."""
+    from vitlab.cli import cli_words
+    from vitlab.run_folder import check_fresh
+    from vitlab.train import train
+    from vitlab.train_config import PRESETS
+
+    folders = {name: tmp_path / name for name in ("done", "aside", "earlier", "other")}
+    (folders["done"] / "checkpoint").mkdir(parents=True)
+    (folders["aside"] / ".checkpoint.old.x1").mkdir(parents=True)
+    (folders["earlier"] / "best").mkdir(parents=True)
+    folders["other"].mkdir()
+    (folders["other"] / "notes.txt").write_text("keep me")
+    said = {_raised(lambda: check_fresh(folders["done"])): "pass --resume to continue it",
+            _raised(lambda: check_fresh(folders["aside"])): "pass --resume, which puts it back",
+            _raised(lambda: check_fresh(folders["earlier"])): "or choose a new folder (--run-dir NEW)",
+            _raised(lambda: check_fresh(folders["other"])): "Give --run-dir a new or empty folder"}
+    no_run = _raised(lambda: train(PRESETS["tiny"], tmp_path / "fresh", resume=True, progress=False, device="cpu"))
+    assert no_run.startswith("resume=True: ") and cli_words(no_run).startswith("--resume: ")
+    _python_then_flags(said | {no_run: "no checkpoint to resume from; start without --resume"}, tmp_path)
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_sweep_errors_name_arguments_and_the_command_line_its_flags(tmp_path, monkeypatch):
+    """run_sweep, mpp_study and ResultsStore told a Python caller to pass --results, or that --executor ray needs
+    Ray, flags it never passed; the command line still prints them."""
+    from vitlab.scaling import ResultsStore, _ray_runtime
+
+    (tmp_path / "config.json").write_text(json.dumps({"mean": [0.5, 0.25]}, indent=2))
+    monkeypatch.setitem(sys.modules, "ray", None)  # as where Ray is not installed: its import fails
+
+    def with_ray():
+        with _ray_runtime(None, 1):
+            pass
+
+    _python_then_flags({_raised(lambda: ResultsStore(tmp_path / "config.json").records()):
+                        "pass --results a .jsonl file that vitlab wrote",
+                        _raised(with_ray): "--executor ray needs Ray: pip install"}, tmp_path)

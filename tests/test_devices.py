@@ -19,8 +19,9 @@ def test_default_is_cuda_only_where_torch_sees_a_gpu(monkeypatch):
 def test_named_devices_are_checked_against_this_machine(monkeypatch):
     assert resolve_device("cpu") == torch.device("cpu") == resolve_device(torch.device("cpu"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ValueError, match="no CUDA GPU.*pass --device cpu"):
+    with pytest.raises(ValueError, match="no CUDA GPU.*pass device='cpu' or leave device=None") as e:
         resolve_device("cuda")
+    assert str(e.value).startswith("device='cuda': ") and "--device" not in str(e.value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
@@ -80,5 +81,6 @@ def test_torchrun_refuses_a_device_it_would_replace_by_the_cpu(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(vd, "resolve_device", lambda _name: torch.device("mps"))  # as on a Mac that has MPS
     monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: pytest.fail("set up a process group first"))
-    with pytest.raises(ValueError, match="--device mps under torchrun: .*CPUs \\(gloo\\) or CUDA GPUs"):
+    with pytest.raises(ValueError, match="device='mps' under torchrun: .*CPUs \\(gloo\\) or CUDA GPUs") as e:
         vd.dist_setup("mps")
+    assert "pass device='cpu'" in str(e.value) and "--device" not in str(e.value)

@@ -79,10 +79,22 @@ def test_too_small_and_broken_images_are_refused_or_skipped(tmp_path):
     model = vitlab.load_model()  # 4 px patches
     with pytest.raises(DataError, match=r"tiny.png: 1x1 px is smaller than one 4x4 px patch") as e:
         load_images(model, tmp_path)
-    assert "broken.jpg: unreadable" in str(e.value) and "--skip-bad" in str(e.value)
+    assert "broken.jpg: unreadable" in str(e.value) and "pass skip_bad=True to skip them" in str(e.value)
+    assert "--skip-bad" not in str(e.value)  # a Python caller passed no flag (the command line's words: cli_words)
     with pytest.warns(UserWarning, match="broken.jpg"):
         names, x, shown = load_images(model, tmp_path, skip_bad=True)
     assert names == ["ok"] and x.shape == (1, 3, 32, 32)
+
+
+def test_a_file_given_as_the_images_folder_is_refused_in_python_words(tmp_path):
+    """load_images(model, a_file) said "--images FILE is not a folder", a flag the Python caller never passed."""
+    from vitlab.data import DataError
+    from vitlab.images import load_images
+
+    (tmp_path / "a.png").write_bytes(b"x")
+    with pytest.raises(DataError, match="is not a folder: pass a folder of images") as e:
+        load_images(vitlab.load_model(), tmp_path / "a.png")
+    assert "--images" not in str(e.value)
 
 
 def test_macos_metadata_and_hidden_files_in_an_images_folder_are_no_images(tmp_path):

@@ -315,6 +315,19 @@ def test_only_a_folder_of_report_files_with_the_reports_metrics_is_an_earlier_re
     assert sorted(p.name for p in d.iterdir()) == ["filters.png", "filters.svg", "report.html"]  # nothing deleted
 
 
+def test_a_folder_or_file_the_report_would_replace_is_refused_in_python_words(tmp_path):
+    """reproduce(out=...) from Python said "give --out a new or empty folder", a flag its caller never passed."""
+    from vitlab.report import check_report_dir
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "thesis.txt").write_text("keep me")
+    (tmp_path / "a_file").write_text("x")
+    for out in (tmp_path / "notes", tmp_path / "a_file"):
+        with pytest.raises(FileExistsError, match="give out= a new") as e:
+            check_report_dir(out)
+        assert "--out" not in str(e.value)
+
+
 def _minimal_report(ck: Path, out: Path, num_images: int) -> dict:
     """`vitlab reproduce` of checkpoint ``ck`` into ``out`` on ``num_images`` images, with only the sections computed
     from the model itself (no PNGs, shapes, few-shot or scaling); its metrics.json."""
@@ -523,8 +536,9 @@ def test_out_as_the_current_folder_is_refused_before_any_work(tmp_path, monkeypa
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub")
     for out in (".", "..", "./", str(tmp_path)):
-        with pytest.raises(ValueError, match=r"current folder or one that holds it.*give --out a new folder's name"):
+        with pytest.raises(ValueError, match=r"current folder or one that holds it.*give out= a new folder's name") as e:
             reproduce(model="no_such_model_name", out=out)  # refused before the model name is even looked up
+        assert str(e.value).startswith(f"out={out} is") and "--out" not in str(e.value)
     assert main(["reproduce", "--out", ".", "--quiet"]) == 1
     assert "--out . is the current folder" in capsys.readouterr().err
     assert report_target("out") == tmp_path / "sub" / "out" and report_target("../x") == tmp_path / "x"

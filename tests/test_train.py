@@ -247,12 +247,12 @@ def test_refuses_to_overwrite_or_resume_wrong_run(tmp_path, tiny_data, monkeypat
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "data": str(tiny_data), "epochs": 1})
     train(cfg, tmp_path / "run", progress=False)
-    with pytest.raises(FileExistsError, match="--resume"):
+    with pytest.raises(FileExistsError, match="pass resume=True to continue it"):  # train's argument, not the flag
         train(cfg, tmp_path / "run", progress=False)
     other = cfg.__class__(**{**cfg.__dict__, "lr": 0.5})
     with pytest.raises(ValueError, match=r"different config \(lr: saved 0.001, requested 0.5\)"):  # names the field
         train(other, tmp_path / "run", resume=True, progress=False)
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+    with pytest.raises(FileNotFoundError, match="^resume=True: .* no checkpoint.*start with resume=False$"):
         train(cfg, tmp_path / "fresh", resume=True, progress=False)
 
 
@@ -271,7 +271,7 @@ def test_a_second_training_into_a_busy_run_folder_is_refused(tmp_path, tiny_data
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(RuntimeError, match=r"run is in use: another process is training into it.*--run-dir NEW"):
+        with pytest.raises(RuntimeError, match=r"run is in use: another process is training into it.*\(run_dir=NEW\)"):
             train(cfg, run, progress=False)
         assert [p.name for p in run.iterdir()] == [".lock"]
     finally:
@@ -448,7 +448,7 @@ def test_a_new_run_refuses_a_folder_that_holds_more_than_a_killed_first_epoch_le
     (earlier / "metrics.jsonl").write_text('{"epoch": 1, "test_accuracy": 0.99}\n')
     (earlier / "train_config.json").write_text("{}")
     before = snapshot(earlier)
-    with pytest.raises(FileExistsError, match=r"earlier run's records \(best, metrics.jsonl\).*--run-dir NEW"):
+    with pytest.raises(FileExistsError, match=r"earlier run's records \(best, metrics.jsonl\).*\(run_dir=NEW\)"):
         train(cfg, earlier, progress=False)
     assert snapshot(earlier) == before and sorted(p.name for p in earlier.iterdir()) == ["best", "metrics.jsonl",
                                                                                          "train_config.json"]
@@ -457,13 +457,14 @@ def test_a_new_run_refuses_a_folder_that_holds_more_than_a_killed_first_epoch_le
     (shipped / "model.safetensors").write_bytes(b"weights")
     (shipped / "config.json").write_text("{}")
     before = snapshot(shipped)
-    with pytest.raises(FileExistsError, match=r"not a vitlab run folder \(it holds config.json, model.safetensors\)"):
+    with pytest.raises(FileExistsError, match=r"not a vitlab run folder \(it holds config.json, model.safetensors\)"
+                                              r".*Give run_dir= a new or empty folder"):
         train(cfg, shipped, progress=False)
     assert snapshot(shipped) == before and sorted(p.name for p in shipped.iterdir()) == ["config.json",
                                                                                          "model.safetensors"]
     aside = tmp_path / "aside"  # a kill between a checkpoint replacement's two renames
     (aside / ".checkpoint.old.x1").mkdir(parents=True)
-    with pytest.raises(FileExistsError, match=r"set aside as .checkpoint.old.x1.*pass --resume"):
+    with pytest.raises(FileExistsError, match=r"set aside as .checkpoint.old.x1.*pass resume=True, which"):
         train(cfg, aside, progress=False)
     # a run killed in its first epoch leaves its settings, its id and a half-written checkpoint: a new run goes on
     killed = tmp_path / "killed"

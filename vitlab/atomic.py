@@ -20,7 +20,7 @@ def refuse_foreign_dir(directory: Path, is_ours: Callable[[Path], bool], writer:
                        target: str) -> None:
     """Before ``writer`` replaces ``directory`` as a whole (``replace_dir``): refuse a file, or a non-empty folder
     that ``is_ours`` does not recognise as an ``earlier`` output of the same writer, whose contents would be
-    deleted. ``target`` names what the user gives a new folder as (e.g. ``--out``)."""
+    deleted. ``target`` names what the user gives a new folder as (e.g. ``out=``)."""
     if not directory.exists():
         return
     if not directory.is_dir():

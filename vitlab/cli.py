@@ -757,11 +757,20 @@ def cli_words(message: str) -> str:
     message = re.sub(r"vitlab\.load_model\(('[^']*'|\"[^\"]*\"), weights=('[^']*'|\"[^\"]*\"|path)\)",
                      lambda m: f"--model {m.group(1).strip(chr(39) + chr(34))} --weights "
                                f"{'FILE' if m.group(2) == 'path' else m.group(2).strip(chr(39) + chr(34))}", message)
-    for api, flag in (("use pretrained=False", "pass --no-pretrained"), ("pretrained=False", "--no-pretrained"),
+    for api, flag in (("as the model itself, without weights=", "as --model alone"),  # before weights= below
+                      ("use pretrained=False", "pass --no-pretrained"), ("pretrained=False", "--no-pretrained"),
                       ("pass weights=", "pass --weights "), ("weights= ", "--weights "), ("weights=", "--weights "),
-                      ("num_images=", "--num-images "), ("pass images= ", "pass --images ")):
+                      ("num_images=", "--num-images "), ("pass images= ", "pass --images "),
+                      (": pass a folder of images", ": pass --images a folder of images"),
+                      ("pass skip_bad=True", "pass --skip-bad"), ("pass device='cpu'", "pass --device cpu"),
+                      ("leave device=None", "leave --device out"), ("give out= ", "give --out "),
+                      ("e.g. out=", "e.g. --out "), ("run_dir=NEW", "--run-dir NEW"),
+                      ("Give run_dir= ", "Give --run-dir "), ("pass resume=True", "pass --resume"),
+                      ("start with resume=False", "start without --resume"),
+                      ("pass results= ", "pass --results "), ("executor='ray' needs", "--executor ray needs")):
         message = message.replace(api, flag)
-    return message
+    # a message that opens with the argument it refuses (``device='cuda:3': ...``, ``out=. is ...``, ``resume=True: ``)
+    return re.sub(r"^resume=True:", "--resume:", re.sub(r"^(device|out)=", r"--\1 ", message))
 
 
 class Terminated(KeyboardInterrupt):

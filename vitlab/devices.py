@@ -22,20 +22,20 @@ def resolve_device(name: str | torch.device | None = None) -> torch.device:
     try:
         dev = torch.device(name)
     except (RuntimeError, TypeError) as e:
-        raise ValueError(f"--device {name!r} is not a device: use {DEVICE_HELP}") from e
+        raise ValueError(f"device={name!r} is not a device: use {DEVICE_HELP}") from e
     if dev.type == "cpu":
         return dev
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {name!r}: this machine has no CUDA GPU that torch {torch.__version__} can use; "
-                             "pass --device cpu or leave --device out")
+            raise ValueError(f"device={name!r}: this machine has no CUDA GPU that torch {torch.__version__} can use; "
+                             "pass device='cpu' or leave device=None")
         count = torch.cuda.device_count()
         if dev.index is not None and dev.index >= count:
-            raise ValueError(f"--device {name!r}: this machine has {count} CUDA device(s), cuda:0 to "
+            raise ValueError(f"device={name!r}: this machine has {count} CUDA device(s), cuda:0 to "
                              f"cuda:{count - 1}")
         return dev
     if dev.type == "mps":
         if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-            raise ValueError(f"--device {name!r}: Apple's MPS is not available here; pass --device cpu")
+            raise ValueError(f"device={name!r}: Apple's MPS is not available here; pass device='cpu'")
         return dev
-    raise ValueError(f"--device {name!r}: vitlab runs on {DEVICE_HELP}")
+    raise ValueError(f"device={name!r}: vitlab runs on {DEVICE_HELP}")

@@ -37,8 +37,8 @@ def dist_setup(device: str | None) -> Dist:
     if world == 1:
         return Dist(device=dev)
     if dev.type not in ("cpu", "cuda"):  # it would have trained on the CPU without a word
-        raise ValueError(f"--device {dev} under torchrun: distributed training runs on CPUs (gloo) or CUDA GPUs "
-                         "(nccl); run on one device without torchrun, or pass --device cpu")
+        raise ValueError(f"device={str(dev)!r} under torchrun: distributed training runs on CPUs (gloo) or CUDA GPUs "
+                         "(nccl); run on one device without torchrun, or pass device='cpu'")
     cuda = dev.type == "cuda"
     import torch.distributed as dist
 

@@ -73,7 +73,7 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
     else:
         root = Path(folder)
         if not root.is_dir():
-            raise DataError(f"--images {root} is not a folder")
+            raise DataError(f"{root} is not a folder: pass a folder of images")
         files = image_files(root)  # less macOS metadata and hidden files
         if not files:
             raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {root}")
@@ -102,7 +102,7 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
         elif limit is not None and skip_bad and 0 < len(items) < limit:
             warnings.warn(f"only {len(items)} usable images in {root}, fewer than the {limit} asked for", stacklevel=2)
         if broken and not skip_bad:
-            raise DataError("bad images (remove or replace them, or pass --skip-bad to skip them):\n  "
+            raise DataError("bad images (remove or replace them, or pass skip_bad=True to skip them):\n  "
                             + "\n  ".join(broken))
         if broken:
             warnings.warn("skipped bad images:\n  " + "\n  ".join(broken), stacklevel=2)

@@ -175,8 +175,8 @@ def _load_timm_with_file(name: str, wpath: Path, overrides: dict[str, Any]) -> n
     """
     if not wpath.is_file():  # a folder "did not exist"
         raise ModelLoadError(f"weights file {wpath} " + ("is a folder: pass the weights file inside it (.safetensors, "
-                             ".pth, .bin), or a vitlab checkpoint folder as --model alone" if wpath.is_dir()
-                             else "does not exist"))
+                             ".pth, .bin), or a vitlab checkpoint folder as the model itself, without weights="
+                             if wpath.is_dir() else "does not exist"))
     kwargs = dict(overrides)
     file_classes = _file_num_classes(wpath, _classifier_names(name))
     wanted = kwargs.pop("num_classes", file_classes)

@@ -58,7 +58,7 @@ def run_lock(run: Path):
                 pass  # ENOLCK): train unguarded
             else:
                 raise RuntimeError(f"{run} is in use: another process is training into it now. Wait for it to "
-                                   "finish, or give this run its own folder (--run-dir NEW)") from None
+                                   "finish, or give this run its own folder (run_dir=NEW)") from None
         yield
     finally:
         f.close()  # releases the lock
@@ -88,22 +88,22 @@ def check_fresh(run: Path) -> None:
     if not run.is_dir():
         return
     if (run / "checkpoint").exists():
-        raise FileExistsError(f"{run} already holds a checkpoint: pass --resume to continue it, or choose a new folder")
+        raise FileExistsError(f"{run} already holds a checkpoint: pass resume=True to continue it, or choose a new folder")
     names = sorted(p.name for p in run.iterdir())
     aside = [n for n in names if n.startswith(".checkpoint.old.")]
     if aside:
         raise FileExistsError(f"{run} holds its last checkpoint set aside as {aside[0]} (a kill interrupted its "
-                              "replacement): pass --resume, which puts it back and continues, or choose a new folder")
+                              "replacement): pass resume=True, which puts it back and continues, or choose a new folder")
     other = [n for n in names if not _left_by_a_first_epoch(n)]
     earlier = [n for n in other if n in ("metrics.jsonl", "best")]
     if earlier:
         raise FileExistsError(f"{run} holds an earlier run's records ({', '.join(earlier)}) but no checkpoint to "
                               "resume: a new run would add to them. Move them away, or choose a new folder "
-                              "(--run-dir NEW)")
+                              "(run_dir=NEW)")
     if other:
         shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
         raise FileExistsError(f"{run} is not a vitlab run folder (it holds {shown}): a new run writes its checkpoint, "
-                              "records and settings there. Give --run-dir a new or empty folder")
+                              "records and settings there. Give run_dir= a new or empty folder")
 
 
 def settle_history(path: Path, meta: dict) -> None:

@@ -206,7 +206,7 @@ class ResultsStore:
                 continue  # included): that run simply reruns
             if not isinstance(record, dict):  # a torn record never parses as a number or list: another kind of file
                 raise ValueError(f"{self.path} is not a results store: line {i} holds a {type(record).__name__}, not "
-                                 "a record; pass --results a .jsonl file that vitlab wrote, or a new file's name")
+                                 "a record; pass results= a .jsonl file that vitlab wrote, or a new file's name")
             out.append(record)
         return out
 
@@ -462,7 +462,7 @@ def _ray_runtime(address: str | None, workers: int) -> Iterator[Any]:
     try:
         import ray
     except ImportError as e:
-        raise RuntimeError("--executor ray needs Ray: pip install 'vitlab[ray]' (or pip install ray)") from e
+        raise RuntimeError("executor='ray' needs Ray: pip install 'vitlab[ray]' (or pip install ray)") from e
     started = not ray.is_initialized()
     if started:
         if address:

@@ -351,7 +351,7 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
 
         dist.barrier()
     if resume and not (run / "checkpoint" / "config.json").is_file():
-        raise FileNotFoundError(f"--resume: {run} has no checkpoint to resume from; start without --resume")
+        raise FileNotFoundError(f"resume=True: {run} has no checkpoint to resume from; start with resume=False")
     if cfg.batch_size % d.world:
         raise ValueError(f"batch_size={cfg.batch_size} must be divisible by the {d.world} processes")
     if cfg.mixup_prob > 0 and (cfg.batch_size // d.world) % 2:
@@ -382,7 +382,7 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
         saved = train_config_from_dict(json.loads(cfg_file.read_text()))
         cfg = dataclasses.replace(cfg, init_from=saved.init_from)  # where it started no longer matters on resume
         if saved != cfg:
-            raise ValueError(f"--resume: {run} was started with a different config ({config_changes(saved, cfg)}): "
+            raise ValueError(f"resume=True: {run} was started with a different config ({config_changes(saved, cfg)}): "
                              "resume with the run's own settings (--set FIELD=VALUE as saved), or use a new run "
                              "folder")
     if d.main:

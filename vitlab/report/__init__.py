@@ -109,8 +109,8 @@ def check_report_dir(out: Path) -> None:
     problem = not_a_report(out) if out.is_dir() and any(out.iterdir()) else None
     if problem is not None:
         raise FileExistsError(f"{out} holds no earlier report: {problem}. vitlab reproduce replaces the whole folder "
-                              "and would delete them, so give --out a new or empty folder")
-    refuse_foreign_dir(out, lambda d: True, "vitlab reproduce", "earlier report", "--out")  # a file
+                              "and would delete them, so give out= a new or empty folder")
+    refuse_foreign_dir(out, lambda d: True, "vitlab reproduce", "earlier report", "out=")  # a file
 
 
 def report_target(out: str | os.PathLike) -> Path:
@@ -120,8 +120,8 @@ def report_target(out: str | os.PathLike) -> Path:
     target = Path(os.path.abspath(out))
     here = Path(os.path.abspath(os.curdir))
     if target == here or target in here.parents:
-        raise ValueError(f"--out {out} is the current folder or one that holds it ({target}); vitlab reproduce "
-                         f"replaces its folder as a whole: give --out a new folder's name, e.g. --out "
+        raise ValueError(f"out={out} is the current folder or one that holds it ({target}); vitlab reproduce "
+                         f"replaces its folder as a whole: give out= a new folder's name, e.g. out="
                          f"{Path(out) / 'report'}")
     return target
 
