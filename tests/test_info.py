@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import timm
 import torch
@@ -226,11 +227,13 @@ def test_positions_the_attention_adds_are_named(capsys):
 def test_bad_img_size():
     """In the words of vitlab.zoo.size2 (model building and resize_for_finetuning), whatever is wrong with it."""
     # "88" was read as the pair ("8", "8"): a 2x2 grid described without a word; 64.0 reached a bare error
-    for bad in (0, (32, -1), "88", 64.0, (32,), (32.0, 32.0)):
+    # a float tensor has __index__ too (it raises when called): (32.5, 32) was truncated to a 32 x 32 grid
+    for bad in (0, (32, -1), "88", 64.0, (32,), (32.0, 32.0), (torch.tensor(32.5), 32)):
         with pytest.raises(ValueError, match=r"img_size must be a positive int or a pair \(H, W\) of positive ints, got "
                                              + re.escape(repr(bad))):
             model_info(tiny_vit(), img_size=bad)
     assert model_info(tiny_vit(), img_size=[64, 32]).grid_size == (16, 8)
+    assert model_info(tiny_vit(), img_size=(torch.tensor(64), np.int64(32))).grid_size == (16, 8)
 
 
 def test_an_input_smaller_than_one_patch_is_refused():

@@ -18,7 +18,7 @@ Shapes: one map per layer and forward call, ``(B, H, T, T)``; ``stack()`` gives 
 
 Also here, as every analysis that runs a model on images starts with them: ``check_images`` (a float (B, C, H, W)
 batch; with a model, its channels, size, device and dtype: ``check_input_channels``, ``check_input_size``,
-``check_input_device``, ``check_input_dtype``), ``check_count`` and ``whole_index``.
+``check_input_device``, ``check_input_dtype``). The checks of plain counts and indices are ``vitlab.checks``'.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from vitlab.checks import check_count, whole_index
 from vitlab.modes import eval_mode, no_checkpointing, unwrapped
 
 __all__ = [
@@ -43,13 +44,11 @@ __all__ = [
     "AttentionCapture",
     "capture_attention",
     "attention_maps",
-    "check_count",
     "check_images",
     "check_input_channels",
     "check_input_device",
     "check_input_dtype",
     "check_input_size",
-    "whole_index",
     "find_attention_modules",
     "AttentionLayer",
 ]
@@ -585,26 +584,6 @@ def check_input_device(model: nn.Module, images: Tensor) -> None:
     if len(devices) == 1 and images.device != (dev := devices.pop()):
         raise ValueError(f"images are on {images.device} but the model is on {dev}: pass images.to('{dev}'), or move "
                          f"the model with model.to('{images.device}')")
-
-
-def check_count(name: str, value: object) -> None:
-    """Refuse a count (a batch size, a number of steps) that is not a whole number of at least 1, by its name, before
-    it reaches ``Tensor.split``, ``range`` or captum, whose own errors do not name it; 0 never means "all". A NumPy
-    or torch integer is a whole number but not one ``Tensor.split`` takes: it is told to pass a Python int."""
-    if whole_index(value) and not isinstance(value, int) and operator.index(value) >= 1:
-        raise ValueError(f"{name} must be a Python int, got the NumPy or torch integer {value!r}: pass "
-                         f"{name}=int({name})")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
-
-
-def whole_index(v: object) -> bool:
-    """Whether ``v`` is a whole number that indexes (a Python, NumPy or 0-d torch integer; no float, no bool)."""
-    try:
-        operator.index(v)
-    except TypeError:
-        return False
-    return not isinstance(v, bool)
 
 
 def check_input_channels(model: nn.Module, images: Tensor) -> None:

@@ -13,6 +13,7 @@ import torch
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from torch import nn
 
+from vitlab.checks import whole_index
 from vitlab.modes import unwrapped
 
 __all__ = ["ModelInfo", "model_info", "data_config"]
@@ -95,7 +96,7 @@ def _img_size_arg(img_size: int | tuple[int, int]) -> tuple[int, int]:
     no pair), refused otherwise in the words of ``vitlab.zoo.size2``."""
     pair = (img_size, img_size) if isinstance(img_size, int) else img_size
     if (isinstance(img_size, (bool, str)) or not isinstance(pair, (tuple, list)) or len(pair) != 2
-            or not all(hasattr(v, "__index__") and not isinstance(v, bool) for v in pair) or min(_pair(pair)) < 1):
+            or not all(whole_index(v) for v in pair) or min(_pair(pair)) < 1):
         raise ValueError(f"img_size must be a positive int or a pair (H, W) of positive ints, got {img_size!r}")
     return _pair(pair)
 

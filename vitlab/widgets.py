@@ -16,7 +16,8 @@ import torch
 from torch import Tensor, nn
 
 import vitlab
-from vitlab.capture import check_images, check_input_channels, check_input_size, whole_index
+from vitlab.capture import check_images, check_input_channels, check_input_size
+from vitlab.checks import whole_index
 from vitlab.info import model_info
 from vitlab.inspect import attention_view, attribution, mean_attention_distance, position_embedding_similarity
 from vitlab.inspect.attribution import has_classifier, require_classifier

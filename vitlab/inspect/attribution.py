@@ -21,7 +21,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import capture_attention, check_count, check_images, whole_index
+from vitlab.capture import capture_attention, check_images
+from vitlab.checks import check_count, whole_index
 from vitlab.info import ModelInfo, model_info
 from vitlab.inspect.rollout import attention_rollout, readout_vector
 from vitlab.modes import eval_mode, frozen_parameters, unwrapped

@@ -10,7 +10,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from vitlab.capture import check_count, check_images
+from vitlab.capture import check_images
+from vitlab.checks import check_count
 from vitlab.info import model_info
 from vitlab.inspect.attribution import ATTRIBUTION_METHODS, attribution_method, require_classifier, target_classes
 from vitlab.inspect.faithfulness import (

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import capture_attention, check_count, check_images
+from vitlab.capture import capture_attention, check_images
+from vitlab.checks import check_count
 from vitlab.info import model_info
 from vitlab.modes import unwrapped
 

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitlab.capture import check_count, check_images
+from vitlab.capture import check_images
+from vitlab.checks import check_count
 from vitlab.info import model_info
 from vitlab.inspect.attribution import (
     attribution_method,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import check_count, whole_index
+from vitlab.checks import check_count, whole_index
 from vitlab.modes import unwrapped
 
 

@@ -14,14 +14,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import (
-    HEAD_FUSIONS,
-    capture_attention,
-    check_images,
-    find_attention_modules,
-    fuse_heads,
-    whole_index,
-)
+from vitlab.capture import HEAD_FUSIONS, capture_attention, check_images, find_attention_modules, fuse_heads
+from vitlab.checks import whole_index
 from vitlab.info import model_info
 from vitlab.modes import unwrapped
 

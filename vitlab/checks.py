@@ -1,0 +1,31 @@
+"""Checks of the plain arguments the analyses take, shared across the package: a whole number that indexes (a layer,
+a head, a patch; ``whole_index``) and a count of at least 1 (a batch size, a number of steps; ``check_count``). A
+float or a bool is neither, and 0 never means "all". The checks of images against a model are
+``vitlab.capture``'s (``check_images``).
+"""
+
+from __future__ import annotations
+
+import operator
+
+__all__ = ["whole_index", "check_count"]
+
+
+def whole_index(v: object) -> bool:
+    """Whether ``v`` is a whole number that indexes (a Python, NumPy or 0-d torch integer; no float, no bool)."""
+    try:
+        operator.index(v)
+    except TypeError:
+        return False
+    return not isinstance(v, bool)
+
+
+def check_count(name: str, value: object) -> None:
+    """Refuse a count (a batch size, a number of steps) that is not a whole number of at least 1, by its name, before
+    it reaches ``Tensor.split``, ``range`` or captum, whose own errors do not name it; 0 never means "all". A NumPy
+    or torch integer is a whole number but not one ``Tensor.split`` takes: it is told to pass a Python int."""
+    if whole_index(value) and not isinstance(value, int) and operator.index(value) >= 1:
+        raise ValueError(f"{name} must be a Python int, got the NumPy or torch integer {value!r}: pass "
+                         f"{name}=int({name})")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
