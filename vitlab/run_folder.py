@@ -88,12 +88,14 @@ def check_fresh(run: Path) -> None:
     if not run.is_dir():
         return
     if (run / "checkpoint").exists():
-        raise FileExistsError(f"{run} already holds a checkpoint: pass resume=True to continue it, or choose a new folder")
+        raise FileExistsError(f"{run} already holds a checkpoint: pass resume=True to continue it, or choose a new "
+                              "folder")
     names = sorted(p.name for p in run.iterdir())
     aside = [n for n in names if n.startswith(".checkpoint.old.")]
     if aside:
         raise FileExistsError(f"{run} holds its last checkpoint set aside as {aside[0]} (a kill interrupted its "
-                              "replacement): pass resume=True, which puts it back and continues, or choose a new folder")
+                              "replacement): pass resume=True, which puts it back and continues, or choose a new "
+                              "folder")
     other = [n for n in names if not _left_by_a_first_epoch(n)]
     earlier = [n for n in other if n in ("metrics.jsonl", "best")]
     if earlier:
