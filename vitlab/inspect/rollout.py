@@ -30,10 +30,16 @@ def _check_settings(depth: int, discard_ratio: float, residual: float, start_lay
         raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
     if not 0.0 <= residual <= 1.0:
         raise ValueError(f"residual must be in [0, 1], got {residual}")
-    if not whole_index(start_layer) or not 0 <= start_layer < depth:  # a fraction is refused, never rounded
-        raise ValueError(f"start_layer must be in [0, {depth}), got {start_layer!r}")
+    check_start_layer(start_layer, depth)
     if head_fusion not in HEAD_FUSIONS:
         raise ValueError(f"head_fusion must be 'mean', 'max' or 'min', got {head_fusion!r}")
+
+
+def check_start_layer(start_layer: object, depth: int) -> None:
+    """Refuse a ``start_layer`` that is not a whole layer index in [0, ``depth``): a fraction is refused, never
+    rounded (attention rollout and gradient rollout alike)."""
+    if not whole_index(start_layer) or not 0 <= start_layer < depth:
+        raise ValueError(f"start_layer must be in [0, {depth}), got {start_layer!r}")
 
 
 def _check_stack(maps: Tensor, info=None) -> None:
