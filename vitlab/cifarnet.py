@@ -4,9 +4,9 @@ The design follows the ideas published with the airbench CIFAR-10 speed runs (Jo
 in 3.29 seconds on a single GPU"), written here from their description:
 
 * a first layer that *whitens* 2x2 patches, its weights frozen (its bias trains: throughout, or for the
-  first ``whiten_bias_epochs``): its filters are the eigenvectors of the training patches'
-  covariance scaled by 1/sqrt(eigenvalue), each with its negative (``init_from_data``); ``whiten_fp32=True`` runs
-  it in float32 under bf16 autocast;
+  first ``whiten_bias_epochs``): its filters are the eigenvectors of the training patches' second-moment
+  matrix (an uncentred covariance) scaled by 1/sqrt(eigenvalue), each with its negative (``init_from_data``);
+  ``whiten_fp32=True`` runs it in float32 under bf16 autocast;
 * three stages ``conv -> max-pool -> BatchNorm -> GELU`` followed by a residual ``conv -> BatchNorm -> GELU``
   branch (``x + f(x)``; ``residual=False`` chains it as airbench94 does), widths 64 / 256 / 256 by default,
   convolutions identity-initialised (Dirac) on the channels they can pass through;
@@ -68,15 +68,17 @@ class _Stage(nn.Module):
 def whitening_filters(images: Tensor, kernel: int, eps: float = 5e-4) -> Tensor:
     """(N, C, H, W) normalised images -> (2*C*k*k, C, k, k) filters that whiten their k x k patches.
 
-    Each eigenvector v of the patch covariance becomes the filters ``v / sqrt(lambda + eps)`` and its negative,
-    ordered by decreasing eigenvalue, so each half of the layer's outputs (the positive filters, or their
-    negatives) has (near) identity covariance on these images; the two halves are each other's negatives.
+    Each eigenvector v of the patches' second-moment matrix (E[p p^T], not centred: as airbench computes it, and
+    close to the covariance for normalised images, whose mean is near 0) becomes the filters ``v / sqrt(lambda +
+    eps)`` and its negative, ordered by decreasing eigenvalue, so each half of the layer's outputs (the positive
+    filters, or their negatives) has (near) identity second moment on these images; the two halves are each other's
+    negatives.
     """
     n, c = images.shape[:2]
     patches = images.float().unfold(2, kernel, 1).unfold(3, kernel, 1)  # (N, C, h, w, k, k)
     patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, c * kernel * kernel).double()
-    cov = patches.T @ patches / len(patches)
-    evals, evecs = torch.linalg.eigh(cov)  # ascending
+    moment = patches.T @ patches / len(patches)  # (D, D) second moment, D = C*k*k
+    evals, evecs = torch.linalg.eigh(moment)  # ascending
     evals, evecs = evals.flip(0), evecs.flip(1)
     filt = (evecs / torch.sqrt(evals.clamp_min(0) + eps)).T.reshape(-1, c, kernel, kernel)
     return torch.cat([filt, -filt]).float()
