@@ -388,6 +388,17 @@ def test_scaling_gap_narrows_known_answers():
     assert v.interval == pytest.approx((0.15 - half, 0.15 + half), abs=1e-12)
 
 
+def test_scaling_gap_details_average_every_run_while_the_statistic_pairs_complete_seeds():
+    """Seed 2 lacks its large ViT run: the statistic pairs seeds 0 and 1 only (0.15 each), while the per-size means
+    average every finished run, as the sweep's figure does, and runs_by_size says how many."""
+    records = [r for r in sweep([-0.05, -0.05, -0.05], [0.10, 0.10, 0.40]) if r["run_id"] != "vit-n1000-s2"]
+    v = scaling_gap_narrows(records)
+    assert v.details["seeds"] == [0, 1] and v.statistic == pytest.approx(0.15)
+    assert v.details["runs_by_size"] == {"100": {"vit": 3, "bit": 3}, "500": {"vit": 3, "bit": 3},
+                                         "1000": {"vit": 2, "bit": 3}}  # keys as strings: the details are JSON
+    assert v.details["vit_by_size"]["1000"] == pytest.approx(0.60)
+    assert v.details["gap_by_size"]["1000"] == pytest.approx(0.10)
+
 def test_a_sweep_verdict_that_fails_is_not_put_on_the_inspected_model():
     """The Fig. 3/4 verdict is measured on the shipped sweep's runs, not on the model a report inspects: where it is
     not seen, the sentence says so without "on this model", and still gives the known reason."""

@@ -43,6 +43,11 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
     Statistic: gap(largest) - gap(smallest). A seed fixes the nested subsets and the probe pool for both
     families, so the difference is taken per seed (seeds with all four runs) and the interval is over seeds:
     Student t below 20 seeds, bootstrap over seeds from 20, none with 1.
+
+    The details' per-size means (``gap_by_size``, ``{vit}_by_size``, ``{resnet}_by_size``) average every finished
+    run of a family at that size, as ``vitlab.scaling.summarise`` and the sweep's figure do; ``runs_by_size`` counts
+    them. With a seed missing a run they can differ from the statistic, which pairs only complete seeds
+    (``seeds``).
     """
     acc = scaling_accuracies(records, shots)
     sizes = sorted({n for f, n, _ in acc if f == vit} & {n for f, n, _ in acc if f == resnet})
@@ -55,8 +60,11 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
                          for s in complete])  # (S,)
     interval, method = mean_interval(per_seed, n_boot, seed, "seeds")
 
+    def at(f: str, n: int) -> list[float]:
+        return [a for (ff, nn, _), a in acc.items() if ff == f and nn == n]
+
     def mean(f: str, n: int) -> float:
-        return float(np.mean([a for (ff, nn, _), a in acc.items() if ff == f and nn == n]))
+        return float(np.mean(at(f, n)))
 
     return make_verdict(
         "Fig. 3/4: ViT gains more from data than ResNet",
@@ -65,7 +73,8 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
         per_seed.mean() if len(per_seed) else math.nan, interval, 0.0, ">", "gap change", "",
         {"shots": shots, "smallest": lo, "largest": hi, "seeds": complete, "per_seed": per_seed,
          "interval_method": method, "gap_by_size": {n: mean(vit, n) - mean(resnet, n) for n in sizes},
-         f"{vit}_by_size": {n: mean(vit, n) for n in sizes}, f"{resnet}_by_size": {n: mean(resnet, n) for n in sizes}},
+         f"{vit}_by_size": {n: mean(vit, n) for n in sizes}, f"{resnet}_by_size": {n: mean(resnet, n) for n in sizes},
+         "runs_by_size": {n: {vit: len(at(vit, n)), resnet: len(at(resnet, n))} for n in sizes}},
         none_reason(method))
 
 
