@@ -64,6 +64,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """argparse ``type`` of a finite number, 0 or more (``--older-than 0``: everything used before now)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (0 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, 0 or more, got {text}")
+    return value
+
+
 def _parse_value(text: str):
     """A ``--set`` value: JSON (numbers, true/false/null, lists, quoted text), Python's True/False/None, else the text
     itself (e.g. ``flip=none``, ``randaugment=rand-m9-n2-mstd0.5``)."""
@@ -567,6 +578,79 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _size_words(n: int) -> str:
+    """Bytes in decimal units (``154.0 MB``), as ``du -h --si`` and the README count them."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _files(n: int) -> str:
+    return f"{n} file" if n == 1 else f"{n} files"
+
+
+def _age_words(seconds: float) -> str:
+    """How long ago, in the unit ``--older-than`` takes beyond a day (``3.2 days ago``)."""
+    seconds = max(0.0, seconds)
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min ago"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.0f} h ago"
+    return f"{seconds / 86400:.1f} days ago"
+
+
+def _entry_rows(entries, root: Path, now: float) -> list[str]:
+    """One aligned line per cache entry: kind, size, last used, file name (relative to the cache root), detail."""
+    rows = [(e.kind, _size_words(e.size), _age_words(now - e.last_used), e.path.relative_to(root).as_posix(),
+             "unfinished write" if e.temp else e.detail) for e in entries]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + f"  {r[4]}".rstrip() for r in rows]
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    import time
+
+    from vitlab.cache_admin import KINDS, prune_cache, scan_cache
+    from vitlab.data import cache_dir
+
+    now = time.time()
+    root = cache_dir()
+    where = f"{root} (VITLAB_CACHE)" if os.environ.get("VITLAB_CACHE") else f"{root} (set VITLAB_CACHE to move it)"
+    if args.action == "prune":
+        kinds = (args.kind,) if args.kind else KINDS
+        result = prune_cache(args.older_than, kinds, everything=args.all, dry_run=args.dry_run, now=now)
+        verb = "would remove" if args.dry_run else "removed"
+        print(f"cache root: {where}")
+        if result.removed:
+            print(f"{verb} {_files(len(result.removed))}, {_size_words(result.freed)}:")
+            print("\n".join("  " + r for r in _entry_rows(result.removed, root, now)))
+        else:
+            print(f"nothing to prune: no {' or '.join(kinds)} entry"
+                  + ("" if args.all else f" last used more than {args.older_than:g} days ago"))
+        if result.busy:
+            print(f"kept {len(result.busy)} temporary file(s) younger than an hour (a writer may be filling them)")
+        if args.dry_run and result.removed:
+            print("nothing removed (--dry-run)")
+        for e, why in result.failed:
+            print(f"vitlab cache: could not remove {e.path}: {why}; check the cache folder's permissions",
+                  file=sys.stderr)
+        return 1 if result.failed else 0
+    scan = scan_cache(root)
+    print(f"cache root: {where}")
+    if not scan.exists:
+        print("nothing cached yet (the folder does not exist)")
+        return 0
+    if scan.entries:
+        print("\n".join(_entry_rows(scan.entries, root, now)))
+    totals = "; ".join(f"{k}: {_files(sum(e.kind == k for e in scan.entries))}, {_size_words(scan.size(k))}"
+                       for k in KINDS)
+    print(f"{totals}; total {_size_words(scan.size())} (vitlab cache prune --all frees it)")
+    print(f"runs/ (training runs: not a cache, never pruned): {_size_words(scan.runs_size)}")
+    print(f"other files (results, logs, downloads: never pruned): {_size_words(scan.other_size)}")
+    return 0
+
+
 def user_path(text: str) -> str:
     """A path option as typed, with a leading ``~`` made the home folder: the shell expands ``--out ~/x`` but not
     ``--out=~/x``, which would otherwise make a folder named ``~`` here. An empty text (``--images "$UNSET"``) is
@@ -747,6 +831,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", help=DEVICE_HELP)
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_reproduce)
+
+    sp = sub.add_parser("cache", help="list what vitlab caches (decoded images, features) and prune it",
+                        description="Without an action: list (the cache root is $VITLAB_CACHE or ~/.cache/vitlab).")
+    sp.set_defaults(func=cmd_cache, action="list")
+    actions = sp.add_subparsers(dest="action", metavar="ACTION")
+    actions.add_parser("list", help="each entry's kind, size, last use and file, with totals (the default)")
+    pp = actions.add_parser("prune", help="remove whole cache entries: those unused for DAYS days, or all; never "
+                            "training runs, results, or a file a writer may still be filling")
+    which = pp.add_mutually_exclusive_group(required=True)
+    which.add_argument("--older-than", type=non_negative_float, metavar="DAYS",
+                       help="remove the entries last used (written or read) more than DAYS days ago")
+    which.add_argument("--all", action="store_true", help="remove every entry of the chosen kinds")
+    pp.add_argument("--kind", choices=("images", "features"), help="only this cache (default: both)")
+    pp.add_argument("--dry-run", action="store_true", help="remove nothing: list what would be removed")
     return p
 
 

@@ -157,6 +157,13 @@ def write_cache(path: Path, write: Callable[[str], object], errors: tuple[type[E
                       stacklevel=3)  # one message per folder: Python shows it once, not once per file
 
 
+def touch_cache(path: Path) -> None:
+    """Mark a cache file as just used (its modification time: ``vitlab cache prune --older-than`` removes what was
+    not used, not what was made long ago). Best effort: a read-only cache or another user's file stays as it is."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
 #: what decoded images depend on besides the files: part of the decode cache's key, so that a change to the
 #: decoding (e.g. 16-bit images scaled instead of clipped) never serves arrays decoded the old way
 DECODER = "rgb8-3"
@@ -415,6 +422,7 @@ def _cached_images(hit: Path, root: Path, split: str | None) -> ImageArray | Non
         return None
     if images.ndim != 4 or len(images) != len(labels) or not classes:
         return None
+    touch_cache(hit)
     return ImageArray(torch.from_numpy(images), torch.from_numpy(labels), classes, _source(root, split))
 
 

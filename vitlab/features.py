@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from vitlab.data import ImageArray, cache_file, normalize, write_cache
+from vitlab.data import ImageArray, cache_file, normalize, touch_cache, write_cache
 from vitlab.info import model_info
 from vitlab.modes import eval_mode, unwrapped
 
@@ -219,6 +219,7 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
                     continue
                 if feats.dim() == 2 and len(feats) == len(data):
                     found[r] = feats
+                    touch_cache(paths[r])
     todo = [r for r in readouts if r not in found]
     if not todo:
         return found
