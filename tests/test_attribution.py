@@ -238,6 +238,8 @@ def test_a_baseline_or_step_count_is_refused_before_running_the_model():
     handle = model.register_forward_hook(lambda *_: calls.append(1))
     with pytest.raises(ValueError, match="baseline must be 'blur' or a number, got 'grey'"):
         deletion_insertion(model, x, torch.rand(2, 8, 8), baseline="grey")
+    with pytest.raises(ValueError, match="baseline must be 'blur' or a number, got True"):  # not read as 1.0
+        deletion_insertion(model, x, torch.rand(2, 8, 8), baseline=True)
     with pytest.raises(ValueError, match="steps must be a whole number of at least 1, got 0"):
         vitlab.compare_methods(model, x, steps=0)
     handle.remove()

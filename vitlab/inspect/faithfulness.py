@@ -78,7 +78,8 @@ def deletion_insertion_scorer(model: nn.Module, images: Tensor, target: Tensor |
     check_count("steps", steps)
     check_count("batch_size", batch_size)
     blur = isinstance(baseline, str) and baseline == "blur"
-    if not blur and not isinstance(baseline, (int, float)):  # before the prediction's forward pass
+    # before the prediction's forward pass; a bool is an int to Python, but True is no pixel value
+    if not blur and (isinstance(baseline, bool) or not isinstance(baseline, (int, float))):
         raise ValueError(f"baseline must be 'blur' or a number, got {baseline!r}")
     B, N = len(images), info.num_patches
     target = target_classes(model, images, target, batch_size)
