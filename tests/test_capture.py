@@ -458,3 +458,6 @@ def test_query_selections_keep_only_their_rows_and_check_their_range(vit, x32):
     for q in (65, [3, -66]):
         with pytest.raises(AttentionCaptureError, match="out of range for 65 tokens"):
             vitlab.attention_maps(vit, x32, queries=q)
+    for q in (True, [0, False], torch.tensor([True, False]), 1.0):  # a bool is no row 1, a float no row
+        with pytest.raises(AttentionCaptureError, match="give 'all', 'prefix', a query index"):
+            vitlab.attention_maps(vit, x32, queries=q)

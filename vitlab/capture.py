@@ -291,12 +291,11 @@ class AttentionCapture:
             T = attn.shape[-2]
             if hasattr(q, "tolist") and getattr(q, "ndim", 0) >= 1:  # a torch tensor or numpy array of indices
                 q = q.tolist()
-            rows = [q] if not isinstance(q, Sequence) and hasattr(q, "__index__") else list(q)
-            try:
-                rows = [operator.index(r) for r in rows]  # numpy and torch integers too
-            except TypeError:
+            rows = list(q) if isinstance(q, Iterable) and not hasattr(q, "__index__") else [q]  # 1.0: one, refused
+            if not all(whole_index(r) for r in rows):  # numpy and torch integers too; True is no row 1
                 raise AttentionCaptureError(f"queries={q!r}: give 'all', 'prefix', a query index, a list of them or a "
-                                            "slice") from None
+                                            "slice")
+            rows = [operator.index(r) for r in rows]
             bad = [r for r in rows if not -T <= r < T]
             if bad:
                 raise AttentionCaptureError(f"queries {bad} are out of range for {T} tokens (-{T} to {T - 1})")
