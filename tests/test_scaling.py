@@ -8,7 +8,7 @@ import json
 import pytest
 
 from vitlab.cli import main
-from vitlab.scaling import SWEEPS, ResultsStore, RunSpec, SweepConfig, run_sweep, summarise
+from vitlab.scaling import SWEEPS, ResultsStore, RunSpec, SweepConfig, check_executor, run_sweep, summarise
 
 QUICK = SWEEPS["quick"]
 
@@ -866,3 +866,12 @@ def test_the_shipped_sweeps_flops_are_a_fresh_count_of_each_run():
                                                         * m["steps"], rel=1e-12), r["run_id"]
             seen += 1
     assert seen == 54 + 12 and set(per_image) == {"vit", "bit", "hybrid"}
+
+
+def test_check_executor_refuses_a_worker_count_that_is_no_whole_number():
+    """check_executor("local", 1.5) and ("local", True) passed (a bool is an int to Python, 1.5 >= 0): a sweep then
+    started with a worker count nobody wrote; both are refused, as a negative count is, before any run."""
+    check_executor("local", 0)
+    for workers in (1.5, True, -1):
+        with pytest.raises(ValueError, match=f"workers must be a whole number >= 0 .*got {workers!r}"):
+            check_executor("local", workers)
