@@ -249,6 +249,18 @@ def test_few_shot_errors_name_the_problem(case, match):
         few_shot_accuracy(X, y, Xt, yt, shots=(5,), seeds=(0,))
 
 
+def test_few_shot_refuses_shots_and_seeds_that_are_no_whole_numbers():
+    """shots=(1.5,) ran 1 shot, shots=(True,) 1 shot and seeds=(0, 0.5) drew seed 0's examples twice (int() of each,
+    a bool being an int to Python), reported as what was asked; they are now refused by name."""
+    X, y = _clusters(10)
+    for shots in ((1.5,), (True,), (2, 0)):
+        with pytest.raises(ValueError, match=r"shots must be positive integers, got \["):
+            few_shot_accuracy(X, y, X, y, shots=shots, seeds=(0,))
+    with pytest.raises(ValueError, match=r"seeds must be whole numbers, got \[0, 0.5\]"):
+        few_shot_accuracy(X, y, X, y, shots=(2,), seeds=(0, 0.5))
+    assert few_shot_accuracy(X, y, X, y, shots=(np.int64(2),), seeds=(np.int64(0),))[2].shots == 2
+
+
 def test_logistic_probe_separates_clusters():
     Xtr, ytr = _clusters(20)
     assert linear_probe_accuracy(Xtr, ytr, Xtr, ytr) == 1.0

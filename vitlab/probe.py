@@ -20,6 +20,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 from torch import Tensor
 
+from vitlab.checks import whole_index
 from vitlab.data import DataError, k_shot_indices
 
 try:
@@ -222,7 +223,7 @@ def few_shot_accuracy(train_features: Tensor, train_labels: Tensor, test_feature
     unseen = sorted(set(torch.unique(yte).tolist()) - set(classes.tolist()))
     if unseen:
         raise ValueError(f"test labels {unseen} never occur in the training labels")
-    if not shots or any(int(k) < 1 for k in shots):
+    if not shots or any(not whole_index(k) or k < 1 for k in shots):  # 1.5 was read as 1 shot, True as 1
         raise ValueError(f"shots must be positive integers, got {list(shots)}")
     if int(max(shots)) > int(counts.min()):
         c = int(classes[counts.argmin()])
@@ -230,6 +231,8 @@ def few_shot_accuracy(train_features: Tensor, train_labels: Tensor, test_feature
                          f"{int(counts.min())}: lower the shots or add data")
     if not seeds:
         raise ValueError("need at least one seed")
+    if not all(whole_index(seed) for seed in seeds):  # 0.5 was read as seed 0, a second draw of seed 0's examples
+        raise ValueError(f"seeds must be whole numbers, got {list(seeds)}")
     out = {}
     for k in shots:
         accs = []
