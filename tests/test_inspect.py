@@ -436,6 +436,13 @@ def test_rollout_known_answers():
                        .expand(3, T, T))
     with pytest.raises(ValueError, match="discard_ratio"):
         rollout_from_maps(uniform, discard_ratio=1.0)
+    # a bool is an int to Python: residual=True was read as the weight 1.0, discard_ratio=False as 0.0
+    with pytest.raises(ValueError, match=r"residual must be in \[0, 1\], got True"):
+        rollout_from_maps(uniform, residual=True)
+    with pytest.raises(ValueError, match=r"discard_ratio must be in \[0, 1\), got False"):
+        rollout_from_maps(uniform, discard_ratio=False)
+    with pytest.raises(ValueError, match=r"residual must be in \[0, 1\], got False"):
+        attention_rollout(tiny_vit(), torch.randn(1, 3, 32, 32), residual=False)
 
 
 def test_attention_rollout_readouts():

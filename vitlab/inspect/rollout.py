@@ -26,9 +26,10 @@ def _check(maps: Tensor, discard_ratio: float, residual: float, start_layer: int
 
 
 def _check_settings(depth: int, discard_ratio: float, residual: float, start_layer: int, head_fusion: str) -> None:
-    if not 0.0 <= discard_ratio < 1.0:
+    # a bool is an int to Python, but residual=True is no weight 1.0 (nor discard_ratio=False a ratio 0.0)
+    if isinstance(discard_ratio, bool) or not 0.0 <= discard_ratio < 1.0:
         raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
-    if not 0.0 <= residual <= 1.0:
+    if isinstance(residual, bool) or not 0.0 <= residual <= 1.0:
         raise ValueError(f"residual must be in [0, 1], got {residual}")
     check_start_layer(start_layer, depth)
     if head_fusion not in HEAD_FUSIONS:
