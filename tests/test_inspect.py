@@ -336,6 +336,30 @@ def test_a_distillation_token_readout_averages_the_class_and_distillation_rows()
 
 
 
+def test_a_convit_whose_class_token_never_joins_counts_no_prefix_and_refuses_a_readout_rollout():
+    """A ConViT no deeper than its local_up_to_layer never adds its class token (timm joins it at that block): its
+    blocks attend over the patches alone and its 'token' head reads patch 0. model_info counted the class token,
+    and attention_rollout failed in a bare matrix product; the token count now matches the maps, and both rollouts
+    of the readout refuse it, naming patch 0's rollout (attention_view query=0), which still works."""
+    import timm
+
+    from vitlab.features import readout_description
+    from vitlab.inspect.rollout import attention_view
+
+    model = timm.create_model("convit_tiny", pretrained=False, img_size=32, depth=2, local_up_to_layer=3,
+                              num_classes=10).eval()
+    x = torch.randn(2, 3, 32, 32)
+    info = vitlab.model_info(model)
+    maps = vitlab.attention_maps(model, x)  # (2, 2, 4, 4, 4): 2x2 patches, no class token
+    assert (info.num_prefix_tokens, info.num_class_tokens, info.num_tokens) == (0, 0, maps.shape[-1])
+    assert readout_description(model, "model") == "the model's own readout (the first patch token)"
+    for rollout in (vitlab.attention_rollout, vitlab.gradient_rollout):
+        with pytest.raises(ValueError, match=r"no class token reaches its 2 blocks .* pass query=0 to"):
+            rollout(model, x)
+    torch.testing.assert_close(attention_view(maps, info, "rollout", query=0),
+                               rollout_from_maps(maps)[:, 0].reshape(2, 2, 2).float())
+
+
 def test_a_latent_pool_readout_averages_its_queries_and_heads():
     """An attention pool with several latent queries (timm's AttentionPoolLatent, latent_len > 1) reads out their
     mean: the readout weights are the pool's maps averaged over heads and queries, placed on the tokens it reads."""

@@ -54,7 +54,9 @@ def readout_description(model: nn.Module, readout: str) -> str:
         info = model_info(model)  # a wrapped model: the one it holds
     except (TypeError, ValueError):  # no tokens: a CNN's head pools its last feature map
         return "the model's own readout (its globally pooled final feature map)"
-    if info.readout == "token":
+    if info.readout == "token" and not info.num_class_tokens:  # a ConViT whose class token never joins its blocks
+        what = "the first patch token"
+    elif info.readout == "token":
         what = ("the mean of the class and distillation tokens" if "dist" in info.prefix_kinds
                 else "the class token")
     elif info.readout == "avg":

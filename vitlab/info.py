@@ -7,6 +7,7 @@ Never guess the grid from ``sqrt(N)`` or assume a class token: prefix tokens may
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -135,6 +136,8 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
                          f"least {patch[0]}x{patch[1]}")
 
     n_prefix, n_cls, n_dist, n_reg = _prefix_counts(model)
+    if _class_token_never_joins(model):  # as timm counts it when it prunes such a ConViT's blocks
+        n_prefix, n_cls = n_prefix - n_cls, 0
     pos = getattr(model, "pos_embed", None)
     if pos is None or not isinstance(pos, nn.Parameter):
         pos_kind, has_prefix = "none", False
@@ -247,6 +250,15 @@ def _prefix_counts(model: nn.Module) -> tuple[int, int, int, int]:
     if n_cls + n_dist + n_reg != n_prefix:  # a family that counts differently: trust num_prefix_tokens
         n_reg = max(0, n_prefix - n_cls - n_dist)
     return n_prefix, n_cls, n_dist, n_reg
+
+
+def _class_token_never_joins(model: nn.Module) -> bool:
+    """Whether ``model`` is a ConViT (timm's ``local_up_to_layer``: its class token joins before that block) no
+    deeper than ``local_up_to_layer``: its blocks are all gated positional self-attention over the patches alone, and
+    the class token it holds never reaches them."""
+    join = getattr(model, "local_up_to_layer", None)
+    return (whole_index(join) and getattr(model, "cls_token", None) is not None
+            and len(model.blocks) <= operator.index(join))
 
 
 def _pos_has_prefix(model: nn.Module, pos: nn.Parameter, n_prefix: int, default_grid: tuple[int, int]) -> bool:

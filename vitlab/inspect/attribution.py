@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from vitlab.capture import capture_attention, check_images
 from vitlab.checks import check_count
 from vitlab.info import ModelInfo, model_info
-from vitlab.inspect.rollout import attention_rollout, check_start_layer, readout_vector
+from vitlab.inspect.rollout import attention_rollout, check_readout, check_start_layer, readout_vector
 from vitlab.modes import eval_mode, frozen_parameters, unwrapped
 
 __all__ = ["gradient_rollout", "integrated_gradients", "occlusion", "patch_mask", "ATTRIBUTION_METHODS",
@@ -117,6 +117,7 @@ def gradient_rollout(model: nn.Module, images: Tensor, target: Tensor | int | No
     model = unwrapped(model)
     check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
+    check_readout(info)
     check_start_layer(start_layer, info.depth)
     t = target_classes(model, images, target)
     # autograd also inside a caller's torch.inference_mode(): the clones made here are ordinary tensors it can save

@@ -103,6 +103,18 @@ def rollout_row(maps: Tensor, readout: Tensor, head_fusion: Literal["mean", "max
     return v.squeeze(1)
 
 
+def check_readout(info) -> None:
+    """Refuse a readout of the first token (timm's ``global_pool="token"``) when no class token reaches the blocks (a
+    ConViT no deeper than its ``local_up_to_layer``): the model then reads patch 0's token, which the readout's row
+    (the class token's, or the patch mean) would not be, before any forward pass."""
+    if info.readout == "token" and not info.num_class_tokens:
+        raise ValueError(
+            f"this {info.architecture} reads out its first token (global_pool='token') but no class token reaches its "
+            f"{info.depth} blocks (a ConViT's class token joins at block local_up_to_layer, past its last one): its "
+            "readout is patch 0's own token, so the readout's rollout is that patch's: pass query=0 to "
+            "vitlab.inspect.attention_view(maps, info, 'rollout', ...) for it")
+
+
 def readout_vector(info, batch: int, pool: Tensor | None = None,
                    device: torch.device | str | None = None) -> Tensor:
     """(B, T) float64 weights of the model's readout over the tokens of the last block.
@@ -114,6 +126,7 @@ def readout_vector(info, batch: int, pool: Tensor | None = None,
     ``"avgmax"``, none), the mean over the patch rows (every row with ``pool_include_prefix``), which is exact for
     average pooling and the linear stand-in for the others.
     """
+    check_readout(info)
     T, p = info.num_tokens, info.num_prefix_tokens
     v = torch.zeros(batch, T, dtype=torch.float64, device=device)
     if info.readout == "map" and pool is not None:
@@ -175,6 +188,7 @@ def attention_rollout(model: nn.Module, images: Tensor, head_fusion: Literal["me
     model = unwrapped(model)
     check_images(images, model)
     info = model_info(model, img_size=tuple(images.shape[-2:]))
+    check_readout(info)
     depth = len(find_attention_modules(model))
     _check_settings(depth, discard_ratio, residual, start_layer, head_fusion)
     acc = JointRollout("mean", discard_ratio, residual, start_layer)  # heads are fused by the capture
