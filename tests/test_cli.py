@@ -1009,3 +1009,31 @@ def test_sweep_errors_name_arguments_and_the_command_line_its_flags(tmp_path, mo
     _python_then_flags({_raised(lambda: ResultsStore(tmp_path / "config.json").records()):
                         "pass --results a .jsonl file that vitlab wrote",
                         _raised(with_ray): "--executor ray needs Ray: pip install"}, tmp_path)
+
+
+def test_training_errors_name_python_and_the_command_line_its_set_flags(tmp_path):
+    """train(cfg, ...) told a Python caller to pass --set crop_padding=4, --set batch_size=64, --set
+    model.img_size=32 or, when the loss stopped being finite, --run-dir NEW --set init_from=...: flags it never
+    passed. The messages now name dataclasses.replace(cfg, ...) and train(..., run_dir=NEW); the command line still
+    prints the flags (JSON's words: crop_pad_mode=constant unquoted)."""
+    from vitlab.cli import cli_words
+    from vitlab.data import ImageArray
+    from vitlab.train import _check_crop_padding, _check_image_size, _diverged_text
+    from vitlab.train_config import PRESETS
+
+    cfg = PRESETS["tiny"]
+    small = ImageArray(torch.zeros(4, 16, 16, 3, dtype=torch.uint8), torch.zeros(4, dtype=torch.long), ("a",), "s")
+    hybrid = dataclasses.replace(cfg, model=PRESETS["hybrid_cifar10"].model)
+    ck = tmp_path / "run" / "checkpoint"
+    ck.mkdir(parents=True)
+    (ck / "config.json").write_text("{}")
+    pad = _raised(lambda: _check_crop_padding(dataclasses.replace(cfg, crop_padding=16, crop_pad_mode="reflect"),
+                                              small))
+    said = {pad: "lower it (e.g. --set crop_padding=2) or pad with zeros (--set crop_pad_mode=constant)",
+            _raised(lambda: _check_image_size(cfg, small, small)): "build it for them with --set model.img_size=16 ",
+            _raised(lambda: _check_image_size(hybrid, small, small)): "with --set model.vit.img_size=16 (or resize",
+            _diverged_text(float("nan"), 3, 7, ck, cfg):
+                f"--run-dir NEW --set init_from={ck} --set lr=... (a --resume keeps the saved settings)"}
+    assert "dataclasses.replace(cfg, crop_padding=2)" in pad and "crop_pad_mode='constant'" in pad
+    _python_then_flags(said, tmp_path)
+    assert cli_words("lower it (dataclasses.replace(cfg, ema_decay=None))") == "lower it (--set ema_decay=null)"

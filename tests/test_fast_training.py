@@ -769,7 +769,8 @@ def test_images_of_another_size_are_refused_before_the_run_folder(tmp_path, thre
     train_data, test_data = three_class_data
     cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, img_size=48), epochs=1)
     with pytest.raises(ValueError, match=r"training images of .* are 32 x 32 px but the model is built for 48 x 48: "
-                                         r"set --set model.img_size=32"):
+                                         r"build it for them with dataclasses.replace\(cfg, model="
+                                         r"dataclasses.replace\(cfg.model, img_size=32\)\)"):
         train(cfg, tmp_path / "run", progress=False, train_data=train_data, test_data=test_data)
     small_test = dataclasses.replace(test_data, images=test_data.images[:, :16, :16])
     with pytest.raises(ValueError, match="test images of .* are 16 x 16 px but the model is built for 32 x 32"):
@@ -777,7 +778,8 @@ def test_images_of_another_size_are_refused_before_the_run_folder(tmp_path, thre
               test_data=small_test)
     hybrid = PRESETS["hybrid_cifar10"].model
     hybrid = dataclasses.replace(hybrid, vit=dataclasses.replace(hybrid.vit, img_size=64))
-    with pytest.raises(ValueError, match="set --set model.vit.img_size=32"):
+    with pytest.raises(ValueError, match=r"dataclasses.replace\(cfg, model=dataclasses.replace\(cfg.model, "
+                                         r"vit=dataclasses.replace\(cfg.model.vit, img_size=32\)\)\)"):
         train(dataclasses.replace(cfg, model=hybrid), tmp_path / "run", progress=False, train_data=train_data,
               test_data=test_data)
     assert not (tmp_path / "run").exists()

@@ -855,6 +855,7 @@ def cli_words(message: str) -> str:
     message = re.sub(r"vitlab\.load_model\(('[^']*'|\"[^\"]*\"), weights=('[^']*'|\"[^\"]*\"|path)\)",
                      lambda m: f"--model {m.group(1).strip(chr(39) + chr(34))} --weights "
                                f"{'FILE' if m.group(2) == 'path' else m.group(2).strip(chr(39) + chr(34))}", message)
+    message = _set_words(message)  # before run_dir=NEW and resume=True below
     for api, flag in (("as the model itself, without weights=", "as --model alone"),  # before weights= below
                       ("use pretrained=False", "pass --no-pretrained"), ("pretrained=False", "--no-pretrained"),
                       ("pass weights=", "pass --weights "), ("weights= ", "--weights "), ("weights=", "--weights "),
@@ -869,6 +870,28 @@ def cli_words(message: str) -> str:
         message = message.replace(api, flag)
     # a message that opens with the argument it refuses (``device='cuda:3': ...``, ``out=. is ...``, ``resume=True: ``)
     return re.sub(r"^resume=True:", "--resume:", re.sub(r"^(device|out)=", r"--\1 ", message))
+
+
+def _set_words(message: str) -> str:
+    """The training API's ``dataclasses.replace(cfg, FIELD=VALUE)`` (a nested model's ``model=dataclasses.replace(
+    cfg.model, ...)`` too) as ``--set FIELD=VALUE`` in JSON's words (``'constant'`` unquoted, ``None`` as null), and the
+    diverged run's ``train(..., run_dir=NEW)`` recipe as its flags."""
+    import re
+
+    def value(v: str) -> str:
+        v = {"None": "null", "True": "true", "False": "false"}.get(v, v)
+        return v[1:-1] if len(v) > 1 and v[0] == v[-1] and v[0] in "'\"" else v
+
+    message = re.sub(r"train\(dataclasses\.replace\(cfg, init_from=('[^']*'|\"[^\"]*\"), lr=\.\.\.\), run_dir=NEW\) "
+                     r"\(resume=True keeps the saved settings\)",
+                     lambda m: f"--run-dir NEW --set init_from={value(m.group(1))} --set lr=... (a --resume keeps the "
+                               "saved settings)", message)
+    for nest, path in ((r"model=dataclasses\.replace\(cfg\.model, vit=dataclasses\.replace\(cfg\.model\.vit, "
+                        r"(\w+)=([^()]*)\)\)", "model.vit."),
+                       (r"model=dataclasses\.replace\(cfg\.model, (\w+)=([^()]*)\)", "model."), (r"(\w+)=([^()]*)", "")):
+        message = re.sub(rf"dataclasses\.replace\(cfg, {nest}\)",
+                         lambda m, path=path: f"--set {path}{m.group(1)}={value(m.group(2))}", message)
+    return message.replace("(as saved in its train_config.json)", "(--set FIELD=VALUE as saved)")
 
 
 class Terminated(KeyboardInterrupt):

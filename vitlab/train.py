@@ -257,13 +257,15 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
 
 def _diverged_text(loss: float, epoch: int, step: int, ck: Path, cfg: TrainConfig) -> str:
     """What a run whose loss stopped being finite in ``epoch`` (0-based) says: where it stands and how to go on (a
-    --resume refuses a changed lr, so a new run folder warm-started from the last good checkpoint)."""
+    resume refuses a changed lr, so a new run folder warm-started from the last good checkpoint), in Python's terms
+    (``vitlab.cli.cli_words`` gives the command line's)."""
     head = f"loss became {loss} by epoch {epoch + 1}, step {step}: stopping. "
     fix = f"a lower peak lr (now {cfg.lr:g}) or a longer warmup (now {cfg.warmup_epochs:g} epochs)"
     if not (ck / "config.json").is_file():
         return head + f"No checkpoint was written (it diverged in the first epoch); start again with {fix}"
     return (head + f"The last good checkpoint ({ck}, epoch {epoch}) is kept. Go on from it in a new run folder with "
-            f"{fix}: --run-dir NEW --set init_from={ck} --set lr=... (a --resume keeps the saved settings)")
+            f"{fix}: train(dataclasses.replace(cfg, init_from={str(ck)!r}, lr=...), run_dir=NEW) (resume=True keeps "
+            "the saved settings)")
 
 
 def _at_most_half(n: int) -> int:
@@ -277,9 +279,9 @@ def _check_crop_padding(cfg: TrainConfig, train_data: ImageArray) -> None:
     side = min(train_data.images.shape[1:3])
     if cfg.crop_pad_mode == "reflect" and cfg.crop_padding >= side:
         raise ValueError(f"crop_padding={cfg.crop_padding} with crop_pad_mode='reflect' needs images larger than "
-                         f"the padding, but these are {side} px on their short side: lower it (e.g. --set "
-                         f"crop_padding={max(side // 8, 1) if side > 1 else 0}) or pad with zeros (--set "
-                         "crop_pad_mode=constant)")
+                         f"the padding, but these are {side} px on their short side: lower it (e.g. "
+                         f"dataclasses.replace(cfg, crop_padding={max(side // 8, 1) if side > 1 else 0})) or pad with "
+                         "zeros (dataclasses.replace(cfg, crop_pad_mode='constant'))")
 
 
 def _check_image_size(cfg: TrainConfig, train_data: ImageArray, test_data: ImageArray) -> None:
@@ -289,13 +291,16 @@ def _check_image_size(cfg: TrainConfig, train_data: ImageArray, test_data: Image
     if not isinstance(m, ViTConfig):
         return  # the CNNs take any size
     want = size2(m.img_size)
-    key = "model.vit.img_size" if isinstance(cfg.model, HybridConfig) else "model.img_size"
+    size = "img_size={}"
+    if isinstance(cfg.model, HybridConfig):
+        size = f"vit=dataclasses.replace(cfg.model.vit, {size})"
     for split, data in (("training", train_data), ("test", test_data)):
         got = tuple(data.images.shape[1:3])
         if got != want:
             raise ValueError(f"the {split} images of {data.source} are {got[0]} x {got[1]} px but the model is built "
-                             f"for {want[0]} x {want[1]}: set --set {key}={got[0] if got[0] == got[1] else list(got)} "
-                             "(or resize the data)")
+                             f"for {want[0]} x {want[1]}: build it for them with dataclasses.replace(cfg, model="
+                             f"dataclasses.replace(cfg.model, {size.format(got[0] if got[0] == got[1] else list(got))})"
+                             ") (or resize the data)")
 
 
 def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False, progress: bool = True,
@@ -367,7 +372,7 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
     steps_per_epoch = len(train_data) // cfg.batch_size
     if steps_per_epoch == 0:
         raise ValueError(f"batch_size={cfg.batch_size} exceeds the {len(train_data)} training examples: lower it "
-                         f"(--set batch_size={_at_most_half(len(train_data))})")
+                         f"(dataclasses.replace(cfg, batch_size={_at_most_half(len(train_data))}))")
     if cfg.objective == "mpp" and d.world > 1:
         raise ValueError("objective='mpp' runs in one process: its head lives outside the DDP wrapper; run it "
                          "without torchrun")
@@ -383,8 +388,8 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
         cfg = dataclasses.replace(cfg, init_from=saved.init_from)  # where it started no longer matters on resume
         if saved != cfg:
             raise ValueError(f"resume=True: {run} was started with a different config ({config_changes(saved, cfg)}): "
-                             "resume with the run's own settings (--set FIELD=VALUE as saved), or use a new run "
-                             "folder")
+                             "resume with the run's own settings (as saved in its train_config.json), or use a new "
+                             "run folder")
     if d.main:
         run.mkdir(parents=True, exist_ok=True)
         if not resume:  # a resumed run's file already says this (checked above); never rewritten, never torn
