@@ -48,7 +48,7 @@ def test_report_is_a_leaf():
     assert outside == [], f"only the CLI, benchmarks and the report's own modules may import vitlab.report: {outside}"
 
 
-@pytest.mark.parametrize("module", ["atomic", "modes", "provenance", "errors", "static"])
+@pytest.mark.parametrize("module", ["atomic", "modes", "provenance", "errors", "static", "choices"])
 def test_bottom_modules_import_nothing_else_from_vitlab(module):
     own = _imports(PACKAGE / f"{module}.py")
     assert [m for m, _, _ in own if m != "vitlab"] == [], own  # at most ``import vitlab`` for its version

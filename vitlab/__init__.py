@@ -1,35 +1,44 @@
-"""vitlab: look inside Vision Transformers (Dosovitskiy et al., "An Image is Worth 16x16 Words", ICLR 2021)."""
+"""vitlab: look inside Vision Transformers (Dosovitskiy et al., "An Image is Worth 16x16 Words", ICLR 2021).
+
+The public names load on first use (PEP 562), so that ``import vitlab`` and the ``vitlab`` command's ``--help``
+load no torch or timm: ``vitlab.attention_rollout`` imports ``vitlab.inspect`` then.
+"""
 
 # first: stamps the code and commit this process loads (see vitlab.provenance.code_hash)
 from vitlab import provenance as _provenance  # noqa: F401, I001
 
-from vitlab.capture import (
-    AttentionCapture,
-    AttentionCaptureError,
-    attention_maps,
-    capture_attention,
-    find_attention_modules,
-)
-from vitlab.checkpoint import load_checkpoint, save_checkpoint
-from vitlab.errors import ModelLoadError
-from vitlab.finetune import resize_for_finetuning
-from vitlab.info import ModelInfo, model_info
-from vitlab.inspect import (
-    attention_rollout,
-    compare_methods,
-    deletion_insertion,
-    embedding_filter_pca,
-    gradient_rollout,
-    integrated_gradients,
-    localisation,
-    mean_attention_distance,
-    occlusion,
-    position_embedding_similarity,
-    position_structure_score,
-    randomization_sanity,
-)
-from vitlab.models import load_model
-from vitlab.zoo import BiTConfig, HybridConfig, ViTConfig, build_model, vit_config
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vitlab.capture import (
+        AttentionCapture,
+        AttentionCaptureError,
+        attention_maps,
+        capture_attention,
+        find_attention_modules,
+    )
+    from vitlab.checkpoint import load_checkpoint, save_checkpoint
+    from vitlab.errors import ModelLoadError
+    from vitlab.finetune import resize_for_finetuning
+    from vitlab.info import ModelInfo, model_info
+    from vitlab.inspect import (
+        attention_rollout,
+        compare_methods,
+        deletion_insertion,
+        embedding_filter_pca,
+        gradient_rollout,
+        integrated_gradients,
+        localisation,
+        mean_attention_distance,
+        occlusion,
+        position_embedding_similarity,
+        position_structure_score,
+        randomization_sanity,
+    )
+    from vitlab.models import load_model
+    from vitlab.zoo import BiTConfig, HybridConfig, ViTConfig, build_model, vit_config
 
 __version__ = "0.1.0"
 
@@ -64,3 +73,35 @@ __all__ = [
     "save_checkpoint",
     "vit_config",
 ]
+
+#: The module each public name comes from
+_SOURCES = {
+    **dict.fromkeys(["AttentionCapture", "AttentionCaptureError", "attention_maps", "capture_attention",
+                     "find_attention_modules"], "vitlab.capture"),
+    **dict.fromkeys(["load_checkpoint", "save_checkpoint"], "vitlab.checkpoint"),
+    "ModelLoadError": "vitlab.errors",
+    "resize_for_finetuning": "vitlab.finetune",
+    **dict.fromkeys(["ModelInfo", "model_info"], "vitlab.info"),
+    **dict.fromkeys(["attention_rollout", "compare_methods", "deletion_insertion", "embedding_filter_pca",
+                     "gradient_rollout", "integrated_gradients", "localisation", "mean_attention_distance", "occlusion",
+                     "position_embedding_similarity", "position_structure_score", "randomization_sanity"],
+                    "vitlab.inspect"),
+    "load_model": "vitlab.models",
+    **dict.fromkeys(["BiTConfig", "HybridConfig", "ViTConfig", "build_model", "vit_config"], "vitlab.zoo"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name from its module, imported on first use (then kept here); a submodule by its name, as when this
+    package imported them all (``vitlab.zoo`` after ``import vitlab``)."""
+    if name in _SOURCES:
+        value = getattr(importlib.import_module(_SOURCES[name]), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vitlab.devices import DEVICE_HELP
-from vitlab.features import READOUTS, readout_description
+# torch-free: the parser is built (--help, an argument error) without loading torch or timm; each command imports
+# what it needs itself, inside main's handling of errors and Ctrl-C
+from vitlab.choices import DEVICE_HELP, PRESET_NAMES, READOUTS
 
 if TYPE_CHECKING:
     from vitlab.scaling import SweepConfig
@@ -254,7 +255,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     import vitlab
     from vitlab.data import load_splits, nested_subsets
     from vitlab.devices import resolve_device
-    from vitlab.features import extract_features
+    from vitlab.features import extract_features, readout_description
     from vitlab.probe import DEFAULT_L2, few_shot_accuracy, format_table, linear_probe_accuracy
 
     if args.l2 is None:
@@ -662,7 +663,6 @@ def user_path(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from vitlab import __version__
-    from vitlab.train_config import PRESETS  # cheap: torch and timm are loaded with vitlab already
 
     p = argparse.ArgumentParser(prog="vitlab", description="Look inside Vision Transformers.")
     p.add_argument("--version", action="version", version=f"vitlab {__version__}")
@@ -703,7 +703,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_capture)
 
     sp = sub.add_parser("train", help="train a preset (resumable; metrics in RUN/metrics.jsonl)")
-    sp.add_argument("--preset", default="vit_cifar10", help=", ".join(PRESETS))
+    sp.add_argument("--preset", default="vit_cifar10", help=", ".join(PRESET_NAMES))
     sp.add_argument("--run-dir", type=user_path, dest="run", help="run folder (default $VITLAB_CACHE/runs/PRESET, i.e. "
                     "~/.cache/vitlab/runs/PRESET: outside the work tree)")
     leg = sp.add_mutually_exclusive_group()  # --continue resumes by itself where there is state to resume

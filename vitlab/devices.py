@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["resolve_device", "DEVICE_HELP"]
+from vitlab.choices import DEVICE_HELP
 
-DEVICE_HELP = "cpu, cuda or cuda:N (default: cuda when available)"
+__all__ = ["resolve_device", "DEVICE_HELP"]
 
 
 def resolve_device(name: str | torch.device | None = None) -> torch.device:

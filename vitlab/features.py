@@ -15,7 +15,6 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, get_args
 
 import torch
 from safetensors import SafetensorError
@@ -23,20 +22,13 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from vitlab.choices import READOUT_NAMES, READOUTS, Readout
 from vitlab.data import ImageArray, cache_file, normalize, touch_cache, write_cache
 from vitlab.info import model_info
 from vitlab.modes import eval_mode, unwrapped
 
 __all__ = ["extract_features", "extract_readouts", "feature_key", "patch_mean", "preprocess_uint8", "READOUTS",
            "READOUT_NAMES", "READOUT_VERSIONS", "readout_description"]
-
-
-#: What a probe reads: the model's own readout (``forward_head(pre_logits=True)``) or the mean of a ViT's patch tokens
-Readout = Literal["model", "patch_mean"]
-READOUTS: tuple[str, ...] = get_args(Readout)
-READOUT_NAMES = {"model": "the model's own readout (the class token; the mean of the class and distillation tokens "
-                          "for a distilled ViT)",
-                 "patch_mean": "the mean of the final patch tokens"}
 
 
 #: Bumped when a readout's definition changes, so that features cached under the old definition are never served.

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from vitlab.choices import PRESET_NAMES
 from vitlab.mpp import MPP_TARGETS
 from vitlab.zoo import (
     CIFAR_PRE,
@@ -365,6 +366,10 @@ PRESETS["resnet_cifar10_fast"] = dataclasses.replace(
 PRESETS["resnet_cifar10_wide"] = dataclasses.replace(
     PRESETS["resnet_cifar10_fast"], model=CifarNetConfig(widths=(128, 384, 384), preprocess=CIFAR_PRE), epochs=150,
     warmup_epochs=150 * 0.23, whiten_bias_epochs=45)
+
+if tuple(PRESETS) != PRESET_NAMES:  # `vitlab train --help` lists PRESET_NAMES, which must not need torch to read
+    raise RuntimeError(f"vitlab.choices.PRESET_NAMES {PRESET_NAMES} must name the PRESETS of vitlab.train_config in "
+                       f"their order, {tuple(PRESETS)}: add or remove the name there too")
 
 
 def train_config_to_dict(cfg: TrainConfig) -> dict[str, Any]:

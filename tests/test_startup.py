@@ -1,0 +1,100 @@
+"""A command line that starts fast and stops cleanly: ``vitlab --help``, a subcommand's ``--help`` and an argument
+error load no torch, timm or plotly (``import vitlab`` loads its public names on first use), and Ctrl-C at any point
+of ``main`` is a one-line message and status 130."""
+
+from __future__ import annotations
+
+import importlib.abc
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import vitlab
+from vitlab.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "timm", "plotly", "numpy", "sklearn", "PIL", "safetensors", "scipy")
+
+
+def _python(script: str) -> subprocess.CompletedProcess:
+    """``script`` in a fresh interpreter that imports this checkout's vitlab."""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
+def test_help_and_argument_errors_load_no_torch():
+    action = next(a for a in build_parser()._actions if a.dest == "command")
+    argvs = [["--help"], [], ["nonsense"], ["probe", "--data", "cifar10", "--shots", "0"], ["train", "--epochs", "x"],
+             *([cmd, "--help"] for cmd in action.choices)]
+    script = ("import contextlib, io, json, sys\nfrom vitlab.cli import main\ncodes = []\n"
+              f"for argv in {argvs!r}:\n"
+              "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+              "        try:\n            main(argv)\n        except SystemExit as e:\n            codes.append(e.code)\n"
+              f"print(json.dumps([codes, sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))]))")
+    codes, heavy = json.loads(_python(script).stdout)
+    assert codes == [0, 2, 2, 2, 2] + [0] * len(action.choices)  # each parse ended as it should, none ran a command
+    assert heavy == [], f"the parser loaded {heavy}"
+
+
+def test_public_names_load_on_first_use():
+    """``import vitlab`` loads no torch; each name of ``__all__`` then resolves to its module's object, ``dir`` lists
+    them, a submodule is reached by its name as before, and an unknown name is an AttributeError naming it."""
+    script = f"""
+import sys, vitlab
+heavy = lambda: sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))
+assert heavy() == [], heavy()
+try:
+    vitlab.no_such_name
+except AttributeError as e:
+    assert "no_such_name" in str(e) and "vitlab" in str(e), e
+else:
+    raise AssertionError("no AttributeError")
+assert not hasattr(vitlab, "_private") and heavy() == [], heavy()
+assert set(vitlab.__all__) <= set(dir(vitlab)), set(vitlab.__all__) - set(dir(vitlab))
+from vitlab import attention_rollout
+import vitlab.inspect
+assert attention_rollout is vitlab.attention_rollout is vitlab.inspect.attention_rollout
+for name in vitlab.__all__:
+    assert getattr(vitlab, name).__name__ == name, name
+import vitlab.zoo
+assert vitlab.ViTConfig is vitlab.zoo.ViTConfig
+print(type(vitlab.checkpoint).__name__)
+"""
+    assert _python(script).stdout.split() == ["module"]
+
+
+def test_an_unknown_name_in_this_process_is_an_attribute_error_naming_it():
+    with pytest.raises(AttributeError, match="module 'vitlab' has no attribute 'attention_rolout'"):
+        vitlab.attention_rolout
+
+
+class _InterruptedImport(importlib.abc.MetaPathFinder):
+    """Ctrl-C pressed while ``name`` is being imported."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname == self.name:
+            raise KeyboardInterrupt
+        return None
+
+
+def test_ctrl_c_while_a_command_imports_its_modules_is_a_message_and_status_130(monkeypatch, capsys, tmp_path):
+    """The heavy imports run inside the command's function, under main's handling of Ctrl-C."""
+    monkeypatch.delitem(sys.modules, "vitlab.export", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_InterruptedImport("vitlab.export"), *sys.meta_path])
+    argv = ["export", "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--command-line", "c"]
+    try:
+        status = main(argv)
+    except KeyboardInterrupt:
+        pytest.fail("main let Ctrl-C through: a traceback")
+    assert status == 130
+    err = capsys.readouterr().err
+    assert err == "vitlab export: interrupted\n" and not list(tmp_path.iterdir())
