@@ -74,6 +74,21 @@ def test_an_unknown_name_in_this_process_is_an_attribute_error_naming_it():
         vitlab.attention_rolout
 
 
+def test_ctrl_c_while_the_parser_is_built_is_a_message_and_status_130(monkeypatch, capsys):
+    import vitlab.cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vitlab.cli, "build_parser", interrupted)
+    try:
+        status = main(["info"])
+    except KeyboardInterrupt:  # let through, it would stop pytest itself
+        pytest.fail("main let Ctrl-C through: a traceback")
+    assert status == 130
+    assert capsys.readouterr().err == "vitlab: interrupted\n"
+
+
 class _InterruptedImport(importlib.abc.MetaPathFinder):
     """Ctrl-C pressed while ``name`` is being imported."""
 

@@ -908,7 +908,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import signal
     import threading
 
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a command started: as during one, no traceback
+        print("vitlab: interrupted", file=sys.stderr)
+        return 130
     in_main_thread = threading.current_thread() is threading.main_thread()  # signal.signal works only there
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
