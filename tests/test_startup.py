@@ -113,3 +113,15 @@ def test_ctrl_c_while_a_command_imports_its_modules_is_a_message_and_status_130(
     assert status == 130
     err = capsys.readouterr().err
     assert err == "vitlab export: interrupted\n" and not list(tmp_path.iterdir())
+
+
+def test_benchmarks_start_up_table_quotes_its_json():
+    """BENCHMARKS.md's start-up table is what benchmarks/cli_startup.py printed for the kept result, and its
+    prose names that result's date and load."""
+    from benchmarks.cli_startup import format_table
+
+    res = json.loads((ROOT / "benchmarks" / "results" / "cli_startup.json").read_text())
+    text = " ".join((ROOT / "BENCHMARKS.md").read_text().split())
+    assert " ".join(format_table(res).split()) in text
+    assert f"{res['machine']['date']}, {res['machine']['cpu']}," in text and f"at the start {res['machine']['load_average']})" in text
+    assert res["median_s"]["help"] < res["median_s"]["import_torch_timm"]
