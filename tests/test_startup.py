@@ -31,15 +31,23 @@ def _python(script: str) -> subprocess.CompletedProcess:
 def test_help_and_argument_errors_load_no_torch():
     action = next(a for a in build_parser()._actions if a.dest == "command")
     argvs = [["--help"], [], ["nonsense"], ["probe", "--data", "cifar10", "--shots", "0"], ["train", "--epochs", "x"],
+             ["train", "--preset", "vit_cifar1O"],
              *([cmd, "--help"] for cmd in action.choices)]
     script = ("import contextlib, io, json, sys\nfrom vitlab.cli import main\ncodes = []\n"
               f"for argv in {argvs!r}:\n"
               "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-              "        try:\n            main(argv)\n        except SystemExit as e:\n            codes.append(e.code)\n"
+              "        try:\n            codes.append(main(argv))\n        except SystemExit as e:\n            codes.append(e.code)\n"
               f"print(json.dumps([codes, sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))]))")
     codes, heavy = json.loads(_python(script).stdout)
-    assert codes == [0, 2, 2, 2, 2] + [0] * len(action.choices)  # each parse ended as it should, none ran a command
+    assert codes == [0, 2, 2, 2, 2, 2] + [0] * len(action.choices)  # each ended as it should, before any work
     assert heavy == [], f"the parser loaded {heavy}"
+
+
+def test_an_unknown_preset_names_the_presets(capsys):
+    from vitlab.train_config import PRESETS
+
+    assert main(["train", "--preset", "vit_cifar1O"]) == 2
+    assert capsys.readouterr().err == f"unknown preset 'vit_cifar1O'; choose one of {', '.join(sorted(PRESETS))}\n"
 
 
 def test_public_names_load_on_first_use():

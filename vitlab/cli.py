@@ -176,11 +176,11 @@ def preset_config(preset: str, sets: list[str] | None = None, epochs: int | None
     """The ``TrainConfig`` that ``vitlab train --preset PRESET [--set FIELD=VALUE ...] [--epochs N] [--data D]``
     trains. ``OptionError`` names an unknown preset or field with the valid ones; a value the config refuses raises
     its own ValueError."""
+    if preset not in PRESET_NAMES:  # told at once, before torch and timm load
+        raise OptionError(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESET_NAMES))}")
     from vitlab.train_config import PRESETS
     from vitlab.zoo import replace_fields
 
-    if preset not in PRESETS:
-        raise OptionError(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
     cfg = PRESETS[preset]
     changes = {}
     model_changes = {}
@@ -208,8 +208,6 @@ def preset_config(preset: str, sets: list[str] | None = None, epochs: int | None
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from vitlab.train import train
-
     try:
         cfg = preset_config(args.preset, args.set, args.epochs, args.data)
     except OptionError as e:
@@ -217,6 +215,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 2
     from vitlab.data import cache_dir
     from vitlab.models import DEFAULT_CHECKPOINT
+    from vitlab.train import train
 
     def say(text: str) -> None:  # under torchrun the main process alone (every process decides the same)
         if os.environ.get("RANK", "0") == "0":
