@@ -32,6 +32,11 @@ def test_help_and_argument_errors_load_no_torch():
     action = next(a for a in build_parser()._actions if a.dest == "command")
     argvs = [["--help"], [], ["nonsense"], ["probe", "--data", "cifar10", "--shots", "0"], ["train", "--epochs", "x"],
              ["train", "--preset", "vit_cifar1O"],
+             # refusals of the options alone, before any work (exit status 1)
+             ["export", "--run-dir", "r", "--out", "r/x", "--command-line", "c"],
+             ["export", "--run-dir", "r", "--out", "x", "--command-line", "c", "--goal", "90"],
+             ["probe", "--data", "cifar10", "--l2", "-1"], ["sweep", "--table", "--tune"],
+             ["mpp-study", "--run-root", "README.md"], ["capture", "--out", "vitlab"],
              *([cmd, "--help"] for cmd in action.choices)]
     script = ("import contextlib, io, json, sys\nfrom vitlab.cli import main\ncodes = []\n"
               f"for argv in {argvs!r}:\n"
@@ -39,7 +44,7 @@ def test_help_and_argument_errors_load_no_torch():
               "        try:\n            codes.append(main(argv))\n        except SystemExit as e:\n            codes.append(e.code)\n"
               f"print(json.dumps([codes, sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))]))")
     codes, heavy = json.loads(_python(script).stdout)
-    assert codes == [0, 2, 2, 2, 2, 2] + [0] * len(action.choices)  # each ended as it should, before any work
+    assert codes == [0, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1] + [0] * len(action.choices)  # each ended as it should, before any work
     assert heavy == [], f"the parser loaded {heavy}"
 
 

@@ -234,8 +234,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from vitlab.export import export_run
-
     if args.goal is not None and not 0 < args.goal <= 1:
         raise ValueError(f"--goal is a fraction in (0, 1], e.g. 0.9 for a 90% accuracy goal, got {args.goal:g}")
     run, out = Path(args.run_dir).resolve(), Path(args.out).resolve()
@@ -243,12 +241,16 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} is --run-dir {args.run_dir}, inside it or above it: the export would replace "
                          "the run's training state (its checkpoint, the --resume point); give --out a folder outside "
                          "the run, e.g. data/checkpoints/NAME")
+    from vitlab.export import export_run
+
     facts = export_run(args.run_dir, args.out, command=args.command_line, hardware=args.hardware, goal=args.goal)
     print(json.dumps(facts, indent=2))
     return 0
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    if args.l2 is not None and not (args.l2 > 0 and args.l2 != float("inf")):  # at once, before torch loads
+        raise ValueError(f"--l2 must be a positive finite number (the ridge penalty), got {args.l2:g}")
     import torch
 
     import vitlab
@@ -259,8 +261,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     if args.l2 is None:
         args.l2 = DEFAULT_L2
-    if not (args.l2 > 0 and args.l2 != float("inf")):  # before the model loads and the feature pass runs
-        raise ValueError(f"--l2 must be a positive finite number (the ridge penalty), got {args.l2:g}")
     if args.json:  # before the feature pass, not after it
         _check_output_file(args.json, "--json", "probe.json")
         _check_not_an_input(args.json, "--json", _model_files(args.model, args.weights) + [Path(args.data)])
@@ -310,13 +310,13 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from vitlab.scaling import ResultsStore, load_sweep_config, run_sweep, summarise
-
     if args.table and args.tune:
         raise ValueError("--table runs nothing (it prints what the results store holds) and --tune runs the tuning: "
                          "pass one of them")
     if args.save_config and not args.tune:
         raise ValueError("--save-config writes the config --tune freezes: pass --tune too, or leave --save-config out")
+    from vitlab.scaling import ResultsStore, load_sweep_config, run_sweep, summarise
+
     sweep = load_sweep_config(args.config)
     results = args.results or f"runs/sweeps/{sweep.name}.jsonl"
     if args.shots is not None and args.shots not in sweep.shots:
@@ -432,6 +432,8 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
 
 
 def cmd_mpp_study(args: argparse.Namespace) -> int:
+    if args.run_root and Path(args.run_root).exists() and not Path(args.run_root).is_dir():  # before torch loads
+        raise ValueError(f"--run-root {args.run_root} is a file; give a folder for the pre-training runs")
     from vitlab.explain import explain
     from vitlab.features import READOUT_NAMES, READOUTS
     from vitlab.mpp_study import (
@@ -447,8 +449,6 @@ def cmd_mpp_study(args: argparse.Namespace) -> int:
     from vitlab.verdict import verdict_table
 
     study = STUDIES[args.study]
-    if args.run_root and Path(args.run_root).exists() and not Path(args.run_root).is_dir():  # before any row runs
-        raise ValueError(f"--run-root {args.run_root} is a file; give a folder for the pre-training runs")
     if args.run_root:
         study = dataclasses.replace(study, run_root=args.run_root)
     results = Path(args.results) if args.results else default_results(study)
@@ -530,14 +530,13 @@ def cmd_app(args: argparse.Namespace) -> int:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
+    _check_output_file(args.out, "--out", "attention.safetensors")  # at once, before torch loads
     from safetensors.torch import save_file
 
     import vitlab
     from vitlab.atomic import atomic_write
-    from vitlab.images import load_images
-
-    _check_output_file(args.out, "--out", "attention.safetensors")
     from vitlab.data import image_files
+    from vitlab.images import load_images
 
     images = image_files(Path(args.images)) if args.images and Path(args.images).is_dir() else []
     _check_not_an_input(args.out, "--out", _model_files(args.model, args.weights) + images)
