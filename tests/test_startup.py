@@ -138,3 +138,16 @@ def test_benchmarks_start_up_table_quotes_its_json():
     assert " ".join(format_table(res).split()) in text
     assert f"{res['machine']['date']}, {res['machine']['cpu']}," in text and f"at the start {res['machine']['load_average']})" in text
     assert res["median_s"]["help"] < res["median_s"]["import_torch_timm"]
+
+
+def test_python_m_vitlab_is_the_command():
+    """``python -m vitlab`` runs the ``vitlab`` command (a venv whose scripts are not on PATH): its help, its prog name
+    and its exit status for a bad argument; still without torch."""
+    ok = subprocess.run([sys.executable, "-m", "vitlab", "--help"], capture_output=True, text=True, timeout=300,
+                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert ok.returncode == 0 and ok.stdout.startswith("usage: vitlab ") and "reproduce" in ok.stdout, ok.stderr
+    bad = subprocess.run([sys.executable, "-X", "importtime", "-m", "vitlab", "nonsense"], capture_output=True,
+                         text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert bad.returncode == 2 and "invalid choice: 'nonsense'" in bad.stderr
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in bad.stderr.splitlines() if line.startswith("import time:")}
+    assert "vitlab.cli" in loaded and not loaded & set(HEAVY)  # -X importtime lists every module loaded
