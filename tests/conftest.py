@@ -81,3 +81,37 @@ def two_class_folder(tmp_path_factory):
     make_folder(root / "train", n_per_class=16, size=32, classes=("a", "b"))
     make_folder(root / "test", n_per_class=4, size=32, classes=("a", "b"))
     return root
+
+
+def tiny_convit(**kwargs) -> torch.nn.Module:
+    """timm's ConViT at 32 px with 4x4 patches (an 8x8 grid), 4 blocks of which the first 2 are gated positional
+    self-attention over the patches alone; the class token joins before block 2. Random weights, eval mode."""
+    kwargs = {"img_size": 32, "patch_size": 4, "depth": 4, "local_up_to_layer": 2, "num_classes": 10, **kwargs}
+    return timm.create_model("convit_tiny", pretrained=False, **kwargs).eval()
+
+
+def convit_raw_attention(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """Per block, the attention timm's ConViT applies, recomputed in float64 from each block's attention input
+    (grabbed with a forward hook of our own): GPSA blocks through timm's ``get_attention`` (B, H, N, N), the later
+    MHSA blocks as softmax(q k^T * scale) over the class token and the patches (B, H, 1 + N, 1 + N)."""
+    inputs = []
+    handles = [blk.attn.register_forward_hook(lambda m, a, out: inputs.append(a[0].detach()))
+               for blk in model.blocks]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    out = []
+    for blk, h in zip(model.blocks, inputs):
+        at = blk.attn
+        if blk.use_gpsa:
+            with torch.no_grad():
+                out.append(at.get_attention(h).double())
+            continue
+        B, N, C = h.shape
+        qkv = (h.double() @ at.qkv.weight.double().T).reshape(B, N, 3, at.num_heads, C // at.num_heads)
+        q, k, _ = qkv.permute(2, 0, 3, 1, 4)
+        out.append(((q @ k.transpose(-2, -1)) * at.scale).softmax(-1))
+    return out

@@ -8,7 +8,7 @@ import math
 import pytest
 import timm
 import torch
-from conftest import tiny_timm, tiny_vit
+from conftest import convit_raw_attention, tiny_convit, tiny_timm, tiny_vit
 from torch import nn
 
 import vitlab
@@ -461,3 +461,42 @@ def test_query_selections_keep_only_their_rows_and_check_their_range(vit, x32):
     for q in (True, [0, False], torch.tensor([True, False]), 1.0):  # a bool is no row 1, a float no row
         with pytest.raises(AttentionCaptureError, match="give 'all', 'prefix', a query index"):
             vitlab.attention_maps(vit, x32, queries=q)
+
+
+def test_a_convit_block_before_its_class_token_joins_is_padded_with_the_class_tokens_identity():
+    """A ConViT's first local_up_to_layer blocks attend over the 64 patches alone, its later blocks over the class
+    token too: the capture refused to stack them ('windowed attention?'). The earlier blocks' maps now carry the class
+    token's identity row and column around timm's own patch attention, the later blocks' are theirs, model_info says
+    where the class token joins, and the capture leaves no hook and no changed mode behind."""
+    model = tiny_convit()
+    x = torch.randn(2, 3, 32, 32)
+    before = [(m.training, len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()]
+    maps = vitlab.attention_maps(model, x)  # (4, 2, 4, 65, 65)
+    assert [(m.training, len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()] == before
+    raw = convit_raw_attention(model, x)
+    assert [tuple(r.shape[-2:]) for r in raw] == [(64, 64), (64, 64), (65, 65), (65, 65)]
+    assert maps.shape == (4, 2, 4, 65, 65) and vitlab.model_info(model).class_token_joins == 2
+    for layer in (0, 1):
+        assert torch.equal(maps[layer, :, :, 0, 0], torch.ones(2, 4))
+        assert not maps[layer, :, :, 0, 1:].any() and not maps[layer, :, :, 1:, 0].any()
+        torch.testing.assert_close(maps[layer, :, :, 1:, 1:].double(), raw[layer], rtol=0, atol=1e-6)
+    for layer in (2, 3):
+        torch.testing.assert_close(maps[layer].double(), raw[layer], rtol=0, atol=1e-6)
+    torch.testing.assert_close(vitlab.attention_maps(model, x, queries="prefix", layers=[1, 2]), maps[1:3, ..., :1, :])
+    assert vitlab.model_info(tiny_vit()).class_token_joins == 0
+
+
+def test_a_convit_blocks_gradients_before_its_class_token_joins_are_zero_for_the_class_token():
+    """keep_grad on a ConViT: the earlier blocks' gradients are those of timm's own (B, H, 64, 64) maps (graph_maps),
+    padded with zeros for the class token, which no output depends on there."""
+    model = tiny_convit()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.enable_grad(), vitlab.capture_attention(model, keep_grad=True) as cap:
+        model(x)[:, 3].sum().backward()
+        grads, graph = cap.grads(), cap.graph_maps()
+    assert grads.shape == (4, 2, 4, 65, 65) and graph[0][0].shape == (2, 4, 64, 64)
+    for layer in (0, 1):
+        assert not grads[layer, :, :, 0].any() and not grads[layer, :, :, :, 0].any()
+        torch.testing.assert_close(grads[layer, :, :, 1:, 1:], graph[layer][0].grad)
+    torch.testing.assert_close(grads[2], graph[2][0].grad)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from conftest import tiny_timm, tiny_vit
+from conftest import convit_raw_attention, tiny_convit, tiny_timm, tiny_vit
 
 import vitlab
 from vitlab.inspect import (
@@ -358,6 +358,53 @@ def test_a_convit_whose_class_token_never_joins_counts_no_prefix_and_refuses_a_r
             rollout(model, x)
     torch.testing.assert_close(attention_view(maps, info, "rollout", query=0),
                                rollout_from_maps(maps)[:, 0].reshape(2, 2, 2).float())
+
+
+def test_a_convits_attention_distance_reads_its_gpsa_blocks_over_the_patches_alone():
+    """The ConViT paper's plot: mean attention distance per head of every block, the GPSA blocks (patches over
+    patches, before the class token joins) and the later ones. It refused ('maps over 64 tokens do not match 1 prefix
+    tokens'); it now equals a recomputation from timm's own attention of each block, in pixels."""
+    model = tiny_convit()
+    x = torch.randn(3, 3, 32, 32)
+    raw = convit_raw_attention(model, x)
+    ys, xs = torch.arange(64) // 8 * 4.0, torch.arange(64) % 8 * 4.0  # patch centres, 4 px patches
+    d = ((ys[:, None] - ys[None]) ** 2 + (xs[:, None] - xs[None]) ** 2).sqrt().double()
+    want = torch.stack([(a[..., -64:, -64:] * d).sum(-1).mean(-1).mean(0) for a in raw])  # (L, H)
+    torch.testing.assert_close(mean_attention_distance(model, x).double(), want, rtol=1e-5, atol=1e-5)
+    gpsa = model.blocks[0].attn  # timm's own distance of a GPSA block (in patches, images averaged) agrees
+    inputs = []
+    h = gpsa.register_forward_hook(lambda m, a, out: inputs.append(a[0]))
+    with torch.no_grad():
+        model(x)
+        h.remove()
+        timm_distance = gpsa.get_attention_map(inputs[0]).double() * 4
+    torch.testing.assert_close(want[0], timm_distance, rtol=1e-5, atol=1e-5)
+
+
+def test_a_convits_rollout_carries_its_class_token_unchanged_until_it_joins():
+    """attention_rollout of a ConViT failed in a bare matrix product ([1, 65] against [1, 64]). Its exact rollout:
+    in the blocks before the class token joins, the class token attends only to itself and nothing attends to it
+    (its identity row and column); the readout's row then mixes the patches through the later blocks alone. vitlab's
+    rollout (heads averaged, 0.5 residual, rows renormalised) equals that rollout written out from timm's own maps;
+    gradient rollout runs too, over the same 65 tokens."""
+    model = tiny_convit()
+    x = torch.randn(2, 3, 32, 32)
+    joint = torch.eye(65, dtype=torch.float64).expand(2, 65, 65)
+    for a in convit_raw_attention(model, x):
+        a = a.mean(1)
+        if a.shape[-1] == 64:  # a GPSA block: the class token is not there yet
+            padded = torch.zeros(2, 65, 65, dtype=torch.float64)
+            padded[:, 0, 0] = 1.0
+            padded[:, 1:, 1:] = a
+            a = padded
+        m = 0.5 * torch.eye(65, dtype=torch.float64) + 0.5 * a
+        joint = (m / m.sum(-1, keepdim=True)) @ joint
+    want = joint[:, 0, 1:].reshape(2, 8, 8).float()
+    torch.testing.assert_close(attention_rollout(model, x), want, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(rollout_from_maps(vitlab.attention_maps(model, x))[:, 0, 1:].reshape(2, 8, 8).float(),
+                               want, rtol=1e-5, atol=1e-7)
+    assert vitlab.gradient_rollout(model, x, target=3).shape == (2, 8, 8)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
 def test_a_latent_pool_readout_averages_its_queries_and_heads():

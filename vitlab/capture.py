@@ -14,7 +14,11 @@ Two recording mechanisms, both reading the tensor the model really uses (never r
 
 Shapes: one map per layer and forward call, ``(B, H, T, T)``; ``stack()`` gives ``(L, B, H, T, T)``
 (rows = queries, columns = keys, T counting the prefix tokens). Reductions applied inside the hook
-(``queries``, ``head_fusion``) shrink the Q or H axis while keeping the rank.
+(``queries``, ``head_fusion``) shrink the Q or H axis while keeping the rank. A class token that joins late (ConViT:
+before block ``local_up_to_layer``, ``ModelInfo.class_token_joins``) does not exist in the earlier blocks, which
+attend over the N patches alone: their (B, H, N, N) maps are recorded as (B, H, 1 + N, 1 + N) with the class token's
+row and column those of the identity (it attends only to itself and nothing attends to it; its gradients there are 0),
+so every layer stacks over the same T tokens and rollout carries the class token through those blocks unchanged.
 
 Also here, as every analysis that runs a model on images starts with them: ``check_images`` (a float (B, C, H, W)
 batch; with a model, its channels, size, device and dtype: ``check_input_channels``, ``check_input_size``,
@@ -34,6 +38,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from vitlab.checks import check_count, whole_index
+from vitlab.info import class_token_join
 from vitlab.modes import eval_mode, no_checkpointing, unwrapped
 
 __all__ = [
@@ -251,7 +256,7 @@ class AttentionCapture:
 
     def __init__(self, layers: tuple[AttentionLayer, ...], depth: int, head_fusion: HeadFusion | None,
                  queries: Queries, keep_grad: bool, num_prefix_tokens: int, preallocate: int | None = None,
-                 reduce: Reduction | None = None):
+                 reduce: Reduction | None = None, class_token_joins: int = 0):
         self.layers = tuple(la.index for la in layers)  # indices of the captured blocks
         self.names = tuple(n for la in layers for n in la.names)
         self.depth = depth
@@ -260,6 +265,7 @@ class AttentionCapture:
         self.keep_grad = keep_grad
         self.num_prefix_tokens = num_prefix_tokens
         self.reduce = reduce
+        self.class_token_joins = class_token_joins  # blocks before it attend over the patches alone
         self._branches = {la.index: len(la.modules) for la in layers}
         self.pool: list[Tensor] = []  # per call, (B, H, Lq, N)
         self._graph: dict[int, list[list[Tensor]]] = {i: [] for i in self.layers}  # graph tensors per call, branch
@@ -330,6 +336,8 @@ class AttentionCapture:
         self._calls[layer] += 1
         with torch.no_grad():
             full = parts[0] if n == 1 else torch.cat(parts, dim=1)  # (B, H_total, T, T)
+            if layer < self.class_token_joins:
+                full = _with_class_token(full, 1.0)
             kept = full.detach() if self.keep_grad else self._select(full.detach())
             if self.reduce is not None:
                 kept = self.reduce(layer, kept)
@@ -394,7 +402,8 @@ class AttentionCapture:
                         f"layer {i} has no gradient: call .backward() on an output inside the capture block, "
                         "with gradients enabled"
                     )
-                calls.append(torch.cat([p.grad.float() for p in parts], dim=1))
+                g = torch.cat([p.grad.float() for p in parts], dim=1)
+                calls.append(_with_class_token(g, 0.0) if i < self.class_token_joins else g)
             out.append(torch.cat(calls, dim=0))
         return torch.stack(out)
 
@@ -408,6 +417,16 @@ class AttentionCapture:
         self._store.clear()
         self.pool.clear()
         self._calls = {i: 0 for i in self.layers}
+
+
+def _with_class_token(maps: Tensor, diagonal: float) -> Tensor:
+    """(B, H, N, N) maps of a block the class token has not joined yet -> (B, H, 1 + N, 1 + N): the class token's row
+    and column zero but for ``diagonal`` at (0, 0) (1.0 for attention: the identity; 0.0 for gradients)."""
+    B, H, Q, K = maps.shape
+    out = maps.new_zeros(B, H, Q + 1, K + 1)
+    out[..., 1:, 1:] = maps
+    out[..., 0, 0] = diagonal
+    return out
 
 
 def _normalise_layers(layers: Sequence[int] | None, depth: int) -> tuple[int, ...]:
@@ -459,7 +478,9 @@ def capture_attention(
     checkpointing flags and hooks are restored on exit, also when the body raises. A wrapped model
     (``torch.compile``, ``nn.DataParallel``) is captured through the module it wraps: run that module, or the
     wrapper on one device, inside the block (DataParallel over several GPUs calls the hooks from several threads, in
-    no fixed order of images).
+    no fixed order of images). A ConViT's blocks before its class token joins (``ModelInfo.class_token_joins``) are
+    recorded with the class token's identity row and column around their patch-by-patch maps (see the module's
+    docstring), so that every layer has the same T.
     """
     model = unwrapped(model)
     if head_fusion not in (None, "mean", "max", "min"):
@@ -473,7 +494,7 @@ def capture_attention(
     chosen = _normalise_layers(layers, depth)
     n_prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
     cap = AttentionCapture(tuple(found[i] for i in chosen), depth, head_fusion, queries, keep_grad, n_prefix,
-                           preallocate=preallocate, reduce=reduce)
+                           preallocate=preallocate, reduce=reduce, class_token_joins=class_token_join(model))
     pool_module = _find_pool(model) if pool else None
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, (nn.Sequential, nn.ModuleList)) and any(hasattr(b, "window_size") for b in blocks):

@@ -70,6 +70,10 @@ class ModelInfo:
     # position information the attention adds itself, which pos_embed does not hold: "rotary" (RoPE: EVA-02, DINOv3,
     # timm's vit_*_rope_*) and "relative bias" (BEiT's relative position bias); () for none
     attention_positions: tuple[str, ...] = ()
+    # the block before which the class token joins the patches (a ConViT's local_up_to_layer; 0 when it is there from
+    # the first block): the captured maps of earlier blocks hold the class token's identity row and column (it attends
+    # only to itself and nothing attends to it), padded around the blocks' own patch-by-patch attention
+    class_token_joins: int = 0
 
     @property
     def num_patches(self) -> int:
@@ -175,6 +179,7 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
         and getattr(getattr(model, "attn_pool", None), "pool", None) == "token",
         pos_grid_size=default_grid,
         attention_positions=_attention_positions(model),
+        class_token_joins=class_token_join(model),
     )
 
 
@@ -259,6 +264,17 @@ def _class_token_never_joins(model: nn.Module) -> bool:
     join = getattr(model, "local_up_to_layer", None)
     return (whole_index(join) and getattr(model, "cls_token", None) is not None
             and len(model.blocks) <= operator.index(join))
+
+
+def class_token_join(model: nn.Module) -> int:
+    """The block before which a class token that joins late (a ConViT's ``local_up_to_layer``) joins the patches, or 0
+    when it is there from the first block or never joins (a ConViT no deeper than ``local_up_to_layer``)."""
+    model = unwrapped(model)
+    join = getattr(model, "local_up_to_layer", None)
+    blocks = getattr(model, "blocks", None)
+    if not whole_index(join) or getattr(model, "cls_token", None) is None or blocks is None:
+        return 0
+    return operator.index(join) if 0 < operator.index(join) < len(blocks) else 0
 
 
 def _pos_has_prefix(model: nn.Module, pos: nn.Parameter, n_prefix: int, default_grid: tuple[int, int]) -> bool:
