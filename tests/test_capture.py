@@ -500,3 +500,14 @@ def test_a_convit_blocks_gradients_before_its_class_token_joins_are_zero_for_the
         torch.testing.assert_close(grads[layer, :, :, 1:, 1:], graph[layer][0].grad)
     torch.testing.assert_close(grads[2], graph[2][0].grad)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_queries_prefix_on_a_convit_whose_class_token_never_joins_is_refused_not_patch_0():
+    """A ConViT no deeper than its local_up_to_layer: no class token reaches its blocks (model_info counts 0 prefix
+    tokens), yet queries='prefix' returned patch 0's row as if it were the class token's. It is now refused."""
+    model = tiny_convit(depth=2, local_up_to_layer=3)
+    x = torch.randn(1, 3, 32, 32)
+    assert vitlab.model_info(model).num_prefix_tokens == 0
+    with pytest.raises(AttentionCaptureError, match="no prefix"):
+        vitlab.attention_maps(model, x, queries="prefix")
+    torch.testing.assert_close(vitlab.attention_maps(model, x, queries=[0]), vitlab.attention_maps(model, x)[..., :1, :])
