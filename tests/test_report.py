@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_bit, tiny_vit
+from conftest import convit_raw_attention, tiny_bit, tiny_convit, tiny_vit
 
 import vitlab
 from vitlab.cli import main
@@ -677,3 +677,23 @@ def test_the_distance_section_reads_the_prediction_pass_instead_of_a_second_forw
     want = mean_attention_distance(net, x, per_image=True, progress=False)  # (L, B, H)
     assert section.metrics["mean_attention_distance_px"] == want.mean(1).tolist()
     assert section.metrics["std_over_images"] == want.mean(2).std(1).numpy().tolist()
+
+
+def test_the_report_reads_a_convits_blocks_before_its_class_token_joins_over_the_patches():
+    """A ConViT's first blocks attend over the patches before its class token joins (the capture gives the class token
+    the identity there): the entropy per head averaged that row's 0 nats in with the patches' rows, and the readout
+    figure drew the first block, where the class token attends to nothing, as an empty map. The entropy is now the
+    mean over the patch rows alone and the readout figure starts at the block the class token joins."""
+    import numpy as np
+
+    from vitlab.report import sections as S
+
+    net = tiny_convit()
+    x = torch.randn(2, 3, 32, 32)
+    inp = S.Inputs(net, vitlab.model_info(net), ["a", "b"], x, [np.zeros((32, 32, 3), np.uint8)] * 2, {}, n_show=2)
+    pred = S.prediction_pass(inp)
+    want = torch.stack([-(a * a.clamp_min(1e-12).log()).sum(-1).mean(-1).mean(0) for a in convit_raw_attention(net, x)])
+    torch.testing.assert_close(pred["entropy"].double(), want, rtol=1e-4, atol=1e-4)
+    readout = S.readout_and_entropy(inp, pred)[0]
+    assert readout.stamp["settings"]["layers"] == [3, 4]
+    assert bool((pred["readout"][[2, 3]].sum((-1, -2)) > 0).all())

@@ -121,7 +121,8 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
     dist: dict[int, Tensor] = {}
 
     def reduce(layer: int, maps: Tensor) -> None:  # maps: (B, H, T, T)
-        entropy[layer] = -(maps.clamp_min(1e-12).log() * maps).sum(-1).mean(-1)  # (B, H) nats, mean over queries
+        rows = maps[..., 1:, :] if layer < inp.info.class_token_joins else maps  # a class token not joined: no query
+        entropy[layer] = -(rows.clamp_min(1e-12).log() * rows).sum(-1).mean(-1)  # (B, H) nats, mean over queries
         readout_rows[layer] = maps.mean(1)  # (B, T, T) head mean; the readout vector is applied below
         dist[layer] = attention_distance_from_maps(maps[None], inp.info.grid_size, inp.info.patch_size, p)[0]  # (B, H)
         return None
@@ -398,7 +399,8 @@ def scores_table(rows: list, title: str, localisation: bool = False):
 def readout_and_entropy(inp: Inputs, pred: dict[str, Any]) -> list[Section]:
     info = inp.info
     n = min(inp.n_show, len(inp.x))
-    layers = sorted({0, info.depth // 2, info.depth - 1})
+    first = info.class_token_joins if info.readout == "token" else 0  # a ConViT's class token: none before it joins
+    layers = sorted({first, (first + info.depth) // 2, info.depth - 1})
     readout = pred["readout"][layers, :n].permute(1, 0, 2, 3)  # (n, K, gh, gw)
     return [
         Section("readout_attention", "Raw attention of the readout (for comparison with rollout)",
