@@ -511,3 +511,23 @@ def test_queries_prefix_on_a_convit_whose_class_token_never_joins_is_refused_not
     with pytest.raises(AttentionCaptureError, match="no prefix"):
         vitlab.attention_maps(model, x, queries="prefix")
     torch.testing.assert_close(vitlab.attention_maps(model, x, queries=[0]), vitlab.attention_maps(model, x)[..., :1, :])
+
+
+@pytest.mark.parametrize("attn_block", ["talking heads", "plain"])
+def test_cait_class_attention_is_refused_by_name(attn_block):
+    """CaiT's class token joins only in class-attention blocks (1 x (1 + N) maps from the class token alone). Built
+    with plain attention blocks, its patch-only blocks were captured as (L, B, H, 64, 64) against model_info's 65
+    tokens, without its class-attention blocks, and rollout failed in a bare matrix product; every attention analysis
+    now refuses it by name, before any hook, and points to the maps that need no attention."""
+    from timm.layers import Attention
+
+    kwargs = {"attn_block": Attention} if attn_block == "plain" else {}
+    model = timm.create_model("cait_xxs24_224", pretrained=False, img_size=32, patch_size=4, depth=2,
+                              depth_token_only=1, num_classes=10, **kwargs).eval()
+    x = torch.randn(2, 3, 32, 32)
+    for analysis in (vitlab.attention_maps, vitlab.attention_rollout, vitlab.gradient_rollout,
+                     vitlab.mean_attention_distance):
+        with pytest.raises(AttentionCaptureError, match=r"class-attention blocks .* vitlab.integrated_gradients"):
+            analysis(model, x)
+        assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert vitlab.occlusion(model, x, target=1).shape == (2, 8, 8)

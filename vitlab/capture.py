@@ -119,10 +119,17 @@ def find_attention_modules(model: nn.Module) -> list[AttentionLayer]:
 
     A block with several attention modules in parallel (timm's ``ParallelThingsBlock``) is one layer whose
     heads are the branches' heads, concatenated in branch order. Attentions whose applied map is not a
-    post-softmax map (differential, talking-heads) raise ``AttentionCaptureError``.
+    post-softmax map (differential, talking-heads) and CaiT's class attention raise ``AttentionCaptureError``.
     """
     model = unwrapped(model)
     blocks = getattr(model, "blocks", None)
+    if isinstance(getattr(model, "blocks_token_only", None), (nn.Sequential, nn.ModuleList)):
+        raise AttentionCaptureError(
+            f"{type(model).__name__} (CaiT) attends over its patches alone in its blocks and lets its class token join "
+            "only in class-attention blocks (blocks_token_only), where the class token alone attends (a 1 x (1 + N) "
+            "map, the patches left as they are): its attention is no (L, B, H, T, T) stack over the same tokens, so "
+            "vitlab refuses it rather than drop the readout's own layers. Use the maps that need no attention: "
+            "vitlab.integrated_gradients or vitlab.occlusion")
     if isinstance(blocks, (nn.Sequential, nn.ModuleList)) and len(blocks):
         layers = []
         for i, blk in enumerate(blocks):
