@@ -697,3 +697,18 @@ def test_the_report_reads_a_convits_blocks_before_its_class_token_joins_over_the
     readout = S.readout_and_entropy(inp, pred)[0]
     assert readout.stamp["settings"]["layers"] == [3, 4]
     assert bool((pred["readout"][[2, 3]].sum((-1, -2)) > 0).all())
+
+
+def test_a_convits_positions_in_its_gated_positional_attention_are_named():
+    """ConViT's GPSA blocks attend by relative offsets (pos_proj, mixed in by gating_param), which model_info did not
+    list: the report said a ConViT without a position-embedding table 'is told nothing about where a patch lies', and
+    drew the table of one with it as all it knows of positions. Both now name its gated positional attention."""
+    from vitlab.report import sections as S
+
+    for table in (False, True):
+        net = tiny_convit(use_pos_embed=table)
+        info = vitlab.model_info(net)
+        assert info.attention_positions == ("gated positional",)
+        text = S.positions(S.Inputs(net, info, [], None, [], {}))[0].ours
+        assert "gated positional self-attention over relative offsets" in text and "told nothing" not in text, text
+    assert vitlab.model_info(tiny_vit()).attention_positions == ()

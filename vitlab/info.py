@@ -68,7 +68,8 @@ class ModelInfo:
     # size when the patches pad the image (dynamic_img_pad with a side that is no multiple of the patch)
     pos_grid_size: tuple[int, int] | None = None
     # position information the attention adds itself, which pos_embed does not hold: "rotary" (RoPE: EVA-02, DINOv3,
-    # timm's vit_*_rope_*) and "relative bias" (BEiT's relative position bias); () for none
+    # timm's vit_*_rope_*), "relative bias" (BEiT's relative position bias) and "gated positional" (ConViT's gated
+    # positional self-attention, a learned attention over relative offsets); () for none
     attention_positions: tuple[str, ...] = ()
     # the block before which the class token joins the patches (a ConViT's local_up_to_layer; 0 when it is there from
     # the first block): the captured maps of earlier blocks hold the class token's identity row and column (it attends
@@ -190,13 +191,16 @@ def has_attention(model: nn.Module) -> bool:
 
 
 def _attention_positions(model: nn.Module) -> tuple[str, ...]:
-    """("rotary", "relative bias") as far as the model's attention encodes positions itself: a rotary embedding module
-    (timm's ``RotaryEmbedding*``), a relative position bias table (BEiT's)."""
+    """("rotary", "relative bias", "gated positional") as far as the model's attention encodes positions itself: a
+    rotary embedding module (timm's ``RotaryEmbedding*``), a relative position bias table (BEiT's), gated positional
+    self-attention (ConViT's GPSA: ``pos_proj`` of the relative offsets, mixed in by ``gating_param``)."""
     kinds = []
     if any("rotary" in type(m).__name__.lower() for m in model.modules()):
         kinds.append("rotary")
     if any(name.endswith("relative_position_bias_table") for name, _ in model.named_parameters()):
         kinds.append("relative bias")
+    if any(hasattr(m, "pos_proj") and hasattr(m, "gating_param") for m in model.modules()):  # ConViT's GPSA
+        kinds.append("gated positional")
     return tuple(kinds)
 
 

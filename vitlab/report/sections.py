@@ -215,8 +215,9 @@ POSITIONS_PAPER = ("Fig. 7 centre (ViT-L/32): closer patches have more similar p
 
 def _in_attention(info: ModelInfo) -> str:
     """How the model's attention adds positions itself (rotary embeddings, a relative position bias), as words."""
-    return " and ".join({"rotary": "rotary embeddings", "relative bias": "a relative position bias"}.get(k, k)
-                        for k in info.attention_positions)
+    words = {"rotary": "rotary embeddings", "relative bias": "a relative position bias",
+             "gated positional": "gated positional self-attention over relative offsets (ConViT's GPSA)"}
+    return " and ".join(words.get(k, k) for k in info.attention_positions)
 
 
 def positions(inp: Inputs) -> list[Section]:
