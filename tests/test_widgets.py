@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_vit
+from conftest import tiny_convit, tiny_vit
 from PIL import Image
 
 import vitlab
@@ -380,3 +380,19 @@ def test_class_names_of_another_length_than_the_head_are_refused():
             AttentionExplorer(tiny_vit(), (["a"], x, shown), class_names=[f"c{k}" for k in range(n)])
     ex = AttentionExplorer(tiny_vit(), (["a"], x, shown), class_names=[f"c{k}" for k in range(10)])
     assert ex.class_names[9] == "c9"
+
+
+def test_a_convit_gpsa_head_opened_from_the_distance_plot_shows_a_patchs_attention_not_an_empty_map():
+    """The ConViT paper's plot is the distance of its GPSA heads, whose blocks run before the class token joins: a
+    click on such a dot opened the readout's row there, the class token's identity (an all-zero map over the patches).
+    The explorer now shows the centre patch's attention in that head, and keeps the readout for the later blocks."""
+    model = tiny_convit()
+    x = torch.randn(1, 3, 32, 32)
+    ex = AttentionExplorer(model, (["a"], x, [np.zeros((32, 32, 3), np.uint8)]))
+    d = DistanceExplorer(model, x, ex)
+    maps = vitlab.attention_maps(model, x)  # (4, 1, 4, 65, 65)
+    assert d.open(4 * 2 + 1) == (3, 1) and ex.query is None  # a block the class token has joined: the readout
+    np.testing.assert_allclose(_z(ex), maps[2, 0, 1, 0, 1:].reshape(8, 8).numpy(), rtol=1e-5)
+    assert d.open(1) == (1, 1) and ex.query == 4 * 8 + 4
+    np.testing.assert_allclose(_z(ex), maps[0, 0, 1, 1 + 36, 1:].reshape(8, 8).numpy(), rtol=1e-5)
+    assert _z(ex).sum() == pytest.approx(1.0, abs=1e-5)

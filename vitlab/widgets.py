@@ -349,12 +349,17 @@ class DistanceExplorer:
             self.figure.data[h].on_click(lambda _t, pts, _s, h=h: pts.point_inds and self.open(pts.point_inds[0] * H + h))
 
     def open(self, point: int) -> tuple[int, int]:
-        """The (layer, head) of dot ``point`` (1-based layer); shown in the linked explorer when there is one."""
+        """The (layer, head) of dot ``point`` (1-based layer); shown in the linked explorer when there is one (for a
+        ConViT block its class token has not joined, with the centre patch as the query when the readout was)."""
         L, H = self.distance.shape
         if not whole_index(point) or not 0 <= point < L * H:
             raise ValueError(f"dot {point} does not exist: the {L} layers x {H} heads are dots 0 to {L * H - 1}")
         layer, head = point // H + 1, point % H
         if self.explorer is not None:
+            info = self.explorer.info
+            if self.explorer.query is None and info.readout == "token" and layer <= info.class_token_joins:
+                gh, gw = info.grid_size  # a ConViT's class token has not joined: its row is empty, a patch's is not
+                self.explorer.query = (gh // 2) * gw + gw // 2
             self.explorer.method.value = "attention"
             self.explorer.head.value = f"head {head}"
             self.explorer.layer.value = layer
