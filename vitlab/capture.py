@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from vitlab.checks import check_count, whole_index
-from vitlab.info import _class_token_never_joins, class_token_join
+from vitlab.info import class_token_join, class_token_never_joins
 from vitlab.modes import eval_mode, no_checkpointing, unwrapped
 
 __all__ = [
@@ -500,7 +500,7 @@ def capture_attention(
     depth = len(found)
     chosen = _normalise_layers(layers, depth)
     n_prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
-    if _class_token_never_joins(model):  # a ConViT's blocks all run before its class token joins: none reaches them
+    if class_token_never_joins(model):  # a ConViT's blocks all run before its class token joins: none reaches them
         n_prefix -= 1
     cap = AttentionCapture(tuple(found[i] for i in chosen), depth, head_fusion, queries, keep_grad, n_prefix,
                            preallocate=preallocate, reduce=reduce, class_token_joins=class_token_join(model))

@@ -141,7 +141,7 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
                          f"least {patch[0]}x{patch[1]}")
 
     n_prefix, n_cls, n_dist, n_reg = _prefix_counts(model)
-    if _class_token_never_joins(model):  # as timm counts it when it prunes such a ConViT's blocks
+    if class_token_never_joins(model):  # as timm counts it when it prunes such a ConViT's blocks
         n_prefix, n_cls = n_prefix - n_cls, 0
     pos = getattr(model, "pos_embed", None)
     if pos is None or not isinstance(pos, nn.Parameter):
@@ -261,7 +261,7 @@ def _prefix_counts(model: nn.Module) -> tuple[int, int, int, int]:
     return n_prefix, n_cls, n_dist, n_reg
 
 
-def _class_token_never_joins(model: nn.Module) -> bool:
+def class_token_never_joins(model: nn.Module) -> bool:
     """Whether ``model`` is a ConViT (timm's ``local_up_to_layer``: its class token joins before that block) no
     deeper than ``local_up_to_layer``: its blocks are all gated positional self-attention over the patches alone, and
     the class token it holds never reaches them."""
