@@ -379,3 +379,24 @@ def test_deletion_insertion_scorer_scores_each_map_as_deletion_insertion_does():
             torch.testing.assert_close(g[key], want[key], rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"maps must have shape \(B, gh, gw\)"):
         score(torch.rand(2, 8, 8))
+
+
+def test_a_seed_that_is_no_whole_number_is_refused_by_name_before_running_the_model():
+    """randomized_copy(seed=1.5) and (seed=True) failed in torch as "manual_seed expected a long, but got float"
+    (naming no argument) and compare_methods(seed=0.5) so only after predicting every image's class; a NumPy seed
+    failed as "an integer is required". They are now refused as 'seed must be a whole number' before any forward
+    pass, and a NumPy integer draws the copy its int does."""
+    model, x = tiny_vit(), torch.randn(2, 3, 32, 32)
+    calls = []
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    for seed in (1.5, True, 2.0):
+        with pytest.raises(ValueError, match=f"seed must be a whole number, got {seed!r}"):
+            randomized_copy(model, seed=seed)
+        with pytest.raises(ValueError, match=f"seed must be a whole number, got {seed!r}"):
+            vitlab.compare_methods(model, x, methods=["rollout"], seed=seed)
+        with pytest.raises(ValueError, match=f"seed must be a whole number, got {seed!r}"):
+            randomization_sanity("rollout", model, x, seed=seed)
+    handle.remove()
+    assert calls == []
+    a, b = randomized_copy(model, seed=np.int64(3)), randomized_copy(model, seed=3)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))

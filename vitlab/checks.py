@@ -1,6 +1,6 @@
 """Checks of the plain arguments the analyses take, shared across the package: a whole number that indexes (a layer,
-a head, a patch; ``whole_index``) and a count of at least 1 (a batch size, a number of steps; ``check_count``). A
-float or a bool is neither, and 0 never means "all". The checks of images against a model are
+a head, a patch; ``whole_index``), a count of at least 1 (a batch size, a number of steps; ``check_count``) and a
+random seed (``check_seed``). A float or a bool is none of them, and 0 never means "all". The checks of images against a model are
 ``vitlab.capture``'s (``check_images``).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 
-__all__ = ["whole_index", "check_count"]
+__all__ = ["whole_index", "check_count", "check_seed"]
 
 
 def whole_index(v: object) -> bool:
@@ -29,3 +29,11 @@ def check_count(name: str, value: object) -> None:
                          f"{name}=int({name})")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+
+
+def check_seed(name: str, value: object) -> int:
+    """``value`` as the Python int a ``torch.Generator`` takes, or refused by its name when it is no whole number:
+    torch's own "expected a long, but got float" names neither, and a NumPy integer it refuses as no integer."""
+    if not whole_index(value):  # 1.5 is no seed, True no seed 1
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    return operator.index(value)

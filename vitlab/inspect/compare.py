@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from vitlab.capture import check_images
-from vitlab.checks import check_count
+from vitlab.checks import check_count, check_seed
 from vitlab.info import model_info
 from vitlab.inspect.attribution import ATTRIBUTION_METHODS, attribution_method, require_classifier, target_classes
 from vitlab.inspect.faithfulness import (
@@ -57,6 +57,7 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
     require_classifier(model, "compare_methods (its scores follow a class's probability)")
     check_images(images, model)
     check_count("steps", steps)  # before the prediction and the sanity copy, not in the scorer after them
+    seed = check_seed("seed", seed)  # before the prediction, not at the random map after every method
     if masks is not None:  # before any map is computed, not after the first method's minutes
         check_masks(masks, len(images), model_info(model, img_size=tuple(images.shape[-2:])).grid_size)
     target = target_classes(model, images, target)  # checked once, the same (B,) classes for every method

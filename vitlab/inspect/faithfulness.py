@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitlab.capture import check_images
-from vitlab.checks import check_count
+from vitlab.checks import check_count, check_seed
 from vitlab.info import model_info
 from vitlab.inspect.attribution import (
     attribution_method,
@@ -161,6 +161,7 @@ def randomized_copy(model: nn.Module, seed: int = 0) -> nn.Module:
     convolutions, position embeddings, prefix tokens) are re-drawn from N(0, s^2), s the tensor's own
     standard deviation, so activations keep their scale but nothing learned remains; 1-d parameters (norm
     scales, biases, layer scales) are kept. The original model is untouched."""
+    seed = check_seed("seed", seed)  # before the copy is made
     with torch.inference_mode(False):  # inside a caller's inference_mode, ordinary tensors: gradient methods run on it
         rand = copy.deepcopy(model)
     g = torch.Generator().manual_seed(seed)
@@ -185,6 +186,8 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
     the class-specific methods refuse such a model)."""
     model = unwrapped(model)
     check_images(images, model)
+    if randomized is None:  # before the original map's forward passes, not at the copy after them
+        seed = check_seed("seed", seed)
     if method is attention_rollout:  # its third argument is head_fusion, not a target: the wrapper takes one
         method = "rollout"
     if isinstance(method, str):
