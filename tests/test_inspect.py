@@ -693,6 +693,19 @@ def test_filter_component_count_is_what_the_pca_can_give():
             vitlab.embedding_filter_pca(model, k=k + 1) if k < 28 else vitlab.embedding_filter_pca(model, k=10**6)
 
 
+def test_filter_component_count_refuses_a_k_that_is_no_whole_number():
+    """filter_component_count(model, k=1.5) returned 1.5 (min(k, D, C*P*P)) and k=True returned True, counts that
+    embedding_filter_pca then refused or read as 1; they are refused by name, and a torch integer k comes back a Python int."""
+    from vitlab.inspect import filter_component_count
+
+    model = tiny_vit()
+    for k in (1.5, True, 0):
+        with pytest.raises(ValueError, match=f"k must be a whole number of at least 1, got {k!r}"):
+            filter_component_count(model, k=k)
+    k = filter_component_count(model, k=torch.tensor(5))
+    assert k == 5 and type(k) is int
+
+
 def test_filter_counts_that_are_no_whole_number_are_named():
     """k=2.5 failed in a tensor slice ("slice indices must be integers") and draws=0 in torch.stack ("expects a
     non-empty TensorList"); both are now ValueErrors naming the argument and its value."""
