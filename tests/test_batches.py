@@ -80,8 +80,9 @@ def test_worker_defaults_and_bad_counts(data, monkeypatch):
     for cores, workers in ((1, 0), (2, 0), (8, 6), (64, 16)):  # all cores but two, at most 16
         monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
         assert default_workers(torch.device("cuda")) == workers
-    with pytest.raises(ValueError, match="workers must be >= 0"):
-        training_batches(data, B, STEPS, Augment(), 0, STEPS, workers=-1)
+    for workers in (-1, 1.5, True):  # 1.5 and True passed the check (a bool is an int to Python, 1.5 >= 0)
+        with pytest.raises(ValueError, match=f"workers must be a whole number >= 0 .*got {workers!r}"):
+            training_batches(data, B, STEPS, Augment(), 0, STEPS, workers=workers)
 
 
 def test_posterize_keeps_zero_bits_as_black_and_other_counts_as_timm_does():
