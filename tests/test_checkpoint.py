@@ -370,7 +370,8 @@ def test_a_damaged_run_checkpoint_is_a_clear_error_that_changes_nothing(tmp_path
         (ck / "ema.safetensors").unlink()
     before = _snapshot(opt2, ema2, head2)
     with pytest.raises(ModelLoadError, match=r"ck/\w+\.(safetensors|json).*The run cannot resume from it: start a "
-                                              r"new leg .*--set init_from=.*ck, or train the run afresh"):
+                                              r"new leg .*train\(dataclasses.replace\(cfg, init_from='.*ck'\), "
+                                              r"run_dir=NEW\), or train the run afresh"):
         vc.load_run_state(ck, opt2, ema2, modules={"head": head2})
     assert _same(_snapshot(opt2, ema2, head2), before)
 

@@ -1037,3 +1037,48 @@ def test_training_errors_name_python_and_the_command_line_its_set_flags(tmp_path
     assert "dataclasses.replace(cfg, crop_padding=2)" in pad and "crop_pad_mode='constant'" in pad
     _python_then_flags(said, tmp_path)
     assert cli_words("lower it (dataclasses.replace(cfg, ema_decay=None))") == "lower it (--set ema_decay=null)"
+
+
+def test_config_and_resume_errors_name_python_and_the_command_line_its_set_flags(tmp_path):
+    """TrainConfig, load_run_state and load_teacher told a Python caller to pass --set randaugment=..., --set
+    eval_every=1, --set bf16=false, --set min_lr=..., --set warmup_epochs=..., --set label_smoothing=0 --set
+    ema_decay=null, --run-dir NEW --set init_from=... or --set teacher=FOLDER: flags it never passed. The messages
+    now name dataclasses.replace(cfg, ...) (several fields in one call) and train(..., run_dir=NEW); the command line
+    still prints one --set per field. train(..., resume=True) with another config names the saved settings."""
+    from vitlab.checkpoint import load_run_state
+    from vitlab.cli import cli_words
+    from vitlab.data import ImageArray
+    from vitlab.distill import load_teacher
+    from vitlab.train import train
+    from vitlab.train_config import PRESETS, train_config_to_dict, with_num_classes
+
+    cfg = PRESETS["tiny"]
+    mpp = _raised(lambda: dataclasses.replace(PRESETS["mpp_cifar10"], label_smoothing=0.1, ema_decay=0.999))
+    assert "augmentation: dataclasses.replace(cfg, label_smoothing=0, ema_decay=None)" in mpp
+    rand = _raised(lambda: dataclasses.replace(cfg, randaugment="m9"))
+    assert ("e.g. dataclasses.replace(cfg, randaugment='rand-m9-n2-mstd0.5'), or dataclasses.replace(cfg, "
+            "randaugment=None) for none") in rand
+    state = _raised(lambda: load_run_state(tmp_path / "ck", torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))],
+                                                                             lr=0.1), None))
+    assert f"train(dataclasses.replace(cfg, init_from={str(tmp_path / 'ck')!r}), run_dir=NEW), or train" in state
+    images = ImageArray(torch.zeros(4, 32, 32, 3, dtype=torch.uint8), torch.tensor([0, 1, 0, 1]), ("a", "b"), "s")
+    saved = with_num_classes(dataclasses.replace(cfg, batch_size=2), 2)
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoint" / "config.json").write_text("{}")
+    (tmp_path / "run" / "train_config.json").write_text(json.dumps(train_config_to_dict(saved)))
+    resume = _raised(lambda: train(dataclasses.replace(saved, lr=0.5), tmp_path / "run", resume=True, progress=False,
+                                   train_data=images, test_data=images, device="cpu"))
+    assert "(lr: saved 0.001, requested 0.5): resume with the run's own settings (as saved in its " in resume
+    said = {rand: "(e.g. --set randaugment=rand-m9-n2-mstd0.5, or --set randaugment=null for none)",
+            mpp: "augmentation: --set label_smoothing=0 --set ema_decay=null",
+            _raised(lambda: dataclasses.replace(cfg, keep_best=True, eval_every=0)): "evaluate (--set eval_every=1)",
+            _raised(lambda: dataclasses.replace(cfg, bf16="no")): "got 'no' (e.g. --set bf16=false)",
+            _raised(lambda: dataclasses.replace(cfg, lr=1e-4, min_lr=1e-3)): "(e.g. --set min_lr=1e-06)",
+            _raised(lambda: dataclasses.replace(cfg, warmup_epochs=3)): "lower it (--set warmup_epochs=0.4, a fifth",
+            state: f"with --run-dir NEW --set init_from={tmp_path / 'ck'}, or train the run afresh",
+            resume: "resume with the run's own settings (--set FIELD=VALUE as saved), or use a new run folder"}
+    _python_then_flags(said, tmp_path)
+    teacher = _raised(lambda: load_teacher(tmp_path / "none", torch.device("cpu")))
+    assert teacher.endswith("or give its folder: dataclasses.replace(cfg, teacher='FOLDER')")
+    assert cli_words(teacher).endswith("or give its folder: --set teacher=FOLDER")
+    assert cli_words("(dataclasses.replace(cfg, a=1, b='x', c=[1, 2]))") == "(--set a=1 --set b=x --set c=[1, 2])"

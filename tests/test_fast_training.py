@@ -732,7 +732,7 @@ def test_distillation_facts_match_an_independent_two_head_pass():
     (dict(momentum=1.0), r"momentum must be a number in \[0, 1\)"),
     (dict(grad_clip=-1.0), "grad_clip must be a number >= 0"),
     (dict(distill_tau=0.0), "distill_tau must be a number > 0"),
-    (dict(warmup_epochs=3), r"warmup_epochs=3 exceeds epochs=2: .*--set warmup_epochs=0.4"),
+    (dict(warmup_epochs=3), r"warmup_epochs=3 exceeds epochs=2: .*\(dataclasses.replace\(cfg, warmup_epochs=0.4\)"),
     (dict(mixup_prob=0.5, mixup_alpha=0, cutmix_alpha=0), "mixes nothing: to switch mixing off set mixup_prob=0"),
     (dict(mixup_prob=0.5, batch_size=15), "batch_size=15 is odd, but mixup and cutmix pair"),
 ])

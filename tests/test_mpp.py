@@ -301,7 +301,7 @@ def test_mpp_config_is_validated():
 
 
 @pytest.mark.parametrize("field, value, fix", [("label_smoothing", 0.1, "label_smoothing=0"),
-                                               ("ema_decay", 0.999, "ema_decay=null"),
+                                               ("ema_decay", 0.999, "ema_decay=None"),
                                                ("eval_tta", 2, "eval_tta=0")])
 def test_settings_the_mpp_loop_never_reads_are_refused(field, value, fix):
     """The MPP loss is an unsmoothed cross-entropy on colour classes (or a squared error), and its evaluation

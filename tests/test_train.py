@@ -224,7 +224,8 @@ def test_bad_settings_are_refused_by_name_before_the_run_folder_is_written(tmp_p
             dataclasses.replace(tiny, **{field: value})
     with pytest.raises(ValueError, match="distilled must be true or false"):
         ViTConfig(distilled="False")
-    with pytest.raises(ValueError, match=r"min_lr=0.001 exceeds the peak lr=0.0001.*--set min_lr=1e-06"):
+    with pytest.raises(ValueError, match=r"min_lr=0.001 exceeds the peak lr=0.0001.*dataclasses.replace\(cfg, "
+                                         r"min_lr=1e-06\)"):
         dataclasses.replace(tiny, lr=1e-4, min_lr=1e-3)
     with pytest.raises(ValueError, match="keep_best .* eval_every=0 never measures"):
         dataclasses.replace(tiny, keep_best=True, eval_every=0)

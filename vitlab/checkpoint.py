@@ -361,8 +361,8 @@ def load_run_state(directory: str | os.PathLike, opt: torch.optim.Optimizer, ema
         config = _read_json(directory / CONFIG_NAME)
     except ModelLoadError as e:
         raise ModelLoadError(f"{e}. The run cannot resume from it: start a new leg from the checkpoint's model "
-                             f"weights with --run-dir NEW --set init_from={directory}, or train the run afresh"
-                             ) from None
+                             f"weights with train(dataclasses.replace(cfg, init_from={str(directory)!r}), "
+                             "run_dir=NEW), or train the run afresh") from None
     for name, module in (modules or {}).items():
         ref = module.state_dict()
         module.load_state_dict({k: v.to(ref[k].dtype) for k, v in states[name].items()}, strict=True)

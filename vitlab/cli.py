@@ -871,24 +871,28 @@ def cli_words(message: str) -> str:
 
 
 def _set_words(message: str) -> str:
-    """The training API's ``dataclasses.replace(cfg, FIELD=VALUE)`` (a nested model's ``model=dataclasses.replace(
-    cfg.model, ...)`` too) as ``--set FIELD=VALUE`` in JSON's words (``'constant'`` unquoted, ``None`` as null), and the
-    diverged run's ``train(..., run_dir=NEW)`` recipe as its flags."""
+    """The training API's ``dataclasses.replace(cfg, FIELD=VALUE, ...)`` (a nested model's ``model=dataclasses.replace(
+    cfg.model, ...)`` too) as ``--set FIELD=VALUE`` for each field, in JSON's words (``'constant'`` unquoted, ``None``
+    as null), and a new run's ``train(dataclasses.replace(cfg, ...), run_dir=NEW)`` recipe as its flags."""
     import re
+
+    args = r"((?:'[^']*'|\"[^\"]*\"|[^()'\"])*)"  # FIELD=VALUE, ...: no parenthesis outside a quoted value
 
     def value(v: str) -> str:
         v = {"None": "null", "True": "true", "False": "false"}.get(v, v)
         return v[1:-1] if len(v) > 1 and v[0] == v[-1] and v[0] in "'\"" else v
 
-    message = re.sub(r"train\(dataclasses\.replace\(cfg, init_from=('[^']*'|\"[^\"]*\"), lr=\.\.\.\), run_dir=NEW\) "
-                     r"\(resume=True keeps the saved settings\)",
-                     lambda m: f"--run-dir NEW --set init_from={value(m.group(1))} --set lr=... (a --resume keeps the "
-                               "saved settings)", message)
-    for nest, path in ((r"model=dataclasses\.replace\(cfg\.model, vit=dataclasses\.replace\(cfg\.model\.vit, "
-                        r"(\w+)=([^()]*)\)\)", "model.vit."),
-                       (r"model=dataclasses\.replace\(cfg\.model, (\w+)=([^()]*)\)", "model."), (r"(\w+)=([^()]*)", "")):
-        message = re.sub(rf"dataclasses\.replace\(cfg, {nest}\)",
-                         lambda m, path=path: f"--set {path}{m.group(1)}={value(m.group(2))}", message)
+    def sets(fields: str, path: str = "") -> str:
+        return " ".join(f"--set {path}{m.group(1)}={value(m.group(2))}"
+                        for m in re.finditer(r"(\w+)=('[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^,]*)", fields))
+
+    message = re.sub(rf"train\(dataclasses\.replace\(cfg, {args}\), run_dir=NEW\)",
+                     lambda m: f"--run-dir NEW {sets(m.group(1))}", message)
+    message = message.replace("(resume=True keeps the saved settings)", "(a --resume keeps the saved settings)")
+    for nest, path in ((rf"model=dataclasses\.replace\(cfg\.model, vit=dataclasses\.replace\(cfg\.model\.vit, "
+                        rf"{args}\)\)", "model.vit."),
+                       (rf"model=dataclasses\.replace\(cfg\.model, {args}\)", "model."), (args, "")):
+        message = re.sub(rf"dataclasses\.replace\(cfg, {nest}\)", lambda m, path=path: sets(m.group(1), path), message)
     return message.replace("(as saved in its train_config.json)", "(--set FIELD=VALUE as saved)")
 
 

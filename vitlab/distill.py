@@ -27,7 +27,8 @@ def load_teacher(path: str | os.PathLike, device: torch.device) -> nn.Module:
     p = resolve_folder(path)
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"teacher checkpoint {path} not found: train it first (vitlab train --preset "
-                                f"resnet_cifar10_fast, then vitlab export) or pass --set teacher=FOLDER")
+                                f"resnet_cifar10_fast, then vitlab export) or give its folder: "
+                                "dataclasses.replace(cfg, teacher='FOLDER')")
     teacher = load_checkpoint(p).to(device).eval()
     for q in teacher.parameters():
         q.requires_grad_(False)

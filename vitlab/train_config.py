@@ -37,7 +37,8 @@ def _check_randaugment(spec: object) -> None:
     with a bare AssertionError)."""
     from timm.data.auto_augment import rand_augment_transform
 
-    example = "e.g. --set randaugment=rand-m9-n2-mstd0.5, or null for none"
+    example = ("e.g. dataclasses.replace(cfg, randaugment='rand-m9-n2-mstd0.5'), or dataclasses.replace(cfg, "
+               "randaugment=None) for none")
     if not isinstance(spec, str) or not spec.startswith("rand"):
         raise ValueError(f"randaugment must be a timm RandAugment spec starting with 'rand' ({example}), got {spec!r}")
     try:
@@ -151,10 +152,10 @@ class TrainConfig:
                                  f"that is a multiple of 4, got model.patch_size={self.model.patch_size}; use "
                                  "mpp_target='color3' or 'l2', or another patch size")
             unread = [fix for bad, fix in ((self.label_smoothing, "label_smoothing=0"),
-                                           (self.ema_decay, "ema_decay=null"), (self.eval_tta, "eval_tta=0")) if bad]
+                                           (self.ema_decay, "ema_decay=None"), (self.eval_tta, "eval_tta=0")) if bad]
             if unread:  # the MPP loss and evaluate_mpp read none of them: a run would record them and do nothing
                 raise ValueError(f"objective='mpp' smooths no labels and evaluates neither an EMA nor test-time "
-                                 f"augmentation: set {', '.join(unread)} (--set {' --set '.join(unread)})")
+                                 f"augmentation: dataclasses.replace(cfg, {', '.join(unread)})")
             if self.mpp_target not in MPP_TARGETS or not 0 < self.mpp_rate <= 1:
                 raise ValueError(f"mpp_target must be one of {MPP_TARGETS} and mpp_rate in (0, 1], got "
                                  f"{self.mpp_target!r}, {self.mpp_rate!r}")
@@ -164,8 +165,8 @@ class TrainConfig:
         if self.keep_best and self.objective != "classify":
             raise ValueError(f"{best} masked patch prediction does not measure: leave keep_best false")
         if self.keep_best and not self.eval_every:
-            raise ValueError(f"{best} eval_every=0 never measures: leave keep_best false, or evaluate (--set "
-                             "eval_every=1)")
+            raise ValueError(f"{best} eval_every=0 never measures: leave keep_best false, or evaluate "
+                             "(dataclasses.replace(cfg, eval_every=1))")
         if self.flip not in ("random", "alternating", "none"):
             raise ValueError(f"flip must be 'random', 'alternating' or 'none', got {self.flip!r}")
         if not isinstance(self.lookahead_every, int) or self.lookahead_every < 0:
@@ -245,8 +246,8 @@ class TrainConfig:
 
         for name in ("bf16", "channels_last", "explicit_attention", "keep_best"):
             if not isinstance(getattr(self, name), bool):  # e.g. the text 'False', which is true
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r} (on the command line: "
-                                 f"--set {name}=false)")
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r} (e.g. "
+                                 f"dataclasses.replace(cfg, {name}=False))")
         whole("epochs", 1)
         whole("batch_size", 1)
         whole("crop_padding", 0)
@@ -271,11 +272,11 @@ class TrainConfig:
         real("distill_tau", lambda v: v > 0, "a number > 0")
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr={self.min_lr:g} exceeds the peak lr={self.lr:g}: the schedule would climb instead "
-                             f"of decaying; lower min_lr too (e.g. --set min_lr={self.lr / 100:g})")
+                             f"of decaying; lower min_lr too (e.g. dataclasses.replace(cfg, min_lr={self.lr / 100:g}))")
         if self.warmup_epochs > self.epochs:
             raise ValueError(f"warmup_epochs={self.warmup_epochs:g} exceeds epochs={self.epochs}: the learning rate would "
-                             "still be climbing when the run ends and never come down; lower it (--set "
-                             f"warmup_epochs={self.epochs / 5:g}, a fifth of the run) or train longer")
+                             "still be climbing when the run ends and never come down; lower it (dataclasses.replace("
+                             f"cfg, warmup_epochs={self.epochs / 5:g}), a fifth of the run) or train longer")
         if self.mixup_prob > 0 and self.mixup_alpha == 0 and self.cutmix_alpha == 0:
             raise ValueError("mixup_prob > 0 with mixup_alpha = cutmix_alpha = 0 mixes nothing: to switch mixing off set "
                              "mixup_prob=0, else give mixup_alpha or cutmix_alpha a value > 0")
