@@ -264,3 +264,19 @@ def test_images_come_at_the_input_size_the_model_is_built_for():
     names, x, shown = default_images(m, 2)
     assert x.shape == (2, 3, 64, 64) and shown[0].shape == (64, 64, 3)
     assert m(x).shape == (2, 1000)
+
+
+def test_a_limit_that_is_no_whole_number_is_refused_by_name(tmp_path):
+    """load_images(model, folder, limit=True) read 1 image (a bool is an int to Python) and limit=2.5 failed in a
+    list slice ("slice indices must be integers"); both are refused by name before any file is read."""
+    from conftest import tiny_vit
+    from PIL import Image
+
+    from vitlab.images import load_images
+
+    Image.new("RGB", (40, 40)).save(tmp_path / "a.png")
+    for limit in (True, 2.5, 0):
+        for folder in (tmp_path, None):
+            with pytest.raises(ValueError, match=f"limit must be a whole number of at least 1 image .*got {limit!r}"):
+                load_images(tiny_vit(), folder, limit=limit)
+    assert load_images(tiny_vit(), tmp_path, limit=np.int64(1))[1].shape[0] == 1

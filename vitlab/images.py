@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
+from vitlab.checks import whole_index
 from vitlab.data import (
     DECODE_ERRORS,
     IMAGE_SUFFIXES,
@@ -62,8 +63,8 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
     """
     import warnings
 
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit must be at least 1 image (or None for all), got {limit}")
+    if limit is not None and (not whole_index(limit) or limit < 1):  # True read 1 image, 2.5 failed in a slice
+        raise ValueError(f"limit must be a whole number of at least 1 image (or None for all), got {limit!r}")
     if folder is None:
         items = [(name, Image.fromarray(arr)) for name, arr in sample_images()]
         if limit is not None and len(items) > limit:
