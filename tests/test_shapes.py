@@ -84,6 +84,9 @@ def test_objects_differ_from_background_and_split_loader():
     assert len(load_dataset("shapes", "test")) == 2000
     with pytest.raises(DataError, match="n must be at least 1 image"):  # n=0 gave the whole split, silently
         load_shapes("test", n=0)
+    for n in (True, 1.5):  # failed in torch.randperm ("received an invalid combination of arguments"), naming no n
+        with pytest.raises(DataError, match=f"n must be at least 1 image, a whole number .*got {n!r}"):
+            load_shapes("test", n=n)
 
 
 @pytest.mark.slow

@@ -24,6 +24,8 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
+from vitlab.checks import whole_index
+
 __all__ = [
     "ImageArray",
     "portable_source",
@@ -493,8 +495,8 @@ def load_shapes(split: str = "train", n: int | None = None, size: int = 32) -> I
 
     if split not in SHAPES_SIZES:
         raise DataError(f"split must be 'train' or 'test', got {split!r}")
-    if n is not None and n < 1:
-        raise DataError(f"n must be at least 1 image (or None for the whole split), got {n}")
+    if n is not None and (not whole_index(n) or n < 1):  # True and 1.5 failed in torch.randperm, naming no n
+        raise DataError(f"n must be at least 1 image, a whole number (or None for the whole split), got {n!r}")
     count, seed = SHAPES_SIZES[split]
     images, labels, masks = make_shapes(count if n is None else n, size=size, seed=seed)
     return ImageArray(images, labels, SHAPE_CLASSES, f"shapes:{split}:seed{seed}", masks)
