@@ -655,6 +655,22 @@ def test_full_token_epochs_settings_are_checked(changes, match):
         dataclasses.replace(PRESETS["tiny"], epochs=2, **changes)
 
 
+def test_epoch_and_step_counts_refuse_a_bool():
+    """lookahead_every=True averaged after every step, full_token_epochs=True, progressive_epochs=True,
+    whiten_bias_epochs=True counted 1 epoch and distill_tta=True or 1.0 ran 1 (a bool is an int to Python), each
+    recorded as asked; all are refused by name as other values that are no count are."""
+    vit = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, patch_drop_rate=0.5), epochs=2)
+    for base, field, also in ((PRESETS["tiny"], "lookahead_every", {}), (vit, "full_token_epochs", {}),
+                              (vit, "progressive_epochs", dict(progressive_size=16)),
+                              (PRESETS["resnet_cifar10_fast"], "whiten_bias_epochs", {})):
+        with pytest.raises(ValueError, match=f"{field} must be .*an int .*got True"):
+            dataclasses.replace(base, **{field: True}, **also)
+    for tta in (True, 1.0):  # read as 1
+        with pytest.raises(ValueError, match=f"distill_tta must be 0, 1 or 2 and needs a teacher, got {tta!r}"):
+            dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, distilled=True), teacher="t",
+                                distill_tta=tta)
+
+
 def test_distillation_facts_match_an_independent_two_head_pass():
     """The card's per-head accuracies and teacher agreement equal what timm's own training-mode forward of a
     distilled ViT (the two heads' logits as a pair) gives on the same inputs."""

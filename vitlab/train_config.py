@@ -132,7 +132,8 @@ class TrainConfig:
             raise ValueError(f"eval_tta must be 0, 1 or 2, got {self.eval_tta!r}")
         if self.distill not in ("hard", "soft"):
             raise ValueError(f"distill must be 'hard' or 'soft', got {self.distill!r}")
-        if self.distill_tta not in (0, 1, 2) or (self.distill_tta and self.teacher is None):
+        if (isinstance(self.distill_tta, bool) or not isinstance(self.distill_tta, int)
+                or self.distill_tta not in (0, 1, 2) or (self.distill_tta and self.teacher is None)):  # True read as 1
             raise ValueError(f"distill_tta must be 0, 1 or 2 and needs a teacher, got {self.distill_tta!r} with teacher="
                              f"{self.teacher!r}")
         if self.teacher is not None and not (isinstance(self.model, ViTConfig) and self.model.distilled):
@@ -169,7 +170,8 @@ class TrainConfig:
                              "(dataclasses.replace(cfg, eval_every=1))")
         if self.flip not in ("random", "alternating", "none"):
             raise ValueError(f"flip must be 'random', 'alternating' or 'none', got {self.flip!r}")
-        if not isinstance(self.lookahead_every, int) or self.lookahead_every < 0:
+        if (isinstance(self.lookahead_every, bool) or not isinstance(self.lookahead_every, int)
+                or self.lookahead_every < 0):  # True is no step count (it averaged after every step)
             raise ValueError(f"lookahead_every must be an int >= 0 (0 turns Lookahead off), got "
                              f"{self.lookahead_every!r}")
         if not 0 <= self.lookahead_decay < 1 or self.lookahead_power < 0:
@@ -198,19 +200,22 @@ class TrainConfig:
                 raise ValueError(f"progressive_size must be a multiple of the patch size ({m.patch_size}) below the "
                                  f"image size {m.img_size}, got {size!r}")
             by_share = self.progressive_epochs == 0 and self.progressive_fraction > 0  # small_epochs: a share
-            if not by_share and (not isinstance(self.progressive_epochs, int)
+            if not by_share and (isinstance(self.progressive_epochs, bool)
+                                 or not isinstance(self.progressive_epochs, int)
                                  or not 0 < self.progressive_epochs <= self.epochs):
                 raise ValueError(f"progressive_epochs must be an int in [1, epochs={self.epochs}] with progressive_size "
                                  f"(or 0 with a progressive_fraction > 0), got {self.progressive_epochs!r}")
         if self.full_token_epochs:
-            if not isinstance(self.full_token_epochs, int) or not 0 < self.full_token_epochs <= self.epochs:
+            if (isinstance(self.full_token_epochs, bool) or not isinstance(self.full_token_epochs, int)
+                    or not 0 < self.full_token_epochs <= self.epochs):
                 raise ValueError(f"full_token_epochs must be an int in [0, epochs={self.epochs}], got "
                                  f"{self.full_token_epochs!r}")
             if not (isinstance(self.model, ViTConfig) and self.model.patch_drop_rate):
                 raise ValueError("full_token_epochs turns patch dropping off for the last epochs, but this model drops "
                                  "no patches: set model.patch_drop_rate (e.g. 0.5) or leave full_token_epochs 0")
         if self.whiten_bias_epochs is not None:
-            if not isinstance(self.whiten_bias_epochs, int) or self.whiten_bias_epochs < 0:
+            if (isinstance(self.whiten_bias_epochs, bool) or not isinstance(self.whiten_bias_epochs, int)
+                    or self.whiten_bias_epochs < 0):
                 raise ValueError(f"whiten_bias_epochs must be None (always trained) or an int >= 0, got "
                                  f"{self.whiten_bias_epochs!r}")
             if not isinstance(self.model, CifarNetConfig):
