@@ -203,6 +203,21 @@ def test_other_configs_reject_bad_fields():
         vitlab.build_model({"kind": "vit"})
 
 
+def test_model_configs_refuse_a_bool_for_a_count():
+    """vit_config(num_classes=True), BiTConfig(width_factor=True), BiTConfig(layers=(True, 1)),
+    CifarNetConfig(whiten_kernel=True) and CifarNetConfig(widths=(True, 8)) were accepted, each True to be read as 1
+    (a bool is an int to Python); they are refused with their fields' messages."""
+    from vitlab.zoo import CifarNetConfig
+
+    for make, match in ((lambda: vit_config("Ti/16", num_classes=True), "num_classes must be an int >= 0"),
+                        (lambda: BiTConfig(width_factor=True), "width_factor must be a positive int"),
+                        (lambda: BiTConfig(layers=(True, 1)), "layers must be a non-empty tuple of block counts"),
+                        (lambda: CifarNetConfig(whiten_kernel=True), "whiten_kernel must be a positive int"),
+                        (lambda: CifarNetConfig(widths=(True, 8)), "widths must be a non-empty tuple of positive")):
+        with pytest.raises(ValueError, match=match + ".*True"):
+            make()
+
+
 # ---------------------------------------------------------------------------------------------- preprocessing
 
 

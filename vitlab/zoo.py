@@ -165,7 +165,7 @@ class ViTConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if not isinstance(self.num_classes, int) or self.num_classes < 0:
+        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
             raise ValueError(f"num_classes must be an int >= 0 (0: no head), got {self.num_classes!r}")
         h, w = size2(self.img_size)
         if h % self.patch_size or w % self.patch_size:
@@ -192,7 +192,7 @@ class ViTConfig:
 
 
 def _check_resnet(layers: tuple[int, ...], stem: str) -> None:
-    if not layers or not all(isinstance(n, int) and n >= 1 for n in layers):
+    if not layers or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in layers):
         raise ValueError(f"layers must be a non-empty tuple of block counts >= 1, got {layers!r}")
     if stem not in ("imagenet", "cifar"):
         raise ValueError(f"stem must be 'imagenet' (7x7/2 conv + max pool) or 'cifar' (3x3/1 conv), got {stem!r}")
@@ -281,7 +281,7 @@ class BiTConfig:
         _check_resnet(self.layers, self.stem)
         if isinstance(self.channels, list):
             object.__setattr__(self, "channels", tuple(self.channels))
-        if not isinstance(self.width_factor, int) or self.width_factor < 1:
+        if isinstance(self.width_factor, bool) or not isinstance(self.width_factor, int) or self.width_factor < 1:
             raise ValueError(f"width_factor must be a positive int, got {self.width_factor!r}")
         if not isinstance(self.basic, bool):
             raise ValueError(f"basic must be true or false, got {self.basic!r}")
@@ -307,12 +307,12 @@ class CifarNetConfig:
     def __post_init__(self) -> None:
         if isinstance(self.widths, list):
             object.__setattr__(self, "widths", tuple(self.widths))
-        if not self.widths or not all(isinstance(w, int) and w >= 1 for w in self.widths):
+        if not self.widths or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in self.widths):
             raise ValueError(f"widths must be a non-empty tuple of positive ints, got {self.widths!r}")
         for flag in ("residual", "whiten_fp32"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
-        if not isinstance(self.whiten_kernel, int) or self.whiten_kernel < 1:
+        if isinstance(self.whiten_kernel, bool) or not isinstance(self.whiten_kernel, int) or self.whiten_kernel < 1:
             raise ValueError(f"whiten_kernel must be a positive int, got {self.whiten_kernel!r}")
         size2(self.img_size)
 
