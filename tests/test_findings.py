@@ -267,6 +267,20 @@ def test_distance_grows_with_depth():
     assert v.interval[0] < 0 < v.interval[1]
 
 
+def test_a_resample_count_or_seed_that_is_no_whole_number_is_refused():
+    """distance_grows_with_depth(dist, n_boot=True) drew 1 bootstrap resample, a zero-width interval reported as
+    "True resamples", and seed=0.5 failed in numpy's SeedSequence; both are refused by name, as n_boot=0 is."""
+    dist = 10 + 2 * np.arange(6.0)[:, None, None] + np.random.default_rng(0).normal(0, 1, (6, 20, 3))
+    for n_boot in (True, 1.5, 0):
+        with pytest.raises(ValueError, match=f"n_boot must be a whole number of at least 1, got {n_boot!r}"):
+            distance_grows_with_depth(dist, n_boot=n_boot)
+    for seed in (0.5, True):
+        with pytest.raises(ValueError, match=f"seed must be a whole number, got {seed!r}"):
+            distance_grows_with_depth(dist, seed=seed)
+    assert distance_grows_with_depth(dist, n_boot=np.int64(50), seed=np.int64(1)) == distance_grows_with_depth(
+        dist, n_boot=50, seed=1)
+
+
 def test_attention_distance_shift_known_answers():
     g = np.random.default_rng(0)
     b = 20 + g.normal(0, 3, (4, 30, 3))  # (L, B, H)

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
+from vitlab.checks import whole_index
+
 __all__ = ["Verdict", "verdict_table", "fmt_value", "fmt_endpoint", "fmt_threshold", "json_types", "make_verdict",
            "decide", "mean_interval", "prediction_interval", "bootstrap_counts", "percentile_interval",
            "spearman_resampled", "as_float64", "n_units", "none_reason", "Resolution", "N_BOOT", "SEED", "LEVEL",
@@ -207,6 +209,10 @@ def bootstrap_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
     """(n_boot, n) how often each of ``n`` units is drawn in each bootstrap resample of size ``n``."""
     if n < 1:
         raise ValueError("nothing to resample: no units")
+    if not whole_index(n_boot) or n_boot < 1:  # True drew 1 resample, reported as "True resamples"
+        raise ValueError(f"n_boot must be a whole number of at least 1, got {n_boot!r}")
+    if not whole_index(seed):  # 0.5 failed in numpy's SeedSequence, naming no argument; True was seed 1
+        raise ValueError(f"seed must be a whole number, got {seed!r}")
     return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)
 
 
