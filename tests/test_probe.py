@@ -297,6 +297,19 @@ def test_extract_features_are_the_pre_logits_and_are_cached(monkeypatch):
     assert model.training  # mode untouched
 
 
+def test_a_feature_batch_size_that_is_no_count_is_refused_by_name():
+    """extract_features(batch_size=0) failed in range() ("arg 3 must not be zero"), naming no argument, batch_size=2.5
+    in range() too, and batch_size=True ran batches of 1 image; all are refused as batch_size before any forward."""
+    model, data = tiny_vit(), _shapes()
+    calls = []
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    for batch_size in (0, 2.5, True):
+        with pytest.raises(ValueError, match=f"batch_size must be a whole number of at least 1, got {batch_size!r}"):
+            extract_features(model, data, batch_size=batch_size, cache=False)
+    handle.remove()
+    assert calls == []
+
+
 def test_patch_mean_of_an_average_pooled_vit_goes_through_its_final_layernorm(monkeypatch, tmp_path):
     """readout="avg": timm's norm is the identity and the LayerNorm is fc_norm, applied after the mean; the patch mean
     is normalised as the model's own pooled readout (it averaged un-normalised tokens), here that readout exactly.

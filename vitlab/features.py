@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from vitlab.checks import check_count
 from vitlab.choices import READOUT_NAMES, READOUTS, Readout
 from vitlab.data import ImageArray, cache_file, normalize, touch_cache, write_cache
 from vitlab.info import model_info
@@ -182,6 +183,7 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
     if not hasattr(model, "forward_head") or not hasattr(model, "forward_features"):
         raise TypeError(f"{type(model).__name__} has no forward_features/forward_head: extract_features needs a "
                         "timm model (a ViT, hybrid or ResNet)")
+    check_count("batch_size", batch_size)  # 0 failed in range() naming no argument, True ran batches of 1 image
     readouts = tuple(dict.fromkeys(readouts))  # a readout named twice is computed (and returned) once
     bad = [r for r in readouts if r not in READOUTS]
     if bad or not readouts:
