@@ -569,6 +569,27 @@ def test_k_shot_and_nested_subsets():
     assert nested_subsets(labels, []) == []  # no sizes, no subsets (the MPP study without caps asks for none)
 
 
+def test_k_shot_and_nested_subsets_refuse_counts_and_seeds_that_are_no_whole_numbers():
+    """k_shot_indices(labels, -1) kept all but one example of each class and k=True one, nested_subsets(labels, [-5])
+    all but 5 images and [True] one (a slice of the shuffled order), and a seed of 0.5 failed in torch naming no
+    argument; each is refused by name, and NumPy integers draw what their ints do."""
+    labels = torch.arange(100) % 4
+    for k in (-1, 0, True, 2.5):
+        with pytest.raises(ValueError, match=f"k must be a whole number of at least 1 shot, got {k!r}"):
+            k_shot_indices(labels, k)
+    for sizes in ([-5], [True], [8, 2.5]):
+        with pytest.raises(ValueError, match=r"sizes must be whole numbers of images >= 0, got \["):
+            nested_subsets(labels, sizes)
+    for seed in (0.5, True):
+        with pytest.raises(ValueError, match=f"seed must be a whole number, got {seed!r}"):
+            k_shot_indices(labels, 2, seed=seed)
+        with pytest.raises(ValueError, match=f"seed must be a whole number, got {seed!r}"):
+            nested_subsets(labels, [8], seed=seed)
+    assert torch.equal(k_shot_indices(labels, np.int64(2), seed=np.int64(3)), k_shot_indices(labels, 2, seed=3))
+    assert torch.equal(nested_subsets(labels, [np.int64(8)], seed=np.int64(3))[0],
+                       nested_subsets(labels, [8], seed=3)[0])
+
+
 def _old_nested_order(labels, seed):
     """nested_subsets' order before the round-robin (interleaved up to the smallest class, then the rest class by
     class): the draws the shipped results were made with, for classes of equal size."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import operator
 import os
 import struct
 import warnings
@@ -613,7 +614,11 @@ def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float], size:
 
 def k_shot_indices(labels: Tensor, k: int, seed: int = 0) -> Tensor:
     """Indices of ``k`` examples per class, drawn without replacement; a class with fewer is an error."""
-    g = torch.Generator().manual_seed(seed)
+    if not whole_index(k) or k < 1:  # k=-1 kept all but one example per class, True 1 shot
+        raise ValueError(f"k must be a whole number of at least 1 shot, got {k!r}")
+    if not whole_index(seed):
+        raise ValueError(f"seed must be a whole number, got {seed!r}")
+    g = torch.Generator().manual_seed(operator.index(seed))
     out = []
     for c in torch.unique(labels).tolist():
         idx = torch.nonzero(labels == c).flatten()
@@ -632,6 +637,11 @@ def nested_subsets(labels: Tensor, sizes: Sequence[int], seed: int = 0) -> list[
     sizes = sorted(sizes)
     if not sizes:  # no cut asked for: no subsets
         return []
+    if not all(whole_index(n) for n in sizes) or sizes[0] < 0:  # -5 cut all but 5 images, True 1 image
+        raise ValueError(f"sizes must be whole numbers of images >= 0, got {sizes}")
+    if not whole_index(seed):
+        raise ValueError(f"seed must be a whole number, got {seed!r}")
+    seed = operator.index(seed)
     classes = torch.unique(labels).tolist()
     if sizes[-1] > len(labels):
         raise DataError(f"largest subset {sizes[-1]} exceeds the {len(labels)} examples available")
