@@ -142,6 +142,8 @@ class CifarResNet(nn.Module):
 
 def tta_logits(model: Callable[[Tensor], Tensor], x: Tensor, level: int = 2) -> Tensor:
     """Test-time augmentation: 0 none, 1 mean over the image and its mirror, 2 also +-1 px translations."""
+    if isinstance(level, bool) or level not in (0, 1, 2):  # 3 ran level 2, True level 1
+        raise ValueError(f"level must be 0, 1 or 2, got {level!r}")
     logits = model(x)
     if level == 0:
         return logits

@@ -175,6 +175,8 @@ def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bo
     names it)."""
     from tqdm.auto import tqdm
 
+    if isinstance(tta, bool) or tta not in (0, 1, 2):  # before any batch: 3 ran level 2, True level 1
+        raise ValueError(f"tta must be 0, 1 or 2 (as in vitlab.cifarnet.tta_logits), got {tta!r}")
     pc = model.pretrained_cfg
     correct = 0
     with eval_mode(model):

@@ -128,7 +128,7 @@ class TrainConfig:
             raise ValueError(f"schedule must be 'cosine' or 'triangle', got {self.schedule!r}")
         if self.crop_pad_mode not in ("constant", "reflect"):
             raise ValueError(f"crop_pad_mode must be 'constant' or 'reflect', got {self.crop_pad_mode!r}")
-        if self.eval_tta not in (0, 1, 2):
+        if isinstance(self.eval_tta, bool) or not isinstance(self.eval_tta, int) or self.eval_tta not in (0, 1, 2):
             raise ValueError(f"eval_tta must be 0, 1 or 2, got {self.eval_tta!r}")
         if self.distill not in ("hard", "soft"):
             raise ValueError(f"distill must be 'hard' or 'soft', got {self.distill!r}")
