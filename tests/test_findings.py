@@ -125,6 +125,18 @@ def test_filters_structured():
     assert filters_structured([0.3, 0.0], [[0.2, 0.0]], k=2).verdict == "inconclusive"  # one draw: no interval
 
 
+def test_a_component_count_that_is_no_whole_number_is_refused():
+    """filters_structured(..., k=-1) compared all but the last component and stated "the first -1 components", and
+    filters_low_frequency(k=-1) ranked all but the last; k=True took the first one. Both are refused by name."""
+    comps = np.stack([cosine(u, v) for u, v in FREQS])
+    random = np.array([[0.10, 0.09, 0.01], [0.12, 0.08, 0.01], [0.11, 0.09, 0.02]])
+    for k in (-1, 0, True, 2.5):
+        with pytest.raises(ValueError, match=f"k must be a whole number of components, at least 1, got {k!r}"):
+            filters_structured([0.5, 0.3, 0.1], random, k=k)
+        with pytest.raises(ValueError, match=f"k must be a whole number of components, at least 1, got {k!r}"):
+            filters_low_frequency(comps, k=k)
+
+
 @pytest.mark.parametrize("n", [5, 20, 30, 39, 60])
 def test_the_prediction_interval_holds_one_more_draw_95_percent_of_the_time(n):
     """Over 4,000 sets of n normal draws, one more draw falls inside the 95% prediction interval of the n at least

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from vitlab.checks import whole_index
 from vitlab.inspect.distance import patch_distances
 from vitlab.inspect.faithfulness import rank_correlation
 from vitlab.inspect.positions import position_structure_score
@@ -91,6 +92,13 @@ def dct_radius(components: Array) -> np.ndarray:
 MIN_RANK_BOOTSTRAP = 8
 
 
+def _check_k(k: object) -> None:
+    """Refuse a component count that is no whole number of at least 1: k=-1 took all but the last component (and
+    the statement said "the first -1"), True the first one."""
+    if not whole_index(k) or k < 1:
+        raise ValueError(f"k must be a whole number of components, at least 1, got {k!r}")
+
+
 def filters_low_frequency(components: Array, k: int = 28, n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
     """Fig. 7 left: the leading principal components of the patch-embedding filters are low-frequency.
 
@@ -99,6 +107,7 @@ def filters_low_frequency(components: Array, k: int = 28, n_boot: int = N_BOOT, 
     all when fewer); the bootstrap resamples (rank, radius) pairs. Below ``MIN_RANK_BOOTSTRAP`` components there
     is no interval: the verdict is inconclusive.
     """
+    _check_k(k)
     radius = dct_radius(components)[:k]  # (k,)
     k = len(radius)
     if k < 3 or not np.isfinite(radius).all():
@@ -127,6 +136,7 @@ def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k:
     ``embedding_filter_pca(randomized_copy(model, s), k)[1]`` for s in range(S). Statistic: cumulative ratio of
     the first ``k`` minus the random one's, averaged over draws; interval over the draws.
     """
+    _check_k(k)
     er = as_float64(explained_ratio)
     rr = as_float64(random_explained_ratio)
     if rr.ndim == 1:
