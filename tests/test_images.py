@@ -280,3 +280,19 @@ def test_a_limit_that_is_no_whole_number_is_refused_by_name(tmp_path):
             with pytest.raises(ValueError, match=f"limit must be a whole number of at least 1 image .*got {limit!r}"):
                 load_images(tiny_vit(), folder, limit=limit)
     assert load_images(tiny_vit(), tmp_path, limit=np.int64(1))[1].shape[0] == 1
+
+
+def test_a_default_image_count_that_is_no_whole_number_is_refused_by_name():
+    """default_images(model, True) gave 1 image (a bool is an int to Python) and n=2.5 failed in range() or a list
+    slice, naming no argument; for the shipped CIFAR-10 sample and for the photo crops alike they are refused by
+    name."""
+    from conftest import tiny_vit
+
+    from vitlab.images import default_images, embedded_images
+
+    photos = vitlab.load_model("vit_tiny_patch16_224", pretrained=False, depth=1)
+    for n in (True, 2.5):
+        with pytest.raises(ValueError, match=rf"n must be in \[1, 128\], got {n!r}"):
+            default_images(tiny_vit(), n)
+        with pytest.raises(ValueError, match=rf"n must be in \[1, 38\], got {n!r}"):
+            embedded_images(photos, n)
