@@ -152,6 +152,23 @@ def test_a_tta_level_that_is_not_0_1_or_2_is_refused():
             dataclasses.replace(PRESETS["tiny"], eval_tta=tta)
 
 
+def test_an_evaluation_batch_size_that_is_no_count_is_refused_by_name():
+    """evaluate, timm_pipeline_accuracy and distillation_facts with batch_size=0 or 2.5 failed in range() naming no
+    argument, and batch_size=True ran batches of 1 image; all are refused as batch_size."""
+    from vitlab.data import ImageArray
+    from vitlab.export import distillation_facts, timm_pipeline_accuracy
+    from vitlab.train import evaluate
+
+    model = CifarResNet((8, 8, 8), num_classes=3).eval()
+    data = ImageArray(torch.zeros(2, 32, 32, 3, dtype=torch.uint8), torch.zeros(2, dtype=torch.long), ("a",), "s")
+    for batch_size in (0, 2.5, True):
+        said = f"batch_size must be a whole number of at least 1, got {batch_size!r}"
+        for run in (lambda b: evaluate(model, data, batch_size=b), lambda b: timm_pipeline_accuracy(model, data, b),
+                    lambda b: distillation_facts(model, model, data, b)):
+            with pytest.raises(ValueError, match=said):
+                run(batch_size)
+
+
 class _LeftOrRight(torch.nn.Module):
     """(B, 3, H, 2) -> logits (left - right, right - left) of the columns' means: class 0 when the left column is
     brighter. Mirrored, the logits are exactly negated, so their mean over an image and its mirror is a tie (class 0)."""

@@ -30,6 +30,7 @@ from vitlab.checkpoint import (
     resolve_folder,
     save_checkpoint,
 )
+from vitlab.checks import check_count
 from vitlab.data import ImageArray, base_dataset, load_dataset, portable_source
 from vitlab.distill import load_teacher
 from vitlab.history import run_history, run_hours, training_curve
@@ -56,6 +57,7 @@ def timm_pipeline_accuracy(model: nn.Module, data: ImageArray, batch_size: int =
     """Top-1 accuracy with the model's own timm eval transform applied to each image as a PIL image."""
     from tqdm.auto import tqdm
 
+    check_count("batch_size", batch_size)  # 0 failed in range() naming no argument, True ran batches of 1 image
     model = _float_copy(model)  # the caller's model keeps its dtype and mode
     inputs, dev = _timm_inputs(model), next(model.parameters()).device
     correct = 0
@@ -75,6 +77,7 @@ def distillation_facts(student: nn.Module, teacher: nn.Module, data: ImageArray,
     wrong, and the share of the readout's errors that are the teacher's very mistake (the same wrong class)."""
     from tqdm.auto import tqdm
 
+    check_count("batch_size", batch_size)
     student, teacher = _float_copy(student), _float_copy(teacher)  # the callers' models keep their dtype and mode
     student_inputs, teacher_inputs = _timm_inputs(student), _timm_inputs(teacher)
     sdev, tdev = next(student.parameters()).device, next(teacher.parameters()).device
