@@ -31,8 +31,9 @@ def _python(script: str) -> subprocess.CompletedProcess:
 def test_help_and_argument_errors_load_no_torch():
     action = next(a for a in build_parser()._actions if a.dest == "command")
     argvs = [["--help"], [], ["nonsense"], ["probe", "--data", "cifar10", "--shots", "0"], ["train", "--epochs", "x"],
-             ["train", "--preset", "vit_cifar1O"],
+             ["train", "--preset", "vit_cifar1O"], ["train", "--set", "nosuchfield=1"],
              # refusals of the options alone, before any work (exit status 1)
+             ["train", "--preset", "tiny", "--set", "epochs=0"],
              ["export", "--run-dir", "r", "--out", "r/x", "--command-line", "c"],
              ["export", "--run-dir", "r", "--out", "x", "--command-line", "c", "--goal", "90"],
              ["probe", "--data", "cifar10", "--l2", "-1"], ["sweep", "--table", "--tune"],
@@ -44,8 +45,16 @@ def test_help_and_argument_errors_load_no_torch():
               "        try:\n            codes.append(main(argv))\n        except SystemExit as e:\n            codes.append(e.code)\n"
               f"print(json.dumps([codes, sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))]))")
     codes, heavy = json.loads(_python(script).stdout)
-    assert codes == [0, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1] + [0] * len(action.choices)  # each ended as it should, before any work
+    assert codes == [0, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1] + [0] * len(action.choices)  # each ended as it should, before any work
     assert heavy == [], f"the parser loaded {heavy}"
+
+
+@pytest.mark.parametrize("module", ["choices", "model_config", "train_config"])
+def test_the_configs_load_no_torch(module):
+    """The modules the command line reads its presets and checks its options with import nothing heavy."""
+    script = (f"import sys, vitlab.{module}\n"
+              f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))")
+    assert _python(script).stdout.split() == ["[]"]
 
 
 def test_an_unknown_preset_names_the_presets(capsys):

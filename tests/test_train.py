@@ -206,6 +206,18 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_data, monk
     assert "last good" not in str(err.value) and not (tmp_path / "run3" / "checkpoint").exists()
 
 
+def test_the_preset_randaugment_specs_taken_without_timm_are_ones_timm_parses():
+    """TrainConfig takes the presets' RandAugment spec without loading timm (the presets load no torch); timm
+    parses each such spec, and a spec outside them is still refused by timm (test below)."""
+    from timm.data.auto_augment import rand_augment_transform
+
+    from vitlab import train_config
+
+    assert {c.randaugment for c in PRESETS.values()} - {None} <= train_config._TIMM_PARSES
+    for spec in train_config._TIMM_PARSES:
+        assert rand_augment_transform(spec, {"translate_const": 10, "img_mean": (128, 128, 128)}).num_layers == 2
+
+
 def test_bad_settings_are_refused_by_name_before_the_run_folder_is_written(tmp_path, tiny_data, monkeypatch, capsys):
     """Each of these used to start a run: some failed at the first step with a bare torch or timm error after the
     run folder was written, others trained something else than asked (the text 'False' is true)."""

@@ -313,6 +313,17 @@ def test_widened_stages_are_checked_at_the_width_they_are_built(channels, basic,
         BiTConfig(layers=(1, 1), channels=(40, 80), basic=True, width_factor=2, stem="cifar", img_size=16)
 
 
+def test_configs_round_widths_as_timm_builds_them():
+    """The configs check the widths timm builds without loading timm: vitlab.model_config's copy of timm's
+    make_divisible gives timm's width for every width and factor a config can ask for."""
+    from timm.layers import make_divisible
+
+    from vitlab import model_config
+
+    widths = [c * f for c in range(1, 2049) for f in (0.25, 0.5, 1, 2, 3)]
+    assert [model_config._make_divisible(w) for w in widths] == [make_divisible(w) for w in widths]
+
+
 def test_group_norm_keeps_at_least_k_channels_per_group():
     from vitlab.zoo import group_count
 

@@ -37,8 +37,9 @@ if TYPE_CHECKING:
         position_structure_score,
         randomization_sanity,
     )
+    from vitlab.model_config import BiTConfig, HybridConfig, ViTConfig, vit_config
     from vitlab.models import load_model
-    from vitlab.zoo import BiTConfig, HybridConfig, ViTConfig, build_model, vit_config
+    from vitlab.zoo import build_model
 
 __version__ = "0.1.0"
 
@@ -87,7 +88,8 @@ _SOURCES = {
                      "position_embedding_similarity", "position_structure_score", "randomization_sanity"],
                     "vitlab.inspect"),
     "load_model": "vitlab.models",
-    **dict.fromkeys(["BiTConfig", "HybridConfig", "ViTConfig", "build_model", "vit_config"], "vitlab.zoo"),
+    **dict.fromkeys(["BiTConfig", "HybridConfig", "ViTConfig", "vit_config"], "vitlab.model_config"),  # no torch
+    "build_model": "vitlab.zoo",
 }
 
 

@@ -1,13 +1,16 @@
-"""The names the command line offers before any work (devices, readouts, presets), here without torch so that
-``vitlab --help``, a subcommand's ``--help`` and an argument error load no torch or timm. The modules that act on
-them (``vitlab.devices``, ``vitlab.features``, ``vitlab.train_config``) import them from here.
+"""The names and defaults the command line offers before any work (devices, readouts, MPP targets, the embedded
+default checkpoint), here without torch so that ``vitlab --help``, a subcommand's ``--help``, an argument error and
+a refused option load no torch or timm. The modules that act on them (``vitlab.devices``, ``vitlab.features``,
+``vitlab.mpp``, ``vitlab.models``) import them from here; the presets' names are those of the torch-free
+``vitlab.train_config.PRESETS``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal, get_args
 
-__all__ = ["DEVICE_HELP", "Readout", "READOUTS", "READOUT_NAMES", "PRESET_NAMES"]
+__all__ = ["DEVICE_HELP", "Readout", "READOUTS", "READOUT_NAMES", "MPP_TARGETS", "DEFAULT_CHECKPOINT"]
 
 DEVICE_HELP = "cpu, cuda or cuda:N (default: cuda when available)"
 
@@ -18,6 +21,8 @@ READOUT_NAMES = {"model": "the model's own readout (the class token; the mean of
                           "for a distilled ViT)",
                  "patch_mean": "the mean of the final patch tokens"}
 
-#: The names of ``vitlab.train_config.PRESETS`` in its order (that module refuses to load when the two differ)
-PRESET_NAMES: tuple[str, ...] = ("vit_cifar10", "resnet_cifar10", "bit_cifar10", "hybrid_cifar10", "mpp_cifar10",
-                                 "vit_shapes", "tiny", "resnet_cifar10_fast", "resnet_cifar10_wide")
+#: What masked patch prediction predicts of each corrupted patch (``vitlab.mpp``; ``TrainConfig.mpp_target``)
+MPP_TARGETS = ("color3", "patch4x4", "l2")
+
+#: The embedded default model: what ``--model`` loads when it is left out (``vitlab.models.load_model``)
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "data" / "checkpoints" / "vit_cifar10"

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 # torch-free: the parser is built (--help, an argument error) without loading torch or timm; each command imports
 # what it needs itself, inside main's handling of errors and Ctrl-C
-from vitlab.choices import DEVICE_HELP, PRESET_NAMES, READOUTS
+from vitlab.choices import DEVICE_HELP, READOUTS
+from vitlab.train_config import PRESETS
 
 if TYPE_CHECKING:
     from vitlab.scaling import SweepConfig
@@ -176,10 +177,9 @@ def preset_config(preset: str, sets: list[str] | None = None, epochs: int | None
     """The ``TrainConfig`` that ``vitlab train --preset PRESET [--set FIELD=VALUE ...] [--epochs N] [--data D]``
     trains. ``OptionError`` names an unknown preset or field with the valid ones; a value the config refuses raises
     its own ValueError."""
-    if preset not in PRESET_NAMES:  # told at once, before torch and timm load
-        raise OptionError(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESET_NAMES))}")
-    from vitlab.train_config import PRESETS
-    from vitlab.zoo import replace_fields
+    if preset not in PRESETS:  # told at once, before torch and timm load
+        raise OptionError(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
+    from vitlab.model_config import replace_fields
 
     cfg = PRESETS[preset]
     changes = {}
@@ -701,7 +701,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_capture)
 
     sp = sub.add_parser("train", help="train a preset (resumable; metrics in RUN/metrics.jsonl)")
-    sp.add_argument("--preset", default="vit_cifar10", help=", ".join(PRESET_NAMES))
+    sp.add_argument("--preset", default="vit_cifar10", help=", ".join(PRESETS))
     sp.add_argument("--run-dir", type=user_path, dest="run", help="run folder (default $VITLAB_CACHE/runs/PRESET, i.e. "
                     "~/.cache/vitlab/runs/PRESET: outside the work tree)")
     leg = sp.add_mutually_exclusive_group()  # --continue resumes by itself where there is state to resume

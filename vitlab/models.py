@@ -21,13 +21,14 @@ from safetensors import safe_open
 from torch import nn
 
 from vitlab.checkpoint import WEIGHTS_NAME, load_checkpoint
+from vitlab.choices import DEFAULT_CHECKPOINT
 from vitlab.errors import ModelLoadError
 from vitlab.zoo import BiTConfig, CifarNetConfig, HybridConfig, ModelConfig, ViTConfig, build_model, replace_fields
 
 __all__ = ["load_model", "DEFAULT_CHECKPOINT", "SHAPES_CHECKPOINT"]
 
-#: Where the embedded default model lives (shipped by the training work; see data/checkpoints/README.md).
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "data" / "checkpoints" / "vit_cifar10"
+# DEFAULT_CHECKPOINT (from the torch-free vitlab.choices, for the command line): where the embedded default model
+# lives (shipped by the training work; see data/checkpoints/README.md).
 #: The ViT trained on the synthetic shapes (object masks): the localisation scores use it.
 SHAPES_CHECKPOINT = DEFAULT_CHECKPOINT.parent / "vit_shapes"
 

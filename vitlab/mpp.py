@@ -28,11 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitlab.choices import MPP_TARGETS
+
 __all__ = ["MPP_TARGETS", "color3_targets", "patch4x4_targets", "patch_pixels", "draw_corruption",
            "corrupted_patches", "MaskedPatchPrediction", "KEEP", "MASK", "RANDOM", "SAME", "OBJECTIVE_NAME",
            "load_mpp"]
 
-MPP_TARGETS = ("color3", "patch4x4", "l2")
 #: The file beside a checkpoint's ``model.safetensors`` that holds the [mask] embedding and the prediction head.
 OBJECTIVE_NAME = "objective.safetensors"
 KEEP, MASK, RANDOM, SAME = 0, 1, 2, 3  # not corrupted; [mask]; a random other patch; corrupted but left as it is
