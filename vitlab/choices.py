@@ -1,8 +1,8 @@
 """The names and defaults the command line offers before any work (devices, readouts, MPP targets, the embedded
-default checkpoint), here without torch so that ``vitlab --help``, a subcommand's ``--help``, an argument error and
-a refused option load no torch or timm. The modules that act on them (``vitlab.devices``, ``vitlab.features``,
-``vitlab.mpp``, ``vitlab.models``) import them from here; the presets' names are those of the torch-free
-``vitlab.train_config.PRESETS``.
+default checkpoint, the probe's ridge penalty), here without torch so that ``vitlab --help``, a subcommand's
+``--help``, an argument error and a refused option load no torch or timm. The modules that act on them
+(``vitlab.devices``, ``vitlab.features``, ``vitlab.mpp``, ``vitlab.models``, ``vitlab.probe``) import them from here;
+the presets' names are those of the torch-free ``vitlab.train_config.PRESETS``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, get_args
 
-__all__ = ["DEVICE_HELP", "Readout", "READOUTS", "READOUT_NAMES", "MPP_TARGETS", "DEFAULT_CHECKPOINT"]
+__all__ = ["DEVICE_HELP", "Readout", "READOUTS", "READOUT_NAMES", "MPP_TARGETS", "DEFAULT_CHECKPOINT", "DEFAULT_L2"]
 
 DEVICE_HELP = "cpu, cuda or cuda:N (default: cuda when available)"
 
@@ -26,3 +26,6 @@ MPP_TARGETS = ("color3", "patch4x4", "l2")
 
 #: The embedded default model: what ``--model`` loads when it is left out (``vitlab.models.load_model``)
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "data" / "checkpoints" / "vit_cifar10"
+
+#: The few-shot probe's ridge penalty (``vitlab.probe``; ``--l2``, a sweep's ``l2``): big_vision's few-shot default
+DEFAULT_L2 = 2.0**10

@@ -17,7 +17,7 @@ from vitlab.choices import DEVICE_HELP, READOUTS
 from vitlab.train_config import PRESETS
 
 if TYPE_CHECKING:
-    from vitlab.scaling import SweepConfig
+    from vitlab.sweep_config import SweepConfig
     from vitlab.train_config import TrainConfig
 
 
@@ -315,7 +315,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                          "pass one of them")
     if args.save_config and not args.tune:
         raise ValueError("--save-config writes the config --tune freezes: pass --tune too, or leave --save-config out")
-    from vitlab.scaling import ResultsStore, load_sweep_config, run_sweep, summarise
+    from vitlab.sweep_config import load_sweep_config  # torch-free: the checks below come before torch loads
 
     sweep = load_sweep_config(args.config)
     results = args.results or f"runs/sweeps/{sweep.name}.jsonl"
@@ -328,6 +328,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         _check_not_an_input(args.plot, "--plot", [*stores, Path(args.config)])
     if args.save_config:
         _check_not_an_input(args.save_config, "--save-config", stores)
+    from vitlab.scaling import ResultsStore, run_sweep, summarise
+
     if args.table:  # default: 10-shot (the sweep's; the paper's Fig. 4 is 5-shot) where probed, else its largest
         shots = args.shots if args.shots is not None else 10 if 10 in sweep.shots else max(sweep.shots)
         return _sweep_tables(sweep, Path(results), shots, args.plot)

@@ -21,6 +21,7 @@ from sklearn.utils.validation import check_is_fitted
 from torch import Tensor
 
 from vitlab.checks import whole_index
+from vitlab.choices import DEFAULT_L2
 from vitlab.data import DataError, k_shot_indices
 
 try:
@@ -34,7 +35,6 @@ except ImportError:  # scikit-learn < 1.6 (pyproject allows >= 1.4): the same ch
 __all__ = ["FewShotRidge", "few_shot_accuracy", "linear_probe_accuracy", "check_features", "FewShotResult",
            "DEFAULT_L2", "DEFAULT_SHOTS"]
 
-DEFAULT_L2 = 2.0**10  # big_vision's few-shot default
 DEFAULT_SHOTS = (1, 5, 10, 25)
 BIAS_FEATURE = 100.0
 
