@@ -39,6 +39,8 @@ def test_help_and_argument_errors_load_no_torch():
              ["probe", "--data", "cifar10", "--l2", "-1"], ["sweep", "--table", "--tune"],
              ["mpp-study", "--run-root", "README.md"], ["capture", "--out", "vitlab"],
              ["sweep", "--config", "no_such_sweep"], ["sweep", "--config", "quick", "--shots", "3"],
+             ["probe", "--data", "README.md", "--json", "README.md"],  # an input: its own data
+             ["capture", "--weights", "README.md", "--out", "README.md"],
              *([cmd, "--help"] for cmd in action.choices)]
     script = ("import contextlib, io, json, sys\nfrom vitlab.cli import main\ncodes = []\n"
               f"for argv in {argvs!r}:\n"
@@ -46,7 +48,7 @@ def test_help_and_argument_errors_load_no_torch():
               "        try:\n            codes.append(main(argv))\n        except SystemExit as e:\n            codes.append(e.code)\n"
               f"print(json.dumps([codes, sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))]))")
     codes, heavy = json.loads(_python(script).stdout)
-    assert codes == [0, 2, 2, 2, 2, 2, 2] + [1] * 9 + [0] * len(action.choices)  # each ended as it should, before any work
+    assert codes == [0, 2, 2, 2, 2, 2, 2] + [1] * 11 + [0] * len(action.choices)  # each ended as it should, before any work
     assert heavy == [], f"the parser loaded {heavy}"
 
 

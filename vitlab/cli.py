@@ -102,7 +102,7 @@ def _check_output_file(path: str, flag: str, example: str) -> None:
 def _model_files(model: str | None, weights: str | None) -> list[Path]:
     """The files that loading ``--model`` (and ``--weights``) reads: a checkpoint's folder's files (the embedded
     default's when ``model`` is None; a checkpoint given by one of its files is its folder), and the weights file."""
-    from vitlab.models import DEFAULT_CHECKPOINT
+    from vitlab.choices import DEFAULT_CHECKPOINT  # torch-free: checked before the model loads
 
     files = [Path(weights)] if weights else []
     p = DEFAULT_CHECKPOINT if model is None else Path(model)
@@ -251,6 +251,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_probe(args: argparse.Namespace) -> int:
     if args.l2 is not None and not (args.l2 > 0 and args.l2 != float("inf")):  # at once, before torch loads
         raise ValueError(f"--l2 must be a positive finite number (the ridge penalty), got {args.l2:g}")
+    if args.json:  # before torch loads and the feature pass, not after it
+        _check_output_file(args.json, "--json", "probe.json")
+        _check_not_an_input(args.json, "--json", _model_files(args.model, args.weights) + [Path(args.data)])
     import torch
 
     import vitlab
@@ -261,9 +264,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     if args.l2 is None:
         args.l2 = DEFAULT_L2
-    if args.json:  # before the feature pass, not after it
-        _check_output_file(args.json, "--json", "probe.json")
-        _check_not_an_input(args.json, "--json", _model_files(args.model, args.weights) + [Path(args.data)])
     dev = resolve_device(args.device)
     model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
     train, test = load_splits(args.data, progress=not args.quiet)
@@ -533,6 +533,7 @@ def cmd_app(args: argparse.Namespace) -> int:
 
 def cmd_capture(args: argparse.Namespace) -> int:
     _check_output_file(args.out, "--out", "attention.safetensors")  # at once, before torch loads
+    _check_not_an_input(args.out, "--out", _model_files(args.model, args.weights))  # the images' after vitlab.data
     from safetensors.torch import save_file
 
     import vitlab
@@ -541,7 +542,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from vitlab.images import load_images
 
     images = image_files(Path(args.images)) if args.images and Path(args.images).is_dir() else []
-    _check_not_an_input(args.out, "--out", _model_files(args.model, args.weights) + images)
+    _check_not_an_input(args.out, "--out", images)
     from vitlab.devices import resolve_device
 
     dev = resolve_device(args.device)
