@@ -699,6 +699,29 @@ def test_the_report_reads_a_convits_blocks_before_its_class_token_joins_over_the
     assert bool((pred["readout"][[2, 3]].sum((-1, -2)) > 0).all())
 
 
+def test_the_entropy_figure_names_the_uniform_reference_of_a_convits_blocks_before_its_class_token_joins():
+    """The entropy figure drew one 'uniform attention' line at log(1 + N) for every block, but a ConViT's blocks before
+    its class token joins attend over the N patches alone (their patch rows are what it plots): their uniform entropy
+    is log N. The reference's label now names both, each with its layers; a ViT's stays log T alone."""
+    import math
+
+    import numpy as np
+
+    from vitlab.report import sections as S
+
+    net = tiny_convit()  # 8x8 grid, class token joins before block 2 of 4
+    x = torch.randn(2, 3, 32, 32)
+    inp = S.Inputs(net, vitlab.model_info(net), ["a", "b"], x, [np.zeros((32, 32, 3), np.uint8)] * 2, {}, n_show=2)
+    entropy = S.readout_and_entropy(inp, S.prediction_pass(inp))[1]
+    (line,) = [s for s in entropy.figure.layout.shapes if s.line.dash == "dash"]
+    (label,) = [a.text for a in entropy.figure.layout.annotations]
+    assert line.y0 == math.log(65)
+    assert f"uniform over 65 tokens: {math.log(65):.2f} nats (layers 3-4)" in label, label
+    assert f"over the 64 patches of layers 1-2, before the class token joins: {math.log(64):.2f} nats" in label, label
+    vit = tiny_vit()
+    assert S.uniform_entropy(vitlab.model_info(vit)) == (math.log(65), f"uniform over 65 tokens: {math.log(65):.2f} nats")
+
+
 def test_a_convits_positions_in_its_gated_positional_attention_are_named():
     """ConViT's GPSA blocks attend by relative offsets (pos_proj, mixed in by gating_param), which model_info did not
     list: the report said a ConViT without a position-embedding table 'is told nothing about where a patch lies', and

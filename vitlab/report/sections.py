@@ -397,6 +397,23 @@ def scores_table(rows: list, title: str, localisation: bool = False):
     return table_figure(header, cells, title)
 
 
+def _layers(first: int, last: int) -> str:
+    return f"layer {first}" if first == last else f"layers {first}-{last}"
+
+
+def uniform_entropy(info) -> tuple[float, str]:
+    """The entropy figure's uniform-attention reference (value, label): log T nats, uniform over the T tokens. A
+    ConViT's blocks before its class token joins (``class_token_joins``) attend over the N patches alone, and the
+    figure averages their patch rows: their uniform reference, log N, is named beside it."""
+    T, k = info.num_tokens, info.class_token_joins
+    label = f"uniform over {T} tokens: {np.log(T):.2f} nats"
+    if k:
+        n = info.num_patches
+        label = (f"{label} ({_layers(k + 1, info.depth)});<br>over the {n} patches of {_layers(1, k)}, before the "
+                 f"class token joins: {np.log(n):.2f} nats")
+    return float(np.log(T)), label
+
+
 def readout_and_entropy(inp: Inputs, pred: dict[str, Any]) -> list[Section]:
     info = inp.info
     n = min(inp.n_show, len(inp.x))
@@ -413,8 +430,7 @@ def readout_and_entropy(inp: Inputs, pred: dict[str, Any]) -> list[Section]:
         Section("entropy", "Attention entropy per head against depth (our addition)",
                 layer_lines(pred["entropy"].numpy(), "attention entropy (nats)",
                             "Attention entropy per head<br><sup>dashed: uniform attention</sup>",
-                            reference=(float(np.log(info.num_tokens)),
-                                       f"uniform over {info.num_tokens} tokens: {np.log(info.num_tokens):.2f} nats")),
+                            reference=uniform_entropy(info)),
                 "(our addition)", "Entropy of the attention rows averaged over queries and images: low = focused heads.",
                 inp.stamp(), metrics={"attention_entropy_per_layer_nats": pred["entropy"].mean(1).tolist()})]
 
