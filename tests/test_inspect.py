@@ -405,6 +405,39 @@ def test_a_convits_rollout_carries_its_class_token_unchanged_until_it_joins():
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
+def test_a_convits_discard_ratio_counts_the_patch_entries_of_its_blocks_before_the_class_token_joins():
+    """With discard_ratio > 0, the count of entries dropped in a ConViT's blocks before its class token joins was taken
+    over the padded (1 + N) x (1 + N) map, whose class-token row and column (2N structural zeros) are the weakest:
+    a ratio of 0.5 on an 8x8 grid dropped 1,984 of the 4,096 real entries there, not 2,048. The ratio now counts and
+    ranks the N x N patch entries alone. Written out from timm's own maps: drop the int(64 * 64 * r) weakest patch entries of a GPSA block and
+    the int(65 * 65 * r) weakest of a later block (entry (0, 0) kept), then mix in the residual and renormalise."""
+    torch.manual_seed(0)
+    model = tiny_convit()
+    x = torch.randn(2, 3, 32, 32)
+    r = 0.5
+    joint = torch.eye(65, dtype=torch.float64).expand(2, 65, 65)
+    for a in convit_raw_attention(model, x):
+        a = a.mean(1)
+        if a.shape[-1] == 64:  # a GPSA block: drop among the patch entries, then pad with the class token's identity
+            flat = a.reshape(2, -1).clone()
+            flat.scatter_(1, flat.topk(int(64 * 64 * r), -1, largest=False).indices, 0.0)
+            a = torch.zeros(2, 65, 65, dtype=torch.float64)
+            a[:, 0, 0] = 1.0
+            a[:, 1:, 1:] = flat.view(2, 64, 64)
+        else:
+            flat = a.reshape(2, -1).clone()
+            keep = flat[:, 0].clone()
+            flat.scatter_(1, flat.topk(int(65 * 65 * r), -1, largest=False).indices, 0.0)
+            flat[:, 0] = keep
+            a = flat.view(2, 65, 65)
+        m = 0.5 * torch.eye(65, dtype=torch.float64) + 0.5 * a
+        joint = (m / m.sum(-1, keepdim=True)) @ joint
+    want = joint[:, 0, 1:].reshape(2, 8, 8).float()
+    torch.testing.assert_close(attention_rollout(model, x, discard_ratio=r), want, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(rollout_from_maps(vitlab.attention_maps(model, x), discard_ratio=r)[:, 0, 1:]
+                               .reshape(2, 8, 8).float(), want, rtol=1e-4, atol=1e-6)
+
+
 def test_a_convits_gradient_rollout_leaves_its_class_token_alone_until_it_joins():
     """gradient_rollout of a ConViT failed as rollout did; it now equals Chefer's rule written out from timm's own maps
     and their gradients (own hooks), the blocks before the class token joins padded with its row and column: the

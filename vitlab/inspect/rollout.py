@@ -1,7 +1,9 @@
 """Attention rollout (Abnar & Zuidema 2020; paper Fig. 6 and 14, App. D.8).
 
 Per layer: heads fused (mean, max or min), optionally the weakest entries of each image's fused map set to
-zero (``discard_ratio``; entry (0, 0) is never discarded, as in the widely used vit-explain code), the
+zero (``discard_ratio``; entry (0, 0) is never discarded, as in the widely used vit-explain code; in a ConViT's blocks
+before its class token joins, the ratio counts and ranks the N x N patch entries alone, not the class token's
+structural zeros, so a ratio drops the same share of real entries in every block), the
 residual connection added as ``residual * I + (1 - residual) * A``, rows renormalised, and the layers
 multiplied from ``start_layer`` up to the last, in float64.
 """
@@ -58,14 +60,28 @@ def _check_stack(maps: Tensor, info=None) -> None:
                          "the maps were captured with")
 
 
+def _class_token_not_joined(a: Tensor) -> bool:
+    """Whether (B, T, T) fused maps are those of a block the class token has not joined (a ConViT's GPSA blocks, as
+    the capture pads them): its row and column those of the identity in every image."""
+    eye = torch.zeros_like(a[:, 0])
+    eye[:, 0] = 1.0
+    return a.shape[-1] > 1 and bool((a[:, 0] == eye).all() and (a[:, 1:, 0] == 0).all())
+
+
 def _layer_matrix(layer_maps: Tensor, head_fusion: str, discard_ratio: float, residual: float) -> Tensor:
     """(B, H, T, T) one layer's maps -> (B, T, T) float64 ``residual * I + (1 - residual) * A``, rows summing to 1."""
     B, _, T, _ = layer_maps.shape
     a = fuse_heads(layer_maps, head_fusion).double()  # fuse in the maps' precision, then float64
-    k = int(T * T * discard_ratio)
+    late = _class_token_not_joined(a)  # its row and column are structural zeros, not weak attention
+    k = int((T - 1) ** 2 * discard_ratio) if late else int(T * T * discard_ratio)
     if k:
         flat = a.reshape(B, T * T)
-        weakest = torch.zeros_like(flat, dtype=torch.bool).scatter_(1, flat.topk(k, -1, largest=False).indices,
+        ranked = flat
+        if late:  # rank the patch-by-patch entries alone: the class token's row and column are never candidates
+            ranked = a.clone()
+            ranked[:, 0, :] = ranked[:, :, 0] = float("inf")
+            ranked = ranked.reshape(B, T * T)
+        weakest = torch.zeros_like(flat, dtype=torch.bool).scatter_(1, ranked.topk(k, -1, largest=False).indices,
                                                                       True)  # per image
         weakest[:, 0] = False  # entry (0, 0) is kept, as in vit-explain
         a = flat.masked_fill(weakest, 0.0).view(B, T, T)
