@@ -396,3 +396,23 @@ def test_a_convit_gpsa_head_opened_from_the_distance_plot_shows_a_patchs_attenti
     assert d.open(1) == (1, 1) and ex.query == 4 * 8 + 4
     np.testing.assert_allclose(_z(ex), maps[0, 0, 1, 1 + 36, 1:].reshape(8, 8).numpy(), rtol=1e-5)
     assert _z(ex).sum() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_convits_blank_readout_before_its_class_token_joins_is_explained_in_the_title():
+    """Moving the layer slider of a ConViT's explorer to a block before its class token joins drew the readout's row
+    there, the class token's identity: an all-zero map titled 'query readout' with nothing to say why. The title now
+    says the map is blank and where the class token joins; the later layers' titles say nothing of it."""
+    model = tiny_convit()  # the class token joins before block 2 (0-based): at layer 3
+    x = torch.randn(1, 3, 32, 32)
+    ex = AttentionExplorer(model, (["a"], x, [np.zeros((32, 32, 3), np.uint8)]))
+    note = "query readout (blank: the class token joins at layer 3)"
+    for method in ("attention", "rollout"):
+        ex.method.value = method
+        for layer in (1, 2):
+            ex.layer.value = layer
+            assert _z(ex).sum() == 0 and note in ex.figure.layout.title.text, (method, layer)
+        ex.layer.value = 3
+        assert _z(ex).sum() > 0 and "blank" not in ex.figure.layout.title.text
+    ex.layer.value = 1
+    ex.select_patch(4, 4)
+    assert _z(ex).sum() > 0 and "blank" not in ex.figure.layout.title.text

@@ -180,6 +180,9 @@ class AttentionExplorer:
         i, method = self.image.value, self.method.value
         if method in ("attention", "rollout"):
             q = "readout" if self.query is None else f"patch {divmod(self.query, self.info.grid_size[1])}"
+            if self.query is None and self.info.readout == "token" and self.layer.value <= self.info.class_token_joins:
+                # a ConViT's class token joins after these layers: its row holds no patch, the map is blank
+                q += f" (blank: the class token joins at layer {self.info.class_token_joins + 1})"
             upto = "layers 1-" if method == "rollout" else "layer "
             discard = f", discard {self.discard.value:.2f}" if method == "rollout" and self.discard.value else ""
             # two lines: on one, a rollout's title with its discard ratio ran past the figure's edge

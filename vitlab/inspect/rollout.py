@@ -160,7 +160,9 @@ def readout_vector(info, batch: int, pool: Tensor | None = None,
 def readout_attention(maps: Tensor, info, vector: Tensor | None = None) -> Tensor:
     """(L, B, H, T, T) maps -> (L, B, gh, gw): the readout's attention over the patch tokens in each layer, heads
     averaged. ``vector`` (B, T) or (T,) weights the query rows (default: ``readout_vector``, the class token's
-    row or the mean of the patch rows for pooled readouts); a one-hot vector selects one query token."""
+    row or the mean of the patch rows for pooled readouts); a one-hot vector selects one query token. A ConViT's
+    layers before its class token joins (``info.class_token_joins``) are all zero for the class token's row: it
+    attends only to itself there."""
     _check_stack(maps, info)
     v = readout_vector(info, 1, device=maps.device)[0] if vector is None else vector
     v = v.to(maps.dtype)
@@ -230,7 +232,9 @@ def attention_view(maps: Tensor, info, method: str = "attention", layer: int | N
     ``method="attention"``: layer ``layer``'s (1-based, default the last) attention of the query over the patches;
     ``"rollout"``: the rollout of layers 1..``layer`` (residual 0.5, ``discard_ratio``) for the query. ``head``: a
     head index or a fusion in ``HEAD_FUSIONS``; ``query``: a patch index (row-major) or None for the readout
-    (the class token's row, or the patch mean; ``pool``: an attention pool's maps for ``readout="map"``).
+    (the class token's row, or the patch mean; ``pool``: an attention pool's maps for ``readout="map"``). For a
+    ConViT's ``layer`` up to ``info.class_token_joins`` the readout's map is all zero (its class token has not joined
+    and attends only to itself): give a patch as ``query`` there.
     """
     _check_stack(maps, info)
     L, B, H = maps.shape[:3]
