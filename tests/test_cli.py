@@ -1082,3 +1082,17 @@ def test_config_and_resume_errors_name_python_and_the_command_line_its_set_flags
     assert teacher.endswith("or give its folder: dataclasses.replace(cfg, teacher='FOLDER')")
     assert cli_words(teacher).endswith("or give its folder: --set teacher=FOLDER")
     assert cli_words("(dataclasses.replace(cfg, a=1, b='x', c=[1, 2]))") == "(--set a=1 --set b=x --set c=[1, 2])"
+
+
+def test_the_compile_refusal_names_the_argument_and_the_command_line_its_flag(tmp_path):
+    """train(cfg, compile=True) of a masked-patch-prediction run told a Python caller '(--compile on)' and to leave
+    compile 'at its default (auto) or off', the flag's words; it now names compile=None and compile=False, and the
+    command line prints --compile auto and --compile off."""
+    from vitlab.train import train
+    from vitlab.train_config import PRESETS
+
+    said = _raised(lambda: train(PRESETS["mpp_cifar10"], tmp_path / "run", progress=False, compile=True))
+    assert said == ("compile=True is for classification runs; objective='mpp' trains eagerly: leave compile=None "
+                    "(auto) or pass compile=False"), said
+    _python_then_flags({said: "--compile on is for classification runs; objective='mpp' trains eagerly: leave "
+                              "--compile auto or pass --compile off"}, tmp_path)

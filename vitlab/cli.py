@@ -867,7 +867,9 @@ def cli_words(message: str) -> str:
                       ("e.g. out=", "e.g. --out "), ("run_dir=NEW", "--run-dir NEW"),
                       ("Give run_dir= ", "Give --run-dir "), ("pass resume=True", "pass --resume"),
                       ("start with resume=False", "start without --resume"),
-                      ("pass results= ", "pass --results "), ("executor='ray' needs", "--executor ray needs")):
+                      ("pass results= ", "pass --results "), ("executor='ray' needs", "--executor ray needs"),
+                      ("compile=True is for", "--compile on is for"),
+                      ("leave compile=None (auto) or pass compile=False", "leave --compile auto or pass --compile off")):
         message = message.replace(api, flag)
     # a message that opens with the argument it refuses (``device='cuda:3': ...``, ``out=. is ...``, ``resume=True: ``)
     return re.sub(r"^resume=True:", "--resume:", re.sub(r"^(device|out)=", r"--\1 ", message))

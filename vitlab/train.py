@@ -347,8 +347,8 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
     from tqdm.auto import tqdm
 
     if compile and cfg.objective != "classify":
-        raise ValueError(f"compile=True (--compile on) is for classification runs; objective={cfg.objective!r} "
-                         "trains eagerly: leave compile at its default (auto) or off")
+        raise ValueError(f"compile=True is for classification runs; objective={cfg.objective!r} trains eagerly: leave "
+                         "compile=None (auto) or pass compile=False")
     d = dist_setup(device)
     run = Path(run_dir)
     if not resume:  # again under the lock: another process may have written into it since
