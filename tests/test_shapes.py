@@ -104,3 +104,22 @@ def test_the_shapes_recipe_leaves_the_chance_plateau_for_at_least_four_of_five_s
         train(dataclasses.replace(cfg, seed=seed), run, progress=False)
         accuracies.append(json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["test_accuracy"])
     assert sum(a >= 0.45 for a in accuracies) >= 4, accuracies
+
+
+def test_a_count_size_or_seed_that_is_no_whole_number_is_refused_by_name():
+    """make_shapes(True) and make_shapes(2.5) failed in torch.randperm and seed=0.5 or True in manual_seed, naming no
+    argument, and size=20.5 failed in torch.zeros; each is now refused by name. NumPy integers draw what their ints do."""
+    import numpy as np
+
+    for n in (True, 2.5, 0, -1):
+        with pytest.raises(ValueError, match=f"n must be a whole number of at least 1, got {n!r}"):
+            make_shapes(n)
+    for seed in (0.5, True):
+        with pytest.raises(ValueError, match=f"seed must be a whole number, got {seed!r}"):
+            make_shapes(4, seed=seed)
+    for size in (20.5, True):
+        with pytest.raises(ValueError, match=f"at least 11 px.*got size={size!r}"):
+            make_shapes(4, size=size)
+    for got, want in zip(make_shapes(np.int64(4), size=np.int64(16), seed=np.int64(3)), make_shapes(4, size=16, seed=3),
+                         strict=True):
+        assert torch.equal(got, want)

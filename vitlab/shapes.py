@@ -8,9 +8,12 @@ alone. The masks say where the object is: the attention-rollout localisation sco
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 from torch import Tensor
+
+from vitlab.checks import check_count, check_seed, whole_index
 
 SHAPE_CLASSES = ("circle", "square", "triangle", "cross")
 
@@ -36,11 +39,14 @@ def make_shapes(n: int, size: int = 32, seed: int = 0) -> tuple[Tensor, Tensor, 
     """``n`` images: (n, size, size, 3) uint8, labels (n,) int64, masks (n, size, size) bool.
 
     ``size`` is at least 11 px: below, a small cross's arms (0.66 of a radius of 14% of the side) can fall between
-    the pixel centres, leaving an image of that class with no object at all."""
-    if size < 11:
+    the pixel centres, leaving an image of that class with no object at all. ``n``, ``size`` and ``seed`` are whole
+    numbers (NumPy integers too): n=True is no 1 image, nor n=2.5 a count."""
+    check_count("n", operator.index(n) if whole_index(n) else n)
+    if not whole_index(size) or size < 11:
         raise ValueError(f"shapes need images of at least 11 px (smaller ones can hold no pixel of a thin cross), "
-                         f"got size={size}")
-    g = torch.Generator().manual_seed(seed)
+                         f"a whole number, got size={size!r}")
+    n, size = operator.index(n), operator.index(size)
+    g = torch.Generator().manual_seed(check_seed("seed", seed))
     yy, xx = torch.meshgrid(torch.arange(size) + 0.5, torch.arange(size) + 0.5, indexing="ij")
     labels = torch.arange(n) % len(SHAPE_CLASSES)
     labels = labels[torch.randperm(n, generator=g)]
