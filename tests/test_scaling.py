@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -172,6 +173,20 @@ def test_sweep_config_is_checked():
         run_sweep(dataclasses.replace(QUICK, families=("vit_huge",)), "unused.jsonl")
     with pytest.raises(ValueError, match=r"pretrain_classes names a class twice \(\[0, 0, 1\]\)"):
         run_sweep(dataclasses.replace(QUICK, pretrain_classes=(0, 0, 1)), "unused.jsonl")
+
+
+def test_sweep_class_indices_and_max_evals_that_are_no_whole_numbers_are_refused():
+    """SweepConfig took pretrain_classes=(0, True) as classes 0 and 1 (a bool is an int to Python, and True == 1 in
+    the class sets), a fraction or 1.0 for a class index, and max_evals=True as one validation pass; each is now
+    refused by name before any run."""
+    for bad in ((0, True), (0, 1.0), (0, 1.5), (0, -1)):
+        with pytest.raises(ValueError, match=r"class indices \(whole numbers from 0\), got "
+                                             + re.escape(f"{list(bad)} and {list(QUICK.probe_classes)}")):
+            run_sweep(dataclasses.replace(QUICK, pretrain_classes=bad), "unused.jsonl")
+    for bad in (True, 2.0, 0):
+        with pytest.raises(ValueError, match=f"max_evals must be a whole number of at least 1, got {bad!r}"):
+            run_sweep(dataclasses.replace(QUICK, max_evals=bad), "unused.jsonl")
+    dataclasses.replace(QUICK, pretrain_classes=(0, 1), max_evals=1).validate()
 
 
 def test_sweep_shots_must_be_among_the_sweeps_own(tmp_path, capsys):

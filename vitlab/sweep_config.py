@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vitlab.checks import check_count, whole_index
 from vitlab.choices import DEFAULT_L2
 from vitlab.model_config import BiTConfig, HybridConfig, ViTConfig, cifar_bit, cifar_vit
 
@@ -109,8 +110,11 @@ class SweepConfig:
         unknown = [f for f in self.families if f not in FAMILIES]
         if unknown:
             raise ValueError(f"unknown model families {unknown}: choose from {sorted(FAMILIES)}")
-        if not self.pretrain_classes or not self.probe_classes or min(self.pretrain_classes + self.probe_classes) < 0:
-            raise ValueError("pretrain_classes and probe_classes must be non-empty lists of class indices")
+        classes = tuple(self.pretrain_classes) + tuple(self.probe_classes)
+        if (not self.pretrain_classes or not self.probe_classes
+                or not all(whole_index(c) and c >= 0 for c in classes)):  # True would pass for class 1, 1.0 too
+            raise ValueError("pretrain_classes and probe_classes must be non-empty lists of class indices (whole "
+                             f"numbers from 0), got {list(self.pretrain_classes)} and {list(self.probe_classes)}")
         if min(len(self.pretrain_classes), len(self.probe_classes)) < 2:
             raise ValueError("pre-training and probing each need at least 2 classes")
         for name in ("pretrain_classes", "probe_classes"):
@@ -121,8 +125,7 @@ class SweepConfig:
         if overlap:
             raise ValueError(f"classes {sorted(overlap)} are both pre-training and probe classes: the probe must "
                              "measure transfer to classes the model never saw")
-        if not isinstance(self.max_evals, int) or self.max_evals < 1:
-            raise ValueError(f"max_evals must be an int >= 1, got {self.max_evals!r}")
+        check_count("max_evals", self.max_evals)  # True is no 1 validation pass
         if max(self.shots) > self.probe_pool_per_class:
             raise ValueError(f"{max(self.shots)} shots exceed probe_pool_per_class={self.probe_pool_per_class}")
 
