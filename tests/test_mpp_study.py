@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -84,6 +85,24 @@ def test_smoke_study_runs_end_to_end(smoke):
     # is chance for 4 classes)
     few = {r["init"]: r["metrics"]["few_shot"]["5"]["mean"] for r in records if r["kind"] == "few_shot"}
     assert few["supervised"] > 0.6 and few["supervised"] > few["scratch"] + 0.3
+
+
+def test_epochs_shots_and_image_counts_that_are_no_whole_numbers_are_refused_by_name():
+    """MPPStudyConfig.validate took main_epochs=True or 2.5, finetune_epochs=1.5, finetune_per_class=True, shots=(True,
+    5) or (2.5, 5), verdict_shots=True (True == 1 among the shots) and pretrain_examples=True, and the study ran on
+    until a run or probe failed (or drew one image); each is now refused by name before any run."""
+    for name, bad in (("main_epochs", True), ("main_epochs", 2.5), ("ablation_epochs", True),
+                      ("finetune_epochs", 1.5), ("finetune_per_class", True)):
+        with pytest.raises(ValueError, match=f"{name} must be a whole number of at least 1, got {bad!r}"):
+            dataclasses.replace(SMOKE, **{name: bad}).validate()
+    for bad in ((True, 5), (2.5, 5), (0, 5)):
+        with pytest.raises(ValueError, match=re.escape(f"shots {list(bad)} must be whole numbers of at least 1")):
+            dataclasses.replace(SMOKE, shots=bad, verdict_shots=5).validate()
+    with pytest.raises(ValueError, match="verdict_shots=True is not among the shots"):
+        dataclasses.replace(SMOKE, shots=(1, 5), verdict_shots=True).validate()
+    with pytest.raises(ValueError, match="pretrain_examples must be a positive number of images or None"):
+        dataclasses.replace(SMOKE, pretrain_examples=True, ablation_examples=None).validate()
+    dataclasses.replace(SMOKE, shots=(1, 5), verdict_shots=1, main_epochs=1).validate()
 
 
 def test_ablation_images_must_come_from_the_main_runs_images():

@@ -54,6 +54,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from vitlab.checks import check_count, whole_index
 from vitlab.data import ImageArray, cache_dir, load_splits, nested_subsets
 from vitlab.devices import resolve_device
 from vitlab.features import READOUTS
@@ -124,20 +125,21 @@ class MPPStudyConfig:
         for target, rate in (self.main, *self.ablations):
             if target not in MPP_TARGETS or not 0 < rate <= 1:
                 raise ValueError(f"MPP runs need a target in {MPP_TARGETS} and a rate in (0, 1], got {(target, rate)}")
-        if min(self.main_epochs, self.ablation_epochs, self.finetune_epochs) < 1:
-            raise ValueError("main_epochs, ablation_epochs and finetune_epochs must be at least 1")
+        for name in ("main_epochs", "ablation_epochs", "finetune_epochs", "finetune_per_class"):
+            check_count(name, getattr(self, name))  # True is no 1 epoch, 2.5 no count
         for name in ("pretrain_examples", "ablation_examples"):
             n = getattr(self, name)
-            if n is not None and (not isinstance(n, int) or n < 1):
+            if n is not None and (not whole_index(n) or n < 1):
                 raise ValueError(f"{name} must be a positive number of images or None (all), got {n!r}")
         if None not in (self.pretrain_examples, self.ablation_examples) and \
                 self.ablation_examples > self.pretrain_examples:
             raise ValueError(f"ablation_examples={self.ablation_examples} exceeds pretrain_examples="
                              f"{self.pretrain_examples}: the ablation runs draw from the main run's images")
-        if not self.shots or min(self.shots) < 1 or max(self.shots) > self.probe_pool_per_class:
-            raise ValueError(f"shots {list(self.shots)} must be positive and at most probe_pool_per_class="
-                             f"{self.probe_pool_per_class}")
-        if self.verdict_shots not in self.shots:
+        if (not self.shots or not all(whole_index(k) and k >= 1 for k in self.shots)
+                or max(self.shots) > self.probe_pool_per_class):
+            raise ValueError(f"shots {list(self.shots)} must be whole numbers of at least 1 and at most "
+                             f"probe_pool_per_class={self.probe_pool_per_class}")
+        if not whole_index(self.verdict_shots) or self.verdict_shots not in self.shots:  # True would pass for 1
             raise ValueError(f"verdict_shots={self.verdict_shots} is not among the shots {list(self.shots)}: add it")
         if not self.seeds or not self.probe_seeds:
             raise ValueError("seeds and probe_seeds need at least one seed each (2 or more for an interval)")
