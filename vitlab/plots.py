@@ -83,7 +83,7 @@ def _depth_layout(fig: go.Figure, top: float, ylabel: str, title: str,
     drawn dashed with its label when given)."""
     if reference is not None:
         fig.add_hline(y=reference[0], line_dash="dash", line_color="grey", annotation_text=reference[1],
-                      annotation_position="top left")
+                      annotation_position="top left", annotation_align="left")  # a two-line label: both lines left
         top = max(top, reference[0])
     fig.update_layout(title=title, xaxis_title="network depth (layer)", yaxis_title=ylabel, width=760, height=470,
                       yaxis_range=[0, 1.12 * top], xaxis=dict(tickmode="linear", dtick=1))
@@ -276,7 +276,7 @@ def learning_curve(hours: Sequence[float], accuracy: Sequence[float], title: str
                                      name=f"{label}: {v0:.2%}" if percent else f"{label}: {v0:.4f}"))
     if goal is not None:
         fig.add_hline(y=k * goal, line_dash="dash", line_color="grey", annotation_text=f"goal {goal:.0%}",
-                      annotation_position="top left")
+                      annotation_position="top left", annotation_align="left")  # a two-line label: both lines left
     if final is not None and len(hours):
         fig.add_trace(go.Scatter(x=[hours[-1]], y=[k * final], mode="markers", marker_symbol="star",
                                  marker_size=14, name=f"{final_label}: {final:.2%}" if percent else
