@@ -1081,7 +1081,7 @@ def test_config_and_resume_errors_name_python_and_the_command_line_its_set_flags
     teacher = _raised(lambda: load_teacher(tmp_path / "none", torch.device("cpu")))
     assert teacher.endswith("or give its folder: dataclasses.replace(cfg, teacher='FOLDER')")
     assert cli_words(teacher).endswith("or give its folder: --set teacher=FOLDER")
-    assert cli_words("(dataclasses.replace(cfg, a=1, b='x', c=[1, 2]))") == "(--set a=1 --set b=x --set c=[1, 2])"
+    assert cli_words("(dataclasses.replace(cfg, a=1, b='x', c=[1, 2]))") == "(--set a=1 --set b=x --set 'c=[1, 2]')"
 
 
 def test_the_compile_refusal_names_the_argument_and_the_command_line_its_flag(tmp_path):
@@ -1096,3 +1096,38 @@ def test_the_compile_refusal_names_the_argument_and_the_command_line_its_flag(tm
                     "(auto) or pass compile=False"), said
     _python_then_flags({said: "--compile on is for classification runs; objective='mpp' trains eagerly: leave "
                               "--compile auto or pass --compile off"}, tmp_path)
+
+
+def test_set_flags_in_error_messages_paste_into_a_shell(tmp_path):
+    """cli_words printed --set init_from=/my runs/ck and --set model.img_size=[16, 24]: pasted, the shell split them
+    at the space (and a path of digits came back a number). Each --set now pastes as one argument whose value
+    _parse_value reads back as the Python message's value."""
+    import shlex
+
+    from vitlab.cli import _parse_value, cli_words
+    from vitlab.data import ImageArray
+    from vitlab.train import _check_image_size, _diverged_text
+    from vitlab.train_config import PRESETS
+
+    def pasted(message: str) -> dict:  # FIELD: VALUE of each --set, read as a POSIX shell reads the word after it
+        sets = {}
+        for rest in cli_words(message).split("--set ")[1:]:
+            lexer = shlex.shlex(rest, posix=True)
+            lexer.whitespace_split = True
+            field, _, value = lexer.get_token().partition("=")
+            sets[field] = value
+        return sets
+
+    cfg = PRESETS["tiny"]
+    ck = tmp_path / "my runs" / "it's \"x\"" / "checkpoint"
+    ck.mkdir(parents=True)
+    (ck / "config.json").write_text("{}")
+    sets = pasted(_diverged_text(float("nan"), 3, 7, ck, cfg))
+    assert _parse_value(sets["init_from"]) == str(ck) and sets["lr"] == "..."
+    rect = ImageArray(torch.zeros(4, 16, 24, 3, dtype=torch.uint8), torch.zeros(4, dtype=torch.long), ("a",), "s")
+    assert _parse_value(pasted(_raised(lambda: _check_image_size(cfg, rect, rect)))["model.img_size"]) == [16, 24]
+    sets = pasted("use dataclasses.replace(cfg, teacher='123', init_from='null', c=None, d=True, e='a\\\\b') here")
+    assert {k: _parse_value(v) for k, v in sets.items()} == {"teacher": "123", "init_from": "null", "c": None,
+                                                             "d": True, "e": "a\\b"}
+    other = "the model's device='cuda' differs: replace(cfg) (see [1, 2])"
+    assert cli_words(other) == other

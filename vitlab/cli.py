@@ -878,18 +878,26 @@ def cli_words(message: str) -> str:
 def _set_words(message: str) -> str:
     """The training API's ``dataclasses.replace(cfg, FIELD=VALUE, ...)`` (a nested model's ``model=dataclasses.replace(
     cfg.model, ...)`` too) as ``--set FIELD=VALUE`` for each field, in JSON's words (``'constant'`` unquoted, ``None``
-    as null), and a new run's ``train(dataclasses.replace(cfg, ...), run_dir=NEW)`` recipe as its flags."""
+    as null), and a new run's ``train(dataclasses.replace(cfg, ...), run_dir=NEW)`` recipe as its flags. Each
+    ``FIELD=VALUE`` is one shell word (quoted where it holds a space, a quote or a bracket) whose value
+    ``_parse_value`` reads back as the Python value (a text it would read as a number, a list or null in JSON's
+    quotes)."""
+    import ast
     import re
+    import shlex
 
-    args = r"((?:'[^']*'|\"[^\"]*\"|[^()'\"])*)"  # FIELD=VALUE, ...: no parenthesis outside a quoted value
+    text = r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""  # a Python string literal, as repr() writes it
+    args = rf"((?:{text}|[^()'\"])*)"  # FIELD=VALUE, ...: no parenthesis outside a quoted value
 
     def value(v: str) -> str:
-        v = {"None": "null", "True": "true", "False": "false"}.get(v, v)
-        return v[1:-1] if len(v) > 1 and v[0] == v[-1] and v[0] in "'\"" else v
+        if v[:1] not in ("'", '"'):
+            return {"None": "null", "True": "true", "False": "false"}.get(v, v)
+        s = ast.literal_eval(v)
+        return s if _parse_value(s) == s else json.dumps(s)  # '123' is no number, 'null' no None
 
     def sets(fields: str, path: str = "") -> str:
-        return " ".join(f"--set {path}{m.group(1)}={value(m.group(2))}"
-                        for m in re.finditer(r"(\w+)=('[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^,]*)", fields))
+        return " ".join(f"--set {shlex.quote(f'{path}{m.group(1)}={value(m.group(2))}')}"
+                        for m in re.finditer(rf"(\w+)=({text}|\[[^\]]*\]|[^,]*)", fields))
 
     message = re.sub(rf"train\(dataclasses\.replace\(cfg, {args}\), run_dir=NEW\)",
                      lambda m: f"--run-dir NEW {sets(m.group(1))}", message)
