@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import operator
 import os
 import struct
 import warnings
@@ -25,7 +24,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
-from vitlab.checks import whole_index
+from vitlab.checks import check_seed, whole_index
 
 __all__ = [
     "ImageArray",
@@ -616,9 +615,7 @@ def k_shot_indices(labels: Tensor, k: int, seed: int = 0) -> Tensor:
     """Indices of ``k`` examples per class, drawn without replacement; a class with fewer is an error."""
     if not whole_index(k) or k < 1:  # k=-1 kept all but one example per class, True 1 shot
         raise ValueError(f"k must be a whole number of at least 1 shot, got {k!r}")
-    if not whole_index(seed):
-        raise ValueError(f"seed must be a whole number, got {seed!r}")
-    g = torch.Generator().manual_seed(operator.index(seed))
+    g = torch.Generator().manual_seed(check_seed("seed", seed))
     out = []
     for c in torch.unique(labels).tolist():
         idx = torch.nonzero(labels == c).flatten()
@@ -639,9 +636,7 @@ def nested_subsets(labels: Tensor, sizes: Sequence[int], seed: int = 0) -> list[
         return []
     if not all(whole_index(n) for n in sizes) or sizes[0] < 0:  # -5 cut all but 5 images, True 1 image
         raise ValueError(f"sizes must be whole numbers of images >= 0, got {sizes}")
-    if not whole_index(seed):
-        raise ValueError(f"seed must be a whole number, got {seed!r}")
-    seed = operator.index(seed)
+    seed = check_seed("seed", seed)
     classes = torch.unique(labels).tolist()
     if sizes[-1] > len(labels):
         raise DataError(f"largest subset {sizes[-1]} exceeds the {len(labels)} examples available")

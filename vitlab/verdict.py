@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from vitlab.checks import whole_index
+from vitlab.checks import check_seed, whole_index
 
 __all__ = ["Verdict", "verdict_table", "fmt_value", "fmt_endpoint", "fmt_threshold", "json_types", "make_verdict",
            "decide", "mean_interval", "prediction_interval", "bootstrap_counts", "percentile_interval",
@@ -211,8 +211,7 @@ def bootstrap_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
         raise ValueError("nothing to resample: no units")
     if not whole_index(n_boot) or n_boot < 1:  # True drew 1 resample, reported as "True resamples"
         raise ValueError(f"n_boot must be a whole number of at least 1, got {n_boot!r}")
-    if not whole_index(seed):  # 0.5 failed in numpy's SeedSequence, naming no argument; True was seed 1
-        raise ValueError(f"seed must be a whole number, got {seed!r}")
+    seed = check_seed("seed", seed)  # numpy's SeedSequence names no argument for 0.5, and takes True as seed 1
     return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)
 
 
