@@ -134,18 +134,18 @@ def test_tta_levels_equal_their_definitions():
 
 
 def test_a_tta_level_that_is_not_0_1_or_2_is_refused():
-    """tta_logits(model, x, 3) and evaluate(..., tta=3) ran level 2, and True (as eval_tta=True or 1.0) level 1, each as
-    if it were asked; they are refused by name."""
+    """tta_logits(model, x, 3) and evaluate(..., tta=3) ran level 2, and True or 1.0 (as eval_tta=True or 1.0) level 1,
+    each as if it were asked; they are refused by name."""
     from vitlab.data import ImageArray
     from vitlab.train import evaluate
 
     model = CifarResNet((8, 8, 8), num_classes=3).eval()
     model.pretrained_cfg = {"mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)}
     data = ImageArray(torch.zeros(2, 32, 32, 3, dtype=torch.uint8), torch.zeros(2, dtype=torch.long), ("a",), "s")
-    for level in (3, True, -1):
+    for level in (3, True, -1, 1.0):
         with pytest.raises(ValueError, match=f"level must be 0, 1 or 2, got {level!r}"):
             tta_logits(model, torch.zeros(1, 3, 32, 32), level)
-        with pytest.raises(ValueError, match=f"tta must be 0, 1 or 2 .*got {level!r}"):
+        with pytest.raises(ValueError, match=f"tta must be 0, 1 or 2, got {level!r}"):
             evaluate(model, data, tta=level)
     for tta in (True, 1.0):
         with pytest.raises(ValueError, match=f"eval_tta must be 0, 1 or 2, got {tta!r}"):

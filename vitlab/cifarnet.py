@@ -26,7 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["CifarResNet", "whitening_filters"]
+from vitlab.checks import whole_index
+
+__all__ = ["CifarResNet", "whitening_filters", "tta_logits", "check_tta_level"]
 
 
 class _BatchNorm(nn.BatchNorm2d):
@@ -140,10 +142,16 @@ class CifarResNet(nn.Module):
             self.head.to(self.stages[0].conv1.weight)
 
 
+def check_tta_level(name: str, level: object) -> None:
+    """Refuse, by ``name``, a test-time augmentation level that is not the whole number 0, 1 or 2 (3 is no level 2,
+    True or 1.0 no level 1)."""
+    if not whole_index(level) or level not in (0, 1, 2):
+        raise ValueError(f"{name} must be 0, 1 or 2, got {level!r}")
+
+
 def tta_logits(model: Callable[[Tensor], Tensor], x: Tensor, level: int = 2) -> Tensor:
     """Test-time augmentation: 0 none, 1 mean over the image and its mirror, 2 also +-1 px translations."""
-    if isinstance(level, bool) or level not in (0, 1, 2):  # 3 ran level 2, True level 1
-        raise ValueError(f"level must be 0, 1 or 2, got {level!r}")
+    check_tta_level("level", level)
     logits = model(x)
     if level == 0:
         return logits

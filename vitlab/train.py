@@ -59,7 +59,7 @@ from vitlab.checkpoint import (
     save_run_checkpoint,
 )
 from vitlab.checks import check_count
-from vitlab.cifarnet import tta_logits
+from vitlab.cifarnet import check_tta_level, tta_logits
 from vitlab.compiling import Compiler, compile_by_default
 from vitlab.data import ImageArray, check_same_classes, load_dataset, nested_subsets, normalize
 from vitlab.distill import distill_loss, load_teacher, soft_cross_entropy, teacher_input
@@ -177,8 +177,7 @@ def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bo
     from tqdm.auto import tqdm
 
     check_count("batch_size", batch_size)  # 0 failed in range() naming no argument, True ran batches of 1 image
-    if isinstance(tta, bool) or tta not in (0, 1, 2):  # before any batch: 3 ran level 2, True level 1
-        raise ValueError(f"tta must be 0, 1 or 2 (as in vitlab.cifarnet.tta_logits), got {tta!r}")
+    check_tta_level("tta", tta)  # before any batch
     pc = model.pretrained_cfg
     correct = 0
     with eval_mode(model):
