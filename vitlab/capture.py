@@ -389,7 +389,9 @@ class AttentionCapture:
     def graph_maps(self, call: int = 0) -> list[tuple[Tensor, ...]]:
         """Per captured layer, the maps of forward call ``call`` exactly as the model computed them, one (B, H, T, T)
         tensor per attention branch (usually one), still in the autograd graph (``keep_grad=True``): the tensors
-        ``grads()`` reads the gradients of, and what ``torch.autograd.grad`` can differentiate against."""
+        ``grads()`` reads the gradients of, and what ``torch.autograd.grad`` can differentiate against. A ConViT's
+        blocks before its class token joins give their (B, H, N, N) maps over the patches alone, without the class
+        token's row and column that ``stack()`` and ``grads()`` add."""
         if not self.keep_grad:
             raise AttentionCaptureError("graph_maps() needs capture_attention(..., keep_grad=True)")
         self._check()

@@ -1,7 +1,7 @@
 """Checks of the plain arguments the analyses take, shared across the package: a whole number that indexes (a layer,
 a head, a patch; ``whole_index``), a count of at least 1 (a batch size, a number of steps; ``check_count``) and a
-random seed (``check_seed``). A float or a bool is none of them, and 0 never means "all". The checks of images against a model are
-``vitlab.capture``'s (``check_images``).
+random seed (``check_seed``). A float or a bool is none of them, and 0 never means "all". The checks of images
+against a model are ``vitlab.capture``'s (``check_images``).
 """
 
 from __future__ import annotations
