@@ -137,6 +137,18 @@ def test_prune_says_which_entries(root):
     assert len(list(root.rglob("*.npz"))) == 3
 
 
+def test_prune_refuses_an_age_or_kinds_of_the_wrong_type_and_removes_nothing(root):
+    """prune_cache(True) removed what was unused for a day (a bool is an int to Python), prune_cache("3") failed in a
+    comparison naming no argument, and kinds="images" was read as its letters; each is refused by name."""
+    for days in (True, "3", float("nan")):
+        with pytest.raises(ValueError, match=rf"older_than_days must be a number of days, 0 or more, got {days!r}"):
+            prune_cache(days)
+    with pytest.raises(ValueError, match=r"kinds must be a tuple of cache kinds, got the text 'images': pass "
+                                         r"\('images',\)"):
+        prune_cache(3, "images")
+    assert len(list(root.rglob("*.npz"))) == 3 and len(list(root.rglob("*.safetensors"))) == 4
+
+
 def test_the_command_lists_and_prunes(root, capsys):
     assert main(["cache"]) == 0
     out = capsys.readouterr().out

@@ -20,6 +20,7 @@ import struct
 import time
 import zipfile
 from dataclasses import dataclass
+from numbers import Real
 from pathlib import Path
 
 from vitlab.data import cache_dir
@@ -171,8 +172,11 @@ def prune_cache(older_than_days: float | None = None, kinds: tuple[str, ...] = K
     if everything == (older_than_days is not None):
         raise ValueError("say which entries to prune: older_than_days=DAYS (last used more than DAYS days ago) or "
                          "everything=True" + (", not both" if everything else ""))
-    if older_than_days is not None and not 0 <= older_than_days < float("inf"):
-        raise ValueError(f"older_than_days must be a number of days, 0 or more, got {older_than_days}")
+    if older_than_days is not None and (isinstance(older_than_days, bool) or not isinstance(older_than_days, Real)
+                                        or not 0 <= older_than_days < float("inf")):  # True is no 1 day
+        raise ValueError(f"older_than_days must be a number of days, 0 or more, got {older_than_days!r}")
+    if isinstance(kinds, str):  # its letters are no kinds
+        raise ValueError(f"kinds must be a tuple of cache kinds, got the text {kinds!r}: pass ({kinds!r},)")
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
         raise ValueError(f"kinds must be among {KINDS}, got {list(kinds)!r}")
