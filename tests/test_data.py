@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import zipfile
 
 import numpy as np
@@ -588,6 +589,15 @@ def test_k_shot_and_nested_subsets_refuse_counts_and_seeds_that_are_no_whole_num
     assert torch.equal(k_shot_indices(labels, np.int64(2), seed=np.int64(3)), k_shot_indices(labels, 2, seed=3))
     assert torch.equal(nested_subsets(labels, [np.int64(8)], seed=np.int64(3))[0],
                        nested_subsets(labels, [8], seed=3)[0])
+
+
+def test_nested_subsets_refuses_sizes_that_do_not_sort_by_name():
+    """nested_subsets(labels, 8) and nested_subsets(labels, [8, "2"]) failed in sorted() ("'int' object is not
+    iterable", "'<' not supported"), naming no argument; both are refused as sizes, as given."""
+    labels = torch.arange(100) % 4
+    for sizes in (8, [8, "2"], [None]):
+        with pytest.raises(ValueError, match=f"sizes must be whole numbers of images >= 0, got {re.escape(repr(sizes))}"):
+            nested_subsets(labels, sizes)
 
 
 def _old_nested_order(labels, seed):

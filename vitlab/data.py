@@ -631,11 +631,15 @@ def nested_subsets(labels: Tensor, sizes: Sequence[int], seed: int = 0) -> list[
     classes already used up, so a subset's class counts differ by at most one except for classes it holds whole
     (classes of 100, 100 and 10 images give 55, 55 and 10 of 120). With classes of equal size this is the order of
     earlier versions (interleaved to the smallest class, then the rest class by class), so draws are unchanged."""
-    sizes = sorted(sizes)
+    try:
+        ordered = sorted(sizes)
+    except TypeError:  # one size (8 for [8]), or sizes that do not compare ([8, "2"])
+        ordered = None
+    if ordered is None or not all(whole_index(n) for n in ordered) or (ordered and ordered[0] < 0):  # [-5], [True]
+        raise ValueError(f"sizes must be whole numbers of images >= 0, got {sizes!r}")
+    sizes = ordered
     if not sizes:  # no cut asked for: no subsets
         return []
-    if not all(whole_index(n) for n in sizes) or sizes[0] < 0:  # -5 cut all but 5 images, True 1 image
-        raise ValueError(f"sizes must be whole numbers of images >= 0, got {sizes}")
     seed = check_seed("seed", seed)
     classes = torch.unique(labels).tolist()
     if sizes[-1] > len(labels):
