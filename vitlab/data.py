@@ -495,7 +495,7 @@ def load_shapes(split: str = "train", n: int | None = None, size: int = 32) -> I
 
     if split not in SHAPES_SIZES:
         raise DataError(f"split must be 'train' or 'test', got {split!r}")
-    if n is not None and (not whole_index(n) or n < 1):  # True and 1.5 failed in torch.randperm, naming no n
+    if n is not None and (not whole_index(n) or n < 1):  # True is no 1 image, 1.5 no count
         raise DataError(f"n must be at least 1 image, a whole number (or None for the whole split), got {n!r}")
     count, seed = SHAPES_SIZES[split]
     images, labels, masks = make_shapes(count if n is None else n, size=size, seed=seed)
@@ -613,7 +613,7 @@ def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float], size:
 
 def k_shot_indices(labels: Tensor, k: int, seed: int = 0) -> Tensor:
     """Indices of ``k`` examples per class, drawn without replacement; a class with fewer is an error."""
-    if not whole_index(k) or k < 1:  # k=-1 kept all but one example per class, True 1 shot
+    if not whole_index(k) or k < 1:  # -1 is no "all but one", True no 1 shot
         raise ValueError(f"k must be a whole number of at least 1 shot, got {k!r}")
     g = torch.Generator().manual_seed(check_seed("seed", seed))
     out = []

@@ -57,7 +57,7 @@ def timm_pipeline_accuracy(model: nn.Module, data: ImageArray, batch_size: int =
     """Top-1 accuracy with the model's own timm eval transform applied to each image as a PIL image."""
     from tqdm.auto import tqdm
 
-    check_count("batch_size", batch_size)  # 0 failed in range() naming no argument, True ran batches of 1 image
+    check_count("batch_size", batch_size)  # before any forward pass
     model = _float_copy(model)  # the caller's model keeps its dtype and mode
     inputs, dev = _timm_inputs(model), next(model.parameters()).device
     correct = 0

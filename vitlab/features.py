@@ -183,7 +183,7 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
     if not hasattr(model, "forward_head") or not hasattr(model, "forward_features"):
         raise TypeError(f"{type(model).__name__} has no forward_features/forward_head: extract_features needs a "
                         "timm model (a ViT, hybrid or ResNet)")
-    check_count("batch_size", batch_size)  # 0 failed in range() naming no argument, True ran batches of 1 image
+    check_count("batch_size", batch_size)  # before the cache is read
     readouts = tuple(dict.fromkeys(readouts))  # a readout named twice is computed (and returned) once
     bad = [r for r in readouts if r not in READOUTS]
     if bad or not readouts:

@@ -93,8 +93,8 @@ MIN_RANK_BOOTSTRAP = 8
 
 
 def _check_k(k: object) -> None:
-    """Refuse a component count that is no whole number of at least 1: k=-1 took all but the last component (and
-    the statement said "the first -1"), True the first one."""
+    """Refuse, by name, a component count that is no whole number of at least 1 (-1 is no "all but the last
+    component", True no first component)."""
     if not whole_index(k) or k < 1:
         raise ValueError(f"k must be a whole number of components, at least 1, got {k!r}")
 

@@ -223,7 +223,7 @@ def few_shot_accuracy(train_features: Tensor, train_labels: Tensor, test_feature
     unseen = sorted(set(torch.unique(yte).tolist()) - set(classes.tolist()))
     if unseen:
         raise ValueError(f"test labels {unseen} never occur in the training labels")
-    if not shots or any(not whole_index(k) or k < 1 for k in shots):  # 1.5 was read as 1 shot, True as 1
+    if not shots or any(not whole_index(k) or k < 1 for k in shots):  # 1.5 is no shot count, True no 1
         raise ValueError(f"shots must be positive integers, got {list(shots)}")
     if int(max(shots)) > int(counts.min()):
         c = int(classes[counts.argmin()])
@@ -231,7 +231,7 @@ def few_shot_accuracy(train_features: Tensor, train_labels: Tensor, test_feature
                          f"{int(counts.min())}: lower the shots or add data")
     if not seeds:
         raise ValueError("need at least one seed")
-    if not all(whole_index(seed) for seed in seeds):  # 0.5 was read as seed 0, a second draw of seed 0's examples
+    if not all(whole_index(seed) for seed in seeds):  # 0.5 is no seed (int() would draw seed 0 again)
         raise ValueError(f"seeds must be whole numbers, got {list(seeds)}")
     out = {}
     for k in shots:

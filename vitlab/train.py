@@ -176,7 +176,7 @@ def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bo
     names it)."""
     from tqdm.auto import tqdm
 
-    check_count("batch_size", batch_size)  # 0 failed in range() naming no argument, True ran batches of 1 image
+    check_count("batch_size", batch_size)  # before any batch
     check_tta_level("tta", tta)  # before any batch
     pc = model.pretrained_cfg
     correct = 0

@@ -56,7 +56,7 @@ def filter_pca(w: Tensor, k: int = 28) -> tuple[Tensor, Tensor]:
 def filter_component_count(model: nn.Module, k: int = 28) -> int:
     """How many components ``embedding_filter_pca`` can give, at most ``k`` (the paper's 28): never more than the
     D filters or their C*P*P values, whatever the width, patch size or channel count."""
-    if not whole_index(k) or k < 1:  # 1.5 came back as 1.5 components, True as 1
+    if not whole_index(k) or k < 1:  # 1.5 is no count of components, True no 1
         raise ValueError(f"k must be a whole number of at least 1, got {k!r}")
     d, c, ph, pw = _filters(model).shape
     return min(int(k), d, c * ph * pw)
