@@ -82,6 +82,7 @@ else:
     raise AssertionError("no AttributeError")
 assert not hasattr(vitlab, "_private") and heavy() == [], heavy()
 assert set(vitlab.__all__) <= set(dir(vitlab)), set(vitlab.__all__) - set(dir(vitlab))
+assert not [n for n in dir(vitlab) if n in ("importlib", "Any", "TYPE_CHECKING") or n[0] == "_" != n[1]], dir(vitlab)
 from vitlab import attention_rollout
 import vitlab.inspect
 assert attention_rollout is vitlab.attention_rollout is vitlab.inspect.attention_rollout

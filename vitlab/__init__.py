@@ -7,11 +7,11 @@ load no torch or timm: ``vitlab.attention_rollout`` imports ``vitlab.inspect`` t
 # first: stamps the code and commit this process loads (see vitlab.provenance.code_hash)
 from vitlab import provenance as _provenance  # noqa: F401, I001
 
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import importlib.util as _importlib_util
+import typing as _typing
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from vitlab.capture import (
         AttentionCapture,
         AttentionCaptureError,
@@ -93,17 +93,18 @@ _SOURCES = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     """A public name from its module, imported on first use (then kept here); a submodule by its name, as when this
     package imported them all (``vitlab.zoo`` after ``import vitlab``)."""
     if name in _SOURCES:
-        value = getattr(importlib.import_module(_SOURCES[name]), name)
+        value = getattr(_importlib.import_module(_SOURCES[name]), name)
         globals()[name] = value
         return value
-    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        return importlib.import_module(f"{__name__}.{name}")
+    if not name.startswith("_") and _importlib_util.find_spec(f"{__name__}.{name}") is not None:
+        return _importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    """The public names (loaded or not), the submodules imported so far and the dunders; not this file's helpers."""
+    return sorted(n for n in set(globals()) | set(__all__) if not n.startswith("_") or n.startswith("__"))
