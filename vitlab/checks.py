@@ -1,14 +1,15 @@
 """Checks of the plain arguments the analyses take, shared across the package: a whole number that indexes (a layer,
-a head, a patch; ``whole_index``), a count of at least 1 (a batch size, a number of steps; ``check_count``) and a
-random seed (``check_seed``). A float or a bool is none of them, and 0 never means "all". The checks of images
-against a model are ``vitlab.capture``'s (``check_images``).
+a head, a patch; ``whole_index``), a count of at least 1 (a batch size, a number of steps; ``check_count``), a
+random seed (``check_seed``) and a test-time augmentation level (``check_tta_level``). A float or a bool is none of
+them, and 0 never means "all". The checks of images against a model are ``vitlab.capture``'s (``check_images``).
+Torch-free, so that the configs (``vitlab.train_config``) can use them.
 """
 
 from __future__ import annotations
 
 import operator
 
-__all__ = ["whole_index", "check_count", "check_seed"]
+__all__ = ["whole_index", "check_count", "check_seed", "check_tta_level"]
 
 
 def whole_index(v: object) -> bool:
@@ -37,3 +38,10 @@ def check_seed(name: str, value: object) -> int:
     if not whole_index(value):  # 1.5 is no seed, True no seed 1
         raise ValueError(f"{name} must be a whole number, got {value!r}")
     return operator.index(value)
+
+
+def check_tta_level(name: str, level: object) -> None:
+    """Refuse, by ``name``, a test-time augmentation level that is not the whole number 0, 1 or 2 (3 is no level 2,
+    True or 1.0 no level 1)."""
+    if not whole_index(level) or level not in (0, 1, 2):
+        raise ValueError(f"{name} must be 0, 1 or 2, got {level!r}")

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitlab.checks import whole_index
+from vitlab.checks import check_tta_level
 
 __all__ = ["CifarResNet", "whitening_filters", "tta_logits", "check_tta_level"]
 
@@ -140,13 +140,6 @@ class CifarResNet(nn.Module):
         self.head = nn.Linear(self.num_features, num_classes, bias=False) if num_classes else nn.Identity()
         if num_classes:
             self.head.to(self.stages[0].conv1.weight)
-
-
-def check_tta_level(name: str, level: object) -> None:
-    """Refuse, by ``name``, a test-time augmentation level that is not the whole number 0, 1 or 2 (3 is no level 2,
-    True or 1.0 no level 1)."""
-    if not whole_index(level) or level not in (0, 1, 2):
-        raise ValueError(f"{name} must be 0, 1 or 2, got {level!r}")
 
 
 def tta_logits(model: Callable[[Tensor], Tensor], x: Tensor, level: int = 2) -> Tensor:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 # torch-free, so that the command line reads the presets and refuses a bad --set without loading torch or timm
+from vitlab.checks import check_tta_level
 from vitlab.choices import MPP_TARGETS
 from vitlab.model_config import (
     CIFAR_PRE,
@@ -135,12 +136,11 @@ class TrainConfig:
             raise ValueError(f"schedule must be 'cosine' or 'triangle', got {self.schedule!r}")
         if self.crop_pad_mode not in ("constant", "reflect"):
             raise ValueError(f"crop_pad_mode must be 'constant' or 'reflect', got {self.crop_pad_mode!r}")
-        if isinstance(self.eval_tta, bool) or not isinstance(self.eval_tta, int) or self.eval_tta not in (0, 1, 2):
-            raise ValueError(f"eval_tta must be 0, 1 or 2, got {self.eval_tta!r}")
+        check_tta_level("eval_tta", self.eval_tta)
         if self.distill not in ("hard", "soft"):
             raise ValueError(f"distill must be 'hard' or 'soft', got {self.distill!r}")
-        if (isinstance(self.distill_tta, bool) or not isinstance(self.distill_tta, int)
-                or self.distill_tta not in (0, 1, 2) or (self.distill_tta and self.teacher is None)):  # True read as 1
+        check_tta_level("distill_tta", self.distill_tta)
+        if self.distill_tta and self.teacher is None:
             raise ValueError(f"distill_tta must be 0, 1 or 2 and needs a teacher, got {self.distill_tta!r} with teacher="
                              f"{self.teacher!r}")
         if self.teacher is not None and not (isinstance(self.model, ViTConfig) and self.model.distilled):
