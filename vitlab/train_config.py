@@ -243,7 +243,7 @@ class TrainConfig:
 
     def _check_numbers(self) -> None:
         """The plain numeric fields: type and range, each refused with its name, the value and what is allowed
-        (e.g. ``--set batch_size=0`` used to end in a ZeroDivisionError deep inside the run)."""
+        (a batch_size of 0 is refused here, not met as a ZeroDivisionError deep inside the run)."""
         def whole(name: str, low: int) -> None:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
