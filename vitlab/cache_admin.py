@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from numbers import Real
 from pathlib import Path
 
+from vitlab.choices import CACHE_KINDS
 from vitlab.data import cache_dir
 
 __all__ = ["CacheEntry", "CacheScan", "PruneResult", "KINDS", "TEMP_GRACE_S", "scan_cache", "prune_cache"]
 
 #: the caches ``vitlab cache`` lists and prunes
-KINDS = ("images", "features")
+KINDS = CACHE_KINDS
 #: a temporary file younger than this may be one another process is writing: never removed
 TEMP_GRACE_S = 3600.0
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, get_args
 
-__all__ = ["DEVICE_HELP", "Readout", "READOUTS", "READOUT_NAMES", "MPP_TARGETS", "DEFAULT_CHECKPOINT", "DEFAULT_L2"]
+__all__ = ["DEVICE_HELP", "Readout", "READOUTS", "READOUT_NAMES", "MPP_TARGETS", "DEFAULT_CHECKPOINT", "DEFAULT_L2",
+           "CACHE_KINDS"]
 
 DEVICE_HELP = "cpu, cuda or cuda:N (default: cuda when available)"
 
@@ -29,3 +30,6 @@ DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "data" / "checkpoi
 
 #: The few-shot probe's ridge penalty (``vitlab.probe``; ``--l2``, a sweep's ``l2``): big_vision's few-shot default
 DEFAULT_L2 = 2.0**10
+
+#: The caches ``vitlab cache`` lists and prunes (``vitlab.cache_admin.KINDS``)
+CACHE_KINDS: tuple[str, ...] = ("images", "features")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 # torch-free: the parser is built (--help, an argument error) without loading torch or timm; each command imports
 # what it needs itself, inside main's handling of errors and Ctrl-C
-from vitlab.choices import DEVICE_HELP, READOUTS
+from vitlab.choices import CACHE_KINDS, DEVICE_HELP, READOUTS
 from vitlab.train_config import PRESETS
 
 if TYPE_CHECKING:
@@ -844,7 +844,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--older-than", type=non_negative_float, metavar="DAYS",
                        help="remove the entries last used (written or read) more than DAYS days ago")
     which.add_argument("--all", action="store_true", help="remove every entry of the chosen kinds")
-    pp.add_argument("--kind", choices=("images", "features"), help="only this cache (default: both)")
+    pp.add_argument("--kind", choices=CACHE_KINDS, help="only this cache (default: both)")
     pp.add_argument("--dry-run", action="store_true", help="remove nothing: list what would be removed")
     return p
 
