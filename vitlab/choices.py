@@ -1,9 +1,9 @@
 """The names and defaults the command line offers before any work (devices, readouts, MPP targets, the embedded
-default checkpoint, the probe's ridge penalty, the cache kinds), here without torch so that ``vitlab --help``, a subcommand's
-``--help``, an argument error and a refused option load no torch or timm. The modules that act on them
+default checkpoint, the probe's ridge penalty, the cache kinds), here without torch so that ``vitlab --help``, a
+subcommand's ``--help``, an argument error and a refused option load no torch or timm. The modules that act on them
 (``vitlab.devices``, ``vitlab.features``, ``vitlab.mpp``, ``vitlab.models``, ``vitlab.probe``,
-``vitlab.cache_admin``) import them from here;
-the presets' names are those of the torch-free ``vitlab.train_config.PRESETS``.
+``vitlab.cache_admin``) import them from here; the presets' names are those of the torch-free
+``vitlab.train_config.PRESETS``.
 """
 
 from __future__ import annotations
