@@ -398,6 +398,36 @@ def test_a_convit_gpsa_head_opened_from_the_distance_plot_shows_a_patchs_attenti
     assert _z(ex).sum() == pytest.approx(1.0, abs=1e-5)
 
 
+def test_the_centre_patch_a_convit_dot_forced_gives_the_readout_back_but_a_chosen_patch_stays():
+    """A click on a ConViT dot before the class token joins made the centre patch the explorer's query and never put
+    the readout back: every later block showed the centre patch's row, not the readout the user had. The readout now
+    comes back at the first click on a block that has one; a patch the user chose, the centre one too, stays. A click
+    that changed only the query (the controls already on that layer and head) now redraws too."""
+    model = tiny_convit()
+    x = torch.randn(1, 3, 32, 32)
+    ex = AttentionExplorer(model, (["a"], x, [np.zeros((32, 32, 3), np.uint8)]))
+    d = DistanceExplorer(model, x, ex)
+    maps = vitlab.attention_maps(model, x)  # (4, 1, 4, 65, 65)
+    readout, centre = maps[2, 0, 1, 0, 1:].reshape(8, 8).numpy(), maps[0, 0, 1, 1 + 36, 1:].reshape(8, 8).numpy()
+    assert d.open(1) == (1, 1) and ex.query == 36
+    assert d.open(4 * 2 + 1) == (3, 1) and ex.query is None and "query readout" in ex.figure.layout.title.text
+    np.testing.assert_allclose(_z(ex), readout, rtol=1e-5)
+    d.open(1)
+    ex.layer.value = 3  # the slider keeps the centre patch; the dot of the same layer and head gives the readout back
+    d.open(4 * 2 + 1)
+    assert ex.query is None
+    np.testing.assert_allclose(_z(ex), readout, rtol=1e-5)
+    ex.layer.value = 1  # the blank readout; the dot of the same layer and head draws the centre patch
+    d.open(1)
+    assert ex.query == 36
+    np.testing.assert_allclose(_z(ex), centre, rtol=1e-5)
+    for row, col in ((2, 5), (4, 4)):  # the user's patch, the centre one too, stays at every block
+        ex.select_patch(row, col)
+        for dot in (1, 4 * 2 + 1, 1):
+            d.open(dot)
+            assert ex.query == row * 8 + col, (row, col, dot)
+
+
 def test_a_convits_blank_readout_before_its_class_token_joins_is_explained_in_the_title():
     """Moving the layer slider of a ConViT's explorer to a block before its class token joins drew the readout's row
     there, the class token's identity: an all-zero map titled 'query readout' with nothing to say why. The title now

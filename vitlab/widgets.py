@@ -110,6 +110,7 @@ class AttentionExplorer:
         self._class_maps: dict[tuple[int, str, int], Tensor] = {}
         self._probs: dict[int, Tensor] = {}
         self.query: int | None = None  # patch index (row-major) or None for the readout
+        self._forced_query: int | None = None  # the query a DistanceExplorer chose for a block without a readout
         L, H = self.info.depth, self.info.num_heads
         self.image = ipw.Dropdown(options=[(n, i) for i, n in enumerate(self.names)], value=0, description="image")
         self.upload = ipw.FileUpload(accept="image/*", multiple=False, description="upload")
@@ -235,6 +236,7 @@ class AttentionExplorer:
                                  f"and col in [0, {gw}), or select_patch(None) for the readout")
             row, col = _check_patch(row, col, (gh, gw))
             self.query = row * gw + col
+        self._forced_query = None  # the user's choice: a DistanceExplorer leaves it be
         self.update()
 
     def add_image(self, name: str, data: bytes) -> None:
@@ -353,20 +355,38 @@ class DistanceExplorer:
 
     def open(self, point: int) -> tuple[int, int]:
         """The (layer, head) of dot ``point`` (1-based layer); shown in the linked explorer when there is one (for a
-        ConViT block its class token has not joined, with the centre patch as the query when the readout was)."""
+        ConViT block its class token has not joined, with the centre patch as the query when the readout was, and
+        the readout again at the next block that has one; a patch the user chose stays)."""
         L, H = self.distance.shape
         if not whole_index(point) or not 0 <= point < L * H:
             raise ValueError(f"dot {point} does not exist: the {L} layers x {H} heads are dots 0 to {L * H - 1}")
         layer, head = point // H + 1, point % H
         if self.explorer is not None:
-            info = self.explorer.info
-            if self.explorer.query is None and info.readout == "token" and layer <= info.class_token_joins:
-                gh, gw = info.grid_size  # a ConViT's class token has not joined: its row is empty, a patch's is not
-                self.explorer.query = (gh // 2) * gw + gw // 2
-            self.explorer.method.value = "attention"
-            self.explorer.head.value = f"head {head}"
-            self.explorer.layer.value = layer
+            ex = self.explorer
+            query, shown = ex.query, (ex.method.value, ex.head.value, ex.layer.value)
+            ex.query = self._query(layer)
+            ex.method.value = "attention"
+            ex.head.value = f"head {head}"
+            ex.layer.value = layer
+            if ex.query != query and shown == (ex.method.value, ex.head.value, ex.layer.value):
+                ex.update()  # only the query changed: no control's observer redraws
         return layer, head
+
+    def _query(self, layer: int) -> int | None:
+        """The linked explorer's query for ``layer`` (1-based): the centre patch in place of a ConViT's readout
+        before its class token joins (its row is empty, a patch's is not), remembered as this explorer's choice so
+        that a later block with a readout gets it back; the user's own query unchanged."""
+        ex = self.explorer
+        info, query = ex.info, ex.query
+        if query is not None and query != ex._forced_query:  # chosen by the user (or set by hand)
+            ex._forced_query = None
+            return query
+        if info.readout == "token" and layer <= info.class_token_joins:
+            gh, gw = info.grid_size
+            ex._forced_query = query if query is not None else (gh // 2) * gw + gw // 2
+            return ex._forced_query
+        ex._forced_query = None
+        return None
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
