@@ -105,6 +105,19 @@ def test_epochs_shots_and_image_counts_that_are_no_whole_numbers_are_refused_by_
     dataclasses.replace(SMOKE, shots=(1, 5), verdict_shots=1, main_epochs=1).validate()
 
 
+def test_seeds_that_are_no_whole_numbers_are_refused_by_name():
+    """MPPStudyConfig.validate took seeds=(0, True) as seed 1 and probe_seeds=(0, 1.5), and the study ran until a
+    fine-tune or probe refused them (a NumPy seed until its row's record could not be written); each is now refused
+    by name before any run."""
+    import numpy as np
+
+    for name, bad in (("seeds", (0, True)), ("seeds", (0.5, 1)), ("seeds", (np.int64(0),)),
+                      ("probe_seeds", (0, 1.5)), ("probe_seeds", (True,)), ("probe_seeds", (np.int32(1),))):
+        with pytest.raises(ValueError, match=re.escape(f"{name} {list(bad)} must be whole numbers (Python ints")):
+            dataclasses.replace(SMOKE, **{name: bad}).validate()
+    dataclasses.replace(SMOKE, seeds=(-1, 4), probe_seeds=(3,)).validate()
+
+
 def test_ablation_images_must_come_from_the_main_runs_images():
     with pytest.raises(ValueError, match="ablation_examples=512 exceeds pretrain_examples=256"):
         dataclasses.replace(SMOKE, ablation_examples=512).validate()

@@ -189,6 +189,25 @@ def test_sweep_class_indices_and_max_evals_that_are_no_whole_numbers_are_refused
     dataclasses.replace(QUICK, pretrain_classes=(0, 1), max_evals=1).validate()
 
 
+def test_sweep_seeds_sizes_and_shots_that_are_no_whole_numbers_are_refused_before_any_run(tmp_path):
+    """SweepConfig.validate took seeds=(True,) as seed 1, probe_seeds=(0, 1.5) and sizes=(40, 80.0) until a subset
+    or a probe refused them after the runs before had trained, no seeds at all as a sweep of no runs, a NumPy seed
+    until its run's record could not be written, and no shots as max()'s "empty sequence"; each is now refused by
+    name before any run (the store is not even created)."""
+    import numpy as np
+
+    store = tmp_path / "never.jsonl"
+    for name, bad in (("seeds", (True,)), ("seeds", (0, 0.5)), ("seeds", ()), ("seeds", (np.int64(0),)),
+                      ("probe_seeds", (0, 1.5)), ("probe_seeds", (False, 1)), ("probe_seeds", ()),
+                      ("sizes", (40, 80.0)), ("sizes", (0, 40)), ("sizes", (True, 40)), ("sizes", ()),
+                      ("shots", (True, 5)), ("shots", (2.5,)), ("shots", ()), ("shots", (0, 5))):
+        with pytest.raises(ValueError, match=re.escape(f"{name} must be a non-empty list of whole numbers")
+                                             + f".*got {re.escape(str(list(bad)))}$"):
+            run_sweep(dataclasses.replace(QUICK, **{name: bad}), store)
+        assert not store.exists()
+    dataclasses.replace(QUICK, seeds=(-1, 3), probe_seeds=(7,), sizes=(1, 80), shots=(1,)).validate()
+
+
 def test_sweep_shots_must_be_among_the_sweeps_own(tmp_path, capsys):
     """--shots K that the sweep never probed: an error naming its shots, not an empty summary or a verdict that
     finds no sizes."""

@@ -143,6 +143,10 @@ class MPPStudyConfig:
             raise ValueError(f"verdict_shots={self.verdict_shots} is not among the shots {list(self.shots)}: add it")
         if not self.seeds or not self.probe_seeds:
             raise ValueError("seeds and probe_seeds need at least one seed each (2 or more for an interval)")
+        for name in ("seeds", "probe_seeds"):  # True is no seed 1, 0.5 no seed; a NumPy int no JSON record
+            got = list(getattr(self, name))
+            if not all(whole_index(s) and isinstance(s, int) for s in got):
+                raise ValueError(f"{name} {got} must be whole numbers (Python ints: no bool, float or NumPy integer)")
         for target, rate in {self.main, *self.ablations}:  # a plain ViT (and a patch each target fits), or the error
             TrainConfig(model=self.model, objective="mpp", mixup_prob=0.0, label_smoothing=0.0, mpp_target=target,
                         mpp_rate=rate)

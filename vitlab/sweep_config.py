@@ -126,8 +126,19 @@ class SweepConfig:
             raise ValueError(f"classes {sorted(overlap)} are both pre-training and probe classes: the probe must "
                              "measure transfer to classes the model never saw")
         check_count("max_evals", self.max_evals)  # True is no 1 validation pass
+        for name, least in (("sizes", 1), ("shots", 1), ("seeds", None), ("probe_seeds", None)):
+            got = list(getattr(self, name))  # True is no seed 1 (or 1 shot), 0.5 no seed; a NumPy int no JSON record
+            if not got or not all(_python_int(v) and (least is None or v >= least) for v in got):
+                at_least = f" of at least {least}" if least is not None else ""
+                raise ValueError(f"{name} must be a non-empty list of whole numbers{at_least} (Python ints: no bool, "
+                                 f"float or NumPy integer), got {got}")
         if max(self.shots) > self.probe_pool_per_class:
             raise ValueError(f"{max(self.shots)} shots exceed probe_pool_per_class={self.probe_pool_per_class}")
+
+
+def _python_int(v: object) -> bool:
+    """Whether ``v`` is a whole number a JSON record holds as it is: a Python int, no bool, float or NumPy integer."""
+    return whole_index(v) and isinstance(v, int)
 
 
 SWEEPS: dict[str, SweepConfig] = {
