@@ -696,14 +696,15 @@ def test_a_frozen_config_records_the_code_it_was_tuned_with_and_the_sweep_warns_
         run_sweep(tuned, tmp_path / "a.jsonl", workers=0, progress=False)
     monkeypatch.setattr(provenance, "code_hash", lambda: "edited")  # the code changed since the tuning
     with pytest.warns(RecipeProvenanceWarning, match=f"tuned with vitlab code {tuned.tuned_code}, and this is code "
-                                                     "edited.*Re-tune with `vitlab sweep --config ... --tune`"):
+                                                     "edited.*Re-tune with vitlab.tuning.tune "
+                                                     r"\(`vitlab sweep --config ... --tune`; the trials rerun"):
         run_sweep(tuned, tmp_path / "b.jsonl", workers=0, progress=False)
     # the provenance is not an input of the runs: it leaves the fingerprint as it is
     assert dataclasses.replace(tuned, tuned_code="other").fingerprint() == tuned.fingerprint()
     # a config frozen before provenance was recorded (the shipped one) loads, with its provenance unknown
     shipped = load_sweep_config(str(Path(__file__).resolve().parents[1] / "data/results/scaling_cifar10.tuned.json"))
     assert shipped.tuned_code is None and shipped.recipes
-    assert "provenance is unknown" in recipe_provenance(shipped)
+    assert "provenance is unknown. Re-tune with vitlab.tuning.tune (`vitlab sweep" in recipe_provenance(shipped)
     assert recipe_provenance(dataclasses.replace(shipped, recipes=())) is None  # no recipes: nothing to warn about
 
 

@@ -153,7 +153,8 @@ def test_run_hours_adds_training_and_evaluation_seconds():
 
 def test_read_history_leaves_out_a_torn_last_line_and_names_a_broken_one(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"epoch": 1}\n\n{"epoch": 2}\n{"epo')
-    with pytest.warns(UserWarning, match="the last line is not a whole record"):
+    with pytest.warns(UserWarning, match=r"the last line is not a whole record.*"
+                                         r"with resume=True \(vitlab train --resume\)"):
         assert read_history(tmp_path) == [{"epoch": 1}, {"epoch": 2}]
     (tmp_path / "metrics.jsonl").write_text('{"epoch": 1}\n{"epo{"epoch": 2}\n{"epoch": 3}\n')
     with pytest.raises(ValueError, match=r"line 2: not a JSON record"):

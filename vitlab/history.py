@@ -29,7 +29,8 @@ def read_history(run: Path) -> list[dict]:
         except ValueError as e:
             if i == len(lines) - 1:
                 warnings.warn(f"{path}: the last line is not a whole record (a kill during its write?), left out: "
-                              f"{line[:60]!r}. Resuming the run (vitlab train --resume) restores it", stacklevel=2)
+                              f"{line[:60]!r}. Resuming the run with resume=True (vitlab train --resume) restores it",
+                              stacklevel=2)
                 break
             raise ValueError(f"{path}, line {i + 1}: not a JSON record ({e}): {line[:60]!r}. Remove or repair that "
                              "line") from None

@@ -399,12 +399,12 @@ def recipe_provenance(sweep: SweepConfig) -> str | None:
     now = prov.code_hash()
     if sweep.tuned_code is None:
         return (f"the recipes of sweep {sweep.name!r} do not record the code they were tuned with (a config frozen "
-                "before vitlab recorded it): their provenance is unknown. Re-tune with `vitlab sweep --config ... "
-                "--tune` to freeze them with it")
+                "before vitlab recorded it): their provenance is unknown. Re-tune with vitlab.tuning.tune "
+                "(`vitlab sweep --config ... --tune`) to freeze them with it")
     if sweep.tuned_code != now:
         return (f"the recipes of sweep {sweep.name!r} were tuned with vitlab code {sweep.tuned_code}, and this is code "
-                f"{now}: tuning now might choose others. Re-tune with `vitlab sweep --config ... --tune` (the "
-                "trials rerun under the new code), or go on knowing the recipes are the old code's")
+                f"{now}: tuning now might choose others. Re-tune with vitlab.tuning.tune (`vitlab sweep --config ... "
+                "--tune`; the trials rerun under the new code), or go on knowing the recipes are the old code's")
     return None
 
 
