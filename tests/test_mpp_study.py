@@ -118,6 +118,15 @@ def test_seeds_that_are_no_whole_numbers_are_refused_by_name():
     dataclasses.replace(SMOKE, seeds=(-1, 4), probe_seeds=(3,)).validate()
 
 
+def test_a_probe_seed_given_twice_is_refused():
+    """probe_seeds=(0, 0) counted one probe draw twice: a spread of 0 over "2 seeds". It is now refused before any
+    run, as a fine-tune seed given twice is (by its rows' shared id)."""
+    with pytest.raises(ValueError, match=re.escape("probe_seeds names a seed twice ([0, 1, 0]): each once")):
+        dataclasses.replace(SMOKE, probe_seeds=(0, 1, 0)).validate()
+    with pytest.raises(ValueError, match="would share one id"):
+        dataclasses.replace(SMOKE, seeds=(1, 1)).validate()
+
+
 def test_ablation_images_must_come_from_the_main_runs_images():
     with pytest.raises(ValueError, match="ablation_examples=512 exceeds pretrain_examples=256"):
         dataclasses.replace(SMOKE, ablation_examples=512).validate()

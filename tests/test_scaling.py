@@ -208,6 +208,17 @@ def test_sweep_seeds_sizes_and_shots_that_are_no_whole_numbers_are_refused_befor
     dataclasses.replace(QUICK, seeds=(-1, 3), probe_seeds=(7,), sizes=(1, 80), shots=(1,)).validate()
 
 
+def test_a_sweep_seed_size_or_probe_seed_given_twice_is_refused():
+    """seeds=(0, 0) or sizes=(40, 80, 40) trained those runs twice under one run id, and probe_seeds=(1, 1) counted
+    one draw twice, its spread 0 over "2 seeds"; each is now refused before any run. A shot count twice is one."""
+    for name, bad, why in (("seeds", (0, 0), "its runs train twice under one run id"),
+                           ("sizes", (40, 80, 40), "its runs train twice under one run id"),
+                           ("probe_seeds", (1, 1), "its probe draw counts twice")):
+        with pytest.raises(ValueError, match=re.escape(f"{name} names a value twice ({list(bad)}): each once, or {why}")):
+            dataclasses.replace(QUICK, **{name: bad}).validate()
+    dataclasses.replace(QUICK, shots=(1, 1, 5)).validate()
+
+
 def test_sweep_shots_must_be_among_the_sweeps_own(tmp_path, capsys):
     """--shots K that the sweep never probed: an error naming its shots, not an empty summary or a verdict that
     finds no sizes."""

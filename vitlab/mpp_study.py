@@ -147,6 +147,9 @@ class MPPStudyConfig:
             got = list(getattr(self, name))
             if not all(whole_index(s) and isinstance(s, int) for s in got):
                 raise ValueError(f"{name} {got} must be whole numbers (Python ints: no bool, float or NumPy integer)")
+        if len(set(self.probe_seeds)) != len(self.probe_seeds):  # the fine-tune seeds: refused below, by row id
+            raise ValueError(f"probe_seeds names a seed twice ({list(self.probe_seeds)}): each once, or its draw "
+                             "counts twice and the spread looks smaller than it is")
         for target, rate in {self.main, *self.ablations}:  # a plain ViT (and a patch each target fits), or the error
             TrainConfig(model=self.model, objective="mpp", mixup_prob=0.0, label_smoothing=0.0, mpp_target=target,
                         mpp_rate=rate)

@@ -132,6 +132,10 @@ class SweepConfig:
                 at_least = f" of at least {least}" if least is not None else ""
                 raise ValueError(f"{name} must be a non-empty list of whole numbers{at_least} (Python ints: no bool, "
                                  f"float or NumPy integer), got {got}")
+            if name != "shots" and len(set(got)) != len(got):
+                twice = ("its probe draw counts twice and the spread looks smaller than it is" if name == "probe_seeds"
+                         else "its runs train twice under one run id")
+                raise ValueError(f"{name} names a value twice ({got}): each once, or {twice}")
         if max(self.shots) > self.probe_pool_per_class:
             raise ValueError(f"{max(self.shots)} shots exceed probe_pool_per_class={self.probe_pool_per_class}")
 
