@@ -217,6 +217,10 @@ def test_a_sweep_seed_size_or_probe_seed_given_twice_is_refused():
         with pytest.raises(ValueError, match=re.escape(f"{name} names a value twice ({list(bad)}): each once, or {why}")):
             dataclasses.replace(QUICK, **{name: bad}).validate()
     dataclasses.replace(QUICK, shots=(1, 1, 5)).validate()
+    with pytest.raises(ValueError, match=re.escape("families names a value twice (['vit', 'bit', 'vit']): each once")):
+        dataclasses.replace(QUICK, families=("vit", "bit", "vit")).validate()
+    with pytest.raises(ValueError, match="families must name at least one model family: choose from"):
+        dataclasses.replace(QUICK, families=()).validate()
 
 
 def test_sweep_shots_must_be_among_the_sweeps_own(tmp_path, capsys):

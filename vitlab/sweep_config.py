@@ -107,6 +107,11 @@ class SweepConfig:
         return [RunSpec(f, n, s) for s in self.seeds for n in sorted(self.sizes) for f in self.families]
 
     def validate(self) -> None:
+        if not self.families:  # a sweep of no family would run nothing and report an empty table as done
+            raise ValueError(f"families must name at least one model family: choose from {sorted(FAMILIES)}")
+        if len(set(self.families)) != len(self.families):
+            raise ValueError(f"families names a value twice ({list(self.families)}): each once, or its runs train "
+                             "twice under one run id")
         unknown = [f for f in self.families if f not in FAMILIES]
         if unknown:
             raise ValueError(f"unknown model families {unknown}: choose from {sorted(FAMILIES)}")
