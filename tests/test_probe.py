@@ -259,6 +259,9 @@ def test_few_shot_refuses_shots_and_seeds_that_are_no_whole_numbers():
     with pytest.raises(ValueError, match=r"seeds must be whole numbers, got \[0, 0.5\]"):
         few_shot_accuracy(X, y, X, y, shots=(2,), seeds=(0, 0.5))
     assert few_shot_accuracy(X, y, X, y, shots=(np.int64(2),), seeds=(np.int64(0),))[2].shots == 2
+    # seeds=(1, 1) reported one draw as two, with a spread of 0 over "2 seeds"
+    with pytest.raises(ValueError, match=r"seeds names a seed twice \(\[1, 1\]\): each once"):
+        few_shot_accuracy(X, y, X, y, shots=(2,), seeds=(1, np.int64(1)))
 
 
 def test_logistic_probe_separates_clusters():

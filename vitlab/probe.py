@@ -233,6 +233,9 @@ def few_shot_accuracy(train_features: Tensor, train_labels: Tensor, test_feature
         raise ValueError("need at least one seed")
     if not all(whole_index(seed) for seed in seeds):  # 0.5 is no seed (int() would draw seed 0 again)
         raise ValueError(f"seeds must be whole numbers, got {list(seeds)}")
+    if len({int(seed) for seed in seeds}) != len(seeds):  # one draw counted twice: a spread over fewer draws
+        raise ValueError(f"seeds names a seed twice ({[int(seed) for seed in seeds]}): each once, or one draw counts twice and the "
+                         "spread looks smaller than it is")
     out = {}
     for k in shots:
         accs = []
