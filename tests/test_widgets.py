@@ -446,3 +446,20 @@ def test_a_convits_blank_readout_before_its_class_token_joins_is_explained_in_th
     ex.layer.value = 1
     ex.select_patch(4, 4)
     assert _z(ex).sum() > 0 and "blank" not in ex.figure.layout.title.text
+
+
+def test_the_centre_patch_a_convit_dot_swaps_in_is_named_in_the_title():
+    """A click on a ConViT dot before the class token joins made the centre patch the query, titled 'query patch
+    (4, 4)' as if the user had chosen it, with nothing to say why the readout was gone. The title now names it the
+    centre and where the class token joins; a patch the user chose, and the readout, are titled as before."""
+    model = tiny_convit()  # the class token joins at layer 3
+    x = torch.randn(1, 3, 32, 32)
+    ex = AttentionExplorer(model, (["a"], x, [np.zeros((32, 32, 3), np.uint8)]))
+    d = DistanceExplorer(model, x, ex)
+    d.open(1)  # layer 1, head 1: a GPSA block
+    assert ex.figure.layout.title.text.endswith("query centre patch (4, 4) (the class token joins at layer 3)")
+    d.open(4 * 2 + 1)
+    assert ex.figure.layout.title.text.endswith("query readout")
+    ex.select_patch(4, 4)  # the user's own choice of the same patch
+    d.open(1)
+    assert ex.figure.layout.title.text.endswith("query patch (4, 4)")

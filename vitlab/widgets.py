@@ -184,6 +184,9 @@ class AttentionExplorer:
             if self.query is None and self.info.readout == "token" and self.layer.value <= self.info.class_token_joins:
                 # a ConViT's class token joins after these layers: its row holds no patch, the map is blank
                 q += f" (blank: the class token joins at layer {self.info.class_token_joins + 1})"
+            elif self.query is not None and self.query == self._forced_query:
+                # a distance-plot dot chose it for a block without a readout: said, not silently swapped in
+                q = f"centre {q} (the class token joins at layer {self.info.class_token_joins + 1})"
             upto = "layers 1-" if method == "rollout" else "layer "
             discard = f", discard {self.discard.value:.2f}" if method == "rollout" and self.discard.value else ""
             # two lines: on one, a rollout's title with its discard ratio ran past the figure's edge
