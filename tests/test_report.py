@@ -735,3 +735,24 @@ def test_a_convits_positions_in_its_gated_positional_attention_are_named():
         text = S.positions(S.Inputs(net, info, [], None, [], {}))[0].ours
         assert "gated positional self-attention over relative offsets" in text and "told nothing" not in text, text
     assert vitlab.model_info(tiny_vit()).attention_positions == ()
+
+
+def test_a_random_convits_distance_and_readout_text_say_what_its_gpsa_blocks_are():
+    """On a random ConViT the distance section read its GPSA blocks' local attention (timm's local_init, by
+    construction) beside a verdict calling all attention chance, and the readout figure began at the block the class
+    token joins with no word why. The distance text now says those blocks start local by construction, and the
+    readout text names the layer the class token joins; a trained ConViT's and a ViT's texts say neither."""
+    import numpy as np
+
+    from vitlab.report import sections as S
+
+    x = torch.randn(2, 3, 32, 32)
+    for net, untrained in ((tiny_convit(), True), (tiny_convit(), False), (tiny_vit(), True)):
+        inp = S.Inputs(net, vitlab.model_info(net), ["a", "b"], x, [np.zeros((32, 32, 3), np.uint8)] * 2, {},
+                       n_show=2, untrained=untrained)
+        pred = S.prediction_pass(inp)
+        gpsa = "In layers 1-2, ConViT's gated positional self-attention starts local by construction"
+        assert (gpsa in S.distance(inp, pred).ours) == (untrained and net.__class__.__name__ == "ConVit")
+        readout = S.readout_and_entropy(inp, pred)[0].ours
+        convit = net.__class__.__name__ == "ConVit"
+        assert ("from layer 3, where the class token joins" in readout) == convit, readout

@@ -281,6 +281,11 @@ def distance(inp: Inputs, pred: dict[str, Any]) -> Section:
         verdicts.append(findings.distance_grows_with_depth(per))
     spread = per.mean(2).std(1).numpy() if len(inp.x) > 1 else None
     lo, hi = float(dist[0].min()), float(dist[0].max())
+    gpsa = ""
+    if inp.untrained and "gated positional" in info.attention_positions:  # not chance: local by construction
+        gpsa = (f" In {_layers(1, info.class_token_joins or info.depth)}, ConViT's gated positional self-attention "
+                "starts local by construction (timm's local_init): with random weights their distance is that "
+                "initialisation, not learned.")
     return Section(
         "distance", "Mean attention distance per head against depth (Fig. 7 right, Fig. 11)",
         layer_lines(dist.numpy(), "mean attention distance (pixels)",
@@ -292,7 +297,7 @@ def distance(inp: Inputs, pred: dict[str, Any]) -> Section:
         "the lowest layers while others stay local; the attention distance grows with depth.",
         f"Lowest layer: heads from {lo:.1f} to {hi:.1f} px ({lo / ceiling:.0%} to {hi / ceiling:.0%} of the "
         f"{ceiling:.1f} px of uniform attention); last layer: head mean {float(dist[-1].mean()):.1f} px, on a "
-        f"{info.img_size[0]}x{info.img_size[1]} input.",
+        f"{info.img_size[0]}x{info.img_size[1]} input.{gpsa}",
         inp.stamp(queries="patches", keys="patches, prefix dropped without renormalising", unit="pixels",
                   images=len(inp.x), error_bars="std over images of the head mean",
                   uniform_attention_px=round(ceiling, 2)),
@@ -425,7 +430,9 @@ def readout_and_entropy(inp: Inputs, pred: dict[str, Any]) -> list[Section]:
                 image_grid_with_maps(inp.shown[:n], readout.numpy(), map_titles(inp, pred, n),
                                      [f"layer {i + 1}" for i in layers],
                                      title=f"Readout attention over the patches (head mean)<br><sup>{MAP_SCALING}</sup>"),
-                "(raw attention, for comparison with rollout)", "Raw attention of the readout in a few layers.",
+                "(raw attention, for comparison with rollout)", "Raw attention of the readout in a few layers" + (
+                    f", from layer {first + 1}, where the class token joins: before it, ConViT's gated positional "
+                    "self-attention attends over the patches alone and the readout has no row." if first else "."),
                 inp.stamp(n, head_fusion="mean", layers=[i + 1 for i in layers])),
         Section("entropy", "Attention entropy per head against depth (our addition)",
                 layer_lines(pred["entropy"].numpy(), "attention entropy (nats)",
