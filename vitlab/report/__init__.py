@@ -76,6 +76,17 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def _positions(info) -> str:
+    """Where the model learns positions, as words: its position-embedding table and what its attention adds (a
+    ConViT's gated positional self-attention, with the layers it runs in)."""
+    table = {"learn": "a learned position-embedding table", "fixed": "a fixed position-embedding table (e.g. sin-cos)",
+             "none": "no position-embedding table"}.get(info.pos_embed, f"position embedding {info.pos_embed}")
+    how = S._in_attention(info)
+    if "gated positional" in info.attention_positions:
+        how += f" in {S._layers(1, info.class_token_joins or info.depth)}"
+    return f"{table}; its attention adds {how}" if how else table
+
+
 def _summary(net, info, model: str | None, weights: str, images: str, n_images: int) -> dict[str, Any]:
     card = model_card(net)
     params = sum(p.numel() for p in net.parameters())
@@ -85,12 +96,13 @@ def _summary(net, info, model: str | None, weights: str, images: str, n_images: 
     ph, pw = info.patch_size
     patches = f"{ph}x{pw} px" if ph != pw else f"{ph} px"
     patches = f"{patches} per patch (the ResNet's stride)" if info.hybrid else f"{patches} patches"
-    prefix = (f"{_count(info.num_prefix_tokens, 'prefix token')} ({', '.join(info.prefix_kinds)})"
+    joins = f", joins at layer {info.class_token_joins + 1}" if info.class_token_joins else ""  # a ConViT's
+    prefix = (f"{_count(info.num_prefix_tokens, 'prefix token')} ({', '.join(info.prefix_kinds)}{joins})"
               if info.num_prefix_tokens else "no prefix tokens")
     facts = [("model", str(model or "embedded default")), ("architecture", arch), ("parameters", f"{params:,}"),
              ("input", f"{info.img_size[0]}x{info.img_size[1]} px, {patches}, "
                        f"{info.grid_size[0]}x{info.grid_size[1]} grid, {prefix}, readout {info.readout}"),
-             ("weights", weights)]
+             ("positions", _positions(info)), ("weights", weights)]
     if card is not None:
         facts.append(("model card", card_line(card)))
     facts.append(("images", f"{n_images} of {images}"))
