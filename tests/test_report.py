@@ -773,3 +773,18 @@ def test_the_reports_facts_say_where_a_convit_learns_positions_and_when_its_clas
         "no position-embedding table; its attention adds gated positional")
     facts = dict(_summary(tiny_vit(), vitlab.model_info(tiny_vit()), "vit", "random", "photos", 2)["facts"])
     assert facts["positions"] == "a learned position-embedding table" and "joins" not in facts["input"]
+
+
+def test_the_two_uniform_entropies_of_a_convit_are_never_printed_alike():
+    """On a 14x14 grid the entropy figure's two uniform references, log 197 and log 196 nats, were both printed
+    '5.28 nats', two lines of the label naming one number. They now get a third decimal where two would print them
+    alike (5.283 and 5.278); an 8x8 grid's stay at two (4.17 and 4.16)."""
+    import timm
+
+    from vitlab.report import sections as S
+
+    net = timm.create_model("convit_tiny", pretrained=False, depth=2, local_up_to_layer=1, num_classes=10)
+    _, label = S.uniform_entropy(vitlab.model_info(net))
+    assert "uniform over 197 tokens: 5.283 nats" in label and "before the class token joins: 5.278 nats" in label
+    _, label = S.uniform_entropy(vitlab.model_info(tiny_convit()))
+    assert "65 tokens: 4.17 nats" in label and "joins: 4.16 nats" in label

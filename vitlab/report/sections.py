@@ -410,12 +410,12 @@ def uniform_entropy(info) -> tuple[float, str]:
     """The entropy figure's uniform-attention reference (value, label): log T nats, uniform over the T tokens. A
     ConViT's blocks before its class token joins (``class_token_joins``) attend over the N patches alone, and the
     figure averages their patch rows: their uniform reference, log N, is named beside it."""
-    T, k = info.num_tokens, info.class_token_joins
-    label = f"uniform over {T} tokens: {np.log(T):.2f} nats"
+    T, k, n = info.num_tokens, info.class_token_joins, info.num_patches
+    d = 2 if not k or f"{np.log(T):.2f}" != f"{np.log(n):.2f}" else 3  # two values never printed alike (14x14: 5.28)
+    label = f"uniform over {T} tokens: {np.log(T):.{d}f} nats"
     if k:
-        n = info.num_patches
         label = (f"{label} ({_layers(k + 1, info.depth)});<br>over the {n} patches of {_layers(1, k)}, before the "
-                 f"class token joins: {np.log(n):.2f} nats")
+                 f"class token joins: {np.log(n):.{d}f} nats")
     return float(np.log(T)), label
 
 
