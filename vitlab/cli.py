@@ -582,10 +582,11 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 def _size_words(n: int) -> str:
     """Bytes in decimal units (``154.0 MB``), as ``du -h --si`` and the README count them."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
+    if n < 1000:
+        return f"{n} B"
+    for unit, scale in (("kB", 1e3), ("MB", 1e6), ("GB", 1e9)):
+        if float(shown := f"{n / scale:.1f}") < 1000 or unit == "GB":  # 999,950 B is 1.0 MB, not 1000.0 kB
+            return f"{shown} {unit}"
 
 
 def _files(n: int) -> str:
