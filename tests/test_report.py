@@ -788,3 +788,16 @@ def test_the_two_uniform_entropies_of_a_convit_are_never_printed_alike():
     assert "uniform over 197 tokens: 5.283 nats" in label and "before the class token joins: 5.278 nats" in label
     _, label = S.uniform_entropy(vitlab.model_info(tiny_convit()))
     assert "65 tokens: 4.17 nats" in label and "joins: 4.16 nats" in label
+
+
+def test_the_faithfulness_text_claims_no_difference_the_table_cannot_show():
+    """On a random ConViT every area in the faithfulness table read 0.002, yet the text named all four methods as
+    below the random map's 0.002 (and above it), from differences in the fourth decimal. The text now compares the
+    areas as the table prints them: equal there, none is named."""
+    from vitlab.inspect.compare import MethodScores
+    from vitlab.report import sections as S
+
+    rows = [MethodScores("rollout", 1.0, 0.00221, 0.00229, 0.1), MethodScores("occlusion", 1.0, 0.0011, 0.0031, 0.0),
+            MethodScores("random map", 0.0, 0.00224, 0.00226, None)]
+    assert S.faithfulness_sentence(rows) == ("Mean deletion area below the random map's 0.002: occlusion; mean "
+                                             "insertion area above its 0.002: occlusion.")

@@ -315,8 +315,9 @@ def faithfulness_sentence(rows: Sequence[MethodScores]) -> str:
     if ref is None:
         return ""
     methods = [r for r in rows if r.method != "random map"]
-    lower = [r.method for r in methods if r.deletion_auc < ref.deletion_auc]
-    higher = [r.method for r in methods if r.insertion_auc > ref.insertion_auc]
+    # compared as the table prints them (3 decimals): a difference it cannot show is not claimed
+    lower = [r.method for r in methods if round(r.deletion_auc, 3) < round(ref.deletion_auc, 3)]
+    higher = [r.method for r in methods if round(r.insertion_auc, 3) > round(ref.insertion_auc, 3)]
 
     def names(xs: list[str]) -> str:
         return ", ".join(xs) if xs else "none"
