@@ -1131,3 +1131,16 @@ def test_set_flags_in_error_messages_paste_into_a_shell(tmp_path):
                                                              "d": True, "e": "a\\b"}
     other = "the model's device='cuda' differs: replace(cfg) (see [1, 2])"
     assert cli_words(other) == other
+
+
+def test_info_says_which_blocks_of_a_convit_are_gated_positional_and_where_its_class_token_joins(capsys):
+    """vitlab info on a ConViT printed 'tokens 197 (1 prefix: class)' and 'in attention: gated positional' as if
+    every block saw the class token and ran GPSA; its first 10 of 12 blocks are GPSA over the patches alone and the
+    class token joins at block 11. Both lines now say so; a ViT's lines are as before."""
+    assert main(["info", "--model", "convit_tiny", "--no-pretrained"]) == 0
+    text = capsys.readouterr().out
+    assert "197 (1 prefix: class, joins at block 11)" in text, text
+    assert "in attention: gated positional (blocks 1-10)" in text, text
+    assert main(["info", "--model", "vit_tiny_patch16_224", "--no-pretrained"]) == 0
+    text = capsys.readouterr().out
+    assert "197 (1 prefix: class)" in text and "in attention" not in text, text

@@ -157,11 +157,15 @@ def cmd_info(args: argparse.Namespace) -> int:
         rows += [("input", f"{info.img_size[0]}x{info.img_size[1]} px, {info.patch_size[0]}x{info.patch_size[1]} "
                            f"px patches, grid {info.grid_size[0]}x{info.grid_size[1]}"),
                  ("tokens", f"{info.num_tokens} ({info.num_prefix_tokens} prefix: "
-                            f"{', '.join(info.prefix_kinds) or 'none'})"),
+                            f"{', '.join(info.prefix_kinds) or 'none'}"
+                            + (f", joins at block {info.class_token_joins + 1}" if info.class_token_joins else "")
+                            + ")"),
                  ("blocks", f"{info.depth} x width {info.embed_dim}, {info.num_heads} heads"),
                  ("position embedding", f"{info.pos_embed} (prefix rows: {'yes' if info.pos_embed_has_prefix else 'no'})"
                                         + (f"; in attention: {', '.join(info.attention_positions)}"
-                                           if info.attention_positions else "")),
+                                           if info.attention_positions else "")
+                                        + (f" (blocks 1-{info.class_token_joins or info.depth})"  # ConViT's GPSA
+                                           if "gated positional" in info.attention_positions else "")),
                  ("readout", info.readout + (" (hybrid: CNN features as patches)" if info.hybrid else ""))]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
