@@ -801,3 +801,17 @@ def test_the_faithfulness_text_claims_no_difference_the_table_cannot_show():
             MethodScores("random map", 0.0, 0.00224, 0.00226, None)]
     assert S.faithfulness_sentence(rows) == ("Mean deletion area below the random map's 0.002: occlusion; mean "
                                              "insertion area above its 0.002: occlusion.")
+
+
+def test_a_convits_distance_figure_marks_its_gated_positional_layers():
+    """A ConViT's distance figure drew its GPSA layers beside its later ones with nothing to tell them apart, though
+    the step between them is that of two kinds of attention. Its subtitle now names the GPSA layers; a ViT's does not."""
+    import numpy as np
+
+    from vitlab.report import sections as S
+
+    x = torch.randn(2, 3, 32, 32)
+    for net, note in ((tiny_convit(), "; layers 1-2: gated positional self-attention (GPSA)</sup>"), (tiny_vit(), "")):
+        inp = S.Inputs(net, vitlab.model_info(net), ["a", "b"], x, [np.zeros((32, 32, 3), np.uint8)] * 2, {})
+        title = S.distance(inp, S.prediction_pass(inp)).figure.layout.title.text
+        assert title.endswith(f"dashed: uniform attention{note}" if note else "dashed: uniform attention</sup>"), title

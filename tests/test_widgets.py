@@ -463,3 +463,12 @@ def test_the_centre_patch_a_convit_dot_swaps_in_is_named_in_the_title():
     ex.select_patch(4, 4)  # the user's own choice of the same patch
     d.open(1)
     assert ex.figure.layout.title.text.endswith("query patch (4, 4)")
+
+
+def test_a_convits_distance_explorer_marks_its_gated_positional_layers():
+    """The distance explorer of a ConViT drew its GPSA layers beside the later ones with nothing to tell them apart;
+    its title now names the GPSA layers on a second line. A ViT's title is one line, as before."""
+    x = torch.randn(1, 3, 32, 32)
+    title = DistanceExplorer(tiny_convit(), x).figure.layout.title.text
+    assert title.endswith("click a dot<br><sup>layers 1-2: gated positional self-attention (GPSA)</sup>"), title
+    assert DistanceExplorer(tiny_vit(), x).figure.layout.title.text.endswith("click a dot")

@@ -325,6 +325,14 @@ class PositionExplorer:
         display(self.figure)
 
 
+def _gpsa_note(info) -> str:
+    """A title's second line naming a ConViT's gated positional self-attention layers; "" for other models."""
+    if "gated positional" not in info.attention_positions:
+        return ""
+    k = info.class_token_joins or info.depth
+    return f"<br><sup>{'layer 1' if k == 1 else f'layers 1-{k}'}: gated positional self-attention (GPSA)</sup>"
+
+
 class DistanceExplorer:
     """Mean attention distance per head against depth; hover a dot for its layer and head, click it to open that
     head in a linked ``AttentionExplorer``."""
@@ -349,7 +357,7 @@ class DistanceExplorer:
         H = self.distance.shape[1]
         self.figure = go.FigureWidget(layer_lines(  # one trace (and colour, and legend entry) per head
             self.distance.numpy(), "mean attention distance (pixels)",
-            f"Mean attention distance per head ({len(images)} images); click a dot"))
+            f"Mean attention distance per head ({len(images)} images); click a dot{_gpsa_note(model_info(model))}"))
         self.figure.update_layout(width=600, height=440, legend=dict(orientation="h", y=-0.2),
                                   margin=dict(l=60, r=10, t=50, b=80))
         self.figure.update_traces(marker_size=8, selector=dict(mode="markers"))  # dots big enough to click

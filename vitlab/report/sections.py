@@ -270,6 +270,14 @@ def positions(inp: Inputs) -> list[Section]:
 # ---------------------------------------------------------------------------------------------- Fig. 7 right
 
 
+def gpsa_layers(info: ModelInfo) -> str:
+    """'; layers 1-k: gated positional self-attention (GPSA)' for a ConViT, the layers a per-layer figure should mark
+    as such; "" for a model without it."""
+    if "gated positional" not in info.attention_positions:
+        return ""
+    return f"; {_layers(1, info.class_token_joins or info.depth)}: gated positional self-attention (GPSA)"
+
+
 def distance(inp: Inputs, pred: dict[str, Any]) -> Section:
     info = inp.info
     per = pred["distance"]  # (L, B, H) pixels, as mean_attention_distance(per_image=True): from the prediction pass
@@ -289,7 +297,8 @@ def distance(inp: Inputs, pred: dict[str, Any]) -> Section:
     return Section(
         "distance", "Mean attention distance per head against depth (Fig. 7 right, Fig. 11)",
         layer_lines(dist.numpy(), "mean attention distance (pixels)",
-                    f"Mean attention distance per head<br><sup>{len(inp.x)} images; dashed: uniform attention</sup>",
+                    f"Mean attention distance per head<br><sup>{len(inp.x)} images; dashed: uniform attention"
+                    f"{gpsa_layers(info)}</sup>",
                     spread,
                     reference=(ceiling, f"uniform attention over the {info.grid_size[0]}x{info.grid_size[1]} grid: "
                                         f"{ceiling:.1f} px"), spread_label="std over images"),
