@@ -458,6 +458,9 @@ def test_the_centre_patch_a_convit_dot_swaps_in_is_named_in_the_title():
     d = DistanceExplorer(model, x, ex)
     d.open(1)  # layer 1, head 1: a GPSA block
     assert ex.figure.layout.title.text.endswith("query centre patch (4, 4) (the class token joins at layer 3)")
+    assert ", head 1,<br>" in ex.figure.layout.title.text  # one head: not 'heads head 1'
+    ex.head.value = "mean"
+    assert ", heads mean,<br>" in ex.figure.layout.title.text
     d.open(4 * 2 + 1)
     assert ex.figure.layout.title.text.endswith("query readout")
     ex.select_patch(4, 4)  # the user's own choice of the same patch

@@ -190,7 +190,8 @@ class AttentionExplorer:
             upto = "layers 1-" if method == "rollout" else "layer "
             discard = f", discard {self.discard.value:.2f}" if method == "rollout" and self.discard.value else ""
             # two lines: on one, a rollout's title with its discard ratio ran past the figure's edge
-            return f"{self.names[i]}: {method}, {upto}{self.layer.value}, heads {self.head.value}{discard},<br>query {q}"
+            heads = self.head.value if self.head.value.startswith("head ") else f"heads {self.head.value}"  # not "heads head 2"
+            return f"{self.names[i]}: {method}, {upto}{self.layer.value}, {heads}{discard},<br>query {q}"
         c = self.target_class()
         p = float(self._probs[i][c]) if i in self._probs and c < len(self._probs[i]) else float("nan")
         return f"{self.names[i]}: {method} for {self._class_label(c)} (p = {p:.2f})"
