@@ -487,6 +487,9 @@ def test_image_and_class_names_are_text_in_map_titles_not_plotly_markup():
         "&lt;b&gt;x&lt;/b&gt;<br>predicted &lt;a href='https://example.com'&gt;cat&lt;/a&gt; (90%)",
         "a &amp; b&lt;br&gt;c<br>predicted dog (50%)"]
     assert map_titles(inp, {"pred": None, "prob": None}, 1) == ["&lt;b&gt;x&lt;/b&gt;"]  # no head: the name alone
+    # a random 1000-class model's 0.1% was captioned (0%)
+    low = map_titles(inp, {"pred": torch.tensor([1, 1]), "prob": torch.tensor([0.0012, 0.0001])}, 2)
+    assert [t.rsplit("<br>", 1)[1] for t in low] == ["predicted dog (0.1%)", "predicted dog (< 0.1%)"]
 
 
 def test_map_grid_titles_state_the_scaling_the_grid_applies():

@@ -475,3 +475,13 @@ def test_a_convits_distance_explorer_marks_its_gated_positional_layers():
     title = DistanceExplorer(tiny_convit(), x).figure.layout.title.text
     assert title.endswith("click a dot<br><sup>layers 1-2: gated positional self-attention (GPSA)</sup>"), title
     assert DistanceExplorer(tiny_vit(), x).figure.layout.title.text.endswith("click a dot")
+
+
+def test_a_small_probability_is_not_printed_as_zero_percent():
+    """A random ImageNet model's prediction (about 0.1%) was captioned '(0%)' in the report and the explorer's
+    status; below 1% the caption now keeps a decimal, and under 0.1% says so."""
+    from vitlab.stats import probability_words
+
+    assert [probability_words(p) for p in (0.734, 0.01, 0.0099, 0.001, 0.00094, 0.0)] == \
+        ["73%", "1%", "1.0%", "0.1%", "< 0.1%", "< 0.1%"]
+    assert probability_words(float("nan")) == "n/a"

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["average_ranks", "spearman", "percent_cell"]
+__all__ = ["average_ranks", "spearman", "percent_cell", "probability_words"]
 
 
 def average_ranks(x: Tensor) -> Tensor:
@@ -46,3 +46,13 @@ def percent_cell(values: Sequence[float]) -> str:
     mean = sum(values) / n
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
     return f"{100 * mean:.1f} ± {100 * std:.1f}"
+
+
+def probability_words(p: float) -> str:
+    """A predicted class's probability as a caption prints it: whole percents from 1%, one decimal below (a random
+    ImageNet model's 0.1% is no "0%"), "< 0.1%" under that; NaN (nothing predicted) as "n/a"."""
+    if math.isnan(p):
+        return "n/a"
+    if p >= 0.01:
+        return f"{p:.0%}"
+    return f"{p:.1%}" if p >= 0.00095 else "< 0.1%"

@@ -23,6 +23,7 @@ from vitlab.inspect import attention_view, attribution, mean_attention_distance,
 from vitlab.inspect.attribution import has_classifier, require_classifier
 from vitlab.modes import unwrapped
 from vitlab.plots import heatmap_over_image, layer_lines
+from vitlab.stats import probability_words
 
 __all__ = ["AttentionExplorer", "PositionExplorer", "DistanceExplorer", "METHODS", "HEADS", "UNITS"]
 
@@ -211,7 +212,7 @@ class AttentionExplorer:
             self.status.value = f"no classifier head (the model outputs features): no predicted class; {stats}"
             return
         c, p = self.prediction(i)
-        self.status.value = f"predicted <b>{self._class_label(c)}</b> ({p:.0%}); {stats}"
+        self.status.value = f"predicted <b>{self._class_label(c)}</b> ({probability_words(p)}); {stats}"
 
     def _enable_controls(self) -> None:
         """Grey out the controls the chosen method does not read: layer and heads for the class-specific maps, the

@@ -44,6 +44,7 @@ from vitlab.plots import (
     similarity_tiles,
     table_figure,
 )
+from vitlab.stats import probability_words
 from vitlab.verdict import Verdict
 
 __all__ = ["Section", "Inputs", "prediction_pass", "filters", "positions", "distance", "maps_and_faithfulness",
@@ -166,7 +167,7 @@ def map_titles(inp: Inputs, pred: dict[str, Any], n: int) -> list[str]:
             out.append(truth)
             continue
         c, pr = int(pred["pred"][i]), float(pred["prob"][i])
-        out.append(f"{truth}<br>predicted {html.escape(inp.class_name(c), quote=False)} ({pr:.0%})")
+        out.append(f"{truth}<br>predicted {html.escape(inp.class_name(c), quote=False)} ({probability_words(pr)})")
     return out
 
 
