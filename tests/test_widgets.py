@@ -441,8 +441,11 @@ def test_a_convits_blank_readout_before_its_class_token_joins_is_explained_in_th
         for layer in (1, 2):
             ex.layer.value = layer
             assert _z(ex).sum() == 0 and note in ex.figure.layout.title.text, (method, layer)
+            # a blank map's colourbar from 0 to 1, not plotly's -0.4 to 0.4 around its single value
+            assert (ex.figure.data[1].zauto, ex.figure.data[1].zmin, ex.figure.data[1].zmax) == (False, 0.0, 1.0)
         ex.layer.value = 3
         assert _z(ex).sum() > 0 and "blank" not in ex.figure.layout.title.text
+        assert ex.figure.data[1].zauto and ex.figure.data[1].zmin is None  # a map with a range: plotly's own
     ex.layer.value = 1
     ex.select_patch(4, 4)
     assert _z(ex).sum() > 0 and "blank" not in ex.figure.layout.title.text

@@ -78,6 +78,16 @@ def _drawable(t: Tensor) -> np.ndarray:
     return t.detach().float().cpu().numpy()
 
 
+def _colour_range(z: np.ndarray) -> dict:
+    """The explorer map's colour range: plotly's own, except for a constant map (a blank readout before a ConViT's
+    class token joins), which plotly centres on its value (an all-zero map's colourbar ran from -0.4 to 0.4, negative
+    weights no map has): from 0 (or the value, if negative) to the value (1 for zeros)."""
+    lo, hi = float(np.min(z)), float(np.max(z))
+    if lo != hi:
+        return dict(zauto=True, zmin=None, zmax=None)
+    return dict(zauto=False, zmin=min(0.0, lo), zmax=hi if hi > 0 else 1.0)
+
+
 class AttentionExplorer:
     """Image, layer, head (or fusion), method, discard ratio, query patch and target class -> a heatmap over the image.
 
@@ -128,6 +138,7 @@ class AttentionExplorer:
         first = heatmap_over_image(self.shown[0], z, title)
         # the browser draws the figure as built: changes made before it is displayed never reach it
         first.data[1].colorbar.title.text = UNITS[self.method.value]
+        first.data[1].update(_colour_range(z))
         self.figure = go.FigureWidget(first)
         self.figure.data[1].on_click(self._on_click)
         for w in (self.image, self.layer, self.head, self.method, self.discard, self.target):
@@ -205,6 +216,7 @@ class AttentionExplorer:
         with self.figure.batch_update():
             self.figure.data[0].z = self.shown[i]
             self.figure.data[1].z = z
+            self.figure.data[1].update(_colour_range(z))
             self.figure.layout.title = self._title()
             self.figure.data[1].colorbar.title.text = UNITS[self.method.value]
         stats = f"map max {float(np.max(z)):.4f}, sum {float(np.sum(z)):.4f}"
