@@ -165,6 +165,10 @@ def test_the_command_lists_and_prunes(root, capsys):
             main(bad)
         assert e.value.code == 2
     assert (root / "features" / FEATURES).exists()
+    assert "(vitlab cache prune --all frees it)" in out  # no writer's file: --all frees every byte listed
+    _file(root / f".{IMAGES}.a1b2c3.tmp", 10, 0, time.time())  # a writer's file: --all keeps it
+    assert main(["cache"]) == 0
+    assert "(vitlab cache prune --all frees it, but for 1 file a writer may still be filling)" in capsys.readouterr().out
 
 
 def _age(path, days: float) -> None:

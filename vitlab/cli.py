@@ -618,7 +618,7 @@ def _entry_rows(entries, root: Path, now: float) -> list[str]:
 def cmd_cache(args: argparse.Namespace) -> int:
     import time
 
-    from vitlab.cache_admin import KINDS, prune_cache, scan_cache
+    from vitlab.cache_admin import KINDS, TEMP_GRACE_S, prune_cache, scan_cache
     from vitlab.data import cache_dir
 
     now = time.time()
@@ -652,7 +652,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print("\n".join(_entry_rows(scan.entries, root, now)))
     totals = "; ".join(f"{k}: {_files(sum(e.kind == k for e in scan.entries))}, {_size_words(scan.size(k))}"
                        for k in KINDS)
-    print(f"{totals}; total {_size_words(scan.size())} (vitlab cache prune --all frees it)")
+    young = [e for e in scan.entries if e.temp and now - e.last_used < TEMP_GRACE_S]  # a writer may be filling them
+    keeps = f", but for {_files(len(young))} a writer may still be filling" if young else ""
+    print(f"{totals}; total {_size_words(scan.size())} (vitlab cache prune --all frees it{keeps})")
     print(f"runs/ (training runs: not a cache, never pruned): {_size_words(scan.runs_size)}")
     print(f"other files (results, logs, downloads: never pruned): {_size_words(scan.other_size)}")
     return 0
