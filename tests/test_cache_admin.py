@@ -230,3 +230,50 @@ def test_cache_sizes_never_print_1000_of_a_unit():
 
     assert [_size_words(n) for n in (999, 1000, 999_949, 999_950, 999_960_000, 154_001_156)] == [
         "999 B", "1.0 kB", "999.9 kB", "1.0 MB", "1.0 GB", "154.0 MB"]
+
+
+def test_the_temporary_file_grace_is_an_hour_not_less(root):
+    """A writer's temporary file 50 minutes old is kept (it may still be filling), one 70 minutes old goes."""
+    now = time.time()
+    young = _file(root / f".{IMAGES}.q1w2e3.tmp", 50, 50 / 1440, now)
+    old = _file(root / f".{OLD_IMAGES}.r4t5y6.tmp", 60, 70 / 1440, now)
+    result = prune_cache(everything=True, now=now)
+    assert _names(result.busy) == [young.name] and young.is_file()
+    assert old.name in _names(result.removed) and not old.exists()
+
+
+def test_an_entry_used_between_the_scan_and_its_removal_is_kept(root, monkeypatch):
+    """A decode that reads OLD_IMAGES after prune's scan refreshes it: prune re-reads its time and keeps it."""
+    from vitlab import cache_admin
+
+    scan = cache_admin.scan_cache
+
+    def scan_then_use(*a, **k):
+        found = scan(*a, **k)
+        os.utime(root / OLD_IMAGES)  # a cache hit meanwhile (vitlab.data.touch_cache)
+        return found
+
+    monkeypatch.setattr(cache_admin, "scan_cache", scan_then_use)
+    result = prune_cache(older_than_days=5)
+    assert _names(result.removed) == [FEATURES]
+    assert (root / OLD_IMAGES).is_file() and not (root / "features" / FEATURES).exists()
+
+
+def test_a_file_named_almost_as_a_cache_entry_is_never_listed_or_removed(root):
+    """Only images-[SOURCE-]KEY.npz with hex keys is a decode entry: a user's images-mine.npz stays."""
+    mine = _file(root / "images-mine.npz", 17, 90, time.time())
+    assert mine.name not in _names(scan_cache().entries)
+    prune_cache(everything=True)
+    assert mine.is_file()
+
+
+def test_no_kinds_is_refused_not_a_prune_of_nothing(root):
+    with pytest.raises(ValueError, match=r"kinds must be among .*got \[\]"):
+        prune_cache(3, ())
+
+
+def test_an_images_entry_detail_is_count_then_height_by_width(root):
+    """The detail is read from the npz header: 2 images 4 high and 6 wide are '2 images 4x6'."""
+    np.savez(root / IMAGES, images=np.zeros((2, 4, 6, 3), np.uint8), labels=np.zeros(2, np.int64))
+    (entry,) = [e for e in scan_cache().entries if e.path.name == IMAGES]
+    assert entry.detail == "2 images 4x6"
