@@ -513,6 +513,19 @@ def test_queries_prefix_on_a_convit_whose_class_token_never_joins_is_refused_not
     torch.testing.assert_close(vitlab.attention_maps(model, x, queries=[0]), vitlab.attention_maps(model, x)[..., :1, :])
 
 
+@pytest.mark.parametrize("join", [2, 3])
+def test_a_convit_exactly_as_deep_as_its_local_up_to_layer_never_adds_its_class_token(join):
+    """timm joins the class token before block local_up_to_layer: a ConViT of 2 blocks with local_up_to_layer=2 (the
+    boundary) never adds it, as with 3. Its info counts no prefix, no late join, and the 64 patches of the maps."""
+    from vitlab.info import class_token_join, class_token_never_joins
+
+    model = tiny_convit(depth=2, local_up_to_layer=join)
+    info = vitlab.model_info(model)
+    maps = vitlab.attention_maps(model, torch.randn(1, 3, 32, 32))
+    assert class_token_never_joins(model) and class_token_join(model) == 0
+    assert (info.num_prefix_tokens, info.class_token_joins, info.num_tokens, maps.shape[-1]) == (0, 0, 64, 64)
+
+
 @pytest.mark.parametrize("attn_block", ["talking heads", "plain"])
 def test_cait_class_attention_is_refused_by_name(attn_block):
     """CaiT's class token joins only in class-attention blocks (1 x (1 + N) maps from the class token alone). Built
