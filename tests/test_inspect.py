@@ -360,6 +360,16 @@ def test_a_convit_whose_class_token_never_joins_counts_no_prefix_and_refuses_a_r
                                rollout_from_maps(maps)[:, 0].reshape(2, 2, 2).float())
 
 
+def test_a_class_token_that_attends_to_itself_alone_but_is_attended_to_is_discarded_as_a_joined_one():
+    """Row 0 the identity is not enough to be a block the class token has not joined: here the patches attend to it
+    (column 0 holds 0.1 and 0.2), so discard_ratio=0.4 ranks all 9 entries and drops the 3 weakest, (0, 1), (0, 2)
+    and (1, 0), worked out by hand, not 1 of the 4 patch entries."""
+    a = torch.tensor([[1.0, 0.0, 0.0], [0.1, 0.6, 0.3], [0.2, 0.2, 0.6]])
+    got = rollout_from_maps(a[None, None, None], discard_ratio=0.4)[0]
+    want = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.8 / 0.95, 0.15 / 0.95], [0.1, 0.1, 0.8]], dtype=torch.float64)
+    torch.testing.assert_close(got, want)
+
+
 def test_a_convits_attention_distance_reads_its_gpsa_blocks_over_the_patches_alone():
     """The ConViT paper's plot: mean attention distance per head of every block, the GPSA blocks (patches over
     patches, before the class token joins) and the later ones. It refused ('maps over 64 tokens do not match 1 prefix
