@@ -488,3 +488,18 @@ def test_a_small_probability_is_not_printed_as_zero_percent():
     assert [probability_words(p) for p in (0.734, 0.01, 0.0099, 0.001, 0.00094, 0.0)] == \
         ["73%", "1%", "1.0%", "0.1%", "< 0.1%", "< 0.1%"]
     assert probability_words(float("nan")) == "n/a"
+
+
+def test_the_last_convit_block_before_its_class_token_joins_also_opens_the_centre_patch():
+    """The class token joins before block 2 (0-based): layer 2 (1-based) is still a GPSA block with a blank readout,
+    so its dot opens the centre patch too; layer 3 has the readout. A centre patch set by hand afterwards (ex.query,
+    not the dot's choice) stays at the later blocks."""
+    model = tiny_convit()
+    x = torch.randn(1, 3, 32, 32)
+    ex = AttentionExplorer(model, (["a"], x, [np.zeros((32, 32, 3), np.uint8)]))
+    d = DistanceExplorer(model, x, ex)
+    assert d.open(4 * 1 + 2) == (2, 2) and ex.query == 36
+    assert d.open(4 * 2 + 2) == (3, 2) and ex.query is None
+    ex.query = 36  # by hand, the patch the dot had chosen before
+    d.open(4 * 3 + 2)
+    assert ex.query == 36
