@@ -100,6 +100,14 @@ def test_an_unknown_name_in_this_process_is_an_attribute_error_naming_it():
         vitlab.attention_rolout
 
 
+def test_a_private_submodule_is_no_attribute_of_the_package():
+    """Only public names load on first use: ``vitlab.__main__`` (the command's entry, which imports the CLI) is no
+    attribute, so a probe such as ``hasattr(vitlab, "__main__")`` imports nothing."""
+    assert not hasattr(vitlab, "__main__")
+    with pytest.raises(AttributeError, match="no attribute '__main__'"):
+        vitlab.__main__
+
+
 def test_ctrl_c_while_the_parser_is_built_is_a_message_and_status_130(monkeypatch, capsys):
     import vitlab.cli
 
