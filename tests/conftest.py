@@ -90,21 +90,27 @@ def tiny_convit(**kwargs) -> torch.nn.Module:
     return timm.create_model("convit_tiny", pretrained=False, **kwargs).eval()
 
 
-def convit_raw_attention(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-    """Per block, the attention timm's ConViT applies, recomputed in float64 from each block's attention input
-    (grabbed with a forward hook of our own): GPSA blocks through timm's ``get_attention`` (B, H, N, N), the later
-    MHSA blocks as softmax(q k^T * scale) over the class token and the patches (B, H, 1 + N, 1 + N)."""
+def attention_inputs(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """Per block of ``model.blocks``, the tensor its ``attn`` module received in one no-grad forward of ``x``
+    (grabbed with a pre-hook of our own, removed after): what an independent recomputation of the attention starts
+    from."""
     inputs = []
-    handles = [blk.attn.register_forward_hook(lambda m, a, out: inputs.append(a[0].detach()))
-               for blk in model.blocks]
+    handles = [blk.attn.register_forward_pre_hook(lambda m, a: inputs.append(a[0].detach())) for blk in model.blocks]
     try:
         with torch.no_grad():
             model(x)
     finally:
         for h in handles:
             h.remove()
+    return inputs
+
+
+def convit_raw_attention(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """Per block, the attention timm's ConViT applies, recomputed in float64 from each block's attention input
+    (grabbed with a forward hook of our own): GPSA blocks through timm's ``get_attention`` (B, H, N, N), the later
+    MHSA blocks as softmax(q k^T * scale) over the class token and the patches (B, H, 1 + N, 1 + N)."""
     out = []
-    for blk, h in zip(model.blocks, inputs):
+    for blk, h in zip(model.blocks, attention_inputs(model, x)):
         at = blk.attn
         if blk.use_gpsa:
             with torch.no_grad():

@@ -8,7 +8,7 @@ import math
 import pytest
 import timm
 import torch
-from conftest import convit_raw_attention, tiny_convit, tiny_timm, tiny_vit
+from conftest import attention_inputs, convit_raw_attention, tiny_convit, tiny_timm, tiny_vit
 from torch import nn
 
 import vitlab
@@ -17,17 +17,8 @@ from vitlab.capture import AttentionCaptureError
 
 def reference_attention(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """(L, B, H, T, T) recomputed from each block's qkv weights: softmax(q k^T / sqrt(d)), in float64."""
-    inputs = []
-    handles = [blk.attn.register_forward_pre_hook(lambda m, a: inputs.append(a[0].detach()))
-               for blk in model.blocks]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
     out = []
-    for blk, h in zip(model.blocks, inputs):
+    for blk, h in zip(model.blocks, attention_inputs(model, x)):
         at = blk.attn
         h = h.double()
         B, N, _ = h.shape
