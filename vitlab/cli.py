@@ -164,8 +164,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                  ("position embedding", f"{info.pos_embed} (prefix rows: {'yes' if info.pos_embed_has_prefix else 'no'})"
                                         + (f"; in attention: {', '.join(info.attention_positions)}"
                                            if info.attention_positions else "")
-                                        + (f" (blocks 1-{info.class_token_joins or info.depth})"  # ConViT's GPSA
-                                           if "gated positional" in info.attention_positions else "")),
+                                        + (f" (blocks 1-{info.gpsa_depth})" if info.gpsa_depth else "")),  # ConViT
                  ("readout", info.readout + (" (hybrid: CNN features as patches)" if info.hybrid else ""))]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))

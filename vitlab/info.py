@@ -77,6 +77,12 @@ class ModelInfo:
     class_token_joins: int = 0
 
     @property
+    def gpsa_depth(self) -> int:
+        """How many leading blocks run a ConViT's gated positional self-attention (up to where its class token joins,
+        or all of them); 0 for a model without it."""
+        return (self.class_token_joins or self.depth) if "gated positional" in self.attention_positions else 0
+
+    @property
     def num_patches(self) -> int:
         return self.grid_size[0] * self.grid_size[1]
 
@@ -261,24 +267,28 @@ def _prefix_counts(model: nn.Module) -> tuple[int, int, int, int]:
     return n_prefix, n_cls, n_dist, n_reg
 
 
+def _late_join(model: nn.Module) -> tuple[int, int] | None:
+    """(``local_up_to_layer``, number of blocks) of a ConViT with a class token (timm's: the class token joins the
+    patches before block ``local_up_to_layer``); None for any other model."""
+    model = unwrapped(model)
+    join, blocks = getattr(model, "local_up_to_layer", None), getattr(model, "blocks", None)
+    if not whole_index(join) or getattr(model, "cls_token", None) is None or blocks is None:
+        return None
+    return operator.index(join), len(blocks)
+
+
 def class_token_never_joins(model: nn.Module) -> bool:
-    """Whether ``model`` is a ConViT (timm's ``local_up_to_layer``: its class token joins before that block) no
-    deeper than ``local_up_to_layer``: its blocks are all gated positional self-attention over the patches alone, and
-    the class token it holds never reaches them."""
-    join = getattr(model, "local_up_to_layer", None)
-    return (whole_index(join) and getattr(model, "cls_token", None) is not None
-            and len(model.blocks) <= operator.index(join))
+    """Whether ``model`` is a ConViT no deeper than ``local_up_to_layer``: its blocks are all gated positional
+    self-attention over the patches alone, and the class token it holds never reaches them."""
+    late = _late_join(model)
+    return late is not None and late[1] <= late[0]
 
 
 def class_token_join(model: nn.Module) -> int:
     """The block before which a class token that joins late (a ConViT's ``local_up_to_layer``) joins the patches, or 0
     when it is there from the first block or never joins (a ConViT no deeper than ``local_up_to_layer``)."""
-    model = unwrapped(model)
-    join = getattr(model, "local_up_to_layer", None)
-    blocks = getattr(model, "blocks", None)
-    if not whole_index(join) or getattr(model, "cls_token", None) is None or blocks is None:
-        return 0
-    return operator.index(join) if 0 < operator.index(join) < len(blocks) else 0
+    late = _late_join(model)
+    return late[0] if late is not None and 0 < late[0] < late[1] else 0
 
 
 def _pos_has_prefix(model: nn.Module, pos: nn.Parameter, n_prefix: int, default_grid: tuple[int, int]) -> bool:

@@ -31,6 +31,17 @@ def map_over_image_traces(image: np.ndarray, grid_map: np.ndarray, opacity: floa
             go.Heatmap(z=grid_map, x0=pw / 2 - 0.5, dx=pw, y0=ph / 2 - 0.5, dy=ph, opacity=opacity, **kw)]
 
 
+def layer_span(first: int, last: int) -> str:
+    """1-based layers in words: 'layer 3', 'layers 1-10'."""
+    return f"layer {first}" if first == last else f"layers {first}-{last}"
+
+
+def gpsa_words(info) -> str:
+    """'layers 1-k: gated positional self-attention (GPSA)' for a ConViT (``ModelInfo.gpsa_depth``), the layers a
+    per-layer figure marks as such; "" for a model without it."""
+    return f"{layer_span(1, info.gpsa_depth)}: gated positional self-attention (GPSA)" if info.gpsa_depth else ""
+
+
 #: how ``image_grid_with_maps`` scales each map, for the titles of figures that draw with it
 MAP_SCALING = "each map divided by its own largest |value|"
 

@@ -22,7 +22,7 @@ from vitlab.info import model_info
 from vitlab.inspect import attention_view, attribution, mean_attention_distance, position_embedding_similarity
 from vitlab.inspect.attribution import has_classifier, require_classifier
 from vitlab.modes import unwrapped
-from vitlab.plots import heatmap_over_image, layer_lines
+from vitlab.plots import gpsa_words, heatmap_over_image, layer_lines
 from vitlab.stats import probability_words
 
 __all__ = ["AttentionExplorer", "PositionExplorer", "DistanceExplorer", "METHODS", "HEADS", "UNITS"]
@@ -341,10 +341,8 @@ class PositionExplorer:
 
 def _gpsa_note(info) -> str:
     """A title's second line naming a ConViT's gated positional self-attention layers; "" for other models."""
-    if "gated positional" not in info.attention_positions:
-        return ""
-    k = info.class_token_joins or info.depth
-    return f"<br><sup>{'layer 1' if k == 1 else f'layers 1-{k}'}: gated positional self-attention (GPSA)</sup>"
+    words = gpsa_words(info)
+    return f"<br><sup>{words}</sup>" if words else ""
 
 
 class DistanceExplorer:

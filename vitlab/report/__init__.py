@@ -35,6 +35,7 @@ from vitlab.images import (
 )
 from vitlab.info import has_attention
 from vitlab.models import SHAPES_CHECKPOINT
+from vitlab.plots import layer_span
 from vitlab.provenance import versions
 from vitlab.report import sections as S
 from vitlab.report.render import render_html, stamp_line
@@ -82,8 +83,8 @@ def _positions(info) -> str:
     table = {"learn": "a learned position-embedding table", "fixed": "a fixed position-embedding table (e.g. sin-cos)",
              "none": "no position-embedding table"}.get(info.pos_embed, f"position embedding {info.pos_embed}")
     how = S._in_attention(info)
-    if "gated positional" in info.attention_positions:
-        how += f" in {S._layers(1, info.class_token_joins or info.depth)}"
+    if info.gpsa_depth:
+        how += f" in {layer_span(1, info.gpsa_depth)}"
     return f"{table}; its attention adds {how}" if how else table
 
 

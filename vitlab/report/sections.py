@@ -38,8 +38,10 @@ from vitlab.plots import (
     MAP_SCALING,
     deletion_insertion_curves,
     filter_grid,
+    gpsa_words,
     image_grid_with_maps,
     layer_lines,
+    layer_span,
     scaling_curves,
     similarity_tiles,
     table_figure,
@@ -271,12 +273,11 @@ def positions(inp: Inputs) -> list[Section]:
 # ---------------------------------------------------------------------------------------------- Fig. 7 right
 
 
-def gpsa_layers(info: ModelInfo) -> str:
-    """'; layers 1-k: gated positional self-attention (GPSA)' for a ConViT, the layers a per-layer figure should mark
-    as such; "" for a model without it."""
-    if "gated positional" not in info.attention_positions:
-        return ""
-    return f"; {_layers(1, info.class_token_joins or info.depth)}: gated positional self-attention (GPSA)"
+def gpsalayer_span(info: ModelInfo) -> str:
+    """'; layers 1-k: gated positional self-attention (GPSA)' for a ConViT (``vitlab.plots.gpsa_words``); "" for a
+    model without it."""
+    words = gpsa_words(info)
+    return f"; {words}" if words else ""
 
 
 def distance(inp: Inputs, pred: dict[str, Any]) -> Section:
@@ -291,15 +292,15 @@ def distance(inp: Inputs, pred: dict[str, Any]) -> Section:
     spread = per.mean(2).std(1).numpy() if len(inp.x) > 1 else None
     lo, hi = float(dist[0].min()), float(dist[0].max())
     gpsa = ""
-    if inp.untrained and "gated positional" in info.attention_positions:  # not chance: local by construction
-        gpsa = (f" In {_layers(1, info.class_token_joins or info.depth)}, ConViT's gated positional self-attention "
+    if inp.untrained and info.gpsa_depth:  # not chance: local by construction
+        gpsa = (f" In {layer_span(1, info.gpsa_depth)}, ConViT's gated positional self-attention "
                 "starts local by construction (timm's local_init): with random weights their distance is that "
                 "initialisation, not learned.")
     return Section(
         "distance", "Mean attention distance per head against depth (Fig. 7 right, Fig. 11)",
         layer_lines(dist.numpy(), "mean attention distance (pixels)",
                     f"Mean attention distance per head<br><sup>{len(inp.x)} images; dashed: uniform attention"
-                    f"{gpsa_layers(info)}</sup>",
+                    f"{gpsalayer_span(info)}</sup>",
                     spread,
                     reference=(ceiling, f"uniform attention over the {info.grid_size[0]}x{info.grid_size[1]} grid: "
                                         f"{ceiling:.1f} px"), spread_label="std over images"),
@@ -413,10 +414,6 @@ def scores_table(rows: list, title: str, localisation: bool = False):
     return table_figure(header, cells, title)
 
 
-def _layers(first: int, last: int) -> str:
-    return f"layer {first}" if first == last else f"layers {first}-{last}"
-
-
 def uniform_entropy(info) -> tuple[float, str]:
     """The entropy figure's uniform-attention reference (value, label): log T nats, uniform over the T tokens. A
     ConViT's blocks before its class token joins (``class_token_joins``) attend over the N patches alone, and the
@@ -425,7 +422,7 @@ def uniform_entropy(info) -> tuple[float, str]:
     d = 2 if not k or f"{np.log(T):.2f}" != f"{np.log(n):.2f}" else 3  # two values never printed alike (14x14: 5.28)
     label = f"uniform over {T} tokens: {np.log(T):.{d}f} nats"
     if k:
-        label = (f"{label} ({_layers(k + 1, info.depth)});<br>over the {n} patches of {_layers(1, k)}, before the "
+        label = (f"{label} ({layer_span(k + 1, info.depth)});<br>over the {n} patches of {layer_span(1, k)}, before the "
                  f"class token joins: {np.log(n):.{d}f} nats")
     return float(np.log(T)), label
 
