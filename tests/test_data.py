@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -776,3 +777,29 @@ def test_the_readme_lists_the_image_suffixes_the_loaders_read():
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     listed = re.search(r"Image files are\s+(.*?)\s+in any case", text, re.S).group(1)
     assert tuple(re.findall(r"`(\.\w+)`", listed)) == IMAGE_SUFFIXES
+
+
+def test_files_that_are_not_files_are_skipped_with_a_warning(tmp_path, monkeypatch):
+    """A self-referencing link (x.png -> x.png) stopped training data, capture and reproduce with 'Too many levels
+    of symbolic links' even with --skip-bad, and a FIFO named *.png hung the load forever: the walk stats every
+    entry (never opens one) and leaves out, with a SkippedPathWarning naming it, whatever is no regular file or
+    folder, and a link back to a folder it is inside."""
+    import os
+    import warnings
+
+    from vitlab.data import SkippedPathWarning, image_files
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    root = make_folder(tmp_path / "train", n_per_class=2)
+    (root / "a" / "x.png").symlink_to("x.png")  # a loop of one link
+    os.mkfifo(root / "b" / "f.png")  # opening it would wait for a writer forever
+    (root / "b" / "up").symlink_to(root, target_is_directory=True)  # a folder loop
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        files = image_files(root)
+        data = load_image_folder(root, cache=False, progress=False)
+    assert [p.relative_to(root).as_posix() for p in files] == ["a/0.png", "a/1.png", "b/0.png", "b/1.png"]
+    assert data.labels.tolist() == [0, 0, 1, 1]
+    seen = {(Path(w.message.path).relative_to(root).as_posix(), w.message.reason)
+            for w in caught if isinstance(w.message, SkippedPathWarning)}
+    assert seen == {("a/x.png", "unreadable"), ("b/f.png", "not a regular file"), ("b/up", "folder loop")}

@@ -30,6 +30,7 @@ __all__ = [
     "ImageArray",
     "portable_source",
     "DataError",
+    "SkippedPathWarning",
     "load_image_folder",
     "check_same_classes",
     "load_splits",
@@ -224,11 +225,32 @@ SPLIT_NAMES = ("train", "test", "val")
 LAYOUT = "first-folder-3"
 
 
+class SkippedPathWarning(UserWarning):
+    """A walked folder held an entry that is neither a regular file nor a folder (a FIFO, a socket, a device, a link
+    that loops or leads nowhere) or a link back into a folder being walked: it is skipped. ``path`` is the entry,
+    ``reason`` one of ``"not a regular file"``, ``"unreadable"`` (``stat`` failed: a link loop or a dangling link)
+    or ``"folder loop"``."""
+
+    def __init__(self, path: str, reason: str, detail: str = "") -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"skipped {path}: {reason}" + (f" ({detail})" if detail else ""))
+
+
 def walk(root: Path) -> list[Path]:
-    """Every folder and file below ``root`` at any depth, sorted, as ``root.rglob("*")`` but following links to
-    folders (``train/dog -> /data/dogs``), as torchvision's ``ImageFolder`` does; a link to a folder it is already
-    inside (a loop) is listed but not entered. A folder that cannot be read is left out, as ``rglob`` leaves it."""
+    """Every folder and regular file below ``root`` at any depth, sorted, as ``root.rglob("*")`` but following links
+    to folders (``train/dog -> /data/dogs``), as torchvision's ``ImageFolder`` does. Nothing is opened: an entry that
+    is neither a regular file nor a folder once links are followed (a FIFO, whose opening would wait forever, a
+    socket, a device, a link that loops or leads nowhere) is left out with a ``SkippedPathWarning``, as is a link
+    to a folder it is already inside (a loop: not entered). Hidden entries and macOS metadata (``_skipped``) are
+    left out of the warnings, not of the list. A folder that cannot be read is left out, as ``rglob`` leaves it."""
+    import stat
+
     found: list[Path] = []
+    skipped: list[SkippedPathWarning] = []
+
+    def skip(entry: os.DirEntry, reason: str, detail: str = "") -> None:
+        if not _skipped(Path(entry.path).relative_to(root).parts):
+            skipped.append(SkippedPathWarning(entry.path, reason, detail))
 
     def visit(folder: Path, inside: frozenset[str]) -> None:
         try:
@@ -236,11 +258,26 @@ def walk(root: Path) -> list[Path]:
         except OSError:
             return
         for e in entries:
-            found.append(Path(e.path))
-            if e.is_dir() and (real := os.path.realpath(e.path)) not in inside:
+            try:
+                mode = e.stat().st_mode  # follows links; never opens the entry
+            except OSError as err:  # x.png -> x.png (ELOOP), a dangling link
+                skip(e, "unreadable", err.strerror or str(err))
+                continue
+            if stat.S_ISDIR(mode):
+                real = os.path.realpath(e.path)
+                if real in inside:
+                    skip(e, "folder loop", f"a link to {real}, a folder it is inside")
+                    continue
+                found.append(Path(e.path))
                 visit(Path(e.path), inside | {real})
+            elif stat.S_ISREG(mode):
+                found.append(Path(e.path))
+            else:
+                skip(e, "not a regular file")
 
     visit(root, frozenset({os.path.realpath(root)}))
+    for w in skipped:
+        warnings.warn(w, stacklevel=2)
     return sorted(found)
 
 
