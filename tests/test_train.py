@@ -497,3 +497,36 @@ def test_a_new_run_refuses_a_folder_that_holds_more_than_a_killed_first_epoch_le
     train(cfg, killed, progress=False)
     assert _epoch(killed) == 1 and (killed / "run_id").read_text() != "old\n"
     assert len(read_history(killed)) == 1
+
+
+def test_validation_split_is_fixed_class_balanced_and_disjoint():
+    from vitlab.data import ImageArray
+    from vitlab.train import validation_split
+
+    labels = torch.arange(3).repeat_interleave(10)
+    images = torch.arange(30, dtype=torch.uint8).view(30, 1, 1, 1).expand(30, 2, 2, 3).contiguous()
+    data = ImageArray(images, labels, ("a", "b", "c"), "mem")
+    rest, val = validation_split(data, 2)
+    assert torch.bincount(val.labels).tolist() == [2, 2, 2] and torch.bincount(rest.labels).tolist() == [8, 8, 8]
+    ids_val, ids_rest = set(val.images[:, 0, 0, 0].tolist()), set(rest.images[:, 0, 0, 0].tolist())
+    assert not ids_val & ids_rest and len(ids_val | ids_rest) == 30  # a partition: nothing trained on is validated
+    again, val2 = validation_split(data, 2)
+    assert torch.equal(val.images, val2.images)  # fixed whatever the global seed
+    with pytest.raises(ValueError, match="val_per_class"):
+        validation_split(data, 10)
+
+
+def test_a_validation_split_reads_the_test_images_once_and_snapshots_every_epoch(tmp_path, tiny_data):
+    cfg = with_num_classes(PRESETS["tiny"], 3)
+    import dataclasses
+
+    cfg = dataclasses.replace(cfg, epochs=3, val_per_class=8, snapshot_every=1, data=str(tiny_data))
+    model = train(cfg, tmp_path / "run", progress=False)
+    hist = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [("val_accuracy" in r, "test_accuracy" in r) for r in hist] == [(True, False), (True, False), (True, True)]
+    snaps = sorted(p.name for p in (tmp_path / "run" / "snapshots").iterdir())
+    assert snaps == ["epoch_0001", "epoch_0002", "epoch_0003"]
+    last = vitlab.load_model(tmp_path / "run" / "snapshots" / "epoch_0003")
+    final = model.state_dict()
+    assert all(torch.equal(v, final[k]) for k, v in last.state_dict().items())  # the snapshot is the model as trained
+    assert last.vitlab_checkpoint["metrics"]["val_accuracy"] == hist[-1]["val_accuracy"]

@@ -179,7 +179,7 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
     """Pre-train one model on its nested subset, probe it few-shot on the held-out classes: the metrics."""
     from vitlab.features import extract_features
     from vitlab.probe import few_shot_accuracy
-    from vitlab.train import train
+    from vitlab.train import train, validation_split
     from vitlab.zoo import build_model as vitlab_build
 
     t0 = time.time()
@@ -195,10 +195,7 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
     pre_test = _classes(full_test, sweep.pretrain_classes)
     val = None
     if sweep.val_per_class:  # a fixed validation split of the pre-training classes' training images
-        val_idx = nested_subsets(pre.labels, [sweep.val_per_class * len(sweep.pretrain_classes)], seed=10_007)[0]
-        rest = torch.ones(len(pre), dtype=torch.bool)
-        rest[val_idx] = False
-        val, pre = pre.subset(val_idx), pre.subset(torch.nonzero(rest).flatten())
+        pre, val = validation_split(pre, sweep.val_per_class)
         if spec.size > len(pre):
             raise ValueError(f"subset size {spec.size} exceeds the {len(pre)} pre-training images left after the "
                              f"validation split")

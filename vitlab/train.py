@@ -169,6 +169,25 @@ def training_subset(data: ImageArray, n: int | None, seed: int) -> ImageArray:
     return data.subset(nested_subsets(data.labels, [n], seed=seed)[0])
 
 
+#: the seed of ``validation_split``'s draw: one fixed split, whatever the run's seed, so that seeds compare on it
+VAL_SEED = 10_007
+
+
+def validation_split(data: ImageArray, per_class: int) -> tuple[ImageArray, ImageArray]:
+    """``(rest, val)``: ``per_class`` images of every class drawn from ``data`` (fixed by ``VAL_SEED``, class-balanced
+    as ``vitlab.data.nested_subsets`` draws), and the others in their stored order. Raises ValueError when a class has
+    no more than ``per_class`` images (nothing would be left to train on)."""
+    n_cls = len(data.classes)
+    counts = torch.bincount(data.labels, minlength=n_cls)
+    if int(counts.min()) <= per_class:
+        raise ValueError(f"val_per_class={per_class} takes every image of class {data.classes[int(counts.argmin())]!r} "
+                         f"({int(counts.min())} images): lower val_per_class")
+    val_idx = nested_subsets(data.labels, [per_class * n_cls], seed=VAL_SEED)[0]
+    rest = torch.ones(len(data), dtype=torch.bool)
+    rest[val_idx] = False
+    return data.subset(torch.nonzero(rest).flatten()), data.subset(val_idx)
+
+
 def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, bf16: bool = False, tta: int = 0,
              progress: bool | str = False) -> float:
     """Top-1 accuracy of ``model`` on ``data`` with the model's own normalisation; ``tta`` as in
@@ -371,6 +390,9 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
     cfg = with_num_classes(cfg, len(train_data.classes))
     _check_image_size(cfg, train_data, test_data)
     _check_crop_padding(cfg, train_data)
+    val_data = None
+    if cfg.val_per_class:  # before the subset: the split is the same for every max_train_examples and seed
+        train_data, val_data = validation_split(train_data, cfg.val_per_class)
     train_data = training_subset(train_data, cfg.max_train_examples, cfg.seed)
     steps_per_epoch = len(train_data) // cfg.batch_size
     if steps_per_epoch == 0:
@@ -463,7 +485,7 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
         with explicit_attention(model, cfg.explicit_attention and d.device.type == "cpu"):
             _epochs(cfg, run, d, model, net, opt, ema, teacher, mixup, train_data, test_data, start_epoch, elapsed,
                     steps_per_epoch, progress, objective, bf16,
-                    default_workers(d.device) if workers is None else workers, compile)
+                    default_workers(d.device) if workers is None else workers, compile, val_data)
     finally:
         if teacher is not None:
             model.set_distilled_training(False)
@@ -473,10 +495,12 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
 def _epochs(cfg: TrainConfig, run: Path, d: Dist, model: nn.Module, net: nn.Module, opt: torch.optim.Optimizer,
             ema: nn.Module | None, teacher: nn.Module | None, mixup: Any, train_data: ImageArray,
             test_data: ImageArray, start_epoch: int, elapsed: float, steps_per_epoch: int, progress: bool,
-            objective: nn.Module | None = None, bf16: bool = False, workers: int = 0, compile: bool = False) -> None:
+            objective: nn.Module | None = None, bf16: bool = False, workers: int = 0, compile: bool = False,
+            val_data: ImageArray | None = None) -> None:
     """The epochs from ``start_epoch``; ``bf16``: autocast to bfloat16 (``cfg.bf16`` where it is fast); ``workers``:
     processes making the batches ahead (``vitlab.batches.training_batches``); ``compile``: ``net``'s training
-    forward (and so its backward) and the teacher's forward through ``torch.compile``."""
+    forward (and so its backward) and the teacher's forward through ``torch.compile``; ``val_data``: the validation
+    split every evaluated epoch measures (``val_accuracy``), the test images then measured after the last epoch only."""
     from tqdm.auto import tqdm
 
     compiler = Compiler(compile)  # False for masked patch prediction: train refuses True, the default is False
@@ -571,22 +595,30 @@ def _epochs(cfg: TrainConfig, run: Path, d: Dist, model: nn.Module, net: nn.Modu
             due = bool(cfg.eval_every) and ((epoch + 1) % cfg.eval_every == 0 or last)
             if due and objective is not None:
                 record["mpp_test"] = evaluate_mpp(model, objective, test_data, bf16=bf16)
-            elif due:
+            elif due or (last and val_data is not None):
                 shown = "test" if progress else False
-                record["test_accuracy"] = evaluate(model, test_data, bf16=bf16, progress=shown)
-                if ema is not None:
-                    record["test_accuracy_ema"] = evaluate(ema.module, test_data, bf16=bf16,
-                                                           progress=shown and "test (EMA weights)")
+                if val_data is not None and due:
+                    record["val_accuracy"] = evaluate(model, val_data, bf16=bf16, progress=progress and "validation")
+                if val_data is None or last:  # with a validation split the test images are read once, at the end
+                    record["test_accuracy"] = evaluate(model, test_data, bf16=bf16, progress=shown)
+                if ema is not None and due:
+                    on, split = (val_data, "val") if val_data is not None else (test_data, "test")
+                    record[f"{split}_accuracy_ema"] = evaluate(ema.module, on, bf16=bf16,
+                                                               progress=shown and f"{split} (EMA weights)")
                 if cfg.eval_tta and last:
                     record["test_accuracy_tta"] = evaluate(model, test_data, bf16=bf16, tta=cfg.eval_tta,
                                                            progress=shown and "test (test-time augmentation)")
             record["eval_seconds"] = round(time.time() - t_eval, 2)
-            if cfg.keep_best and record.get("test_accuracy") is not None:
+            chosen = "val_accuracy" if val_data is not None else "test_accuracy"
+            if cfg.keep_best and record.get(chosen) is not None:
                 best_file = run / "best" / "config.json"
-                best = json.loads(best_file.read_text()).get("metrics", {}).get("test_accuracy", -1.0) \
+                best = json.loads(best_file.read_text()).get("metrics", {}).get(chosen, -1.0) \
                     if best_file.is_file() else -1.0
-                if record["test_accuracy"] > best:  # the best evaluated point, as the paper reports its runs
+                if record[chosen] > best:  # the best evaluated point, as the paper reports its runs
                     save_checkpoint(model, run / "best", extra={"epoch": epoch + 1, "metrics": record})
+            if cfg.snapshot_every and ((epoch + 1) % cfg.snapshot_every == 0 or last):
+                save_checkpoint(model, run / "snapshots" / f"epoch_{epoch + 1:04d}",
+                                extra={"epoch": epoch + 1, "metrics": record})
             state = {"epoch": epoch + 1, "train_seconds": round(elapsed, 1), "metrics": record,
                      "data": {"train": train_data.source, "test": test_data.source,
                               "train_examples": len(train_data), "classes": list(train_data.classes)},

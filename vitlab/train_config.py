@@ -127,6 +127,13 @@ class TrainConfig:
     # token (vitlab.modes.all_patch_tokens), the token count evaluation sees: FLIP's unmasked tuning. From the 82.93%
     # default, 2 epochs at lr 1e-4 gained 0.7 points with all tokens and none with half dropped (BENCHMARKS.md)
     full_token_epochs: int = 0
+    # a validation split of val_per_class training images per class (vitlab.train.validation_split: fixed, the same for
+    # every seed, never trained on): every evaluated epoch measures it (val_accuracy), keep_best keeps the best of it, and
+    # the test images are read once, after the last epoch. 0: no split, every evaluated epoch measures the test images
+    val_per_class: int = 0
+    # every snapshot_every epochs, the model's weights as a checkpoint folder RUN/snapshots/epoch_NNNN (analyses read
+    # them as any checkpoint: the findings as they emerge in training); 0: none
+    snapshot_every: int = 0
 
     def __post_init__(self) -> None:
         self._check_numbers()
@@ -169,6 +176,9 @@ class TrainConfig:
                                  f"{self.mpp_target!r}, {self.mpp_rate!r}")
         if self.randaugment is not None:
             _check_randaugment(self.randaugment)
+        if self.val_per_class and self.objective != "classify":
+            raise ValueError("val_per_class measures classification accuracy, which masked patch prediction does not "
+                             "train for: leave val_per_class 0")
         best = "keep_best keeps the checkpoint of the best test accuracy, which"
         if self.keep_best and self.objective != "classify":
             raise ValueError(f"{best} masked patch prediction does not measure: leave keep_best false")
@@ -264,6 +274,8 @@ class TrainConfig:
         whole("batch_size", 1)
         whole("crop_padding", 0)
         whole("eval_every", 0)
+        whole("val_per_class", 0)
+        whole("snapshot_every", 0)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be a whole number, got {self.seed!r}")
         if self.max_train_examples is not None:
@@ -351,6 +363,14 @@ PRESETS: dict[str, TrainConfig] = {
                                            patch_size=8, drop_path_rate=0.0, pos_embed="sincos"),
                               data="shapes", epochs=40, batch_size=64, lr=1e-3, warmup_epochs=1.0, mixup_prob=0.0,
                               crop_padding=2),
+    # Models for inspection, as science (a distillation A/B in seeds): the default's recipe with a validation split of
+    # 500 training images per class (the test images read once, after the last epoch) and a snapshot every epoch, (a)
+    # without a teacher and its distillation token (the paper's setting) and (b) distilled from resnet_cifar10_fast.
+    # Identical otherwise; epochs sized to about an hour per run on a 2-core AMX CPU.
+    "vit_cifar10_noteacher": TrainConfig(model=cifar_vit(distilled=False, patch_drop_rate=0.5), epochs=30,
+                                         batch_size=256, lr=1e-3, weight_decay=0.05, randaugment="rand-m9-n2-mstd0.5",
+                                         mixup_prob=0.5, progressive_size=24, progressive_fraction=1 / 3,
+                                         val_per_class=500, snapshot_every=1),
     # Tiny: for tests; trains in seconds.
     "tiny": TrainConfig(model=cifar_vit(depth=2, embed_dim=32, num_heads=2, mlp_dim=64, drop_path_rate=0.0),
                         epochs=2, batch_size=16, lr=1e-3, warmup_epochs=0.5, mixup_prob=0.0, bf16=False),
@@ -379,6 +399,10 @@ PRESETS["resnet_cifar10_fast"] = dataclasses.replace(
 PRESETS["resnet_cifar10_wide"] = dataclasses.replace(
     PRESETS["resnet_cifar10_fast"], model=CifarNetConfig(widths=(128, 384, 384), preprocess=CIFAR_PRE), epochs=150,
     warmup_epochs=150 * 0.23, whiten_bias_epochs=45)
+
+
+PRESETS["vit_cifar10_distilled"] = dataclasses.replace(
+    PRESETS["vit_cifar10_noteacher"], model=cifar_vit(distilled=True, patch_drop_rate=0.5), teacher=TEACHER_CIFAR10)
 
 
 def train_config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
