@@ -27,8 +27,8 @@ from torch import Tensor
 
 from vitlab.checks import check_seed, whole_index
 
-__all__ = ["Verdict", "verdict_table", "fmt_value", "fmt_endpoint", "fmt_threshold", "json_types", "make_verdict",
-           "decide", "mean_interval", "prediction_interval", "bootstrap_counts", "percentile_interval",
+__all__ = ["Verdict", "verdict_table", "runs_words", "fmt_value", "fmt_endpoint", "fmt_threshold", "json_types",
+           "make_verdict", "decide", "mean_interval", "prediction_interval", "bootstrap_counts", "percentile_interval",
            "spearman_resampled", "as_float64", "n_units", "none_reason", "Resolution", "N_BOOT", "SEED", "LEVEL",
            "MIN_MEAN_BOOTSTRAP", "MIN_ORDER_PREDICTION", "NOT_FINITE", "VERDICTS"]
 
@@ -50,7 +50,10 @@ class Verdict:
     """One finding checked: ``statistic`` with its 95% ``interval`` against ``threshold``.
 
     ``side`` is where the finding puts the statistic (``">"``: above the threshold, ``"<"``: below);
-    ``quantity`` and ``unit`` name the statistic for ``summary()``.
+    ``quantity`` and ``unit`` name the statistic for ``summary()``. ``subject``: what was judged, the model (or the
+    runs, or the study) and the data, e.g. "vit_cifar10 on 128 CIFAR-10 test images" ("" where the maker did not
+    say); ``n_runs``: the training runs the interval covers (1: the interval is over images, patches or draws of one
+    run, which it does not generalise beyond; a recipe's seeds: ``vitlab.recipe.combine_runs``).
     """
 
     finding: str
@@ -63,12 +66,16 @@ class Verdict:
     side: str = ">"
     quantity: str = "statistic"
     unit: str = ""
+    subject: str = ""
+    n_runs: int = 1
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
         if self.side not in (">", "<"):
             raise ValueError(f"side must be '>' or '<', got {self.side!r}")
+        if not whole_index(self.n_runs) or self.n_runs < 1:
+            raise ValueError(f"n_runs must be a whole number of training runs, at least 1, got {self.n_runs!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types only (NaN becomes None), ready for ``json.dumps(..., allow_nan=False)``."""
@@ -83,24 +90,33 @@ class Verdict:
                       "interval": (num(d["interval"][0]), num(d["interval"][1])), "details": dict(d["details"])})
 
     def summary(self) -> str:
-        """``reproduced      <finding>: slope 0.83 px/layer [0.61, 1.02] > 0``"""
+        """``reproduced      <finding> (<subject>): slope 0.83 px/layer [0.61, 1.02] > 0, one training run``"""
         unit = f" {self.unit}" if self.unit else ""
         lo, hi = self.interval
         t = self.threshold
-        return (f"{self.verdict:<14}  {self.finding}: {self.quantity} {fmt_value(self.statistic)}{unit} "
-                f"[{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}] {self.side} {fmt_threshold(t)}")
+        subject = f" ({self.subject})" if self.subject else ""
+        return (f"{self.verdict:<14}  {self.finding}{subject}: {self.quantity} {fmt_value(self.statistic)}{unit} "
+                f"[{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}] {self.side} {fmt_threshold(t)}, "
+                f"{runs_words(self.n_runs)}")
+
+
+def runs_words(n_runs: int) -> str:
+    """The training runs an interval covers, in words: "one training run" (it says nothing of another run of the
+    same recipe), "3 seeds"."""
+    return "one training run" if n_runs == 1 else f"{n_runs} seeds"
 
 
 def verdict_table(verdicts: Sequence[Verdict]) -> str:
-    """A plain-text table: finding, statistic [95% interval] against the threshold, verdict."""
-    rows = [("finding", "statistic [95% interval]", "verdict")]
+    """A plain-text table: finding, subject (what was judged), statistic [95% interval] against the threshold with
+    the training runs the interval covers, verdict."""
+    rows = [("finding", "subject", "statistic [95% interval]", "verdict")]
     for v in verdicts:
         unit = f" {v.unit}" if v.unit else ""
         lo, hi = v.interval
         t = v.threshold
-        rows.append((v.finding, f"{fmt_value(v.statistic)} [{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}]{unit} {v.side} "
-                                f"{fmt_threshold(t)}", v.verdict))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        rows.append((v.finding, v.subject or "-", f"{fmt_value(v.statistic)} [{fmt_endpoint(lo, t)}, "
+                     f"{fmt_endpoint(hi, t)}]{unit} {v.side} {fmt_threshold(t)}, {runs_words(v.n_runs)}", v.verdict))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -194,15 +210,16 @@ NOT_FINITE = "the statistic is not finite on the data or on any resample"
 
 def make_verdict(finding: str, criterion: str, statistic: float, interval: tuple[float, float], threshold: float,
                  side: str, quantity: str, unit: str, details: dict[str, Any],
-                 no_interval: str | None = None) -> Verdict:
+                 no_interval: str | None = None, *, subject: str = "", n_runs: int = 1) -> Verdict:
     """A verdict decided by ``decide``. Where the interval is not finite, ``details["no_interval"]`` says why
-    (``no_interval``, e.g. "2 images, at least 16 needed"; ``NOT_FINITE`` when none is given)."""
+    (``no_interval``, e.g. "2 images, at least 16 needed"; ``NOT_FINITE`` when none is given). ``subject`` and
+    ``n_runs``: as ``Verdict`` has them."""
     interval = (float(interval[0]), float(interval[1]))
     if not (math.isfinite(interval[0]) and math.isfinite(interval[1])):
         details = {**details, "no_interval": no_interval or NOT_FINITE}
     return Verdict(finding=finding, criterion=criterion, statistic=float(statistic), interval=interval,
                    threshold=float(threshold), verdict=decide(interval, threshold, side), details=json_types(details),
-                   side=side, quantity=quantity, unit=unit)
+                   side=side, quantity=quantity, unit=unit, subject=subject, n_runs=n_runs)
 
 
 def bootstrap_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
