@@ -1,0 +1,154 @@
+"""A finding judged for a training recipe rather than one training run: the verdicts of the same finding measured on
+several checkpoints (seeds of one recipe, on the same images) combined into one (``combine_runs``), and the
+checkpoints a ``--model`` argument names (``recipe_runs``: a checkpoint, or a folder of them).
+
+The rule, on the records alone (``vitlab.verdict.Verdict``): with n >= 2 runs, the statistic is the mean of the
+runs' statistics, and its 95% interval is a Student t interval with n - 1 degrees of freedom,
+
+    mean +- t(0.975, n - 1) * sqrt(s^2 / n + sigma_img^2),
+
+where s is the standard deviation of the runs' statistics (ddof 1: how much a run of the recipe varies) and
+sigma_img the image-sampling uncertainty of the mean: the runs are measured on the same images, so their image
+errors are taken as fully correlated (they do not average out over runs), and each run's interval is read as
++-1.96 sigma about its statistic, so sigma_img = mean of the runs' interval half-widths / 1.96. The verdict is
+decided as every other, by ``vitlab.verdict.decide``. With one run the run's verdict is returned as it is, with
+``n_runs = 1``: its interval covers the images only. Up to 4 runs a run on the other side of the threshold always
+leaves the interval touching it (t(0.975, n - 1) >= n - 1); from 5 runs one dissenting run can be outweighed, and
+``details["runs_against"]`` counts such runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from vitlab.verdict import Verdict, fmt_value, make_verdict, n_units
+
+__all__ = ["combine_runs", "recipe_runs", "MixedFindings", "IDENTITY_FIELDS", "Z_95"]
+
+#: the fields that make two verdicts judgements of the same finding by the same criterion (the per-run fields
+#: statistic, interval, verdict, details, subject and n_runs may differ)
+IDENTITY_FIELDS = ("finding", "criterion", "threshold", "side", "quantity", "unit")
+#: the normal quantile a run's 95% interval is read with: half-width = Z_95 * sigma
+Z_95 = 1.959963984540054
+
+
+class MixedFindings(ValueError):
+    """Verdicts given as runs of one recipe judge different findings or criteria: ``run`` (its index) has ``value``
+    in ``field`` where run 0 has ``expected``."""
+
+    def __init__(self, field: str, run: int, value: object, expected: object) -> None:
+        self.field, self.run, self.value, self.expected = field, run, value, expected
+        super().__init__(f"run {run} judges another finding or criterion than run 0: its {field} is {value!r}, run "
+                         f"0's {expected!r}; combine only the verdicts of one finding measured the same way")
+
+
+def _same_finding(verdicts: Sequence[Verdict]) -> None:
+    first = verdicts[0]
+    fields = IDENTITY_FIELDS + (("key",) if hasattr(first, "key") else ())  # the criterion id, where recorded
+    for i, v in enumerate(verdicts[1:], 1):
+        for name in fields:
+            a, b = getattr(first, name), getattr(v, name, None)
+            if a != b and not (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)):
+                raise MixedFindings(name, i, b, a)
+
+
+def combine_runs(verdicts: Sequence[Verdict], subject: str | None = None) -> Verdict:
+    """One verdict for a recipe from the verdicts of one finding on each of its runs (the module's rule).
+
+    ``verdicts``: one per run, all of the same finding and criterion (``IDENTITY_FIELDS``; else ``MixedFindings``
+    naming the field), each ``n_runs == 1`` (else ``ValueError``); their order does not change the statistic, interval or verdict.
+    ``subject``: what the combination judges (default: "n runs: " and the runs' subjects). The result has
+    ``n_runs = len(verdicts)`` and, in ``details``, each run's ``subject``, ``statistic``, ``interval`` and
+    ``verdict`` (``runs``), the runs' spread (``between_runs_sd``), the image part (``image_sd``),
+    ``runs_against`` and ``interval_method``. It has no interval (inconclusive, ``details["no_interval"]`` says
+    why) when a run has none, or when the runs agree exactly and their intervals have no width. A run measured on
+    random weights (``details["untrained"]``) makes the recipe's verdict inconclusive, as it does the run's.
+    """
+    verdicts = list(verdicts)
+    if not verdicts:
+        raise ValueError("no verdicts to combine: pass one verdict per training run")
+    several = [i for i, v in enumerate(verdicts) if v.n_runs != 1]
+    if several:
+        raise ValueError(f"run {several[0]}'s verdict already covers {verdicts[several[0]].n_runs} training runs; "
+                         "combine the verdicts of single runs")
+    _same_finding(verdicts)
+    n = len(verdicts)
+    if n == 1:
+        return replace(verdicts[0], subject=verdicts[0].subject if subject is None else subject, n_runs=1)
+    first = verdicts[0]
+    t = first.threshold
+    stats = [v.statistic for v in verdicts]
+    runs = [{"subject": v.subject, "statistic": v.statistic, "interval": list(v.interval), "verdict": v.verdict}
+            for v in verdicts]
+    against = sum(1 for x in stats if (x <= t if first.side == ">" else x >= t))
+    missing = next((f"run {i} ({v.subject or 'no subject'}) has no interval: "
+                    f"{v.details.get('no_interval', 'none could be computed')}"
+                    for i, v in enumerate(verdicts) if not all(math.isfinite(e) for e in v.interval)), None)
+    if all(math.isfinite(x) for x in stats):
+        mean = math.fsum(stats) / n  # fsum rounds once: the sums, and so the result, do not depend on the order
+    else:
+        mean, missing = math.nan, "a run's statistic is not finite"
+    interval, sd, img = (math.nan, math.nan), math.nan, math.nan
+    method = f"Student t over {n} training runs ({n - 1} df), between-run variance plus the runs' image uncertainty"
+    if missing is None:
+        from scipy.stats import t as student
+
+        sd = math.sqrt(math.fsum((x - mean) ** 2 for x in stats) / (n - 1))
+        img = math.fsum((v.interval[1] - v.interval[0]) / 2 for v in verdicts) / n / Z_95
+        se = math.sqrt(sd**2 / n + img**2)
+        if se <= 1e-9 * max(abs(x) for x in stats):
+            missing = (f"all {n} runs give the same value, {fmt_value(mean)}, and their intervals have no width, so "
+                       "there is no spread to take an interval from")
+        else:
+            half = float(student.ppf(0.975, n - 1)) * se
+            interval = (mean - half, mean + half)
+    details = {"runs": runs, "between_runs_sd": sd, "image_sd": img, "runs_against": against,
+               "interval_method": method if missing is None else "none"}
+    if any(v.details.get("untrained") for v in verdicts):
+        details["untrained"] = True
+    criterion = (f"{first.criterion}; for the recipe: mean over {n} training runs, 95% Student t interval covering "
+                 "runs and images")
+    if subject is None:
+        subject = f"{n_units(n, 'runs')}: " + "; ".join(v.subject or f"run {i}" for i, v in enumerate(verdicts))
+    out = make_verdict(first.finding, criterion, mean, interval, t, first.side, first.quantity, first.unit, details,
+                       missing, subject=subject, n_runs=n)
+    if hasattr(first, "key"):  # the criterion id, where recorded
+        out = replace(out, key=first.key)
+    return replace(out, verdict="inconclusive") if details.get("untrained") else out
+
+
+def _is_checkpoint(folder: Path) -> bool:
+    from vitlab.checkpoint import CONFIG_NAME, WEIGHTS_NAME
+
+    return (folder / CONFIG_NAME).is_file() and (folder / WEIGHTS_NAME).is_file()
+
+
+def recipe_runs(specs: Sequence[str | os.PathLike]) -> list[str]:
+    """The models that ``vitlab reproduce --model A --model B ...`` judges together: each spec as given, except a
+    folder that is no checkpoint but holds checkpoint folders (directly, or as ``run/checkpoint`` of training run
+    folders), which stands for those, sorted by name. Duplicates are refused, and so is a folder that holds no
+    checkpoint (``ValueError`` naming it)."""
+    out: list[str] = []
+    for spec in specs:
+        path = Path(spec)
+        if path.is_dir() and not _is_checkpoint(path):
+            found = sorted(p if _is_checkpoint(p) else p / "checkpoint" for p in path.iterdir()
+                           if _is_checkpoint(p) or _is_checkpoint(p / "checkpoint"))
+            if not found:
+                raise ValueError(f"--model {spec}: the folder is no checkpoint (no config.json and model.safetensors) "
+                                 "and holds none (as FOLDER/NAME/ or FOLDER/NAME/checkpoint/): pass checkpoint "
+                                 "folders, or a folder of them")
+            out += [str(p) for p in found]
+        else:
+            out.append(os.fspath(spec))
+    seen: set[str] = set()
+    for m in out:
+        key = os.path.realpath(m) if Path(m).exists() else m
+        if key in seen:
+            raise ValueError(f"--model {m} is given twice: a recipe's runs are distinct checkpoints")
+        seen.add(key)
+    return out
