@@ -503,3 +503,35 @@ def test_the_last_convit_block_before_its_class_token_joins_also_opens_the_centr
     ex.query = 36  # by hand, the patch the dot had chosen before
     d.open(4 * 3 + 2)
     assert ex.query == 36
+
+
+def test_an_uploaded_file_name_and_pillow_s_error_are_shown_as_text_not_html(explorer, monkeypatch):
+    """The status line and the figure's title are HTML: an upload named like a tag, and Pillow's own error (which
+    names '<_io.BytesIO object ...>'), went into them unescaped, so a crafted file name ran script in the page."""
+    import html
+
+    name = "<img src=x onerror=alert(1)>.png"
+    explorer.add_image(name, b"not an image")
+    status = explorer.status.value
+    assert status.startswith(f"<b>could not read {html.escape(name)}</b>: ")
+    assert "<img" not in status and "<_io" not in status and "&lt;_io.BytesIO" in status
+    explorer.add_image(name, _png(np.zeros((1, 1, 3), np.uint8)))  # refused as too small: the name again
+    assert explorer.status.value.startswith(f"<b>could not use {html.escape(name)}</b>: ")
+    explorer.add_image(name, _png(np.zeros((32, 32, 3), np.uint8)))
+    assert explorer.names[-1] == name and explorer.image.value == 2  # the name itself is kept as it was
+    title = explorer.figure.layout.title.text
+    assert title.startswith(f"{html.escape(name)}: attention") and "<img" not in title
+    explorer.method.value = "occlusion"  # the class-specific title names the image too
+    assert explorer.figure.layout.title.text.startswith(f"{html.escape(name)}: occlusion for ")
+    real = explorer.model.forward
+    monkeypatch.setattr(explorer.model, "forward", lambda x: (_ for _ in ()).throw(RuntimeError("<script>x</script>")))
+    explorer.add_image(name, _png(np.zeros((32, 32, 3), np.uint8)))
+    assert explorer.status.value == (f"<b>could not run the model on {html.escape(name)}</b>: "
+                                     "RuntimeError: &lt;script&gt;x&lt;/script&gt;")
+    monkeypatch.setattr(explorer.model, "forward", real)
+    # class names come from a checkpoint's data folder: shown as text in the status line and the title
+    names = ["<i>cat</i>"] * 10
+    ex = AttentionExplorer(explorer.model, (["a"], explorer.x[:1], explorer.shown[:1]), class_names=names)
+    assert "predicted <b>&lt;i&gt;cat&lt;/i&gt;</b>" in ex.status.value
+    ex.method.value = "occlusion"
+    assert "for &lt;i&gt;cat&lt;/i&gt; (p = " in ex.figure.layout.title.text

@@ -7,6 +7,7 @@ logic runs without a browser: set a control's ``value`` and the figure's data ch
 
 from __future__ import annotations
 
+import html
 import io
 from collections.abc import Sequence
 
@@ -203,10 +204,10 @@ class AttentionExplorer:
             discard = f", discard {self.discard.value:.2f}" if method == "rollout" and self.discard.value else ""
             # two lines: on one, a rollout's title with its discard ratio ran past the figure's edge
             heads = self.head.value if self.head.value.startswith("head ") else f"heads {self.head.value}"  # not "heads head 2"
-            return f"{self.names[i]}: {method}, {upto}{self.layer.value}, {heads}{discard},<br>query {q}"
+            return f"{html.escape(self.names[i])}: {method}, {upto}{self.layer.value}, {heads}{discard},<br>query {q}"
         c = self.target_class()
         p = float(self._probs[i][c]) if i in self._probs and c < len(self._probs[i]) else float("nan")
-        return f"{self.names[i]}: {method} for {self._class_label(c)} (p = {p:.2f})"
+        return f"{html.escape(self.names[i])}: {method} for {html.escape(self._class_label(c))} (p = {p:.2f})"
 
     # ------------------------------------------------------------------ events
     def update(self) -> None:
@@ -224,7 +225,7 @@ class AttentionExplorer:
             self.status.value = f"no classifier head (the model outputs features): no predicted class; {stats}"
             return
         c, p = self.prediction(i)
-        self.status.value = f"predicted <b>{self._class_label(c)}</b> ({probability_words(p)}); {stats}"
+        self.status.value = f"predicted <b>{html.escape(self._class_label(c))}</b> ({probability_words(p)}); {stats}"
 
     def _enable_controls(self) -> None:
         """Grey out the controls the chosen method does not read: layer and heads for the class-specific maps, the
@@ -270,15 +271,16 @@ class AttentionExplorer:
                 x = tf(im)[None].float()
                 shown = view_transform(tf, cfg["input_size"][-2:])(im)  # the pixels the model sees
         except DECODE_ERRORS as e:
-            self.status.value = f"<b>could not read {name}</b>: {decode_error_words(e)}"
+            self.status.value = f"<b>could not read {html.escape(name)}</b>: {html.escape(decode_error_words(e))}"
             return
         if (small := too_small(self.model, im)) is not None:  # as vitlab capture/reproduce --images refuse it
-            self.status.value = f"<b>could not use {name}</b>: {small}"
+            self.status.value = f"<b>could not use {html.escape(name)}</b>: {html.escape(small)}"
             return
         try:  # the model runs on it before anything changes: a failure leaves the explorer as it was
             maps, probs = self._run(x)
         except Exception as e:  # noqa: BLE001 - shown to the user, the explorer stays usable
-            self.status.value = f"<b>could not run the model on {name}</b>: {type(e).__name__}: {e}"
+            self.status.value = (f"<b>could not run the model on {html.escape(name)}</b>: "
+                                 f"{html.escape(f'{type(e).__name__}: {e}')}")
             return
         i = len(self.names)
         self._maps[i] = maps
