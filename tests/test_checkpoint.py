@@ -404,3 +404,54 @@ def test_a_run_checkpoint_that_cannot_be_staged_names_its_folder(tmp_path, monke
     with pytest.raises(PermissionError) as e:
         vc.save_run_checkpoint(tmp_path / "run" / "checkpoint", model, opt, None, {"epoch": 1})
     assert e.value.filename == str(tmp_path / "run" / "checkpoint")
+
+
+def test_a_config_that_asks_for_a_huge_model_is_refused_before_it_is_built(tmp_path, monkeypatch):
+    """A small checkpoint whose config.json says embed_dim=4096, mlp_dim=16384, depth=24 made the loader build that
+    model (gigabytes) before checking the weights: the config's shapes are compared with the safetensors header
+    first, and the real model is never built (its builder here would raise)."""
+    import vitlab.checkpoint as ck
+
+    d = vitlab.save_checkpoint(tiny_vit(), tmp_path / "c")
+    meta = json.loads((d / "config.json").read_text())
+    meta["config"].update(embed_dim=4096, mlp_dim=16384, depth=24, num_heads=16)
+    (d / "config.json").write_text(json.dumps(meta))
+    real_build = ck.build_model
+
+    def build_only_on_meta(cfg):
+        assert torch.empty(0).is_meta, "the model was built for real"
+        return real_build(cfg)
+
+    monkeypatch.setattr(ck, "build_model", build_only_on_meta)
+    with pytest.raises(vitlab.errors.WeightsMismatchError) as e:
+        vitlab.load_checkpoint(d)
+    depth = tiny_vit().vitlab_config.depth
+    assert e.value.path == str(d / "model.safetensors") and e.value.unexpected == []
+    assert len(e.value.missing) == (24 - depth) * 12  # every tensor of the blocks the file does not hold
+    assert ("cls_token", (1, 1, 192), (1, 1, 4096)) in e.value.mismatched
+    assert str(e.value).count("blocks.") <= 2 * e.value.SHOWN  # the message lists a few, the fields hold all
+
+
+@pytest.mark.parametrize("where, key, value", [
+    ("config", "drop_path_rate", 1.5),
+    ("config", "drop_rate", "x"),
+    ("config", "drop_rate", -0.1),
+    ("preprocess", "std", [0.5, 0.0, 0.5]),
+    ("preprocess", "mean", "abc"),
+    ("preprocess", "interpolation", "cubic"),
+    ("pretrained_cfg", "mean", ["a", "b", "c"]),
+    ("pretrained_cfg", "std", [0.2, 0.2]),
+    ("pretrained_cfg", "input_size", [3, 32]),
+    ("pretrained_cfg", "crop_pct", 0),
+    ("pretrained_cfg", "interpolation", 7),
+])
+def test_every_config_value_a_user_can_set_is_checked_when_loading(tmp_path, where, key, value):
+    """drop_path_rate=1.5, drop_rate='x' or a pretrained_cfg mean of strings loaded and surfaced later as torch's
+    own messages; each is now a ModelLoadError naming the field."""
+    d = vitlab.save_checkpoint(tiny_vit(), tmp_path / "c")
+    meta = json.loads((d / "config.json").read_text())
+    {"config": meta["config"], "preprocess": meta["config"]["preprocess"],
+     "pretrained_cfg": meta["pretrained_cfg"]}[where][key] = value
+    (d / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(ModelLoadError, match=key):
+        vitlab.load_checkpoint(d)

@@ -12,13 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vitlab.atomic import new_file_mode, recover_dir, refuse_foreign_dir, replace_dir, rmtree_quiet, temp_dir_beside
-from vitlab.errors import ModelLoadError
+from vitlab.errors import ModelLoadError, WeightsMismatchError
 from vitlab.modes import unwrapped
 from vitlab.provenance import versions
+from vitlab.shipped import data_path
 from vitlab.zoo import ModelConfig, build_model, config_from_dict, config_to_dict
 
 __all__ = ["save_checkpoint", "load_checkpoint", "load_module_weights", "model_card", "save_run_checkpoint",
@@ -93,9 +95,14 @@ def _as_new_files(folder: Path) -> None:
 
 def resolve_folder(path: str | os.PathLike) -> Path:
     """A checkpoint folder named in a config (a teacher, a warm start, a study's initialisation): as it is when it
-    exists or is absolute, else relative to the checkout (``data/checkpoints/...`` from any working directory)."""
+    exists or is absolute, else relative to the checkout (``data/checkpoints/...`` from any working directory; a
+    shipped one also from a wheel, ``vitlab.shipped.data_path``)."""
     p = Path(path).expanduser()
-    return p if p.exists() or p.is_absolute() else Path(__file__).resolve().parent.parent / p
+    if p.exists() or p.is_absolute():
+        return p
+    if len(p.parts) > 1 and p.parts[0] == "data" and ".." not in p.parts:
+        return data_path(p.relative_to("data").as_posix())
+    return Path(__file__).resolve().parent.parent / p
 
 
 def check_replaceable(directory: Path) -> None:
@@ -186,17 +193,73 @@ def _read_weights(weights: Path) -> dict[str, torch.Tensor]:
 
 
 def _check_state(state: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], weights: Path) -> None:
-    """Same keys and shapes as the model built from the config, or a ModelLoadError listing the differences."""
-    missing = sorted(set(ref) - set(state))
-    unexpected = sorted(set(state) - set(ref))
-    shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(ref[k].shape)}"
-              for k in ref if k in state and state[k].shape != ref[k].shape]
+    """Same keys and shapes as the model built from the config, or a ``WeightsMismatchError`` listing the
+    differences."""
+    _check_shapes({k: tuple(v.shape) for k, v in state.items()}, {k: tuple(v.shape) for k, v in ref.items()}, weights)
+
+
+def _check_shapes(found: dict[str, tuple[int, ...]], wanted: dict[str, tuple[int, ...]], weights: Path) -> None:
+    """``found`` (a weights file's tensor shapes) against ``wanted`` (the model's): a ``WeightsMismatchError``
+    naming the missing, unexpected and mis-shaped tensors when they differ."""
+    missing = sorted(set(wanted) - set(found))
+    unexpected = sorted(set(found) - set(wanted))
+    shapes = [(k, tuple(found[k]), tuple(wanted[k])) for k in wanted if k in found and tuple(found[k]) != tuple(wanted[k])]
     if missing or unexpected or shapes:
+        raise WeightsMismatchError(str(weights), CONFIG_NAME, missing, unexpected, shapes)
+
+
+def check_pretrained_cfg(pc: object, cfg_file: Path) -> dict[str, Any] | None:
+    """A checkpoint's stored ``pretrained_cfg`` (the preprocessing timm and vitlab read the input from) as the model
+    carries it (lists as tuples), or None where there is none; a ``ModelLoadError`` naming the entry whose value
+    could not be used (a mean that is no list of numbers, a zero std, an input size that is no (C, H, W) of
+    positive ints, an unknown interpolation, a crop fraction outside (0, 1])."""
+    from vitlab.model_config import INTERPOLATIONS, check_channel_stats
+
+    if pc is None:
+        return None
+    if not isinstance(pc, dict):
+        raise ModelLoadError(f"{cfg_file}: pretrained_cfg must be a JSON object, got {type(pc).__name__}; the "
+                             "checkpoint is damaged")
+    out = {k: tuple(v) if isinstance(v, list) else v for k, v in pc.items()}
+    try:
+        size = out.get("input_size", (3, 1, 1))
+        if not (isinstance(size, tuple) and len(size) == 3
+                and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)):
+            raise ValueError(f"input_size must be (channels, height, width) of positive ints, got {size!r}")
+        for name in ("mean", "std"):
+            if name in out:
+                check_channel_stats(name, out[name])
+                if len(out[name]) not in (1, size[0]):
+                    raise ValueError(f"{name} gives {len(out[name])} values for {size[0]} input channels")
+        if "interpolation" in out and out["interpolation"] not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, got "
+                             f"{out['interpolation']!r}")
+        crop = out.get("crop_pct", 1.0)
+        if isinstance(crop, bool) or not isinstance(crop, (int, float)) or not 0 < crop <= 1:
+            raise ValueError(f"crop_pct must be a number in (0, 1], got {crop!r}")
+    except ValueError as e:
+        raise ModelLoadError(f"{cfg_file}: pretrained_cfg is invalid: {e}; the checkpoint is damaged") from None
+    return out
+
+
+def _header_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape as a safetensors file's header states it, without reading the tensors' data; a
+    ``ModelLoadError`` when the header cannot be read."""
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error type for damaged files
         raise ModelLoadError(
-            f"{weights} does not match its {CONFIG_NAME}: missing {missing[:5]}, unexpected {unexpected[:5]}, "
-            f"shape mismatches {shapes[:5]} (first 5 of each shown); the checkpoint is damaged or its files "
-            "come from different saves"
-        )
+            f"{weights} could not be read ({type(e).__name__}: {e}); the checkpoint is damaged"
+        ) from None
+
+
+def config_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The state-dict shapes of the model ``cfg`` builds, found by building it on torch's ``meta`` device: no
+    memory is allocated for its tensors, however large the config."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 def load_checkpoint(path: str | os.PathLike) -> nn.Module:
@@ -229,14 +292,18 @@ def load_checkpoint(path: str | os.PathLike) -> nn.Module:
             "vitlab.load_model('<timm name>', weights=path)"
         )
     meta = _read_meta(cfg_file)
-    model = build_model(config_from_dict(meta["config"]))
+    cfg = config_from_dict(meta["config"])
+    pretrained_cfg = check_pretrained_cfg(meta.get("pretrained_cfg"), cfg_file)
+    # the config's shapes against the weights file's header before anything is allocated: a small file whose
+    # config.json asks for a huge model is refused without building it
+    _check_shapes(_header_shapes(weights), config_shapes(cfg), weights)
+    model = build_model(cfg)
     ref = model.state_dict()
     state = _read_weights(weights)
     _check_state(state, ref, weights)
     model.load_state_dict({k: v.to(ref[k].dtype) for k, v in state.items()}, strict=True)
-    if isinstance(meta.get("pretrained_cfg"), dict):
-        pc = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["pretrained_cfg"].items()}
-        model.pretrained_cfg = model.default_cfg = pc
+    if pretrained_cfg is not None:
+        model.pretrained_cfg = model.default_cfg = pretrained_cfg
     model.vitlab_checkpoint = {k: v for k, v in meta.items() if k not in ("config", "pretrained_cfg")}
     model.vitlab_checkpoint["path"] = str(directory)
     return model.eval()

@@ -8,6 +8,7 @@ modules and imports every name here back, so ``from vitlab.zoo import ViTConfig`
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -57,6 +58,42 @@ class Preprocess:
     std: tuple[float, float, float] = CIFAR_STD
     interpolation: str = "bicubic"
     crop_pct: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("mean", "std"):
+            v = getattr(self, name)
+            if isinstance(v, list):  # from JSON
+                object.__setattr__(self, name, v := tuple(v))
+            check_channel_stats(name, v)
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, got {self.interpolation!r}")
+        if not _real(self.crop_pct) or not 0 < self.crop_pct <= 1:
+            raise ValueError(f"crop_pct must be a number in (0, 1] (the fraction of the resized image kept), got "
+                             f"{self.crop_pct!r}")
+
+
+#: the resampling filters a preprocessing may name (timm's ``str_to_pil_interp``)
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos", "box", "hamming")
+
+
+def _real(v: object) -> bool:
+    """Whether ``v`` is a finite real number (an int or float; no bool, no string, no NaN or infinity)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_channel_stats(name: str, v: object) -> None:
+    """Refuse, by ``name``, a per-channel mean or std that is not a non-empty sequence of finite numbers (a std must
+    also be positive: the input is divided by it)."""
+    ok = isinstance(v, (tuple, list)) and len(v) > 0 and all(_real(x) for x in v)
+    if not ok or (name == "std" and not all(x > 0 for x in v)):
+        what = "positive finite numbers" if name == "std" else "finite numbers"
+        raise ValueError(f"{name} must be a list of {what}, one per input channel, got {v!r}")
+
+
+def check_rate(name: str, v: object) -> None:
+    """Refuse, by ``name``, a dropout or drop-path probability that is not a number in [0, 1)."""
+    if not _real(v) or not 0 <= v < 1:
+        raise ValueError(f"{name} must be a probability in [0, 1), got {v!r}")
 
 
 #: The preprocessing of the 32 px models vitlab trains on CIFAR (its statistics, bicubic, no crop): a property of
@@ -161,8 +198,10 @@ class ViTConfig:
             raise ValueError(f"distilled must be true or false, got {self.distilled!r}")
         if self.distilled and self.readout != "token":
             raise ValueError("distilled=True reads the class and distillation tokens: use readout='token'")
-        if not 0.0 <= self.patch_drop_rate < 1.0:
-            raise ValueError(f"patch_drop_rate must be in [0, 1), got {self.patch_drop_rate!r}")
+        for name in ("drop_rate", "drop_path_rate", "patch_drop_rate"):
+            check_rate(name, getattr(self, name))
+        if not isinstance(self.preprocess, Preprocess):
+            raise ValueError(f"preprocess must be a Preprocess, got {self.preprocess!r}")
         if self.init not in ("timm", "mimetic", "mimetic_qk"):
             raise ValueError(f"init must be 'timm', 'mimetic' or 'mimetic_qk', got {self.init!r}")
 
@@ -270,6 +309,13 @@ class BiTConfig:
         _check_widths(self.layers, self.channels, self.gn_min_channels_per_group, bottleneck=not self.basic,
                       width_factor=self.width_factor)
         size2(self.img_size)
+        for name in ("num_classes", "in_chans"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "num_classes" else 1):
+                raise ValueError(f"{name} must be an int >= {0 if name == 'num_classes' else 1}, got {v!r}")
+        check_rate("drop_path_rate", self.drop_path_rate)
+        if not isinstance(self.preprocess, Preprocess):
+            raise ValueError(f"preprocess must be a Preprocess, got {self.preprocess!r}")
 
 
 @dataclass(frozen=True)
@@ -297,6 +343,14 @@ class CifarNetConfig:
         if isinstance(self.whiten_kernel, bool) or not isinstance(self.whiten_kernel, int) or self.whiten_kernel < 1:
             raise ValueError(f"whiten_kernel must be a positive int, got {self.whiten_kernel!r}")
         size2(self.img_size)
+        for name in ("num_classes", "in_chans"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "num_classes" else 1):
+                raise ValueError(f"{name} must be an int >= {0 if name == 'num_classes' else 1}, got {v!r}")
+        if not _real(self.logit_scale) or self.logit_scale <= 0:
+            raise ValueError(f"logit_scale must be a positive finite number, got {self.logit_scale!r}")
+        if not isinstance(self.preprocess, Preprocess):
+            raise ValueError(f"preprocess must be a Preprocess, got {self.preprocess!r}")
 
 
 def cifar_vit(**overrides: Any) -> ViTConfig:
@@ -381,7 +435,7 @@ def _from_fields(cls: type, d: dict[str, Any]) -> Any:
     out = {}
     for name, v in d.items():
         if name == "preprocess":
-            v = Preprocess(**{k: tuple(x) if isinstance(x, list) else x for k, x in v.items()})
+            v = _from_fields(Preprocess, v)
         elif name == "vit":
             v = _from_fields(ViTConfig, v)
         elif isinstance(v, list):
