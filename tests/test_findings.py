@@ -399,10 +399,14 @@ def sweep(gaps_small: list[float], gaps_large: list[float]) -> list[dict]:
 
 
 def test_scaling_gap_narrows_known_answers():
+    """In points, as every accuracy difference vitlab reports (the README's gap change was -1.4 points where the
+    verdict said -0.0142); over the seeds, which n_runs counts."""
     v = scaling_gap_narrows(sweep([-0.05, -0.04, -0.06], [0.10, 0.11, 0.10]))
-    assert v.verdict == "reproduced" and v.statistic == pytest.approx(0.15 + 0.01 / 3)
+    assert v.verdict == "reproduced" and v.statistic == pytest.approx(15 + 1 / 3) and v.unit == "points"
+    assert v.n_runs == 3 and v.details["per_seed"] == pytest.approx([15.0, 15.0, 16.0])
     assert v.details["interval_method"] == "Student t over 3 seeds (2 df)"
-    assert v.details["gap_by_size"] == pytest.approx({"100": -0.05, "500": 0.0, "1000": 0.31 / 3})
+    assert v.details["gap_by_size"] == pytest.approx({"100": -5.0, "500": 0.0, "1000": 31 / 3})
+    assert v.details["vit_by_size"]["100"] == pytest.approx(0.35)  # accuracies stay fractions of 1
     assert (v.details["smallest"], v.details["largest"]) == (100, 1000)
     assert scaling_gap_narrows(sweep([0.10, 0.11, 0.10], [-0.05, -0.04, -0.06])).verdict == "not reproduced"
     v = scaling_gap_narrows(sweep([0.0, 0.0], [0.05, -0.05]))
@@ -410,8 +414,8 @@ def test_scaling_gap_narrows_known_answers():
     # 5 seeds: still Student t (differences 0.15 +- 0, 0.02, -0.02, 0.01, -0.01: sd 0.0158, t(0.975, 4) = 2.776)
     v = scaling_gap_narrows(sweep([-0.05] * 5, [0.10, 0.12, 0.08, 0.11, 0.09]))
     assert v.verdict == "reproduced" and v.details["interval_method"] == "Student t over 5 seeds (4 df)"
-    half = 2.7764451051977987 * (2.5e-4) ** 0.5 / 5 ** 0.5
-    assert v.interval == pytest.approx((0.15 - half, 0.15 + half), abs=1e-12)
+    half = 100 * 2.7764451051977987 * (2.5e-4) ** 0.5 / 5 ** 0.5  # points
+    assert v.interval == pytest.approx((15 - half, 15 + half), abs=1e-10) and v.n_runs == 5
 
 
 def test_scaling_gap_details_average_every_run_while_the_statistic_pairs_complete_seeds():
@@ -419,11 +423,11 @@ def test_scaling_gap_details_average_every_run_while_the_statistic_pairs_complet
     average every finished run, as the sweep's figure does, and runs_by_size says how many."""
     records = [r for r in sweep([-0.05, -0.05, -0.05], [0.10, 0.10, 0.40]) if r["run_id"] != "vit-n1000-s2"]
     v = scaling_gap_narrows(records)
-    assert v.details["seeds"] == [0, 1] and v.statistic == pytest.approx(0.15)
+    assert v.details["seeds"] == [0, 1] and v.statistic == pytest.approx(15.0) and v.n_runs == 2
     assert v.details["runs_by_size"] == {"100": {"vit": 3, "bit": 3}, "500": {"vit": 3, "bit": 3},
                                          "1000": {"vit": 2, "bit": 3}}  # keys as strings: the details are JSON
     assert v.details["vit_by_size"]["1000"] == pytest.approx(0.60)
-    assert v.details["gap_by_size"]["1000"] == pytest.approx(0.10)
+    assert v.details["gap_by_size"]["1000"] == pytest.approx(10.0)  # points
 
 def test_a_sweep_verdict_that_fails_is_not_put_on_the_inspected_model():
     """The Fig. 3/4 verdict is measured on the shipped sweep's runs, not on the model a report inspects: where it is
@@ -502,7 +506,7 @@ def test_the_accuracy_step_is_that_of_the_smallest_test_set():
     from vitlab.study_findings import _accuracy_step
 
     rows = [{"metrics": {"test": 2000}}, {"metrics": {"test": 1000}}]
-    assert _accuracy_step(rows) == (1e-3, "1 of 1,000 test images")
+    assert _accuracy_step(rows) == (0.1, "1 of 1,000 test images")  # points
     assert _accuracy_step([*rows, {"metrics": {}}]) is None and _accuracy_step([]) is None
 
 def test_filter_components_from_min_rank_bootstrap_on_get_an_interval():
@@ -531,11 +535,11 @@ def test_scaling_adapter_latest_record_wins_failed_runs_ignored():
     assert acc["vit", 1000, 0] == 0.0 and ("vit", 1000, 1) not in acc
     v = scaling_gap_narrows(recs)
     assert v.details["seeds"] == [0] and v.verdict == "inconclusive"  # one complete seed: no interval
-    assert v.statistic == pytest.approx((0.0 - 0.5) - (-0.05))
+    assert v.statistic == pytest.approx(100 * ((0.0 - 0.5) - (-0.05)))
     recs = sweep([-0.05, -0.04, -0.06], [0.10, 0.11, 0.10])
     recs.append(rec("bit", 100, 2, 0.9, status="failed"))  # the ResNet's run of seed 2 is missing: seed 2 drops out
     v = scaling_gap_narrows(recs)
-    assert v.details["seeds"] == [0, 1] and v.statistic == pytest.approx(0.15)
+    assert v.details["seeds"] == [0, 1] and v.statistic == pytest.approx(15.0)
     with pytest.raises(ValueError, match="sweep configs"):
         scaling_accuracies(recs + [rec("bit", 5, 9, 0.1, fingerprint="g")])
 
@@ -552,18 +556,18 @@ def test_scaling_gap_on_shipped_results():
     sizes = sorted({n for f, n, _ in acc if f == "vit"})
     seeds = sorted({s for f, _, s in acc if f == "vit"})
     lo, hi = sizes[0], sizes[-1]
-    per_seed = np.array([(acc["vit", hi, s] - acc["bit", hi, s]) - (acc["vit", lo, s] - acc["bit", lo, s])
-                         for s in seeds])
+    per_seed = 100 * np.array([(acc["vit", hi, s] - acc["bit", hi, s]) - (acc["vit", lo, s] - acc["bit", lo, s])
+                               for s in seeds])  # points
     assert (v.details["smallest"], v.details["largest"], v.details["seeds"]) == (lo, hi, seeds)
     assert v.statistic == pytest.approx(per_seed.mean(), abs=1e-12)
     n = len(seeds)
     t975 = {2: 12.706, 3: 4.303}[n]  # Student t, 97.5% point, n - 1 degrees of freedom
     half = t975 * per_seed.std(ddof=1) / math.sqrt(n)
-    assert v.interval == pytest.approx((per_seed.mean() - half, per_seed.mean() + half), abs=1e-3)
+    assert v.interval == pytest.approx((per_seed.mean() - half, per_seed.mean() + half), abs=0.1)
     assert v.details["interval_method"] == f"Student t over {n} seeds ({n - 1} df)"
     summ = summarise(records, shots=10)
     for size, g in v.details["gap_by_size"].items():
-        assert g == pytest.approx(summ["vit"][int(size)]["mean"] - summ["bit"][int(size)]["mean"])
+        assert g == pytest.approx(100 * (summ["vit"][int(size)]["mean"] - summ["bit"][int(size)]["mean"]))
     expected = "reproduced" if v.interval[0] > 0 else "not reproduced" if v.interval[1] < 0 else "inconclusive"
     assert v.verdict == expected
 

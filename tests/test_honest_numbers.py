@@ -280,11 +280,12 @@ def test_readme_scaling_result_quotes_the_records():
     assert f"BiT's SGD, {100 * (best['bit', 'sgd'] - best['bit', 'adamw']):.1f} points of validation accuracy above " \
            "Adam" in readme
     v = scaling_gap_narrows(records)
-    leads = [-100 * g for g in v.details["gap_by_size"].values()]
+    assert v.unit == "points"  # the README's unit, as the verdict table beside it prints it
+    leads = [-g for g in v.details["gap_by_size"].values()]
     assert min(leads) > 0
     assert f"by {min(leads):.1f} to {max(leads):.1f} points" in readme
-    lo, hi = (100 * x for x in v.interval)
-    assert f"(change {100 * v.statistic:+.1f} points, 95% interval [{lo:+.1f}, {hi:+.1f}]: {v.verdict})" in readme
+    lo, hi = v.interval
+    assert f"(change {v.statistic:+.1f} points, 95% interval [{lo:+.1f}, {hi:+.1f}]: {v.verdict})" in readme
 
 
 @pytest.mark.parametrize("folder", CARDS, ids=lambda p: p.name)

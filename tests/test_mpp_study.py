@@ -370,10 +370,11 @@ def test_verdicts_on_hand_made_records():
     assert set(v) == {"Sec. 4.6: MPP beats scratch (10-shot probe)", "Sec. 4.6: supervised beats MPP (10-shot probe)",
                       "Sec. 4.6: MPP beats scratch (fine-tune)", "Sec. 4.6: supervised beats MPP (fine-tune)"}
     few = v["Sec. 4.6: MPP beats scratch (10-shot probe)"]
-    assert few.verdict == "reproduced" and few.statistic == pytest.approx(0.21)  # (0.20 + 0.21 + 0.22) / 3
-    assert few.interval[0] > 0 and few.details["seeds"] == [0, 1, 2]
+    assert few.verdict == "reproduced" and few.statistic == pytest.approx(21.0)  # points: (20 + 21 + 22) / 3
+    assert few.unit == "points" and few.details["per_seed"] == pytest.approx([20.0, 21.0, 22.0])
+    assert few.interval[0] > 0 and few.details["seeds"] == [0, 1, 2] and few.n_runs == 1  # one pre-training run
     assert (few.details["mpp_mean"], few.details["scratch_mean"]) == pytest.approx((0.51, 0.30))  # each side's own
-    assert v["Sec. 4.6: MPP beats scratch (fine-tune)"].statistic == pytest.approx(0.15)
+    assert v["Sec. 4.6: MPP beats scratch (fine-tune)"].statistic == pytest.approx(15.0)
     assert v["Sec. 4.6: MPP beats scratch (fine-tune)"].verdict == "reproduced"
     assert v["Sec. 4.6: supervised beats MPP (fine-tune)"].verdict == "reproduced"
 
@@ -395,9 +396,9 @@ def test_identical_differences_over_seeds_give_no_interval():
 
     recs = [few_shot_record("scratch", {10: [0.250, 0.300]}), few_shot_record("mpp", {10: [0.255, 0.305]})]
     v = mpp_ordering(recs, "mpp", "scratch", shots=10)
-    assert v.statistic == pytest.approx(0.005) and v.verdict == "inconclusive"
+    assert v.statistic == pytest.approx(0.5) and v.verdict == "inconclusive"  # points
     assert all(math.isnan(x) for x in v.interval)
-    assert no_interval_reason(v) == ("both probe seeds give the same value, 0.005, so there is no spread to take "
+    assert no_interval_reason(v) == ("both probe seeds give the same value, 0.5, so there is no spread to take "
                                      "an interval from")
     assert explain([v]).endswith("no interval: " + no_interval_reason(v) + ".")
     # the same with 3 fine-tune seeds
@@ -413,9 +414,9 @@ def test_identical_differences_over_seeds_give_no_interval():
     for r in (scratch, mpp):
         r["metrics"]["test"] = 10_000
     v = mpp_ordering([scratch, mpp], "mpp", "scratch", shots=10)
-    assert v.verdict == "inconclusive" and no_interval_reason(v) == (
-        "the 3 probe seeds spread less (sd 5.8e-05) than one step of the measurement resolves (1 of 10,000 test "
-        "images: 0.0001)")
+    assert v.verdict == "inconclusive" and no_interval_reason(v) == (  # in points, as the statistic
+        "the 3 probe seeds spread less (sd 0.0058) than one step of the measurement resolves (1 of 10,000 test "
+        "images: 0.01)")
 
 
 def test_verdicts_pair_by_seed_and_need_both_initialisations():
@@ -423,7 +424,7 @@ def test_verdicts_pair_by_seed_and_need_both_initialisations():
     recs = [r for r in recs if r["row_id"] != "finetune/mpp/s2"]  # seed 2 not finished for MPP: left out of the pairs
     assert mpp_accuracies(recs, "finetune")["mpp"] == {0: 0.5, 1: 0.5}
     v = mpp_ordering(recs, "mpp", "scratch", kind="finetune")
-    assert v.details["seeds"] == [0, 1] and v.statistic == pytest.approx(0.09)  # (0.10 + 0.08) / 2
+    assert v.details["seeds"] == [0, 1] and v.statistic == pytest.approx(9.0)  # points: (10 + 8) / 2
     with pytest.raises(ValueError, match="run `vitlab mpp-study` first"):
         mpp_ordering([r for r in recs if r["init"] != "supervised"], "supervised", "mpp")
     assert len(study_verdicts([r for r in recs if r["init"] != "supervised"], shots=10)) == 2
@@ -448,7 +449,7 @@ def test_each_readout_has_its_table_and_verdicts():
     v = {x.finding: x for x in study_verdicts(recs, shots=10)}
     assert v["Sec. 4.6: MPP beats scratch (10-shot probe)"].verdict == "not reproduced"  # the class token: MPP worse
     pm = v["Sec. 4.6: MPP beats scratch (10-shot probe, patch mean)"]
-    assert pm.verdict == "reproduced" and pm.statistic == pytest.approx(0.13) and pm.details["readout"] == "patch_mean"
+    assert pm.verdict == "reproduced" and pm.statistic == pytest.approx(13.0) and pm.details["readout"] == "patch_mean"
     assert v["Sec. 4.6: supervised beats MPP (10-shot probe, patch mean)"].verdict == "reproduced"
     assert len(v) == 6
     assert "| MPP (color3, 50%, 6 epochs) | 46.0 ± 1.0 |" in markdown_tables(recs, "patch_mean")
@@ -479,7 +480,7 @@ def test_verdicts_refuse_rows_of_several_code_versions():
     # rows of one version, rerun by it (a latest record replacing an earlier one of the same code), are fine
     rerun = [dict(r, metrics={"test_accuracy": 0.6}) for r in old if r["row_id"] == "finetune/mpp/s0"]
     v = mpp_ordering(old + rerun, "mpp", "scratch", kind="finetune")
-    assert v.details["code_hashes"] == ["c0de"] and v.details["per_seed"][0] == pytest.approx(0.2)
+    assert v.details["code_hashes"] == ["c0de"] and v.details["per_seed"][0] == pytest.approx(20.0)
 
 
 def _with_pretrain_facts(recs: list[dict], images: int, epochs: int, px: int, data: str) -> list[dict]:

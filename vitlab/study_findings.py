@@ -17,7 +17,10 @@ from vitlab.scaling import one_config
 from vitlab.verdict import N_BOOT, SEED, Resolution, Verdict, make_verdict, mean_interval, n_units, none_reason
 
 __all__ = ["scaling_accuracies", "scaling_gap_narrows", "few_shot_key", "mpp_accuracies", "MixedCodeVersions",
-           "mpp_ordering", "INIT_NAMES"]
+           "mpp_ordering", "INIT_NAMES", "POINTS"]
+
+#: accuracy differences are reported in percentage points: a difference of accuracies (fractions of 1) times this
+POINTS = 100.0
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 3/4
@@ -40,14 +43,15 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
 
     ``records``: the sweep's JSONL records (``ResultsStore(path).records()``, e.g.
     ``data/results/scaling_cifar10.jsonl``). gap(n) = ViT - ResNet ``shots``-shot accuracy at subset size n.
-    Statistic: gap(largest) - gap(smallest). A seed fixes the nested subsets and the probe pool for both
-    families, so the difference is taken per seed (seeds with all four runs) and the interval is over seeds:
-    Student t below 20 seeds, bootstrap over seeds from 20, none with 1.
+    Statistic: gap(largest) - gap(smallest), in percentage points (``POINTS``, as every accuracy difference
+    vitlab reports). A seed fixes the nested subsets and the probe pool for both families, so the difference is
+    taken per seed (seeds with all four runs; ``per_seed``, points) and the interval is over seeds: Student t below
+    20 seeds, bootstrap over seeds from 20, none with 1; ``n_runs`` counts those seeds.
 
-    The details' per-size means (``gap_by_size``, ``{vit}_by_size``, ``{resnet}_by_size``) average every finished
-    run of a family at that size, as ``vitlab.scaling.summarise`` and the sweep's figure do; ``runs_by_size`` counts
-    them. With a seed missing a run they can differ from the statistic, which pairs only complete seeds
-    (``seeds``).
+    The details' per-size means (``gap_by_size`` in points, ``{vit}_by_size`` and ``{resnet}_by_size`` as
+    accuracies, fractions of 1) average every finished run of a family at that size, as ``vitlab.scaling.summarise``
+    and the sweep's figure do; ``runs_by_size`` counts them. With a seed missing a run they can differ from the
+    statistic, which pairs only complete seeds (``seeds``).
     """
     acc = scaling_accuracies(records, shots)
     sizes = sorted({n for f, n, _ in acc if f == vit} & {n for f, n, _ in acc if f == resnet})
@@ -56,8 +60,8 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
     lo, hi = sizes[0], sizes[-1]
     seeds = sorted({s for *_, s in acc})
     complete = [s for s in seeds if all((f, n, s) in acc for f in (vit, resnet) for n in (lo, hi))]
-    per_seed = np.array([(acc[vit, hi, s] - acc[resnet, hi, s]) - (acc[vit, lo, s] - acc[resnet, lo, s])
-                         for s in complete])  # (S,)
+    per_seed = POINTS * np.array([(acc[vit, hi, s] - acc[resnet, hi, s]) - (acc[vit, lo, s] - acc[resnet, lo, s])
+                                  for s in complete])  # (S,) points
     interval, method = mean_interval(per_seed, n_boot, seed, "seeds")
 
     def at(f: str, n: int) -> list[float]:
@@ -70,12 +74,20 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
         "Fig. 3/4: ViT gains more from data than ResNet",
         f"(ViT - ResNet {shots}-shot accuracy) at {hi} images minus the same at {lo} images > 0; "
         "95% interval over pre-training seeds",
-        per_seed.mean() if len(per_seed) else math.nan, interval, 0.0, ">", "gap change", "",
+        per_seed.mean() if len(per_seed) else math.nan, interval, 0.0, ">", "gap change", "points",
         {"shots": shots, "smallest": lo, "largest": hi, "seeds": complete, "per_seed": per_seed,
-         "interval_method": method, "gap_by_size": {n: mean(vit, n) - mean(resnet, n) for n in sizes},
+         "interval_method": method, "gap_by_size": {n: POINTS * (mean(vit, n) - mean(resnet, n)) for n in sizes},
          f"{vit}_by_size": {n: mean(vit, n) for n in sizes}, f"{resnet}_by_size": {n: mean(resnet, n) for n in sizes},
          "runs_by_size": {n: {vit: len(at(vit, n)), resnet: len(at(resnet, n))} for n in sizes}},
-        none_reason(method))
+        none_reason(method), subject=_sweep_subject(records, vit, resnet, lo, hi), n_runs=max(1, len(complete)))
+
+
+def _sweep_subject(records: Sequence[Mapping[str, Any]], vit: str, resnet: str, lo: int, hi: int) -> str:
+    """What ``scaling_gap_narrows`` judges, in words: "sweep cifar10: vit vs bit at 100 and 5,000 images" (the
+    sweep's name where its records hold its config)."""
+    config = next((r.get("config") for r in records if isinstance(r.get("config"), Mapping)), {})
+    name = f"sweep {config['name']}: " if config.get("name") else ""
+    return f"{name}{vit} vs {resnet} at {lo:,} and {hi:,} images"
 
 
 # ---------------------------------------------------------------------------------------------- Sec. 4.6
@@ -149,13 +161,14 @@ def mpp_accuracies(records: Sequence[Mapping[str, Any]], kind: str = "few_shot",
 
 
 def _accuracy_step(rows: Sequence[Mapping[str, Any]]) -> Resolution | None:
-    """The step of the accuracies of the compared ``rows`` (finished), 1 / test images, where every row records its
-    test images (``metrics["test"]``: the few-shot rows; the fine-tune rows do not record it); None otherwise."""
+    """The step of the accuracies of the compared ``rows`` (finished) in points, 100 / test images, where every row
+    records its test images (``metrics["test"]``: the few-shot rows; the fine-tune rows do not record it); None
+    otherwise."""
     tests = {(r.get("metrics") or {}).get("test") for r in rows}
     if not rows or None in tests:
         return None
     n = min(int(t) for t in tests)
-    return 1.0 / n, f"1 of {n:,} test images"
+    return POINTS / n, f"1 of {n:,} test images"
 
 
 def _compared_facts(rows: Sequence[Mapping[str, Any]], kind: str) -> dict[str, Any]:
@@ -184,7 +197,8 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
     """Sec. 4.6: one step of the paper's ordering scratch < MPP < supervised, e.g. MPP beats scratch.
 
     ``records``: one MPP study's JSONL records (``vitlab.mpp_study.run_study``, e.g.
-    ``data/results/mpp_cifar10.jsonl``). Statistic: mean over seeds of the paired difference ``better - worse``:
+    ``data/results/mpp_cifar10.jsonl``). Statistic, in percentage points (``POINTS``; ``per_seed`` too): mean over
+    seeds of the paired difference ``better - worse``:
     few-shot accuracy per probe seed (the same shots for both), or fine-tune test accuracy per fine-tune seed (the
     same subset, order and augmentation for both). Interval over those seeds: Student t below 20, bootstrap from
     20, none with 1. Each initialisation is one pre-trained model, so the few-shot interval covers the draw of
@@ -196,7 +210,7 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
         raise ValueError(f"no finished {kind} rows of {missing} in the records (have {sorted(acc)}): run "
                          "`vitlab mpp-study` first")
     common = sorted(set(acc[better]) & set(acc[worse]))
-    diff = np.array([acc[better][s] - acc[worse][s] for s in common])  # (S,)
+    diff = POINTS * np.array([acc[better][s] - acc[worse][s] for s in common])  # (S,) points
     rows = [r for r in _study_rows(records).values()
             if r.get("kind") == kind and r.get("init") in (better, worse) and r.get("status") == "ok"]
     unit = "probe seeds" if kind == "few_shot" else "fine-tune seeds"
@@ -209,9 +223,17 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
         f"Sec. 4.6: {b} beats {w} ({what})",
         f"mean over {unit} of ({b} - {w}) {what} accuracy on the test images > 0, paired by seed; 95% interval over "
         f"{unit}",
-        diff.mean() if len(diff) else math.nan, interval, 0.0, ">", "accuracy difference", "",
+        diff.mean() if len(diff) else math.nan, interval, 0.0, ">", "accuracy difference", "points",
         {"kind": kind, "shots": shots if kind == "few_shot" else None, "readout": readout if kind == "few_shot"
          else None, "seeds": common, "per_seed": diff,
          "interval_method": method, f"{better}_mean": float(np.mean([acc[better][s] for s in common])) if common
          else None, f"{worse}_mean": float(np.mean([acc[worse][s] for s in common])) if common else None,
-         "code_hashes": code, "better": better, "worse": worse, **_compared_facts(rows, kind)}, none_reason(method))
+         "code_hashes": code, "better": better, "worse": worse, **_compared_facts(rows, kind)}, none_reason(method),
+        subject=_study_subject(rows, b, w))
+
+
+def _study_subject(rows: Sequence[Mapping[str, Any]], better: str, worse: str) -> str:
+    """What ``mpp_ordering`` judges, in words: "MPP study cifar10: MPP vs scratch ViT" (the study's name where its
+    records hold it). Each initialisation is one pre-trained model: one training run."""
+    study = next((r.get("study") for r in rows if r.get("study")), None)
+    return f"{f'MPP study {study}: ' if study else ''}{better} vs {worse} ViT"
