@@ -64,7 +64,8 @@ def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
     alone does."""
     env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     common = ["train", "--preset", "tiny", "--data", str(tiny_data), "--epochs", "6", "--quiet",
-              "--set", "mixup_prob=0.5", "--set", "crop_padding=4", "--set", "randaugment=rand-m9-n2-mstd0.5"]
+              "--set", "mixup_prob=0.5", "--set", "crop_padding=4", "--set", "randaugment=rand-m9-n2-mstd0.5",
+              "--set", "fig7_every=1"]
     full = _cli(*common, "--run-dir", str(tmp_path / "full"), "--workers", "0", env=env)
     assert full.wait(timeout=300) == 0, full.stdout.read()
 
@@ -90,6 +91,10 @@ def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
     assert all(torch.equal(opt_a[k], opt_b[k]) for k in opt_a)
     lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["epoch"] == 6
+    # the Fig. 7 statistics of every epoch, as an uninterrupted run records them (issue 46: emergence in training)
+    fig7 = [[json.loads(line)["fig7"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+            for run in ("full", "killed")]
+    assert len(fig7[0]) == 6 and fig7[0] == fig7[1]
     model = vitlab.load_model(tmp_path / "killed" / "checkpoint")  # a checkpoint is a loadable model
     assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 3)
 

@@ -616,6 +616,12 @@ def _epochs(cfg: TrainConfig, run: Path, d: Dist, model: nn.Module, net: nn.Modu
                     if best_file.is_file() else -1.0
                 if record[chosen] > best:  # the best evaluated point, as the paper reports its runs
                     save_checkpoint(model, run / "best", extra={"epoch": epoch + 1, "metrics": record})
+            if cfg.fig7_every and ((epoch + 1) % cfg.fig7_every == 0 or last):
+                from vitlab.emergence import fig7_statistics, sample_batch
+
+                t_fig7 = time.time()
+                record["fig7"] = fig7_statistics(model, sample_batch(model).to(d.device))
+                record["fig7_seconds"] = round(time.time() - t_fig7, 2)
             if cfg.snapshot_every and ((epoch + 1) % cfg.snapshot_every == 0 or last):
                 save_checkpoint(model, run / "snapshots" / f"epoch_{epoch + 1:04d}",
                                 extra={"epoch": epoch + 1, "metrics": record})

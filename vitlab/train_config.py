@@ -134,6 +134,9 @@ class TrainConfig:
     # every snapshot_every epochs, the model's weights as a checkpoint folder RUN/snapshots/epoch_NNNN (analyses read
     # them as any checkpoint: the findings as they emerge in training); 0: none
     snapshot_every: int = 0
+    # every fig7_every epochs, the Fig. 7 statistics of the model on the 128 shipped CIFAR-10 test images
+    # (vitlab.emergence.fig7_statistics) go into the epoch's record under "fig7"; 0: none
+    fig7_every: int = 0
 
     def __post_init__(self) -> None:
         self._check_numbers()
@@ -176,6 +179,9 @@ class TrainConfig:
                                  f"{self.mpp_target!r}, {self.mpp_rate!r}")
         if self.randaugment is not None:
             _check_randaugment(self.randaugment)
+        if self.fig7_every and not (isinstance(self.model, ViTConfig) and self.objective == "classify"):
+            raise ValueError("fig7_every measures a plain ViT classifier's attention and filters: leave fig7_every 0 "
+                             "for this model or objective")
         if self.val_per_class and self.objective != "classify":
             raise ValueError("val_per_class measures classification accuracy, which masked patch prediction does not "
                              "train for: leave val_per_class 0")
@@ -276,6 +282,7 @@ class TrainConfig:
         whole("eval_every", 0)
         whole("val_per_class", 0)
         whole("snapshot_every", 0)
+        whole("fig7_every", 0)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be a whole number, got {self.seed!r}")
         if self.max_train_examples is not None:
