@@ -925,3 +925,36 @@ def test_check_executor_refuses_a_worker_count_that_is_no_whole_number():
     for workers in (1.5, True, -1):
         with pytest.raises(ValueError, match=f"workers must be a whole number >= 0 .*got {workers!r}"):
             check_executor("local", workers)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("name", "../../../x"), ("name", "a/b"), ("name", ""), ("name", ".hidden"), ("name", 3),
+    ("epochs", 0), ("batch_size", 2.5), ("lr", -1.0), ("lr", float("nan")), ("l2", 0), ("min_steps", -1),
+    ("probe_test_per_class", 0), ("val_per_class", True), ("data", ""), ("recipes", [["vit_tiny", "adam", 1e-3, 0.0]]),
+])
+def test_a_sweep_config_file_is_checked_whole_before_any_run_or_path(tmp_path, monkeypatch, field, value):
+    """"name": "../../../x" wrote the results file outside runs/sweeps/ (making folders on the way), and fields such
+    as epochs, lr or a recipe's optimizer were refused only inside each run, once per run; load_sweep_config and the
+    command line now refuse each by its field before anything runs or is written."""
+    from vitlab.sweep_config import load_sweep_config
+
+    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(QUICK).items()}
+    fields.update({"name": "mine", field: value})
+    cfg = tmp_path / "sweep.json"
+    cfg.write_text(json.dumps(fields))
+    with pytest.raises(ValueError, match=field):
+        load_sweep_config(str(cfg))
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "--config", str(cfg), "--quiet"]) == 1
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["sweep.json"]  # no results file, no folder
+
+
+def test_a_sweep_config_that_is_no_json_object_is_refused(tmp_path):
+    """A sweep config holding a JSON list stopped with a TypeError traceback ('argument after ** must be a
+    mapping'); it is now a ValueError naming the file."""
+    from vitlab.sweep_config import load_sweep_config
+
+    for text in ("[1, 2]", '"cifar10"', "null"):
+        (tmp_path / "s.json").write_text(text)
+        with pytest.raises(ValueError, match=r"s\.json holds a JSON (list|str|NoneType): a sweep config is a JSON obj"):
+            load_sweep_config(str(tmp_path / "s.json"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 
-__all__ = ["whole_index", "check_count", "check_seed", "check_tta_level"]
+__all__ = ["whole_index", "check_count", "check_seed", "check_tta_level", "check_plain_name"]
 
 
 def whole_index(v: object) -> bool:
@@ -45,3 +45,14 @@ def check_tta_level(name: str, level: object) -> None:
     True or 1.0 no level 1)."""
     if not whole_index(level) or level not in (0, 1, 2):
         raise ValueError(f"{name} must be 0, 1 or 2, got {level!r}")
+
+
+def check_plain_name(name: str, value: object) -> None:
+    """Refuse, by ``name``, a name that becomes a file or folder name (a sweep's results file ``NAME.jsonl``) but is
+    not one plain name: not a non-empty string, or one holding a path separator (``/`` or ``\\``), a NUL or another
+    control character, or one that is ``.``/``..`` or starts with ``.`` (a hidden file, or a step out of its folder:
+    ``../../x`` would write outside it)."""
+    if (not isinstance(value, str) or not value or value.startswith(".") or any(c in value for c in "/\\")
+            or any(ord(c) < 32 or ord(c) == 127 for c in value)):
+        raise ValueError(f"{name} must be a plain name (letters, digits, '-', '_'; no path separator, no leading '.'), "
+                         f"as it becomes a file name, got {value!r}")

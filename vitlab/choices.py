@@ -8,8 +8,9 @@ subcommand's ``--help``, an argument error and a refused option load no torch or
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal, get_args
+
+from vitlab.shipped import data_path
 
 __all__ = ["DEVICE_HELP", "Readout", "READOUTS", "READOUT_NAMES", "MPP_TARGETS", "DEFAULT_CHECKPOINT", "DEFAULT_L2",
            "CACHE_KINDS"]
@@ -26,8 +27,9 @@ READOUT_NAMES = {"model": "the model's own readout (the class token; the mean of
 #: What masked patch prediction predicts of each corrupted patch (``vitlab.mpp``; ``TrainConfig.mpp_target``)
 MPP_TARGETS = ("color3", "patch4x4", "l2")
 
-#: The embedded default model: what ``--model`` loads when it is left out (``vitlab.models.load_model``)
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "data" / "checkpoints" / "vit_cifar10"
+#: The embedded default model: what ``--model`` loads when it is left out (``vitlab.models.load_model``); the
+#: checkout's data/checkpoints/vit_cifar10, or a wheel's copy (``vitlab.shipped``)
+DEFAULT_CHECKPOINT = data_path("checkpoints/vit_cifar10")
 
 #: The few-shot probe's ridge penalty (``vitlab.probe``; ``--l2``, a sweep's ``l2``): big_vision's few-shot default
 DEFAULT_L2 = 2.0**10

@@ -399,7 +399,7 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
     in_grid = {s.run_id for s in sweep.runs()}
     records = [r for k, r in ResultsStore(results).latest(sweep.name).items() if k in in_grid]
     if not records:
-        shipped = Path(__file__).resolve().parents[1] / "data" / "results" / "scaling_cifar10.jsonl"
+        from vitlab.report import SCALING_RESULTS as shipped
         hint = (f"; the shipped sweep's results are in {shipped}: pass --results {shipped}"
                 if shipped.is_file() and results.resolve() != shipped and ResultsStore(shipped).latest(sweep.name)
                 else "")

@@ -31,13 +31,14 @@ from vitlab.data import (
 )
 from vitlab.info import data_config
 from vitlab.modes import unwrapped
+from vitlab.shipped import data_path
 
 __all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_image_count", "default_images", "default_labels", "default_source", "CIFAR_SAMPLE"]
 
 #: 128 CIFAR-10 test images (13 of each of the first 8 classes, 12 of the last 2, drawn with seed 0, classes
 #: interleaved so that any first n are balanced; ``index`` holds
 #: their positions in the sorted test split): the paper's 128 images for attention distance, shipped for offline use.
-CIFAR_SAMPLE = Path(__file__).resolve().parent.parent / "data" / "cifar10_test_128.npz"
+CIFAR_SAMPLE = data_path("cifar10_test_128.npz")  # the checkout's data/, or a wheel's copy (vitlab.shipped)
 
 #: How many test shapes a checkpoint trained on the synthetic shapes is shown by default, as many as the CIFAR sample.
 SHAPES_SAMPLE_SIZE = 128

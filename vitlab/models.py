@@ -23,14 +23,15 @@ from torch import nn
 from vitlab.checkpoint import WEIGHTS_NAME, load_checkpoint
 from vitlab.choices import DEFAULT_CHECKPOINT
 from vitlab.errors import ModelLoadError
+from vitlab.shipped import data_path
 from vitlab.zoo import BiTConfig, CifarNetConfig, HybridConfig, ModelConfig, ViTConfig, build_model, replace_fields
 
 __all__ = ["load_model", "DEFAULT_CHECKPOINT", "SHAPES_CHECKPOINT"]
 
 # DEFAULT_CHECKPOINT (from the torch-free vitlab.choices, for the command line): where the embedded default model
-# lives (shipped by the training work; see data/checkpoints/README.md).
+# lives (shipped by the training work; see data/checkpoints/README.md, and vitlab.shipped for a wheel's copy).
 #: The ViT trained on the synthetic shapes (object masks): the localisation scores use it.
-SHAPES_CHECKPOINT = DEFAULT_CHECKPOINT.parent / "vit_shapes"
+SHAPES_CHECKPOINT = data_path("checkpoints/vit_shapes")
 
 _HUB_PREFIXES = ("hf-hub:", "hf_hub:")
 
@@ -56,7 +57,7 @@ def load_model(spec: str | os.PathLike | ModelConfig | None = None, *, pretraine
         _no_extras("the default model", weights, overrides, pretrained)
         if not (DEFAULT_CHECKPOINT / WEIGHTS_NAME).is_file():
             raise ModelLoadError(
-                f"the embedded default model is not in this checkout ({DEFAULT_CHECKPOINT} has no {WEIGHTS_NAME}). "
+                f"the embedded default model is not here ({DEFAULT_CHECKPOINT} has no {WEIGHTS_NAME}). "
                 "Train it with `vitlab train --preset vit_cifar10` or pass a model: "
                 "vitlab.load_model('vit_base_patch16_224', pretrained=False) or a checkpoint folder"
             )

@@ -54,7 +54,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from vitlab.checks import check_count, whole_index
+from vitlab.checks import check_count, check_plain_name, whole_index
 from vitlab.data import ImageArray, cache_dir, load_splits, nested_subsets
 from vitlab.devices import resolve_device
 from vitlab.features import READOUTS
@@ -122,6 +122,7 @@ class MPPStudyConfig:
     bf16: bool = True
 
     def validate(self) -> None:
+        check_plain_name("name", self.name)  # it names the results file mpp_NAME.jsonl
         for target, rate in (self.main, *self.ablations):
             if target not in MPP_TARGETS or not 0 < rate <= 1:
                 raise ValueError(f"MPP runs need a target in {MPP_TARGETS} and a rate in (0, 1], got {(target, rate)}")

@@ -23,7 +23,6 @@ import dataclasses
 import datetime as dt
 import fcntl
 import json
-import math
 import os
 import sys
 import tempfile
@@ -42,7 +41,6 @@ from vitlab.data import ImageArray, load_splits, nested_subsets
 from vitlab.provenance import provenance
 from vitlab.stats import percent_cell
 from vitlab.sweep_config import FAMILIES, SWEEPS, RunSpec, SweepConfig, load_sweep_config
-from vitlab.train_config import TrainConfig, with_model_classes
 
 __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "run_one", "run_sweep", "execute_runs",
            "check_executor", "one_config", "summarise", "summarise_compute", "recipe_provenance",
@@ -163,15 +161,7 @@ def _classes(data: ImageArray, classes: Sequence[int], per_class: int | None = N
 
 
 def _train_config(sweep: SweepConfig, spec: RunSpec, n: int):
-    model = with_model_classes(FAMILIES[spec.family](), len(sweep.pretrain_classes))
-    steps_per_epoch = max(1, n // sweep.batch_size)
-    epochs = max(sweep.epochs, math.ceil(sweep.min_steps / steps_per_epoch))
-    optimizer, lr, wd = sweep.recipe(spec.family)
-    return TrainConfig(model=model, data=f"{sweep.data}[classes {list(sweep.pretrain_classes)}, n={n}]",
-                       epochs=epochs, batch_size=min(sweep.batch_size, n), lr=lr, weight_decay=wd, optimizer=optimizer,
-                       momentum=0.9, warmup_epochs=min(1.0, epochs / 5), mixup_prob=0.0, seed=spec.seed,
-                       eval_every=math.ceil(epochs / sweep.max_evals) if sweep.val_per_class else epochs,
-                       keep_best=bool(sweep.val_per_class))
+    return sweep.train_config(spec, n)
 
 
 def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | None = None,

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vitlab.checks import check_count, whole_index
+from vitlab.checks import check_count, check_plain_name, whole_index
 from vitlab.choices import DEFAULT_L2
 from vitlab.model_config import BiTConfig, HybridConfig, ViTConfig, cifar_bit, cifar_vit
 
@@ -106,7 +107,42 @@ class SweepConfig:
         A sweep stopped early still has whole curves, for every family, for its first seeds."""
         return [RunSpec(f, n, s) for s in self.seeds for n in sorted(self.sizes) for f in self.families]
 
+    def train_config(self, spec: RunSpec, n: int) -> Any:
+        """The ``TrainConfig`` run ``spec`` pre-trains with on its ``n`` images: small subsets train for more epochs,
+        so that every run takes at least ``min_steps`` steps."""
+        from vitlab.train_config import TrainConfig, with_model_classes
+
+        model = with_model_classes(FAMILIES[spec.family](), len(self.pretrain_classes))
+        steps_per_epoch = max(1, n // self.batch_size)
+        epochs = max(self.epochs, math.ceil(self.min_steps / steps_per_epoch))
+        optimizer, lr, wd = self.recipe(spec.family)
+        return TrainConfig(model=model, data=f"{self.data}[classes {list(self.pretrain_classes)}, n={n}]",
+                           epochs=epochs, batch_size=min(self.batch_size, n), lr=lr, weight_decay=wd,
+                           optimizer=optimizer, momentum=0.9, warmup_epochs=min(1.0, epochs / 5), mixup_prob=0.0,
+                           seed=spec.seed, eval_every=math.ceil(epochs / self.max_evals) if self.val_per_class
+                           else epochs, keep_best=bool(self.val_per_class))
+
     def validate(self) -> None:
+        """Every field checked before any run starts (a bad value would otherwise fail each run in turn, and the
+        name, which becomes the results file's name, could step out of its folder); ValueError naming the field."""
+        check_plain_name("name", self.name)
+        if not isinstance(self.data, str) or not self.data:
+            raise ValueError(f"data must name a data set (cifar10, shapes) or a folder or zip path, got {self.data!r}")
+        for name in ("epochs", "batch_size", "probe_pool_per_class", "probe_test_per_class"):
+            check_count(name, getattr(self, name))
+        for name in ("min_steps", "val_per_class"):
+            v = getattr(self, name)
+            if not _python_int(v) or v < 0:
+                raise ValueError(f"{name} must be a whole number of at least 0, got {v!r}")
+        for name in ("lr", "l2"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+        if self.tuned_code is not None and not isinstance(self.tuned_code, str):
+            raise ValueError(f"tuned_code must be a code hash (a string) or null, got {self.tuned_code!r}")
+        if not isinstance(self.recipes, tuple) or not all(isinstance(r, tuple) and len(r) == 4 for r in self.recipes):
+            raise ValueError("recipes must be a list of [family, optimizer, lr, weight_decay] entries, got "
+                             f"{self.recipes!r}")
         if not self.families:  # a sweep of no family would run nothing and report an empty table as done
             raise ValueError(f"families must name at least one model family: choose from {sorted(FAMILIES)}")
         if len(set(self.families)) != len(self.families):
@@ -143,6 +179,14 @@ class SweepConfig:
                 raise ValueError(f"{name} names a value twice ({got}): each once, or {twice}")
         if max(self.shots) > self.probe_pool_per_class:
             raise ValueError(f"{max(self.shots)} shots exceed probe_pool_per_class={self.probe_pool_per_class}")
+        for family in self.families:  # the training config of a run, as each run builds it (its recipe included)
+            entry = next((list(r) for r in self.recipes if r[0] == family), None)
+            for n in sorted({min(self.sizes), max(self.sizes)}):
+                try:
+                    self.train_config(RunSpec(family, n, self.seeds[0]), n)
+                except ValueError as e:
+                    where = f"recipes entry {entry}" if entry else f"the {family} runs' training config"
+                    raise ValueError(f"{where}: {e}") from None
 
 
 def _python_int(v: object) -> bool:
@@ -180,7 +224,8 @@ class RunSpec:
 
 def load_sweep_config(spec: str) -> SweepConfig:
     """A named sweep (``SWEEPS``) or a JSON file of ``SweepConfig`` fields (one written before ``tuned_code`` was
-    recorded loads with ``tuned_code=None``: provenance unknown)."""
+    recorded loads with ``tuned_code=None``: provenance unknown), checked whole (``SweepConfig.validate``); ValueError
+    naming the file and the problem otherwise."""
     if spec in SWEEPS:
         return SWEEPS[spec]
     path = Path(spec)
@@ -192,6 +237,9 @@ def load_sweep_config(spec: str) -> SweepConfig:
     except json.JSONDecodeError as e:  # the decoder's message names no file
         raise ValueError(f"{path} is not valid JSON ({e}): a sweep config is a JSON object of SweepConfig "
                          "fields") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} holds a JSON {type(d).__name__}: a sweep config is a JSON object of SweepConfig "
+                         'fields, e.g. {"name": "mine", "families": ["vit"]}')
     fields = {f.name for f in dataclasses.fields(SweepConfig)}
     unknown = sorted(set(d) - fields)
     if unknown:
@@ -199,4 +247,8 @@ def load_sweep_config(spec: str) -> SweepConfig:
     def frozen(v):
         return tuple(frozen(x) for x in v) if isinstance(v, list) else v
 
-    return SweepConfig(**{k: frozen(v) for k, v in d.items()})
+    if "name" not in d:
+        raise ValueError(f"{path}: a sweep config needs a name (its results go to runs/sweeps/NAME.jsonl)")
+    sweep = SweepConfig(**{k: frozen(v) for k, v in d.items()})
+    sweep.validate()  # every field, before a run starts or a results path is made from its name
+    return sweep

@@ -39,6 +39,7 @@ from vitlab.plots import layer_span
 from vitlab.provenance import versions
 from vitlab.report import sections as S
 from vitlab.report.render import render_html, stamp_line
+from vitlab.shipped import data_name, data_path
 from vitlab.static import write_images
 from vitlab.verdict import json_types
 
@@ -46,7 +47,7 @@ __all__ = ["reproduce", "write_report", "check_report_dir", "report_target", "no
            "SCALING_RESULTS"]
 
 #: The shipped data-scaling sweep drawn in the report's scaling section.
-SCALING_RESULTS = Path(__file__).resolve().parents[2] / "data" / "results" / "scaling_cifar10.jsonl"
+SCALING_RESULTS = data_path("results/scaling_cifar10.jsonl")
 IMAGE_FORMATS = ("png", "svg", "pdf", "jpg", "webp")
 
 
@@ -61,9 +62,10 @@ def random_weights(net, model: Any, pretrained: bool, weights: str | None) -> bo
 def weights_description(net, model: str | None, pretrained: bool, weights: str | None) -> str:
     """Where the weights came from, truthfully: a checkpoint, a weights file, the hub, or random initialisation."""
     ck = getattr(net, "vitlab_checkpoint", {}).get("path")
-    if ck:  # a shipped checkpoint by its place in the checkout; the user's own by the path they gave
+    if ck:  # a shipped checkpoint by its name in the checkout (data/...), also from a wheel; the user's own as given
         repo = Path(__file__).resolve().parents[2]
-        return Path(ck).resolve().relative_to(repo).as_posix() if Path(ck).resolve().is_relative_to(repo) else str(ck)
+        inside = Path(ck).resolve().is_relative_to(repo)
+        return data_name(ck) or (Path(ck).resolve().relative_to(repo).as_posix() if inside else str(ck))
     if weights:
         return f"{weights} (local file)"
     if random_weights(net, model, pretrained, weights) or model is None:
