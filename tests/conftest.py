@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
+
 import pytest
 import timm
 import torch
 
 import vitlab
+from vitlab.data import cifar_places, data_dir, find_cifar
 
 # Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP's waits for a
 # descheduled thread make every small op many times slower: tests run on one thread.
@@ -18,10 +22,101 @@ def _seed():
     torch.manual_seed(0)
 
 
+def _user_data_dir():
+    try:
+        return data_dir()
+    except RuntimeError:  # no home folder: no data folder either
+        return None
+
+
+#: the user's data folder (``vitlab.data.data_dir``), fixed before the tests move the cache root, so that the tests
+#: read the CIFAR-10 ``vitlab data cifar10`` fetched (and skip when there is none) but write no cache there
+USER_DATA = _user_data_dir()
+CIFAR10_TEST = find_cifar("cifar10", "test") if USER_DATA is not None else None
+#: for the tests that read CIFAR-10 (its test split) by name: skipped on a machine without it, saying how to get it
+needs_cifar10 = pytest.mark.skipif(
+    CIFAR10_TEST is None,
+    reason=f"CIFAR-10 is not on this machine (looked in {', '.join(map(str, cifar_places('cifar10')))}): "
+           "`vitlab data cifar10` fetches it (online), or set VITLAB_DATA to a folder holding cifar10/train.zip "
+           "and cifar10/test.zip" if USER_DATA is not None else "no home folder, so no data folder: set VITLAB_DATA")
+
+
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
-    """Decoded-image caches go to a temporary folder, never the user's ~/.cache/vitlab."""
+    """Decoded-image caches go to a temporary folder, never the user's ~/.cache/vitlab; data sets are read from the
+    user's data folder (an empty one where there is none)."""
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path_factory.getbasetemp() / "vitlab-cache"))
+    monkeypatch.setenv("VITLAB_DATA", str(USER_DATA or tmp_path_factory.getbasetemp() / "no-data"))
+
+
+@pytest.fixture
+def no_cifar(tmp_path, monkeypatch):
+    """A machine without CIFAR-10, as a user's fresh clone is: an empty data folder (``VITLAB_DATA``, returned; not
+    made) and no shared copy beside the checkout."""
+    import vitlab.data
+
+    monkeypatch.setenv("VITLAB_DATA", str(tmp_path / "vitlab-data"))
+    monkeypatch.setattr(vitlab.data, "SHARED_CIFAR10", tmp_path / "no-shared" / "datasets" / "cifar10")
+    return tmp_path / "vitlab-data"
+
+
+class NetworkBlocked(OSError):
+    """A test tried to reach another machine (``_no_network``): an OSError, as an offline machine's failure is."""
+
+
+def _loopback(host) -> bool:
+    """Whether ``host`` (an address's host part, or a name) stays on this machine: localhost, a loopback or the
+    unspecified address (binding to all interfaces is no connection)."""
+    if host in (None, "", b"", "localhost", b"localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(host.decode() if isinstance(host, bytes) else str(host).split("%")[0])
+    except ValueError:  # a host name other than localhost
+        return False
+    return ip.is_loopback or ip.is_unspecified
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on, chosen by the OS (a test must never assume that a fixed port,
+    such as ``vitlab app``'s default 8866, is free)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_network(request, monkeypatch):
+    """No test reaches the network: a connection (or a name lookup) to anything but this machine is refused with
+    ``NetworkBlocked``, so the code under test sees an offline machine on every machine, and the test fails
+    afterwards naming the address. Child processes are not watched. The Hugging Face hub is this machine's port 9,
+    where nothing listens: ``vitlab.models.hub_reachable`` finds it unreachable without leaving the machine."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    tried = []
+
+    def refuse(what):
+        tried.append(what)
+        raise NetworkBlocked(f"a test must not reach the network: {what} refused (tests/conftest.py _no_network)")
+
+    def guarded(original):
+        def connect(sock, address, *rest):
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and not _loopback(address[0]):
+                refuse(f"connect to {address!r}")
+            return original(sock, address, *rest)
+        return connect
+
+    getaddrinfo = socket.getaddrinfo
+
+    def lookup(host, *args, **kwargs):
+        if not _loopback(host):
+            refuse(f"name lookup of {host!r}")
+        return getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded(socket.socket.connect))
+    monkeypatch.setattr(socket.socket, "connect_ex", guarded(socket.socket.connect_ex))
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    yield
+    if tried:
+        pytest.fail(f"{request.node.nodeid} tried to reach the network: {'; '.join(tried)}", pytrace=False)
 
 
 def tiny_vit(**overrides) -> torch.nn.Module:

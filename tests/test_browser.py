@@ -8,25 +8,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+from conftest import free_port
 
 from vitlab.static import find_chromium
 
 CHROMIUM = find_chromium()
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium)")]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_http(url: str, timeout: float) -> None:
@@ -51,7 +45,7 @@ def test_layer_slider_changes_the_heatmap_in_chromium(tmp_path):
     playwright = pytest.importorskip("playwright.sync_api")
     from vitlab.app import serve, stop
 
-    port = _free_port()
+    port = free_port()
     proc = serve(port=port, num_images=2)
     try:
         _wait_http(f"http://127.0.0.1:{port}/", 120)
@@ -89,7 +83,7 @@ def test_layer_slider_changes_the_heatmap_in_chromium(tmp_path):
 
 
 def test_sigterm_stops_vitlab_app_and_its_server():
-    port = _free_port()
+    port = free_port()
     app = subprocess.Popen([sys.executable, "-m", "vitlab.cli", "app", "--port", str(port), "--num-images", "1"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

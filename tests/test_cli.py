@@ -470,48 +470,49 @@ def _fake_serve(monkeypatch, started: list) -> None:
 def test_app_checks_the_model_and_the_image_count_before_starting_voila(tmp_path, checkpoint, monkeypatch, capsys):
     """A missing model, a model without attention or an image count the model has no images for fail on the command
     line with exit status 1 (they failed only in the browser); a good one reaches the server with its settings."""
-    from conftest import tiny_bit
+    from conftest import free_port, tiny_bit
 
     import vitlab.app
 
-    started = []
+    started, port = [], str(free_port())  # the default 8866 may be another program's
 
     _fake_serve(monkeypatch, started)
-    assert main(["app", "--model", str(tmp_path / "missing")]) == 1
+    assert main(["app", "--port", port, "--model", str(tmp_path / "missing")]) == 1
     assert f"{tmp_path / 'missing'} does not exist" in capsys.readouterr().err
-    assert main(["app", "--model", "vit_tinyy_patch16_224"]) == 1
+    assert main(["app", "--port", port, "--model", "vit_tinyy_patch16_224"]) == 1
     assert "neither a file nor a timm model name" in capsys.readouterr().err
     cnn = vitlab.save_checkpoint(tiny_bit(), tmp_path / "cnn")
-    assert main(["app", "--model", str(cnn)]) == 1
+    assert main(["app", "--port", port, "--model", str(cnn)]) == 1
     assert "has no self-attention for the explorer to show" in capsys.readouterr().err
-    assert main(["app", "--model", str(checkpoint), "--num-images", "129"]) == 1
+    assert main(["app", "--port", port, "--model", str(checkpoint), "--num-images", "129"]) == 1
     err = capsys.readouterr().err
     assert "--num-images 129" in err and "at most 128" in err
     with pytest.raises(SystemExit):  # refused when the arguments are parsed
         main(["app", "--model", str(checkpoint), "--num-images", "0"])
     assert "argument --num-images: expected at least 1, got 0" in capsys.readouterr().err
     assert not started
-    assert main(["app", "--model", str(checkpoint), "--num-images", "128", "--port", "9999"]) == 0
-    assert started == [(str(checkpoint), {"port": 9999, "open_browser": False, "num_images": 128, "pretrained": True,
-                                          "weights": None})]
+    assert main(["app", "--model", str(checkpoint), "--num-images", "128", "--port", port]) == 0
+    assert started == [(str(checkpoint), {"port": int(port), "open_browser": False, "num_images": 128,
+                                          "pretrained": True, "weights": None})]
 
 
 def test_app_takes_a_timm_name_offline_with_random_or_local_weights(tmp_path, monkeypatch, capsys):
     """`vitlab app --model <timm name>` offline told the user to pass --no-pretrained or --weights, which `vitlab app`
     did not accept: a timm model could not be explored without the hub. Both now reach the check and the kernel."""
     import timm
+    from conftest import free_port
     from safetensors.torch import save_file
 
     import vitlab.app
 
-    serve, started = vitlab.app.serve, []
+    serve, started, port = vitlab.app.serve, [], str(free_port())  # the default 8866 may be another program's
 
     _fake_serve(monkeypatch, started)
-    assert main(["app", "--model", "vit_tiny_patch16_224", "--no-pretrained", "--num-images", "2"]) == 0
+    assert main(["app", "--port", port, "--model", "vit_tiny_patch16_224", "--no-pretrained", "--num-images", "2"]) == 0
     assert started[-1][1]["pretrained"] is False
     weights = tmp_path / "w.safetensors"
     save_file(timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3).state_dict(), weights)
-    assert main(["app", "--model", "vit_tiny_patch16_224", "--weights", str(weights), "--num-images", "2"]) == 0
+    assert main(["app", "--port", port, "--model", "vit_tiny_patch16_224", "--weights", str(weights), "--num-images", "2"]) == 0
     assert started[-1][1]["weights"] == str(weights)
     seen = {}
     monkeypatch.setattr(subprocess, "Popen", lambda cmd, env, start_new_session: seen.update(env=env))

@@ -67,7 +67,7 @@ def test_a_compiled_run_trains_the_model_an_eager_run_trains(tmp_path, data, fol
     if distilled:  # the teacher's forward is compiled too (a random CNN: its decisions are the targets)
         torch.manual_seed(1)
         save_checkpoint(vitlab.build_model(CifarNetConfig(widths=(8, 16, 16), num_classes=3)), tmp_path / "teacher")
-        cfg = dataclasses.replace(CFG, model=dataclasses.replace(CFG.model, distilled=True),
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, distilled=True),
                                   teacher=str(tmp_path / "teacher"), distill_tta=1)
     eager = train(cfg, tmp_path / "eager", progress=False, train_data=train_data, test_data=test_data, compile=False)
     torch._dynamo.reset()  # nothing compiled before: the run below must compile its own graphs

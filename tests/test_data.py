@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 from _reference import make_folder
+from conftest import needs_cifar10
 from PIL import Image
 
 from vitlab.augment import alternating_flips, random_crop_flip, shrink
 from vitlab.data import (
-    SHARED_CIFAR10,
     DataError,
     k_shot_indices,
     load_image_folder,
@@ -648,7 +648,7 @@ def test_sample_images_shipped_with_scikit_learn():
     assert imgs[0][1].shape == (427, 640, 3) and imgs[0][1].dtype == np.uint8
 
 
-@pytest.mark.skipif(not (SHARED_CIFAR10 / "test.zip").is_file(), reason="../shared CIFAR-10 not present")
+@needs_cifar10
 def test_shared_cifar10_test_split():
     from vitlab.data import load_cifar
 

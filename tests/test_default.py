@@ -7,10 +7,10 @@ import json
 import pytest
 import timm
 import torch
+from conftest import needs_cifar10
 from safetensors.torch import load_file
 
 import vitlab
-from vitlab.data import SHARED_CIFAR10
 from vitlab.models import DEFAULT_CHECKPOINT
 
 shipped = pytest.mark.skipif(not (DEFAULT_CHECKPOINT / "model.safetensors").is_file(),
@@ -51,7 +51,7 @@ def test_the_defaults_teacher_is_shipped_and_its_card_agrees():
 
 @shipped
 @pytest.mark.slow
-@pytest.mark.skipif(not (SHARED_CIFAR10 / "test.zip").is_file(), reason="../shared CIFAR-10 not present")
+@needs_cifar10
 def test_default_reproduces_card_accuracy():
     from vitlab.data import load_cifar
     from vitlab.export import timm_pipeline_accuracy
@@ -97,7 +97,7 @@ def test_other_shipped_checkpoints_load_with_honest_cards(folder, command, data)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (SHARED_CIFAR10 / "test.zip").is_file(), reason="../shared CIFAR-10 not present")
+@needs_cifar10
 @pytest.mark.parametrize("folder", ["bit_cifar10", "resnet_cifar10_fast", "resnet_cifar10_wide"])
 def test_shipped_cifar_models_reproduce_card_accuracy(folder):
     from vitlab.data import load_cifar
@@ -115,7 +115,7 @@ def test_shipped_cifar_models_reproduce_card_accuracy(folder):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (SHARED_CIFAR10 / "test.zip").is_file(), reason="../shared CIFAR-10 not present")
+@needs_cifar10
 def test_shipped_mpp_encoder_reproduces_its_card():
     from vitlab.data import load_cifar
     from vitlab.mpp import load_mpp

@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import needs_cifar10
 
 import vitlab
-from vitlab.data import SHARED_CIFAR10, load_dataset
+from vitlab.data import load_dataset
 from vitlab.images import CIFAR_SAMPLE, cifar_test_sample, default_images, model_transform
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "data" / "checkpoints"
@@ -24,7 +25,7 @@ def test_cifar_sample_is_class_balanced_interleaved_and_small():
     assert CIFAR_SAMPLE.stat().st_size < 500_000
 
 
-@pytest.mark.skipif(not (SHARED_CIFAR10 / "test.zip").is_file(), reason="../shared CIFAR-10 not present")
+@needs_cifar10
 def test_cifar_sample_equals_the_test_split_at_its_index():
     test = load_dataset("cifar10", "test")
     with np.load(CIFAR_SAMPLE) as z:

@@ -13,7 +13,7 @@ from typing import Literal, get_args
 from vitlab.shipped import data_path
 
 __all__ = ["DEVICE_HELP", "Readout", "READOUTS", "READOUT_NAMES", "MPP_TARGETS", "DEFAULT_CHECKPOINT", "DEFAULT_L2",
-           "CACHE_KINDS"]
+           "CACHE_KINDS", "PUBLIC_DATASETS"]
 
 DEVICE_HELP = "cpu, cuda or cuda:N (default: cuda when available)"
 
@@ -36,3 +36,6 @@ DEFAULT_L2 = 2.0**10
 
 #: The caches ``vitlab cache`` lists and prunes (``vitlab.cache_admin.KINDS``)
 CACHE_KINDS: tuple[str, ...] = ("images", "features")
+
+#: The public data sets read by name that ``vitlab data NAME`` fetches (``vitlab.data.CIFAR_FOLDERS``)
+PUBLIC_DATASETS: tuple[str, ...] = ("cifar10", "cifar100")

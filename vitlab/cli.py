@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 # torch-free: the parser is built (--help, an argument error) without loading torch or timm; each command imports
 # what it needs itself, inside main's handling of errors and Ctrl-C
-from vitlab.choices import CACHE_KINDS, DEVICE_HELP, READOUTS
+from vitlab.choices import CACHE_KINDS, DEVICE_HELP, PUBLIC_DATASETS, READOUTS
 from vitlab.train_config import PRESETS
 
 if TYPE_CHECKING:
@@ -583,6 +583,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    from vitlab.data import fetch_cifar
+
+    where, fetched = fetch_cifar(args.name)
+    print(f"{args.name}: downloaded into {where}" if fetched else f"{args.name}: already here, read from {where}")
+    return 0
+
+
 def _size_words(n: int) -> str:
     """Bytes in decimal units (``154.0 MB``), as ``du -h --si`` and the README count them."""
     if n < 1000:
@@ -852,6 +860,15 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--all", action="store_true", help="remove every entry of the chosen kinds")
     pp.add_argument("--kind", choices=CACHE_KINDS, help="only this cache (default: both)")
     pp.add_argument("--dry-run", action="store_true", help="remove nothing: list what would be removed")
+
+    sp = sub.add_parser("data", help="fetch a public data set (CIFAR-10) into the data folder, where `cifar10` is "
+                                     "read from",
+                        description="The data folder is $VITLAB_DATA, else the cache root's datasets/ "
+                                    "(~/.cache/vitlab/datasets, or $VITLAB_CACHE/datasets); NAME goes into its NAME/ "
+                                    "folder. Needs the network (torchvision's downloader, checked by MD5); a data set "
+                                    "already readable here is not fetched again.")
+    sp.add_argument("name", choices=PUBLIC_DATASETS, metavar="NAME", help=f"one of {', '.join(PUBLIC_DATASETS)}")
+    sp.set_defaults(func=cmd_data)
     return p
 
 

@@ -30,11 +30,17 @@ __all__ = [
     "ImageArray",
     "portable_source",
     "DataError",
+    "DatasetMissing",
     "SkippedPathWarning",
     "load_image_folder",
     "check_same_classes",
     "load_splits",
     "load_cifar",
+    "data_dir",
+    "cifar_places",
+    "find_cifar",
+    "fetch_cifar",
+    "FETCH_COMMAND",
     "load_dataset",
     "base_dataset",
     "data_fingerprint",
@@ -51,6 +57,22 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 class DataError(ValueError):
     """A dataset could not be read; the message names the files and the fix."""
+
+
+class DatasetMissing(DataError):
+    """A public data set read by name (``cifar10``) is not on this machine and could not be fetched.
+
+    Fields: ``dataset`` (its name), ``looked_in`` (the folders searched, in order, as strings), ``fix`` (what makes
+    it readable: the command that fetches it, or where to put its files) and ``cause`` (why a download failed, e.g.
+    no network; None when no download was tried). The message says all of them."""
+
+    def __init__(self, dataset: str, looked_in: Sequence[str], fix: str, cause: str | None = None):
+        self.dataset, self.looked_in, self.fix, self.cause = dataset, tuple(looked_in), fix, cause
+        tried = f" and could not be downloaded ({cause})" if cause else ""
+        super().__init__(f"{dataset} is not on this machine (looked in {', '.join(self.looked_in)}){tried}: {fix}")
+
+    def __reduce__(self):  # picklable with its fields (a DataLoader worker or a Ray task re-raises it)
+        return type(self), (self.dataset, self.looked_in, self.fix, self.cause)
 
 
 #: what Pillow raises on a file it cannot decode: besides ``OSError`` (``UnidentifiedImageError``, a truncated file),
@@ -484,34 +506,115 @@ def _mixed_sizes(root: Path, split: str | None, images: list[np.ndarray], names:
             f"{call}, which resizes every image as it is read")
 
 
+#: the CIFAR-10 beside the checkout (``../shared/datasets/cifar10``, ImageFolder zips), where there is one: a place
+#: ``cifar_places`` looks after the data folder, never one a user has to provide
 SHARED_CIFAR10 = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "cifar10"
+#: torchvision's folder of extracted files, by data set (what ``vitlab data NAME`` leaves in its folder)
+CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+#: the command that fetches a public data set into ``data_dir()`` (``FETCH_COMMAND.format(name="cifar10")``)
+FETCH_COMMAND = "vitlab data {name}"
+
+
+def data_dir() -> Path:
+    """Where the public data sets read by name live (``data_dir() / "cifar10"``; ``vitlab data cifar10`` downloads
+    there): ``$VITLAB_DATA`` (a leading ``~`` is the home folder; set but empty counts as unset), else the
+    ``datasets`` folder of the cache root (``cache_dir()``: ``$VITLAB_CACHE`` or ``~/.cache/vitlab``). ``vitlab cache
+    prune`` never touches it. Raises ``RuntimeError`` as ``cache_dir`` does when there is no home folder."""
+    env = os.environ.get("VITLAB_DATA", "")
+    return Path(env).expanduser() if env else cache_dir() / "datasets"
+
+
+def cifar_places(name: str = "cifar10") -> list[Path]:
+    """The folders ``name`` (``cifar10``/``cifar100`` without a ``:ROOT``) is looked for in, in order:
+    ``data_dir() / name``, then for CIFAR-10 the shared copy beside the checkout (``SHARED_CIFAR10``)."""
+    return [data_dir() / name] + ([SHARED_CIFAR10] if name == "cifar10" else [])
+
+
+def _cifar_in(base: Path, name: str, split: str) -> Path | None:
+    """What ``split`` of ``name`` is read from in folder ``base``: ``{split}.zip`` or ``{split}/`` (ImageFolder
+    layout), else torchvision's extracted folder (``CIFAR_FOLDERS``); None when ``base`` holds none of them."""
+    if (base / f"{split}.zip").is_file():
+        return base / f"{split}.zip"
+    if (base / split).is_dir():
+        return base / split
+    tv = base / CIFAR_FOLDERS[name]
+    return tv if tv.is_dir() else None
+
+
+def find_cifar(name: str = "cifar10", split: str = "test") -> Path | None:
+    """The file or folder ``split`` of ``name`` is read from (the first of ``cifar_places`` that holds it), or None
+    when it is not on this machine; nothing is downloaded."""
+    if name not in CIFAR_FOLDERS:
+        raise DataError(f"unknown dataset {name!r}: use one of {sorted(CIFAR_FOLDERS)}")
+    return next((hit for base in cifar_places(name) if (hit := _cifar_in(base, name, split)) is not None), None)
+
+
+def _missing(name: str, cause: str | None = None) -> DatasetMissing:
+    dest = data_dir() / name
+    where = ("VITLAB_DATA chooses that folder's parent" if os.environ.get("VITLAB_DATA") else
+             f"VITLAB_DATA=DIR reads DIR/{name} instead")
+    fix = (f"run `{FETCH_COMMAND.format(name=name)}` while online (it downloads into {dest}), or put train.zip and "
+           f"test.zip (ImageFolder layout) or torchvision's {CIFAR_FOLDERS[name]}/ folder into {dest} ({where})")
+    return DatasetMissing(name, [str(p) for p in cifar_places(name)], fix, cause)
+
+
+def fetch_cifar(name: str = "cifar10") -> tuple[Path, bool]:
+    """Make ``name`` (``cifar10``/``cifar100``) readable by name: (the folder it is read from, whether it was
+    downloaded now). Already in one of ``cifar_places`` (both splits): that folder, nothing downloaded. Otherwise
+    torchvision's downloader fetches its archive into ``data_dir() / name`` (checked against torchvision's MD5,
+    then extracted). Raises ``DatasetMissing`` (with ``cause``) when the download fails, e.g. offline; the folders
+    it made for the download are removed again."""
+    hits = [find_cifar(name, split) for split in ("train", "test")]
+    if all(hits):
+        return hits[0].parent, False
+    dest = data_dir() / name
+    import shutil
+
+    import torchvision
+
+    cls = {"cifar10": torchvision.datasets.CIFAR10, "cifar100": torchvision.datasets.CIFAR100}[name]
+    created = [p for p in (dest, *dest.parents) if not p.exists()]
+    try:
+        cls(str(dest), train=True, download=True)  # one archive holds both splits
+    except Exception as e:  # noqa: BLE001 - offline downloads fail in many ways
+        if created:  # no empty folder (or half an archive) left where the next look would find nothing anyway
+            shutil.rmtree(created[-1], ignore_errors=True)
+        raise _missing(name, f"{type(e).__name__}: {e}") from e
+    return dest, True
 
 
 def load_cifar(name: str = "cifar10", split: str = "train", root: str | os.PathLike | None = None,
                download: bool = True, progress: bool = True) -> ImageArray:
-    """CIFAR-10/100 through torchvision (downloaded when online), or the ImageFolder zips in ``root``;
-    ``progress``: a bar while the JPEGs are decoded the first time."""
+    """CIFAR-10/100: from ``root`` when given (its ImageFolder zips or folders, else torchvision's files there,
+    downloaded into it when ``download``), otherwise from the first of ``cifar_places`` that holds it, downloaded
+    into ``data_dir()`` when it is nowhere and ``download`` (``fetch_cifar``). ``progress``: a bar while the JPEGs are
+    decoded the first time. Raises ``DatasetMissing`` when it is not here and cannot be (or must not be)
+    downloaded, ``DataError`` for a ``root`` that does not exist or an unknown name."""
     if split not in ("train", "test"):
         raise DataError(f"split must be 'train' or 'test', got {split!r}")
+    if name not in CIFAR_FOLDERS:
+        raise DataError(f"unknown dataset {name!r}: use cifar10, cifar100 or a folder/zip path")
     if root is not None and not Path(root).exists():  # a typo: never a download into a new folder of that name
         raise DataError(f"{name}:{root}: {root} does not exist: give the folder that holds train.zip/test.zip (or "
                         "torchvision's files), or leave ':ROOT' out")
-    # a root given is the only place looked at (then torchvision's files there): never the shared copy instead
-    candidates = [Path(root)] if root is not None else [SHARED_CIFAR10] if name == "cifar10" else []
-    for base in candidates:
-        z = base / f"{split}.zip"
-        if z.is_file():
-            return load_image_folder(z, progress=progress)
-        if (base / split).is_dir():
-            return load_image_folder(base / split, progress=progress)
+    # a root given is the only place looked at (then torchvision's files there): never the data folder instead
+    if root is None:
+        hit = find_cifar(name, split)
+        if hit is None and download:
+            fetch_cifar(name)
+            hit = find_cifar(name, split)
+        if hit is None:
+            raise _missing(name)
+    else:
+        hit = _cifar_in(Path(root), name, split)
+    tv_root = Path(root) if root is not None else hit.parent
+    if hit is not None and hit.name != CIFAR_FOLDERS[name]:
+        return load_image_folder(hit, progress=progress)
     import torchvision
 
-    cls = {"cifar10": torchvision.datasets.CIFAR10, "cifar100": torchvision.datasets.CIFAR100}.get(name)
-    if cls is None:
-        raise DataError(f"unknown dataset {name!r}: use cifar10, cifar100 or a folder/zip path")
-    tv_root = Path(root) if root is not None else cache_dir() / "torchvision"
+    cls = {"cifar10": torchvision.datasets.CIFAR10, "cifar100": torchvision.datasets.CIFAR100}[name]
     try:
-        ds = cls(str(tv_root), train=split == "train", download=download)
+        ds = cls(str(tv_root), train=split == "train", download=download and hit is None)
     except Exception as e:  # noqa: BLE001 - offline downloads fail in many ways
         raise DataError(
             f"could not read or download {name} into {tv_root} ({type(e).__name__}: {e}). Offline, pass root= a "
