@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -150,7 +151,18 @@ def test_a_folder_of_checkpoints_or_run_folders_stands_for_its_runs(tmp_path):
     assert recipe_runs([tmp_path / "seeds"]) == [str(b), str(a)]
     assert recipe_runs([tmp_path / "runs", str(a)]) == [str(c), str(a)]
     assert recipe_runs(["vit_base_patch16_224", str(a)]) == ["vit_base_patch16_224", str(a)]
-    with pytest.raises(ValueError):
-        recipe_runs([tmp_path / "seeds" / "notes"])  # holds no checkpoint
+    assert recipe_runs([tmp_path / "seeds" / "notes"]) == [str(tmp_path / "seeds" / "notes")]  # load_model's to refuse
     with pytest.raises(ValueError):
         recipe_runs([tmp_path / "seeds", str(a)])  # s1 twice
+
+
+def test_a_run_whose_verdict_carries_a_qualifier_leaves_the_recipe_no_reproduced():
+    """A run whose verdict depends on a convention or whose criterion failed a control (its qualifier) cannot be
+    outweighed by the other runs: the recipe's verdict is inconclusive, with the qualifier."""
+    if "qualifier" not in {f.name for f in dataclasses.fields(Verdict)}:
+        pytest.skip("Verdict records no qualifier here")
+    runs = [run(x, half=0.1) for x in (2.0, 2.1, 1.9)]
+    assert combine_runs(runs).verdict == "reproduced"
+    runs[1] = dataclasses.replace(runs[1], qualifier="depends on convention")
+    v = combine_runs(runs)
+    assert v.verdict == "inconclusive" and v.qualifier == "depends on convention" and v.interval[0] > 0

@@ -29,7 +29,13 @@ def checkpoint(tmp_path):
     return vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
 
 
-def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch):
+def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch, no_cifar, capsys):
+    """On a machine without CIFAR-10 (a user's fresh clone): every other figure, and the few-shot section saying the
+    command that fetches the data, in the page, in metrics.json's not_judged and on the console."""
+    import markupsafe
+
+    from vitlab.report.sections import FEW_SHOT
+
     out = tmp_path / "out"
     import vitlab.report
     from vitlab.report.render import PAGE_WIDTH
@@ -43,6 +49,7 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch):
     monkeypatch.setattr(vitlab.report, "render_html", keep_sections)
     assert main(["reproduce", "--model", str(checkpoint), "--out", str(out), "--num-images", "3", "--no-png",
                  "--no-shapes", "--quiet"]) == 0
+    console = capsys.readouterr().out
     text = (out / "metrics.json").read_text(encoding="utf-8")
     metrics = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in metrics.json"))  # strict JSON
     assert "tensor(" not in text and "array(" not in text  # numbers, not their str()
@@ -51,6 +58,13 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch):
     assert [p["image"] for p in metrics["predictions"]] == default_images(tiny_vit(), 3)[0] == [
         "airplane #0", "automobile #1", "bird #2"]
     assert {f["slug"] for f in metrics["figures"]} == FIGURES
+    # no CIFAR-10 here: the few-shot section stays, without a figure, and says how to get the data, once
+    [missing] = metrics["not_judged"]
+    assert (missing["section"], missing["finding"]) == ("few_shot", FEW_SHOT)
+    assert f"`vitlab data cifar10` while online (it downloads into {no_cifar / 'cifar10'})" in missing["reason"]
+    few_shot = next(f for f in metrics["figures"] if f["slug"] == "few_shot")
+    assert missing["reason"] in few_shot["ours"] and "download=True" not in text
+    assert f"not judged: {FEW_SHOT}: {missing['reason']}\n" in console
     for f in metrics["figures"]:
         assert f["paper"] and f["ours"]
         if f["slug"] != "scaling":  # drawn from the shipped sweep, not from this model
@@ -73,11 +87,33 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch):
     assert "plotly" in page.lower() and "<script" in page  # plotly embedded: opens offline
     assert all(f"id='{slug}'" in page for slug in FIGURES)
     assert page.count("class=\"badge") >= 2 * len(metrics["verdicts"])  # in the summary table and under the figure
+    assert page.count('class="badge not-judged"') == 1 and str(markupsafe.escape(missing["reason"])) in page
     assert '"model_info"' not in page and "{&#34;" not in page  # no raw JSON on the page
     assert metrics["png"] == "not asked for" and not list(out.glob("*.png"))
     # every figure fits the page's text width (the two-panel scaling figure was 1,400 px wide and cut off)
-    assert set(drawn) == FIGURES and f"max-width: {PAGE_WIDTH}px" in page
+    assert set(drawn) == FIGURES - {"few_shot"} and f"max-width: {PAGE_WIDTH}px" in page
     assert {slug: fig.layout.width for slug, fig in drawn.items() if fig.layout.width > PAGE_WIDTH} == {}
+
+
+def test_the_few_shot_section_probes_the_cifar10_in_the_data_folder(no_cifar, checkpoint):
+    """The section the stamped report shows without data, drawn from a small CIFAR-10 stand-in put where
+    `vitlab data cifar10` puts it (10 classes of 25 training and 5 test images in ImageFolder layout)."""
+    from _reference import make_folder
+
+    from vitlab.report import sections as S
+    from vitlab.report.render import PAGE_WIDTH
+
+    classes = tuple(f"class{i}" for i in range(10))
+    make_folder(no_cifar / "cifar10" / "train", n_per_class=25, size=32, classes=classes)
+    make_folder(no_cifar / "cifar10" / "test", n_per_class=5, size=32, classes=classes)
+    net = vitlab.load_model(str(checkpoint))
+    inp = S.Inputs(net, vitlab.model_info(net), [], None, [], {"images": "none"})
+    section = S.few_shot(inp, train_per_class=25, test_images=30)
+    assert section.not_judged == [] and section.figure is not None
+    assert section.figure.layout.width is None or section.figure.layout.width <= PAGE_WIDTH
+    assert set(section.metrics) == {"1", "5", "10", "25"}
+    assert all(0 <= m["mean"] <= 1 for m in section.metrics.values())
+    assert section.stamp["images"] == "250 CIFAR-10 training and 30 test images"
 
 
 def test_reproduce_scores_localisation_on_the_shipped_shapes_model(tmp_path, checkpoint):

@@ -579,6 +579,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
     verdicts = [Verdict.from_dict({k: v for k, v in d.items() if k != "section"}) for d in metrics["verdicts"]]
     print(verdict_table(verdicts))
+    for n in metrics.get("not_judged", []):  # what the report could not judge here, and how to change that
+        print(f"not judged: {n['finding']}: {n['reason']}")
     print(f"report: {out / 'report.html'}")
     return 0
 

@@ -66,7 +66,8 @@ def combine_runs(verdicts: Sequence[Verdict], subject: str | None = None) -> Ver
     ``verdict`` (``runs``), the runs' spread (``between_runs_sd``), the image part (``image_sd``),
     ``runs_against`` and ``interval_method``. It has no interval (inconclusive, ``details["no_interval"]`` says
     why) when a run has none, or when the runs agree exactly and their intervals have no width. A run measured on
-    random weights (``details["untrained"]``) makes the recipe's verdict inconclusive, as it does the run's.
+    random weights (``details["untrained"]``) makes the recipe's verdict inconclusive, as it does the run's, and
+    so does a run whose verdict carries a qualifier (where records have one) for a recipe that would be reproduced.
     """
     verdicts = list(verdicts)
     if not verdicts:
@@ -82,8 +83,8 @@ def combine_runs(verdicts: Sequence[Verdict], subject: str | None = None) -> Ver
     first = verdicts[0]
     t = first.threshold
     stats = [v.statistic for v in verdicts]
-    runs = [{"subject": v.subject, "statistic": v.statistic, "interval": list(v.interval), "verdict": v.verdict}
-            for v in verdicts]
+    runs = [{"subject": v.subject, "statistic": v.statistic, "interval": list(v.interval), "verdict": v.verdict,
+             **{k: getattr(v, k) for k in ("qualifier", "conventions") if getattr(v, k, None)}} for v in verdicts]
     against = sum(1 for x in stats if (x <= t if first.side == ">" else x >= t))
     missing = next((f"run {i} ({v.subject or 'no subject'}) has no interval: "
                     f"{v.details.get('no_interval', 'none could be computed')}"
@@ -116,9 +117,16 @@ def combine_runs(verdicts: Sequence[Verdict], subject: str | None = None) -> Ver
         subject = f"{n_units(n, 'runs')}: " + "; ".join(v.subject or f"run {i}" for i, v in enumerate(verdicts))
     out = make_verdict(first.finding, criterion, mean, interval, t, first.side, first.quantity, first.unit, details,
                        missing, subject=subject, n_runs=n)
-    if hasattr(first, "key"):  # the criterion id, where recorded
-        out = replace(out, key=first.key)
-    return replace(out, verdict="inconclusive") if details.get("untrained") else out
+    # what belongs to the criterion, not the run, where the records hold it: its id, where its threshold comes from,
+    # and its controls (the first run's); a run's qualifier (its verdict depends on a convention, or its criterion
+    # failed a control) is the recipe's too
+    carried = {k: getattr(first, k) for k in ("key", "threshold_source", "controls") if hasattr(first, k)}
+    if hasattr(first, "qualifier"):
+        carried["qualifier"] = "; ".join(dict.fromkeys(v.qualifier for v in verdicts if v.qualifier))
+    out = replace(out, **carried)
+    if details.get("untrained") or (carried.get("qualifier") and out.verdict == "reproduced"):
+        out = replace(out, verdict="inconclusive")
+    return out
 
 
 def _is_checkpoint(folder: Path) -> bool:
@@ -130,21 +138,15 @@ def _is_checkpoint(folder: Path) -> bool:
 def recipe_runs(specs: Sequence[str | os.PathLike]) -> list[str]:
     """The models that ``vitlab reproduce --model A --model B ...`` judges together: each spec as given, except a
     folder that is no checkpoint but holds checkpoint folders (directly, or as ``run/checkpoint`` of training run
-    folders), which stands for those, sorted by name. Duplicates are refused, and so is a folder that holds no
-    checkpoint (``ValueError`` naming it)."""
+    folders), which stands for those, sorted by name (any other spec is left to ``load_model`` to read or refuse).
+    A model given twice is refused (``ValueError`` naming it)."""
     out: list[str] = []
     for spec in specs:
         path = Path(spec)
-        if path.is_dir() and not _is_checkpoint(path):
-            found = sorted(p if _is_checkpoint(p) else p / "checkpoint" for p in path.iterdir()
-                           if _is_checkpoint(p) or _is_checkpoint(p / "checkpoint"))
-            if not found:
-                raise ValueError(f"--model {spec}: the folder is no checkpoint (no config.json and model.safetensors) "
-                                 "and holds none (as FOLDER/NAME/ or FOLDER/NAME/checkpoint/): pass checkpoint "
-                                 "folders, or a folder of them")
-            out += [str(p) for p in found]
-        else:
-            out.append(os.fspath(spec))
+        found = sorted(p if _is_checkpoint(p) else p / "checkpoint" for p in path.iterdir()
+                       if _is_checkpoint(p) or _is_checkpoint(p / "checkpoint")) \
+            if path.is_dir() and not _is_checkpoint(path) else []
+        out += [str(p) for p in found] if found else [os.fspath(spec)]
     seen: set[str] = set()
     for m in out:
         key = os.path.realpath(m) if Path(m).exists() else m

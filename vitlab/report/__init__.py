@@ -294,6 +294,8 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         "predictions": [] if pred["pred"] is None else  # none without a classifier head
         [{"image": n, "class": int(c), "probability": float(p)} for n, c, p in zip(names, pred["pred"], pred["prob"])],
         "verdicts": [{"section": s.slug, **v.to_dict()} for s in sections for v in s.verdicts],
+        "not_judged": [{"section": s.slug, "finding": what, "reason": why} for s in sections
+                       for what, why in s.not_judged],
         "figures": [{"slug": s.slug, "title": s.title, "paper": s.paper, "ours": s.ours, "stamp": s.stamp,
                      "stamp_line": stamp_line(s.stamp), "metrics": s.metrics,
                      "verdicts": [v.to_dict() for v in s.verdicts]} for s in sections],

@@ -52,7 +52,8 @@ def stamp_line(stamp: dict[str, Any]) -> str:
 
 
 def render_html(summary: dict[str, Any], sections: list[Section]) -> str:
-    """The report page: summary facts, the verdict table, then each section (plotly embedded once, offline)."""
+    """The report page: summary facts, the verdict table (then what was not judged, and why), then each section
+    (plotly embedded once, offline)."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
@@ -66,5 +67,6 @@ def render_html(summary: dict[str, Any], sections: list[Section]) -> str:
         rows.append({"slug": s.slug, "title": s.title, "figure_html": html, "paper": s.paper, "ours": s.ours,
                      "verdicts": [verdict_row(v, s.slug) for v in s.verdicts], "stamp_line": stamp_line(s.stamp)})
     verdicts = [verdict_row(v, s.slug) for s in sections for v in s.verdicts]
+    not_judged = [{"slug": s.slug, "finding": what, "reason": why} for s in sections for what, why in s.not_judged]
     return env.get_template("report.html.j2").render(summary=summary, sections=rows, verdicts=verdicts,
-                                                        page_width=PAGE_WIDTH)
+                                                        not_judged=not_judged, page_width=PAGE_WIDTH)

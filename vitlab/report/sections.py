@@ -65,6 +65,9 @@ class Section:
     stamp: dict[str, Any]
     verdicts: list[Verdict] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
+    #: what this section would have judged but could not here, with why: (what, reason) pairs, listed beside the
+    #: verdicts (the report's table, metrics.json's ``not_judged``, the console)
+    not_judged: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -496,22 +499,26 @@ def localisation(shapes_checkpoint: Path, versions: dict, n: int = 32,
 # ---------------------------------------------------------------------------------------------- §4.1
 
 
+#: what the few-shot section measures, as the verdict table names it when it was not run
+FEW_SHOT = "few-shot linear probe on CIFAR-10 (section 4.1)"
+
+
 def few_shot(inp: Inputs, train_per_class: int | None = None, test_images: int | None = None) -> Section:
     """The paper's few-shot probe on the model's features, on CIFAR-10 when it is readable here."""
-    from vitlab.data import DataError, load_cifar, nested_subsets
+    from vitlab.data import DataError, DatasetMissing, load_cifar, nested_subsets
     from vitlab.features import extract_features
     from vitlab.probe import DEFAULT_L2, few_shot_accuracy
 
     try:
-        # the shared copy, or torchvision's cached one; never a download in the middle of a report
+        # where `cifar10` is read from (vitlab.data.cifar_places); never a download in the middle of a report
         train, test = load_cifar("cifar10", "train", download=False), load_cifar("cifar10", "test", download=False)
     except DataError as e:
+        why = (f"CIFAR-10 is not on this machine (looked in {', '.join(e.looked_in)}): {e.fix}"
+               if isinstance(e, DatasetMissing) else f"CIFAR-10 could not be read: {str(e).splitlines()[0]}")
         return Section("few_shot", "Few-shot linear probe (section 4.1)", None,
                        "Section 4.1: few-shot accuracy from a regularised least-squares regression of frozen features "
-                       "to {-1, 1}^K targets.",
-                       f"Not run: no CIFAR-10 is readable here ({str(e).splitlines()[0]}). Online, torchvision "
-                       "downloads it; offline, put train.zip/test.zip in ImageFolder layout under shared/datasets/cifar10.",
-                       inp.stamp("none (the probe was not run)"))
+                       "to {-1, 1}^K targets.", f"Not run: {why}.", inp.stamp("none (the probe was not run)"),
+                       not_judged=[(FEW_SHOT, why)])
     small = inp.info.num_tokens <= 100  # 32 px models: cheap; large inputs: fewer images (CIFAR is upsampled)
     train_per_class = train_per_class or (100 if small else 30)
     test_images = test_images or (2000 if small else 500)
