@@ -455,3 +455,58 @@ def test_every_config_value_a_user_can_set_is_checked_when_loading(tmp_path, whe
     (d / "config.json").write_text(json.dumps(meta))
     with pytest.raises(ModelLoadError, match=key):
         vitlab.load_checkpoint(d)
+
+
+def test_a_full_disk_is_one_error_naming_the_checkpoint_and_the_space_needed(tmp_path, monkeypatch):
+    """A full disk ended train's checkpoints and capture --out in safetensors' raw SafetensorError traceback: a save
+    that cannot fit is refused before anything is written, and one that meets a full disk midway is a DiskFullError
+    naming the checkpoint (never its temporary folder) and the bytes needed; the previous checkpoint stays, and no
+    temporary folder is left."""
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    from safetensors import SafetensorError
+
+    from vitlab.errors import DiskFullError
+
+    model = tiny_vit()
+    first = vitlab.save_checkpoint(model, tmp_path / "ck", extra={"epoch": 1})
+    weights = sum(v.numel() * v.element_size() for v in model.state_dict().values())
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(DiskFullError) as e:
+        vitlab.save_checkpoint(model, first, extra={"epoch": 2})
+    assert (e.value.path, e.value.free, e.value.errno) == (str(first), 1000, errno.ENOSPC)
+    assert weights < e.value.needed < weights + 10_000
+    monkeypatch.undo()
+
+    def full(*args, **kwargs):  # the words safetensors' Rust writer uses for ENOSPC
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(vc, "save_file", full)
+    for save in (lambda: vitlab.save_checkpoint(model, first, extra={"epoch": 2}),
+                 lambda: vc.save_run_checkpoint(first, model, torch.optim.SGD(model.parameters(), lr=0.1), None,
+                                                {"epoch": 2})):
+        with pytest.raises(DiskFullError) as e:
+            save()
+        assert e.value.path == str(first) and e.value.needed >= weights and e.value.free is not None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    assert vitlab.load_checkpoint(first).vitlab_checkpoint["epoch"] == 1
+
+
+def test_a_full_disk_in_an_atomic_write_names_the_file(tmp_path, monkeypatch):
+    """capture --out and the other single-file outputs: ENOSPC from the writer is a DiskFullError naming the file
+    asked for, with nothing left behind."""
+    import errno
+
+    from vitlab.atomic import atomic_write
+    from vitlab.errors import DiskFullError
+
+    def write(tmp):
+        raise OSError(errno.ENOSPC, "No space left on device", tmp)
+
+    with pytest.raises(DiskFullError) as e:
+        atomic_write(tmp_path / "maps.safetensors", write, needed=123)
+    assert (e.value.path, e.value.needed) == (str(tmp_path / "maps.safetensors"), 123)
+    assert list(tmp_path.iterdir()) == []

@@ -310,3 +310,39 @@ def test_the_cards_data_line_is_sentences_for_any_record():
     assert _data_line({"train": "t.zip", "test": "v.zip", "train_examples": 50000}) == (
         "trained on `t.zip` (50,000 images); evaluated during training on `v.zip`")
     assert _data_line({"test": "v.zip", "note": "x"}) == "evaluated during training on `v.zip`; note: x"
+
+
+def test_a_full_disk_stops_the_export_and_no_card_names_a_temporary_path(tmp_path, two_class_folder, monkeypatch,
+                                                                           capsys):
+    """With the disk full while the learning curve was drawn, export exited 0 without learning_curve.png and its card
+    blamed kaleido, recording the staging folder's absolute temporary path: a full disk is now one DiskFullError
+    line naming --out and exit status 1, with no folder written; another drawing failure is recorded on the card by
+    the folder's name, never by the temporary path."""
+    import errno
+
+    import plotly.io as pio
+
+    from vitlab import static
+    from vitlab.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    train(dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=1, bf16=False), tmp_path / "run",
+          progress=False)
+    monkeypatch.setattr(static, "find_chromium", lambda: "/usr/bin/chromium")
+
+    def full(figures, paths, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", paths[0])
+
+    monkeypatch.setattr(pio, "write_images", full)
+    args = ["export", "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--command-line", "x"]
+    capsys.readouterr()
+    assert main(args) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("vitlab")]  # less the bars
+    assert len(err) == 1 and "DiskFullError" in err[0] and str(tmp_path / "out") in err[0] and ".tmp." not in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no --out, no staging folder left
+
+    monkeypatch.setattr(pio, "write_images", lambda figures, paths, **kwargs: None)  # kaleido draws nothing
+    assert main(args) == 0
+    card = json.loads((tmp_path / "out" / "card.json").read_text())
+    assert card["learning_curve"].startswith("failed: RuntimeError: kaleido wrote no image for out/learning_curve")
+    assert ".tmp." not in (tmp_path / "out" / "MODEL_CARD.md").read_text() + json.dumps(card)

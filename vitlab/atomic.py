@@ -5,15 +5,66 @@ Used by checkpoints, training runs, the report, the sweep's outputs and the feat
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 __all__ = ["atomic_write", "atomic_write_text", "new_file_mode", "temp_dir_beside", "replace_dir", "refuse_foreign_dir",
-           "rmtree_quiet"]
+           "rmtree_quiet", "disk_full_named", "check_free_space", "is_disk_full"]
+
+#: what safetensors' Rust writer says of a full disk (its SafetensorError carries no errno)
+_DISK_FULL_WORDS = ("os error 28", "No space left on device", "StorageFull", "os error 122", "Disk quota exceeded")
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether ``e`` says the disk (or the user's quota) is full: an ``OSError`` with ``ENOSPC`` or ``EDQUOT``, or a
+    safetensors ``SafetensorError`` whose message says so."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return type(e).__name__ == "SafetensorError" and any(w in str(e) for w in _DISK_FULL_WORDS)
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """The bytes free to this user on the disk that holds ``path`` (or its nearest existing folder above); None where
+    that cannot be read."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def check_free_space(path: str | os.PathLike, needed: int) -> None:
+    """Refuse, before anything is written, a write of ``needed`` bytes to ``path`` that the disk has no room for: a
+    ``DiskFullError`` naming the path, the bytes needed and the bytes free."""
+    from vitlab.errors import DiskFullError
+
+    free = free_bytes(path)
+    if free is not None and needed > free:
+        raise DiskFullError(str(path), needed, free)
+
+
+@contextlib.contextmanager
+def disk_full_named(path: str | os.PathLike, needed: int | None = None) -> Iterator[None]:
+    """Turn a full disk met inside the block (``is_disk_full``: an ``OSError`` ENOSPC, safetensors' own error) into
+    one ``DiskFullError`` naming ``path`` (what the user asked for, never a temporary name), ``needed`` bytes and
+    the bytes free. An inner ``DiskFullError`` is renamed to ``path`` the same way."""
+    from vitlab.errors import DiskFullError
+
+    try:
+        yield
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        needed = getattr(e, "needed", None) or needed
+        raise DiskFullError(str(path), needed, free_bytes(path)) from None
 
 
 def refuse_foreign_dir(directory: Path, is_ours: Callable[[Path], bool], writer: str, earlier: str,
@@ -46,20 +97,24 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Path:
+def atomic_write(path: str | os.PathLike, write: Callable[[str], object], needed: int | None = None) -> Path:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, then move it into place in one step:
-    readers see the old file or the new one, never a half-written one; on error nothing is left behind."""
+    readers see the old file or the new one, never a half-written one; on error nothing is left behind. A full disk
+    is a ``DiskFullError`` naming ``path``; with ``needed`` (bytes) it is refused before anything is written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if needed is not None:
+        check_free_space(path, needed)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:  # named by the file asked for, not the temporary name (a read-only folder)
         raise type(e)(e.errno, e.strerror, str(path)) from None
     os.close(fd)
     try:
-        write(tmp)
-        os.chmod(tmp, new_file_mode())  # mkstemp makes 0600; the result should read like any new file
-        _fsync(Path(tmp))  # on disk before the rename makes it the file: a power loss leaves old or new, not empty
+        with disk_full_named(path, needed):
+            write(tmp)
+            os.chmod(tmp, new_file_mode())  # mkstemp makes 0600; the result should read like any new file
+            _fsync(Path(tmp))  # on disk before the rename makes it the file: a power loss leaves old or new, not empty
         os.replace(tmp, path)
         _fsync(path.parent)
     finally:

@@ -16,7 +16,16 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from vitlab.atomic import new_file_mode, recover_dir, refuse_foreign_dir, replace_dir, rmtree_quiet, temp_dir_beside
+from vitlab.atomic import (
+    check_free_space,
+    disk_full_named,
+    new_file_mode,
+    recover_dir,
+    refuse_foreign_dir,
+    replace_dir,
+    rmtree_quiet,
+    temp_dir_beside,
+)
 from vitlab.errors import ModelLoadError, WeightsMismatchError
 from vitlab.modes import unwrapped
 from vitlab.provenance import versions
@@ -73,17 +82,26 @@ def save_checkpoint(
                          "plain name")
     text = _meta_json(model, cfg, extra)
     state = _state_for_saving(model, dtype)
+    states = {name: _state_for_saving(module, dtype) for name, module in (modules or {}).items()}
+    needed = _tensor_bytes(state, *states.values()) + len(text.encode())
+    check_free_space(directory, needed)  # before anything is written: the previous checkpoint stays as it is
     tmp = temp_dir_beside(directory)  # a folder like any new one: 0777 less the umask, not mkdtemp's private 0700
     try:
-        save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-        for name, module in (modules or {}).items():
-            save_file(_state_for_saving(module, dtype), str(tmp / f"{name}.safetensors"), metadata={"format": "pt"})
-        _as_new_files(tmp)
-        (tmp / CONFIG_NAME).write_text(text, encoding="utf-8")
+        with disk_full_named(directory, needed):  # a full disk names the checkpoint, not the temporary folder
+            save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+            for name, module_state in states.items():
+                save_file(module_state, str(tmp / f"{name}.safetensors"), metadata={"format": "pt"})
+            _as_new_files(tmp)
+            (tmp / CONFIG_NAME).write_text(text, encoding="utf-8")
         replace_dir(tmp, directory)
     finally:
         rmtree_quiet(tmp)  # gone already after a successful swap
     return directory
+
+
+def _tensor_bytes(*states: dict[str, torch.Tensor]) -> int:
+    """The bytes the tensors of ``states`` take in safetensors files (their data; each header adds a few kB)."""
+    return sum(v.numel() * v.element_size() for state in states for v in state.values())
 
 
 def _as_new_files(folder: Path) -> None:
@@ -382,19 +400,19 @@ def save_run_checkpoint(directory: str | os.PathLike, model: nn.Module, opt: tor
     ``NAME.safetensors`` per entry of ``modules`` (training-only parts beside the model, e.g. an objective's head)."""
     directory = Path(directory)
     check_replaceable(directory)  # it replaces the whole folder: only an earlier checkpoint's, or a new one
+    tensors, meta = _flatten_optimizer(opt)
+    parts = {"optimizer": tensors, **({"ema": _state_for_saving(ema, None)} if ema is not None else {}),
+             **{name: _state_for_saving(module, None) for name, module in (modules or {}).items()}}
+    needed = _tensor_bytes(unwrapped(model).state_dict(), *parts.values())
+    check_free_space(directory, needed)  # before anything is written: the previous checkpoint stays resumable
     tmp = temp_dir_beside(directory)  # a failure to make it names the checkpoint, not the temporary folder
     try:
-        ck = save_checkpoint(model, tmp / directory.name, extra=extra)
-        tensors, meta = _flatten_optimizer(opt)
-        save_file(tensors, str(ck / "optimizer.safetensors"))
-        (ck / "optimizer.json").write_text(json.dumps(meta), encoding="utf-8")
-        if ema is not None:
-            save_file({k: v.detach().cpu().contiguous() for k, v in ema.state_dict().items()},
-                      str(ck / "ema.safetensors"))
-        for name, module in (modules or {}).items():
-            save_file({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()},
-                      str(ck / f"{name}.safetensors"))
-        _as_new_files(ck)
+        with disk_full_named(directory, needed):  # a full disk names the checkpoint, not the temporary folder
+            ck = save_checkpoint(model, tmp / directory.name, extra=extra)
+            for name, state in parts.items():
+                save_file(state, str(ck / f"{name}.safetensors"))
+            (ck / "optimizer.json").write_text(json.dumps(meta), encoding="utf-8")
+            _as_new_files(ck)
         replace_dir(ck, directory)
     finally:
         rmtree_quiet(tmp)

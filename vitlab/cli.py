@@ -560,8 +560,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
         pass
     else:
         meta.update(prefix_tokens=json.dumps(list(info.prefix_kinds)), grid=json.dumps(list(info.grid_size)))
-    atomic_write(args.out, lambda tmp: save_file({"attention": maps.contiguous()}, tmp,
-                                                 metadata=meta))  # never half a file
+    atomic_write(args.out, lambda tmp: save_file({"attention": maps.contiguous()}, tmp, metadata=meta),
+                 needed=maps.numel() * maps.element_size())  # never half a file; a full disk told before writing
     print(f"wrote {args.out}: attention {tuple(maps.shape)} (L, B, H, Q, T) for {len(names)} "
           f"image{'' if len(names) == 1 else 's'}")
     return 0

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from vitlab.atomic import replace_dir, rmtree_quiet, temp_dir_beside
+from vitlab.atomic import disk_full_named, replace_dir, rmtree_quiet, temp_dir_beside
 from vitlab.card import card_series, card_text
 from vitlab.checkpoint import (
     RUN_ID,
@@ -140,11 +140,12 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
     check_replaceable(out)  # before the work: a folder that is not a checkpoint is never replaced
     staging = temp_dir_beside(out)  # a failure to make it names --out, not the temporary folder
     try:  # weights, head, card and curve are built beside ``out`` and swapped in together, or not at all
-        tmp_out = save_checkpoint(model, staging / out.name, dtype=dtype, modules=modules, extra={
-            "epoch": meta["epoch"], "train": train_cfg, "metrics": meta.get("metrics"), "data": meta.get("data"),
-            "environment": meta.get("environment"), "train_seconds": meta.get("train_seconds")})
-        facts = _measure_and_describe(run, meta, train_cfg, tmp_out, out, test, command, dtype, hardware, goal,
-                                      is_mpp, modules)
+        with disk_full_named(out):  # a full disk names --out, never the staging folder, and stops the export
+            tmp_out = save_checkpoint(model, staging / out.name, dtype=dtype, modules=modules, extra={
+                "epoch": meta["epoch"], "train": train_cfg, "metrics": meta.get("metrics"), "data": meta.get("data"),
+                "environment": meta.get("environment"), "train_seconds": meta.get("train_seconds")})
+            facts = _measure_and_describe(run, meta, train_cfg, tmp_out, out, test, command, dtype, hardware, goal,
+                                          is_mpp, modules)
         replace_dir(tmp_out, out)
     finally:
         rmtree_quiet(staging)
@@ -219,7 +220,9 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
 
     facts["path"] = _portable(str(Path(out).absolute()))
     facts["is_default"] = out.resolve() == Path(DEFAULT_CHECKPOINT).resolve()
-    facts["learning_curve"] = _learning_curve(history, tmp_out / "learning_curve.png", facts, goal, out.name)
+    # the outcome as the card records it: the folder by its name, never the staging folder's temporary path
+    facts["learning_curve"] = _learning_curve(history, tmp_out / "learning_curve.png", facts, goal,
+                                              out.name).replace(str(tmp_out), out.name)
     (tmp_out / CARD_NAME).write_text(card_text(facts, train_cfg, history, shipped), encoding="utf-8")
     (tmp_out / "card.json").write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
     return facts

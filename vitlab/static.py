@@ -50,9 +50,10 @@ def chromium_for_export(browser: str) -> Iterator[str]:
 def write_images(figures: Sequence[object], paths: Sequence[str | os.PathLike], scale: float = 1.0) -> str:
     """Write each plotly figure to its path (.png, .svg, ... by suffix) when a Chromium is found.
 
-    Returns what happened, one line (for metrics and logs): written, skipped (and why) or failed. Each image is drawn
-    into a temporary file beside its path and all are moved into place once every one is drawn: on failure (or an
-    interrupt) no partial image is left behind and a file already at a path stays as it was."""
+    Returns what happened, one line (for metrics and logs): written, skipped (and why) or failed; a full disk is no
+    such outcome but a ``DiskFullError`` naming the first path. Each image is drawn into a temporary file beside its
+    path and all are moved into place once every one is drawn: on failure (or an interrupt) no partial image is left
+    behind and a file already at a path stays as it was."""
     browser = find_chromium()
     if browser is None:
         return f"skipped: {no_chromium_reason()}"
@@ -81,5 +82,10 @@ def write_images(figures: Sequence[object], paths: Sequence[str | os.PathLike], 
             t.unlink(missing_ok=True)
         if not isinstance(e, Exception):
             raise
+        from vitlab.atomic import disk_full_named, is_disk_full
+
+        if is_disk_full(e):  # no room: the caller's other outputs would not fit either, so not a figure's failure
+            with disk_full_named(paths[0]):
+                raise
         return f"failed: {type(e).__name__}: {e}"  # a broken browser must not cost the caller its other outputs
     return f"written with {browser}"
