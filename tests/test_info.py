@@ -260,3 +260,18 @@ def test_a_vit_vitlab_cannot_read_is_not_said_to_have_no_attention(tmp_path, mon
         with pytest.raises(ValueError, match=words):
             R.reproduce("m", out=tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_vitlab_info_and_the_report_name_the_architecture_alike(tmp_path, capsys):
+    """`vitlab info` said 'vitlab_vit' where the report's facts said 'VisionTransformer (...)' of the same model."""
+    from vitlab.cli import main
+    from vitlab.info import architecture_words
+    from vitlab.report import _summary
+
+    ck = vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
+    assert main(["info", "--model", str(ck)]) == 0
+    rows = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    net = vitlab.load_model(str(ck))
+    facts = dict(_summary(net, model_info(net), str(ck), "w", "images", 1)["facts"])
+    assert rows["architecture"] == architecture_words(net, model_info(net)) == "vitlab_vit (VisionTransformer)"
+    assert facts["architecture"].split(": ")[0] == rows["architecture"]

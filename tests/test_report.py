@@ -95,6 +95,46 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch, no
     assert {slug: fig.layout.width for slug, fig in drawn.items() if fig.layout.width > PAGE_WIDTH} == {}
 
 
+def test_reproduce_moves_its_bar_within_long_steps_and_says_when_pngs_were_skipped(tmp_path, checkpoint,
+                                                                                  monkeypatch, capsys):
+    """The bar advances as each map method begins (the maps step sat still for minutes on 128 images), naming it;
+    and without a Chromium the console says the static figures were not written, and why (not only metrics.json)."""
+    import vitlab.report
+    from vitlab.inspect import ATTRIBUTION_METHODS
+
+    events = []
+
+    class Bar:  # records where the bar stands at each update, and what its label said
+        def __init__(self, *args, total=None, **kwargs):
+            self.total, self.n, self.label = total, 0, ""
+
+        def set_postfix_str(self, s):
+            self.label = s
+
+        def update(self, k=1):
+            self.n += k
+            events.append((self.label, self.n))
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(vitlab.report, "tqdm", Bar)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no Chromium on it
+    monkeypatch.delenv("BROWSER_PATH", raising=False)
+    out = tmp_path / "out"
+    assert main(["reproduce", "--model", str(checkpoint), "--out", str(out), "--num-images", "2", "--no-shapes",
+                 "--no-few-shot", "--no-scaling"]) == 0
+    methods = [*ATTRIBUTION_METHODS, "random map"]
+    maps = [(label, n) for label, n in events if label.startswith("maps")]
+    # one step per method begun after the first, then the step's end: each a part further on
+    assert [label for label, _ in maps] == [f"maps: {m}" for m in methods]
+    assert [n for _, n in maps] == list(range(maps[0][1], maps[0][1] + len(methods)))
+    assert events[-1][1] == 5 + len(methods)  # the other five steps count one part each: the bar ends full
+    png = json.loads((out / "metrics.json").read_text())["png"]
+    assert png.startswith("skipped: ")
+    assert f"not written: {png.removeprefix('skipped: ')}" in capsys.readouterr().out
+
+
 def test_the_few_shot_section_probes_the_cifar10_in_the_data_folder(no_cifar, checkpoint):
     """The section the stamped report shows without data, drawn from a small CIFAR-10 stand-in put where
     `vitlab data cifar10` puts it (10 classes of 25 training and 5 test images in ImageFolder layout)."""

@@ -17,7 +17,7 @@ from torch import nn
 from vitlab.checks import whole_index
 from vitlab.modes import unwrapped
 
-__all__ = ["ModelInfo", "model_info", "data_config"]
+__all__ = ["ModelInfo", "model_info", "data_config", "architecture_words"]
 
 
 def data_config(model: nn.Module) -> dict:
@@ -326,3 +326,10 @@ def _is_sincos_table(pos: torch.Tensor, grid: tuple[int, int]) -> bool:
         return False
     table = build_sincos2d_pos_embed(list(grid), dim=dim, device=pos.device).to(pos.dtype)
     return bool(torch.allclose(pos.detach()[0, -n:], table, atol=1e-5))
+
+
+def architecture_words(model: nn.Module, info: ModelInfo) -> str:
+    """The architecture as ``vitlab info`` and the report's facts both name it: the model's architecture name and
+    its class, e.g. ``vitlab_vit (VisionTransformerDistilled)``; the name alone where it is the class's."""
+    cls = type(unwrapped(model)).__name__
+    return info.architecture if info.architecture == cls else f"{info.architecture} ({cls})"

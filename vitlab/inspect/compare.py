@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -44,11 +44,13 @@ class MethodScores:
 
 def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | None = None, masks: Tensor | None = None,
                     methods: Sequence[str] = tuple(ATTRIBUTION_METHODS), steps: int = 16, sanity: bool = True,
-                    random_baseline: bool = True, seed: int = 0, progress: bool | None = None
-                    ) -> tuple[list[MethodScores], dict[str, Tensor]]:
+                    random_baseline: bool = True, seed: int = 0, progress: bool | None = None,
+                    on_method: Callable[[str], None] | None = None) -> tuple[list[MethodScores], dict[str, Tensor]]:
     """Scores per method (plus a random-map baseline) and the (B, gh, gw) maps, keyed by method.
 
     ``target`` (B,) classes or one class for every image, default the model's predictions; ``masks`` (B, H, W) adds localisation scores.
+    ``on_method``: called with each method's name (``"random map"`` last) as its work begins, for a caller's own
+    progress display (``vitlab reproduce``'s bar).
     """
     model = unwrapped(model)
     if isinstance(methods, str):  # one name, not a list: its letters are no method names
@@ -67,6 +69,8 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
     # the baseline and the curves' two ends (unchanged images, baseline) are the same for every map: made once
     faithfulness = deletion_insertion_scorer(model, images, target, steps=steps) if names else None
     for name in tqdm(names, desc="methods", disable=progress is False or (progress is None and len(names) < 3)):
+        if on_method is not None:
+            on_method(name)
         t0 = time.perf_counter()
         if name == "random map":
             g = torch.Generator().manual_seed(seed)
