@@ -27,7 +27,7 @@ import torch
 
 import vitlab
 from vitlab.atomic import atomic_write_text
-from vitlab.data import SHARED_CIFAR10, load_dataset, load_shapes
+from vitlab.data import find_cifar, load_dataset, load_shapes
 from vitlab.features import extract_features
 from vitlab.provenance import versions
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from vitlab.report import reproduce
 
-    data = load_dataset("cifar10", "test") if (SHARED_CIFAR10 / "test.zip").is_file() else load_shapes("test")
+    data = load_dataset("cifar10", "test") if find_cifar("cifar10", "test") else load_shapes("test")
     models = {"cpu": vitlab.load_model(None).float().eval(), "cuda": vitlab.load_model(None).float().eval().cuda()}
     feats: dict[str, list[float]] = {"cpu": [], "cuda": []}
     for dev, m in models.items():  # untimed: decoding, CUDA's start-up

@@ -3,8 +3,8 @@ features (time and accuracy), and feature extraction (images/s) against a plain 
 
     python benchmarks/probe_speed.py [--train 5000] [--test 2000]
 
-Model: the embedded default (ViT-Lite-7/4 on CIFAR-10). Data: the CIFAR-10 in ../shared when present (its
-features are what the probe is for), else the synthetic shapes.
+Model: the embedded default (ViT-Lite-7/4 on CIFAR-10). Data: CIFAR-10 when it is on this machine (its data folder
+or ../shared; its features are what the probe is for), else the synthetic shapes.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from sklearn.preprocessing import StandardScaler
 
 import vitlab
 from benchmarks._util import report
-from vitlab.data import SHARED_CIFAR10, k_shot_indices, load_dataset, load_shapes, nested_subsets
+from vitlab.data import find_cifar, k_shot_indices, load_dataset, load_shapes, nested_subsets
 from vitlab.features import extract_features, preprocess_uint8
 from vitlab.probe import FewShotRidge, linear_probe_accuracy
 
 
 def _data(n_train: int, n_test: int):
-    if (SHARED_CIFAR10 / "train.zip").is_file():
+    if find_cifar("cifar10", "train") and find_cifar("cifar10", "test"):
         tr, te, name = load_dataset("cifar10", "train"), load_dataset("cifar10", "test"), "cifar10"
     else:
         tr, te, name = load_shapes("train"), load_shapes("test"), "shapes"

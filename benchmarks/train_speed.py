@@ -50,7 +50,7 @@ from benchmarks._util import report
 from vitlab.augment import shrink
 from vitlab.checkpoint import save_checkpoint
 from vitlab.compiling import COMPILE_MIN_STEPS, compile_by_default
-from vitlab.data import SHARED_CIFAR10, ImageArray, load_dataset, load_shapes, normalize
+from vitlab.data import ImageArray, find_cifar, load_dataset, load_shapes, normalize
 from vitlab.distill import load_teacher
 from vitlab.modes import any_image_size, explicit_attention
 from vitlab.precision import use_bf16
@@ -91,7 +91,7 @@ GOAL_MFU = 0.40
 
 
 def _data(n: int) -> tuple[ImageArray, str]:
-    if (SHARED_CIFAR10 / "train.zip").is_file():
+    if find_cifar("cifar10", "train"):
         return load_dataset("cifar10", "train").subset(torch.randperm(50_000)[:n]), "cifar10"
     return load_shapes("train", n=n), "shapes"
 

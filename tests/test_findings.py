@@ -623,7 +623,7 @@ def test_a_printed_interval_never_rounds_onto_or_across_the_threshold():
     below = Verdict("Fig. 7 right: x", "c", 0.3, (0.1, 0.49996), 0.5, "not reproduced", quantity="spread")
     assert verdict_row(below)["statistic_text"] == "spread 0.3 [0.1, 0.49996]"
     assert "[0.5005, 0.9] > 0.5" in v.summary() and "[0.5005, 0.9] > 0.5" in verdict_table([v])
-    assert "[0.5005, 0.9], finding side > 0.5" in explain([v])
+    assert "[0.5005, 0.9] from one training run, finding side > 0.5" in explain([v])
     touching = Verdict("f", "c", 0.7, (0.5, 0.9), 0.5, "inconclusive")
     assert verdict_row(touching)["statistic_text"].endswith("[0.5, 0.9]")  # on the threshold: printed on it
     rng = np.random.default_rng(0)
@@ -647,8 +647,8 @@ def test_explain_gives_one_sentence_per_verdict_with_the_known_reason_and_wraps_
     open_ = Verdict("Fig. 3/4: ViT gains more from data than ResNet", "gap change > 0", -0.02, (-0.1, 0.05), 0.0,
                     "inconclusive", quantity="gap change")
     lines = explain([ok, open_]).split("\n")
-    assert lines[0] == ("Fig. 7 right: distance grows with depth: reproduced (slope 0.8, 95% interval [0.6, 1], "
-                        "finding side > 0).")
+    assert lines[0] == ("Fig. 7 right: distance grows with depth: reproduced (slope 0.8, 95% interval [0.6, 1] "
+                        "from one training run, finding side > 0).")
     assert lines[1].startswith("Fig. 3/4: ViT gains more from data than ResNet: inconclusive (gap change -0.02")
     assert lines[1].endswith("known reason: " + KNOWN_REASONS["Fig. 3/4"])
     wrapped = explain([ok, open_], width=60)

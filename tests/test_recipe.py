@@ -166,3 +166,79 @@ def test_a_run_whose_verdict_carries_a_qualifier_leaves_the_recipe_no_reproduced
     runs[1] = dataclasses.replace(runs[1], qualifier="depends on convention")
     v = combine_runs(runs)
     assert v.verdict == "inconclusive" and v.qualifier == "depends on convention" and v.interval[0] > 0
+
+
+# ---------------------------------------------------------------------------------------------- vitlab reproduce
+
+
+@pytest.fixture(scope="module")
+def three_seeds(tmp_path_factory, two_class_folder):
+    """Three training runs of the tiny preset (seeds 0, 1, 2; one epoch on the two-class folder) as run folders
+    under one folder: the companion issue's seeds in miniature."""
+    from vitlab.train import train
+    from vitlab.train_config import PRESETS, with_num_classes
+
+    root = tmp_path_factory.mktemp("recipe")
+    for seed in range(3):
+        cfg = dataclasses.replace(with_num_classes(PRESETS["tiny"], 2), data=str(two_class_folder), epochs=1,
+                                  seed=seed)
+        train(cfg, root / f"s{seed}", progress=False, device="cpu")
+    return root
+
+
+def test_reproduce_judges_a_recipe_from_its_runs(three_seeds, tmp_path, capsys):
+    """`vitlab reproduce --model FOLDER` with a folder of three training runs: every verdict measured on the model
+    covers the three runs (n_runs 3, each run's statistic in details), and each run's statistic is the one a report
+    of that run alone gives; the verdict is the recipe rule's on those records."""
+    from vitlab.cli import main
+    from vitlab.report import reproduce
+
+    out = tmp_path / "recipe"
+    assert main(["reproduce", "--model", str(three_seeds), "--out", str(out), "--num-images", "16", "--no-png",
+                 "--no-shapes", "--no-few-shot", "--no-scaling", "--quiet", "--device", "cpu"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    runs = [str(three_seeds / f"s{i}" / "checkpoint") for i in range(3)]
+    assert metrics["runs"] == runs
+    judged = [v for v in metrics["verdicts"] if v["section"] in ("filters", "positions", "distance")]
+    assert len(judged) >= 4 and all(v["n_runs"] == 3 and len(v["details"]["runs"]) == 3 for v in judged)
+    assert {v["subject"] for v in judged} == {"3 runs (s0/checkpoint, s1/checkpoint, s2/checkpoint), weights alone",
+                                              "3 runs (s0/checkpoint, s1/checkpoint, s2/checkpoint) on 16 CIFAR-10 "
+                                              "test images"}
+    t2 = student.ppf(0.975, 2)
+    for v in judged:  # the rule, recomputed from the runs' records in metrics.json
+        stats = np.array([r["statistic"] for r in v["details"]["runs"]])
+        assert v["statistic"] == pytest.approx(stats.mean(), rel=1e-12)
+        halves = [(r["interval"][1] - r["interval"][0]) / 2 for r in v["details"]["runs"] if None not in r["interval"]]
+        if len(halves) == 3:
+            se = math.sqrt(stats.var(ddof=1) / 3 + (np.mean(halves) / Z_95) ** 2)
+            assert v["interval"] == pytest.approx([stats.mean() - t2 * se, stats.mean() + t2 * se], rel=1e-9)
+            if not v.get("qualifier"):
+                assert v["verdict"] == decide(tuple(v["interval"]), v["threshold"], v["side"])
+        else:  # a run without an interval: the recipe has none
+            assert v["interval"] == [None, None] and v["verdict"] == "inconclusive"
+    # run s1 alone: the numbers its report gives are those the recipe's records hold for it
+    alone = json.loads((reproduce(model=runs[1], out=tmp_path / "one", num_images=16, png=False, shapes=False,
+                                  few_shot=False, scaling=False, progress=False, device="cpu")
+                        / "metrics.json").read_text())
+    single = {(v["section"], v["finding"]): v for v in alone["verdicts"]}
+    for v in judged:
+        one = single[v["section"], v["finding"]]
+        assert one["n_runs"] == 1 and one["subject"].startswith(runs[1])
+        assert v["details"]["runs"][1]["statistic"] == pytest.approx(one["statistic"], rel=1e-9)
+        assert v["details"]["runs"][1]["interval"] == pytest.approx(one["interval"], rel=1e-9)
+    assert alone["runs"] == [runs[1]]
+    table = capsys.readouterr().out
+    assert "3 seeds" in table and "3 runs (s0/checkpoint" in table
+
+
+def test_runs_of_another_shape_are_refused_before_any_work(three_seeds, tmp_path):
+    from conftest import tiny_vit
+
+    import vitlab
+    from vitlab.report import reproduce
+
+    other = vitlab.save_checkpoint(tiny_vit(), tmp_path / "other")  # 3 blocks against the tiny preset's 2
+    with pytest.raises(ValueError, match="depth"):
+        reproduce(model=[str(three_seeds / "s0" / "checkpoint"), str(other)], out=tmp_path / "out", png=False,
+                  progress=False, device="cpu")
+    assert not (tmp_path / "out").exists()

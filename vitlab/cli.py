@@ -149,10 +149,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(d, indent=2))
         return 0
-    from vitlab.info import architecture_words
-
-    arch = architecture_words(model, info) if info is not None else d["architecture"]  # as the report's facts
-    rows = [("model", args.model or "embedded default"), ("architecture", arch),
+    rows = [("model", args.model or "embedded default"), ("architecture", d["architecture"]),
             ("parameters", f"{params:,}"), ("weights", source)]
     if card:
         rows.append(("model card", card_line(card)))
@@ -571,10 +568,12 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
+    from vitlab.recipe import recipe_runs
     from vitlab.report import reproduce
     from vitlab.verdict import Verdict, verdict_table
 
-    out = reproduce(model=args.model, images=args.images, out=args.out, pretrained=args.pretrained,
+    runs = recipe_runs(args.model) if args.model else [None]  # --model repeated, or a folder of runs: a recipe
+    out = reproduce(model=runs[0] if len(runs) == 1 else runs, images=args.images, out=args.out, pretrained=args.pretrained,
                     weights=args.weights, num_images=args.num_images, shapes=args.shapes, png=args.png,
                     few_shot=args.few_shot, scaling=args.scaling, image_scale=args.image_scale,
                     formats=tuple(args.formats.split(",")), skip_bad=args.skip_bad, progress=not args.quiet,
@@ -585,9 +584,6 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     for n in metrics.get("not_judged", []):  # what the report could not judge here, and how to change that
         print(f"not judged: {n['finding']}: {n['reason']}")
     print(f"report: {out / 'report.html'}")
-    if metrics["png"].startswith(("skipped", "failed")):  # asked for, not written: said here, not only in metrics
-        print(f"static figures ({args.formats}) not written: {metrics['png'].partition(': ')[2]}. report.html has "
-              "every figure; a rerun writes the files once that is fixed (--no-png: not asked for)")
     return 0
 
 
@@ -691,11 +687,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"vitlab {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def model_args(sp: argparse.ArgumentParser, default=None) -> None:
-        sp.add_argument("--model", type=user_path, default=default,
+    def model_args(sp: argparse.ArgumentParser, default=None, runs: bool = False) -> None:
+        sp.add_argument("--model", type=user_path, default=default, action="append" if runs else "store",
                         help="timm model name (the paper's own weights: e.g. vit_base_patch16_224.orig_in21k or "
                              "vit_large_patch32_224.orig_in21k; AugReg's: vit_base_patch16_224.augreg2_in21k_ft_in1k), "
-                             "a vitlab checkpoint folder, or omit for the embedded default")
+                             "a vitlab checkpoint folder, or omit for the embedded default" + (
+                                 ". Repeat it (--model A --model B), or give a folder of checkpoint or training run "
+                                 "folders, to judge a recipe from several training runs (seeds) rather than one run: "
+                                 "the verdicts combine them, the figures are the first's" if runs else ""))
         sp.add_argument("--no-pretrained", dest="pretrained", action="store_false",
                         help="for timm names: random weights instead of downloading pretrained ones")
         sp.add_argument("--weights", type=user_path, metavar="FILE",
@@ -831,7 +830,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_app)
 
     sp = sub.add_parser("reproduce", help="run the inspection experiments and write an HTML report")
-    model_args(sp)
+    model_args(sp, runs=True)
     sp.add_argument("--images", type=user_path, help="folder of images (default: for 32 px models the 128 shipped CIFAR-10 test "
                     "images, the first 128 test shapes for a model trained on the synthetic shapes, otherwise 16 crops "
                     "of scikit-learn's sample photos)")

@@ -11,7 +11,7 @@ from typing import Any
 
 from vitlab.findings import LOWEST_LAYER
 from vitlab.study_findings import INIT_NAMES
-from vitlab.verdict import Verdict, fmt_endpoint, fmt_threshold, fmt_value, n_units
+from vitlab.verdict import Verdict, fmt_endpoint, fmt_threshold, fmt_value, n_units, runs_words
 
 __all__ = ["explain", "known_reason", "no_interval_reason", "KNOWN_REASONS", "UNTRAINED_REASON"]
 
@@ -165,15 +165,19 @@ def _lowest_layer_heads(v: Verdict) -> str | None:
 
 
 def explain(verdicts: Sequence[Verdict], width: int | None = None) -> str:
-    """One sentence per verdict, in words that follow from the numbers: what was found and, where the paper's
-    finding does not show here, the known reason with its source. ``width``: wrap each to lines of at most that many
+    """One sentence per verdict, in words that follow from the numbers: what was judged (``subject``), what was
+    found, with its unit and the training runs its interval covers, and, where the paper's finding does not show
+    here, the known reason with its source. ``width``: wrap each to lines of at most that many
     characters, with a blank line between verdicts (for plain-text outputs such as a notebook's)."""
     lines = []
     for v in verdicts:
         lo, hi = v.interval
         t = v.threshold
-        head = f"{v.finding}: {v.verdict} ({v.quantity} {fmt_value(v.statistic)}, 95% interval " \
-               f"[{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}], finding side {v.side} {fmt_threshold(t)})."
+        on = f" ({v.subject})" if v.subject else ""
+        unit = f" {v.unit}" if v.unit else ""
+        head = f"{v.finding}{on}: {v.verdict} ({v.quantity} {fmt_value(v.statistic)}{unit}, 95% interval " \
+               f"[{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}] from {runs_words(v.n_runs)}, finding side {v.side} " \
+               f"{fmt_threshold(t)})."
         missing = no_interval_reason(v)
         if missing is not None:
             head += f" The data cannot decide it here; no interval: {missing}."

@@ -33,7 +33,7 @@ from vitlab.info import data_config
 from vitlab.modes import unwrapped
 from vitlab.shipped import data_path
 
-__all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_image_count", "default_images", "default_labels", "default_source", "CIFAR_SAMPLE"]
+__all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_image_count", "default_images", "default_labels", "default_source", "default_data_words", "CIFAR_SAMPLE"]
 
 #: 128 CIFAR-10 test images (13 of each of the first 8 classes, 12 of the last 2, drawn with seed 0, classes
 #: interleaved so that any first n are balanced; ``index`` holds
@@ -222,6 +222,15 @@ def default_source(model: nn.Module) -> str:
     if kind == "cifar":
         return "the 128 shipped CIFAR-10 test images (data/cifar10_test_128.npz)"
     return "crops of scikit-learn's sample photos"
+
+
+def default_data_words(model: nn.Module, n: int) -> str:
+    """The first ``n`` of ``default_images`` in a few words, as a verdict names its subject: "128 CIFAR-10 test
+    images", "128 test shapes", "16 photo crops"."""
+    kind = _default_set(model)
+    what = {"shapes": ("test shape", "test shapes"), "cifar": ("CIFAR-10 test image", "CIFAR-10 test images"),
+            "photos": ("photo crop", "photo crops")}[kind]
+    return f"{n} {what[n != 1]}"
 
 
 def default_labels(model: nn.Module, n: int) -> tuple[Tensor | None, tuple[str, ...] | None]:

@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from vitlab.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
 from vitlab.checkpoint import card_line, model_card
 from vitlab.devices import resolve_device
 from vitlab.images import (
+    default_data_words,
     default_image_count,
     default_images,
     default_labels,
@@ -33,8 +35,7 @@ from vitlab.images import (
     head_class_names,
     load_images,
 )
-from vitlab.info import architecture_words, has_attention
-from vitlab.inspect import ATTRIBUTION_METHODS
+from vitlab.info import data_config, has_attention
 from vitlab.models import SHAPES_CHECKPOINT
 from vitlab.plots import layer_span
 from vitlab.provenance import versions
@@ -42,7 +43,7 @@ from vitlab.report import sections as S
 from vitlab.report.render import render_html, stamp_line
 from vitlab.shipped import data_name, data_path
 from vitlab.static import write_images
-from vitlab.verdict import json_types
+from vitlab.verdict import Verdict, json_types, n_units
 
 __all__ = ["reproduce", "write_report", "check_report_dir", "report_target", "not_a_report", "report_entries",
            "SCALING_RESULTS"]
@@ -95,8 +96,8 @@ def _summary(net, info, model: str | None, weights: str, images: str, n_images: 
     card = model_card(net)
     params = sum(p.numel() for p in net.parameters())
     cfg = getattr(net, "vitlab_config", None)
-    arch = (f"{architecture_words(net, info)}: {'hybrid, ResNet features as patches; ' if info.hybrid else ''}"
-            f"{_count(info.depth, 'block')}, width {info.embed_dim}, {_count(info.num_heads, 'head')}")
+    arch = (f"{type(net).__name__} ({'hybrid: ResNet features as patches; ' if info.hybrid else ''}"
+            f"{_count(info.depth, 'block')}, width {info.embed_dim}, {_count(info.num_heads, 'head')})")
     ph, pw = info.patch_size
     patches = f"{ph}x{pw} px" if ph != pw else f"{ph} px"
     patches = f"{patches} per patch (the ResNet's stride)" if info.hybrid else f"{patches} patches"
@@ -110,9 +111,10 @@ def _summary(net, info, model: str | None, weights: str, images: str, n_images: 
     if card is not None:
         facts.append(("model card", card_line(card)))
     facts.append(("images", f"{n_images} of {images}"))
-    headline = (f"Inspection of {model or 'the embedded default'} against the findings of Dosovitskiy et al., "
-                "\"An Image is Worth 16x16 Words\" (ICLR 2021). Each verdict comes from a stated criterion and a 95% "
-                "interval; grey means the data cannot decide.")
+    headline = ("The findings of Dosovitskiy et al., \"An Image is Worth 16x16 Words\" (ICLR 2021), judged on the "
+                "subject each row names: the model below and its images, the shipped shapes ViT or the shipped "
+                "studies. Each verdict comes from a stated criterion and a 95% interval; grey means the data cannot "
+                "decide.")
     return {"model": str(model or "embedded default"), "headline": headline, "facts": facts,
             "config": type(cfg).__name__ if cfg is not None else None, "parameters": params,
             "card_accuracy": card.get("test_accuracy") if card else None, "vitlab": vitlab.__version__}
@@ -214,6 +216,12 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     available); the figures and numbers are computed the same way on either, up to floating-point rounding.
     """
     t0 = time.time()
+    runs = list(model) if isinstance(model, (list, tuple)) else [model]
+    if not runs or (len(runs) > 1 and (weights or any(m is None or not isinstance(m, (str, os.PathLike))
+                                                      for m in runs))):
+        raise ValueError(f"model={model!r}: several runs of a recipe are checkpoints or timm names, one at least, "
+                         "without weights=; give one model, or a list of checkpoint folders")
+    model = runs[0]
     out = report_target(out)
     if isinstance(formats, str):  # its letters were read as formats ("unknown figure format(s) ['g', 'n', 'p']")
         raise TypeError(f"formats must be a list of figure formats, got the string {formats!r}: pass [{formats!r}]")
@@ -233,6 +241,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         what = "cannot be inspected" if has_attention(net) else "has no self-attention to inspect"
         raise ValueError(f"{model or 'this model'} {what} ({e}). `vitlab reproduce` needs a ViT-family model that "
                          "vitlab reads: a timm ViT/DeiT name or a vitlab ViT or hybrid checkpoint") from e
+    others = other_runs(runs, net, info, pretrained, dev)  # before any work: runs of another shape are refused
     if images:
         names, x, shown = load_images(net, images, limit=num_images or 16, skip_bad=skip_bad)
         labels, source = None, str(images)
@@ -248,16 +257,15 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     wdesc = weights_description(net, model, pretrained, weights)
     base = {"model": str(model or "embedded default"), "weights": wdesc, "versions": versions(),
             "images": f"{len(names)} of {source}"}
+    data = f"{n_units(len(names), 'images')} of {images}" if images else default_data_words(net, len(names))
     inp = S.Inputs(net, info, names, x.to(dev), shown, base, labels, classes,
-                   untrained=random_weights(net, model, pretrained, weights), source=source)
+                   untrained=random_weights(net, model, pretrained, weights), source=source,
+                   name=model_label(net, model), data=data)
     summary = _summary(net, info, model, wdesc, source, len(names))
 
     steps = ["predictions", "filters", "positions", "distance", "maps", "readout"]
     steps += (["localisation"] if shapes else []) + (["few-shot"] if few_shot else []) + (["scaling"] if scaling else [])
-    # the bar counts parts: a long step says when each of its parts begins (a map method, a split's features), so
-    # the bar moves within it and names what runs (the maps step alone took 35 to 170 s on 2 cores)
-    parts = {"maps": len(ATTRIBUTION_METHODS) + 1, "localisation": len(ATTRIBUTION_METHODS) + 1, "few-shot": 3}
-    bar = tqdm(total=sum(parts.get(s, 1) for s in steps), desc="reproduce", unit="part", disable=progress is False)
+    bar = tqdm(steps, desc="reproduce", disable=progress is False)
     sections: list[S.Section] = []
 
     step_seconds: dict[str, float] = {}
@@ -265,44 +273,42 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     def run(name: str, build) -> None:
         bar.set_postfix_str(name)
         t = time.time()
-        plan, counted, begun = parts.get(name, 1), 0, 0
-
-        def tick(what: str) -> None:  # a part begins, so the one before it is done; never past the step's parts
-            nonlocal counted, begun
-            if begun and counted < plan - 1:
-                bar.update()
-                counted += 1
-            begun += 1
-            bar.set_postfix_str(f"{name}: {what}")
-
-        made = build(tick)
+        made = build()
         step_seconds[name] = round(time.time() - t, 2)
         if isinstance(made, S.Section):
             sections.append(made)
         elif made:
             sections.extend(made)
-        bar.update(plan - counted)
+        bar.update()
 
     pred: dict[str, Any] = {}
-    run("predictions", lambda tick: pred.update(S.prediction_pass(inp)))
-    run("filters", lambda tick: S.filters(inp))
-    run("positions", lambda tick: S.positions(inp))
-    run("distance", lambda tick: S.distance(inp, pred))
+    run("predictions", lambda: pred.update(S.prediction_pass(inp)))
+    run("filters", lambda: S.filters(inp))
+    run("positions", lambda: S.positions(inp))
+    run("distance", lambda: S.distance(inp, pred))
     localised = shapes and S.localisation_possible(SHAPES_CHECKPOINT)
-    run("maps", lambda tick: S.maps_and_faithfulness(inp, pred, localisation=localised, tick=tick))
-    run("readout", lambda tick: S.readout_and_entropy(inp, pred))
+    run("maps", lambda: S.maps_and_faithfulness(inp, pred, localisation=localised))
+    run("readout", lambda: S.readout_and_entropy(inp, pred))
     if shapes:
-        run("localisation", lambda tick: S.localisation(SHAPES_CHECKPOINT, versions(), device=dev, tick=tick))
+        run("localisation", lambda: S.localisation(SHAPES_CHECKPOINT, versions(), device=dev))
     if few_shot:
-        run("few-shot", lambda tick: S.few_shot(inp, tick=tick))
+        run("few-shot", lambda: S.few_shot(inp))
     if scaling:
-        run("scaling", lambda tick: S.scaling(SCALING_RESULTS, versions()))
+        run("scaling", lambda: S.scaling(SCALING_RESULTS, versions()))
     bar.close()
+    if len(runs) > 1:  # the verdicts measured on each run's weights and images, combined into the recipe's
+        t = time.time()
+        recipe_verdicts(sections, inp, runs, others, pretrained, progress)
+        step_seconds["other runs"] = round(time.time() - t, 2)
+        summary["facts"].append(("runs", f"{len(runs)} training runs of one recipe ({', '.join(run_labels(runs))}): "
+                                 "the figures and numbers of each section are the first run's; the verdicts measured "
+                                 "on the model combine all of them (vitlab.recipe)"))
 
     summary["seconds"] = round(time.time() - t0, 1)  # before metrics copies the summary: both carry it
     by_slug = {s.slug: s for s in sections}
     metrics: dict[str, Any] = {
         **base, "summary": {k: v for k, v in summary.items() if k != "facts"} | {"facts": dict(summary["facts"])},
+        "runs": [str(r or "embedded default") for r in runs],
         "model_info": {k: list(v) if isinstance(v, tuple) else v for k, v in info.__dict__.items()},
         "image_names": names, "attention_shape": pred["attention_shape"], "step_seconds": step_seconds,
         "predictions": [] if pred["pred"] is None else  # none without a classifier head
@@ -322,6 +328,84 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     figures = {s.slug: s.figure for s in sections if s.figure is not None} if png else None
     write_report(out, render_html(summary, sections), metrics, figures, formats, image_scale, t0)
     return out
+
+
+def model_label(net, model: Any) -> str:
+    """The model as a verdict's subject names it: "vit_cifar10 (embedded default)", a checkpoint or timm name as
+    given, a config's type with its random weights."""
+    if model is None:
+        ck = getattr(net, "vitlab_checkpoint", {}).get("path")
+        return f"{Path(ck).name} (embedded default)" if ck else "embedded default"
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    return f"{type(model).__name__} (random initialisation)"
+
+
+def run_labels(runs: Sequence[Any]) -> list[str]:
+    """Short names for several runs' models that still tell them apart: the fewest last parts of their paths that
+    do ("s0", "s1"; "r0/checkpoint" for training run folders), else the specs as given."""
+    parts = [Path(os.fspath(r)).parts if isinstance(r, (str, os.PathLike)) else () for r in runs]
+    for k in range(1, max((len(p) for p in parts), default=0) + 1):
+        names = ["/".join(p[-k:]) for p in parts]
+        if all(parts) and len(set(names)) == len(names):
+            return names
+    return [str(r) for r in runs]
+
+
+def other_runs(runs: Sequence[Any], net, info, pretrained: bool, device: Any) -> list:
+    """The models of ``runs[1:]`` (several training runs of one recipe), loaded on ``device`` and checked against the
+    first run's ``net``: the same shape (``ModelInfo``) and preprocessing, else ``ValueError`` naming what differs."""
+    out = []
+    for spec in runs[1:]:
+        other = vitlab.load_model(spec, pretrained=pretrained).to(device)
+        try:
+            other_info = vitlab.model_info(other)
+        except TypeError as e:
+            raise ValueError(f"{spec} cannot be inspected ({e}): it is no run of the recipe of {runs[0]}") from e
+        differ = [k for k in info.__dict__ if getattr(other_info, k) != getattr(info, k)]
+        if differ:
+            raise ValueError(f"{spec} is not a run of the same recipe as {runs[0]}: its {', '.join(differ)} differ "
+                             f"({'; '.join(f'{getattr(other_info, k)!r} against {getattr(info, k)!r}' for k in differ)})"
+                             "; a recipe's runs are models of one shape")
+        if data_config(other) != data_config(net):
+            raise ValueError(f"{spec} preprocesses its images otherwise than {runs[0]} ({data_config(other)} against "
+                             f"{data_config(net)}): the runs of one recipe are shown the same images")
+        out.append(other)
+    return out
+
+
+def recipe_verdicts(sections: list[S.Section], inp: S.Inputs, runs: Sequence[Any], others: Sequence[Any],
+                    pretrained: bool, progress: bool | None = None) -> None:
+    """Replace the verdicts measured on the first run (``inp``: its sections' filters, positions and distance
+    verdicts) by those of the recipe: each other run (``others``, the models of ``runs[1:]``, ``other_runs``) is
+    shown the same images (``inp.x``) and judged the same way, and each finding's verdicts on all runs are combined
+    by ``vitlab.recipe.combine_runs`` (each run's numbers in the verdict's ``details["runs"]``). Runs that judge
+    different findings are refused (``ValueError``)."""
+    from vitlab.recipe import combine_runs
+
+    labels = run_labels(runs)
+    judged = {"filters", "positions", "distance"}  # the sections whose verdicts are measured on the model
+    per_run: list[dict[str, list[Verdict]]] = [{s.slug: s.verdicts for s in sections if s.slug in judged}]
+    for spec, label, net in tqdm(list(zip(runs[1:], labels[1:], others)), desc="other runs",
+                                 disable=progress is False):
+        other = replace(inp, net=net, name=label, untrained=random_weights(net, spec, pretrained, None))
+        pred = S.prediction_pass(other)
+        made = [S.filters(other), *S.positions(other), S.distance(other, pred)]
+        per_run.append({s.slug: s.verdicts for s in made if s.slug in judged})
+    recipe = f"{len(runs)} runs ({', '.join(labels)})"
+    for s in sections:
+        if s.slug not in per_run[0]:
+            continue
+        found = [[v.finding for v in r.get(s.slug, [])] for r in per_run]
+        if any(f != found[0] for f in found):
+            raise ValueError(f"the runs judge different findings in the {s.slug} section ({found}): they are no "
+                             "runs of one recipe")
+        combined = []
+        for i, v0 in enumerate(s.verdicts):
+            rest = v0.subject.removeprefix(inp.name)  # " on 128 CIFAR-10 test images", ", weights alone"
+            each = [replace(v0, subject=labels[0] + rest)] + [r[s.slug][i] for r in per_run[1:]]
+            combined.append(combine_runs(each, subject=recipe + rest))
+        s.verdicts = combined
 
 
 def write_report(out: Path, page: str, metrics: dict[str, Any], figures: dict[str, Any] | None,

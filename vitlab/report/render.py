@@ -7,7 +7,7 @@ from typing import Any
 
 from vitlab.explain import known_reason, no_interval_reason
 from vitlab.report.sections import Section
-from vitlab.verdict import Verdict, fmt_endpoint, fmt_threshold
+from vitlab.verdict import Verdict, fmt_endpoint, fmt_threshold, runs_words
 
 __all__ = ["render_html", "stamp_line", "verdict_row"]
 
@@ -31,7 +31,8 @@ def verdict_row(v: Verdict, slug: str = "") -> dict[str, Any]:
     reason = known_reason(v)  # None without an interval: then no_interval says why the data decided nothing
     return {"slug": slug, "finding": v.finding, "criterion": v.criterion, "verdict": v.verdict,
             "reason": reason if v.verdict != "reproduced" else None, "no_interval": no_interval_reason(v),
-            "css": v.verdict.replace(" ", "-"), "side": v.side,
+            "css": v.verdict.replace(" ", "-"), "side": v.side, "subject": v.subject or "-",
+            "runs": runs_words(v.n_runs),
             "threshold_text": "n/a" if v.threshold != v.threshold else fmt_threshold(v.threshold),
             "statistic_text": f"{v.quantity} {_num(v.statistic)}{unit} "
                               f"[{_end(lo, v.threshold)}, {_end(hi, v.threshold)}]"}

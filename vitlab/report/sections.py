@@ -9,8 +9,8 @@ with the verdict that decides it.
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,8 @@ class Inputs:
     n_show: int = 4  # images drawn in map grids
     untrained: bool = False  # random weights: the verdicts measured on this model decide nothing (findings.untrained)
     source: str = ""  # where the images come from, e.g. "the 128 shipped CIFAR-10 test images (...)"
+    name: str = ""  # the model as a verdict's subject names it (default: the stamp's model)
+    data: str = ""  # the images in a few words, as a verdict's subject names them, e.g. "128 CIFAR-10 test images"
 
     def stamp(self, images: int | str | None = None, **settings: Any) -> dict[str, Any]:
         """The base stamp with ``settings``. ``images``: the first N of the images when the section reads fewer than
@@ -96,8 +98,18 @@ class Inputs:
             base["images"] = images
         return {**base, "settings": settings}
 
-    def judged(self, verdicts: list[Verdict]) -> list[Verdict]:
-        """The verdicts measured on this model, inconclusive when its weights are random (``findings.untrained``)."""
+    def subject(self, images: bool = True) -> str:
+        """What a verdict measured on this model judges: the model on the images (``data``), or its weights alone
+        (``images=False``), e.g. "vit_cifar10 (embedded default) on 128 CIFAR-10 test images"."""
+        model = self.name or str(self.base.get("model", "the model"))
+        if not images:
+            return f"{model}, weights alone"
+        return f"{model} on {self.data}" if self.data else model
+
+    def judged(self, verdicts: list[Verdict], images: bool = True) -> list[Verdict]:
+        """The verdicts measured on this model with their ``subject`` (``images``: as ``subject`` takes it),
+        inconclusive when its weights are random (``findings.untrained``)."""
+        verdicts = [replace(v, subject=self.subject(images)) for v in verdicts]
         return [findings.untrained(v) for v in verdicts] if self.untrained else verdicts
 
     def true_class_name(self, c: int) -> str:
@@ -208,7 +220,8 @@ def filters(inp: Inputs) -> Section:
         f"{float(ratio[0]):.1%}); randomly initialised filters of the same shape: "
         f"{float(random.sum(1).mean()):.1%}.",
         inp.stamp(NO_IMAGES, k=k, centred=True, random_draws=20),
-        inp.judged(verdicts), {"explained_variance": ratio.tolist(), "random_explained_variance": random.sum(1).tolist()})
+        inp.judged(verdicts, images=False),
+        {"explained_variance": ratio.tolist(), "random_explained_variance": random.sum(1).tolist()})
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 7 centre
@@ -258,7 +271,8 @@ def positions(inp: Inputs) -> list[Section]:
         POSITIONS_PAPER,
         f"Spearman correlation between similarity and grid distance: {score:.3f} (-1: perfectly local; 0: no "
         f"structure).{row_col_note}",
-        inp.stamp(NO_IMAGES, prefix_rows="excluded", grid=[gh, gw]), inp.judged(verdicts), {"spearman": score})]
+        inp.stamp(NO_IMAGES, prefix_rows="excluded", grid=[gh, gw]), inp.judged(verdicts, images=False),
+        {"spearman": score})]
     hi = (2 * gh, 2 * gw)
     sim_hi = position_embedding_similarity(inp.net, grid=hi).cpu()
     score_hi = position_structure_score(sim_hi)
@@ -341,14 +355,13 @@ def faithfulness_sentence(rows: Sequence[MethodScores]) -> str:
 
 
 def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | None = None,
-                          localisation: bool = True, tick: Callable[[str], None] | None = None) -> list[Section]:
+                          localisation: bool = True) -> list[Section]:
     """Fig. 6 maps, their faithfulness table and curves; ``localisation``: whether the report has the localisation
-    section on the synthetic shapes, which the map section points to; ``tick``: called with each map method's name
-    as its work begins (``compare_methods``' ``on_method``)."""
+    section on the synthetic shapes, which the map section points to."""
     if pred["pred"] is None:
         return [rollout_only(inp, pred)]
     n_attr = min(len(inp.x), max_images or (16 if inp.info.num_tokens <= 100 else 4))
-    rows, method_maps = compare_methods(inp.net, inp.x[:n_attr], progress=False, on_method=tick)
+    rows, method_maps = compare_methods(inp.net, inp.x[:n_attr], progress=False)
     n = min(inp.n_show, n_attr)
     show = torch.stack([method_maps[m][:n] for m in ATTRIBUTION_METHODS], 1).cpu()  # (n, K, gh, gw)
     grid = Section(
@@ -463,10 +476,10 @@ def localisation_possible(shapes_checkpoint: Path) -> bool:
     return (shapes_checkpoint / "model.safetensors").exists()
 
 
-def localisation(shapes_checkpoint: Path, versions: dict, n: int = 32, device: torch.device | str = "cpu",
-                 tick: Callable[[str], None] | None = None) -> Section | None:
+def localisation(shapes_checkpoint: Path, versions: dict, n: int = 32,
+                 device: torch.device | str = "cpu") -> Section | None:
     """Localisation scores of every method for the shipped shapes ViT on ``n`` test shapes (true classes), computed
-    on ``device``; None without that model (``localisation_possible``). ``tick``: as ``maps_and_faithfulness``'."""
+    on ``device``; None without that model (``localisation_possible``)."""
     if not localisation_possible(shapes_checkpoint):
         return None
     import vitlab
@@ -476,13 +489,14 @@ def localisation(shapes_checkpoint: Path, versions: dict, n: int = 32, device: t
     cfg = net.pretrained_cfg
     data = load_shapes("test", n=n, size=cfg["input_size"][-1])
     x = normalize(data.images, cfg["mean"], cfg["std"]).to(device)
-    rows, maps = compare_methods(net, x, data.labels, masks=data.masks, progress=False, on_method=tick)
+    rows, maps = compare_methods(net, x, data.labels, masks=data.masks, progress=False)
     maps = {k: v.cpu() for k, v in maps.items()}
     from vitlab.inspect import localisation as score
 
     chance = float(data.masks.double().mean())
     ro, rnd = score(maps["rollout"], data.masks), score(maps["random map"], data.masks)
     verdict = findings.rollout_localises(ro["mass_in_mask"], ro["pointing"], rnd["mass_in_mask"], rnd["pointing"])
+    verdict = replace(verdict, subject=f"vit_shapes (shipped) on {n} test shapes")  # not the model inspected
     stamp = {"model": "vit_shapes (shipped)", "weights": "data/checkpoints/vit_shapes", "versions": versions,
              "images": f"{n} test shapes (seed 1)", "settings": {"target": "true class", "steps": 16,
                                                                   "baseline": "blur"}, "chance": chance}
@@ -504,16 +518,12 @@ def localisation(shapes_checkpoint: Path, versions: dict, n: int = 32, device: t
 FEW_SHOT = "few-shot linear probe on CIFAR-10 (section 4.1)"
 
 
-def few_shot(inp: Inputs, train_per_class: int | None = None, test_images: int | None = None,
-             tick: Callable[[str], None] | None = None) -> Section:
-    """The paper's few-shot probe on the model's features, on CIFAR-10 when it is readable here; ``tick``: called
-    with each part's name as its work begins (reading CIFAR-10, then each split's features)."""
-    tick = tick or (lambda what: None)
+def few_shot(inp: Inputs, train_per_class: int | None = None, test_images: int | None = None) -> Section:
+    """The paper's few-shot probe on the model's features, on CIFAR-10 when it is readable here."""
     from vitlab.data import DataError, DatasetMissing, load_cifar, nested_subsets
     from vitlab.features import extract_features
     from vitlab.probe import DEFAULT_L2, few_shot_accuracy
 
-    tick("reading CIFAR-10")
     try:
         # where `cifar10` is read from (vitlab.data.cifar_places); never a download in the middle of a report
         train, test = load_cifar("cifar10", "train", download=False), load_cifar("cifar10", "test", download=False)
@@ -529,9 +539,7 @@ def few_shot(inp: Inputs, train_per_class: int | None = None, test_images: int |
     test_images = test_images or (2000 if small else 500)
     train = train.subset(nested_subsets(train.labels, [train_per_class * len(train.classes)], seed=0)[0])
     test = test.subset(nested_subsets(test.labels, [min(test_images, len(test))], seed=0)[0])
-    tick(f"features of {len(train)} training images")
     ftr = extract_features(inp.net, train, progress=False)
-    tick(f"features of {len(test)} test images")
     fte = extract_features(inp.net, test, progress=False)
     res = few_shot_accuracy(ftr, train.labels, fte, test.labels)
     shots = sorted(res)
