@@ -149,7 +149,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(d, indent=2))
         return 0
-    rows = [("model", args.model or "embedded default"), ("architecture", d["architecture"]),
+    from vitlab.info import architecture_words
+
+    arch = architecture_words(model, info) if info is not None else d["architecture"]  # as the report's facts
+    rows = [("model", args.model or "embedded default"), ("architecture", arch),
             ("parameters", f"{params:,}"), ("weights", source)]
     if card:
         rows.append(("model card", card_line(card)))
@@ -584,6 +587,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     for n in metrics.get("not_judged", []):  # what the report could not judge here, and how to change that
         print(f"not judged: {n['finding']}: {n['reason']}")
     print(f"report: {out / 'report.html'}")
+    if metrics["png"].startswith(("skipped", "failed")):  # asked for, not written: said here, not only in metrics
+        print(f"static figures ({args.formats}) not written: {metrics['png'].partition(': ')[2]}. report.html has "
+              "every figure; a rerun writes the files once that is fixed (--no-png: not asked for)")
     return 0
 
 

@@ -35,7 +35,8 @@ from vitlab.images import (
     head_class_names,
     load_images,
 )
-from vitlab.info import data_config, has_attention
+from vitlab.info import architecture_words, data_config, has_attention
+from vitlab.inspect import ATTRIBUTION_METHODS
 from vitlab.models import SHAPES_CHECKPOINT
 from vitlab.plots import layer_span
 from vitlab.provenance import versions
@@ -96,8 +97,8 @@ def _summary(net, info, model: str | None, weights: str, images: str, n_images: 
     card = model_card(net)
     params = sum(p.numel() for p in net.parameters())
     cfg = getattr(net, "vitlab_config", None)
-    arch = (f"{type(net).__name__} ({'hybrid: ResNet features as patches; ' if info.hybrid else ''}"
-            f"{_count(info.depth, 'block')}, width {info.embed_dim}, {_count(info.num_heads, 'head')})")
+    arch = (f"{architecture_words(net, info)}: {'hybrid, ResNet features as patches; ' if info.hybrid else ''}"
+            f"{_count(info.depth, 'block')}, width {info.embed_dim}, {_count(info.num_heads, 'head')}")
     ph, pw = info.patch_size
     patches = f"{ph}x{pw} px" if ph != pw else f"{ph} px"
     patches = f"{patches} per patch (the ResNet's stride)" if info.hybrid else f"{patches} patches"
@@ -265,7 +266,10 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
 
     steps = ["predictions", "filters", "positions", "distance", "maps", "readout"]
     steps += (["localisation"] if shapes else []) + (["few-shot"] if few_shot else []) + (["scaling"] if scaling else [])
-    bar = tqdm(steps, desc="reproduce", disable=progress is False)
+    # the bar counts parts: a long step says when each of its parts begins (a map method, a split's features), so
+    # the bar moves within it and names what runs (the maps step alone took 35 to 170 s on 2 cores)
+    parts = {"maps": len(ATTRIBUTION_METHODS) + 1, "localisation": len(ATTRIBUTION_METHODS) + 1, "few-shot": 3}
+    bar = tqdm(total=sum(parts.get(s, 1) for s in steps), desc="reproduce", unit="part", disable=progress is False)
     sections: list[S.Section] = []
 
     step_seconds: dict[str, float] = {}
@@ -273,28 +277,38 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     def run(name: str, build) -> None:
         bar.set_postfix_str(name)
         t = time.time()
-        made = build()
+        plan, counted, begun = parts.get(name, 1), 0, 0
+
+        def tick(what: str) -> None:  # a part begins, so the one before it is done; never past the step's parts
+            nonlocal counted, begun
+            if begun and counted < plan - 1:
+                bar.update()
+                counted += 1
+            begun += 1
+            bar.set_postfix_str(f"{name}: {what}")
+
+        made = build(tick)
         step_seconds[name] = round(time.time() - t, 2)
         if isinstance(made, S.Section):
             sections.append(made)
         elif made:
             sections.extend(made)
-        bar.update()
+        bar.update(plan - counted)
 
     pred: dict[str, Any] = {}
-    run("predictions", lambda: pred.update(S.prediction_pass(inp)))
-    run("filters", lambda: S.filters(inp))
-    run("positions", lambda: S.positions(inp))
-    run("distance", lambda: S.distance(inp, pred))
+    run("predictions", lambda tick: pred.update(S.prediction_pass(inp)))
+    run("filters", lambda tick: S.filters(inp))
+    run("positions", lambda tick: S.positions(inp))
+    run("distance", lambda tick: S.distance(inp, pred))
     localised = shapes and S.localisation_possible(SHAPES_CHECKPOINT)
-    run("maps", lambda: S.maps_and_faithfulness(inp, pred, localisation=localised))
-    run("readout", lambda: S.readout_and_entropy(inp, pred))
+    run("maps", lambda tick: S.maps_and_faithfulness(inp, pred, localisation=localised, tick=tick))
+    run("readout", lambda tick: S.readout_and_entropy(inp, pred))
     if shapes:
-        run("localisation", lambda: S.localisation(SHAPES_CHECKPOINT, versions(), device=dev))
+        run("localisation", lambda tick: S.localisation(SHAPES_CHECKPOINT, versions(), device=dev, tick=tick))
     if few_shot:
-        run("few-shot", lambda: S.few_shot(inp))
+        run("few-shot", lambda tick: S.few_shot(inp, tick=tick))
     if scaling:
-        run("scaling", lambda: S.scaling(SCALING_RESULTS, versions()))
+        run("scaling", lambda tick: S.scaling(SCALING_RESULTS, versions()))
     bar.close()
     if len(runs) > 1:  # the verdicts measured on each run's weights and images, combined into the recipe's
         t = time.time()

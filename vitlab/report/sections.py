@@ -9,7 +9,7 @@ with the verdict that decides it.
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -355,13 +355,14 @@ def faithfulness_sentence(rows: Sequence[MethodScores]) -> str:
 
 
 def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | None = None,
-                          localisation: bool = True) -> list[Section]:
+                          localisation: bool = True, tick: Callable[[str], None] | None = None) -> list[Section]:
     """Fig. 6 maps, their faithfulness table and curves; ``localisation``: whether the report has the localisation
-    section on the synthetic shapes, which the map section points to."""
+    section on the synthetic shapes, which the map section points to; ``tick``: called with each map method's name
+    as its work begins (``compare_methods``' ``on_method``)."""
     if pred["pred"] is None:
         return [rollout_only(inp, pred)]
     n_attr = min(len(inp.x), max_images or (16 if inp.info.num_tokens <= 100 else 4))
-    rows, method_maps = compare_methods(inp.net, inp.x[:n_attr], progress=False)
+    rows, method_maps = compare_methods(inp.net, inp.x[:n_attr], progress=False, on_method=tick)
     n = min(inp.n_show, n_attr)
     show = torch.stack([method_maps[m][:n] for m in ATTRIBUTION_METHODS], 1).cpu()  # (n, K, gh, gw)
     grid = Section(
@@ -476,10 +477,10 @@ def localisation_possible(shapes_checkpoint: Path) -> bool:
     return (shapes_checkpoint / "model.safetensors").exists()
 
 
-def localisation(shapes_checkpoint: Path, versions: dict, n: int = 32,
-                 device: torch.device | str = "cpu") -> Section | None:
+def localisation(shapes_checkpoint: Path, versions: dict, n: int = 32, device: torch.device | str = "cpu",
+                 tick: Callable[[str], None] | None = None) -> Section | None:
     """Localisation scores of every method for the shipped shapes ViT on ``n`` test shapes (true classes), computed
-    on ``device``; None without that model (``localisation_possible``)."""
+    on ``device``; None without that model (``localisation_possible``). ``tick``: as ``maps_and_faithfulness``'."""
     if not localisation_possible(shapes_checkpoint):
         return None
     import vitlab
@@ -489,7 +490,7 @@ def localisation(shapes_checkpoint: Path, versions: dict, n: int = 32,
     cfg = net.pretrained_cfg
     data = load_shapes("test", n=n, size=cfg["input_size"][-1])
     x = normalize(data.images, cfg["mean"], cfg["std"]).to(device)
-    rows, maps = compare_methods(net, x, data.labels, masks=data.masks, progress=False)
+    rows, maps = compare_methods(net, x, data.labels, masks=data.masks, progress=False, on_method=tick)
     maps = {k: v.cpu() for k, v in maps.items()}
     from vitlab.inspect import localisation as score
 
@@ -518,12 +519,16 @@ def localisation(shapes_checkpoint: Path, versions: dict, n: int = 32,
 FEW_SHOT = "few-shot linear probe on CIFAR-10 (section 4.1)"
 
 
-def few_shot(inp: Inputs, train_per_class: int | None = None, test_images: int | None = None) -> Section:
-    """The paper's few-shot probe on the model's features, on CIFAR-10 when it is readable here."""
+def few_shot(inp: Inputs, train_per_class: int | None = None, test_images: int | None = None,
+             tick: Callable[[str], None] | None = None) -> Section:
+    """The paper's few-shot probe on the model's features, on CIFAR-10 when it is readable here; ``tick``: called
+    with each part's name as its work begins (reading CIFAR-10, then each split's features)."""
+    tick = tick or (lambda what: None)
     from vitlab.data import DataError, DatasetMissing, load_cifar, nested_subsets
     from vitlab.features import extract_features
     from vitlab.probe import DEFAULT_L2, few_shot_accuracy
 
+    tick("reading CIFAR-10")
     try:
         # where `cifar10` is read from (vitlab.data.cifar_places); never a download in the middle of a report
         train, test = load_cifar("cifar10", "train", download=False), load_cifar("cifar10", "test", download=False)
@@ -539,7 +544,9 @@ def few_shot(inp: Inputs, train_per_class: int | None = None, test_images: int |
     test_images = test_images or (2000 if small else 500)
     train = train.subset(nested_subsets(train.labels, [train_per_class * len(train.classes)], seed=0)[0])
     test = test.subset(nested_subsets(test.labels, [min(test_images, len(test))], seed=0)[0])
+    tick(f"features of {len(train)} training images")
     ftr = extract_features(inp.net, train, progress=False)
+    tick(f"features of {len(test)} test images")
     fte = extract_features(inp.net, test, progress=False)
     res = few_shot_accuracy(ftr, train.labels, fte, test.labels)
     shots = sorted(res)
