@@ -510,3 +510,44 @@ def test_a_full_disk_in_an_atomic_write_names_the_file(tmp_path, monkeypatch):
         atomic_write(tmp_path / "maps.safetensors", write, needed=123)
     assert (e.value.path, e.value.needed) == (str(tmp_path / "maps.safetensors"), 123)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_temporary_folders_whose_writer_is_gone_are_swept_on_the_next_save(tmp_path):
+    """kill -9 during a save (a training checkpoint, an export, a report) left its .NAME.tmp.* folder, weights and
+    all, for ever: the next save beside it sweeps those whose writer is gone (its process on this machine no longer
+    runs, or a folder named before writers were recorded that is a day old) and never a live writer's, nor one of
+    another machine's."""
+    import subprocess
+    import sys
+    import time
+
+    from vitlab.atomic import _host
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # a process that has ended
+    names = {"dead": f".ck.tmp.{gone}@{_host()}.abcd1234", "live": f".ck.tmp.{os.getppid()}@{_host()}.abcd1234",
+             "elsewhere": f".ck.tmp.{gone}@another-host.abcd1234", "unowned_old": ".ck.tmp.k2j4h5g6",
+             "unowned_new": ".ck.tmp.q1w2e3r4", "other_name": f".ckpt.tmp.{gone}@{_host()}.abcd1234"}
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"x" * 100)
+    day_ago = time.time() - 25 * 3600
+    os.utime(tmp_path / names["unowned_old"], (day_ago, day_ago))
+    vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {"ck"} | {names[k] for k in ("live", "elsewhere", "unowned_new", "other_name")}
+
+
+def test_a_checkpoint_a_kill_left_aside_is_restored_by_load_model_and_said(tmp_path, monkeypatch):
+    """After a kill between replace_dir's two renames, `vitlab info --model OUT` said 'OUT is neither a file nor a
+    timm model name' while a complete copy sat in .OUT.old.*, and nothing told the user: load_model now puts it
+    back, with a RecoveredWarning naming the folder and the copy."""
+    from vitlab.atomic import RecoveredWarning
+
+    ck = vitlab.save_checkpoint(tiny_vit(), tmp_path / "out")
+    ck.rename(tmp_path / ".out.old.abc12345")
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(RecoveredWarning) as caught:
+        model = vitlab.load_model("out")
+    assert (caught[0].message.path, caught[0].message.aside) == ("out", ".out.old.abc12345")
+    assert model.vitlab_checkpoint["path"] == "out" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]

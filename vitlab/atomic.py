@@ -8,14 +8,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 __all__ = ["atomic_write", "atomic_write_text", "new_file_mode", "temp_dir_beside", "replace_dir", "refuse_foreign_dir",
-           "rmtree_quiet", "disk_full_named", "check_free_space", "is_disk_full"]
+           "rmtree_quiet", "disk_full_named", "check_free_space", "is_disk_full", "sweep_stale_temps"]
 
 #: what safetensors' Rust writer says of a full disk (its SafetensorError carries no errno)
 _DISK_FULL_WORDS = ("os error 28", "No space left on device", "StorageFull", "os error 122", "Disk quota exceeded")
@@ -134,13 +137,70 @@ def new_file_mode() -> int:
     return 0o666 & ~_umask()
 
 
-def temp_dir_beside(directory: Path) -> Path:
-    """A new temporary folder beside ``directory``, to fill and then move into place with ``replace_dir``. It gets
-    0777 less the umask, as any new folder (``mkdtemp`` makes it private, and a fixed 0755 would ignore a
-    stricter umask such as 027)."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
+def _host() -> str:
+    """This machine's name as a temporary folder's name carries it (letters, digits and '-')."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40] or "host"
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (one of another user's counts as running)."""
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp.", dir=directory.parent))
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists; anything else: assume it does
+        return True
+    return True
+
+
+#: ``temp_dir_beside``'s names: ``.NAME.tmp.PID@HOST.RANDOM`` (the writer's process and machine), or before the owner
+#: was recorded ``.NAME.tmp.RANDOM`` (mkdtemp's 8 characters)
+_OWNED = re.compile(r"(?P<pid>[0-9]+)@(?P<host>[A-Za-z0-9-]+)\.[A-Za-z0-9_]+")
+_UNOWNED = re.compile(r"[A-Za-z0-9_]{8}")
+#: how old an unowned temporary folder must be to be swept: no save takes that long, so its writer is gone
+UNOWNED_TEMP_AGE_S = 24 * 3600
+
+
+def sweep_stale_temps(directory: Path) -> list[Path]:
+    """Remove the temporary folders beside ``directory`` (``.NAME.tmp.*``) whose writer is gone: a kill -9 (or a power
+    loss) leaves them, full of weights, where no clean-up ran. A folder is swept only when the process it names ran
+    on this machine and no longer runs, or, one named before the owner was recorded, when it is more than
+    ``UNOWNED_TEMP_AGE_S`` old; a live writer's (here or on another machine sharing the disk) is never touched.
+    Returns the folders removed."""
+    directory = Path(directory)
+    prefix = f".{directory.name}.tmp."
+    removed = []
+    try:
+        candidates = [p for p in directory.parent.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return removed
+    host, now = _host(), time.time()
+    for p in candidates:
+        rest = p.name[len(prefix):]
+        try:
+            if p.is_symlink() or not p.is_dir():
+                continue
+            if m := _OWNED.fullmatch(rest):
+                stale = m["host"] == host and int(m["pid"]) != os.getpid() and not _alive(int(m["pid"]))
+            else:
+                stale = _UNOWNED.fullmatch(rest) is not None and now - p.stat().st_mtime > UNOWNED_TEMP_AGE_S
+        except OSError:
+            continue
+        if stale:
+            rmtree_quiet(p)
+            removed.append(p)
+    return removed
+
+
+def temp_dir_beside(directory: Path) -> Path:
+    """A new temporary folder beside ``directory``, to fill and then move into place with ``replace_dir``, named
+    ``.NAME.tmp.PID@HOST.RANDOM`` after its writer; those of writers that are gone are swept first
+    (``sweep_stale_temps``). It gets 0777 less the umask, as any new folder (``mkdtemp`` makes it private, and a
+    fixed 0755 would ignore a stricter umask such as 027)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale_temps(directory)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp.{os.getpid()}@{_host()}.", dir=directory.parent))
     except OSError as e:  # named by the folder asked for, not the temporary name (a read-only parent)
         raise type(e)(e.errno, e.strerror, str(directory)) from None
     try:
@@ -200,8 +260,22 @@ def recover_dir(directory: Path, rank: Callable[[Path], Any]) -> bool:
     ranked = [(r, p) for p in directory.parent.glob(f".{directory.name}.old.*") if (r := rank(p)) is not None]
     if not ranked:
         return False
-    os.replace(max(ranked, key=lambda rp: rp[0])[1], directory)
+    chosen = max(ranked, key=lambda rp: rp[0])[1]
+    os.replace(chosen, directory)
+    import warnings
+
+    warnings.warn(RecoveredWarning(str(directory), chosen.name), stacklevel=3)
     return True
+
+
+class RecoveredWarning(UserWarning):
+    """``recover_dir`` put back ``path`` from ``aside`` (the ``.NAME.old.*`` copy a kill between ``replace_dir``'s
+    two renames left): the write that was replacing it did not finish, so ``path`` holds the previous version."""
+
+    def __init__(self, path: str, aside: str) -> None:
+        self.path, self.aside = path, aside
+        super().__init__(f"{path} was missing: restored it from {aside}, the previous version a kill left aside "
+                         "while it was being replaced; the replacement did not finish, so write it again if needed")
 
 
 def rmtree_quiet(path: Path) -> None:

@@ -20,7 +20,7 @@ import timm
 from safetensors import safe_open
 from torch import nn
 
-from vitlab.checkpoint import WEIGHTS_NAME, load_checkpoint
+from vitlab.checkpoint import WEIGHTS_NAME, load_checkpoint, recover_checkpoint
 from vitlab.choices import DEFAULT_CHECKPOINT
 from vitlab.errors import ModelLoadError
 from vitlab.shipped import data_path
@@ -74,6 +74,8 @@ def load_model(spec: str | os.PathLike | ModelConfig | None = None, *, pretraine
             raise ModelLoadError("weights= needs a timm architecture name (e.g. 'vit_base_patch16_224'), not a hub id")
         return _create_timm(name, pretrained, overrides)
     path = Path(name)
+    if not path.exists():  # a kill between the two renames of its replacement left its previous copy beside it
+        recover_checkpoint(path)
     if path.exists():
         _no_extras("a vitlab checkpoint", weights, overrides, pretrained)
         return load_checkpoint(path)
