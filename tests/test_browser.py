@@ -43,16 +43,16 @@ HEATMAP_Z = """() => {
 
 def test_layer_slider_changes_the_heatmap_in_chromium(tmp_path):
     playwright = pytest.importorskip("playwright.sync_api")
-    from vitlab.app import serve, stop
+    from vitlab.app import new_token, page_url, serve, stop
 
-    port = free_port()
-    proc = serve(port=port, num_images=2)
+    port, token = free_port(), new_token()
+    proc = serve(port=port, num_images=2, token=token)
     try:
         _wait_http(f"http://127.0.0.1:{port}/", 120)
         with playwright.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1100, "height": 700})
-            page.goto(f"http://127.0.0.1:{port}/", timeout=180_000)
+            page.goto(page_url(port, token), timeout=180_000)
             page.wait_for_function(HEATMAP_Z, timeout=180_000)
             before = page.evaluate(HEATMAP_Z)
             page.screenshot(path=str(tmp_path / "explorer_first_view.png"))

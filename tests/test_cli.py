@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -446,9 +448,9 @@ def test_app_hands_voila_an_absolute_checkpoint_path(tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", lambda cmd, env, start_new_session: seen.update(env=env))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "ck").mkdir(parents=True)
-    app.serve("runs/ck")
+    app.serve("runs/ck", token="t")
     assert seen["env"]["VITLAB_MODEL"] == str(tmp_path / "runs" / "ck")
-    app.serve("vit_tiny_patch16_224")
+    app.serve("vit_tiny_patch16_224", token="t")
     assert seen["env"]["VITLAB_MODEL"] == "vit_tiny_patch16_224"
 
 
@@ -492,8 +494,11 @@ def test_app_checks_the_model_and_the_image_count_before_starting_voila(tmp_path
     assert "argument --num-images: expected at least 1, got 0" in capsys.readouterr().err
     assert not started
     assert main(["app", "--model", str(checkpoint), "--num-images", "128", "--port", port]) == 0
+    token = started[0][1].pop("token")
     assert started == [(str(checkpoint), {"port": int(port), "open_browser": False, "num_images": 128,
-                                          "pretrained": True, "weights": None})]
+                                          "pretrained": True, "weights": None, "hosts": (), "max_pages": 3})]
+    assert re.fullmatch("[0-9a-f]{48}", token)  # printed with the address, as Jupyter's
+    assert f"http://127.0.0.1:{port}/?token={token}" in capsys.readouterr().out
 
 
 def test_app_takes_a_timm_name_offline_with_random_or_local_weights(tmp_path, monkeypatch, capsys):
@@ -516,16 +521,49 @@ def test_app_takes_a_timm_name_offline_with_random_or_local_weights(tmp_path, mo
     assert started[-1][1]["weights"] == str(weights)
     seen = {}
     monkeypatch.setattr(subprocess, "Popen", lambda cmd, env, start_new_session: seen.update(env=env))
-    serve("vit_tiny_patch16_224", pretrained=False, weights=str(weights))
+    serve("vit_tiny_patch16_224", pretrained=False, weights=str(weights), token="t")
     assert seen["env"]["VITLAB_PRETRAINED"] == "0" and seen["env"]["VITLAB_WEIGHTS"] == str(weights)
     monkeypatch.setenv("VITLAB_PRETRAINED", "0")
-    serve("vit_tiny_patch16_224")
+    serve("vit_tiny_patch16_224", token="t")
     assert "VITLAB_PRETRAINED" not in seen["env"] and "VITLAB_WEIGHTS" not in seen["env"]
     # a VITLAB_MODEL left in the shell (the notebooks read it) made `vitlab app` without --model serve that model,
     # though the command checked the embedded default: the kernel now gets the default too
     monkeypatch.setenv("VITLAB_MODEL", "vit_small_patch16_224")
-    serve(None)
+    serve(None, token="t")
     assert "VITLAB_MODEL" not in seen["env"]
+
+
+def test_app_hands_voila_a_token_host_names_and_a_page_cap_outside_its_command_line(monkeypatch, capsys):
+    """The server had no token, accepted any Host header and any number of kernels: `vitlab app` now passes a fresh
+    token, --allow-host names and --max-pages to the server through its environment (never its command line, which
+    other users can read in ps), and refuses a host name with a port or a comma, an IP address and a cap below 1."""
+    from conftest import free_port
+
+    import vitlab.app
+
+    serve, started, port = vitlab.app.serve, [], str(free_port())
+    _fake_serve(monkeypatch, started)
+    monkeypatch.setattr("vitlab.cli._check_app_model", lambda *a: None)
+    assert main(["app", "--port", port, "--allow-host", "box.local", "--allow-host", "box", "--max-pages", "2"]) == 0
+    assert (started[0][1]["hosts"], started[0][1]["max_pages"]) == (("box.local", "box"), 2)
+    assert main(["app", "--port", port]) == 0
+    assert started[1][1]["token"] != started[0][1]["token"]  # one per server
+    capsys.readouterr()
+    for bad, words in ((["--allow-host", "box:8866"], "argument --allow-host: expected a host name"),
+                       (["--allow-host", "a,b"], "argument --allow-host: expected a host name"),
+                       (["--allow-host", "10.0.0.5"], "argument --allow-host: expected a host name, got the address"),
+                       (["--max-pages", "0"], "argument --max-pages: expected at least 1, got 0")):
+        with pytest.raises(SystemExit):
+            main(["app", "--port", port, *bad])
+        assert words in capsys.readouterr().err
+    seen = {}
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, env, start_new_session: seen.update(cmd=cmd, env=env))
+    serve(token="s3cret", hosts=("box",), max_pages=2)
+    assert (seen["env"]["VITLAB_APP_TOKEN"], seen["env"]["VITLAB_APP_HOSTS"], seen["env"]["VITLAB_APP_MAX_PAGES"]) == (
+        "s3cret", "box", "2")
+    assert seen["env"]["VITLAB_APP_PARENT_PID"] == str(os.getpid()) and "s3cret" not in " ".join(seen["cmd"])
+    with pytest.raises(ValueError, match="empty token"):
+        serve(token="")
 
 
 def test_app_refuses_a_port_in_use_before_loading_the_model(monkeypatch, capsys):

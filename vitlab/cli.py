@@ -50,6 +50,23 @@ def tcp_port(text: str) -> int:
     return port
 
 
+def host_name(text: str) -> str:
+    """argparse ``type`` of a name a Host header may carry (``vitlab app --allow-host``): no port, comma or space, and
+    no IP address (the server checks those itself: loopback ones are served, others never)."""
+    import ipaddress
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", text):
+        raise argparse.ArgumentTypeError(f"expected a host name such as myhost.local (letters, digits, '.', '-'; "
+                                         f"no port), got {text!r}")
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return text
+    raise argparse.ArgumentTypeError(f"expected a host name, got the address {text!r}: loopback addresses are always "
+                                     "served, others never (the server listens on 127.0.0.1 only)")
+
+
 def non_negative_int(text: str) -> int:
     """argparse ``type`` of a count where 0 has a meaning (``--workers 0``: in this process) but no negative does."""
     return _whole_number(text, 0, "0 or more")
@@ -513,14 +530,16 @@ def _check_app_model(model: str | None, num_images: int, pretrained: bool = True
 def cmd_app(args: argparse.Namespace) -> int:
     import signal
 
-    from vitlab.app import check_port, serve, stop
+    from vitlab.app import check_port, new_token, page_url, serve, stop
 
     check_port(args.port)  # before the model loads: Voila would otherwise serve on another port than the one named
     # here, with the CLI's message and exit status, not in the browser
     _check_app_model(args.model, args.num_images, args.pretrained, args.weights)
+    token = new_token()  # as Jupyter's: another local user or a web page (DNS rebinding) cannot start kernels
     proc = serve(args.model, port=args.port, open_browser=args.open, num_images=args.num_images,
-                 pretrained=args.pretrained, weights=args.weights)
-    print(f"serving the attention explorer on http://127.0.0.1:{args.port} (Ctrl-C or kill to stop)")
+                 pretrained=args.pretrained, weights=args.weights, token=token, hosts=tuple(args.allow_host),
+                 max_pages=args.max_pages)
+    print(f"serving the attention explorer on {page_url(args.port, token)} (Ctrl-C or kill to stop)", flush=True)
 
     def on_term(_signum, _frame):  # kill (SIGTERM) stops the server and its kernels too, not only this process
         raise KeyboardInterrupt
@@ -833,6 +852,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--num-images", type=positive_int, default=8, help="embedded images to offer (default 8; at most "
                     "128 CIFAR-10 test images for 32 px models, 38 photo crops otherwise)")
     sp.add_argument("--open", action="store_true", help="open a browser")
+    sp.add_argument("--max-pages", type=positive_int, default=3, help="most explorer pages (kernels, each holding "
+                    "the model) alive at once (default 3); more are refused until one is closed or idle")
+    sp.add_argument("--allow-host", action="append", default=[], type=host_name, metavar="NAME",
+                    help="also serve requests whose Host header is NAME (default: only 127.0.0.1, ::1, localhost; "
+                    "others are refused against DNS rebinding); repeatable")
     sp.set_defaults(func=cmd_app)
 
     sp = sub.add_parser("reproduce", help="run the inspection experiments and write an HTML report")
