@@ -108,6 +108,36 @@ def test_a_new_page_reclaims_an_abandoned_kernel_but_never_a_connected_or_recent
     asyncio.run(scenario())
 
 
+def test_the_server_config_culls_idle_unconnected_kernels_and_keeps_connected_ones(tmp_path):
+    """The manager `vitlab app` configures (vitlab.app.launch.server_config) shuts down a kernel no page is
+    connected to once it has been idle for cull_idle_timeout; a connected one stays. Timeouts shortened here."""
+    import asyncio
+
+    from vitlab.app.kernels import CappedKernelManager
+    from vitlab.app.launch import CULL_IDLE_TIMEOUT, server_config
+
+    config = server_config("t", (), 2)
+    km = CappedKernelManager(config=config, root_dir=str(tmp_path))
+    assert (km.max_kernels, km.cull_idle_timeout, km.cull_connected) == (2, CULL_IDLE_TIMEOUT, False)
+    config.CappedKernelManager.cull_idle_timeout = config.CappedKernelManager.cull_interval = 1
+
+    async def scenario():
+        km = CappedKernelManager(config=config, root_dir=str(tmp_path))
+        try:
+            a = await km.start_kernel(path="")
+            b = await km.start_kernel(path="")
+            km._kernel_connections[a] = 1
+            for _ in range(100):
+                if b not in km:
+                    break
+                await asyncio.sleep(0.1)
+            assert km.list_kernel_ids() == [a]
+        finally:
+            await km.shutdown_all(now=True)
+
+    asyncio.run(scenario())
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = Server(tmp_path_factory.mktemp("app"))
