@@ -535,3 +535,21 @@ def test_a_validation_split_reads_the_test_images_once_and_snapshots_every_epoch
     final = model.state_dict()
     assert all(torch.equal(v, final[k]) for k, v in last.state_dict().items())  # the snapshot is the model as trained
     assert last.vitlab_checkpoint["metrics"]["val_accuracy"] == hist[-1]["val_accuracy"]
+
+
+def test_an_init_from_that_is_no_checkpoint_folder_is_told_as_init_from(tmp_path, two_class_folder, capsys):
+    """`vitlab train --set init_from=FILE` was answered with '--model <timm name> --weights FILE' advice, options
+    train does not take, after writing the run folder; init_from is now refused by its own name before anything is
+    written, and a training run's folder is pointed to its checkpoint/."""
+    from vitlab.cli import main
+
+    (tmp_path / "weights.safetensors").write_bytes(b"not a checkpoint")
+    (tmp_path / "run0" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "run0" / "checkpoint" / "config.json").write_text("{}")
+    for given, fix in (("weights.safetensors", "is a file"), ("run0", "give its checkpoint, init_from='")):
+        capsys.readouterr()
+        code = main(["train", "--preset", "tiny", "--data", str(two_class_folder), "--run", str(tmp_path / "new"),
+                     "--quiet", "--set", f"init_from={tmp_path / given}"])
+        err = capsys.readouterr().err
+        assert code == 1 and f"init_from='{tmp_path / given}'" in err and fix in err and "--weights" not in err
+        assert not (tmp_path / "new").exists()

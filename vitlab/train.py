@@ -78,7 +78,7 @@ from vitlab.train_config import (
     train_config_to_dict,
     with_num_classes,
 )
-from vitlab.warm_start import warm_start, warm_start_objective
+from vitlab.warm_start import check_init_from, warm_start, warm_start_objective
 from vitlab.zoo import HybridConfig, ViTConfig, build_model, size2
 
 __all__ = ["train", "TrainingDiverged", "evaluate"]
@@ -401,6 +401,8 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
     if cfg.objective == "mpp" and d.world > 1:
         raise ValueError("objective='mpp' runs in one process: its head lives outside the DDP wrapper; run it "
                          "without torchrun")
+    if cfg.init_from and not resume:  # before the run folder is written: a file or a folder that is no checkpoint
+        check_init_from(cfg.init_from)
     teacher = load_teacher(cfg.teacher, d.device) if cfg.teacher else None
     if teacher is not None:
         t_classes = int(getattr(teacher, "num_classes", 0) or 0)

@@ -12,12 +12,32 @@ import os
 import torch
 from torch import Tensor, nn
 
-from vitlab.checkpoint import load_checkpoint, load_module_weights, resolve_folder
+from vitlab.checkpoint import CONFIG_NAME, WEIGHTS_NAME, load_checkpoint, load_module_weights, resolve_folder
+from vitlab.errors import ModelLoadError
 from vitlab.finetune import resample_grid
 from vitlab.info import model_info
 from vitlab.mpp import OBJECTIVE_NAME, MaskedPatchPrediction
 
-__all__ = ["warm_start", "warm_start_objective"]
+__all__ = ["warm_start", "warm_start_objective", "check_init_from"]
+
+
+def check_init_from(path: str | os.PathLike) -> None:
+    """Refuse, before a run starts, an ``init_from`` that names no vitlab checkpoint: a file other than a
+    checkpoint's own two (a timm weights file cannot start a vitlab model: it holds no config), or a folder without
+    ``config.json`` and ``model.safetensors`` (a run folder is pointed to its ``checkpoint/``). A ``ModelLoadError``
+    naming ``init_from`` and the fix; a path that does not exist is left to ``load_checkpoint``, which restores a
+    copy a kill left aside or says so."""
+    p = resolve_folder(path)
+    fix = ("init_from takes a vitlab checkpoint folder (config.json and model.safetensors): a run's checkpoint/ "
+           "folder or an exported one such as data/checkpoints/vit_cifar10")
+    if p.is_file() and p.name not in (CONFIG_NAME, WEIGHTS_NAME):
+        raise ModelLoadError(f"init_from={str(path)!r} is a file; {fix}. A timm weights file cannot start a "
+                             "vitlab run: it holds no model config")
+    if p.is_dir() and not ((p / CONFIG_NAME).is_file() and (p / WEIGHTS_NAME).is_file()):
+        run_ck = p / "checkpoint"
+        hint = (f" ({path} is a training run: give its checkpoint, init_from={str(run_ck)!r})"
+                if (run_ck / CONFIG_NAME).is_file() else "")
+        raise ModelLoadError(f"init_from={str(path)!r} holds no vitlab checkpoint{hint}; {fix}")
 
 
 def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
@@ -30,6 +50,7 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
     fine-tuning at another resolution) and the prefix rows both models have (the class token's first). A checkpoint
     that would fill less than half of the model's weights (another architecture or size) is a ``ValueError``, with
     the model unchanged."""
+    check_init_from(path)
     src_model = load_checkpoint(resolve_folder(path))  # data/checkpoints/... from any working directory
     src = src_model.state_dict()
     own = model.state_dict()
