@@ -277,3 +277,21 @@ def test_an_images_entry_detail_is_count_then_height_by_width(root):
     np.savez(root / IMAGES, images=np.zeros((2, 4, 6, 3), np.uint8), labels=np.zeros(2, np.int64))
     (entry,) = [e for e in scan_cache().entries if e.path.name == IMAGES]
     assert entry.detail == "2 images 4x6"
+
+
+def test_prune_never_follows_a_features_link_out_of_the_cache(tmp_path, monkeypatch):
+    """`vitlab cache prune --all` followed a features/ link and deleted cache-named files in the folder it points
+    to, outside the cache; a linked features/ is now skipped with a SkippedPathWarning naming it, and its files
+    stay."""
+    from vitlab.data import SkippedPathWarning
+
+    r = tmp_path / "cache"
+    monkeypatch.setenv("VITLAB_CACHE", str(r))
+    now = time.time()
+    _file(r / IMAGES, 1000, 1, now)
+    outside = _file(tmp_path / "project" / FEATURES, 200, 10, now).parent
+    (r / "features").symlink_to(outside, target_is_directory=True)
+    with pytest.warns(SkippedPathWarning) as caught:
+        result = prune_cache(everything=True)
+    assert _names(result.removed) == [IMAGES] and (outside / FEATURES).is_file()
+    assert [(w.message.path, w.message.reason) for w in caught] == [(str(r / "features"), "folder link")]

@@ -137,7 +137,9 @@ def _tree_size(path: Path) -> int:
 
 def scan_cache(root: str | os.PathLike | None = None) -> CacheScan:
     """The entries of vitlab's two caches under ``root`` (default ``vitlab.data.cache_dir()``: ``$VITLAB_CACHE``
-    or ``~/.cache/vitlab``). A missing root is an empty scan; a root that is a file is a ``NotADirectoryError``."""
+    or ``~/.cache/vitlab``). A missing root is an empty scan; a root that is a file is a ``NotADirectoryError``.
+    A ``features/`` that is a link to a folder elsewhere is not entered (a ``SkippedPathWarning``): what it holds is
+    outside the cache, and ``prune_cache`` must never delete it."""
     root = Path(root) if root is not None else cache_dir()
     if not root.exists():
         return CacheScan(root, False, (), 0, 0)
@@ -147,6 +149,14 @@ def scan_cache(root: str | os.PathLike | None = None) -> CacheScan:
     entries = []
     for folder in ("", "features"):
         d = root / folder
+        if folder and d.is_symlink():  # its files live outside the cache: never listed, never pruned
+            import warnings
+
+            from vitlab.data import SkippedPathWarning
+
+            warnings.warn(SkippedPathWarning(str(d), "folder link", f"to {os.readlink(d)}: its files lie outside "
+                                             "the cache and are neither listed nor pruned"), stacklevel=2)
+            continue
         if not d.is_dir():
             continue
         for p in d.iterdir():

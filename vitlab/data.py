@@ -250,8 +250,8 @@ LAYOUT = "first-folder-3"
 class SkippedPathWarning(UserWarning):
     """A walked folder held an entry that is neither a regular file nor a folder (a FIFO, a socket, a device, a link
     that loops or leads nowhere) or a link back into a folder being walked: it is skipped. ``path`` is the entry,
-    ``reason`` one of ``"not a regular file"``, ``"unreadable"`` (``stat`` failed: a link loop or a dangling link)
-    or ``"folder loop"``."""
+    ``reason`` one of ``"not a regular file"``, ``"unreadable"`` (``stat`` failed: a link loop or a dangling link),
+    ``"folder loop"`` or ``"folder link"`` (a link out of a folder vitlab owns, such as the cache's ``features/``)."""
 
     def __init__(self, path: str, reason: str, detail: str = "") -> None:
         self.path, self.reason = path, reason
