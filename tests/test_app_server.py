@@ -52,14 +52,35 @@ class Server:
         raise TimeoutError(f"vitlab app did not serve within {timeout} s: {self.log.read_text()}")
 
     def get(self, path: str, host: str | None = None, timeout: float = 300) -> tuple[int, str]:
-        """(status, body) of GET ``path``, redirects not followed; ``host`` replaces the Host header."""
+        """(status, body) of GET ``path``, redirects not followed; ``host`` replaces the Host header. The cookies
+        set go to ``cookies``."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             conn.request("GET", path, headers={"Host": host or f"127.0.0.1:{self.port}"})
             resp = conn.getresponse()
+            self.cookies = [c.split(";")[0] for c in resp.headers.get_all("Set-Cookie") or ()]
             return resp.status, resp.read().decode("utf-8", "replace")
         finally:
             conn.close()
+
+    def kernel_socket(self, kernel_id: str, cookies: list[str], host: str) -> int:
+        """The HTTP status of opening the page's kernel channels (the widgets' websocket) with ``cookies`` and the
+        Host header ``host``: 101 when it opens (then closed at once)."""
+        import asyncio
+
+        from tornado.httpclient import HTTPClientError, HTTPRequest
+        from tornado.websocket import websocket_connect
+
+        async def connect():
+            url = f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels"
+            try:
+                ws = await websocket_connect(HTTPRequest(url, headers={"Cookie": "; ".join(cookies), "Host": host}))
+            except HTTPClientError as e:
+                return e.code
+            ws.close()
+            return 101
+
+        return asyncio.run(connect())
 
     def processes(self) -> list:
         """Everything `vitlab app` started that still runs: Voila and its kernels."""
@@ -170,8 +191,13 @@ def test_a_foreign_host_header_is_refused_even_with_the_token(server):
 
 
 def test_page_loads_beyond_max_pages_start_no_kernel_and_memory_stays_bounded(server):
-    status, body = server.get(f"/?token={server.token}", host=f"localhost:{server.port}")
+    host = f"localhost:{server.port}"
+    status, body = server.get(f"/?token={server.token}", host=host)
     assert status == 200 and "application/vnd.jupyter.widget-view+json" in body  # the explorer rendered
+    # the browser keeps the token as a cookie: the widgets' websocket to the page's kernel opens with it only
+    kernel_id, cookies = re.search(r'"kernelId": "([0-9a-f-]+)"', body).group(1), server.cookies
+    assert cookies and server.kernel_socket(kernel_id, cookies, host) == 101
+    assert server.kernel_socket(kernel_id, [], host) == 403
     for _ in range(4):  # the kernel just rendered its page: it is not abandoned, so no room is made
         status, body = server.get(f"/?token={server.token}")
         assert status == 503 and "explorer pages are open" in body
