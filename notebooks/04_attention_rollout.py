@@ -55,15 +55,15 @@ for r in rows:
 # The shipped shapes ViT was trained to name the shape; the masks say where it is.
 
 # %%
-from vitlab.data import load_shapes, normalize
+from vitlab.inspect.compare import shapes_localisation
 from vitlab.models import SHAPES_CHECKPOINT
+from vitlab.shapes import LOCALISATION_SHAPES
 
 shapes_model = vitlab.load_model(str(SHAPES_CHECKPOINT))
-data = load_shapes("test", n=8 if SMOKE else 64)
-cfg = shapes_model.pretrained_cfg
-sx = normalize(data.images, cfg["mean"], cfg["std"])
-loc_rows, loc_maps = vitlab.compare_methods(shapes_model, sx, data.labels, masks=data.masks, sanity=False)
-print(f"object area share (the score of a uniform map): {float(data.masks.double().mean()):.3f}")
+# the function and the sample of the report's localisation table (`vitlab reproduce`): the same numbers
+data, loc_rows, loc_maps = shapes_localisation(shapes_model, n=8 if SMOKE else LOCALISATION_SHAPES, sanity=False)
+print(f"{len(data)} test shapes (seed 1{'' if len(data) == LOCALISATION_SHAPES else f'; the report scores {LOCALISATION_SHAPES}'}); "
+      f"object area share (the score of a uniform map): {float(data.masks.double().mean()):.3f}")
 for r in loc_rows:
     print(f"{r.method:22s} mass in object {r.mass_in_mask:.3f}  pointing {r.pointing:.3f}")
 

@@ -32,6 +32,7 @@ import vitlab
 from vitlab.plots import notebook_figures
 from vitlab.data import DataError, load_dataset, load_shapes, nested_subsets
 from vitlab.features import extract_features
+from vitlab.images import trained_on
 from vitlab.probe import few_shot_accuracy, format_table, linear_probe_accuracy
 
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
@@ -55,10 +56,20 @@ print(f"{MODEL or 'embedded default'} on {probed}: class-balanced subsets of {le
       f"training and {len(test):,} of its {n_all_test:,} test images, {ftr.shape[1]}-d features (the 'all' row: "
       f"these {len(train):,} training images)")
 print(format_table(res, linear_probe_accuracy(ftr, train.labels, fte, test.labels)))
+# what the table measures follows from what was probed: the fallback to the shapes changes it
+name, seen = MODEL or "the embedded default", trained_on(model)
+if probed == seen:
+    print(f"what the table measures: separability. {name} was trained on these {probed} classes, so the table says "
+          "how linearly separable its features are, not how they transfer (notebook 06 measures transfer)")
+else:
+    print(f"what the table measures: transfer. {name} was trained on {seen or 'its own pre-training data'}, not on "
+          f"{probed}" + ("; the synthetic shapes stood in for the unreadable " + DATA + ", a task far from the "
+                         "paper's" if probed != DATA else ""))
 
 # %% [markdown]
 # **Paper:** the paper reports fine-tuning accuracy mainly and uses linear few-shot accuracy for quick on-the-fly
 # evaluation where fine-tuning would be too costly (section 4.1); Fig. 4 compares ViTs and ResNets pre-trained on
 # subsets of JFT-300M by their linear 5-shot ImageNet accuracy.
-# **Here:** the table above for the chosen model; the embedded default is probed on the classes it was trained
-# on, so this measures how linearly separable its features are, not transfer (notebook 06 measures transfer).
+# **Here:** the table above for the chosen model, and the line under it says what it measures: separability where
+# the model was trained on the probed classes (the embedded default on CIFAR-10), transfer otherwise (a timm model
+# on CIFAR-10, or any model on the synthetic shapes, which stand in when CIFAR-10 is not readable here).

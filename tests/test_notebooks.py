@@ -90,6 +90,41 @@ def test_few_shot_notebook_says_what_it_probed():
     assert "(the 'all' row: these 200 training images)" in out
 
 
+
+def test_few_shot_notebook_says_what_its_table_measures_after_the_fallback(tmp_path):
+    """Without CIFAR-10 the notebook probes the synthetic shapes; its text said the default 'is probed on the classes
+    it was trained on' all the same. The line under the table now follows what was probed: transfer here."""
+    nb = jupytext.read(NOTEBOOKS / "05_few_shot_probing.py")
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOKS)}}).execute(
+        env={**os.environ, "VITLAB_SMOKE": "1", "OMP_NUM_THREADS": "1",
+             "VITLAB_PROBE_DATA": f"cifar10:{tmp_path / 'none'}"})  # a CIFAR-10 that is not there
+    out = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+                  if o.output_type == "stream")
+    assert "embedded default on shapes: " in out  # it fell back
+    assert "what the table measures: transfer. the embedded default was trained on cifar10, not on shapes" in out
+    assert "what the table measures: separability" not in out
+
+
+def test_rollout_notebook_scores_localisation_as_the_report_does():
+    """The report read rollout's mass on the object as 0.143 on 32 shapes where notebook 04 read 0.133 on 64 (the
+    random map's pointing game: 25% and 42%): both now measure with shapes_localisation on LOCALISATION_SHAPES, and
+    the notebook's smoke run (8 shapes) prints the report's own rows for those 8 and names the report's sample."""
+    import inspect
+
+    from vitlab.models import SHAPES_CHECKPOINT
+    from vitlab.provenance import versions
+    from vitlab.report import sections as S
+    from vitlab.shapes import LOCALISATION_SHAPES
+
+    assert inspect.signature(S.localisation).parameters["n"].default == LOCALISATION_SHAPES
+    out = _smoke_output("04_attention_rollout")
+    rows = S.localisation(SHAPES_CHECKPOINT, versions(), n=8).metrics["methods"]
+    assert len(rows) == 5
+    for r in rows:
+        assert f"{r['method']:22s} mass in object {r['mass_in_mask']:.3f}  pointing {r['pointing']:.3f}" in out
+    assert f"8 test shapes (seed 1; the report scores {LOCALISATION_SHAPES})" in out
+
 def test_mpp_notebook_marks_fixed_position_tables():
     """The smoke study's three models share one fixed 2D sin-cos table, so 'scratch' shows the same grid structure as
     the trained models; the line says so instead of leaving the notebook's 'a random initialisation's position

@@ -33,7 +33,7 @@ from vitlab.info import data_config
 from vitlab.modes import unwrapped
 from vitlab.shipped import data_path
 
-__all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_image_count", "default_images", "default_labels", "default_source", "default_data_words", "CIFAR_SAMPLE"]
+__all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_image_count", "default_images", "default_labels", "default_source", "default_data_words", "trained_on", "CIFAR_SAMPLE"]
 
 #: 128 CIFAR-10 test images (13 of each of the first 8 classes, 12 of the last 2, drawn with seed 0, classes
 #: interleaved so that any first n are balanced; ``index`` holds
@@ -191,9 +191,9 @@ def _preprocessed(model: nn.Module, items: list[tuple[str, Image.Image]]) -> tup
     return [n for n, _ in items], x, shown
 
 
-def _trained_on(model: nn.Module) -> str:
+def trained_on(model: nn.Module) -> str:
     """The data set a vitlab checkpoint's card records its training on (``cifar10``, ``shapes``, a folder), without
-    its root; "" for a model that is not a vitlab checkpoint."""
+    its root, as ``load_dataset`` names it; "" for a model that is not a vitlab checkpoint."""
     ck = getattr(unwrapped(model), "vitlab_checkpoint", None) or {}  # a DataParallel wrapper: its module's card
     return str((ck.get("train") or {}).get("data", "")).split(":")[0]
 
@@ -202,7 +202,7 @@ def _default_set(model: nn.Module) -> str:
     """Which images ``default_images`` gives this model: ``"shapes"`` for a vitlab checkpoint trained on the synthetic
     shapes (its own test draw, so the model is shown the kind of image it classifies), ``"cifar"`` for any other
     32 px model, ``"photos"`` otherwise."""
-    if _trained_on(model) == "shapes":
+    if trained_on(model) == "shapes":
         return "shapes"
     return "cifar" if tuple(data_config(model)["input_size"][-2:]) == (32, 32) else "photos"
 
@@ -254,12 +254,12 @@ def head_class_names(model: nn.Module) -> tuple[str, ...] | None:
     names = (ck.get("data") or {}).get("classes")
     if names and len(names) == n_cls:
         return tuple(str(c) for c in names)
-    trained_on = _trained_on(model)
-    if n_cls == 10 and trained_on == "cifar10":
+    trained = trained_on(model)
+    if n_cls == 10 and trained == "cifar10":
         return cifar_test_sample().classes
     from vitlab.shapes import SHAPE_CLASSES
 
-    if n_cls == len(SHAPE_CLASSES) and trained_on == "shapes":
+    if n_cls == len(SHAPE_CLASSES) and trained == "shapes":
         return SHAPE_CLASSES
     return None
 

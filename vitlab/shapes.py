@@ -17,6 +17,10 @@ from vitlab.checks import check_count, check_seed, whole_index
 
 SHAPE_CLASSES = ("circle", "square", "triangle", "cross")
 
+#: How many test shapes the localisation scores are measured on (``vitlab.inspect.shapes_localisation``: the
+#: report's localisation table and notebook 04 alike, so that both give the same numbers)
+LOCALISATION_SHAPES = 32
+
 
 def _shape_mask(kind: int, yy: Tensor, xx: Tensor, cy: Tensor, cx: Tensor, r: Tensor) -> Tensor:
     """(N, H, W) bool masks of one kind; yy/xx (H, W) pixel centres, cy/cx/r (N, 1, 1)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -22,8 +23,12 @@ from vitlab.inspect.faithfulness import (
     randomized_copy,
 )
 from vitlab.modes import unwrapped
+from vitlab.shapes import LOCALISATION_SHAPES
 
-__all__ = ["MethodScores", "compare_methods"]
+if TYPE_CHECKING:
+    from vitlab.data import ImageArray
+
+__all__ = ["MethodScores", "compare_methods", "shapes_localisation"]
 
 
 @dataclass(frozen=True)
@@ -95,3 +100,21 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
             fraction=di["fraction"].tolist(),
         ))
     return rows, maps
+
+
+def shapes_localisation(model: nn.Module, n: int = LOCALISATION_SHAPES, sanity: bool = True,
+                        progress: bool | None = None, on_method: Callable[[str], None] | None = None
+                        ) -> tuple[ImageArray, list[MethodScores], dict[str, Tensor]]:
+    """``compare_methods`` on the first ``n`` test shapes (``vitlab.data.load_shapes("test", n)``: true classes as
+    targets, their object masks for the localisation scores), preprocessed as ``model`` expects, on its device:
+    what ``vitlab reproduce``'s localisation table and notebook 04 both measure, so they give the same numbers.
+    Returns (the shapes' ``ImageArray``, the rows, the maps on the model's device); ``model`` must take
+    ``pretrained_cfg``'s input size (the shipped shapes ViT: ``vitlab.models.SHAPES_CHECKPOINT``)."""
+    from vitlab.data import load_shapes, normalize
+
+    cfg = model.pretrained_cfg
+    data = load_shapes("test", n=n, size=cfg["input_size"][-1])
+    x = normalize(data.images, cfg["mean"], cfg["std"]).to(next(model.parameters()).device)
+    rows, maps = compare_methods(model, x, data.labels, masks=data.masks, sanity=sanity, progress=progress,
+                                 on_method=on_method)
+    return data, rows, maps

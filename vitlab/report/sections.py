@@ -32,7 +32,7 @@ from vitlab.inspect import (
     readout_vector,
 )
 from vitlab.inspect.attribution import has_classifier
-from vitlab.inspect.compare import MethodScores, compare_methods
+from vitlab.inspect.compare import MethodScores, compare_methods, shapes_localisation
 from vitlab.inspect.rollout import attention_rollout
 from vitlab.plots import (
     MAP_SCALING,
@@ -46,6 +46,7 @@ from vitlab.plots import (
     similarity_tiles,
     table_figure,
 )
+from vitlab.shapes import LOCALISATION_SHAPES
 from vitlab.stats import probability_words
 from vitlab.verdict import Verdict
 
@@ -477,20 +478,16 @@ def localisation_possible(shapes_checkpoint: Path) -> bool:
     return (shapes_checkpoint / "model.safetensors").exists()
 
 
-def localisation(shapes_checkpoint: Path, versions: dict, n: int = 32, device: torch.device | str = "cpu",
-                 tick: Callable[[str], None] | None = None) -> Section | None:
+def localisation(shapes_checkpoint: Path, versions: dict, n: int = LOCALISATION_SHAPES,
+                 device: torch.device | str = "cpu", tick: Callable[[str], None] | None = None) -> Section | None:
     """Localisation scores of every method for the shipped shapes ViT on ``n`` test shapes (true classes), computed
     on ``device``; None without that model (``localisation_possible``). ``tick``: as ``maps_and_faithfulness``'."""
     if not localisation_possible(shapes_checkpoint):
         return None
     import vitlab
-    from vitlab.data import load_shapes, normalize
 
     net = vitlab.load_model(str(shapes_checkpoint)).to(device)
-    cfg = net.pretrained_cfg
-    data = load_shapes("test", n=n, size=cfg["input_size"][-1])
-    x = normalize(data.images, cfg["mean"], cfg["std"]).to(device)
-    rows, maps = compare_methods(net, x, data.labels, masks=data.masks, progress=False, on_method=tick)
+    data, rows, maps = shapes_localisation(net, n, progress=False, on_method=tick)  # as notebook 04 measures it
     maps = {k: v.cpu() for k, v in maps.items()}
     from vitlab.inspect import localisation as score
 
