@@ -30,10 +30,15 @@ class Server:
     def __init__(self, tmp_path):
         self.port = free_port()
         self.log = tmp_path / "app.log"
+        # --open with a "browser" that records what it was asked to open
+        self.opened, browser = tmp_path / "opened.txt", tmp_path / "browser.sh"
+        browser.write_text(f'#!/bin/sh\nprintf "%s" "$*" > "{self.opened}"\n')
+        browser.chmod(0o755)
         with open(self.log, "w") as out:
             self.app = subprocess.Popen([sys.executable, "-m", "vitlab.cli", "app", "--port", str(self.port),
-                                         "--num-images", "1", "--max-pages", str(MAX_PAGES)],
-                                        stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                         "--num-images", "1", "--max-pages", str(MAX_PAGES), "--open"],
+                                        stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                        env={**os.environ, "BROWSER": str(browser)})
         self.token = self._wait_until_serving(240)
 
     def _wait_until_serving(self, timeout: float) -> str:
@@ -179,6 +184,22 @@ def test_the_page_needs_the_printed_token(server):
     status, _ = server.get("/api/kernels/00000000-0000-0000-0000-000000000000")  # the kernel API too
     assert status == 403
     assert server.kernels() == []
+
+
+def test_open_gives_the_browser_the_page_with_its_token_outside_the_browser_s_command_line(server):
+    """Voila's own --open opened the address without the token (a login page); the browser now gets a temporary
+    file that forwards to the page with the token, so the token stays out of the browser's command line."""
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    for _ in range(100):
+        if server.opened.exists() and server.opened.read_text():
+            break
+        time.sleep(0.1)
+    opened = server.opened.read_text()
+    assert opened.startswith("file://") and server.token not in opened
+    forward = Path(urlparse(opened).path).read_text()
+    assert f'url=http://127.0.0.1:{server.port}/?token={server.token}"' in forward
 
 
 def test_a_foreign_host_header_is_refused_even_with_the_token(server):
