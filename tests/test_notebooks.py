@@ -125,6 +125,23 @@ def test_rollout_notebook_scores_localisation_as_the_report_does():
         assert f"{r['method']:22s} mass in object {r['mass_in_mask']:.3f}  pointing {r['pointing']:.3f}" in out
     assert f"8 test shapes (seed 1; the report scores {LOCALISATION_SHAPES})" in out
 
+
+def test_filters_notebook_gives_the_reports_statistics():
+    """Notebook 01 judged the filters against 5 random draws where the report drew 20 ('filters structured' read
+    0.181 and 0.182): each verdict of the report's filters section has the same statistic in the notebook's table."""
+    import vitlab
+    from vitlab.report import sections as S
+    from vitlab.verdict import fmt_value
+
+    out = _smoke_output("01_patch_embedding_pca")  # the embedded default, as the report's default
+    net = vitlab.load_model()
+    inp = S.Inputs(net, vitlab.model_info(net), [], None, [], {"model": "embedded default", "versions": {}})
+    verdicts = S.filters(inp).verdicts  # the filters section reads the weights alone
+    assert len(verdicts) == 2
+    for v in verdicts:
+        row = next(line for line in out.splitlines() if line.startswith(v.finding))
+        assert f"  {fmt_value(v.statistic)} [" in row, (row, v.statistic)
+
 def test_mpp_notebook_marks_fixed_position_tables():
     """The smoke study's three models share one fixed 2D sin-cos table, so 'scratch' shows the same grid structure as
     the trained models; the line says so instead of leaving the notebook's 'a random initialisation's position
