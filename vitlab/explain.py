@@ -13,7 +13,7 @@ from vitlab.findings import LOWEST_LAYER
 from vitlab.study_findings import INIT_NAMES
 from vitlab.verdict import Verdict, fmt_endpoint, fmt_threshold, fmt_value, n_units, runs_words
 
-__all__ = ["explain", "known_reason", "no_interval_reason", "KNOWN_REASONS", "UNTRAINED_REASON"]
+__all__ = ["explain", "known_reason", "no_interval_reason", "reason_lead", "KNOWN_REASONS", "UNTRAINED_REASON"]
 
 
 #: Known reasons, with their sources, why a finding of the paper may not show on a small model trained on little
@@ -164,6 +164,43 @@ def _lowest_layer_heads(v: Verdict) -> str | None:
             "about 10% to 90%.")
 
 
+def reason_lead(v: Verdict) -> str:
+    """What a verdict that is not "reproduced" says before its known reason, so that the reason follows the verdict
+    and never stands in for it: an estimate on the other side of the threshold from the paper's finding is said to
+    be so (not "cannot decide")."""
+    if v.verdict == "not reproduced":
+        return "Not seen here"
+    if _against(v):
+        return ("The estimate lies on the other side of the threshold from the paper's finding, and the interval "
+                "reaches the paper's side")
+    return "The data cannot decide it here"
+
+
+def _against(v: Verdict) -> bool:
+    """Whether ``v``'s estimate lies on the other side of its threshold from the paper's finding."""
+    if not math.isfinite(v.statistic):
+        return False
+    return v.statistic < v.threshold if v.side == ">" else v.statistic > v.threshold
+
+
+def _qualified(v: Verdict) -> str:
+    """The sentences a verdict's record adds to its numbers: every form of a convention it depends on, and the
+    controls its criterion failed ("" when neither)."""
+    out = ""
+    if len(v.conventions) > 1 and v.qualifier and "convention" in v.qualifier:
+        forms = "; ".join(f"{name}: {fmt_value(c['statistic'])} [{fmt_endpoint(_num(c['interval'][0]), v.threshold)}, "
+                          f"{fmt_endpoint(_num(c['interval'][1]), v.threshold)}], {c['verdict']}"
+                          for name, c in v.conventions.items())
+        out += f" It differs between the forms of a convention ({forms})."
+    if v.failed_controls:
+        out += f" Its criterion fails the control(s): {', '.join(v.failed_controls)}."
+    return out
+
+
+def _num(x: Any) -> float:
+    return math.nan if x is None else float(x)
+
+
 def explain(verdicts: Sequence[Verdict], width: int | None = None) -> str:
     """One sentence per verdict, in words that follow from the numbers: what was judged (``subject``), what was
     found, with its unit and the training runs its interval covers, and, where the paper's finding does not show
@@ -175,15 +212,16 @@ def explain(verdicts: Sequence[Verdict], width: int | None = None) -> str:
         t = v.threshold
         on = f" ({v.subject})" if v.subject else ""
         unit = f" {v.unit}" if v.unit else ""
-        head = f"{v.finding}{on}: {v.verdict} ({v.quantity} {fmt_value(v.statistic)}{unit}, 95% interval " \
+        head = f"{v.finding}{on}: {v.label} ({v.quantity} {fmt_value(v.statistic)}{unit}, 95% interval " \
                f"[{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}] from {runs_words(v.n_runs)}, finding side {v.side} " \
                f"{fmt_threshold(t)})."
+        head += _qualified(v)
         missing = no_interval_reason(v)
         if missing is not None:
             head += f" The data cannot decide it here; no interval: {missing}."
         elif v.verdict != "reproduced":
             reason = known_reason(v)
-            what = "The data cannot decide it here" if v.verdict == "inconclusive" else "Not seen here"
+            what = reason_lead(v)
             head += f" {what}; known reason: {reason}" if reason else f" {what}."
         lines.append(head)
     if width is not None:

@@ -7,17 +7,25 @@ against), ``untrained``, which makes a verdict measured on random weights inconc
 ``attention_distance_shift``, a paired comparison of two models that is no finding of the paper and so gets an
 interval, not a verdict. The findings that the scaling sweep's and the MPP study's records decide are
 ``vitlab.study_findings``.
+
+Each verdict carries its finding's stable ``key`` (``KEYS``), the reason its statistic was chosen (in its criterion)
+and where its threshold comes from (``threshold_source``). ``judge_filters``, ``judge_positions`` and
+``judge_distance`` are the procedures the report and the notebooks run: the findings of one figure, each under every
+form of a standard convention it depends on (the number of filter components; prefix attention dropped with or
+without renormalising, pixels or patches), combined by ``vitlab.verdict.across_conventions``. ``vitlab.controls``
+runs the same procedures on controls with a known answer.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from vitlab.checks import whole_index
+from vitlab.checks import check_seed, whole_index
 from vitlab.inspect.distance import patch_distances
 from vitlab.inspect.faithfulness import rank_correlation
 from vitlab.inspect.positions import position_structure_score
@@ -26,9 +34,11 @@ from vitlab.verdict import (
     SEED,
     Array,
     Verdict,
+    across_conventions,
     as_float64,
     bootstrap_counts,
     fmt_endpoint,
+    fmt_threshold,
     fmt_value,
     make_verdict,
     mean_interval,
@@ -41,7 +51,15 @@ from vitlab.verdict import (
 
 __all__ = [
     "untrained",
+    "KEYS",
     "dct_radius",
+    "dct_concentration",
+    "component_counts",
+    "judge_filters",
+    "judge_positions",
+    "judge_distance",
+    "DISTANCE_CONVENTIONS",
+    "LOWEST_SPREAD_THRESHOLD",
     "filters_low_frequency",
     "filters_structured",
     "position_similarity_decreases",
@@ -55,6 +73,17 @@ __all__ = [
     "rollout_localises",
 ]
 
+#: the findings' stable ids (``Verdict.key``), by which controls, reasons and reports know them
+KEY_LOW_FREQUENCY = "fig7.left.low_frequency"
+KEY_STRUCTURED = "fig7.left.structured"
+KEY_POSITION_DISTANCE = "fig7.centre.distance"
+KEY_ROW_COLUMN = "fig7.centre.row_column"
+KEY_LOWEST_SPREAD = "fig7.right.lowest_spread"
+KEY_DEPTH_TREND = "fig7.right.depth_trend"
+KEY_ROLLOUT = "fig6.rollout.localises"
+KEYS = (KEY_LOW_FREQUENCY, KEY_STRUCTURED, KEY_POSITION_DISTANCE, KEY_ROW_COLUMN, KEY_LOWEST_SPREAD, KEY_DEPTH_TREND,
+        KEY_ROLLOUT)
+
 #: the fewest images the lowest layer's spread of head distances is judged from (``lowest_layer_spread``). Its
 #: bootstrap is too narrow on few images, as that of a mean is: a spread exactly at the threshold (2 heads, noise sd
 #: 0.2 of the uniform distance per image) came out "reproduced" in 9.9% of draws at 4 images, 5.0% at 8, 3.5% at 16
@@ -65,10 +94,8 @@ MIN_SPREAD_IMAGES = 16
 # ---------------------------------------------------------------------------------------------- Fig. 7 left
 
 
-def dct_radius(components: Array) -> np.ndarray:
-    """(k,) energy-weighted DCT radius of (k, C, P, Q) filters: each channel's orthonormal 2D DCT-II over the
-    patch, radius sqrt(u^2 + v^2) of frequency (u, v) averaged with weights = squared coefficients (pooled over
-    channels). 0 for a constant filter; sqrt((P-1)^2 + (Q-1)^2) for the highest DCT frequency."""
+def _dct_energy(components: Array) -> np.ndarray:
+    """(k, P, Q) squared orthonormal 2D DCT-II coefficients of (k, C, P, Q) filters, pooled over channels."""
     w = as_float64(components)
     if w.ndim != 4:
         raise ValueError(f"components must be (k, C, P, Q) filters, got shape {w.shape}")
@@ -81,15 +108,41 @@ def dct_radius(components: Array) -> np.ndarray:
         return m
 
     coef = dct_matrix(p) @ w @ dct_matrix(q).T  # (k, C, P, Q) DCT coefficients
-    energy = (coef**2).sum(1)  # (k, P, Q) pooled over channels
+    return (coef**2).sum(1)  # (k, P, Q) pooled over channels
+
+
+def dct_radius(components: Array) -> np.ndarray:
+    """(k,) energy-weighted DCT radius of (k, C, P, Q) filters: each channel's orthonormal 2D DCT-II over the
+    patch, radius sqrt(u^2 + v^2) of frequency (u, v) averaged with weights = squared coefficients (pooled over
+    channels). 0 for a constant filter; sqrt((P-1)^2 + (Q-1)^2) for the highest DCT frequency."""
+    energy = _dct_energy(components)
+    p, q = energy.shape[-2:]
     radius = np.hypot(*np.meshgrid(np.arange(p), np.arange(q), indexing="ij"))  # (P, Q)
     with np.errstate(invalid="ignore", divide="ignore"):
         return (energy * radius).sum((1, 2)) / energy.sum((1, 2))
 
 
+def dct_concentration(components: Array) -> np.ndarray:
+    """(k,) how concentrated each (C, P, Q) filter's energy is on few DCT frequencies: the sum over the P*Q
+    frequencies of the squared share of its energy (channels pooled), from 1 / (P*Q) (energy spread evenly) to 1
+    (one frequency: a DCT basis function in any colour). A random unit vector over C*P*Q values scores about
+    (C + 2) / (C*P*Q + 2)."""
+    energy = _dct_energy(components).reshape(len(as_float64(components)), -1)  # (k, P*Q)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = energy / energy.sum(1, keepdims=True)
+    return (share**2).sum(1)
+
+
 #: the fewest filter components the rank bootstrap of ``filters_low_frequency`` decides from: over random orders
 #: it called 19 of 400 draws (4.75%) "reproduced" at 5 components (nominal 2.5%), 6 (1.5%) at 8 and 10 (2.5%) at 12
 MIN_RANK_BOOTSTRAP = 8
+#: the random orthonormal bases ``filters_structured`` compares the components with (the order statistics of 200
+#: draws make its 95% prediction interval)
+NULL_DRAWS = 200
+#: the paper's component count (Fig. 7 left shows the top 28 components of ViT-L/32)
+PAPER_COMPONENTS = 28
+#: the share of the filters' variance the second component-count convention keeps (``component_counts``)
+VARIANCE_KEPT = 0.9
 
 
 def _check_k(k: object) -> None:
@@ -99,13 +152,15 @@ def _check_k(k: object) -> None:
         raise ValueError(f"k must be a whole number of components, at least 1, got {k!r}")
 
 
-def filters_low_frequency(components: Array, k: int = 28, n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
+def filters_low_frequency(components: Array, k: int = PAPER_COMPONENTS, n_boot: int = N_BOOT,
+                          seed: int = SEED) -> Verdict:
     """Fig. 7 left: the leading principal components of the patch-embedding filters are low-frequency.
 
     ``components`` (k0, C, P, P): ``embedding_filter_pca(model, k)[0]``, leading first. Statistic: Spearman
     correlation between component rank and DCT radius over the first ``k`` (28 as in the paper's figure, or
     all when fewer); the bootstrap resamples (rank, radius) pairs. Below ``MIN_RANK_BOOTSTRAP`` components there
-    is no interval: the verdict is inconclusive.
+    is no interval: the verdict is inconclusive. Threshold 0: components in random order of frequency (white-noise
+    filters, a control of ``vitlab.controls``) have a Spearman correlation of 0.
     """
     _check_k(k)
     radius = dct_radius(components)[:k]  # (k,)
@@ -120,41 +175,93 @@ def filters_low_frequency(components: Array, k: int = 28, n_boot: int = N_BOOT, 
         "Fig. 7 left: leading filter components are low-frequency",
         f"Spearman correlation between component rank and energy-weighted DCT radius over the first {k} "
         "components > 0 (later components have higher frequencies); 95% bootstrap over components"
-        + (f" (none below {MIN_RANK_BOOTSTRAP} components)" if few else ""),
+        + (f" (none below {MIN_RANK_BOOTSTRAP} components)" if few else "")
+        + ". A rank correlation because the finding is about the order of the components, whatever the size of "
+          "the steps in frequency between them",
         stat, (math.nan, math.nan) if few else percentile_interval(boot), 0.0, ">", "Spearman", "",
         {"k": k, "dct_radius": radius, "constant_resamples": int(np.isnan(boot).sum()),
-         "patch_px": list(as_float64(components).shape[-2:])},
-        f"{n_units(k, 'components')}, at least {MIN_RANK_BOOTSTRAP} needed" if few else None)
+         "patch_px": list(as_float64(components).shape[-2:]), "first_component_radius_rank": int(
+             (radius < radius[0]).sum() + 1)},
+        f"{n_units(k, 'components')}, at least {MIN_RANK_BOOTSTRAP} needed" if few else None,
+        key=KEY_LOW_FREQUENCY,
+        threshold_source="the null of no order: components in random order of frequency (the white-noise control) "
+                         "have Spearman 0")
 
 
-def filters_structured(explained_ratio: Array, random_explained_ratio: Array, k: int = 28, n_boot: int = N_BOOT,
-                       seed: int = SEED) -> Verdict:
-    """Fig. 7 left: the leading ``k`` components explain more variance than those of a random embedding.
+def filters_structured(components: Array, explained_ratio: Array, k: int = PAPER_COMPONENTS,
+                       draws: int = NULL_DRAWS, seed: int = SEED) -> Verdict:
+    """Fig. 7 left: the leading ``k`` components are structured: each concentrates its energy on few DCT
+    frequencies, as the paper's plausible basis functions do, more than random directions with the same variance
+    spectrum.
 
-    ``explained_ratio`` (k0,): ``embedding_filter_pca(model, k)[1]``; ``random_explained_ratio`` (S, k0): the
-    same for S randomly initialised embeddings of the same shape, e.g.
-    ``embedding_filter_pca(randomized_copy(model, s), k)[1]`` for s in range(S). Statistic: cumulative ratio of
-    the first ``k`` minus the random one's, averaged over draws; interval over the draws.
+    ``components`` (k0, C, P, Q) and ``explained_ratio`` (k0,): ``embedding_filter_pca(model, k)``. Statistic: the
+    explained-variance-weighted mean ``dct_concentration`` of the first ``k`` components minus that of ``k``
+    orthonormal directions drawn uniformly at random in the C*P*Q filter space, weighted alike (a matched random
+    spectrum), averaged over ``draws``; interval: the 95% prediction interval of one random draw's difference.
     """
     _check_k(k)
+    comps = as_float64(components)
     er = as_float64(explained_ratio)
-    rr = as_float64(random_explained_ratio)
-    if rr.ndim == 1:
-        rr = rr[None]
-    if er.ndim != 1 or rr.ndim != 2:
-        raise ValueError(f"explained_ratio must be (k,) and random_explained_ratio (S, k), got {er.shape}, {rr.shape}")
-    k = min(k, len(er), rr.shape[1])
-    diff = er[:k].sum() - rr[:, :k].sum(1)  # (S,) one per random draw
-    # the trained embedding is one draw's worth of filters: it is compared with where a single random embedding
-    # falls (a 95% prediction interval), not with the mean of random draws, which any one draw may beat by chance
+    if comps.ndim != 4 or er.ndim != 1 or len(er) != len(comps):
+        raise ValueError(f"components must be (k, C, P, Q) and explained_ratio (k,), got {comps.shape}, {er.shape}")
+    k = min(k, len(comps))
+    w = er[:k] / er[:k].sum()
+    stat = float(w @ dct_concentration(comps[:k]))
+    shape = comps.shape[1:]
+    d = int(np.prod(shape))
+    g = np.random.default_rng(check_seed("seed", seed))
+    null = np.array([w @ dct_concentration(np.linalg.qr(g.standard_normal((d, k)))[0].T.reshape(k, *shape))
+                     for _ in range(draws)])  # (S,) one per random orthonormal k-frame (Haar)
+    diff = stat - null
+    # the trained components are one draw's worth: compared with where a single random frame falls (a 95%
+    # prediction interval), not with the mean of random frames, which any one frame may beat by chance
     interval, method = prediction_interval(diff, "random draws")
     return make_verdict(
-        "Fig. 7 left: filter components are structured (vs. random init)",
-        f"explained-variance share of the first {k} components minus that of a randomly initialised embedding "
-        "of the same shape > 0; 95% prediction interval of one random embedding's share",
-        float(diff.mean()), interval, 0.0, ">", "share difference", "",
-        {"k": k, "explained": float(er[:k].sum()), "random_explained": rr[:, :k].sum(1), "interval_method": method},
-        none_reason(method))
+        "Fig. 7 left: filter components are structured (vs. random directions)",
+        f"variance-weighted DCT concentration of the first {k} components minus that of {k} random orthonormal "
+        f"directions in the {d}-dimensional filter space with the same variance shares > 0; 95% prediction interval "
+        "of one random draw. Concentration, not explained variance, because random filters with the trained "
+        "filters' variance spectrum explain exactly as much variance, while their components spread over all "
+        "frequencies",
+        stat - float(null.mean()), interval, 0.0, ">", "concentration difference", "",
+        {"k": k, "concentration": stat, "random_concentration": null, "interval_method": method,
+         "explained": float(er[:k].sum())},
+        none_reason(method), key=KEY_STRUCTURED,
+        threshold_source="the null of no structure: random orthonormal directions with the same variance shares "
+                         "(the matched-spectrum control) differ from their own mean by 0 on average")
+
+
+def component_counts(explained_ratio: Array, k: int = PAPER_COMPONENTS) -> dict[str, int]:
+    """The two conventions for how many filter components are 'leading', {name: count}: the paper's ``k`` (28, or
+    all there are) and the fewest that explain ``VARIANCE_KEPT`` (90%) of the variance (at least
+    ``MIN_RANK_BOOTSTRAP``, the fewest the rank bootstrap decides from, or all there are), from
+    ``explained_ratio`` over all components (``embedding_filter_pca(model, filter_component_count(model, 10**9))``).
+    One entry where both give the same count."""
+    _check_k(k)
+    er = as_float64(explained_ratio)
+    total = len(er)
+    paper = min(k, total)
+    kept = min(total, max(MIN_RANK_BOOTSTRAP, int(np.searchsorted(np.cumsum(er) / er.sum(), VARIANCE_KEPT - 1e-12) + 1)))
+    out = {f"paper's count: {n_units(paper, 'components')}": paper}
+    if kept != paper:
+        out[f"{VARIANCE_KEPT:.0%} of the variance: {n_units(kept, 'components')}"] = kept
+    return out
+
+
+def judge_filters(filters: Array, k: int = PAPER_COMPONENTS) -> list[Verdict]:
+    """Both Fig. 7 left verdicts on (D, C, P, Q) patch-embedding filters (``vitlab.inspect.filters._filters``, or
+    constructed ones), each under both component-count conventions (``component_counts``, ``across_conventions``):
+    ``[filters_low_frequency, filters_structured]``."""
+    from vitlab.inspect.filters import filter_pca
+
+    w = torch.as_tensor(as_float64(filters))
+    if w.ndim != 4:
+        raise ValueError(f"filters must be (D, C, P, Q), got shape {tuple(w.shape)}")
+    comps, ratio = filter_pca(w, min(w.shape[0], int(np.prod(w.shape[1:]))))
+    comps, ratio = comps.double().numpy(), ratio.double().numpy()
+    counts = component_counts(ratio, k)
+    return [across_conventions({name: filters_low_frequency(comps, k=n) for name, n in counts.items()}),
+            across_conventions({name: filters_structured(comps, ratio, k=n) for name, n in counts.items()})]
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 7 centre
@@ -213,8 +320,12 @@ def position_similarity_decreases(sim: Array, grid: tuple[int, int] | None = Non
     return make_verdict(
         "Fig. 7 centre: position similarity falls with grid distance",
         "Spearman correlation between position-embedding cosine similarity and grid distance over patch pairs "
-        "< 0; 95% bootstrap over patches, widened by 2 for pairs",
-        stat, _pair_interval(stat, boot), 0.0, "<", "Spearman", "", {"grid": [gh, gw]})
+        "< 0; 95% bootstrap over patches, widened by 2 for pairs. A rank correlation because 2D locality means "
+        "similarity falls as distance grows, whatever the shape of the fall",
+        stat, _pair_interval(stat, boot), 0.0, "<", "Spearman", "", {"grid": [gh, gw]},
+        key=KEY_POSITION_DISTANCE,
+        threshold_source="the null of no 2D locality: a table permuted across the grid (a control) has Spearman 0 "
+                         "on average")
 
 
 def position_row_column_structure(sim: Array, grid: tuple[int, int] | None = None, n_boot: int = N_BOOT,
@@ -255,13 +366,35 @@ def position_row_column_structure(sim: Array, grid: tuple[int, int] | None = Non
     return make_verdict(
         "Fig. 7 centre: row/column structure in position embeddings",
         "mean over grid distances of (similarity of same-row/column pairs - similarity of other pairs at that "
-        "distance) > 0; 95% bootstrap over patches, widened by 2 for pairs",
+        "distance) > 0; 95% bootstrap over patches, widened by 2 for pairs. Pairs compared at equal distance so "
+        "that plain 2D locality, which any smooth table has, cannot pass for row/column structure",
         stat[0], _pair_interval(float(stat[0]), boot), 0.0, ">", "difference", "",
         {"grid": [gh, gw], "distances": [math.sqrt(q) for q in both], "difference_by_distance": diffs[0],
-         "pairs_by_distance": cnts.sum(0)})
+         "pairs_by_distance": cnts.sum(0)}, key=KEY_ROW_COLUMN,
+        threshold_source="the null of no row/column structure: a table whose similarity depends on the Euclidean "
+                         "distance alone (the isotropic control) has a difference of exactly 0")
+
+
+def judge_positions(sim: Array, grid: tuple[int, int] | None = None) -> list[Verdict]:
+    """The Fig. 7 centre verdicts on a position-embedding similarity (as ``position_similarity_decreases`` takes
+    it): ``[position_similarity_decreases]``, with ``position_row_column_structure`` after it where the grid has
+    equal distances in and off rows (a side of at least 6, the other of at least 4)."""
+    out = [position_similarity_decreases(sim, grid)]
+    try:
+        out.append(position_row_column_structure(sim, grid))
+    except ValueError:  # too small a grid: no pairs at equal distance in and off rows
+        pass
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 7 right
+
+
+#: the forms of the attention-distance convention both distance findings are judged under (``judge_distance``):
+#: prefix tokens dropped without renormalising (the widely used code's, so attention to the class token reads as
+#: "near"), dropped with the rest renormalised, and distances in patches instead of pixels
+DISTANCE_CONVENTIONS = ("prefix dropped, not renormalised (px)", "prefix dropped, renormalised (px)",
+                        "prefix dropped, not renormalised (patches)")
 
 
 def uniform_attention_distance(grid: tuple[int, int], patch: tuple[int, int]) -> float:
@@ -282,16 +415,28 @@ def _per_image(dist: Array) -> np.ndarray:
 LOWEST_LAYER = "Fig. 7 right: lowest layer mixes local and global heads"
 
 
-def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_boot: int = N_BOOT,
+#: the lowest-layer spread the paper's Fig. 7 right shows (ViT-L/16 at 224 px): its lowest layer's heads from about
+#: 10% to about 90% of the largest mean distance drawn, which is about the uniform-attention distance (116.5 px on
+#: the 14x14 grid of 16 px patches), read by eye off the figure's y axis
+PAPER_LOWEST_SPREAD = 0.8
+#: the threshold of ``lowest_layer_spread``: midway between its negative control (heads alike: spread 0) and its
+#: positive control built at the paper's span (``PAPER_LOWEST_SPREAD``)
+LOWEST_SPREAD_THRESHOLD = PAPER_LOWEST_SPREAD / 2
+LOWEST_SPREAD_SOURCE = ("midway between the negative control (all heads alike: 0) and the paper's lowest layer: Fig. 7 "
+                        "right, ViT-L/16 at 224 px, heads from about 10% to about 90% of the largest distance drawn "
+                        "(about the uniform distance), read by eye off the figure: a spread of about 0.8")
+
+
+def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = LOWEST_SPREAD_THRESHOLD, n_boot: int = N_BOOT,
                         seed: int = SEED) -> Verdict:
     """Fig. 7 right: in the lowest layer some heads attend locally and some globally.
 
     ``dist`` (L, B, H) px: ``mean_attention_distance(model, images, per_image=True)``; ``ceiling`` px (the name
     of the argument only: a reference, which a head attending to far patches exceeds):
     ``uniform_attention_distance(grid, patch)``. Statistic: (largest - smallest head mean in layer 0) /
-    uniform distance. Threshold 0.5: in the paper's Fig. 7 right the lowest layer's heads span from about 10% to
-    about 90% of the largest distance, a spread of about 0.8; half of the uniform distance separates "some local
-    and some global" from "all heads alike".
+    uniform distance. Threshold ``LOWEST_SPREAD_THRESHOLD`` (0.4): in the paper's Fig. 7 right the lowest layer's
+    heads span from about 10% to about 90% of the largest distance, a spread of about 0.8
+    (``PAPER_LOWEST_SPREAD``); midway between that and heads all alike (0).
 
     Interval: the basic bootstrap over images (2 x statistic minus the bootstrap's 97.5 and 2.5 percentiles), from
     ``MIN_SPREAD_IMAGES`` images on. The largest minus the smallest of noisy head means overshoots the true spread,
@@ -322,36 +467,76 @@ def lowest_layer_spread(dist: Array, ceiling: float, threshold: float = 0.5, n_b
         interval = (math.nan, math.nan)
     return make_verdict(
         LOWEST_LAYER,
-        f"(largest - smallest head mean attention distance in layer 0) / uniform-attention distance > {threshold}; "
-        f"95% basic bootstrap over images (at least {MIN_SPREAD_IMAGES})",
+        f"(largest - smallest head mean attention distance in layer 0) / uniform-attention distance > "
+        f"{fmt_threshold(threshold)}; 95% basic bootstrap over images (at least {MIN_SPREAD_IMAGES}). The range of "
+        "the head means, not their spread about the mean, because the finding is that the extremes exist: some "
+        "heads local, some global",
         stat, interval, threshold, ">",
         "spread", "of uniform",
         {"head_distance_px": heads, "ceiling_px": ceiling, "images": b, "local_head": int(heads.argmin()),
          "global_head": int(heads.argmax())},
-        missing)
+        missing, key=KEY_LOWEST_SPREAD,
+        threshold_source=LOWEST_SPREAD_SOURCE if threshold == LOWEST_SPREAD_THRESHOLD else "given by the caller")
 
 
 def distance_grows_with_depth(dist: Array, n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
     """Fig. 7 right / Fig. 11: attention distance increases with depth.
 
-    ``dist`` (L, B, H) px as for ``lowest_layer_spread``. Statistic: least-squares slope of the head-averaged
-    distance over the layer index (px per layer); the slope is linear in the data, so it is the mean of the
-    per-image slopes, and its interval is that of a mean over images (``mean_interval``: bootstrap from 20 images,
-    Student t for 2-19, none for 1).
+    ``dist`` (L, B, H) px as for ``lowest_layer_spread``. Statistic: the share of the L - 1 steps from one layer to
+    the next along which the head-averaged mean distance (over images and heads) rises. Threshold 0.5: layers in
+    random order rise on half their steps. A U-shaped profile rises on half its steps, a single jump on one, a
+    steady rise on all of them; a least-squares slope is positive for all three. Interval: percentile bootstrap
+    that redraws the images and, in each layer, its heads (a layer's heads are a sample of what the layer does:
+    a step between layers that differ less than their heads do is not taken as a rise), from
+    ``MIN_SPREAD_IMAGES`` images on; none for fewer images or for distances that vary over neither images nor
+    heads.
     """
     d = _per_image(dist)
-    L, b, _ = d.shape
+    L, b, h = d.shape
     if L < 2:
-        raise ValueError(f"need at least 2 layers for a slope, got {L}")
-    m = d.mean(-1)  # (L, B) head-averaged per image
-    x = np.arange(L) - (L - 1) / 2
-    slopes = x @ m / (x @ x)  # (B,) px per layer
-    interval, method = mean_interval(slopes, n_boot, seed, "images")
+        raise ValueError(f"need at least 2 layers for a trend, got {L}")
+    profile = d.mean((1, 2))  # (L,)
+    tol = 1e-9 * float(np.abs(d).max())  # a step of rounding error is no rise
+    stat = float((np.diff(profile) > tol).mean())
+    if b < MIN_SPREAD_IMAGES:
+        missing: str | None = f"{n_units(b, 'images')}, at least {MIN_SPREAD_IMAGES} needed"
+    elif (np.ptp(d.reshape(L, -1), axis=1) <= 1e-9 * np.abs(d).max()).all():
+        missing = (f"all {b} images and {n_units(h, 'heads')} give the same distance in each layer, so there is no "
+                   "spread to take an interval from")
+    else:
+        missing = None
+    if missing is None:
+        wi = bootstrap_counts(b, n_boot, seed)  # (R, B) images
+        wh = bootstrap_counts(h, n_boot * L, check_seed("seed", seed) + 1).reshape(n_boot, L, h)  # heads per layer
+        per_head = np.einsum("rb,lbh->rlh", wi, d) / b  # (R, L, H)
+        boot = (np.diff((per_head * wh).sum(-1) / h, axis=1) > tol).mean(1)  # (R,)
+        interval = percentile_interval(boot)
+    else:
+        interval = (math.nan, math.nan)
     return make_verdict(
         "Fig. 7 right: attention distance grows with depth",
-        f"least-squares slope of head-averaged mean attention distance over layer index > 0 px/layer; 95% {method}",
-        slopes.mean(), interval, 0.0, ">", "slope", "px/layer",
-        {"layer_distance_px": m.mean(1), "images": b}, none_reason(method))
+        "share of the steps from one layer to the next along which the head-averaged mean attention distance rises "
+        f"> 0.5; 95% bootstrap over images and over each layer's heads (at least {MIN_SPREAD_IMAGES} images). A "
+        "count of rising steps, not a slope, because a slope is positive for a U-shaped profile and for a single "
+        "jump, which rise on half and on one of their steps",
+        stat, interval, 0.5, ">", "rising steps", "of steps",
+        {"layer_distance_px": profile, "images": b, "steps": L - 1, "rising": int((np.diff(profile) > tol).sum())},
+        missing, key=KEY_DEPTH_TREND,
+        threshold_source="the null of no trend: layers in random order rise on half their steps (a flat profile "
+                         "is a control)")
+
+
+def judge_distance(dist: Mapping[str, Array], ceiling: Mapping[str, float]) -> list[Verdict]:
+    """Both Fig. 7 right verdicts under each form of the distance convention (``across_conventions``):
+    ``[lowest_layer_spread, distance_grows_with_depth]`` (the trend only from 2 layers on). ``dist``: {convention
+    name: (L, B, H) distances}, e.g. keyed by ``DISTANCE_CONVENTIONS``, the first one's numbers shown; ``ceiling``:
+    {the same names: the uniform-attention distance in that convention's unit}."""
+    if not dist or set(dist) != set(ceiling):
+        raise ValueError(f"dist and ceiling need the same conventions, got {list(dist)} and {list(ceiling)}")
+    out = [across_conventions({name: lowest_layer_spread(d, ceiling[name]) for name, d in dist.items()})]
+    if _per_image(next(iter(dist.values()))).shape[0] >= 2:
+        out.append(across_conventions({name: distance_grows_with_depth(d) for name, d in dist.items()}))
+    return out
 
 
 @dataclass(frozen=True)
@@ -434,11 +619,15 @@ def rollout_localises(mass: Array, pointing: Array, random_mass: Array, random_p
     interval, method = mean_interval(diff, n_boot, seed, "images")
     return make_verdict(
         "Fig. 6: attention rollout localises the object",
-        f"mean over images of (rollout mass on the object - random-map mass on the object) > 0; 95% {method}",
+        f"mean over images of (rollout mass on the object - random-map mass on the object) > 0; 95% {method}. "
+        "Paired with a random map on the same images because the object's area alone sets how much mass any map "
+        "puts on it",
         diff.mean(), interval, 0.0, ">", "mass difference", "",
         {"images": b, "mass": m.mean(), "random_mass": rm.mean(), "pointing": p.mean(),
          "random_pointing": rp.mean(), "pointing_difference": pdiff.mean(),
-         "pointing_difference_interval": mean_interval(pdiff, n_boot, seed, "images")[0]}, none_reason(method))
+         "pointing_difference_interval": mean_interval(pdiff, n_boot, seed, "images")[0]}, none_reason(method),
+        key=KEY_ROLLOUT, threshold_source="the random map on the same images, whose difference from itself is 0 "
+                                          "(a uniform map, a control, scores the same on average)")
 
 
 # ---------------------------------------------------------------------------------------------- untrained models

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,8 @@ from torch import Tensor
 
 from vitlab.checks import check_seed, whole_index
 
-__all__ = ["Verdict", "verdict_table", "runs_words", "fmt_value", "fmt_endpoint", "fmt_threshold", "json_types",
+__all__ = ["Verdict", "verdict_table", "runs_words", "across_conventions", "validated", "DEPENDS_ON_CONVENTION",
+           "FAILS_CONTROL", "fmt_value", "fmt_endpoint", "fmt_threshold", "json_types",
            "make_verdict", "decide", "mean_interval", "prediction_interval", "bootstrap_counts", "percentile_interval",
            "spearman_resampled", "as_float64", "n_units", "none_reason", "Resolution", "N_BOOT", "SEED", "LEVEL",
            "MIN_MEAN_BOOTSTRAP", "MIN_ORDER_PREDICTION", "NOT_FINITE", "VERDICTS"]
@@ -41,6 +42,10 @@ LEVEL = 0.95
 #: spread itself is estimated), so few seeds get the t interval, whose coverage is exact for normal data.
 MIN_MEAN_BOOTSTRAP = 20
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
+#: the qualifier of a verdict that differs between two forms of a standard convention (``across_conventions``)
+DEPENDS_ON_CONVENTION = "depends on convention"
+#: the qualifier of a verdict whose criterion did not give a control's known answer (``validated``)
+FAILS_CONTROL = "its criterion fails a control"
 
 Array = Tensor | np.ndarray | Sequence[float]
 
@@ -54,6 +59,15 @@ class Verdict:
     runs, or the study) and the data, e.g. "vit_cifar10 on 128 CIFAR-10 test images" ("" where the maker did not
     say); ``n_runs``: the training runs the interval covers (1: the interval is over images, patches or draws of one
     run, which it does not generalise beyond; a recipe's seeds: ``vitlab.recipe.combine_runs``).
+
+    ``key``: the finding's stable id (``"fig7.right.depth_trend"``; "" in records made before it existed);
+    ``threshold_source``: where the threshold comes from (a figure of the paper read off, a control, or a stated
+    convention). ``conventions``: the verdict under each form of a standard convention it depends on, {name:
+    {"statistic", "interval", "verdict"}}, the first being the one whose numbers the verdict shows
+    (``across_conventions``); ``controls``: its criterion run on controls with a known answer, one
+    ``{"control", "kind", "expected", "observed", "statistic", "interval", "passed"}`` each
+    (``vitlab.controls``); ``qualifier``: why an ``inconclusive`` (or any verdict) needs more words than its
+    interval gives, e.g. ``DEPENDS_ON_CONVENTION``; ``label`` joins it to the verdict.
     """
 
     finding: str
@@ -68,6 +82,21 @@ class Verdict:
     unit: str = ""
     subject: str = ""
     n_runs: int = 1
+    key: str = ""
+    threshold_source: str = ""
+    conventions: dict[str, Any] = field(default_factory=dict)
+    controls: list[dict[str, Any]] = field(default_factory=list)
+    qualifier: str = ""
+
+    @property
+    def label(self) -> str:
+        """The verdict in the words a reader acts on: "inconclusive (depends on convention)", "reproduced"."""
+        return f"{self.verdict} ({self.qualifier})" if self.qualifier else self.verdict
+
+    @property
+    def failed_controls(self) -> list[str]:
+        """The controls whose expected result its criterion did not give (``controls``), by name."""
+        return [c["control"] for c in self.controls if not c.get("passed")]
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -87,7 +116,9 @@ class Verdict:
             return math.nan if x is None else float(x)
 
         return cls(**{**d, "statistic": num(d["statistic"]), "threshold": num(d["threshold"]),
-                      "interval": (num(d["interval"][0]), num(d["interval"][1])), "details": dict(d["details"])})
+                      "interval": (num(d["interval"][0]), num(d["interval"][1])), "details": dict(d["details"]),
+                      "conventions": dict(d.get("conventions") or {}),
+                      "controls": [dict(c) for c in d.get("controls") or []]})
 
     def summary(self) -> str:
         """``reproduced      <finding> (<subject>): slope 0.83 px/layer [0.61, 1.02] > 0, one training run``"""
@@ -95,7 +126,7 @@ class Verdict:
         lo, hi = self.interval
         t = self.threshold
         subject = f" ({self.subject})" if self.subject else ""
-        return (f"{self.verdict:<14}  {self.finding}{subject}: {self.quantity} {fmt_value(self.statistic)}{unit} "
+        return (f"{self.label:<14}  {self.finding}{subject}: {self.quantity} {fmt_value(self.statistic)}{unit} "
                 f"[{fmt_endpoint(lo, t)}, {fmt_endpoint(hi, t)}] {self.side} {fmt_threshold(t)}, "
                 f"{runs_words(self.n_runs)}")
 
@@ -115,7 +146,7 @@ def verdict_table(verdicts: Sequence[Verdict]) -> str:
         lo, hi = v.interval
         t = v.threshold
         rows.append((v.finding, v.subject or "-", f"{fmt_value(v.statistic)} [{fmt_endpoint(lo, t)}, "
-                     f"{fmt_endpoint(hi, t)}]{unit} {v.side} {fmt_threshold(t)}, {runs_words(v.n_runs)}", v.verdict))
+                     f"{fmt_endpoint(hi, t)}]{unit} {v.side} {fmt_threshold(t)}, {runs_words(v.n_runs)}", v.label))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -210,7 +241,8 @@ NOT_FINITE = "the statistic is not finite on the data or on any resample"
 
 def make_verdict(finding: str, criterion: str, statistic: float, interval: tuple[float, float], threshold: float,
                  side: str, quantity: str, unit: str, details: dict[str, Any],
-                 no_interval: str | None = None, *, subject: str = "", n_runs: int = 1) -> Verdict:
+                 no_interval: str | None = None, *, subject: str = "", n_runs: int = 1, key: str = "",
+                 threshold_source: str = "") -> Verdict:
     """A verdict decided by ``decide``. Where the interval is not finite, ``details["no_interval"]`` says why
     (``no_interval``, e.g. "2 images, at least 16 needed"; ``NOT_FINITE`` when none is given). ``subject`` and
     ``n_runs``: as ``Verdict`` has them."""
@@ -219,7 +251,40 @@ def make_verdict(finding: str, criterion: str, statistic: float, interval: tuple
         details = {**details, "no_interval": no_interval or NOT_FINITE}
     return Verdict(finding=finding, criterion=criterion, statistic=float(statistic), interval=interval,
                    threshold=float(threshold), verdict=decide(interval, threshold, side), details=json_types(details),
-                   side=side, quantity=quantity, unit=unit, subject=subject, n_runs=n_runs)
+                   side=side, quantity=quantity, unit=unit, subject=subject, n_runs=n_runs, key=key,
+                   threshold_source=threshold_source)
+
+
+def _joined(*qualifiers: str) -> str:
+    return "; ".join(dict.fromkeys(q for q in qualifiers if q))
+
+
+def across_conventions(verdicts: Mapping[str, Verdict]) -> Verdict:
+    """One verdict from the same finding judged under each form of a standard convention ({name: verdict}, e.g.
+    prefix tokens dropped with and without renormalising): the first one's numbers, with every form's statistic,
+    interval and verdict in ``conventions``. Where the forms give different verdicts it is ``inconclusive`` with the
+    qualifier ``DEPENDS_ON_CONVENTION``: which form is right is a convention, not something the data decide."""
+    if not verdicts:
+        raise ValueError("across_conventions needs at least one verdict")
+    first = next(iter(verdicts.values()))
+    record = {name: {"statistic": v.statistic, "interval": list(v.interval), "verdict": v.verdict}
+              for name, v in verdicts.items()}
+    details = {**first.details, "convention": next(iter(verdicts))}
+    if len({v.verdict for v in verdicts.values()}) == 1:
+        return replace(first, conventions=json_types(record), details=details)
+    return replace(first, verdict="inconclusive", conventions=json_types(record), details=details,
+                   qualifier=_joined(first.qualifier, DEPENDS_ON_CONVENTION))
+
+
+def validated(v: Verdict, controls: Sequence[Mapping[str, Any]]) -> Verdict:
+    """``v`` with the results of its criterion on controls (``vitlab.controls``: each a mapping with at least
+    ``control`` and ``passed``). Where one failed, the qualifier ``FAILS_CONTROL`` says so, and a ``reproduced``
+    becomes ``inconclusive``: a criterion that misjudges a case with a known answer cannot establish the finding."""
+    rows = [json_types(dict(c)) for c in controls]
+    if all(c["passed"] for c in rows):
+        return replace(v, controls=rows)
+    return replace(v, controls=rows, verdict="inconclusive" if v.verdict == "reproduced" else v.verdict,
+                   qualifier=_joined(v.qualifier, FAILS_CONTROL))
 
 
 def bootstrap_counts(n: int, n_boot: int, seed: int) -> np.ndarray:

@@ -12,11 +12,12 @@ from vitlab.inspect.distance import attention_distance_from_maps, mean_attention
 from vitlab.inspect.faithfulness import deletion_insertion, localisation, randomization_sanity
 from vitlab.inspect.filters import (
     embedding_filter_pca,
+    embedding_filters,
     filter_component_count,
     filter_pca,
     random_filter_pca_ratios,
 )
-from vitlab.inspect.positions import position_embedding_similarity, position_structure_score
+from vitlab.inspect.positions import position_embedding_similarity, position_structure_score, position_table
 from vitlab.inspect.rollout import (
     attention_rollout,
     attention_view,
@@ -35,6 +36,7 @@ __all__ = [
     "compare_methods",
     "deletion_insertion",
     "embedding_filter_pca",
+    "embedding_filters",
     "filter_component_count",
     "filter_pca",
     "random_filter_pca_ratios",
@@ -48,6 +50,7 @@ __all__ = [
     "patch_distances",
     "position_embedding_similarity",
     "position_structure_score",
+    "position_table",
     "randomization_sanity",
     "rollout_from_maps",
 ]

@@ -96,3 +96,8 @@ def random_filter_pca_ratios(model: nn.Module, k: int = 28, draws: int = 5) -> T
             w = _filters(shadow)
         out.append(filter_pca(w, k)[1])
     return torch.stack(out)
+
+
+def embedding_filters(model: nn.Module) -> Tensor:
+    """(D, C, P, P) float32 patch-embedding filters of a pixel-patch ViT (conv or linear layout; a hybrid refused)."""
+    return _filters(model)

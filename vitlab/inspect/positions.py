@@ -57,3 +57,9 @@ def position_structure_score(similarity: Tensor) -> float:
     iu = torch.triu_indices(gh * gw, gh * gw, offset=1)
     sim = similarity.reshape(gh * gw, gh * gw).double()[iu[0], iu[1]]
     return float(spearman(sim[None], dist[iu[0], iu[1]][None])[0])
+
+
+def position_table(model: nn.Module) -> Tensor:
+    """(gh, gw, D) float32 patch position embeddings in the table's own grid, prefix rows excluded (raises
+    ValueError for a model without an absolute position-embedding table)."""
+    return _grid_embeddings(model)[0]
