@@ -242,3 +242,16 @@ def test_runs_of_another_shape_are_refused_before_any_work(three_seeds, tmp_path
         reproduce(model=[str(three_seeds / "s0" / "checkpoint"), str(other)], out=tmp_path / "out", png=False,
                   progress=False, device="cpu")
     assert not (tmp_path / "out").exists()
+
+
+def test_several_runs_are_checkpoints_or_names_without_a_weights_file(tmp_path):
+    """weights= is one file for one timm name: with several runs it would be read for each, so it is refused, and
+    so are an empty list and a config among the runs (a config has no trained weights to be a run of a recipe)."""
+    import vitlab
+    from vitlab.report import reproduce
+
+    for model, kw in (([], {}), (["a", "b"], {"weights": "w.safetensors"}),
+                      (["a", vitlab.vit_config("Ti/4", img_size=32, depth=1)], {})):
+        with pytest.raises(ValueError, match="several runs"):
+            reproduce(model=model, out=tmp_path / "out", progress=False, **kw)
+    assert not (tmp_path / "out").exists()
