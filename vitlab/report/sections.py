@@ -473,8 +473,8 @@ def readout_and_entropy(inp: Inputs, pred: dict[str, Any]) -> list[Section]:
 
 
 def localisation_possible(shapes_checkpoint: Path) -> bool:
-    """Whether the localisation section can be made: the shipped shapes ViT is there (a plain wheel install has no
-    ``data/`` folder)."""
+    """Whether the localisation section can be made: the shipped shapes ViT is there (``vitlab.shipped``: in a
+    checkout's data/ or a wheel's vitlab/_embedded/)."""
     return (shapes_checkpoint / "model.safetensors").exists()
 
 
