@@ -73,6 +73,7 @@ def _loopback(host) -> bool:
         ip = ipaddress.ip_address(host.decode() if isinstance(host, bytes) else str(host).split("%")[0])
     except ValueError:  # a host name other than localhost
         return False
+    ip = getattr(ip, "ipv4_mapped", None) or ip  # ::ffff:127.0.0.1 is 127.0.0.1
     return ip.is_loopback or ip.is_unspecified
 
 

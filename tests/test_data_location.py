@@ -176,7 +176,11 @@ def test_the_suite_fails_a_test_that_reaches_the_network(tmp_path):
         "        server.bind(('127.0.0.1', 0))\n"
         "        server.listen()\n"
         "        socket.create_connection(server.getsockname(), timeout=5).close()\n"
-        "        socket.create_connection(('localhost', server.getsockname()[1]), timeout=5).close()\n")
+        "        socket.create_connection(('localhost', server.getsockname()[1]), timeout=5).close()\n\n"
+        "def test_mapped_loopback_is_fine():\n"
+        "    from conftest import _loopback\n"
+        "    assert _loopback('::ffff:127.0.0.1') and _loopback('::1') and _loopback('0.0.0.0')\n"
+        "    assert not _loopback('::ffff:192.0.2.1') and not _loopback('example.com')\n")
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}  # urllib goes direct
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(TESTS.parent)])
     out = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q", "-rA",
@@ -185,5 +189,6 @@ def test_the_suite_fails_a_test_that_reaches_the_network(tmp_path):
     report = out.stdout
     assert out.returncode == 1, report[-3000:]
     assert "PASSED test_guarded.py::test_loopback_is_fine" in report, report[-3000:]
+    assert "PASSED test_guarded.py::test_mapped_loopback_is_fine" in report, report[-3000:]
     assert "ERROR test_guarded.py::test_reaches_out" in report and "name lookup of 'example.com'" in report
     assert "ERROR test_guarded.py::test_reaches_an_address" in report and "connect to ('192.0.2.1', 80)" in report
