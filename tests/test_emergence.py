@@ -128,3 +128,20 @@ def test_bands_over_seeds_known_answer():
                      "max": [2.0, 3.0]}
     with pytest.raises(ValueError):
         emergence_bands([a, b], "nothing")
+
+
+def test_the_emergence_figure_draws_each_recipes_mean_and_band_per_statistic():
+    from vitlab.plots import EMERGENCE_PANELS, emergence_curves
+
+    band = {"epoch": [1, 2], "images_seen": [1_000_000, 2_000_000], "mean": [0.1, 0.5], "min": [0.0, 0.4],
+            "max": [0.2, 0.6]}
+    fig = emergence_curves({"no teacher": {"lowest_min": band, "val_accuracy": band},
+                            "distilled": {"lowest_min": {**band, "mean": [0.3, 0.2]}}})
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert [(t.name, list(t.y)) for t in lines] == [("no teacher", [0.1, 0.5]), ("no teacher", [0.1, 0.5]),
+                                                    ("distilled", [0.3, 0.2])]
+    assert list(lines[0].x) == [1.0, 2.0]  # millions of images
+    bands = [t for t in fig.data if t.fill == "toself"]
+    assert list(bands[0].y) == [0.2, 0.6, 0.4, 0.0]  # max forward, min back
+    shown = [k for k, _ in EMERGENCE_PANELS if k in ("lowest_min", "val_accuracy")]
+    assert [a.text for a in fig.layout.annotations] == [t.split("<br>")[0] for k, t in EMERGENCE_PANELS if k in shown]

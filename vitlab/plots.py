@@ -299,3 +299,44 @@ def learning_curve(hours: Sequence[float], accuracy: Sequence[float], title: str
     if percent:
         fig.update_yaxes(range=[0, 100])
     return fig
+
+
+#: the panels of ``emergence_curves``: record key, axis title
+EMERGENCE_PANELS = (
+    ("val_accuracy", "validation accuracy"),
+    ("position_spearman", "position-embedding Spearman<br>(-1: local)"),
+    ("lowest_min", "lowest layer: most local head<br>(share of uniform)"),
+    ("lowest_max", "lowest layer: most global head<br>(share of uniform)"),
+    ("depth_trend", "depth trend of distance<br>(Spearman)"),
+    ("filter_frequency", "filter rank vs frequency<br>(Spearman)"),
+)
+
+
+def emergence_curves(bands: dict[str, dict[str, dict[str, list[float]]]], title: str = "") -> go.Figure:
+    """One panel per ``EMERGENCE_PANELS`` key: for each recipe, its seeds' mean against training images seen, with a
+    band from their min to max. ``bands[recipe][key]`` is ``vitlab.emergence.emergence_bands``' output; a key a
+    recipe lacks is left out of its panel."""
+    panels = [(k, t) for k, t in EMERGENCE_PANELS if any(k in b for b in bands.values())]
+    cols = 3
+    rows = max(1, -(-len(panels) // cols))
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[t.split("<br>")[0] for _, t in panels],
+                        horizontal_spacing=0.08, vertical_spacing=0.18)
+    colors = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+    for i, (key, axis) in enumerate(panels):
+        r, c = i // cols + 1, i % cols + 1
+        for j, (recipe, by_key) in enumerate(bands.items()):
+            b = by_key.get(key)
+            if b is None:
+                continue
+            x = [s / 1e6 for s in b["images_seen"]] if all(s is not None for s in b["images_seen"]) else b["epoch"]
+            color = colors[j % len(colors)]
+            fig.add_trace(go.Scatter(x=x + x[::-1], y=b["max"] + b["min"][::-1], fill="toself", fillcolor=color,
+                                     opacity=0.2, line=dict(width=0), hoverinfo="skip", showlegend=False), row=r, col=c)
+            fig.add_trace(go.Scatter(x=x, y=b["mean"], mode="lines", line=dict(color=color), name=recipe,
+                                     legendgroup=recipe, showlegend=i == 0,
+                                     hovertemplate=f"{recipe}: %{{y:.3f}}<extra></extra>"), row=r, col=c)
+        fig.update_yaxes(title_text=axis.split("<br>")[-1] if "<br>" in axis else "", row=r, col=c)
+        fig.update_xaxes(title_text="training images seen (millions)", row=r, col=c)
+    fig.update_layout(title=title, height=330 * rows, width=1100, template="plotly_white",
+                      legend=dict(orientation="h", y=-0.12))
+    return fig
