@@ -551,3 +551,22 @@ def test_a_checkpoint_a_kill_left_aside_is_restored_by_load_model_and_said(tmp_p
         model = vitlab.load_model("out")
     assert (caught[0].message.path, caught[0].message.aside) == ("out", ".out.old.abc12345")
     assert model.vitlab_checkpoint["path"] == "out" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_config_deeper_than_its_weights_have_tensors_is_refused_before_even_its_shapes_are_built(tmp_path,
+                                                                                                    monkeypatch):
+    """Building a model on the meta device still makes its Python modules, which grow with the depth: a config.json
+    asking for a million blocks beside a file of 150-odd tensors is refused from the header's tensor count alone."""
+    import vitlab.checkpoint as ck
+
+    d = vitlab.save_checkpoint(tiny_vit(), tmp_path / "c")
+    meta = json.loads((d / "config.json").read_text())
+    meta["config"]["depth"] = 10**6
+    (d / "config.json").write_text(json.dumps(meta))
+
+    def never(cfg):
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(ck, "build_model", never)
+    with pytest.raises(ModelLoadError, match=r"a model of 1,000,000 blocks but .*model.safetensors holds \d+ tensors"):
+        vitlab.load_checkpoint(d)

@@ -30,7 +30,15 @@ from vitlab.errors import ModelLoadError, WeightsMismatchError
 from vitlab.modes import unwrapped
 from vitlab.provenance import versions
 from vitlab.shipped import data_path
-from vitlab.zoo import ModelConfig, build_model, config_from_dict, config_to_dict
+from vitlab.zoo import (
+    BiTConfig,
+    HybridConfig,
+    ModelConfig,
+    ViTConfig,
+    build_model,
+    config_from_dict,
+    config_to_dict,
+)
 
 __all__ = ["save_checkpoint", "load_checkpoint", "load_module_weights", "model_card", "save_run_checkpoint",
            "load_run_state", "CONFIG_NAME", "WEIGHTS_NAME"]
@@ -272,6 +280,17 @@ def _header_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
         ) from None
 
 
+def _block_count(cfg: ModelConfig) -> int:
+    """The blocks (transformer blocks, residual blocks, stages) ``cfg`` builds: each holds at least one tensor."""
+    if isinstance(cfg, HybridConfig):
+        return cfg.vit.depth + sum(cfg.layers)
+    if isinstance(cfg, ViTConfig):
+        return cfg.depth
+    if isinstance(cfg, BiTConfig):
+        return sum(cfg.layers)
+    return len(cfg.widths)  # CifarNetConfig
+
+
 def config_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The state-dict shapes of the model ``cfg`` builds, found by building it on torch's ``meta`` device: no
     memory is allocated for its tensors, however large the config."""
@@ -313,8 +332,14 @@ def load_checkpoint(path: str | os.PathLike) -> nn.Module:
     cfg = config_from_dict(meta["config"])
     pretrained_cfg = check_pretrained_cfg(meta.get("pretrained_cfg"), cfg_file)
     # the config's shapes against the weights file's header before anything is allocated: a small file whose
-    # config.json asks for a huge model is refused without building it
-    _check_shapes(_header_shapes(weights), config_shapes(cfg), weights)
+    # config.json asks for a huge model is refused without building it (and, where it asks for more blocks than the
+    # file has tensors, without building even its shapes, whose Python objects grow with the depth)
+    header = _header_shapes(weights)
+    if (blocks := _block_count(cfg)) > len(header):
+        raise ModelLoadError(f"{cfg_file} describes a model of {blocks:,} blocks but {weights} holds {len(header)} "
+                             "tensors (every block has at least one): the checkpoint is damaged or its files come "
+                             "from different saves")
+    _check_shapes(header, config_shapes(cfg), weights)
     model = build_model(cfg)
     ref = model.state_dict()
     state = _read_weights(weights)
