@@ -57,15 +57,18 @@ print(f"Spearman at {gh}x{gw}: {score:.3f}; resampled to {2 * gh}x{2 * gw}: {vit
 # (rank correlation of similarity with grid distance; same-row/column pairs against other pairs at equal distance).
 
 # %%
-from vitlab import findings
+from vitlab import controls, findings
 from vitlab.explain import explain
+from vitlab.inspect import position_table
 from vitlab.verdict import verdict_table
 
-verdicts = [findings.position_similarity_decreases(sim)]
-try:
-    verdicts.append(findings.position_row_column_structure(sim))
-except ValueError as e:  # grids too small for pairs at equal distance inside and outside rows
-    print(f"row/column structure not judged: {e}")
+# each criterion first checked on controls with a known answer (a sin-cos table, an isotropic one, this model's
+# table permuted across the grid), as the report does
+verdicts = controls.validate(findings.judge_positions(sim), controls.position_controls(position_table(model)))
+if len(verdicts) < 2:  # grids too small for pairs at equal distance inside and outside rows
+    print("row/column structure not judged: the grid needs a side of at least 6 and the other of at least 4")
+for row in controls.validation_table(verdicts):
+    print(f"{row['key']:<24} {row['control']:<55} expected {row['expected']:<14} observed {row['observed']}")
 print(verdict_table(verdicts))
 print()
 print(explain(verdicts, width=110))

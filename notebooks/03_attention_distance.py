@@ -61,7 +61,19 @@ print(f"renormalised over patch keys: last layer mean {float(renorm[-1].mean()):
 # beyond it).
 
 # %%
-verdicts = [findings.lowest_layer_spread(per_image, ceiling), findings.distance_grows_with_depth(per_image)]
+from vitlab import controls
+
+# each verdict under every form of the distance convention (prefix attention dropped with and without renormalising;
+# pixels or patches), its criterion checked on controls with a known answer, as the report does
+per_renorm = vitlab.mean_attention_distance(model, x, per_image=True, renormalize=True)
+dists = dict(zip(findings.DISTANCE_CONVENTIONS, (per_image, per_renorm)))
+ceilings = dict(zip(findings.DISTANCE_CONVENTIONS, (ceiling, ceiling)))
+ph, pw = info.patch_size
+if ph == pw:  # square patches: a distance in patches is the distance in pixels over the side
+    dists[findings.DISTANCE_CONVENTIONS[2]], ceilings[findings.DISTANCE_CONVENTIONS[2]] = per_image / ph, ceiling / ph
+verdicts = controls.validate(findings.judge_distance(dists, ceilings), controls.distance_controls(per_image, ceiling))
+for row in controls.validation_table(verdicts):
+    print(f"{row['key']:<26} {row['control']:<70} expected {row['expected']:<14} observed {row['observed']}")
 print(f"uniform attention over the {info.grid_size[0]}x{info.grid_size[1]} grid: {ceiling:.1f} px")
 print(verdict_table(verdicts))
 print()

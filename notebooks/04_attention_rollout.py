@@ -82,6 +82,13 @@ from vitlab.verdict import verdict_table
 
 ro, rnd = localisation(loc_maps["rollout"], data.masks), localisation(loc_maps["random map"], data.masks)
 verdicts = [findings.rollout_localises(ro["mass_in_mask"], ro["pointing"], rnd["mass_in_mask"], rnd["pointing"])]
+# the criterion checked on controls with a known answer (a map equal to the mask, a uniform map), as the report does
+from vitlab import controls
+
+verdicts = controls.validate(verdicts, controls.rollout_controls(data.masks, tuple(loc_maps["rollout"].shape[-2:]),
+                                                                 rnd["mass_in_mask"], rnd["pointing"]))
+for row in controls.validation_table(verdicts):
+    print(f"{row['key']:<24} {row['control']:<36} expected {row['expected']:<14} observed {row['observed']}")
 print(verdict_table(verdicts))
 print()
 print(explain(verdicts, width=110))

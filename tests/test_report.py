@@ -79,6 +79,15 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch, no
     judged = {v["section"] for v in metrics["verdicts"]}
     assert {"filters", "positions", "distance"} <= judged
     assert all(v["verdict"] in ("reproduced", "not reproduced", "inconclusive") for v in metrics["verdicts"])
+    # every finding's criterion ran on its controls: the validation table lists finding x control, and a verdict
+    # whose criterion failed one is no "reproduced" (3 images: too few for the distance controls' intervals)
+    rows = metrics["criterion_validation"]
+    assert {r["key"] for r in rows} == {v["key"] for v in metrics["verdicts"]} >= {
+        "fig7.left.low_frequency", "fig7.left.structured", "fig7.centre.distance", "fig7.right.depth_trend"}
+    assert all({"control", "kind", "expected", "observed", "statistic", "interval", "passed"} <= set(r) for r in rows)
+    assert len(rows) == sum(len(v["controls"]) for v in metrics["verdicts"])
+    failed = {v["key"]: v["verdict"] for v in metrics["verdicts"] if not all(c["passed"] for c in v["controls"])}
+    assert "reproduced" not in failed.values() and "fig7.right.depth_trend" in failed
     assert metrics["summary"]["facts"]["parameters"] == f"{sum(p.numel() for p in tiny_vit().parameters()):,}"
     assert [r["method"] for r in metrics["methods"]] == ["rollout", "gradient rollout", "integrated gradients",
                                                          "occlusion", "random map"]
@@ -87,6 +96,7 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch, no
     assert "plotly" in page.lower() and "<script" in page  # plotly embedded: opens offline
     assert all(f"id='{slug}'" in page for slug in FIGURES)
     assert page.count("class=\"badge") >= 2 * len(metrics["verdicts"])  # in the summary table and under the figure
+    assert page.count("<h2>Criterion validation</h2>") == 1
     assert page.count('class="badge not-judged"') == 1 and str(markupsafe.escape(missing["reason"])) in page
     assert '"model_info"' not in page and "{&#34;" not in page  # no raw JSON on the page
     assert metrics["png"] == "not asked for" and not list(out.glob("*.png"))

@@ -24,6 +24,8 @@ The suite per finding (``CONTROLS``: key -> (control, kind)):
 - ``fig7.right.depth_trend``: a steady rise (positive); a U-shaped profile, a single jump at the last layer, a flat
   profile (negative), each with the model's own variation.
 - ``fig6.rollout.localises``: a map equal to the object's mask (positive); a uniform map (negative).
+- ``fig3_4.scaling.gap_narrows``: the sweep's records with the ViT raised by 20 points at the largest size
+  (positive), and with the ViT gaining exactly what the ResNet gains (negative).
 
 ``validate`` attaches a finding's results to its verdict (``vitlab.verdict.validated``: a failed control makes a
 "reproduced" inconclusive); ``validation_table`` lists them, finding by control, as the report writes them.
@@ -41,10 +43,11 @@ import torch
 from vitlab import findings as F
 from vitlab.checks import check_seed
 from vitlab.inspect.distance import patch_distances
+from vitlab.study_findings import KEY_SCALING
 from vitlab.verdict import Array, Verdict, as_float64, json_types, validated
 
 __all__ = ["ControlResult", "CONTROLS", "filter_controls", "position_controls", "distance_controls",
-           "rollout_controls", "validate", "validation_table", "dct_filters", "sincos_similarity",
+           "rollout_controls", "scaling_controls", "validate", "validation_table", "dct_filters", "sincos_similarity",
            "isotropic_similarity", "permuted_similarity", "NEGATIVE", "POSITIVE"]
 
 NEGATIVE, POSITIVE = "negative", "positive"
@@ -283,3 +286,52 @@ def validation_table(verdicts: Iterable[Verdict]) -> list[dict]:
     return [{"key": v.key, "finding": v.finding, **{k: c.get(k) for k in ("control", "kind", "expected", "observed",
                                                                           "statistic", "interval", "passed")}}
             for v in verdicts for c in v.controls]
+
+
+# ---------------------------------------------------------------------------------------------- Fig. 3/4
+
+
+#: the gain, in accuracy points, the Fig. 3/4 positive control adds to the ViT at the largest size
+SCALING_GAIN = 20.0
+EQUAL_GAINS = "the ViT gains what the ResNet gains"
+LARGE_GAIN = f"the ViT gains {SCALING_GAIN:g} points more at the largest size"
+CONTROLS[KEY_SCALING] = ((LARGE_GAIN, POSITIVE), (EQUAL_GAINS, NEGATIVE))
+
+
+def scaling_controls(records: Sequence[Mapping], shots: int = 10, vit: str = "vit",
+                     resnet: str = "bit") -> dict[str, list[ControlResult]]:
+    """The Fig. 3/4 controls from the sweep's own records (``study_findings.scaling_gap_narrows`` takes them): the
+    ViT's runs rewritten to gain exactly what the ResNet's gain from the smallest size on, seed by seed (negative),
+    and raised by ``SCALING_GAIN`` points at the largest size (positive: a large gain must be seen over these
+    seeds' spread)."""
+    import copy
+
+    from vitlab.study_findings import POINTS, scaling_accuracies, scaling_gap_narrows
+
+    acc = scaling_accuracies(records, shots)
+    sizes = sorted({n for f, n, _ in acc if f == vit} & {n for f, n, _ in acc if f == resnet})
+    if len(sizes) < 2:
+        return {}
+    lo, hi = sizes[0], sizes[-1]
+
+    def rewritten(value) -> list[dict]:
+        out = []
+        for r in records:
+            r = copy.deepcopy(dict(r))
+            spec = r.get("spec") or {}
+            few = ((r.get("metrics") or {}).get("few_shot") or {}).get(str(shots))
+            if spec.get("family") == vit and r.get("status") == "ok" and isinstance(few, dict):
+                new = value(int(spec["size"]), int(spec["seed"]), float(few["mean"]))
+                if new is not None:
+                    few["mean"] = new
+            out.append(r)
+        return out
+
+    def equal(n: int, s: int, a: float) -> float | None:
+        if not all(k in acc for k in ((resnet, n, s), (vit, lo, s), (resnet, lo, s))):
+            return None
+        return acc[resnet, n, s] + acc[vit, lo, s] - acc[resnet, lo, s]
+
+    built = {LARGE_GAIN: rewritten(lambda n, s, a: a + SCALING_GAIN / POINTS if n == hi else None),
+             EQUAL_GAINS: rewritten(equal)}
+    return _results({name: [scaling_gap_narrows(rs, shots, vit, resnet)] for name, rs in built.items()})

@@ -16,7 +16,8 @@ from vitlab.features import READOUTS
 from vitlab.scaling import one_config
 from vitlab.verdict import N_BOOT, SEED, Resolution, Verdict, make_verdict, mean_interval, n_units, none_reason
 
-__all__ = ["scaling_accuracies", "scaling_gap_narrows", "few_shot_key", "mpp_accuracies", "MixedCodeVersions",
+__all__ = ["KEY_SCALING", "mpp_key", "scaling_accuracies", "scaling_gap_narrows", "few_shot_key", "mpp_accuracies",
+           "MixedCodeVersions",
            "mpp_ordering", "INIT_NAMES", "POINTS"]
 
 #: accuracy differences are reported in percentage points: a difference of accuracies (fractions of 1) times this
@@ -24,6 +25,16 @@ POINTS = 100.0
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 3/4
+
+
+#: the stable id of the Fig. 3/4 finding (``Verdict.key``)
+KEY_SCALING = "fig3_4.scaling.gap_narrows"
+
+
+def mpp_key(better: str, worse: str, kind: str, readout: str = "model") -> str:
+    """The stable id of one Sec. 4.6 comparison, e.g. "sec4_6.mpp_beats_scratch.few_shot"."""
+    tail = "" if kind != "few_shot" or readout == "model" else f".{readout}"
+    return f"sec4_6.{better}_beats_{worse}.{kind}{tail}"
 
 
 def scaling_accuracies(records: Sequence[Mapping[str, Any]], shots: int = 10) -> dict[tuple[str, int, int], float]:
@@ -79,7 +90,9 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
          "interval_method": method, "gap_by_size": {n: POINTS * (mean(vit, n) - mean(resnet, n)) for n in sizes},
          f"{vit}_by_size": {n: mean(vit, n) for n in sizes}, f"{resnet}_by_size": {n: mean(resnet, n) for n in sizes},
          "runs_by_size": {n: {vit: len(at(vit, n)), resnet: len(at(resnet, n))} for n in sizes}},
-        none_reason(method), subject=_sweep_subject(records, vit, resnet, lo, hi), n_runs=max(1, len(complete)))
+        none_reason(method), subject=_sweep_subject(records, vit, resnet, lo, hi), n_runs=max(1, len(complete)),
+        key=KEY_SCALING, threshold_source="the null of equal gains: a ViT that gains what the ResNet gains (a control) "
+                                          "has a gap change of exactly 0")
 
 
 def _sweep_subject(records: Sequence[Mapping[str, Any]], vit: str, resnet: str, lo: int, hi: int) -> str:
@@ -229,7 +242,8 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
          "interval_method": method, f"{better}_mean": float(np.mean([acc[better][s] for s in common])) if common
          else None, f"{worse}_mean": float(np.mean([acc[worse][s] for s in common])) if common else None,
          "code_hashes": code, "better": better, "worse": worse, **_compared_facts(rows, kind)}, none_reason(method),
-        subject=_study_subject(rows, b, w))
+        subject=_study_subject(rows, b, w), key=mpp_key(better, worse, kind, readout),
+        threshold_source="the null of no difference: two initialisations that do equally well differ by 0 on average")
 
 
 def _study_subject(rows: Sequence[Mapping[str, Any]], better: str, worse: str) -> str:

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 import vitlab
 from vitlab.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
 from vitlab.checkpoint import card_line, model_card
+from vitlab.controls import validation_table
 from vitlab.devices import resolve_device
 from vitlab.images import (
     default_data_words,
@@ -328,6 +329,8 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         "predictions": [] if pred["pred"] is None else  # none without a classifier head
         [{"image": n, "class": int(c), "probability": float(p)} for n, c, p in zip(names, pred["pred"], pred["prob"])],
         "verdicts": [{"section": s.slug, **v.to_dict()} for s in sections for v in s.verdicts],
+        # every finding's criterion on its controls (vitlab.controls): finding x control, expected, observed
+        "criterion_validation": validation_table(v for s in sections for v in s.verdicts),
         "not_judged": [{"section": s.slug, "finding": what, "reason": why} for s in sections
                        for what, why in s.not_judged],
         "figures": [{"slug": s.slug, "title": s.title, "paper": s.paper, "ours": s.ours, "stamp": s.stamp,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitlab.explain import known_reason, no_interval_reason
+from vitlab.explain import known_reason, no_interval_reason, reason_lead
 from vitlab.report.sections import Section
 from vitlab.verdict import Verdict, fmt_endpoint, fmt_threshold, runs_words
 
@@ -25,12 +25,39 @@ def _end(x: float, threshold: float) -> str:
     return "n/a" if x != x else fmt_endpoint(x, threshold)
 
 
+def _f(x: Any) -> float:
+    return float("nan") if x is None else float(x)  # a record's null (NaN written as JSON) as NaN
+
+
+def _conventions(v: Verdict, unit: str) -> list[dict[str, Any]]:
+    """Each form of a convention the verdict was judged under, with its numbers and verdict (none for one form)."""
+    if len(v.conventions) < 2:
+        return []
+    return [{"name": name, "verdict": c["verdict"],
+             "text": f"{_num(_f(c['statistic']))}{unit} [{_end(_f(c['interval'][0]), v.threshold)}, "
+                     f"{_end(_f(c['interval'][1]), v.threshold)}]"} for name, c in v.conventions.items()]
+
+
+def validation_rows(sections: list[Section]) -> list[dict[str, Any]]:
+    """The criterion-validation table's rows (``vitlab.controls.validation_table``) with their texts."""
+    from vitlab.controls import validation_table
+
+    rows = []
+    for r in validation_table(v for s in sections for v in s.verdicts):
+        lo, hi = (_f(x) for x in r["interval"])
+        rows.append({**r, "statistic_text": f"{_num(_f(r['statistic']))} [{_num(lo)}, {_num(hi)}]",
+                     "css": "reproduced" if r["passed"] else "not-reproduced"})
+    return rows
+
+
 def verdict_row(v: Verdict, slug: str = "") -> dict[str, Any]:
     lo, hi = v.interval
     unit = f" {v.unit}" if v.unit else ""
     reason = known_reason(v)  # None without an interval: then no_interval says why the data decided nothing
-    return {"slug": slug, "finding": v.finding, "criterion": v.criterion, "verdict": v.verdict,
-            "reason": reason if v.verdict != "reproduced" else None, "no_interval": no_interval_reason(v),
+    return {"slug": slug, "finding": v.finding, "criterion": v.criterion, "verdict": v.verdict, "label": v.label,
+            "threshold_source": v.threshold_source, "conventions": _conventions(v, unit),
+            "reason": reason if v.verdict != "reproduced" else None, "reason_lead": reason_lead(v),
+            "no_interval": no_interval_reason(v),
             "css": v.verdict.replace(" ", "-"), "side": v.side, "subject": v.subject or "-",
             "runs": runs_words(v.n_runs),
             "threshold_text": "n/a" if v.threshold != v.threshold else fmt_threshold(v.threshold),
@@ -70,4 +97,5 @@ def render_html(summary: dict[str, Any], sections: list[Section]) -> str:
     verdicts = [verdict_row(v, s.slug) for s in sections for v in s.verdicts]
     not_judged = [{"slug": s.slug, "finding": what, "reason": why} for s in sections for what, why in s.not_judged]
     return env.get_template("report.html.j2").render(summary=summary, sections=rows, verdicts=verdicts,
+                                                        validation=validation_rows(sections),
                                                         not_judged=not_judged, page_width=PAGE_WIDTH)

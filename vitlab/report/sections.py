@@ -18,16 +18,18 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vitlab import findings, study_findings
+from vitlab import controls, findings, study_findings
 from vitlab.capture import capture_attention
 from vitlab.info import ModelInfo
 from vitlab.inspect import (
     ATTRIBUTION_METHODS,
     attention_distance_from_maps,
     embedding_filter_pca,
+    embedding_filters,
     filter_component_count,
     position_embedding_similarity,
     position_structure_score,
+    position_table,
     random_filter_pca_ratios,
     readout_vector,
 )
@@ -138,12 +140,16 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
     readout_rows: dict[int, Tensor] = {}
     entropy: dict[int, Tensor] = {}
     dist: dict[int, Tensor] = {}
+    renorm: dict[int, Tensor] = {}  # the distance convention's other forms (findings.DISTANCE_CONVENTIONS)
+    patches: dict[int, Tensor] = {}
 
     def reduce(layer: int, maps: Tensor) -> None:  # maps: (B, H, T, T)
         rows = maps[..., 1:, :] if layer < inp.info.class_token_joins else maps  # a class token not joined: no query
         entropy[layer] = -(rows.clamp_min(1e-12).log() * rows).sum(-1).mean(-1)  # (B, H) nats, mean over queries
         readout_rows[layer] = maps.mean(1)  # (B, T, T) head mean; the readout vector is applied below
         dist[layer] = attention_distance_from_maps(maps[None], inp.info.grid_size, inp.info.patch_size, p)[0]  # (B, H)
+        renorm[layer] = attention_distance_from_maps(maps[None], inp.info.grid_size, inp.info.patch_size, p, True)[0]
+        patches[layer] = attention_distance_from_maps(maps[None], inp.info.grid_size, (1, 1), p)[0]  # in patches
         return None
 
     with capture_attention(inp.net, reduce=reduce) as cap:
@@ -163,6 +169,8 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
             "readout": readout.reshape(len(layers), len(inp.x), *inp.info.grid_size).cpu(),  # (L, B, gh, gw)
             "entropy": torch.stack([entropy[i] for i in layers]).mean(1).cpu(),  # (L, H)
             "distance": torch.stack([dist[i] for i in layers]).float().cpu(),  # (L, B, H) pixels
+            "distance_conventions": {name: torch.stack([d[i] for i in layers]).double().cpu()  # (L, B, H) each
+                                     for name, d in zip(findings.DISTANCE_CONVENTIONS, (dist, renorm, patches))},
             "attention_shape": [len(layers), len(inp.x), int(entropy[layers[0]].shape[1]), T, T]}
 
 
@@ -211,7 +219,9 @@ def filters(inp: Inputs) -> Section:
     k = filter_component_count(inp.net)  # the paper's 28, or fewer where the filters allow fewer
     comps, ratio = (t.cpu() for t in embedding_filter_pca(inp.net, k=k))  # on the model's device: the figure's on the CPU
     random = random_filter_pca_ratios(inp.net, k=k, draws=20).cpu()
-    verdicts = [findings.filters_low_frequency(comps, k=k), findings.filters_structured(ratio, random, k=k)]
+    weights = embedding_filters(inp.net).cpu()
+    # both component-count conventions, each criterion checked on its controls (vitlab.controls)
+    verdicts = controls.validate(findings.judge_filters(weights, k), controls.filter_controls(weights, k))
     return Section(
         "filters", FILTERS_TITLE,
         filter_grid(comps.numpy(), ratio.numpy(), title="Patch-embedding filters: principal components<br><sup>"
@@ -255,13 +265,13 @@ def positions(inp: Inputs) -> list[Section]:
         row_col_note = (" Not judged: this model's position embedding is fixed (e.g. the 2D sin-cos table), not "
                         "learned, so its structure says nothing about what the model learned.")
     else:
-        verdicts = [findings.position_similarity_decreases(sim)]
-        try:
-            verdicts.append(findings.position_row_column_structure(sim))
-        except ValueError as e:  # grids too small to have pairs at equal distance in and off rows
-            row_col_note = f" Row/column structure not judged: {e}"
-        else:
-            row_col_note = ""
+        verdicts = findings.judge_positions(sim)
+        verdicts = controls.validate(verdicts, controls.position_controls(position_table(inp.net).cpu()))
+        row_col_note = ""
+        if len(verdicts) < 2:  # grids too small to have pairs at equal distance in and off rows
+            row_col_note = (f" Row/column structure not judged: no grid distance in a {gh}x{gw} grid is reached by "
+                            "both same-row/column pairs and other pairs (a side of at least 6 and the other of at "
+                            "least 4 needed).")
     if inp.info.attention_positions:  # e.g. EVA-02: a learned table and rotary embeddings
         row_col_note += (f" The table is only part of what this model knows of positions: its attention adds "
                          f"{_in_attention(inp.info)}, which this figure does not show.")
@@ -303,10 +313,13 @@ def distance(inp: Inputs, pred: dict[str, Any]) -> Section:
     per = pred["distance"]  # (L, B, H) pixels, as mean_attention_distance(per_image=True): from the prediction pass
     dist = per.mean(1)  # (L, H)
     ceiling = findings.uniform_attention_distance(info.grid_size, info.patch_size)
-    # the lowest-layer spread decides from MIN_SPREAD_IMAGES images on (inconclusive below); a slope needs 2 layers
-    verdicts = [findings.lowest_layer_spread(per, ceiling)]
-    if per.shape[0] >= 2:
-        verdicts.append(findings.distance_grows_with_depth(per))
+    # the lowest-layer spread and the trend decide from MIN_SPREAD_IMAGES images on (inconclusive below), under each
+    # form of the distance convention; a trend needs 2 layers
+    ceilings = dict(zip(findings.DISTANCE_CONVENTIONS, (ceiling, ceiling, findings.uniform_attention_distance(
+        info.grid_size, (1, 1)))))
+    verdicts = controls.validate(findings.judge_distance(pred["distance_conventions"], ceilings),
+                                 controls.distance_controls(pred["distance_conventions"][findings.DISTANCE_CONVENTIONS[0]],
+                                                            ceiling))
     spread = per.mean(2).std(1).numpy() if len(inp.x) > 1 else None
     lo, hi = float(dist[0].min()), float(dist[0].max())
     gpsa = ""
@@ -494,6 +507,8 @@ def localisation(shapes_checkpoint: Path, versions: dict, n: int = LOCALISATION_
     chance = float(data.masks.double().mean())
     ro, rnd = score(maps["rollout"], data.masks), score(maps["random map"], data.masks)
     verdict = findings.rollout_localises(ro["mass_in_mask"], ro["pointing"], rnd["mass_in_mask"], rnd["pointing"])
+    verdict = controls.validate([verdict], controls.rollout_controls(
+        data.masks, tuple(maps["rollout"].shape[-2:]), rnd["mass_in_mask"], rnd["pointing"]))[0]
     verdict = replace(verdict, subject=f"vit_shapes (shipped) on {n} test shapes")  # not the model inspected
     stamp = {"model": "vit_shapes (shipped)", "weights": "data/checkpoints/vit_shapes", "versions": versions,
              "images": f"{n} test shapes (seed 1)", "settings": {"target": "true class", "steps": 16,
@@ -579,7 +594,7 @@ def scaling(results: Path, versions: dict) -> Section | None:
         return None
     try:
         verdict = study_findings.scaling_gap_narrows(records)
-        verdicts = [verdict]
+        verdicts = controls.validate([verdict], controls.scaling_controls(records))
     except ValueError as e:
         verdicts, verdict = [], None
         note = f" Not judged: {e}"
