@@ -803,3 +803,32 @@ def test_files_that_are_not_files_are_skipped_with_a_warning(tmp_path, monkeypat
     seen = {(Path(w.message.path).relative_to(root).as_posix(), w.message.reason)
             for w in caught if isinstance(w.message, SkippedPathWarning)}
     assert seen == {("a/x.png", "unreadable"), ("b/f.png", "not a regular file"), ("b/up", "folder loop")}
+
+
+def test_a_dataset_path_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    """`vitlab train --data d.zip` with d.zip a FIFO waited forever in zipfile.is_zipfile for a writer; it is now a
+    DataError naming it. (The load runs in a thread so that the old behaviour fails the test instead of hanging it.)"""
+    import os
+    import threading
+
+    from vitlab.data import load_dataset
+
+    fifo = tmp_path / "d.zip"
+    os.mkfifo(fifo)
+    outcome = []
+
+    def load():
+        try:
+            load_dataset(str(fifo), progress=False)
+        except Exception as e:
+            outcome.append(e)
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    if worker.is_alive():  # release the reader it waits on, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(timeout=10)
+        pytest.fail("load_dataset waited on the FIFO")
+    assert len(outcome) == 1 and isinstance(outcome[0], DataError) and "neither a folder nor a regular file" in str(
+        outcome[0])

@@ -659,6 +659,9 @@ def load_dataset(spec: str, split: str = "train", progress: bool = True) -> Imag
     if not path.exists():
         raise DataError(f"dataset {spec!r} not found: use cifar10, cifar100, shapes, or an existing ImageFolder "
                         "folder or zip")
+    if not (path.is_dir() or path.is_file()):  # a FIFO would make the zip check wait for a writer forever
+        raise DataError(f"dataset {spec!r} is neither a folder nor a regular file (a FIFO, socket or device): give an "
+                        "ImageFolder folder or zip")
     for cand in (path / f"{split}.zip", path / split):
         if cand.exists():
             return load_image_folder(cand, progress=progress)
