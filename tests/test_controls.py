@@ -285,3 +285,25 @@ def test_the_scaling_controls_give_their_known_answers():
                    ("fig3_4.scaling.gap_narrows", C.EQUAL_GAINS): ("negative", "inconclusive", True)}
     rows = C.scaling_controls(records)["fig3_4.scaling.gap_narrows"]
     assert rows[0].statistic == pytest.approx(v.statistic + 20.0) and rows[1].statistic == pytest.approx(0.0)
+
+
+def test_the_mpp_controls_give_their_known_answers_on_the_shipped_study():
+    """Every Sec. 4.6 comparison of the shipped study: the initialisation expected ahead raised by 20 points is
+    seen, the two made equal seed by seed are not; the verdicts keep their own words and keys."""
+    import json
+    from pathlib import Path
+
+    import vitlab.mpp_study as M
+
+    path = Path(__file__).resolve().parents[1] / "data" / "results" / "mpp_cifar10.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows, _ = M.shown_records(records, records[-1]["study"])
+    verdicts = M.study_verdicts(rows, 10)
+    assert [v.key for v in verdicts] == [
+        "sec4_6.mpp_beats_scratch.few_shot", "sec4_6.supervised_beats_mpp.few_shot",
+        "sec4_6.mpp_beats_scratch.few_shot.patch_mean", "sec4_6.supervised_beats_mpp.few_shot.patch_mean",
+        "sec4_6.mpp_beats_scratch.finetune", "sec4_6.supervised_beats_mpp.finetune"]
+    for v in verdicts:
+        assert [(c["control"], c["kind"], c["observed"], c["passed"]) for c in v.controls] == [
+            (C.AHEAD, "positive", "reproduced", True), (C.LEVEL, "negative", "inconclusive", True)]
+        assert v.controls[0]["statistic"] == pytest.approx(v.statistic + 20.0) and v.controls[1]["statistic"] == 0.0

@@ -26,6 +26,8 @@ The suite per finding (``CONTROLS``: key -> (control, kind)):
 - ``fig6.rollout.localises``: a map equal to the object's mask (positive); a uniform map (negative).
 - ``fig3_4.scaling.gap_narrows``: the sweep's records with the ViT raised by 20 points at the largest size
   (positive), and with the ViT gaining exactly what the ResNet gains (negative).
+- ``sec4_6.*`` (``study_findings.mpp_key``): the study's records with the initialisation expected ahead raised by 20
+  points (positive), and with it equal to the other, seed by seed (negative).
 
 ``validate`` attaches a finding's results to its verdict (``vitlab.verdict.validated``: a failed control makes a
 "reproduced" inconclusive); ``validation_table`` lists them, finding by control, as the report writes them.
@@ -47,7 +49,7 @@ from vitlab.study_findings import KEY_SCALING
 from vitlab.verdict import Array, Verdict, as_float64, json_types, validated
 
 __all__ = ["ControlResult", "CONTROLS", "filter_controls", "position_controls", "distance_controls",
-           "rollout_controls", "scaling_controls", "validate", "validation_table", "dct_filters", "sincos_similarity",
+           "rollout_controls", "scaling_controls", "mpp_controls", "validate", "validation_table", "dct_filters", "sincos_similarity",
            "isotropic_similarity", "permuted_similarity", "NEGATIVE", "POSITIVE"]
 
 NEGATIVE, POSITIVE = "negative", "positive"
@@ -335,3 +337,52 @@ def scaling_controls(records: Sequence[Mapping], shots: int = 10, vit: str = "vi
     built = {LARGE_GAIN: rewritten(lambda n, s, a: a + SCALING_GAIN / POINTS if n == hi else None),
              EQUAL_GAINS: rewritten(equal)}
     return _results({name: [scaling_gap_narrows(rs, shots, vit, resnet)] for name, rs in built.items()})
+
+
+# ---------------------------------------------------------------------------------------------- Sec. 4.6
+
+
+#: the gain, in accuracy points, the Sec. 4.6 positive control adds to the initialisation expected ahead
+MPP_GAIN = 20.0
+LEVEL = "the two initialisations equal, seed by seed"
+AHEAD = f"the one expected ahead raised by {MPP_GAIN:g} points"
+
+
+def mpp_controls(records: Sequence[Mapping], better: str = "mpp", worse: str = "scratch", kind: str = "few_shot",
+                 shots: int = 10, readout: str = "model") -> dict[str, list[ControlResult]]:
+    """The controls of one Sec. 4.6 comparison (``study_findings.mpp_ordering`` with the same arguments), from the
+    study's own records: ``better``'s accuracies replaced by ``worse``'s on the same seeds (negative: equal, so not
+    ahead), and ``better``'s raised by ``MPP_GAIN`` points on every seed (positive: a large lead must be seen over
+    these seeds' spread)."""
+    import copy
+
+    from vitlab.study_findings import POINTS, few_shot_key, mpp_accuracies, mpp_ordering
+
+    acc = mpp_accuracies(records, kind, shots, readout)
+    if better not in acc or worse not in acc:
+        return {}
+
+    def rewritten(value) -> list[dict]:
+        out = []
+        for r in records:
+            r = copy.deepcopy(dict(r))
+            if r.get("init") == better and r.get("kind") == kind and r.get("status") == "ok":
+                if kind == "few_shot":
+                    cell = (r.get("metrics") or {}).get(few_shot_key(readout), {}).get(str(shots))
+                    if cell is not None:
+                        cell["per_seed"] = [value(int(s), float(a))
+                                            for s, a in zip(r["spec"]["probe_seeds"], cell["per_seed"])]
+                else:
+                    r["metrics"]["test_accuracy"] = value(int(r["seed"]), float(r["metrics"]["test_accuracy"]))
+            out.append(r)
+        return out
+
+    built = {AHEAD: rewritten(lambda s, a: a + MPP_GAIN / POINTS),
+             LEVEL: rewritten(lambda s, a: acc[worse].get(s, a))}
+    key = None
+    results = []
+    for name, kind_ in ((AHEAD, POSITIVE), (LEVEL, NEGATIVE)):
+        v = mpp_ordering(built[name], better, worse, kind=kind, shots=shots, readout=readout)
+        key = v.key
+        results.append(ControlResult.of(name, kind_, v))
+    return {key: results}

@@ -652,11 +652,15 @@ def study_verdicts(records: Sequence[dict], shots: int = 10) -> list:
     beats MPP, for the ``shots``-shot probe (a study's ``verdict_shots``) of each readout (the model's own, and the
     patch tokens' mean: MPP trains only the patch outputs, never the class token's) and for the fine-tune. Pairs whose
     rows are not finished yet are left out; records of several studies are refused (``ValueError``)."""
+    from vitlab.controls import mpp_controls, validate
+
     out = []
     for kind, readout in [("few_shot", r) for r in READOUTS] + [("finetune", "model")]:
         # records of several studies, or anything else wrong with them, raise here: only "not finished" is skipped
         finished = mpp_accuracies(records, kind, shots, readout)
         for better, worse in (("mpp", "scratch"), ("supervised", "mpp")):
             if better in finished and worse in finished:  # else rows not finished (or not run) yet
-                out.append(mpp_ordering(records, better, worse, kind=kind, shots=shots, readout=readout))
+                v = mpp_ordering(records, better, worse, kind=kind, shots=shots, readout=readout)
+                # the criterion checked on controls from these records (vitlab.controls.mpp_controls)
+                out += validate([v], mpp_controls(records, better, worse, kind, shots, readout))
     return out
