@@ -121,7 +121,7 @@ class Verdict:
                       "controls": [dict(c) for c in d.get("controls") or []]})
 
     def summary(self) -> str:
-        """``reproduced      <finding> (<subject>): slope 0.83 px/layer [0.61, 1.02] > 0, one training run``"""
+        """``reproduced      <finding> (<subject>): rising steps 1 of steps [0.833, 1] > 0.5, one training run``"""
         unit = f" {self.unit}" if self.unit else ""
         lo, hi = self.interval
         t = self.threshold
