@@ -307,3 +307,16 @@ def test_the_mpp_controls_give_their_known_answers_on_the_shipped_study():
         assert [(c["control"], c["kind"], c["observed"], c["passed"]) for c in v.controls] == [
             (C.AHEAD, "positive", "reproduced", True), (C.LEVEL, "negative", "inconclusive", True)]
         assert v.controls[0]["statistic"] == pytest.approx(v.statistic + 20.0) and v.controls[1]["statistic"] == 0.0
+
+
+def test_an_estimate_against_the_finding_is_not_worded_as_undecidable():
+    """Spearman -0.221 [-0.597, 0.206] for 'leading components are low-frequency' read 'not decidable here' with a
+    reason that assumed the effect: an estimate on the other side of the threshold now leads with that, unlike an
+    undecided one on the paper's side; an interval that excludes the paper's side is 'not reproduced'."""
+    from vitlab.explain import reason_lead
+
+    against = make_verdict("f", "c", -0.221, (-0.597, 0.206), 0.0, ">", "Spearman", "", {})
+    undecided = make_verdict("f", "c", 0.221, (-0.206, 0.597), 0.0, ">", "Spearman", "", {})
+    excluded = make_verdict("f", "c", -0.4, (-0.6, -0.2), 0.0, ">", "Spearman", "", {})
+    assert (against.verdict, undecided.verdict, excluded.verdict) == ("inconclusive", "inconclusive", "not reproduced")
+    assert len({reason_lead(against), reason_lead(undecided), reason_lead(excluded)}) == 3
