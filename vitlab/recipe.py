@@ -10,8 +10,10 @@ runs' statistics, and its 95% interval is a Student t interval with n - 1 degree
 where s is the standard deviation of the runs' statistics (ddof 1: how much a run of the recipe varies) and
 sigma_img the image-sampling uncertainty of the mean: the runs are measured on the same images, so their image
 errors are taken as fully correlated (they do not average out over runs), and each run's interval is read as
-+-1.96 sigma about its statistic, so sigma_img = mean of the runs' interval half-widths / 1.96. The verdict is
-decided as every other, by ``vitlab.verdict.decide``. With one run the run's verdict is returned as it is, with
++-1.96 sigma about its statistic, so sigma_img = mean of the runs' interval half-widths / 1.96. Where a run's
+interval resamples something of its own (the components or patches of its weights: the filters and position
+embeddings), those errors are independent between runs and already in s, so adding them again as shared errs on
+the wide side. The verdict is decided as every other, by ``vitlab.verdict.decide``. With one run the run's verdict is returned as it is, with
 ``n_runs = 1``: its interval covers the images only. Up to 4 runs a run on the other side of the threshold always
 leaves the interval touching it (t(0.975, n - 1) >= n - 1); from 5 runs one dissenting run can be outweighed, and
 ``details["runs_against"]`` counts such runs.
