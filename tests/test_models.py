@@ -20,7 +20,7 @@ from vitlab import ModelLoadError, vit_config
 
 def test_default_model_missing_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(vm, "DEFAULT_CHECKPOINT", tmp_path / "vit_cifar10")
-    with pytest.raises(ModelLoadError, match="vitlab train --preset vit_cifar10")  # what the user runs:
+    with pytest.raises(ModelLoadError, match="vitlab train --preset vit_cifar10"):  # what the user runs
         vitlab.load_model()
 
 
