@@ -32,7 +32,7 @@ def test_three_runs_without_image_width_give_the_t_interval_of_their_mean():
     assert (v.statistic, v.n_runs) == (2.0, 3)
     assert v.interval == pytest.approx((2.0 - half, 2.0 + half), abs=1e-12)
     assert v.verdict == "inconclusive"  # 2 - 2.48 < 0
-    assert v.details["between_runs_sd"] == pytest.approx(1.0) and v.details["image_sd"] == 0.0
+    assert v.details["between_runs_sd"] == pytest.approx(1.0) and v.details["measurement_sd"] == 0.0
     assert [r["statistic"] for r in v.details["runs"]] == [1.0, 2.0, 3.0]
     assert [r["subject"] for r in v.details["runs"]] == ["a", "b", "c"]
     assert (v.finding, v.side, v.threshold, v.quantity, v.unit) == (FINDING, ">", 0.0, "slope", "px/layer")
@@ -43,11 +43,17 @@ def test_the_runs_image_uncertainty_is_added_as_one_shared_error():
     mean's image part is sigma_img itself (not sigma_img / sqrt(n))."""
     v = combine_runs([run(x, half=Z_95 * 0.5) for x in (1.0, 2.0, 3.0)])
     se = math.sqrt(1.0 / 3 + 0.5**2)
-    assert v.details["image_sd"] == pytest.approx(0.5)
+    assert v.details["measurement_sd"] == pytest.approx(0.5) and v.details["shared"]
     assert v.interval == pytest.approx((2 - student.ppf(0.975, 2) * se, 2 + student.ppf(0.975, 2) * se))
     # an asymmetric interval counts by its half-width
     w = combine_runs([run(x, half=Z_95 * 0.25, lo_extra=Z_95 * 0.5) for x in (1.0, 2.0, 3.0)])
-    assert w.details["image_sd"] == pytest.approx(0.5) and w.interval == pytest.approx(v.interval)
+    assert w.details["measurement_sd"] == pytest.approx(0.5) and w.interval == pytest.approx(v.interval)
+    # errors of each run's own (its weights' components): independent, already in the spread, not added again
+    own = combine_runs([run(x, half=Z_95 * 0.5) for x in (1.0, 2.0, 3.0)], shared=False)
+    half = student.ppf(0.975, 2) / math.sqrt(3)
+    assert own.interval == pytest.approx((2 - half, 2 + half)) and not own.details["shared"]
+    flat = combine_runs([run(2.0, half=0.3), run(2.0, half=0.3)], shared=False)  # no spread: no interval
+    assert flat.verdict == "inconclusive" and math.isnan(flat.interval[0])
 
 
 def test_agreeing_runs_reproduce_and_the_verdict_is_decide_on_the_interval():
@@ -210,7 +216,9 @@ def test_reproduce_judges_a_recipe_from_its_runs(three_seeds, tmp_path, capsys):
         assert v["statistic"] == pytest.approx(stats.mean(), rel=1e-12)
         halves = [(r["interval"][1] - r["interval"][0]) / 2 for r in v["details"]["runs"] if None not in r["interval"]]
         if len(halves) == 3:
-            se = math.sqrt(stats.var(ddof=1) / 3 + (np.mean(halves) / Z_95) ** 2)
+            shared = v["section"] == "distance"  # the images are shared by the runs, the weights are each run's own
+            assert v["details"]["shared"] == shared
+            se = math.sqrt(stats.var(ddof=1) / 3 + shared * (np.mean(halves) / Z_95) ** 2)
             assert v["interval"] == pytest.approx([stats.mean() - t2 * se, stats.mean() + t2 * se], rel=1e-9)
             if not v.get("qualifier"):
                 assert v["verdict"] == decide(tuple(v["interval"]), v["threshold"], v["side"])

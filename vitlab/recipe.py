@@ -11,10 +11,10 @@ where s is the standard deviation of the runs' statistics (ddof 1: how much a ru
 sigma_img the image-sampling uncertainty of the mean: the runs are measured on the same images, so their image
 errors are taken as fully correlated (they do not average out over runs), and each run's interval is read as
 +-1.96 sigma about its statistic, so sigma_img = mean of the runs' interval half-widths / 1.96. Where a run's
-interval resamples something of its own (the components or patches of its weights: the filters and position
-embeddings), those errors are independent between runs and already in s, so adding them again as shared errs on
-the wide side. The verdict is decided as every other, by ``vitlab.verdict.decide``. With one run the run's verdict is returned as it is, with
-``n_runs = 1``: its interval covers the images only. Up to 4 runs a run on the other side of the threshold always
+interval resamples something of its own instead (``shared=False``: the components or patches of its weights, for
+the filters and position embeddings), those errors are independent between runs and already in s: sigma_img is
+left out (mean +- t s / sqrt(n)). The verdict is decided as every other, by ``vitlab.verdict.decide``. With one
+run the run's verdict is returned as it is, with ``n_runs = 1``: its interval covers the images only. Up to 4 runs a run on the other side of the threshold always
 leaves the interval touching it (t(0.975, n - 1) >= n - 1); from 5 runs one dissenting run can be outweighed, and
 ``details["runs_against"]`` counts such runs.
 """
@@ -58,14 +58,15 @@ def _same_finding(verdicts: Sequence[Verdict]) -> None:
                 raise MixedFindings(name, i, b, a)
 
 
-def combine_runs(verdicts: Sequence[Verdict], subject: str | None = None) -> Verdict:
+def combine_runs(verdicts: Sequence[Verdict], subject: str | None = None, shared: bool = True) -> Verdict:
     """One verdict for a recipe from the verdicts of one finding on each of its runs (the module's rule).
 
     ``verdicts``: one per run, all of the same finding and criterion (``IDENTITY_FIELDS``; else ``MixedFindings``
     naming the field), each ``n_runs == 1`` (else ``ValueError``); their order does not change the statistic, interval or verdict.
     ``subject``: what the combination judges (default: "n runs: " and the runs' subjects). The result has
     ``n_runs = len(verdicts)`` and, in ``details``, each run's ``subject``, ``statistic``, ``interval`` and
-    ``verdict`` (``runs``), the runs' spread (``between_runs_sd``), the image part (``image_sd``),
+    ``verdict`` (``runs``), the runs' spread (``between_runs_sd``), the runs' own error (``measurement_sd``, added
+    to the spread where it is ``shared`` by the runs: measured on the same images), ``shared``,
     ``runs_against`` and ``interval_method``. It has no interval (inconclusive, ``details["no_interval"]`` says
     why) when a run has none, or when the runs agree exactly and their intervals have no width. A run measured on
     random weights (``details["untrained"]``) makes the recipe's verdict inconclusive, as it does the run's, and
@@ -96,25 +97,27 @@ def combine_runs(verdicts: Sequence[Verdict], subject: str | None = None) -> Ver
     else:
         mean, missing = math.nan, "a run's statistic is not finite"
     interval, sd, img = (math.nan, math.nan), math.nan, math.nan
-    method = f"Student t over {n} training runs ({n - 1} df), between-run variance plus the runs' image uncertainty"
+    method = f"Student t over {n} training runs ({n - 1} df), " + (
+        "between-run variance plus the image uncertainty the runs share" if shared else "between-run variance")
     if missing is None:
         from scipy.stats import t as student
 
         sd = math.sqrt(math.fsum((x - mean) ** 2 for x in stats) / (n - 1))
         img = math.fsum((v.interval[1] - v.interval[0]) / 2 for v in verdicts) / n / Z_95
-        se = math.sqrt(sd**2 / n + img**2)
+        se = math.sqrt(sd**2 / n + (img**2 if shared else 0.0))
         if se <= 1e-9 * max(abs(x) for x in stats):
-            missing = (f"all {n} runs give the same value, {fmt_value(mean)}, and their intervals have no width, so "
-                       "there is no spread to take an interval from")
+            missing = (f"all {n} runs give the same value, {fmt_value(mean)}"
+                       + (", and their intervals have no width," if shared else ",")
+                       + " so there is no spread to take an interval from")
         else:
             half = float(student.ppf(0.975, n - 1)) * se
             interval = (mean - half, mean + half)
-    details = {"runs": runs, "between_runs_sd": sd, "image_sd": img, "runs_against": against,
+    details = {"runs": runs, "between_runs_sd": sd, "measurement_sd": img, "shared": shared, "runs_against": against,
                "interval_method": method if missing is None else "none"}
     if any(v.details.get("untrained") for v in verdicts):
         details["untrained"] = True
     criterion = (f"{first.criterion}; for the recipe: mean over {n} training runs, 95% Student t interval covering "
-                 "runs and images")
+                 + ("runs and images" if shared else "runs (each run's own error is in their spread)"))
     if subject is None:
         subject = f"{n_units(n, 'runs')}: " + "; ".join(v.subject or f"run {i}" for i, v in enumerate(verdicts))
     out = make_verdict(first.finding, criterion, mean, interval, t, first.side, first.quantity, first.unit, details,

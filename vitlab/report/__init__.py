@@ -396,12 +396,15 @@ def recipe_verdicts(sections: list[S.Section], inp: S.Inputs, runs: Sequence[Any
     """Replace the verdicts measured on the first run (``inp``: its sections' filters, positions and distance
     verdicts) by those of the recipe: each other run (``others``, the models of ``runs[1:]``, ``other_runs``) is
     shown the same images (``inp.x``) and judged the same way, and each finding's verdicts on all runs are combined
-    by ``vitlab.recipe.combine_runs`` (each run's numbers in the verdict's ``details["runs"]``). Runs that judge
+    by ``vitlab.recipe.combine_runs`` (each run's numbers in the verdict's ``details["runs"]``; the image error
+    shared by the runs for the distance section's, not for the weights' own). Runs that judge
     different findings are refused (``ValueError``)."""
     from vitlab.recipe import combine_runs
 
     labels = run_labels(runs)
-    judged = {"filters", "positions", "distance"}  # the sections whose verdicts are measured on the model
+    # the sections whose verdicts are measured on the model: on the images every run is shown (their sampling error
+    # is shared by the runs), or on each run's own weights (filters, position embeddings: errors of its own)
+    judged = {"filters": False, "positions": False, "distance": True}
     per_run: list[dict[str, list[Verdict]]] = [{s.slug: s.verdicts for s in sections if s.slug in judged}]
     for spec, label, net in tqdm(list(zip(runs[1:], labels[1:], others)), desc="other runs",
                                  disable=progress is False):
@@ -421,7 +424,7 @@ def recipe_verdicts(sections: list[S.Section], inp: S.Inputs, runs: Sequence[Any
         for i, v0 in enumerate(s.verdicts):
             rest = v0.subject.removeprefix(inp.name)  # " on 128 CIFAR-10 test images", ", weights alone"
             each = [replace(v0, subject=labels[0] + rest)] + [r[s.slug][i] for r in per_run[1:]]
-            combined.append(combine_runs(each, subject=recipe + rest))
+            combined.append(combine_runs(each, subject=recipe + rest, shared=judged[s.slug]))
         s.verdicts = combined
 
 
