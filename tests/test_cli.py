@@ -173,7 +173,7 @@ def test_capture_num_images_also_limits_the_default_photos(tmp_path, checkpoint,
 
 def test_queries_prefix_help_says_it_keeps_the_prefix_token_rows(capsys):
     """--queries prefix keeps every prefix token's row (class and 4 registers here), not 'only the readout rows':
-    the help and the README say what it keeps."""
+    the help and the Python API page (docs/api.md) say what it keeps."""
     from pathlib import Path
 
     from conftest import tiny_timm
@@ -184,7 +184,7 @@ def test_queries_prefix_help_says_it_keeps_the_prefix_token_rows(capsys):
     with pytest.raises(SystemExit):
         main(["capture", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    readme = " ".join((Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text().split())
     for text in (help_text, readme):
         assert "readout rows" not in text and "class, distillation and register tokens" in text
 

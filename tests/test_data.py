@@ -767,14 +767,15 @@ def test_quiet_loads_decode_without_a_progress_bar(two_class_folder, tmp_path, m
     assert "decoding" not in capsys.readouterr().err
 
 
-def test_the_readme_lists_the_image_suffixes_the_loaders_read():
-    """README's list of image file types is the loaders' own (``IMAGE_SUFFIXES``), so it cannot fall behind."""
+def test_the_docs_list_the_image_suffixes_the_loaders_read():
+    """The data page's list of image file types (docs/data.md) is the loaders' own (``IMAGE_SUFFIXES``), so it
+    cannot fall behind."""
     import re
     from pathlib import Path
 
     from vitlab.data import IMAGE_SUFFIXES
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
     listed = re.search(r"Image files are\s+(.*?)\s+in any case", text, re.S).group(1)
     assert tuple(re.findall(r"`(\.\w+)`", listed)) == IMAGE_SUFFIXES
 

@@ -135,7 +135,7 @@ def test_mpp_readme_quotes_the_study():
 
 
 def test_mpp_ordering_sentences_quote_the_fine_tune_means():
-    """The project README and data/results/README.md state scratch < MPP < supervised with the mean fine-tune accuracy
+    """The studies page (docs/studies.md) and data/results/README.md state scratch < MPP < supervised with the mean fine-tune accuracy
     of each initialisation over the study's seeds (a rerun of one row must show in both)."""
     from vitlab.mpp_study import shown_records
 
@@ -146,7 +146,7 @@ def test_mpp_ordering_sentences_quote_the_fine_tune_means():
         assert len(accs) == 3, init
         means[init] = 100 * sum(accs) / len(accs)
     expected = "{scratch:.1f} < {mpp:.1f} < {supervised:.1f}%".format(**means)
-    for readme in (ROOT / "README.md", RESULTS / "README.md"):
+    for readme in (ROOT / "docs" / "studies.md", RESULTS / "README.md"):
         quoted = re.findall(r"(\d+\.\d) < (\d+\.\d) < (\d+\.\d)%", readme.read_text())
         assert quoted, f"{readme.name}: no 'scratch < MPP < supervised' accuracies found"
         assert {" < ".join(q) + "%" for q in quoted} == {expected}, (readme, quoted, expected)
@@ -218,7 +218,7 @@ def test_readme_from_scratch_sentence_quotes_its_benchmark():
     """The README's from-scratch run (the default preset's headline) states the hours, the accuracy and the fit
     against its teacher that benchmarks/results/from_scratch.json recorded, not its 5 h budget."""
     run = json.loads((ROOT / "benchmarks" / "results" / "from_scratch.json").read_text())
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = _readme()
     m = re.search(r"From random weights, ([\d.]+) h of it .*? reached ([\d.]+)% \((\d+) epochs", readme)
     assert m, "the README's from-scratch sentence is missing"
     assert (m[1], m[2], int(m[3])) == (f"{run['hours'][-1]:.2f}", f"{100 * run['test_accuracy'][-1]:.2f}",
@@ -229,7 +229,9 @@ def test_readme_from_scratch_sentence_quotes_its_benchmark():
 
 
 def _readme() -> str:
-    return " ".join((ROOT / "README.md").read_text().split())
+    """The README and the documentation pages (docs/*.md) it leads to, where the long explanations live."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return " ".join(" ".join(p.read_text().split()) for p in pages)
 
 
 def _card(name: str) -> dict:
@@ -308,13 +310,15 @@ def test_card_commands_run_as_written(folder):
 
 
 def test_readme_shell_blocks_name_real_commands():
-    """Every line of the README's ```bash blocks is a make target the Makefile has or a vitlab command its parser
-    accepts (continuation lines joined), so a renamed option or target shows here, not on a reader's machine."""
+    """Every line of the ```bash blocks of the README and the docs pages is a make target the Makefile has or a vitlab
+    command its parser accepts (continuation lines joined), so a renamed option or target shows here, not on a
+    reader's machine."""
     import shlex
 
     from vitlab.cli import build_parser
 
-    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    blocks = [b for page in pages for b in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S)]
     lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines() if line.strip()]
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
     assert lines

@@ -58,13 +58,13 @@ def test_bottom_modules_import_nothing_else_from_vitlab(module):
     assert [m for m, _, _ in own if m not in below] == [], own
 
 
-def test_the_readme_layout_names_every_module():
-    """The README's Layout block is where a reader finds which file holds what: every module and subpackage of
-    vitlab/ is named there (a new module left out of it had happened five times)."""
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_layout_names_every_module():
+    """The Layout block of docs/layout.md is where a reader finds which file holds what: every module and subpackage
+    of vitlab/ is named there (a new module left out of it had happened five times)."""
+    text = (ROOT / "docs" / "layout.md").read_text()
     block = text[text.index("## Layout"):]
     block = block[: block.index("```", block.index("```") + 3)]
     names = [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
     names += [f"{p.name}/" for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
     missing = sorted(n for n in names if n not in block)
-    assert not missing, f"README.md's Layout block does not name {missing}"
+    assert not missing, f"docs/layout.md's Layout block does not name {missing}"
