@@ -119,6 +119,15 @@ def test_checkpoints_readme_quotes_the_cards():
         assert quoted == [f"{100 * value:.2f}"], (row, name, value)
 
 
+def test_checkpoints_readme_is_one_short_line_per_checkpoint():
+    """data/checkpoints/README.md is an index, one table row per shipped folder with no cell over 300 characters; a
+    model's history lives in its card (the lineage) and in git (one cell had grown to 2,956 characters)."""
+    rows = [line for line in (CHECKPOINTS / "README.md").read_text().splitlines() if line.startswith("| `")]
+    assert sorted(re.match(r"\| `([\w]+)/`", row)[1] for row in rows) == sorted(f.name for f in CARDS)
+    cells = [cell.strip() for row in rows for cell in row.strip("|").split(" | ")]
+    assert max(len(c) for c in cells) <= 300, max(cells, key=len)
+
+
 def test_mpp_readme_quotes_the_study():
     """The MPP section of data/results/README.md holds the tables and the verdicts generated from the shipped
     records (``vitlab mpp-study --table`` prints them), not typed numbers."""
