@@ -25,17 +25,22 @@ if _typing.TYPE_CHECKING:
     from vitlab.info import ModelInfo, model_info
     from vitlab.inspect import (
         attention_rollout,
+        cka,
         compare_methods,
         deletion_insertion,
         embedding_filter_pca,
         gradient_rollout,
+        head_importance,
         integrated_gradients,
+        layer_similarity,
         localisation,
         mean_attention_distance,
         occlusion,
         position_embedding_similarity,
         position_structure_score,
+        prefix_attention,
         randomization_sanity,
+        token_norms,
     )
     from vitlab.model_config import BiTConfig, HybridConfig, ViTConfig, vit_config
     from vitlab.models import load_model
@@ -53,7 +58,12 @@ __all__ = [
     "ViTConfig",
     "attention_maps",
     "attention_rollout",
+    "cka",
     "compare_methods",
+    "head_importance",
+    "layer_similarity",
+    "prefix_attention",
+    "token_norms",
     "deletion_insertion",
     "gradient_rollout",
     "integrated_gradients",
@@ -85,7 +95,8 @@ _SOURCES = {
     **dict.fromkeys(["ModelInfo", "model_info"], "vitlab.info"),
     **dict.fromkeys(["attention_rollout", "compare_methods", "deletion_insertion", "embedding_filter_pca",
                      "gradient_rollout", "integrated_gradients", "localisation", "mean_attention_distance", "occlusion",
-                     "position_embedding_similarity", "position_structure_score", "randomization_sanity"],
+                     "position_embedding_similarity", "position_structure_score", "randomization_sanity", "cka",
+                     "layer_similarity", "head_importance", "prefix_attention", "token_norms"],
                     "vitlab.inspect"),
     "load_model": "vitlab.models",
     **dict.fromkeys(["BiTConfig", "HybridConfig", "ViTConfig", "vit_config"], "vitlab.model_config"),  # no torch
