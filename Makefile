@@ -31,8 +31,10 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
 
+# The benchmarks write benchmarks/results/*.json; benchmarks.markdown then writes BENCHMARKS.md from those files.
 bench: $(STAMP)
 	$(PY) -m benchmarks
+	$(PY) -m benchmarks.markdown
 
 # The documentation site (docs/, mkdocs.yml) into site/; tests/test_docs.py builds it the same way.
 docs: $(STAMP)

@@ -5,8 +5,8 @@
     python benchmarks/run.py --no-coverage     # every benchmark but coverage (its section of BENCHMARKS.md is kept)
 
 Generated sections of BENCHMARKS.md sit between ``<!-- NAME:start -->`` / ``<!-- NAME:end -->`` markers
-(``machine``, ``speed``, ``coverage``, ``train``, ``inspect``, ``probe``); everything outside them is hand-written
-and left alone. A partial run (``--filter``/``--limit`` for coverage; other ``--models``, ``--batch`` or
+(``machine``, ``speed``, ``coverage``, ``train``, ``inspect``, ``probe``); everything outside them is left alone.
+``make bench`` then rewrites the whole of BENCHMARKS.md from the result files (``python -m benchmarks.markdown``). A partial run (``--filter``/``--limit`` for coverage; other ``--models``, ``--batch`` or
 ``--repeats`` than the defaults for speed; another ``--train-steps`` or ``--inspect-model``) prints its results and writes them to ``*.partial.json`` but never
 replaces the published section; the ``machine`` section is rewritten only when some section is.
 """
