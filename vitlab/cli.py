@@ -771,7 +771,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: none on a CPU, all cores but two beside an accelerator); the batches are the same")
     sp.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                     help="the training step through torch.compile (auto: a ViT classifier in one process on a CPU "
-                    "for 1,000 steps or more: the default preset's epochs 1.12x faster after a ~40 s first step); not "
+                    "for 1,000 steps or more, where the faster epochs repay a slow first step); not "
                     "part of the run: resume either way")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_train)

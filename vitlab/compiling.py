@@ -19,9 +19,9 @@ from vitlab.zoo import ViTConfig
 __all__ = ["COMPILE_MIN_STEPS", "compile_by_default", "Compiler"]
 
 
-#: the shortest run (in steps) that ``train`` compiles by default: the first compiled step takes ~40 s on a 2-core CPU
-#: (the default preset's ViT, forward and backward; its epochs then run 1.12x faster), so a run of a few minutes would
-#: lose
+#: the shortest run (in steps) that ``train`` compiles by default: the first compiled step takes tens of seconds on a
+#: CPU (compiling the forward and backward) before the faster epochs repay it, so a run of a few minutes would lose
+#: (``benchmarks/compile_ab.py`` and ``benchmarks/train_speed.py`` measure both)
 COMPILE_MIN_STEPS = 1000
 
 

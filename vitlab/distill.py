@@ -22,8 +22,7 @@ __all__ = ["load_teacher", "teacher_input", "soft_cross_entropy", "distill_loss"
 def load_teacher(path: str | os.PathLike, device: torch.device) -> nn.Module:
     """A frozen teacher in eval mode from a vitlab checkpoint folder (relative paths: to the cwd, then the repo).
     The CNN teacher (``vitlab.cifarnet.CifarResNet``) comes in channels_last, which ``teacher_input`` matches: its
-    bf16 forward ran 2.1x faster that way on a 2-core AVX512-BF16 CPU. Other teachers keep their layout (not
-    measured)."""
+    forward is faster that way on a CPU (``benchmarks/train_speed.py``). Other teachers keep their layout."""
     p = resolve_folder(path)
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"teacher checkpoint {path} not found: train it first (vitlab train --preset "

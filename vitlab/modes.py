@@ -91,7 +91,8 @@ def _module_flags(model: nn.Module, name: str, value: bool) -> Iterator[nn.Modul
 def explicit_attention(model: nn.Module, enabled: bool = True) -> Iterator[nn.Module]:
     """Attention through the explicit softmax (each module's boolean ``fused_attn`` set False) inside the block,
     every flag restored after. Capture needs it (no softmax runs inside SDPA); training on CPU uses it because
-    the explicit path's backward is about 2x faster there; timm tests the two paths against each other."""
+    the explicit path's backward is faster there (``benchmarks/train_speed.py`` measures it); timm tests the two
+    paths against each other."""
     with _module_flags(model, "fused_attn", False) if enabled else contextlib.nullcontext(model):
         yield model
 

@@ -1,7 +1,7 @@
 """Whether bf16 autocast pays on a device: on a CPU without native bf16 (AVX2 only: no AVX-512, no AMX) PyTorch
-falls back to a reference kernel that runs a 2048^3 bf16 matmul at about 0.3 GFLOP/s against 124 GFLOP/s in
-float32 (measured on a 2-core AMD EPYC with AVX2 only), so a run asked for in bf16 would take hundreds of times
-longer. Training and evaluation ask ``fast_bf16`` and run in float32 where it says no."""
+falls back to a reference kernel that runs bf16 matmuls hundreds of times slower than float32, so a run asked for
+in bf16 would take hundreds of times longer. Training and evaluation ask ``fast_bf16`` and run in float32 where it
+says no."""
 
 from __future__ import annotations
 

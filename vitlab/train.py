@@ -6,13 +6,12 @@ averaging (``lookahead_every``, ``vitlab.lookahead``) and a whitening-stem bias 
 (``whiten_bias_epochs``).
 
 Speed on CPU (``benchmarks/train_speed.py`` measures each lever): a ViT trains with the explicit softmax
-attention instead of ``scaled_dot_product_attention`` (1.8-1.9x the images/s for ViT-Lite-7/4 in bf16 on a 2-core
-AVX512-BF16 CPU), optionally with random patch dropping (``ViTConfig.patch_drop_rate``) and progressive resizing
-(``progressive_size`` px for the first ``progressive_epochs`` epochs, or the first ``progressive_fraction`` of them:
-24 px ran at 1.5-1.7x the images/s of 32 px; the default preset trains its first third at 24 px);
-CNNs train in ``channels_last``, and a convolutional distillation teacher runs its forward in it (2.1x,
-``vitlab.distill``); a long enough ViT run compiles its step by default (``vitlab.compiling``: the default preset's
-epochs 1.12x faster on a 2-core AMX Xeon, after a ~40 s first step).
+attention instead of ``scaled_dot_product_attention``, optionally with random patch dropping
+(``ViTConfig.patch_drop_rate``) and progressive resizing (``progressive_size`` px for the first ``progressive_epochs``
+epochs, or the first ``progressive_fraction`` of them; the default preset trains its first third at 24 px);
+CNNs train in ``channels_last``, and a convolutional distillation teacher runs its forward in it
+(``vitlab.distill``); a long enough ViT run compiles its step by default (``vitlab.compiling``). BENCHMARKS.md has
+what each lever measured.
 
 Resumable by construction: every source of randomness (data order, mixup, dropout, the alternating flip pattern) is
 seeded from ``(seed, epoch)`` at the start of each epoch, each batch's crops and RandAugment from ``(seed, epoch,
@@ -335,9 +334,8 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
 
     ``compile``: the training forward and backward (and a teacher's forward) through ``torch.compile`` (inductor;
     evaluation stays eager). Default (None): ``compile_by_default`` (``vitlab.compiling``), i.e. a ViT classifier in
-    one process on a CPU for a run of at least ``COMPILE_MIN_STEPS`` steps, where it pays (the default preset's
-    epochs 1.12x faster on a 2-core AMX Xeon, after a ~40 s first step). True for masked patch prediction is an
-    error (it trains eagerly). Like ``workers`` it is not part of the run's config: a compiled run resumes eagerly
+    one process on a CPU for a run of at least ``COMPILE_MIN_STEPS`` steps, where it pays (BENCHMARKS.md). True for
+    masked patch prediction is an error (it trains eagerly). Like ``workers`` it is not part of the run's config: a compiled run resumes eagerly
     and back. Unlike ``workers`` it changes the draws inside the model (patch dropping, stochastic depth: inductor's
     random kernels instead of eager's) and the rounding of fused operations, not what is trained. Where inductor
     cannot compile (e.g. no C++ compiler), the run says so and goes on eagerly.
