@@ -913,7 +913,7 @@ def test_a_tilde_in_a_path_option_is_the_home_folder(monkeypatch):
     home = "/home/someone/x"
     assert parse(["reproduce", "--out=~/x", "--images=~/x", "--model=~/x"]).out == home
     got = parse(["reproduce", "--out=~/x", "--images=~/x", "--model=~/x"])
-    assert (got.images, got.model) == (home, home)
+    assert (got.images, got.model) == (home, [home])  # reproduce's --model repeats: a recipe's runs
     assert parse(["capture", "--out=~/x", "--weights=~/x"]).weights == home
     assert parse(["train", "--run-dir=~/x", "--data=~/x"]).run == home
     assert parse(["export", "--run-dir=~/x", "--out=~/x", "--command-line", "c"]).out == home
@@ -922,7 +922,9 @@ def test_a_tilde_in_a_path_option_is_the_home_folder(monkeypatch):
     assert (got.work_dir, got.save_config) == (home, home)
     assert parse(["mpp-study", "--results=~/x", "--run-root=~/x"]).run_root == home
     assert parse(["reproduce", "--out=out"]).out == "out" and parse(["capture"]).out == "attention.safetensors"
-    assert parse(["reproduce", "--model=vit_tiny_patch16_224"]).model == "vit_tiny_patch16_224"
+    assert parse(["reproduce", "--model=vit_tiny_patch16_224"]).model == ["vit_tiny_patch16_224"]
+    assert parse(["info", "--model=vit_tiny_patch16_224"]).model == "vit_tiny_patch16_224"  # one model elsewhere
+    assert parse(["reproduce", "--model=a", "--model=~/x"]).model == ["a", home]
     assert os.path.expanduser("~") == "/home/someone"
 
 
