@@ -53,9 +53,12 @@ print(f"top {k} components explain {100 * float(ratio.sum()):.1f}% of the varian
 # does.
 
 # %%
+from dataclasses import replace
+
 from vitlab import controls, findings
 from vitlab.explain import explain
 from vitlab.inspect import embedding_filters
+from vitlab.report import model_label
 from vitlab.verdict import verdict_table
 
 weights = embedding_filters(model)
@@ -63,6 +66,7 @@ verdicts = controls.validate(findings.judge_filters(weights, k), controls.filter
 for row in controls.validation_table(verdicts):
     print(f"{row['key']:<24} {row['control']:<55} expected {row['expected']:<14} observed {row['observed']}")
 print()
+verdicts = [replace(v, subject=f"{model_label(model, MODEL)}, weights alone") for v in verdicts]  # each row judges
 print(verdict_table(verdicts))
 print()
 print(explain(verdicts, width=110))

@@ -57,9 +57,12 @@ print(f"Spearman at {gh}x{gw}: {score:.3f}; resampled to {2 * gh}x{2 * gw}: {vit
 # (rank correlation of similarity with grid distance; same-row/column pairs against other pairs at equal distance).
 
 # %%
+from dataclasses import replace
+
 from vitlab import controls, findings
 from vitlab.explain import explain
 from vitlab.inspect import position_table
+from vitlab.report import model_label
 from vitlab.verdict import verdict_table
 
 # each criterion first checked on controls with a known answer (a sin-cos table, an isotropic one, this model's
@@ -69,6 +72,7 @@ if len(verdicts) < 2:  # grids too small for pairs at equal distance inside and 
     print("row/column structure not judged: the grid needs a side of at least 6 and the other of at least 4")
 for row in controls.validation_table(verdicts):
     print(f"{row['key']:<24} {row['control']:<55} expected {row['expected']:<14} observed {row['observed']}")
+verdicts = [replace(v, subject=f"{model_label(model, MODEL)}, weights alone") for v in verdicts]  # each row judges
 print(verdict_table(verdicts))
 print()
 print(explain(verdicts, width=110))

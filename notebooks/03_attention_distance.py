@@ -27,6 +27,8 @@ MODEL = os.environ.get("VITLAB_MODEL") or None  # None: the embedded default; or
 N_IMAGES = 8 if SMOKE else None  # None: all 128 shipped CIFAR-10 test images for 32 px models (the paper uses 128)
 
 # %%
+from dataclasses import replace
+
 import vitlab
 from vitlab.plots import notebook_figures
 from vitlab.images import default_images
@@ -40,6 +42,8 @@ per_image = vitlab.mean_attention_distance(model, x, per_image=True)  # (L, B, H
 dist = per_image.mean(1)
 from vitlab import findings
 from vitlab.explain import explain
+from vitlab.images import default_data_words
+from vitlab.report import model_label
 from vitlab.verdict import verdict_table
 
 info = vitlab.model_info(model)
@@ -75,6 +79,8 @@ verdicts = controls.validate(findings.judge_distance(dists, ceilings), controls.
 for row in controls.validation_table(verdicts):
     print(f"{row['key']:<26} {row['control']:<70} expected {row['expected']:<14} observed {row['observed']}")
 print(f"uniform attention over the {info.grid_size[0]}x{info.grid_size[1]} grid: {ceiling:.1f} px")
+subject = f"{model_label(model, MODEL)} on {default_data_words(model, len(x))}"  # what each row judges
+verdicts = [replace(v, subject=subject) for v in verdicts]
 print(verdict_table(verdicts))
 print()
 print(explain(verdicts, width=110))

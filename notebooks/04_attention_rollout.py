@@ -75,8 +75,11 @@ for r in loc_rows:
 # object than a random map does, on the shapes, where the masks are known.
 
 # %%
+from dataclasses import replace
+
 from vitlab import findings
 from vitlab.explain import explain
+from vitlab.images import default_data_words
 from vitlab.inspect import localisation
 from vitlab.verdict import verdict_table
 
@@ -89,6 +92,8 @@ verdicts = controls.validate(verdicts, controls.rollout_controls(data.masks, tup
                                                                  rnd["mass_in_mask"], rnd["pointing"]))
 for row in controls.validation_table(verdicts):
     print(f"{row['key']:<24} {row['control']:<36} expected {row['expected']:<14} observed {row['observed']}")
+subject = f"{SHAPES_CHECKPOINT.name} (shipped) on {default_data_words(shapes_model, len(data))}"  # each row judges
+verdicts = [replace(v, subject=subject) for v in verdicts]
 print(verdict_table(verdicts))
 print()
 print(explain(verdicts, width=110))

@@ -130,17 +130,20 @@ def test_filters_notebook_gives_the_reports_statistics():
     """Notebook 01 judged the filters against 5 random draws where the report drew 20 ('filters structured' read
     0.181 and 0.182): each verdict of the report's filters section has the same statistic in the notebook's table."""
     import vitlab
+    from vitlab.report import model_label
     from vitlab.report import sections as S
     from vitlab.verdict import fmt_value
 
     out = _smoke_output("01_patch_embedding_pca")  # the embedded default, as the report's default
     net = vitlab.load_model()
-    inp = S.Inputs(net, vitlab.model_info(net), [], None, [], {"model": "embedded default", "versions": {}})
+    inp = S.Inputs(net, vitlab.model_info(net), [], None, [], {"model": "embedded default", "versions": {}},
+                   name=model_label(net, None))
     verdicts = S.filters(inp).verdicts  # the filters section reads the weights alone
-    assert len(verdicts) == 2
+    assert len(verdicts) == 2 and verdicts[0].subject == "vit_cifar10 (embedded default), weights alone"
     for v in verdicts:
         row = next(line for line in out.splitlines() if line.startswith(v.finding))
         assert f"  {fmt_value(v.statistic)} [" in row, (row, v.statistic)
+        assert f"  {v.subject}  " in row, (row, v.subject)  # the row names what it judges, as the report's does
 
 def test_mpp_notebook_marks_fixed_position_tables():
     """The smoke study's three models share one fixed 2D sin-cos table, so 'scratch' shows the same grid structure as
