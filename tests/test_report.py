@@ -457,7 +457,7 @@ def test_sections_a_model_cannot_have_say_why_instead_of_vanishing(tmp_path):
     page = (tmp_path / "out_h" / "report.html").read_text()
     assert "Not shown for this model: a hybrid" in page
     # the facts say what the model is, in words that agree with their numbers ("1 blocks", "prefix token(s)")
-    assert "VisionTransformer (hybrid: ResNet features as patches; 1 block, width 192, 3 heads)" in page
+    assert "hybrid, ResNet features as patches; 1 block, width 192, 3 heads" in page
     assert "4 px per patch (the ResNet&#39;s stride), 8x8 grid, 1 prefix token (class)," in page
     cfg = vitlab.vit_config("Ti/4", img_size=32, depth=1, num_classes=10, pos_embed="none")
     ck = vitlab.save_checkpoint(vitlab.build_model(cfg).eval(), tmp_path / "nopos")
