@@ -263,3 +263,25 @@ def test_several_runs_are_checkpoints_or_names_without_a_weights_file(tmp_path):
         with pytest.raises(ValueError, match="several runs"):
             reproduce(model=model, out=tmp_path / "out", progress=False, **kw)
     assert not (tmp_path / "out").exists()
+
+
+def test_compare_recipes_says_which_findings_hold_in_which_recipe():
+    from vitlab.recipe import compare_recipes
+    from vitlab.verdict import Verdict
+
+    def v(key: str, verdict: str, n: int = 3, qualifier: str = "") -> Verdict:
+        return Verdict(finding=key.upper(), criterion="c", statistic=1.0, interval=(0.5, 1.5), threshold=0.0,
+                       verdict=verdict, key=key, n_runs=n, qualifier=qualifier)
+
+    a = [v("pos", "reproduced"), v("depth", "reproduced"), v("spread", "inconclusive"), v("only_a", "reproduced")]
+    b = [v("depth", "not reproduced"), v("pos", "reproduced"),
+         v("spread", "inconclusive", qualifier="depends on convention")]
+    rows = compare_recipes({"no teacher": a, "distilled": b})
+    assert [r["key"] for r in rows] == ["pos", "depth", "spread"]  # the first recipe's order; only shared keys
+    assert [r["holds_in"] for r in rows] == [["no teacher", "distilled"], ["no teacher"], []]
+    assert rows[2]["verdicts"] == {"no teacher": "inconclusive", "distilled": "inconclusive (depends on convention)"}
+    assert rows[0]["n_runs"] == {"no teacher": 3, "distilled": 3}
+    with pytest.raises(ValueError):
+        compare_recipes({"one": a})
+    with pytest.raises(ValueError):
+        compare_recipes({"a": [v("", "reproduced")], "b": b})

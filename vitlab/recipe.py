@@ -29,7 +29,7 @@ from pathlib import Path
 
 from vitlab.verdict import Verdict, fmt_value, make_verdict, n_units
 
-__all__ = ["combine_runs", "recipe_runs", "MixedFindings", "IDENTITY_FIELDS", "Z_95"]
+__all__ = ["combine_runs", "compare_recipes", "recipe_runs", "MixedFindings", "IDENTITY_FIELDS", "Z_95"]
 
 #: the fields that make two verdicts judgements of the same finding by the same criterion (the per-run fields
 #: statistic, interval, verdict, details, subject and n_runs may differ)
@@ -159,3 +159,31 @@ def recipe_runs(specs: Sequence[str | os.PathLike]) -> list[str]:
             raise ValueError(f"--model {m} is given twice: a recipe's runs are distinct checkpoints")
         seen.add(key)
     return out
+
+
+def compare_recipes(recipes: dict[str, Sequence[Verdict]]) -> list[dict[str, object]]:
+    """Which findings hold in which recipe: one row per finding key that every recipe judged, in the first recipe's
+    order, as ``{"key", "finding", "verdicts": {recipe: verdict label}, "holds_in": [recipes where reproduced],
+    "n_runs": {recipe: runs}}``. ``holds_in`` is empty where the finding holds in none; a recipe whose verdict is
+    inconclusive is in no list (it neither holds nor fails). Raises ValueError for fewer than two recipes or a verdict
+    without a key (a record written before verdicts had keys)."""
+    if len(recipes) < 2:
+        raise ValueError(f"compare_recipes needs at least two recipes, got {len(recipes)}")
+    by_key: dict[str, dict[str, Verdict]] = {}
+    for name, verdicts in recipes.items():
+        for v in verdicts:
+            if not v.key:
+                raise ValueError(f"recipe {name!r}: the verdict of {v.finding!r} has no key; judge it again with this "
+                                 "vitlab version")
+            by_key.setdefault(v.key, {})[name] = v
+    first = [v.key for v in next(iter(recipes.values()))]
+    rows: list[dict[str, object]] = []
+    for key in first:
+        got = by_key[key]
+        if len(got) < len(recipes):
+            continue
+        rows.append({"key": key, "finding": got[next(iter(recipes))].finding,
+                     "verdicts": {r: got[r].label for r in recipes},
+                     "holds_in": [r for r in recipes if got[r].verdict == "reproduced"],
+                     "n_runs": {r: got[r].n_runs for r in recipes}})
+    return rows
