@@ -94,6 +94,7 @@ def test_a_compiled_run_trains_the_model_an_eager_run_trains(tmp_path, data, fol
     assert json.loads((tmp_path / "shipped" / "card.json").read_text())["compiled_epochs"] == 2
     card = (tmp_path / "shipped" / "MODEL_CARD.md").read_text()
     assert "the training step compiled by `torch.compile` in 2 of 3 epochs" in card
+    assert ("distilled from" in card.splitlines()[0]) == distilled  # a teacher is said in the card's first line
 
 
 def test_without_a_working_compiler_the_run_warns_and_trains_eagerly(tmp_path):

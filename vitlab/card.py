@@ -98,7 +98,8 @@ def card_text(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -
   head (`objective.safetensors`). The learning curve's points are the evaluations during training, in
   {f['training_precision']}, on {f['curve_images']}."""
     else:
-        title = f"{train_cfg['model']['kind']} trained on {train_cfg['data']}"
+        title = f"{train_cfg['model']['kind']} trained on {train_cfg['data']}" + (
+            f", distilled from `{f['teacher']}`" if f.get("teacher") else "")  # said first: a teacher shapes what it learns
         lead = f"""* **Test accuracy: {f['test_accuracy']:.2%}** on all {f['test_images']:,} images of the {test_split}
   split ({f['dtype']} weights as shipped, through `timm.data.resolve_data_config({{}}, model=model)` and
   `timm.data.create_transform(**cfg)`).{lines_below}"""
