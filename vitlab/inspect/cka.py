@@ -205,4 +205,5 @@ def layer_similarity(model_a: nn.Module, model_b: nn.Module, images: Tensor, *,
         if acc is None:
             acc = MinibatchCKA(len(fa), len(fb), debiased)
         acc.update(fa, fb)
+        del fa, fb  # before the next batch's features exist: one batch's features at a time
     return acc.result()
