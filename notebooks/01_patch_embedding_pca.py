@@ -40,7 +40,7 @@ components, ratio = vitlab.embedding_filter_pca(model, k=k)
 filter_grid(components.numpy(), ratio.numpy(), title="Principal components of the patch-embedding filters")
 
 # %%
-print(f"top {k} components explain {100 * float(ratio.sum()):.1f}% of the variance; first: {100 * float(ratio[0]):.1f}%")
+print(f"top {k} components explain a share {float(ratio.sum()):.3g} of the variance; first: {float(ratio[0]):.3g}")
 
 # %% [markdown]
 # **Paper:** the components "resemble plausible basis functions for a low-dimensional representation of the fine

@@ -68,6 +68,7 @@ from vitlab.mpp_study import (
     supervised_model,
 )
 from vitlab.plots import layer_lines_by_model, notebook_figures
+from vitlab.report.sections import distance_conventions, distance_verdicts, position_verdicts
 from vitlab.scaling import ResultsStore
 from vitlab.verdict import verdict_table
 
@@ -222,15 +223,17 @@ else:
 # The same inspections as notebooks 02 and 03, on the three initialisations of the comparison: mean attention
 # distance per head against depth (on the same images for all three) and the position-embedding similarity's rank
 # correlation with grid distance. The random initialisation is the reference for "nothing learned". The paper's
-# verdicts are judged per model; the differences between models are paired over images with a 95% bootstrap
+# verdicts are judged per model exactly as the report judges them (every form of the distance convention, each
+# criterion checked on its controls; random weights: inconclusive); the differences between models are paired over images with a 95% bootstrap
 # interval: a comparison the paper does not make, so it gets no "reproduced", only "differs" or "no difference shown".
 
 # %%
 models = {"scratch": scratch_model(study, model.num_classes), "MPP": model, "supervised": supervised_model(study)}
-dist, pos = {}, {}
+dist, conv, pos = {}, {}, {}
 for name, m in models.items():
     _, xm, _ = default_images(m, N_IMAGES)  # the same images, through each model's own preprocessing
-    dist[name] = vitlab.mean_attention_distance(m, xm, per_image=True)  # (L, B, H) px
+    conv[name] = distance_conventions(m, xm)  # {convention: (L, B, H)}, as the report's prediction pass measures them
+    dist[name] = conv[name][findings.DISTANCE_CONVENTIONS[0]]  # (L, B, H) px
     pos[name] = vitlab.position_embedding_similarity(m)  # (gh, gw, gh, gw)
 info = vitlab.model_info(model)
 ceiling = findings.uniform_attention_distance(info.grid_size, info.patch_size)
@@ -239,11 +242,17 @@ layer_lines_by_model({k: d.mean(1).numpy() for k, d in dist.items()}, "mean atte
                      reference=(ceiling, f"uniform attention: {ceiling:.1f} px"))
 
 # %%
+# the report's verdicts (vitlab.report.sections): every form of the distance convention, each criterion checked on
+# its controls; the random initialisation's are inconclusive whatever their intervals say (findings.untrained), as
+# the report's on a model with random weights
 rows = []
-for name in models:
-    for v in (findings.lowest_layer_spread(dist[name], ceiling), findings.distance_grows_with_depth(dist[name]),
-              findings.position_similarity_decreases(pos[name])):
-        rows.append(dataclasses.replace(v, finding=f"[{name}] {v.finding}"))
+for name, m in models.items():
+    n_img = dist[name].shape[1]
+    judged = ([dataclasses.replace(v, subject=f"{name} ViT on {n_img} images")
+               for v in distance_verdicts(conv[name], vitlab.model_info(m))]
+              + [dataclasses.replace(v, subject=f"{name} ViT, weights alone")
+                 for v in position_verdicts(m, vitlab.model_info(m))])
+    rows += [findings.untrained(v) for v in judged] if name == "scratch" else judged
 print(verdict_table(rows))
 print()
 for a, b in (("MPP", "supervised"), ("MPP", "scratch")):
@@ -262,5 +271,6 @@ print("position-embedding rank correlation with grid distance: " +
 # verdicts against the reference: a random initialisation attends almost uniformly (near the dashed line) and its
 # learned position embeddings carry no grid structure, so whatever MPP or supervision changed shows as distance from
 # the scratch row. A fixed 2D sin-cos table (marked in the line above; the smoke study's models have one) has the
-# grid built in, the same in all three models, so there its rank correlation says nothing about training. The
+# grid built in, the same in all three models, so there its rank correlation says nothing about training and, as
+# in the report, it gets no position verdict. The
 # distance difference says "no difference shown" whenever its interval touches zero.

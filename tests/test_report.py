@@ -768,6 +768,60 @@ def test_the_distance_section_reads_the_prediction_pass_instead_of_a_second_forw
     assert section.metrics["std_over_images"] == want.mean(2).std(1).numpy().tolist()
 
 
+def test_the_distance_and_filter_prose_quote_fractions_in_their_verdicts_units():
+    """The report's prose gave the lowest layer's heads and the filters' explained variance in percent while the
+    lowest-layer verdict's record (and the CLI table) give the spread as a fraction "of uniform": one unit per
+    quantity. The prose now quotes the spread verdict's own statistic and unit, and the shares as fractions."""
+    import numpy as np
+    import torch
+
+    from vitlab import findings
+    from vitlab.report import sections as S
+    from vitlab.verdict import fmt_value
+
+    net, x = tiny_vit(), torch.randn(16, 3, 32, 32)
+    inp = S.Inputs(net, vitlab.model_info(net), [str(i) for i in range(16)], x, [np.zeros((32, 32, 3), np.uint8)] * 16,
+                   {})
+    section = S.distance(inp, S.prediction_pass(inp))
+    (spread,) = [v for v in section.verdicts if v.key == findings.KEY_LOWEST_SPREAD]
+    assert spread.unit == "of uniform"
+    assert f"{spread.quantity} {fmt_value(spread.statistic)} {spread.unit}" in section.ours, section.ours
+    assert "%" not in section.ours, section.ours
+    filters = S.filters(inp)
+    ratio = torch.as_tensor(filters.metrics["explained_variance"])
+    assert f"a share {fmt_value(float(ratio.sum()))} of the filters' variance" in filters.ours, filters.ours
+    assert "%" not in filters.ours, filters.ours
+
+
+def test_notebook_07_judges_distances_and_positions_as_the_report_does():
+    """Notebook 07 judged each model's distances with the single-convention findings, without their controls, so
+    it could call "reproduced" what the report calls inconclusive. It now measures the distances with
+    ``distance_conventions`` (the prediction pass's numbers, bit for bit) and judges them and the position table
+    with the report's ``distance_verdicts`` and ``position_verdicts``: the same keys, statistics and verdicts."""
+    import numpy as np
+    import torch
+
+    from vitlab.report import sections as S
+
+    net, x = tiny_vit(), torch.randn(16, 3, 32, 32)
+    info = vitlab.model_info(net)
+    inp = S.Inputs(net, info, [str(i) for i in range(16)], x, [np.zeros((32, 32, 3), np.uint8)] * 16, {})
+    pred = S.prediction_pass(inp)
+    conv = S.distance_conventions(net, x, batch_size=5)  # batches of 5, 5, 5 and 1: the same numbers
+    assert list(conv) == list(pred["distance_conventions"])
+    for name, d in conv.items():
+        torch.testing.assert_close(d, pred["distance_conventions"][name], rtol=1e-6, atol=1e-6)
+    section = S.distance(inp, pred)
+    mine = S.distance_verdicts(conv, info)
+    assert [(v.key, v.verdict, bool(v.conventions)) for v in mine] == [
+        (v.key, v.verdict, bool(v.conventions)) for v in section.verdicts]
+    assert [v.statistic for v in mine] == pytest.approx([v.statistic for v in section.verdicts], rel=1e-3, abs=1e-6)
+    assert all(v.controls for v in mine)
+    report = S.positions(inp)[0].verdicts
+    assert [(v.key, v.verdict, v.statistic) for v in S.position_verdicts(net, info)] == [
+        (v.key, v.verdict, v.statistic) for v in report]
+
+
 def test_the_report_reads_a_convits_blocks_before_its_class_token_joins_over_the_patches():
     """A ConViT's first blocks attend over the patches before its class token joins (the capture gives the class token
     the identity there): the entropy per head averaged that row's 0 nats in with the patches' rows, and the readout

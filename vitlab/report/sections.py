@@ -50,9 +50,10 @@ from vitlab.plots import (
 )
 from vitlab.shapes import LOCALISATION_SHAPES
 from vitlab.stats import probability_words
-from vitlab.verdict import Verdict
+from vitlab.verdict import Verdict, fmt_value
 
-__all__ = ["Section", "Inputs", "prediction_pass", "filters", "positions", "distance", "maps_and_faithfulness",
+__all__ = ["Section", "Inputs", "prediction_pass", "convention_distances", "distance_conventions", "distance_verdicts",
+           "position_verdicts", "filters", "positions", "distance", "maps_and_faithfulness",
            "readout_and_entropy", "localisation", "few_shot", "scaling"]
 
 @dataclass
@@ -147,9 +148,7 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
         rows = maps[..., 1:, :] if layer < inp.info.class_token_joins else maps  # a class token not joined: no query
         entropy[layer] = -(rows.clamp_min(1e-12).log() * rows).sum(-1).mean(-1)  # (B, H) nats, mean over queries
         readout_rows[layer] = maps.mean(1)  # (B, T, T) head mean; the readout vector is applied below
-        dist[layer] = attention_distance_from_maps(maps[None], inp.info.grid_size, inp.info.patch_size, p)[0]  # (B, H)
-        renorm[layer] = attention_distance_from_maps(maps[None], inp.info.grid_size, inp.info.patch_size, p, True)[0]
-        patches[layer] = attention_distance_from_maps(maps[None], inp.info.grid_size, (1, 1), p)[0]  # in patches
+        dist[layer], renorm[layer], patches[layer] = convention_distances(maps, inp.info)  # (B, H) each
         return None
 
     with capture_attention(inp.net, reduce=reduce) as cap:
@@ -172,6 +171,59 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
             "distance_conventions": {name: torch.stack([d[i] for i in layers]).double().cpu()  # (L, B, H) each
                                      for name, d in zip(findings.DISTANCE_CONVENTIONS, (dist, renorm, patches))},
             "attention_shape": [len(layers), len(inp.x), int(entropy[layers[0]].shape[1]), T, T]}
+
+
+def convention_distances(maps: Tensor, info: ModelInfo) -> tuple[Tensor, Tensor, Tensor]:
+    """One layer's (B, H, T, T) attention maps as (B, H) mean attention distances per head and image under each form
+    of the distance convention, in the order of ``findings.DISTANCE_CONVENTIONS``: prefix dropped and not
+    renormalised (px), renormalised (px), not renormalised (patches)."""
+    p = info.num_prefix_tokens
+    return (attention_distance_from_maps(maps[None], info.grid_size, info.patch_size, p)[0],
+            attention_distance_from_maps(maps[None], info.grid_size, info.patch_size, p, True)[0],
+            attention_distance_from_maps(maps[None], info.grid_size, (1, 1), p)[0])
+
+
+@torch.no_grad()
+def distance_conventions(net: nn.Module, x: Tensor, batch_size: int = 32) -> dict[str, Tensor]:
+    """{``findings.DISTANCE_CONVENTIONS`` name: (L, B, H) float64 CPU distances} of ``net`` on the preprocessed
+    (B, C, H, W) images ``x``, batch by batch, each layer's maps reduced inside the capture: what the prediction pass
+    gives ``distance`` (the report), for a model outside the report (notebook 07)."""
+    from vitlab.info import model_info
+
+    info = model_info(net, img_size=tuple(x.shape[-2:]))
+    parts: list[list[Tensor]] = [[], [], []]
+    for chunk in x.split(batch_size):
+        got: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+
+        def reduce(layer: int, maps: Tensor) -> None:
+            got[layer] = convention_distances(maps, info)
+
+        with capture_attention(net, reduce=reduce):
+            net(chunk)
+        for i in range(3):
+            parts[i].append(torch.stack([got[layer][i] for layer in sorted(got)]))  # (L, b, H)
+    return {name: torch.cat(part, dim=1).double().cpu() for name, part in zip(findings.DISTANCE_CONVENTIONS, parts)}
+
+
+def distance_verdicts(conventions: dict[str, Tensor], info: ModelInfo) -> list[Verdict]:
+    """The Fig. 7 right verdicts (``findings.judge_distance``) on {``findings.DISTANCE_CONVENTIONS`` name: (L, B, H)}
+    distances (``distance_conventions``, or the prediction pass's), each criterion checked on its controls
+    (``controls.distance_controls``): the one way the report and notebook 07 judge them."""
+    ceiling = findings.uniform_attention_distance(info.grid_size, info.patch_size)
+    ceilings = dict(zip(findings.DISTANCE_CONVENTIONS, (ceiling, ceiling, findings.uniform_attention_distance(
+        info.grid_size, (1, 1)))))
+    return controls.validate(findings.judge_distance(conventions, ceilings),
+                             controls.distance_controls(conventions[findings.DISTANCE_CONVENTIONS[0]], ceiling))
+
+
+def position_verdicts(net: nn.Module, info: ModelInfo) -> list[Verdict]:
+    """The Fig. 7 centre verdicts (``findings.judge_positions``) on ``net``'s learned position-embedding table, each
+    criterion checked on its controls (``controls.position_controls``); [] for a model with no table or a fixed one
+    (e.g. 2D sin-cos: its structure is built in, not learned). The one way the report and notebook 07 judge them."""
+    if info.pos_embed in ("none", "fixed"):
+        return []
+    sim = position_embedding_similarity(net).cpu()  # (gh, gw, gh, gw)
+    return controls.validate(findings.judge_positions(sim), controls.position_controls(position_table(net).cpu()))
 
 
 def untrained_head(net: nn.Module) -> bool:
@@ -227,9 +279,9 @@ def filters(inp: Inputs) -> Section:
         filter_grid(comps.numpy(), ratio.numpy(), title="Patch-embedding filters: principal components<br><sup>"
                     "tile title: rank, explained variance</sup>"),
         FILTERS_PAPER,
-        f"The top {k} components explain {float(ratio.sum()):.1%} of the filters' variance (the first "
-        f"{float(ratio[0]):.1%}); randomly initialised filters of the same shape: "
-        f"{float(random.sum(1).mean()):.1%}.",
+        f"The top {k} components explain a share {fmt_value(float(ratio.sum()))} of the filters' variance (the first "
+        f"{fmt_value(float(ratio[0]))}); randomly initialised filters of the same shape: "
+        f"{fmt_value(float(random.sum(1).mean()))}.",
         inp.stamp(NO_IMAGES, k=k, centred=True, random_draws=20),
         inp.judged(verdicts, images=False),
         {"explained_variance": ratio.tolist(), "random_explained_variance": random.sum(1).tolist()})
@@ -265,8 +317,7 @@ def positions(inp: Inputs) -> list[Section]:
         row_col_note = (" Not judged: this model's position embedding is fixed (e.g. the 2D sin-cos table), not "
                         "learned, so its structure says nothing about what the model learned.")
     else:
-        verdicts = findings.judge_positions(sim)
-        verdicts = controls.validate(verdicts, controls.position_controls(position_table(inp.net).cpu()))
+        verdicts = position_verdicts(inp.net, inp.info)
         row_col_note = ""
         if len(verdicts) < 2:  # grids too small to have pairs at equal distance in and off rows
             row_col_note = (f" Row/column structure not judged: no grid distance in a {gh}x{gw} grid is reached by "
@@ -315,11 +366,8 @@ def distance(inp: Inputs, pred: dict[str, Any]) -> Section:
     ceiling = findings.uniform_attention_distance(info.grid_size, info.patch_size)
     # the lowest-layer spread and the trend decide from MIN_SPREAD_IMAGES images on (inconclusive below), under each
     # form of the distance convention; a trend needs 2 layers
-    ceilings = dict(zip(findings.DISTANCE_CONVENTIONS, (ceiling, ceiling, findings.uniform_attention_distance(
-        info.grid_size, (1, 1)))))
-    verdicts = controls.validate(findings.judge_distance(pred["distance_conventions"], ceilings),
-                                 controls.distance_controls(pred["distance_conventions"][findings.DISTANCE_CONVENTIONS[0]],
-                                                            ceiling))
+    verdicts = distance_verdicts(pred["distance_conventions"], info)
+    spread_v = next(v for v in verdicts if v.key == findings.KEY_LOWEST_SPREAD)  # the prose quotes its statistic
     spread = per.mean(2).std(1).numpy() if len(inp.x) > 1 else None
     lo, hi = float(dist[0].min()), float(dist[0].max())
     gpsa = ""
@@ -337,8 +385,9 @@ def distance(inp: Inputs, pred: dict[str, Any]) -> Section:
                                         f"{ceiling:.1f} px"), spread_label="std over images"),
         "Fig. 7 right / Fig. 11 (ViT-L/16 on 128 images, 224 px): some heads attend to most of the image already in "
         "the lowest layers while others stay local; the attention distance grows with depth.",
-        f"Lowest layer: heads from {lo:.1f} to {hi:.1f} px ({lo / ceiling:.0%} to {hi / ceiling:.0%} of the "
-        f"{ceiling:.1f} px of uniform attention); last layer: head mean {float(dist[-1].mean()):.1f} px, on a "
+        f"Lowest layer: heads from {lo:.1f} to {hi:.1f} px ({fmt_value(lo / ceiling)} to {fmt_value(hi / ceiling)} of "
+        f"the {ceiling:.1f} px of uniform attention: {spread_v.quantity} {fmt_value(spread_v.statistic)} {spread_v.unit});"
+        f" last layer: head mean {float(dist[-1].mean()):.1f} px, on a "
         f"{info.img_size[0]}x{info.img_size[1]} input.{gpsa}",
         inp.stamp(queries="patches", keys="patches, prefix dropped without renormalising", unit="pixels",
                   images=len(inp.x), error_bars="std over images of the head mean",
@@ -513,14 +562,15 @@ def localisation(shapes_checkpoint: Path, versions: dict, n: int = LOCALISATION_
     stamp = {"model": "vit_shapes (shipped)", "weights": "data/checkpoints/vit_shapes", "versions": versions,
              "images": f"{n} test shapes (seed 1)", "settings": {"target": "true class", "steps": 16,
                                                                   "baseline": "blur"}, "chance": chance}
-    r = {row.method: row for row in rows}
     return Section(
         "localisation", "Localisation on the synthetic shapes (Fig. 6, scored)",
         scores_table(rows, f"Shipped shapes ViT, {n} test shapes", localisation=True),
         "Fig. 6 shows rollout landing on the object; here that is scored against ground-truth masks.",
-        f"Rollout puts {r['rollout'].mass_in_mask:.1%} of its mass on the object against {r['random map'].mass_in_mask:.1%}"
-        f" for a random map (object area share, the score of a uniform map: {chance:.1%}); pointing game "
-        f"{r['rollout'].pointing:.0%} against {r['random map'].pointing:.0%}.",
+        f"Rollout puts {fmt_value(verdict.details['mass'])} of its mass on the object against "
+        f"{fmt_value(verdict.details['random_mass'])} for a random map ({verdict.quantity} "
+        f"{fmt_value(verdict.statistic)}; object area share, the score of a uniform map: {fmt_value(chance)}); "
+        f"pointing game {fmt_value(verdict.details['pointing'])} against {fmt_value(verdict.details['random_pointing'])}"
+        " (fractions of 1).",
         stamp, [verdict], {"stamp": stamp, "methods": [row.__dict__ for row in rows]})
 
 
