@@ -19,9 +19,8 @@ from typing import Any, Callable
 if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import capture_coverage as coverage
-from benchmarks import capture_speed as speed
 from benchmarks import (
+    atlas_speed,
     cli_startup,
     compile_ab,
     from_scratch,
@@ -31,6 +30,8 @@ from benchmarks import (
     streaming,
     train_speed,
 )
+from benchmarks import capture_coverage as coverage
+from benchmarks import capture_speed as speed
 from vitlab.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -277,6 +278,21 @@ def startup_section(res: dict) -> tuple[str, str]:
     return cli_startup.format_table(res), "\n".join(reading)
 
 
+def atlas_section(res: dict) -> tuple[str, str]:
+    c, h, m = res["cka"], res["heads"], res["memory"]
+    reading = [
+        f"Layer similarity costs {c['ours/forward']:.2f}x the plain forwards of both models; its analysis step is "
+        f"{c['loop/ours step']:.0f}x faster than the per-pair loop on the same features (the same numbers).",
+        f"The head atlas starts each ablated run at its block: {h['plain_lxh/shared']:.2f}x faster than L x H plain "
+        f"forwards and {h['full/shared']:.2f}x faster than its own full-forward runs ({h['model']}, {h['images']} "
+        "images).",
+        f"Memory follows the batch, not the number of images: head atlas {m['heads_peak_mib'][0]:.0f} and "
+        f"{m['heads_peak_mib'][1]:.0f} MiB, CKA {m['cka_peak_mib'][0]:.0f} and {m['cka_peak_mib'][1]:.0f} MiB over "
+        f"{m['images'][0]} and {m['images'][1]} images ({m['model']}).",
+    ]
+    return atlas_speed.format_table(res), "\n".join(reading)
+
+
 #: (title, script, result files, section function)
 SECTIONS: list[tuple[str, str | None, tuple[str, ...], Callable[..., tuple[str, str]]]] = [
     ("Capture speed: capture against a plain forward", "capture_speed.py", ("capture_speed.json",),
@@ -285,6 +301,8 @@ SECTIONS: list[tuple[str, str | None, tuple[str, ...], Callable[..., tuple[str, 
      coverage_section),
     ("Inspection: distance and rollout against a forward and a loop", "inspect_speed.py", ("inspect_speed.json",),
      inspect_section),
+    ("Beyond the paper: layer similarity and the head atlas", "atlas_speed.py", ("atlas_speed.json",),
+     atlas_section),
     ("Probing: the few-shot ridge against scikit-learn", "probe_speed.py", ("probe_speed.json",), probe_section),
     ("Streaming analyses on a large model", "streaming.py", ("streaming.json",), streaming_section),
     ("Training speed on a CPU with AMX (bf16)", "train_speed.py", ("train_speed.json",), train_section),
