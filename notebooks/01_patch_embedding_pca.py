@@ -58,7 +58,7 @@ from dataclasses import replace
 from vitlab import controls, findings
 from vitlab.explain import explain
 from vitlab.inspect import embedding_filters
-from vitlab.report import model_label
+from vitlab.judge import model_label
 from vitlab.verdict import verdict_table
 
 weights = embedding_filters(model)

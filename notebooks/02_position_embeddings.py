@@ -62,7 +62,7 @@ from dataclasses import replace
 from vitlab import controls, findings
 from vitlab.explain import explain
 from vitlab.inspect import position_table
-from vitlab.report import model_label
+from vitlab.judge import model_label
 from vitlab.verdict import verdict_table
 
 # each criterion first checked on controls with a known answer (a sin-cos table, an isotropic one, this model's

@@ -43,7 +43,7 @@ dist = per_image.mean(1)
 from vitlab import findings
 from vitlab.explain import explain
 from vitlab.images import default_data_words
-from vitlab.report import model_label
+from vitlab.judge import model_label
 from vitlab.verdict import verdict_table
 
 info = vitlab.model_info(model)

@@ -68,7 +68,7 @@ from vitlab.mpp_study import (
     supervised_model,
 )
 from vitlab.plots import layer_lines_by_model, notebook_figures
-from vitlab.report.sections import distance_conventions, distance_verdicts, position_verdicts
+from vitlab.judge import distance_conventions, distance_verdicts, position_verdicts
 from vitlab.scaling import ResultsStore
 from vitlab.verdict import verdict_table
 
@@ -242,7 +242,7 @@ layer_lines_by_model({k: d.mean(1).numpy() for k, d in dist.items()}, "mean atte
                      reference=(ceiling, f"uniform attention: {ceiling:.1f} px"))
 
 # %%
-# the report's verdicts (vitlab.report.sections): every form of the distance convention, each criterion checked on
+# the report's verdicts (vitlab.judge): every form of the distance convention, each criterion checked on
 # its controls; the random initialisation's are inconclusive whatever their intervals say (findings.untrained), as
 # the report's on a model with random weights
 rows = []

@@ -130,7 +130,7 @@ def test_filters_notebook_gives_the_reports_statistics():
     """Notebook 01 judged the filters against 5 random draws where the report drew 20 ('filters structured' read
     0.181 and 0.182): each verdict of the report's filters section has the same statistic in the notebook's table."""
     import vitlab
-    from vitlab.report import model_label
+    from vitlab.judge import model_label
     from vitlab.report import sections as S
     from vitlab.verdict import fmt_value
 

@@ -14,6 +14,7 @@ import torch
 from conftest import convit_raw_attention, tiny_bit, tiny_convit, tiny_vit
 
 import vitlab
+from vitlab import judge
 from vitlab.cli import main
 from vitlab.images import default_images
 from vitlab.static import find_chromium
@@ -807,18 +808,18 @@ def test_notebook_07_judges_distances_and_positions_as_the_report_does():
     info = vitlab.model_info(net)
     inp = S.Inputs(net, info, [str(i) for i in range(16)], x, [np.zeros((32, 32, 3), np.uint8)] * 16, {})
     pred = S.prediction_pass(inp)
-    conv = S.distance_conventions(net, x, batch_size=5)  # batches of 5, 5, 5 and 1: the same numbers
+    conv = judge.distance_conventions(net, x, batch_size=5)  # batches of 5, 5, 5 and 1: the same numbers
     assert list(conv) == list(pred["distance_conventions"])
     for name, d in conv.items():
         torch.testing.assert_close(d, pred["distance_conventions"][name], rtol=1e-6, atol=1e-6)
     section = S.distance(inp, pred)
-    mine = S.distance_verdicts(conv, info)
+    mine = judge.distance_verdicts(conv, info)
     assert [(v.key, v.verdict, bool(v.conventions)) for v in mine] == [
         (v.key, v.verdict, bool(v.conventions)) for v in section.verdicts]
     assert [v.statistic for v in mine] == pytest.approx([v.statistic for v in section.verdicts], rel=1e-3, abs=1e-6)
     assert all(v.controls for v in mine)
     report = S.positions(inp)[0].verdicts
-    assert [(v.key, v.verdict, v.statistic) for v in S.position_verdicts(net, info)] == [
+    assert [(v.key, v.verdict, v.statistic) for v in judge.position_verdicts(net, info)] == [
         (v.key, v.verdict, v.statistic) for v in report]
 
 

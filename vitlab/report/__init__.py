@@ -38,6 +38,7 @@ from vitlab.images import (
 )
 from vitlab.info import architecture_words, data_config, has_attention
 from vitlab.inspect import ATTRIBUTION_METHODS
+from vitlab.judge import model_label
 from vitlab.models import SHAPES_CHECKPOINT
 from vitlab.plots import layer_span
 from vitlab.provenance import versions
@@ -345,17 +346,6 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     figures = {s.slug: s.figure for s in sections if s.figure is not None} if png else None
     write_report(out, render_html(summary, sections), metrics, figures, formats, image_scale, t0)
     return out
-
-
-def model_label(net, model: Any) -> str:
-    """The model as a verdict's subject names it: "vit_cifar10 (embedded default)", a checkpoint or timm name as
-    given, a config's type with its random weights."""
-    if model is None:
-        ck = getattr(net, "vitlab_checkpoint", {}).get("path")
-        return f"{Path(ck).name} (embedded default)" if ck else "embedded default"
-    if isinstance(model, (str, os.PathLike)):
-        return os.fspath(model)
-    return f"{type(model).__name__} (random initialisation)"
 
 
 def run_labels(runs: Sequence[Any]) -> list[str]:
