@@ -176,7 +176,8 @@ def write_cache(path: Path, write: Callable[[str], object], errors: tuple[type[E
     try:
         atomic_write(path, write)
     except errors as e:
-        why = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+        why = (f"{e.strerror}: {e.filename}" if e.filename is not None else e.strerror) \
+            if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"  # a DiskFullError names its path
         warnings.warn(f"vitlab's cache cannot keep files in {path.parent} ({why}); going on without it, so what "
                       "it would keep is computed again next time: set VITLAB_CACHE to a writable folder", CacheWarning,
                       stacklevel=3)  # one message per folder: Python shows it once, not once per file
