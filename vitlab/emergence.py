@@ -42,9 +42,12 @@ EMERGENCE_KEYS = ("position_spearman", "lowest_min", "lowest_max", "lowest_sprea
 
 
 def _spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    from scipy.stats import spearmanr
+    """``vitlab.stats.spearman`` of two sequences: the findings' own rank correlation (ties as scipy, 0 for a
+    constant sequence)."""
+    from vitlab.stats import spearman
 
-    return float(spearmanr(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)).statistic)
+    return float(spearman(torch.as_tensor(a, dtype=torch.float64)[None],
+                          torch.as_tensor(np.asarray(b), dtype=torch.float64)[None])[0])
 
 
 def sample_batch(model: nn.Module, n: int = 128) -> Tensor:
