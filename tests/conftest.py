@@ -179,6 +179,17 @@ def two_class_folder(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """An ImageFolder of 32 px images, three classes: 48 training and 8 test images each (tiny training runs)."""
+    from _reference import make_folder
+
+    root = tmp_path_factory.mktemp("imgs")
+    make_folder(root / "train", n_per_class=48, size=32, classes=("a", "b", "c"))
+    make_folder(root / "test", n_per_class=8, size=32, classes=("a", "b", "c"))
+    return root
+
+
 def tiny_convit(**kwargs) -> torch.nn.Module:
     """timm's ConViT at 32 px with 4x4 patches (an 8x8 grid), 4 blocks of which the first 2 are gated positional
     self-attention over the patches alone; the class token joins before block 2. Random weights, eval mode."""

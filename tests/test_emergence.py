@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from _reference import make_folder
 from scipy.fft import idctn
 
 import vitlab
@@ -18,14 +17,6 @@ from vitlab.findings import uniform_attention_distance
 from vitlab.inspect.distance import mean_attention_distance
 from vitlab.train import train
 from vitlab.train_config import PRESETS, TrainConfig, with_num_classes
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("imgs")
-    make_folder(root / "train", n_per_class=24, size=32, classes=("a", "b", "c"))
-    make_folder(root / "test", n_per_class=8, size=32, classes=("a", "b", "c"))
-    return root
 
 
 def _distinct_frequencies(p: int, n: int) -> list[tuple[int, int]]:
@@ -105,7 +96,7 @@ def test_each_epochs_record_equals_a_direct_computation_on_its_snapshot(tmp_path
     back = snapshot_history(tmp_path / "run", out=tmp_path / "emergence.json")
     assert [b["epoch"] for b in back] == [1, 2]
     assert [b["val_accuracy"] for b in back] == [r["val_accuracy"] for r in hist]
-    assert back[0]["images_seen"] == 60  # 72 training images less 4 per class validated
+    assert back[0]["images_seen"] == 132  # 144 training images less 4 per class validated
     for b, r in zip(back, hist):
         assert b["lowest_min"] == pytest.approx(r["fig7"]["lowest_min"], rel=1e-5)
     assert json.loads((tmp_path / "emergence.json").read_text()) == back  # and reused, not recomputed, from out

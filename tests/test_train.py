@@ -13,21 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from _reference import make_folder
 from safetensors.torch import load_file
 
 import vitlab
 from vitlab.history import read_history
 from vitlab.train import TrainingDiverged, lr_at, train
 from vitlab.train_config import PRESETS, with_num_classes
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("imgs")
-    make_folder(root / "train", n_per_class=48, size=32, classes=("a", "b", "c"))
-    make_folder(root / "test", n_per_class=8, size=32, classes=("a", "b", "c"))
-    return root
 
 
 def _cli(*args: str, env=None) -> subprocess.Popen:
