@@ -131,20 +131,18 @@ def test_layer_similarity_is_the_minibatch_estimator_over_block_outputs():
     x = torch.randn(10, 3, 32, 32)
     got = layer_similarity(a, b, x, representation="cls", batch_size=4, progress=False)
     acc = MinibatchCKA(3, 4)
+
+    def class_tokens(model, part):  # each block's class-token output, hooked by hand
+        out = []
+        handles = [blk.register_forward_hook(lambda m, i, o: out.append(o[:, 0])) for blk in model.blocks]
+        with torch.no_grad():
+            model(part)
+        for h in handles:
+            h.remove()
+        return out
+
     for part in (x[:4], x[4:]):
-        fa = []
-        handles = [blk.register_forward_hook(lambda m, i, o: fa.append(o[:, 0])) for blk in a.blocks]
-        with torch.no_grad():
-            a(part)
-        for h in handles:
-            h.remove()
-        fb = []
-        handles = [blk.register_forward_hook(lambda m, i, o: fb.append(o[:, 0])) for blk in b.blocks]
-        with torch.no_grad():
-            b(part)
-        for h in handles:
-            h.remove()
-        acc.update(fa, fb)
+        acc.update(class_tokens(a, part), class_tokens(b, part))
     want = acc.result()
     # a ConViT's first 2 blocks have no class token: their column is NaN (its constant value), not patch 0's
     assert got[:, :2].isnan().all()
