@@ -1,5 +1,5 @@
 """The build step pyproject.toml cannot say: a wheel carries the shipped files the default analyses need
-(``vitlab.shipped.EMBEDDED``, kept in the checkout's ``data/``) as package data in ``vitlab/_embedded/``, so that a
+(``vitlab.base.shipped.EMBEDDED``, kept in the checkout's ``data/``) as package data in ``vitlab/_embedded/``, so that a
 plain ``pip install`` runs ``vitlab reproduce`` offline. An editable install reads them from ``data/`` instead.
 """
 
@@ -16,12 +16,12 @@ ROOT = Path(__file__).resolve().parent
 
 
 def embedded() -> tuple[str, ...]:
-    """``EMBEDDED`` as vitlab/shipped.py states it, read without importing vitlab."""
-    tree = ast.parse((ROOT / "vitlab" / "shipped.py").read_text(encoding="utf-8"))
+    """``EMBEDDED`` as vitlab/base/shipped.py states it, read without importing vitlab."""
+    tree = ast.parse((ROOT / "vitlab" / "base" / "shipped.py").read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "EMBEDDED":
             return tuple(ast.literal_eval(node.value))
-    raise RuntimeError("vitlab/shipped.py defines no EMBEDDED")
+    raise RuntimeError("vitlab/base/shipped.py defines no EMBEDDED")
 
 
 class BuildWithEmbedded(build_py):
@@ -41,7 +41,7 @@ class BuildWithEmbedded(build_py):
                 (target / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, target / rel)
             else:
-                raise FileNotFoundError(f"the wheel needs data/{rel} (vitlab.shipped.EMBEDDED), which this checkout "
+                raise FileNotFoundError(f"the wheel needs data/{rel} (vitlab.base.shipped.EMBEDDED), which this checkout "
                                         "lacks: train or restore it before building the wheel")
 
 

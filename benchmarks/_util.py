@@ -1,5 +1,5 @@
 """Helpers shared by the benchmarks: peak memory, machine description (the unfused attention switch is
-``vitlab.modes.explicit_attention``)."""
+``vitlab.base.modes.explicit_attention``)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 import timm
 import torch
 
-from vitlab.atomic import atomic_write_text
-from vitlab.modes import explicit_attention
-from vitlab.provenance import cpu_model
+from vitlab.base.atomic import atomic_write_text
+from vitlab.base.modes import explicit_attention
+from vitlab.base.provenance import cpu_model
 
 
 def rss_bytes() -> int:

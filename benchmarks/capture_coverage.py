@@ -54,8 +54,8 @@ from tqdm.auto import tqdm
 
 import vitlab
 from benchmarks._util import machine_info
-from vitlab.atomic import atomic_write_text
-from vitlab.modes import explicit_attention
+from vitlab.base.atomic import atomic_write_text
+from vitlab.base.modes import explicit_attention
 
 # timm modules whose every model is a ViT: global self-attention blocks over patch (+ prefix) tokens.
 FAMILY_MODULES: tuple[str, ...] = (

@@ -35,8 +35,8 @@ from tqdm.auto import tqdm
 
 import vitlab
 from benchmarks._util import PeakRSS, machine_info
-from vitlab.atomic import atomic_write_text
-from vitlab.modes import explicit_attention
+from vitlab.base.atomic import atomic_write_text
+from vitlab.base.modes import explicit_attention
 
 DEFAULT_MODELS = ("vit_tiny_patch16_224", "vit_base_patch16_224")
 VARIANTS = ("fused", "unfused", "capture", "reduced")

@@ -8,7 +8,7 @@ the second (steady state) and for the first (which pays for compiling, unless in
 already holds the graphs). Per image size (32 px, and the 24 px phase of progressive resizing) the rounds alternate
 which mode goes first (compiled-eager, then eager-compiled, ...), so a machine that slows down or speeds up over the
 run favours neither. The verdict is the ratio of the mean steady-state rates, compiled over eager, in this process:
-what ``--compile auto`` (``vitlab.compiling.compile_by_default``) should be judged by on this machine.
+what ``--compile auto`` (``vitlab.train.compiling.compile_by_default``) should be judged by on this machine.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ if __package__ in (None, ""):
 
 from benchmarks._util import machine_info, report
 from benchmarks.train_speed import _data, _teacher_dir, peak_matmul_flops, vitlab_train
-from vitlab.precision import use_bf16
+from vitlab.base.precision import use_bf16
 
 
 def order(rounds: int) -> list[bool]:

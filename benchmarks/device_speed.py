@@ -26,10 +26,10 @@ if __package__ in (None, ""):
 import torch
 
 import vitlab
-from vitlab.atomic import atomic_write_text
-from vitlab.data import find_cifar, load_dataset, load_shapes
-from vitlab.features import extract_features
-from vitlab.provenance import versions
+from vitlab.base.atomic import atomic_write_text
+from vitlab.base.provenance import versions
+from vitlab.data.datasets import find_cifar, load_dataset, load_shapes
+from vitlab.probe.features import extract_features
 
 
 def _timed(fn, cuda: bool) -> float:

@@ -4,7 +4,7 @@
         [--goal 0.9] [--budget-hours 5] [--fit] [--out benchmarks/results/from_scratch.json]
 
 It reads a ``vitlab train`` run folder (``metrics.jsonl``, ``train_config.json``), measures nothing (but --fit), and writes
-the learning curve (cumulative wall clock of training and evaluation, ``vitlab.history.training_curve``) as JSON and
+the learning curve (cumulative wall clock of training and evaluation, ``vitlab.train.history.training_curve``) as JSON and
 as a plotly PNG beside it, with the goal line and the time budget. The verdict is the curve's: the first evaluated
 point at or above the goal within the budget, else the best point within it. Hours on a machine that also ran other
 work overstate what an idle one needs; the JSON lists the epochs that ran slower than the run's median by more than
@@ -26,8 +26,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._util import report
-from vitlab.errors import ModelLoadError
-from vitlab.history import read_history, training_curve
+from vitlab.base.errors import ModelLoadError
+from vitlab.train.history import read_history, training_curve
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -75,19 +75,19 @@ def run(run_dir: Path, goal: float, budget_hours: float) -> dict[str, Any]:
 
 
 def fit(run_dir: Path, train_images: int = 5000, seed: int = 0) -> dict[str, Any]:
-    """Under- or over-fitting, from the run's last checkpoint (``run_dir/checkpoint``): ``vitlab.export.
+    """Under- or over-fitting, from the run's last checkpoint (``run_dir/checkpoint``): ``vitlab.train.export.
     distillation_facts`` (each head's accuracy, the teacher's, their agreement; fp32, each model's eval transform) on
     ``train_images`` training images drawn without replacement by a seeded permutation from those the run trained
-    on (its ``max_train_examples`` draw, ``vitlab.train.training_subset``, where set; no augmentation: the images as stored) and on the whole test
+    on (its ``max_train_examples`` draw, ``vitlab.train.loop.training_subset``, where set; no augmentation: the images as stored) and on the whole test
     set, both from the run's own data set and teacher. The teacher is scored by its plain forward, also for a run
     that learned from its mirrored targets (``distill_tta``)."""
     import torch
 
-    from vitlab.checkpoint import load_checkpoint
-    from vitlab.data import load_splits
-    from vitlab.distill import load_teacher
-    from vitlab.export import distillation_facts
-    from vitlab.train import training_subset
+    from vitlab.data.datasets import load_splits
+    from vitlab.models.checkpoint import load_checkpoint
+    from vitlab.train.distill import load_teacher
+    from vitlab.train.export import distillation_facts
+    from vitlab.train.loop import training_subset
 
     cfg = json.loads((run_dir / "train_config.json").read_text())
     if not cfg.get("teacher") or not (cfg.get("model") or {}).get("distilled"):
@@ -112,7 +112,7 @@ def fit(run_dir: Path, train_images: int = 5000, seed: int = 0) -> dict[str, Any
 
 
 def figure(res: dict[str, Any]):
-    from vitlab.plots import learning_curve
+    from vitlab.figures.plots import learning_curve
 
     v = res["verdict"]
     fig = learning_curve(res["hours"], res["test_accuracy"], goal=v["goal"],
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, ModelLoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from vitlab.static import write_images
+    from vitlab.figures.static import write_images
 
     png = args.out.with_suffix(".png")
     res["figure"] = write_images([figure(res)], [png], scale=2)

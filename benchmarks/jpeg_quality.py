@@ -33,8 +33,8 @@ if __package__ in (None, ""):
 from PIL import Image
 
 from benchmarks._util import report
-from vitlab.atomic import atomic_write
-from vitlab.history import read_history, run_hours
+from vitlab.base.atomic import atomic_write
+from vitlab.train.history import read_history, run_hours
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "cifar10"
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         r["step"] = _scale(r["quality"]) / _scale(own)
     res = {"preset": args.preset, "shared_quality": own, "rows": rows}
     res["drops_per_doubling"] = drops_per_doubling([r["step"] for r in rows], [r["test_accuracy"] for r in rows])
-    from vitlab.static import write_images
+    from vitlab.figures.static import write_images
 
     res["figure"] = write_images([figure(res)], [args.out.with_suffix(".png")], scale=2)
     text = format_table(res)

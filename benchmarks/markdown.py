@@ -32,7 +32,7 @@ from benchmarks import (
 )
 from benchmarks import capture_coverage as coverage
 from benchmarks import capture_speed as speed
-from vitlab.atomic import atomic_write_text
+from vitlab.base.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -25,9 +25,9 @@ from sklearn.preprocessing import StandardScaler
 
 import vitlab
 from benchmarks._util import report
-from vitlab.data import find_cifar, k_shot_indices, load_dataset, load_shapes, nested_subsets
-from vitlab.features import extract_features, preprocess_uint8
-from vitlab.probe import FewShotRidge, linear_probe_accuracy
+from vitlab.data.datasets import find_cifar, k_shot_indices, load_dataset, load_shapes, nested_subsets
+from vitlab.probe.features import extract_features, preprocess_uint8
+from vitlab.probe.linear import FewShotRidge, linear_probe_accuracy
 
 
 def _data(n_train: int, n_test: int):

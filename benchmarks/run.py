@@ -29,7 +29,7 @@ from benchmarks import capture_coverage as coverage
 from benchmarks import capture_speed as speed
 from benchmarks import inspect_speed, probe_speed, train_speed
 from benchmarks._util import machine_info
-from vitlab.atomic import atomic_write_text
+from vitlab.base.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 

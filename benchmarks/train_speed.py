@@ -3,7 +3,7 @@
     python benchmarks/train_speed.py [--steps 8] [--out benchmarks/results/train_speed.partial.json]
 
 * **peak**: matmul FLOP/s of this CPU (2048 x 2048 x 2048 products) in the precision training uses here (bf16
-  where it is fast, float32 on an AVX2-only CPU: ``vitlab.precision``), measured before and after the rest; the
+  where it is fast, float32 on an AVX2-only CPU: ``vitlab.base.precision``), measured before and after the rest; the
   loops below run in that precision too.
 * **levers** for the default ViT (ViT-Lite-7/4): a minimal loop (pre-normalised tensors, AdamW, cross-entropy)
   with one change at a time: explicit softmax attention instead of SDPA, batch size, random patch dropping,
@@ -47,17 +47,17 @@ import torch.nn.functional as F
 
 import vitlab
 from benchmarks._util import report
-from vitlab.augment import shrink
-from vitlab.checkpoint import save_checkpoint
-from vitlab.compiling import COMPILE_MIN_STEPS, compile_by_default
-from vitlab.data import ImageArray, find_cifar, load_dataset, load_shapes, normalize
-from vitlab.distill import load_teacher
-from vitlab.modes import any_image_size, explicit_attention
-from vitlab.precision import use_bf16
-from vitlab.train import step_flops as train_step_flops
-from vitlab.train import train
-from vitlab.train_config import PRESETS, TrainConfig, with_num_classes
-from vitlab.zoo import size2
+from vitlab.base.modes import any_image_size, explicit_attention
+from vitlab.base.precision import use_bf16
+from vitlab.data.datasets import ImageArray, find_cifar, load_dataset, load_shapes, normalize
+from vitlab.models.checkpoint import save_checkpoint
+from vitlab.models.zoo import size2
+from vitlab.train.augment import shrink
+from vitlab.train.compiling import COMPILE_MIN_STEPS, compile_by_default
+from vitlab.train.config import PRESETS, TrainConfig, with_num_classes
+from vitlab.train.distill import load_teacher
+from vitlab.train.loop import step_flops as train_step_flops
+from vitlab.train.loop import train
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +116,7 @@ def peak_matmul_flops(n: int = 2048, reps: int = 5, bf16: bool = BF16) -> float:
 
 def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bf16: bool = BF16,
                backward: bool = True) -> float:
-    """FLOPs of one training step (or forward) per image: ``vitlab.train.step_flops`` over the batch size."""
+    """FLOPs of one training step (or forward) per image: ``vitlab.train.loop.step_flops`` over the batch size."""
     return train_step_flops(model, x, y, bf16=bf16, backward=backward) / len(x)
 
 
@@ -228,7 +228,7 @@ def vitlab_train(preset: str, data: ImageArray, steps: int, peak: float, teacher
     progressive-resizing phase at that many px; ``every_token``: with ``--set model.patch_drop_rate=0``, as the
     default's legs train since one on every token beat half the tokens in a 2-epoch comparison (BENCHMARKS.md);
     ``compile``: ``train``'s ``compile`` (None: as a real run of the preset on this device, whose 1,000 steps or
-    more ``vitlab.compiling.compile_by_default`` judges, not these few)."""
+    more ``vitlab.train.compiling.compile_by_default`` judges, not these few)."""
     cfg = with_num_classes(PRESETS[preset], len(data.classes))
     if every_token:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, patch_drop_rate=0.0))

@@ -30,16 +30,16 @@ MODEL = os.environ.get("VITLAB_MODEL") or None  # None: the embedded default; or
 
 # %%
 import vitlab
-from vitlab.plots import notebook_figures
-from vitlab.images import default_images
+from vitlab.data.images import default_images
+from vitlab.figures.plots import notebook_figures
 
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
 model = vitlab.load_model(MODEL)
 info = vitlab.model_info(model)
-card = vitlab.checkpoint.model_card(model)  # the shipped checkpoint's card: accuracy measured on export
+card = vitlab.models.checkpoint.model_card(model)  # the shipped checkpoint's card: accuracy measured on export
 if card is not None:
-    print(f"{card['path']}: {vitlab.checkpoint.card_line(card)}")
+    print(f"{card['path']}: {vitlab.models.checkpoint.card_line(card)}")
 info
 
 # %% [markdown]
@@ -57,7 +57,7 @@ print(tuple(maps.shape), "rows sum to", float(maps[0, 0, 0, 0].sum()))
 # the query. Hover a dot of the distance plot for its layer and head, click it to open that head above.
 
 # %%
-from vitlab.widgets import explorers
+from vitlab.app.widgets import explorers
 
 attention, positions, distance = explorers(model, (names, x, shown))
 attention

@@ -28,8 +28,7 @@ K = 28
 
 # %%
 import vitlab
-from vitlab.plots import notebook_figures
-from vitlab.plots import filter_grid
+from vitlab.figures.plots import filter_grid, notebook_figures
 from vitlab.inspect import filter_component_count
 
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
@@ -49,17 +48,18 @@ print(f"top {k} components explain a share {float(ratio.sum()):.3g} of the varia
 # components have higher spatial frequency (energy-weighted DCT radius against component rank), and whether the
 # leading components concentrate their energy on few DCT frequencies, more than random directions with the same
 # variance spectrum do. Each is judged with the paper's 28 components and with those that explain 90% of the
-# variance, and its criterion is first checked on controls with a known answer (`vitlab.controls`), as the report
+# variance, and its criterion is first checked on controls with a known answer (`vitlab.findings.controls`), as the report
 # does.
 
 # %%
 from dataclasses import replace
 
-from vitlab import controls, findings
-from vitlab.explain import explain
+from vitlab.findings import controls
+from vitlab.findings import model as findings
+from vitlab.findings.explain import explain
+from vitlab.findings.judge import model_label
+from vitlab.findings.verdict import verdict_table
 from vitlab.inspect import embedding_filters
-from vitlab.judge import model_label
-from vitlab.verdict import verdict_table
 
 weights = embedding_filters(model)
 verdicts = controls.validate(findings.judge_filters(weights, k), controls.filter_controls(weights, k))

@@ -26,9 +26,8 @@ MODEL = os.environ.get("VITLAB_MODEL") or None  # None: the embedded default; or
 
 # %%
 import vitlab
-from vitlab.plots import notebook_figures
-from vitlab.plots import similarity_tiles
-from vitlab.widgets import PositionExplorer
+from vitlab.app.widgets import PositionExplorer
+from vitlab.figures.plots import notebook_figures, similarity_tiles
 
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
@@ -59,11 +58,12 @@ print(f"Spearman at {gh}x{gw}: {score:.3f}; resampled to {2 * gh}x{2 * gw}: {vit
 # %%
 from dataclasses import replace
 
-from vitlab import controls, findings
-from vitlab.explain import explain
+from vitlab.findings import controls
+from vitlab.findings import model as findings
+from vitlab.findings.explain import explain
+from vitlab.findings.judge import model_label
+from vitlab.findings.verdict import verdict_table
 from vitlab.inspect import position_table
-from vitlab.judge import model_label
-from vitlab.verdict import verdict_table
 
 # each criterion first checked on controls with a known answer (a sin-cos table, an isotropic one, this model's
 # table permuted across the grid), as the report does

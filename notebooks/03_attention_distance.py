@@ -30,9 +30,9 @@ N_IMAGES = 8 if SMOKE else None  # None: all 128 shipped CIFAR-10 test images fo
 from dataclasses import replace
 
 import vitlab
-from vitlab.plots import notebook_figures
-from vitlab.images import default_images
-from vitlab.plots import layer_lines
+from vitlab.data.images import default_images
+from vitlab.figures.plots import layer_lines, notebook_figures
+from vitlab.inspect.distance import uniform_attention_distance
 
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
@@ -40,14 +40,14 @@ model = vitlab.load_model(MODEL)
 _, x, _ = default_images(model, N_IMAGES)
 per_image = vitlab.mean_attention_distance(model, x, per_image=True)  # (L, B, H)
 dist = per_image.mean(1)
-from vitlab import findings
-from vitlab.explain import explain
-from vitlab.images import default_data_words
-from vitlab.judge import model_label
-from vitlab.verdict import verdict_table
+from vitlab.data.images import default_data_words
+from vitlab.findings import model as findings
+from vitlab.findings.explain import explain
+from vitlab.findings.judge import model_label
+from vitlab.findings.verdict import verdict_table
 
 info = vitlab.model_info(model)
-ceiling = findings.uniform_attention_distance(info.grid_size, info.patch_size)  # uniform attention over the grid
+ceiling = uniform_attention_distance(info.grid_size, info.patch_size)  # uniform attention over the grid
 layer_lines(dist.numpy(), "mean attention distance (pixels)",
             f"Mean attention distance per head ({per_image.shape[1]} images)", spread=per_image.mean(2).std(1).numpy(),
             reference=(ceiling, f"uniform attention: {ceiling:.1f} px"), spread_label="std over images")
@@ -65,7 +65,7 @@ print(f"renormalised over patch keys: last layer mean {float(renorm[-1].mean()):
 # beyond it).
 
 # %%
-from vitlab import controls
+from vitlab.findings import controls
 
 # each verdict under every form of the distance convention (prefix attention dropped with and without renormalising;
 # pixels or patches), its criterion checked on controls with a known answer, as the report does

@@ -32,10 +32,9 @@ N_IMAGES = 4 if SMOKE else 16
 import torch
 
 import vitlab
-from vitlab.plots import notebook_figures
-from vitlab.images import default_images
+from vitlab.data.images import default_images
+from vitlab.figures.plots import image_grid_with_maps, notebook_figures
 from vitlab.inspect import ATTRIBUTION_METHODS
-from vitlab.plots import image_grid_with_maps
 
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
@@ -55,9 +54,9 @@ for r in rows:
 # The shipped shapes ViT was trained to name the shape; the masks say where it is.
 
 # %%
+from vitlab.data.shapes import LOCALISATION_SHAPES
 from vitlab.inspect.compare import shapes_localisation
-from vitlab.models import SHAPES_CHECKPOINT
-from vitlab.shapes import LOCALISATION_SHAPES
+from vitlab.models.load import SHAPES_CHECKPOINT
 
 shapes_model = vitlab.load_model(str(SHAPES_CHECKPOINT))
 # the function and the sample of the report's localisation table (`vitlab reproduce`): the same numbers
@@ -77,16 +76,16 @@ for r in loc_rows:
 # %%
 from dataclasses import replace
 
-from vitlab import findings
-from vitlab.explain import explain
-from vitlab.images import default_data_words
+from vitlab.data.images import default_data_words
+from vitlab.findings import model as findings
+from vitlab.findings.explain import explain
+from vitlab.findings.verdict import verdict_table
 from vitlab.inspect import localisation
-from vitlab.verdict import verdict_table
 
 ro, rnd = localisation(loc_maps["rollout"], data.masks), localisation(loc_maps["random map"], data.masks)
 verdicts = [findings.rollout_localises(ro["mass_in_mask"], ro["pointing"], rnd["mass_in_mask"], rnd["pointing"])]
 # the criterion checked on controls with a known answer (a map equal to the mask, a uniform map), as the report does
-from vitlab import controls
+from vitlab.findings import controls
 
 verdicts = controls.validate(verdicts, controls.rollout_controls(data.masks, tuple(loc_maps["rollout"].shape[-2:]),
                                                                  rnd["mass_in_mask"], rnd["pointing"]))

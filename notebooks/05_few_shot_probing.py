@@ -29,11 +29,11 @@ DATA = os.environ.get("VITLAB_PROBE_DATA", "shapes" if SMOKE else "cifar10")  # 
 
 # %%
 import vitlab
-from vitlab.plots import notebook_figures
-from vitlab.data import DataError, load_dataset, load_shapes, nested_subsets
-from vitlab.features import extract_features
-from vitlab.images import trained_on
-from vitlab.probe import few_shot_accuracy, format_table, linear_probe_accuracy
+from vitlab.data.datasets import DataError, load_dataset, load_shapes, nested_subsets
+from vitlab.data.images import trained_on
+from vitlab.figures.plots import notebook_figures
+from vitlab.probe.features import extract_features
+from vitlab.probe.linear import few_shot_accuracy, format_table, linear_probe_accuracy
 
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
 

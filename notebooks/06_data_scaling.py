@@ -41,9 +41,8 @@ RESULTS = Path(os.environ.get("VITLAB_RESULTS", "../data/results/scaling_cifar10
 SHOTS = 10
 
 # %%
-from vitlab.plots import scaling_curves
-from vitlab.scaling import SWEEPS, ResultsStore, run_sweep, summarise, summarise_compute
-from vitlab.plots import notebook_figures
+from vitlab.figures.plots import notebook_figures, scaling_curves
+from vitlab.studies.scaling import SWEEPS, ResultsStore, run_sweep, summarise, summarise_compute
 
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
@@ -88,7 +87,7 @@ for fam, by_size in summary.items():
 # %%
 from IPython.display import Markdown, display
 
-from vitlab.tuning import plotted_recipes, recipe_grid_positions, tuning_table, tuning_trials_for
+from vitlab.studies.tuning import plotted_recipes, recipe_grid_positions, tuning_table, tuning_trials_for
 
 tuning = RESULTS.with_suffix(".tuning.jsonl")
 if tuning.exists():
@@ -113,9 +112,9 @@ else:
 # does the ViT's lead over the ResNet grow (or its deficit shrink) from the smallest to the largest pre-training set?
 
 # %%
-from vitlab import study_findings
-from vitlab.explain import explain
-from vitlab.verdict import verdict_table
+from vitlab.findings import studies as study_findings
+from vitlab.findings.explain import explain
+from vitlab.findings.verdict import verdict_table
 
 try:
     verdicts = [study_findings.scaling_gap_narrows(records, shots=SHOTS, resnet="bit" if not SMOKE else "bit_tiny",

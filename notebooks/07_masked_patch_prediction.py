@@ -31,7 +31,7 @@
 import os
 
 SMOKE = os.environ.get("VITLAB_SMOKE") == "1"
-# the shipped MPP checkpoint (`vitlab.mpp.load_mpp` reads it); absent: the main run of `vitlab mpp-study` on this machine
+# the shipped MPP checkpoint (`vitlab.train.mpp.load_mpp` reads it); absent: the main run of `vitlab mpp-study` on this machine
 CHECKPOINT = os.environ.get("VITLAB_MPP_CHECKPOINT", "../data/checkpoints/mpp_cifar10")
 N_SHOW = 4
 # the results of `vitlab mpp-study` (run from the repository root); in smoke mode the smoke study runs here instead
@@ -50,13 +50,16 @@ from IPython.display import Markdown, display
 from plotly.subplots import make_subplots
 
 import vitlab
-from vitlab import findings
-from vitlab.data import DataError, load_dataset, normalize
-from vitlab.explain import explain
-from vitlab.features import READOUT_NAMES, READOUTS
-from vitlab.images import default_images
-from vitlab.mpp import KEEP, MASK, OBJECTIVE_NAME, RANDOM, color3_targets, load_mpp
-from vitlab.mpp_study import (
+from vitlab.data.datasets import DataError, load_dataset, normalize
+from vitlab.data.images import default_images
+from vitlab.figures.plots import layer_lines_by_model, notebook_figures
+from vitlab.findings import model as findings
+from vitlab.findings.explain import explain
+from vitlab.findings.judge import distance_conventions, distance_verdicts, mpp_verdicts, position_verdicts
+from vitlab.findings.verdict import verdict_table
+from vitlab.inspect.distance import uniform_attention_distance
+from vitlab.probe.features import READOUT_NAMES, READOUTS
+from vitlab.studies.mpp import (
     STUDIES,
     markdown_tables,
     pretrain_dir,
@@ -64,13 +67,10 @@ from vitlab.mpp_study import (
     run_study,
     scratch_model,
     shown_records,
-    study_verdicts,
     supervised_model,
 )
-from vitlab.plots import layer_lines_by_model, notebook_figures
-from vitlab.judge import distance_conventions, distance_verdicts, position_verdicts
-from vitlab.scaling import ResultsStore
-from vitlab.verdict import verdict_table
+from vitlab.studies.scaling import ResultsStore
+from vitlab.train.mpp import KEEP, MASK, OBJECTIVE_NAME, RANDOM, color3_targets, load_mpp
 
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
@@ -104,7 +104,7 @@ try:
 except (DataError, RuntimeError, OSError) as e:  # offline without CIFAR-10: the 128 test images vitlab ships
     if study.data != "cifar10":
         raise
-    from vitlab.images import cifar_test_sample
+    from vitlab.data.images import cifar_test_sample
 
     print(f"{study.data} unavailable ({e}); the 128 shipped CIFAR-10 test images instead")
     test = cifar_test_sample()
@@ -160,7 +160,7 @@ else:
 
 # %% [markdown]
 # ## Scratch, MPP and supervised pre-training; the ablation
-# `vitlab mpp-study` (`vitlab.mpp_study`) compares three initialisations of one ViT shape: random (scratch; for the
+# `vitlab mpp-study` (`vitlab.studies.mpp`) compares three initialisations of one ViT shape: random (scratch; for the
 # few-shot probe the very init the MPP run starts from), the MPP run's encoder, and the shipped supervised checkpoint;
 # (a) by the few-shot probe on frozen features (shots from the training images, scored on the test images, several
 # probe seeds) and (b) by a short fine-tune on a class-balanced labelled subset (its size, epochs and seeds are
@@ -172,7 +172,7 @@ else:
 # %%
 import json
 
-from vitlab.checkpoint import resolve_folder
+from vitlab.models.checkpoint import resolve_folder
 
 print(f"study {study.name}: MPP pre-training {study.main_epochs} epochs ({study.main[0]}, {study.main[1]:.0%} "
       f"corrupted) on {study.pretrain_examples or 'all the'} training images; few-shot probe {list(study.shots)} "
@@ -183,7 +183,7 @@ if records:
     print(f"{results}: {shown}")
     for readout in READOUTS:
         display(Markdown(f"**Few-shot features: {READOUT_NAMES[readout]}**\n\n" + markdown_tables(records, readout)))
-    verdicts = study_verdicts(records, study.verdict_shots)
+    verdicts = mpp_verdicts(records, study.verdict_shots)
     print(verdict_table(verdicts))
     print(explain(verdicts, width=110))
     # the budgets behind "supervised beats MPP": the supervised checkpoint's card, the MPP run's record
@@ -236,13 +236,13 @@ for name, m in models.items():
     dist[name] = conv[name][findings.DISTANCE_CONVENTIONS[0]]  # (L, B, H) px
     pos[name] = vitlab.position_embedding_similarity(m)  # (gh, gw, gh, gw)
 info = vitlab.model_info(model)
-ceiling = findings.uniform_attention_distance(info.grid_size, info.patch_size)
+ceiling = uniform_attention_distance(info.grid_size, info.patch_size)
 layer_lines_by_model({k: d.mean(1).numpy() for k, d in dist.items()}, "mean attention distance (pixels)",
                      f"Mean attention distance per head: scratch, MPP, supervised ({dist['MPP'].shape[1]} images)",
                      reference=(ceiling, f"uniform attention: {ceiling:.1f} px"))
 
 # %%
-# the report's verdicts (vitlab.judge): every form of the distance convention, each criterion checked on
+# the report's verdicts (vitlab.findings.judge): every form of the distance convention, each criterion checked on
 # its controls; the random initialisation's are inconclusive whatever their intervals say (findings.untrained), as
 # the report's on a model with random weights
 rows = []

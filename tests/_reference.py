@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitlab.capture import capture_attention
-from vitlab.scaling import SweepConfig
+from vitlab.inspect.capture import capture_attention
+from vitlab.studies.scaling import SweepConfig
 
 
 def make_folder(root: Path, n_per_class: int = 3, size: int = 8, classes=("a", "b")) -> Path:
@@ -71,7 +71,7 @@ def reference_gradient_rollout(model: torch.nn.Module, x: torch.Tensor, target: 
 
 def three_class_split(root: Path):
     """(train, test) ImageArrays of random 32 px images in three classes (32 and 8 per class), for tiny runs."""
-    from vitlab.data import load_image_folder
+    from vitlab.data.datasets import load_image_folder
 
     make_folder(root / "train", n_per_class=32, size=32, classes=("a", "b", "c"))
     make_folder(root / "test", n_per_class=8, size=32, classes=("a", "b", "c"))

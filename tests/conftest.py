@@ -10,7 +10,7 @@ import timm
 import torch
 
 import vitlab
-from vitlab.data import cifar_places, data_dir, find_cifar
+from vitlab.data.datasets import cifar_places, data_dir, find_cifar
 
 # Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP's waits for a
 # descheduled thread make every small op many times slower: tests run on one thread.
@@ -29,7 +29,7 @@ def _user_data_dir():
         return None
 
 
-#: the user's data folder (``vitlab.data.data_dir``), fixed before the tests move the cache root, so that the tests
+#: the user's data folder (``vitlab.data.datasets.data_dir``), fixed before the tests move the cache root, so that the tests
 #: read the CIFAR-10 ``vitlab data cifar10`` fetched (and skip when there is none) but write no cache there
 USER_DATA = _user_data_dir()
 CIFAR10_TEST = find_cifar("cifar10", "test") if USER_DATA is not None else None
@@ -53,10 +53,10 @@ def _private_cache(tmp_path_factory, monkeypatch):
 def no_cifar(tmp_path, monkeypatch):
     """A machine without CIFAR-10, as a user's fresh clone is: an empty data folder (``VITLAB_DATA``, returned; not
     made) and no shared copy beside the checkout."""
-    import vitlab.data
+    import vitlab.data.datasets
 
     monkeypatch.setenv("VITLAB_DATA", str(tmp_path / "vitlab-data"))
-    monkeypatch.setattr(vitlab.data, "SHARED_CIFAR10", tmp_path / "no-shared" / "datasets" / "cifar10")
+    monkeypatch.setattr(vitlab.data.datasets, "SHARED_CIFAR10", tmp_path / "no-shared" / "datasets" / "cifar10")
     return tmp_path / "vitlab-data"
 
 
@@ -90,7 +90,7 @@ def _no_network(request, monkeypatch):
     """No test reaches the network: a connection (or a name lookup) to anything but this machine is refused with
     ``NetworkBlocked``, so the code under test sees an offline machine on every machine, and the test fails
     afterwards naming the address. Child processes are not watched. The Hugging Face hub is this machine's port 9,
-    where nothing listens: ``vitlab.models.hub_reachable`` finds it unreachable without leaving the machine."""
+    where nothing listens: ``vitlab.models.load.hub_reachable`` finds it unreachable without leaving the machine."""
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     tried = []
 

@@ -195,7 +195,7 @@ def test_the_oracle_order_beats_its_reverse_on_the_shipped_model():
     """On the trained default, deleting the patches occlusion ranks highest first hurts more (lower deletion
     AUC) than deleting them last, and inserting them first helps more."""
     model = vitlab.load_model()
-    from vitlab.images import embedded_images
+    from vitlab.data.images import embedded_images
 
     x = embedded_images(model, 8)[1]
     occ = occlusion(model, x)

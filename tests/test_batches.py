@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from vitlab.augment import alternating_flips
-from vitlab.batches import Augment, TrainBatches, default_workers, training_batches
-from vitlab.data import ImageArray
+from vitlab.data.datasets import ImageArray
+from vitlab.train.augment import alternating_flips
+from vitlab.train.batches import Augment, TrainBatches, default_workers, training_batches
 
 N, B, STEPS = 40, 8, 5  # 5 steps of 8 visit all 40 images
 
@@ -92,7 +92,7 @@ def test_posterize_keeps_zero_bits_as_black_and_other_counts_as_timm_does():
     from PIL import Image
     from timm.data.auto_augment import posterize as timm_posterize
 
-    from vitlab.batches import posterize
+    from vitlab.train.batches import posterize
 
     g = torch.Generator().manual_seed(0)
     img = Image.fromarray(torch.randint(0, 256, (8, 8, 3), dtype=torch.uint8, generator=g).numpy())
@@ -107,7 +107,7 @@ def test_posterize_keeps_zero_bits_as_black_and_other_counts_as_timm_does():
 def test_randaugment_runs_the_specs_that_reach_zero_bit_posterize(spec):
     """DeiT's own spec (``inc1``: PosterizeIncreasing keeps 0 bits at magnitude 10), uniform magnitudes and low ones
     ask timm's Posterize for 0 bits within a few batches of 64; each batch still comes out, shape and dtype kept."""
-    from vitlab.batches import randaugment
+    from vitlab.train.batches import randaugment
 
     images = torch.randint(0, 256, (64, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     blacks = 0
@@ -127,7 +127,7 @@ def test_randaugment_is_unchanged_where_posterize_keeps_bits():
     from PIL import Image
     from timm.data.auto_augment import rand_augment_transform
 
-    from vitlab.batches import randaugment
+    from vitlab.train.batches import randaugment
 
     images = torch.randint(0, 256, (32, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
     g = torch.Generator().manual_seed(5)
@@ -146,8 +146,8 @@ def test_a_batch_worker_ends_on_sigterm_without_the_commands_handler():
     import os
     import signal
 
-    from vitlab.batches import _worker_init
     from vitlab.cli import _raise_terminated
+    from vitlab.train.batches import _worker_init
 
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:

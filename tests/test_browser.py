@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 from conftest import free_port
 
-from vitlab.static import find_chromium
+from vitlab.figures.static import find_chromium
 
 CHROMIUM = find_chromium()
 pytestmark = [pytest.mark.browser,
@@ -70,7 +70,7 @@ def test_layer_slider_changes_the_heatmap_in_chromium(tmp_path):
         import numpy as np
 
         import vitlab
-        from vitlab.images import default_images
+        from vitlab.data.images import default_images
         from vitlab.inspect import attention_view
 
         model = vitlab.load_model()

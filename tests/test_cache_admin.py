@@ -11,10 +11,10 @@ import torch
 from _reference import make_folder
 from conftest import tiny_vit
 
-from vitlab.cache_admin import TEMP_GRACE_S, prune_cache, scan_cache
 from vitlab.cli import main
-from vitlab.data import ImageArray, load_image_folder
-from vitlab.features import extract_features
+from vitlab.data.cache import TEMP_GRACE_S, prune_cache, scan_cache
+from vitlab.data.datasets import ImageArray, load_image_folder
+from vitlab.probe.features import extract_features
 
 DAY = 86400.0
 IMAGES = "images-0123abcd-0123456789abcdef.npz"
@@ -244,13 +244,13 @@ def test_the_temporary_file_grace_is_an_hour_not_less(root):
 
 def test_an_entry_used_between_the_scan_and_its_removal_is_kept(root, monkeypatch):
     """A decode that reads OLD_IMAGES after prune's scan refreshes it: prune re-reads its time and keeps it."""
-    from vitlab import cache_admin
+    from vitlab.data import cache as cache_admin
 
     scan = cache_admin.scan_cache
 
     def scan_then_use(*a, **k):
         found = scan(*a, **k)
-        os.utime(root / OLD_IMAGES)  # a cache hit meanwhile (vitlab.data.touch_cache)
+        os.utime(root / OLD_IMAGES)  # a cache hit meanwhile (vitlab.data.datasets.touch_cache)
         return found
 
     monkeypatch.setattr(cache_admin, "scan_cache", scan_then_use)
@@ -283,7 +283,7 @@ def test_prune_never_follows_a_features_link_out_of_the_cache(tmp_path, monkeypa
     """`vitlab cache prune --all` followed a features/ link and deleted cache-named files in the folder it points
     to, outside the cache; a linked features/ is now skipped with a SkippedPathWarning naming it, and its files
     stay."""
-    from vitlab.data import SkippedPathWarning
+    from vitlab.data.datasets import SkippedPathWarning
 
     r = tmp_path / "cache"
     monkeypatch.setenv("VITLAB_CACHE", str(r))

@@ -12,7 +12,7 @@ from conftest import attention_inputs, convit_raw_attention, tiny_convit, tiny_t
 from torch import nn
 
 import vitlab
-from vitlab.capture import AttentionCaptureError
+from vitlab.inspect.capture import AttentionCaptureError
 
 
 def reference_attention(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -508,7 +508,7 @@ def test_queries_prefix_on_a_convit_whose_class_token_never_joins_is_refused_not
 def test_a_convit_exactly_as_deep_as_its_local_up_to_layer_never_adds_its_class_token(join):
     """timm joins the class token before block local_up_to_layer: a ConViT of 2 blocks with local_up_to_layer=2 (the
     boundary) never adds it, as with 3. Its info counts no prefix, no late join, and the 64 patches of the maps."""
-    from vitlab.info import class_token_join, class_token_never_joins
+    from vitlab.models.info import class_token_join, class_token_never_joins
 
     model = tiny_convit(depth=2, local_up_to_layer=join)
     info = vitlab.model_info(model)

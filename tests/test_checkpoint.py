@@ -1,4 +1,4 @@
-"""Checkpoints (vitlab.checkpoint): exact round trips, atomic saves, clear errors for damaged files."""
+"""Checkpoints (vitlab.models.checkpoint): exact round trips, atomic saves, clear errors for damaged files."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from safetensors import safe_open
 from timm.data import resolve_data_config
 
 import vitlab
-import vitlab.checkpoint as vc
+import vitlab.models.checkpoint as vc
 from vitlab import ModelLoadError, vit_config
-from vitlab.zoo import Preprocess
+from vitlab.models.zoo import Preprocess
 
 
 @pytest.mark.parametrize("make", [tiny_vit, tiny_hybrid, tiny_bit, lambda: tiny_vit(pos_embed="sincos", readout="avg"),
@@ -230,7 +230,7 @@ def test_atomic_writes_follow_the_umask_without_changing_it(tmp_path):
     import os
     import stat
 
-    from vitlab.atomic import atomic_write_text
+    from vitlab.base.atomic import atomic_write_text
 
     old = os.umask(0o027)
     try:
@@ -248,7 +248,7 @@ def test_atomic_writes_follow_the_umask_without_changing_it(tmp_path):
 
 def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary_file(tmp_path):
     """A writer that fails half-way leaves the previous file as it was and nothing else in the folder."""
-    from vitlab.atomic import atomic_write, atomic_write_text
+    from vitlab.base.atomic import atomic_write, atomic_write_text
 
     path = atomic_write_text(tmp_path / "a.txt", "old")
 
@@ -296,7 +296,7 @@ def test_loading_a_checkpoint_that_a_kill_left_aside_restores_it(tmp_path):
 def test_checkpoints_follow_the_umask(tmp_path):
     """A checkpoint folder and its files get 0777 / 0666 less the umask, like anything new (they were a fixed 0755
     and 0644, readable by all under umask 077, and the training state's safetensors were 0600 under any umask)."""
-    from vitlab.checkpoint import save_run_checkpoint
+    from vitlab.models.checkpoint import save_run_checkpoint
 
     model = vitlab.build_model(vitlab.vit_config("Ti/16", img_size=32, patch_size=8, depth=1))
     opt = torch.optim.AdamW(model.parameters())
@@ -410,7 +410,7 @@ def test_a_config_that_asks_for_a_huge_model_is_refused_before_it_is_built(tmp_p
     """A small checkpoint whose config.json says embed_dim=4096, mlp_dim=16384, depth=24 made the loader build that
     model (gigabytes) before checking the weights: the config's shapes are compared with the safetensors header
     first, and the real model is never built (its builder here would raise)."""
-    import vitlab.checkpoint as ck
+    import vitlab.models.checkpoint as ck
 
     d = vitlab.save_checkpoint(tiny_vit(), tmp_path / "c")
     meta = json.loads((d / "config.json").read_text())
@@ -423,7 +423,7 @@ def test_a_config_that_asks_for_a_huge_model_is_refused_before_it_is_built(tmp_p
         return real_build(cfg)
 
     monkeypatch.setattr(ck, "build_model", build_only_on_meta)
-    with pytest.raises(vitlab.errors.WeightsMismatchError) as e:
+    with pytest.raises(vitlab.base.errors.WeightsMismatchError) as e:
         vitlab.load_checkpoint(d)
     depth = tiny_vit().vitlab_config.depth
     assert e.value.path == str(d / "model.safetensors") and e.value.unexpected == []
@@ -468,7 +468,7 @@ def test_a_full_disk_is_one_error_naming_the_checkpoint_and_the_space_needed(tmp
 
     from safetensors import SafetensorError
 
-    from vitlab.errors import DiskFullError
+    from vitlab.base.errors import DiskFullError
 
     model = tiny_vit()
     first = vitlab.save_checkpoint(model, tmp_path / "ck", extra={"epoch": 1})
@@ -500,8 +500,8 @@ def test_a_full_disk_in_an_atomic_write_names_the_file(tmp_path, monkeypatch):
     asked for, with nothing left behind."""
     import errno
 
-    from vitlab.atomic import atomic_write
-    from vitlab.errors import DiskFullError
+    from vitlab.base.atomic import atomic_write
+    from vitlab.base.errors import DiskFullError
 
     def write(tmp):
         raise OSError(errno.ENOSPC, "No space left on device", tmp)
@@ -521,7 +521,7 @@ def test_temporary_folders_whose_writer_is_gone_are_swept_on_the_next_save(tmp_p
     import sys
     import time
 
-    from vitlab.atomic import _host
+    from vitlab.base.atomic import _host
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True).stdout.strip()  # a process that has ended
@@ -542,7 +542,7 @@ def test_a_checkpoint_a_kill_left_aside_is_restored_by_load_model_and_said(tmp_p
     """After a kill between replace_dir's two renames, `vitlab info --model OUT` said 'OUT is neither a file nor a
     timm model name' while a complete copy sat in .OUT.old.*, and nothing told the user: load_model now puts it
     back, with a RecoveredWarning naming the folder and the copy."""
-    from vitlab.atomic import RecoveredWarning
+    from vitlab.base.atomic import RecoveredWarning
 
     ck = vitlab.save_checkpoint(tiny_vit(), tmp_path / "out")
     ck.rename(tmp_path / ".out.old.abc12345")
@@ -557,7 +557,7 @@ def test_a_config_deeper_than_its_weights_have_tensors_is_refused_before_even_it
                                                                                                     monkeypatch):
     """Building a model on the meta device still makes its Python modules, which grow with the depth: a config.json
     asking for a million blocks beside a file of 150-odd tensors is refused from the header's tensor count alone."""
-    import vitlab.checkpoint as ck
+    import vitlab.models.checkpoint as ck
 
     d = vitlab.save_checkpoint(tiny_vit(), tmp_path / "c")
     meta = json.loads((d / "config.json").read_text())

@@ -32,7 +32,7 @@ def test_every_subcommand_has_help(cmd, capsys):
 
 
 def test_preset_help_names_every_preset(capsys):
-    from vitlab.train_config import PRESETS
+    from vitlab.train.config import PRESETS
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])
@@ -41,19 +41,19 @@ def test_preset_help_names_every_preset(capsys):
 
 
 def test_train_set_reaches_the_model_config(tmp_path, monkeypatch, capsys):
-    import vitlab.train
-    import vitlab.train_config
+    import vitlab.train.config
+    import vitlab.train.loop
 
     seen = {}
-    monkeypatch.setattr(vitlab.train, "train", lambda cfg, run, **kw: seen.update(cfg=cfg, run=run))
+    monkeypatch.setattr(vitlab.train.loop, "train", lambda cfg, run, **kw: seen.update(cfg=cfg, run=run))
     base = ["train", "--run-dir", str(tmp_path / "run"), "--quiet"]
     assert main([*base, "--preset", "resnet_cifar10", "--set", "model.residual=false", "--set", "lr=0.5",
                  "--set", "model.widths=[16, 32, 32]"]) == 0
-    want = vitlab.train_config.PRESETS["resnet_cifar10"]
+    want = vitlab.train.config.PRESETS["resnet_cifar10"]
     assert seen["cfg"].model == dataclasses.replace(want.model, residual=False, widths=(16, 32, 32))
     assert seen["cfg"].lr == 0.5 and seen["cfg"].epochs == want.epochs
     assert main([*base, "--preset", "hybrid_cifar10", "--set", "model.vit.depth=2"]) == 0
-    hybrid = vitlab.train_config.PRESETS["hybrid_cifar10"].model
+    hybrid = vitlab.train.config.PRESETS["hybrid_cifar10"].model
     assert seen["cfg"].model == dataclasses.replace(hybrid, vit=dataclasses.replace(hybrid.vit, depth=2))
     # fields that must agree change together (90 is no multiple of the preset's 4 heads)
     assert main([*base, "--preset", "vit_cifar10", "--set", "model.embed_dim=90", "--set", "model.num_heads=3"]) == 0
@@ -230,9 +230,9 @@ def test_probe_reads_the_patch_mean_when_asked(tmp_path, checkpoint, capsys):
     and `vitlab probe` could only read it): the features are extract_features' patch_mean ones, and the output and
     JSON say which readout was probed."""
     import vitlab
-    from vitlab.data import load_splits, nested_subsets
-    from vitlab.features import extract_features
-    from vitlab.probe import few_shot_accuracy
+    from vitlab.data.datasets import load_splits, nested_subsets
+    from vitlab.probe.features import extract_features
+    from vitlab.probe.linear import few_shot_accuracy
 
     f = tmp_path / "probe.json"
     argv = ["probe", "--model", str(checkpoint), "--data", "shapes", "--max-train", "40", "--max-test", "20",
@@ -259,12 +259,12 @@ def test_probe_checks_shots_against_max_train_before_the_feature_pass(max_train,
     """--max-train too small for --shots was caught only after both feature passes, by a message that said 'add
     data' (not --max-train); below one image per class it said 'test labels [3] never occur in the training
     labels'. Now refused before any feature is extracted, naming --max-train and the least value that works."""
-    import vitlab.features
+    import vitlab.probe.features
 
     def no_features(*args, **kwargs):
         raise AssertionError("features were extracted before --shots was checked against --max-train")
 
-    monkeypatch.setattr(vitlab.features, "extract_features", no_features)
+    monkeypatch.setattr(vitlab.probe.features, "extract_features", no_features)
     assert main(["probe", "--model", str(checkpoint), "--data", "shapes", "--max-train", max_train, "--max-test",
                  "8", "--shots", shots, "--quiet"]) == 1
     err = capsys.readouterr().err
@@ -321,7 +321,7 @@ def test_probe_refuses_a_bad_l2_before_loading_the_model(l2, monkeypatch, capsys
 def test_offline_hub_name_fails_within_seconds(monkeypatch, capsys):
     import time
 
-    from vitlab.models import hub_reachable
+    from vitlab.models.load import hub_reachable
 
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: the hub is unreachable
     hub_reachable.cache_clear()
@@ -358,15 +358,15 @@ def test_resume_on_a_finished_run_says_so(tmp_path, capsys, monkeypatch):
 def test_continue_warm_starts_from_the_shipped_checkpoint_when_the_state_is_gone(tmp_path, capsys, monkeypatch):
     from _reference import make_folder
 
-    import vitlab.models
+    import vitlab.models.load
 
     data = make_folder(tmp_path / "d" / "train", n_per_class=16, size=32, classes=("a", "b"))
     make_folder(tmp_path / "d" / "test", n_per_class=4, size=32, classes=("a", "b"))
     shipped_root = tmp_path / "checkpoints"
-    monkeypatch.setattr(vitlab.models, "DEFAULT_CHECKPOINT", shipped_root / "vit_cifar10")
+    monkeypatch.setattr(vitlab.models.load, "DEFAULT_CHECKPOINT", shipped_root / "vit_cifar10")
     args = ["train", "--preset", "tiny", "--data", str(data.parent), "--epochs", "1", "--continue"]
     assert main(args + ["--run-dir", str(tmp_path / "a")]) == 0  # nothing shipped, no state: a fresh run
-    from vitlab.checkpoint import load_checkpoint, save_checkpoint
+    from vitlab.models.checkpoint import load_checkpoint, save_checkpoint
 
     save_checkpoint(load_checkpoint(tmp_path / "a" / "checkpoint"), shipped_root / "tiny")
     capsys.readouterr()
@@ -380,13 +380,13 @@ def test_continue_after_a_finished_and_exported_leg_trains_a_new_leg(tmp_path, c
     never exported is refused (a new leg from the shipped weights would drop what it learned) and left as it was."""
     from _reference import make_folder
 
-    import vitlab.models
-    from vitlab.export import export_run
+    import vitlab.models.load
+    from vitlab.train.export import export_run
 
     data = make_folder(tmp_path / "d" / "train", n_per_class=16, size=32, classes=("a", "b"))
     make_folder(tmp_path / "d" / "test", n_per_class=4, size=32, classes=("a", "b"))
     shipped = tmp_path / "checkpoints" / "tiny"
-    monkeypatch.setattr(vitlab.models, "DEFAULT_CHECKPOINT", shipped.parent / "vit_cifar10")
+    monkeypatch.setattr(vitlab.models.load, "DEFAULT_CHECKPOINT", shipped.parent / "vit_cifar10")
     run = tmp_path / "run"
     args = ["train", "--preset", "tiny", "--data", str(data.parent), "--epochs", "1", "--run-dir", str(run)]
     assert main(args) == 0
@@ -588,7 +588,7 @@ def test_app_refuses_a_port_in_use_before_loading_the_model(monkeypatch, capsys)
 
 
 def test_default_images_refuse_zero_images():
-    from vitlab.images import default_images
+    from vitlab.data.images import default_images
 
     with pytest.raises(ValueError, match=r"n must be in \[1, 38\], got 0"):  # 0 gave the default 16
         default_images(vitlab.load_model("vit_tiny_patch16_224", pretrained=False, depth=1), 0)
@@ -706,22 +706,22 @@ def test_kill_cleans_up_like_ctrl_c_status_143(monkeypatch, capsys, tmp_path):
     import os
     import signal
 
-    import vitlab.checkpoint
     import vitlab.cli
-    from vitlab.checkpoint import save_checkpoint
+    import vitlab.models.checkpoint
+    from vitlab.models.checkpoint import save_checkpoint
 
     model = vitlab.load_model(vitlab.vit_config("Ti/16", img_size=32, patch_size=8, depth=1, num_classes=2))
     target = tmp_path / "ck"
     save_checkpoint(model, target)
     before = (target / "model.safetensors").read_bytes()
-    real_save = vitlab.checkpoint.save_file
+    real_save = vitlab.models.checkpoint.save_file
 
     def killed_while_writing(state, path, **kw):
         real_save(state, path, **kw)  # the new weights are on disk in the temporary folder...
         os.kill(os.getpid(), signal.SIGTERM)  # ...when the process is told to stop
 
     def save(args):
-        monkeypatch.setattr(vitlab.checkpoint, "save_file", killed_while_writing)
+        monkeypatch.setattr(vitlab.models.checkpoint, "save_file", killed_while_writing)
         save_checkpoint(model, target)
         return 0
 
@@ -758,7 +758,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(monkeypatch, capsys):
 def test_atomic_write_into_a_read_only_folder_names_the_file_not_its_temporary(tmp_path, monkeypatch):
     import tempfile
 
-    from vitlab.atomic import atomic_write, temp_dir_beside
+    from vitlab.base.atomic import atomic_write, temp_dir_beside
 
     def denied(*args, dir=None, **kwargs):
         raise PermissionError(13, "Permission denied", f"{dir}/.out.json.abc123.tmp")
@@ -845,9 +845,9 @@ def test_export_of_a_folder_without_a_run_says_what_run_dir_needs(run, tmp_path,
 def test_export_into_its_own_run_is_refused_before_any_work(where, tmp_path, monkeypatch, capsys):
     """`--out RUN/checkpoint` replaced the run's training checkpoint (its --resume point) with the half-precision
     export."""
-    import vitlab.export
+    import vitlab.train.export
 
-    monkeypatch.setattr(vitlab.export, "export_run", lambda *a, **k: pytest.fail("the export ran"))
+    monkeypatch.setattr(vitlab.train.export, "export_run", lambda *a, **k: pytest.fail("the export ran"))
     run = tmp_path / "run"
     (run / "checkpoint").mkdir(parents=True)
     assert main(["export", "--run-dir", str(run), "--out", str(run / where), "--command-line", "x"]) == 1
@@ -872,9 +872,9 @@ def test_reproduce_refuses_an_image_scale_that_is_no_positive_number(scale, caps
 
 def test_mpp_study_refuses_a_run_root_that_is_a_file_before_any_row(tmp_path, monkeypatch, capsys):
     """Every row was run and stored as failed (NotADirectoryError) in the results store."""
-    import vitlab.mpp_study
+    import vitlab.studies.mpp
 
-    monkeypatch.setattr(vitlab.mpp_study, "run_study", lambda *a, **k: pytest.fail("a row ran"))
+    monkeypatch.setattr(vitlab.studies.mpp, "run_study", lambda *a, **k: pytest.fail("a row ran"))
     (tmp_path / "f.txt").write_text("x")
     assert main(["mpp-study", "--study", "smoke", "--run-root", str(tmp_path / "f.txt"),
                  "--results", str(tmp_path / "r.jsonl")]) == 1
@@ -956,7 +956,7 @@ def _python_then_flags(said: dict[str, str], root) -> None:
 def test_image_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_path):
     """load_images told a Python caller about --images and --skip-bad, flags it never passed; the command line
     still prints them."""
-    from vitlab.images import load_images
+    from vitlab.data.images import load_images
 
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "bad").mkdir()
@@ -972,9 +972,9 @@ def test_image_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_p
 def test_device_errors_name_arguments_and_the_command_line_its_flags(monkeypatch):
     """resolve_device and dist_setup told a Python caller (reproduce, train, mpp_study: device=) about --device, a
     flag it never passed; the command line still prints it."""
-    import vitlab.distributed as vd
+    import vitlab.train.distributed as vd
+    from vitlab.base.devices import resolve_device
     from vitlab.cli import cli_words
-    from vitlab.devices import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     no_gpu = _raised(lambda: resolve_device("cuda"))
@@ -1015,9 +1015,9 @@ def test_run_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_pat
     """train(cfg, run_dir, resume=...) told a Python caller to pass --resume or --run-dir NEW, flags it never
     passed; the command line still prints them."""
     from vitlab.cli import cli_words
-    from vitlab.run_folder import check_fresh
-    from vitlab.train import train
-    from vitlab.train_config import PRESETS
+    from vitlab.train.config import PRESETS
+    from vitlab.train.loop import train
+    from vitlab.train.run_folder import check_fresh
 
     folders = {name: tmp_path / name for name in ("done", "aside", "earlier", "other")}
     (folders["done"] / "checkpoint").mkdir(parents=True)
@@ -1038,7 +1038,7 @@ def test_run_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_pat
 def test_sweep_errors_name_arguments_and_the_command_line_its_flags(tmp_path, monkeypatch):
     """run_sweep, mpp_study and ResultsStore told a Python caller to pass --results, or that --executor ray needs
     Ray, flags it never passed; the command line still prints them."""
-    from vitlab.scaling import ResultsStore, _ray_runtime
+    from vitlab.studies.scaling import ResultsStore, _ray_runtime
 
     (tmp_path / "config.json").write_text(json.dumps({"mean": [0.5, 0.25]}, indent=2))
     monkeypatch.setitem(sys.modules, "ray", None)  # as where Ray is not installed: its import fails
@@ -1058,9 +1058,9 @@ def test_training_errors_name_python_and_the_command_line_its_set_flags(tmp_path
     passed. The messages now name dataclasses.replace(cfg, ...) and train(..., run_dir=NEW); the command line still
     prints the flags (JSON's words: crop_pad_mode=constant unquoted)."""
     from vitlab.cli import cli_words
-    from vitlab.data import ImageArray
-    from vitlab.train import _check_crop_padding, _check_image_size, _diverged_text
-    from vitlab.train_config import PRESETS
+    from vitlab.data.datasets import ImageArray
+    from vitlab.train.config import PRESETS
+    from vitlab.train.loop import _check_crop_padding, _check_image_size, _diverged_text
 
     cfg = PRESETS["tiny"]
     small = ImageArray(torch.zeros(4, 16, 16, 3, dtype=torch.uint8), torch.zeros(4, dtype=torch.long), ("a",), "s")
@@ -1086,12 +1086,12 @@ def test_config_and_resume_errors_name_python_and_the_command_line_its_set_flags
     ema_decay=null, --run-dir NEW --set init_from=... or --set teacher=FOLDER: flags it never passed. The messages
     now name dataclasses.replace(cfg, ...) (several fields in one call) and train(..., run_dir=NEW); the command line
     still prints one --set per field. train(..., resume=True) with another config names the saved settings."""
-    from vitlab.checkpoint import load_run_state
     from vitlab.cli import cli_words
-    from vitlab.data import ImageArray
-    from vitlab.distill import load_teacher
-    from vitlab.train import train
-    from vitlab.train_config import PRESETS, train_config_to_dict, with_num_classes
+    from vitlab.data.datasets import ImageArray
+    from vitlab.models.checkpoint import load_run_state
+    from vitlab.train.config import PRESETS, train_config_to_dict, with_num_classes
+    from vitlab.train.distill import load_teacher
+    from vitlab.train.loop import train
 
     cfg = PRESETS["tiny"]
     mpp = _raised(lambda: dataclasses.replace(PRESETS["mpp_cifar10"], label_smoothing=0.1, ema_decay=0.999))
@@ -1129,8 +1129,8 @@ def test_the_compile_refusal_names_the_argument_and_the_command_line_its_flag(tm
     """train(cfg, compile=True) of a masked-patch-prediction run told a Python caller '(--compile on)' and to leave
     compile 'at its default (auto) or off', the flag's words; it now names compile=None and compile=False, and the
     command line prints --compile auto and --compile off."""
-    from vitlab.train import train
-    from vitlab.train_config import PRESETS
+    from vitlab.train.config import PRESETS
+    from vitlab.train.loop import train
 
     said = _raised(lambda: train(PRESETS["mpp_cifar10"], tmp_path / "run", progress=False, compile=True))
     assert said == ("compile=True is for classification runs; objective='mpp' trains eagerly: leave compile=None "
@@ -1146,9 +1146,9 @@ def test_set_flags_in_error_messages_paste_into_a_shell(tmp_path):
     import shlex
 
     from vitlab.cli import _parse_value, cli_words
-    from vitlab.data import ImageArray
-    from vitlab.train import _check_image_size, _diverged_text
-    from vitlab.train_config import PRESETS
+    from vitlab.data.datasets import ImageArray
+    from vitlab.train.config import PRESETS
+    from vitlab.train.loop import _check_image_size, _diverged_text
 
     def pasted(message: str) -> dict:  # FIELD: VALUE of each --set, read as a POSIX shell reads the word after it
         sets = {}

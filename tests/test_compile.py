@@ -15,12 +15,12 @@ import torch
 from _reference import three_class_split
 
 import vitlab
-from vitlab.checkpoint import save_checkpoint
-from vitlab.compiling import COMPILE_MIN_STEPS, compile_by_default
-from vitlab.export import export_run
-from vitlab.train import train
-from vitlab.train_config import PRESETS
-from vitlab.zoo import CifarNetConfig
+from vitlab.models.checkpoint import save_checkpoint
+from vitlab.models.zoo import CifarNetConfig
+from vitlab.train.compiling import COMPILE_MIN_STEPS, compile_by_default
+from vitlab.train.config import PRESETS
+from vitlab.train.export import export_run
+from vitlab.train.loop import train
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 # the tiny ViT in float32 without dropping or stochastic depth: nothing random inside the model, so the compiled run
@@ -104,9 +104,9 @@ def test_without_a_working_compiler_the_run_warns_and_trains_eagerly(tmp_path):
     script = f"""
 import json, warnings, dataclasses
 from pathlib import Path
-from vitlab.data import load_image_folder
-from vitlab.train import train
-from vitlab.train_config import PRESETS
+from vitlab.data.datasets import load_image_folder
+from vitlab.train.loop import train
+from vitlab.train.config import PRESETS
 cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(PRESETS["tiny"].model, num_classes=3), epochs=2,
                           batch_size=16, randaugment=None, mixup_prob=0.0)
 load = lambda s: load_image_folder(Path({str(tmp_path / "data")!r}) / s, cache=False, progress=False)

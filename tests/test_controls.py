@@ -1,4 +1,4 @@
-"""Every finding's criterion on controls with a known answer (vitlab.controls), the criteria the controls made
+"""Every finding's criterion on controls with a known answer (vitlab.findings.controls), the criteria the controls made
 necessary (a trend test for depth, a matched random spectrum for structured filters), and verdicts under two forms
 of a convention. Records are tested (verdict, statistic, interval, key, controls), not sentences."""
 
@@ -11,10 +11,19 @@ import pytest
 import torch
 from conftest import ref_sincos, tiny_vit
 
-from vitlab import controls as C
-from vitlab import findings as F
+from vitlab.findings import controls as C
+from vitlab.findings import model as F
+from vitlab.findings.verdict import (
+    DEPENDS_ON_CONVENTION,
+    FAILS_CONTROL,
+    Verdict,
+    across_conventions,
+    make_verdict,
+    validated,
+)
 from vitlab.inspect import embedding_filters, mean_attention_distance, position_embedding_similarity, position_table
-from vitlab.verdict import DEPENDS_ON_CONVENTION, FAILS_CONTROL, Verdict, across_conventions, make_verdict, validated
+from vitlab.inspect.distance import uniform_attention_distance
+from vitlab.inspect.filters import dct_concentration
 
 # the mpp_cifar10 checkpoint's layer means (px): U-shaped, least-squares slope +0.5 px/layer
 U_PROFILE = (14.8, 6.5, 4.3, 3.3, 7.0, 13.6, 14.8)
@@ -104,7 +113,7 @@ def test_dct_concentration_known_answers():
     comps[0, 0] = 1.0  # a constant: one frequency
     comps[1, 0] = basis[1, 0] / np.linalg.norm(basis[1, 0]) + basis[2, 3] / np.linalg.norm(basis[2, 3])  # two, equal
     comps[2] = basis[1, 1] / np.linalg.norm(basis[1, 1])  # one frequency in all three channels
-    assert F.dct_concentration(comps) == pytest.approx([1.0, 0.5, 1.0])
+    assert dct_concentration(comps) == pytest.approx([1.0, 0.5, 1.0])
 
 
 def test_component_counts_are_the_papers_and_ninety_percent_of_the_variance():
@@ -252,7 +261,7 @@ def test_a_random_init_model_reproduces_nothing():
             F.DISTANCE_CONVENTIONS[1]: mean_attention_distance(net, x, per_image=True, renormalize=True,
                                                                progress=False).double().numpy(),
             F.DISTANCE_CONVENTIONS[2]: px / 4}
-    ceiling = F.uniform_attention_distance((8, 8), (4, 4))
+    ceiling = uniform_attention_distance((8, 8), (4, 4))
     verdicts = (F.judge_filters(embedding_filters(net)) + F.judge_positions(position_embedding_similarity(net))
                 + F.judge_distance(dist, dict(zip(F.DISTANCE_CONVENTIONS, (ceiling, ceiling, ceiling / 4)))))
     assert [v.key for v in verdicts] == list(F.KEYS[:-1])
@@ -275,7 +284,7 @@ def sweep_records(gains: dict[str, list[float]]) -> list[dict]:
 def test_the_scaling_controls_give_their_known_answers():
     """From the sweep's own records: a ViT raised by 20 points at the largest size is seen over these seeds' spread;
     a ViT that gains exactly what the ResNet gains is not (gap change 0 on every seed: no interval)."""
-    from vitlab.study_findings import scaling_gap_narrows
+    from vitlab.findings.studies import scaling_gap_narrows
 
     records = sweep_records({"vit": [0.10, 0.02, 0.06], "bit": [0.08, 0.05, 0.04]})
     v = scaling_gap_narrows(records)
@@ -293,12 +302,14 @@ def test_the_mpp_controls_give_their_known_answers_on_the_shipped_study():
     import json
     from pathlib import Path
 
-    import vitlab.mpp_study as M
+    import vitlab.studies.mpp as M
 
     path = Path(__file__).resolve().parents[1] / "data" / "results" / "mpp_cifar10.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rows, _ = M.shown_records(records, records[-1]["study"])
-    verdicts = M.study_verdicts(rows, 10)
+    from vitlab.findings.judge import mpp_verdicts
+
+    verdicts = mpp_verdicts(rows, 10)
     assert [v.key for v in verdicts] == [
         "sec4_6.mpp_beats_scratch.few_shot", "sec4_6.supervised_beats_mpp.few_shot",
         "sec4_6.mpp_beats_scratch.few_shot.patch_mean", "sec4_6.supervised_beats_mpp.few_shot.patch_mean",
@@ -313,7 +324,7 @@ def test_an_estimate_against_the_finding_is_not_worded_as_undecidable():
     """Spearman -0.221 [-0.597, 0.206] for 'leading components are low-frequency' read 'not decidable here' with a
     reason that assumed the effect: an estimate on the other side of the threshold now leads with that, unlike an
     undecided one on the paper's side; an interval that excludes the paper's side is 'not reproduced'."""
-    from vitlab.explain import reason_lead
+    from vitlab.findings.explain import reason_lead
 
     against = make_verdict("f", "c", -0.221, (-0.597, 0.206), 0.0, ">", "Spearman", "", {})
     undecided = make_verdict("f", "c", 0.221, (-0.206, 0.597), 0.0, ">", "Spearman", "", {})

@@ -13,8 +13,7 @@ from _reference import make_folder
 from conftest import needs_cifar10
 from PIL import Image
 
-from vitlab.augment import alternating_flips, random_crop_flip, shrink
-from vitlab.data import (
+from vitlab.data.datasets import (
     DataError,
     k_shot_indices,
     load_image_folder,
@@ -22,6 +21,7 @@ from vitlab.data import (
     normalize,
     sample_images,
 )
+from vitlab.train.augment import alternating_flips, random_crop_flip, shrink
 
 
 def test_folder_and_zip_give_the_same_array(tmp_path, monkeypatch):
@@ -63,7 +63,7 @@ def test_an_empty_or_tilde_vitlab_cache_is_not_the_working_directory(tmp_path, m
     """VITLAB_CACHE set but empty (``VITLAB_CACHE= vitlab ...``, an env file's blank value) put images-KEY.npz, and
     by default training runs, into the working directory, and VITLAB_CACHE=~/cache (quoted, so the shell left the
     ~) made a folder named '~' there; empty now counts as unset and a leading ~ is the home folder."""
-    from vitlab.data import cache_dir
+    from vitlab.data.datasets import cache_dir
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
@@ -82,7 +82,7 @@ def test_no_home_folder_is_an_error_naming_vitlab_cache(monkeypatch):
     'Could not determine home directory.'; the error now names the cache and VITLAB_CACHE as the fix."""
     import pwd
 
-    from vitlab.data import cache_dir
+    from vitlab.data.datasets import cache_dir
 
     def unknown(uid):
         raise KeyError(uid)
@@ -100,7 +100,7 @@ def test_a_cache_that_cannot_be_used_keeps_the_decoded_images(tmp_path, monkeypa
     the same as an uncached load, with a CacheWarning naming VITLAB_CACHE."""
     import pwd
 
-    from vitlab.data import CacheWarning
+    from vitlab.data.datasets import CacheWarning
 
     root = make_folder(tmp_path / "train")
     fresh = load_image_folder(root, cache=False, progress=False)
@@ -120,7 +120,7 @@ def test_a_cache_that_cannot_be_used_keeps_the_decoded_images(tmp_path, monkeypa
 
 def test_the_decode_cache_key_names_the_decoder(tmp_path, monkeypatch):
     """Arrays decoded by an older decoder (e.g. 16-bit images clipped white) are never served after it changed."""
-    import vitlab.data as D
+    import vitlab.data.datasets as D
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     root = make_folder(tmp_path / "train")
@@ -138,7 +138,7 @@ def test_a_new_decode_cache_entry_replaces_the_stale_ones_of_its_source(tmp_path
     one: the cache held 1 GB of stale CIFAR-10 copies. Writing an entry now removes the earlier entries of the same
     source (folder, size and split) and entries in the name format before sources were named; another source's
     entry and the same folder at another size stay, and a failed write removes nothing."""
-    import vitlab.data as D
+    import vitlab.data.datasets as D
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("VITLAB_CACHE", str(cache))
@@ -151,7 +151,7 @@ def test_a_new_decode_cache_entry_replaces_the_stale_ones_of_its_source(tmp_path
     assert len(kept) == 3 and all(len(n.split("-")) == 3 for n in kept)
     monkeypatch.setattr(D, "DECODER", "another")
     with monkeypatch.context() as m:  # a write that fails leaves every entry as it was
-        m.setattr("vitlab.atomic.atomic_write", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
+        m.setattr("vitlab.base.atomic.atomic_write", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
         with pytest.warns(D.CacheWarning):
             load_image_folder(root, progress=False)
     assert sorted(p.name for p in cache.glob("images-*.npz")) == sorted([*kept, "images-0123456789abcdef.npz"])
@@ -390,7 +390,7 @@ def _zip_folder(root, zpath, prefix=""):
 def test_images_nested_below_class_folders_take_the_class_folders_label(tmp_path, monkeypatch):
     """As torchvision's ImageFolder: the class is the first folder under the root, its images found at any depth
     (train/cat/2019/x.png is a cat), in a folder and in a zip alike; never a false 'class folders hold no images'."""
-    from vitlab.data import load_dataset
+    from vitlab.data.datasets import load_dataset
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     src = tmp_path / "d"
@@ -436,7 +436,7 @@ def test_images_directly_in_the_root_and_a_zip_of_one_class_folder(tmp_path, mon
 def test_macos_metadata_and_hidden_files_are_no_images(tmp_path, monkeypatch):
     """A zip made on macOS holds __MACOSX/.../._x.png resource forks (no PNGs) beside the images, and a copied
     folder ._x.png files, .DS_Store and hidden folders: all skipped, never an unreadable image or an extra class."""
-    from vitlab.data import load_dataset, zip_splits
+    from vitlab.data.datasets import load_dataset, zip_splits
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     src = tmp_path / "src"
@@ -471,7 +471,7 @@ def test_macos_metadata_and_hidden_files_are_no_images(tmp_path, monkeypatch):
 def test_mixed_sizes_name_the_sizes_and_a_fix_each_caller_has(tmp_path, monkeypatch):
     """The command line (--data) and load_dataset take no size: the error names the sizes found, an image of each,
     and both fixes (resize the files; in Python, load_image_folder's size=), never a size= they cannot pass."""
-    from vitlab.data import load_dataset
+    from vitlab.data.datasets import load_dataset
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     root = make_folder(tmp_path / "d" / "train", n_per_class=2)
@@ -481,7 +481,7 @@ def test_mixed_sizes_name_the_sizes_and_a_fix_each_caller_has(tmp_path, monkeypa
     msg = str(e.value)
     assert "mixed sizes (height x width): 8x8 (4 images, e.g. a/0.png), 7x9 (1 image: b/wide.png)" in msg
     assert "resize the image files to one size (e.g. 8x8, the most common)" in msg
-    assert f"vitlab.data.load_image_folder({str(root)!r}, size=(H, W))" in msg and "pass size=" not in msg
+    assert f"vitlab.data.datasets.load_image_folder({str(root)!r}, size=(H, W))" in msg and "pass size=" not in msg
     with zipfile.ZipFile(tmp_path / "both.zip", "w") as zf:
         for p in sorted((tmp_path / "d").rglob("*.png")):
             zf.write(p, p.relative_to(tmp_path / "d").as_posix())
@@ -650,7 +650,7 @@ def test_sample_images_shipped_with_scikit_learn():
 
 @needs_cifar10
 def test_shared_cifar10_test_split():
-    from vitlab.data import load_cifar
+    from vitlab.data.datasets import load_cifar
 
     d = load_cifar("cifar10", "test")
     assert d.images.shape == (10000, 32, 32, 3)
@@ -659,7 +659,7 @@ def test_shared_cifar10_test_split():
 
 
 def test_empty_class_folder_and_missing_split_are_errors(tmp_path):
-    from vitlab.data import load_dataset
+    from vitlab.data.datasets import load_dataset
 
     root = make_folder(tmp_path / "d" / "train")
     (root / "c").mkdir()
@@ -676,12 +676,12 @@ def test_empty_class_folder_and_missing_split_are_errors(tmp_path):
 def test_portable_source_never_names_a_machine_path(tmp_path, monkeypatch):
     from pathlib import Path
 
-    import vitlab.data
-    from vitlab.data import portable_source
+    import vitlab.data.datasets
+    from vitlab.data.datasets import portable_source
 
-    repo = Path(vitlab.data.__file__).resolve().parent.parent
+    repo = Path(vitlab.data.datasets.__file__).resolve().parent.parent
     assert portable_source(repo / "data" / "checkpoints" / "vit_cifar10") == "data/checkpoints/vit_cifar10"
-    monkeypatch.setattr(vitlab.data, "SHARED_CIFAR10", tmp_path / "shared" / "datasets" / "cifar10")
+    monkeypatch.setattr(vitlab.data.datasets, "SHARED_CIFAR10", tmp_path / "shared" / "datasets" / "cifar10")
     assert portable_source(tmp_path / "shared/datasets/cifar10/test.zip") == "shared/datasets/cifar10/test.zip"
     other = tmp_path / "snapshot"  # another checkout (a git worktree: .git is a file there)
     (other / "vitlab").mkdir(parents=True)
@@ -699,7 +699,7 @@ def test_portable_source_never_names_a_machine_path(tmp_path, monkeypatch):
 def test_a_zip_of_train_and_test_folders_gives_each_split_its_own_images(tmp_path, monkeypatch):
     """`data.zip` holding `train/cls/...` and `test/cls/...` (under a wrapper folder too): each split reads only its
     own folder, never both."""
-    from vitlab.data import load_dataset
+    from vitlab.data.datasets import load_dataset
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     tr = make_folder(tmp_path / "src" / "train", n_per_class=3)
@@ -719,7 +719,7 @@ def test_a_zip_of_train_and_test_folders_gives_each_split_its_own_images(tmp_pat
 
 def test_a_bare_class_folder_is_training_data_only(tmp_path):
     """Without split folders the same images would be the test set too: asking for a test split is an error."""
-    from vitlab.data import load_dataset
+    from vitlab.data.datasets import load_dataset
 
     root = make_folder(tmp_path / "classes")
     with zipfile.ZipFile(tmp_path / "classes.zip", "w") as zf:
@@ -733,7 +733,7 @@ def test_a_bare_class_folder_is_training_data_only(tmp_path):
 
 def test_splits_with_different_classes_are_refused(tmp_path):
     """Each split numbers its own sorted class folders: test 'frog' would get training's label of 'dog'."""
-    from vitlab.data import check_same_classes, load_dataset
+    from vitlab.data.datasets import check_same_classes, load_dataset
 
     make_folder(tmp_path / "d" / "train", classes=("cat", "dog", "frog"))
     make_folder(tmp_path / "d" / "test", classes=("cat", "frog"))
@@ -745,7 +745,7 @@ def test_splits_with_different_classes_are_refused(tmp_path):
 
 def test_a_cifar_root_that_holds_nothing_is_an_error_not_the_shared_copy(tmp_path):
     """`cifar10:ROOT` with a mistyped or empty ROOT fails naming it; it never falls back to the shared zips."""
-    from vitlab.data import load_dataset
+    from vitlab.data.datasets import load_dataset
 
     with pytest.raises(DataError, match=f"{tmp_path / 'nowhere'} does not exist"):  # no download, online or not
         load_dataset(f"cifar10:{tmp_path / 'nowhere'}", "test")
@@ -755,7 +755,7 @@ def test_a_cifar_root_that_holds_nothing_is_an_error_not_the_shared_copy(tmp_pat
 def test_quiet_loads_decode_without_a_progress_bar(two_class_folder, tmp_path, monkeypatch, capsys):
     """`--quiet` reaches the first decode of a data set (it printed a bar for every split before)."""
     from vitlab.cli import main
-    from vitlab.data import load_splits
+    from vitlab.data.datasets import load_splits
 
     for progress, shown in [(False, False), (True, True)]:
         monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / f"cache{progress}"))  # a fresh decode each time
@@ -773,7 +773,7 @@ def test_the_docs_list_the_image_suffixes_the_loaders_read():
     import re
     from pathlib import Path
 
-    from vitlab.data import IMAGE_SUFFIXES
+    from vitlab.data.datasets import IMAGE_SUFFIXES
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
     listed = re.search(r"Image files are\s+(.*?)\s+in any case", text, re.S).group(1)
@@ -788,7 +788,7 @@ def test_files_that_are_not_files_are_skipped_with_a_warning(tmp_path, monkeypat
     import os
     import warnings
 
-    from vitlab.data import SkippedPathWarning, image_files
+    from vitlab.data.datasets import SkippedPathWarning, image_files
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     root = make_folder(tmp_path / "train", n_per_class=2)
@@ -812,7 +812,7 @@ def test_a_dataset_path_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
     import os
     import threading
 
-    from vitlab.data import load_dataset
+    from vitlab.data.datasets import load_dataset
 
     fifo = tmp_path / "d.zip"
     os.mkfifo(fifo)

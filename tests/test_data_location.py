@@ -1,4 +1,4 @@
-"""Where the public data sets come from (``vitlab.data.data_dir``, ``cifar_places``, ``fetch_cifar``, ``vitlab data``)
+"""Where the public data sets come from (``vitlab.data.datasets.data_dir``, ``cifar_places``, ``fetch_cifar``, ``vitlab data``)
 on a machine without them, and the suite's promise that no test reaches the network (``conftest._no_network``)."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import pytest
 from _reference import make_folder
 from torchvision.datasets import CIFAR10
 
-import vitlab.data
+import vitlab.data.datasets
 from vitlab.cli import main
-from vitlab.data import (
+from vitlab.data.datasets import (
     DataError,
     DatasetMissing,
     cache_dir,
@@ -43,14 +43,14 @@ def test_the_data_folder_is_vitlab_data_else_the_cache_roots_datasets(tmp_path, 
     monkeypatch.setenv("VITLAB_DATA", "")  # set but empty: unset, never the working directory
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     assert data_dir() == cache_dir() / "datasets" == tmp_path / "cache" / "datasets"
-    assert cifar_places("cifar10") == [tmp_path / "cache" / "datasets" / "cifar10", vitlab.data.SHARED_CIFAR10]
+    assert cifar_places("cifar10") == [tmp_path / "cache" / "datasets" / "cifar10", vitlab.data.datasets.SHARED_CIFAR10]
     assert cifar_places("cifar100") == [tmp_path / "cache" / "datasets" / "cifar100"]  # no shared copy of it
     with pytest.raises(DataError, match="unknown dataset 'mnist'"):
         find_cifar("mnist")
 
 
 def test_cifar10_is_read_from_the_data_folder_before_the_shared_copy(no_cifar):
-    shared = vitlab.data.SHARED_CIFAR10
+    shared = vitlab.data.datasets.SHARED_CIFAR10
     for split in ("train", "test"):
         make_folder(shared / split, n_per_class=2, size=8, classes=("x", "y"))
     make_folder(no_cifar / "cifar10" / "test", n_per_class=3, size=8, classes=("a", "b"))
@@ -71,7 +71,7 @@ def test_missing_cifar10_is_refused_naming_the_places_and_the_command(no_cifar):
         load_cifar("cifar10", "test", download=False)
     e = err.value
     assert isinstance(e, DataError)  # callers that catch DataError keep working
-    assert (e.dataset, e.looked_in, e.cause) == ("cifar10", (str(no_cifar / "cifar10"), str(vitlab.data.SHARED_CIFAR10)),
+    assert (e.dataset, e.looked_in, e.cause) == ("cifar10", (str(no_cifar / "cifar10"), str(vitlab.data.datasets.SHARED_CIFAR10)),
                                                  None)
     assert "`vitlab data cifar10`" in e.fix and str(no_cifar / "cifar10") in e.fix
     again = pickle.loads(pickle.dumps(e))  # a worker process re-raises it whole
@@ -147,7 +147,7 @@ def test_vitlab_data_offline_fails_with_the_fields_and_leaves_no_folder(no_cifar
     with pytest.raises(DatasetMissing) as err:
         fetch_cifar("cifar10")
     e = err.value
-    assert e.dataset == "cifar10" and e.looked_in == (str(no_cifar / "cifar10"), str(vitlab.data.SHARED_CIFAR10))
+    assert e.dataset == "cifar10" and e.looked_in == (str(no_cifar / "cifar10"), str(vitlab.data.datasets.SHARED_CIFAR10))
     assert e.cause.startswith("URLError") and "`vitlab data cifar10`" in e.fix
     assert not no_cifar.exists()  # the folders made for the download are gone again
     assert main(["data", "cifar10"]) == 1

@@ -11,7 +11,7 @@ from conftest import needs_cifar10
 from safetensors.torch import load_file
 
 import vitlab
-from vitlab.models import DEFAULT_CHECKPOINT
+from vitlab.models.load import DEFAULT_CHECKPOINT
 
 shipped = pytest.mark.skipif(not (DEFAULT_CHECKPOINT / "model.safetensors").is_file(),
                              reason="the default checkpoint is not in this checkout")
@@ -44,7 +44,7 @@ def test_the_defaults_teacher_is_shipped_and_its_card_agrees():
         pytest.skip("the default was not distilled")
     teacher = DEFAULT_CHECKPOINT.parents[2] / card["teacher"]  # a path relative to the repository
     assert (teacher / "model.safetensors").is_file(), f"{card['teacher']} is not shipped"
-    from vitlab.train_config import TEACHER_CIFAR10
+    from vitlab.train.config import TEACHER_CIFAR10
 
     assert f"--set teacher={card['teacher']}" in card["command"] or card["teacher"] == TEACHER_CIFAR10
     teacher_card = json.loads((teacher / "card.json").read_text())
@@ -56,8 +56,8 @@ def test_the_defaults_teacher_is_shipped_and_its_card_agrees():
 @pytest.mark.slow
 @needs_cifar10
 def test_default_reproduces_card_accuracy():
-    from vitlab.data import load_cifar
-    from vitlab.export import timm_pipeline_accuracy
+    from vitlab.data.datasets import load_cifar
+    from vitlab.train.export import timm_pipeline_accuracy
 
     card = json.loads((DEFAULT_CHECKPOINT / "card.json").read_text())
     acc = timm_pipeline_accuracy(vitlab.load_model(), load_cifar("cifar10", "test"))
@@ -93,8 +93,8 @@ def test_other_shipped_checkpoints_load_with_honest_cards(folder, command, data)
     assert (path / "model.safetensors").stat().st_size <= 15 * 1024 * 1024
     assert timm.data.resolve_data_config({}, model=model)["input_size"] == (3, 32, 32)
     if data == "shapes":  # generated data: the card's accuracy is checked here, on every run
-        from vitlab.data import load_shapes
-        from vitlab.export import timm_pipeline_accuracy
+        from vitlab.data.datasets import load_shapes
+        from vitlab.train.export import timm_pipeline_accuracy
 
         assert timm_pipeline_accuracy(model, load_shapes("test")) == pytest.approx(card["test_accuracy"], abs=1e-4)
 
@@ -103,9 +103,9 @@ def test_other_shipped_checkpoints_load_with_honest_cards(folder, command, data)
 @needs_cifar10
 @pytest.mark.parametrize("folder", ["bit_cifar10", "resnet_cifar10_fast", "resnet_cifar10_wide"])
 def test_shipped_cifar_models_reproduce_card_accuracy(folder):
-    from vitlab.data import load_cifar
-    from vitlab.export import timm_pipeline_accuracy
-    from vitlab.train import evaluate
+    from vitlab.data.datasets import load_cifar
+    from vitlab.train.export import timm_pipeline_accuracy
+    from vitlab.train.loop import evaluate
 
     path = CHECKPOINTS / folder
     if not (path / "model.safetensors").is_file():
@@ -120,9 +120,9 @@ def test_shipped_cifar_models_reproduce_card_accuracy(folder):
 @pytest.mark.slow
 @needs_cifar10
 def test_shipped_mpp_encoder_reproduces_its_card():
-    from vitlab.data import load_cifar
-    from vitlab.mpp import load_mpp
-    from vitlab.train import evaluate_mpp
+    from vitlab.data.datasets import load_cifar
+    from vitlab.train.loop import evaluate_mpp
+    from vitlab.train.mpp import load_mpp
 
     path = CHECKPOINTS / "mpp_cifar10"
     if not (path / "model.safetensors").is_file():
@@ -142,7 +142,7 @@ def test_a_cards_command_rebuilds_the_training_config_it_shipped_with(folder):
     import shlex
 
     from vitlab.cli import build_parser, preset_config
-    from vitlab.train_config import train_config_from_dict
+    from vitlab.train.config import train_config_from_dict
 
     path = CHECKPOINTS / folder
     if not (path / "model.safetensors").is_file():

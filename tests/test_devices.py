@@ -1,12 +1,12 @@
-"""`--device`: one rule for every command (vitlab.devices.resolve_device), checked before any work."""
+"""`--device`: one rule for every command (vitlab.base.devices.resolve_device), checked before any work."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from vitlab.base.devices import resolve_device
 from vitlab.cli import build_parser, main
-from vitlab.devices import resolve_device
 
 
 def test_default_is_cuda_only_where_torch_sees_a_gpu(monkeypatch):
@@ -75,7 +75,7 @@ def test_torchrun_refuses_a_device_it_would_replace_by_the_cpu(monkeypatch):
     on the CPU without a word. Refused before any process group is set up."""
     import torch.distributed as dist
 
-    import vitlab.distributed as vd
+    import vitlab.train.distributed as vd
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")

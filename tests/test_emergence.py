@@ -12,11 +12,10 @@ import torch
 from scipy.fft import idctn
 
 import vitlab
-from vitlab.emergence import emergence_bands, fig7_statistics, sample_batch, snapshot_history
-from vitlab.findings import uniform_attention_distance
-from vitlab.inspect.distance import mean_attention_distance
-from vitlab.train import train
-from vitlab.train_config import PRESETS, TrainConfig, with_num_classes
+from vitlab.inspect.distance import mean_attention_distance, uniform_attention_distance
+from vitlab.train.config import PRESETS, TrainConfig, with_num_classes
+from vitlab.train.emergence import emergence_bands, fig7_statistics, sample_batch, snapshot_history
+from vitlab.train.loop import train
 
 
 def _distinct_frequencies(p: int, n: int) -> list[tuple[int, int]]:
@@ -122,7 +121,7 @@ def test_bands_over_seeds_known_answer():
 
 
 def test_the_emergence_figure_draws_each_recipes_mean_and_band_per_statistic():
-    from vitlab.plots import EMERGENCE_PANELS, emergence_curves
+    from vitlab.figures.plots import EMERGENCE_PANELS, emergence_curves
 
     band = {"epoch": [1, 2], "images_seen": [1_000_000, 2_000_000], "mean": [0.1, 0.5], "min": [0.0, 0.4],
             "max": [0.2, 0.6]}

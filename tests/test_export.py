@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from vitlab import precision
-from vitlab.train import train
-from vitlab.train_config import PRESETS
+from vitlab.base import precision
+from vitlab.train.config import PRESETS
+from vitlab.train.loop import train
 
 
 def _export(run, out) -> dict:
@@ -21,7 +21,7 @@ def _export(run, out) -> dict:
 
 
 def test_export_card_names_the_precision_and_a_relative_warm_start(tmp_path, two_class_folder, monkeypatch):
-    from vitlab.export import _precision, _warm_start_facts
+    from vitlab.train.export import _precision, _warm_start_facts
 
     monkeypatch.setattr(precision, "_cpu_bf16", lambda: False)
     monkeypatch.chdir(tmp_path)
@@ -101,7 +101,7 @@ def test_an_interim_export_onto_the_start_is_known_by_its_run_id(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from vitlab.export import _warm_start_facts
+    from vitlab.train.export import _warm_start_facts
 
     start = tmp_path / "start"
     start.mkdir()
@@ -124,8 +124,8 @@ def test_card_hardware_names_the_training_machine_and_the_threads_it_used(tmp_pa
     machine: a run with 1 torch thread on a 2-core CPU says so."""
     import torch
 
-    from vitlab.export import _hardware
-    from vitlab.provenance import cpu_model
+    from vitlab.base.provenance import cpu_model
+    from vitlab.train.export import _hardware
 
     assert _hardware({"cpu": "AMD EPYC", "cores": 2, "threads": 1}, "fp32") == "AMD EPYC, 1 of 2 cores, fp32"
     assert _hardware({"cpu": "Xeon", "cores": 2, "threads": 2}, "bf16") == "Xeon, 2 cores, bf16"
@@ -152,7 +152,7 @@ def test_card_versions_name_the_training_stack_where_it_differs_from_the_exporti
                                                                                       monkeypatch):
     """A model trained elsewhere (an accelerator's image with another torch) says what it trained with and what
     measured it; one trained here names one stack."""
-    from vitlab.provenance import versions
+    from vitlab.base.provenance import versions
 
     monkeypatch.chdir(tmp_path)
     train(dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=1, bf16=False), tmp_path / "run",
@@ -174,24 +174,24 @@ def test_card_versions_name_the_training_stack_where_it_differs_from_the_exporti
 
 def test_card_says_how_a_fresh_vits_attention_started(tmp_path, two_class_folder, monkeypatch):
     """A run from random weights with mimetic attention says so on its card; timm's initialisation goes unnamed."""
-    from vitlab.card import _init_words
+    from vitlab.models.card import _init_words
 
     monkeypatch.chdir(tmp_path)
     tiny = PRESETS["tiny"]
     train(dataclasses.replace(tiny, data=str(two_class_folder), epochs=1, bf16=False,
                               model=dataclasses.replace(tiny.model, init="mimetic")), tmp_path / "run", progress=False)
     _export(tmp_path / "run", tmp_path / "out")
-    assert ", from random initialisation (mimetic attention, `vitlab.init`)" in \
+    assert ", from random initialisation (mimetic attention, `vitlab.models.mimetic`)" in \
         (tmp_path / "out" / "MODEL_CARD.md").read_text()
     assert _init_words({"init": "timm"}) == "" and _init_words({}) == ""
-    assert _init_words({"vit": {"init": "mimetic_qk"}, "layers": [1]}) == " (mimetic query-key products, `vitlab.init`)"
+    assert _init_words({"vit": {"init": "mimetic_qk"}, "layers": [1]}) == " (mimetic query-key products, `vitlab.models.mimetic`)"
 
 
 def test_a_run_without_train_seconds_and_a_goal_given_in_percent(tmp_path, two_class_folder, monkeypatch, capsys):
     """A checkpoint without train_seconds (an older run) gets a card that says so (it was a TypeError), and --goal
     is a fraction: 90 is refused before any work (it drew "goal 9000%")."""
     from vitlab.cli import main
-    from vitlab.export import export_run
+    from vitlab.train.export import export_run
 
     monkeypatch.chdir(tmp_path)
     train(dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=1, bf16=False), tmp_path / "run",
@@ -216,7 +216,7 @@ def test_a_run_without_train_seconds_and_a_goal_given_in_percent(tmp_path, two_c
 
 def _shapes_subsets(n_train: int = 64, n_test: int = 64):
     """The first images of the shapes splits, as a study's run trains and tests on them (train: class-balanced)."""
-    from vitlab.data import load_shapes, nested_subsets
+    from vitlab.data.datasets import load_shapes, nested_subsets
 
     train_data, test_data = load_shapes("train"), load_shapes("test")
     return (train_data.subset(nested_subsets(train_data.labels, [n_train], seed=0)[0]),
@@ -226,9 +226,9 @@ def _shapes_subsets(n_train: int = 64, n_test: int = 64):
 def test_the_card_names_the_split_it_measured_not_the_runs_test_images(tmp_path, monkeypatch):
     """A run tested on 64 images of the shapes test split (as the MPP study's runs are) is measured on export on the
     whole split: the card says so, with the split's own name, and its accuracy is that of the whole split."""
-    from vitlab.data import load_shapes
-    from vitlab.export import timm_pipeline_accuracy
-    from vitlab.models import load_model
+    from vitlab.data.datasets import load_shapes
+    from vitlab.models.load import load_model
+    from vitlab.train.export import timm_pipeline_accuracy
 
     monkeypatch.chdir(tmp_path)
     train_data, test_data = _shapes_subsets()
@@ -248,7 +248,7 @@ def test_the_card_names_the_split_it_measured_not_the_runs_test_images(tmp_path,
 def test_a_run_with_a_qualified_data_label_exports(tmp_path, monkeypatch):
     """The MPP study's runs name their data "shapes[n=256]" (the data set and the part of it used): export loads the
     shapes test split, and the card measures and names it."""
-    from vitlab.data import base_dataset
+    from vitlab.data.datasets import base_dataset
 
     monkeypatch.chdir(tmp_path)
     assert base_dataset("shapes[n=256]") == "shapes" and base_dataset("cifar10[500 per class, seed 0]") == "cifar10"
@@ -256,7 +256,7 @@ def test_a_run_with_a_qualified_data_label_exports(tmp_path, monkeypatch):
     (tmp_path / "odd[1]").mkdir()
     assert base_dataset("odd[1]") == "odd[1]"  # a folder whose name ends in brackets is its own name
     # loading such a label (e.g. `vitlab train --resume` of a study run) says what it is, not "not found"
-    from vitlab.data import DataError, load_dataset
+    from vitlab.data.datasets import DataError, load_dataset
 
     with pytest.raises(DataError, match=r"names a part of 'shapes' that a run trained on .* running the study again"):
         load_dataset("shapes[n=64]", "train")
@@ -276,7 +276,7 @@ def test_an_export_after_a_kill_between_checkpoint_and_metrics_line_keeps_the_la
     """An epoch's checkpoint is written before its metrics line: exported after a kill between the two, the card
     still shows every epoch (table, curve, hours), from the checkpoint's own record, and the run folder is left
     as it was; lines are matched to epochs by number, not counted from the end."""
-    from vitlab.history import read_history, run_history
+    from vitlab.train.history import read_history, run_history
 
     monkeypatch.chdir(tmp_path)
     train(dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=2, bf16=False), tmp_path / "run",
@@ -304,7 +304,7 @@ def test_an_export_after_a_kill_between_checkpoint_and_metrics_line_keeps_the_la
 
 
 def test_the_cards_data_line_is_sentences_for_any_record():
-    from vitlab.card import _data_line
+    from vitlab.models.card import _data_line
 
     assert _data_line(None) == _data_line({}) == "not recorded by the run"
     assert _data_line({"train": "t.zip", "test": "v.zip", "train_examples": 50000}) == (
@@ -322,8 +322,8 @@ def test_a_full_disk_stops_the_export_and_no_card_names_a_temporary_path(tmp_pat
 
     import plotly.io as pio
 
-    from vitlab import static
     from vitlab.cli import main
+    from vitlab.figures import static
 
     monkeypatch.chdir(tmp_path)
     train(dataclasses.replace(PRESETS["tiny"], data=str(two_class_folder), epochs=1, bf16=False), tmp_path / "run",

@@ -13,15 +13,15 @@ import torch.nn.functional as F
 from _reference import three_class_split
 
 import vitlab
-from vitlab.augment import random_crop_flip
-from vitlab.checkpoint import load_checkpoint, save_checkpoint
-from vitlab.cifarnet import CifarResNet, tta_logits, whitening_filters
-from vitlab.distill import distill_loss, load_teacher, teacher_input
-from vitlab.modes import eval_mode, explicit_attention
-from vitlab.train import _optimizer, evaluate, lr_at, train
-from vitlab.train_config import PRESETS, TrainConfig
-from vitlab.warm_start import warm_start
-from vitlab.zoo import CifarNetConfig, ViTConfig, sincos_grid
+from vitlab.base.modes import eval_mode, explicit_attention
+from vitlab.models.checkpoint import load_checkpoint, save_checkpoint
+from vitlab.models.cifarnet import CifarResNet, tta_logits, whitening_filters
+from vitlab.models.zoo import CifarNetConfig, ViTConfig, sincos_grid
+from vitlab.train.augment import random_crop_flip
+from vitlab.train.config import PRESETS, TrainConfig
+from vitlab.train.distill import distill_loss, load_teacher, teacher_input
+from vitlab.train.loop import _optimizer, evaluate, lr_at, train
+from vitlab.train.warm_start import warm_start
 
 TINY_CNN = CifarNetConfig(widths=(8, 16, 16), num_classes=3)
 TINY_VIT = dataclasses.replace(PRESETS["tiny"].model, num_classes=3)
@@ -136,8 +136,8 @@ def test_tta_levels_equal_their_definitions():
 def test_a_tta_level_that_is_not_0_1_or_2_is_refused():
     """tta_logits(model, x, 3) and evaluate(..., tta=3) ran level 2, and True or 1.0 (as eval_tta=True or 1.0) level 1,
     each as if it were asked; they are refused by name."""
-    from vitlab.data import ImageArray
-    from vitlab.train import evaluate
+    from vitlab.data.datasets import ImageArray
+    from vitlab.train.loop import evaluate
 
     model = CifarResNet((8, 8, 8), num_classes=3).eval()
     model.pretrained_cfg = {"mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)}
@@ -155,9 +155,9 @@ def test_a_tta_level_that_is_not_0_1_or_2_is_refused():
 def test_an_evaluation_batch_size_that_is_no_count_is_refused_by_name():
     """evaluate, timm_pipeline_accuracy and distillation_facts with batch_size=0 or 2.5 failed in range() naming no
     argument, and batch_size=True ran batches of 1 image; all are refused as batch_size."""
-    from vitlab.data import ImageArray
-    from vitlab.export import distillation_facts, timm_pipeline_accuracy
-    from vitlab.train import evaluate
+    from vitlab.data.datasets import ImageArray
+    from vitlab.train.export import distillation_facts, timm_pipeline_accuracy
+    from vitlab.train.loop import evaluate
 
     model = CifarResNet((8, 8, 8), num_classes=3).eval()
     data = ImageArray(torch.zeros(2, 32, 32, 3, dtype=torch.uint8), torch.zeros(2, dtype=torch.long), ("a",), "s")
@@ -187,7 +187,7 @@ class _LeftOrRight(torch.nn.Module):
 def test_evaluate_counts_every_batch_and_averages_over_the_mirror_with_tta():
     """5 images in batches of 2, the brighter column on the side of the label but for the last: 4 of 5 right; with
     test-time augmentation over the mirror every image ties at class 0, which 3 of the 5 are."""
-    from vitlab.data import ImageArray
+    from vitlab.data.datasets import ImageArray
 
     bright_left = torch.tensor([1, 0, 1, 0, 0], dtype=torch.bool)  # (5,)
     images = torch.zeros(5, 2, 2, 3, dtype=torch.uint8)
@@ -239,7 +239,7 @@ def test_a_fused_optimizers_checkpoint_resumes_into_the_cpus_foreach_adamw(tmp_p
     """The ViT's AdamW runs foreach on a CPU. A run state written by a fused AdamW (as on an accelerator) resumes
     into it: the moments and step counts are the run's state, the implementation this process's choice, and the
     update goes on as it would have."""
-    from vitlab.checkpoint import load_run_state, save_run_checkpoint
+    from vitlab.models.checkpoint import load_run_state, save_run_checkpoint
 
     cfg = dataclasses.replace(PRESETS["tiny"], model=TINY_VIT)
     torch.manual_seed(0)
@@ -306,7 +306,7 @@ def test_explicit_attention_and_eval_mode_restore_every_module():
 def test_frozen_parameters_and_no_checkpointing_restore_each_flag_and_explicit_attention_can_be_off():
     """Each parameter's requires_grad and each module's grad_checkpointing come back as they were, mixed ones
     included (a frozen embedding stays frozen); explicit_attention(model, False) leaves every fused_attn alone."""
-    from vitlab.modes import frozen_parameters, no_checkpointing
+    from vitlab.base.modes import frozen_parameters, no_checkpointing
 
     model = vitlab.build_model(TINY_VIT)
     model.pos_embed.requires_grad_(False)
@@ -437,7 +437,7 @@ def test_cnn_teacher_then_distilled_vit_train_end_to_end(tmp_path):
     teacher = train(teacher_cfg, tmp_path / "teacher", progress=False, train_data=train_data, test_data=test_data)
     metrics = (tmp_path / "teacher" / "metrics.jsonl").read_text().splitlines()
     assert '"test_accuracy_tta"' in metrics[-1]
-    last = json.loads(metrics[-1])  # bf16 where this CPU runs it fast, else float32 (vitlab.precision)
+    last = json.loads(metrics[-1])  # bf16 where this CPU runs it fast, else float32 (vitlab.base.precision)
     assert evaluate(teacher, test_data, tta=1, bf16=last["precision"] == "bf16") == pytest.approx(
         last["test_accuracy_tta"])
     student_cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, distilled=True,
@@ -454,7 +454,7 @@ def test_cnn_teacher_then_distilled_vit_train_end_to_end(tmp_path):
     assert out.shape == (2, 3)  # evaluation averages the two heads into one prediction
     # its card: each head's accuracy and how often it takes the teacher's decision, measured from the shipped weights
     from vitlab.cli import main
-    from vitlab.export import distillation_facts
+    from vitlab.train.export import distillation_facts
 
     assert main(["export", "--run-dir", str(tmp_path / "student"), "--out", str(tmp_path / "shipped"),
                  "--command-line", "vitlab train --preset tiny"]) == 0
@@ -491,7 +491,7 @@ def test_a_cnn_teacher_runs_channels_last_with_the_same_logits(tmp_path):
 def test_teacher_input_is_the_images_normalised_as_the_teacher_is():
     """A student normalised with one mean and std, a teacher with another: the teacher is given the same uint8
     images normalised with its own."""
-    from vitlab.data import normalize
+    from vitlab.data.datasets import normalize
 
     images = torch.randint(0, 256, (2, 8, 8, 3), dtype=torch.uint8)
     student = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
@@ -529,7 +529,7 @@ def test_a_teacher_for_other_classes_is_refused(tmp_path, three_class_data):
 def test_any_image_size_resamples_the_position_table_and_restores_the_flags():
     from timm.layers import resample_abs_pos_embed
 
-    from vitlab.modes import any_image_size
+    from vitlab.base.modes import any_image_size
 
     torch.manual_seed(0)
     cfg = dataclasses.replace(TINY_VIT, distilled=True)
@@ -560,7 +560,7 @@ def test_any_image_size_resamples_the_position_table_and_restores_the_flags():
 @pytest.mark.parametrize("phase", [dict(progressive_epochs=1), dict(progressive_fraction=0.4)])  # 0.4 x 2 -> 1
 def test_progressive_resizing_trains_small_then_whole_and_the_teacher_sees_whole_images(tmp_path, three_class_data,
                                                                                       monkeypatch, phase):
-    import vitlab.train as vt
+    import vitlab.train.loop as vt
 
     train_data, test_data = three_class_data
     save_checkpoint(vitlab.build_model(TINY_CNN).eval(), tmp_path / "teacher")
@@ -586,7 +586,7 @@ def test_progressive_resizing_trains_small_then_whole_and_the_teacher_sees_whole
 
 
 def test_distillation_targets_can_average_the_teacher_over_the_mirror(tmp_path, three_class_data, monkeypatch):
-    import vitlab.train as vt
+    import vitlab.train.loop as vt
 
     train_data, test_data = three_class_data
     teacher = vitlab.build_model(TINY_CNN).eval()
@@ -635,7 +635,7 @@ def _block_tokens(model, seen):
 
 
 def test_all_patch_tokens_turns_patch_dropping_off_and_restores_the_rate():
-    from vitlab.modes import all_patch_tokens
+    from vitlab.base.modes import all_patch_tokens
 
     torch.manual_seed(0)
     cfg = dataclasses.replace(TINY_VIT, distilled=True, patch_drop_rate=0.5, drop_path_rate=0.0, drop_rate=0.0)
@@ -660,7 +660,7 @@ def test_all_patch_tokens_turns_patch_dropping_off_and_restores_the_rate():
 
 
 def test_full_token_epochs_train_the_last_epochs_on_every_patch(tmp_path, three_class_data, monkeypatch):
-    import vitlab.train as vt
+    import vitlab.train.loop as vt
 
     train_data, test_data = three_class_data
     cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, patch_drop_rate=0.5), epochs=3,
@@ -713,8 +713,8 @@ def test_distillation_facts_match_an_independent_two_head_pass():
     import timm
     from PIL import Image
 
-    from vitlab.data import ImageArray
-    from vitlab.export import distillation_facts, timm_pipeline_accuracy
+    from vitlab.data.datasets import ImageArray
+    from vitlab.train.export import distillation_facts, timm_pipeline_accuracy
 
     torch.manual_seed(0)
     student = vitlab.build_model(dataclasses.replace(TINY_VIT, distilled=True)).eval()
@@ -761,7 +761,7 @@ def test_distillation_facts_match_an_independent_two_head_pass():
     t_wrong, s_wrong = t != y, readout != y
     assert facts["readout_where_teacher_wrong"] == int((t_wrong & ~s_wrong).sum()) / int(t_wrong.sum())
     assert facts["readout_errors_shared_with_teacher"] == int((s_wrong & (readout == t)).sum()) / int(s_wrong.sum())
-    from vitlab.export import _distillation  # a teacher gone by export: said so, under the name the card gives it
+    from vitlab.train.export import _distillation  # a teacher gone by export: said so, under the name the card gives it
 
     assert _distillation(student, "data/checkpoints/gone", "/elsewhere/gone", data) == {
         "missing": "its teacher `data/checkpoints/gone` was not found at export"}
@@ -857,7 +857,7 @@ def test_a_progressive_share_not_in_effect_is_not_part_of_the_config():
 
 
 def test_a_refused_resume_names_what_restores_a_run_saved_before_the_preset_took_a_share():
-    from vitlab.train_config import config_changes
+    from vitlab.train.config import config_changes
 
     saved = dataclasses.replace(PRESETS["vit_cifar10"], progressive_size=None)  # as such runs stored it
     text = config_changes(saved, PRESETS["vit_cifar10"])
@@ -867,7 +867,7 @@ def test_a_refused_resume_names_what_restores_a_run_saved_before_the_preset_took
 def test_a_warm_start_that_fails_leaves_the_model_as_it_was(tmp_path, monkeypatch):
     # the position grid is resampled after the class token was read: a failure there (or Ctrl-C) once left the class
     # token copied from the checkpoint and every other tensor at its initialisation
-    import vitlab.warm_start as W
+    import vitlab.train.warm_start as W
 
     ck = save_checkpoint(vitlab.build_model(TINY_VIT), tmp_path / "src")
     torch.manual_seed(1)

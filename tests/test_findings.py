@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from vitlab.explain import explain
-from vitlab.findings import (
+from vitlab.base.intervals import N_BOOT
+from vitlab.findings.explain import explain
+from vitlab.findings.model import (
     attention_distance_shift,
-    dct_radius,
     distance_grows_with_depth,
     filters_low_frequency,
     filters_structured,
@@ -23,12 +23,13 @@ from vitlab.findings import (
     position_row_column_structure,
     position_similarity_decreases,
     rollout_localises,
-    uniform_attention_distance,
 )
+from vitlab.findings.studies import scaling_accuracies, scaling_gap_narrows
+from vitlab.findings.verdict import Verdict, spearman_resampled, verdict_table
+from vitlab.inspect.distance import uniform_attention_distance
 from vitlab.inspect.faithfulness import rank_correlation
-from vitlab.scaling import ResultsStore, summarise
-from vitlab.study_findings import scaling_accuracies, scaling_gap_narrows
-from vitlab.verdict import N_BOOT, Verdict, spearman_resampled, verdict_table
+from vitlab.inspect.filters import dct_radius
+from vitlab.studies.scaling import ResultsStore, summarise
 
 SHIPPED = Path(__file__).resolve().parents[1] / "data" / "results" / "scaling_cifar10.jsonl"
 
@@ -142,7 +143,7 @@ def test_the_prediction_interval_holds_one_more_draw_95_percent_of_the_time(n):
     """Over 4,000 sets of n normal draws, one more draw falls inside the 95% prediction interval of the n at least
     94% of the time, for every n. The 2.5 and 97.5 percentiles of the draws (what 20 or more draws used to get)
     hold it 87% of the time at 20 draws and 90% at 30, so "reproduced" came about 3 times too often."""
-    from vitlab.verdict import prediction_interval
+    from vitlab.base.intervals import prediction_interval
 
     rng = np.random.default_rng(0)
     hits = 0
@@ -155,7 +156,7 @@ def test_the_prediction_interval_holds_one_more_draw_95_percent_of_the_time(n):
 def test_the_prediction_interval_of_many_draws_is_their_order_statistics():
     """From 39 draws on, the interval runs between the draws of ranks floor(0.025 (n + 1)) and ceil(0.975 (n + 1)):
     one more draw of any continuous distribution falls between them with probability at least 95%."""
-    from vitlab.verdict import prediction_interval
+    from vitlab.base.intervals import prediction_interval
 
     draws = np.random.default_rng(1).exponential(size=79)  # skewed: no normal assumption
     (lo, hi), method = prediction_interval(draws, "random draws")
@@ -353,8 +354,8 @@ def test_few_images_give_no_decided_verdict_from_a_degenerate_bootstrap():
     """One image leaves no interval (inconclusive, not a zero-width 'reproduced'); 2-3 images get Student t for
     the means; the spread, not a mean, needs MIN_SPREAD_IMAGES images, and images that all give the same head
     distances leave it no spread to take an interval from."""
-    from vitlab.explain import no_interval_reason
-    from vitlab.findings import MIN_SPREAD_IMAGES
+    from vitlab.findings.explain import no_interval_reason
+    from vitlab.findings.model import MIN_SPREAD_IMAGES
 
     layers = np.arange(3.0)[:, None, None]
     one = 10 + 0.5 * layers + np.zeros((3, 1, 2))  # one image, a clean rise
@@ -428,7 +429,7 @@ def test_scaling_gap_details_average_every_run_while_the_statistic_pairs_complet
 def test_a_sweep_verdict_that_fails_is_not_put_on_the_inspected_model():
     """The Fig. 3/4 verdict is measured on the shipped sweep's runs, not on the model a report inspects: where it is
     not seen, the sentence says so without "on this model", and still gives the known reason."""
-    from vitlab.explain import explain
+    from vitlab.findings.explain import explain
 
     v = scaling_gap_narrows(sweep([0.10, 0.11, 0.10], [-0.05, -0.04, -0.06]))
     text = explain([v])
@@ -440,7 +441,7 @@ def test_a_sweep_verdict_that_fails_is_not_put_on_the_inspected_model():
 def test_the_interval_of_a_mean_covers_95_percent(n):
     """Over 2,000 draws of n normal replicates the mean's 95% interval holds the true mean 93-97% of the time. A
     percentile bootstrap of 4 replicates (what 4-19 seeds used to get) covers about 79%; from 20 on it is close."""
-    from vitlab.verdict import mean_interval
+    from vitlab.base.intervals import mean_interval
 
     rng = np.random.default_rng(0)
     hits = 0
@@ -454,7 +455,7 @@ def test_the_bootstrap_interval_of_a_mean_is_central_and_moves_with_the_values()
     """The percentile interval cuts 2.5% off each end (of 0, 1, ..., 1000: 25 and 975). The bootstrapped mean's
     interval (from 20 replicates on; Student t up to 19) moves with the replicates: shifted by 10, it shifts by 10;
     negated, it is negated end for end (the same resamples)."""
-    from vitlab.verdict import MIN_MEAN_BOOTSTRAP, mean_interval, percentile_interval
+    from vitlab.base.intervals import MIN_MEAN_BOOTSTRAP, mean_interval, percentile_interval
 
     assert percentile_interval(np.arange(1001.0)) == pytest.approx((25.0, 975.0))
     values = np.random.default_rng(3).exponential(size=MIN_MEAN_BOOTSTRAP)  # skewed: the ends differ
@@ -468,8 +469,8 @@ def test_the_bootstrap_interval_of_a_mean_is_central_and_moves_with_the_values()
 def test_replicates_without_spread_give_no_interval():
     """Equal replicates (up to rounding in the last digits) give no interval, by Student t or by bootstrap, and no
     prediction interval: a zero-width interval would decide a finding on no measured uncertainty."""
-    from vitlab.explain import no_interval_reason
-    from vitlab.verdict import mean_interval, prediction_interval
+    from vitlab.base.intervals import mean_interval, prediction_interval
+    from vitlab.findings.explain import no_interval_reason
 
     for n in (2, 5, 30):
         values = np.full(n, 0.3) - np.full(n, 0.25)  # equal up to rounding: 0.04999999999999999
@@ -488,7 +489,7 @@ def test_replicates_without_spread_give_no_interval():
 def test_replicates_that_spread_less_than_the_measurement_resolves_give_no_interval():
     """Accuracies on 1,000 test images move in steps of 1e-3: seeds whose sd is below one step give no interval
     (the spread is not measured); seeds that spread over several steps give the Student t interval."""
-    from vitlab.verdict import mean_interval
+    from vitlab.base.intervals import mean_interval
 
     step = (1e-3, "1 of 1,000 test images")
     (lo, hi), method = mean_interval(np.array([0.5, 0.5001, 0.5002]), N_BOOT, 0, "seeds", step)
@@ -499,7 +500,7 @@ def test_replicates_that_spread_less_than_the_measurement_resolves_give_no_inter
 def test_the_accuracy_step_is_that_of_the_smallest_test_set():
     """Rows probed on 1,000 and 2,000 test images: the coarser step, 1 of 1,000, is what both can resolve; a row that
     does not record its test images leaves the step unknown."""
-    from vitlab.study_findings import _accuracy_step
+    from vitlab.findings.studies import _accuracy_step
 
     rows = [{"metrics": {"test": 2000}}, {"metrics": {"test": 1000}}]
     assert _accuracy_step(rows) == (0.1, "1 of 1,000 test images")  # points
@@ -507,7 +508,7 @@ def test_the_accuracy_step_is_that_of_the_smallest_test_set():
 
 def test_filter_components_from_min_rank_bootstrap_on_get_an_interval():
     """The rank bootstrap decides from MIN_RANK_BOOTSTRAP (8) components on; one fewer gives no interval."""
-    from vitlab.findings import MIN_RANK_BOOTSTRAP
+    from vitlab.findings.model import MIN_RANK_BOOTSTRAP
 
     comps = torch.randn(MIN_RANK_BOOTSTRAP, 3, 4, 4, generator=torch.Generator().manual_seed(0))
     assert math.isfinite(filters_low_frequency(comps).interval[0])
@@ -516,7 +517,7 @@ def test_filter_components_from_min_rank_bootstrap_on_get_an_interval():
 def test_an_interval_that_touches_the_threshold_decides_nothing():
     """A finding is reproduced only when its whole interval lies strictly on the finding's side: an endpoint on the
     threshold is inconclusive, for either side."""
-    from vitlab.verdict import decide
+    from vitlab.findings.verdict import decide
 
     assert decide((0.0, 1.0), 0.0, ">") == "inconclusive" and decide((-1.0, 0.0), 0.0, ">") == "inconclusive"
     assert decide((-1.0, 0.0), 0.0, "<") == "inconclusive" and decide((0.0, 1.0), 0.0, "<") == "inconclusive"
@@ -573,7 +574,6 @@ def test_scaling_gap_on_shipped_results():
 
 def test_findings_take_the_outputs_of_the_analyses_as_they_are(vit):
     """Shape contract with vitlab.inspect on a tiny random ViT (8x8 grid of 4 px patches): no verdict asserted."""
-    from vitlab.info import model_info
     from vitlab.inspect import (
         attention_rollout,
         embedding_filter_pca,
@@ -581,6 +581,7 @@ def test_findings_take_the_outputs_of_the_analyses_as_they_are(vit):
         mean_attention_distance,
         position_embedding_similarity,
     )
+    from vitlab.models.info import model_info
     comps, ratio = embedding_filter_pca(vit, k=28)  # (28, 3, 4, 4), (28,)
     images = torch.randn(4, 3, 32, 32)
     info = model_info(vit)
@@ -606,9 +607,9 @@ def test_a_printed_interval_never_rounds_onto_or_across_the_threshold():
     """(0.50049, 0.9) against > 0.5 is reproduced; 3 significant digits printed it "[0.5, 0.9] > 0.5" beside a
     green badge. Each endpoint gets the digits that keep it on its side of the printed threshold, on the page and in
     the printed tables; over endpoints near thresholds the printed numbers compare as the true ones."""
-    from vitlab.explain import explain
+    from vitlab.findings.explain import explain
+    from vitlab.findings.verdict import fmt_endpoint, fmt_threshold
     from vitlab.report.render import verdict_row
-    from vitlab.verdict import fmt_endpoint, fmt_threshold
 
     v = Verdict("Fig. 7 right: x", "c", 0.7, (0.50049, 0.9), 0.5, "reproduced", quantity="spread")
     row = verdict_row(v)
@@ -632,8 +633,8 @@ def test_a_printed_interval_never_rounds_onto_or_across_the_threshold():
 
 
 def test_explain_gives_one_sentence_per_verdict_with_the_known_reason_and_wraps_on_request():
-    from vitlab.explain import KNOWN_REASONS, explain
-    from vitlab.verdict import Verdict
+    from vitlab.findings.explain import KNOWN_REASONS, explain
+    from vitlab.findings.verdict import Verdict
 
     ok = Verdict("Fig. 7 right: distance grows with depth", "slope > 0", 0.8, (0.6, 1.0), 0.0, "reproduced",
                  quantity="slope")
@@ -653,7 +654,7 @@ def test_explain_gives_one_sentence_per_verdict_with_the_known_reason_and_wraps_
 def test_the_lowest_layer_reason_states_where_this_models_heads_sit():
     """A not-reproduced spread is explained beside its numbers: the most local and most global head of layer 0, in px
     and as shares of the ceiling (computed here independently), then the general reason; other verdicts keep theirs."""
-    from vitlab.explain import KNOWN_REASONS, explain, known_reason
+    from vitlab.findings.explain import KNOWN_REASONS, explain, known_reason
     from vitlab.report.render import verdict_row
 
     ceiling = 16.5
@@ -685,8 +686,8 @@ def test_the_lowest_layer_reason_states_where_this_models_heads_sit():
 def test_the_mpp_reason_names_what_the_probe_reads():
     """The class-token sentence goes with the class-token probe only; the patch-mean probe reads what MPP trains.
     Verdicts without ``details["better"]`` (made before it was recorded) take the comparison from the finding."""
-    from vitlab.explain import known_reason
-    from vitlab.verdict import Verdict
+    from vitlab.findings.explain import known_reason
+    from vitlab.findings.verdict import Verdict
 
     def v(kind, readout, details=None):
         what = "fine-tune" if kind == "finetune" else "10-shot probe"
@@ -710,8 +711,8 @@ def test_a_verdict_without_an_interval_says_why_instead_of_a_known_reason():
     """Inconclusive because no interval could be computed (too few images, components or seeds): the page and the
     printed explanation say what was missing, not the training-data reason of a finding the data never tested;
     an inconclusive verdict with a finite interval keeps its known reason."""
-    from vitlab.explain import KNOWN_REASONS, explain, known_reason, no_interval_reason
-    from vitlab.findings import MIN_RANK_BOOTSTRAP
+    from vitlab.findings.explain import KNOWN_REASONS, explain, known_reason, no_interval_reason
+    from vitlab.findings.model import MIN_RANK_BOOTSTRAP
     from vitlab.report.render import render_html, verdict_row
     from vitlab.report.sections import Section
 
@@ -742,7 +743,7 @@ def test_a_verdict_without_an_interval_says_why_instead_of_a_known_reason():
 def test_the_filter_reason_states_this_models_patch_size_and_no_training_set_it_does_not_know():
     """vit_base_patch16_224 is not "4 px patches of a small model trained on 50,000 images": the reason names the
     patch size of the filters judged and claims no training-set size; without a recorded size it is generic."""
-    from vitlab.explain import KNOWN_REASONS, known_reason
+    from vitlab.findings.explain import KNOWN_REASONS, known_reason
 
     comps = np.random.default_rng(0).normal(size=(12, 3, 16, 16))
     v = filters_low_frequency(comps, k=12)
@@ -762,7 +763,7 @@ def test_the_position_intervals_are_as_wide_as_the_statistics_spread():
     3.92 standard deviations of their statistic: about right for embeddings with structure (smooth in position plus
     noise), wider than needed for random ones (no structure to find). The row bootstrap alone gave about 0.5 and 0.7
     of the spread: too narrow, and it called no structure "reproduced" about 3 times too often."""
-    from vitlab.findings import position_row_column_structure, position_similarity_decreases
+    from vitlab.findings.model import position_row_column_structure, position_similarity_decreases
 
     yy, xx = np.meshgrid(np.arange(8), np.arange(8), indexing="ij")
     pos = np.stack([yy.ravel(), xx.ravel()], 1) / 7.0
@@ -786,7 +787,7 @@ def test_the_position_intervals_are_as_wide_as_the_statistics_spread():
 
 
 def test_too_few_components_or_patches_decide_nothing():
-    from vitlab.findings import MIN_RANK_BOOTSTRAP, filters_low_frequency, position_similarity_decreases
+    from vitlab.findings.model import MIN_RANK_BOOTSTRAP, filters_low_frequency, position_similarity_decreases
 
     rng = np.random.default_rng(0)
     c = rng.normal(size=(5, 3, 4, 4))

@@ -1,4 +1,4 @@
-"""Fine-tuning at another resolution (vitlab.finetune): position embeddings against F.interpolate."""
+"""Fine-tuning at another resolution (vitlab.models.finetune): position embeddings against F.interpolate."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from timm.data import resolve_data_config
 from torch import nn
 
 import vitlab
-from vitlab.finetune import resample_grid
+from vitlab.models.finetune import resample_grid
 
 
 def ref_resample(grid_rows: torch.Tensor, old: tuple[int, int], new: tuple[int, int], mode: str) -> torch.Tensor:
@@ -265,7 +265,7 @@ def test_a_model_resize_cannot_take_says_what_to_do_instead():
     names the module a wrapper holds (resize that, wrap again) and timm's own set_input_size for Eva-like models."""
     import timm
 
-    from vitlab.finetune import resize_for_finetuning
+    from vitlab.models.finetune import resize_for_finetuning
 
     wrapped = torch.nn.DataParallel(vitlab.load_model())
     with pytest.raises(TypeError, match="got DataParallel: resize the VisionTransformerDistilled it wraps, then wrap"):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from benchmarks.from_scratch import main, run, slow_epochs, verdict
-from vitlab.history import training_curve
+from vitlab.train.history import training_curve
 
 # four epochs: 0.5 h, then 0.25 h each with evaluations of 36 s (0.01 h) at epochs 2 and 4
 HISTORY = [{"epoch": 1, "epoch_seconds": 1800.0, "eval_seconds": 0.0},
@@ -77,8 +77,8 @@ def _tiny_distilled(seed: int):
     import torch
 
     import vitlab
-    from vitlab.shapes import SHAPE_CLASSES
-    from vitlab.train_config import PRESETS
+    from vitlab.data.shapes import SHAPE_CLASSES
+    from vitlab.train.config import PRESETS
 
     torch.manual_seed(seed)
     model = vitlab.build_model(dataclasses.replace(PRESETS["tiny"].model, num_classes=len(SHAPE_CLASSES),
@@ -92,7 +92,7 @@ def _tiny_distilled(seed: int):
 def _distilled_run(tmp_path, teacher: str | None = "self", **cfg):
     """A run folder whose last checkpoint is a tiny distilled ViT for the shapes data set; its teacher is the same
     network saved again (``"self"``), another one (``"other"``), or none."""
-    from vitlab.checkpoint import save_checkpoint
+    from vitlab.models.checkpoint import save_checkpoint
 
     model = _tiny_distilled(0)
     run_dir = tmp_path / "run"
@@ -108,7 +108,7 @@ def _distilled_run(tmp_path, teacher: str | None = "self", **cfg):
 def _subset(seed: int, n: int, first: int | None = None):
     import torch
 
-    from vitlab.data import load_shapes, nested_subsets
+    from vitlab.data.datasets import load_shapes, nested_subsets
 
     train = load_shapes("train")
     if first is not None:  # the run's max_train_examples: a class-balanced draw with the run's seed (0)
@@ -119,7 +119,7 @@ def _subset(seed: int, n: int, first: int | None = None):
 def test_fit_is_one_with_a_teacher_that_is_the_student_itself(tmp_path):
     """A student that is its own teacher takes the teacher's decision on every image and scores what it scores."""
     from benchmarks.from_scratch import fit
-    from vitlab.data import load_shapes
+    from vitlab.data.datasets import load_shapes
 
     res = fit(_distilled_run(tmp_path), train_images=30, seed=3)
     for part in ("train", "test"):
@@ -133,8 +133,8 @@ def test_fit_scores_student_and_teacher_on_the_seeded_draw_of_the_images_the_run
     (an independent pass), the draw comes from the run's ``max_train_examples`` images, and another seed
     draws other images."""
     from benchmarks.from_scratch import fit
-    from vitlab.checkpoint import load_checkpoint
-    from vitlab.export import distillation_facts, timm_pipeline_accuracy
+    from vitlab.models.checkpoint import load_checkpoint
+    from vitlab.train.export import distillation_facts, timm_pipeline_accuracy
 
     run_dir = _distilled_run(tmp_path, teacher="other", max_train_examples=200)
     res = fit(run_dir, train_images=40, seed=3)

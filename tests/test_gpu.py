@@ -17,9 +17,9 @@ from conftest import tiny_hybrid, tiny_timm, tiny_vit
 
 import vitlab
 from vitlab.cli import main
-from vitlab.data import load_shapes
-from vitlab.features import extract_features
+from vitlab.data.datasets import load_shapes
 from vitlab.inspect.attribution import has_classifier
+from vitlab.probe.features import extract_features
 
 #: the device compared with the CPU; VITLAB_TEST_DEVICE=cpu runs the same comparisons CPU against CPU (a dry run
 #: of these tests on a machine without a GPU)
@@ -138,8 +138,8 @@ def test_probe_and_capture_commands_on_cuda(tmp_path, capsys):
 
 def test_a_run_trained_on_cuda_evaluates_the_same_on_the_cpu(tmp_path):
     """The checkpoint of a CUDA run loads on a CPU-only reader and scores there what the run logged."""
-    from vitlab.data import load_dataset
-    from vitlab.train import evaluate
+    from vitlab.data.datasets import load_dataset
+    from vitlab.train.loop import evaluate
 
     run = tmp_path / "run"
     assert main(["train", "--preset", "tiny", "--data", "shapes", "--run-dir", str(run), "--quiet",
@@ -152,9 +152,9 @@ def test_a_run_trained_on_cuda_evaluates_the_same_on_the_cpu(tmp_path):
 
 
 def test_probes_and_export_facts_take_models_and_features_on_cuda():
-    from vitlab.data import ImageArray
-    from vitlab.export import distillation_facts, timm_pipeline_accuracy
-    from vitlab.probe import few_shot_accuracy, linear_probe_accuracy
+    from vitlab.data.datasets import ImageArray
+    from vitlab.probe.linear import few_shot_accuracy, linear_probe_accuracy
+    from vitlab.train.export import distillation_facts, timm_pipeline_accuracy
 
     g = torch.Generator().manual_seed(0)
     ftr, fte = torch.randn(60, 16, generator=g), torch.randn(30, 16, generator=g)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vitlab.checkpoint import card_metric
-from vitlab.scaling import ResultsStore, markdown_table, summarise
+from vitlab.models.checkpoint import card_metric
+from vitlab.studies.scaling import ResultsStore, markdown_table, summarise
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "data" / "results"
@@ -22,7 +22,7 @@ def _records() -> list[dict]:
 
 def test_results_readme_table_is_the_generated_one():
     readme = (RESULTS / "README.md").read_text()
-    assert markdown_table(summarise(_records(), 10)) in readme, "regenerate with vitlab.scaling.markdown_table"
+    assert markdown_table(summarise(_records(), 10)) in readme, "regenerate with vitlab.studies.scaling.markdown_table"
 
 
 def test_results_readme_sentences_match_the_records():
@@ -46,10 +46,10 @@ def test_results_readme_sentences_match_the_records():
 def test_results_readme_shows_the_tuning_evidence_and_the_verdict():
     """The tuning trials (with the recipes the frozen config holds marked) and the Fig. 3/4 verdict are the ones
     `vitlab sweep --table` computes from the shipped stores."""
-    from vitlab.scaling import load_sweep_config
-    from vitlab.study_findings import scaling_gap_narrows
-    from vitlab.tuning import tuning_table
-    from vitlab.verdict import verdict_table
+    from vitlab.findings.studies import scaling_gap_narrows
+    from vitlab.findings.verdict import verdict_table
+    from vitlab.studies.scaling import load_sweep_config
+    from vitlab.studies.tuning import tuning_table
 
     readme = (RESULTS / "README.md").read_text()
     tuned = load_sweep_config(str(RESULTS / "scaling_cifar10.tuned.json"))
@@ -76,7 +76,7 @@ def test_model_card_text_matches_its_json(folder):
         assert f"{name[0].upper()}{name[1:]}: {value:.2%}" in text  # Test accuracy, or an MPP encoder's masked-patch one
     for key in ("train", "test"):  # data sets named by name or relative path, never a machine's absolute path
         assert not Path(str(card["data"][key])).is_absolute(), card["data"][key]
-    from vitlab.card import _data_line
+    from vitlab.models.card import _data_line
 
     assert f"* Data: {_data_line(card['data'])}.\n" in text  # the line the exporter writes from the card's record
 
@@ -87,7 +87,7 @@ def test_card_lineage_adds_up_to_its_training_time(folder):
     """A model trained over several warm starts lists every leg: the first starts at hour 0, each ends where the
     next began (its cumulative hours plus the next leg's own hours), the leg before this one is the start the card
     names, the last leg is the card itself, and the card's text shows the table of them all."""
-    from vitlab.card import _lineage_section
+    from vitlab.models.card import _lineage_section
 
     card = json.loads((folder / "card.json").read_text())
     legs = card["lineage"]
@@ -131,22 +131,23 @@ def test_checkpoints_readme_is_one_short_line_per_checkpoint():
 def test_mpp_readme_quotes_the_study():
     """The MPP section of data/results/README.md holds the tables and the verdicts generated from the shipped
     records (``vitlab mpp-study --table`` prints them), not typed numbers."""
-    from vitlab.features import READOUTS
-    from vitlab.mpp_study import STUDIES, markdown_tables, shown_records, study_verdicts
-    from vitlab.verdict import verdict_table
+    from vitlab.findings.judge import mpp_verdicts
+    from vitlab.findings.verdict import verdict_table
+    from vitlab.probe.features import READOUTS
+    from vitlab.studies.mpp import STUDIES, markdown_tables, shown_records
 
     records, _ = shown_records(ResultsStore(RESULTS / "mpp_cifar10.jsonl").records(), "cifar10")
     assert len(records) == 16 and all(r["status"] == "ok" for r in records)  # the whole study, one code version
     readme = (RESULTS / "README.md").read_text()
     for readout in READOUTS:
         assert markdown_tables(records, readout) in readme, f"regenerate the {readout} table: vitlab mpp-study --table"
-    assert verdict_table(study_verdicts(records, STUDIES["cifar10"].verdict_shots)) in readme
+    assert verdict_table(mpp_verdicts(records, STUDIES["cifar10"].verdict_shots)) in readme
 
 
 def test_mpp_ordering_sentences_quote_the_fine_tune_means():
     """The studies page (docs/studies.md) and data/results/README.md state scratch < MPP < supervised with the mean fine-tune accuracy
     of each initialisation over the study's seeds (a rerun of one row must show in both)."""
-    from vitlab.mpp_study import shown_records
+    from vitlab.studies.mpp import shown_records
 
     records, _ = shown_records(ResultsStore(RESULTS / "mpp_cifar10.jsonl").records(), "cifar10")
     means = {}
@@ -166,7 +167,7 @@ def test_mpp_study_supervised_checkpoint_is_the_one_its_records_used():
     records were made with (their sha256), so the README's supervised numbers can be recomputed from it."""
     import hashlib
 
-    from vitlab.mpp_study import STUDIES, shown_records
+    from vitlab.studies.mpp import STUDIES, shown_records
 
     records, _ = shown_records(ResultsStore(RESULTS / "mpp_cifar10.jsonl").records(), "cifar10")
     digests = {r["spec"]["init"]["weights_sha256"] for r in records if r["init"] == "supervised"}
@@ -177,10 +178,10 @@ def test_mpp_study_supervised_checkpoint_is_the_one_its_records_used():
 def test_mpp_readme_attention_comparison_is_recomputed():
     """The README's MPP-against-supervised inspection numbers, recomputed from the shipped checkpoints."""
     import vitlab
-    from vitlab.findings import attention_distance_shift
-    from vitlab.images import default_images
-    from vitlab.mpp import load_mpp
-    from vitlab.mpp_study import STUDIES, supervised_model
+    from vitlab.data.images import default_images
+    from vitlab.findings.model import attention_distance_shift
+    from vitlab.studies.mpp import STUDIES, supervised_model
+    from vitlab.train.mpp import load_mpp
 
     readme = " ".join((RESULTS / "README.md").read_text().split())
     mpp, _ = load_mpp(CHECKPOINTS / "mpp_cifar10")
@@ -211,7 +212,7 @@ def test_shipped_text_names_no_machine_path():
 def test_card_line_states_a_multi_leg_models_whole_training():
     """The one-line summary (report, `vitlab info`, the tour) of a model trained in warm-started legs gives its total
     hours and number of legs, so the last leg's epochs do not read as the whole training."""
-    from vitlab.checkpoint import card_line
+    from vitlab.models.checkpoint import card_line
 
     one = {"test_accuracy": 0.6202, "data": {"test": "t.zip"}, "epochs_done": 9, "epochs_planned": 15,
            "lineage": [{"total_train_hours": 2.0}]}
@@ -278,7 +279,7 @@ def test_readme_device_speed_quotes_its_benchmark():
 def test_readme_scaling_result_quotes_the_records():
     """The README's summary of the data-scaling sweep: run count, the ResNet's tuning margin of SGD over Adam, the
     range of the ResNet's lead over the ViT and the gap change's interval, all from the shipped stores."""
-    from vitlab.study_findings import scaling_gap_narrows
+    from vitlab.findings.studies import scaling_gap_narrows
 
     readme = _readme()
     records = _records()

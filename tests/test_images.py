@@ -10,8 +10,8 @@ import torch
 from conftest import needs_cifar10
 
 import vitlab
-from vitlab.data import load_dataset
-from vitlab.images import CIFAR_SAMPLE, cifar_test_sample, default_images, model_transform
+from vitlab.data.datasets import load_dataset
+from vitlab.data.images import CIFAR_SAMPLE, cifar_test_sample, default_images, model_transform
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "data" / "checkpoints"
 
@@ -52,9 +52,9 @@ def test_default_images_follow_the_input_size():
 def test_a_shapes_checkpoint_is_shown_test_shapes_not_cifar():
     """The shipped shapes ViT classifies shapes: by default it is shown their test draw (seed 1) with its class names,
     and it classifies them about as its card says (90.95% on the 2,000 test shapes)."""
-    from vitlab.data import load_shapes
-    from vitlab.images import default_image_count, default_labels, default_source, head_class_names
-    from vitlab.shapes import SHAPE_CLASSES
+    from vitlab.data.datasets import load_shapes
+    from vitlab.data.images import default_image_count, default_labels, default_source, head_class_names
+    from vitlab.data.shapes import SHAPE_CLASSES
 
     m = vitlab.load_model(str(CHECKPOINTS / "vit_shapes")).eval()
     names, x, shown = default_images(m)
@@ -71,8 +71,8 @@ def test_a_shapes_checkpoint_is_shown_test_shapes_not_cifar():
 def test_too_small_and_broken_images_are_refused_or_skipped(tmp_path):
     from PIL import Image
 
-    from vitlab.data import DataError
-    from vitlab.images import load_images
+    from vitlab.data.datasets import DataError
+    from vitlab.data.images import load_images
 
     Image.new("RGB", (1, 1), "red").save(tmp_path / "tiny.png")
     Image.new("RGB", (40, 40), "blue").save(tmp_path / "ok.png")
@@ -89,8 +89,8 @@ def test_too_small_and_broken_images_are_refused_or_skipped(tmp_path):
 
 def test_a_file_given_as_the_images_folder_is_refused_in_python_words(tmp_path):
     """load_images(model, a_file) said "--images FILE is not a folder", a flag the Python caller never passed."""
-    from vitlab.data import DataError
-    from vitlab.images import load_images
+    from vitlab.data.datasets import DataError
+    from vitlab.data.images import load_images
 
     (tmp_path / "a.png").write_bytes(b"x")
     with pytest.raises(DataError, match="is not a folder: pass a folder of images") as e:
@@ -106,7 +106,7 @@ def test_macos_metadata_and_hidden_files_in_an_images_folder_are_no_images(tmp_p
 
     from PIL import Image
 
-    from vitlab.images import load_images
+    from vitlab.data.images import load_images
 
     Image.new("RGB", (40, 40), "blue").save(tmp_path / "x.png")
     fork = b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        "  # an AppleDouble header: no image
@@ -127,8 +127,8 @@ def test_damaged_files_pillow_reports_as_value_or_syntax_errors_are_named_bad_im
     from _reference import damaged_pngs
     from PIL import Image
 
-    from vitlab.data import DataError
-    from vitlab.images import load_images
+    from vitlab.data.datasets import DataError
+    from vitlab.data.images import load_images
 
     for name, blob in damaged_pngs().items():
         (tmp_path / name).write_bytes(blob)
@@ -146,7 +146,7 @@ def test_images_of_the_same_name_in_sub_folders_or_formats_keep_apart(tmp_path):
     a capture's image list could not say which file each was."""
     from PIL import Image
 
-    from vitlab.images import load_images
+    from vitlab.data.images import load_images
 
     for rel in ("cat/001.jpg", "dog/001.jpg", "dog/2019/001.png", "pic.bmp", "pic.webp", "solo.png"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -159,7 +159,7 @@ def test_a_linked_folder_of_images_is_read(tmp_path):
     """--images mine/ holding photos -> /elsewhere/photos read no image below the link ('no images in mine')."""
     from PIL import Image
 
-    from vitlab.images import load_images
+    from vitlab.data.images import load_images
 
     (tmp_path / "elsewhere").mkdir()
     Image.new("RGB", (40, 40), "blue").save(tmp_path / "elsewhere" / "x.png")
@@ -179,8 +179,8 @@ def test_a_limit_with_skip_bad_counts_usable_images(tmp_path):
 
     from PIL import Image
 
-    from vitlab.data import DataError
-    from vitlab.images import load_images
+    from vitlab.data.datasets import DataError
+    from vitlab.data.images import load_images
 
     for i in range(8):
         Image.new("RGB", (40, 40), (30 * i, 0, 0)).save(tmp_path / f"{i}.png")
@@ -207,7 +207,7 @@ def test_a_photo_is_shown_upright_as_its_exif_orientation_says(tmp_path):
     """A phone stores a portrait shot landscape with an EXIF orientation tag: it was analysed lying on its side."""
     from _reference import turned_photo
 
-    from vitlab.images import load_images
+    from vitlab.data.images import load_images
 
     turned_photo(tmp_path / "portrait.jpg")
     _, _, shown = load_images(vitlab.load_model(), tmp_path)  # 32 px: the upright 32 x 64 resized, centre-cropped
@@ -221,7 +221,7 @@ def test_the_view_is_the_pixels_the_model_sees(tmp_path):
     import timm
     from PIL import Image
 
-    from vitlab.images import load_images
+    from vitlab.data.images import load_images
 
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, depth=1)
     model.pretrained_cfg = {**model.pretrained_cfg, "crop_pct": 0.875}
@@ -242,8 +242,8 @@ def test_the_view_is_the_pixels_the_model_sees(tmp_path):
 def test_a_decompression_bomb_is_a_named_bad_image(tmp_path, monkeypatch):
     from PIL import Image
 
-    from vitlab.data import DataError
-    from vitlab.images import load_images
+    from vitlab.data.datasets import DataError
+    from vitlab.data.images import load_images
 
     Image.new("RGB", (64, 64), "blue").save(tmp_path / "huge.png")
     Image.new("RGB", (40, 40), "blue").save(tmp_path / "ok.png")
@@ -259,7 +259,7 @@ def test_a_decompression_bomb_is_a_named_bad_image(tmp_path, monkeypatch):
 def test_images_come_at_the_input_size_the_model_is_built_for():
     """A timm name built at another img_size keeps the name's 224 px pretrained_cfg; the images follow the model."""
     import vitlab
-    from vitlab.images import default_images
+    from vitlab.data.images import default_images
 
     m = vitlab.load_model("vit_tiny_patch16_224", pretrained=False, img_size=64, depth=1)
     names, x, shown = default_images(m, 2)
@@ -273,7 +273,7 @@ def test_a_limit_that_is_no_whole_number_is_refused_by_name(tmp_path):
     from conftest import tiny_vit
     from PIL import Image
 
-    from vitlab.images import load_images
+    from vitlab.data.images import load_images
 
     Image.new("RGB", (40, 40)).save(tmp_path / "a.png")
     for limit in (True, 2.5, 0):
@@ -289,7 +289,7 @@ def test_a_default_image_count_that_is_no_whole_number_is_refused_by_name():
     name."""
     from conftest import tiny_vit
 
-    from vitlab.images import default_images, embedded_images
+    from vitlab.data.images import default_images, embedded_images
 
     photos = vitlab.load_model("vit_tiny_patch16_224", pretrained=False, depth=1)
     for n in (True, 2.5):

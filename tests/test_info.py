@@ -111,7 +111,7 @@ def test_padded_patches_give_the_token_grid_at_the_models_own_size():
 def test_data_config_gives_the_size_the_model_is_built_for(dynamic):
     """data_config's docstring said a dynamic-size model kept its name's 224 px; its check read an attribute timm's
     PatchEmbed does not have, so every model gets the size it is built for, as the docstring now says."""
-    from vitlab.info import data_config
+    from vitlab.models.info import data_config
 
     model = tiny_timm("vit_tiny_patch16_224", img_size=(48, 80), dynamic_img_size=dynamic)
     assert data_config(model)["input_size"] == (3, 48, 80)
@@ -225,7 +225,7 @@ def test_positions_the_attention_adds_are_named(capsys):
 
 
 def test_bad_img_size():
-    """In the words of vitlab.zoo.size2 (model building and resize_for_finetuning), whatever is wrong with it."""
+    """In the words of vitlab.models.zoo.size2 (model building and resize_for_finetuning), whatever is wrong with it."""
     # "88" was read as the pair ("8", "8"): a 2x2 grid described without a word; 64.0 reached a bare error
     # a float tensor has __index__ too (it raises when called): (32.5, 32) was truncated to a 32 x 32 grid
     for bad in (0, (32, -1), "88", 64.0, (32,), (32.0, 32.0), (torch.tensor(32.5), 32)):
@@ -251,7 +251,7 @@ def test_a_vit_vitlab_cannot_read_is_not_said_to_have_no_attention(tmp_path, mon
     from conftest import tiny_bit
 
     import vitlab.report as R
-    from vitlab.info import has_attention
+    from vitlab.models.info import has_attention
 
     naflex = timm.create_model("naflexvit_base_patch16_gap", pretrained=False, depth=1, num_classes=3)
     assert has_attention(naflex) and has_attention(vitlab.load_model()) and not has_attention(tiny_bit())
@@ -265,7 +265,7 @@ def test_a_vit_vitlab_cannot_read_is_not_said_to_have_no_attention(tmp_path, mon
 def test_vitlab_info_and_the_report_name_the_architecture_alike(tmp_path, capsys):
     """`vitlab info` said 'vitlab_vit' where the report's facts said 'VisionTransformer (...)' of the same model."""
     from vitlab.cli import main
-    from vitlab.info import architecture_words
+    from vitlab.models.info import architecture_words
     from vitlab.report import _summary
 
     ck = vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")

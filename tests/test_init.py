@@ -1,4 +1,4 @@
-"""Mimetic initialisation (vitlab.init): the products it promises, against an independent numpy computation."""
+"""Mimetic initialisation (vitlab.models.mimetic): the products it promises, against an independent numpy computation."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from timm.models.vision_transformer import Attention
 
 import vitlab
-from vitlab.init import mimetic_, mimetic_attention_
-from vitlab.zoo import cifar_vit, config_from_dict, config_to_dict
+from vitlab.models.mimetic import mimetic_, mimetic_attention_
+from vitlab.models.zoo import cifar_vit, config_from_dict, config_to_dict
 
 
 def _targets(seed: int, d: int, heads: int) -> tuple[list[np.ndarray], np.ndarray]:
@@ -118,7 +118,7 @@ def test_attention_starts_local_on_real_images() -> None:
     """On the 128 shipped CIFAR-10 images neighbouring patches look alike, so attending to tokens like the query
     means attending near it: every layer's mean attention distance starts well below timm's, which sits at the
     uniform-attention value (about 16 px on the 8 x 8 grid of 4 px patches)."""
-    from vitlab.images import default_images
+    from vitlab.data.images import default_images
     from vitlab.inspect.distance import mean_attention_distance
 
     def distance(init: str) -> torch.Tensor:

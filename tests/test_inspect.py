@@ -221,7 +221,7 @@ def test_the_channel_check_reads_the_input_convolution_timm_names():
     """The channel check took the first Conv2d a model registers as its input layer; a model whose first registered
     convolution is another one (here a one-channel conv registered before the stem) had its RGB images refused.
     It now reads timm's pretrained_cfg["first_conv"] where the model names it."""
-    from vitlab.capture import check_input_channels
+    from vitlab.inspect.capture import check_input_channels
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -343,8 +343,8 @@ def test_a_convit_whose_class_token_never_joins_counts_no_prefix_and_refuses_a_r
     of the readout refuse it, naming patch 0's rollout (attention_view query=0), which still works."""
     import timm
 
-    from vitlab.features import readout_description
     from vitlab.inspect.rollout import attention_view
+    from vitlab.probe.features import readout_description
 
     model = timm.create_model("convit_tiny", pretrained=False, img_size=32, depth=2, local_up_to_layer=3,
                               num_classes=10).eval()
@@ -653,7 +653,7 @@ def test_spearman_matches_scipy():
     iu = torch.triu_indices(12, 12, offset=1)
     expected = spearmanr(sim.reshape(12, 12)[iu[0], iu[1]].numpy(), dist[iu[0], iu[1]].numpy()).statistic
     assert position_structure_score(sim) == pytest.approx(expected)
-    from vitlab.stats import spearman
+    from vitlab.base.stats import spearman
 
     a, b = torch.tensor([[1.0, float("nan"), 3, 4, 2], [1.0, 2, 3, 4, 5]]), torch.tensor([[1.0, 5, 3, 4, 2]] * 2)
     rho = spearman(a, b)  # a NaN row gives NaN, as scipy's spearmanr; the other row is scipy's value

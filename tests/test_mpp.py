@@ -11,7 +11,9 @@ import torch
 from _reference import three_class_split
 
 import vitlab
-from vitlab.mpp import (
+from vitlab.train.config import PRESETS
+from vitlab.train.loop import train
+from vitlab.train.mpp import (
     KEEP,
     MASK,
     RANDOM,
@@ -22,8 +24,6 @@ from vitlab.mpp import (
     draw_corruption,
     patch4x4_targets,
 )
-from vitlab.train import train
-from vitlab.train_config import PRESETS
 
 TINY = dataclasses.replace(PRESETS["tiny"].model, num_classes=3)
 
@@ -74,8 +74,8 @@ def test_colour_targets_come_from_the_same_batch_at_the_same_size(shape):
 def test_color3_is_the_exact_mean_colour_but_on_level_edges_as_documented():
     """The 3-bit class of the mean of the raw 0-255 pixels, recomputed in integers: floor(8 * sum / (255 * P * P));
     only means exactly on a level's edge may differ (one level low), as many as ``color3_targets`` says."""
-    from vitlab.images import cifar_test_sample
-    from vitlab.mpp import _patches
+    from vitlab.data.images import cifar_test_sample
+    from vitlab.train.mpp import _patches
 
     imgs = cifar_test_sample().images  # (128, 32, 32, 3) uint8
     got = color3_targets(imgs.permute(0, 3, 1, 2).float().div(255), 4)
@@ -114,7 +114,7 @@ def test_patch4x4_needs_patches_that_split_into_4_x_4_cells():
     with pytest.raises(ValueError, match="patch4x4.*multiple of 4.*6 px"):
         MaskedPatchPrediction(32, 6, 1, "patch4x4")
     dataclasses.replace(PRESETS["mpp_cifar10"], model=dataclasses.replace(TINY, patch_size=2))  # color3: any patch
-    from vitlab.mpp_study import STUDIES
+    from vitlab.studies.mpp import STUDIES
 
     with pytest.raises(ValueError, match="patch4x4.*multiple of 4"):  # a study with that ablation: before any run
         dataclasses.replace(STUDIES["smoke"], model=dataclasses.replace(STUDIES["smoke"].model, patch_size=2)).validate()
@@ -220,8 +220,8 @@ def images(tmp_path_factory):
 def test_tiny_run_learns_and_resumes_to_the_same_weights(tmp_path, images, monkeypatch):
     import json
 
-    import vitlab.train as T
-    from vitlab.warm_start import warm_start
+    import vitlab.train.loop as T
+    from vitlab.train.warm_start import warm_start
 
     train_data, test_data = images
     cfg = dataclasses.replace(PRESETS["mpp_cifar10"], model=TINY, epochs=4, batch_size=16, warmup_epochs=0.5,
@@ -271,7 +271,7 @@ def test_a_warm_started_mpp_run_keeps_the_trained_mask_embedding_and_head(tmp_pa
     """Pre-training warm-started from an MPP checkpoint (``init_from``, as ``vitlab train --preset mpp_cifar10
     --continue`` does from the shipped folder) goes on with that checkpoint's [mask] embedding and prediction head,
     not fresh ones beside a trained encoder; a checkpoint of another target leaves them fresh."""
-    from vitlab.mpp import load_mpp
+    from vitlab.train.mpp import load_mpp
 
     train_data, test_data = images
     cfg = dataclasses.replace(PRESETS["mpp_cifar10"], model=TINY, epochs=1, batch_size=16, warmup_epochs=0.0,
@@ -320,9 +320,9 @@ def test_export_ships_the_prediction_head_and_a_card_that_reproduces(tmp_path, m
     from safetensors.torch import load_file
 
     from vitlab.cli import main
-    from vitlab.data import load_dataset
-    from vitlab.mpp import OBJECTIVE_NAME, load_mpp
-    from vitlab.train import evaluate_mpp
+    from vitlab.data.datasets import load_dataset
+    from vitlab.train.loop import evaluate_mpp
+    from vitlab.train.mpp import OBJECTIVE_NAME, load_mpp
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     make_folder(tmp_path / "data" / "train", n_per_class=16, size=32, classes=("a", "b"))
@@ -352,8 +352,8 @@ def test_export_ships_the_prediction_head_and_a_card_that_reproduces(tmp_path, m
 
 
 def test_load_mpp_names_what_is_missing(tmp_path):
-    from vitlab.checkpoint import save_checkpoint
-    from vitlab.mpp import OBJECTIVE_NAME, load_mpp
+    from vitlab.models.checkpoint import save_checkpoint
+    from vitlab.train.mpp import OBJECTIVE_NAME, load_mpp
 
     with pytest.raises(FileNotFoundError, match="mpp_cifar10"):
         load_mpp(tmp_path / "nothing")
@@ -366,9 +366,9 @@ def test_load_mpp_names_what_is_missing(tmp_path):
 def test_load_mpp_reports_a_head_that_does_not_fit_as_a_damaged_checkpoint(tmp_path):
     """A prediction head that does not fit the checkpoint's config (another target's, from another save) or cannot
     be read is a ModelLoadError naming the file and what is wrong, as load_checkpoint reports its weights."""
-    from vitlab.checkpoint import save_checkpoint
-    from vitlab.errors import ModelLoadError
-    from vitlab.mpp import OBJECTIVE_NAME, load_mpp
+    from vitlab.base.errors import ModelLoadError
+    from vitlab.models.checkpoint import save_checkpoint
+    from vitlab.train.mpp import OBJECTIVE_NAME, load_mpp
 
     model = vitlab.build_model(TINY)
     train_cfg = {"objective": "mpp", "mpp_target": "color3", "mpp_rate": 0.5}
@@ -386,7 +386,7 @@ def test_load_mpp_reports_a_head_that_does_not_fit_as_a_damaged_checkpoint(tmp_p
         torch.testing.assert_close(objective.state_dict()[k], v, rtol=0, atol=0, msg=k)
 
     # resuming a run reads the head through the same check (it was torch's raw size-mismatch error)
-    from vitlab.checkpoint import load_run_state, save_run_checkpoint
+    from vitlab.models.checkpoint import load_run_state, save_run_checkpoint
 
     opt = torch.optim.AdamW(list(model.parameters()) + list(wrong.parameters()))
     run = save_run_checkpoint(tmp_path / "run", model, opt, None, {"epoch": 1}, modules={"objective": wrong})
@@ -400,8 +400,8 @@ def test_load_mpp_reports_a_head_that_does_not_fit_as_a_damaged_checkpoint(tmp_p
 
 
 def test_evaluate_mpp_spreads_its_images_over_a_class_ordered_split():
-    from vitlab.data import ImageArray
-    from vitlab.train import evaluate_mpp
+    from vitlab.data.datasets import ImageArray
+    from vitlab.train.loop import evaluate_mpp
 
     # 40 images stored class by class (as an ImageFolder is): class c's images are filled with the value c
     labels = torch.arange(4).repeat_interleave(10)
@@ -426,7 +426,7 @@ def test_export_of_an_l2_run_reports_its_loss_and_an_interrupted_export_changes_
 
     from _reference import make_folder
 
-    import vitlab.export as E
+    import vitlab.train.export as E
     from vitlab.cli import main
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
@@ -456,7 +456,7 @@ def test_export_of_an_l2_run_reports_its_loss_and_an_interrupted_export_changes_
 
 
 def test_save_checkpoint_refuses_a_module_named_like_the_weights(tmp_path):
-    from vitlab.checkpoint import save_checkpoint
+    from vitlab.models.checkpoint import save_checkpoint
 
     model = vitlab.build_model(TINY)
     with pytest.raises(ValueError, match="model.safetensors"):
@@ -467,7 +467,7 @@ def test_save_checkpoint_refuses_a_module_named_like_the_weights(tmp_path):
 def test_the_no_patch_error_names_a_rate_that_works():
     import re
 
-    from vitlab.mpp import draw_corruption
+    from vitlab.train.mpp import draw_corruption
 
     g = torch.Generator().manual_seed(0)
     with pytest.raises(ValueError, match="corrupts no patch of 64") as e:

@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from vitlab.cli import main
-from vitlab.data import load_shapes
-from vitlab.mpp_study import (
+from vitlab.data.datasets import load_shapes
+from vitlab.findings.judge import mpp_verdicts
+from vitlab.findings.studies import mpp_accuracies, mpp_ordering
+from vitlab.studies.mpp import (
     STUDIES,
     markdown_tables,
     pretrain_config,
@@ -26,10 +28,8 @@ from vitlab.mpp_study import (
     scratch_model,
     shown_records,
     study_rows,
-    study_verdicts,
 )
-from vitlab.study_findings import mpp_accuracies, mpp_ordering
-from vitlab.train import train
+from vitlab.train.loop import train
 
 SMOKE = STUDIES["smoke"]
 KEYS = {"study", "row_id", "kind", "init", "seed", "spec", "fingerprint", "status", "metrics", "started", "finished",
@@ -132,7 +132,7 @@ def test_ablation_images_must_come_from_the_main_runs_images():
         dataclasses.replace(SMOKE, ablation_examples=512).validate()
     with pytest.raises(ValueError, match="ablation_examples must be a positive number"):
         dataclasses.replace(SMOKE, ablation_examples=0).validate()
-    from vitlab.mpp_study import _load_data
+    from vitlab.studies.mpp import _load_data
 
     assert pretrain_run_config(SMOKE, "mpp").data == "shapes[n=256]"
     assert pretrain_run_config(SMOKE, "ablation:l2@0.5").data == "shapes[n=128]"
@@ -291,7 +291,7 @@ def test_the_cifar10_table_reads_the_shipped_records_from_any_folder(tmp_path, m
     """The CIFAR-10 study's default store was data/results/mpp_cifar10.jsonl relative to the working directory: run
     from anywhere but the repository root, `vitlab mpp-study --table` said there were no records and to rerun the
     45-minute study (which would have started over in a new store there); it now reads the checkout's records."""
-    from vitlab.mpp_study import STUDIES, default_results
+    from vitlab.studies.mpp import STUDIES, default_results
 
     shipped = Path(__file__).resolve().parents[1] / "data" / "results" / "mpp_cifar10.jsonl"
     monkeypatch.chdir(tmp_path)
@@ -304,9 +304,9 @@ def test_the_cifar10_table_reads_the_shipped_records_from_any_folder(tmp_path, m
 
 def test_the_shipped_records_are_found_by_the_fingerprint_a_rerun_computes(monkeypatch):
     """A rerun skips a row only when its latest record holds the fingerprint computed now (``_plan``): every shipped
-    record's fingerprint recomputes from its own spec and code hash (``vitlab.provenance.fingerprint``, the one the
+    record's fingerprint recomputes from its own spec and code hash (``vitlab.base.provenance.fingerprint``, the one the
     scaling sweep's store is keyed by too), so a change to how it is computed cannot orphan them silently."""
-    from vitlab import provenance
+    from vitlab.base import provenance
 
     records = [json.loads(x) for x in
                (Path(__file__).resolve().parents[1] / "data" / "results" / "mpp_cifar10.jsonl").read_text().splitlines()]
@@ -319,12 +319,12 @@ def test_the_shipped_records_are_found_by_the_fingerprint_a_rerun_computes(monke
 def test_a_results_store_that_cannot_be_written_is_refused_before_any_row(tmp_path, monkeypatch):
     """--results under a file let the study load its data and pre-train (on CIFAR-10, an hour of rows) before the
     first record's append failed; the store is now checked before any work."""
-    import vitlab.mpp_study
+    import vitlab.studies.mpp
 
     def no_work(*args, **kwargs):
         raise AssertionError("the study started its work before checking the results store")
 
-    monkeypatch.setattr(vitlab.mpp_study, "_load_data", no_work)
+    monkeypatch.setattr(vitlab.studies.mpp, "_load_data", no_work)
     (tmp_path / "f.txt").write_text("x")
     study = dataclasses.replace(SMOKE, run_root=str(tmp_path / "runs"))
     with pytest.raises(FileExistsError) as e:
@@ -366,7 +366,7 @@ def test_tables_from_hand_made_records():
 
 def test_verdicts_on_hand_made_records():
     wins = hand_made(mpp_few=[0.50, 0.52, 0.51], mpp_fine=[0.55, 0.56, 0.57])
-    v = {x.finding: x for x in study_verdicts(wins, shots=10)}
+    v = {x.finding: x for x in mpp_verdicts(wins, shots=10)}
     assert set(v) == {"Sec. 4.6: MPP beats scratch (10-shot probe)", "Sec. 4.6: supervised beats MPP (10-shot probe)",
                       "Sec. 4.6: MPP beats scratch (fine-tune)", "Sec. 4.6: supervised beats MPP (fine-tune)"}
     few = v["Sec. 4.6: MPP beats scratch (10-shot probe)"]
@@ -379,7 +379,7 @@ def test_verdicts_on_hand_made_records():
     assert v["Sec. 4.6: supervised beats MPP (fine-tune)"].verdict == "reproduced"
 
     loses = hand_made(mpp_few=[0.21, 0.20, 0.19], mpp_fine=[0.30, 0.31, 0.32])
-    v = {x.finding: x for x in study_verdicts(loses, shots=10)}
+    v = {x.finding: x for x in mpp_verdicts(loses, shots=10)}
     assert v["Sec. 4.6: MPP beats scratch (10-shot probe)"].verdict == "not reproduced"
     assert v["Sec. 4.6: MPP beats scratch (fine-tune)"].verdict == "not reproduced"
     assert v["Sec. 4.6: MPP beats scratch (fine-tune)"].interval[1] < 0
@@ -392,7 +392,7 @@ def test_verdicts_on_hand_made_records():
 def test_identical_differences_over_seeds_give_no_interval():
     """The same paired difference on every seed has no spread: a Student t interval of width 0 would call it
     reproduced on nothing. No interval instead (inconclusive), saying why."""
-    from vitlab.explain import explain, no_interval_reason
+    from vitlab.findings.explain import explain, no_interval_reason
 
     recs = [few_shot_record("scratch", {10: [0.250, 0.300]}), few_shot_record("mpp", {10: [0.255, 0.305]})]
     v = mpp_ordering(recs, "mpp", "scratch", shots=10)
@@ -427,7 +427,7 @@ def test_verdicts_pair_by_seed_and_need_both_initialisations():
     assert v.details["seeds"] == [0, 1] and v.statistic == pytest.approx(9.0)  # points: (10 + 8) / 2
     with pytest.raises(ValueError, match="run `vitlab mpp-study` first"):
         mpp_ordering([r for r in recs if r["init"] != "supervised"], "supervised", "mpp")
-    assert len(study_verdicts([r for r in recs if r["init"] != "supervised"], shots=10)) == 2
+    assert len(mpp_verdicts([r for r in recs if r["init"] != "supervised"], shots=10)) == 2
 
 
 def test_verdicts_refuse_records_of_two_studies_rather_than_report_nothing():
@@ -435,8 +435,8 @@ def test_verdicts_refuse_records_of_two_studies_rather_than_report_nothing():
     mixed = hand_made(mpp_few=[0.5, 0.5, 0.5], mpp_fine=[0.5, 0.5, 0.5]) + \
         [finetune_record("mpp", 0, 0.5, study="other")]
     with pytest.raises(ValueError, match="records of 2 studies"):
-        study_verdicts(mixed, shots=10)
-    assert study_verdicts([], shots=10) == []  # nothing finished yet: nothing to say
+        mpp_verdicts(mixed, shots=10)
+    assert mpp_verdicts([], shots=10) == []  # nothing finished yet: nothing to say
 
 
 def test_each_readout_has_its_table_and_verdicts():
@@ -446,7 +446,7 @@ def test_each_readout_has_its_table_and_verdicts():
     patch = {"scratch": [0.33, 0.34, 0.32], "mpp": [0.45, 0.47, 0.46], "supervised": [0.70, 0.71, 0.72]}
     recs = [few_shot_record(r["init"], {10: r["metrics"]["few_shot"]["10"]["per_seed"]},
                             patch_mean={10: patch[r["init"]]}) if r["kind"] == "few_shot" else r for r in recs]
-    v = {x.finding: x for x in study_verdicts(recs, shots=10)}
+    v = {x.finding: x for x in mpp_verdicts(recs, shots=10)}
     assert v["Sec. 4.6: MPP beats scratch (10-shot probe)"].verdict == "not reproduced"  # the class token: MPP worse
     pm = v["Sec. 4.6: MPP beats scratch (10-shot probe, patch mean)"]
     assert pm.verdict == "reproduced" and pm.statistic == pytest.approx(13.0) and pm.details["readout"] == "patch_mean"
@@ -456,27 +456,27 @@ def test_each_readout_has_its_table_and_verdicts():
     assert "| MPP (color3, 50%, 6 epochs) | 25.0 ± 1.0 |" in markdown_tables(recs)
     older = [dict(r, metrics={"few_shot": r["metrics"]["few_shot"]}) if r["kind"] == "few_shot" else r for r in recs]
     assert "10-shot" not in markdown_tables(older, "patch_mean")  # fine-tune column only
-    assert len(study_verdicts(older, shots=10)) == 4
+    assert len(mpp_verdicts(older, shots=10)) == 4
     with pytest.raises(ValueError, match="readout must be one of"):
         markdown_tables(recs, "cls")
 
 
 def test_verdicts_refuse_rows_of_several_code_versions():
     """A study partly rerun after a code change holds rows of two code versions: the verdicts refuse to pair them,
-    naming the versions and how to select one (shown_records, as the table and notebook 07 do), and study_verdicts
+    naming the versions and how to select one (shown_records, as the table and notebook 07 do), and mpp_verdicts
     does not swallow the refusal as it does unfinished pairs."""
-    from vitlab.study_findings import MixedCodeVersions
+    from vitlab.findings.studies import MixedCodeVersions
 
     old = hand_made(mpp_few=[0.5, 0.52, 0.51], mpp_fine=[0.5, 0.52, 0.51])
     new = [dict(r, provenance={"code_hash": "newer"}) for r in old if r["init"] == "mpp"]  # a partial rerun
     for call in (lambda: mpp_ordering(old + new, "mpp", "scratch", kind="finetune"),
-                 lambda: mpp_accuracies(old + new), lambda: study_verdicts(old + new, shots=10)):
+                 lambda: mpp_accuracies(old + new), lambda: mpp_verdicts(old + new, shots=10)):
         with pytest.raises(MixedCodeVersions, match=r"2 code versions \(c0de: 8 rows, newer: 4 rows\).*"
                                                     r"shown_records\(records, NAME\)\[0\]"):
             call()
     assert not issubclass(MixedCodeVersions, ValueError)
     rows, _ = shown_records(old + new, "hand")  # the newest version's rows only: MPP's, so no pair to judge yet
-    assert study_verdicts(rows, shots=10) == []
+    assert mpp_verdicts(rows, shots=10) == []
     # rows of one version, rerun by it (a latest record replacing an earlier one of the same code), are fine
     rerun = [dict(r, metrics={"test_accuracy": 0.6}) for r in old if r["row_id"] == "finetune/mpp/s0"]
     v = mpp_ordering(old + rerun, "mpp", "scratch", kind="finetune")
@@ -501,7 +501,7 @@ def test_the_mpp_reasons_follow_the_comparison_its_direction_and_the_records():
     scratch is not explained by the supervised checkpoint, MPP level with or above supervised not by what favours
     supervised, and the pre-training's images and epochs are read from the records (the smoke study's 256 shapes,
     not CIFAR-10's 50,000)."""
-    from vitlab.explain import known_reason
+    from vitlab.findings.explain import known_reason
 
     # MPP below scratch, few-shot and fine-tune; MPP above supervised on the patch mean, level on the fine-tune
     recs = hand_made(mpp_few=[0.20, 0.22, 0.19], mpp_fine=[0.30, 0.31, 0.32])
@@ -512,7 +512,7 @@ def test_the_mpp_reasons_follow_the_comparison_its_direction_and_the_records():
     recs = [dict(r, metrics={"test_accuracy": 0.85 + 0.01 * r["seed"]}) if r["row_id"].startswith("finetune/mpp")
             else r for r in recs]
     recs = _with_pretrain_facts(recs, 256, 4, 32, "shapes")
-    v = {x.finding: x for x in study_verdicts(recs, shots=10)}
+    v = {x.finding: x for x in mpp_verdicts(recs, shots=10)}
     short = v["Sec. 4.6: MPP beats scratch (10-shot probe)"]
     assert short.verdict == "not reproduced"
     reason = known_reason(short)
@@ -540,12 +540,12 @@ def test_the_mpp_reasons_follow_the_comparison_its_direction_and_the_records():
 
 
 def test_the_shipped_mpp_reasons_quote_the_shipped_study():
-    from vitlab.explain import known_reason
-    from vitlab.scaling import ResultsStore
+    from vitlab.findings.explain import known_reason
+    from vitlab.studies.scaling import ResultsStore
 
     root = Path(__file__).resolve().parents[1]
     records, _ = shown_records(ResultsStore(root / "data" / "results" / "mpp_cifar10.jsonl").records(), "cifar10")
-    v = {x.finding: x for x in study_verdicts(records, STUDIES["cifar10"].verdict_shots)}
+    v = {x.finding: x for x in mpp_verdicts(records, STUDIES["cifar10"].verdict_shots)}
     reason = known_reason(v["Sec. 4.6: MPP beats scratch (10-shot probe)"])
     assert "Here the MPP encoder was pre-trained on 50,000 32 px images (cifar10) for 6 epochs" in reason
     assert "supervised" not in reason
@@ -567,7 +567,7 @@ def test_rows_of_one_code_version_are_shown_together():
 
 def test_a_study_without_caps_pre_trains_on_every_image():
     """The CIFAR-10 study caps nothing (pretrain_examples and ablation_examples None): every run sees all images."""
-    from vitlab.mpp_study import _load_data
+    from vitlab.studies.mpp import _load_data
 
     data = _load_data(dataclasses.replace(SMOKE, pretrain_examples=None, ablation_examples=None))
     assert list(data.pretrain) == [None] and len(data.pretrain[None]) == len(load_shapes("train"))

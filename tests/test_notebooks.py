@@ -112,10 +112,10 @@ def test_rollout_notebook_scores_localisation_as_the_report_does():
     the notebook's smoke run (8 shapes) prints the report's own rows for those 8 and names the report's sample."""
     import inspect
 
-    from vitlab.models import SHAPES_CHECKPOINT
-    from vitlab.provenance import versions
+    from vitlab.base.provenance import versions
+    from vitlab.data.shapes import LOCALISATION_SHAPES
+    from vitlab.models.load import SHAPES_CHECKPOINT
     from vitlab.report import sections as S
-    from vitlab.shapes import LOCALISATION_SHAPES
 
     assert inspect.signature(S.localisation).parameters["n"].default == LOCALISATION_SHAPES
     out = _smoke_output("04_attention_rollout")
@@ -130,9 +130,9 @@ def test_filters_notebook_gives_the_reports_statistics():
     """Notebook 01 judged the filters against 5 random draws where the report drew 20 ('filters structured' read
     0.181 and 0.182): each verdict of the report's filters section has the same statistic in the notebook's table."""
     import vitlab
-    from vitlab.judge import model_label
+    from vitlab.base.intervals import fmt_value
+    from vitlab.findings.judge import model_label
     from vitlab.report import sections as S
-    from vitlab.verdict import fmt_value
 
     out = _smoke_output("01_patch_embedding_pca")  # the embedded default, as the report's default
     net = vitlab.load_model()

@@ -1,10 +1,10 @@
-"""vitlab.plots: arrays in, figures out; the figures carry exactly the data they were given."""
+"""vitlab.figures.plots: arrays in, figures out; the figures carry exactly the data they were given."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from vitlab import plots
+from vitlab.figures import plots
 
 
 def test_image_grid_draws_each_map_over_its_image_scaled_to_its_maximum():

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vitlab import precision
-from vitlab.train import train
-from vitlab.train_config import PRESETS
+from vitlab.base import precision
+from vitlab.train.config import PRESETS
+from vitlab.train.loop import train
 
 
 def _cpu_flags() -> set[str] | None:

@@ -17,10 +17,10 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_is_fitted
 
-from vitlab.data import ImageArray, load_shapes
-from vitlab.features import extract_features, extract_readouts, feature_key
-from vitlab.probe import FewShotRidge, few_shot_accuracy, linear_probe_accuracy
-from vitlab.zoo import build_model, cifar_vit
+from vitlab.data.datasets import ImageArray, load_shapes
+from vitlab.models.zoo import build_model, cifar_vit
+from vitlab.probe.features import extract_features, extract_readouts, feature_key
+from vitlab.probe.linear import FewShotRidge, few_shot_accuracy, linear_probe_accuracy
 
 
 def _design(X: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
@@ -401,7 +401,7 @@ def test_feature_key_tells_images_of_the_same_bytes_in_another_shape_apart():
 def test_a_batchnorm_cnn_is_probed():
     """`vitlab probe --model data/checkpoints/resnet_cifar10_fast` failed with 'self.dim() cannot be 0 to view Long
     as Byte': the feature cache's key could not hash BatchNorm's 0-d num_batches_tracked."""
-    from vitlab.zoo import CifarNetConfig
+    from vitlab.models.zoo import CifarNetConfig
 
     model, data = build_model(CifarNetConfig(widths=(8, 8, 8))).eval(), _shapes()
     key = feature_key(model, data)
@@ -484,8 +484,8 @@ def test_a_cache_that_cannot_be_written_keeps_the_features(monkeypatch, tmp_path
     CacheWarning names the cache folder and VITLAB_CACHE."""
     from safetensors import SafetensorError
 
-    import vitlab.features
-    from vitlab.data import CacheWarning
+    import vitlab.probe.features
+    from vitlab.data.datasets import CacheWarning
 
     model, data = tiny_vit(), _shapes()
     expected = extract_features(model, data, cache=False)
@@ -499,7 +499,7 @@ def test_a_cache_that_cannot_be_written_keeps_the_features(monkeypatch, tmp_path
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(vitlab.features, "save_file", full_disk)
+    monkeypatch.setattr(vitlab.probe.features, "save_file", full_disk)
     with pytest.warns(CacheWarning, match="disk full.*going on without it") as got:  # a DiskFullError now
         torch.testing.assert_close(extract_features(model, data), expected, rtol=0, atol=0)
     assert ": None" not in str(got[0].message)  # no filename field to append
@@ -537,7 +537,7 @@ def test_the_probe_says_what_each_models_own_readout_is():
     import timm
 
     import vitlab
-    from vitlab.features import readout_description
+    from vitlab.probe.features import readout_description
 
     assert readout_description(tiny_vit(), "model") == "the model's own readout (the class token)"
     assert readout_description(vitlab.load_model(), "model") == (

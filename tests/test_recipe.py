@@ -1,4 +1,4 @@
-"""A finding judged for a recipe: the verdicts of one finding on several training runs combined (vitlab.recipe)."""
+"""A finding judged for a recipe: the verdicts of one finding on several training runs combined (vitlab.findings.recipe)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy.stats import t as student
 
-from vitlab.recipe import Z_95, MixedFindings, combine_runs, recipe_runs
-from vitlab.verdict import Verdict, decide, verdict_table
+from vitlab.findings.recipe import Z_95, MixedFindings, combine_runs, recipe_runs
+from vitlab.findings.verdict import Verdict, decide, verdict_table
 
 FINDING = "Fig. 7 right: attention distance grows with depth"
 
@@ -181,8 +181,8 @@ def test_a_run_whose_verdict_carries_a_qualifier_leaves_the_recipe_no_reproduced
 def three_seeds(tmp_path_factory, two_class_folder):
     """Three training runs of the tiny preset (seeds 0, 1, 2; one epoch on the two-class folder) as run folders
     under one folder: the companion issue's seeds in miniature."""
-    from vitlab.train import train
-    from vitlab.train_config import PRESETS, with_num_classes
+    from vitlab.train.config import PRESETS, with_num_classes
+    from vitlab.train.loop import train
 
     root = tmp_path_factory.mktemp("recipe")
     for seed in range(3):
@@ -266,8 +266,8 @@ def test_several_runs_are_checkpoints_or_names_without_a_weights_file(tmp_path):
 
 
 def test_compare_recipes_says_which_findings_hold_in_which_recipe():
-    from vitlab.recipe import compare_recipes
-    from vitlab.verdict import Verdict
+    from vitlab.findings.recipe import compare_recipes
+    from vitlab.findings.verdict import Verdict
 
     def v(key: str, verdict: str, n: int = 3, qualifier: str = "") -> Verdict:
         return Verdict(finding=key.upper(), criterion="c", statistic=1.0, interval=(0.5, 1.5), threshold=0.0,

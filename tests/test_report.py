@@ -14,10 +14,10 @@ import torch
 from conftest import convit_raw_attention, tiny_bit, tiny_convit, tiny_vit
 
 import vitlab
-from vitlab import judge
 from vitlab.cli import main
-from vitlab.images import default_images
-from vitlab.static import find_chromium
+from vitlab.data.images import default_images
+from vitlab.figures.static import find_chromium
+from vitlab.findings import judge
 
 #: the smallest metrics.json that reads as an earlier report's
 EARLIER = {"summary": {"vitlab": "0.1"}, "verdicts": [], "figures": [{"slug": "filters"}]}
@@ -168,7 +168,7 @@ def test_the_few_shot_section_probes_the_cifar10_in_the_data_folder(no_cifar, ch
 
 
 def test_reproduce_scores_localisation_on_the_shipped_shapes_model(tmp_path, checkpoint):
-    from vitlab.models import SHAPES_CHECKPOINT
+    from vitlab.models.load import SHAPES_CHECKPOINT
 
     if not (SHAPES_CHECKPOINT / "model.safetensors").exists():
         pytest.skip("no shapes checkpoint shipped yet")
@@ -210,7 +210,7 @@ def _earlier_images(tmp_path):
 def test_a_failing_static_export_keeps_the_images_already_there(tmp_path, monkeypatch):
     """A browser that dies at once (kaleido raises): the export reports the failure and the files already at the
     paths (a benchmark's earlier figure) stay as they were; they were deleted. Nothing else is left behind."""
-    from vitlab.static import write_images
+    from vitlab.figures.static import write_images
 
     figures, paths = _earlier_images(tmp_path)
     monkeypatch.setenv("BROWSER_PATH", "/bin/false")
@@ -224,7 +224,7 @@ def test_an_interrupted_static_export_leaves_no_half_written_image(tmp_path, mon
     image nor a temporary file is left; the earlier files are kept (the first path held the half-written bytes)."""
     import plotly.io as pio
 
-    from vitlab.static import write_images
+    from vitlab.figures.static import write_images
 
     def interrupted(figures, files, **kw):
         Path(files[0]).write_bytes(b"\x89PNG half")
@@ -242,7 +242,7 @@ def test_an_interrupted_static_export_leaves_no_half_written_image(tmp_path, mon
 def test_static_export_names_a_bad_browser_path(tmp_path, monkeypatch):
     """BROWSER_PATH naming a missing file or a folder, and no Chromium on PATH: the export is skipped saying that
     BROWSER_PATH is wrong (it said "set BROWSER_PATH", which was set; a folder was handed to kaleido as a browser)."""
-    from vitlab.static import find_chromium, write_images
+    from vitlab.figures.static import find_chromium, write_images
 
     figures, paths = _earlier_images(tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -255,7 +255,7 @@ def test_static_export_names_a_bad_browser_path(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(find_chromium() is None, reason="no Chromium for static export")
 def test_static_export_replaces_the_images_already_there(tmp_path):
-    from vitlab.static import write_images
+    from vitlab.figures.static import write_images
 
     figures, paths = _earlier_images(tmp_path)
     assert write_images(figures, paths).startswith("written")
@@ -267,7 +267,7 @@ def test_static_export_replaces_the_images_already_there(tmp_path):
 def test_static_export_into_a_new_folder_writes_the_image(tmp_path):
     """kaleido writes nothing, and raises nothing, into a folder that does not exist: the export said 'written' and
     no image was there (benchmarks/from_scratch.py draws its curve before writing its JSON into that folder)."""
-    from vitlab.static import write_images
+    from vitlab.figures.static import write_images
 
     figures, _ = _earlier_images(tmp_path)
     path = tmp_path / "new" / "deeper" / "a.png"
@@ -279,7 +279,7 @@ def test_a_static_export_that_writes_nothing_is_a_failure(tmp_path, monkeypatch)
     """A kaleido that returns without writing a file is reported as failed, naming the image, not as written."""
     import plotly.io as pio
 
-    from vitlab.static import write_images
+    from vitlab.figures.static import write_images
 
     figures, paths = _earlier_images(tmp_path)
     monkeypatch.setenv("BROWSER_PATH", "/bin/false")
@@ -515,7 +515,7 @@ def test_the_report_is_written_in_utf8_under_an_ascii_locale(tmp_path):
         import locale, sys
         from pathlib import Path
         import plotly.graph_objects as go
-        from vitlab.atomic import atomic_write_text
+        from vitlab.base.atomic import atomic_write_text
         from vitlab.report import write_report
         encoding = locale.getpreferredencoding(False)
         assert encoding.lower() in ("ascii", "ansi_x3.4-1968"), encoding
@@ -670,7 +670,7 @@ def test_a_model_with_random_weights_reproduces_no_finding(tmp_path):
     assert metrics["weights"] == "random initialisation (no pretrained weights)"
     judged = [v for v in metrics["verdicts"] if v["section"] in ("filters", "positions", "distance")]
     assert len(judged) >= 4 and all(v["verdict"] == "inconclusive" and v["details"]["untrained"] for v in judged)
-    from vitlab.explain import UNTRAINED_REASON
+    from vitlab.findings.explain import UNTRAINED_REASON
 
     page = (out / "report.html").read_text()
     text = html.unescape(page)  # the page as read: jinja2 escapes the reason's apostrophes
@@ -776,9 +776,9 @@ def test_the_distance_and_filter_prose_quote_fractions_in_their_verdicts_units()
     import numpy as np
     import torch
 
-    from vitlab import findings
+    from vitlab.base.intervals import fmt_value
+    from vitlab.findings import model as findings
     from vitlab.report import sections as S
-    from vitlab.verdict import fmt_value
 
     net, x = tiny_vit(), torch.randn(16, 3, 32, 32)
     inp = S.Inputs(net, vitlab.model_info(net), [str(i) for i in range(16)], x, [np.zeros((32, 32, 3), np.uint8)] * 16,

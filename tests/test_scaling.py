@@ -9,7 +9,7 @@ import re
 import pytest
 
 from vitlab.cli import main
-from vitlab.scaling import SWEEPS, ResultsStore, RunSpec, SweepConfig, check_executor, run_sweep, summarise
+from vitlab.studies.scaling import SWEEPS, ResultsStore, RunSpec, SweepConfig, check_executor, run_sweep, summarise
 
 QUICK = SWEEPS["quick"]
 
@@ -121,7 +121,7 @@ def test_summarise_means_and_spreads_over_seeds():
 
 
 def test_summarise_compute_means_the_flops_of_the_finished_runs_that_counted_them():
-    from vitlab.scaling import summarise_compute
+    from vitlab.studies.scaling import summarise_compute
 
     def rec(fam, n, flops, status="ok"):
         return {"status": status, "spec": {"family": fam, "size": n}, "metrics": {"pretrain_flops": flops}}
@@ -136,8 +136,8 @@ def test_classes_given_out_of_order_keep_each_image_with_its_class_name():
     become class 1; class 1 is left out."""
     import torch
 
-    from vitlab.data import ImageArray
-    from vitlab.scaling import _classes
+    from vitlab.data.datasets import ImageArray
+    from vitlab.studies.scaling import _classes
 
     data = ImageArray(torch.arange(6, dtype=torch.uint8).view(6, 1, 1, 1).expand(6, 2, 2, 3).clone(),
                       torch.tensor([0, 1, 2, 0, 1, 2]), ("cat", "dog", "frog"), "toy")
@@ -242,8 +242,8 @@ def test_sweep_shots_must_be_among_the_sweeps_own(tmp_path, capsys):
 def test_tuning_freezes_the_best_recipe_and_runs_report_their_best_validation_epoch(tmp_path, capsys):
     import dataclasses
 
-    from vitlab.scaling import SWEEPS, ResultsStore, run_sweep, summarise_compute
-    from vitlab.tuning import tune
+    from vitlab.studies.scaling import SWEEPS, ResultsStore, run_sweep, summarise_compute
+    from vitlab.studies.tuning import tune
 
     sweep = dataclasses.replace(SWEEPS["quick"], families=("vit_tiny",), val_per_class=5, epochs=2)
     grid = {"vit_tiny": (("adamw", 1e-3, 0.05), ("adamw", 1e-2, 0.05))}
@@ -275,8 +275,8 @@ def test_tuning_freezes_the_best_recipe_and_runs_report_their_best_validation_ep
     import json
 
     from vitlab.cli import main
-    from vitlab.scaling import markdown_table, summarise
-    from vitlab.tuning import tuning_table
+    from vitlab.studies.scaling import markdown_table, summarise
+    from vitlab.studies.tuning import tuning_table
 
     (tmp_path / "tuned.json").write_text(json.dumps(dataclasses.asdict(tuned)))
     (tmp_path / "sweep.tuning.jsonl").write_bytes((tmp_path / "tuning.jsonl").read_bytes())
@@ -292,8 +292,8 @@ def test_tuning_freezes_the_best_recipe_and_runs_report_their_best_validation_ep
 
 
 def test_fingerprint_changes_with_the_code(monkeypatch):
-    from vitlab import provenance
-    from vitlab.scaling import SWEEPS
+    from vitlab.base import provenance
+    from vitlab.studies.scaling import SWEEPS
 
     before = SWEEPS["quick"].fingerprint()
     monkeypatch.setattr(provenance, "code_hash", lambda: "different code")
@@ -312,10 +312,10 @@ def test_code_hash_is_the_code_the_process_imported(tmp_path):
 
     pkg = tmp_path / "vitlab"
     shutil.copytree(Path(vitlab.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    from vitlab.provenance import source_hash
+    from vitlab.base.provenance import source_hash
 
     copied = source_hash()  # the copy's files, before the edit (the same names and contents as this package's)
-    script = (f"import vitlab.provenance as p, pathlib; assert p.__file__.startswith({str(tmp_path)!r}); "
+    script = (f"import vitlab.base.provenance as p, pathlib; assert p.__file__.startswith({str(tmp_path)!r}); "
               f"f = pathlib.Path({str(pkg / 'stats.py')!r}); f.write_text(f.read_text() + '# edited'); "
               "print(p.code_hash(), p.source_hash())")  # asked for the first time after the edit
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path,
@@ -327,7 +327,7 @@ def test_code_hash_is_the_code_the_process_imported(tmp_path):
 
 def test_every_family_gets_a_training_config_with_the_sweeps_classes():
     import vitlab
-    from vitlab.scaling import FAMILIES, SWEEPS, RunSpec, _train_config
+    from vitlab.studies.scaling import FAMILIES, SWEEPS, RunSpec, _train_config
 
     sweep = SWEEPS["cifar10"]
     for family in ("vit", "bit", "hybrid"):
@@ -348,8 +348,8 @@ def test_every_family_gets_a_training_config_with_the_sweeps_classes():
 def test_the_shipped_sweep_meets_the_issues_design():
     """At least 5 nested sizes over at least 50x, 3 seeds, three families, a validation split, and the same number
     of tuning recipes for every family (an equal chance), within the training-image budget its comment states."""
-    from vitlab.scaling import SWEEPS, RunSpec, _train_config
-    from vitlab.tuning import TUNING_GRID
+    from vitlab.studies.scaling import SWEEPS, RunSpec, _train_config
+    from vitlab.studies.tuning import TUNING_GRID
 
     sweep = SWEEPS["cifar10"]
     assert len(sweep.sizes) >= 5 and max(sweep.sizes) / min(sweep.sizes) >= 50 and len(sweep.seeds) >= 3
@@ -367,8 +367,8 @@ def test_the_shipped_sweep_meets_the_issues_design():
 
 
 def test_percent_cell_known_answers_and_the_sweep_table_uses_it():
-    from vitlab.scaling import markdown_table, summarise
-    from vitlab.stats import percent_cell
+    from vitlab.base.stats import percent_cell
+    from vitlab.studies.scaling import markdown_table, summarise
 
     assert percent_cell([0.5]) == "50.0 ± 0.0"
     assert percent_cell([0.40, 0.42, 0.44]) == "42.0 ± 2.0"  # sample std of 40, 42, 44 is 2
@@ -381,7 +381,7 @@ def test_percent_cell_known_answers_and_the_sweep_table_uses_it():
 
 
 def test_tuning_table_orders_by_grid_marks_the_winner_and_shows_failures():
-    from vitlab.tuning import tuning_table
+    from vitlab.studies.tuning import tuning_table
 
     def rec(fam, opt, lr, wd, val=None, epoch=3):
         ok = val is not None
@@ -427,7 +427,7 @@ def test_a_dead_worker_fails_its_own_run_and_the_sweep_goes_on(tmp_path, monkeyp
 
     from _reference import CrashFirstWorker
 
-    from vitlab.scaling import execute_runs
+    from vitlab.studies.scaling import execute_runs
 
     monkeypatch.setenv("VITLAB_TEST_CRASH_FLAG", str(tmp_path / "crashed"))
     monkeypatch.setenv("VITLAB_TEST_PARENT_PID", str(os.getpid()))
@@ -445,7 +445,7 @@ def test_a_pool_that_breaks_between_runs_loses_no_run(tmp_path, monkeypatch):
     import concurrent.futures as cf
     from concurrent.futures.process import BrokenProcessPool
 
-    from vitlab.scaling import execute_runs
+    from vitlab.studies.scaling import execute_runs
 
     class Pool(InlinePool):  # runs each job in this process; the submits listed in `breaks` find the pool broken
         calls = 0
@@ -495,7 +495,7 @@ class InlinePool:
 def _stub_runs(monkeypatch, val=lambda sweep, spec: 0.5, fail=lambda sweep, spec: None) -> list:
     """Replace ``run_one`` with a stub returning metrics of a run (validation accuracy ``val(sweep, spec)``) or
     raising ``fail(sweep, spec)`` where that is not None; returns the list of (sweep, spec) it was called with."""
-    from vitlab import scaling
+    from vitlab.studies import scaling
 
     calls: list = []
 
@@ -520,7 +520,7 @@ GRID = {"vit_tiny": (("adamw", 1e-3, 0.05), ("adamw", 2e-3, 0.05)), "bit_tiny": 
 
 
 def test_tune_checks_the_sweep_config_before_running_a_trial(tmp_path, monkeypatch):
-    from vitlab.tuning import tune
+    from vitlab.studies.tuning import tune
 
     calls = _stub_runs(monkeypatch)
     for bad, match in ((dataclasses.replace(TUNE, families=("vit_tiny", "vit_huge")), "unknown model families"),
@@ -532,7 +532,7 @@ def test_tune_checks_the_sweep_config_before_running_a_trial(tmp_path, monkeypat
 
 def test_adding_a_family_reruns_only_its_own_tuning_trials(tmp_path, monkeypatch):
     """A trial's fingerprint depends on its own family's settings, not on which other families the sweep holds."""
-    from vitlab.tuning import tune
+    from vitlab.studies.tuning import tune
 
     calls = _stub_runs(monkeypatch)
     one = dataclasses.replace(TUNE, families=("vit_tiny",))
@@ -551,7 +551,7 @@ def test_tune_refuses_to_freeze_a_grid_with_failed_trials_and_a_rerun_runs_only_
     """One ViT trial fails and every ResNet trial fails: no config is frozen (the ResNet would otherwise train with
     the default recipe, the ViT be "tuned" on half its grid); the error names each trial, and running the same tuning
     again runs those three only."""
-    from vitlab.tuning import TuningIncomplete, tune
+    from vitlab.studies.tuning import TuningIncomplete, tune
 
     broken = lambda sweep, spec: (RuntimeError("out of memory") if spec.family == "bit_tiny"  # noqa: E731
                                   or sweep.recipes[0][2] == 2e-3 else None)
@@ -576,7 +576,7 @@ def test_tune_refuses_to_freeze_a_grid_with_failed_trials_and_a_rerun_runs_only_
     cfg = tmp_path / "t2.json"
     cfg.write_text(json.dumps(dataclasses.asdict(dataclasses.replace(TUNE, name="t2"))))
     out = tmp_path / "t2.tuned.json"
-    monkeypatch.setattr("vitlab.tuning.TUNING_GRID", GRID)
+    monkeypatch.setattr("vitlab.studies.tuning.TUNING_GRID", GRID)
     assert main(["sweep", "--config", str(cfg), "--results", str(tmp_path / "t2.jsonl"), "--tune", "--workers", "0",
                  "--save-config", str(out), "--quiet"]) == 1
     io = capsys.readouterr()
@@ -590,8 +590,8 @@ def test_a_worker_running_other_code_than_the_sweeps_refuses_and_records_the_par
     record carries the fingerprint the parent computed (the one the sweep matches on), and it runs nothing."""
     import concurrent.futures as cf
 
-    from vitlab import provenance
-    from vitlab.scaling import execute_runs
+    from vitlab.base import provenance
+    from vitlab.studies.scaling import execute_runs
 
     calls = _stub_runs(monkeypatch)
 
@@ -622,8 +622,8 @@ def test_a_run_that_imports_vitlab_code_after_the_files_changed_is_not_kept(tmp_
     import sys
     import types
 
-    from vitlab import provenance
-    from vitlab.scaling import execute_runs
+    from vitlab.base import provenance
+    from vitlab.studies.scaling import execute_runs
 
     late = "vitlab._imported_during_the_run"
     imports = []
@@ -672,7 +672,7 @@ def test_tune_writes_the_frozen_config_beside_the_results_by_default(tmp_path, m
     """Without --save-config the tuned config goes where `--table` and notebook 06 look for it (RESULTS with the
     suffix .tuned.json), not into the current folder."""
     _stub_runs(monkeypatch)
-    monkeypatch.setattr("vitlab.tuning.TUNING_GRID", GRID)
+    monkeypatch.setattr("vitlab.studies.tuning.TUNING_GRID", GRID)
     cfg = tmp_path / "t.json"
     cfg.write_text(json.dumps(dataclasses.asdict(TUNE)))
     elsewhere = tmp_path / "cwd"
@@ -691,12 +691,12 @@ def test_a_frozen_config_records_the_code_it_was_tuned_with_and_the_sweep_warns_
     import warnings
     from pathlib import Path
 
-    from vitlab import provenance
-    from vitlab.scaling import RecipeProvenanceWarning, load_sweep_config, recipe_provenance
-    from vitlab.tuning import tune
+    from vitlab.base import provenance
+    from vitlab.studies.scaling import RecipeProvenanceWarning, load_sweep_config, recipe_provenance
+    from vitlab.studies.tuning import tune
 
     _stub_runs(monkeypatch)
-    monkeypatch.setattr("vitlab.tuning.TUNING_GRID", GRID)
+    monkeypatch.setattr("vitlab.studies.tuning.TUNING_GRID", GRID)
     cfg = tmp_path / "t.json"
     cfg.write_text(json.dumps(dataclasses.asdict(TUNE)))
     results = tmp_path / "t.jsonl"
@@ -711,7 +711,7 @@ def test_a_frozen_config_records_the_code_it_was_tuned_with_and_the_sweep_warns_
         run_sweep(tuned, tmp_path / "a.jsonl", workers=0, progress=False)
     monkeypatch.setattr(provenance, "code_hash", lambda: "edited")  # the code changed since the tuning
     with pytest.warns(RecipeProvenanceWarning, match=f"tuned with vitlab code {tuned.tuned_code}, and this is code "
-                                                     "edited.*Re-tune with vitlab.tuning.tune "
+                                                     "edited.*Re-tune with vitlab.studies.tuning.tune "
                                                      r"\(`vitlab sweep --config ... --tune`; the trials rerun"):
         run_sweep(tuned, tmp_path / "b.jsonl", workers=0, progress=False)
     # the provenance is not an input of the runs: it leaves the fingerprint as it is
@@ -719,7 +719,7 @@ def test_a_frozen_config_records_the_code_it_was_tuned_with_and_the_sweep_warns_
     # a config frozen before provenance was recorded (the shipped one) loads, with its provenance unknown
     shipped = load_sweep_config(str(Path(__file__).resolve().parents[1] / "data/results/scaling_cifar10.tuned.json"))
     assert shipped.tuned_code is None and shipped.recipes
-    assert "provenance is unknown. Re-tune with vitlab.tuning.tune (`vitlab sweep" in recipe_provenance(shipped)
+    assert "provenance is unknown. Re-tune with vitlab.studies.tuning.tune (`vitlab sweep" in recipe_provenance(shipped)
     assert recipe_provenance(dataclasses.replace(shipped, recipes=())) is None  # no recipes: nothing to warn about
 
 
@@ -768,9 +768,9 @@ def test_a_named_data_set_keeps_the_fingerprint_formula_of_the_shipped_records(t
     fingerprint (grid and tuning trials) still recomputes from its own config and code hash."""
     from pathlib import Path
 
-    from vitlab import provenance
-    from vitlab.data import data_fingerprint
-    from vitlab.scaling import load_sweep_config
+    from vitlab.base import provenance
+    from vitlab.data.datasets import data_fingerprint
+    from vitlab.studies.scaling import load_sweep_config
 
     assert data_fingerprint("cifar10") is None and data_fingerprint("shapes") is None
     assert data_fingerprint(str(tmp_path / "nothing here")) == "missing"
@@ -818,7 +818,7 @@ def test_the_sweep_table_marks_the_recipes_the_runs_trained_with_and_only_their_
     """`--table` with a --config whose recipes differ from the stored runs' (a re-tuned config, same grid), and a
     tuning store that also holds a later re-tuning under other code: the marks are the runs' own recipes, the trials
     those of the runs' tuning, and where each winner sits in its grid is printed."""
-    from vitlab.tuning import tune, tuning_table
+    from vitlab.studies.tuning import tune, tuning_table
 
     _stub_runs(monkeypatch, val=lambda sweep, spec: sweep.recipes[0][2])  # the larger lr wins
     results = tmp_path / "s.jsonl"
@@ -849,8 +849,8 @@ def test_the_shipped_sweeps_tuning_evidence_says_where_its_winners_sit():
     ResNet's SGD lr 0.1 are the largest of their grids, which the lines say."""
     from pathlib import Path
 
-    from vitlab.scaling import load_sweep_config
-    from vitlab.tuning import plotted_recipes, recipe_grid_positions, tuning_trials_for
+    from vitlab.studies.scaling import load_sweep_config
+    from vitlab.studies.tuning import plotted_recipes, recipe_grid_positions, tuning_trials_for
 
     results = Path(__file__).resolve().parents[1] / "data" / "results"
     records = list(ResultsStore(results / "scaling_cifar10.jsonl").newest_sweep().values())
@@ -868,7 +868,7 @@ def test_the_shipped_sweeps_tuning_evidence_says_where_its_winners_sit():
     tied = copy.deepcopy(trials)
     for t in tied:
         t["metrics"]["best"]["val_accuracy"] = 0.5
-    from vitlab.tuning import TUNING_GRID
+    from vitlab.studies.tuning import TUNING_GRID
 
     grid_first = ("vit", *TUNING_GRID["vit"][0])
     for order in (tied, tied[::-1]):
@@ -881,7 +881,7 @@ def test_the_shipped_sweeps_tuning_evidence_says_where_its_winners_sit():
 def test_a_sweep_takes_a_config_with_list_fields(tmp_path, monkeypatch):
     """A config built in Python with lists (sizes=[...]) runs as one with tuples did (the fingerprints are kept per
     config object, not in a dict keyed by the unhashable config)."""
-    from vitlab.scaling import run_sweep
+    from vitlab.studies.scaling import run_sweep
 
     _stub_runs(monkeypatch)
     listed = dataclasses.replace(TUNE, sizes=list(TUNE.sizes))
@@ -896,10 +896,10 @@ def test_the_shipped_sweeps_flops_are_a_fresh_count_of_each_run():
 
     import torch
 
-    from vitlab.scaling import FAMILIES
-    from vitlab.train import step_flops
-    from vitlab.train_config import with_model_classes
-    from vitlab.zoo import build_model
+    from vitlab.models.zoo import build_model
+    from vitlab.studies.scaling import FAMILIES
+    from vitlab.train.config import with_model_classes
+    from vitlab.train.loop import step_flops
 
     root = Path(__file__).resolve().parents[1] / "data" / "results"
     per_image, seen = {}, 0
@@ -936,7 +936,7 @@ def test_a_sweep_config_file_is_checked_whole_before_any_run_or_path(tmp_path, m
     """"name": "../../../x" wrote the results file outside runs/sweeps/ (making folders on the way), and fields such
     as epochs, lr or a recipe's optimizer were refused only inside each run, once per run; load_sweep_config and the
     command line now refuse each by its field before anything runs or is written."""
-    from vitlab.sweep_config import load_sweep_config
+    from vitlab.studies.sweep_config import load_sweep_config
 
     fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(QUICK).items()}
     fields.update({"name": "mine", field: value})
@@ -952,7 +952,7 @@ def test_a_sweep_config_file_is_checked_whole_before_any_run_or_path(tmp_path, m
 def test_a_sweep_config_that_is_no_json_object_is_refused(tmp_path):
     """A sweep config holding a JSON list stopped with a TypeError traceback ('argument after ** must be a
     mapping'); it is now a ValueError naming the file."""
-    from vitlab.sweep_config import load_sweep_config
+    from vitlab.studies.sweep_config import load_sweep_config
 
     for text in ("[1, 2]", '"cifar10"', "null"):
         (tmp_path / "s.json").write_text(text)

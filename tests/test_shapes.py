@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from vitlab.data import DataError, load_dataset, load_shapes
-from vitlab.shapes import SHAPE_CLASSES, make_shapes
+from vitlab.data.datasets import DataError, load_dataset, load_shapes
+from vitlab.data.shapes import SHAPE_CLASSES, make_shapes
 
 
 def test_deterministic_and_balanced():
@@ -94,8 +94,8 @@ def test_the_shapes_recipe_leaves_the_chance_plateau_for_at_least_four_of_five_s
     """The shapes preset on a 10-epoch schedule, seeds 0-4 (about 2 minutes each on one core). With learned position
     embeddings this ViT sat on the chance plateau (25%) for most seeds; the preset's fixed 2D sin-cos table gives it
     the grid from the first step, and every seed measured left the plateau (54-65% after these 10 epochs)."""
-    from vitlab.train import train
-    from vitlab.train_config import PRESETS
+    from vitlab.train.config import PRESETS
+    from vitlab.train.loop import train
 
     cfg = dataclasses.replace(PRESETS["vit_shapes"], epochs=10, eval_every=10)
     accuracies = []

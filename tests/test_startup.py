@@ -61,7 +61,7 @@ def test_the_configs_load_no_torch(module):
 
 
 def test_an_unknown_preset_names_the_presets(capsys):
-    from vitlab.train_config import PRESETS
+    from vitlab.train.config import PRESETS
 
     assert main(["train", "--preset", "vit_cifar1O"]) == 2
     assert capsys.readouterr().err == f"unknown preset 'vit_cifar1O'; choose one of {', '.join(sorted(PRESETS))}\n"
@@ -88,9 +88,9 @@ import vitlab.inspect
 assert attention_rollout is vitlab.attention_rollout is vitlab.inspect.attention_rollout
 for name in vitlab.__all__:
     assert getattr(vitlab, name).__name__ == name, name
-import vitlab.zoo
-assert vitlab.ViTConfig is vitlab.zoo.ViTConfig
-print(type(vitlab.checkpoint).__name__)
+import vitlab.models.zoo
+assert vitlab.ViTConfig is vitlab.models.zoo.ViTConfig
+print(type(vitlab.models.checkpoint).__name__)
 """
     assert _python(script).stdout.split() == ["module"]
 
@@ -137,8 +137,8 @@ class _InterruptedImport(importlib.abc.MetaPathFinder):
 
 def test_ctrl_c_while_a_command_imports_its_modules_is_a_message_and_status_130(monkeypatch, capsys, tmp_path):
     """The heavy imports run inside the command's function, under main's handling of Ctrl-C."""
-    monkeypatch.delitem(sys.modules, "vitlab.export", raising=False)
-    monkeypatch.setattr(sys, "meta_path", [_InterruptedImport("vitlab.export"), *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "vitlab.train.export", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_InterruptedImport("vitlab.train.export"), *sys.meta_path])
     argv = ["export", "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--command-line", "c"]
     try:
         status = main(argv)

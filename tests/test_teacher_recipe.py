@@ -12,13 +12,13 @@ from _reference import three_class_split
 from safetensors.torch import load_file
 from torch import nn
 
-import vitlab.batches as B
-import vitlab.train as T
-from vitlab.augment import alternating_flips, random_crop_flip
-from vitlab.lookahead import Lookahead, lookahead_decay
-from vitlab.train import train
-from vitlab.train_config import PRESETS, TrainConfig, train_config_from_dict, train_config_to_dict
-from vitlab.zoo import CifarNetConfig
+import vitlab.train.batches as B
+import vitlab.train.loop as T
+from vitlab.models.zoo import CifarNetConfig
+from vitlab.train.augment import alternating_flips, random_crop_flip
+from vitlab.train.config import PRESETS, TrainConfig, train_config_from_dict, train_config_to_dict
+from vitlab.train.lookahead import Lookahead, lookahead_decay
+from vitlab.train.loop import train
 
 TINY_CNN = CifarNetConfig(widths=(8, 16, 16), num_classes=3)
 NEW_KEYS = ("flip", "lookahead_every", "lookahead_decay", "lookahead_power", "whiten_bias_epochs")

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file
 
 import vitlab
-from vitlab.history import read_history
-from vitlab.train import TrainingDiverged, lr_at, train
-from vitlab.train_config import PRESETS, with_num_classes
+from vitlab.train.config import PRESETS, with_num_classes
+from vitlab.train.history import read_history
+from vitlab.train.loop import TrainingDiverged, lr_at, train
 
 
 def _cli(*args: str, env=None) -> subprocess.Popen:
@@ -91,7 +91,7 @@ def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
 
 
 def test_settle_history_restores_the_checkpoints_record_and_drops_torn_lines(tmp_path):
-    from vitlab.run_folder import settle_history
+    from vitlab.train.run_folder import settle_history
 
     path = tmp_path / "metrics.jsonl"
     r1, r2, r3 = ({"epoch": e, "train_loss": 1.0 / e, "epoch_seconds": 10.0 * e} for e in (1, 2, 3))
@@ -116,8 +116,8 @@ def test_settle_history_restores_the_checkpoints_record_and_drops_torn_lines(tmp
 def test_settle_history_keeps_one_record_per_epoch_as_the_export_reads_it(tmp_path):
     """A line repeated in metrics.jsonl (an older resume) stayed through a resume, so read_history counted that
     epoch twice (its hours too); settled, the file holds what run_history reads from it: one record per epoch."""
-    from vitlab.history import run_history
-    from vitlab.run_folder import settle_history
+    from vitlab.train.history import run_history
+    from vitlab.train.run_folder import settle_history
 
     path = tmp_path / "metrics.jsonl"
     r1, r2 = ({"epoch": e, "train_loss": 1.0 / e, "epoch_seconds": 10.0 * e} for e in (1, 2))
@@ -130,7 +130,7 @@ def test_settle_history_keeps_one_record_per_epoch_as_the_export_reads_it(tmp_pa
 def test_history_as_of_keeps_each_epochs_latest_line_up_to_the_checkpoints():
     """One record per epoch, the latest line of each (a resume re-ran it), the checkpoint's own epoch included when
     its config carries no record, later epochs and lines without an epoch left out."""
-    from vitlab.history import history_as_of
+    from vitlab.train.history import history_as_of
 
     old, new = {"epoch": 2, "train_loss": 0.9}, {"epoch": 2, "train_loss": 0.5}
     records = [{"epoch": 1}, old, {"epoch": 3}, new, {"note": "no epoch"}, {"epoch": 4}]
@@ -140,7 +140,7 @@ def test_history_as_of_keeps_each_epochs_latest_line_up_to_the_checkpoints():
 
 
 def test_run_hours_adds_training_and_evaluation_seconds():
-    from vitlab.history import run_hours
+    from vitlab.train.history import run_hours
 
     history = [{"epoch": 1, "epoch_seconds": 1800.0}, {"epoch": 2, "epoch_seconds": 900.0, "eval_seconds": 36.0}]
     assert run_hours(history) == pytest.approx(0.76)  # (1800 + 900 + 36) s
@@ -173,7 +173,7 @@ def test_a_resume_after_a_lost_record_logs_every_epoch_once(tmp_path, tiny_data,
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_data, monkeypatch):
-    import vitlab.train as T
+    import vitlab.train.loop as T
 
     real = T.lr_at
     cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "data": str(tiny_data), "epochs": 3})
@@ -208,7 +208,7 @@ def test_the_preset_randaugment_specs_taken_without_timm_are_ones_timm_parses():
     parses each such spec, and a spec outside them is still refused by timm (test below)."""
     from timm.data.auto_augment import rand_augment_transform
 
-    from vitlab import train_config
+    from vitlab.train import config as train_config
 
     assert {c.randaugment for c in PRESETS.values()} - {None} <= train_config._TIMM_PARSES
     for spec in train_config._TIMM_PARSES:
@@ -221,7 +221,7 @@ def test_bad_settings_are_refused_by_name_before_the_run_folder_is_written(tmp_p
     import dataclasses
 
     from vitlab.cli import main, preset_config
-    from vitlab.zoo import ViTConfig
+    from vitlab.models.zoo import ViTConfig
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     tiny = dataclasses.replace(PRESETS["tiny"], data=str(tiny_data), epochs=1)
@@ -301,9 +301,9 @@ def test_a_killed_trainings_forked_workers_do_not_keep_the_run_folder_locked(tmp
     """kill -9 of a training leaves its forked batch workers running for a while; with an flock lock they kept the
     folder locked and the --resume right after was refused ('in use'). The record lock belongs to the killed
     process alone, so the folder is free at once while its forked child still lives."""
-    from vitlab.run_folder import run_lock
+    from vitlab.train.run_folder import run_lock
 
-    script = ("import os, signal, sys, time\nfrom pathlib import Path\nfrom vitlab.run_folder import run_lock\n"
+    script = ("import os, signal, sys, time\nfrom pathlib import Path\nfrom vitlab.train.run_folder import run_lock\n"
               "with run_lock(Path(sys.argv[1])):\n"
               "    pid = os.fork()\n"
               "    if pid == 0:\n"
@@ -390,8 +390,8 @@ def test_a_batchnorm_model_under_torchrun_is_told_its_statistics_are_per_process
 
 def test_export_ships_half_precision_with_a_card_that_reproduces(tmp_path, tiny_data, monkeypatch):
     from vitlab.cli import main
-    from vitlab.data import load_dataset
-    from vitlab.export import timm_pipeline_accuracy
+    from vitlab.data.datasets import load_dataset
+    from vitlab.train.export import timm_pipeline_accuracy
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "data": str(tiny_data), "epochs": 2})
@@ -413,8 +413,8 @@ def test_export_ships_half_precision_with_a_card_that_reproduces(tmp_path, tiny_
 def test_max_train_examples_draws_every_class_not_the_first_images():
     """An ImageFolder is stored class by class: the first 12 images would be one class. The run trains on a
     class-balanced draw fixed by its seed, the same on every call."""
-    from vitlab.data import ImageArray
-    from vitlab.train import training_subset
+    from vitlab.data.datasets import ImageArray
+    from vitlab.train.loop import training_subset
 
     labels = torch.arange(3).repeat_interleave(10)  # (30,) stored class by class, as a zip of class folders is
     data = ImageArray(torch.zeros(30, 4, 4, 3, dtype=torch.uint8), labels, ("a", "b", "c"), "sorted")
@@ -440,7 +440,7 @@ def test_resume_after_a_kill_between_the_checkpoint_renames(tmp_path):
     assert (run / "checkpoint" / "config.json").is_file() and not list(run.glob(".checkpoint.old.*"))
     assert (run / "run_id").read_text() == run_id  # a resume is the same run
     # two copies aside, the newer one cut short by a clean-up (no weights): the complete one comes back
-    from vitlab.checkpoint import recover_checkpoint
+    from vitlab.models.checkpoint import recover_checkpoint
 
     (run / "checkpoint").rename(run / ".checkpoint.old.good")
     (run / ".checkpoint.old.cut").mkdir()
@@ -496,8 +496,8 @@ def test_a_new_run_refuses_a_folder_that_holds_more_than_a_killed_first_epoch_le
 
 
 def test_validation_split_is_fixed_class_balanced_and_disjoint():
-    from vitlab.data import ImageArray
-    from vitlab.train import validation_split
+    from vitlab.data.datasets import ImageArray
+    from vitlab.train.loop import validation_split
 
     labels = torch.arange(3).repeat_interleave(10)
     images = torch.arange(30, dtype=torch.uint8).view(30, 1, 1, 1).expand(30, 2, 2, 3).contiguous()

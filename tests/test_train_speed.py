@@ -8,7 +8,7 @@ import json
 import pytest
 
 from benchmarks.train_speed import schedule_average
-from vitlab.train_config import PRESETS
+from vitlab.train.config import PRESETS
 
 FULL = {"images_per_second": 600.0, "student_gflops_per_image": 0.8, "teacher_gflops_per_image": 0.2, "mfu": 0.25,
         "compiled": True, "batch": 256}
@@ -67,9 +67,9 @@ def test_step_flops_matches_a_hand_count_whatever_attention_path_the_model_runs(
     out a third short for this model before."""
     import torch
 
-    from vitlab.modes import explicit_attention
-    from vitlab.train import step_flops
-    from vitlab.zoo import build_model, cifar_vit
+    from vitlab.base.modes import explicit_attention
+    from vitlab.models.zoo import build_model, cifar_vit
+    from vitlab.train.loop import step_flops
 
     D, M, C, L, T, B = 32, 64, 5, 2, 8 * 8 + 1, 4  # width, MLP, classes, blocks, tokens (64 patches + class), batch
     model = build_model(cifar_vit(embed_dim=D, depth=L, num_heads=2, mlp_dim=M, num_classes=C,
@@ -92,7 +92,7 @@ def test_step_flops_leaves_the_model_and_the_random_state_as_they_were():
     the benchmark timed (and the sweep measured) a model the count had changed. All three are as they were now."""
     import torch
 
-    from vitlab.train import step_flops
+    from vitlab.train.loop import step_flops
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vitlab.shipped import EMBEDDED
+from vitlab.base.shipped import EMBEDDED
 
 ROOT = Path(__file__).resolve().parents[1]
 #: what an sdist of vitlab holds, and so all a wheel is built from
@@ -77,7 +77,7 @@ def test_the_wheel_carries_the_embedded_default_and_stays_small(wheel_env):
 def test_the_wheel_runs_vitlab_info_outside_the_checkout(wheel_env):
     """The venv imports the wheel's vitlab (not this checkout's), and `vitlab info` loads the embedded default."""
     w = wheel_env
-    where = json.loads(_run([str(w["py"]), "-c", "import json, sys, vitlab, vitlab.choices as c; print(json.dumps("
+    where = json.loads(_run([str(w["py"]), "-c", "import json, sys, vitlab, vitlab.base.choices as c; print(json.dumps("
                                               "[vitlab.__file__, str(c.DEFAULT_CHECKPOINT), "
                                               "[type(f).__name__ for f in sys.meta_path]]))"],
                             w["cwd"], w["env"]).stdout)

@@ -14,7 +14,7 @@ from PIL import Image
 import vitlab
 
 pytest.importorskip("ipywidgets")
-from vitlab.widgets import AttentionExplorer, DistanceExplorer, PositionExplorer  # noqa: E402
+from vitlab.app.widgets import AttentionExplorer, DistanceExplorer, PositionExplorer  # noqa: E402
 
 
 @pytest.fixture
@@ -161,8 +161,8 @@ def test_a_headless_model_offers_attention_and_rollout_without_a_made_up_class()
     """num_classes=0 (timm's .orig_in21k weights): the output is the features, so no predicted class, no
     class-specific methods; attention and rollout still draw."""
     import vitlab
+    from vitlab.app.widgets import explorers
     from vitlab.inspect import gradient_rollout
-    from vitlab.widgets import explorers
 
     model = vitlab.build_model(vitlab.vit_config("Ti/4", img_size=32, depth=2, num_classes=0)).eval()
     x = torch.randn(2, 3, 32, 32)
@@ -242,7 +242,7 @@ def test_class_names_come_from_the_checkpoint_never_from_the_head_size(tmp_path)
     """The shipped CIFAR-10 default is named with CIFAR-10's classes; a 10-class model that does not say what it was
     trained on is not."""
     import vitlab
-    from vitlab.images import head_class_names
+    from vitlab.data.images import head_class_names
 
     assert head_class_names(vitlab.load_model())[:3] == ("airplane", "automobile", "bird")
     saved = vitlab.load_checkpoint(vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck"))  # 10 classes, no record
@@ -483,7 +483,7 @@ def test_a_convits_distance_explorer_marks_its_gated_positional_layers():
 def test_a_small_probability_is_not_printed_as_zero_percent():
     """A random ImageNet model's prediction (about 0.1%) was captioned '(0%)' in the report and the explorer's
     status; below 1% the caption now keeps a decimal, and under 0.1% says so."""
-    from vitlab.stats import probability_words
+    from vitlab.base.stats import probability_words
 
     assert [probability_words(p) for p in (0.734, 0.01, 0.0099, 0.001, 0.00094, 0.0)] == \
         ["73%", "1%", "1.0%", "0.1%", "< 0.1%", "< 0.1%"]

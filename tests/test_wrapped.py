@@ -101,8 +101,8 @@ def test_gradient_methods_inside_no_grad_contexts(vit, x32, context):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_model_features(vit, dtype):
-    from vitlab.features import extract_readouts
-    from vitlab.images import cifar_test_sample
+    from vitlab.data.images import cifar_test_sample
+    from vitlab.probe.features import extract_readouts
 
     data = cifar_test_sample().subset(range(4))
     want = extract_readouts(vit, data, cache=False)
@@ -131,7 +131,7 @@ def test_data_parallel_model_saved_as_its_module(vit, x32, tmp_path):
 
 
 def test_data_parallel_checkpoint_keeps_its_class_names(vit):
-    from vitlab.images import head_class_names
+    from vitlab.data.images import head_class_names
 
     vit.vitlab_checkpoint = {"train": {"data": "cifar10"}}  # what load_checkpoint attaches for a CIFAR-10 run
     names = head_class_names(vit)
@@ -140,7 +140,7 @@ def test_data_parallel_checkpoint_keeps_its_class_names(vit):
 
 
 def test_data_parallel_shapes_model_shown_shapes(vit):
-    from vitlab.images import default_images
+    from vitlab.data.images import default_images
 
     vit.vitlab_checkpoint = {"train": {"data": "shapes"}}
     names = default_images(vit, 2)[0]

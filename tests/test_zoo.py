@@ -1,4 +1,4 @@
-"""The model zoo (vitlab.zoo): pinned parameter counts, timm's own layouts as references, config checks.
+"""The model zoo (vitlab.models.zoo): pinned parameter counts, timm's own layouts as references, config checks.
 
 Big models are only built on the meta device (shapes, no memory, no init); everything that runs is tiny.
 """
@@ -15,7 +15,7 @@ from torch import nn
 
 import vitlab
 from vitlab import BiTConfig, HybridConfig, vit_config
-from vitlab.zoo import Preprocess
+from vitlab.models.zoo import Preprocess
 
 
 def n_params(model: nn.Module) -> int:
@@ -207,7 +207,7 @@ def test_model_configs_refuse_a_bool_for_a_count():
     """vit_config(num_classes=True), BiTConfig(width_factor=True), BiTConfig(layers=(True, 1)),
     CifarNetConfig(whiten_kernel=True) and CifarNetConfig(widths=(True, 8)) were accepted, each True to be read as 1
     (a bool is an int to Python); they are refused with their fields' messages."""
-    from vitlab.zoo import CifarNetConfig
+    from vitlab.models.zoo import CifarNetConfig
 
     for make, match in ((lambda: vit_config("Ti/16", num_classes=True), "num_classes must be an int >= 0"),
                         (lambda: BiTConfig(width_factor=True), "width_factor must be a positive int"),
@@ -314,18 +314,18 @@ def test_widened_stages_are_checked_at_the_width_they_are_built(channels, basic,
 
 
 def test_configs_round_widths_as_timm_builds_them():
-    """The configs check the widths timm builds without loading timm: vitlab.model_config's copy of timm's
+    """The configs check the widths timm builds without loading timm: vitlab.models.config's copy of timm's
     make_divisible gives timm's width for every width and factor a config can ask for."""
     from timm.layers import make_divisible
 
-    from vitlab import model_config
+    from vitlab.models import config as model_config
 
     widths = [c * f for c in range(1, 2049) for f in (0.25, 0.5, 1, 2, 3)]
     assert [model_config._make_divisible(w) for w in widths] == [make_divisible(w) for w in widths]
 
 
 def test_group_norm_keeps_at_least_k_channels_per_group():
-    from vitlab.zoo import group_count
+    from vitlab.models.zoo import group_count
 
     assert [group_count(c, 8) for c in (8, 32, 44, 48, 64, 256, 512)] == [1, 4, 4, 6, 8, 32, 32]
     assert all(c % group_count(c, 8) == 0 and c // group_count(c, 8) >= 8 for c in range(8, 600))
@@ -341,7 +341,7 @@ def test_group_norm_keeps_at_least_k_channels_per_group():
 def test_the_mlp_is_built_as_wide_as_asked():
     """mlp_dim / embed_dim times embed_dim rounds down for some pairs in floating point (88, 120: 119.99...); every
     block's hidden layer is exactly mlp_dim wide."""
-    from vitlab.zoo import cifar_vit
+    from vitlab.models.zoo import cifar_vit
 
     for embed_dim, mlp_dim in ((88, 120), (256, 512), (24, 100), (96, 312)):
         model = vitlab.build_model(cifar_vit(depth=1, embed_dim=embed_dim, num_heads=2, mlp_dim=mlp_dim))

@@ -4,25 +4,15 @@ The public names load on first use (PEP 562), so that ``import vitlab`` and the 
 load no torch or timm: ``vitlab.attention_rollout`` imports ``vitlab.inspect`` then.
 """
 
-# first: stamps the code and commit this process loads (see vitlab.provenance.code_hash)
-from vitlab import provenance as _provenance  # noqa: F401, I001
+# first: stamps the code and commit this process loads (see vitlab.base.provenance.code_hash)
+from vitlab.base import provenance as _provenance  # noqa: I001
 
 import importlib as _importlib
 import importlib.util as _importlib_util
 import typing as _typing
 
 if _typing.TYPE_CHECKING:
-    from vitlab.capture import (
-        AttentionCapture,
-        AttentionCaptureError,
-        attention_maps,
-        capture_attention,
-        find_attention_modules,
-    )
-    from vitlab.checkpoint import load_checkpoint, save_checkpoint
-    from vitlab.errors import ModelLoadError
-    from vitlab.finetune import resize_for_finetuning
-    from vitlab.info import ModelInfo, model_info
+    from vitlab.base.errors import ModelLoadError
     from vitlab.inspect import (
         attention_rollout,
         cka,
@@ -42,11 +32,21 @@ if _typing.TYPE_CHECKING:
         randomization_sanity,
         token_norms,
     )
-    from vitlab.model_config import BiTConfig, HybridConfig, ViTConfig, vit_config
-    from vitlab.models import load_model
-    from vitlab.zoo import build_model
+    from vitlab.inspect.capture import (
+        AttentionCapture,
+        AttentionCaptureError,
+        attention_maps,
+        capture_attention,
+        find_attention_modules,
+    )
+    from vitlab.models.checkpoint import load_checkpoint, save_checkpoint
+    from vitlab.models.config import BiTConfig, HybridConfig, ViTConfig, vit_config
+    from vitlab.models.finetune import resize_for_finetuning
+    from vitlab.models.info import ModelInfo, model_info
+    from vitlab.models.load import load_model
+    from vitlab.models.zoo import build_model
 
-__version__ = "0.1.0"
+__version__ = _provenance.VERSION
 
 __all__ = [
     "AttentionCapture",
@@ -88,25 +88,25 @@ __all__ = [
 #: The module each public name comes from
 _SOURCES = {
     **dict.fromkeys(["AttentionCapture", "AttentionCaptureError", "attention_maps", "capture_attention",
-                     "find_attention_modules"], "vitlab.capture"),
-    **dict.fromkeys(["load_checkpoint", "save_checkpoint"], "vitlab.checkpoint"),
-    "ModelLoadError": "vitlab.errors",
-    "resize_for_finetuning": "vitlab.finetune",
-    **dict.fromkeys(["ModelInfo", "model_info"], "vitlab.info"),
+                     "find_attention_modules"], "vitlab.inspect.capture"),
+    **dict.fromkeys(["load_checkpoint", "save_checkpoint"], "vitlab.models.checkpoint"),
+    "ModelLoadError": "vitlab.base.errors",
+    "resize_for_finetuning": "vitlab.models.finetune",
+    **dict.fromkeys(["ModelInfo", "model_info"], "vitlab.models.info"),
     **dict.fromkeys(["attention_rollout", "compare_methods", "deletion_insertion", "embedding_filter_pca",
                      "gradient_rollout", "integrated_gradients", "localisation", "mean_attention_distance", "occlusion",
                      "position_embedding_similarity", "position_structure_score", "randomization_sanity", "cka",
                      "layer_similarity", "head_importance", "prefix_attention", "token_norms"],
                     "vitlab.inspect"),
-    "load_model": "vitlab.models",
-    **dict.fromkeys(["BiTConfig", "HybridConfig", "ViTConfig", "vit_config"], "vitlab.model_config"),  # no torch
-    "build_model": "vitlab.zoo",
+    "load_model": "vitlab.models.load",
+    **dict.fromkeys(["BiTConfig", "HybridConfig", "ViTConfig", "vit_config"], "vitlab.models.config"),  # no torch
+    "build_model": "vitlab.models.zoo",
 }
 
 
 def __getattr__(name: str) -> _typing.Any:
     """A public name from its module, imported on first use (then kept here); a submodule by its name, as when this
-    package imported them all (``vitlab.zoo`` after ``import vitlab``)."""
+    package imported them all (``vitlab.models.zoo`` after ``import vitlab``)."""
     if name in _SOURCES:
         value = getattr(_importlib.import_module(_SOURCES[name]), name)
         globals()[name] = value

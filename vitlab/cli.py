@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 # torch-free: the parser is built (--help, an argument error) without loading torch or timm; each command imports
 # what it needs itself, inside main's handling of errors and Ctrl-C
-from vitlab.choices import CACHE_KINDS, DEVICE_HELP, PUBLIC_DATASETS, READOUTS
-from vitlab.train_config import PRESETS
+from vitlab.base.choices import CACHE_KINDS, DEVICE_HELP, PUBLIC_DATASETS, READOUTS
+from vitlab.train.config import PRESETS
 
 if TYPE_CHECKING:
-    from vitlab.sweep_config import SweepConfig
-    from vitlab.train_config import TrainConfig
+    from vitlab.studies.sweep_config import SweepConfig
+    from vitlab.train.config import TrainConfig
 
 
 
@@ -119,7 +119,7 @@ def _check_output_file(path: str, flag: str, example: str) -> None:
 def _model_files(model: str | None, weights: str | None) -> list[Path]:
     """The files that loading ``--model`` (and ``--weights``) reads: a checkpoint's folder's files (the embedded
     default's when ``model`` is None; a checkpoint given by one of its files is its folder), and the weights file."""
-    from vitlab.choices import DEFAULT_CHECKPOINT  # torch-free: checked before the model loads
+    from vitlab.base.choices import DEFAULT_CHECKPOINT  # torch-free: checked before the model loads
 
     files = [Path(weights)] if weights else []
     p = DEFAULT_CHECKPOINT if model is None else Path(model)
@@ -142,17 +142,18 @@ def _check_not_an_input(path: str, flag: str, inputs: Sequence[Path]) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    import vitlab
-    from vitlab.checkpoint import card_line, card_metric, model_card
+    from vitlab.models.checkpoint import card_line, card_metric, model_card
+    from vitlab.models.info import model_info
+    from vitlab.models.load import load_model
 
-    model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights)
+    model = load_model(args.model, pretrained=args.pretrained, weights=args.weights)
     params = sum(p.numel() for p in model.parameters())
     card = model_card(model)
     source = (getattr(model, "vitlab_checkpoint", {}).get("path") or (f"{args.weights} (local file)" if args.weights
               else (model.pretrained_cfg.get("hf_hub_id") or "timm pretrained") if args.pretrained and args.model
               else "random initialisation"))
     try:
-        info = vitlab.model_info(model, img_size=tuple(args.img_size) if args.img_size else None)
+        info = model_info(model, img_size=tuple(args.img_size) if args.img_size else None)
     except TypeError:  # a CNN: no tokens to describe
         if args.img_size:  # not left out without a word
             raise ValueError(f"--img-size gives a ViT's token grid at another input size; {args.model} is a "
@@ -166,7 +167,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(d, indent=2))
         return 0
-    from vitlab.info import architecture_words
+    from vitlab.models.info import architecture_words
 
     arch = architecture_words(model, info) if info is not None else d["architecture"]  # as the report's facts
     rows = [("model", args.model or "embedded default"), ("architecture", arch),
@@ -202,7 +203,7 @@ def preset_config(preset: str, sets: list[str] | None = None, epochs: int | None
     its own ValueError."""
     if preset not in PRESETS:  # told at once, before torch and timm load
         raise OptionError(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
-    from vitlab.model_config import replace_fields
+    from vitlab.models.config import replace_fields
 
     cfg = PRESETS[preset]
     changes = {}
@@ -236,9 +237,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     except OptionError as e:
         print(e, file=sys.stderr)
         return 2
-    from vitlab.data import cache_dir
-    from vitlab.models import DEFAULT_CHECKPOINT
-    from vitlab.train import train
+    from vitlab.data.datasets import cache_dir
+    from vitlab.models.load import DEFAULT_CHECKPOINT
+    from vitlab.train.loop import train
 
     def say(text: str) -> None:  # under torchrun the main process alone (every process decides the same)
         if os.environ.get("RANK", "0") == "0":
@@ -247,7 +248,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     run = Path(args.run or cache_dir() / "runs" / args.preset)  # outside the work tree: survives a fresh checkout
     resume = args.resume
     if args.continue_run:
-        from vitlab.run_folder import continue_run
+        from vitlab.train.run_folder import continue_run
 
         cfg, resume = continue_run(run, DEFAULT_CHECKPOINT.parent / args.preset, cfg, say)
     say(f"run folder: {run}")
@@ -264,7 +265,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} is --run-dir {args.run_dir}, inside it or above it: the export would replace "
                          "the run's training state (its checkpoint, the --resume point); give --out a folder outside "
                          "the run, e.g. data/checkpoints/NAME")
-    from vitlab.export import export_run
+    from vitlab.train.export import export_run
 
     facts = export_run(args.run_dir, args.out, command=args.command_line, hardware=args.hardware, goal=args.goal)
     print(json.dumps(facts, indent=2))
@@ -279,16 +280,16 @@ def cmd_probe(args: argparse.Namespace) -> int:
         _check_not_an_input(args.json, "--json", _model_files(args.model, args.weights) + [Path(args.data)])
     import torch
 
-    import vitlab
-    from vitlab.data import load_splits, nested_subsets
-    from vitlab.devices import resolve_device
-    from vitlab.features import extract_features, readout_description
-    from vitlab.probe import DEFAULT_L2, few_shot_accuracy, format_table, linear_probe_accuracy
+    from vitlab.base.devices import resolve_device
+    from vitlab.data.datasets import load_splits, nested_subsets
+    from vitlab.models.load import load_model
+    from vitlab.probe.features import extract_features, readout_description
+    from vitlab.probe.linear import DEFAULT_L2, few_shot_accuracy, format_table, linear_probe_accuracy
 
     if args.l2 is None:
         args.l2 = DEFAULT_L2
     dev = resolve_device(args.device)
-    model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
+    model = load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
     train, test = load_splits(args.data, progress=not args.quiet)
     shots = max(args.shots)
     counts = torch.bincount(train.labels, minlength=len(train.classes))
@@ -321,8 +322,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
           f"{ftr.shape[1]}-d features ({readout_description(model, args.readout)}), l2 = {args.l2:g}, {args.seeds} seeds")
     print(format_table(res, full))
     if args.json:
-        from vitlab.atomic import atomic_write_text
-        from vitlab.provenance import versions
+        from vitlab.base.atomic import atomic_write_text
+        from vitlab.base.provenance import versions
 
         out = {"model": args.model, "data": args.data, "readout": args.readout, "l2": args.l2, "train": len(train),
                "test": len(test),
@@ -338,7 +339,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                          "pass one of them")
     if args.save_config and not args.tune:
         raise ValueError("--save-config writes the config --tune freezes: pass --tune too, or leave --save-config out")
-    from vitlab.sweep_config import load_sweep_config  # torch-free: the checks below come before torch loads
+    from vitlab.studies.sweep_config import load_sweep_config  # torch-free: the checks below come before torch loads
 
     sweep = load_sweep_config(args.config)
     results = args.results or f"runs/sweeps/{sweep.name}.jsonl"
@@ -351,19 +352,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         _check_not_an_input(args.plot, "--plot", [*stores, Path(args.config)])
     if args.save_config:
         _check_not_an_input(args.save_config, "--save-config", stores)
-    from vitlab.scaling import ResultsStore, run_sweep, summarise
+    from vitlab.studies.scaling import ResultsStore, run_sweep, summarise
 
     if args.table:  # default: 10-shot (the sweep's; the paper's Fig. 4 is 5-shot) where probed, else its largest
         shots = args.shots if args.shots is not None else 10 if 10 in sweep.shots else max(sweep.shots)
         return _sweep_tables(sweep, Path(results), shots, args.plot)
     if args.tune:
-        from vitlab.tuning import tune
+        from vitlab.studies.tuning import tune
 
         tuned = tune(sweep, Path(results).with_suffix(".tuning.jsonl"), progress=not args.quiet,
                      executor=args.executor, workers=args.workers, address=args.address, work_dir=args.work_dir)
         # beside the results, where `--table` and notebook 06 look for it (not the current folder)
         out = args.save_config or str(Path(results).with_suffix(".tuned.json"))
-        from vitlab.atomic import atomic_write_text
+        from vitlab.base.atomic import atomic_write_text
 
         atomic_write_text(out, json.dumps(dataclasses.asdict(tuned), indent=2) + "\n")
         print(f"tuned recipes {list(tuned.recipes)} (with vitlab code {tuned.tuned_code}); frozen config written to "
@@ -388,14 +389,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _scaling_plot(records: list[dict], name: str, shots: int, path: str) -> None:
     """Both panels of the sweep's figure (against images and against FLOPs) to ``path`` (.html, or .png)."""
-    from vitlab.atomic import atomic_write
-    from vitlab.plots import scaling_curves
-    from vitlab.scaling import summarise, summarise_compute
+    from vitlab.base.atomic import atomic_write
+    from vitlab.figures.plots import scaling_curves
+    from vitlab.studies.scaling import summarise, summarise_compute
 
     fig = scaling_curves(summarise(records, shots), title=f"Sweep {name}: {shots}-shot accuracy on held-out classes "
                          "(error bars: std over seeds)", compute=summarise_compute(records) or None)
     if path.endswith(".png"):  # static export through kaleido: needs a Chromium
-        from vitlab.static import chromium_for_export, find_chromium, no_chromium_reason
+        from vitlab.figures.static import chromium_for_export, find_chromium, no_chromium_reason
 
         browser = find_chromium()
         if browser is None:
@@ -410,11 +411,11 @@ def _scaling_plot(records: list[dict], name: str, shots: int, path: str) -> None
 def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | None = None) -> int:
     """``vitlab sweep --table``: the README's tables and verdict from a results store, running nothing. The records
     are the latest of each grid run of ``sweep.name`` whatever code made them (one fingerprint, or an error)."""
-    from vitlab.explain import explain
-    from vitlab.scaling import ResultsStore, markdown_table, one_config, summarise
-    from vitlab.study_findings import scaling_gap_narrows
-    from vitlab.tuning import plotted_recipes, recipe_grid_positions, tuning_table, tuning_trials_for
-    from vitlab.verdict import verdict_table
+    from vitlab.findings.explain import explain
+    from vitlab.findings.studies import scaling_gap_narrows
+    from vitlab.findings.verdict import verdict_table
+    from vitlab.studies.scaling import ResultsStore, markdown_table, one_config, summarise
+    from vitlab.studies.tuning import plotted_recipes, recipe_grid_positions, tuning_table, tuning_trials_for
 
     in_grid = {s.run_id for s in sweep.runs()}
     records = [r for k, r in ResultsStore(results).latest(sweep.name).items() if k in in_grid]
@@ -459,19 +460,19 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
 def cmd_mpp_study(args: argparse.Namespace) -> int:
     if args.run_root and Path(args.run_root).exists() and not Path(args.run_root).is_dir():  # before torch loads
         raise ValueError(f"--run-root {args.run_root} is a file; give a folder for the pre-training runs")
-    from vitlab.explain import explain
-    from vitlab.features import READOUT_NAMES, READOUTS
-    from vitlab.mpp_study import (
+    from vitlab.findings.explain import explain
+    from vitlab.findings.judge import mpp_verdicts
+    from vitlab.findings.verdict import verdict_table
+    from vitlab.probe.features import READOUT_NAMES, READOUTS
+    from vitlab.studies.mpp import (
         STUDIES,
         default_results,
         markdown_tables,
         row_status,
         run_study,
         shown_records,
-        study_verdicts,
     )
-    from vitlab.scaling import ResultsStore
-    from vitlab.verdict import verdict_table
+    from vitlab.studies.scaling import ResultsStore
 
     study = STUDIES[args.study]
     if args.run_root:
@@ -501,7 +502,7 @@ def cmd_mpp_study(args: argparse.Namespace) -> int:
         print(f"Few-shot features: {READOUT_NAMES[readout]}\n")
         print(markdown_tables(records, readout) + "\n")
     print(f"The latest finished record of each row of study {study.name} in {results}: {shown}; {against}.\n")
-    verdicts = study_verdicts(records, study.verdict_shots)
+    verdicts = mpp_verdicts(records, study.verdict_shots)
     if verdicts:
         print(verdict_table(verdicts))
         print(explain(verdicts))
@@ -511,13 +512,13 @@ def cmd_mpp_study(args: argparse.Namespace) -> int:
 def _check_app_model(model: str | None, num_images: int, pretrained: bool = True, weights: str | None = None) -> None:
     """Load ``model`` as the explorer's kernel will and check that it has attention to show and ``num_images`` of
     its default images, before any server starts."""
-    import vitlab
-    from vitlab.images import default_image_count, default_source
-    from vitlab.info import has_attention
+    from vitlab.data.images import default_image_count, default_source
+    from vitlab.models.info import has_attention, model_info
+    from vitlab.models.load import load_model
 
-    net = vitlab.load_model(model or None, pretrained=pretrained, weights=weights)
+    net = load_model(model or None, pretrained=pretrained, weights=weights)
     try:
-        vitlab.model_info(net)
+        model_info(net)
     except TypeError as e:
         what = "cannot be read by the explorer" if has_attention(net) else "has no self-attention for the explorer to show"
         raise ValueError(f"{model or 'the embedded default'} {what} ({e}): pass a ViT-family model") from e
@@ -558,26 +559,28 @@ def cmd_app(args: argparse.Namespace) -> int:
 
 def cmd_capture(args: argparse.Namespace) -> int:
     _check_output_file(args.out, "--out", "attention.safetensors")  # at once, before torch loads
-    _check_not_an_input(args.out, "--out", _model_files(args.model, args.weights))  # the images' after vitlab.data
+    _check_not_an_input(args.out, "--out", _model_files(args.model, args.weights))  # the images' after vitlab.data.datasets
     from safetensors.torch import save_file
 
-    import vitlab
-    from vitlab.atomic import atomic_write
-    from vitlab.data import image_files
-    from vitlab.images import load_images
+    from vitlab.base.atomic import atomic_write
+    from vitlab.data.datasets import image_files
+    from vitlab.data.images import load_images
+    from vitlab.inspect.capture import attention_maps
+    from vitlab.models.info import model_info
+    from vitlab.models.load import load_model
 
     images = image_files(Path(args.images)) if args.images and Path(args.images).is_dir() else []
     _check_not_an_input(args.out, "--out", images)
-    from vitlab.devices import resolve_device
+    from vitlab.base.devices import resolve_device
 
     dev = resolve_device(args.device)
-    model = vitlab.load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
+    model = load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
     names, x, _ = load_images(model, args.images, limit=args.num_images, skip_bad=args.skip_bad)
-    maps = vitlab.attention_maps(model, x.to(dev), head_fusion=args.head_fusion, queries=args.queries,
+    maps = attention_maps(model, x.to(dev), head_fusion=args.head_fusion, queries=args.queries,
                                  batch_size=args.batch_size).cpu()
     meta = {"images": json.dumps(names)}
     try:  # the token layout, so that a reader of the file alone tells prefix tokens (class, registers) from patches
-        info = vitlab.model_info(model, img_size=tuple(x.shape[-2:]))
+        info = model_info(model, img_size=tuple(x.shape[-2:]))
     except TypeError:  # a model vitlab captures but cannot describe (timm's NaFlexVit)
         pass
     else:
@@ -590,9 +593,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from vitlab.recipe import recipe_runs
+    from vitlab.findings.recipe import recipe_runs
+    from vitlab.findings.verdict import Verdict, verdict_table
     from vitlab.report import reproduce
-    from vitlab.verdict import Verdict, verdict_table
 
     runs = recipe_runs(args.model) if args.model else [None]  # --model repeated, or a folder of runs: a recipe
     out = reproduce(model=runs[0] if len(runs) == 1 else runs, images=args.images, out=args.out, pretrained=args.pretrained,
@@ -613,7 +616,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from vitlab.data import fetch_cifar
+    from vitlab.data.datasets import fetch_cifar
 
     where, fetched = fetch_cifar(args.name)
     print(f"{args.name}: downloaded into {where}" if fetched else f"{args.name}: already here, read from {where}")
@@ -654,8 +657,8 @@ def _entry_rows(entries, root: Path, now: float) -> list[str]:
 def cmd_cache(args: argparse.Namespace) -> int:
     import time
 
-    from vitlab.cache_admin import KINDS, TEMP_GRACE_S, prune_cache, scan_cache
-    from vitlab.data import cache_dir
+    from vitlab.data.cache import KINDS, TEMP_GRACE_S, prune_cache, scan_cache
+    from vitlab.data.datasets import cache_dir
 
     now = time.time()
     root = cache_dir()
@@ -706,7 +709,7 @@ def user_path(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vitlab import __version__
+    from vitlab.base.provenance import VERSION as __version__
 
     p = argparse.ArgumentParser(prog="vitlab", description="Look inside Vision Transformers.")
     p.add_argument("--version", action="version", version=f"vitlab {__version__}")
@@ -793,7 +796,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "10 25)")
     sp.add_argument("--seeds", type=positive_int, default=3, help="random draws per shot count (default 3)")
     sp.add_argument("--l2", type=float, default=None,
-                    help="ridge regularisation (default vitlab.probe.DEFAULT_L2 = 2**10, as big_vision)")
+                    help="ridge regularisation (default vitlab.probe.linear.DEFAULT_L2 = 2**10, as big_vision)")
     sp.add_argument("--no-full", dest="full", action="store_false",
                     help="skip the logistic-regression probe on all training features")
     sp.add_argument("--readout", choices=READOUTS, default="model",

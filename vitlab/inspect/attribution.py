@@ -21,11 +21,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import capture_attention, check_images
-from vitlab.checks import check_count
-from vitlab.info import ModelInfo, model_info
+from vitlab.base.checks import check_count
+from vitlab.base.modes import eval_mode, frozen_parameters, unwrapped
+from vitlab.inspect.capture import capture_attention, check_images
 from vitlab.inspect.rollout import attention_rollout, check_readout, check_start_layer, readout_vector
-from vitlab.modes import eval_mode, frozen_parameters, unwrapped
+from vitlab.models.info import ModelInfo, model_info
 
 __all__ = ["gradient_rollout", "integrated_gradients", "occlusion", "patch_mask", "ATTRIBUTION_METHODS",
            "attribution", "attribution_method", "predicted_class", "has_classifier", "require_classifier",

@@ -27,10 +27,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import check_images
-from vitlab.checks import check_count
+from vitlab.base.checks import check_count
+from vitlab.base.modes import eval_mode, unwrapped
+from vitlab.inspect.capture import check_images
 from vitlab.inspect.residual import block_list, capture_blocks
-from vitlab.modes import eval_mode, unwrapped
 
 __all__ = ["cka", "hsic_gram", "MinibatchCKA", "layer_similarity", "layer_features", "REPRESENTATIONS",
            "Representation"]

@@ -11,10 +11,11 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from vitlab.capture import check_images
-from vitlab.checks import check_count, check_seed
-from vitlab.info import model_info
+from vitlab.base.checks import check_count, check_seed
+from vitlab.base.modes import unwrapped
+from vitlab.data.shapes import LOCALISATION_SHAPES
 from vitlab.inspect.attribution import ATTRIBUTION_METHODS, attribution_method, require_classifier, target_classes
+from vitlab.inspect.capture import check_images
 from vitlab.inspect.faithfulness import (
     check_masks,
     deletion_insertion_scorer,
@@ -22,11 +23,10 @@ from vitlab.inspect.faithfulness import (
     randomization_sanity,
     randomized_copy,
 )
-from vitlab.modes import unwrapped
-from vitlab.shapes import LOCALISATION_SHAPES
+from vitlab.models.info import model_info
 
 if TYPE_CHECKING:
-    from vitlab.data import ImageArray
+    from vitlab.data.datasets import ImageArray
 
 __all__ = ["MethodScores", "compare_methods", "shapes_localisation"]
 
@@ -105,12 +105,12 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
 def shapes_localisation(model: nn.Module, n: int = LOCALISATION_SHAPES, sanity: bool = True,
                         progress: bool | None = None, on_method: Callable[[str], None] | None = None
                         ) -> tuple[ImageArray, list[MethodScores], dict[str, Tensor]]:
-    """``compare_methods`` on the first ``n`` test shapes (``vitlab.data.load_shapes("test", n)``: true classes as
+    """``compare_methods`` on the first ``n`` test shapes (``vitlab.data.datasets.load_shapes("test", n)``: true classes as
     targets, their object masks for the localisation scores), preprocessed as ``model`` expects, on its device:
     what ``vitlab reproduce``'s localisation table and notebook 04 both measure, so they give the same numbers.
     Returns (the shapes' ``ImageArray``, the rows, the maps on the model's device); ``model`` must take
-    ``pretrained_cfg``'s input size (the shipped shapes ViT: ``vitlab.models.SHAPES_CHECKPOINT``)."""
-    from vitlab.data import load_shapes, normalize
+    ``pretrained_cfg``'s input size (the shipped shapes ViT: ``vitlab.models.load.SHAPES_CHECKPOINT``)."""
+    from vitlab.data.datasets import load_shapes, normalize
 
     cfg = model.pretrained_cfg
     data = load_shapes("test", n=n, size=cfg["input_size"][-1])

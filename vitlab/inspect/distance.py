@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import capture_attention, check_images
-from vitlab.checks import check_count
-from vitlab.info import model_info
-from vitlab.modes import unwrapped
+from vitlab.base.checks import check_count
+from vitlab.base.modes import unwrapped
+from vitlab.inspect.capture import capture_attention, check_images
+from vitlab.models.info import model_info
 
 
 def patch_distances(grid: tuple[int, int], patch: tuple[int, int], dtype=torch.float64) -> Tensor:
@@ -82,3 +82,9 @@ def mean_attention_distance(model: nn.Module, images: Tensor, *, batch_size: int
             out.append(cap.stack())  # (L, B, H)
     per = torch.cat(out, dim=1).float()  # (L, B, H)
     return per if per_image else per.mean(1)
+
+
+def uniform_attention_distance(grid: tuple[int, int], patch: tuple[int, int]) -> float:
+    """Mean attention distance in pixels of a head that attends uniformly to all patches (itself included):
+    the mean of ``patch_distances`` over all query-key pairs. About 0.52 * image side for large grids."""
+    return float(patch_distances(grid, patch).mean())

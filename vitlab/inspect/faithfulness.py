@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitlab.capture import check_images
-from vitlab.checks import check_count, check_seed
-from vitlab.info import model_info
+from vitlab.base.checks import check_count, check_seed
+from vitlab.base.modes import eval_mode, unwrapped
+from vitlab.base.stats import spearman
 from vitlab.inspect.attribution import (
     attribution_method,
     has_classifier,
@@ -30,9 +30,9 @@ from vitlab.inspect.attribution import (
     require_classifier,
     target_classes,
 )
+from vitlab.inspect.capture import check_images
 from vitlab.inspect.rollout import attention_rollout
-from vitlab.modes import eval_mode, unwrapped
-from vitlab.stats import spearman
+from vitlab.models.info import model_info
 
 __all__ = ["deletion_insertion", "deletion_insertion_scorer", "randomization_sanity", "localisation", "rank_correlation",
            "randomized_copy", "check_masks"]

@@ -7,11 +7,13 @@ components, reshaped back to (C, P, P) filters. Conv (timm ``PatchEmbed.proj``) 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vitlab.checks import check_count, whole_index
-from vitlab.modes import unwrapped
+from vitlab.base.checks import check_count, whole_index
+from vitlab.base.modes import unwrapped
+from vitlab.base.stats import Array, as_float64
 
 
 def _filters(model: nn.Module) -> Tensor:
@@ -101,3 +103,42 @@ def random_filter_pca_ratios(model: nn.Module, k: int = 28, draws: int = 5) -> T
 def embedding_filters(model: nn.Module) -> Tensor:
     """(D, C, P, P) float32 patch-embedding filters of a pixel-patch ViT (conv or linear layout; a hybrid refused)."""
     return _filters(model)
+
+
+def _dct_energy(components: Array) -> np.ndarray:
+    """(k, P, Q) squared orthonormal 2D DCT-II coefficients of (k, C, P, Q) filters, pooled over channels."""
+    w = as_float64(components)
+    if w.ndim != 4:
+        raise ValueError(f"components must be (k, C, P, Q) filters, got shape {w.shape}")
+    p, q = w.shape[-2:]
+
+    def dct_matrix(n: int) -> np.ndarray:  # (n, n) orthonormal DCT-II: row u is the u-th cosine
+        k, i = np.arange(n)[:, None], np.arange(n)[None]
+        m = np.sqrt(2.0 / n) * np.cos(np.pi * (2 * i + 1) * k / (2 * n))
+        m[0] /= np.sqrt(2.0)
+        return m
+
+    coef = dct_matrix(p) @ w @ dct_matrix(q).T  # (k, C, P, Q) DCT coefficients
+    return (coef**2).sum(1)  # (k, P, Q) pooled over channels
+
+
+def dct_radius(components: Array) -> np.ndarray:
+    """(k,) energy-weighted DCT radius of (k, C, P, Q) filters: each channel's orthonormal 2D DCT-II over the
+    patch, radius sqrt(u^2 + v^2) of frequency (u, v) averaged with weights = squared coefficients (pooled over
+    channels). 0 for a constant filter; sqrt((P-1)^2 + (Q-1)^2) for the highest DCT frequency."""
+    energy = _dct_energy(components)
+    p, q = energy.shape[-2:]
+    radius = np.hypot(*np.meshgrid(np.arange(p), np.arange(q), indexing="ij"))  # (P, Q)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (energy * radius).sum((1, 2)) / energy.sum((1, 2))
+
+
+def dct_concentration(components: Array) -> np.ndarray:
+    """(k,) how concentrated each (C, P, Q) filter's energy is on few DCT frequencies: the sum over the P*Q
+    frequencies of the squared share of its energy (channels pooled), from 1 / (P*Q) (energy spread evenly) to 1
+    (one frequency: a DCT basis function in any colour). A random unit vector over C*P*Q values scores about
+    (C + 2) / (C*P*Q + 2)."""
+    energy = _dct_energy(components).reshape(len(as_float64(components)), -1)  # (k, P*Q)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = energy / energy.sum(1, keepdims=True)
+    return (share**2).sum(1)

@@ -10,7 +10,7 @@ For every head h of every block l, the head's output is *ablated* and the model 
 
 Per image: the drop in the true class's log-probability (nats; ``log p(y)`` unablated minus ablated, positive when
 the head helped) and in correctness (1 when the ablation makes a right prediction wrong, -1 for the reverse). Tables
-are their means over the images, with a 95% interval over images (``vitlab.verdict.mean_interval``: Student t below
+are their means over the images, with a 95% interval over images (``vitlab.base.intervals.mean_interval``: Student t below
 20 images, a percentile bootstrap from there on, none where every image gives the same value).
 
 Sharing: the blocks before l are the same for every head of block l, so block l's input is computed once per batch
@@ -32,11 +32,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import AttentionCaptureError, check_images, find_attention_modules
-from vitlab.checks import check_count, check_seed, whole_index
+from vitlab.base.checks import check_count, check_seed, whole_index
+from vitlab.base.intervals import N_BOOT, SEED, mean_interval
+from vitlab.base.modes import eval_mode, no_checkpointing, unwrapped
+from vitlab.inspect.capture import AttentionCaptureError, check_images, find_attention_modules
 from vitlab.inspect.residual import block_zero_input, run_from, tail_matches
-from vitlab.modes import eval_mode, no_checkpointing, unwrapped
-from vitlab.verdict import N_BOOT, SEED, mean_interval
 
 __all__ = ["ABLATIONS", "Ablation", "HeadImportance", "head_importance", "head_slices", "ablate_head"]
 

@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
 from torch import Tensor, nn
 
-from vitlab.info import model_info
+from vitlab.base.modes import unwrapped
+from vitlab.base.stats import spearman
 from vitlab.inspect.distance import patch_distances
-from vitlab.modes import unwrapped
-from vitlab.stats import spearman
-from vitlab.zoo import size2
+from vitlab.models.info import model_info
+from vitlab.models.zoo import size2
 
 
 def _grid_embeddings(model: nn.Module, grid: tuple[int, int] | None = None) -> tuple[Tensor, tuple[int, int]]:

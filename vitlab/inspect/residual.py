@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import AttentionCaptureError, find_attention_modules
-from vitlab.info import class_token_join, class_token_never_joins
-from vitlab.modes import eval_mode, no_checkpointing, unwrapped
+from vitlab.base.modes import eval_mode, no_checkpointing, unwrapped
+from vitlab.inspect.capture import AttentionCaptureError, find_attention_modules
+from vitlab.models.info import class_token_join, class_token_never_joins
 
 __all__ = ["BlockReduction", "block_list", "prefix_counts", "capture_blocks", "block_zero_input", "run_from",
            "tail_matches"]

@@ -16,10 +16,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import HEAD_FUSIONS, capture_attention, check_images, find_attention_modules, fuse_heads
-from vitlab.checks import whole_index
-from vitlab.info import model_info
-from vitlab.modes import unwrapped
+from vitlab.base.checks import whole_index
+from vitlab.base.modes import unwrapped
+from vitlab.inspect.capture import HEAD_FUSIONS, capture_attention, check_images, find_attention_modules, fuse_heads
+from vitlab.models.info import model_info
 
 
 def _check(maps: Tensor, discard_ratio: float, residual: float, start_layer: int, head_fusion: str) -> None:

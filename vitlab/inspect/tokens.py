@@ -18,11 +18,11 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from vitlab.capture import capture_attention, check_images
-from vitlab.checks import check_count
-from vitlab.info import model_info
+from vitlab.base.checks import check_count
+from vitlab.base.modes import unwrapped
+from vitlab.inspect.capture import capture_attention, check_images
 from vitlab.inspect.residual import capture_blocks, prefix_counts
-from vitlab.modes import unwrapped
+from vitlab.models.info import model_info
 
 __all__ = ["prefix_attention", "prefix_share_from_maps", "token_norms", "TokenNorms", "outlier_fence", "QUERIES"]
 

@@ -1,8 +1,8 @@
 """``vitlab reproduce``: run every inspection experiment on a model and write a self-contained report.
 
 One builder per paper figure (``vitlab.report.sections``) returns a section with its figure, the paper's
-statement, ours (formatted from the numbers), a provenance stamp and the verdicts of ``vitlab.findings`` (the
-scaling section's of ``vitlab.study_findings``);
+statement, ours (formatted from the numbers), a provenance stamp and the verdicts of ``vitlab.findings.model`` (the
+scaling section's of ``vitlab.findings.studies``);
 ``vitlab.report.render`` turns the sections into HTML through a Jinja2 template. Everything is written into a
 temporary folder beside ``out`` and moved into place at the end, so a failed run leaves ``out`` as it was.
 Nothing else in vitlab imports this package (it is a leaf).
@@ -22,12 +22,12 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-import vitlab
-from vitlab.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
-from vitlab.checkpoint import card_line, model_card
-from vitlab.controls import validation_table
-from vitlab.devices import resolve_device
-from vitlab.images import (
+from vitlab.base.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
+from vitlab.base.devices import resolve_device
+from vitlab.base.intervals import n_units
+from vitlab.base.provenance import VERSION, versions
+from vitlab.base.shipped import CHECKOUT, data_name, data_path
+from vitlab.data.images import (
     default_data_words,
     default_image_count,
     default_images,
@@ -36,17 +36,17 @@ from vitlab.images import (
     head_class_names,
     load_images,
 )
-from vitlab.info import architecture_words, data_config, has_attention
+from vitlab.figures.plots import layer_span
+from vitlab.figures.static import write_images
+from vitlab.findings.controls import validation_table
+from vitlab.findings.judge import model_label
+from vitlab.findings.verdict import Verdict, json_types
 from vitlab.inspect import ATTRIBUTION_METHODS
-from vitlab.judge import model_label
-from vitlab.models import SHAPES_CHECKPOINT
-from vitlab.plots import layer_span
-from vitlab.provenance import versions
+from vitlab.models.checkpoint import card_line, model_card
+from vitlab.models.info import architecture_words, data_config, has_attention, model_info
+from vitlab.models.load import SHAPES_CHECKPOINT, load_model
 from vitlab.report import sections as S
 from vitlab.report.render import render_html, stamp_line
-from vitlab.shipped import data_name, data_path
-from vitlab.static import write_images
-from vitlab.verdict import Verdict, json_types, n_units
 
 __all__ = ["reproduce", "write_report", "check_report_dir", "report_target", "not_a_report", "report_entries",
            "SCALING_RESULTS"]
@@ -68,7 +68,7 @@ def weights_description(net, model: str | None, pretrained: bool, weights: str |
     """Where the weights came from, truthfully: a checkpoint, a weights file, the hub, or random initialisation."""
     ck = getattr(net, "vitlab_checkpoint", {}).get("path")
     if ck:  # a shipped checkpoint by its name in the checkout (data/...), also from a wheel; the user's own as given
-        repo = Path(__file__).resolve().parents[2]
+        repo = CHECKOUT
         inside = Path(ck).resolve().is_relative_to(repo)
         return data_name(ck) or (Path(ck).resolve().relative_to(repo).as_posix() if inside else str(ck))
     if weights:
@@ -120,7 +120,7 @@ def _summary(net, info, model: str | None, weights: str, images: str, n_images: 
                 "decide.")
     return {"model": str(model or "embedded default"), "headline": headline, "facts": facts,
             "config": type(cfg).__name__ if cfg is not None else None, "parameters": params,
-            "card_accuracy": card.get("test_accuracy") if card else None, "vitlab": vitlab.__version__}
+            "card_accuracy": card.get("test_accuracy") if card else None, "vitlab": VERSION}
 
 
 def check_report_dir(out: Path) -> None:
@@ -183,7 +183,7 @@ def not_a_report(folder: Path) -> str | None:
 
 def metrics_json(metrics: dict[str, Any]) -> str:
     """``metrics`` as strict JSON text: numpy and torch numbers, arrays and tensors as JSON numbers and lists, NaN
-    and infinities as null (``vitlab.verdict.json_types``). Any other type is refused by its place in ``metrics``
+    and infinities as null (``vitlab.findings.verdict.json_types``). Any other type is refused by its place in ``metrics``
     rather than written as its ``str()``, which a reader could not tell from a real string."""
     plain = json_types(metrics)
     where = _not_json(plain, "metrics")
@@ -215,7 +215,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     ViT; ``few_shot``: the few-shot probe on CIFAR-10 when it is readable; ``scaling``: the shipped sweep.
     ``formats`` and ``image_scale``: static figures (e.g. ``("png", "svg")``, 2.0 for high resolution);
     ``skip_bad``: skip unreadable or too small images of ``images`` with a warning instead of failing.
-    ``device``: where the model and the analyses run (``vitlab.devices.resolve_device``: default CUDA when
+    ``device``: where the model and the analyses run (``vitlab.base.devices.resolve_device``: default CUDA when
     available); the figures and numbers are computed the same way on either, up to floating-point rounding.
     """
     t0 = time.time()
@@ -237,9 +237,9 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         raise ValueError(f"unknown figure format(s) {bad}: choose from {list(IMAGE_FORMATS)}")
     dev = resolve_device(device)
     check_report_dir(out)  # before any work: the report replaces the whole folder
-    net = vitlab.load_model(model, pretrained=pretrained, weights=weights).to(dev)
+    net = load_model(model, pretrained=pretrained, weights=weights).to(dev)
     try:
-        info = vitlab.model_info(net)  # a model without attention fails here, before any work
+        info = model_info(net)  # a model without attention fails here, before any work
     except TypeError as e:
         what = "cannot be inspected" if has_attention(net) else "has no self-attention to inspect"
         raise ValueError(f"{model or 'this model'} {what} ({e}). `vitlab reproduce` needs a ViT-family model that "
@@ -318,7 +318,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         step_seconds["other runs"] = round(time.time() - t, 2)
         summary["facts"].append(("runs", f"{len(runs)} training runs of one recipe ({', '.join(run_labels(runs))}): "
                                  "the figures and numbers of each section are the first run's; the verdicts measured "
-                                 "on the model combine all of them (vitlab.recipe)"))
+                                 "on the model combine all of them (vitlab.findings.recipe)"))
 
     summary["seconds"] = round(time.time() - t0, 1)  # before metrics copies the summary: both carry it
     by_slug = {s.slug: s for s in sections}
@@ -330,7 +330,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
         "predictions": [] if pred["pred"] is None else  # none without a classifier head
         [{"image": n, "class": int(c), "probability": float(p)} for n, c, p in zip(names, pred["pred"], pred["prob"])],
         "verdicts": [{"section": s.slug, **v.to_dict()} for s in sections for v in s.verdicts],
-        # every finding's criterion on its controls (vitlab.controls): finding x control, expected, observed
+        # every finding's criterion on its controls (vitlab.findings.controls): finding x control, expected, observed
         "criterion_validation": validation_table(v for s in sections for v in s.verdicts),
         "not_judged": [{"section": s.slug, "finding": what, "reason": why} for s in sections
                        for what, why in s.not_judged],
@@ -364,9 +364,9 @@ def other_runs(runs: Sequence[Any], net, info, pretrained: bool, device: Any) ->
     first run's ``net``: the same shape (``ModelInfo``) and preprocessing, else ``ValueError`` naming what differs."""
     out = []
     for spec in runs[1:]:
-        other = vitlab.load_model(spec, pretrained=pretrained).to(device)
+        other = load_model(spec, pretrained=pretrained).to(device)
         try:
-            other_info = vitlab.model_info(other)
+            other_info = model_info(other)
         except TypeError as e:
             raise ValueError(f"{spec} cannot be inspected ({e}): it is no run of the recipe of {runs[0]}") from e
         differ = [k for k in info.__dict__ if getattr(other_info, k) != getattr(info, k)]
@@ -386,10 +386,10 @@ def recipe_verdicts(sections: list[S.Section], inp: S.Inputs, runs: Sequence[Any
     """Replace the verdicts measured on the first run (``inp``: its sections' filters, positions and distance
     verdicts) by those of the recipe: each other run (``others``, the models of ``runs[1:]``, ``other_runs``) is
     shown the same images (``inp.x``) and judged the same way, and each finding's verdicts on all runs are combined
-    by ``vitlab.recipe.combine_runs`` (each run's numbers in the verdict's ``details["runs"]``; the image error
+    by ``vitlab.findings.recipe.combine_runs`` (each run's numbers in the verdict's ``details["runs"]``; the image error
     shared by the runs for the distance section's, not for the weights' own). Runs that judge
     different findings are refused (``ValueError``)."""
-    from vitlab.recipe import combine_runs
+    from vitlab.findings.recipe import combine_runs
 
     labels = run_labels(runs)
     # the sections whose verdicts are measured on the model: on the images every run is shown (their sampling error

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitlab.explain import known_reason, no_interval_reason, reason_lead
+from vitlab.findings.explain import known_reason, no_interval_reason, reason_lead
+from vitlab.findings.verdict import Verdict, fmt_endpoint, fmt_threshold, runs_words
 from vitlab.report.sections import Section
-from vitlab.verdict import Verdict, fmt_endpoint, fmt_threshold, runs_words
 
 __all__ = ["render_html", "stamp_line", "verdict_row"]
 
@@ -39,8 +39,8 @@ def _conventions(v: Verdict, unit: str) -> list[dict[str, Any]]:
 
 
 def validation_rows(sections: list[Section]) -> list[dict[str, Any]]:
-    """The criterion-validation table's rows (``vitlab.controls.validation_table``) with their texts."""
-    from vitlab.controls import validation_table
+    """The criterion-validation table's rows (``vitlab.findings.controls.validation_table``) with their texts."""
+    from vitlab.findings.controls import validation_table
 
     rows = []
     for r in validation_table(v for s in sections for v in s.verdicts):

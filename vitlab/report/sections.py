@@ -1,7 +1,7 @@
 """One builder per paper figure: model and images in, a ``Section`` out (figure, statement, stamp, verdicts).
 
-Builders compute through ``vitlab.inspect`` and judge through ``vitlab.findings`` (the scaling section through
-``vitlab.study_findings``); they never render HTML. Every
+Builders compute through ``vitlab.inspect`` and judge through ``vitlab.findings.model`` (the scaling section through
+``vitlab.findings.studies``); they never render HTML. Every
 sentence in ``ours`` is formatted from the numbers computed here, and every claim about the paper's finding comes
 with the verdict that decides it.
 """
@@ -18,24 +18,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vitlab import controls, findings, study_findings
-from vitlab.capture import capture_attention
-from vitlab.info import ModelInfo
-from vitlab.inspect import (
-    ATTRIBUTION_METHODS,
-    embedding_filter_pca,
-    embedding_filters,
-    filter_component_count,
-    position_embedding_similarity,
-    position_structure_score,
-    random_filter_pca_ratios,
-    readout_vector,
-)
-from vitlab.inspect.attribution import has_classifier
-from vitlab.inspect.compare import MethodScores, compare_methods, shapes_localisation
-from vitlab.inspect.rollout import attention_rollout
-from vitlab.judge import convention_distances, distance_conventions, distance_verdicts, position_verdicts
-from vitlab.plots import (
+from vitlab.base.intervals import fmt_value
+from vitlab.base.stats import probability_words
+from vitlab.data.shapes import LOCALISATION_SHAPES
+from vitlab.figures.plots import (
     MAP_SCALING,
     deletion_insertion_curves,
     filter_grid,
@@ -47,9 +33,27 @@ from vitlab.plots import (
     similarity_tiles,
     table_figure,
 )
-from vitlab.shapes import LOCALISATION_SHAPES
-from vitlab.stats import probability_words
-from vitlab.verdict import Verdict, fmt_value
+from vitlab.findings import controls
+from vitlab.findings import model as findings
+from vitlab.findings import studies as study_findings
+from vitlab.findings.judge import convention_distances, distance_conventions, distance_verdicts, position_verdicts
+from vitlab.findings.verdict import Verdict
+from vitlab.inspect import (
+    ATTRIBUTION_METHODS,
+    embedding_filter_pca,
+    embedding_filters,
+    filter_component_count,
+    position_embedding_similarity,
+    position_structure_score,
+    random_filter_pca_ratios,
+    readout_vector,
+)
+from vitlab.inspect.attribution import has_classifier
+from vitlab.inspect.capture import capture_attention
+from vitlab.inspect.compare import MethodScores, compare_methods, shapes_localisation
+from vitlab.inspect.distance import uniform_attention_distance
+from vitlab.inspect.rollout import attention_rollout
+from vitlab.models.info import ModelInfo
 
 __all__ = ["Section", "Inputs", "prediction_pass", "convention_distances", "distance_conventions", "distance_verdicts",
            "position_verdicts", "filters", "positions", "distance", "maps_and_faithfulness",
@@ -117,7 +121,7 @@ class Inputs:
 
     def true_class_name(self, c: int) -> str:
         """The name of a true label (the images' own classes, e.g. CIFAR-10's, whatever the model's head)."""
-        from vitlab.images import cifar_test_sample
+        from vitlab.data.images import cifar_test_sample
 
         names = cifar_test_sample().classes if self.labels is not None else self.class_names  # labels: the sample's
         return names[c] if names is not None and 0 <= c < len(names) else f"class {c}"
@@ -175,7 +179,7 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
 def untrained_head(net: nn.Module) -> bool:
     """Whether ``net``'s classification head was never trained: a checkpoint whose card records masked-patch
     prediction (``objective="mpp"``: labels never read, the head is its initialisation)."""
-    from vitlab.checkpoint import model_card
+    from vitlab.models.checkpoint import model_card
 
     return (model_card(net) or {}).get("objective") == "mpp"
 
@@ -218,7 +222,7 @@ def filters(inp: Inputs) -> Section:
     comps, ratio = (t.cpu() for t in embedding_filter_pca(inp.net, k=k))  # on the model's device: the figure's on the CPU
     random = random_filter_pca_ratios(inp.net, k=k, draws=20).cpu()
     weights = embedding_filters(inp.net).cpu()
-    # both component-count conventions, each criterion checked on its controls (vitlab.controls)
+    # both component-count conventions, each criterion checked on its controls (vitlab.findings.controls)
     verdicts = controls.validate(findings.judge_filters(weights, k), controls.filter_controls(weights, k))
     return Section(
         "filters", FILTERS_TITLE,
@@ -299,7 +303,7 @@ def positions(inp: Inputs) -> list[Section]:
 
 
 def gpsalayer_span(info: ModelInfo) -> str:
-    """'; layers 1-k: gated positional self-attention (GPSA)' for a ConViT (``vitlab.plots.gpsa_words``); "" for a
+    """'; layers 1-k: gated positional self-attention (GPSA)' for a ConViT (``vitlab.figures.plots.gpsa_words``); "" for a
     model without it."""
     words = gpsa_words(info)
     return f"; {words}" if words else ""
@@ -309,7 +313,7 @@ def distance(inp: Inputs, pred: dict[str, Any]) -> Section:
     info = inp.info
     per = pred["distance"]  # (L, B, H) pixels, as mean_attention_distance(per_image=True): from the prediction pass
     dist = per.mean(1)  # (L, H)
-    ceiling = findings.uniform_attention_distance(info.grid_size, info.patch_size)
+    ceiling = uniform_attention_distance(info.grid_size, info.patch_size)
     # the lowest-layer spread and the trend decide from MIN_SPREAD_IMAGES images on (inconclusive below), under each
     # form of the distance convention; a trend needs 2 layers
     verdicts = distance_verdicts(pred["distance_conventions"], info)
@@ -481,7 +485,7 @@ def readout_and_entropy(inp: Inputs, pred: dict[str, Any]) -> list[Section]:
 
 
 def localisation_possible(shapes_checkpoint: Path) -> bool:
-    """Whether the localisation section can be made: the shipped shapes ViT is there (``vitlab.shipped``: in a
+    """Whether the localisation section can be made: the shipped shapes ViT is there (``vitlab.base.shipped``: in a
     checkout's data/ or a wheel's vitlab/_embedded/)."""
     return (shapes_checkpoint / "model.safetensors").exists()
 
@@ -492,9 +496,9 @@ def localisation(shapes_checkpoint: Path, versions: dict, n: int = LOCALISATION_
     on ``device``; None without that model (``localisation_possible``). ``tick``: as ``maps_and_faithfulness``'."""
     if not localisation_possible(shapes_checkpoint):
         return None
-    import vitlab
+    from vitlab.models.load import load_model
 
-    net = vitlab.load_model(str(shapes_checkpoint)).to(device)
+    net = load_model(str(shapes_checkpoint)).to(device)
     data, rows, maps = shapes_localisation(net, n, progress=False, on_method=tick)  # as notebook 04 measures it
     maps = {k: v.cpu() for k, v in maps.items()}
     from vitlab.inspect import localisation as score
@@ -532,13 +536,13 @@ def few_shot(inp: Inputs, train_per_class: int | None = None, test_images: int |
     """The paper's few-shot probe on the model's features, on CIFAR-10 when it is readable here; ``tick``: called
     with each part's name as its work begins (reading CIFAR-10, then each split's features)."""
     tick = tick or (lambda what: None)
-    from vitlab.data import DataError, DatasetMissing, load_cifar, nested_subsets
-    from vitlab.features import extract_features
-    from vitlab.probe import DEFAULT_L2, few_shot_accuracy
+    from vitlab.data.datasets import DataError, DatasetMissing, load_cifar, nested_subsets
+    from vitlab.probe.features import extract_features
+    from vitlab.probe.linear import DEFAULT_L2, few_shot_accuracy
 
     tick("reading CIFAR-10")
     try:
-        # where `cifar10` is read from (vitlab.data.cifar_places); never a download in the middle of a report
+        # where `cifar10` is read from (vitlab.data.datasets.cifar_places); never a download in the middle of a report
         train, test = load_cifar("cifar10", "train", download=False), load_cifar("cifar10", "test", download=False)
     except DataError as e:
         why = (f"CIFAR-10 is not on this machine (looked in {', '.join(e.looked_in)}): {e.fix}"
@@ -582,7 +586,7 @@ def scaling(results: Path, versions: dict) -> Section | None:
     """The shipped data-scaling sweep as a figure, with the verdict on the ResNet-ViT gap."""
     if not results.is_file():
         return None
-    from vitlab.scaling import ResultsStore, summarise, summarise_compute
+    from vitlab.studies.scaling import ResultsStore, summarise, summarise_compute
 
     # the most recent sweep's code and config
     records = [r for r in ResultsStore(results).newest_sweep().values() if r["status"] == "ok"]

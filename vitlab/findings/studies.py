@@ -1,0 +1,248 @@
+"""The paper's findings that a study decides, from its stored records: Fig. 3/4 from the data-scaling sweep
+(``vitlab.studies.scaling``: the ViT gains more from pre-training data than the ResNet) and Sec. 4.6 from the MPP study
+(``vitlab.studies.mpp``: scratch < MPP < supervised). Each returns a ``vitlab.findings.verdict.Verdict`` with its interval over
+seeds; what one trained model shows is ``vitlab.findings.model``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from vitlab.base.intervals import N_BOOT, SEED, Resolution, mean_interval, n_units, none_reason
+from vitlab.findings.verdict import Verdict, make_verdict
+from vitlab.studies.mpp import few_shot_key
+from vitlab.studies.scaling import one_config
+
+__all__ = ["KEY_SCALING", "mpp_key", "scaling_accuracies", "scaling_gap_narrows", "few_shot_key", "mpp_accuracies",
+           "MixedCodeVersions",
+           "mpp_ordering", "INIT_NAMES", "POINTS"]
+
+#: accuracy differences are reported in percentage points: a difference of accuracies (fractions of 1) times this
+POINTS = 100.0
+
+
+# ---------------------------------------------------------------------------------------------- Fig. 3/4
+
+
+#: the stable id of the Fig. 3/4 finding (``Verdict.key``)
+KEY_SCALING = "fig3_4.scaling.gap_narrows"
+
+
+def mpp_key(better: str, worse: str, kind: str, readout: str = "model") -> str:
+    """The stable id of one Sec. 4.6 comparison, e.g. "sec4_6.mpp_beats_scratch.few_shot"."""
+    tail = "" if kind != "few_shot" or readout == "model" else f".{readout}"
+    return f"sec4_6.{better}_beats_{worse}.{kind}{tail}"
+
+
+def scaling_accuracies(records: Sequence[Mapping[str, Any]], shots: int = 10) -> dict[tuple[str, int, int], float]:
+    """{(family, size, seed): ``shots``-shot accuracy} from the sweep's JSONL records
+    (``ResultsStore(path).records()``): ok runs only, the latest record of a run id wins (as
+    ``ResultsStore.latest``). Records of several sweep configs (fingerprints) are refused."""
+    latest = {r["run_id"]: r for r in records}
+    ok = [r for r in latest.values() if r.get("status") == "ok" and str(shots) in r["metrics"]["few_shot"]]
+    one_config(ok)
+    return {(r["spec"]["family"], int(r["spec"]["size"]), int(r["spec"]["seed"])):
+            float(r["metrics"]["few_shot"][str(shots)]["mean"]) for r in ok}
+
+
+def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, vit: str = "vit",
+                        resnet: str = "bit", n_boot: int = N_BOOT, seed: int = SEED) -> Verdict:
+    """Fig. 3/4: the ViT gains more from pre-training data than the ResNet.
+
+    ``records``: the sweep's JSONL records (``ResultsStore(path).records()``, e.g.
+    ``data/results/scaling_cifar10.jsonl``). gap(n) = ViT - ResNet ``shots``-shot accuracy at subset size n.
+    Statistic: gap(largest) - gap(smallest), in percentage points (``POINTS``, as every accuracy difference
+    vitlab reports). A seed fixes the nested subsets and the probe pool for both families, so the difference is
+    taken per seed (seeds with all four runs; ``per_seed``, points) and the interval is over seeds: Student t below
+    20 seeds, bootstrap over seeds from 20, none with 1; ``n_runs`` counts those seeds.
+
+    The details' per-size means (``gap_by_size`` in points, ``{vit}_by_size`` and ``{resnet}_by_size`` as
+    accuracies, fractions of 1) average every finished run of a family at that size, as ``vitlab.studies.scaling.summarise``
+    and the sweep's figure do; ``runs_by_size`` counts them. With a seed missing a run they can differ from the
+    statistic, which pairs only complete seeds (``seeds``).
+    """
+    acc = scaling_accuracies(records, shots)
+    sizes = sorted({n for f, n, _ in acc if f == vit} & {n for f, n, _ in acc if f == resnet})
+    if len(sizes) < 2:
+        raise ValueError(f"need finished {vit!r} and {resnet!r} runs at 2 or more common sizes, got {sizes}")
+    lo, hi = sizes[0], sizes[-1]
+    seeds = sorted({s for *_, s in acc})
+    complete = [s for s in seeds if all((f, n, s) in acc for f in (vit, resnet) for n in (lo, hi))]
+    per_seed = POINTS * np.array([(acc[vit, hi, s] - acc[resnet, hi, s]) - (acc[vit, lo, s] - acc[resnet, lo, s])
+                                  for s in complete])  # (S,) points
+    interval, method = mean_interval(per_seed, n_boot, seed, "seeds")
+
+    def at(f: str, n: int) -> list[float]:
+        return [a for (ff, nn, _), a in acc.items() if ff == f and nn == n]
+
+    def mean(f: str, n: int) -> float:
+        return float(np.mean(at(f, n)))
+
+    return make_verdict(
+        "Fig. 3/4: ViT gains more from data than ResNet",
+        f"(ViT - ResNet {shots}-shot accuracy) at {hi} images minus the same at {lo} images > 0; "
+        "95% interval over pre-training seeds",
+        per_seed.mean() if len(per_seed) else math.nan, interval, 0.0, ">", "gap change", "points",
+        {"shots": shots, "smallest": lo, "largest": hi, "seeds": complete, "per_seed": per_seed,
+         "interval_method": method, "gap_by_size": {n: POINTS * (mean(vit, n) - mean(resnet, n)) for n in sizes},
+         f"{vit}_by_size": {n: mean(vit, n) for n in sizes}, f"{resnet}_by_size": {n: mean(resnet, n) for n in sizes},
+         "runs_by_size": {n: {vit: len(at(vit, n)), resnet: len(at(resnet, n))} for n in sizes}},
+        none_reason(method), subject=_sweep_subject(records, vit, resnet, lo, hi), n_runs=max(1, len(complete)),
+        key=KEY_SCALING, threshold_source="the null of equal gains: a ViT that gains what the ResNet gains (a control) "
+                                          "has a gap change of exactly 0")
+
+
+def _sweep_subject(records: Sequence[Mapping[str, Any]], vit: str, resnet: str, lo: int, hi: int) -> str:
+    """What ``scaling_gap_narrows`` judges, in words: "sweep cifar10: vit vs bit at 100 and 5,000 images" (the
+    sweep's name where its records hold its config)."""
+    config = next((r.get("config") for r in records if isinstance(r.get("config"), Mapping)), {})
+    name = f"sweep {config['name']}: " if config.get("name") else ""
+    return f"{name}{vit} vs {resnet} at {lo:,} and {hi:,} images"
+
+
+# ---------------------------------------------------------------------------------------------- Sec. 4.6
+
+#: the initialisations as the Sec. 4.6 findings name them (``vitlab.findings.explain`` reads the names back)
+INIT_NAMES = {"scratch": "scratch", "mpp": "MPP", "supervised": "supervised"}
+
+
+
+
+class MixedCodeVersions(Exception):
+    """The latest records of one MPP study's rows come from more than one code version (a study partly rerun after a
+    code change): their accuracies are not compared. Not a ``ValueError``, so that a caller that skips bad records on
+    ``ValueError`` does not take it for one: the rows are sound, only not comparable."""
+
+
+def _code_hash(r: Mapping[str, Any]) -> str:
+    return str((r.get("provenance") or {}).get("code_hash"))
+
+
+def _study_rows(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """{row_id: latest record} of one MPP study, all of one code version; records of several studies are refused
+    (``ValueError``), rows of several code versions too (``MixedCodeVersions``)."""
+    latest = {r["row_id"]: r for r in records}
+    studies = {r.get("study") for r in latest.values()}
+    if len(studies) > 1:
+        raise ValueError(f"records of {len(studies)} studies ({sorted(map(str, studies))}): select one, e.g. "
+                         "vitlab.studies.mpp.shown_records(records, NAME)[0]")
+    codes: dict[str, int] = {}
+    for r in latest.values():
+        codes[_code_hash(r)] = codes.get(_code_hash(r), 0) + 1
+    if len(codes) > 1:
+        versions = ", ".join(f"{c}: {n_units(n, 'rows')}" for c, n in sorted(codes.items()))
+        raise MixedCodeVersions(
+            f"the latest records of the study's rows come from {len(codes)} code versions ({versions}): a study "
+            "partly rerun after a code change would compare rows of different code. Select one version's rows, e.g. "
+            "vitlab.studies.mpp.shown_records(records, NAME)[0] (the newest version's, as `vitlab mpp-study --table` "
+            "and notebooks/07 show them), or rerun `vitlab mpp-study` to bring every row to this code")
+    return latest
+
+
+def mpp_accuracies(records: Sequence[Mapping[str, Any]], kind: str = "few_shot", shots: int = 10,
+                   readout: str = "model") -> dict[str, dict[int, float]]:
+    """{initialisation: {seed: accuracy}} from the MPP study's JSONL records (``vitlab.studies.mpp``; the latest
+    record of a row id wins, ok rows only). ``kind="few_shot"``: the ``shots``-shot accuracy per probe seed (each
+    seed draws the same shots for every initialisation) of features read out as ``readout``; ``"finetune"``: the
+    test accuracy per fine-tune seed. Records of several studies are refused (``ValueError``), and so are rows whose
+    latest records come from several code versions (``MixedCodeVersions``: select them as
+    ``vitlab.studies.mpp.shown_records`` does)."""
+    if kind not in ("few_shot", "finetune"):
+        raise ValueError(f"kind must be 'few_shot' or 'finetune', got {kind!r}")
+    key = few_shot_key(readout)
+    latest = _study_rows(records)
+    out: dict[str, dict[int, float]] = {}
+    for r in latest.values():
+        if r.get("status") != "ok" or r.get("kind") != kind:
+            continue
+        if kind == "few_shot":
+            cell = r["metrics"].get(key, {}).get(str(shots))
+            if cell is not None:
+                out[r["init"]] = {int(s): float(a) for s, a in zip(r["spec"]["probe_seeds"], cell["per_seed"])}
+        else:
+            out.setdefault(r["init"], {})[int(r["seed"])] = float(r["metrics"]["test_accuracy"])
+    return out
+
+
+def _accuracy_step(rows: Sequence[Mapping[str, Any]]) -> Resolution | None:
+    """The step of the accuracies of the compared ``rows`` (finished) in points, 100 / test images, where every row
+    records its test images (``metrics["test"]``: the few-shot rows; the fine-tune rows do not record it); None
+    otherwise."""
+    tests = {(r.get("metrics") or {}).get("test") for r in rows}
+    if not rows or None in tests:
+        return None
+    n = min(int(t) for t in tests)
+    return POINTS / n, f"1 of {n:,} test images"
+
+
+def _compared_facts(rows: Sequence[Mapping[str, Any]], kind: str) -> dict[str, Any]:
+    """What the Sec. 4.6 reasons quote, read from the compared ``rows`` (finished) where they record it: the
+    pre-trained side's pre-training (``pretrain``: images, epochs, image size, data), the fine-tune's epochs and
+    labelled images per class (``finetune``), the supervised checkpoint (``supervised_checkpoint``)."""
+    out: dict[str, Any] = {}
+    for r in rows:
+        spec, metrics = r.get("spec") or {}, r.get("metrics") or {}
+        init = spec.get("init") if isinstance(spec.get("init"), Mapping) else {}
+        pre = metrics.get("pretrain")
+        if isinstance(pre, Mapping) and "pretrain" not in out:
+            model = (init.get("pretrain") or {}).get("model") or {}
+            out["pretrain"] = {"images": pre.get("images"), "epochs": pre.get("epochs"),
+                               "image_px": model.get("img_size"), "data": spec.get("data")}
+        if init.get("checkpoint"):
+            out.setdefault("supervised_checkpoint", str(init["checkpoint"]))
+        if kind == "finetune" and "finetune" not in out:
+            out["finetune"] = {"epochs": (spec.get("finetune") or {}).get("epochs"), "per_class": spec.get("per_class")}
+    return out
+
+
+def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", worse: str = "scratch",
+                 kind: str = "few_shot", shots: int = 10, n_boot: int = N_BOOT, seed: int = SEED,
+                 readout: str = "model") -> Verdict:
+    """Sec. 4.6: one step of the paper's ordering scratch < MPP < supervised, e.g. MPP beats scratch.
+
+    ``records``: one MPP study's JSONL records (``vitlab.studies.mpp.run_study``, e.g.
+    ``data/results/mpp_cifar10.jsonl``). Statistic, in percentage points (``POINTS``; ``per_seed`` too): mean over
+    seeds of the paired difference ``better - worse``:
+    few-shot accuracy per probe seed (the same shots for both), or fine-tune test accuracy per fine-tune seed (the
+    same subset, order and augmentation for both). Interval over those seeds: Student t below 20, bootstrap from
+    20, none with 1. Each initialisation is one pre-trained model, so the few-shot interval covers the draw of
+    the shots, not pre-training seeds. ``readout``: which features the few-shot probe read (``few_shot_key``).
+    """
+    acc = mpp_accuracies(records, kind, shots, readout)
+    missing = [i for i in (better, worse) if i not in acc]
+    if missing:
+        raise ValueError(f"no finished {kind} rows of {missing} in the records (have {sorted(acc)}): run "
+                         "`vitlab mpp-study` first")
+    common = sorted(set(acc[better]) & set(acc[worse]))
+    diff = POINTS * np.array([acc[better][s] - acc[worse][s] for s in common])  # (S,) points
+    rows = [r for r in _study_rows(records).values()
+            if r.get("kind") == kind and r.get("init") in (better, worse) and r.get("status") == "ok"]
+    unit = "probe seeds" if kind == "few_shot" else "fine-tune seeds"
+    interval, method = mean_interval(diff, n_boot, seed, unit, _accuracy_step(rows))
+    b, w = INIT_NAMES.get(better, better), INIT_NAMES.get(worse, worse)
+    what = "fine-tune" if kind != "few_shot" else f"{shots}-shot probe" + ("" if readout == "model" else
+                                                                           f", {readout.replace('_', ' ')}")
+    code = sorted({_code_hash(r) for r in rows})  # one: _study_rows checked
+    return make_verdict(
+        f"Sec. 4.6: {b} beats {w} ({what})",
+        f"mean over {unit} of ({b} - {w}) {what} accuracy on the test images > 0, paired by seed; 95% interval over "
+        f"{unit}",
+        diff.mean() if len(diff) else math.nan, interval, 0.0, ">", "accuracy difference", "points",
+        {"kind": kind, "shots": shots if kind == "few_shot" else None, "readout": readout if kind == "few_shot"
+         else None, "seeds": common, "per_seed": diff,
+         "interval_method": method, f"{better}_mean": float(np.mean([acc[better][s] for s in common])) if common
+         else None, f"{worse}_mean": float(np.mean([acc[worse][s] for s in common])) if common else None,
+         "code_hashes": code, "better": better, "worse": worse, **_compared_facts(rows, kind)}, none_reason(method),
+        subject=_study_subject(rows, b, w), key=mpp_key(better, worse, kind, readout),
+        threshold_source="the null of no difference: two initialisations that do equally well differ by 0 on average")
+
+
+def _study_subject(rows: Sequence[Mapping[str, Any]], better: str, worse: str) -> str:
+    """What ``mpp_ordering`` judges, in words: "MPP study cifar10: MPP vs scratch ViT" (the study's name where its
+    records hold it). Each initialisation is one pre-trained model: one training run."""
+    study = next((r.get("study") for r in rows if r.get("study")), None)
+    return f"{f'MPP study {study}: ' if study else ''}{better} vs {worse} ViT"

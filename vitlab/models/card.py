@@ -1,0 +1,194 @@
+"""A shipped model's card, ``MODEL_CARD.md``, written from the facts ``vitlab.train.export`` measured on the exported
+weights (``card.json``): the headline number and how it was measured, the training time over every warm-started
+leg, the configuration and the per-epoch metrics. Text only, measuring nothing: every number in it comes from those
+facts, the run's configuration and epoch history, or the model's preprocessing config.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from torch import nn
+
+from vitlab.models.checkpoint import card_metric
+
+__all__ = ["card_text", "card_series"]
+
+
+def card_series(facts: dict) -> tuple[str, Callable[[dict], float | None], float | None, bool]:
+    """What the learning curve and the per-epoch table show: (name, its value in a metrics.jsonl line, the shipped
+    model's value, whether it is a fraction). Test accuracy; for an MPP run the masked-patch accuracy, or for its l2
+    target (no accuracy) the masked-patch loss."""
+    metric, final = card_metric(facts)
+    if facts.get("objective") != "mpp":
+        return metric, lambda h: h.get("test_accuracy"), final, True
+    key = "accuracy" if final is not None else "loss"
+    if key == "loss":
+        metric, final = "masked-patch loss", facts["mpp_test"]["loss"]
+    return metric, lambda h: (h.get("mpp_test") or {}).get(key), final, key == "accuracy"
+
+
+def _init_words(model_cfg: dict) -> str:
+    """How a fresh ViT's attention started (``ViTConfig.init``; a hybrid's under ``vit``), in words: "" for timm's."""
+    init = (model_cfg.get("vit") or model_cfg).get("init", "timm")
+    words = {"mimetic": "mimetic attention, `vitlab.models.mimetic`",
+             "mimetic_qk": "mimetic query-key products, `vitlab.models.mimetic`"}
+    return f" ({words[init]})" if init in words else ""
+
+
+def card_text(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -> str:
+    """``MODEL_CARD.md`` from the export's facts ``f`` (``card.json``), the run's ``train_cfg`` and epoch ``history``,
+    and the shipped ``model`` (its preprocessing)."""
+    pc = model.pretrained_cfg
+    metric, value, _, _ = card_series(f)
+    mpp = f.get("objective") == "mpp"
+    rows = "\n".join(f"| {h['epoch']} | {h['train_loss']:.4f} | "
+                     f"{value(h) if value(h) is not None else float('nan'):.4f} | "
+                     f"{h.get('images_per_second', '')} |" for h in history)
+    done = f["epochs_done"] == f["epochs_planned"]
+    lines_below = (f"\n* With test-time augmentation (level {f['tta_level']}: mirror"
+                   f"{' and 1 px shifts' if f['tta_level'] == 2 else ''}): **{f['test_accuracy_tta']:.2%}**."
+                   if f.get("test_accuracy_tta") is not None else "")
+    dist = f.get("distillation")
+    if dist and "missing" not in dist:
+        lines_below += (f"\n* Its two heads alone: class token {dist['class_head']:.2%}, distillation token "
+                        f"{dist['distillation_head']:.2%} (the readout averages their logits). The teacher scores "
+                        f"{dist['teacher']:.2%} through its own transform; the readout takes the teacher's decision "
+                        f"on {dist['readout_agrees_with_teacher']:.2%} of the images, the distillation head on "
+                        f"{dist['distillation_head_agrees_with_teacher']:.2%}."
+                        + (f" Where the teacher is wrong the readout is right on "
+                           f"{dist['readout_where_teacher_wrong']:.2%} of the images; "
+                           if dist.get("readout_where_teacher_wrong") is not None else " ")
+                        + (f"{dist['readout_errors_shared_with_teacher']:.2%} of the readout's errors are the "
+                           "teacher's own (the same wrong class)"
+                           if dist.get("readout_errors_shared_with_teacher") is not None else "the readout makes no errors")
+                        + " (`vitlab.train.export.distillation_facts`).")
+    elif dist:
+        lines_below += f"\n* Its heads against the teacher: not measured, {dist['missing']}."
+    start = (f"the checkpoint `{f['warm_start_from']}` held before this export replaced it"
+             if f.get("warm_start_from") == f.get("path") else f"`{f['warm_start_from']}`")
+    start_line = (f", warm-started with a fresh schedule from {start}" if f.get("warm_start_from")
+                  else ", from random initialisation" + _init_words(train_cfg.get("model") or {}))
+    if f.get("total_train_hours") is not None:
+        was = (f", {f['warm_start_test_accuracy']:.2%} test accuracy" if f.get("warm_start_test_accuracy") is not None
+               else "")
+        start_line += (f" (which had trained {f['warm_start_hours']:.2f} h{was}): **{f['total_train_hours']:.2f} h "
+                       "in all**")
+    teacher_line = (f"; distilled ({f['distill']} targets) from the teacher `{f['teacher']}`" if f.get("teacher")
+                    else "")
+    test_split = f["test_split"]  # the split measured on export, not the run's own test images (``Data`` below)
+    wall = (f"{f['train_seconds']:.0f} s" if f.get("train_seconds") is not None
+            else "not recorded (the run's checkpoint has no train_seconds)")
+    if f.get("objective") == "mpp":
+        m = f["mpp_test"]
+        chance = {"color3": " (chance 0.20%)", "patch4x4": " (per 4 x 4 sub-patch colour; chance 0.20%)"}.get(
+            f["mpp_target"], "")
+        score = f"**Masked-patch accuracy: {m['accuracy']:.2%}**{chance}, " if "accuracy" in m else ""
+        what = {"color3": "3-bit mean colour", "patch4x4": "4 x 4 downsized patch in 3-bit colours",
+                "l2": "pixels (squared error)"}[f["mpp_target"]]
+        title = f"{train_cfg['model']['kind']} encoder pre-trained by masked patch prediction on {train_cfg['data']}"
+        lead = f"""* {score}loss {m['loss']:.4f}: the {what} of the corrupted patches, predicted from their output tokens,
+  on all {f['mpp_test_images']:,} images of the {test_split} split with one fixed corruption draw (seed 0, batches
+  of 250 in split order: `vitlab.train.loop.evaluate_mpp`'s defaults; {f['mpp_rate']:.0%} of patches corrupted), from the
+  {f['dtype']} weights as shipped.
+* **Self-supervised**: labels were never read, so the classification head is untrained and the card reports no
+  test accuracy. `vitlab.load_model(path)` gives the encoder (with that head: replace or fine-tune it; a warm start
+  through `--set init_from=...` leaves it fresh); `vitlab.train.mpp.load_mpp(path)` gives the encoder and the prediction
+  head (`objective.safetensors`). The learning curve's points are the evaluations during training, in
+  {f['training_precision']}, on {f['curve_images']}."""
+    else:
+        title = f"{train_cfg['model']['kind']} trained on {train_cfg['data']}" + (
+            f", distilled from `{f['teacher']}`" if f.get("teacher") else "")  # said first: a teacher shapes what it learns
+        lead = f"""* **Test accuracy: {f['test_accuracy']:.2%}** on all {f['test_images']:,} images of the {test_split}
+  split ({f['dtype']} weights as shipped, through `timm.data.resolve_data_config({{}}, model=model)` and
+  `timm.data.create_transform(**cfg)`).{lines_below}"""
+    lineage = _lineage_section(f.get("lineage") or [])
+    return f"""# Model card: {title}
+
+{lead}
+* Training time: {f['train_hours']:.2f} h of wall clock, evaluations included{start_line}{teacher_line}.
+* Learning curve: `learning_curve.png` ({metric} against training hours; {f['learning_curve']}).
+* Command: `{f['command']}`
+* Epochs: {f['epochs_done']} of {f['epochs_planned']} planned{'' if done else ' (the run is not finished; it resumes with --resume)'}.
+* Training wall time: {wall} on {f['hardware']}{_compiled_note(f, history)}.
+* Data: {_data_line(f.get('data'))}.
+* Parameters: {f['parameters']:,}; file: {f['file_bytes'] / 1e6:.1f} MB ({f['dtype']}).
+* Preprocessing (from the model's pretrained config): input {tuple(pc['input_size'])}, mean {tuple(pc['mean'])},
+  std {tuple(pc['std'])}, interpolation {pc['interpolation']}, crop_pct {pc['crop_pct']}.
+* Versions: {_versions_line(f)}.
+
+Load it with `vitlab.load_model("{f['path']}")`{' or `vitlab.load_model()` (it is the embedded default)' if f['is_default'] else ''}.
+{lineage}
+## Training configuration
+
+```json
+{json.dumps(train_cfg, indent=2)}
+```
+
+## Per-epoch metrics ({metric} measured in {f['training_precision']} during training{f" on {f['curve_images_short']}" if mpp else ''})
+
+| epoch | train loss | {metric} | images/s |
+|---|---|---|---|
+{rows}
+"""
+
+
+def _compiled_note(f: dict, history: list[dict]) -> str:
+    """How many of the epochs trained through ``torch.compile`` (``vitlab.train.loop``'s ``compile``), when any did."""
+    n = f.get("compiled_epochs") or 0
+    return f"; the training step compiled by `torch.compile` in {n} of {len(history)} epochs" if n else ""
+
+
+def _data_line(data: dict | None) -> str:
+    """The card's data line from the run's record (``{"train", "test", "train_examples", "classes"}``, each
+    optional): sentences, not the dict's repr."""
+    if not data:
+        return "not recorded by the run"
+    parts = []
+    if data.get("train"):
+        n = data.get("train_examples")
+        parts.append(f"trained on `{data['train']}`" + (f" ({n:,} images)" if isinstance(n, int) else ""))
+    if data.get("test"):
+        parts.append(f"evaluated during training on `{data['test']}`")
+    if data.get("classes"):
+        parts.append(f"{len(data['classes'])} classes ({', '.join(map(str, data['classes']))})")
+    rest = {k: v for k, v in data.items() if k not in ("train", "test", "train_examples", "classes")}
+    parts += [f"{k}: {v}" for k, v in rest.items()]
+    return "; ".join(parts)
+
+
+def _versions_line(f: dict) -> str:
+    """The torch and timm a model was exported (and measured) with, and those it trained with where they differ and
+    the run recorded them (a model trained on another machine, e.g. an accelerator's image)."""
+    v, t = f["versions"], f.get("train_versions") or {}
+    line = f"torch {v['torch']}, timm {v['timm']}"
+    if t.get("torch") and (t.get("torch"), t.get("timm")) != (v["torch"], v["timm"]):
+        line = f"trained with torch {t['torch']}, timm {t.get('timm') or '?'}; exported and measured with {line}"
+    return line
+
+
+def _lineage_section(lineage: list[dict]) -> str:
+    """The card's table of every leg of a model trained over several warm starts (empty for a single leg): where
+    each ended in cumulative hours and what it shipped, from the cards of the checkpoints it started from."""
+    if len(lineage) < 2:
+        return ""
+
+    def cell(v, fmt: str) -> str:
+        return "?" if v is None else format(v, fmt)
+
+    rows = "\n".join(f"| {i} | {cell(leg['epochs_done'], 'd')} | {cell(leg['train_hours'], '.3f')} | "
+                     f"{cell(leg['total_train_hours'], '.3f')} | {cell(leg['test_accuracy'], '.2%')} | "
+                     f"{leg['hardware'] or '?'} | {f'`{c}`' if (c := leg['command']) else '?'} |"
+                     for i, leg in enumerate(lineage, 1))
+    return f"""
+## Lineage: every leg of its training
+
+Each leg after the first warm-started from the model the leg before it shipped, with a fresh schedule; the last leg
+is this card's. Hours are wall clock as each leg's card recorded them; "?" is what a card did not record (an MPP
+encoder has no test accuracy). The learning curve draws the earlier legs' shipped models.
+
+| leg | epochs | hours | hours in all | test accuracy as shipped | machine | command |
+|---|---|---|---|---|---|---|
+{rows}
+"""

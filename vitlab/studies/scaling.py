@@ -1,0 +1,536 @@
+"""Data-scaling curves (paper Fig. 3/4) in miniature: pre-train on nested subsets, score by few-shot probing.
+
+The paper pre-trains ViTs and BiT ResNets on growing subsets of JFT-300M and probes the frozen features
+few-shot on ImageNet. The analogue here: pre-train on a class-balanced nested subset of *some* classes of a
+dataset (default: CIFAR-10 classes 0-4, from 100 to 5,000 images), then probe the frozen features few-shot
+on the *other* classes (5-9), which the model never saw. Limits: 32 px images, four to five orders of magnitude less
+data and compute, and transfer between halves of one dataset instead of across datasets, so the curves show
+the trend (do ViTs gain more from data than ResNets?), not the paper's numbers.
+
+A sweep is a grid of runs (family x subset size x seed). Every finished run is appended to a JSONL results
+store (one line, flushed and fsynced, under a file lock) with its config, metrics and provenance; a failed
+run is recorded with its error and the others go on. Running the sweep again skips the runs already done,
+so a killed sweep resumes. Executors: ``local`` (a process pool, or in-process with ``workers=0``) and
+``ray`` (joins a running cluster by address, or starts a local one). The sweep's config is
+``vitlab.studies.sweep_config``'s (torch-free; its names import from here as before). The tuning of each family's recipe,
+and the tables that read its trials back, are ``vitlab.studies.tuning``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import fcntl
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from vitlab.base.checks import whole_index
+from vitlab.base.provenance import provenance
+from vitlab.base.stats import percent_cell
+from vitlab.data.datasets import ImageArray, load_splits, nested_subsets
+from vitlab.studies.sweep_config import FAMILIES, SWEEPS, RunSpec, SweepConfig, load_sweep_config
+
+__all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "run_one", "run_sweep", "execute_runs",
+           "check_executor", "one_config", "summarise", "summarise_compute", "recipe_provenance",
+           "RecipeProvenanceWarning", "markdown_table", "load_sweep_config"]
+
+
+
+# ---------------------------------------------------------------------------------------------- results store
+
+
+class ResultsStore:
+    """Append-only JSONL: one record per finished (or failed) run; the latest record of a run id wins."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def records(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        out = []
+        for i, raw in enumerate(self.path.read_bytes().splitlines(), 1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError):  # a line torn by a crash mid-write (garbage bytes
+                continue  # included): that run simply reruns
+            if not isinstance(record, dict):  # a torn record never parses as a number or list: another kind of file
+                raise ValueError(f"{self.path} is not a results store: line {i} holds a {type(record).__name__}, not "
+                                 "a record; pass results= a .jsonl file that vitlab wrote, or a new file's name")
+            out.append(record)
+        return out
+
+    def latest(self, sweep: str | None = None, fingerprint: str | None = None) -> dict[str, dict]:
+        """{run_id: latest record} of one sweep (all sweeps when ``sweep`` is None; then later sweeps' records
+        replace earlier ones of the same run id), optionally only records made with config ``fingerprint``."""
+        return {r["run_id"]: r for r in self.records()
+                if (sweep is None or r.get("sweep") == sweep)
+                and (fingerprint is None or r.get("fingerprint") == fingerprint)}
+
+    def newest_sweep(self) -> dict[str, dict]:
+        """{run_id: latest record} of the sweep and config (fingerprint) that finished a run successfully last: one
+        sweep's records, never rows of an earlier config (other code, another recipe) mixed into a figure.
+        ``newest_sweep_with_note`` also says which newer configs it skipped (they have no finished run)."""
+        return self.newest_sweep_with_note()[0]
+
+    def newest_sweep_with_note(self) -> tuple[dict[str, dict], str]:
+        """``newest_sweep()`` and a sentence saying which sweep and config it is and which newer configs it skipped
+        because none of their runs finished (a newer config whose only run failed would show no runs at all). With
+        no finished run in the store: the newest config's records (all failed)."""
+        records = self.records()
+        if not records:
+            return {}, f"no records in {self.path}"
+        when = lambda r: r.get("finished") or ""  # noqa: E731
+        config = lambda r: (r.get("sweep"), r.get("fingerprint"))  # noqa: E731
+        ok = [r for r in records if r.get("status") == "ok"]
+        pick = config(max(ok or records, key=when))
+        chosen = self.latest(*pick)
+        note = (f"sweep {pick[0]!r}, config {pick[1]}: {sum(r.get('status') == 'ok' for r in chosen.values())} of "
+                f"{len(chosen)} runs finished")
+        newest = max(when(r) for r in chosen.values())
+        newer: dict[tuple, int] = {}
+        for r in records:
+            if config(r) != pick and when(r) > newest:
+                newer[config(r)] = newer.get(config(r), 0) + 1
+        if not ok:
+            note += " (no run of any config in the store finished)"
+        elif newer:
+            note += "; skipped newer config(s) with no finished run: " + ", ".join(
+                f"sweep {s!r} config {f} ({n} failed record(s))" for (s, f), n in newer.items())
+        return chosen, note
+
+    def done(self, sweep: str | None = None, fingerprint: str | None = None) -> set[str]:
+        """Run ids whose latest record (of ``sweep`` and config ``fingerprint``) finished."""
+        return {k for k, r in self.latest(sweep, fingerprint).items() if r["status"] == "ok"}
+
+    def check_writable(self) -> None:
+        """Before the first run: make the store's folder and open it for appending (an empty file where there was
+        none), so that a store that cannot take a record (a file where its folder should be, a read-only folder)
+        fails now, naming it, not after a run's work, whose record would be lost."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "ab"):
+            pass
+
+    def append(self, record: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(record, sort_keys=True) + "\n"
+        with open(self.path, "a+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                f.seek(0, os.SEEK_END)
+                if f.tell():  # a torn last line from a crash: start on a fresh line
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        f.write(b"\n")
+                f.write(line.encode())
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------------------------------------- one run
+
+
+def _classes(data: ImageArray, classes: Sequence[int], per_class: int | None = None, seed: int = 0) -> ImageArray:
+    """The examples of ``classes``, relabelled 0..len(classes)-1, optionally ``per_class`` of each."""
+    keep = torch.isin(data.labels, torch.tensor(list(classes)))
+    idx = torch.nonzero(keep).flatten()
+    sub = data.subset(idx)
+    remap = torch.full((int(data.labels.max()) + 1,), -1, dtype=torch.long)
+    remap[torch.tensor(list(classes))] = torch.arange(len(classes))
+    sub = ImageArray(sub.images, remap[sub.labels], tuple(data.classes[c] for c in classes),
+                     f"{data.source}[classes {list(classes)}]", sub.masks)
+    if per_class is not None:
+        sub = sub.subset(nested_subsets(sub.labels, [min(per_class * len(classes), len(sub))], seed=seed)[0])
+    return sub
+
+
+def _train_config(sweep: SweepConfig, spec: RunSpec, n: int):
+    return sweep.train_config(spec, n)
+
+
+def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | None = None,
+            device: str | None = None) -> dict:
+    """Pre-train one model on its nested subset, probe it few-shot on the held-out classes: the metrics."""
+    from vitlab.models.zoo import build_model as vitlab_build
+    from vitlab.probe.features import extract_features
+    from vitlab.probe.linear import few_shot_accuracy
+    from vitlab.train.loop import train, validation_split
+
+    t0 = time.time()
+    full_train, full_test = load_splits(sweep.data, progress=False)  # the same classes in both splits; a worker
+    # draws no bar of its own (the sweep's bar counts runs)
+    missing = sorted(set(sweep.pretrain_classes + sweep.probe_classes) - set(range(len(full_train.classes))))
+    if missing:
+        raise ValueError(f"classes {missing} do not exist in {sweep.data}, which has {len(full_train.classes)} classes")
+    pre = _classes(full_train, sweep.pretrain_classes)
+    if spec.size > len(pre):
+        raise ValueError(f"subset size {spec.size} exceeds the {len(pre)} pre-training images of classes "
+                         f"{list(sweep.pretrain_classes)}")
+    pre_test = _classes(full_test, sweep.pretrain_classes)
+    val = None
+    if sweep.val_per_class:  # a fixed validation split of the pre-training classes' training images
+        pre, val = validation_split(pre, sweep.val_per_class)
+        if spec.size > len(pre):
+            raise ValueError(f"subset size {spec.size} exceeds the {len(pre)} pre-training images left after the "
+                             f"validation split")
+    subset = pre.subset(nested_subsets(pre.labels, [spec.size], seed=spec.seed)[0])
+    cfg = _train_config(sweep, spec, spec.size)
+    cpu0 = time.process_time()
+    with tempfile.TemporaryDirectory(dir=work_dir, prefix=f"{spec.run_id}.") as tmp:
+        model = train(cfg, Path(tmp) / "run", progress=False, train_data=subset,
+                      test_data=val if val is not None else pre_test, device=device)
+        log = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+        best = None
+        if val is not None:  # the model at its best validation epoch, as the paper reports each run
+            from vitlab.models.checkpoint import load_checkpoint
+
+            best_meta = json.loads((Path(tmp) / "run" / "best" / "config.json").read_text())
+            model = load_checkpoint(Path(tmp) / "run" / "best").to(next(model.parameters()).device)
+            best = {"epoch": best_meta["epoch"], "val_accuracy": best_meta["metrics"]["test_accuracy"]}
+    train_cpu = time.process_time() - cpu0
+    model.eval()
+    from vitlab.base.precision import use_bf16
+    from vitlab.data.datasets import normalize
+    from vitlab.train.loop import step_flops
+
+    pc = model.pretrained_cfg
+    xb = normalize(subset.images[: cfg.batch_size], pc["mean"], pc["std"])
+    flops_per_step = step_flops(vitlab_build(cfg.model), xb, subset.labels[: cfg.batch_size],
+                                bf16=use_bf16(cfg.bf16, xb.device))  # the same count, at the training's speed
+    steps = cfg.epochs * (spec.size // cfg.batch_size)
+    probe_train = _classes(full_train, sweep.probe_classes, sweep.probe_pool_per_class, seed=spec.seed)
+    probe_test = _classes(full_test, sweep.probe_classes, sweep.probe_test_per_class, seed=0)
+    ftr = extract_features(model, probe_train, cache=False, progress=False)
+    fte = extract_features(model, probe_test, cache=False, progress=False)
+    fs = few_shot_accuracy(ftr, probe_train.labels, fte, probe_test.labels, shots=sweep.shots,
+                           seeds=sweep.probe_seeds, l2=sweep.l2)
+    return {
+        "few_shot": {str(k): {"mean": r.mean, "std": r.std, "per_seed": list(r.per_seed)} for k, r in fs.items()},
+        "pretrain_test_accuracy": log[-1].get("test_accuracy") if val is None else None,
+        "best": best,  # {"epoch", "val_accuracy"} of the reported model, with a validation split
+        "pretrain_final_loss": log[-1]["train_loss"],
+        "epochs": cfg.epochs,
+        "steps": steps,
+        "recipe": dict(zip(("optimizer", "lr", "weight_decay"), sweep.recipe(spec.family))),
+        "pretrain_flops": flops_per_step * steps,  # FlopCounterMode on one step, times the steps
+        "train_cpu_seconds": round(train_cpu, 2),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "train_seconds": round(sum(x["epoch_seconds"] for x in log), 2),
+        "seconds": round(time.time() - t0, 2),
+    }
+
+
+def _run_record(sweep: SweepConfig, spec: RunSpec, work_dir: str | None, threads: int | None,
+                fingerprint: str | None = None, code: str | None = None) -> dict:
+    """``run_one`` wrapped for executors: never raises; the record carries either metrics or the error.
+
+    ``fingerprint``: the run's fingerprint as the process that started the sweep computed it (the record is matched
+    against that one; a worker process recomputing it would hash its own import of the code). ``code``: that
+    process's ``code_hash``; a worker whose own differs (the package's files changed after the sweep started, and
+    the worker imported the changed files) records a failure instead of running other code under the fingerprint."""
+    if threads:
+        torch.set_num_threads(threads)
+    started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    rec: dict[str, Any] = {"sweep": sweep.name, "run_id": spec.run_id, "spec": dataclasses.asdict(spec),
+                           "config": dataclasses.asdict(sweep),
+                           "fingerprint": fingerprint if fingerprint is not None else sweep.fingerprint(),
+                           "started": started}
+    try:
+        with _worker_code_checked(code):
+            metrics = run_one(sweep, spec, work_dir)
+        rec.update(status="ok", metrics=metrics)
+    except Exception as e:  # recorded, and the sweep goes on
+        rec.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8))
+    rec["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    rec["provenance"] = provenance()
+    return rec
+
+
+def _vitlab_modules() -> set[str]:
+    return {name for name in sys.modules if name == "vitlab" or name.startswith("vitlab.")}
+
+
+_RUN_ELSEWHERE = ("Run the sweep from a checkout nobody edits (e.g. `git worktree add ../snapshot HEAD`) and start it "
+                  "again: finished runs are skipped")
+
+
+@contextlib.contextmanager
+def _worker_code_checked(code: str | None) -> Iterator[None]:
+    """Run the body only if this process runs the code of the sweep's parent process (``code``: its ``code_hash``;
+    None: not checked), and fail it afterwards if it may not have.
+
+    Before: this process imported vitlab from files whose hash is ``code``. After: a vitlab module first imported
+    during the body (the training code imports some lazily) was read from the files as they were then; when the
+    package's files no longer hash to ``code`` at the end, such a module may be other code, and the body's result is
+    refused. A body that imported nothing new ran only the checked code, whatever the files hold now."""
+    if code is None:
+        yield
+        return
+    from vitlab.base import provenance as prov
+
+    mine = prov.code_hash()
+    if mine != code:
+        raise RuntimeError(f"this worker imported vitlab code {mine}, but the sweep started with code {code}: the "
+                           "package's files changed after the sweep started (an edit, a checkout), so this run would "
+                           f"be made by other code than its fingerprint records. {_RUN_ELSEWHERE}")
+    before = _vitlab_modules()
+    yield
+    late = sorted(_vitlab_modules() - before)
+    now = prov.source_hash() if late else code
+    if now != code:
+        raise RuntimeError(f"this run imported {', '.join(late)} while the package's files changed (they hash to "
+                           f"{now}, the sweep started with code {code}: an edit, a checkout), so it may have been "
+                           f"made by other code than its fingerprint records; its result is not kept. {_RUN_ELSEWHERE}")
+
+
+def _crashed_record(sweep: SweepConfig, spec: RunSpec, fingerprint: str, error: BaseException) -> dict:
+    now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    return {"sweep": sweep.name, "run_id": spec.run_id, "spec": dataclasses.asdict(spec),
+            "config": dataclasses.asdict(sweep), "fingerprint": fingerprint, "started": None,
+            "finished": now, "status": "failed", "error": f"worker crashed: {type(error).__name__}: {error}",
+            "provenance": provenance()}
+
+
+# ---------------------------------------------------------------------------------------------- executors
+
+
+@contextlib.contextmanager
+def _ray_runtime(address: str | None, workers: int) -> Iterator[Any]:
+    try:
+        import ray
+    except ImportError as e:
+        raise RuntimeError("executor='ray' needs Ray: pip install 'vitlab[ray]' (or pip install ray)") from e
+    started = not ray.is_initialized()
+    if started:
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"VITLAB_CACHE": os.environ.get("VITLAB_CACHE", "")}}
+                     if os.environ.get("VITLAB_CACHE") else None)
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "local", workers: int = 1,
+              address: str | None = None, work_dir: str | os.PathLike | None = None,
+              progress: bool | None = None) -> list[dict]:
+    """Run every run of ``sweep`` not yet in ``results`` and append its record there; returns the new records.
+
+    ``executor``: ``"local"`` (``workers`` processes; 0 runs in this process) or ``"ray"`` (``address`` of a
+    running cluster, or a local runtime with ``workers`` CPUs). Each worker gets cpu_count/workers threads.
+    """
+    sweep.validate()
+    check_executor(executor, workers)
+    note = recipe_provenance(sweep)
+    if note:
+        warnings.warn(note, RecipeProvenanceWarning, stacklevel=2)
+    store = ResultsStore(results)
+    done = store.done(sweep.name, sweep.fingerprint())
+    todo = [s for s in sweep.runs() if s.run_id not in done]
+    stale = {r.get("fingerprint") for r in store.latest(sweep.name).values()} - {sweep.fingerprint()}
+    if progress is not False:
+        print(f"sweep {sweep.name}: {len(done)} of {len(sweep.runs())} runs already done with this config and code, "
+              f"skipped; {len(todo)} to run" + (f"; rows from other code or config (fingerprints {sorted(stale)}) are "
+                                                "kept in the store but not counted" if stale else ""), file=sys.stderr)
+    if todo:
+        store.check_writable()
+    new: list[dict] = []
+    bar = tqdm(total=len(todo), desc=f"sweep {sweep.name}", disable=progress is False)
+
+    def finish(rec: dict) -> None:
+        store.append(rec)
+        new.append(rec)
+        failed = sum(r["status"] != "ok" for r in new)
+        running = min(max(1, workers), len(todo) - len(new))
+        bar.set_postfix_str(f"last {rec['run_id']}: {rec['status']}; {running} running, {failed} failed")  # tqdm: ETA
+        bar.update()
+
+    try:
+        execute_runs([(sweep, spec) for spec in todo], finish, executor, workers, address, work_dir)
+    finally:
+        bar.close()
+    return new
+
+
+class RecipeProvenanceWarning(UserWarning):
+    """A sweep's frozen recipes were tuned with other code than the current, or with code nobody recorded."""
+
+
+def recipe_provenance(sweep: SweepConfig) -> str | None:
+    """What is known against ``sweep``'s recipes (``SweepConfig.tuned_code``): None when they were tuned with the
+    current code (or there are none), else a sentence saying which code tuned them, or that nobody recorded it."""
+    from vitlab.base import provenance as prov
+
+    if not sweep.recipes:
+        return None
+    now = prov.code_hash()
+    if sweep.tuned_code is None:
+        return (f"the recipes of sweep {sweep.name!r} do not record the code they were tuned with (a config frozen "
+                "before vitlab recorded it): their provenance is unknown. Re-tune with vitlab.studies.tuning.tune "
+                "(`vitlab sweep --config ... --tune`) to freeze them with it")
+    if sweep.tuned_code != now:
+        return (f"the recipes of sweep {sweep.name!r} were tuned with vitlab code {sweep.tuned_code}, and this is code "
+                f"{now}: tuning now might choose others. Re-tune with vitlab.studies.tuning.tune (`vitlab sweep --config ... "
+                "--tune`; the trials rerun under the new code), or go on knowing the recipes are the old code's")
+    return None
+
+
+def check_executor(executor: str, workers: int) -> None:
+    """Refuse an executor ``run_sweep`` and ``vitlab.studies.tuning.tune`` do not know, or a negative worker count, before any
+    run starts."""
+    if executor not in ("local", "ray"):
+        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
+    if not whole_index(workers) or workers < 0:  # 1.5 is no process count, True no 1
+        raise ValueError(f"workers must be a whole number >= 0 (0: runs in this process), got {workers!r}")
+
+
+def execute_runs(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str = "local", workers: int = 1,
+                 address: str | None = None, work_dir: str | os.PathLike | None = None) -> None:
+    """Run each (sweep, run) of ``jobs`` with ``executor`` (as ``run_sweep`` describes) and call ``finish(record)``
+    in this process as each ends, in the order they end; a worker that dies gives a failed record. Each record's
+    fingerprint is computed here, in this process, and each worker refuses to run when the code it imported is not
+    this process's (``_run_record``)."""
+    from vitlab.base import provenance as prov
+
+    if not jobs:
+        return
+    if work_dir is not None:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+    wd = None if work_dir is None else str(work_dir)
+    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    code = prov.code_hash()
+    prints: dict[int, str] = {}  # one fingerprint per config object (it may read a data folder's listing); by id, as
+    for sweep, _ in jobs:  # a config with list fields (sizes=[...]) is not hashable
+        if id(sweep) not in prints:
+            prints[id(sweep)] = sweep.fingerprint()
+    triples = [(sweep, spec, prints[id(sweep)]) for sweep, spec in jobs]
+    if executor == "local" and workers == 0:
+        for sweep, spec, fp in triples:
+            finish(_run_record(sweep, spec, wd, None, fp, code))
+    elif executor == "local":
+        _execute_local(triples, finish, workers, wd, threads, code)
+    else:
+        with _ray_runtime(address, workers) as ray:
+            remote = ray.remote(num_cpus=1, max_retries=0)(_run_record)
+            refs = {remote.remote(sweep, spec, wd, threads, fp, code): (sweep, spec, fp) for sweep, spec, fp in triples}
+            pending = list(refs)
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                try:
+                    finish(ray.get(ready[0]))
+                except Exception as e:  # the worker died or the task could not run: record it
+                    finish(_crashed_record(*refs[ready[0]], e))
+
+
+def _execute_local(queue: list[tuple[SweepConfig, RunSpec, str]], finish, workers: int, wd: str | None,
+                   threads: int, code: str | None = None) -> None:
+    """Process pool, at most ``workers`` runs in flight. A worker that dies (out of memory, a signal) breaks the
+    pool: the runs in flight then are recorded as crashed (a resume reruns them) and the runs not yet started go
+    on in a new pool, instead of every pending run failing with the broken pool."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    from concurrent.futures.process import BrokenProcessPool
+
+    while queue:
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+            running: dict[cf.Future, tuple[SweepConfig, RunSpec, str]] = {}
+            broken, submitted = False, 0
+            while (queue or running) and not broken:
+                while queue and len(running) < workers and not broken:
+                    try:
+                        sweep, spec, fp = queue[0]
+                        running[pool.submit(_run_record, sweep, spec, wd, threads, fp, code)] = queue[0]
+                    except BrokenProcessPool as e:  # a worker died since the last wait: the run waits for a new
+                        broken = True  # pool, unless this pool never took one (then it is recorded: no endless loop)
+                        if not submitted:
+                            finish(_crashed_record(*queue.pop(0), e))
+                    else:
+                        queue.pop(0)
+                        submitted += 1
+                if not running:
+                    break
+                done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    broken |= _settle(fut, running.pop(fut), finish)
+            for fut, job in running.items():  # in flight when the pool broke: a finished one keeps its record
+                _settle(fut, job, finish)
+
+
+def _settle(fut, job: tuple[SweepConfig, RunSpec, str], finish) -> bool:
+    """``finish`` the run's record, or a crashed record when its worker died; True when the pool broke."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        finish(fut.result())
+    except BrokenProcessPool as e:
+        finish(_crashed_record(*job, e))
+        return True
+    except Exception as e:  # noqa: BLE001 - the run could not be sent or returned: record it
+        finish(_crashed_record(*job, e))
+    return False
+
+
+def one_config(records: Sequence[Mapping]) -> None:
+    """Refuse records of more than one sweep config (fingerprint: the code and the recipe that made them), which
+    a table, figure or verdict would mix."""
+    prints = {r.get("fingerprint") for r in records}
+    if len(prints) > 1:
+        raise ValueError(f"records of {len(prints)} sweep configs ({sorted(map(str, prints))}): select one, e.g. "
+                         "ResultsStore(path).newest_sweep().values(), or rerun the sweep")
+
+
+def summarise(records: Sequence[dict], shots: int = 10) -> dict[str, dict[int, dict[str, float]]]:
+    """{family: {size: {"mean", "std", "n", "values"}}} of the ``shots``-shot accuracy over seeds (ok runs only;
+    sample std)."""
+    import numpy as np
+
+    one_config([r for r in records if r.get("status") == "ok"])
+    acc: dict[str, dict[int, list[float]]] = {}
+    for r in records:
+        if r.get("status") != "ok" or str(shots) not in r["metrics"]["few_shot"]:
+            continue
+        acc.setdefault(r["spec"]["family"], {}).setdefault(r["spec"]["size"], []).append(
+            r["metrics"]["few_shot"][str(shots)]["mean"])
+    return {fam: {n: {"mean": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, "n": len(v),
+                      "values": list(v)} for n, v in sorted(by.items())} for fam, by in acc.items()}
+
+
+def summarise_compute(records: Sequence[dict]) -> dict[str, dict[int, float]]:
+    """{family: {size: mean pre-training FLOPs}} over the finished runs that recorded them."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for r in records:
+        flops = r.get("metrics", {}).get("pretrain_flops") if r.get("status") == "ok" else None
+        if flops:
+            out.setdefault(r["spec"]["family"], {}).setdefault(r["spec"]["size"], []).append(flops)
+    return {f: {n: sum(v) / len(v) for n, v in sorted(by.items())} for f, by in out.items()}
+
+
+def markdown_table(summary: dict[str, dict[int, dict[str, float]]]) -> str:
+    """The README table of a sweep: one row per family, one column per size, "mean ± std" in % over seeds
+    (``vitlab.base.stats.percent_cell`` of ``summarise``'s values)."""
+    sizes = sorted({n for by in summary.values() for n in by})
+    lines = ["| family | " + " | ".join(f"{n:,}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for fam, by in summary.items():
+        cells = [percent_cell(by[n]["values"]) if n in by else "" for n in sizes]
+        lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

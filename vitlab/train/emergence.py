@@ -1,0 +1,162 @@
+"""The paper's Fig. 7 statistics as a model trains: one record per epoch, from the model or its saved snapshot.
+
+``fig7_statistics`` measures, on a fixed image batch (the 128 shipped CIFAR-10 test images), the quantities behind
+the Fig. 7 findings as plain numbers: no bootstrap, no verdict, so that an epoch's record costs a few forward passes.
+``snapshot_history`` computes them for every snapshot of a run (``TrainConfig.snapshot_every``) and joins each with
+the run's accuracy record of that epoch; ``emergence_bands`` summarises the records of several seeds of one recipe
+per epoch (mean, min and max over seeds).
+
+Record keys (all floats; lists of floats where noted):
+
+- ``position_spearman``: Spearman correlation between position-embedding cosine similarity and grid distance
+  (``vitlab.inspect.positions.position_structure_score``; -1 perfectly local, 0 no 2D structure). None for a model
+  without a learned table.
+- ``lowest_min`` / ``lowest_max``: the lowest layer's most local and most global head, mean attention distance as a
+  share of the uniform-attention distance (``vitlab.inspect.distance.uniform_attention_distance``); ``lowest_spread`` their
+  difference.
+- ``depth_trend``: Spearman correlation between layer index and the layer's mean attention distance (1: rising at
+  every layer).
+- ``layer_mean_px``: (L,) the layers' mean attention distance in pixels.
+- ``filter_frequency``: Spearman correlation between a filter component's rank and its DCT radius
+  (``vitlab.inspect.filters.dct_radius``; > 0: leading components are lower-frequency).
+
+Attention distances follow ``vitlab.inspect.distance.mean_attention_distance``'s default prefix convention.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+__all__ = ["EMERGENCE_KEYS", "fig7_statistics", "sample_batch", "snapshot_history", "emergence_bands"]
+
+#: the scalar statistics of a record, in the order they are drawn
+EMERGENCE_KEYS = ("position_spearman", "lowest_min", "lowest_max", "lowest_spread", "depth_trend", "filter_frequency")
+
+
+def _spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """``vitlab.base.stats.spearman`` of two sequences: the findings' own rank correlation (ties as scipy, 0 for a
+    constant sequence)."""
+    from vitlab.base.stats import spearman
+
+    return float(spearman(torch.as_tensor(a, dtype=torch.float64)[None],
+                          torch.as_tensor(np.asarray(b), dtype=torch.float64)[None])[0])
+
+
+def sample_batch(model: nn.Module, n: int = 128) -> Tensor:
+    """(n, 3, H, W): the first ``n`` of the 128 shipped CIFAR-10 test images, preprocessed for ``model``."""
+    from vitlab.base.modes import unwrapped
+    from vitlab.data.datasets import normalize
+    from vitlab.data.images import cifar_test_sample
+
+    pc = unwrapped(model).pretrained_cfg
+    return normalize(cifar_test_sample().images[:n], pc["mean"], pc["std"])
+
+
+@torch.no_grad()
+def fig7_statistics(model: nn.Module, images: Tensor) -> dict[str, Any]:
+    """The record described in the module docstring for ``model`` on ``images`` (B, 3, H, W), preprocessed.
+
+    The model is measured in eval mode with all patch tokens and put back as it was. Raises what the analyses raise
+    for a model they cannot read (e.g. no attention to capture)."""
+    from vitlab.base.modes import all_patch_tokens, eval_mode, unwrapped
+    from vitlab.inspect.distance import mean_attention_distance, uniform_attention_distance
+    from vitlab.inspect.filters import dct_radius, embedding_filter_pca, filter_component_count
+    from vitlab.inspect.positions import position_embedding_similarity, position_structure_score
+    from vitlab.models.info import model_info
+
+    net = unwrapped(model)
+    info = model_info(net, img_size=tuple(images.shape[-2:]))
+    with eval_mode(net), all_patch_tokens(net):
+        dist = mean_attention_distance(net, images, progress=False).double().cpu()  # (L, H) px
+    ceiling = uniform_attention_distance(info.grid_size, info.patch_size)
+    low = dist[0] / ceiling
+    layer_mean = dist.mean(1)
+    k = filter_component_count(net)
+    comps, _ = embedding_filter_pca(net, k=k)
+    radius = dct_radius(comps.cpu())
+    pos = None
+    if info.pos_embed == "learn":
+        pos = position_structure_score(position_embedding_similarity(net).cpu())
+    return {
+        "position_spearman": pos,
+        "lowest_min": float(low.min()),
+        "lowest_max": float(low.max()),
+        "lowest_spread": float(low.max() - low.min()),
+        "depth_trend": _spearman(range(len(layer_mean)), layer_mean.tolist()) if len(layer_mean) > 1 else None,
+        "layer_mean_px": [float(v) for v in layer_mean],
+        "filter_frequency": _spearman(range(k), radius) if k > 1 else None,
+    }
+
+
+def _accuracy_records(run: Path) -> dict[int, dict[str, Any]]:
+    """``{epoch: record}`` from the run's ``metrics.jsonl`` (the last complete line of each epoch)."""
+    from vitlab.train.history import read_history
+
+    return {int(r["epoch"]): r for r in read_history(run)} if (run / "metrics.jsonl").is_file() else {}
+
+
+def snapshot_history(run: str | os.PathLike, images: Tensor | None = None, *, out: str | os.PathLike | None = None,
+                     progress: bool = False) -> list[dict[str, Any]]:
+    """One record per snapshot of ``run`` (``RUN/snapshots/epoch_NNNN``), in epoch order: ``epoch``, ``images_seen``
+    (epochs x the run's training examples), the run's ``val_accuracy`` / ``test_accuracy`` / ``train_loss`` of that
+    epoch where recorded, and ``fig7_statistics`` of the snapshot on ``images`` (default ``sample_batch``).
+
+    ``out``: a JSON file the list of records is written to (atomically, after each snapshot). Records already in
+    ``out`` are reused for their epochs, not recomputed. Raises FileNotFoundError when ``run`` has no snapshots."""
+    from tqdm.auto import tqdm
+
+    from vitlab.base.atomic import atomic_write_text
+    from vitlab.models.checkpoint import load_checkpoint
+
+    run = Path(run)
+    snaps = sorted((run / "snapshots").glob("epoch_*")) if (run / "snapshots").is_dir() else []
+    snaps = [s for s in snaps if (s / "config.json").is_file()]
+    if not snaps:
+        raise FileNotFoundError(f"{run} has no snapshots (RUN/snapshots/epoch_NNNN): train with snapshot_every=1")
+    done: dict[int, dict[str, Any]] = {}
+    if out is not None and Path(out).is_file():
+        done = {int(r["epoch"]): r for r in json.loads(Path(out).read_text())}
+    acc = _accuracy_records(run)
+    cfg = json.loads((run / "checkpoint" / "config.json").read_text()) if (run / "checkpoint" / "config.json").is_file() \
+        else {}
+    n_train = cfg.get("data", {}).get("train_examples")
+    records = []
+    for snap in tqdm(snaps, desc="snapshots", disable=not progress, leave=False):
+        epoch = int(snap.name.split("_")[1])
+        if epoch in done:
+            records.append(done[epoch])
+            continue
+        model = load_checkpoint(snap)
+        x = images if images is not None else sample_batch(model)
+        rec: dict[str, Any] = {"epoch": epoch, "images_seen": epoch * n_train if n_train else None}
+        for key in ("train_loss", "val_accuracy", "test_accuracy"):
+            if key in acc.get(epoch, {}):
+                rec[key] = acc[epoch][key]
+        rec.update(fig7_statistics(model, x))
+        records.append(rec)
+        if out is not None:
+            atomic_write_text(Path(out), json.dumps(records, indent=1) + "\n")
+    return records
+
+
+def emergence_bands(histories: Sequence[Sequence[dict[str, Any]]], key: str) -> dict[str, list[float]]:
+    """Per epoch present in every history: ``epoch``, ``images_seen`` (the first history's), and the ``mean``,
+    ``min`` and ``max`` of ``key`` over the histories (seeds). Raises ValueError for no histories or a key no record
+    holds."""
+    if not histories:
+        raise ValueError("emergence_bands needs at least one history")
+    by_epoch = [{int(r["epoch"]): r for r in h if r.get(key) is not None} for h in histories]
+    epochs = sorted(set.intersection(*(set(b) for b in by_epoch)))
+    if not epochs:
+        raise ValueError(f"no epoch has {key!r} in every history")
+    vals = np.array([[b[e][key] for b in by_epoch] for e in epochs], dtype=np.float64)  # (E, S)
+    return {"epoch": epochs, "images_seen": [by_epoch[0][e].get("images_seen") for e in epochs],
+            "mean": vals.mean(1).tolist(), "min": vals.min(1).tolist(), "max": vals.max(1).tolist()}
