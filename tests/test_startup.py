@@ -52,7 +52,7 @@ def test_help_and_argument_errors_load_no_torch():
     assert heavy == [], f"the parser loaded {heavy}"
 
 
-@pytest.mark.parametrize("module", ["choices", "model_config", "train_config", "sweep_config"])
+@pytest.mark.parametrize("module", ["base.choices", "models.config", "train.config", "studies.sweep_config"])
 def test_the_configs_load_no_torch(module):
     """The modules the command line reads its presets and checks its options with import nothing heavy."""
     script = (f"import sys, vitlab.{module}\n"

@@ -26,7 +26,7 @@ from vitlab.base.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
 from vitlab.base.devices import resolve_device
 from vitlab.base.intervals import n_units
 from vitlab.base.provenance import VERSION, versions
-from vitlab.base.shipped import CHECKOUT, data_name, data_path
+from vitlab.base.shipped import CHECKOUT, data_name
 from vitlab.data.images import (
     default_data_words,
     default_image_count,
@@ -41,18 +41,16 @@ from vitlab.figures.static import write_images
 from vitlab.findings.controls import validation_table
 from vitlab.findings.judge import model_label
 from vitlab.findings.verdict import Verdict, json_types
-from vitlab.inspect import ATTRIBUTION_METHODS
 from vitlab.models.checkpoint import card_line, model_card
 from vitlab.models.info import architecture_words, data_config, has_attention, model_info
-from vitlab.models.load import SHAPES_CHECKPOINT, load_model
+from vitlab.models.load import load_model
 from vitlab.report import sections as S
 from vitlab.report.render import render_html, stamp_line
+from vitlab.report.steps import SCALING_RESULTS, Context, Step, chosen
 
 __all__ = ["reproduce", "write_report", "check_report_dir", "report_target", "not_a_report", "report_entries",
            "SCALING_RESULTS"]
 
-#: The shipped data-scaling sweep drawn in the report's scaling section.
-SCALING_RESULTS = data_path("results/scaling_cifar10.jsonl")
 IMAGE_FORMATS = ("png", "svg", "pdf", "jpg", "webp")
 
 
@@ -210,22 +208,50 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     """Write ``report.html``, ``metrics.json`` (and static figures when a Chromium is found) into ``out``.
 
     ``model``: anything ``load_model`` takes (default: the embedded checkpoint), ``weights`` a local weights file
-    for it; ``images``: a folder (default: for 32 px models the 128 shipped CIFAR-10 test images, otherwise crops
+    for it; a list of checkpoint folders or timm names: several training runs of one recipe, whose verdicts are
+    combined. ``images``: a folder (default: for 32 px models the 128 shipped CIFAR-10 test images, otherwise crops
     of scikit-learn's photos), ``num_images`` of them. ``shapes``: the localisation table of the shipped shapes
     ViT; ``few_shot``: the few-shot probe on CIFAR-10 when it is readable; ``scaling``: the shipped sweep.
     ``formats`` and ``image_scale``: static figures (e.g. ``("png", "svg")``, 2.0 for high resolution);
     ``skip_bad``: skip unreadable or too small images of ``images`` with a warning instead of failing.
     ``device``: where the model and the analyses run (``vitlab.base.devices.resolve_device``: default CUDA when
     available); the figures and numbers are computed the same way on either, up to floating-point rounding.
+    The sections are ``vitlab.report.steps.STEPS``, in their order.
+
+    Raises ``ValueError``/``TypeError`` for bad arguments before any work; ``out`` is left as it was on failure.
     """
     t0 = time.time()
     runs = list(model) if isinstance(model, (list, tuple)) else [model]
+    _check_arguments(runs, weights, formats, num_images, image_scale)
+    out = report_target(out)
+    dev = resolve_device(device)
+    check_report_dir(out)  # before any work: the report replaces the whole folder
+    net, info = _load(runs[0], pretrained, weights, dev)
+    others = other_runs(runs, net, info, pretrained, dev)  # before any work: runs of another shape are refused
+    inp, summary = _inputs(net, info, runs[0], pretrained, weights, images, num_images, skip_bad, dev)
+    ctx = Context(inp, dev, {"shapes": shapes, "few_shot": few_shot, "scaling": scaling})
+    sections, step_seconds = run_steps(ctx, chosen(ctx.options), progress)
+    if len(runs) > 1:  # the verdicts measured on each run's weights and images, combined into the recipe's
+        t = time.time()
+        recipe_verdicts(sections, inp, runs, others, pretrained, progress)
+        step_seconds["other runs"] = round(time.time() - t, 2)
+        summary["facts"].append(("runs", f"{len(runs)} training runs of one recipe ({', '.join(run_labels(runs))}): "
+                                 "the figures and numbers of each section are the first run's; the verdicts measured "
+                                 "on the model combine all of them (vitlab.findings.recipe)"))
+    summary["seconds"] = round(time.time() - t0, 1)  # before metrics copies the summary: both carry it
+    metrics = report_metrics(inp, summary, runs, ctx.pred, step_seconds, sections)
+    figures = {s.slug: s.figure for s in sections if s.figure is not None} if png else None
+    write_report(out, render_html(summary, sections), metrics, figures, formats, image_scale, t0)
+    return out
+
+
+def _check_arguments(runs: list, weights: str | None, formats: Sequence[str], num_images: int | None,
+                     image_scale: float) -> None:
+    """``reproduce``'s arguments that can be refused before any work (``ValueError``, ``TypeError``)."""
     if not runs or (len(runs) > 1 and (weights or any(m is None or not isinstance(m, (str, os.PathLike))
                                                       for m in runs))):
-        raise ValueError(f"model={model!r}: several runs of a recipe are checkpoints or timm names, one at least, "
+        raise ValueError(f"model={runs!r}: several runs of a recipe are checkpoints or timm names, one at least, "
                          "without weights=; give one model, or a list of checkpoint folders")
-    model = runs[0]
-    out = report_target(out)
     if isinstance(formats, str):  # its letters were read as formats ("unknown figure format(s) ['g', 'n', 'p']")
         raise TypeError(f"formats must be a list of figure formats, got the string {formats!r}: pass [{formats!r}]")
     if num_images is not None and (isinstance(num_images, bool) or not isinstance(num_images, int) or num_images < 1):
@@ -235,16 +261,23 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     bad = sorted(set(formats) - set(IMAGE_FORMATS))
     if bad:
         raise ValueError(f"unknown figure format(s) {bad}: choose from {list(IMAGE_FORMATS)}")
-    dev = resolve_device(device)
-    check_report_dir(out)  # before any work: the report replaces the whole folder
+
+
+def _load(model: Any, pretrained: bool, weights: str | None, dev: Any):
+    """The model on ``dev`` and its ``ModelInfo``; ``ValueError`` for a model vitlab cannot inspect."""
     net = load_model(model, pretrained=pretrained, weights=weights).to(dev)
     try:
-        info = model_info(net)  # a model without attention fails here, before any work
+        return net, model_info(net)  # a model without attention fails here, before any work
     except TypeError as e:
         what = "cannot be inspected" if has_attention(net) else "has no self-attention to inspect"
         raise ValueError(f"{model or 'this model'} {what} ({e}). `vitlab reproduce` needs a ViT-family model that "
                          "vitlab reads: a timm ViT/DeiT name or a vitlab ViT or hybrid checkpoint") from e
-    others = other_runs(runs, net, info, pretrained, dev)  # before any work: runs of another shape are refused
+
+
+def _inputs(net, info, model: Any, pretrained: bool, weights: str | None, images: str | None,
+            num_images: int | None, skip_bad: bool, dev: Any) -> tuple[S.Inputs, dict[str, Any]]:
+    """The builders' ``Inputs`` (the model, its images preprocessed on ``dev``, their labels when known) and the
+    report's summary."""
     if images:
         names, x, shown = load_images(net, images, limit=num_images or 16, skip_bad=skip_bad)
         labels, source = None, str(images)
@@ -264,71 +297,50 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     inp = S.Inputs(net, info, names, x.to(dev), shown, base, labels, classes,
                    untrained=random_weights(net, model, pretrained, weights), source=source,
                    name=model_label(net, model), data=data)
-    summary = _summary(net, info, model, wdesc, source, len(names))
+    return inp, _summary(net, info, model, wdesc, source, len(names))
 
-    steps = ["predictions", "filters", "positions", "distance", "maps", "readout"]
-    steps += (["localisation"] if shapes else []) + (["few-shot"] if few_shot else []) + (["scaling"] if scaling else [])
-    # the bar counts parts: a long step says when each of its parts begins (a map method, a split's features), so
-    # the bar moves within it and names what runs (the maps step alone took 35 to 170 s on 2 cores)
-    parts = {"maps": len(ATTRIBUTION_METHODS) + 1, "localisation": len(ATTRIBUTION_METHODS) + 1, "few-shot": 3}
-    bar = tqdm(total=sum(parts.get(s, 1) for s in steps), desc="reproduce", unit="part", disable=progress is False)
+
+def run_steps(ctx: Context, steps: Sequence[Step], progress: bool | None = None
+              ) -> tuple[list[S.Section], dict[str, float]]:
+    """Run ``steps`` in order on ``ctx``: the sections they made, and each step's seconds by name. One progress bar
+    counts parts: a long step says when each of its parts begins (a map method, a split's features), so the bar
+    moves within it and names what runs."""
+    bar = tqdm(total=sum(s.parts for s in steps), desc="reproduce", unit="part", disable=progress is False)
     sections: list[S.Section] = []
-
-    step_seconds: dict[str, float] = {}
-
-    def run(name: str, build) -> None:
-        bar.set_postfix_str(name)
+    seconds: dict[str, float] = {}
+    for step in steps:
+        bar.set_postfix_str(step.name)
         t = time.time()
-        plan, counted, begun = parts.get(name, 1), 0, 0
+        counted = begun = 0
 
-        def tick(what: str) -> None:  # a part begins, so the one before it is done; never past the step's parts
+        def tick(what: str, step: Step = step) -> None:  # a part begins, so the one before it is done
             nonlocal counted, begun
-            if begun and counted < plan - 1:
+            if begun and counted < step.parts - 1:  # never past the step's parts
                 bar.update()
                 counted += 1
             begun += 1
-            bar.set_postfix_str(f"{name}: {what}")
+            bar.set_postfix_str(f"{step.name}: {what}")
 
-        made = build(tick)
-        step_seconds[name] = round(time.time() - t, 2)
-        if isinstance(made, S.Section):
-            sections.append(made)
-        elif made:
-            sections.extend(made)
-        bar.update(plan - counted)
-
-    pred: dict[str, Any] = {}
-    run("predictions", lambda tick: pred.update(S.prediction_pass(inp)))
-    run("filters", lambda tick: S.filters(inp))
-    run("positions", lambda tick: S.positions(inp))
-    run("distance", lambda tick: S.distance(inp, pred))
-    localised = shapes and S.localisation_possible(SHAPES_CHECKPOINT)
-    run("maps", lambda tick: S.maps_and_faithfulness(inp, pred, localisation=localised, tick=tick))
-    run("readout", lambda tick: S.readout_and_entropy(inp, pred))
-    if shapes:
-        run("localisation", lambda tick: S.localisation(SHAPES_CHECKPOINT, versions(), device=dev, tick=tick))
-    if few_shot:
-        run("few-shot", lambda tick: S.few_shot(inp, tick=tick))
-    if scaling:
-        run("scaling", lambda tick: S.scaling(SCALING_RESULTS, versions()))
+        made = step.build(ctx, tick)
+        seconds[step.name] = round(time.time() - t, 2)
+        sections += [made] if isinstance(made, S.Section) else list(made or [])
+        bar.update(step.parts - counted)
     bar.close()
-    if len(runs) > 1:  # the verdicts measured on each run's weights and images, combined into the recipe's
-        t = time.time()
-        recipe_verdicts(sections, inp, runs, others, pretrained, progress)
-        step_seconds["other runs"] = round(time.time() - t, 2)
-        summary["facts"].append(("runs", f"{len(runs)} training runs of one recipe ({', '.join(run_labels(runs))}): "
-                                 "the figures and numbers of each section are the first run's; the verdicts measured "
-                                 "on the model combine all of them (vitlab.findings.recipe)"))
+    return sections, seconds
 
-    summary["seconds"] = round(time.time() - t0, 1)  # before metrics copies the summary: both carry it
+
+def report_metrics(inp: S.Inputs, summary: dict[str, Any], runs: Sequence[Any], pred: dict[str, Any],
+                   step_seconds: dict[str, float], sections: Sequence[S.Section]) -> dict[str, Any]:
+    """``metrics.json``'s content: the stamp, the summary, the predictions, every section's numbers and verdicts,
+    the criterion-validation table and what could not be judged."""
     by_slug = {s.slug: s for s in sections}
     metrics: dict[str, Any] = {
-        **base, "summary": {k: v for k, v in summary.items() if k != "facts"} | {"facts": dict(summary["facts"])},
+        **inp.base, "summary": {k: v for k, v in summary.items() if k != "facts"} | {"facts": dict(summary["facts"])},
         "runs": [str(r or "embedded default") for r in runs],
-        "model_info": {k: list(v) if isinstance(v, tuple) else v for k, v in info.__dict__.items()},
-        "image_names": names, "attention_shape": pred["attention_shape"], "step_seconds": step_seconds,
+        "model_info": {k: list(v) if isinstance(v, tuple) else v for k, v in inp.info.__dict__.items()},
+        "image_names": inp.names, "attention_shape": pred["attention_shape"], "step_seconds": step_seconds,
         "predictions": [] if pred["pred"] is None else  # none without a classifier head
-        [{"image": n, "class": int(c), "probability": float(p)} for n, c, p in zip(names, pred["pred"], pred["prob"])],
+        [{"image": n, "class": int(c), "probability": float(p)} for n, c, p in zip(inp.names, pred["pred"], pred["prob"])],
         "verdicts": [{"section": s.slug, **v.to_dict()} for s in sections for v in s.verdicts],
         # every finding's criterion on its controls (vitlab.findings.controls): finding x control, expected, observed
         "criterion_validation": validation_table(v for s in sections for v in s.verdicts),
@@ -343,9 +355,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     }
     if "localisation" in by_slug:
         metrics["shapes_localisation"] = by_slug["localisation"].metrics
-    figures = {s.slug: s.figure for s in sections if s.figure is not None} if png else None
-    write_report(out, render_html(summary, sections), metrics, figures, formats, image_scale, t0)
-    return out
+    return metrics
 
 
 def run_labels(runs: Sequence[Any]) -> list[str]:
