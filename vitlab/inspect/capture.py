@@ -499,14 +499,42 @@ def capture_attention(
     if keep_grad and (head_fusion is not None or queries not in (None, "all") or reduce is not None):
         raise ValueError("keep_grad=True records full maps; fuse heads, select queries or reduce after reading grads()")
     found = find_attention_modules(model)
-    depth = len(found)
-    chosen = _normalise_layers(layers, depth)
+    chosen = _normalise_layers(layers, len(found))
+    cap = _new_capture(model, found, chosen, head_fusion, queries, keep_grad, preallocate, reduce)
+    hooks = _Hooks()
+    # every module's own mode comes back after the block; checkpointed blocks would record outside the graph
+    with eval_mode(model), no_checkpointing(model):
+        try:
+            for i in chosen:
+                for b, m in enumerate(found[i].modules):
+                    hooks.unfuse(m)
+                    drop = getattr(m, "attn_drop", None)
+
+                    def record(a: Tensor, i: int = i, b: int = b, h: int = int(m.num_heads)) -> None:
+                        cap._record(i, b, a, h)
+
+                    if isinstance(drop, nn.Module):
+                        hooks.handles.append(drop.register_forward_hook(lambda _m, _a, out, rec=record: rec(out)))
+                    else:
+                        hooks.softmax(m, record)
+            pool_module = _find_pool(model) if pool else None
+            if pool_module is not None:
+                hooks.unfuse(pool_module)
+                hooks.softmax(pool_module, lambda a: cap.pool.append(a.detach().float()))
+            yield cap
+        finally:
+            hooks.remove()
+
+
+def _new_capture(model: nn.Module, found: list, chosen: list[int], head_fusion: HeadFusion | None, queries: Queries,
+                 keep_grad: bool, preallocate: int | None, reduce: Reduction | None) -> AttentionCapture:
+    """The empty capture of ``model``'s ``chosen`` layers (of ``found``), with its prefix tokens counted and its
+    global layers known; ``AttentionCaptureError`` for a chosen layer that attends within windows."""
     n_prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
     if class_token_never_joins(model):  # a ConViT's blocks all run before its class token joins: none reaches them
         n_prefix -= 1
-    cap = AttentionCapture(tuple(found[i] for i in chosen), depth, head_fusion, queries, keep_grad, n_prefix,
+    cap = AttentionCapture(tuple(found[i] for i in chosen), len(found), head_fusion, queries, keep_grad, n_prefix,
                            preallocate=preallocate, reduce=reduce, class_token_joins=class_token_join(model))
-    pool_module = _find_pool(model) if pool else None
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, (nn.Sequential, nn.ModuleList)) and any(hasattr(b, "window_size") for b in blocks):
         cap.global_layers = tuple(i for i, b in enumerate(blocks) if not getattr(b, "window_size", 0))
@@ -516,54 +544,47 @@ def capture_attention(
                 f"blocks {windowed} of {type(model).__name__} attend within windows folded into the batch (windowed "
                 "attention), not over the image's tokens, so they have no (B, H, T, T) map of each image: capture "
                 f"the global-attention layers alone, layers={list(cap.global_layers)}")
+    return cap
 
-    fused: list[tuple[nn.Module, bool]] = []
-    handles: list[torch.utils.hooks.RemovableHandle] = []
-    active_recorders: list[_SoftmaxRecorder] = []
 
-    def softmax_hooks(module: nn.Module, on_maps) -> None:
+class _Hooks:
+    """The hooks and unfused attention modules of one capture, all undone by ``remove`` (also after a forward
+    raised between a pre- and a post-hook)."""
+
+    def __init__(self) -> None:
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.fused: list[tuple[nn.Module, bool]] = []
+        self.recorders: list[_SoftmaxRecorder] = []
+
+    def unfuse(self, m: nn.Module) -> None:
+        """Run ``m``'s attention explicitly (timm's ``fused_attn`` off) until ``remove``."""
+        if hasattr(m, "fused_attn"):
+            self.fused.append((m, m.fused_attn))
+            m.fused_attn = False
+
+    def softmax(self, module: nn.Module, on_maps) -> None:
+        """Call ``on_maps`` with the last softmax ``module`` computes in each forward."""
         def pre(_m, _args):
             rec = _SoftmaxRecorder()
             rec.__enter__()
-            active_recorders.append(rec)
+            self.recorders.append(rec)
 
         def post(_m, _args, _out):
-            rec = active_recorders.pop()
+            rec = self.recorders.pop()
             rec.__exit__(None, None, None)
             if rec.outputs:
                 on_maps(rec.outputs[-1])
 
-        handles.append(module.register_forward_pre_hook(pre))
-        handles.append(module.register_forward_hook(post, always_call=True))
+        self.handles.append(module.register_forward_pre_hook(pre))
+        self.handles.append(module.register_forward_hook(post, always_call=True))
 
-    # every module's own mode comes back after the block; checkpointed blocks would record outside the graph
-    with eval_mode(model), no_checkpointing(model):
-        try:
-            for i in chosen:
-                for b, m in enumerate(found[i].modules):
-                    if hasattr(m, "fused_attn"):
-                        fused.append((m, m.fused_attn))
-                        m.fused_attn = False
-                    heads = int(m.num_heads)
-                    drop = getattr(m, "attn_drop", None)
-                    if isinstance(drop, nn.Module):
-                        handles.append(drop.register_forward_hook(
-                            lambda _m, _a, out, i=i, b=b, h=heads: cap._record(i, b, out, h)))
-                    else:
-                        softmax_hooks(m, lambda a, i=i, b=b, h=heads: cap._record(i, b, a, h))
-            if pool_module is not None:
-                if hasattr(pool_module, "fused_attn"):
-                    fused.append((pool_module, pool_module.fused_attn))
-                    pool_module.fused_attn = False
-                softmax_hooks(pool_module, lambda a: cap.pool.append(a.detach().float()))
-            yield cap
-        finally:
-            for h in handles:
-                h.remove()
-            while active_recorders:  # a forward raised between pre- and post-hook
-                active_recorders.pop().__exit__(None, None, None)
-            for m, flag in fused:
-                m.fused_attn = flag
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        while self.recorders:  # a forward raised between pre- and post-hook
+            self.recorders.pop().__exit__(None, None, None)
+        for m, flag in self.fused:
+            m.fused_attn = flag
 
 
 HEAD_FUSIONS = ("mean", "max", "min")
