@@ -58,6 +58,7 @@ from vitlab.checks import check_count, check_plain_name, whole_index
 from vitlab.data import ImageArray, cache_dir, load_splits, nested_subsets
 from vitlab.devices import resolve_device
 from vitlab.features import READOUTS
+from vitlab.history import read_history
 from vitlab.mpp import MPP_TARGETS
 from vitlab.probe import DEFAULT_L2
 from vitlab.provenance import fingerprint, json_digest, provenance
@@ -424,7 +425,7 @@ def _finetune(study: MPPStudyConfig, model_cfg: ViTConfig, seed: int, init_from:
     study.root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=study.root(), prefix="finetune.") as tmp:
         train(cfg, Path(tmp) / "run", progress=False, train_data=subset, test_data=data.test, device=device)
-        log = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+        log = read_history(Path(tmp) / "run")
     return {"test_accuracy": log[-1]["test_accuracy"], "train_examples": len(subset), "epochs": cfg.epochs,
             "final_train_loss": log[-1]["train_loss"], "train_seconds": round(sum(x["epoch_seconds"] for x in log), 2)}
 
