@@ -62,6 +62,7 @@ from vitlab.history import read_history
 from vitlab.mpp import MPP_TARGETS
 from vitlab.probe import DEFAULT_L2
 from vitlab.provenance import fingerprint, json_digest, provenance
+from vitlab.records import of_newest_code
 from vitlab.stats import percent_cell
 from vitlab.study_findings import few_shot_key, mpp_accuracies, mpp_ordering
 from vitlab.train_config import (
@@ -437,16 +438,15 @@ def latest_records(records: Sequence[dict], study: str) -> dict[str, dict]:
 
 def shown_records(records: Sequence[dict], study: str) -> tuple[list[dict], str]:
     """The rows to show together, and a note on what they are: the latest record of each row of ``study`` among the
-    records of one code version, the newest one's (the store's last record), so that a partial rerun after a code
+    records of one code version, the newest one's (``vitlab.records.of_newest_code``), so that a partial rerun after a code
     change never pairs an old row with a new one. The note names that code version, the code of the pre-training
     runs the rows used (reused across code changes), and how many rows of other code versions were left out."""
     mine = [r for r in records if r.get("study") == study]
     if not mine:
         return [], f"no records of study {study!r}"
-    code = lambda r: str(r.get("provenance", {}).get("code_hash"))  # noqa: E731
-    newest = code(mine[-1])
-    kept = {r["row_id"]: r for r in mine if code(r) == newest}
-    hidden = {r["row_id"] for r in mine if code(r) != newest} - set(kept)
+    newer, newest = of_newest_code(mine)
+    kept = {r["row_id"]: r for r in newer}
+    hidden = {r["row_id"] for r in mine} - set(kept)
     pre = sorted({str(r["metrics"]["pretrain"].get("code_hash")) for r in kept.values()
                   if r.get("status") == "ok" and "pretrain" in (r.get("metrics") or {})})
     note = f"rows of code version {newest}"

@@ -16,7 +16,7 @@ import fcntl
 import json
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 __all__ = ["RecordFileError", "TornLineWarning", "read_records", "append_record", "code_version", "of_newest_code"]
@@ -115,7 +115,7 @@ def _drop_torn_tail(f, path: Path) -> None:
         f.write(b"\n")
 
 
-def code_version(record: dict) -> str:
+def code_version(record: Mapping) -> str:
     """The code version that wrote ``record``: its ``provenance.code_hash`` (``vitlab.provenance.code_hash``), as a
     string ("None" for a record without one)."""
     return str((record.get("provenance") or {}).get("code_hash"))
