@@ -30,6 +30,7 @@ MODEL = os.environ.get("VITLAB_MODEL") or None  # None: the embedded default; or
 
 # %%
 import vitlab
+from vitlab.card import facts_text, model_facts
 from vitlab.plots import notebook_figures
 from vitlab.images import default_images
 
@@ -38,8 +39,7 @@ notebook_figures()  # figures survive `jupyter nbconvert --to html`
 model = vitlab.load_model(MODEL)
 info = vitlab.model_info(model)
 card = vitlab.checkpoint.model_card(model)  # the shipped checkpoint's card: accuracy measured on export
-if card is not None:
-    print(f"{card['path']}: {vitlab.checkpoint.card_line(card)}")
+print(facts_text(model_facts(model, info, MODEL)))  # as `vitlab info` and the report word them
 info
 
 # %% [markdown]

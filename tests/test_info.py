@@ -275,3 +275,28 @@ def test_vitlab_info_and_the_report_name_the_architecture_alike(tmp_path, capsys
     facts = dict(_summary(net, model_info(net), str(ck), "w", "images", 1)["facts"])
     assert rows["architecture"] == architecture_words(net, model_info(net)) == "vitlab_vit (VisionTransformer)"
     assert facts["architecture"].split(": ")[0] == rows["architecture"]
+
+
+def test_model_facts_word_one_models_architecture_parameters_and_weights(tmp_path):
+    """One wording of a model's facts for `vitlab info`, the report and the notebooks (vitlab.card.model_facts)."""
+    from safetensors.torch import save_file
+
+    from vitlab.card import facts_text, model_facts
+
+    cfg = vit_config("Ti/4", img_size=32, depth=2, num_classes=10)
+    net = vitlab.load_model(cfg)
+    facts = dict(model_facts(net, model_info(net), cfg))
+    assert list(facts) == ["model", "architecture", "parameters", "input", "positions", "weights"]
+    assert facts["parameters"] == f"{sum(p.numel() for p in net.parameters()):,}"
+    assert facts["architecture"].endswith(": 2 blocks, width 192, 3 heads")
+    assert facts["input"].startswith("32x32 px, 4 px patches, 8x8 grid, 1 prefix token (class)")
+    assert facts["weights"] == "random initialisation (no pretrained weights)"
+    weights = tmp_path / "w.safetensors"
+    save_file(net.state_dict(), str(weights))
+    assert dict(model_facts(net, model_info(net), cfg, weights=weights))["weights"] == f"{weights} (local file)"
+    shipped = dict(model_facts(vitlab.load_model(None), model_info(vitlab.load_model(None))))
+    assert shipped["weights"] == "data/checkpoints/vit_cifar10" and "model card" in shipped
+    cnn = timm.create_model("resnet18", pretrained=False, num_classes=10)
+    rows = model_facts(cnn, None, "resnet18", pretrained=False)
+    assert [k for k, _ in rows] == ["model", "architecture", "parameters", "weights"] and rows[1][1] == "ResNet"
+    assert facts_text(rows).splitlines()[0] == "model         resnet18"

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from vitlab import controls, findings, study_findings
 from vitlab.capture import capture_attention
-from vitlab.info import ModelInfo
+from vitlab.info import ModelInfo, attention_position_words
 from vitlab.inspect import (
     ATTRIBUTION_METHODS,
     embedding_filter_pca,
@@ -241,16 +241,9 @@ POSITIONS_PAPER = ("Fig. 7 centre (ViT-L/32): closer patches have more similar p
                    "structure; the model learns the 2D image topology.")
 
 
-def _in_attention(info: ModelInfo) -> str:
-    """How the model's attention adds positions itself (rotary embeddings, a relative position bias), as words."""
-    words = {"rotary": "rotary embeddings", "relative bias": "a relative position bias",
-             "gated positional": "gated positional self-attention over relative offsets (ConViT's GPSA)"}
-    return " and ".join(words.get(k, k) for k in info.attention_positions)
-
-
 def positions(inp: Inputs) -> list[Section]:
     if inp.info.pos_embed == "none":  # said, not silently left out
-        how = _in_attention(inp.info)
+        how = attention_position_words(inp.info)
         why = (f"positions enter its attention through {how} instead, which has no table per patch to compare"
                if how else "it is told nothing about where a patch lies")
         return [Section("positions", POSITIONS_TITLE, None, POSITIONS_PAPER,
@@ -271,7 +264,7 @@ def positions(inp: Inputs) -> list[Section]:
                             "least 4 needed).")
     if inp.info.attention_positions:  # e.g. EVA-02: a learned table and rotary embeddings
         row_col_note += (f" The table is only part of what this model knows of positions: its attention adds "
-                         f"{_in_attention(inp.info)}, which this figure does not show.")
+                         f"{attention_position_words(inp.info)}, which this figure does not show.")
     out = [Section(
         "positions", POSITIONS_TITLE,
         similarity_tiles(sim.numpy(), title=f"Position-embedding similarity<br><sup>tile (i, j): patch (i, j) against "
