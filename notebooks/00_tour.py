@@ -32,14 +32,14 @@ MODEL = os.environ.get("VITLAB_MODEL") or None  # None: the embedded default; or
 import vitlab
 from vitlab.data.images import default_images
 from vitlab.figures.plots import notebook_figures
+from vitlab.models.card import facts_text, model_facts
 
 notebook_figures()  # figures survive `jupyter nbconvert --to html`
 
 model = vitlab.load_model(MODEL)
 info = vitlab.model_info(model)
 card = vitlab.models.checkpoint.model_card(model)  # the shipped checkpoint's card: accuracy measured on export
-if card is not None:
-    print(f"{card['path']}: {vitlab.models.checkpoint.card_line(card)}")
+print(facts_text(model_facts(model, info, MODEL)))  # as `vitlab info` and the report word them
 info
 
 # %% [markdown]

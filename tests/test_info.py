@@ -256,7 +256,7 @@ def test_a_vit_vitlab_cannot_read_is_not_said_to_have_no_attention(tmp_path, mon
     naflex = timm.create_model("naflexvit_base_patch16_gap", pretrained=False, depth=1, num_classes=3)
     assert has_attention(naflex) and has_attention(vitlab.load_model()) and not has_attention(tiny_bit())
     for net, words in ((naflex, "m cannot be inspected"), (tiny_bit(), "m has no self-attention to inspect")):
-        monkeypatch.setattr(R.vitlab, "load_model", lambda *a, _n=net, **k: _n)
+        monkeypatch.setattr(R, "load_model", lambda *a, _n=net, **k: _n)
         with pytest.raises(ValueError, match=words):
             R.reproduce("m", out=tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
@@ -272,6 +272,31 @@ def test_vitlab_info_and_the_report_name_the_architecture_alike(tmp_path, capsys
     assert main(["info", "--model", str(ck)]) == 0
     rows = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
     net = vitlab.load_model(str(ck))
-    facts = dict(_summary(net, model_info(net), str(ck), "w", "images", 1)["facts"])
+    facts = dict(_summary(net, model_info(net), str(ck), True, None, "images", 1)["facts"])
     assert rows["architecture"] == architecture_words(net, model_info(net)) == "vitlab_vit (VisionTransformer)"
     assert facts["architecture"].split(": ")[0] == rows["architecture"]
+
+
+def test_model_facts_word_one_models_architecture_parameters_and_weights(tmp_path):
+    """One wording of a model's facts for `vitlab info`, the report and the notebooks (vitlab.models.card.model_facts)."""
+    from safetensors.torch import save_file
+
+    from vitlab.models.card import facts_text, model_facts
+
+    cfg = vit_config("Ti/4", img_size=32, depth=2, num_classes=10)
+    net = vitlab.load_model(cfg)
+    facts = dict(model_facts(net, model_info(net), cfg))
+    assert list(facts) == ["model", "architecture", "parameters", "input", "positions", "weights"]
+    assert facts["parameters"] == f"{sum(p.numel() for p in net.parameters()):,}"
+    assert facts["architecture"].endswith(": 2 blocks, width 192, 3 heads")
+    assert facts["input"].startswith("32x32 px, 4 px patches, 8x8 grid, 1 prefix token (class)")
+    assert facts["weights"] == "random initialisation (no pretrained weights)"
+    weights = tmp_path / "w.safetensors"
+    save_file(net.state_dict(), str(weights))
+    assert dict(model_facts(net, model_info(net), cfg, weights=weights))["weights"] == f"{weights} (local file)"
+    shipped = dict(model_facts(vitlab.load_model(None), model_info(vitlab.load_model(None))))
+    assert shipped["weights"] == "data/checkpoints/vit_cifar10" and "model card" in shipped
+    cnn = timm.create_model("resnet18", pretrained=False, num_classes=10)
+    rows = model_facts(cnn, None, "resnet18", pretrained=False)
+    assert [k for k, _ in rows] == ["model", "architecture", "parameters", "weights"] and rows[1][1] == "ResNet"
+    assert facts_text(rows).splitlines()[0] == "model         resnet18"

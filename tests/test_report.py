@@ -906,16 +906,16 @@ def test_the_reports_facts_say_where_a_convit_learns_positions_and_when_its_clas
     """The facts table of a ConViT's report said nothing of positions and '1 prefix token (class)', as for a ViT:
     neither its gated positional self-attention nor that its class token joins after those blocks. A 'positions'
     row now names the table and the GPSA layers, and the prefix token says where it joins; a ViT's say neither."""
-    from vitlab.report import _summary
+    from vitlab.models.card import model_facts
 
-    facts = dict(_summary(tiny_convit(), vitlab.model_info(tiny_convit()), "convit", "random", "photos", 2)["facts"])
+    facts = dict(model_facts(tiny_convit(), vitlab.model_info(tiny_convit()), "convit", False))
     assert facts["positions"] == ("a learned position-embedding table; its attention adds gated positional "
                                   "self-attention over relative offsets (ConViT's GPSA) in layers 1-2")
     assert "1 prefix token (class, joins at layer 3)" in facts["input"]
     net = tiny_convit(use_pos_embed=False)
-    assert dict(_summary(net, vitlab.model_info(net), "c", "r", "p", 2)["facts"])["positions"].startswith(
+    assert dict(model_facts(net, vitlab.model_info(net), "c", False))["positions"].startswith(
         "no position-embedding table; its attention adds gated positional")
-    facts = dict(_summary(tiny_vit(), vitlab.model_info(tiny_vit()), "vit", "random", "photos", 2)["facts"])
+    facts = dict(model_facts(tiny_vit(), vitlab.model_info(tiny_vit()), "vit", False))
     assert facts["positions"] == "a learned position-embedding table" and "joins" not in facts["input"]
 
 

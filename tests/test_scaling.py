@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from vitlab.base.records import RecordFileError, TornLineWarning
 from vitlab.cli import main
 from vitlab.studies.scaling import SWEEPS, ResultsStore, RunSpec, SweepConfig, check_executor, run_sweep, summarise
 
@@ -19,12 +20,16 @@ def test_store_appends_tolerates_a_torn_line_and_keeps_the_latest(tmp_path):
     store.append({"run_id": "a", "status": "failed", "sweep": "s"})
     with open(store.path, "a") as f:
         f.write('{"run_id": "b", "sta')  # a crash mid-write
-    store.append({"run_id": "a", "status": "ok", "sweep": "s"})
+    with pytest.warns(TornLineWarning) as torn:
+        assert [r["run_id"] for r in store.records()] == ["a"]
+    assert torn[0].message.line == 2
+    with pytest.warns(TornLineWarning):  # dropped, not left in the middle where the reader would refuse it
+        store.append({"run_id": "a", "status": "ok", "sweep": "s"})
     assert [r["run_id"] for r in store.records()] == ["a", "a"]
     assert store.latest()["a"]["status"] == "ok" and store.done("s") == {"a"} and store.done("other") == set()
     store.append({"run_id": "a", "status": "failed", "sweep": "other"})  # another sweep in the same file
     assert store.done("s") == {"a"}
-    assert store.path.read_text().count("\n") == 4  # the torn line was closed before the next record
+    assert store.path.read_text().count("\n") == 3  # the torn line was dropped before the next record
 
 
 @pytest.mark.parametrize("command", [["sweep", "--config", "quick", "--table"], ["mpp-study", "--study", "smoke",
@@ -36,9 +41,12 @@ def test_a_file_that_is_no_results_store_is_named_not_a_traceback(command, tmp_p
     other.write_text(json.dumps({"mean": [0.5, 0.25]}, indent=2))
     before = other.read_text()
     assert main([*command, "--results", str(other)]) == 1
-    assert capsys.readouterr().err.startswith(f"vitlab {command[0]}: ValueError: {other} is not a results store: "
-                                              "line 4 holds a float, not a record")
+    assert capsys.readouterr().err.startswith(f"vitlab {command[0]}: RecordFileError: {other}, line 1: ")
     assert other.read_text() == before
+    with pytest.raises(RecordFileError) as e:
+        ResultsStore(other).records()
+    assert (e.value.path, e.value.line, isinstance(e.value, ValueError)) == (str(other), 1, True)
+    assert e.value.fix.startswith(f"{other} is not a results store")
 
 
 def test_a_torn_line_of_garbage_bytes_is_skipped_too(tmp_path):
@@ -48,7 +56,8 @@ def test_a_torn_line_of_garbage_bytes_is_skipped_too(tmp_path):
     store.append({"run_id": "a", "status": "ok", "sweep": "s"})
     with open(store.path, "ab") as f:
         f.write(b'{"run_id": "b", \xff\xfe\x00\x9c')
-    store.append({"run_id": "c", "status": "ok", "sweep": "s"})
+    with pytest.warns(TornLineWarning):
+        store.append({"run_id": "c", "status": "ok", "sweep": "s"})
     assert [r["run_id"] for r in store.records()] == ["a", "c"] and store.done("s") == {"a", "c"}
 
 

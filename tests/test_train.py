@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitlab
+from vitlab.base.records import RecordFileError, TornLineWarning
 from vitlab.train.config import PRESETS, with_num_classes
 from vitlab.train.history import read_history
 from vitlab.train.loop import TrainingDiverged, lr_at, train
@@ -101,8 +102,16 @@ def test_settle_history_restores_the_checkpoints_record_and_drops_torn_lines(tmp
     assert [json.loads(x) for x in path.read_text().splitlines()] == [r1, r2, r3]
     # killed during the append: the torn line goes, the record comes back, and the next append starts a line
     path.write_text(json.dumps(r1) + "\n" + json.dumps(r2) + "\n" + json.dumps(r3)[:9])
-    settle_history(path, {"epoch": 3, "metrics": r3})
+    with pytest.warns(TornLineWarning):
+        settle_history(path, {"epoch": 3, "metrics": r3})
     assert [json.loads(x) for x in path.read_text().splitlines()] == [r1, r2, r3] and path.read_text().endswith("\n")
+    # a corrupt line in the middle is no kill's tear: refused by its line, the file left as it is
+    broken = json.dumps(r1) + "\n" + json.dumps(r2)[:9] + "\n" + json.dumps(r3) + "\n"
+    path.write_text(broken)
+    with pytest.raises(RecordFileError) as e:
+        settle_history(path, {"epoch": 3, "metrics": r3})
+    assert e.value.line == 2 and path.read_text() == broken
+    path.write_text(json.dumps(r1) + "\n" + json.dumps(r2) + "\n" + json.dumps(r3) + "\n")
     # a complete history is left byte for byte as it is
     before = path.stat().st_mtime_ns, path.read_text()
     settle_history(path, {"epoch": 3, "metrics": r3})
@@ -153,8 +162,9 @@ def test_read_history_leaves_out_a_torn_last_line_and_names_a_broken_one(tmp_pat
                                          r"with resume=True \(vitlab train --resume\)"):
         assert read_history(tmp_path) == [{"epoch": 1}, {"epoch": 2}]
     (tmp_path / "metrics.jsonl").write_text('{"epoch": 1}\n{"epo{"epoch": 2}\n{"epoch": 3}\n')
-    with pytest.raises(ValueError, match=r"line 2: not a JSON record"):
+    with pytest.raises(RecordFileError) as e:
         read_history(tmp_path)
+    assert (e.value.path, e.value.line) == (str(tmp_path / "metrics.jsonl"), 2)
 
 
 def test_a_resume_after_a_lost_record_logs_every_epoch_once(tmp_path, tiny_data, monkeypatch):

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from vitlab.base.intervals import N_BOOT, SEED, Resolution, mean_interval, n_units, none_reason
+from vitlab.base.records import code_version
 from vitlab.findings.verdict import Verdict, make_verdict
 from vitlab.studies.mpp import few_shot_key
 from vitlab.studies.scaling import one_config
@@ -118,10 +119,6 @@ class MixedCodeVersions(Exception):
     ``ValueError`` does not take it for one: the rows are sound, only not comparable."""
 
 
-def _code_hash(r: Mapping[str, Any]) -> str:
-    return str((r.get("provenance") or {}).get("code_hash"))
-
-
 def _study_rows(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
     """{row_id: latest record} of one MPP study, all of one code version; records of several studies are refused
     (``ValueError``), rows of several code versions too (``MixedCodeVersions``)."""
@@ -132,7 +129,7 @@ def _study_rows(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, 
                          "vitlab.studies.mpp.shown_records(records, NAME)[0]")
     codes: dict[str, int] = {}
     for r in latest.values():
-        codes[_code_hash(r)] = codes.get(_code_hash(r), 0) + 1
+        codes[code_version(r)] = codes.get(code_version(r), 0) + 1
     if len(codes) > 1:
         versions = ", ".join(f"{c}: {n_units(n, 'rows')}" for c, n in sorted(codes.items()))
         raise MixedCodeVersions(
@@ -226,7 +223,7 @@ def mpp_ordering(records: Sequence[Mapping[str, Any]], better: str = "mpp", wors
     b, w = INIT_NAMES.get(better, better), INIT_NAMES.get(worse, worse)
     what = "fine-tune" if kind != "few_shot" else f"{shots}-shot probe" + ("" if readout == "model" else
                                                                            f", {readout.replace('_', ' ')}")
-    code = sorted({_code_hash(r) for r in rows})  # one: _study_rows checked
+    code = sorted({code_version(r) for r in rows})  # one: _study_rows checked
     return make_verdict(
         f"Sec. 4.6: {b} beats {w} ({what})",
         f"mean over {unit} of ({b} - {w}) {what} accuracy on the test images > 0, paired by seed; 95% interval over "

@@ -1,19 +1,106 @@
-"""A shipped model's card, ``MODEL_CARD.md``, written from the facts ``vitlab.train.export`` measured on the exported
-weights (``card.json``): the headline number and how it was measured, the training time over every warm-started
-leg, the configuration and the per-epoch metrics. Text only, measuring nothing: every number in it comes from those
-facts, the run's configuration and epoch history, or the model's preprocessing config.
+"""A model's facts in words. ``model_facts``: what a loaded model is (architecture, parameters, input, positions),
+where its weights came from (``weights_description``) and its card's headline, the rows that ``vitlab info``, the
+report and the notebooks show. ``card_text``: a shipped model's card, ``MODEL_CARD.md``, written from the facts
+``vitlab.train.export`` measured on the exported weights (``card.json``): the headline number and how it was measured,
+the training time over every warm-started leg, the configuration and the per-epoch metrics. Text only, measuring
+nothing: every number comes from the model itself, those facts, the run's configuration and epoch history, or the
+model's preprocessing config.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from torch import nn
 
-from vitlab.models.checkpoint import card_metric
+from vitlab.base.intervals import n_units
+from vitlab.base.shipped import data_name
+from vitlab.models.checkpoint import card_line, card_metric, model_card
+from vitlab.models.info import ModelInfo, architecture_words, attention_position_words
 
-__all__ = ["card_text", "card_series"]
+__all__ = ["card_text", "card_series", "model_facts", "facts_text", "weights_description", "random_weights"]
+
+
+def random_weights(net: nn.Module, model: Any, pretrained: bool, weights: str | os.PathLike | None) -> bool:
+    """Whether ``net`` (loaded by ``vitlab.load_model(model, pretrained=, weights=)``) has random weights: a timm name
+    with ``pretrained=False``, or a config (``load_model`` builds it freshly initialised); a checkpoint or a weights
+    file has saved ones."""
+    if getattr(net, "vitlab_checkpoint", {}).get("path") or weights:
+        return False
+    return not pretrained or not (model is None or isinstance(model, (str, os.PathLike)))
+
+
+def weights_description(net: nn.Module, model: Any, pretrained: bool, weights: str | os.PathLike | None) -> str:
+    """Where the weights of ``net`` (loaded by ``vitlab.load_model(model, pretrained=, weights=)``) came from, in the
+    one wording vitlab uses: a checkpoint (a shipped one by its name in the checkout, ``data/...``, also from a
+    wheel; the user's own as given), "FILE (local file)", "HUB_ID (hub)" or "pretrained (timm)", or "random
+    initialisation (no pretrained weights)"."""
+    ck = getattr(net, "vitlab_checkpoint", {}).get("path")
+    if ck:
+        repo = Path(__file__).resolve().parents[1]
+        inside = Path(ck).resolve().is_relative_to(repo)
+        return data_name(ck) or (Path(ck).resolve().relative_to(repo).as_posix() if inside else str(ck))
+    if weights:
+        return f"{weights} (local file)"
+    if random_weights(net, model, pretrained, weights) or model is None:
+        return "random initialisation (no pretrained weights)"
+    hub = net.pretrained_cfg.get("hf_hub_id") or net.pretrained_cfg.get("tag")
+    return f"{hub} (hub)" if hub else "pretrained (timm)"
+
+
+def _positions(info: ModelInfo) -> str:
+    """Where the model learns positions, as words: its position-embedding table and what its attention adds (a
+    ConViT's gated positional self-attention, with the layers it runs in)."""
+    table = {"learn": "a learned position-embedding table", "fixed": "a fixed position-embedding table (e.g. sin-cos)",
+             "none": "no position-embedding table"}.get(info.pos_embed, f"position embedding {info.pos_embed}")
+    how = attention_position_words(info)
+    if info.gpsa_depth:
+        from vitlab.figures.plots import layer_span  # plotly: only for a ConViT
+
+        how += f" in {layer_span(1, info.gpsa_depth)}"
+    return f"{table}; its attention adds {how}" if how else table
+
+
+def model_facts(net: nn.Module, info: ModelInfo | None, model: Any = None, pretrained: bool = True,
+                weights: str | os.PathLike | None = None) -> list[tuple[str, str]]:
+    """A loaded model's facts in words, as ``(name, words)`` rows in order: model, architecture, parameters, input
+    and positions (for a ViT: ``info`` is its ``model_info``; None for a model without tokens, e.g. a CNN), weights
+    (``weights_description``) and, for a shipped checkpoint, its card's headline (``card_line``). ``model``,
+    ``pretrained`` and ``weights`` are what ``vitlab.load_model`` was given."""
+    params = sum(p.numel() for p in net.parameters())
+    rows = [("model", str(model or "embedded default"))]
+    if info is None:
+        rows += [("architecture", type(net).__name__), ("parameters", f"{params:,}")]
+    else:
+        ph, pw = info.patch_size
+        patches = f"{ph}x{pw} px" if ph != pw else f"{ph} px"
+        patches = f"{patches} per patch (the ResNet's stride)" if info.hybrid else f"{patches} patches"
+        joins = f", joins at layer {info.class_token_joins + 1}" if info.class_token_joins else ""  # a ConViT's
+        prefix = (f"{n_units(info.num_prefix_tokens, 'prefix tokens')} ({', '.join(info.prefix_kinds)}{joins})"
+                  if info.num_prefix_tokens else "no prefix tokens")
+        rows += [("architecture", f"{architecture_words(net, info)}: "
+                                  f"{'hybrid, ResNet features as patches; ' if info.hybrid else ''}"
+                                  f"{n_units(info.depth, 'blocks')}, width {info.embed_dim}, "
+                                  f"{n_units(info.num_heads, 'heads')}"),
+                 ("parameters", f"{params:,}"),
+                 ("input", f"{info.img_size[0]}x{info.img_size[1]} px, {patches}, "
+                           f"{info.grid_size[0]}x{info.grid_size[1]} grid, {prefix}, readout {info.readout}"),
+                 ("positions", _positions(info))]
+    rows.append(("weights", weights_description(net, model, pretrained, weights)))
+    card = model_card(net)
+    if card is not None:
+        rows.append(("model card", card_line(card)))
+    return rows
+
+
+def facts_text(rows: list[tuple[str, str]]) -> str:
+    """``model_facts`` rows as aligned lines, "name  words", as ``vitlab info`` and the notebooks print them."""
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
 def card_series(facts: dict) -> tuple[str, Callable[[dict], float | None], float | None, bool]:

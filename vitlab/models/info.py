@@ -17,7 +17,7 @@ from torch import nn
 from vitlab.base.checks import whole_index
 from vitlab.base.modes import unwrapped
 
-__all__ = ["ModelInfo", "model_info", "data_config", "architecture_words"]
+__all__ = ["ModelInfo", "model_info", "data_config", "architecture_words", "attention_position_words"]
 
 
 def data_config(model: nn.Module) -> dict:
@@ -333,3 +333,11 @@ def architecture_words(model: nn.Module, info: ModelInfo) -> str:
     its class, e.g. ``vitlab_vit (VisionTransformerDistilled)``; the name alone where it is the class's."""
     cls = type(unwrapped(model)).__name__
     return info.architecture if info.architecture == cls else f"{info.architecture} ({cls})"
+
+
+def attention_position_words(info: ModelInfo) -> str:
+    """How the model's attention adds positions itself (rotary embeddings, a relative position bias, a ConViT's gated
+    positional self-attention), as words; "" for none."""
+    words = {"rotary": "rotary embeddings", "relative bias": "a relative position bias",
+             "gated positional": "gated positional self-attention over relative offsets (ConViT's GPSA)"}
+    return " and ".join(words.get(k, k) for k in info.attention_positions)

@@ -26,7 +26,6 @@ from vitlab.base.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
 from vitlab.base.devices import resolve_device
 from vitlab.base.intervals import n_units
 from vitlab.base.provenance import VERSION, versions
-from vitlab.base.shipped import CHECKOUT, data_name
 from vitlab.data.images import (
     default_data_words,
     default_image_count,
@@ -36,13 +35,13 @@ from vitlab.data.images import (
     head_class_names,
     load_images,
 )
-from vitlab.figures.plots import layer_span
 from vitlab.figures.static import write_images
 from vitlab.findings.controls import validation_table
 from vitlab.findings.judge import model_label
 from vitlab.findings.verdict import Verdict, json_types
-from vitlab.models.checkpoint import card_line, model_card
-from vitlab.models.info import architecture_words, data_config, has_attention, model_info
+from vitlab.models.card import model_facts, random_weights, weights_description
+from vitlab.models.checkpoint import model_card
+from vitlab.models.info import data_config, has_attention, model_info
 from vitlab.models.load import load_model
 from vitlab.report import sections as S
 from vitlab.report.render import render_html, stamp_line
@@ -54,64 +53,12 @@ __all__ = ["reproduce", "write_report", "check_report_dir", "report_target", "no
 IMAGE_FORMATS = ("png", "svg", "pdf", "jpg", "webp")
 
 
-def random_weights(net, model: Any, pretrained: bool, weights: str | None) -> bool:
-    """Whether ``net`` has random weights: a timm name with ``pretrained=False``, or a config (``load_model`` builds
-    it freshly initialised); a checkpoint or a weights file has saved ones."""
-    if getattr(net, "vitlab_checkpoint", {}).get("path") or weights:
-        return False
-    return not pretrained or not (model is None or isinstance(model, (str, os.PathLike)))
-
-
-def weights_description(net, model: str | None, pretrained: bool, weights: str | None) -> str:
-    """Where the weights came from, truthfully: a checkpoint, a weights file, the hub, or random initialisation."""
-    ck = getattr(net, "vitlab_checkpoint", {}).get("path")
-    if ck:  # a shipped checkpoint by its name in the checkout (data/...), also from a wheel; the user's own as given
-        repo = CHECKOUT
-        inside = Path(ck).resolve().is_relative_to(repo)
-        return data_name(ck) or (Path(ck).resolve().relative_to(repo).as_posix() if inside else str(ck))
-    if weights:
-        return f"{weights} (local file)"
-    if random_weights(net, model, pretrained, weights) or model is None:
-        return "random initialisation (no pretrained weights)"
-    hub = net.pretrained_cfg.get("hf_hub_id") or net.pretrained_cfg.get("tag")
-    return f"{hub} (hub)" if hub else "pretrained (timm)"
-
-
-def _count(n: int, word: str) -> str:
-    """``n word`` with the word in the plural unless ``n`` is 1: "1 block", "7 blocks"."""
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def _positions(info) -> str:
-    """Where the model learns positions, as words: its position-embedding table and what its attention adds (a
-    ConViT's gated positional self-attention, with the layers it runs in)."""
-    table = {"learn": "a learned position-embedding table", "fixed": "a fixed position-embedding table (e.g. sin-cos)",
-             "none": "no position-embedding table"}.get(info.pos_embed, f"position embedding {info.pos_embed}")
-    how = S._in_attention(info)
-    if info.gpsa_depth:
-        how += f" in {layer_span(1, info.gpsa_depth)}"
-    return f"{table}; its attention adds {how}" if how else table
-
-
-def _summary(net, info, model: str | None, weights: str, images: str, n_images: int) -> dict[str, Any]:
+def _summary(net, info, model: str | None, pretrained: bool, weights: str | None, images: str,
+             n_images: int) -> dict[str, Any]:
     card = model_card(net)
     params = sum(p.numel() for p in net.parameters())
     cfg = getattr(net, "vitlab_config", None)
-    arch = (f"{architecture_words(net, info)}: {'hybrid, ResNet features as patches; ' if info.hybrid else ''}"
-            f"{_count(info.depth, 'block')}, width {info.embed_dim}, {_count(info.num_heads, 'head')}")
-    ph, pw = info.patch_size
-    patches = f"{ph}x{pw} px" if ph != pw else f"{ph} px"
-    patches = f"{patches} per patch (the ResNet's stride)" if info.hybrid else f"{patches} patches"
-    joins = f", joins at layer {info.class_token_joins + 1}" if info.class_token_joins else ""  # a ConViT's
-    prefix = (f"{_count(info.num_prefix_tokens, 'prefix token')} ({', '.join(info.prefix_kinds)}{joins})"
-              if info.num_prefix_tokens else "no prefix tokens")
-    facts = [("model", str(model or "embedded default")), ("architecture", arch), ("parameters", f"{params:,}"),
-             ("input", f"{info.img_size[0]}x{info.img_size[1]} px, {patches}, "
-                       f"{info.grid_size[0]}x{info.grid_size[1]} grid, {prefix}, readout {info.readout}"),
-             ("positions", _positions(info)), ("weights", weights)]
-    if card is not None:
-        facts.append(("model card", card_line(card)))
-    facts.append(("images", f"{n_images} of {images}"))
+    facts = [*model_facts(net, info, model, pretrained, weights), ("images", f"{n_images} of {images}")]
     headline = ("The findings of Dosovitskiy et al., \"An Image is Worth 16x16 Words\" (ICLR 2021), judged on the "
                 "subject each row names: the model below and its images, the shipped shapes ViT or the shipped "
                 "studies. Each verdict comes from a stated criterion and a 95% interval; grey means the data cannot "
@@ -297,7 +244,7 @@ def _inputs(net, info, model: Any, pretrained: bool, weights: str | None, images
     inp = S.Inputs(net, info, names, x.to(dev), shown, base, labels, classes,
                    untrained=random_weights(net, model, pretrained, weights), source=source,
                    name=model_label(net, model), data=data)
-    return inp, _summary(net, info, model, wdesc, source, len(names))
+    return inp, _summary(net, info, model, pretrained, weights, source, len(names))
 
 
 def run_steps(ctx: Context, steps: Sequence[Step], progress: bool | None = None

@@ -53,7 +53,7 @@ from vitlab.inspect.capture import capture_attention
 from vitlab.inspect.compare import MethodScores, compare_methods, shapes_localisation
 from vitlab.inspect.distance import uniform_attention_distance
 from vitlab.inspect.rollout import attention_rollout
-from vitlab.models.info import ModelInfo
+from vitlab.models.info import ModelInfo, attention_position_words
 
 __all__ = ["Section", "Inputs", "prediction_pass", "convention_distances", "distance_conventions", "distance_verdicts",
            "position_verdicts", "filters", "positions", "distance", "maps_and_faithfulness",
@@ -245,16 +245,9 @@ POSITIONS_PAPER = ("Fig. 7 centre (ViT-L/32): closer patches have more similar p
                    "structure; the model learns the 2D image topology.")
 
 
-def _in_attention(info: ModelInfo) -> str:
-    """How the model's attention adds positions itself (rotary embeddings, a relative position bias), as words."""
-    words = {"rotary": "rotary embeddings", "relative bias": "a relative position bias",
-             "gated positional": "gated positional self-attention over relative offsets (ConViT's GPSA)"}
-    return " and ".join(words.get(k, k) for k in info.attention_positions)
-
-
 def positions(inp: Inputs) -> list[Section]:
     if inp.info.pos_embed == "none":  # said, not silently left out
-        how = _in_attention(inp.info)
+        how = attention_position_words(inp.info)
         why = (f"positions enter its attention through {how} instead, which has no table per patch to compare"
                if how else "it is told nothing about where a patch lies")
         return [Section("positions", POSITIONS_TITLE, None, POSITIONS_PAPER,
@@ -275,7 +268,7 @@ def positions(inp: Inputs) -> list[Section]:
                             "least 4 needed).")
     if inp.info.attention_positions:  # e.g. EVA-02: a learned table and rotary embeddings
         row_col_note += (f" The table is only part of what this model knows of positions: its attention adds "
-                         f"{_in_attention(inp.info)}, which this figure does not show.")
+                         f"{attention_position_words(inp.info)}, which this figure does not show.")
     out = [Section(
         "positions", POSITIONS_TITLE,
         similarity_tiles(sim.numpy(), title=f"Position-embedding similarity<br><sup>tile (i, j): patch (i, j) against "

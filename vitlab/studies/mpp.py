@@ -57,6 +57,7 @@ from tqdm.auto import tqdm
 from vitlab.base.checks import check_count, check_plain_name, whole_index
 from vitlab.base.devices import resolve_device
 from vitlab.base.provenance import fingerprint, json_digest, provenance
+from vitlab.base.records import of_newest_code
 from vitlab.base.shipped import CHECKOUT_DATA
 from vitlab.base.stats import percent_cell
 from vitlab.data.datasets import ImageArray, cache_dir, load_splits, nested_subsets
@@ -71,6 +72,7 @@ from vitlab.train.config import (
     with_model_classes,
     with_num_classes,
 )
+from vitlab.train.history import read_history
 from vitlab.train.mpp import MPP_TARGETS
 
 __all__ = ["MPPStudyConfig", "STUDIES", "StudyRow", "study_rows", "row_spec", "pretrain_config",
@@ -424,7 +426,7 @@ def _finetune(study: MPPStudyConfig, model_cfg: ViTConfig, seed: int, init_from:
     study.root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=study.root(), prefix="finetune.") as tmp:
         train(cfg, Path(tmp) / "run", progress=False, train_data=subset, test_data=data.test, device=device)
-        log = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+        log = read_history(Path(tmp) / "run")
     return {"test_accuracy": log[-1]["test_accuracy"], "train_examples": len(subset), "epochs": cfg.epochs,
             "final_train_loss": log[-1]["train_loss"], "train_seconds": round(sum(x["epoch_seconds"] for x in log), 2)}
 
@@ -436,16 +438,15 @@ def latest_records(records: Sequence[dict], study: str) -> dict[str, dict]:
 
 def shown_records(records: Sequence[dict], study: str) -> tuple[list[dict], str]:
     """The rows to show together, and a note on what they are: the latest record of each row of ``study`` among the
-    records of one code version, the newest one's (the store's last record), so that a partial rerun after a code
+    records of one code version, the newest one's (``vitlab.base.records.of_newest_code``), so that a partial rerun after a code
     change never pairs an old row with a new one. The note names that code version, the code of the pre-training
     runs the rows used (reused across code changes), and how many rows of other code versions were left out."""
     mine = [r for r in records if r.get("study") == study]
     if not mine:
         return [], f"no records of study {study!r}"
-    code = lambda r: str(r.get("provenance", {}).get("code_hash"))  # noqa: E731
-    newest = code(mine[-1])
-    kept = {r["row_id"]: r for r in mine if code(r) == newest}
-    hidden = {r["row_id"] for r in mine if code(r) != newest} - set(kept)
+    newer, newest = of_newest_code(mine)
+    kept = {r["row_id"]: r for r in newer}
+    hidden = {r["row_id"] for r in mine} - set(kept)
     pre = sorted({str(r["metrics"]["pretrain"].get("code_hash")) for r in kept.values()
                   if r.get("status") == "ok" and "pretrain" in (r.get("metrics") or {})})
     note = f"rows of code version {newest}"

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import fcntl
 import json
 import os
 import sys
@@ -38,9 +37,11 @@ from tqdm.auto import tqdm
 
 from vitlab.base.checks import whole_index
 from vitlab.base.provenance import provenance
+from vitlab.base.records import append_record, read_records
 from vitlab.base.stats import percent_cell
 from vitlab.data.datasets import ImageArray, load_splits, nested_subsets
 from vitlab.studies.sweep_config import FAMILIES, SWEEPS, RunSpec, SweepConfig, load_sweep_config
+from vitlab.train.history import read_history
 
 __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "run_one", "run_sweep", "execute_runs",
            "check_executor", "one_config", "summarise", "summarise_compute", "recipe_provenance",
@@ -52,27 +53,19 @@ __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "run_
 
 
 class ResultsStore:
-    """Append-only JSONL: one record per finished (or failed) run; the latest record of a run id wins."""
+    """Append-only JSONL (``vitlab.base.records``): one record per finished (or failed) run; the latest record of a run id
+    wins."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
 
     def records(self) -> list[dict]:
+        """Every record in file order (none for a missing file), under ``vitlab.base.records.read_records``'s torn-line
+        policy: a torn last line is left out with a warning (that run reruns), any other line that is no record is a
+        ``RecordFileError``."""
         if not self.path.exists():
             return []
-        out = []
-        for i, raw in enumerate(self.path.read_bytes().splitlines(), 1):
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw.decode("utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError):  # a line torn by a crash mid-write (garbage bytes
-                continue  # included): that run simply reruns
-            if not isinstance(record, dict):  # a torn record never parses as a number or list: another kind of file
-                raise ValueError(f"{self.path} is not a results store: line {i} holds a {type(record).__name__}, not "
-                                 "a record; pass results= a .jsonl file that vitlab wrote, or a new file's name")
-            out.append(record)
-        return out
+        return read_records(self.path, torn_fix="That run reruns", what="a results store")
 
     def latest(self, sweep: str | None = None, fingerprint: str | None = None) -> dict[str, dict]:
         """{run_id: latest record} of one sweep (all sweeps when ``sweep`` is None; then later sweeps' records
@@ -126,21 +119,9 @@ class ResultsStore:
             pass
 
     def append(self, record: dict) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps(record, sort_keys=True) + "\n"
-        with open(self.path, "a+b") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                f.seek(0, os.SEEK_END)
-                if f.tell():  # a torn last line from a crash: start on a fresh line
-                    f.seek(-1, os.SEEK_END)
-                    if f.read(1) != b"\n":
-                        f.write(b"\n")
-                f.write(line.encode())
-                f.flush()
-                os.fsync(f.fileno())
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        """Append ``record`` as one line (``vitlab.base.records.append_record``: locked, fsynced, a torn last line dropped
+        first)."""
+        append_record(self.path, record, sort_keys=True)
 
 
 # ---------------------------------------------------------------------------------------------- one run
@@ -195,7 +176,7 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
     with tempfile.TemporaryDirectory(dir=work_dir, prefix=f"{spec.run_id}.") as tmp:
         model = train(cfg, Path(tmp) / "run", progress=False, train_data=subset,
                       test_data=val if val is not None else pre_test, device=device)
-        log = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+        log = read_history(Path(tmp) / "run")
         best = None
         if val is not None:  # the model at its best validation epoch, as the paper reports each run
             from vitlab.models.checkpoint import load_checkpoint

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
+from vitlab.base.records import code_version, of_newest_code
 from vitlab.base.stats import percent_cell
 from vitlab.studies.scaling import ResultsStore, RunSpec, SweepConfig, check_executor, execute_runs, one_config
 
@@ -134,14 +135,10 @@ def tuning_table(records: Sequence[dict], shots: int = 10,
     epoch, and the ``shots``-shot probe (mean ± std over probe seeds) of that model. ``chosen``: the recipes to mark
     (those the shown runs trained with: ``plotted_recipes``; empty: none); None marks each family's highest
     validation accuracy (the first of equals in grid order, as ``tune`` picks). The latest record of a trial wins,
-    among the records of the newest code version (the store's last record's ``provenance.code_hash``): a re-tuning
+    among the records of the newest code version (``vitlab.base.records.of_newest_code``): a re-tuning
     after a code change never shows a trial twice or marks an old code's winner."""
-    code = lambda r: (r.get("provenance") or {}).get("code_hash")  # noqa: E731
-    newest = code(records[-1]) if records else None
-    latest: dict[tuple, dict] = {}
-    for r in records:
-        if code(r) == newest:
-            latest[(r.get("sweep"), r["spec"]["family"], tuple(r["config"]["recipes"][0][1:]), r["run_id"])] = r
+    latest = {(r.get("sweep"), r["spec"]["family"], tuple(r["config"]["recipes"][0][1:]), r["run_id"]): r
+              for r in of_newest_code(records)[0]}
     families = list(dict.fromkeys(r["spec"]["family"] for r in latest.values()))
 
     def order(r: dict) -> tuple[int, int]:
@@ -190,10 +187,10 @@ def tuning_trials_for(records: Sequence[Mapping], trials: Sequence[dict]) -> tup
     if not records:
         return [], "no runs to match tuning trials to"
     cfg = records[0].get("config") or {}
-    code = cfg.get("tuned_code") or (records[0].get("provenance") or {}).get("code_hash")
+    code = cfg.get("tuned_code") or code_version(records[0])
     name = f"{cfg.get('name')}-tune"
     same = lambda t: all(t.get(k) == cfg.get(k) for k in set(t) | set(cfg) if k not in _TUNING_FIELDS)  # noqa: E731
-    kept = [t for t in trials if t.get("sweep") == name and (t.get("provenance") or {}).get("code_hash") == code
+    kept = [t for t in trials if t.get("sweep") == name and code_version(t) == code
             and same(t.get("config") or {}) and list((t.get("config") or {}).get("sizes", ())) ==
             [max(cfg.get("sizes") or [0])]]
     how = "the code the recipes were tuned with" if cfg.get("tuned_code") else \

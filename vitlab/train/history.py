@@ -8,33 +8,21 @@ read it back through ``run_history`` and ``read_history``.
 
 from __future__ import annotations
 
-import json
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from vitlab.base.records import read_records
 
 __all__ = ["read_history", "run_history", "history_as_of", "run_hours", "training_curve"]
 
 
 def read_history(run: Path) -> list[dict]:
-    """The epoch records of a ``vitlab train`` run folder (``metrics.jsonl``, in order; blank lines skipped). A last
-    line torn by a kill during its append is left out with a warning (resuming the run restores it from the
-    checkpoint); an unreadable line before it is an error naming it."""
-    path = run / "metrics.jsonl"
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    records = []
-    for i, line in enumerate(lines):
-        try:
-            records.append(json.loads(line))
-        except ValueError as e:
-            if i == len(lines) - 1:
-                warnings.warn(f"{path}: the last line is not a whole record (a kill during its write?), left out: "
-                              f"{line[:60]!r}. Resuming the run with resume=True (vitlab train --resume) restores it",
-                              stacklevel=2)
-                break
-            raise ValueError(f"{path}, line {i + 1}: not a JSON record ({e}): {line[:60]!r}. Remove or repair that "
-                             "line") from None
-    return records
+    """The epoch records of a ``vitlab train`` run folder (``metrics.jsonl``, in order), under
+    ``vitlab.base.records.read_records``'s torn-line policy: a last line torn by a kill during its append is left out with
+    a ``TornLineWarning`` (resuming the run restores it from the checkpoint); any other line that is no record is a
+    ``RecordFileError`` naming it."""
+    return read_records(run / "metrics.jsonl", torn_fix="Resuming the run with resume=True (vitlab train --resume) "
+                                                       "restores it", what="a run's metrics.jsonl")
 
 
 def run_history(run: Path, meta: dict) -> list[dict]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vitlab.base.atomic import atomic_write_text
+from vitlab.base.records import read_records
 from vitlab.models.checkpoint import RUN_ID, recover_checkpoint
 from vitlab.train.history import history_as_of
 
@@ -112,15 +113,11 @@ def settle_history(path: Path, meta: dict) -> None:
     """On resume, make ``metrics.jsonl`` hold one record per epoch up to the checkpoint's, before any is appended
     (``vitlab.train.history.history_as_of``, as the export reads the run). An epoch's checkpoint is written before its
     record, and the checkpoint keeps the record (``meta["metrics"]``): a run killed between the two, or during the
-    append (a torn last line), gets that record back from the checkpoint, and an unreadable line is dropped instead
-    of being joined to the next record."""
+    append (a torn last line, dropped with a ``TornLineWarning`` instead of being joined to the next record), gets
+    that record back from the checkpoint. Any other line that is no record is a ``vitlab.base.records.RecordFileError``
+    naming it, before anything is written."""
     old = path.read_text() if path.is_file() else ""
-    records = []
-    for line in old.splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue  # blank, or torn by a kill during the append
+    records = read_records(path, torn_fix="Its record comes back from the checkpoint") if old else []
     text = "".join(json.dumps(r) + "\n" for r in history_as_of(records, meta))
     if text != old:
         atomic_write_text(path, text)
