@@ -65,7 +65,7 @@ class ResultsStore:
         ``RecordFileError``."""
         if not self.path.exists():
             return []
-        return read_records(self.path, torn_fix="That run reruns", what="a results store")
+        return read_records(self.path, torn_fix="That run reruns", what="a results store", param="results")
 
     def latest(self, sweep: str | None = None, fingerprint: str | None = None) -> dict[str, dict]:
         """{run_id: latest record} of one sweep (all sweeps when ``sweep`` is None; then later sweeps' records
@@ -320,7 +320,6 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
     ``executor``: ``"local"`` (``workers`` processes; 0 runs in this process) or ``"ray"`` (``address`` of a
     running cluster, or a local runtime with ``workers`` CPUs). Each worker gets cpu_count/workers threads.
     """
-    sweep.validate()
     check_executor(executor, workers)
     note = recipe_provenance(sweep)
     if note:
