@@ -71,14 +71,16 @@ def plain_int(value: object, least: int | None = None) -> bool:
 
 
 def check_int(name: str, value: object, least: int | None = 0, most: int | None = None, allowed: str | None = None,
-              none: bool = False) -> None:
-    """Refuse, by ``name``, a config field that is not a Python int (no bool, float or NumPy integer: a JSON record
-    holds it as it is) from ``least`` to ``most`` (None: unbounded); ``none``: None is allowed too. The message says
-    ``allowed`` (default "a whole number >= least")."""
+              none: bool = False, numpy: bool = False, error: type[ValueError] = ValueError) -> None:
+    """Refuse, by ``name``, a whole number out of [``least``, ``most``] (None: unbounded) with ``error`` (a
+    ``ValueError``), saying ``allowed`` (default "a whole number >= least"). A config field must be a Python int (no
+    bool, float or NumPy integer: a JSON record holds it as it is); an argument with ``numpy=True`` may be any whole
+    number that indexes (``whole_index``: a NumPy or 0-d torch integer too). ``none``: None is allowed too."""
     if value is None and none:
         return
-    if not plain_int(value, least) or (most is not None and value > most):
-        raise ValueError(f"{name} must be {allowed or f'a whole number >= {least}'}, got {value!r}")
+    whole = whole_index(value) if numpy else plain_int(value)
+    if not whole or (least is not None and value < least) or (most is not None and value > most):
+        raise error(f"{name} must be {allowed or f'a whole number >= {least}'}, got {value!r}")
 
 
 def check_real(name: str, value: object, ok: Callable[[float], bool] = lambda v: True,

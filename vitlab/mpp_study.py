@@ -54,7 +54,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from vitlab.checks import check_count, check_plain_name, plain_int, whole_index
+from vitlab.checks import check_count, check_int, check_plain_name, plain_int, whole_index
 from vitlab.data import ImageArray, cache_dir, load_splits, nested_subsets
 from vitlab.devices import resolve_device
 from vitlab.features import READOUTS
@@ -167,9 +167,8 @@ class MPPStudyConfig:
         for name in ("main_epochs", "ablation_epochs", "finetune_epochs", "finetune_per_class"):
             check_count(name, getattr(self, name))  # True is no 1 epoch, 2.5 no count
         for name in ("pretrain_examples", "ablation_examples"):
-            n = getattr(self, name)
-            if n is not None and (not whole_index(n) or n < 1):  # a NumPy int is a count of images too
-                raise ValueError(f"{name} must be a positive number of images or None (all), got {n!r}")
+            check_int(name, getattr(self, name), 1, allowed="a positive number of images or None (all)", none=True,
+                      numpy=True)
         if None not in (self.pretrain_examples, self.ablation_examples) and \
                 self.ablation_examples > self.pretrain_examples:
             raise ValueError(f"ablation_examples={self.ablation_examples} exceeds pretrain_examples="

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from vitlab.checks import whole_index
+from vitlab.checks import check_int
 from vitlab.data import ImageArray, load_splits, nested_subsets
 from vitlab.history import read_history
 from vitlab.provenance import provenance
@@ -380,8 +380,8 @@ def check_executor(executor: str, workers: int) -> None:
     run starts."""
     if executor not in ("local", "ray"):
         raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
-    if not whole_index(workers) or workers < 0:  # 1.5 is no process count, True no 1
-        raise ValueError(f"workers must be a whole number >= 0 (0: runs in this process), got {workers!r}")
+    # 1.5 is no process count, True no 1
+    check_int("workers", workers, 0, allowed="a whole number >= 0 (0: runs in this process)", numpy=True)
 
 
 def execute_runs(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str = "local", workers: int = 1,

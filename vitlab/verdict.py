@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from vitlab.checks import check_seed, whole_index
+from vitlab.checks import check_int, check_seed
 
 __all__ = ["Verdict", "verdict_table", "runs_words", "across_conventions", "validated", "DEPENDS_ON_CONVENTION",
            "FAILS_CONTROL", "fmt_value", "fmt_endpoint", "fmt_threshold", "json_types",
@@ -103,8 +103,7 @@ class Verdict:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
         if self.side not in (">", "<"):
             raise ValueError(f"side must be '>' or '<', got {self.side!r}")
-        if not whole_index(self.n_runs) or self.n_runs < 1:
-            raise ValueError(f"n_runs must be a whole number of training runs, at least 1, got {self.n_runs!r}")
+        check_int("n_runs", self.n_runs, 1, allowed="a whole number of training runs, at least 1", numpy=True)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types only (NaN becomes None), ready for ``json.dumps(..., allow_nan=False)``."""
@@ -291,8 +290,7 @@ def bootstrap_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
     """(n_boot, n) how often each of ``n`` units is drawn in each bootstrap resample of size ``n``."""
     if n < 1:
         raise ValueError("nothing to resample: no units")
-    if not whole_index(n_boot) or n_boot < 1:  # True is no 1 resample
-        raise ValueError(f"n_boot must be a whole number of at least 1, got {n_boot!r}")
+    check_int("n_boot", n_boot, 1, allowed="a whole number of at least 1", numpy=True)  # True is no 1 resample
     seed = check_seed("seed", seed)  # numpy's SeedSequence names no argument for 0.5, and takes True as seed 1
     return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)
 

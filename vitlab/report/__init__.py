@@ -26,6 +26,7 @@ import vitlab
 from vitlab.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
 from vitlab.card import model_facts, random_weights, weights_description
 from vitlab.checkpoint import model_card
+from vitlab.checks import check_int
 from vitlab.controls import validation_table
 from vitlab.devices import resolve_device
 from vitlab.images import (
@@ -176,8 +177,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     out = report_target(out)
     if isinstance(formats, str):  # its letters were read as formats ("unknown figure format(s) ['g', 'n', 'p']")
         raise TypeError(f"formats must be a list of figure formats, got the string {formats!r}: pass [{formats!r}]")
-    if num_images is not None and (isinstance(num_images, bool) or not isinstance(num_images, int) or num_images < 1):
-        raise ValueError(f"num_images must be a whole number of at least 1, or None for the default, got {num_images!r}")
+    check_int("num_images", num_images, 1, allowed="a whole number of at least 1, or None for the default", none=True)
     if not (isinstance(image_scale, (int, float)) and math.isfinite(image_scale) and image_scale > 0):
         raise ValueError(f"image_scale must be a positive number (2.0: twice the resolution), got {image_scale!r}")
     bad = sorted(set(formats) - set(IMAGE_FORMATS))
