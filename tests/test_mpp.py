@@ -117,7 +117,7 @@ def test_patch4x4_needs_patches_that_split_into_4_x_4_cells():
     from vitlab.studies.mpp import STUDIES
 
     with pytest.raises(ValueError, match="patch4x4.*multiple of 4"):  # a study with that ablation: before any run
-        dataclasses.replace(STUDIES["smoke"], model=dataclasses.replace(STUDIES["smoke"].model, patch_size=2)).validate()
+        dataclasses.replace(STUDIES["smoke"], model=dataclasses.replace(STUDIES["smoke"].model, patch_size=2))
 
 
 def test_corruption_proportions_within_binomial_bounds():

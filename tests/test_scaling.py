@@ -195,7 +195,7 @@ def test_sweep_class_indices_and_max_evals_that_are_no_whole_numbers_are_refused
     for bad in (True, 2.0, 0):
         with pytest.raises(ValueError, match=f"max_evals must be a whole number of at least 1, got {bad!r}"):
             run_sweep(dataclasses.replace(QUICK, max_evals=bad), "unused.jsonl")
-    dataclasses.replace(QUICK, pretrain_classes=(0, 1), max_evals=1).validate()
+    dataclasses.replace(QUICK, pretrain_classes=(0, 1), max_evals=1)
 
 
 def test_sweep_seeds_sizes_and_shots_that_are_no_whole_numbers_are_refused_before_any_run(tmp_path):
@@ -214,7 +214,7 @@ def test_sweep_seeds_sizes_and_shots_that_are_no_whole_numbers_are_refused_befor
                                              + f".*got {re.escape(str(list(bad)))}$"):
             run_sweep(dataclasses.replace(QUICK, **{name: bad}), store)
         assert not store.exists()
-    dataclasses.replace(QUICK, seeds=(-1, 3), probe_seeds=(7,), sizes=(1, 80), shots=(1,)).validate()
+    dataclasses.replace(QUICK, seeds=(-1, 3), probe_seeds=(7,), sizes=(1, 80), shots=(1,))
 
 
 def test_a_sweep_seed_size_or_probe_seed_given_twice_is_refused():
@@ -224,12 +224,12 @@ def test_a_sweep_seed_size_or_probe_seed_given_twice_is_refused():
                            ("sizes", (40, 80, 40), "its runs train twice under one run id"),
                            ("probe_seeds", (1, 1), "its probe draw counts twice")):
         with pytest.raises(ValueError, match=re.escape(f"{name} names a value twice ({list(bad)}): each once, or {why}")):
-            dataclasses.replace(QUICK, **{name: bad}).validate()
-    dataclasses.replace(QUICK, shots=(1, 1, 5)).validate()
+            dataclasses.replace(QUICK, **{name: bad})
+    dataclasses.replace(QUICK, shots=(1, 1, 5))
     with pytest.raises(ValueError, match=re.escape("families names a value twice (['vit', 'bit', 'vit']): each once")):
-        dataclasses.replace(QUICK, families=("vit", "bit", "vit")).validate()
+        dataclasses.replace(QUICK, families=("vit", "bit", "vit"))
     with pytest.raises(ValueError, match="families must name at least one model family: choose from"):
-        dataclasses.replace(QUICK, families=()).validate()
+        dataclasses.replace(QUICK, families=())
 
 
 def test_sweep_shots_must_be_among_the_sweeps_own(tmp_path, capsys):
@@ -532,10 +532,10 @@ def test_tune_checks_the_sweep_config_before_running_a_trial(tmp_path, monkeypat
     from vitlab.studies.tuning import tune
 
     calls = _stub_runs(monkeypatch)
-    for bad, match in ((dataclasses.replace(TUNE, families=("vit_tiny", "vit_huge")), "unknown model families"),
-                       (dataclasses.replace(TUNE, probe_classes=(1, 2)), "both pre-training and probe")):
-        with pytest.raises(ValueError, match=match):
-            tune(bad, tmp_path / "t.jsonl", grid=GRID, progress=False)
+    for bad, match in ((dict(families=("vit_tiny", "vit_huge")), "unknown model families"),
+                       (dict(probe_classes=(1, 2)), "both pre-training and probe")):
+        with pytest.raises(ValueError, match=match):  # refused as the config is made: no tuning can start from it
+            tune(dataclasses.replace(TUNE, **bad), tmp_path / "t.jsonl", grid=GRID, progress=False)
     assert calls == [] and not (tmp_path / "t.jsonl").exists()  # nothing ran, nothing was recorded
 
 

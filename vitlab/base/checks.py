@@ -1,15 +1,20 @@
-"""Checks of the plain arguments the analyses take, shared across the package: a whole number that indexes (a layer,
-a head, a patch; ``whole_index``), a count of at least 1 (a batch size, a number of steps; ``check_count``), a
-random seed (``check_seed``) and a test-time augmentation level (``check_tta_level``). A float or a bool is none of
-them, and 0 never means "all". The checks of images against a model are ``vitlab.inspect.capture``'s (``check_images``).
-Torch-free, so that the configs (``vitlab.train.config``) can use them.
+"""Checks of the plain arguments the analyses take and the fields of every config, shared across the package: a whole
+number that indexes (a layer, a head, a patch; ``whole_index``), a count of at least 1 (a batch size, a number of
+steps; ``check_count``), a random seed (``check_seed``), a test-time augmentation level (``check_tta_level``), and
+the declarative field checks the frozen config dataclasses run in ``__post_init__`` (``check_int``, ``check_real``,
+``check_flag``, ``check_choice``). A float or a bool is no whole number, and 0 never means "all". Each check raises
+``ValueError`` naming the parameter, the value and what is allowed. The checks of images against a model are
+``vitlab.inspect.capture``'s (``check_images``). Torch-free, so that the configs (``vitlab.train.config``) can use them.
 """
 
 from __future__ import annotations
 
+import math
 import operator
+from collections.abc import Callable, Sequence
 
-__all__ = ["whole_index", "check_count", "check_seed", "check_tta_level", "check_plain_name"]
+__all__ = ["whole_index", "check_count", "check_seed", "check_tta_level", "check_plain_name", "plain_int", "check_int",
+           "check_real", "check_flag", "check_choice"]
 
 
 def whole_index(v: object) -> bool:
@@ -56,3 +61,48 @@ def check_plain_name(name: str, value: object) -> None:
             or any(ord(c) < 32 or ord(c) == 127 for c in value)):
         raise ValueError(f"{name} must be a plain name (letters, digits, '-', '_'; no path separator, no leading '.'), "
                          f"as it becomes a file name, got {value!r}")
+
+
+def plain_int(value: object, least: int | None = None) -> bool:
+    """Whether ``value`` is a Python int (no bool, float or NumPy integer: a JSON record holds it as it is) of at
+    least ``least`` (None: any)."""
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and (least is None or value >= least))
+
+
+def check_int(name: str, value: object, least: int | None = 0, most: int | None = None, allowed: str | None = None,
+              none: bool = False, numpy: bool = False, error: type[ValueError] = ValueError) -> None:
+    """Refuse, by ``name``, a whole number out of [``least``, ``most``] (None: unbounded) with ``error`` (a
+    ``ValueError``), saying ``allowed`` (default "a whole number >= least"). A config field must be a Python int (no
+    bool, float or NumPy integer: a JSON record holds it as it is); an argument with ``numpy=True`` may be any whole
+    number that indexes (``whole_index``: a NumPy or 0-d torch integer too). ``none``: None is allowed too."""
+    if value is None and none:
+        return
+    whole = whole_index(value) if numpy else plain_int(value)
+    if not whole or (least is not None and value < least) or (most is not None and value > most):
+        raise error(f"{name} must be {allowed or f'a whole number >= {least}'}, got {value!r}")
+
+
+def check_real(name: str, value: object, ok: Callable[[float], bool] = lambda v: True,
+               allowed: str = "a finite number", none: bool = False) -> None:
+    """Refuse, by ``name``, a config field that is not a finite real number (an int or float; no bool, string, NaN or
+    infinity) for which ``ok`` holds; ``none``: None is allowed too. The message says ``allowed``."""
+    if value is None and none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def check_flag(name: str, value: object, fix: str = "") -> None:
+    """Refuse, by ``name``, a config switch that is not True or False (the text 'False' is true); ``fix`` is added to
+    the message (e.g. how to set it)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}{fix}")
+
+
+def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
+    """Refuse, by ``name``, a config field that is not one of ``choices``, listing them ('a', 'b' or 'c')."""
+    if value not in choices:
+        words = [repr(c) for c in choices]
+        listed = words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+        raise ValueError(f"{name} must be {listed}, got {value!r}")

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from vitlab.base.checks import check_seed, whole_index
+from vitlab.base.checks import check_int, check_seed
 
 #: bootstrap resamples, the resampling seed and the level of every interval
 N_BOOT = 1000
@@ -46,8 +46,7 @@ def bootstrap_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
     """(n_boot, n) how often each of ``n`` units is drawn in each bootstrap resample of size ``n``."""
     if n < 1:
         raise ValueError("nothing to resample: no units")
-    if not whole_index(n_boot) or n_boot < 1:  # True is no 1 resample
-        raise ValueError(f"n_boot must be a whole number of at least 1, got {n_boot!r}")
+    check_int("n_boot", n_boot, 1, allowed="a whole number of at least 1", numpy=True)  # True is no 1 resample
     seed = check_seed("seed", seed)  # numpy's SeedSequence names no argument for 0.5, and takes True as seed 1
     return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)
 

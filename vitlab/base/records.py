@@ -24,10 +24,11 @@ __all__ = ["RecordFileError", "TornLineWarning", "read_records", "append_record"
 
 class RecordFileError(ValueError):
     """A line of a JSONL record file that is not one JSON object and not a torn last line. Fields: ``path`` (the
-    file), ``line`` (its 1-based number), ``problem`` (what the line holds instead) and ``fix`` (what to do)."""
+    file), ``line`` (its 1-based number), ``problem`` (what the line holds instead), ``fix`` (what to do) and
+    ``param`` (the parameter that named the file, e.g. "results"; None where the file is found, not given)."""
 
-    def __init__(self, path: str | os.PathLike, line: int, problem: str, fix: str) -> None:
-        self.path, self.line, self.problem, self.fix = str(path), line, problem, fix
+    def __init__(self, path: str | os.PathLike, line: int, problem: str, fix: str, param: str | None = None) -> None:
+        self.path, self.line, self.problem, self.fix, self.param = str(path), line, problem, fix, param
         super().__init__(f"{path}, line {line}: {problem}; {fix}")
 
 
@@ -47,11 +48,13 @@ def _record(raw: bytes) -> object:
     return json.loads(raw.decode("utf-8"))
 
 
-def read_records(path: str | os.PathLike, torn_fix: str = "", what: str = "a JSONL record file") -> list[dict]:
+def read_records(path: str | os.PathLike, torn_fix: str = "", what: str = "a JSONL record file",
+                 param: str | None = None) -> list[dict]:
     """The records of the JSONL file ``path``, in file order, under the module's torn-line policy: blank lines
     skipped, a torn last line left out with a ``TornLineWarning`` (whose text ends with ``torn_fix``: how its record
     comes back), any other line that is not a JSON object a ``RecordFileError`` (``what`` names the kind of file in
-    its fix). Raises ``FileNotFoundError`` for a missing file: a caller that allows one checks first."""
+    its fix, ``param`` the parameter that gave the file). Raises ``FileNotFoundError`` for a missing file: a caller
+    that allows one checks first."""
     path = Path(path)
     lines = [(i, raw) for i, raw in enumerate(path.read_bytes().split(b"\n"), 1) if raw.strip()]
     records = []
@@ -63,17 +66,19 @@ def read_records(path: str | os.PathLike, torn_fix: str = "", what: str = "a JSO
                 warnings.warn(TornLineWarning(path, i, raw, torn_fix), stacklevel=2)
                 break
             raise RecordFileError(path, i, f"not a JSON record ({e}): {raw[:60].decode('utf-8', 'replace')!r}",
-                                  _foreign(path, what) if k == 0 else "remove or repair that line (records are only "
-                                  "appended, so a kill tears the last line alone)") from None
+                                  _foreign(path, what, param) if k == 0 else "remove or repair that line (records "
+                                  "are only appended, so a kill tears the last line alone)", param) from None
         if not isinstance(record, dict):  # a torn record starts with "{", so never parses as a number or a list
-            raise RecordFileError(path, i, f"it holds a {type(record).__name__}, not a record", _foreign(path, what))
+            raise RecordFileError(path, i, f"it holds a {type(record).__name__}, not a record",
+                                  _foreign(path, what, param), param)
         records.append(record)
     return records
 
 
-def _foreign(path: Path, what: str) -> str:
+def _foreign(path: Path, what: str, param: str | None) -> str:
     """The fix for a file whose first record is none: it is no record file at all."""
-    return f"{path} is not {what}: give a .jsonl file that vitlab wrote, or a new file's name"
+    give = f"pass {param}=" if param else "give"
+    return f"{path} is not {what}: {give} a .jsonl file that vitlab wrote, or a new file's name"
 
 
 def append_record(path: str | os.PathLike, record: dict, sort_keys: bool = False) -> None:

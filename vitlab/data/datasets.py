@@ -24,7 +24,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
-from vitlab.base.checks import check_seed, whole_index
+from vitlab.base.checks import check_int, check_seed, whole_index
 from vitlab.base.shipped import CHECKOUT
 
 __all__ = [
@@ -637,8 +637,8 @@ def load_shapes(split: str = "train", n: int | None = None, size: int = 32) -> I
 
     if split not in SHAPES_SIZES:
         raise DataError(f"split must be 'train' or 'test', got {split!r}")
-    if n is not None and (not whole_index(n) or n < 1):  # True is no 1 image, 1.5 no count
-        raise DataError(f"n must be at least 1 image, a whole number (or None for the whole split), got {n!r}")
+    check_int("n", n, 1, allowed="at least 1 image, a whole number (or None for the whole split)", none=True,
+              numpy=True, error=DataError)  # True is no 1 image, 1.5 no count
     count, seed = SHAPES_SIZES[split]
     images, labels, masks = make_shapes(count if n is None else n, size=size, seed=seed)
     return ImageArray(images, labels, SHAPE_CLASSES, f"shapes:{split}:seed{seed}", masks)
@@ -758,8 +758,7 @@ def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float], size:
 
 def k_shot_indices(labels: Tensor, k: int, seed: int = 0) -> Tensor:
     """Indices of ``k`` examples per class, drawn without replacement; a class with fewer is an error."""
-    if not whole_index(k) or k < 1:  # -1 is no "all but one", True no 1 shot
-        raise ValueError(f"k must be a whole number of at least 1 shot, got {k!r}")
+    check_int("k", k, 1, allowed="a whole number of at least 1 shot", numpy=True)  # -1 is no "all but one"
     g = torch.Generator().manual_seed(check_seed("seed", seed))
     out = []
     for c in torch.unique(labels).tolist():

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from vitlab.base.checks import whole_index
+from vitlab.base.checks import check_int
 from vitlab.base.modes import unwrapped
 from vitlab.base.shipped import data_path
 from vitlab.data.datasets import (
@@ -64,8 +64,8 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
     """
     import warnings
 
-    if limit is not None and (not whole_index(limit) or limit < 1):  # True is no 1 image, 2.5 no count
-        raise ValueError(f"limit must be a whole number of at least 1 image (or None for all), got {limit!r}")
+    # True is no 1 image, 2.5 no count
+    check_int("limit", limit, 1, allowed="a whole number of at least 1 image (or None for all)", none=True, numpy=True)
     if folder is None:
         items = [(name, Image.fromarray(arr)) for name, arr in sample_images()]
         if limit is not None and len(items) > limit:
@@ -138,8 +138,7 @@ def embedded_images(model: nn.Module, n: int = 16) -> tuple[list[str], Tensor, l
     regular grid, alternating between the photos. Returns what ``load_images`` returns.
     """
     crops = _photo_crops()
-    if not whole_index(n) or not 1 <= n <= len(crops):  # True is no 1 crop, 2.5 no count
-        raise ValueError(f"n must be in [1, {len(crops)}], got {n!r}")
+    check_int("n", n, 1, len(crops), f"in [1, {len(crops)}]", numpy=True)  # True is no 1 crop, 2.5 no count
     return _preprocessed(model, [(name, Image.fromarray(np.ascontiguousarray(arr))) for name, arr in crops[:n]])
 
 
@@ -283,7 +282,6 @@ def default_images(model: nn.Module, n: int | None = None) -> tuple[list[str], T
         return embedded_images(model, 16 if n is None else n)
     data = _shapes_sample(model) if kind == "shapes" else cifar_test_sample()
     n = len(data) if n is None else n
-    if not whole_index(n) or not 1 <= n <= len(data):  # True is no 1 image, 2.5 no count
-        raise ValueError(f"n must be in [1, {len(data)}], got {n!r}")
+    check_int("n", n, 1, len(data), f"in [1, {len(data)}]", numpy=True)  # True is no 1 image, 2.5 no count
     items = [(f"{data.classes[int(data.labels[i])]} #{i}", Image.fromarray(data.images[i].numpy())) for i in range(n)]
     return _preprocessed(model, items)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from vitlab.base.checks import check_seed, whole_index
+from vitlab.base.checks import check_int, check_seed
 from vitlab.base.intervals import (
     N_BOOT,
     SEED,
@@ -108,8 +108,7 @@ VARIANCE_KEPT = 0.9
 def _check_k(k: object) -> None:
     """Refuse, by name, a component count that is no whole number of at least 1 (-1 is no "all but the last
     component", True no first component)."""
-    if not whole_index(k) or k < 1:
-        raise ValueError(f"k must be a whole number of components, at least 1, got {k!r}")
+    check_int("k", k, 1, allowed="a whole number of components, at least 1", numpy=True)
 
 
 def filters_low_frequency(components: Array, k: int = PAPER_COMPONENTS, n_boot: int = N_BOOT,

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from vitlab.base.checks import whole_index
+from vitlab.base.checks import check_int
 from vitlab.base.intervals import (
     fmt_value,
     not_finite_text,
@@ -97,8 +97,7 @@ class Verdict:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
         if self.side not in (">", "<"):
             raise ValueError(f"side must be '>' or '<', got {self.side!r}")
-        if not whole_index(self.n_runs) or self.n_runs < 1:
-            raise ValueError(f"n_runs must be a whole number of training runs, at least 1, got {self.n_runs!r}")
+        check_int("n_runs", self.n_runs, 1, allowed="a whole number of training runs, at least 1", numpy=True)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types only (NaN becomes None), ready for ``json.dumps(..., allow_nan=False)``."""

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vitlab.base.checks import check_count, whole_index
+from vitlab.base.checks import check_count, check_int
 from vitlab.base.modes import unwrapped
 from vitlab.base.stats import Array, as_float64
 
@@ -41,8 +41,8 @@ def filter_pca(w: Tensor, k: int = 28) -> tuple[Tensor, Tensor]:
     """(D, C, P, P) filters -> (components (k, C, P, P), explained_variance_ratio (k,)), mean-centred like sklearn."""
     d, c, ph, pw = w.shape
     k_max = min(d, c * ph * pw)
-    if not whole_index(k) or not 1 <= k <= k_max:  # a NumPy integer is a whole number too; 2.5 is none
-        raise ValueError(f"k must be in [1, {k_max}] for {d} filters of {c}x{ph}x{pw}, got {k}")
+    # a NumPy integer is a whole number too; 2.5 is none
+    check_int("k", k, 1, k_max, f"in [1, {k_max}] for {d} filters of {c}x{ph}x{pw}", numpy=True)
     x = w.reshape(d, -1).double()
     x = x - x.mean(0, keepdim=True)
     _, s, vh = torch.linalg.svd(x, full_matrices=False)
@@ -58,8 +58,7 @@ def filter_pca(w: Tensor, k: int = 28) -> tuple[Tensor, Tensor]:
 def filter_component_count(model: nn.Module, k: int = 28) -> int:
     """How many components ``embedding_filter_pca`` can give, at most ``k`` (the paper's 28): never more than the
     D filters or their C*P*P values, whatever the width, patch size or channel count."""
-    if not whole_index(k) or k < 1:  # 1.5 is no count of components, True no 1
-        raise ValueError(f"k must be a whole number of at least 1, got {k!r}")
+    check_int("k", k, 1, allowed="a whole number of at least 1", numpy=True)  # 1.5 is no count, True no 1
     d, c, ph, pw = _filters(model).shape
     return min(int(k), d, c * ph * pw)
 

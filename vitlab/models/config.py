@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from vitlab.base.checks import check_choice, check_flag, check_int, check_real, plain_int
 from vitlab.base.errors import ModelLoadError
 
 __all__ = [
@@ -67,9 +68,8 @@ class Preprocess:
             check_channel_stats(name, v)
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, got {self.interpolation!r}")
-        if not _real(self.crop_pct) or not 0 < self.crop_pct <= 1:
-            raise ValueError(f"crop_pct must be a number in (0, 1] (the fraction of the resized image kept), got "
-                             f"{self.crop_pct!r}")
+        check_real("crop_pct", self.crop_pct, lambda v: 0 < v <= 1,
+                   "a number in (0, 1] (the fraction of the resized image kept)")
 
 
 #: the resampling filters a preprocessing may name (timm's ``str_to_pil_interp``)
@@ -92,8 +92,7 @@ def check_channel_stats(name: str, v: object) -> None:
 
 def check_rate(name: str, v: object) -> None:
     """Refuse, by ``name``, a dropout or drop-path probability that is not a number in [0, 1)."""
-    if not _real(v) or not 0 <= v < 1:
-        raise ValueError(f"{name} must be a probability in [0, 1), got {v!r}")
+    check_real(name, v, lambda p: 0 <= p < 1, "a probability in [0, 1)")
 
 
 #: The preprocessing of the 32 px models vitlab trains on CIFAR (its statistics, bicubic, no crop): a property of
@@ -132,7 +131,7 @@ def size2(v: int | tuple[int, int] | list[int], what: str = "img_size") -> tuple
         pair = (v, v) if isinstance(v, int) else tuple(v)
     except TypeError:  # 64.0, None: not iterable
         pair = ()
-    if len(pair) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in pair):
+    if len(pair) != 2 or not all(plain_int(s, 1) for s in pair):
         raise ValueError(f"{what} must be a positive int or a pair (H, W) of positive ints, got {v!r}")
     return pair  # type: ignore[return-value]
 
@@ -175,11 +174,8 @@ class ViTConfig:
         if isinstance(self.img_size, list):  # from JSON
             object.__setattr__(self, "img_size", tuple(self.img_size))
         for name in ("embed_dim", "depth", "num_heads", "mlp_dim", "patch_size", "in_chans"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
-            raise ValueError(f"num_classes must be an int >= 0 (0: no head), got {self.num_classes!r}")
+            check_int(name, getattr(self, name), 1, allowed="a positive int")
+        check_int("num_classes", self.num_classes, 0, allowed="an int >= 0 (0: no head)")
         h, w = size2(self.img_size)
         if h % self.patch_size or w % self.patch_size:
             raise ValueError(
@@ -188,26 +184,28 @@ class ViTConfig:
             )
         if self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim={self.embed_dim} must be divisible by num_heads={self.num_heads}")
-        if self.readout not in ("token", "avg"):
-            raise ValueError(f"readout must be 'token' or 'avg', got {self.readout!r}")
-        if self.pos_embed not in ("learn", "sincos", "none"):
-            raise ValueError(f"pos_embed must be 'learn', 'sincos' or 'none', got {self.pos_embed!r}")
+        check_choice("readout", self.readout, ("token", "avg"))
+        check_choice("pos_embed", self.pos_embed, ("learn", "sincos", "none"))
         if self.pos_embed == "sincos" and self.embed_dim % 4:
             raise ValueError(f"2D sin-cos position embeddings need embed_dim divisible by 4, got {self.embed_dim}")
-        if not isinstance(self.distilled, bool):
-            raise ValueError(f"distilled must be true or false, got {self.distilled!r}")
+        check_flag("distilled", self.distilled)
         if self.distilled and self.readout != "token":
             raise ValueError("distilled=True reads the class and distillation tokens: use readout='token'")
         for name in ("drop_rate", "drop_path_rate", "patch_drop_rate"):
             check_rate(name, getattr(self, name))
         if not isinstance(self.preprocess, Preprocess):
             raise ValueError(f"preprocess must be a Preprocess, got {self.preprocess!r}")
-        if self.init not in ("timm", "mimetic", "mimetic_qk"):
-            raise ValueError(f"init must be 'timm', 'mimetic' or 'mimetic_qk', got {self.init!r}")
+        check_choice("init", self.init, ("timm", "mimetic", "mimetic_qk"))
+
+
+def _check_head(num_classes: object, in_chans: object) -> None:
+    """A CNN config's class count (0: no head) and input channels."""
+    check_int("num_classes", num_classes, 0, allowed="an int >= 0")
+    check_int("in_chans", in_chans, 1, allowed="an int >= 1")
 
 
 def _check_resnet(layers: tuple[int, ...], stem: str) -> None:
-    if not layers or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in layers):
+    if not layers or not all(plain_int(n, 1) for n in layers):
         raise ValueError(f"layers must be a non-empty tuple of block counts >= 1, got {layers!r}")
     if stem not in ("imagenet", "cifar"):
         raise ValueError(f"stem must be 'imagenet' (7x7/2 conv + max pool) or 'cifar' (3x3/1 conv), got {stem!r}")
@@ -227,8 +225,7 @@ def _check_widths(layers: tuple[int, ...], channels: tuple[int, ...] | None, k: 
     anything is built: every normalised width (the stem's, each stage's and, in bottleneck blocks, the middle width
     of a quarter of the stage's, as timm builds them) must split into BiT's 32 groups, or hold at least k channels
     with ``gn_min_channels_per_group=k``."""
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-        raise ValueError(f"gn_min_channels_per_group must be None or a positive int, got {k!r}")
+    check_int("gn_min_channels_per_group", k, 1, allowed="None or a positive int", none=True)
     if channels is not None and len(channels) != len(layers):
         raise ValueError(f"channels must give one width per stage ({len(layers)}), got {channels!r}")
     outs = [_make_divisible(c * width_factor) for c in (channels or [256 * 2**i for i in range(len(layers))])]
@@ -302,17 +299,12 @@ class BiTConfig:
         _check_resnet(self.layers, self.stem)
         if isinstance(self.channels, list):
             object.__setattr__(self, "channels", tuple(self.channels))
-        if isinstance(self.width_factor, bool) or not isinstance(self.width_factor, int) or self.width_factor < 1:
-            raise ValueError(f"width_factor must be a positive int, got {self.width_factor!r}")
-        if not isinstance(self.basic, bool):
-            raise ValueError(f"basic must be true or false, got {self.basic!r}")
+        check_int("width_factor", self.width_factor, 1, allowed="a positive int")
+        check_flag("basic", self.basic)
         _check_widths(self.layers, self.channels, self.gn_min_channels_per_group, bottleneck=not self.basic,
                       width_factor=self.width_factor)
         size2(self.img_size)
-        for name in ("num_classes", "in_chans"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "num_classes" else 1):
-                raise ValueError(f"{name} must be an int >= {0 if name == 'num_classes' else 1}, got {v!r}")
+        _check_head(self.num_classes, self.in_chans)
         check_rate("drop_path_rate", self.drop_path_rate)
         if not isinstance(self.preprocess, Preprocess):
             raise ValueError(f"preprocess must be a Preprocess, got {self.preprocess!r}")
@@ -335,20 +327,14 @@ class CifarNetConfig:
     def __post_init__(self) -> None:
         if isinstance(self.widths, list):
             object.__setattr__(self, "widths", tuple(self.widths))
-        if not self.widths or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in self.widths):
+        if not self.widths or not all(plain_int(w, 1) for w in self.widths):
             raise ValueError(f"widths must be a non-empty tuple of positive ints, got {self.widths!r}")
         for flag in ("residual", "whiten_fp32"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
-        if isinstance(self.whiten_kernel, bool) or not isinstance(self.whiten_kernel, int) or self.whiten_kernel < 1:
-            raise ValueError(f"whiten_kernel must be a positive int, got {self.whiten_kernel!r}")
+            check_flag(flag, getattr(self, flag))
+        check_int("whiten_kernel", self.whiten_kernel, 1, allowed="a positive int")
         size2(self.img_size)
-        for name in ("num_classes", "in_chans"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "num_classes" else 1):
-                raise ValueError(f"{name} must be an int >= {0 if name == 'num_classes' else 1}, got {v!r}")
-        if not _real(self.logit_scale) or self.logit_scale <= 0:
-            raise ValueError(f"logit_scale must be a positive finite number, got {self.logit_scale!r}")
+        _check_head(self.num_classes, self.in_chans)
+        check_real("logit_scale", self.logit_scale, lambda v: v > 0, "a positive finite number")
         if not isinstance(self.preprocess, Preprocess):
             raise ValueError(f"preprocess must be a Preprocess, got {self.preprocess!r}")
 

@@ -23,6 +23,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from vitlab.base.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
+from vitlab.base.checks import check_int
 from vitlab.base.devices import resolve_device
 from vitlab.base.intervals import n_units
 from vitlab.base.provenance import VERSION, versions
@@ -201,8 +202,7 @@ def _check_arguments(runs: list, weights: str | None, formats: Sequence[str], nu
                          "without weights=; give one model, or a list of checkpoint folders")
     if isinstance(formats, str):  # its letters were read as formats ("unknown figure format(s) ['g', 'n', 'p']")
         raise TypeError(f"formats must be a list of figure formats, got the string {formats!r}: pass [{formats!r}]")
-    if num_images is not None and (isinstance(num_images, bool) or not isinstance(num_images, int) or num_images < 1):
-        raise ValueError(f"num_images must be a whole number of at least 1, or None for the default, got {num_images!r}")
+    check_int("num_images", num_images, 1, allowed="a whole number of at least 1, or None for the default", none=True)
     if not (isinstance(image_scale, (int, float)) and math.isfinite(image_scale) and image_scale > 0):
         raise ValueError(f"image_scale must be a positive number (2.0: twice the resolution), got {image_scale!r}")
     bad = sorted(set(formats) - set(IMAGE_FORMATS))

@@ -54,7 +54,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from vitlab.base.checks import check_count, check_plain_name, whole_index
+from vitlab.base.checks import check_count, check_int, check_plain_name, plain_int, whole_index
 from vitlab.base.devices import resolve_device
 from vitlab.base.provenance import fingerprint, json_digest, provenance
 from vitlab.base.records import of_newest_code
@@ -82,6 +82,40 @@ __all__ = ["MPPStudyConfig", "STUDIES", "StudyRow", "study_rows", "row_spec", "p
 
 #: The three initialisations of the comparison, in table order.
 INITS = ("scratch", "mpp", "supervised")
+
+
+@dataclass(frozen=True)
+class StudyRow:
+    """One result row: ``kind`` "few_shot" or "finetune"; ``init`` one of ``INITS`` or "ablation:TARGET@RATE";
+    ``seed`` the fine-tune seed (few-shot rows hold all probe seeds)."""
+
+    kind: str
+    init: str
+    seed: int | None = None
+
+    @property
+    def row_id(self) -> str:
+        return f"{self.kind}/{self.init}" + ("" if self.seed is None else f"/s{self.seed}")
+
+
+def _rate_text(rate: float) -> str:
+    """A corruption rate as row ids name it, read back exactly by ``pretrain_run_config``: ``:g`` (0.5, 0.15, the
+    shipped store's ids) where that round-trips, else ``repr`` (0.1234567, never rounded to 0.123457)."""
+    text = f"{rate:g}"
+    return text if float(text) == rate else repr(float(rate))
+
+
+def _ablation(target: str, rate: float) -> str:
+    return f"ablation:{target}@{_rate_text(rate)}"
+
+
+def study_rows(study: MPPStudyConfig) -> list[StudyRow]:
+    """In running order: the comparison first (few-shot, then fine-tunes seed by seed), the ablation last, so a
+    study stopped early has whole comparisons."""
+    rows = [StudyRow("few_shot", i) for i in INITS]
+    rows += [StudyRow("finetune", i, s) for s in study.seeds for i in INITS]
+    rows += [StudyRow("few_shot", _ablation(t, r)) for t, r in study.ablations]
+    return rows
 
 
 @dataclass(frozen=True)
@@ -123,7 +157,9 @@ class MPPStudyConfig:
     seeds: tuple[int, ...] = (0, 1, 2)  # fine-tune seeds (subset, order, augmentation)
     bf16: bool = True
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
+        """Every field checked when the study is made (a bad value would otherwise fail row after row, and the name
+        becomes the results file's); ValueError naming the field."""
         check_plain_name("name", self.name)  # it names the results file mpp_NAME.jsonl
         for target, rate in (self.main, *self.ablations):
             if target not in MPP_TARGETS or not 0 < rate <= 1:
@@ -131,9 +167,8 @@ class MPPStudyConfig:
         for name in ("main_epochs", "ablation_epochs", "finetune_epochs", "finetune_per_class"):
             check_count(name, getattr(self, name))  # True is no 1 epoch, 2.5 no count
         for name in ("pretrain_examples", "ablation_examples"):
-            n = getattr(self, name)
-            if n is not None and (not whole_index(n) or n < 1):
-                raise ValueError(f"{name} must be a positive number of images or None (all), got {n!r}")
+            check_int(name, getattr(self, name), 1, allowed="a positive number of images or None (all)", none=True,
+                      numpy=True)
         if None not in (self.pretrain_examples, self.ablation_examples) and \
                 self.ablation_examples > self.pretrain_examples:
             raise ValueError(f"ablation_examples={self.ablation_examples} exceeds pretrain_examples="
@@ -148,7 +183,7 @@ class MPPStudyConfig:
             raise ValueError("seeds and probe_seeds need at least one seed each (2 or more for an interval)")
         for name in ("seeds", "probe_seeds"):  # True is no seed 1, 0.5 no seed; a NumPy int no JSON record
             got = list(getattr(self, name))
-            if not all(whole_index(s) and isinstance(s, int) for s in got):
+            if not all(plain_int(s) for s in got):
                 raise ValueError(f"{name} {got} must be whole numbers (Python ints: no bool, float or NumPy integer)")
         if len(set(self.probe_seeds)) != len(self.probe_seeds):  # the fine-tune seeds: refused below, by row id
             raise ValueError(f"probe_seeds names a seed twice ({list(self.probe_seeds)}): each once, or its draw "
@@ -200,40 +235,6 @@ def default_results(study: MPPStudyConfig) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- rows and specs
-
-
-@dataclass(frozen=True)
-class StudyRow:
-    """One result row: ``kind`` "few_shot" or "finetune"; ``init`` one of ``INITS`` or "ablation:TARGET@RATE";
-    ``seed`` the fine-tune seed (few-shot rows hold all probe seeds)."""
-
-    kind: str
-    init: str
-    seed: int | None = None
-
-    @property
-    def row_id(self) -> str:
-        return f"{self.kind}/{self.init}" + ("" if self.seed is None else f"/s{self.seed}")
-
-
-def _rate_text(rate: float) -> str:
-    """A corruption rate as row ids name it, read back exactly by ``pretrain_run_config``: ``:g`` (0.5, 0.15, the
-    shipped store's ids) where that round-trips, else ``repr`` (0.1234567, never rounded to 0.123457)."""
-    text = f"{rate:g}"
-    return text if float(text) == rate else repr(float(rate))
-
-
-def _ablation(target: str, rate: float) -> str:
-    return f"ablation:{target}@{_rate_text(rate)}"
-
-
-def study_rows(study: MPPStudyConfig) -> list[StudyRow]:
-    """In running order: the comparison first (few-shot, then fine-tunes seed by seed), the ablation last, so a
-    study stopped early has whole comparisons."""
-    rows = [StudyRow("few_shot", i) for i in INITS]
-    rows += [StudyRow("finetune", i, s) for s in study.seeds for i in INITS]
-    rows += [StudyRow("few_shot", _ablation(t, r)) for t, r in study.ablations]
-    return rows
 
 
 def pretrain_config(study: MPPStudyConfig, target: str, rate: float, epochs: int, examples: int | None):
@@ -459,7 +460,6 @@ def shown_records(records: Sequence[dict], study: str) -> tuple[list[dict], str]
 
 def _plan(study: MPPStudyConfig) -> tuple[list[tuple[StudyRow, dict[str, Any], str]], tuple[Path, ViTConfig, str]]:
     """Every row with its spec and fingerprint, and the supervised checkpoint (checked)."""
-    study.validate()
     supervised = _supervised_checkpoint(study)
     return [(row, spec, fingerprint({"spec": spec})) for row in study_rows(study)
             for spec in [row_spec(study, row, supervised)]], supervised

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from vitlab.base.checks import whole_index
+from vitlab.base.checks import check_int
 from vitlab.base.provenance import provenance
 from vitlab.base.records import append_record, read_records
 from vitlab.base.stats import percent_cell
@@ -65,7 +65,7 @@ class ResultsStore:
         ``RecordFileError``."""
         if not self.path.exists():
             return []
-        return read_records(self.path, torn_fix="That run reruns", what="a results store")
+        return read_records(self.path, torn_fix="That run reruns", what="a results store", param="results")
 
     def latest(self, sweep: str | None = None, fingerprint: str | None = None) -> dict[str, dict]:
         """{run_id: latest record} of one sweep (all sweeps when ``sweep`` is None; then later sweeps' records
@@ -320,7 +320,6 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
     ``executor``: ``"local"`` (``workers`` processes; 0 runs in this process) or ``"ray"`` (``address`` of a
     running cluster, or a local runtime with ``workers`` CPUs). Each worker gets cpu_count/workers threads.
     """
-    sweep.validate()
     check_executor(executor, workers)
     note = recipe_provenance(sweep)
     if note:
@@ -381,8 +380,8 @@ def check_executor(executor: str, workers: int) -> None:
     run starts."""
     if executor not in ("local", "ray"):
         raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
-    if not whole_index(workers) or workers < 0:  # 1.5 is no process count, True no 1
-        raise ValueError(f"workers must be a whole number >= 0 (0: runs in this process), got {workers!r}")
+    # 1.5 is no process count, True no 1
+    check_int("workers", workers, 0, allowed="a whole number >= 0 (0: runs in this process)", numpy=True)
 
 
 def execute_runs(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str = "local", workers: int = 1,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vitlab.base.checks import check_count, check_plain_name, whole_index
+from vitlab.base.checks import check_count, check_int, check_plain_name, check_real, plain_int, whole_index
 from vitlab.base.choices import DEFAULT_L2
 from vitlab.models.config import BiTConfig, HybridConfig, ViTConfig, cifar_bit, cifar_vit
 
@@ -41,6 +41,19 @@ FAMILIES: dict[str, Any] = {
     "vit_tiny": lambda: _vit(depth=2, embed_dim=32, num_heads=2, mlp_dim=64),  # for tests
     "bit_tiny": lambda: _bit(layers=(1, 1), channels=(32, 32)),  # for tests
 }
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a sweep: a model family pre-trained on ``size`` images with ``seed``."""
+
+    family: str
+    size: int
+    seed: int
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.family}-n{self.size}-s{self.seed}"
 
 
 @dataclass(frozen=True)
@@ -122,22 +135,19 @@ class SweepConfig:
                            seed=spec.seed, eval_every=math.ceil(epochs / self.max_evals) if self.val_per_class
                            else epochs, keep_best=bool(self.val_per_class))
 
-    def validate(self) -> None:
-        """Every field checked before any run starts (a bad value would otherwise fail each run in turn, and the
-        name, which becomes the results file's name, could step out of its folder); ValueError naming the field."""
+    def __post_init__(self) -> None:
+        """Every field checked when the config is made, before any run starts (a bad value would otherwise fail each
+        run in turn, and the name, which becomes the results file's name, could step out of its folder); ValueError
+        naming the field."""
         check_plain_name("name", self.name)
         if not isinstance(self.data, str) or not self.data:
             raise ValueError(f"data must name a data set (cifar10, shapes) or a folder or zip path, got {self.data!r}")
         for name in ("epochs", "batch_size", "probe_pool_per_class", "probe_test_per_class"):
             check_count(name, getattr(self, name))
         for name in ("min_steps", "val_per_class"):
-            v = getattr(self, name)
-            if not _python_int(v) or v < 0:
-                raise ValueError(f"{name} must be a whole number of at least 0, got {v!r}")
+            check_int(name, getattr(self, name), 0, allowed="a whole number of at least 0")
         for name in ("lr", "l2"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+            check_real(name, getattr(self, name), lambda v: v > 0, "a positive finite number")
         if self.tuned_code is not None and not isinstance(self.tuned_code, str):
             raise ValueError(f"tuned_code must be a code hash (a string) or null, got {self.tuned_code!r}")
         if not isinstance(self.recipes, tuple) or not all(isinstance(r, tuple) and len(r) == 4 for r in self.recipes):
@@ -169,7 +179,7 @@ class SweepConfig:
         check_count("max_evals", self.max_evals)  # True is no 1 validation pass
         for name, least in (("sizes", 1), ("shots", 1), ("seeds", None), ("probe_seeds", None)):
             got = list(getattr(self, name))  # True is no seed 1 (or 1 shot), 0.5 no seed; a NumPy int no JSON record
-            if not got or not all(_python_int(v) and (least is None or v >= least) for v in got):
+            if not got or not all(plain_int(v, least) for v in got):
                 at_least = f" of at least {least}" if least is not None else ""
                 raise ValueError(f"{name} must be a non-empty list of whole numbers{at_least} (Python ints: no bool, "
                                  f"float or NumPy integer), got {got}")
@@ -189,11 +199,6 @@ class SweepConfig:
                     raise ValueError(f"{where}: {e}") from None
 
 
-def _python_int(v: object) -> bool:
-    """Whether ``v`` is a whole number a JSON record holds as it is: a Python int, no bool, float or NumPy integer."""
-    return whole_index(v) and isinstance(v, int)
-
-
 SWEEPS: dict[str, SweepConfig] = {
     # three families (paper Fig. 5), six nested sizes over 50x, three seeds, a validation split for the best epoch;
     # recipes are filled by `vitlab sweep --tune` on the largest subset and frozen in a JSON config.
@@ -210,21 +215,9 @@ SWEEPS: dict[str, SweepConfig] = {
 }
 
 
-@dataclass(frozen=True)
-class RunSpec:
-    family: str
-    size: int
-    seed: int
-
-    @property
-    def run_id(self) -> str:
-        return f"{self.family}-n{self.size}-s{self.seed}"
-
-
-
 def load_sweep_config(spec: str) -> SweepConfig:
     """A named sweep (``SWEEPS``) or a JSON file of ``SweepConfig`` fields (one written before ``tuned_code`` was
-    recorded loads with ``tuned_code=None``: provenance unknown), checked whole (``SweepConfig.validate``); ValueError
+    recorded loads with ``tuned_code=None``: provenance unknown), checked whole (as every ``SweepConfig`` is made); ValueError
     naming the file and the problem otherwise."""
     if spec in SWEEPS:
         return SWEEPS[spec]
@@ -249,6 +242,4 @@ def load_sweep_config(spec: str) -> SweepConfig:
 
     if "name" not in d:
         raise ValueError(f"{path}: a sweep config needs a name (its results go to runs/sweeps/NAME.jsonl)")
-    sweep = SweepConfig(**{k: frozen(v) for k, v in d.items()})
-    sweep.validate()  # every field, before a run starts or a results path is made from its name
-    return sweep
+    return SweepConfig(**{k: frozen(v) for k, v in d.items()})  # every field checked, before a run starts

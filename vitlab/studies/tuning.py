@@ -45,7 +45,6 @@ def tune(sweep: SweepConfig, results: str | os.PathLike, grid: dict[str, Sequenc
     Every trial of every family's grid must finish: otherwise ``TuningIncomplete`` names the trials that failed or
     never finished and nothing is frozen (a family tuned on part of its grid, or not at all, would otherwise train
     with a recipe no complete tuning chose). Running the same tuning again runs only those trials."""
-    sweep.validate()  # an unknown family or overlapping classes: refused before any trial runs, as run_sweep does
     if not sweep.val_per_class:
         raise ValueError("tuning needs a validation split: set val_per_class > 0 (never tune on the test images)")
     check_executor(executor, workers)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vitlab.base.checks import whole_index
+from vitlab.base.checks import check_int
 from vitlab.data.datasets import ImageArray
 from vitlab.train.augment import alternating_flips, random_crop_flip
 
@@ -151,9 +151,9 @@ def training_batches(data: ImageArray, batch_size: int, steps_per_epoch: int, au
                      stop_step: int, workers: int = 0, pin_memory: bool = False) -> torch.utils.data.DataLoader:
     """A loader yielding steps ``start_step .. stop_step - 1`` of the run, each ``(images, labels)`` as
     ``TrainBatches`` makes them; ``workers`` > 0 makes them in that many processes, ``4 * workers`` batches ahead."""
-    if not whole_index(workers) or workers < 0:  # 1.5 is no process count, True no 1
-        raise ValueError(f"workers must be a whole number >= 0 (0: batches made in the training process), got "
-                         f"{workers!r}")
+    # 1.5 is no process count, True no 1
+    check_int("workers", workers, 0, allowed="a whole number >= 0 (0: batches made in the training process)",
+              numpy=True)
     extra = {}
     if workers:
         methods = multiprocessing.get_all_start_methods()  # fork shares the decoded images instead of pickling them

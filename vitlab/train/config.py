@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 # torch-free, so that the command line reads the presets and refuses a bad --set without loading torch or timm
-from vitlab.base.checks import check_tta_level
+from vitlab.base.checks import check_choice, check_flag, check_int, check_real, check_tta_level
 from vitlab.base.choices import MPP_TARGETS
 from vitlab.models.config import (
     CIFAR_PRE,
@@ -140,23 +139,17 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self._check_numbers()
-        if self.optimizer not in ("adamw", "sgd"):
-            raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
-        if self.schedule not in ("cosine", "triangle"):
-            raise ValueError(f"schedule must be 'cosine' or 'triangle', got {self.schedule!r}")
-        if self.crop_pad_mode not in ("constant", "reflect"):
-            raise ValueError(f"crop_pad_mode must be 'constant' or 'reflect', got {self.crop_pad_mode!r}")
+        for name, choices in (("optimizer", ("adamw", "sgd")), ("schedule", ("cosine", "triangle")),
+                              ("crop_pad_mode", ("constant", "reflect")), ("distill", ("hard", "soft")),
+                              ("objective", ("classify", "mpp")), ("flip", ("random", "alternating", "none"))):
+            check_choice(name, getattr(self, name), choices)
         check_tta_level("eval_tta", self.eval_tta)
-        if self.distill not in ("hard", "soft"):
-            raise ValueError(f"distill must be 'hard' or 'soft', got {self.distill!r}")
         check_tta_level("distill_tta", self.distill_tta)
         if self.distill_tta and self.teacher is None:
             raise ValueError(f"distill_tta must be 0, 1 or 2 and needs a teacher, got {self.distill_tta!r} with teacher="
                              f"{self.teacher!r}")
         if self.teacher is not None and not (isinstance(self.model, ViTConfig) and self.model.distilled):
             raise ValueError("teacher= needs a ViT with a distillation token: set the model's distilled=True")
-        if self.objective not in ("classify", "mpp"):
-            raise ValueError(f"objective must be 'classify' or 'mpp', got {self.objective!r}")
         if self.objective == "mpp":
             if not isinstance(self.model, ViTConfig) or self.model.patch_drop_rate or self.model.distilled:
                 raise ValueError("objective='mpp' needs a plain ViT (no patch dropping, no distillation token)")
@@ -191,12 +184,8 @@ class TrainConfig:
         if self.keep_best and not self.eval_every:
             raise ValueError(f"{best} eval_every=0 never measures: leave keep_best false, or evaluate "
                              "(dataclasses.replace(cfg, eval_every=1))")
-        if self.flip not in ("random", "alternating", "none"):
-            raise ValueError(f"flip must be 'random', 'alternating' or 'none', got {self.flip!r}")
-        if (isinstance(self.lookahead_every, bool) or not isinstance(self.lookahead_every, int)
-                or self.lookahead_every < 0):  # True is no step count (it averaged after every step)
-            raise ValueError(f"lookahead_every must be an int >= 0 (0 turns Lookahead off), got "
-                             f"{self.lookahead_every!r}")
+        # True is no step count (it averaged after every step)
+        check_int("lookahead_every", self.lookahead_every, 0, allowed="an int >= 0 (0 turns Lookahead off)")
         if not 0 <= self.lookahead_decay < 1 or self.lookahead_power < 0:
             raise ValueError(f"lookahead_decay must be in [0, 1) and lookahead_power >= 0, got "
                              f"{self.lookahead_decay!r}, {self.lookahead_power!r}")
@@ -223,24 +212,18 @@ class TrainConfig:
                 raise ValueError(f"progressive_size must be a multiple of the patch size ({m.patch_size}) below the "
                                  f"image size {m.img_size}, got {size!r}")
             by_share = self.progressive_epochs == 0 and self.progressive_fraction > 0  # small_epochs: a share
-            if not by_share and (isinstance(self.progressive_epochs, bool)
-                                 or not isinstance(self.progressive_epochs, int)
-                                 or not 0 < self.progressive_epochs <= self.epochs):
-                raise ValueError(f"progressive_epochs must be an int in [1, epochs={self.epochs}] with progressive_size "
-                                 f"(or 0 with a progressive_fraction > 0), got {self.progressive_epochs!r}")
+            if not by_share:
+                check_int("progressive_epochs", self.progressive_epochs, 1, self.epochs,
+                          f"an int in [1, epochs={self.epochs}] with progressive_size (or 0 with a "
+                          "progressive_fraction > 0)")
         if self.full_token_epochs:
-            if (isinstance(self.full_token_epochs, bool) or not isinstance(self.full_token_epochs, int)
-                    or not 0 < self.full_token_epochs <= self.epochs):
-                raise ValueError(f"full_token_epochs must be an int in [0, epochs={self.epochs}], got "
-                                 f"{self.full_token_epochs!r}")
+            check_int("full_token_epochs", self.full_token_epochs, 1, self.epochs,
+                      f"an int in [0, epochs={self.epochs}]")
             if not (isinstance(self.model, ViTConfig) and self.model.patch_drop_rate):
                 raise ValueError("full_token_epochs turns patch dropping off for the last epochs, but this model drops "
                                  "no patches: set model.patch_drop_rate (e.g. 0.5) or leave full_token_epochs 0")
         if self.whiten_bias_epochs is not None:
-            if (isinstance(self.whiten_bias_epochs, bool) or not isinstance(self.whiten_bias_epochs, int)
-                    or self.whiten_bias_epochs < 0):
-                raise ValueError(f"whiten_bias_epochs must be None (always trained) or an int >= 0, got "
-                                 f"{self.whiten_bias_epochs!r}")
+            check_int("whiten_bias_epochs", self.whiten_bias_epochs, 0, allowed="None (always trained) or an int >= 0")
             if not isinstance(self.model, CifarNetConfig):
                 raise ValueError("whiten_bias_epochs needs a model with a whitening stem (CifarNetConfig); leave it "
                                  "None for other models")
@@ -260,33 +243,17 @@ class TrainConfig:
     def _check_numbers(self) -> None:
         """The plain numeric fields: type and range, each refused with its name, the value and what is allowed
         (a batch_size of 0 is refused here, not met as a ZeroDivisionError deep inside the run)."""
-        def whole(name: str, low: int) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"{name} must be a whole number >= {low}, got {v!r}")
+        for name in ("bf16", "channels_last", "explicit_attention", "keep_best"):  # e.g. the text 'False', true
+            check_flag(name, getattr(self, name), f" (e.g. dataclasses.replace(cfg, {name}=False))")
+        for name, least in (("epochs", 1), ("batch_size", 1), ("crop_padding", 0), ("eval_every", 0),
+                            ("val_per_class", 0), ("snapshot_every", 0), ("fig7_every", 0)):
+            check_int(name, getattr(self, name), least)
+        check_int("seed", self.seed, None, allowed="a whole number")
+        check_int("max_train_examples", self.max_train_examples, 1, none=True)
 
         def real(name: str, ok: Callable[[float], bool], allowed: str, none: bool = False) -> None:
-            v = getattr(self, name)
-            if v is None and none:
-                return
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
-                raise ValueError(f"{name} must be {allowed}, got {v!r}")
+            check_real(name, getattr(self, name), ok, allowed, none)
 
-        for name in ("bf16", "channels_last", "explicit_attention", "keep_best"):
-            if not isinstance(getattr(self, name), bool):  # e.g. the text 'False', which is true
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r} (e.g. "
-                                 f"dataclasses.replace(cfg, {name}=False))")
-        whole("epochs", 1)
-        whole("batch_size", 1)
-        whole("crop_padding", 0)
-        whole("eval_every", 0)
-        whole("val_per_class", 0)
-        whole("snapshot_every", 0)
-        whole("fig7_every", 0)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be a whole number, got {self.seed!r}")
-        if self.max_train_examples is not None:
-            whole("max_train_examples", 1)
         real("lr", lambda v: v >= 0, "a number >= 0")
         real("min_lr", lambda v: v >= 0, "a number >= 0")
         real("weight_decay", lambda v: v >= 0, "a number >= 0")
