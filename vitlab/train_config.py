@@ -137,6 +137,11 @@ class TrainConfig:
     # every fig7_every epochs, the Fig. 7 statistics of the model on the 128 shipped CIFAR-10 test images
     # (vitlab.emergence.fig7_statistics) go into the epoch's record under "fig7"; 0: none
     fig7_every: int = 0
+    # early stopping: the run stops after ``patience`` evaluations in a row without a higher accuracy than its best so
+    # far, on the split keep_best watches (the validation split with val_per_class, else the test data the run is
+    # given: a sweep passes its own validation split there); ``epochs`` is then a cap, and the learning-rate schedule
+    # runs over the cap. The stopped epoch is the run's last: it gets the last epoch's evaluations. 0: off
+    patience: int = 0
 
     def __post_init__(self) -> None:
         self._check_numbers()
@@ -191,6 +196,10 @@ class TrainConfig:
         if self.keep_best and not self.eval_every:
             raise ValueError(f"{best} eval_every=0 never measures: leave keep_best false, or evaluate "
                              "(dataclasses.replace(cfg, eval_every=1))")
+        if self.patience and (self.objective != "classify" or not self.eval_every):
+            raise ValueError(f"patience={self.patience} stops a run when its classification accuracy stops rising, "
+                             "which needs evaluations (eval_every > 0) of a classifier (objective='classify'): leave "
+                             "patience 0, or set eval_every (e.g. dataclasses.replace(cfg, eval_every=1))")
         if self.flip not in ("random", "alternating", "none"):
             raise ValueError(f"flip must be 'random', 'alternating' or 'none', got {self.flip!r}")
         if (isinstance(self.lookahead_every, bool) or not isinstance(self.lookahead_every, int)
@@ -283,6 +292,7 @@ class TrainConfig:
         whole("val_per_class", 0)
         whole("snapshot_every", 0)
         whole("fig7_every", 0)
+        whole("patience", 0)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be a whole number, got {self.seed!r}")
         if self.max_train_examples is not None:
