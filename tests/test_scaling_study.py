@@ -1,0 +1,192 @@
+"""The data-scaling study with the power to decide (issue 48): early-stopped runs, paired intervals per size, the
+locality verdict and its controls, cost, and the resumable sweep that records them. Tiny runs on the generated shapes
+(4 classes: 2 to pre-train, 2 to probe) and constructed records; nothing here reads CIFAR-10."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import t
+
+from vitlab import controls as C
+from vitlab.scaling import SWEEPS, ResultsStore, best_at_last, cost_table, run_sweep, stopping_table
+from vitlab.study_findings import (
+    KEY_LOCALITY,
+    difference_table,
+    locality_grows_with_data,
+    paired_size_differences,
+    seeds_for,
+)
+from vitlab.sweep_config import CIFAR10_POOL, RunSpec
+
+#: a patience sweep on the shapes: 2 sizes, 2 seeds, ViT and ResNet, validation split, early stopping
+PATIENT = dataclasses.replace(SWEEPS["quick"], name="patient", seeds=(0, 1), val_per_class=10, epochs=6, min_steps=2,
+                              patience=1, eval_images=32)
+
+
+def _record(family: str, size: int, seed: int, acc: float, share: float | None = None, **metrics) -> dict:
+    m = {"few_shot": {"10": {"mean": acc}}, "epochs": 10, "best": {"epoch": 4, "val_accuracy": 0.5}, **metrics}
+    if share is not None:
+        m["fig7"] = {"lowest_local_share": share, "lowest_spread": 0.2, "lowest_min": 0.3, "depth_trend": 0.5,
+                     "position_spearman": -0.4}
+    return {"sweep": "s", "run_id": f"{family}-n{size}-s{seed}", "spec": {"family": family, "size": size,
+                                                                          "seed": seed},
+            "status": "ok", "fingerprint": "f", "config": {"name": "s"}, "metrics": m}
+
+
+def _half(values) -> float:
+    v = np.asarray(values, dtype=float)
+    return float(t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+
+
+# ---------------------------------------------------------------------------------------------- power
+
+
+def test_paired_differences_per_size_are_per_seed_differences_with_their_t_interval():
+    vit = {(100, 0): .40, (100, 1): .42, (100, 2): .38, (1000, 0): .50, (1000, 1): .55, (1000, 2): .53}
+    bit = {(100, 0): .41, (100, 1): .45, (100, 2): .40, (1000, 0): .49, (1000, 1): .50, (1000, 2): .52}
+    records = [_record("vit", n, s, a) for (n, s), a in vit.items()] + [_record("bit", n, s, a)
+                                                                        for (n, s), a in bit.items()]
+    by = paired_size_differences(records)
+    diffs = {n: [100 * (vit[n, s] - bit[n, s]) for s in range(3)] for n in (100, 1000)}
+    for n in (100, 1000):
+        assert by[n]["seeds"] == [0, 1, 2] and by[n]["per_seed"] == pytest.approx(diffs[n])
+        assert by[n]["mean"] == pytest.approx(np.mean(diffs[n])) and by[n]["half_width"] == pytest.approx(
+            _half(diffs[n]))
+    table = difference_table(records)
+    gap = np.array(diffs[1000]) - np.array(diffs[100])
+    assert f"±{_half(gap):.1f} | 3 | {seeds_for(float(gap.std(ddof=1)))} |" in table
+    assert table.endswith("reached by 1 of 3 rows; not by 1,000 images, gap change, 100 to 1,000")  # 100: ±2.5
+
+
+def test_seeds_for_is_the_smallest_count_whose_t_interval_fits():
+    assert seeds_for(0.0) == 2 and seeds_for(math.nan) is None
+    n = seeds_for(4.39)
+    assert t.ppf(0.975, n - 1) * 4.39 / math.sqrt(n) <= 3 < t.ppf(0.975, n - 2) * 4.39 / math.sqrt(n - 1)
+    assert n == 11  # the shipped sweep's spread of the gap change (half-width 10.9 over 3 seeds)
+
+
+def test_the_study_config_is_sized_for_the_issue():
+    sweep = SWEEPS["cifar10_10k"]
+    sweep.validate()
+    assert max(sweep.sizes) == 10_000 and min(sweep.sizes) == 100 and len(sweep.seeds) >= 10
+    assert set(sweep.families) == {"vit", "bit", "hybrid"} and sweep.patience > 0 and sweep.val_per_class
+    assert CIFAR10_POOL == 24_500 and [n for n, _ in sweep.omitted_sizes] == [24_500]
+    assert "GPU" in sweep.omitted_sizes[0][1]
+    for n in sweep.sizes:  # a validation pass after the fewest whole epochs that reach 2,500 training images
+        cfg = sweep.train_config(RunSpec("vit", n, 0), n)
+        epoch = (n // cfg.batch_size) * cfg.batch_size  # images per epoch
+        assert cfg.patience == 5 and cfg.keep_best and (cfg.eval_every - 1) * epoch < 2500 <= cfg.eval_every * epoch
+
+
+def test_patience_needs_a_validation_split():
+    with pytest.raises(ValueError, match="val_per_class"):
+        dataclasses.replace(PATIENT, val_per_class=0).validate()
+
+
+# ---------------------------------------------------------------------------------------------- locality
+
+
+def _locality_records(shares_lo, shares_hi) -> list[dict]:
+    out = []
+    for s, (lo, hi) in enumerate(zip(shares_lo, shares_hi)):
+        out += [_record("vit", 100, s, .4, lo), _record("vit", 5000, s, .5, hi), _record("bit", 100, s, .4),
+                _record("bit", 5000, s, .5)]
+    return out
+
+
+def test_the_locality_verdict_keys_and_numbers():
+    lo, hi = [0.0, 0.25, 0.0, 0.25], [0.5, 0.5, 0.25, 0.75]
+    v = locality_grows_with_data(_locality_records(lo, hi))
+    per_seed = [100 * (b - a) for a, b in zip(lo, hi)]  # 50, 25, 25, 50 points of the heads
+    assert v.key == KEY_LOCALITY and v.unit == "points" and v.threshold == 0.0 and v.side == ">"
+    assert v.statistic == pytest.approx(37.5) and v.details["per_seed"] == pytest.approx(per_seed)
+    assert v.interval == pytest.approx((37.5 - _half(per_seed), 37.5 + _half(per_seed)))
+    assert v.verdict == "reproduced" and v.n_runs == 4 and v.details["seeds"] == [0, 1, 2, 3]
+    assert v.details["local_share_by_size"] == pytest.approx({"100": 0.125, "5000": 0.5})  # JSON keys
+    assert v.details["local_head"] == 0.5 and v.subject == "sweep s: vit at 100 and 5,000 images"
+    fewer = locality_grows_with_data(_locality_records(hi, lo))
+    assert fewer.verdict == "not reproduced" and fewer.statistic == pytest.approx(-37.5)
+    assert locality_grows_with_data(_locality_records(lo, hi), "vit").key == "fig34.locality"
+
+
+def test_records_without_fig7_statistics_are_not_judged():
+    with pytest.raises(ValueError, match="predate them"):
+        locality_grows_with_data([_record("vit", 100, 0, .4), _record("vit", 5000, 0, .5)])
+
+
+def test_the_locality_controls_pass_and_show_in_the_validation_table():
+    records = _locality_records([0.0, 0.25, 0.0, 0.25, 0.0], [0.25, 0.0, 0.25, 0.25, 0.0])  # no clear change
+    v = locality_grows_with_data(records)
+    assert v.verdict == "inconclusive"
+    [checked] = C.validate([v], C.locality_controls(records))
+    rows = {r["control"]: r for r in C.validation_table([checked])}
+    assert set(rows) == {C.MORE_LOCAL, C.SAME_LOCAL}
+    assert (rows[C.MORE_LOCAL]["kind"], rows[C.MORE_LOCAL]["observed"], rows[C.MORE_LOCAL]["passed"]) == (
+        "positive", "reproduced", True)
+    assert rows[C.SAME_LOCAL]["kind"] == "negative" and rows[C.SAME_LOCAL]["passed"]
+    assert rows[C.SAME_LOCAL]["observed"] != "reproduced"
+    assert rows[C.MORE_LOCAL]["statistic"] == pytest.approx(v.statistic + C.LOCALITY_GAIN)
+
+
+# ---------------------------------------------------------------------------------------------- stopping and cost
+
+
+def test_runs_whose_best_epoch_is_their_last_are_flagged():
+    records = [_record("vit", 100, 0, .4, best={"epoch": 7}, last_epoch=7, stopped_early=False),
+               _record("vit", 100, 1, .4, best={"epoch": 3}, last_epoch=8, stopped_early=True),
+               _record("bit", 100, 0, .4, best={"epoch": 10})]  # before last_epoch: its schedule's 10 epochs
+    assert best_at_last(records) == ["bit-n100-s0", "vit-n100-s0"]
+    table = stopping_table(records)
+    assert "| vit | 5 / 7.5 (1 of 2 stopped) |" in table
+    assert table.endswith("2 run(s): bit-n100-s0, vit-n100-s0")
+
+
+def test_cost_table_sums_cpu_hours_per_family_and_size_and_spans_the_wall_time():
+    records = [_record("vit", 100, 0, .4, cpu_seconds=3600.0, seconds=1800.0),
+               _record("vit", 100, 1, .4, cpu_seconds=1800.0, seconds=900.0),
+               _record("bit", 1000, 0, .4, cpu_seconds=7200.0, seconds=3600.0)]
+    for r, (a, b) in zip(records, [("10:00", "10:30"), ("10:30", "10:45"), ("11:00", "12:00")]):
+        r["started"], r["finished"] = f"2026-12-06T{a}:00+00:00", f"2026-12-06T{b}:00+00:00"
+    table = cost_table(records)
+    assert "| vit | 1.50 |  | 1.50 |" in table and "| bit |  | 2.00 | 2.00 |" in table
+    assert "CPU hours (whole runs): 3.50 in all over 3 finished runs" in table
+    assert "Wall time: 2.00 h from the first run's start" in table and "1.75 h summed" in table
+
+
+# ---------------------------------------------------------------------------------------------- the sweep
+
+
+def test_a_patience_sweep_records_stopping_fig7_and_pairing_and_a_resume_gives_the_same_records(tmp_path):
+    results = tmp_path / "r.jsonl"
+    first = run_sweep(PATIENT, results, workers=0, progress=False)
+    assert len(first) == 8 and all(r["status"] == "ok" for r in first), [r.get("traceback") for r in first]
+    by = {r["run_id"]: r["metrics"] for r in first}
+    for run_id, m in by.items():
+        assert 1 <= m["best"]["epoch"] <= m["last_epoch"] <= m["epochs"] == 6 and m["cpu_seconds"] > 0
+        assert m["steps"] == m["last_epoch"] * (int(run_id.split("-n")[1].split("-")[0]) // 16)
+        assert m["stopped_early"] == (m["last_epoch"] < 6)
+        assert ("fig7" in m) == run_id.startswith("vit_tiny")  # the ResNet has no attention
+    assert by["vit_tiny-n40-s0"]["fig7"]["lowest_local_share"] in (0.0, 0.5, 1.0)  # 2 heads
+    for n in (40, 80):
+        for s in (0, 1):  # a seed's subset and probe pool are every family's
+            a, b = by[f"vit_tiny-n{n}-s{s}"], by[f"bit_tiny-n{n}-s{s}"]
+            assert (a["subset_digest"], a["probe_pool_digest"]) == (b["subset_digest"], b["probe_pool_digest"])
+    assert by["vit_tiny-n40-s0"]["subset_digest"] != by["vit_tiny-n40-s1"]["subset_digest"]
+    # killed during its last run: that record never written; the resume reruns it to the same numbers
+    lines = results.read_text().splitlines()
+    results.write_text("\n".join(lines[:-1]) + "\n")
+    again = run_sweep(PATIENT, results, workers=0, progress=False)
+    assert [r["run_id"] for r in again] == [first[-1]["run_id"]]
+    timing = ("seconds", "train_seconds", "cpu_seconds", "train_cpu_seconds")
+    same = lambda m: {k: v for k, v in m.items() if k not in timing}  # noqa: E731
+    assert same(again[0]["metrics"]) == same(first[-1]["metrics"])
+    # a seed added to an early-stopping sweep runs only its own runs: the finished ones stay done
+    more = dataclasses.replace(PATIENT, seeds=(0, 1, 2))
+    assert more.fingerprint() == PATIENT.fingerprint()
+    added = run_sweep(dataclasses.replace(more, sizes=(40,)), results, workers=0, progress=False)
+    assert sorted(r["run_id"] for r in added) == ["bit_tiny-n40-s2", "vit_tiny-n40-s2"]
+    assert len(ResultsStore(results).done("patient", PATIENT.fingerprint())) == 10
