@@ -190,3 +190,20 @@ def test_a_patience_sweep_records_stopping_fig7_and_pairing_and_a_resume_gives_t
     added = run_sweep(dataclasses.replace(more, sizes=(40,)), results, workers=0, progress=False)
     assert sorted(r["run_id"] for r in added) == ["bit_tiny-n40-s2", "vit_tiny-n40-s2"]
     assert len(ResultsStore(results).done("patient", PATIENT.fingerprint())) == 10
+
+
+def test_hours_start_no_run_after_the_deadline_and_the_next_session_goes_on(tmp_path, monkeypatch, capsys):
+    import vitlab.scaling as S
+
+    one = dataclasses.replace(SWEEPS["quick"], name="sessions", families=("bit_tiny",), sizes=(40,), seeds=(0, 1))
+    clock = iter([0.0, 0.0])  # the deadline is set at 0 s and the first run starts at 0 s; the next would at 10 s
+    monkeypatch.setattr(S, "_clock", lambda: next(clock, 10.0))
+    first = run_sweep(one, tmp_path / "r.jsonl", workers=0, hours=5 / 3600)
+    assert [(r["run_id"], r["status"]) for r in first] == [("bit_tiny-n40-s0", "ok")]
+    assert "1 runs not started: run the same command again to go on" in capsys.readouterr().err
+    monkeypatch.undo()
+    again = run_sweep(one, tmp_path / "r.jsonl", workers=0, progress=False)
+    assert [r["run_id"] for r in again] == ["bit_tiny-n40-s1"]
+    for bad, executor in ((0, "local"), (-1.0, "local"), (True, "local"), (1.0, "ray")):
+        with pytest.raises(ValueError, match="hours must be"):
+            run_sweep(one, tmp_path / "r.jsonl", executor=executor, workers=1, hours=bad, progress=False)

@@ -370,7 +370,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               f"{out}: run the sweep with --config {out}")
         return 0
     new = run_sweep(sweep, results, executor=args.executor, workers=args.workers, address=args.address,
-                    work_dir=args.work_dir, progress=not args.quiet)
+                    work_dir=args.work_dir, progress=not args.quiet, hours=args.hours)
     in_grid = {s.run_id for s in sweep.runs()}
     records = [r for k, r in ResultsStore(results).latest(sweep.name, sweep.fingerprint()).items() if k in in_grid]
     failed = [r for r in records if r["status"] != "ok"]
@@ -446,14 +446,50 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
         if trials:
             print(tuning_table(trials, shots, chosen))
             print("\n" + "\n".join(recipe_grid_positions(trials, chosen)))
+    _study_tables(sweep, records, shots)
     families = {r["spec"]["family"] for r in ok}
-    if {"vit", "bit"} <= families:
-        verdicts = [scaling_gap_narrows(records, shots)]
+    verdicts = [scaling_gap_narrows(records, shots)] if {"vit", "bit"} <= families else []
+    verdicts += _locality_verdicts(records)
+    if verdicts:
         print("\n```\n" + verdict_table(verdicts) + "\n```\n")
         print(explain(verdicts, width=115))
     if plot:
         _scaling_plot(records, sweep.name, shots, plot)
     return 0
+
+
+def _study_tables(sweep: SweepConfig, records: list[dict], shots: int) -> None:
+    """``vitlab sweep --table``'s study tables: the paired per-size differences against the ResNet with the interval
+    width reached, each run's best and last epoch (flagging runs whose best is their last), the CPU hours and the
+    wall time, and the sizes the config leaves out and why."""
+    from vitlab.scaling import cost_table, stopping_table
+    from vitlab.study_findings import TARGET_HALF_WIDTH, difference_table
+
+    families = list(dict.fromkeys(r["spec"]["family"] for r in records if r["status"] == "ok"))
+    for fam in [f for f in families if f != "bit"] if "bit" in families else []:
+        print(f"\nPaired differences ({fam} - bit, the same subsets and probe pools per seed), points, with the "
+              f"95% interval's half-width against the target of ±{TARGET_HALF_WIDTH:g}:\n")
+        print(difference_table(records, shots, fam, "bit"))
+    print("\nBest / last epoch (median over seeds) and the runs early stopping ended:\n")
+    print(stopping_table(records))
+    print("\nCPU hours per family and size (summed over seeds):\n")
+    print(cost_table(records))
+    for n, why in sweep.omitted_sizes:
+        print(f"\nLeft out: {n:,} images: {why}")
+
+
+def _locality_verdicts(records: list[dict]) -> list:
+    """The locality verdict (``fig34.locality``) of the ViT and the hybrid, each with its controls, where the records
+    hold Fig. 7 statistics at 2 or more sizes; none otherwise."""
+    from vitlab import controls
+    from vitlab.study_findings import fig7_by_run, locality_grows_with_data
+
+    out = []
+    for fam in ("vit", "hybrid"):
+        if len({n for n, _ in fig7_by_run(records, fam)}) >= 2:
+            v = locality_grows_with_data(records, fam)
+            out += controls.validate([v], controls.locality_controls(records, fam))
+    return out
 
 
 def cmd_mpp_study(args: argparse.Namespace) -> int:
@@ -828,6 +864,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--table", action="store_true", help="run nothing: print the README's tables (the grid at --shots, "
                     "default 10 where the sweep probes it, else its largest, and the tuning trials) and the Fig. 3/4 verdict from the results store; with --plot, "
                     "draw the stored runs")
+    sp.add_argument("--hours", type=float, help="start no run after this many hours (the runs in flight finish); run "
+                    "the same command again to go on: a long sweep in sessions (local executor)")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(func=cmd_sweep)
 

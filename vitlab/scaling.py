@@ -368,14 +368,21 @@ def _ray_runtime(address: str | None, workers: int) -> Iterator[Any]:
 
 def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "local", workers: int = 1,
               address: str | None = None, work_dir: str | os.PathLike | None = None,
-              progress: bool | None = None) -> list[dict]:
+              progress: bool | None = None, hours: float | None = None) -> list[dict]:
     """Run every run of ``sweep`` not yet in ``results`` and append its record there; returns the new records.
 
     ``executor``: ``"local"`` (``workers`` processes; 0 runs in this process) or ``"ray"`` (``address`` of a
     running cluster, or a local runtime with ``workers`` CPUs). Each worker gets cpu_count/workers threads.
+    ``hours``: start no run after this many hours (the runs in flight finish and are recorded), so that a long sweep
+    runs in sessions: run it again to go on (local executor only; ValueError otherwise, or for hours <= 0).
     """
     sweep.validate()
     check_executor(executor, workers)
+    if hours is not None and (isinstance(hours, bool) or not isinstance(hours, (int, float)) or not hours > 0
+                              or executor != "local"):
+        raise ValueError(f"hours must be a number of hours > 0 with the local executor (ray starts every run at once), "
+                         f"got {hours!r} with executor {executor!r}")
+    deadline = None if hours is None else _clock() + 3600 * hours
     note = recipe_provenance(sweep)
     if note:
         warnings.warn(note, RecipeProvenanceWarning, stacklevel=2)
@@ -401,10 +408,18 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
         bar.update()
 
     try:
-        execute_runs([(sweep, spec) for spec in todo], finish, executor, workers, address, work_dir)
+        execute_runs([(sweep, spec) for spec in todo], finish, executor, workers, address, work_dir, deadline)
     finally:
         bar.close()
+    if progress is not False and deadline is not None and len(new) < len(todo):
+        print(f"sweep {sweep.name}: {hours:g} h are up; {len(todo) - len(new)} runs not started: run the same command "
+              "again to go on", file=sys.stderr)
     return new
+
+
+def _clock() -> float:
+    """Seconds since the epoch: the clock of ``run_sweep``'s ``hours`` (a test replaces it)."""
+    return time.time()
 
 
 class RecipeProvenanceWarning(UserWarning):
@@ -440,9 +455,11 @@ def check_executor(executor: str, workers: int) -> None:
 
 
 def execute_runs(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str = "local", workers: int = 1,
-                 address: str | None = None, work_dir: str | os.PathLike | None = None) -> None:
+                 address: str | None = None, work_dir: str | os.PathLike | None = None,
+                 deadline: float | None = None) -> None:
     """Run each (sweep, run) of ``jobs`` with ``executor`` (as ``run_sweep`` describes) and call ``finish(record)``
-    in this process as each ends, in the order they end; a worker that dies gives a failed record. Each record's
+    in this process as each ends, in the order they end; a worker that dies gives a failed record. ``deadline``
+    (a ``time.time()``; local executor): no run starts after it. Each record's
     fingerprint is computed here, in this process, and each worker refuses to run when the code it imported is not
     this process's (``_run_record``)."""
     from vitlab import provenance as prov
@@ -459,11 +476,14 @@ def execute_runs(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: 
         if id(sweep) not in prints:
             prints[id(sweep)] = sweep.fingerprint()
     triples = [(sweep, spec, prints[id(sweep)]) for sweep, spec in jobs]
+    past = (lambda: False) if deadline is None else (lambda: _clock() >= deadline)
     if executor == "local" and workers == 0:
         for sweep, spec, fp in triples:
+            if past():
+                break
             finish(_run_record(sweep, spec, wd, None, fp, code))
     elif executor == "local":
-        _execute_local(triples, finish, workers, wd, threads, code)
+        _execute_local(triples, finish, workers, wd, threads, code, past)
     else:
         with _ray_runtime(address, workers) as ray:
             remote = ray.remote(num_cpus=1, max_retries=0)(_run_record)
@@ -478,7 +498,7 @@ def execute_runs(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: 
 
 
 def _execute_local(queue: list[tuple[SweepConfig, RunSpec, str]], finish, workers: int, wd: str | None,
-                   threads: int, code: str | None = None) -> None:
+                   threads: int, code: str | None = None, past=lambda: False) -> None:
     """Process pool, at most ``workers`` runs in flight. A worker that dies (out of memory, a signal) breaks the
     pool: the runs in flight then are recorded as crashed (a resume reruns them) and the runs not yet started go
     on in a new pool, instead of every pending run failing with the broken pool."""
@@ -486,12 +506,12 @@ def _execute_local(queue: list[tuple[SweepConfig, RunSpec, str]], finish, worker
     import multiprocessing as mp
     from concurrent.futures.process import BrokenProcessPool
 
-    while queue:
+    while queue and not past():  # past(): no run starts after the deadline
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
             running: dict[cf.Future, tuple[SweepConfig, RunSpec, str]] = {}
             broken, submitted = False, 0
             while (queue or running) and not broken:
-                while queue and len(running) < workers and not broken:
+                while queue and len(running) < workers and not broken and not past():
                     try:
                         sweep, spec, fp = queue[0]
                         running[pool.submit(_run_record, sweep, spec, wd, threads, fp, code)] = queue[0]
