@@ -207,3 +207,26 @@ def test_hours_start_no_run_after_the_deadline_and_the_next_session_goes_on(tmp_
     for bad, executor in ((0, "local"), (-1.0, "local"), (True, "local"), (1.0, "ray")):
         with pytest.raises(ValueError, match="hours must be"):
             run_sweep(one, tmp_path / "r.jsonl", executor=executor, workers=1, hours=bad, progress=False)
+
+
+def test_the_results_readme_and_the_studies_page_say_what_the_shipped_intervals_allow():
+    """The shipped sweep's ViT - ResNet differences, per size, as the README quotes them, are
+    ``difference_words``'s formatting of the records (paired 95% intervals over seeds, every one holding 0), and no
+    page claims a lead "at every size" that no interval resolves."""
+    from pathlib import Path
+
+    from vitlab.study_findings import difference_words
+
+    root = Path(__file__).resolve().parents[1]
+    records = list(ResultsStore(root / "data" / "results" / "scaling_cifar10.jsonl").newest_sweep().values())
+    by = paired_size_differences(records)
+    assert all(d["interval"][0] < 0 < d["interval"][1] for d in by.values())  # no size resolved
+    halves = [d["half_width"] for d in by.values()]
+    readme = " ".join((root / "data" / "results" / "README.md").read_text().split())
+    studies = " ".join((root / "docs" / "studies.md").read_text().split())
+    assert difference_words(records) in readme
+    assert f"half-widths {min(halves):.1f} to {max(halves):.1f} points" in readme
+    assert f"half-widths {min(halves):.1f} to {max(halves):.1f} points" in studies
+    assert len(best_at_last(records)) == 9 and "9 of the 54 runs" in readme
+    for text in (readme, studies):
+        assert "leads the ViT at every size" not in text and "leads the ViT in 10-shot accuracy at every size" not in text

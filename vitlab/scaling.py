@@ -195,8 +195,11 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
     cfg = _train_config(sweep, spec, spec.size)
     cpu0 = time.process_time()
     with tempfile.TemporaryDirectory(dir=work_dir, prefix=f"{spec.run_id}.") as tmp:
+        # eager, as the first sweep's runs (all under COMPILE_MIN_STEPS) trained: an early-stopped run's length is
+        # unknown at its start (its cap decided compiling for the ViT alone), and compiling costs minutes of CPU per
+        # run that a short run never earns back
         model = train(cfg, Path(tmp) / "run", progress=False, train_data=subset,
-                      test_data=val if val is not None else pre_test, device=device)
+                      test_data=val if val is not None else pre_test, device=device, compile=False)
         log = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
         best = None
         if val is not None:  # the model at its best validation epoch, as the paper reports each run

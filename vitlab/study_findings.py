@@ -17,7 +17,7 @@ from vitlab.scaling import one_config
 from vitlab.verdict import N_BOOT, SEED, Resolution, Verdict, make_verdict, mean_interval, n_units, none_reason
 
 __all__ = ["KEY_SCALING", "mpp_key", "scaling_accuracies", "scaling_gap_narrows", "few_shot_key", "mpp_accuracies",
-           "paired_size_differences", "difference_table", "seeds_for", "TARGET_HALF_WIDTH", "KEY_LOCALITY", "locality_key",
+           "paired_size_differences", "difference_table", "difference_words", "seeds_for", "TARGET_HALF_WIDTH", "KEY_LOCALITY", "locality_key",
            "fig7_by_run", "locality_grows_with_data",
            "MixedCodeVersions",
            "mpp_ordering", "INIT_NAMES", "POINTS"]
@@ -159,6 +159,17 @@ def difference_table(records: Sequence[Mapping[str, Any]], shots: int = 10, a: s
     lines += ["", f"Target half-width ±{target:g} points: reached by {len(rows) - len(missed)} of {len(rows)} rows"
               + (f"; not by {', '.join(missed)}" if missed else "")]
     return "\n".join(lines)
+
+
+def difference_words(records: Sequence[Mapping[str, Any]], shots: int = 10, a: str = "vit", b: str = "bit") -> str:
+    """``paired_size_differences`` in words, as the README quotes them: "-1.7 [-12.4, +9.0] at 100 images, -3.0
+    [-7.2, +1.1] at 250, ... and -3.1 [-8.6, +2.4] at 5,000" (mean and 95% interval over seeds, points)."""
+    by = paired_size_differences(records, shots, a, b)
+    parts = [f"{d['mean']:+.1f} [{d['interval'][0]:+.1f}, {d['interval'][1]:+.1f}] at {n:,}" for n, d in by.items()]
+    parts = [p.lstrip("+") for p in parts[:1]] + parts[1:]  # as a sentence starts: no sign before a first positive
+    if parts:
+        parts[0] += " images"
+    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1] if parts else ""
 
 
 def _sweep_subject(records: Sequence[Mapping[str, Any]], vit: str, resnet: str, lo: int, hi: int) -> str:
