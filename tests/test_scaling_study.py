@@ -230,3 +230,24 @@ def test_the_results_readme_and_the_studies_page_say_what_the_shipped_intervals_
     assert len(best_at_last(records)) == 9 and "9 of the 54 runs" in readme
     for text in (readme, studies):
         assert "leads the ViT at every size" not in text and "leads the ViT in 10-shot accuracy at every size" not in text
+
+
+def test_the_sweep_table_prints_the_study_tables_and_the_locality_verdict_with_its_controls(tmp_path, capsys):
+    import json
+
+    from vitlab.cli import main
+    from vitlab.study_findings import LOCALITY
+
+    records = _locality_records([0.0, 0.25, 0.0, 0.25], [0.5, 0.5, 0.25, 0.75])
+    for r in records:
+        r["metrics"].update(train_seconds=1.0, cpu_seconds=36.0, seconds=10.0, last_epoch=5)
+    store = tmp_path / "s.jsonl"
+    store.write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg = tmp_path / "s.json"
+    cfg.write_text(json.dumps({"name": "s", "families": ["vit", "bit"], "sizes": [100, 5000], "seeds": [0, 1, 2, 3],
+                               "shots": [10], "probe_pool_per_class": 10}))
+    assert main(["sweep", "--config", str(cfg), "--results", str(store), "--table"]) == 0
+    out = capsys.readouterr().out
+    assert "| gap change, 100 to 5,000 |" in out and "Best epoch = last epoch (stopped while still improving): 0" in out
+    assert "| vit | 0.04 | 0.04 | 0.08 |" in out  # 4 seeds x 36 CPU seconds per size
+    assert LOCALITY in out and "37.5" in out  # the verdict table's row: the locality statistic, points

@@ -449,7 +449,9 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
     _study_tables(sweep, records, shots)
     families = {r["spec"]["family"] for r in ok}
     verdicts = [scaling_gap_narrows(records, shots)] if {"vit", "bit"} <= families else []
-    verdicts += _locality_verdicts(records)
+    from vitlab.controls import locality_verdicts
+
+    verdicts += locality_verdicts(records)
     if verdicts:
         print("\n```\n" + verdict_table(verdicts) + "\n```\n")
         print(explain(verdicts, width=115))
@@ -476,20 +478,6 @@ def _study_tables(sweep: SweepConfig, records: list[dict], shots: int) -> None:
     print(cost_table(records))
     for n, why in sweep.omitted_sizes:
         print(f"\nLeft out: {n:,} images: {why}")
-
-
-def _locality_verdicts(records: list[dict]) -> list:
-    """The locality verdict (``fig34.locality``) of the ViT and the hybrid, each with its controls, where the records
-    hold Fig. 7 statistics at 2 or more sizes; none otherwise."""
-    from vitlab import controls
-    from vitlab.study_findings import fig7_by_run, locality_grows_with_data
-
-    out = []
-    for fam in ("vit", "hybrid"):
-        if len({n for n, _ in fig7_by_run(records, fam)}) >= 2:
-            v = locality_grows_with_data(records, fam)
-            out += controls.validate([v], controls.locality_controls(records, fam))
-    return out
 
 
 def cmd_mpp_study(args: argparse.Namespace) -> int:

@@ -52,7 +52,7 @@ from vitlab.study_findings import KEY_LOCALITY, KEY_SCALING
 from vitlab.verdict import Array, Verdict, as_float64, json_types, validated
 
 __all__ = ["ControlResult", "CONTROLS", "filter_controls", "position_controls", "distance_controls",
-           "rollout_controls", "scaling_controls", "locality_controls", "mpp_controls", "validate", "validation_table", "dct_filters", "sincos_similarity",
+           "rollout_controls", "scaling_controls", "locality_controls", "locality_verdicts", "mpp_controls", "validate", "validation_table", "dct_filters", "sincos_similarity",
            "isotropic_similarity", "permuted_similarity", "NEGATIVE", "POSITIVE"]
 
 NEGATIVE, POSITIVE = "negative", "positive"
@@ -384,6 +384,19 @@ def locality_controls(records: Sequence[Mapping], family: str = "vit") -> dict[s
     results = [ControlResult.of(name, kind, locality_grows_with_data(built[name], family))
                for name, kind in CONTROLS[KEY_LOCALITY]]
     return {results[0].key: results}
+
+
+def locality_verdicts(records: Sequence[Mapping], families: Sequence[str] = ("vit", "hybrid")) -> list[Verdict]:
+    """The locality verdict (``study_findings.locality_grows_with_data``) of each of ``families`` whose runs in
+    ``records`` hold Fig. 7 statistics at 2 or more sizes, each validated with its controls (``locality_controls``);
+    none for a sweep from before runs recorded them."""
+    from vitlab.study_findings import fig7_by_run, locality_grows_with_data
+
+    out = []
+    for fam in families:
+        if len({n for n, _ in fig7_by_run(records, fam)}) >= 2:
+            out += validate([locality_grows_with_data(records, fam)], locality_controls(records, fam))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- Sec. 4.6
