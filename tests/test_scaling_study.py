@@ -251,3 +251,20 @@ def test_the_sweep_table_prints_the_study_tables_and_the_locality_verdict_with_i
     assert "| gap change, 100 to 5,000 |" in out and "Best epoch = last epoch (stopped while still improving): 0" in out
     assert "| vit | 0.04 | 0.04 | 0.08 |" in out  # 4 seeds x 36 CPU seconds per size
     assert LOCALITY in out and "37.5" in out  # the verdict table's row: the locality statistic, points
+
+
+def test_the_plan_in_the_docs_is_the_timing_runs_plan():
+    """docs/studies.md's plan table is ``plan_table`` of the shipped timing records: the CPU hours it states are
+    computed from a measured run, and a rerun of the timing shows there."""
+    from pathlib import Path
+
+    from vitlab.scaling import plan_table
+
+    root = Path(__file__).resolve().parents[1]
+    timing = ResultsStore(root / "data" / "results" / "scaling_cifar10_10k.timing.jsonl").records()
+    assert {r["run_id"] for r in timing} == {"vit-n100-s0", "bit-n100-s0", "hybrid-n100-s0"}
+    assert all(r["status"] == "ok" and r["metrics"]["steps"] == 60 for r in timing)
+    assert sum(r["metrics"]["cpu_seconds"] for r in timing) < 600  # the timing run's budget: 10 minutes of CPU
+    assert plan_table(SWEEPS["cifar10_10k"], timing) in (root / "docs" / "studies.md").read_text()
+    with pytest.raises(ValueError, match="no finished timing run"):
+        plan_table(SWEEPS["cifar10_10k"], timing[:1])

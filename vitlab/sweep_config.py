@@ -239,9 +239,9 @@ _GRID_AXES = ("families", "sizes", "seeds")
 #: per class
 CIFAR10_POOL = 5 * 5000 - 5 * 100
 WHY_NO_POOL = (f"the whole pool ({CIFAR10_POOL:,} images: every training image of classes 0-4 less the validation "
-               "split) needs a GPU: on the 2-core CPU its 11 seeds x 3 families, each trained to its patience, would "
-               "take weeks beside the other sizes (docs/studies.md has the plan); run it with --config and this size "
-               "added on a GPU machine")
+               "split) is left to a GPU, as issue 48 asks: on the 2-core CPU its runs (up to 2.4 M training images "
+               "each at the cap) would add about 70% to the grid's CPU hours (docs/studies.md has the measured plan); "
+               "add it to the sizes of a config run on a GPU machine")
 
 SWEEPS: dict[str, SweepConfig] = {
     # three families (paper Fig. 5), six nested sizes over 50x, three seeds, a validation split for the best epoch;
