@@ -268,3 +268,11 @@ def test_the_plan_in_the_docs_is_the_timing_runs_plan():
     assert plan_table(SWEEPS["cifar10_10k"], timing) in (root / "docs" / "studies.md").read_text()
     with pytest.raises(ValueError, match="no finished timing run"):
         plan_table(SWEEPS["cifar10_10k"], timing[:1])
+
+
+@pytest.mark.parametrize("other", ["--tune", "--table"])
+def test_hours_is_for_the_grid_only(other, capsys):
+    from vitlab.cli import main
+
+    assert main(["sweep", "--config", "quick", other, "--hours", "2"]) == 1
+    assert "--hours limits the grid's runs" in capsys.readouterr().err

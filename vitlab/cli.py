@@ -336,6 +336,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.table and args.tune:
         raise ValueError("--table runs nothing (it prints what the results store holds) and --tune runs the tuning: "
                          "pass one of them")
+    if args.hours is not None and (args.tune or args.table):
+        raise ValueError("--hours limits the grid's runs; --tune runs every trial (an interrupted tuning skips its "
+                         "finished trials when run again) and --table runs nothing: leave --hours out")
     if args.save_config and not args.tune:
         raise ValueError("--save-config writes the config --tune freezes: pass --tune too, or leave --save-config out")
     from vitlab.sweep_config import load_sweep_config  # torch-free: the checks below come before torch loads
