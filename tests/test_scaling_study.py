@@ -276,3 +276,19 @@ def test_hours_is_for_the_grid_only(other, capsys):
 
     assert main(["sweep", "--config", "quick", other, "--hours", "2"]) == 1
     assert "--hours limits the grid's runs" in capsys.readouterr().err
+
+
+def test_the_reports_scaling_section_judges_locality_beside_the_gap(tmp_path):
+    import json
+
+    from vitlab.report.sections import scaling
+
+    records = _locality_records([0.0, 0.25, 0.0, 0.25], [0.5, 0.5, 0.25, 0.75])
+    for r in records:
+        r["finished"] = "2026-12-06T10:00:00+00:00"
+    store = tmp_path / "s.jsonl"
+    store.write_text("".join(json.dumps(r) + "\n" for r in records))
+    section = scaling(store, {})
+    keys = [v.key for v in section.verdicts]
+    assert keys == ["fig3_4.scaling.gap_narrows", KEY_LOCALITY]
+    assert [c["passed"] for c in section.verdicts[1].controls] == [True, True]
