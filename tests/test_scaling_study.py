@@ -140,6 +140,10 @@ def test_runs_whose_best_epoch_is_their_last_are_flagged():
                _record("vit", 100, 1, .4, best={"epoch": 3}, last_epoch=8, stopped_early=True),
                _record("bit", 100, 0, .4, best={"epoch": 10})]  # before last_epoch: its schedule's 10 epochs
     assert best_at_last(records) == ["bit-n100-s0", "vit-n100-s0"]
+    bare = _record("bit", 100, 1, .4)
+    del bare["metrics"]["epochs"], bare["metrics"]["best"]  # a record of neither (it raised KeyError in --table)
+    assert best_at_last(records + [bare]) == ["bit-n100-s0", "vit-n100-s0"]
+    assert "| bit | 10 / 10 (0 of 1 stopped) |" in stopping_table(records + [bare])
     table = stopping_table(records)
     assert "| vit | 5 / 7.5 (1 of 2 stopped) |" in table
     assert table.endswith("2 run(s): bit-n100-s0, vit-n100-s0")

@@ -602,16 +602,18 @@ def _ok(records: Sequence[Mapping]) -> list[Mapping]:
     return [r for r in records if r.get("status") == "ok"]
 
 
-def _last_epoch(m: Mapping) -> int:
-    """The last epoch a run trained: recorded since early stopping, else its schedule's (``epochs``)."""
-    return int(m.get("last_epoch", m["epochs"]))
+def _last_epoch(m: Mapping) -> int | None:
+    """The last epoch a run trained: recorded since early stopping, else its schedule's (``epochs``); None for a record
+    with neither."""
+    last = m.get("last_epoch", m.get("epochs"))
+    return None if last is None else int(last)
 
 
 def best_at_last(records: Sequence[Mapping]) -> list[str]:
     """The run ids (finished runs with a best validation epoch) whose best epoch is their last: runs that stopped
     while still improving, where more training might have changed the result. Sorted."""
-    return sorted(r["run_id"] for r in _ok(records)
-                  if (r["metrics"].get("best") or {}).get("epoch") == _last_epoch(r["metrics"]))
+    return sorted(r["run_id"] for r in _ok(records) if _last_epoch(r["metrics"]) is not None
+                  and (r["metrics"].get("best") or {}).get("epoch") == _last_epoch(r["metrics"]))
 
 
 def _grid(records: Sequence[Mapping], cell) -> tuple[list[int], dict[str, dict[int, list]]]:
@@ -633,7 +635,7 @@ def stopping_table(records: Sequence[Mapping]) -> str:
     for fam, by in grid.items():
         cells = []
         for n in sizes:
-            runs = by.get(n, [])
+            runs = [x for x in by.get(n, []) if x[1] is not None]  # records with a last epoch
             best = [b for b, _, _ in runs if b is not None]
             cells.append(f"{np.median(best):g} / {np.median([x for _, x, _ in runs]):g} ({sum(s for *_, s in runs)} of "
                          f"{len(runs)} stopped)" if runs and best else "")
