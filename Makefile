@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.vitlab-installed
 EXTRAS ?= dev,docs,notebooks,ray
 OUT    ?= out
 
-.PHONY: reproduce test test-slow bench docs sweep install clean
+.PHONY: reproduce test test-slow bench docs sweep scaling-study install clean
 
 install: $(STAMP)
 
@@ -49,6 +49,19 @@ sweep: $(STAMP)
 		--save-config $(SWEEP_RESULTS).tuned.json --workers 2
 	$(VENV)/bin/vitlab sweep --config $(SWEEP_RESULTS).tuned.json --results $(SWEEP_RESULTS).jsonl --workers 2 --shots 10 \
 		--plot $(SWEEP_RESULTS).png
+
+# The data-scaling study with the power to decide (issue 48: sweep cifar10_10k into data/results/scaling_cifar10_10k.*):
+# tune once on the largest subset (skipped once the frozen config exists; an interrupted tuning skips its finished
+# trials), then run the grid for at most HOURS hours (runs in flight finish), then print the tables. Resumable: run it
+# again, day after day, until the table counts every run. The plan of its CPU hours: docs/studies.md.
+STUDY_RESULTS ?= data/results/scaling_cifar10_10k
+HOURS ?= 8
+scaling-study: $(STAMP)
+	test -f $(STUDY_RESULTS).tuned.json || $(VENV)/bin/vitlab sweep --config cifar10_10k --tune \
+		--results $(STUDY_RESULTS).jsonl --save-config $(STUDY_RESULTS).tuned.json --workers 2
+	$(VENV)/bin/vitlab sweep --config $(STUDY_RESULTS).tuned.json --results $(STUDY_RESULTS).jsonl --workers 2 \
+		--shots 10 --hours $(HOURS)
+	$(VENV)/bin/vitlab sweep --config $(STUDY_RESULTS).tuned.json --results $(STUDY_RESULTS).jsonl --table
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache site

@@ -14,7 +14,7 @@ from scipy.fft import idctn
 import vitlab
 from vitlab.inspect.distance import mean_attention_distance, uniform_attention_distance
 from vitlab.train.config import PRESETS, TrainConfig, with_num_classes
-from vitlab.train.emergence import emergence_bands, fig7_statistics, sample_batch, snapshot_history
+from vitlab.train.emergence import LOCAL_HEAD, emergence_bands, fig7_statistics, sample_batch, snapshot_history
 from vitlab.train.loop import train
 
 
@@ -50,6 +50,20 @@ def test_fig7_statistics_known_answers_on_constructed_weights():
     assert rec["lowest_spread"] == pytest.approx(float(dist[0].max() - dist[0].min()) / ceiling)
     assert rec["layer_mean_px"] == pytest.approx(dist.mean(1).tolist())
     assert rec["depth_trend"] == pytest.approx(1.0 if dist[1].mean() > dist[0].mean() else -1.0)  # 2 layers: +-1
+    assert rec["lowest_heads"] == pytest.approx((dist[0] / ceiling).tolist())
+    assert rec["lowest_local_share"] == pytest.approx(float((dist[0] / ceiling < LOCAL_HEAD).double().mean()))
+
+
+def test_fig7_statistics_of_a_hybrid_leave_out_the_pixel_filters_only():
+    """A hybrid's patch embedding projects CNN features: its record has no filter statistic (it raised TypeError),
+    and the attention and position statistics as a ViT's."""
+    from conftest import tiny_hybrid
+
+    model = tiny_hybrid()
+    x = torch.randn(3, 3, 32, 32)
+    rec = fig7_statistics(model, x)
+    assert rec["filter_frequency"] is None and len(rec["lowest_heads"]) == 3  # ViT-Ti: 3 heads
+    assert rec["lowest_local_share"] in (0.0, 1 / 3, 2 / 3, 1.0) and rec["position_spearman"] is not None
 
 
 def _position_spearman_by_hand(table: torch.Tensor, gh: int, gw: int) -> float:

@@ -278,7 +278,8 @@ def test_readme_device_speed_quotes_its_benchmark():
 
 def test_readme_scaling_result_quotes_the_records():
     """The README's summary of the data-scaling sweep: run count, the ResNet's tuning margin of SGD over Adam, the
-    range of the ResNet's lead over the ViT and the gap change's interval, all from the shipped stores."""
+    range of the ResNet's mean lead over the ViT (no size's interval resolves it: tests/test_scaling_study.py) and the
+    gap change's interval, all from the shipped stores."""
     from vitlab.findings.studies import scaling_gap_narrows
 
     readme = _readme()

@@ -26,6 +26,9 @@ The suite per finding (``CONTROLS``: key -> (control, kind)):
 - ``fig6.rollout.localises``: a map equal to the object's mask (positive); a uniform map (negative).
 - ``fig3_4.scaling.gap_narrows``: the sweep's records with the ViT raised by 20 points at the largest size
   (positive), and with the ViT gaining exactly what the ResNet gains (negative).
+- ``fig34.locality`` (``study_findings.locality_key``): the sweep's records with the ViT's share of local
+  lowest-layer heads raised by 50 points at the largest size (positive), and with it the same at the largest size as
+  at the smallest, seed by seed (negative).
 - ``sec4_6.*`` (``study_findings.mpp_key``): the study's records with the initialisation expected ahead raised by 20
   points (positive), and with it equal to the other, seed by seed (negative).
 
@@ -45,12 +48,12 @@ import torch
 from vitlab.base.checks import check_seed
 from vitlab.base.stats import Array, as_float64
 from vitlab.findings import model as F
-from vitlab.findings.studies import KEY_SCALING
+from vitlab.findings.studies import KEY_LOCALITY, KEY_SCALING
 from vitlab.findings.verdict import Verdict, json_types, validated
 from vitlab.inspect.distance import patch_distances
 
 __all__ = ["ControlResult", "CONTROLS", "filter_controls", "position_controls", "distance_controls",
-           "rollout_controls", "scaling_controls", "mpp_controls", "validate", "validation_table", "dct_filters", "sincos_similarity",
+           "rollout_controls", "scaling_controls", "locality_controls", "locality_verdicts", "mpp_controls", "validate", "validation_table", "dct_filters", "sincos_similarity",
            "isotropic_similarity", "permuted_similarity", "NEGATIVE", "POSITIVE"]
 
 NEGATIVE, POSITIVE = "negative", "positive"
@@ -338,6 +341,63 @@ def scaling_controls(records: Sequence[Mapping], shots: int = 10, vit: str = "vi
     built = {LARGE_GAIN: rewritten(lambda n, s, a: a + SCALING_GAIN / POINTS if n == hi else None),
              EQUAL_GAINS: rewritten(equal)}
     return _results({name: [scaling_gap_narrows(rs, shots, vit, resnet)] for name, rs in built.items()})
+
+
+# ---------------------------------------------------------------------------------------------- locality
+
+
+#: the gain, in points of the heads, the locality positive control adds to the share of local heads at the largest size
+LOCALITY_GAIN = 50.0
+MORE_LOCAL = f"the share of local lowest-layer heads raised by {LOCALITY_GAIN:g} points at the largest size"
+SAME_LOCAL = "the same share of local heads at the largest size as at the smallest, seed by seed"
+CONTROLS[KEY_LOCALITY] = ((MORE_LOCAL, POSITIVE), (SAME_LOCAL, NEGATIVE))
+
+
+def locality_controls(records: Sequence[Mapping], family: str = "vit") -> dict[str, list[ControlResult]]:
+    """The locality finding's controls (``study_findings.locality_grows_with_data`` with the same ``family``) from
+    the sweep's own records: ``family``'s share of local heads at the largest size set to its share at the smallest,
+    seed by seed (negative: no change), and raised by ``LOCALITY_GAIN`` points of the heads (positive: a large gain
+    must be seen over these seeds' spread; a share may then pass 1, as the Fig. 3/4 control's accuracy may). {} when
+    the records hold Fig. 7 statistics at fewer than 2 sizes."""
+    import copy
+
+    from vitlab.findings.studies import POINTS, fig7_by_run, locality_grows_with_data
+
+    stats = fig7_by_run(records, family)
+    sizes = sorted({n for n, _ in stats})
+    if len(sizes) < 2:
+        return {}
+    lo, hi = sizes[0], sizes[-1]
+
+    def rewritten(value) -> list[dict]:
+        out = []
+        for r in records:
+            r = copy.deepcopy(dict(r))
+            spec, fig7 = r.get("spec") or {}, (r.get("metrics") or {}).get("fig7")
+            if spec.get("family") == family and r.get("status") == "ok" and isinstance(fig7, dict) \
+                    and int(spec["size"]) == hi:
+                fig7["lowest_local_share"] = value(int(spec["seed"]), float(fig7["lowest_local_share"]))
+            out.append(r)
+        return out
+
+    built = {MORE_LOCAL: rewritten(lambda s, share: share + LOCALITY_GAIN / POINTS),
+             SAME_LOCAL: rewritten(lambda s, share: stats[lo, s]["lowest_local_share"] if (lo, s) in stats else share)}
+    results = [ControlResult.of(name, kind, locality_grows_with_data(built[name], family))
+               for name, kind in CONTROLS[KEY_LOCALITY]]
+    return {results[0].key: results}
+
+
+def locality_verdicts(records: Sequence[Mapping], families: Sequence[str] = ("vit", "hybrid")) -> list[Verdict]:
+    """The locality verdict (``study_findings.locality_grows_with_data``) of each of ``families`` whose runs in
+    ``records`` hold Fig. 7 statistics at 2 or more sizes, each validated with its controls (``locality_controls``);
+    none for a sweep from before runs recorded them."""
+    from vitlab.findings.studies import fig7_by_run, locality_grows_with_data
+
+    out = []
+    for fam in families:
+        if len({n for n, _ in fig7_by_run(records, fam)}) >= 2:
+            out += validate([locality_grows_with_data(records, fam)], locality_controls(records, fam))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- Sec. 4.6

@@ -19,6 +19,8 @@ from vitlab.studies.mpp import few_shot_key
 from vitlab.studies.scaling import one_config
 
 __all__ = ["KEY_SCALING", "mpp_key", "scaling_accuracies", "scaling_gap_narrows", "few_shot_key", "mpp_accuracies",
+           "paired_size_differences", "difference_table", "difference_words", "seeds_for", "TARGET_HALF_WIDTH", "KEY_LOCALITY", "locality_key",
+           "fig7_by_run", "locality_grows_with_data",
            "MixedCodeVersions",
            "mpp_ordering", "INIT_NAMES", "POINTS"]
 
@@ -97,12 +99,162 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
                                           "has a gap change of exactly 0")
 
 
+#: the 95% interval half-width, in points, the data-scaling study is sized for (issue 48: the gap change and each
+#: size's difference known to within +-3 points)
+TARGET_HALF_WIDTH = 3.0
+
+
+def paired_size_differences(records: Sequence[Mapping[str, Any]], shots: int = 10, a: str = "vit", b: str = "bit",
+                            n_boot: int = N_BOOT, seed: int = SEED) -> dict[int, dict[str, Any]]:
+    """{size: {"mean", "interval", "half_width", "seeds", "per_seed", "method"}}: ``a`` minus ``b`` ``shots``-shot
+    accuracy at each size common to both, in points (``POINTS``), paired by seed (a seed fixes the nested subset and
+    the probe pool for both families: seeds with both runs only) with its 95% interval over seeds
+    (``vitlab.base.intervals.mean_interval``: Student t below 20 seeds; NaN with fewer than 2 or no spread) and half its
+    width (NaN without an interval)."""
+    acc = scaling_accuracies(records, shots)
+    sizes = sorted({n for f, n, _ in acc if f == a} & {n for f, n, _ in acc if f == b})
+    out: dict[int, dict[str, Any]] = {}
+    for n in sizes:
+        seeds = sorted(s for f, nn, s in acc if f == a and nn == n and (b, n, s) in acc)
+        diff = POINTS * np.array([acc[a, n, s] - acc[b, n, s] for s in seeds])  # (S,) points
+        interval, method = mean_interval(diff, n_boot, seed, "seeds")
+        out[n] = {"mean": float(diff.mean()) if len(diff) else math.nan, "interval": interval,
+                  "half_width": (interval[1] - interval[0]) / 2, "seeds": seeds, "per_seed": diff.tolist(),
+                  "method": method}
+    return out
+
+
+def seeds_for(sd: float, target: float = TARGET_HALF_WIDTH, most: int = 1000) -> int | None:
+    """The fewest seeds whose Student t 95% interval of a mean has a half-width of at most ``target`` when the
+    per-seed values spread with standard deviation ``sd`` (the same unit): the smallest n >= 2 with
+    t(0.975, n - 1) sd / sqrt(n) <= target. None for an ``sd`` that is not finite or needs more than ``most``."""
+    from scipy.stats import t
+
+    if not math.isfinite(sd):
+        return None
+    for n in range(2, most + 1):
+        if float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n) <= target:
+            return n
+    return None
+
+
+def difference_table(records: Sequence[Mapping[str, Any]], shots: int = 10, a: str = "vit", b: str = "bit",
+                     target: float = TARGET_HALF_WIDTH) -> str:
+    """Markdown: ``paired_size_differences`` per size (mean, 95% interval, half-width, seeds) and the gap change's
+    (``scaling_gap_narrows``) as the last row, then a line saying which half-widths reach ``target``."""
+    by = paired_size_differences(records, shots, a, b)
+    rows = [(f"{n:,} images", d["mean"], d["interval"], d["half_width"], len(d["seeds"])) for n, d in by.items()]
+    if len(by) >= 2:
+        v = scaling_gap_narrows(records, shots, a, b)
+        rows.append((f"gap change, {min(by):,} to {max(by):,}", v.statistic, v.interval,
+                     (v.interval[1] - v.interval[0]) / 2, len(v.details["seeds"])))
+    sds = [float(np.std(d["per_seed"], ddof=1)) if len(d["seeds"]) > 1 else math.nan for d in by.values()]
+    if len(by) >= 2:
+        sds.append(float(np.std(v.details["per_seed"], ddof=1)) if len(v.details["seeds"]) > 1 else math.nan)
+    lines = [f"| {a} - {b}, {shots}-shot | mean (points) | 95% interval | half-width | seeds | seeds for ±{target:g} |",
+             "|---|---|---|---|---|---|"]
+    for (what, mean, (lo, hi), half, n), sd in zip(rows, sds):
+        need = seeds_for(sd, target)
+        lines.append(f"| {what} | {mean:+.1f} | [{lo:+.1f}, {hi:+.1f}] | ±{half:.1f} | {n} | "
+                     f"{need if need is not None else ''} |")
+    missed = [what for what, _, _, half, _ in rows if not half <= target]  # NaN misses too
+    lines += ["", f"Target half-width ±{target:g} points: reached by {len(rows) - len(missed)} of {len(rows)} rows"
+              + (f"; not by {', '.join(missed)}" if missed else "")]
+    return "\n".join(lines)
+
+
+def difference_words(records: Sequence[Mapping[str, Any]], shots: int = 10, a: str = "vit", b: str = "bit") -> str:
+    """``paired_size_differences`` in words, as the README quotes them: "-1.7 [-12.4, +9.0] at 100 images, -3.0
+    [-7.2, +1.1] at 250, ... and -3.1 [-8.6, +2.4] at 5,000" (mean and 95% interval over seeds, points)."""
+    by = paired_size_differences(records, shots, a, b)
+    parts = [f"{d['mean']:+.1f} [{d['interval'][0]:+.1f}, {d['interval'][1]:+.1f}] at {n:,}" for n, d in by.items()]
+    parts = [p.lstrip("+") for p in parts[:1]] + parts[1:]  # as a sentence starts: no sign before a first positive
+    if parts:
+        parts[0] += " images"
+    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1] if parts else ""
+
+
 def _sweep_subject(records: Sequence[Mapping[str, Any]], vit: str, resnet: str, lo: int, hi: int) -> str:
     """What ``scaling_gap_narrows`` judges, in words: "sweep cifar10: vit vs bit at 100 and 5,000 images" (the
     sweep's name where its records hold its config)."""
+    return f"{_sweep_name(records)}{vit} vs {resnet} at {lo:,} and {hi:,} images"
+
+
+def _sweep_name(records: Sequence[Mapping[str, Any]]) -> str:
+    """"sweep NAME: " where the records hold their sweep's config, else ""."""
     config = next((r.get("config") for r in records if isinstance(r.get("config"), Mapping)), {})
-    name = f"sweep {config['name']}: " if config.get("name") else ""
-    return f"{name}{vit} vs {resnet} at {lo:,} and {hi:,} images"
+    return f"sweep {config['name']}: " if config.get("name") else ""
+
+
+# ---------------------------------------------------------------------------------------------- locality
+
+
+#: the stable id of the locality finding of the ViT (Raghu et al. 2021), ``locality_key``'s for another family
+KEY_LOCALITY = "fig34.locality"
+LOCALITY = "Raghu et al. 2021: less pre-training data, fewer local heads in the lowest layer"
+
+
+def locality_key(family: str = "vit") -> str:
+    """The stable id of the locality finding of ``family``: ``KEY_LOCALITY`` for the ViT, "fig34.locality.hybrid"
+    for another."""
+    return KEY_LOCALITY if family == "vit" else f"{KEY_LOCALITY}.{family}"
+
+
+def fig7_by_run(records: Sequence[Mapping[str, Any]], family: str = "vit") -> dict[tuple[int, int], dict]:
+    """{(size, seed): Fig. 7 statistics} of ``family``'s finished runs that recorded them (``metrics["fig7"]``, from
+    ``vitlab.train.emergence.fig7_statistics``); the latest record of a run id wins; several configs are refused."""
+    latest = {r["run_id"]: r for r in records}
+    ok = [r for r in latest.values() if r.get("status") == "ok"]
+    one_config(ok)
+    return {(int(r["spec"]["size"]), int(r["spec"]["seed"])): r["metrics"]["fig7"] for r in ok
+            if r["spec"]["family"] == family and isinstance((r.get("metrics") or {}).get("fig7"), Mapping)}
+
+
+def locality_grows_with_data(records: Sequence[Mapping[str, Any]], family: str = "vit", n_boot: int = N_BOOT,
+                             seed: int = SEED) -> Verdict:
+    """Raghu et al. 2021: ViTs pre-trained on less data learn fewer local heads in their lowest layer.
+
+    ``records``: the sweep's JSONL records with Fig. 7 statistics (``metrics["fig7"]``). A lowest-layer head is local
+    when its mean attention distance on the fixed sample is below ``vitlab.train.emergence.LOCAL_HEAD`` of the
+    uniform-attention distance. Statistic: the share of local heads at the largest size minus the same at the
+    smallest, per seed (seeds with both runs; ``per_seed``), in percentage points of the heads, mean over seeds;
+    interval over seeds as ``scaling_gap_narrows`` (Student t below 20). "reproduced" when the interval lies above 0.
+    Details: per size, the means over seeds of the share and of the other Fig. 7 statistics (lowest-layer spread and
+    most local head, depth trend, position-embedding locality) and the runs counted. Raises ValueError with fewer
+    than 2 sizes holding the statistics (a sweep from before they were recorded)."""
+    from vitlab.train.emergence import LOCAL_HEAD
+
+    stats = fig7_by_run(records, family)
+    sizes = sorted({n for n, _ in stats})
+    if len(sizes) < 2:
+        raise ValueError(f"need Fig. 7 statistics of finished {family!r} runs at 2 or more sizes, got {sizes}: the "
+                         "records predate them (a sweep run before runs recorded metrics['fig7']); rerun the sweep")
+    lo, hi = sizes[0], sizes[-1]
+    seeds = sorted(s for n, s in stats if n == lo and (hi, s) in stats)
+    per_seed = POINTS * np.array([stats[hi, s]["lowest_local_share"] - stats[lo, s]["lowest_local_share"]
+                                  for s in seeds])  # (S,) points of the heads
+    interval, method = mean_interval(per_seed, n_boot, seed, "seeds")
+
+    def by_size(key: str) -> dict[int, float | None]:
+        out = {}
+        for n in sizes:
+            vals = [v[key] for (nn, _), v in stats.items() if nn == n and v.get(key) is not None]
+            out[n] = float(np.mean(vals)) if vals else None
+        return out
+
+    return make_verdict(
+        LOCALITY,
+        f"(share of lowest-layer heads whose mean attention distance is below {LOCAL_HEAD:g} of uniform) at {hi:,} "
+        f"images minus the same at {lo:,} images > 0; 95% interval over pre-training seeds",
+        per_seed.mean() if len(per_seed) else math.nan, interval, 0.0, ">", "local-share change", "points",
+        {"family": family, "smallest": lo, "largest": hi, "seeds": seeds, "per_seed": per_seed,
+         "interval_method": method, "local_head": LOCAL_HEAD, "local_share_by_size": by_size("lowest_local_share"),
+         "lowest_spread_by_size": by_size("lowest_spread"), "lowest_min_by_size": by_size("lowest_min"),
+         "depth_trend_by_size": by_size("depth_trend"), "position_spearman_by_size": by_size("position_spearman"),
+         "runs_by_size": {n: sum(nn == n for nn, _ in stats) for n in sizes}},
+        none_reason(method), subject=f"{_sweep_name(records)}{family} at {lo:,} and {hi:,} images", n_runs=max(1, len(seeds)), key=locality_key(family),
+        threshold_source="the null of no change: a model whose lowest layer keeps the same local heads at every size "
+                         "(a control) changes by exactly 0")
 
 
 # ---------------------------------------------------------------------------------------------- Sec. 4.6

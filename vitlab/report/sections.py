@@ -588,6 +588,7 @@ def scaling(results: Path, versions: dict) -> Section | None:
     try:
         verdict = study_findings.scaling_gap_narrows(records)
         verdicts = controls.validate([verdict], controls.scaling_controls(records))
+        verdicts += controls.locality_verdicts(records)  # Raghu et al. 2021, where the runs hold Fig. 7 statistics
     except ValueError as e:
         verdicts, verdict = [], None
         note = f" Not judged: {e}"

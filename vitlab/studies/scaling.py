@@ -45,8 +45,8 @@ from vitlab.train.history import read_history
 
 __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "run_one", "run_sweep", "execute_runs",
            "check_executor", "one_config", "summarise", "summarise_compute", "recipe_provenance",
-           "RecipeProvenanceWarning", "markdown_table", "load_sweep_config"]
-
+           "RecipeProvenanceWarning", "markdown_table", "load_sweep_config", "best_at_last", "stopping_table",
+           "cost_table", "FIG7_IMAGES"]
 
 
 # ---------------------------------------------------------------------------------------------- results store
@@ -153,7 +153,7 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
     from vitlab.probe.linear import few_shot_accuracy
     from vitlab.train.loop import train, validation_split
 
-    t0 = time.time()
+    t0, cpu_start = time.time(), time.process_time()
     full_train, full_test = load_splits(sweep.data, progress=False)  # the same classes in both splits; a worker
     # draws no bar of its own (the sweep's bar counts runs)
     missing = sorted(set(sweep.pretrain_classes + sweep.probe_classes) - set(range(len(full_train.classes))))
@@ -170,12 +170,16 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
         if spec.size > len(pre):
             raise ValueError(f"subset size {spec.size} exceeds the {len(pre)} pre-training images left after the "
                              f"validation split")
-    subset = pre.subset(nested_subsets(pre.labels, [spec.size], seed=spec.seed)[0])
+    picked = nested_subsets(pre.labels, [spec.size], seed=spec.seed)[0]  # the seed's subset, every family's
+    subset = pre.subset(picked)
     cfg = _train_config(sweep, spec, spec.size)
     cpu0 = time.process_time()
     with tempfile.TemporaryDirectory(dir=work_dir, prefix=f"{spec.run_id}.") as tmp:
+        # eager, as the first sweep's runs (all under COMPILE_MIN_STEPS) trained: an early-stopped run's length is
+        # unknown at its start (its cap decided compiling for the ViT alone), and compiling costs minutes of CPU per
+        # run that a short run never earns back
         model = train(cfg, Path(tmp) / "run", progress=False, train_data=subset,
-                      test_data=val if val is not None else pre_test, device=device)
+                      test_data=val if val is not None else pre_test, device=device, compile=False)
         log = read_history(Path(tmp) / "run")
         best = None
         if val is not None:  # the model at its best validation epoch, as the paper reports each run
@@ -194,20 +198,30 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
     xb = normalize(subset.images[: cfg.batch_size], pc["mean"], pc["std"])
     flops_per_step = step_flops(vitlab_build(cfg.model), xb, subset.labels[: cfg.batch_size],
                                 bf16=use_bf16(cfg.bf16, xb.device))  # the same count, at the training's speed
-    steps = cfg.epochs * (spec.size // cfg.batch_size)
+    last_epoch = int(log[-1]["epoch"])  # the cap, or the epoch early stopping stopped at
+    steps = last_epoch * (spec.size // cfg.batch_size)
     probe_train = _classes(full_train, sweep.probe_classes, sweep.probe_pool_per_class, seed=spec.seed)
     probe_test = _classes(full_test, sweep.probe_classes, sweep.probe_test_per_class, seed=0)
     ftr = extract_features(model, probe_train, cache=False, progress=False)
     fte = extract_features(model, probe_test, cache=False, progress=False)
     fs = few_shot_accuracy(ftr, probe_train.labels, fte, probe_test.labels, shots=sweep.shots,
                            seeds=sweep.probe_seeds, l2=sweep.l2)
+    fig7 = _fig7(model, cfg.model)
     return {
+        "last_epoch": last_epoch,  # with "best": the best validation epoch against the last one trained
+        "stopped_early": "early_stop" in log[-1],
+        "evaluations": sum("val_accuracy" in x or "test_accuracy" in x for x in log),
+        "subset_digest": _digest(picked),  # the same for every family of a seed: the pairing, checkable
+        "probe_pool_digest": _digest(probe_train.images),
+        **({"fig7": fig7, "fig7_images": FIG7_IMAGES} if fig7 is not None else {}),
+        "cpu_seconds": round(time.process_time() - cpu_start, 2),  # the whole run: data, training, Fig. 7, probe
+        "threads": torch.get_num_threads(),
         "few_shot": {str(k): {"mean": r.mean, "std": r.std, "per_seed": list(r.per_seed)} for k, r in fs.items()},
         "pretrain_test_accuracy": log[-1].get("test_accuracy") if val is None else None,
         "best": best,  # {"epoch", "val_accuracy"} of the reported model, with a validation split
         "pretrain_final_loss": log[-1]["train_loss"],
-        "epochs": cfg.epochs,
-        "steps": steps,
+        "epochs": cfg.epochs,  # the cap, with early stopping
+        "steps": steps,  # trained: up to the last epoch
         "recipe": dict(zip(("optimizer", "lr", "weight_decay"), sweep.recipe(spec.family))),
         "pretrain_flops": flops_per_step * steps,  # FlopCounterMode on one step, times the steps
         "train_cpu_seconds": round(train_cpu, 2),
@@ -215,6 +229,29 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
         "train_seconds": round(sum(x["epoch_seconds"] for x in log), 2),
         "seconds": round(time.time() - t0, 2),
     }
+
+
+#: how many of the 128 shipped CIFAR-10 test images the Fig. 7 statistics of a run read (``vitlab.train.emergence``)
+FIG7_IMAGES = 128
+
+
+def _fig7(model: torch.nn.Module, config: Any) -> dict | None:
+    """``vitlab.train.emergence.fig7_statistics`` of a ViT or hybrid (the model of ``config``) on the fixed sample of
+    ``FIG7_IMAGES`` shipped test images, on the model's device; None for another model (a ResNet has no attention)."""
+    from vitlab.models.config import HybridConfig, ViTConfig
+    from vitlab.train.emergence import fig7_statistics, sample_batch
+
+    if not isinstance(config, (ViTConfig, HybridConfig)):
+        return None
+    return fig7_statistics(model, sample_batch(model, FIG7_IMAGES).to(next(model.parameters()).device))
+
+
+def _digest(t: torch.Tensor) -> str:
+    """A short hash of a tensor's values (the indices of a subset, a probe pool's labels): equal tensors, equal
+    digests."""
+    import hashlib
+
+    return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:12]
 
 
 def _run_record(sweep: SweepConfig, spec: RunSpec, work_dir: str | None, threads: int | None,
@@ -314,13 +351,20 @@ def _ray_runtime(address: str | None, workers: int) -> Iterator[Any]:
 
 def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "local", workers: int = 1,
               address: str | None = None, work_dir: str | os.PathLike | None = None,
-              progress: bool | None = None) -> list[dict]:
+              progress: bool | None = None, hours: float | None = None) -> list[dict]:
     """Run every run of ``sweep`` not yet in ``results`` and append its record there; returns the new records.
 
     ``executor``: ``"local"`` (``workers`` processes; 0 runs in this process) or ``"ray"`` (``address`` of a
     running cluster, or a local runtime with ``workers`` CPUs). Each worker gets cpu_count/workers threads.
+    ``hours``: start no run after this many hours (the runs in flight finish and are recorded), so that a long sweep
+    runs in sessions: run it again to go on (local executor only; ValueError otherwise, or for hours <= 0).
     """
     check_executor(executor, workers)
+    if hours is not None and (isinstance(hours, bool) or not isinstance(hours, (int, float)) or not hours > 0
+                              or executor != "local"):
+        raise ValueError(f"hours must be a number of hours > 0 with the local executor (ray starts every run at once), "
+                         f"got {hours!r} with executor {executor!r}")
+    deadline = None if hours is None else _clock() + 3600 * hours
     note = recipe_provenance(sweep)
     if note:
         warnings.warn(note, RecipeProvenanceWarning, stacklevel=2)
@@ -346,10 +390,18 @@ def run_sweep(sweep: SweepConfig, results: str | os.PathLike, executor: str = "l
         bar.update()
 
     try:
-        execute_runs([(sweep, spec) for spec in todo], finish, executor, workers, address, work_dir)
+        execute_runs([(sweep, spec) for spec in todo], finish, executor, workers, address, work_dir, deadline)
     finally:
         bar.close()
+    if progress is not False and deadline is not None and len(new) < len(todo):
+        print(f"sweep {sweep.name}: {hours:g} h are up; {len(todo) - len(new)} runs not started: run the same command "
+              "again to go on", file=sys.stderr)
     return new
+
+
+def _clock() -> float:
+    """Seconds since the epoch: the clock of ``run_sweep``'s ``hours`` (a test replaces it)."""
+    return time.time()
 
 
 class RecipeProvenanceWarning(UserWarning):
@@ -385,9 +437,11 @@ def check_executor(executor: str, workers: int) -> None:
 
 
 def execute_runs(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: str = "local", workers: int = 1,
-                 address: str | None = None, work_dir: str | os.PathLike | None = None) -> None:
+                 address: str | None = None, work_dir: str | os.PathLike | None = None,
+                 deadline: float | None = None) -> None:
     """Run each (sweep, run) of ``jobs`` with ``executor`` (as ``run_sweep`` describes) and call ``finish(record)``
-    in this process as each ends, in the order they end; a worker that dies gives a failed record. Each record's
+    in this process as each ends, in the order they end; a worker that dies gives a failed record. ``deadline``
+    (a ``time.time()``; local executor): no run starts after it. Each record's
     fingerprint is computed here, in this process, and each worker refuses to run when the code it imported is not
     this process's (``_run_record``)."""
     from vitlab.base import provenance as prov
@@ -404,11 +458,14 @@ def execute_runs(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: 
         if id(sweep) not in prints:
             prints[id(sweep)] = sweep.fingerprint()
     triples = [(sweep, spec, prints[id(sweep)]) for sweep, spec in jobs]
+    past = (lambda: False) if deadline is None else (lambda: _clock() >= deadline)
     if executor == "local" and workers == 0:
         for sweep, spec, fp in triples:
+            if past():
+                break
             finish(_run_record(sweep, spec, wd, None, fp, code))
     elif executor == "local":
-        _execute_local(triples, finish, workers, wd, threads, code)
+        _execute_local(triples, finish, workers, wd, threads, code, past)
     else:
         with _ray_runtime(address, workers) as ray:
             remote = ray.remote(num_cpus=1, max_retries=0)(_run_record)
@@ -423,7 +480,7 @@ def execute_runs(jobs: Sequence[tuple[SweepConfig, RunSpec]], finish, executor: 
 
 
 def _execute_local(queue: list[tuple[SweepConfig, RunSpec, str]], finish, workers: int, wd: str | None,
-                   threads: int, code: str | None = None) -> None:
+                   threads: int, code: str | None = None, past=lambda: False) -> None:
     """Process pool, at most ``workers`` runs in flight. A worker that dies (out of memory, a signal) breaks the
     pool: the runs in flight then are recorded as crashed (a resume reruns them) and the runs not yet started go
     on in a new pool, instead of every pending run failing with the broken pool."""
@@ -431,12 +488,12 @@ def _execute_local(queue: list[tuple[SweepConfig, RunSpec, str]], finish, worker
     import multiprocessing as mp
     from concurrent.futures.process import BrokenProcessPool
 
-    while queue:
+    while queue and not past():  # past(): no run starts after the deadline
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
             running: dict[cf.Future, tuple[SweepConfig, RunSpec, str]] = {}
             broken, submitted = False, 0
             while (queue or running) and not broken:
-                while queue and len(running) < workers and not broken:
+                while queue and len(running) < workers and not broken and not past():
                     try:
                         sweep, spec, fp = queue[0]
                         running[pool.submit(_run_record, sweep, spec, wd, threads, fp, code)] = queue[0]
@@ -514,3 +571,87 @@ def markdown_table(summary: dict[str, dict[int, dict[str, float]]]) -> str:
         cells = [percent_cell(by[n]["values"]) if n in by else "" for n in sizes]
         lines.append(f"| {fam} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- training and cost
+
+
+def _ok(records: Sequence[Mapping]) -> list[Mapping]:
+    return [r for r in records if r.get("status") == "ok"]
+
+
+def _last_epoch(m: Mapping) -> int | None:
+    """The last epoch a run trained: recorded since early stopping, else its schedule's (``epochs``); None for a record
+    with neither."""
+    last = m.get("last_epoch", m.get("epochs"))
+    return None if last is None else int(last)
+
+
+def best_at_last(records: Sequence[Mapping]) -> list[str]:
+    """The run ids (finished runs with a best validation epoch) whose best epoch is their last: runs that stopped
+    while still improving, where more training might have changed the result. Sorted."""
+    return sorted(r["run_id"] for r in _ok(records) if _last_epoch(r["metrics"]) is not None
+                  and (r["metrics"].get("best") or {}).get("epoch") == _last_epoch(r["metrics"]))
+
+
+def _grid(records: Sequence[Mapping], cell) -> tuple[list[int], dict[str, dict[int, list]]]:
+    """(sizes, {family: {size: [cell(metrics) of each finished run]}}), families in the order first met."""
+    out: dict[str, dict[int, list]] = {}
+    for r in _ok(records):
+        out.setdefault(r["spec"]["family"], {}).setdefault(int(r["spec"]["size"]), []).append(cell(r["metrics"]))
+    return sorted({n for by in out.values() for n in by}), out
+
+
+def stopping_table(records: Sequence[Mapping]) -> str:
+    """Markdown: per family and size, the runs' best / last epoch (medians over seeds) and how many runs stopped
+    early; then a line naming every run whose best epoch is its last (``best_at_last``), or saying there is none."""
+    import numpy as np
+
+    sizes, grid = _grid(records, lambda m: ((m.get("best") or {}).get("epoch"), _last_epoch(m),
+                                            bool(m.get("stopped_early"))))
+    lines = ["| family | " + " | ".join(f"{n:,}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for fam, by in grid.items():
+        cells = []
+        for n in sizes:
+            runs = [x for x in by.get(n, []) if x[1] is not None]  # records with a last epoch
+            best = [b for b, _, _ in runs if b is not None]
+            cells.append(f"{np.median(best):g} / {np.median([x for _, x, _ in runs]):g} ({sum(s for *_, s in runs)} of "
+                         f"{len(runs)} stopped)" if runs and best else "")
+        lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+    flagged = best_at_last(records)
+    lines.append("")
+    lines.append(f"Best epoch = last epoch (stopped while still improving): {len(flagged)} run(s)"
+                 + (": " + ", ".join(flagged) if flagged else ""))
+    return "\n".join(lines)
+
+
+def _when(stamp: str | None) -> dt.datetime | None:
+    return dt.datetime.fromisoformat(stamp) if stamp else None
+
+
+def cost_table(records: Sequence[Mapping]) -> str:
+    """Markdown: CPU hours per family and size (summed over the finished runs' seeds: ``cpu_seconds``, the whole run,
+    where recorded, else ``train_cpu_seconds``, the training alone, marked "train"), each family's total and the
+    study's; then the study's wall time: from the first run's start to the last run's finish (idle gaps between
+    sessions included) and the sum of the runs' own wall seconds."""
+    whole = all("cpu_seconds" in r["metrics"] for r in _ok(records))
+    key = "cpu_seconds" if whole else "train_cpu_seconds"
+    sizes, grid = _grid(records, lambda m: float(m.get(key) or 0.0))
+    lines = ["| family | " + " | ".join(f"{n:,}" for n in sizes) + " | all sizes |", "|---|" + "---|" * (len(sizes) + 1)]
+    total = 0.0
+    for fam, by in grid.items():
+        hours = {n: sum(v) / 3600 for n, v in by.items()}
+        total += sum(hours.values())
+        lines.append(f"| {fam} | " + " | ".join(f"{hours[n]:.2f}" if n in hours else "" for n in sizes)
+                     + f" | {sum(hours.values()):.2f} |")
+    ok = _ok(records)
+    starts = [t for t in (_when(r.get("started")) for r in ok) if t]
+    ends = [t for t in (_when(r.get("finished")) for r in ok) if t]
+    span = (max(ends) - min(starts)).total_seconds() / 3600 if starts and ends else float("nan")
+    runs = sum(float(r["metrics"].get("seconds") or 0.0) for r in ok) / 3600
+    what = "CPU hours (whole runs)" if whole else "CPU hours of training (train: these records predate whole-run counts)"
+    lines += ["", f"{what}: {total:.2f} in all over {len(ok)} finished runs. Wall time: {span:.2f} h from the first "
+                  f"run's start to the last one's finish; {runs:.2f} h summed over the runs' own wall clocks."]
+    return "\n".join(lines)
+
+

@@ -91,6 +91,20 @@ class SweepConfig:
     #: the current code's. Not part of the fingerprint: it says where the recipes came from, the runs depend on the
     #: recipes only.
     tuned_code: str | None = None
+    #: early stopping (``TrainConfig.patience``): each run stops after this many validation passes in a row without a
+    #: higher validation accuracy, so its training grows with what its subset still teaches; ``epochs`` and
+    #: ``min_steps`` then make its cap (at least ``epochs`` epochs and ``min_steps`` steps), over which the learning
+    #: rate's cosine runs. Needs ``val_per_class``. 0: the fixed schedule (``epochs``, at least ``min_steps`` steps).
+    #: A run reports its best and its last epoch; one whose best is its last hit the cap still improving
+    #: (``vitlab.studies.scaling.best_at_last`` flags it).
+    patience: int = 0
+    #: with ``patience``: a validation pass every this many training images (rounded up to whole epochs, at least one
+    #: epoch), so that small and large subsets are checked at the same amount of training, not every epoch of a
+    #: one-step epoch. 0 (and without patience): every ceil(epochs / ``max_evals``) epochs
+    eval_images: int = 0
+    #: sizes this sweep's design wants but leaves out, each with why: (size, reason). Words for the tables and the
+    #: plan, not an input of any run: not part of the fingerprint
+    omitted_sizes: tuple[tuple[int, str], ...] = ()
 
     def recipe(self, family: str) -> tuple[str, float, float]:
         """(optimizer, lr, weight decay) of ``family``."""
@@ -109,6 +123,13 @@ class SweepConfig:
 
         config = dataclasses.asdict(self)
         config.pop("tuned_code")  # provenance of the recipes, not an input of the runs
+        config.pop("omitted_sizes")  # words, not an input of the runs
+        for name in _ADDED_FIELDS:  # at their defaults: the key of a config from before them stays what it was
+            if config[name] == _DEFAULTS[name]:
+                config.pop(name)
+        if self.patience:  # the early-stopping design: a run depends on its own family, size and seed, not on the
+            for axis in _GRID_AXES:  # grid's other points, so seeds or sizes added later leave finished runs done
+                config.pop(axis)
         key: dict[str, Any] = {"config": config}
         data = data_fingerprint(self.data)
         if data is not None:  # only then: the key of a named data set's config stays what it always was
@@ -129,11 +150,15 @@ class SweepConfig:
         steps_per_epoch = max(1, n // self.batch_size)
         epochs = max(self.epochs, math.ceil(self.min_steps / steps_per_epoch))
         optimizer, lr, wd = self.recipe(spec.family)
+        if self.patience and self.eval_images:
+            every = math.ceil(self.eval_images / (steps_per_epoch * min(self.batch_size, n)))
+        else:
+            every = math.ceil(epochs / self.max_evals) if self.val_per_class else epochs
         return TrainConfig(model=model, data=f"{self.data}[classes {list(self.pretrain_classes)}, n={n}]",
                            epochs=epochs, batch_size=min(self.batch_size, n), lr=lr, weight_decay=wd,
                            optimizer=optimizer, momentum=0.9, warmup_epochs=min(1.0, epochs / 5), mixup_prob=0.0,
-                           seed=spec.seed, eval_every=math.ceil(epochs / self.max_evals) if self.val_per_class
-                           else epochs, keep_best=bool(self.val_per_class))
+                           seed=spec.seed, eval_every=min(every, epochs), keep_best=bool(self.val_per_class),
+                           patience=self.patience)
 
     def __post_init__(self) -> None:
         """Every field checked when the config is made, before any run starts (a bad value would otherwise fail each
@@ -144,7 +169,7 @@ class SweepConfig:
             raise ValueError(f"data must name a data set (cifar10, shapes) or a folder or zip path, got {self.data!r}")
         for name in ("epochs", "batch_size", "probe_pool_per_class", "probe_test_per_class"):
             check_count(name, getattr(self, name))
-        for name in ("min_steps", "val_per_class"):
+        for name in ("min_steps", "val_per_class", "patience", "eval_images"):
             check_int(name, getattr(self, name), 0, allowed="a whole number of at least 0")
         for name in ("lr", "l2"):
             check_real(name, getattr(self, name), lambda v: v > 0, "a positive finite number")
@@ -177,6 +202,14 @@ class SweepConfig:
             raise ValueError(f"classes {sorted(overlap)} are both pre-training and probe classes: the probe must "
                              "measure transfer to classes the model never saw")
         check_count("max_evals", self.max_evals)  # True is no 1 validation pass
+        if self.patience and not self.val_per_class:
+            raise ValueError(f"patience={self.patience} stops each run on its validation accuracy: set val_per_class > "
+                             "0 (never stop on the test images), or patience 0")
+        if not isinstance(self.omitted_sizes, tuple) or not all(
+                isinstance(o, tuple) and len(o) == 2 and _python_int(o[0]) and isinstance(o[1], str) and o[1]
+                for o in self.omitted_sizes):
+            raise ValueError("omitted_sizes must be a list of [size, why it is left out] entries, got "
+                             f"{self.omitted_sizes!r}")
         for name, least in (("sizes", 1), ("shots", 1), ("seeds", None), ("probe_seeds", None)):
             got = list(getattr(self, name))  # True is no seed 1 (or 1 shot), 0.5 no seed; a NumPy int no JSON record
             if not got or not all(plain_int(v, least) for v in got):
@@ -199,6 +232,27 @@ class SweepConfig:
                     raise ValueError(f"{where}: {e}") from None
 
 
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SweepConfig)}
+
+
+def _python_int(v: object) -> bool:
+    """Whether ``v`` is a whole number a JSON record holds as it is: a Python int, no bool, float or NumPy integer."""
+    return whole_index(v) and isinstance(v, int)
+
+
+#: fields added after the shipped sweep's records: they enter the fingerprint only when set (``fingerprint``)
+_ADDED_FIELDS = ("patience", "eval_images")
+#: the grid's axes, which an early-stopping sweep's fingerprint leaves out (``fingerprint``)
+_GRID_AXES = ("families", "sizes", "seeds")
+
+#: the CIFAR-10 pre-training classes' whole pool: 5 classes x 5,000 training images, less the validation split of 100
+#: per class
+CIFAR10_POOL = 5 * 5000 - 5 * 100
+WHY_NO_POOL = (f"the whole pool ({CIFAR10_POOL:,} images: every training image of classes 0-4 less the validation "
+               "split) is left to a GPU, as issue 48 asks: on the 2-core CPU its runs (up to 2.4 M training images "
+               "each at the cap) would add about 70% to the grid's CPU hours (docs/studies.md has the measured plan); "
+               "add it to the sizes of a config run on a GPU machine")
+
 SWEEPS: dict[str, SweepConfig] = {
     # three families (paper Fig. 5), six nested sizes over 50x, three seeds, a validation split for the best epoch;
     # recipes are filled by `vitlab sweep --tune` on the largest subset and frozen in a JSON config.
@@ -209,6 +263,16 @@ SWEEPS: dict[str, SweepConfig] = {
     # worker for the ViT against ~590 here) the same sweep would take about 3 h (estimated, not run).
     "cifar10": SweepConfig("cifar10", families=("vit", "bit", "hybrid"), sizes=(100, 250, 500, 1000, 2500, 5000),
                            seeds=(0, 1, 2), val_per_class=100),
+    # the data-scaling study with the power to decide (issue 48): the same three families, 100 to 10,000 images,
+    # 11 seeds paired across families (a seed fixes the nested subset and the probe pool for every family: 11 is the
+    # fewest at which the shipped sweep's spread of the gap change gives a 95% half-width of 3 points,
+    # vitlab.findings.studies.seeds_for; seeds added later leave the finished runs done), and
+    # training that grows with the data: each run stops after 5 validation passes (one every 2,500 training images)
+    # without a gain, capped at 100 epochs and at least 3,000 steps. Plan and measured timing: docs/studies.md.
+    "cifar10_10k": SweepConfig("cifar10_10k", families=("vit", "bit", "hybrid"),
+                               sizes=(100, 250, 500, 1000, 2500, 5000, 10000), seeds=tuple(range(11)),
+                               val_per_class=100, epochs=100, min_steps=3000, patience=5, eval_images=2500,
+                               omitted_sizes=((CIFAR10_POOL, WHY_NO_POOL),)),
     "quick": SweepConfig("quick", families=("vit_tiny", "bit_tiny"), sizes=(40, 80), seeds=(0,), data="shapes",
                          pretrain_classes=(0, 1), probe_classes=(2, 3), epochs=1, min_steps=2, batch_size=16,
                          shots=(1, 5), probe_seeds=(0, 1), probe_pool_per_class=10, probe_test_per_class=20),

@@ -8,6 +8,7 @@ runs and their results store are ``vitlab.studies.scaling``'s.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,7 +19,7 @@ from vitlab.base.records import code_version, of_newest_code
 from vitlab.base.stats import percent_cell
 from vitlab.studies.scaling import ResultsStore, RunSpec, SweepConfig, check_executor, execute_runs, one_config
 
-__all__ = ["TUNING_GRID", "tune", "TuningIncomplete", "tuning_table", "plotted_recipes", "tuning_trials_for",
+__all__ = ["TUNING_GRID", "tune", "plan_table", "TuningIncomplete", "tuning_table", "plotted_recipes", "tuning_trials_for",
            "recipe_grid_positions"]
 
 
@@ -244,3 +245,58 @@ def recipe_grid_positions(trials: Sequence[dict], chosen: Sequence[tuple[str, st
         lines.append("A recipe at an edge of its grid may be short of its family's best: the grid did not try beyond "
                      "it, so the families had the same tuning budget, not necessarily their best recipes.")
     return lines
+
+
+def _cpu_per_image(r: Mapping, sweep: SweepConfig) -> float:
+    """CPU seconds per training image of a finished run: its training CPU seconds over the images it trained plus
+    its validation passes, each counted as a third of its images (a forward pass, against a training step's forward
+    and backward)."""
+    m = r["metrics"]
+    n = int(r["spec"]["size"])
+    cfg = sweep.train_config(RunSpec(r["spec"]["family"], n, 0), n)
+    images = int(m["steps"]) * cfg.batch_size + int(m.get("evaluations") or 0) * _val_images(sweep) / 3
+    return float(m["train_cpu_seconds"]) / images
+
+
+def _val_images(sweep: SweepConfig) -> int:
+    return sweep.val_per_class * len(sweep.pretrain_classes)
+
+
+def plan_table(sweep: SweepConfig, timing: Sequence[Mapping]) -> str:
+    """Markdown: the CPU hours ``sweep``'s grid and its tuning take at most, from ``timing`` (finished runs of each
+    family, e.g. one tiny point each, made by this code's training loop): per family its CPU seconds per training
+    image (``_cpu_per_image``) and outside training per run (data, Fig. 7, probe); per size the images a run trains
+    at its cap (an early-stopped run trains fewer) with its validation passes, and the CPU hours of every family's
+    runs over all seeds at that cap. Then the totals, and the tuning's (every recipe of ``vitlab.studies.tuning.TUNING_GRID``
+    on the largest size)."""
+
+    rate = {r["spec"]["family"]: (_cpu_per_image(r, sweep), float(r["metrics"]["cpu_seconds"])
+                                  - float(r["metrics"]["train_cpu_seconds"])) for r in [r for r in timing if r.get("status") == "ok"]}
+    missing = [f for f in sweep.families if f not in rate]
+    if missing:
+        raise ValueError(f"no finished timing run of {missing}: time one point of each family first")
+
+    def run_hours(fam: str, n: int) -> float:
+        cfg = sweep.train_config(RunSpec(fam, n, 0), n)
+        evals = math.ceil(cfg.epochs / cfg.eval_every)
+        images = cfg.epochs * (n // cfg.batch_size) * cfg.batch_size + evals * _val_images(sweep) / 3
+        return (rate[fam][0] * images + rate[fam][1]) / 3600
+
+    lines = ["| size | images per run at the cap | " + " | ".join(f"{f} CPU h ({len(sweep.seeds)} seeds)"
+                                                          for f in sweep.families) + " |",
+             "|---|---|" + "---|" * len(sweep.families)]
+    total = 0.0
+    for n in sorted(sweep.sizes):
+        cfg = sweep.train_config(RunSpec(sweep.families[0], n, 0), n)
+        hours = [len(sweep.seeds) * run_hours(f, n) for f in sweep.families]
+        total += sum(hours)
+        lines.append(f"| {n:,} | {cfg.epochs * (n // cfg.batch_size) * cfg.batch_size:,} | "
+                     + " | ".join(f"{h:.1f}" for h in hours) + " |")
+    top = max(sweep.sizes)
+    tuning = sum(len(TUNING_GRID.get(f, ((),))) * run_hours(f, top) for f in sweep.families)
+    per = ", ".join(f"{f} {1000 * rate[f][0]:.2f} ms per image and {rate[f][1]:.0f} s per run outside training"
+                    for f in sweep.families)
+    lines += ["", f"At most {total:,.0f} CPU hours for the grid and {tuning:,.0f} for the tuning ({total + tuning:,.0f} "
+                  f"in all: {(total + tuning) / 2 / 24:.1f} days of 2 cores), every run at its cap; measured CPU "
+                  f"cost: {per}."]
+    return "\n".join(lines)

@@ -136,6 +136,11 @@ class TrainConfig:
     # every fig7_every epochs, the Fig. 7 statistics of the model on the 128 shipped CIFAR-10 test images
     # (vitlab.train.emergence.fig7_statistics) go into the epoch's record under "fig7"; 0: none
     fig7_every: int = 0
+    # early stopping: the run stops after ``patience`` evaluations in a row without a higher accuracy than its best so
+    # far, on the split keep_best watches (the validation split with val_per_class, else the test data the run is
+    # given: a sweep passes its own validation split there); ``epochs`` is then a cap, and the learning-rate schedule
+    # runs over the cap. The stopped epoch is the run's last: it gets the last epoch's evaluations. 0: off
+    patience: int = 0
 
     def __post_init__(self) -> None:
         self._check_numbers()
@@ -186,6 +191,10 @@ class TrainConfig:
                              "(dataclasses.replace(cfg, eval_every=1))")
         # True is no step count (it averaged after every step)
         check_int("lookahead_every", self.lookahead_every, 0, allowed="an int >= 0 (0 turns Lookahead off)")
+        if self.patience and (self.objective != "classify" or not self.eval_every):
+            raise ValueError(f"patience={self.patience} stops a run when its classification accuracy stops rising, "
+                             "which needs evaluations (eval_every > 0) of a classifier (objective='classify'): leave "
+                             "patience 0, or set eval_every (e.g. dataclasses.replace(cfg, eval_every=1))")
         if not 0 <= self.lookahead_decay < 1 or self.lookahead_power < 0:
             raise ValueError(f"lookahead_decay must be in [0, 1) and lookahead_power >= 0, got "
                              f"{self.lookahead_decay!r}, {self.lookahead_power!r}")
@@ -246,7 +255,7 @@ class TrainConfig:
         for name in ("bf16", "channels_last", "explicit_attention", "keep_best"):  # e.g. the text 'False', true
             check_flag(name, getattr(self, name), f" (e.g. dataclasses.replace(cfg, {name}=False))")
         for name, least in (("epochs", 1), ("batch_size", 1), ("crop_padding", 0), ("eval_every", 0),
-                            ("val_per_class", 0), ("snapshot_every", 0), ("fig7_every", 0)):
+                            ("val_per_class", 0), ("snapshot_every", 0), ("fig7_every", 0), ("patience", 0)):
             check_int(name, getattr(self, name), least)
         check_int("seed", self.seed, None, allowed="a whole number")
         check_int("max_train_examples", self.max_train_examples, 1, none=True)

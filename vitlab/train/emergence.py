@@ -14,11 +14,14 @@ Record keys (all floats; lists of floats where noted):
 - ``lowest_min`` / ``lowest_max``: the lowest layer's most local and most global head, mean attention distance as a
   share of the uniform-attention distance (``vitlab.inspect.distance.uniform_attention_distance``); ``lowest_spread`` their
   difference.
+- ``lowest_heads``: (H,) the lowest layer's heads' mean attention distances, as shares of the uniform-attention
+  distance; ``lowest_local_share`` the share of them that are local (below ``LOCAL_HEAD`` of uniform).
 - ``depth_trend``: Spearman correlation between layer index and the layer's mean attention distance (1: rising at
   every layer).
 - ``layer_mean_px``: (L,) the layers' mean attention distance in pixels.
 - ``filter_frequency``: Spearman correlation between a filter component's rank and its DCT radius
-  (``vitlab.inspect.filters.dct_radius``; > 0: leading components are lower-frequency).
+  (``vitlab.inspect.filters.dct_radius``; > 0: leading components are lower-frequency). None for a hybrid, whose patch
+  embedding projects CNN features, not pixels.
 
 Attention distances follow ``vitlab.inspect.distance.mean_attention_distance``'s default prefix convention.
 """
@@ -35,10 +38,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["EMERGENCE_KEYS", "fig7_statistics", "sample_batch", "snapshot_history", "emergence_bands"]
+__all__ = ["EMERGENCE_KEYS", "LOCAL_HEAD", "fig7_statistics", "sample_batch", "snapshot_history", "emergence_bands"]
 
 #: the scalar statistics of a record, in the order they are drawn
 EMERGENCE_KEYS = ("position_spearman", "lowest_min", "lowest_max", "lowest_spread", "depth_trend", "filter_frequency")
+
+#: a head is local when its mean attention distance is below this share of the uniform-attention distance: midway
+#: between the paper's local and global lowest-layer heads (Fig. 7 right: about 0.1 and 0.9 of it,
+#: ``vitlab.findings.model.PAPER_LOWEST_SPREAD``)
+LOCAL_HEAD = 0.5
 
 
 def _spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -79,9 +87,11 @@ def fig7_statistics(model: nn.Module, images: Tensor) -> dict[str, Any]:
     ceiling = uniform_attention_distance(info.grid_size, info.patch_size)
     low = dist[0] / ceiling
     layer_mean = dist.mean(1)
-    k = filter_component_count(net)
-    comps, _ = embedding_filter_pca(net, k=k)
-    radius = dct_radius(comps.cpu())
+    freq = None
+    if not info.hybrid:  # a hybrid's patch embedding is no filter over pixels
+        k = filter_component_count(net)
+        comps, _ = embedding_filter_pca(net, k=k)
+        freq = _spearman(range(k), dct_radius(comps.cpu())) if k > 1 else None
     pos = None
     if info.pos_embed == "learn":
         pos = position_structure_score(position_embedding_similarity(net).cpu())
@@ -90,9 +100,11 @@ def fig7_statistics(model: nn.Module, images: Tensor) -> dict[str, Any]:
         "lowest_min": float(low.min()),
         "lowest_max": float(low.max()),
         "lowest_spread": float(low.max() - low.min()),
+        "lowest_heads": [float(v) for v in low],
+        "lowest_local_share": float((low < LOCAL_HEAD).double().mean()),
         "depth_trend": _spearman(range(len(layer_mean)), layer_mean.tolist()) if len(layer_mean) > 1 else None,
         "layer_mean_px": [float(v) for v in layer_mean],
-        "filter_frequency": _spearman(range(k), radius) if k > 1 else None,
+        "filter_frequency": freq,
     }
 
 

@@ -80,7 +80,7 @@ from vitlab.train.mpp import KEEP, MaskedPatchPrediction
 from vitlab.train.run_folder import check_fresh, run_lock, settle_history
 from vitlab.train.warm_start import check_init_from, warm_start, warm_start_objective
 
-__all__ = ["train", "TrainingDiverged", "evaluate"]
+__all__ = ["train", "TrainingDiverged", "evaluate", "Patience"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -271,6 +271,57 @@ def evaluate_mpp(model: nn.Module, objective: nn.Module, data: ImageArray, n: in
     if count:
         res["accuracy"] = hits / count
     return res
+
+
+# ---------------------------------------------------------------------------------------------- early stopping
+
+
+@dataclasses.dataclass
+class Patience:
+    """Early stopping's count (``TrainConfig.patience``): the best watched accuracy so far (None before the first
+    evaluation), the epoch (1-based) it was reached at, the evaluations since then without a higher one, and whether
+    that count has reached ``patience`` (the run stopped). A tie is no gain, as ``keep_best`` keeps the first of
+    equals. ``state`` / ``from_state`` carry it through a checkpoint, so a resumed run counts on."""
+
+    patience: int
+    best: float | None = None
+    best_epoch: int = 0
+    since: int = 0
+    stopped: bool = False
+
+    def update(self, value: float | None, epoch: int) -> bool:
+        """Count one evaluation of ``value`` at ``epoch`` (None: no evaluation this epoch, nothing counted); True
+        when the run is to stop after it."""
+        if value is None or self.stopped:
+            return self.stopped
+        if self.best is None or value > self.best:
+            self.best, self.best_epoch, self.since = float(value), epoch, 0
+        else:
+            self.since += 1
+        self.stopped = self.since >= self.patience
+        return self.stopped
+
+    def state(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_state(cls, patience: int, state: dict[str, Any] | None) -> Patience:
+        """The count saved in a checkpoint (``state``; None: a run from before early stopping, or a fresh one)."""
+        if not state:
+            return cls(patience)
+        return cls(patience, state.get("best"), int(state.get("best_epoch", 0)), int(state.get("since", 0)),
+                   bool(state.get("stopped", False)))
+
+
+def _stop_agreed(stop: bool, d: Dist) -> bool:
+    """The main process's decision to stop, the same in every process (only the main process evaluates)."""
+    if d.world == 1:
+        return stop
+    import torch.distributed as dist
+
+    t = torch.tensor([int(stop)], device=d.device)
+    dist.broadcast(t, 0)
+    return bool(t.item())
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -471,9 +522,13 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
 
         mixup = Mixup(mixup_alpha=cfg.mixup_alpha, cutmix_alpha=cfg.cutmix_alpha, prob=cfg.mixup_prob,
                       label_smoothing=cfg.label_smoothing, num_classes=n_cls)
-    if start_epoch >= cfg.epochs and progress and d.main:
-        tqdm.write(f"{run} is finished: all {cfg.epochs} epochs are done (export it with vitlab export, or start a "
-                   "new run folder to train longer)")
+    stopper = Patience.from_state(cfg.patience, meta.get("early_stop") if resume else None) if cfg.patience else None
+    if progress and d.main and (start_epoch >= cfg.epochs or (stopper is not None and stopper.stopped)):
+        why = (f"it stopped early at epoch {start_epoch} ({cfg.patience} evaluations without a gain since epoch "
+               f"{stopper.best_epoch})" if stopper is not None and stopper.stopped else
+               f"all {cfg.epochs} epochs are done")
+        tqdm.write(f"{run} is finished: {why} (export it with vitlab export, or start a new run folder to train "
+                   "longer)")
     bf16 = use_bf16(cfg.bf16, d.device)
     if cfg.bf16 and not bf16 and progress and d.main:
         tqdm.write(f"bf16 autocast is slow on this {d.device.type} (no native bf16: an AVX2-only CPU); training in "
@@ -485,7 +540,7 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
         with explicit_attention(model, cfg.explicit_attention and d.device.type == "cpu"):
             _epochs(cfg, run, d, model, net, opt, ema, teacher, mixup, train_data, test_data, start_epoch, elapsed,
                     steps_per_epoch, progress, objective, bf16,
-                    default_workers(d.device) if workers is None else workers, compile, val_data)
+                    default_workers(d.device) if workers is None else workers, compile, val_data, stopper)
     finally:
         if teacher is not None:
             model.set_distilled_training(False)
@@ -496,8 +551,9 @@ def _epochs(cfg: TrainConfig, run: Path, d: Dist, model: nn.Module, net: nn.Modu
             ema: nn.Module | None, teacher: nn.Module | None, mixup: Any, train_data: ImageArray,
             test_data: ImageArray, start_epoch: int, elapsed: float, steps_per_epoch: int, progress: bool,
             objective: nn.Module | None = None, bf16: bool = False, workers: int = 0, compile: bool = False,
-            val_data: ImageArray | None = None) -> None:
-    """The epochs from ``start_epoch``; ``bf16``: autocast to bfloat16 (``cfg.bf16`` where it is fast); ``workers``:
+            val_data: ImageArray | None = None, stopper: Patience | None = None) -> None:
+    """The epochs from ``start_epoch`` (none when ``stopper``, early stopping's count, says the run stopped);
+    ``bf16``: autocast to bfloat16 (``cfg.bf16`` where it is fast); ``workers``:
     processes making the batches ahead (``vitlab.train.batches.training_batches``); ``compile``: ``net``'s training
     forward (and so its backward) and the teacher's forward through ``torch.compile``; ``val_data``: the validation
     split every evaluated epoch measures (``val_accuracy``), the test images then measured after the last epoch only."""
@@ -517,7 +573,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: Dist, model: nn.Module, net: nn.Modu
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
     batches = iter(training_batches(train_data, cfg.batch_size, steps_per_epoch, _augment(cfg),
                                     start_epoch * steps_per_epoch, total, workers, d.device.type == "cuda"))
-    for epoch in range(start_epoch, cfg.epochs):
+    for epoch in range(start_epoch, cfg.epochs if stopper is None or not stopper.stopped else start_epoch):
         t0 = time.time()
         g = _seed_epoch(cfg, epoch, d.rank)
         frozen = _frozen_params(cfg, model, epoch)
@@ -593,13 +649,19 @@ def _epochs(cfg: TrainConfig, run: Path, d: Dist, model: nn.Module, net: nn.Modu
             last = epoch + 1 == cfg.epochs
             t_eval = time.time()
             due = bool(cfg.eval_every) and ((epoch + 1) % cfg.eval_every == 0 or last)
+            chosen = "val_accuracy" if val_data is not None else "test_accuracy"
             if due and objective is not None:
                 record["mpp_test"] = evaluate_mpp(model, objective, test_data, bf16=bf16)
             elif due or (last and val_data is not None):
                 shown = "test" if progress else False
-                if val_data is not None and due:
-                    record["val_accuracy"] = evaluate(model, val_data, bf16=bf16, progress=progress and "validation")
-                if val_data is None or last:  # with a validation split the test images are read once, at the end
+                if due:  # the watched accuracy first: early stopping decides whether this epoch is the last
+                    on = val_data if val_data is not None else test_data
+                    record[chosen] = evaluate(model, on, bf16=bf16, progress=progress and ("validation" if
+                                                                                         val_data is not None else shown))
+                if stopper is not None and stopper.update(record.get(chosen), epoch + 1) and not last:
+                    last = True
+                    record["early_stop"] = {"best_epoch": stopper.best_epoch, "patience": cfg.patience}
+                if val_data is not None and last:  # with a validation split the test images are read once, at the end
                     record["test_accuracy"] = evaluate(model, test_data, bf16=bf16, progress=shown)
                 if ema is not None and due:
                     on, split = (val_data, "val") if val_data is not None else (test_data, "test")
@@ -609,7 +671,6 @@ def _epochs(cfg: TrainConfig, run: Path, d: Dist, model: nn.Module, net: nn.Modu
                     record["test_accuracy_tta"] = evaluate(model, test_data, bf16=bf16, tta=cfg.eval_tta,
                                                            progress=shown and "test (test-time augmentation)")
             record["eval_seconds"] = round(time.time() - t_eval, 2)
-            chosen = "val_accuracy" if val_data is not None else "test_accuracy"
             if cfg.keep_best and record.get(chosen) is not None:
                 best_file = run / "best" / "config.json"
                 best = json.loads(best_file.read_text()).get("metrics", {}).get(chosen, -1.0) \
@@ -629,6 +690,8 @@ def _epochs(cfg: TrainConfig, run: Path, d: Dist, model: nn.Module, net: nn.Modu
                      "data": {"train": train_data.source, "test": test_data.source,
                               "train_examples": len(train_data), "classes": list(train_data.classes)},
                      "environment": provenance(world_size=d.world, device=str(d.device))}
+            if stopper is not None:
+                state["early_stop"] = stopper.state()
             save_run_checkpoint(run / "checkpoint", model, opt, ema, {"train": train_config_to_dict(cfg), **state},
                                 {"objective": objective} if objective is not None else None)
             with open(run / "metrics.jsonl", "a") as f:
@@ -636,6 +699,8 @@ def _epochs(cfg: TrainConfig, run: Path, d: Dist, model: nn.Module, net: nn.Modu
             if progress:
                 tqdm.write(json.dumps(record))
         barrier(d)
+        if stopper is not None and _stop_agreed(stopper.stopped, d):
+            break
 
 
 def _frozen_params(cfg: TrainConfig, model: nn.Module, epoch: int) -> list[nn.Parameter]:

@@ -1,0 +1,298 @@
+"""The data-scaling study with the power to decide (issue 48): early-stopped runs, paired intervals per size, the
+locality verdict and its controls, cost, and the resumable sweep that records them. Tiny runs on the generated shapes
+(4 classes: 2 to pre-train, 2 to probe) and constructed records; nothing here reads CIFAR-10."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import t
+
+from vitlab.findings import controls as C
+from vitlab.findings.studies import (
+    KEY_LOCALITY,
+    difference_table,
+    locality_grows_with_data,
+    paired_size_differences,
+    seeds_for,
+)
+from vitlab.studies.scaling import SWEEPS, ResultsStore, best_at_last, cost_table, run_sweep, stopping_table
+from vitlab.studies.sweep_config import CIFAR10_POOL, RunSpec
+
+#: a patience sweep on the shapes: 2 sizes, 2 seeds, ViT and ResNet, validation split, early stopping
+PATIENT = dataclasses.replace(SWEEPS["quick"], name="patient", seeds=(0, 1), val_per_class=10, epochs=6, min_steps=2,
+                              patience=1, eval_images=32)
+
+
+def _record(family: str, size: int, seed: int, acc: float, share: float | None = None, **metrics) -> dict:
+    m = {"few_shot": {"10": {"mean": acc}}, "epochs": 10, "best": {"epoch": 4, "val_accuracy": 0.5}, **metrics}
+    if share is not None:
+        m["fig7"] = {"lowest_local_share": share, "lowest_spread": 0.2, "lowest_min": 0.3, "depth_trend": 0.5,
+                     "position_spearman": -0.4}
+    return {"sweep": "s", "run_id": f"{family}-n{size}-s{seed}", "spec": {"family": family, "size": size,
+                                                                          "seed": seed},
+            "status": "ok", "fingerprint": "f", "config": {"name": "s"}, "metrics": m}
+
+
+def _half(values) -> float:
+    v = np.asarray(values, dtype=float)
+    return float(t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+
+
+# ---------------------------------------------------------------------------------------------- power
+
+
+def test_paired_differences_per_size_are_per_seed_differences_with_their_t_interval():
+    vit = {(100, 0): .40, (100, 1): .42, (100, 2): .38, (1000, 0): .50, (1000, 1): .55, (1000, 2): .53}
+    bit = {(100, 0): .41, (100, 1): .45, (100, 2): .40, (1000, 0): .49, (1000, 1): .50, (1000, 2): .52}
+    records = [_record("vit", n, s, a) for (n, s), a in vit.items()] + [_record("bit", n, s, a)
+                                                                        for (n, s), a in bit.items()]
+    by = paired_size_differences(records)
+    diffs = {n: [100 * (vit[n, s] - bit[n, s]) for s in range(3)] for n in (100, 1000)}
+    for n in (100, 1000):
+        assert by[n]["seeds"] == [0, 1, 2] and by[n]["per_seed"] == pytest.approx(diffs[n])
+        assert by[n]["mean"] == pytest.approx(np.mean(diffs[n])) and by[n]["half_width"] == pytest.approx(
+            _half(diffs[n]))
+    table = difference_table(records)
+    gap = np.array(diffs[1000]) - np.array(diffs[100])
+    assert f"±{_half(gap):.1f} | 3 | {seeds_for(float(gap.std(ddof=1)))} |" in table
+    assert table.endswith("reached by 1 of 3 rows; not by 1,000 images, gap change, 100 to 1,000")  # 100: ±2.5
+
+
+def test_seeds_for_is_the_smallest_count_whose_t_interval_fits():
+    assert seeds_for(0.0) == 2 and seeds_for(math.nan) is None
+    n = seeds_for(4.39)
+    assert t.ppf(0.975, n - 1) * 4.39 / math.sqrt(n) <= 3 < t.ppf(0.975, n - 2) * 4.39 / math.sqrt(n - 1)
+    assert n == 11  # the shipped sweep's spread of the gap change (half-width 10.9 over 3 seeds)
+
+
+def test_the_study_config_is_sized_for_the_issue():
+    sweep = SWEEPS["cifar10_10k"]
+    dataclasses.replace(sweep)  # checked as it is made
+    assert max(sweep.sizes) == 10_000 and min(sweep.sizes) == 100 and len(sweep.seeds) >= 10
+    assert set(sweep.families) == {"vit", "bit", "hybrid"} and sweep.patience > 0 and sweep.val_per_class
+    assert CIFAR10_POOL == 24_500 and [n for n, _ in sweep.omitted_sizes] == [24_500]
+    assert "GPU" in sweep.omitted_sizes[0][1]
+    for n in sweep.sizes:  # a validation pass after the fewest whole epochs that reach 2,500 training images
+        cfg = sweep.train_config(RunSpec("vit", n, 0), n)
+        epoch = (n // cfg.batch_size) * cfg.batch_size  # images per epoch
+        assert cfg.patience == 5 and cfg.keep_best and (cfg.eval_every - 1) * epoch < 2500 <= cfg.eval_every * epoch
+
+
+def test_patience_needs_a_validation_split():
+    with pytest.raises(ValueError, match="val_per_class"):
+        dataclasses.replace(PATIENT, val_per_class=0)
+
+
+# ---------------------------------------------------------------------------------------------- locality
+
+
+def _locality_records(shares_lo, shares_hi) -> list[dict]:
+    out = []
+    for s, (lo, hi) in enumerate(zip(shares_lo, shares_hi)):
+        out += [_record("vit", 100, s, .4, lo), _record("vit", 5000, s, .5, hi), _record("bit", 100, s, .4),
+                _record("bit", 5000, s, .5)]
+    return out
+
+
+def test_the_locality_verdict_keys_and_numbers():
+    lo, hi = [0.0, 0.25, 0.0, 0.25], [0.5, 0.5, 0.25, 0.75]
+    v = locality_grows_with_data(_locality_records(lo, hi))
+    per_seed = [100 * (b - a) for a, b in zip(lo, hi)]  # 50, 25, 25, 50 points of the heads
+    assert v.key == KEY_LOCALITY and v.unit == "points" and v.threshold == 0.0 and v.side == ">"
+    assert v.statistic == pytest.approx(37.5) and v.details["per_seed"] == pytest.approx(per_seed)
+    assert v.interval == pytest.approx((37.5 - _half(per_seed), 37.5 + _half(per_seed)))
+    assert v.verdict == "reproduced" and v.n_runs == 4 and v.details["seeds"] == [0, 1, 2, 3]
+    assert v.details["local_share_by_size"] == pytest.approx({"100": 0.125, "5000": 0.5})  # JSON keys
+    assert v.details["local_head"] == 0.5 and v.subject == "sweep s: vit at 100 and 5,000 images"
+    fewer = locality_grows_with_data(_locality_records(hi, lo))
+    assert fewer.verdict == "not reproduced" and fewer.statistic == pytest.approx(-37.5)
+    assert locality_grows_with_data(_locality_records(lo, hi), "vit").key == "fig34.locality"
+
+
+def test_records_without_fig7_statistics_are_not_judged():
+    with pytest.raises(ValueError, match="predate them"):
+        locality_grows_with_data([_record("vit", 100, 0, .4), _record("vit", 5000, 0, .5)])
+
+
+def test_the_locality_controls_pass_and_show_in_the_validation_table():
+    records = _locality_records([0.0, 0.25, 0.0, 0.25, 0.0], [0.25, 0.0, 0.25, 0.25, 0.0])  # no clear change
+    v = locality_grows_with_data(records)
+    assert v.verdict == "inconclusive"
+    [checked] = C.validate([v], C.locality_controls(records))
+    rows = {r["control"]: r for r in C.validation_table([checked])}
+    assert set(rows) == {C.MORE_LOCAL, C.SAME_LOCAL}
+    assert (rows[C.MORE_LOCAL]["kind"], rows[C.MORE_LOCAL]["observed"], rows[C.MORE_LOCAL]["passed"]) == (
+        "positive", "reproduced", True)
+    assert rows[C.SAME_LOCAL]["kind"] == "negative" and rows[C.SAME_LOCAL]["passed"]
+    assert rows[C.SAME_LOCAL]["observed"] != "reproduced"
+    assert rows[C.MORE_LOCAL]["statistic"] == pytest.approx(v.statistic + C.LOCALITY_GAIN)
+
+
+# ---------------------------------------------------------------------------------------------- stopping and cost
+
+
+def test_runs_whose_best_epoch_is_their_last_are_flagged():
+    records = [_record("vit", 100, 0, .4, best={"epoch": 7}, last_epoch=7, stopped_early=False),
+               _record("vit", 100, 1, .4, best={"epoch": 3}, last_epoch=8, stopped_early=True),
+               _record("bit", 100, 0, .4, best={"epoch": 10})]  # before last_epoch: its schedule's 10 epochs
+    assert best_at_last(records) == ["bit-n100-s0", "vit-n100-s0"]
+    bare = _record("bit", 100, 1, .4)
+    del bare["metrics"]["epochs"], bare["metrics"]["best"]  # a record of neither (it raised KeyError in --table)
+    assert best_at_last(records + [bare]) == ["bit-n100-s0", "vit-n100-s0"]
+    assert "| bit | 10 / 10 (0 of 1 stopped) |" in stopping_table(records + [bare])
+    table = stopping_table(records)
+    assert "| vit | 5 / 7.5 (1 of 2 stopped) |" in table
+    assert table.endswith("2 run(s): bit-n100-s0, vit-n100-s0")
+
+
+def test_cost_table_sums_cpu_hours_per_family_and_size_and_spans_the_wall_time():
+    records = [_record("vit", 100, 0, .4, cpu_seconds=3600.0, seconds=1800.0),
+               _record("vit", 100, 1, .4, cpu_seconds=1800.0, seconds=900.0),
+               _record("bit", 1000, 0, .4, cpu_seconds=7200.0, seconds=3600.0)]
+    for r, (a, b) in zip(records, [("10:00", "10:30"), ("10:30", "10:45"), ("11:00", "12:00")]):
+        r["started"], r["finished"] = f"2026-12-06T{a}:00+00:00", f"2026-12-06T{b}:00+00:00"
+    table = cost_table(records)
+    assert "| vit | 1.50 |  | 1.50 |" in table and "| bit |  | 2.00 | 2.00 |" in table
+    assert "CPU hours (whole runs): 3.50 in all over 3 finished runs" in table
+    assert "Wall time: 2.00 h from the first run's start" in table and "1.75 h summed" in table
+
+
+# ---------------------------------------------------------------------------------------------- the sweep
+
+
+def test_a_patience_sweep_records_stopping_fig7_and_pairing_and_a_resume_gives_the_same_records(tmp_path):
+    results = tmp_path / "r.jsonl"
+    first = run_sweep(PATIENT, results, workers=0, progress=False)
+    assert len(first) == 8 and all(r["status"] == "ok" for r in first), [r.get("traceback") for r in first]
+    by = {r["run_id"]: r["metrics"] for r in first}
+    for run_id, m in by.items():
+        assert 1 <= m["best"]["epoch"] <= m["last_epoch"] <= m["epochs"] == 6 and m["cpu_seconds"] > 0
+        assert m["steps"] == m["last_epoch"] * (int(run_id.split("-n")[1].split("-")[0]) // 16)
+        assert m["stopped_early"] == (m["last_epoch"] < 6)
+        assert ("fig7" in m) == run_id.startswith("vit_tiny")  # the ResNet has no attention
+    assert by["vit_tiny-n40-s0"]["fig7"]["lowest_local_share"] in (0.0, 0.5, 1.0)  # 2 heads
+    for n in (40, 80):
+        for s in (0, 1):  # a seed's subset and probe pool are every family's
+            a, b = by[f"vit_tiny-n{n}-s{s}"], by[f"bit_tiny-n{n}-s{s}"]
+            assert (a["subset_digest"], a["probe_pool_digest"]) == (b["subset_digest"], b["probe_pool_digest"])
+    assert by["vit_tiny-n40-s0"]["subset_digest"] != by["vit_tiny-n40-s1"]["subset_digest"]
+    # killed during its last run: that record never written; the resume reruns it to the same numbers
+    lines = results.read_text().splitlines()
+    results.write_text("\n".join(lines[:-1]) + "\n")
+    again = run_sweep(PATIENT, results, workers=0, progress=False)
+    assert [r["run_id"] for r in again] == [first[-1]["run_id"]]
+    timing = ("seconds", "train_seconds", "cpu_seconds", "train_cpu_seconds")
+    same = lambda m: {k: v for k, v in m.items() if k not in timing}  # noqa: E731
+    assert same(again[0]["metrics"]) == same(first[-1]["metrics"])
+    # a seed added to an early-stopping sweep runs only its own runs: the finished ones stay done
+    more = dataclasses.replace(PATIENT, seeds=(0, 1, 2))
+    assert more.fingerprint() == PATIENT.fingerprint()
+    added = run_sweep(dataclasses.replace(more, sizes=(40,)), results, workers=0, progress=False)
+    assert sorted(r["run_id"] for r in added) == ["bit_tiny-n40-s2", "vit_tiny-n40-s2"]
+    assert len(ResultsStore(results).done("patient", PATIENT.fingerprint())) == 10
+
+
+def test_hours_start_no_run_after_the_deadline_and_the_next_session_goes_on(tmp_path, monkeypatch, capsys):
+    import vitlab.studies.scaling as S
+
+    one = dataclasses.replace(SWEEPS["quick"], name="sessions", families=("bit_tiny",), sizes=(40,), seeds=(0, 1))
+    clock = iter([0.0, 0.0])  # the deadline is set at 0 s and the first run starts at 0 s; the next would at 10 s
+    monkeypatch.setattr(S, "_clock", lambda: next(clock, 10.0))
+    first = run_sweep(one, tmp_path / "r.jsonl", workers=0, hours=5 / 3600)
+    assert [(r["run_id"], r["status"]) for r in first] == [("bit_tiny-n40-s0", "ok")]
+    assert "1 runs not started: run the same command again to go on" in capsys.readouterr().err
+    monkeypatch.undo()
+    again = run_sweep(one, tmp_path / "r.jsonl", workers=0, progress=False)
+    assert [r["run_id"] for r in again] == ["bit_tiny-n40-s1"]
+    for bad, executor in ((0, "local"), (-1.0, "local"), (True, "local"), (1.0, "ray")):
+        with pytest.raises(ValueError, match="hours must be"):
+            run_sweep(one, tmp_path / "r.jsonl", executor=executor, workers=1, hours=bad, progress=False)
+
+
+def test_the_results_readme_and_the_studies_page_say_what_the_shipped_intervals_allow():
+    """The shipped sweep's ViT - ResNet differences, per size, as the README quotes them, are
+    ``difference_words``'s formatting of the records (paired 95% intervals over seeds, every one holding 0), and no
+    page claims a lead "at every size" that no interval resolves."""
+    from pathlib import Path
+
+    from vitlab.findings.studies import difference_words
+
+    root = Path(__file__).resolve().parents[1]
+    records = list(ResultsStore(root / "data" / "results" / "scaling_cifar10.jsonl").newest_sweep().values())
+    by = paired_size_differences(records)
+    assert all(d["interval"][0] < 0 < d["interval"][1] for d in by.values())  # no size resolved
+    halves = [d["half_width"] for d in by.values()]
+    readme = " ".join((root / "data" / "results" / "README.md").read_text().split())
+    studies = " ".join((root / "docs" / "studies.md").read_text().split())
+    assert difference_words(records) in readme
+    assert f"half-widths {min(halves):.1f} to {max(halves):.1f} points" in readme
+    assert f"half-widths {min(halves):.1f} to {max(halves):.1f} points" in studies
+    assert len(best_at_last(records)) == 9 and "9 of the 54 runs" in readme
+    for text in (readme, studies):
+        assert "leads the ViT at every size" not in text and "leads the ViT in 10-shot accuracy at every size" not in text
+
+
+def test_the_sweep_table_prints_the_study_tables_and_the_locality_verdict_with_its_controls(tmp_path, capsys):
+    import json
+
+    from vitlab.cli import main
+    from vitlab.findings.studies import LOCALITY
+
+    records = _locality_records([0.0, 0.25, 0.0, 0.25], [0.5, 0.5, 0.25, 0.75])
+    for r in records:
+        r["metrics"].update(train_seconds=1.0, cpu_seconds=36.0, seconds=10.0, last_epoch=5)
+    store = tmp_path / "s.jsonl"
+    store.write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg = tmp_path / "s.json"
+    cfg.write_text(json.dumps({"name": "s", "families": ["vit", "bit"], "sizes": [100, 5000], "seeds": [0, 1, 2, 3],
+                               "shots": [10], "probe_pool_per_class": 10}))
+    assert main(["sweep", "--config", str(cfg), "--results", str(store), "--table"]) == 0
+    out = capsys.readouterr().out
+    assert "| gap change, 100 to 5,000 |" in out and "Best epoch = last epoch (stopped while still improving): 0" in out
+    assert "| vit | 0.04 | 0.04 | 0.08 |" in out  # 4 seeds x 36 CPU seconds per size
+    assert LOCALITY in out and "37.5" in out  # the verdict table's row: the locality statistic, points
+
+
+def test_the_plan_in_the_docs_is_the_timing_runs_plan():
+    """docs/studies.md's plan table is ``plan_table`` of the shipped timing records: the CPU hours it states are
+    computed from a measured run, and a rerun of the timing shows there."""
+    from pathlib import Path
+
+    from vitlab.studies.tuning import plan_table
+
+    root = Path(__file__).resolve().parents[1]
+    timing = ResultsStore(root / "data" / "results" / "scaling_cifar10_10k.timing.jsonl").records()
+    assert {r["run_id"] for r in timing} == {"vit-n100-s0", "bit-n100-s0", "hybrid-n100-s0"}
+    assert all(r["status"] == "ok" and r["metrics"]["steps"] == 60 for r in timing)
+    assert sum(r["metrics"]["cpu_seconds"] for r in timing) < 600  # the timing run's budget: 10 minutes of CPU
+    assert plan_table(SWEEPS["cifar10_10k"], timing) in (root / "docs" / "studies.md").read_text()
+    with pytest.raises(ValueError, match="no finished timing run"):
+        plan_table(SWEEPS["cifar10_10k"], timing[:1])
+
+
+@pytest.mark.parametrize("other", ["--tune", "--table"])
+def test_hours_is_for_the_grid_only(other, capsys):
+    from vitlab.cli import main
+
+    assert main(["sweep", "--config", "quick", other, "--hours", "2"]) == 1
+    assert "--hours limits the grid's runs" in capsys.readouterr().err
+
+
+def test_the_reports_scaling_section_judges_locality_beside_the_gap(tmp_path):
+    import json
+
+    from vitlab.report.sections import scaling
+
+    records = _locality_records([0.0, 0.25, 0.0, 0.25], [0.5, 0.5, 0.25, 0.75])
+    for r in records:
+        r["finished"] = "2026-12-06T10:00:00+00:00"
+    store = tmp_path / "s.jsonl"
+    store.write_text("".join(json.dumps(r) + "\n" for r in records))
+    section = scaling(store, {})
+    keys = [v.key for v in section.verdicts]
+    assert keys == ["fig3_4.scaling.gap_narrows", KEY_LOCALITY]
+    assert [c["passed"] for c in section.verdicts[1].controls] == [True, True]
