@@ -29,7 +29,7 @@ from vitlab.checks import check_seed, whole_index
 
 __all__ = ["Verdict", "verdict_table", "runs_words", "across_conventions", "validated", "DEPENDS_ON_CONVENTION",
            "FAILS_CONTROL", "fmt_value", "fmt_endpoint", "fmt_threshold", "json_types",
-           "make_verdict", "decide", "mean_interval", "prediction_interval", "bootstrap_counts", "percentile_interval",
+           "make_verdict", "decide", "mean_interval", "prediction_interval", "jackknife_interval", "bootstrap_counts", "percentile_interval",
            "spearman_resampled", "as_float64", "n_units", "none_reason", "Resolution", "N_BOOT", "SEED", "LEVEL",
            "MIN_MEAN_BOOTSTRAP", "MIN_ORDER_PREDICTION", "NOT_FINITE", "VERDICTS"]
 
@@ -343,6 +343,27 @@ def mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str, resolut
         return (float(values.mean() - half), float(values.mean() + half)), f"Student t over {n} {unit} ({n - 1} df)"
     w = bootstrap_counts(n, n_boot, seed)
     return percentile_interval(w @ values / n), f"bootstrap over {n} {unit}, {n_boot} resamples"
+
+
+def jackknife_interval(statistic: float, leave_one_out: np.ndarray, unit: str) -> tuple[tuple[float, float], str]:
+    """The 95% jackknife interval of a statistic computed on n units from its n values with one unit left out
+    (``leave_one_out`` (n,)): statistic +- t(0.975, n - 1) * sqrt((n - 1) / n * sum (theta_i - mean theta)^2), the
+    jackknife's standard error, consistent for smooth functions of U-statistics (Arvesen 1969) such as the unbiased
+    HSIC's CKA, which a bootstrap over repeated units is not (a repeated image enters the Gram as two images).
+    None for fewer than 2 units, for leave-one-out values without spread (``_no_spread``) or for non-finite ones."""
+    values = as_float64(leave_one_out)
+    n = len(values)
+    if n < 2:
+        return (math.nan, math.nan), f"none: {n_units(n, unit)}, at least 2 needed"
+    if not (np.isfinite(values).all() and math.isfinite(statistic)):
+        return (math.nan, math.nan), f"none: {NOT_FINITE}"
+    flat = _no_spread(values, unit)
+    if flat is not None:
+        return (math.nan, math.nan), f"none: {flat}"
+    from scipy.stats import t
+
+    half = float(t.ppf(0.975, n - 1)) * math.sqrt((n - 1) / n * float(((values - values.mean()) ** 2).sum()))
+    return (statistic - half, statistic + half), f"jackknife over {n} {unit} (Student t, {n - 1} df)"
 
 
 #: the fewest replicates whose order statistics make a 95% prediction interval (ranks 1 and n at 39: 38/40 = 95%)
