@@ -195,6 +195,7 @@ def test_the_report_section_carries_both_verdicts_with_their_controls_and_render
     torch.manual_seed(0)
     sec = similarity(_inputs(tiny_vit(), 20), resnet=tiny_bit(), resnet_name="tiny bit", batch_size=10)
     assert sec.slug == "similarity" and sec.figure is not None and not sec.not_judged
+    assert sec.stamp["settings"]["compared_with"] == "tiny bit" and sec.stamp["settings"]["batch_size"] == 10
     assert [v.key for v in sec.verdicts] == list(SF.KEYS)
     assert all(len(v.controls) == 3 and v.subject == "tiny on 20 noise images against tiny bit" for v in sec.verdicts)
     assert all(len(v.conventions) == 2 for v in sec.verdicts)

@@ -124,8 +124,8 @@ def similarity(inp: Inputs, resnet: nn.Module | None = None, resnet_name: str = 
     fig = similarity_figure(first, layer_names(inp.net), layer_names(resnet), subtitle=subtitle)
     metrics: dict[str, Any] = {rep: dict(zip(("vit_vit", "resnet_resnet", "vit_resnet"),
                                              (m.tolist() for m in t.cka()))) for rep, t in tables.items()}
-    stamp["settings"] = {"representations": list(tables), "batch_size": batch_size, "estimator": "unbiased HSIC",
-                         "interval": "jackknife over images"}
+    stamp["settings"] = {"compared_with": resnet_name, "representations": list(tables), "batch_size": batch_size,
+                         "estimator": "unbiased HSIC", "interval": "jackknife over images"}
     if inp.untrained:  # random weights: what they show is chance, not what a ViT learns
         from vitlab.findings import untrained
 
