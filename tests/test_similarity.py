@@ -204,6 +204,11 @@ def test_the_report_section_carries_both_verdicts_with_their_controls_and_render
     assert sec.verdicts[0].details["vit_half_cka"] == pytest.approx(np.asarray(cka["vit_vit"])[0, 2])
     assert len(sec.figure.data) == 3 and sec.metrics["layers"]["vit"] == ["block 1", "block 2", "block 3"]
     assert {r["key"] for r in validation_rows([sec])} == set(SF.KEYS)
+    from vitlab.report.similarity import similarity_figure
+
+    t = feature_tables(*staged_and_uniform(layers=4)[:2], batch_size=16)
+    assert list(similarity_figure(t, ["only one name"], ["a", "b", "c", "d"]).data[0].x) == [f"layer {i}" for i in
+                                                                                           range(1, 5)]
     page = render_html({"model": "tiny", "headline": "", "facts": [], "vitlab": "0", "seconds": 0}, [sec])
     assert "id='similarity'" in page and page.count("Plotly.newPlot") == 1
 

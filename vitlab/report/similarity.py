@@ -57,6 +57,10 @@ def similarity_figure(tables: SimilarityTables, vit_layers: list[str], resnet_la
     """The three CKA matrices of ``tables`` (ViT against itself, ResNet against itself, ViT against ResNet) as one
     figure (``vitlab.plots.cka_matrices``)."""
     aa, bb, ab = (t.numpy() for t in tables.cka())
+    if len(vit_layers) != len(aa):  # names that do not fit the layers read (a CNN without timm's feature_info)
+        vit_layers = [f"layer {i + 1}" for i in range(len(aa))]
+    if len(resnet_layers) != len(bb):
+        resnet_layers = [f"layer {i + 1}" for i in range(len(bb))]
     return cka_matrices([(f"{vit} against itself", aa, vit_layers, vit_layers),
                          (f"{resnet} against itself", bb, resnet_layers, resnet_layers),
                          (f"{vit} (rows) against {resnet}", ab, vit_layers, resnet_layers)],
