@@ -18,7 +18,7 @@ SOURCES = sorted(NOTEBOOKS.glob("*.py"))
 def test_every_experiment_has_a_notebook():
     names = " ".join(p.stem for p in SOURCES)
     for topic in ("tour", "patch_embedding", "position", "attention_distance", "rollout", "few_shot", "scaling",
-                  "masked_patch"):
+                  "masked_patch", "similarity"):
         assert topic in names
 
 

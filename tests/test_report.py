@@ -22,7 +22,10 @@ from vitlab.findings import judge
 #: the smallest metrics.json that reads as an earlier report's
 EARLIER = {"summary": {"vitlab": "0.1"}, "verdicts": [], "figures": [{"slug": "filters"}]}
 FIGURES = {"filters", "positions", "positions_resampled", "distance", "rollout", "faithfulness", "faithfulness_curves",
-           "readout_attention", "entropy", "few_shot", "scaling"}
+           "readout_attention", "entropy", "few_shot", "scaling", "similarity"}
+#: the sections without a figure in a report of a tiny ViT on a few images: no CIFAR-10 for the few-shot probe, too
+#: few images (and another preprocessing than the shipped ResNet's) for the CKA section
+NO_FIGURE = {"few_shot", "similarity"}
 
 
 @pytest.fixture
@@ -60,7 +63,8 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch, no
         "airplane #0", "automobile #1", "bird #2"]
     assert {f["slug"] for f in metrics["figures"]} == FIGURES
     # no CIFAR-10 here: the few-shot section stays, without a figure, and says how to get the data, once
-    [missing] = metrics["not_judged"]
+    [missing] = [n for n in metrics["not_judged"] if n["section"] == "few_shot"]
+    assert [n["section"] for n in metrics["not_judged"]] == ["similarity", "few_shot"]  # 3 images: too few for CKA
     assert (missing["section"], missing["finding"]) == ("few_shot", FEW_SHOT)
     assert f"`vitlab data cifar10` while online (it downloads into {no_cifar / 'cifar10'})" in missing["reason"]
     few_shot = next(f for f in metrics["figures"] if f["slug"] == "few_shot")
@@ -98,11 +102,11 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch, no
     assert all(f"id='{slug}'" in page for slug in FIGURES)
     assert page.count("class=\"badge") >= 2 * len(metrics["verdicts"])  # in the summary table and under the figure
     assert page.count("<h2>Criterion validation</h2>") == 1
-    assert page.count('class="badge not-judged"') == 1 and str(markupsafe.escape(missing["reason"])) in page
+    assert page.count('class="badge not-judged"') == 2 and str(markupsafe.escape(missing["reason"])) in page
     assert '"model_info"' not in page and "{&#34;" not in page  # no raw JSON on the page
     assert metrics["png"] == "not asked for" and not list(out.glob("*.png"))
     # every figure fits the page's text width (the two-panel scaling figure was 1,400 px wide and cut off)
-    assert set(drawn) == FIGURES - {"few_shot"} and f"max-width: {PAGE_WIDTH}px" in page
+    assert set(drawn) == FIGURES - NO_FIGURE and f"max-width: {PAGE_WIDTH}px" in page
     assert {slug: fig.layout.width for slug, fig in drawn.items() if fig.layout.width > PAGE_WIDTH} == {}
 
 
@@ -193,7 +197,7 @@ def test_reproduce_writes_pngs_with_chromium(tmp_path, checkpoint):
                  "--no-few-shot", "--formats", "png,svg", "--quiet"]) == 0
     assert json.loads((out / "metrics.json").read_text())["png"].startswith("written")
     pngs = {p.stem: p.read_bytes() for p in out.glob("*.png")}
-    assert set(pngs) == FIGURES - {"few_shot"} and all(b.startswith(b"\x89PNG") for b in pngs.values())
+    assert set(pngs) == FIGURES - NO_FIGURE and all(b.startswith(b"\x89PNG") for b in pngs.values())
     assert {p.stem for p in out.glob("*.svg")} == set(pngs)
     assert all(p.read_text().lstrip().startswith("<svg") for p in out.glob("*.svg"))
 
@@ -670,6 +674,8 @@ def test_a_model_with_random_weights_reproduces_no_finding(tmp_path):
     assert metrics["weights"] == "random initialisation (no pretrained weights)"
     judged = [v for v in metrics["verdicts"] if v["section"] in ("filters", "positions", "distance")]
     assert len(judged) >= 4 and all(v["verdict"] == "inconclusive" and v["details"]["untrained"] for v in judged)
+    # the CKA section is there, and says why 4 images are too few for it (its verdicts: tests/test_similarity.py)
+    assert [n["section"] for n in metrics["not_judged"]] == ["similarity"]
     from vitlab.findings.explain import UNTRAINED_REASON
 
     page = (out / "report.html").read_text()

@@ -9,11 +9,14 @@ import math
 import numpy as np
 
 from vitlab.base.checks import check_int, check_seed
+from vitlab.base.stats import as_float64
 
 #: bootstrap resamples, the resampling seed and the level of every interval
 N_BOOT = 1000
 SEED = 0
 LEVEL = 0.95
+#: why there is no interval when its maker gave no reason: every resample's statistic was NaN or infinite
+NOT_FINITE = "the statistic is not finite on the data or on any resample"
 
 #: the fewest units the interval of a mean is bootstrapped over; below it, Student t. A percentile bootstrap of a
 #: mean of n normal replicates covers about 79% at n = 4 and 87% at n = 8 instead of 95% (it ignores that the
@@ -124,3 +127,24 @@ def prediction_interval(values: np.ndarray, unit: str) -> tuple[tuple[float, flo
     i, j = math.floor(a * (n + 1) + 1e-9), math.ceil((1 - a) * (n + 1) - 1e-9)
     s = np.sort(values)
     return (float(s[i - 1]), float(s[j - 1])), f"ranks {i} and {j} of {n} {unit}"
+
+
+def jackknife_interval(statistic: float, leave_one_out: np.ndarray, unit: str) -> tuple[tuple[float, float], str]:
+    """The 95% jackknife interval of a statistic computed on n units from its n values with one unit left out
+    (``leave_one_out`` (n,)): statistic +- t(0.975, n - 1) * sqrt((n - 1) / n * sum (theta_i - mean theta)^2), the
+    jackknife's standard error, consistent for smooth functions of U-statistics (Arvesen 1969) such as the unbiased
+    HSIC's CKA, which a bootstrap over repeated units is not (a repeated image enters the Gram as two images).
+    None for fewer than 2 units, for leave-one-out values without spread (``_no_spread``) or for non-finite ones."""
+    values = as_float64(leave_one_out)
+    n = len(values)
+    if n < 2:
+        return (math.nan, math.nan), f"none: {n_units(n, unit)}, at least 2 needed"
+    if not (np.isfinite(values).all() and math.isfinite(statistic)):
+        return (math.nan, math.nan), f"none: {NOT_FINITE}"
+    flat = _no_spread(values, unit)
+    if flat is not None:
+        return (math.nan, math.nan), f"none: {flat}"
+    from scipy.stats import t
+
+    half = float(t.ppf(0.975, n - 1)) * math.sqrt((n - 1) / n * float(((values - values.mean()) ** 2).sum()))
+    return (statistic - half, statistic + half), f"jackknife over {n} {unit} (Student t, {n - 1} df)"

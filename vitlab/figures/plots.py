@@ -175,6 +175,27 @@ def similarity_tiles(sim: np.ndarray, title: str = "") -> go.Figure:
     return fig
 
 
+def cka_matrices(panels: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence[str]]], title: str = "") -> go.Figure:
+    """Linear CKA matrices side by side, each panel (title, (rows, cols) CKA, row layer names, column layer names):
+    rows up the y axis and columns along the x axis from the first layer, one colour scale from min(0, the lowest
+    value) to 1 for all panels, the value on hover (NaN: a representation constant over the images, left blank)."""
+    fig = make_subplots(rows=1, cols=len(panels), horizontal_spacing=0.09,
+                        subplot_titles=[p[0] for p in panels])
+    finite = [float(np.nanmin(m)) for _, m, _, _ in panels if np.isfinite(m).any()]
+    zmin = min([0.0, *finite])
+    for k, (name, m, rows, cols) in enumerate(panels):
+        fig.add_trace(go.Heatmap(z=m, x=list(cols), y=list(rows), zmin=zmin, zmax=1.0, colorscale="Viridis",
+                                 showscale=k == 0, colorbar=dict(title="CKA", len=0.8), hoverongaps=False,
+                                 hovertemplate=f"{name}<br>%{{y}} against %{{x}}: CKA %{{z:.3f}}<extra></extra>"),
+                      row=1, col=k + 1)
+        fig.update_xaxes(type="category", tickangle=-45, tickfont_size=9, row=1, col=k + 1)
+        fig.update_yaxes(type="category", tickfont_size=9, row=1, col=k + 1)
+    fig.update_annotations(font_size=12)
+    fig.update_layout(title=title, width=min(1080, 340 * len(panels) + 120), height=430,
+                      margin=dict(l=60, r=20, t=90, b=90))
+    return fig
+
+
 #: a table's row height in px: plotly's default (20) cuts the descenders of its 12 px font (g, p, y)
 TABLE_ROW_PX = 26
 #: a table column's width in px, and the characters of its 12 px font that fit on one line of it
@@ -340,3 +361,19 @@ def emergence_curves(bands: dict[str, dict[str, dict[str, list[float]]]], title:
     fig.update_layout(title=title, height=330 * rows, width=1100, template="plotly_white",
                       legend=dict(orientation="h", y=-0.12))
     return fig
+
+
+def similarity_figure(aa: np.ndarray, bb: np.ndarray, ab: np.ndarray, vit_layers: list[str], resnet_layers: list[str],
+                      vit: str = "ViT", resnet: str = "ResNet", subtitle: str = "") -> go.Figure:
+    """The three CKA matrices (``aa`` (La, La): the ViT against itself, ``bb`` (Lb, Lb): the ResNet against itself,
+    ``ab`` (La, Lb): the ViT against the ResNet) as one figure (``cka_matrices``); layer names that do not fit the
+    matrices are replaced by "layer 1", ... ."""
+    aa, bb, ab = (np.asarray(m, dtype=np.float64) for m in (aa, bb, ab))
+    if len(vit_layers) != len(aa):  # names that do not fit the layers read (a CNN without timm's feature_info)
+        vit_layers = [f"layer {i + 1}" for i in range(len(aa))]
+    if len(resnet_layers) != len(bb):
+        resnet_layers = [f"layer {i + 1}" for i in range(len(bb))]
+    return cka_matrices([(f"{vit} against itself", aa, vit_layers, vit_layers),
+                         (f"{resnet} against itself", bb, resnet_layers, resnet_layers),
+                         (f"{vit} (rows) against {resnet}", ab, vit_layers, resnet_layers)],
+                        title=f"Linear CKA between layers<br><sup>{subtitle}</sup>")

@@ -29,6 +29,10 @@ The suite per finding (``CONTROLS``: key -> (control, kind)):
 - ``fig34.locality`` (``study_findings.locality_key``): the sweep's records with the ViT's share of local
   lowest-layer heads raised by 50 points at the largest size (positive), and with it the same at the largest size as
   at the smallest, seed by seed (negative).
+- ``raghu.uniformity``: the ViT with its layers shuffled (first, last, second, ...) against the ViT, a model whose
+  every layer is the ViT's first against the ResNet (positive); the ViT against its shuffled copy (negative).
+- ``raghu.lower_layers``: the ResNet against itself, the ViT against itself (positive: a model's lowest layers
+  resemble its own lower half); the ResNet against itself with its layers in reverse order (negative).
 - ``sec4_6.*`` (``study_findings.mpp_key``): the study's records with the initialisation expected ahead raised by 20
   points (positive), and with it equal to the other, seed by seed (negative).
 
@@ -48,12 +52,13 @@ import torch
 from vitlab.base.checks import check_seed
 from vitlab.base.stats import Array, as_float64
 from vitlab.findings import model as F
+from vitlab.findings import similarity as SF
 from vitlab.findings.studies import KEY_LOCALITY, KEY_SCALING
 from vitlab.findings.verdict import Verdict, json_types, validated
 from vitlab.inspect.distance import patch_distances
 
 __all__ = ["ControlResult", "CONTROLS", "filter_controls", "position_controls", "distance_controls",
-           "rollout_controls", "scaling_controls", "locality_controls", "locality_verdicts", "mpp_controls", "validate", "validation_table", "dct_filters", "sincos_similarity",
+           "rollout_controls", "scaling_controls", "locality_controls", "locality_verdicts", "mpp_controls", "similarity_controls", "interleaved", "validate", "validation_table", "dct_filters", "sincos_similarity",
            "isotropic_similarity", "permuted_similarity", "NEGATIVE", "POSITIVE"]
 
 NEGATIVE, POSITIVE = "negative", "positive"
@@ -448,3 +453,45 @@ def mpp_controls(records: Sequence[Mapping], better: str = "mpp", worse: str = "
         key = v.key
         results.append(ControlResult.of(name, kind_, v))
     return {key: results}
+
+
+# ---------------------------------------------------------------------------------------------- Raghu et al. 2021
+
+
+SHUFFLED_VS_VIT = "the ViT with its layers shuffled (first, last, second, ...) against the ViT"
+VIT_VS_SHUFFLED = "the ViT against itself with its layers shuffled (first, last, second, ...)"
+ALL_FIRST = "a model whose every layer is the ViT's first, against the ResNet"
+RESNET_SELF = "the ResNet against itself"
+VIT_SELF = "the ViT against itself"
+RESNET_REVERSED = "the ResNet against itself with its layers in reverse order"
+CONTROLS[SF.KEY_UNIFORMITY] = ((SHUFFLED_VS_VIT, POSITIVE), (ALL_FIRST, POSITIVE), (VIT_VS_SHUFFLED, NEGATIVE))
+CONTROLS[SF.KEY_LOWER_LAYERS] = ((RESNET_SELF, POSITIVE), (VIT_SELF, POSITIVE), (RESNET_REVERSED, NEGATIVE))
+
+
+def interleaved(layers: int) -> list[int]:
+    """``layers`` layers shuffled so that every half holds low and high ones: first, last, second, second to last,
+    ... ([0, 6, 1, 5, 2, 4, 3] for 7)."""
+    return [i // 2 if i % 2 == 0 else layers - 1 - i // 2 for i in range(layers)]
+
+
+def similarity_controls(tables) -> dict[str, list[ControlResult]]:
+    """The Raghu et al. controls from the ViT-against-ResNet ``vitlab.inspect.cka.SimilarityTables`` themselves (the
+    same images, batches and jackknife), judged by ``similarity_findings.uniformity`` and ``lower_layers``:
+
+    - uniformity: a copy whose layers are shuffled across depth (``interleaved``) has its low and high layers in
+      both halves, so a model whose similarity falls with the distance between layers is less uniform than that
+      copy (the shuffled copy against the model: positive; the model against it: negative); a model whose layers
+      are all the same representation is perfectly uniform (against the ResNet: positive).
+    - lower layers: a model's lowest layers resemble its own lower half, which holds them (CKA 1), more than its
+      upper half (a model against itself: positive); against itself in reverse order they resemble the copy's
+      upper half (negative).
+    """
+    la, lb = tables.aa.shape[-1], tables.bb.shape[-1]
+    vit = tables.self_pair("a")
+    resnet = tables.self_pair("b")
+    judged = {SHUFFLED_VS_VIT: [SF.uniformity(vit.reordered(a=interleaved(la)))],
+              VIT_VS_SHUFFLED: [SF.uniformity(vit.reordered(b=interleaved(la)))],
+              ALL_FIRST: [SF.uniformity(tables.reordered(a=[0] * la))],
+              RESNET_SELF: [SF.lower_layers(resnet)], VIT_SELF: [SF.lower_layers(vit)],
+              RESNET_REVERSED: [SF.lower_layers(resnet.reordered(b=list(range(lb))[::-1]))]}
+    return _results(judged)

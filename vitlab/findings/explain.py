@@ -36,6 +36,10 @@ KNOWN_REASONS: dict[str, str] = {
               "background.",
     "Sec. 4.6": "the paper's MPP run is ViT-B/16 pre-trained on JFT-300M (Appendix B.1.2) and compared after "
                 "fine-tuning on ImageNet.",
+    "Raghu et al. 2021": "Raghu et al. compare ViT-B and ViT-L with ResNet-50 and ResNet-152 at 224 px, pre-trained "
+                         "on ImageNet or JFT-300M, and find that the ViT's lowest layers depend on the amount of "
+                         "pre-training data: trained on ImageNet alone they learn less local attention than on "
+                         "JFT-300M.",
     "Fig. 3/4": "the paper's crossing happens between ImageNet (1.3M images) and JFT-300M (Fig. 3, 4); a "
                 "miniature of at most tens of thousands of 32 px images sits far below that regime, where "
                 "convolutional inductive biases should win.",

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from vitlab.findings import controls, studies
+from vitlab.findings import controls, similarity, studies
 from vitlab.findings import model as findings
 from vitlab.findings.verdict import Verdict
 from vitlab.inspect.capture import capture_attention
+from vitlab.inspect.cka import SimilarityTables, similarity_tables
 from vitlab.inspect.distance import attention_distance_from_maps, uniform_attention_distance
 from vitlab.inspect.positions import position_embedding_similarity, position_table
 from vitlab.models.info import ModelInfo
@@ -108,3 +110,19 @@ def mpp_verdicts(records: Sequence[dict], shots: int = 10) -> list:
                 # the criterion checked on controls from these records (vitlab.findings.controls.mpp_controls)
                 out += controls.validate([v], controls.mpp_controls(records, better, worse, kind, shots, readout))
     return out
+
+
+@torch.no_grad()
+def similarity_pair(vit: nn.Module, resnet: nn.Module, x: torch.Tensor, batch_size: int = 64,
+                    x_resnet: torch.Tensor | None = None, subject: str = ""
+                    ) -> tuple[dict[str, SimilarityTables], list[Verdict]]:
+    """{representation: tables} of ``vit`` (model a) against ``resnet`` (model b) on the preprocessed (B, C, H, W)
+    images ``x`` (``x_resnet``: the same images as the ResNet's own preprocessing gives them; default ``x``), under
+    each of ``similarity.REPRESENTATION_CONVENTIONS``, and the two Raghu et al. verdicts (``similarity.judge_similarity``) checked on
+    their controls (``controls.similarity_controls``, on the first representation's tables), each with ``subject``
+    (what it judges: the two models and the images)."""
+    tables = {rep: similarity_tables(vit, resnet, x, representation=rep, batch_size=batch_size, progress=False,
+                                     images_b=x_resnet) for rep in similarity.REPRESENTATION_CONVENTIONS}
+    verdicts = controls.validate(similarity.judge_similarity(tables),
+                                 controls.similarity_controls(tables[similarity.REPRESENTATION_CONVENTIONS[0]]))
+    return tables, [replace(v, subject=subject) for v in verdicts]

@@ -27,14 +27,14 @@ from torch import Tensor
 
 from vitlab.base.checks import check_int
 from vitlab.base.intervals import (
+    NOT_FINITE,
     fmt_value,
     not_finite_text,
 )
-from vitlab.base.stats import as_float64
 
 __all__ = ["Verdict", "verdict_table", "runs_words", "across_conventions", "validated", "DEPENDS_ON_CONVENTION",
            "FAILS_CONTROL", "fmt_endpoint", "fmt_threshold", "json_types", "make_verdict", "decide",
-           "spearman_resampled", "as_float64", "NOT_FINITE", "VERDICTS"]
+           "spearman_resampled", "VERDICTS"]
 
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
@@ -203,8 +203,6 @@ def decide(interval: tuple[float, float], threshold: float, side: str) -> str:
     return "reproduced" if below else "not reproduced" if above else "inconclusive"
 
 
-#: why a verdict has no interval when its maker gave no reason: every resample's statistic was NaN or infinite
-NOT_FINITE = "the statistic is not finite on the data or on any resample"
 
 
 def make_verdict(finding: str, criterion: str, statistic: float, interval: tuple[float, float], threshold: float,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -32,8 +33,8 @@ from vitlab.base.modes import eval_mode, unwrapped
 from vitlab.inspect.capture import check_images
 from vitlab.inspect.residual import block_list, capture_blocks
 
-__all__ = ["cka", "hsic_gram", "MinibatchCKA", "layer_similarity", "layer_features", "REPRESENTATIONS",
-           "Representation"]
+__all__ = ["cka", "hsic_gram", "centred_gram", "MinibatchCKA", "layer_similarity", "layer_features",
+           "REPRESENTATIONS", "Representation", "SimilarityTables", "feature_tables", "layer_names", "similarity_tables", "batch_bounds"]
 
 Representation = Literal["tokens", "cls", "patch_mean"]
 #: ``tokens``: every token of the layer's output, prefix included, flattened (T * D features; for a CNN stage the
@@ -47,12 +48,18 @@ def hsic_gram(x: Tensor, debiased: bool = True) -> Tensor:
     the elementwise product): the U-centred Gram of K = X X^T divided by sqrt(n (n - 3)) (``debiased``; n >= 4), or
     H K H / (n - 1) (Kornblith's estimator; n >= 2)."""
     x = x.double()
-    n = x.shape[-2]
+    return centred_gram(x @ x.transpose(-1, -2), debiased)
+
+
+def centred_gram(k: Tensor, debiased: bool = True) -> Tensor:
+    """``hsic_gram`` from the (..., n, n) Gram K = X X^T itself (float64): what a subset of the images needs, K's
+    rows and columns of those images (``SimilarityTables``' leave-one-out values)."""
+    k = k.double()
+    n = k.shape[-1]
     need = 4 if debiased else 2
     if n < need:
         raise ValueError(f"{'the unbiased' if debiased else 'the'} HSIC estimator needs at least {need} images in a "
                          f"batch, got {n}: pass more images (or a larger batch_size)")
-    k = x @ x.transpose(-1, -2)
     if not debiased:
         k = k - k.mean(-1, keepdim=True)
         k = k - k.mean(-2, keepdim=True)
@@ -171,6 +178,18 @@ def layer_features(model: nn.Module, images: Tensor, representation: Representat
     return [m.flatten(1) if representation == "tokens" else m.mean((-2, -1)) for m in maps]
 
 
+def layer_names(model: nn.Module) -> list[str]:
+    """The names of the layers ``layer_features`` reads, in its order: "block 1", ... for a ViT; for a CNN, the
+    modules of timm's ``feature_info`` ("stem.conv", "stages.0", ...), or "stage 1", ... where it has none."""
+    model = unwrapped(model)
+    if _is_vit(model):
+        return [f"block {i + 1}" for i in range(len(block_list(model)))]
+    info = getattr(model, "feature_info", None)
+    if isinstance(info, list) and all(isinstance(f, dict) and "module" in f for f in info):
+        return [str(f["module"]) for f in info]
+    return [f"stage {i + 1}" for i in range(len(getattr(model, "feature_info", ()) or ()))]
+
+
 @torch.no_grad()
 def layer_similarity(model_a: nn.Module, model_b: nn.Module, images: Tensor, *,
                      representation: Representation = "tokens", batch_size: int = 64, debiased: bool = True,
@@ -189,14 +208,7 @@ def layer_similarity(model_a: nn.Module, model_b: nn.Module, images: Tensor, *,
     model_a, model_b = unwrapped(model_a), unwrapped(model_b)
     check_images(images, model_a)
     check_images(images, model_b)
-    check_count("batch_size", batch_size)
-    need = 4 if debiased else 2
-    if len(images) < need:
-        raise ValueError(f"layer_similarity needs at least {need} images, got {len(images)}")
-    starts = list(range(0, len(images), batch_size))
-    if len(starts) > 1 and len(images) - starts[-1] < need:
-        starts.pop()  # the short last batch joins the one before
-    bounds = list(zip(starts, starts[1:] + [len(images)]))
+    bounds = batch_bounds(len(images), batch_size, 4 if debiased else 2, "layer_similarity")
     acc: MinibatchCKA | None = None
     show = len(bounds) > 1 if progress is None else progress
     for s, e in tqdm(bounds, desc="CKA", disable=not show, leave=False):
@@ -207,3 +219,143 @@ def layer_similarity(model_a: nn.Module, model_b: nn.Module, images: Tensor, *,
         acc.update(fa, fb)
         del fa, fb  # before the next batch's features exist: one batch's features at a time
     return acc.result()
+
+
+def batch_bounds(n: int, batch_size: int, need: int, who: str) -> list[tuple[int, int]]:
+    """[start, end) of each batch of ``n`` images, ``batch_size`` each; a last batch of fewer than ``need`` images
+    (the estimator's minimum) joins the one before. ``ValueError`` naming ``who`` for fewer than ``need`` images."""
+    check_count("batch_size", batch_size)
+    if n < need:
+        raise ValueError(f"{who} needs at least {need} images, got {n}")
+    starts = list(range(0, n, batch_size))
+    if len(starts) > 1 and n - starts[-1] < need:
+        starts.pop()  # the short last batch joins the one before
+    return list(zip(starts, starts[1:] + [n]))
+
+
+def _ratio(aa: Tensor, bb: Tensor, ab: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Summed HSIC tables (..., La, La), (..., Lb, Lb), (..., La, Lb) -> their CKA matrices (same shapes)."""
+    da, db = aa.diagonal(dim1=-2, dim2=-1), bb.diagonal(dim1=-2, dim2=-1)
+    return (aa / (da[..., :, None] * da[..., None, :]).sqrt(), bb / (db[..., :, None] * db[..., None, :]).sqrt(),
+            ab / (da[..., :, None] * db[..., None, :]).sqrt())
+
+
+@dataclass(frozen=True)
+class SimilarityTables:
+    """What mini-batch CKA between two models a and b on the same n images is made of, and its jackknife over images.
+
+    ``aa`` (B, La, La), ``bb`` (B, Lb, Lb), ``ab`` (B, La, Lb): float64 HSIC of every pair of layers in each of B
+    batches (a with itself, b with itself, a with b); ``batch`` (n,): the batch of each image; ``loo_aa`` (n, La, La),
+    ``loo_bb``, ``loo_ab``: its batch's HSICs with that image left out. ``cka()`` is the mini-batch CKA (every batch
+    weighted alike, Nguyen et al. eq. 3), ``jackknife()`` the same with each image left out in turn. ``reordered``
+    and ``self_pair`` build controls (``vitlab.findings.controls``) from the same numbers."""
+
+    aa: Tensor
+    bb: Tensor
+    ab: Tensor
+    batch: Tensor
+    loo_aa: Tensor
+    loo_bb: Tensor
+    loo_ab: Tensor
+    representation: str = "tokens"
+    debiased: bool = True
+
+    @property
+    def images(self) -> int:
+        return len(self.batch)
+
+    def cka(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(a with a (La, La), b with b (Lb, Lb), a with b (La, Lb)) float64 mini-batch CKA over all images."""
+        return _ratio(self.aa.sum(0), self.bb.sum(0), self.ab.sum(0))
+
+    def jackknife(self) -> tuple[Tensor, Tensor, Tensor]:
+        """As ``cka()`` with image i left out, for each i: (n, La, La), (n, Lb, Lb), (n, La, Lb). Its batch keeps its
+        weight (each batch's HSIC is an estimate of the same HSIC, whatever its size)."""
+        return tuple(_ratio(*(t.sum(0) - t[self.batch] + loo for t, loo in (
+            (self.aa, self.loo_aa), (self.bb, self.loo_bb), (self.ab, self.loo_ab)))))
+
+    def reordered(self, a: Sequence[int] | None = None, b: Sequence[int] | None = None) -> SimilarityTables:
+        """The tables of a model whose layers are ``a``'s layers in the order ``a`` (indices, repeats allowed: [0, 0]
+        is a model whose two layers are both a's first), and likewise for ``b``; None keeps a model's order."""
+        ia = torch.arange(self.aa.shape[-1]) if a is None else torch.as_tensor(list(a))
+        ib = torch.arange(self.bb.shape[-1]) if b is None else torch.as_tensor(list(b))
+
+        def pick(t: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+            return t[..., rows, :][..., cols]
+
+        return SimilarityTables(pick(self.aa, ia, ia), pick(self.bb, ib, ib), pick(self.ab, ia, ib), self.batch,
+                                pick(self.loo_aa, ia, ia), pick(self.loo_bb, ib, ib), pick(self.loo_ab, ia, ib),
+                                self.representation, self.debiased)
+
+    def self_pair(self, which: str = "b") -> SimilarityTables:
+        """The tables of model ``which`` ("a" or "b") against itself."""
+        if which not in ("a", "b"):
+            raise ValueError(f"which must be 'a' or 'b', got {which!r}")
+        t, loo = (self.aa, self.loo_aa) if which == "a" else (self.bb, self.loo_bb)
+        return SimilarityTables(t, t, t, self.batch, loo, loo, loo, self.representation, self.debiased)
+
+
+def _grams_with_leave_one_out(feats: Sequence[Tensor], debiased: bool) -> tuple[Tensor, Tensor]:
+    """Per layer, the batch's flattened centred Gram (L, m*m) and, for each image left out, the centred Gram of the
+    other m - 1 (L, m, (m-1)^2)."""
+    x = [_flat(f, "features").double() for f in feats]
+    k = torch.stack([f @ f.T for f in x])  # (L, m, m) raw Grams
+    m = k.shape[-1]
+    keep = torch.stack([torch.cat([torch.arange(i), torch.arange(i + 1, m)]) for i in range(m)]).to(k.device)
+    loo = k[:, keep[:, :, None], keep[:, None, :]]  # (L, m, m-1, m-1)
+    return (centred_gram(k, debiased).flatten(1).cpu(), centred_gram(loo, debiased).flatten(2).cpu())
+
+
+@torch.no_grad()
+def similarity_tables(model_a: nn.Module, model_b: nn.Module, images: Tensor, *,
+                      representation: Representation = "tokens", batch_size: int = 64, debiased: bool = True,
+                      progress: bool | None = None, images_b: Tensor | None = None) -> SimilarityTables:
+    """The HSIC tables (``SimilarityTables``) of ``model_a`` against itself, ``model_b`` against itself and the two
+    against each other on the same preprocessed (B, C, H, W) ``images`` (``images_b``: the same images as
+    ``model_b``'s own preprocessing gives them, for two models that differ in it; default ``images``), layers and
+    ``representation`` as ``layer_similarity`` reads them, in batches of ``batch_size`` (a last batch of fewer than 5
+    images joins the one before: leaving one out must leave the unbiased estimator its 4). ``cka()[2]`` equals
+    ``layer_similarity`` with the same batches. Memory holds one batch's features and Grams, and the tables
+    (O(n L^2) numbers)."""
+    from tqdm.auto import tqdm
+
+    model_a, model_b = unwrapped(model_a), unwrapped(model_b)
+    images_b = images if images_b is None else images_b
+    if len(images_b) != len(images):
+        raise ValueError(f"images_b must be the same images as images: {len(images_b)} against {len(images)}")
+    check_images(images, model_a)
+    check_images(images_b, model_b)
+    bounds = batch_bounds(len(images), batch_size, (4 if debiased else 2) + 1, "similarity_tables")
+    show = len(bounds) > 1 if progress is None else progress
+    parts = [_batch_tables(layer_features(model_a, images[s:e], representation),
+                           layer_features(model_b, images_b[s:e], representation), debiased)
+             for s, e in tqdm(bounds, desc="CKA tables", disable=not show, leave=False)]
+    return _joined(parts, bounds, representation, debiased)
+
+
+def feature_tables(feats_a: Sequence[Tensor], feats_b: Sequence[Tensor], *, batch_size: int = 64,
+                   debiased: bool = True, representation: str = "given features") -> SimilarityTables:
+    """``similarity_tables`` of features given as tensors: ``feats_a``, ``feats_b`` each a sequence of one
+    (n, ...) tensor per layer, all of the same n images (constructed representations, or ``layer_features``')."""
+    n = {len(f) for f in [*feats_a, *feats_b]}
+    if len(n) != 1:
+        raise ValueError(f"every layer's features must hold the same images, got {sorted(n)} rows")
+    bounds = batch_bounds(n.pop(), batch_size, (4 if debiased else 2) + 1, "feature_tables")
+    parts = [_batch_tables([f[s:e] for f in feats_a], [f[s:e] for f in feats_b], debiased) for s, e in bounds]
+    return _joined(parts, bounds, representation, debiased)
+
+
+def _batch_tables(fa: Sequence[Tensor], fb: Sequence[Tensor], debiased: bool) -> tuple[Tensor, ...]:
+    """One batch's HSIC tables (aa, bb, ab) and leave-one-out tables (m, ...) from its layers' features."""
+    ga, la = _grams_with_leave_one_out(fa, debiased)
+    gb, lb = _grams_with_leave_one_out(fb, debiased)
+    return (ga @ ga.T, gb @ gb.T, ga @ gb.T, torch.einsum("aip,bip->iab", la, la),
+            torch.einsum("aip,bip->iab", lb, lb), torch.einsum("aip,bip->iab", la, lb))
+
+
+def _joined(parts: Sequence[tuple[Tensor, ...]], bounds: Sequence[tuple[int, int]], representation: str,
+            debiased: bool) -> SimilarityTables:
+    aa, bb, ab = (torch.stack([p[i] for p in parts]) for i in range(3))
+    loo_aa, loo_bb, loo_ab = (torch.cat([p[i] for p in parts]) for i in range(3, 6))
+    batch = torch.cat([torch.full((e - s,), j) for j, (s, e) in enumerate(bounds)])
+    return SimilarityTables(aa, bb, ab, batch, loo_aa, loo_bb, loo_ab, representation, debiased)

@@ -16,6 +16,7 @@ from vitlab.base.shipped import data_path
 from vitlab.inspect import ATTRIBUTION_METHODS
 from vitlab.models.load import SHAPES_CHECKPOINT
 from vitlab.report import sections as S
+from vitlab.report.similarity import similarity as similarity_section
 
 #: The shipped data-scaling sweep drawn in the report's scaling section.
 SCALING_RESULTS = data_path("results/scaling_cifar10.jsonl")
@@ -63,6 +64,7 @@ STEPS: tuple[Step, ...] = (
     Step("maps", lambda ctx, tick: S.maps_and_faithfulness(ctx.inp, ctx.pred, localisation=_localised(ctx), tick=tick),
          parts=len(ATTRIBUTION_METHODS) + 1),
     Step("readout", lambda ctx, tick: S.readout_and_entropy(ctx.inp, ctx.pred)),
+    Step("similarity", lambda ctx, tick: similarity_section(ctx.inp)),
     Step("localisation", lambda ctx, tick: S.localisation(SHAPES_CHECKPOINT, versions(), device=ctx.device, tick=tick),
          parts=len(ATTRIBUTION_METHODS) + 1, option="shapes"),
     Step("few-shot", lambda ctx, tick: S.few_shot(ctx.inp, tick=tick), parts=3, option="few_shot"),
