@@ -543,7 +543,7 @@ def test_app_hands_voila_a_token_host_names_and_a_page_cap_outside_its_command_l
 
     serve, started, port = vitlab.app.serve, [], str(free_port())
     _fake_serve(monkeypatch, started)
-    monkeypatch.setattr("vitlab.cli._check_app_model", lambda *a: None)
+    monkeypatch.setattr("vitlab.cli.app._check_app_model", lambda *a: None)
     assert main(["app", "--port", port, "--allow-host", "box.local", "--allow-host", "box", "--max-pages", "2"]) == 0
     assert (started[0][1]["hosts"], started[0][1]["max_pages"]) == (("box.local", "box"), 2)
     assert main(["app", "--port", port]) == 0
@@ -573,9 +573,8 @@ def test_app_refuses_a_port_in_use_before_loading_the_model(monkeypatch, capsys)
     import socket
 
     import vitlab.app
-    from vitlab import cli
 
-    monkeypatch.setattr(cli, "_check_app_model", lambda *a: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("vitlab.cli.app._check_app_model", lambda *a: pytest.fail("the model was loaded"))
     monkeypatch.setattr(vitlab.app, "serve", lambda *a, **kw: pytest.fail("the server was started"))
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -673,12 +672,10 @@ def test_sweep_plot_png_names_a_bad_browser_path(tmp_path, monkeypatch, capsys):
 def test_system_errors_are_one_line_naming_the_path_not_a_traceback(error, words, monkeypatch, capsys):
     """A read-only output folder (PermissionError) or a folder where a file goes (IsADirectoryError) escaped main()
     as a raw traceback, after all the work; now a line naming the path and the fix, exit status 1."""
-    import vitlab.cli
-
     def fail(args):
         raise error
 
-    monkeypatch.setattr(vitlab.cli, "cmd_info", fail)
+    monkeypatch.setattr("vitlab.cli.info.run", fail)
     assert main(["info"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"vitlab info: {type(error).__name__}: {words}") and "Traceback" not in err
@@ -686,15 +683,13 @@ def test_system_errors_are_one_line_naming_the_path_not_a_traceback(error, words
 
 
 def test_ctrl_c_is_a_message_and_status_130_not_a_traceback(monkeypatch, capsys):
-    import vitlab.cli
-
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(vitlab.cli, "cmd_train", interrupted)
+    monkeypatch.setattr("vitlab.cli.train.run", interrupted)
     assert main(["train", "--preset", "tiny"]) == 130
     assert capsys.readouterr().err == "vitlab train: interrupted; --resume continues from the last finished epoch, if one finished\n"
-    monkeypatch.setattr(vitlab.cli, "cmd_info", interrupted)
+    monkeypatch.setattr("vitlab.cli.info.run", interrupted)
     assert main(["info"]) == 130
     assert capsys.readouterr().err == "vitlab info: interrupted\n"
 
@@ -707,7 +702,6 @@ def test_kill_cleans_up_like_ctrl_c_status_143(monkeypatch, capsys, tmp_path):
     import signal
 
     import vitlab.checkpoint
-    import vitlab.cli
     from vitlab.checkpoint import save_checkpoint
 
     model = vitlab.load_model(vitlab.vit_config("Ti/16", img_size=32, patch_size=8, depth=1, num_classes=2))
@@ -725,7 +719,7 @@ def test_kill_cleans_up_like_ctrl_c_status_143(monkeypatch, capsys, tmp_path):
         save_checkpoint(model, target)
         return 0
 
-    monkeypatch.setattr(vitlab.cli, "cmd_info", save)
+    monkeypatch.setattr("vitlab.cli.info.run", save)
     handler = signal.getsignal(signal.SIGTERM)
     assert main(["info"]) == 143
     assert capsys.readouterr().err == "vitlab info: terminated (SIGTERM)\n"
@@ -739,8 +733,6 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(monkeypatch, capsys):
     import subprocess
     import sys
 
-    import vitlab.cli
-
     proc = subprocess.Popen([sys.executable, "-m", "vitlab.cli", "info", "--json"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     proc.stdout.close()  # the reader leaves before the first line
@@ -750,7 +742,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(monkeypatch, capsys):
     def other_pipe(args):
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(vitlab.cli, "cmd_info", other_pipe)
+    monkeypatch.setattr("vitlab.cli.info.run", other_pipe)
     assert main(["info"]) == 1
     assert capsys.readouterr().err == "vitlab info: BrokenPipeError: [Errno 32] Broken pipe\n"
 
@@ -1145,7 +1137,8 @@ def test_set_flags_in_error_messages_paste_into_a_shell(tmp_path):
     _parse_value reads back as the Python message's value."""
     import shlex
 
-    from vitlab.cli import _parse_value, cli_words
+    from vitlab.cli import cli_words
+    from vitlab.cli.train import parse_value as _parse_value
     from vitlab.data import ImageArray
     from vitlab.train import _check_image_size, _diverged_text
     from vitlab.train_config import PRESETS

@@ -220,7 +220,8 @@ def test_bad_settings_are_refused_by_name_before_the_run_folder_is_written(tmp_p
     run folder was written, others trained something else than asked (the text 'False' is true)."""
     import dataclasses
 
-    from vitlab.cli import main, preset_config
+    from vitlab.cli import main
+    from vitlab.cli.train import preset_config
     from vitlab.zoo import ViTConfig
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
