@@ -36,8 +36,8 @@ def test_a_file_that_is_no_results_store_is_named_not_a_traceback(command, tmp_p
     other.write_text(json.dumps({"mean": [0.5, 0.25]}, indent=2))
     before = other.read_text()
     assert main([*command, "--results", str(other)]) == 1
-    assert capsys.readouterr().err.startswith(f"vitlab {command[0]}: ValueError: {other} is not a results store: "
-                                              "line 4 holds a float, not a record")
+    assert capsys.readouterr().err.startswith(f"vitlab {command[0]}: ParameterError: --results {other}: not a "
+                                              "results store: line 4 holds a float, not a record")
     assert other.read_text() == before
 
 

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from vitlab.checks import whole_index
 from vitlab.data import ImageArray, load_splits, nested_subsets
+from vitlab.errors import ParameterError, Setting
 from vitlab.provenance import provenance
 from vitlab.stats import percent_cell
 from vitlab.sweep_config import FAMILIES, SWEEPS, RunSpec, SweepConfig, load_sweep_config
@@ -69,8 +70,9 @@ class ResultsStore:
             except (json.JSONDecodeError, UnicodeDecodeError):  # a line torn by a crash mid-write (garbage bytes
                 continue  # included): that run simply reruns
             if not isinstance(record, dict):  # a torn record never parses as a number or list: another kind of file
-                raise ValueError(f"{self.path} is not a results store: line {i} holds a {type(record).__name__}, not "
-                                 "a record; pass results= a .jsonl file that vitlab wrote, or a new file's name")
+                raise ParameterError("results", str(self.path), "a .jsonl file that vitlab wrote, or a new file's "
+                                     "name", problem=f"not a results store: line {i} holds a "
+                                     f"{type(record).__name__}, not a record")
             out.append(record)
         return out
 
@@ -315,7 +317,8 @@ def _ray_runtime(address: str | None, workers: int) -> Iterator[Any]:
     try:
         import ray
     except ImportError as e:
-        raise RuntimeError("executor='ray' needs Ray: pip install 'vitlab[ray]' (or pip install ray)") from e
+        raise ParameterError("executor", "ray", problem="needs Ray", fix=[
+            "pip install 'vitlab[ray]' (or pip install ray)", Setting("executor", "local")]) from e
     started = not ray.is_initialized()
     if started:
         if address:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from vitlab.choices import DEVICE_HELP
 from vitlab.cli.args import non_negative_int, positive_int, user_path
+from vitlab.cli.flags import API_VALUES
 from vitlab.train_config import PRESETS
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ HELP = 'train a preset (resumable; metrics in RUN/metrics.jsonl)'
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="vit_cifar10", help=", ".join(PRESETS))
-    parser.add_argument("--run-dir", type=user_path, dest="run", help="run folder (default $VITLAB_CACHE/runs/PRESET, i.e. "
+    parser.add_argument("--run-dir", type=user_path, help="run folder (default $VITLAB_CACHE/runs/PRESET, i.e. "
                     "~/.cache/vitlab/runs/PRESET: outside the work tree)")
     leg = parser.add_mutually_exclusive_group()  # --continue resumes by itself where there is state to resume
     leg.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
@@ -44,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help=f"{DEVICE_HELP}; under torchrun, one process per device")
     parser.add_argument("--workers", type=non_negative_int, help="processes making the augmented batches while the model trains "
                     "(default: none on a CPU, all cores but two beside an accelerator); the batches are the same")
-    parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+    parser.add_argument("--compile", choices=tuple(API_VALUES["compile"]), default="auto",
                     help="the training step through torch.compile (auto: a ViT classifier in one process on a CPU "
                     "for 1,000 steps or more, where the faster epochs repay a slow first step); not "
                     "part of the run: resume either way")
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(text, file=sys.stderr)
 
-    run = Path(args.run or cache_dir() / "runs" / args.preset)  # outside the work tree: survives a fresh checkout
+    run = Path(args.run_dir or cache_dir() / "runs" / args.preset)  # outside the work tree: survives a fresh checkout
     resume = args.resume
     if args.continue_run:
         from vitlab.run_folder import continue_run
@@ -124,5 +125,5 @@ def run(args: argparse.Namespace) -> int:
         cfg, resume = continue_run(run, DEFAULT_CHECKPOINT.parent / args.preset, cfg, say)
     say(f"run folder: {run}")
     train(cfg, run, resume=resume, progress=not args.quiet, device=args.device, workers=args.workers,
-          compile={"auto": None, "on": True, "off": False}[args.compile])
+          compile=API_VALUES["compile"][args.compile])
     return 0

@@ -27,6 +27,7 @@ from vitlab.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
 from vitlab.checkpoint import card_line, model_card
 from vitlab.controls import validation_table
 from vitlab.devices import resolve_device
+from vitlab.errors import FolderError, ParameterError, Placeholder, Setting
 from vitlab.images import (
     default_data_words,
     default_image_count,
@@ -129,9 +130,9 @@ def check_report_dir(out: Path) -> None:
     folder holds only what the report writes (``report_entries``) and a ``metrics.json`` that the report wrote."""
     problem = not_a_report(out) if out.is_dir() and any(out.iterdir()) else None
     if problem is not None:
-        raise FileExistsError(f"{out} holds no earlier report: {problem}. vitlab reproduce replaces the whole folder "
-                              "and would delete them, so give out= a new or empty folder")
-    refuse_foreign_dir(out, lambda d: True, "vitlab reproduce", "earlier report", "out=")  # a file
+        raise FolderError("out", str(out), problem=f"holds no earlier report: {problem}. vitlab reproduce replaces "
+                          "the whole folder and would delete them", fix=[Setting("out", Placeholder("NEW_OR_EMPTY_FOLDER"))])
+    refuse_foreign_dir(out, lambda d: True, "vitlab reproduce", "earlier report", "out")  # a file
 
 
 def report_target(out: str | os.PathLike) -> Path:
@@ -141,9 +142,8 @@ def report_target(out: str | os.PathLike) -> Path:
     target = Path(os.path.abspath(out))
     here = Path(os.path.abspath(os.curdir))
     if target == here or target in here.parents:
-        raise ValueError(f"out={out} is the current folder or one that holds it ({target}); vitlab reproduce "
-                         f"replaces its folder as a whole: give out= a new folder's name, e.g. out="
-                         f"{Path(out) / 'report'}")
+        raise ParameterError("out", str(out), problem=f"the current folder or one that holds it ({target}); vitlab "
+                             "reproduce replaces its folder as a whole", fix=[Setting("out", str(Path(out) / "report"))])
     return target
 
 
@@ -222,8 +222,8 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     runs = list(model) if isinstance(model, (list, tuple)) else [model]
     if not runs or (len(runs) > 1 and (weights or any(m is None or not isinstance(m, (str, os.PathLike))
                                                       for m in runs))):
-        raise ValueError(f"model={model!r}: several runs of a recipe are checkpoints or timm names, one at least, "
-                         "without weights=; give one model, or a list of checkpoint folders")
+        raise ParameterError("model", model, "one model, or a list of checkpoint folders or timm names (at least "
+                             "one) without weights", problem="not one model or several runs of a recipe")
     model = runs[0]
     out = report_target(out)
     if isinstance(formats, str):  # its letters were read as formats ("unknown figure format(s) ['g', 'n', 'p']")
@@ -251,8 +251,9 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     else:
         most = default_image_count(net)
         if num_images is not None and num_images > most:  # default_images' own error named its argument n
-            raise ValueError(f"num_images={num_images}: this model's default images are {default_source(net)}, at "
-                             f"most {most}; ask for fewer, or pass images= a folder of your own")
+            raise ParameterError("num_images", num_images, f"at most {most}", problem=f"this model's default images "
+                                 f"are {default_source(net)}", fix=[Setting("num_images", most),
+                                                                    Setting("images", Placeholder("FOLDER"))])
         names, x, shown = default_images(net, num_images)
         labels, _ = default_labels(net, len(names))  # the CIFAR sample's true classes (named by Inputs)
         source = default_source(net)
