@@ -316,8 +316,7 @@ def test_more_default_images_than_there_are_is_named_by_its_flag(tmp_path, check
     """`--num-images 200` on a 32 px model said 'n must be in [1, 128], got 200', naming no flag or image set."""
     _keeps_previous(tmp_path / "out", ["reproduce", "--model", str(checkpoint), "--num-images", "200"], capsys,
                     "--num-images 200: this model's default images are the 128 shipped CIFAR-10 test images "
-                    "(data/cifar10_test_128.npz), at most "
-                    "128; ask for fewer, or pass --images a folder of your own")
+                    "(data/cifar10_test_128.npz) (allowed: at most 128); fix: --num-images 128, or --images FOLDER")
 
 
 def test_unknown_model_and_model_without_attention(tmp_path, capsys):
