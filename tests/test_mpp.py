@@ -109,8 +109,9 @@ def test_patch4x4_of_an_8px_patch_averages_each_2_x_2_cell():
 def test_patch4x4_needs_patches_that_split_into_4_x_4_cells():
     """The paper's 4 x 4 downsized patch averages whole cells of a 16 px patch; a 2 px patch was upsampled (each
     pixel predicted four times) and a 6 px one averaged overlapping cells, both silently."""
-    with pytest.raises(ValueError, match="patch4x4.*multiple of 4.*patch_size=2"):
+    with pytest.raises(ValueError, match="patch4x4.*multiple of 4, not 2") as e:
         dataclasses.replace(PRESETS["mpp_cifar10"], model=dataclasses.replace(TINY, patch_size=2), mpp_target="patch4x4")
+    assert (e.value.param, e.value.value, e.value.config) == ("mpp_target", "patch4x4", True)
     with pytest.raises(ValueError, match="patch4x4.*multiple of 4.*6 px"):
         MaskedPatchPrediction(32, 6, 1, "patch4x4")
     dataclasses.replace(PRESETS["mpp_cifar10"], model=dataclasses.replace(TINY, patch_size=2))  # color3: any patch
