@@ -812,7 +812,7 @@ def test_a_bad_number_from_the_command_line_is_refused_before_the_run_folder(tmp
     run = tmp_path / "run"
     assert main(["train", "--preset", "tiny", "--data", "shapes", "--run-dir", str(run), "--quiet", "--set",
                  "batch_size=0"]) != 0
-    assert "batch_size must be a whole number >= 1, got 0" in capsys.readouterr().err
+    assert "ParameterError: --set batch_size=0: must be a whole number >= 1" in capsys.readouterr().err
     assert not run.exists()
 
 
@@ -821,10 +821,9 @@ def test_images_of_another_size_are_refused_before_the_run_folder(tmp_path, thre
     before anything is written; a CNN takes the data as it is."""
     train_data, test_data = three_class_data
     cfg = dataclasses.replace(PRESETS["tiny"], model=dataclasses.replace(TINY_VIT, img_size=48), epochs=1)
-    with pytest.raises(ValueError, match=r"training images of .* are 32 x 32 px but the model is built for 48 x 48: "
-                                         r"build it for them with dataclasses.replace\(cfg, model="
-                                         r"dataclasses.replace\(cfg.model, img_size=32\)\)"):
+    with pytest.raises(ValueError, match=r"training images of .* are 32 x 32 px but the model is built for 48 x 48") as e:
         train(cfg, tmp_path / "run", progress=False, train_data=train_data, test_data=test_data)
+    assert (e.value.param, e.value.value, e.value.fix[0].value) == ("model.img_size", 48, 32)
     small_test = dataclasses.replace(test_data, images=test_data.images[:, :16, :16])
     with pytest.raises(ValueError, match="test images of .* are 16 x 16 px but the model is built for 32 x 32"):
         train(dataclasses.replace(cfg, model=TINY_VIT), tmp_path / "run", progress=False, train_data=train_data,
