@@ -618,7 +618,7 @@ def test_distillation_targets_can_average_the_teacher_over_the_mirror(tmp_path, 
     (dict(progressive_size=24, progressive_epochs=0), "progressive_epochs must be"),
     (dict(progressive_size=24, progressive_epochs=3), "progressive_epochs must be"),
     (dict(progressive_size=24, progressive_epochs=1, model=TINY_CNN), "needs a plain ViT"),
-    (dict(progressive_epochs=1), "progressive_epochs=1 needs progressive_size"),
+    (dict(progressive_epochs=1), "progressive_epochs=1: needs a progressive_size"),
     (dict(progressive_size=24, progressive_fraction=1.0), "progressive_fraction must be a share"),
     (dict(progressive_size=24, progressive_fraction=-0.1), "progressive_fraction must be a share"),
     (dict(progressive_size=24, progressive_fraction="a third"), "progressive_fraction must be a share"),
@@ -785,9 +785,9 @@ def test_distillation_facts_match_an_independent_two_head_pass():
     (dict(momentum=1.0), r"momentum must be a number in \[0, 1\)"),
     (dict(grad_clip=-1.0), "grad_clip must be a number >= 0"),
     (dict(distill_tau=0.0), "distill_tau must be a number > 0"),
-    (dict(warmup_epochs=3), r"warmup_epochs=3 exceeds epochs=2: .*\(dataclasses.replace\(cfg, warmup_epochs=0.4\)"),
-    (dict(mixup_prob=0.5, mixup_alpha=0, cutmix_alpha=0), "mixes nothing: to switch mixing off set mixup_prob=0"),
-    (dict(mixup_prob=0.5, batch_size=15), "batch_size=15 is odd, but mixup and cutmix pair"),
+    (dict(warmup_epochs=3), r"warmup_epochs=3: exceeds the 2 epochs: .*dataclasses.replace\(cfg, warmup_epochs=0.4\)"),
+    (dict(mixup_prob=0.5, mixup_alpha=0, cutmix_alpha=0), "mixup_prob=0.5: mixes nothing.*mixup_prob=0"),
+    (dict(mixup_prob=0.5, batch_size=15), "batch_size=15: odd, but mixup and cutmix pair"),
 ])
 def test_numeric_settings_are_checked(changes, match):
     with pytest.raises(ValueError, match=match):
