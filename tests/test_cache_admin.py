@@ -226,7 +226,7 @@ def test_an_entry_that_cannot_be_removed_is_named_and_the_rest_go(root, monkeypa
 def test_cache_sizes_never_print_1000_of_a_unit():
     """vitlab cache printed 999,950 bytes as '1000.0 kB' (and 999.96 MB as '1000.0 MB'), where du --si says 1.0M: a
     size rounds up into the next unit now, and one under 1000 bytes stays in bytes."""
-    from vitlab.cli import _size_words
+    from vitlab.cli.cache import _size_words
 
     assert [_size_words(n) for n in (999, 1000, 999_949, 999_950, 999_960_000, 154_001_156)] == [
         "999 B", "1.0 kB", "999.9 kB", "1.0 MB", "1.0 GB", "154.0 MB"]

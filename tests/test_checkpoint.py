@@ -369,10 +369,12 @@ def test_a_damaged_run_checkpoint_is_a_clear_error_that_changes_nothing(tmp_path
     else:
         (ck / "ema.safetensors").unlink()
     before = _snapshot(opt2, ema2, head2)
-    with pytest.raises(ModelLoadError, match=r"ck/\w+\.(safetensors|json).*The run cannot resume from it: start a "
-                                              r"new leg .*train\(dataclasses.replace\(cfg, init_from='.*ck'\), "
-                                              r"run_dir=NEW\), or train the run afresh"):
+    with pytest.raises(ModelLoadError, match=r"ck/\w+\.(safetensors|json).*The run cannot resume from it") as e:
         vc.load_run_state(ck, opt2, ema2, modules={"head": head2})
+    from vitlab.base.errors import Placeholder, Setting
+
+    assert (e.value.param, e.value.value) == ("resume", True)  # a new leg from its weights, in a new run folder
+    assert e.value.fix[0] == (Setting("init_from", str(ck), config=True), Setting("run_dir", Placeholder("NEW")))
     assert _same(_snapshot(opt2, ema2, head2), before)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from vitlab.base.checks import check_choice, check_flag, check_int, check_real, plain_int
+from vitlab.base.errors import ParameterError, Setting
 from vitlab.data.datasets import DataError
 
 
@@ -33,8 +34,10 @@ def test_check_real_flag_and_choice_name_the_field_and_what_is_allowed():
             check_real("lr", bad, lambda v: v > 0, "a number > 0")
     check_real("ema", None, none=True)
     check_flag("bf16", False)
-    with pytest.raises(ValueError, match="^bf16 must be true or false, got 'False' .e.g. x.$"):
-        check_flag("bf16", "False", " (e.g. x)")
+    with pytest.raises(ParameterError) as e:
+        check_flag("bf16", "False", config=True)
+    assert (e.value.param, e.value.value, e.value.config) == ("bf16", "False", True)
+    assert e.value.fix == (Setting("bf16", False, config=True),)
     check_choice("flip", "none", ("random", "alternating", "none"))
     with pytest.raises(ValueError, match="^flip must be 'random', 'alternating' or 'none', got 'no'$"):
         check_choice("flip", "no", ("random", "alternating", "none"))

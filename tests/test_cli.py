@@ -339,8 +339,9 @@ def test_a_weights_file_given_as_model_is_named_by_its_own_path(tmp_path, capsys
     bad = tmp_path / "weights.pth"
     bad.write_bytes(b"not a checkpoint")
     assert main(["info", "--model", str(bad)]) == 1
-    err = capsys.readouterr().err
-    assert f"{bad} is a file, not a vitlab checkpoint folder" in err and "--weights FILE" in err
+    err = capsys.readouterr().err  # the line a user reads: the flag, the file, and the flags that load it
+    assert err.startswith(f"vitlab info: ParameterModelError: --model {bad}: a file, not a vitlab checkpoint folder")
+    assert err.rstrip().endswith(f"fix: --model TIMM_NAME --weights {bad}"), err
 
 
 def test_resume_on_a_finished_run_says_so(tmp_path, capsys, monkeypatch):
@@ -408,7 +409,7 @@ def test_continue_after_a_finished_and_exported_leg_trains_a_new_leg(tmp_path, c
     try:
         assert holder.stdout.readline().strip() == "held"
         assert main(args + ["--continue"]) == 1
-        assert "is in use: another process is training into it now" in capsys.readouterr().err
+        assert f"RunInUse: --run-dir {run}: in use: another process is training" in capsys.readouterr().err
         assert not run.with_name("run.leg1").exists() and (run / "checkpoint" / "model.safetensors").read_bytes() == first
     finally:
         holder.kill()
@@ -543,7 +544,7 @@ def test_app_hands_voila_a_token_host_names_and_a_page_cap_outside_its_command_l
 
     serve, started, port = vitlab.app.serve, [], str(free_port())
     _fake_serve(monkeypatch, started)
-    monkeypatch.setattr("vitlab.cli._check_app_model", lambda *a: None)
+    monkeypatch.setattr("vitlab.cli.app._check_app_model", lambda *a: None)
     assert main(["app", "--port", port, "--allow-host", "box.local", "--allow-host", "box", "--max-pages", "2"]) == 0
     assert (started[0][1]["hosts"], started[0][1]["max_pages"]) == (("box.local", "box"), 2)
     assert main(["app", "--port", port]) == 0
@@ -573,9 +574,8 @@ def test_app_refuses_a_port_in_use_before_loading_the_model(monkeypatch, capsys)
     import socket
 
     import vitlab.app
-    from vitlab import cli
 
-    monkeypatch.setattr(cli, "_check_app_model", lambda *a: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("vitlab.cli.app._check_app_model", lambda *a: pytest.fail("the model was loaded"))
     monkeypatch.setattr(vitlab.app, "serve", lambda *a, **kw: pytest.fail("the server was started"))
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -595,16 +595,21 @@ def test_default_images_refuse_zero_images():
 
 
 def test_no_pretrained_with_a_checkpoint_or_a_weights_file_reads_in_flags(tmp_path, checkpoint, capsys):
-    assert main(["info", "--model", str(checkpoint), "--no-pretrained"]) != 0
-    assert "--no-pretrained is for timm model names; a vitlab checkpoint always loads" in capsys.readouterr().err
-    (tmp_path / "w.safetensors").write_bytes(b"")
-    assert main(["info", "--model", "vit_tiny_patch16_224", "--weights", str(tmp_path / "w.safetensors"),
-                 "--no-pretrained"]) != 0
-    err = capsys.readouterr().err
-    assert "a weights file and --no-pretrained contradict each other" in err and "or --no-pretrained to load it" in err
-    assert main(["info", "--model", str(checkpoint), "--weights", str(tmp_path / "w.safetensors")]) != 0
-    assert "vitlab info: ModelLoadError: --weights is for timm model names; a vitlab checkpoint already says" in \
-        capsys.readouterr().err  # was '--weights  is', two spaces
+    from vitlab.base.errors import ParameterModelError, Setting
+
+    assert main(["info", "--model", str(checkpoint), "--no-pretrained"]) == 1
+    assert "ParameterModelError: --no-pretrained: only timm model names take it" in capsys.readouterr().err
+    w = tmp_path / "w.safetensors"
+    w.write_bytes(b"")
+    with pytest.raises(ParameterModelError) as e:
+        vitlab.load_model("vit_tiny_patch16_224", weights=w, pretrained=False)
+    assert (e.value.param, e.value.value, e.value.fix) == ("pretrained", False, (Setting("weights", None),
+                                                                                 Setting("pretrained", True)))
+    assert main(["info", "--model", "vit_tiny_patch16_224", "--weights", str(w), "--no-pretrained"]) == 1
+    assert capsys.readouterr().err.rstrip().endswith("fix: without --weights, or without --no-pretrained")
+    assert main(["info", "--model", str(checkpoint), "--weights", str(w)]) == 1
+    assert f"ParameterModelError: --weights {w}: only timm model names take it; a vitlab checkpoint already says" in \
+        capsys.readouterr().err
 
 
 def test_sweep_table_without_results_points_at_the_shipped_store(tmp_path, monkeypatch, capsys):
@@ -673,12 +678,10 @@ def test_sweep_plot_png_names_a_bad_browser_path(tmp_path, monkeypatch, capsys):
 def test_system_errors_are_one_line_naming_the_path_not_a_traceback(error, words, monkeypatch, capsys):
     """A read-only output folder (PermissionError) or a folder where a file goes (IsADirectoryError) escaped main()
     as a raw traceback, after all the work; now a line naming the path and the fix, exit status 1."""
-    import vitlab.cli
-
     def fail(args):
         raise error
 
-    monkeypatch.setattr(vitlab.cli, "cmd_info", fail)
+    monkeypatch.setattr("vitlab.cli.info.run", fail)
     assert main(["info"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"vitlab info: {type(error).__name__}: {words}") and "Traceback" not in err
@@ -686,15 +689,13 @@ def test_system_errors_are_one_line_naming_the_path_not_a_traceback(error, words
 
 
 def test_ctrl_c_is_a_message_and_status_130_not_a_traceback(monkeypatch, capsys):
-    import vitlab.cli
-
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(vitlab.cli, "cmd_train", interrupted)
+    monkeypatch.setattr("vitlab.cli.train.run", interrupted)
     assert main(["train", "--preset", "tiny"]) == 130
     assert capsys.readouterr().err == "vitlab train: interrupted; --resume continues from the last finished epoch, if one finished\n"
-    monkeypatch.setattr(vitlab.cli, "cmd_info", interrupted)
+    monkeypatch.setattr("vitlab.cli.info.run", interrupted)
     assert main(["info"]) == 130
     assert capsys.readouterr().err == "vitlab info: interrupted\n"
 
@@ -725,7 +726,7 @@ def test_kill_cleans_up_like_ctrl_c_status_143(monkeypatch, capsys, tmp_path):
         save_checkpoint(model, target)
         return 0
 
-    monkeypatch.setattr(vitlab.cli, "cmd_info", save)
+    monkeypatch.setattr("vitlab.cli.info.run", save)
     handler = signal.getsignal(signal.SIGTERM)
     assert main(["info"]) == 143
     assert capsys.readouterr().err == "vitlab info: terminated (SIGTERM)\n"
@@ -739,8 +740,6 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(monkeypatch, capsys):
     import subprocess
     import sys
 
-    import vitlab.cli
-
     proc = subprocess.Popen([sys.executable, "-m", "vitlab.cli", "info", "--json"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     proc.stdout.close()  # the reader leaves before the first line
@@ -750,7 +749,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(monkeypatch, capsys):
     def other_pipe(args):
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(vitlab.cli, "cmd_info", other_pipe)
+    monkeypatch.setattr("vitlab.cli.info.run", other_pipe)
     assert main(["info"]) == 1
     assert capsys.readouterr().err == "vitlab info: BrokenPipeError: [Errno 32] Broken pipe\n"
 
@@ -894,13 +893,16 @@ def test_sweep_config_typos_name_the_file(tmp_path, capsys):
 
 def test_a_weights_folder_is_named_a_folder_not_missing(tmp_path, capsys):
     assert main(["info", "--model", "vit_tiny_patch16_224", "--weights", str(tmp_path)]) == 1
-    err = capsys.readouterr().err
-    assert f"weights file {tmp_path} is a folder: pass the weights file inside it" in err
-    assert err.rstrip().endswith("or a vitlab checkpoint folder as --model alone"), err
-    # from Python: load_model's words (it was told to pass the folder "as --model alone", a flag it never had)
-    python = _raised(lambda: vitlab.load_model("vit_tiny_patch16_224", weights=tmp_path))
-    assert python.endswith("or a vitlab checkpoint folder as the model itself, without weights=") and "--" not in \
-        python.replace(str(tmp_path), "")
+    from vitlab.base.errors import ModelLoadError, Setting
+
+    assert capsys.readouterr().err.rstrip().endswith(f"--weights {tmp_path}: is a folder; fix: the weights file "
+                                                     f"inside it (.safetensors, .pth, .bin), or --model {tmp_path} "
+                                                     "without --weights")
+    with pytest.raises(ModelLoadError) as e:  # from Python: load_model's arguments, no flag
+        vitlab.load_model("vit_tiny_patch16_224", weights=tmp_path)
+    assert (e.value.param, e.value.value, e.value.fix[1]) == ("weights", str(tmp_path),
+                                                              (Setting("spec", str(tmp_path)), Setting("weights", None)))
+    assert "--" not in str(e.value).replace(str(tmp_path), "")
 
 
 def test_a_tilde_in_a_path_option_is_the_home_folder(monkeypatch):
@@ -915,7 +917,7 @@ def test_a_tilde_in_a_path_option_is_the_home_folder(monkeypatch):
     got = parse(["reproduce", "--out=~/x", "--images=~/x", "--model=~/x"])
     assert (got.images, got.model) == (home, [home])  # reproduce's --model repeats: a recipe's runs
     assert parse(["capture", "--out=~/x", "--weights=~/x"]).weights == home
-    assert parse(["train", "--run-dir=~/x", "--data=~/x"]).run == home
+    assert parse(["train", "--run-dir=~/x", "--data=~/x"]).run_dir == home
     assert parse(["export", "--run-dir=~/x", "--out=~/x", "--command-line", "c"]).out == home
     assert parse(["sweep", "--results=~/x", "--plot=~/x"]).plot == home
     got = parse(["sweep", "--work-dir=~/x", "--save-config=~/x"])
@@ -936,242 +938,6 @@ def test_an_empty_path_is_a_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(argv)
     assert e.value.code == 2 and f"argument {argv[1]}: expected a path, got an empty text" in capsys.readouterr().err
-
-
-def _raised(call) -> str:
-    with pytest.raises((ValueError, RuntimeError, OSError)) as e:  # what main translates
-        call()
-    return str(e.value)
-
-
-def _python_then_flags(said: dict[str, str], root) -> None:
-    """Each error message (keys) names no flag, and cli_words, which main applies to every error, gives the command
-    line its flag wording (values)."""
-    from vitlab.cli import cli_words
-
-    for python, flag in said.items():
-        assert "--" not in python.replace(str(root), "") and flag in cli_words(python), (python, flag)
-
-
-def test_image_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_path):
-    """load_images told a Python caller about --images and --skip-bad, flags it never passed; the command line
-    still prints them."""
-    from vitlab.data.images import load_images
-
-    (tmp_path / "a_file").write_text("x")
-    (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "broken.jpg").write_bytes(b"not a jpeg")
-    model = tiny_vit()
-    _python_then_flags({
-        _raised(lambda: load_images(model, tmp_path / "a_file")):
-            f"{tmp_path / 'a_file'} is not a folder: pass --images a folder of images",
-        _raised(lambda: load_images(model, tmp_path / "bad")): "or pass --skip-bad to skip them",
-    }, tmp_path)
-
-
-def test_device_errors_name_arguments_and_the_command_line_its_flags(monkeypatch):
-    """resolve_device and dist_setup told a Python caller (reproduce, train, mpp_study: device=) about --device, a
-    flag it never passed; the command line still prints it."""
-    import vitlab.train.distributed as vd
-    from vitlab.base.devices import resolve_device
-    from vitlab.cli import cli_words
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    no_gpu = _raised(lambda: resolve_device("cuda"))
-    assert "pass --device cpu or leave --device out" in cli_words(no_gpu)
-    said = {_raised(lambda: resolve_device("gpu")): "--device 'gpu' is not a device: use cpu, cuda",
-            no_gpu: "--device 'cuda': this machine has no CUDA GPU",
-            _raised(lambda: resolve_device("mps")): "pass --device cpu"}
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(vd, "resolve_device", lambda _name: torch.device("mps"))
-    torchrun = _raised(lambda: vd.dist_setup("mps"))
-    assert "or pass --device cpu" in cli_words(torchrun)
-    _python_then_flags(said | {torchrun: "--device 'mps' under torchrun"}, "")
-    assert cli_words("the model's device='cuda' differs") == "the model's device='cuda' differs"  # not its flag
-
-
-def test_report_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_path, monkeypatch):
-    """reproduce's folder checks told a Python caller about --out, a flag it never passed; the command line still
-    prints it. A short argument name inside a longer one is left alone."""
-    from vitlab.cli import cli_words
-    from vitlab.report import check_report_dir, report_target
-
-    (tmp_path / "a_file").write_text("x")
-    (tmp_path / "notes").mkdir()
-    (tmp_path / "notes" / "thesis.txt").write_text("keep me")
-    monkeypatch.chdir(tmp_path)
-    here = _raised(lambda: report_target("."))
-    assert "give --out a new folder's name, e.g. --out report" in cli_words(here)
-    _python_then_flags({here: "--out . is the current folder",
-                        _raised(lambda: check_report_dir(tmp_path / "a_file")): "give --out a new folder's name",
-                        _raised(lambda: check_report_dir(tmp_path / "notes")): "so give --out a new or empty folder"},
-                       tmp_path)
-    for other in ("readout='cls', layout=x, timeout=3", "give output= a file"):
-        assert cli_words(other) == other
-    assert cli_words("num_images=3: pass images= a folder") == "--num-images 3: pass --images a folder"
-
-
-def test_run_folder_errors_name_arguments_and_the_command_line_its_flags(tmp_path):
-    """train(cfg, run_dir, resume=...) told a Python caller to pass --resume or --run-dir NEW, flags it never
-    passed; the command line still prints them."""
-    from vitlab.cli import cli_words
-    from vitlab.train.config import PRESETS
-    from vitlab.train.loop import train
-    from vitlab.train.run_folder import check_fresh
-
-    folders = {name: tmp_path / name for name in ("done", "aside", "earlier", "other")}
-    (folders["done"] / "checkpoint").mkdir(parents=True)
-    (folders["aside"] / ".checkpoint.old.x1").mkdir(parents=True)
-    (folders["earlier"] / "best").mkdir(parents=True)
-    folders["other"].mkdir()
-    (folders["other"] / "notes.txt").write_text("keep me")
-    said = {_raised(lambda: check_fresh(folders["done"])): "pass --resume to continue it",
-            _raised(lambda: check_fresh(folders["aside"])): "pass --resume, which puts it back",
-            _raised(lambda: check_fresh(folders["earlier"])): "or choose a new folder (--run-dir NEW)",
-            _raised(lambda: check_fresh(folders["other"])): "Give --run-dir a new or empty folder"}
-    no_run = _raised(lambda: train(PRESETS["tiny"], tmp_path / "fresh", resume=True, progress=False, device="cpu"))
-    assert no_run.startswith("resume=True: ") and cli_words(no_run).startswith("--resume: ")
-    _python_then_flags(said | {no_run: "no checkpoint to resume from; start without --resume"}, tmp_path)
-    assert not (tmp_path / "fresh").exists()
-
-
-def test_sweep_errors_name_arguments_and_the_command_line_its_flags(tmp_path, monkeypatch):
-    """run_sweep, mpp_study and ResultsStore told a Python caller to pass --results, or that --executor ray needs
-    Ray, flags it never passed; the command line still prints them."""
-    from vitlab.studies.scaling import ResultsStore, _ray_runtime
-
-    (tmp_path / "config.json").write_text(json.dumps({"mean": [0.5, 0.25]}, indent=2))
-    monkeypatch.setitem(sys.modules, "ray", None)  # as where Ray is not installed: its import fails
-
-    def with_ray():
-        with _ray_runtime(None, 1):
-            pass
-
-    _python_then_flags({_raised(lambda: ResultsStore(tmp_path / "config.json").records()):
-                        "pass --results a .jsonl file that vitlab wrote",
-                        _raised(with_ray): "--executor ray needs Ray: pip install"}, tmp_path)
-
-
-def test_training_errors_name_python_and_the_command_line_its_set_flags(tmp_path):
-    """train(cfg, ...) told a Python caller to pass --set crop_padding=4, --set batch_size=64, --set
-    model.img_size=32 or, when the loss stopped being finite, --run-dir NEW --set init_from=...: flags it never
-    passed. The messages now name dataclasses.replace(cfg, ...) and train(..., run_dir=NEW); the command line still
-    prints the flags (JSON's words: crop_pad_mode=constant unquoted)."""
-    from vitlab.cli import cli_words
-    from vitlab.data.datasets import ImageArray
-    from vitlab.train.config import PRESETS
-    from vitlab.train.loop import _check_crop_padding, _check_image_size, _diverged_text
-
-    cfg = PRESETS["tiny"]
-    small = ImageArray(torch.zeros(4, 16, 16, 3, dtype=torch.uint8), torch.zeros(4, dtype=torch.long), ("a",), "s")
-    hybrid = dataclasses.replace(cfg, model=PRESETS["hybrid_cifar10"].model)
-    ck = tmp_path / "run" / "checkpoint"
-    ck.mkdir(parents=True)
-    (ck / "config.json").write_text("{}")
-    pad = _raised(lambda: _check_crop_padding(dataclasses.replace(cfg, crop_padding=16, crop_pad_mode="reflect"),
-                                              small))
-    said = {pad: "lower it (e.g. --set crop_padding=2) or pad with zeros (--set crop_pad_mode=constant)",
-            _raised(lambda: _check_image_size(cfg, small, small)): "build it for them with --set model.img_size=16 ",
-            _raised(lambda: _check_image_size(hybrid, small, small)): "with --set model.vit.img_size=16 (or resize",
-            _diverged_text(float("nan"), 3, 7, ck, cfg):
-                f"--run-dir NEW --set init_from={ck} --set lr=... (a --resume keeps the saved settings)"}
-    assert "dataclasses.replace(cfg, crop_padding=2)" in pad and "crop_pad_mode='constant'" in pad
-    _python_then_flags(said, tmp_path)
-    assert cli_words("lower it (dataclasses.replace(cfg, ema_decay=None))") == "lower it (--set ema_decay=null)"
-
-
-def test_config_and_resume_errors_name_python_and_the_command_line_its_set_flags(tmp_path):
-    """TrainConfig, load_run_state and load_teacher told a Python caller to pass --set randaugment=..., --set
-    eval_every=1, --set bf16=false, --set min_lr=..., --set warmup_epochs=..., --set label_smoothing=0 --set
-    ema_decay=null, --run-dir NEW --set init_from=... or --set teacher=FOLDER: flags it never passed. The messages
-    now name dataclasses.replace(cfg, ...) (several fields in one call) and train(..., run_dir=NEW); the command line
-    still prints one --set per field. train(..., resume=True) with another config names the saved settings."""
-    from vitlab.cli import cli_words
-    from vitlab.data.datasets import ImageArray
-    from vitlab.models.checkpoint import load_run_state
-    from vitlab.train.config import PRESETS, train_config_to_dict, with_num_classes
-    from vitlab.train.distill import load_teacher
-    from vitlab.train.loop import train
-
-    cfg = PRESETS["tiny"]
-    mpp = _raised(lambda: dataclasses.replace(PRESETS["mpp_cifar10"], label_smoothing=0.1, ema_decay=0.999))
-    assert "augmentation: dataclasses.replace(cfg, label_smoothing=0, ema_decay=None)" in mpp
-    rand = _raised(lambda: dataclasses.replace(cfg, randaugment="m9"))
-    assert ("e.g. dataclasses.replace(cfg, randaugment='rand-m9-n2-mstd0.5'), or dataclasses.replace(cfg, "
-            "randaugment=None) for none") in rand
-    state = _raised(lambda: load_run_state(tmp_path / "ck", torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))],
-                                                                             lr=0.1), None))
-    assert f"train(dataclasses.replace(cfg, init_from={str(tmp_path / 'ck')!r}), run_dir=NEW), or train" in state
-    images = ImageArray(torch.zeros(4, 32, 32, 3, dtype=torch.uint8), torch.tensor([0, 1, 0, 1]), ("a", "b"), "s")
-    saved = with_num_classes(dataclasses.replace(cfg, batch_size=2), 2)
-    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
-    (tmp_path / "run" / "checkpoint" / "config.json").write_text("{}")
-    (tmp_path / "run" / "train_config.json").write_text(json.dumps(train_config_to_dict(saved)))
-    resume = _raised(lambda: train(dataclasses.replace(saved, lr=0.5), tmp_path / "run", resume=True, progress=False,
-                                   train_data=images, test_data=images, device="cpu"))
-    assert "(lr: saved 0.001, requested 0.5): resume with the run's own settings (as saved in its " in resume
-    said = {rand: "(e.g. --set randaugment=rand-m9-n2-mstd0.5, or --set randaugment=null for none)",
-            mpp: "augmentation: --set label_smoothing=0 --set ema_decay=null",
-            _raised(lambda: dataclasses.replace(cfg, keep_best=True, eval_every=0)): "evaluate (--set eval_every=1)",
-            _raised(lambda: dataclasses.replace(cfg, bf16="no")): "got 'no' (e.g. --set bf16=false)",
-            _raised(lambda: dataclasses.replace(cfg, lr=1e-4, min_lr=1e-3)): "(e.g. --set min_lr=1e-06)",
-            _raised(lambda: dataclasses.replace(cfg, warmup_epochs=3)): "lower it (--set warmup_epochs=0.4, a fifth",
-            state: f"with --run-dir NEW --set init_from={tmp_path / 'ck'}, or train the run afresh",
-            resume: "resume with the run's own settings (--set FIELD=VALUE as saved), or use a new run folder"}
-    _python_then_flags(said, tmp_path)
-    teacher = _raised(lambda: load_teacher(tmp_path / "none", torch.device("cpu")))
-    assert teacher.endswith("or give its folder: dataclasses.replace(cfg, teacher='FOLDER')")
-    assert cli_words(teacher).endswith("or give its folder: --set teacher=FOLDER")
-    assert cli_words("(dataclasses.replace(cfg, a=1, b='x', c=[1, 2]))") == "(--set a=1 --set b=x --set 'c=[1, 2]')"
-
-
-def test_the_compile_refusal_names_the_argument_and_the_command_line_its_flag(tmp_path):
-    """train(cfg, compile=True) of a masked-patch-prediction run told a Python caller '(--compile on)' and to leave
-    compile 'at its default (auto) or off', the flag's words; it now names compile=None and compile=False, and the
-    command line prints --compile auto and --compile off."""
-    from vitlab.train.config import PRESETS
-    from vitlab.train.loop import train
-
-    said = _raised(lambda: train(PRESETS["mpp_cifar10"], tmp_path / "run", progress=False, compile=True))
-    assert said == ("compile=True is for classification runs; objective='mpp' trains eagerly: leave compile=None "
-                    "(auto) or pass compile=False"), said
-    _python_then_flags({said: "--compile on is for classification runs; objective='mpp' trains eagerly: leave "
-                              "--compile auto or pass --compile off"}, tmp_path)
-
-
-def test_set_flags_in_error_messages_paste_into_a_shell(tmp_path):
-    """cli_words printed --set init_from=/my runs/ck and --set model.img_size=[16, 24]: pasted, the shell split them
-    at the space (and a path of digits came back a number). Each --set now pastes as one argument whose value
-    _parse_value reads back as the Python message's value."""
-    import shlex
-
-    from vitlab.cli import _parse_value, cli_words
-    from vitlab.data.datasets import ImageArray
-    from vitlab.train.config import PRESETS
-    from vitlab.train.loop import _check_image_size, _diverged_text
-
-    def pasted(message: str) -> dict:  # FIELD: VALUE of each --set, read as a POSIX shell reads the word after it
-        sets = {}
-        for rest in cli_words(message).split("--set ")[1:]:
-            lexer = shlex.shlex(rest, posix=True)
-            lexer.whitespace_split = True
-            field, _, value = lexer.get_token().partition("=")
-            sets[field] = value
-        return sets
-
-    cfg = PRESETS["tiny"]
-    ck = tmp_path / "my runs" / "it's \"x\"" / "checkpoint"
-    ck.mkdir(parents=True)
-    (ck / "config.json").write_text("{}")
-    sets = pasted(_diverged_text(float("nan"), 3, 7, ck, cfg))
-    assert _parse_value(sets["init_from"]) == str(ck) and sets["lr"] == "..."
-    rect = ImageArray(torch.zeros(4, 16, 24, 3, dtype=torch.uint8), torch.zeros(4, dtype=torch.long), ("a",), "s")
-    assert _parse_value(pasted(_raised(lambda: _check_image_size(cfg, rect, rect)))["model.img_size"]) == [16, 24]
-    sets = pasted("use dataclasses.replace(cfg, teacher='123', init_from='null', c=None, d=True, e='a\\\\b') here")
-    assert {k: _parse_value(v) for k, v in sets.items()} == {"teacher": "123", "init_from": "null", "c": None,
-                                                             "d": True, "e": "a\\b"}
-    other = "the model's device='cuda' differs: replace(cfg) (see [1, 2])"
-    assert cli_words(other) == other
 
 
 def test_info_says_which_blocks_of_a_convit_are_gated_positional_and_where_its_class_token_joins(capsys):

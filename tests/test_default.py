@@ -141,7 +141,8 @@ def test_a_cards_command_rebuilds_the_training_config_it_shipped_with(folder):
     import re
     import shlex
 
-    from vitlab.cli import build_parser, preset_config
+    from vitlab.cli import build_parser
+    from vitlab.cli.train import preset_config
     from vitlab.train.config import train_config_from_dict
 
     path = CHECKPOINTS / folder

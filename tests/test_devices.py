@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitlab.base.devices import resolve_device
+from vitlab.base.devices import DEVICE_HELP, resolve_device
+from vitlab.base.errors import ParameterError, Setting
 from vitlab.cli import build_parser, main
 
 
@@ -19,18 +20,19 @@ def test_default_is_cuda_only_where_torch_sees_a_gpu(monkeypatch):
 def test_named_devices_are_checked_against_this_machine(monkeypatch):
     assert resolve_device("cpu") == torch.device("cpu") == resolve_device(torch.device("cpu"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ValueError, match="no CUDA GPU.*pass device='cpu' or leave device=None") as e:
+    with pytest.raises(ParameterError) as e:
         resolve_device("cuda")
+    assert (e.value.param, e.value.value, e.value.fix) == ("device", "cuda", (Setting("device", "cpu"),
+                                                                              Setting("device", None)))
     assert str(e.value).startswith("device='cuda': ") and "--device" not in str(e.value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
-    with pytest.raises(ValueError, match="has 2 CUDA device.*cuda:0 to cuda:1"):
-        resolve_device("cuda:2")
-    with pytest.raises(ValueError, match="'gpu' is not a device: use cpu, cuda or cuda:N"):
-        resolve_device("gpu")
-    with pytest.raises(ValueError, match="vitlab runs on cpu, cuda or cuda:N"):
-        resolve_device("meta")
+    for name, allowed in (("cuda:2", "cuda:0 to cuda:1"), ("gpu", DEVICE_HELP), ("meta", DEVICE_HELP)):
+        with pytest.raises(ParameterError) as e:
+            resolve_device(name)
+        assert isinstance(e.value, ValueError) and (e.value.param, e.value.value, e.value.allowed) == ("device", name,
+                                                                                                     allowed)
 
 
 def _commands_with_device() -> list[str]:
@@ -58,7 +60,8 @@ def test_a_missing_gpu_fails_before_any_work(argv, tmp_path, monkeypatch, capsys
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert main([*argv, "--device", "cuda"]) != 0
     err = capsys.readouterr().err
-    assert "no CUDA GPU" in err and "pass --device cpu" in err
+    assert "--device cuda: this machine has no CUDA GPU" in err and err.rstrip().endswith("fix: --device cpu, or "
+                                                                                          "without --device"), err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -81,6 +84,7 @@ def test_torchrun_refuses_a_device_it_would_replace_by_the_cpu(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(vd, "resolve_device", lambda _name: torch.device("mps"))  # as on a Mac that has MPS
     monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: pytest.fail("set up a process group first"))
-    with pytest.raises(ValueError, match="device='mps' under torchrun: .*CPUs \\(gloo\\) or CUDA GPUs") as e:
+    with pytest.raises(ParameterError) as e:
         vd.dist_setup("mps")
-    assert "pass device='cpu'" in str(e.value) and "--device" not in str(e.value)
+    assert (e.value.param, e.value.value, e.value.fix[-1]) == ("device", "mps", Setting("device", "cpu"))
+    assert "--device" not in str(e.value)

@@ -639,12 +639,17 @@ def test_explain_gives_one_sentence_per_verdict_with_the_known_reason_and_wraps_
     ok = Verdict("Fig. 7 right: distance grows with depth", "slope > 0", 0.8, (0.6, 1.0), 0.0, "reproduced",
                  quantity="slope")
     open_ = Verdict("Fig. 3/4: ViT gains more from data than ResNet", "gap change > 0", -0.02, (-0.1, 0.05), 0.0,
-                    "inconclusive", quantity="gap change")
+                    "inconclusive", quantity="gap change", key="fig3_4.scaling.gap_narrows")
     lines = explain([ok, open_]).split("\n")
     assert lines[0] == ("Fig. 7 right: distance grows with depth: reproduced (slope 0.8, 95% interval [0.6, 1] "
                         "from one training run, finding side > 0).")
     assert lines[1].startswith("Fig. 3/4: ViT gains more from data than ResNet: inconclusive (gap change -0.02")
-    assert lines[1].endswith("known reason: " + KNOWN_REASONS["Fig. 3/4"])
+    assert lines[1].endswith("known reason: " + KNOWN_REASONS["fig3_4"])
+    # the reason is looked up by the verdict's key, never by its words: reworded, it keeps its reason; without a key
+    # (a record made before keys) it has none, whatever its words say
+    reworded = dataclasses.replace(open_, finding="Figs 3 and 4: the gap narrows")
+    assert explain([reworded]).endswith("known reason: " + KNOWN_REASONS["fig3_4"])
+    assert "known reason" not in explain([dataclasses.replace(open_, key="")])
     wrapped = explain([ok, open_], width=60)
     paragraphs = wrapped.split("\n\n")
     assert len(paragraphs) == 2 and all(len(x) <= 60 for p in paragraphs for x in p.split("\n"))
@@ -666,43 +671,44 @@ def test_the_lowest_layer_reason_states_where_this_models_heads_sit():
     want = (f"this model's lowest-layer heads sit at {lo:.1f} to {hi:.1f} px, {round(100 * lo / ceiling)}% to "
             f"{round(100 * hi / ceiling)}% of the uniform-attention distance")
     assert known_reason(v).startswith(want) and "6.5 to 13.8 px, 39% to 84%" in want
-    general = KNOWN_REASONS["Fig. 7 right"]
+    general = KNOWN_REASONS["fig7.right"]
     assert known_reason(v).endswith(". " + general[:1].upper() + general[1:])  # a new sentence after the numbers
     assert explain([v]).endswith("known reason: " + known_reason(v))
     assert verdict_row(v)["reason"] == known_reason(v)
     slope = distance_grows_with_depth(d)  # no head details: the general reason alone
-    assert known_reason(slope) == KNOWN_REASONS["Fig. 7 right"]
+    assert known_reason(slope) == KNOWN_REASONS["fig7.right"]
     other = dataclasses.replace(slope, details={**slope.details, "head_distance_px": [1.0], "ceiling_px": 2.0})
-    assert known_reason(other) == KNOWN_REASONS["Fig. 7 right"]  # the numbers belong to the lowest-layer finding only
+    assert known_reason(other) == KNOWN_REASONS["fig7.right"]  # the numbers belong to the lowest-layer finding only
     # NaN head distances (None once through to_dict) are left out, not compared: no TypeError while rendering
     holes = dataclasses.replace(v, details={**v.details, "head_distance_px": [None, 6.5, math.nan, 13.8, None]})
     assert known_reason(holes).startswith("this model's lowest-layer heads sit at 6.5 to 13.8 px, 39% to 84%")
     assert verdict_row(holes)["reason"] == known_reason(holes)
     for heads, ceil in (([None, math.nan], ceiling), ([6.5], None), ([6.5], math.nan)):
         blank = dataclasses.replace(v, details={**v.details, "head_distance_px": heads, "ceiling_px": ceil})
-        assert known_reason(blank) == KNOWN_REASONS["Fig. 7 right"]
+        assert known_reason(blank) == KNOWN_REASONS["fig7.right"]
 
 
 def test_the_mpp_reason_names_what_the_probe_reads():
     """The class-token sentence goes with the class-token probe only; the patch-mean probe reads what MPP trains.
-    Verdicts without ``details["better"]`` (made before it was recorded) take the comparison from the finding."""
-    from vitlab.findings.explain import known_reason
+    The comparison is read from ``details["better"]``/``["worse"]`` and the reason found by the key, never from the
+    finding's words: a verdict without them gets the paper's setup alone."""
+    from vitlab.findings.explain import KNOWN_REASONS, known_reason
+    from vitlab.findings.studies import mpp_key
     from vitlab.findings.verdict import Verdict
 
-    def v(kind, readout, details=None):
-        what = "fine-tune" if kind == "finetune" else "10-shot probe"
-        return Verdict(f"Sec. 4.6: MPP beats scratch ({what})", "c", -0.01, (-0.02, -0.001), 0.0,
-                       "not reproduced", {"kind": kind, "readout": readout, **(details or {})}, ">",
-                       "accuracy difference", "")
+    def v(kind, readout, better="mpp", worse="scratch"):
+        return Verdict("Sec. 4.6 in other words", "c", -0.01, (-0.02, -0.001), 0.0, "not reproduced",
+                       {"kind": kind, "readout": readout, "better": better, "worse": worse}, ">",
+                       "accuracy difference", "", key=mpp_key(better, worse, kind, readout or "model"))
 
     assert "class token's output, which the MPP loss never trains" in known_reason(v("few_shot", "model"))
-    assert known_reason(v("few_shot", "model")) == known_reason(v("few_shot", "model", {"better": "mpp",
-                                                                                        "worse": "scratch"}))
     patch = known_reason(v("few_shot", "patch_mean"))
     assert "patch tokens' outputs, which the MPP loss does train" in patch and "class token" not in patch
     assert "class token" not in known_reason(v("finetune", None))
+    unrecorded = dataclasses.replace(v("few_shot", "model"), details={"kind": "few_shot", "readout": "model"})
+    assert known_reason(unrecorded) == KNOWN_REASONS["sec4_6"]
     # supervised level with MPP: not the class-token sentence, which would argue for the supervised side
-    level = dataclasses.replace(v("few_shot", "model"), finding="Sec. 4.6: supervised beats MPP (10-shot probe)")
+    level = v("few_shot", "model", better="supervised", worse="mpp")
     assert "class token" not in known_reason(level) and "The supervised side is a single checkpoint" in \
         known_reason(level)
 
@@ -731,7 +737,7 @@ def test_a_verdict_without_an_interval_says_why_instead_of_a_known_reason():
     assert no_interval_reason(Verdict.from_dict(json.loads(json.dumps(two.to_dict())))) == no_interval_reason(two)
     finite = scaling_gap_narrows(sweep([0.0, 0.0], [0.05, -0.05]))  # straddles 0: the known reason stands
     assert finite.verdict == "inconclusive" and no_interval_reason(finite) is None
-    assert known_reason(finite) == KNOWN_REASONS["Fig. 3/4"] and verdict_row(finite)["reason"] == known_reason(finite)
+    assert known_reason(finite) == KNOWN_REASONS["fig3_4"] and verdict_row(finite)["reason"] == known_reason(finite)
     row = verdict_row(two)
     assert row["reason"] is None and row["no_interval"] == "2 images, at least 16 needed"
     summary = {"model": "m", "headline": "h", "facts": [], "vitlab": "0", "seconds": 1.0}
@@ -750,11 +756,11 @@ def test_the_filter_reason_states_this_models_patch_size_and_no_training_set_it_
     assert math.isfinite(v.interval[0]) and v.verdict != "reproduced" and v.details["patch_px"] == [16, 16]
     reason = known_reason(v)
     assert reason.startswith("this model's filters are 16x16 px, 256 DCT frequencies per channel")
-    general = KNOWN_REASONS["Fig. 7 left"]
+    general = KNOWN_REASONS["fig7.left"]
     assert reason.endswith(". " + general[:1].upper() + general[1:])  # a new sentence after this model's sizes
     structured = filters_structured(comps, np.full(12, 1 / 12), k=12)  # records no size
-    assert known_reason(structured) == KNOWN_REASONS["Fig. 7 left"]
-    for text in (reason, KNOWN_REASONS["Fig. 7 left"]):
+    assert known_reason(structured) == KNOWN_REASONS["fig7.left"]
+    for text in (reason, KNOWN_REASONS["fig7.left"]):
         assert "50,000" not in text and "4 px" not in text and "small model" not in text
 
 

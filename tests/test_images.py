@@ -10,6 +10,7 @@ import torch
 from conftest import needs_cifar10
 
 import vitlab
+from vitlab.base.errors import Setting
 from vitlab.data.datasets import load_dataset
 from vitlab.data.images import CIFAR_SAMPLE, cifar_test_sample, default_images, model_transform
 
@@ -80,8 +81,8 @@ def test_too_small_and_broken_images_are_refused_or_skipped(tmp_path):
     model = vitlab.load_model()  # 4 px patches
     with pytest.raises(DataError, match=r"tiny.png: 1x1 px is smaller than one 4x4 px patch") as e:
         load_images(model, tmp_path)
-    assert "broken.jpg: unreadable" in str(e.value) and "pass skip_bad=True to skip them" in str(e.value)
-    assert "--skip-bad" not in str(e.value)  # a Python caller passed no flag (the command line's words: cli_words)
+    assert "broken.jpg: unreadable" in e.value.problem and e.value.param == "folder"
+    assert Setting("skip_bad", True) in e.value.fix and "--skip-bad" not in str(e.value)  # no flag for Python
     with pytest.warns(UserWarning, match="broken.jpg"):
         names, x, shown = load_images(model, tmp_path, skip_bad=True)
     assert names == ["ok"] and x.shape == (1, 3, 32, 32)
@@ -93,8 +94,9 @@ def test_a_file_given_as_the_images_folder_is_refused_in_python_words(tmp_path):
     from vitlab.data.images import load_images
 
     (tmp_path / "a.png").write_bytes(b"x")
-    with pytest.raises(DataError, match="is not a folder: pass a folder of images") as e:
+    with pytest.raises(DataError) as e:
         load_images(vitlab.load_model(), tmp_path / "a.png")
+    assert (e.value.param, e.value.value, e.value.allowed) == ("folder", str(tmp_path / "a.png"), "a folder of images")
     assert "--images" not in str(e.value)
 
 

@@ -812,12 +812,14 @@ def test_numpy_integer_counts_are_told_what_they_are():
     NumPy count is told to pass a Python int."""
     import numpy as np
 
+    from vitlab.base.errors import ParameterError, Setting
     from vitlab.inspect import filter_pca
 
     m, x = tiny_vit(), torch.randn(2, 3, 32, 32)
-    with pytest.raises(ValueError, match=r"batch_size must be a Python int, got the NumPy or torch integer "
-                                         r"np.int64\(2\): pass batch_size=int\(batch_size\)"):
+    with pytest.raises(ParameterError) as e:
         vitlab.mean_attention_distance(m, x, batch_size=np.int64(2))
+    assert (e.value.param, e.value.value, e.value.fix) == ("batch_size", 2, (Setting("batch_size", 2),))
+    assert type(e.value.fix[0].value) is int
     w = torch.randn(8, 3, 4, 4)
     torch.testing.assert_close(filter_pca(w, k=np.int64(3))[1], filter_pca(w, k=3)[1])
     with pytest.raises(ValueError, match=r"k must be in \[1, 8\] for 8 filters of 3x4x4, got 2.5"):

@@ -16,6 +16,7 @@ from torch import nn
 import vitlab
 import vitlab.models.load as vm
 from vitlab import ModelLoadError, vit_config
+from vitlab.base.errors import Placeholder, Setting
 
 
 def test_default_model_missing_is_a_clear_error(tmp_path, monkeypatch):
@@ -55,8 +56,11 @@ def test_unreachable_hub_gives_clear_error(monkeypatch, no_hub_cache):
         raise ConnectionError("[Errno -2] Name or service not known")
 
     monkeypatch.setattr(timm.models._hub, "hf_hub_download", no_network)
-    with pytest.raises(ModelLoadError, match=r"offline.*weights='path/to/model.safetensors'"):
+    with pytest.raises(ModelLoadError, match="offline") as e:
         vitlab.load_model("vit_tiny_patch16_224", depth=1, img_size=32)
+    assert (e.value.param, e.value.value) == ("spec", "vit_tiny_patch16_224")
+    assert e.value.fix == ((Setting("spec", "vit_tiny_patch16_224"),
+                            Setting("weights", Placeholder("path/to/model.safetensors"))), Setting("pretrained", False))
     assert calls  # the failure came from the (patched) download, not from somewhere else
 
 
@@ -111,8 +115,9 @@ def test_local_weights_file_problems(timm_file, tmp_path):
         vitlab.load_model("vit_tiny_patch16_224", weights=path, depth=3, img_size=32)
     with pytest.raises(ModelLoadError, match="does not exist"):
         vitlab.load_model("vit_tiny_patch16_224", weights=tmp_path / "missing.safetensors")
-    with pytest.raises(ModelLoadError, match="weights= is for timm model names"):
+    with pytest.raises(ModelLoadError) as e:
         vitlab.load_model(vit_config("Ti/4", img_size=32), weights=path)
+    assert (e.value.param, e.value.value, e.value.fix) == ("weights", str(path), (Setting("weights", None),))
     # an empty file (a failed download) said '(EOFError: )', with nothing after the colon and no way on
     for name in ("empty.pth", "empty.safetensors"):
         (tmp_path / name).write_bytes(b"")
@@ -200,7 +205,8 @@ def test_pretrained_false_is_never_silently_ignored(timm_file, tmp_path):
     _, path = timm_file
     ck = vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
     for spec in (None, str(ck)):
-        with pytest.raises(ModelLoadError, match=r"pretrained=False is for timm model names"):
+        with pytest.raises(ModelLoadError) as e:
             vitlab.load_model(spec, pretrained=False)
-    with pytest.raises(ModelLoadError, match="a weights file and pretrained=False contradict each other"):
+        assert (e.value.param, e.value.value) == ("pretrained", False)
+    with pytest.raises(ModelLoadError, match="contradicts a weights file"):
         vitlab.load_model("vit_tiny_patch16_224", weights=path, pretrained=False, depth=2, img_size=32)

@@ -366,23 +366,23 @@ def test_tables_from_hand_made_records():
 
 def test_verdicts_on_hand_made_records():
     wins = hand_made(mpp_few=[0.50, 0.52, 0.51], mpp_fine=[0.55, 0.56, 0.57])
-    v = {x.finding: x for x in mpp_verdicts(wins, shots=10)}
-    assert set(v) == {"Sec. 4.6: MPP beats scratch (10-shot probe)", "Sec. 4.6: supervised beats MPP (10-shot probe)",
-                      "Sec. 4.6: MPP beats scratch (fine-tune)", "Sec. 4.6: supervised beats MPP (fine-tune)"}
-    few = v["Sec. 4.6: MPP beats scratch (10-shot probe)"]
+    v = {x.key: x for x in mpp_verdicts(wins, shots=10)}
+    assert set(v) == {"sec4_6.mpp_beats_scratch.few_shot", "sec4_6.supervised_beats_mpp.few_shot",
+                      "sec4_6.mpp_beats_scratch.finetune", "sec4_6.supervised_beats_mpp.finetune"}
+    few = v["sec4_6.mpp_beats_scratch.few_shot"]
     assert few.verdict == "reproduced" and few.statistic == pytest.approx(21.0)  # points: (20 + 21 + 22) / 3
     assert few.unit == "points" and few.details["per_seed"] == pytest.approx([20.0, 21.0, 22.0])
     assert few.interval[0] > 0 and few.details["seeds"] == [0, 1, 2] and few.n_runs == 1  # one pre-training run
     assert (few.details["mpp_mean"], few.details["scratch_mean"]) == pytest.approx((0.51, 0.30))  # each side's own
-    assert v["Sec. 4.6: MPP beats scratch (fine-tune)"].statistic == pytest.approx(15.0)
-    assert v["Sec. 4.6: MPP beats scratch (fine-tune)"].verdict == "reproduced"
-    assert v["Sec. 4.6: supervised beats MPP (fine-tune)"].verdict == "reproduced"
+    assert v["sec4_6.mpp_beats_scratch.finetune"].statistic == pytest.approx(15.0)
+    assert v["sec4_6.mpp_beats_scratch.finetune"].verdict == "reproduced"
+    assert v["sec4_6.supervised_beats_mpp.finetune"].verdict == "reproduced"
 
     loses = hand_made(mpp_few=[0.21, 0.20, 0.19], mpp_fine=[0.30, 0.31, 0.32])
-    v = {x.finding: x for x in mpp_verdicts(loses, shots=10)}
-    assert v["Sec. 4.6: MPP beats scratch (10-shot probe)"].verdict == "not reproduced"
-    assert v["Sec. 4.6: MPP beats scratch (fine-tune)"].verdict == "not reproduced"
-    assert v["Sec. 4.6: MPP beats scratch (fine-tune)"].interval[1] < 0
+    v = {x.key: x for x in mpp_verdicts(loses, shots=10)}
+    assert v["sec4_6.mpp_beats_scratch.few_shot"].verdict == "not reproduced"
+    assert v["sec4_6.mpp_beats_scratch.finetune"].verdict == "not reproduced"
+    assert v["sec4_6.mpp_beats_scratch.finetune"].interval[1] < 0
 
     noisy = hand_made(mpp_few=[0.40, 0.20, 0.32], mpp_fine=[0.50, 0.30, 0.45])  # differences of both signs
     assert mpp_ordering(noisy, "mpp", "scratch", kind="finetune").verdict == "inconclusive"
@@ -446,11 +446,11 @@ def test_each_readout_has_its_table_and_verdicts():
     patch = {"scratch": [0.33, 0.34, 0.32], "mpp": [0.45, 0.47, 0.46], "supervised": [0.70, 0.71, 0.72]}
     recs = [few_shot_record(r["init"], {10: r["metrics"]["few_shot"]["10"]["per_seed"]},
                             patch_mean={10: patch[r["init"]]}) if r["kind"] == "few_shot" else r for r in recs]
-    v = {x.finding: x for x in mpp_verdicts(recs, shots=10)}
-    assert v["Sec. 4.6: MPP beats scratch (10-shot probe)"].verdict == "not reproduced"  # the class token: MPP worse
-    pm = v["Sec. 4.6: MPP beats scratch (10-shot probe, patch mean)"]
+    v = {x.key: x for x in mpp_verdicts(recs, shots=10)}
+    assert v["sec4_6.mpp_beats_scratch.few_shot"].verdict == "not reproduced"  # the class token: MPP worse
+    pm = v["sec4_6.mpp_beats_scratch.few_shot.patch_mean"]
     assert pm.verdict == "reproduced" and pm.statistic == pytest.approx(13.0) and pm.details["readout"] == "patch_mean"
-    assert v["Sec. 4.6: supervised beats MPP (10-shot probe, patch mean)"].verdict == "reproduced"
+    assert v["sec4_6.supervised_beats_mpp.few_shot.patch_mean"].verdict == "reproduced"
     assert len(v) == 6
     assert "| MPP (color3, 50%, 6 epochs) | 46.0 ± 1.0 |" in markdown_tables(recs, "patch_mean")
     assert "| MPP (color3, 50%, 6 epochs) | 25.0 ± 1.0 |" in markdown_tables(recs)
@@ -512,8 +512,8 @@ def test_the_mpp_reasons_follow_the_comparison_its_direction_and_the_records():
     recs = [dict(r, metrics={"test_accuracy": 0.85 + 0.01 * r["seed"]}) if r["row_id"].startswith("finetune/mpp")
             else r for r in recs]
     recs = _with_pretrain_facts(recs, 256, 4, 32, "shapes")
-    v = {x.finding: x for x in mpp_verdicts(recs, shots=10)}
-    short = v["Sec. 4.6: MPP beats scratch (10-shot probe)"]
+    v = {x.key: x for x in mpp_verdicts(recs, shots=10)}
+    short = v["sec4_6.mpp_beats_scratch.few_shot"]
     assert short.verdict == "not reproduced"
     reason = known_reason(short)
     assert "pre-trained on 256 32 px images (shapes) for 4 epochs" in reason and "50,000" not in reason
@@ -525,13 +525,13 @@ def test_the_mpp_reasons_follow_the_comparison_its_direction_and_the_records():
     assert fine.verdict == "not reproduced"
     assert "3-epoch fine-tune on 500 labelled images per class" in known_reason(fine)
     assert "supervised" not in known_reason(fine) and "class token" not in known_reason(fine)
-    above = v["Sec. 4.6: supervised beats MPP (10-shot probe, patch mean)"]
+    above = v["sec4_6.supervised_beats_mpp.few_shot.patch_mean"]
     assert above.verdict == "not reproduced"  # MPP's patch mean beats the supervised one here
     reason = known_reason(above)
     assert "favours" not in reason and "labels of the very training images" not in reason
     assert "the checkpoint data/checkpoints/vit_cifar10" in reason
     assert "patch tokens' outputs, which the MPP loss does train" in reason
-    level = v["Sec. 4.6: supervised beats MPP (fine-tune)"]
+    level = v["sec4_6.supervised_beats_mpp.finetune"]
     assert level.verdict == "inconclusive" and "favours" not in known_reason(level)
     assert "class token" not in known_reason(level)
     # without the facts in the records: no numbers are made up
@@ -545,8 +545,8 @@ def test_the_shipped_mpp_reasons_quote_the_shipped_study():
 
     root = Path(__file__).resolve().parents[1]
     records, _ = shown_records(ResultsStore(root / "data" / "results" / "mpp_cifar10.jsonl").records(), "cifar10")
-    v = {x.finding: x for x in mpp_verdicts(records, STUDIES["cifar10"].verdict_shots)}
-    reason = known_reason(v["Sec. 4.6: MPP beats scratch (10-shot probe)"])
+    v = {x.key: x for x in mpp_verdicts(records, STUDIES["cifar10"].verdict_shots)}
+    reason = known_reason(v["sec4_6.mpp_beats_scratch.few_shot"])
     assert "Here the MPP encoder was pre-trained on 50,000 32 px images (cifar10) for 6 epochs" in reason
     assert "supervised" not in reason
 

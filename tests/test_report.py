@@ -320,8 +320,7 @@ def test_more_default_images_than_there_are_is_named_by_its_flag(tmp_path, check
     """`--num-images 200` on a 32 px model said 'n must be in [1, 128], got 200', naming no flag or image set."""
     _keeps_previous(tmp_path / "out", ["reproduce", "--model", str(checkpoint), "--num-images", "200"], capsys,
                     "--num-images 200: this model's default images are the 128 shipped CIFAR-10 test images "
-                    "(data/cifar10_test_128.npz), at most "
-                    "128; ask for fewer, or pass --images a folder of your own")
+                    "(data/cifar10_test_128.npz) (allowed: at most 128); fix: --num-images 128, or --images FOLDER")
 
 
 def test_unknown_model_and_model_without_attention(tmp_path, capsys):
@@ -367,7 +366,8 @@ def test_reproduce_refuses_a_folder_that_is_not_a_report(tmp_path, checkpoint, c
     (out / "thesis_notes.txt").write_text("keep me")
     assert main([*args, "--out", str(out)]) != 0
     err = capsys.readouterr().err
-    assert "holds no earlier report" in err and "does not write thesis_notes.txt" in err and "new or empty" in err
+    assert f"--out {out}: holds no earlier report" in err and "does not write thesis_notes.txt" in err
+    assert err.rstrip().endswith("fix: --out NEW_OR_EMPTY_FOLDER")
     assert (out / "thesis_notes.txt").read_text() == "keep me" and (out / "report.html").is_file()
 
 
@@ -386,7 +386,7 @@ def test_only_a_folder_of_report_files_with_the_reports_metrics_is_an_earlier_re
     check_report_dir(d)  # an earlier report with its figures
     (d / "results.csv").write_text("1,2")
     (d / "runs").mkdir()
-    with pytest.raises(FileExistsError, match=r"the report does not write results\.csv, runs/\. .*new or empty"):
+    with pytest.raises(FileExistsError, match=r"the report does not write results\.csv, runs/\. .*NEW_OR_EMPTY"):
         check_report_dir(d)
     (d / "results.csv").unlink()
     (d / "runs").rmdir()
@@ -408,14 +408,16 @@ def test_only_a_folder_of_report_files_with_the_reports_metrics_is_an_earlier_re
 
 def test_a_folder_or_file_the_report_would_replace_is_refused_in_python_words(tmp_path):
     """reproduce(out=...) from Python said "give --out a new or empty folder", a flag its caller never passed."""
+    from vitlab.base.errors import Placeholder, Setting
     from vitlab.report import check_report_dir
 
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "thesis.txt").write_text("keep me")
     (tmp_path / "a_file").write_text("x")
-    for out in (tmp_path / "notes", tmp_path / "a_file"):
-        with pytest.raises(FileExistsError, match="give out= a new") as e:
+    for out, new in ((tmp_path / "notes", "NEW_OR_EMPTY_FOLDER"), (tmp_path / "a_file", "NEW_FOLDER")):
+        with pytest.raises(FileExistsError) as e:
             check_report_dir(out)
+        assert (e.value.param, e.value.value, e.value.fix[0]) == ("out", str(out), Setting("out", Placeholder(new)))
         assert "--out" not in str(e.value)
 
 
@@ -630,11 +632,11 @@ def test_out_as_the_current_folder_is_refused_before_any_work(tmp_path, monkeypa
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub")
     for out in (".", "..", "./", str(tmp_path)):
-        with pytest.raises(ValueError, match=r"current folder or one that holds it.*give out= a new folder's name") as e:
+        with pytest.raises(ValueError, match=r"current folder or one that holds it") as e:
             reproduce(model="no_such_model_name", out=out)  # refused before the model name is even looked up
-        assert str(e.value).startswith(f"out={out} is") and "--out" not in str(e.value)
+        assert (e.value.param, e.value.value) == ("out", out) and "--out" not in str(e.value)
     assert main(["reproduce", "--out", ".", "--quiet"]) == 1
-    assert "--out . is the current folder" in capsys.readouterr().err
+    assert "--out .: the current folder" in capsys.readouterr().err
     assert report_target("out") == tmp_path / "sub" / "out" and report_target("../x") == tmp_path / "x"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"] and not list((tmp_path / "sub").iterdir())
 

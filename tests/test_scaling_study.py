@@ -110,7 +110,7 @@ def test_the_locality_verdict_keys_and_numbers():
     assert v.details["local_head"] == 0.5 and v.subject == "sweep s: vit at 100 and 5,000 images"
     fewer = locality_grows_with_data(_locality_records(hi, lo))
     assert fewer.verdict == "not reproduced" and fewer.statistic == pytest.approx(-37.5)
-    assert locality_grows_with_data(_locality_records(lo, hi), "vit").key == "fig34.locality"
+    assert locality_grows_with_data(_locality_records(lo, hi), "vit").key == "fig3_4.locality"
 
 
 def test_records_without_fig7_statistics_are_not_judged():

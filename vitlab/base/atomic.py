@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from vitlab.base.errors import FolderError, Placeholder, Setting
+
 __all__ = ["atomic_write", "atomic_write_text", "new_file_mode", "temp_dir_beside", "replace_dir", "refuse_foreign_dir",
            "rmtree_quiet", "disk_full_named", "check_free_space", "is_disk_full", "sweep_stale_temps"]
 
@@ -71,18 +73,19 @@ def disk_full_named(path: str | os.PathLike, needed: int | None = None) -> Itera
 
 
 def refuse_foreign_dir(directory: Path, is_ours: Callable[[Path], bool], writer: str, earlier: str,
-                       target: str) -> None:
+                       param: str) -> None:
     """Before ``writer`` replaces ``directory`` as a whole (``replace_dir``): refuse a file, or a non-empty folder
     that ``is_ours`` does not recognise as an ``earlier`` output of the same writer, whose contents would be
-    deleted. ``target`` names what the user gives a new folder as (e.g. ``out=``)."""
+    deleted: a ``FolderError`` whose ``param`` is the argument that named the folder (e.g. ``out``)."""
     if not directory.exists():
         return
     if not directory.is_dir():
-        raise FileExistsError(f"{directory} exists and is not a folder; {writer} writes a folder: give {target} a "
-                              "new folder's name")
+        raise FolderError(param, str(directory), problem=f"exists and is not a folder; {writer} writes a folder",
+                          fix=[Setting(param, Placeholder("NEW_FOLDER"))])
     if any(directory.iterdir()) and not is_ours(directory):
-        raise FileExistsError(f"{directory} is a non-empty folder that holds no {earlier}; {writer} replaces the "
-                              f"whole folder, so give {target} a new or empty folder (or an {earlier}'s folder)")
+        raise FolderError(param, str(directory), problem=f"a non-empty folder that holds no {earlier}; {writer} "
+                          "replaces the whole folder", fix=[Setting(param, Placeholder("NEW_OR_EMPTY_FOLDER")),
+                                                            f"an {earlier}'s folder"])
 
 
 def _umask() -> int:

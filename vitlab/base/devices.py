@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from vitlab.base.choices import DEVICE_HELP
+from vitlab.base.errors import ParameterError, Setting
 
 __all__ = ["resolve_device", "DEVICE_HELP"]
 
@@ -16,26 +17,27 @@ __all__ = ["resolve_device", "DEVICE_HELP"]
 def resolve_device(name: str | torch.device | None = None) -> torch.device:
     """``None`` -> ``cuda`` when available, else ``cpu``; ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (and ``"mps"`` where
     torch has it) -> that device once checked to exist here. Anything else raises ``ValueError`` naming what this
-    machine has."""
+    machine has: a ``ParameterError`` (``param`` ``device``)."""
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(name)
     except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device={name!r} is not a device: use {DEVICE_HELP}") from e
+        raise ParameterError("device", name, DEVICE_HELP, problem="not a device") from e
     if dev.type == "cpu":
         return dev
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device={name!r}: this machine has no CUDA GPU that torch {torch.__version__} can use; "
-                             "pass device='cpu' or leave device=None")
+            raise ParameterError("device", name, problem=f"this machine has no CUDA GPU that torch {torch.__version__} "
+                                 "can use", fix=[Setting("device", "cpu"), Setting("device", None)])
         count = torch.cuda.device_count()
         if dev.index is not None and dev.index >= count:
-            raise ValueError(f"device={name!r}: this machine has {count} CUDA device(s), cuda:0 to "
-                             f"cuda:{count - 1}")
+            raise ParameterError("device", name, f"cuda:0 to cuda:{count - 1}",
+                                 problem=f"this machine has {count} CUDA device(s)")
         return dev
     if dev.type == "mps":
         if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-            raise ValueError(f"device={name!r}: Apple's MPS is not available here; pass device='cpu'")
+            raise ParameterError("device", name, problem="Apple's MPS is not available here",
+                                 fix=[Setting("device", "cpu")])
         return dev
-    raise ValueError(f"device={name!r}: vitlab runs on {DEVICE_HELP}")
+    raise ParameterError("device", name, DEVICE_HELP, problem="vitlab does not run on it")

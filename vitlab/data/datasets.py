@@ -25,12 +25,14 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
 from vitlab.base.checks import check_int, check_seed, whole_index
+from vitlab.base.errors import Refusal
 from vitlab.base.shipped import CHECKOUT
 
 __all__ = [
     "ImageArray",
     "portable_source",
     "DataError",
+    "DataParameterError",
     "DatasetMissing",
     "SkippedPathWarning",
     "load_image_folder",
@@ -58,6 +60,10 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 class DataError(ValueError):
     """A dataset could not be read; the message names the files and the fix."""
+
+
+class DataParameterError(Refusal, DataError):
+    """A dataset or image folder refused for one argument (``Refusal``'s fields, e.g. ``param`` ``folder``)."""
 
 
 class DatasetMissing(DataError):

@@ -19,12 +19,14 @@ from PIL import Image
 from torch import Tensor, nn
 
 from vitlab.base.checks import check_int
+from vitlab.base.errors import Setting
 from vitlab.base.modes import unwrapped
 from vitlab.base.shipped import data_path
 from vitlab.data.datasets import (
     DECODE_ERRORS,
     IMAGE_SUFFIXES,
     DataError,
+    DataParameterError,
     ImageArray,
     decode_error_words,
     image_files,
@@ -75,7 +77,7 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
     else:
         root = Path(folder)
         if not root.is_dir():
-            raise DataError(f"{root} is not a folder: pass a folder of images")
+            raise DataParameterError("folder", str(root), "a folder of images", problem="not a folder")
         files = image_files(root)  # less macOS metadata and hidden files
         if not files:
             raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {root}")
@@ -104,8 +106,8 @@ def load_images(model: nn.Module, folder: str | os.PathLike | None = None, limit
         elif limit is not None and skip_bad and 0 < len(items) < limit:
             warnings.warn(f"only {len(items)} usable images in {root}, fewer than the {limit} asked for", stacklevel=2)
         if broken and not skip_bad:
-            raise DataError("bad images (remove or replace them, or pass skip_bad=True to skip them):\n  "
-                            + "\n  ".join(broken))
+            raise DataParameterError("folder", str(root), problem="bad images:\n  " + "\n  ".join(broken) + "\n",
+                                     fix=["remove or replace them", Setting("skip_bad", True)])
         if broken:
             warnings.warn("skipped bad images:\n  " + "\n  ".join(broken), stacklevel=2)
         if not items:

@@ -26,7 +26,7 @@ The suite per finding (``CONTROLS``: key -> (control, kind)):
 - ``fig6.rollout.localises``: a map equal to the object's mask (positive); a uniform map (negative).
 - ``fig3_4.scaling.gap_narrows``: the sweep's records with the ViT raised by 20 points at the largest size
   (positive), and with the ViT gaining exactly what the ResNet gains (negative).
-- ``fig34.locality`` (``study_findings.locality_key``): the sweep's records with the ViT's share of local
+- ``fig3_4.locality`` (``study_findings.locality_key``): the sweep's records with the ViT's share of local
   lowest-layer heads raised by 50 points at the largest size (positive), and with it the same at the largest size as
   at the smallest, seed by seed (negative).
 - ``raghu.uniformity``: the ViT with its layers shuffled (first, last, second, ...) against the ViT, a model whose

@@ -10,39 +10,40 @@ from collections.abc import Sequence
 from typing import Any
 
 from vitlab.base.intervals import fmt_value, n_units
-from vitlab.findings.model import LOWEST_LAYER
-from vitlab.findings.studies import INIT_NAMES
+from vitlab.findings.model import KEY_LOWEST_SPREAD
 from vitlab.findings.verdict import Verdict, fmt_endpoint, fmt_threshold, runs_words
 
-__all__ = ["explain", "known_reason", "no_interval_reason", "reason_lead", "KNOWN_REASONS", "UNTRAINED_REASON"]
+__all__ = ["explain", "known_reason", "reason_key", "no_interval_reason", "reason_lead", "KNOWN_REASONS",
+           "UNTRAINED_REASON"]
 
 
 #: Known reasons, with their sources, why a finding of the paper may not show on a small model trained on little
-#: data; keyed by the start of ``Verdict.finding``.
+#: data; keyed by the figure part of ``Verdict.key`` (its leading dotted parts: ``fig7.left`` for
+#: ``fig7.left.low_frequency``; ``reason_key``).
 KNOWN_REASONS: dict[str, str] = {
-    "Fig. 7 left": "the paper's filters come from ViT-L/32 pre-trained on JFT-300M (section 4.5 shows them for "
+    "fig7.left": "the paper's filters come from ViT-L/32 pre-trained on JFT-300M (section 4.5 shows them for "
                    "large-scale pre-training only); small patches leave few frequencies to order, and less "
                    "pre-training data shapes the filters less.",
-    "Fig. 7 centre": "the 2D topology of 1D position embeddings is learned from data; the paper's Appendix D.4 "
+    "fig7.centre": "the 2D topology of 1D position embeddings is learned from data; the paper's Appendix D.4 "
                      "finds that how positions are encoded matters little once there is a position embedding "
                      "(Table 8, on a grid of patches rather than pixels) and that the similarity pattern learned "
                      "depends on the training hyperparameters (Fig. 10); small grids trained briefly learn weak "
                      "structure.",
-    "Fig. 7 right": "Raghu et al. 2021 (\"Do Vision Transformers See Like Convolutional Neural Networks?\", "
+    "fig7.right": "Raghu et al. 2021 (\"Do Vision Transformers See Like Convolutional Neural Networks?\", "
                     "NeurIPS) find that ViTs trained on less data (ImageNet instead of JFT-300M) learn less local "
                     "attention in their lowest layers; the paper's Fig. 7 right is ViT-L/16 on JFT-300M.",
-    "Fig. 6": "the paper's maps are for ViT-L/16 on JFT-300M; Chefer et al. 2021 (\"Transformer Interpretability "
+    "fig6": "the paper's maps are for ViT-L/16 on JFT-300M; Chefer et al. 2021 (\"Transformer Interpretability "
               "Beyond Attention Visualization\", CVPR) show that rollout is class-agnostic and can spread over the "
               "background.",
-    "Sec. 4.6": "the paper's MPP run is ViT-B/16 pre-trained on JFT-300M (Appendix B.1.2) and compared after "
+    "sec4_6": "the paper's MPP run is ViT-B/16 pre-trained on JFT-300M (Appendix B.1.2) and compared after "
                 "fine-tuning on ImageNet.",
-    "Raghu et al. 2021": "Raghu et al. compare ViT-B and ViT-L with ResNet-50 and ResNet-152 at 224 px, pre-trained "
+    "fig3_4": "the paper's crossing happens between ImageNet (1.3M images) and JFT-300M (Fig. 3, 4); a "
+                "miniature of at most tens of thousands of 32 px images sits far below that regime, where "
+                "convolutional inductive biases should win.",
+    "fig3_4.locality": "Raghu et al. compare ViT-B and ViT-L with ResNet-50 and ResNet-152 at 224 px, pre-trained "
                          "on ImageNet or JFT-300M, and find that the ViT's lowest layers depend on the amount of "
                          "pre-training data: trained on ImageNet alone they learn less local attention than on "
                          "JFT-300M.",
-    "Fig. 3/4": "the paper's crossing happens between ImageNet (1.3M images) and JFT-300M (Fig. 3, 4); a "
-                "miniature of at most tens of thousands of 32 px images sits far below that regime, where "
-                "convolutional inductive biases should win.",
 }
 
 
@@ -70,6 +71,13 @@ def no_interval_reason(v: Verdict) -> str | None:
     return v.details.get("no_interval") or "none could be computed"
 
 
+def reason_key(key: str) -> str | None:
+    """The ``KNOWN_REASONS`` entry of a verdict's ``key``: its longest leading run of dotted parts that is one
+    (``fig7.left.low_frequency`` -> ``fig7.left``), None for none (and for ``""``, a record made before keys)."""
+    parts = key.split(".") if key else []
+    return next((k for n in range(len(parts), 0, -1) if (k := ".".join(parts[:n])) in KNOWN_REASONS), None)
+
+
 def known_reason(v: Verdict) -> str | None:
     """The known reason (``KNOWN_REASONS``) shown with a verdict, None when none is known or when ``v`` has no
     interval: then the data decided nothing, and ``no_interval_reason`` says why instead. For the lowest layer's
@@ -79,26 +87,14 @@ def known_reason(v: Verdict) -> str | None:
         return UNTRAINED_REASON
     if no_interval_reason(v) is not None:
         return None
-    reason = next((r for k, r in KNOWN_REASONS.items() if v.finding.startswith(k)), None)
-    if reason is None:
+    family = reason_key(v.key)
+    if family is None:
         return None
-    if v.finding.startswith("Sec. 4.6"):
+    reason = KNOWN_REASONS[family]
+    if family == "sec4_6":
         reason = " ".join([reason, *_mpp_sentences(v)])
-    prefix = _filter_size(v) if v.finding.startswith("Fig. 7 left") else \
-        _lowest_layer_heads(v) if v.finding.startswith(LOWEST_LAYER) else None
+    prefix = _filter_size(v) if family == "fig7.left" else _lowest_layer_heads(v) if v.key == KEY_LOWEST_SPREAD else None
     return f"{prefix} {reason[:1].upper()}{reason[1:]}" if prefix else reason  # the prefix ends a sentence
-
-
-def _compared(v: Verdict) -> tuple[str | None, str | None]:
-    """The initialisations a Sec. 4.6 verdict compares (``details["better"]``, ``["worse"]``; for verdicts made
-    before they were recorded, from the finding's words "Sec. 4.6: MPP beats scratch (...)")."""
-    better, worse = v.details.get("better"), v.details.get("worse")
-    if better is None or worse is None:
-        names = {name: key for key, name in INIT_NAMES.items()}
-        words = v.finding.removeprefix("Sec. 4.6: ").split(" (")[0].split(" beats ")
-        if len(words) == 2:
-            better, worse = (names.get(w, w) for w in words)
-    return better, worse
 
 
 def _px(size: Any) -> str:
@@ -117,7 +113,7 @@ def _mpp_sentences(v: Verdict) -> list[str]:
     readout (MPP never trains the class token). Supervised not ahead of MPP: the supervised side is one checkpoint,
     whose own data and budget, not only its objective, set its accuracy; a patch-mean probe reads what MPP trains."""
     d = v.details
-    better, worse = _compared(v)
+    better, worse = d.get("better"), d.get("worse")  # None in records made before they were recorded
     kind, readout = d.get("kind"), d.get("readout")
     here = []
     pre = d.get("pretrain") or {}

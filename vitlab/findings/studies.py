@@ -190,12 +190,12 @@ def _sweep_name(records: Sequence[Mapping[str, Any]]) -> str:
 
 
 #: the stable id of the locality finding of the ViT (Raghu et al. 2021), ``locality_key``'s for another family
-KEY_LOCALITY = "fig34.locality"
+KEY_LOCALITY = "fig3_4.locality"
 LOCALITY = "Raghu et al. 2021: less pre-training data, fewer local heads in the lowest layer"
 
 
 def locality_key(family: str = "vit") -> str:
-    """The stable id of the locality finding of ``family``: ``KEY_LOCALITY`` for the ViT, "fig34.locality.hybrid"
+    """The stable id of the locality finding of ``family``: ``KEY_LOCALITY`` for the ViT, "fig3_4.locality.hybrid"
     for another."""
     return KEY_LOCALITY if family == "vit" else f"{KEY_LOCALITY}.{family}"
 

@@ -26,7 +26,7 @@ from vitlab.base.atomic import (
     rmtree_quiet,
     temp_dir_beside,
 )
-from vitlab.base.errors import ModelLoadError, WeightsMismatchError
+from vitlab.base.errors import ModelLoadError, ParameterModelError, Placeholder, Setting, WeightsMismatchError
 from vitlab.base.modes import unwrapped
 from vitlab.base.provenance import versions
 from vitlab.base.shipped import CHECKOUT, data_path
@@ -133,7 +133,7 @@ def resolve_folder(path: str | os.PathLike) -> Path:
 
 def check_replaceable(directory: Path) -> None:
     """Refuse to replace a file or a folder that holds something other than a vitlab checkpoint."""
-    refuse_foreign_dir(directory, _is_checkpoint_dir, "save_checkpoint", "earlier vitlab checkpoint", "it")
+    refuse_foreign_dir(directory, _is_checkpoint_dir, "save_checkpoint", "earlier vitlab checkpoint", "directory")
 
 
 def recover_checkpoint(directory: str | os.PathLike) -> bool:
@@ -318,16 +318,15 @@ def load_checkpoint(path: str | os.PathLike) -> nn.Module:
     directory = path if path.is_dir() else path.parent
     cfg_file, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
     if path.is_file() and path.name not in (CONFIG_NAME, WEIGHTS_NAME):
-        raise ModelLoadError(
-            f"{path} is a file, not a vitlab checkpoint folder: a weights file (.safetensors, .pth, .bin) belongs to "
-            "an architecture, so pass it as vitlab.load_model('<timm name>', weights=path)"
-        )
+        raise ParameterModelError(
+            "spec", str(path), problem="a file, not a vitlab checkpoint folder: a weights file (.safetensors, .pth, "
+            ".bin) belongs to an architecture", fix=[(Setting("spec", Placeholder("TIMM_NAME")),
+                                                      Setting("weights", str(path)))])
     if not cfg_file.is_file() or not weights.is_file():
-        raise ModelLoadError(
-            f"{directory} is not a vitlab checkpoint: it needs both {CONFIG_NAME} and {WEIGHTS_NAME} "
-            "(as written by vitlab.save_checkpoint); for a timm weights file use "
-            "vitlab.load_model('<timm name>', weights=path)"
-        )
+        raise ParameterModelError(
+            "spec", str(directory), problem=f"not a vitlab checkpoint: it needs both {CONFIG_NAME} and "
+            f"{WEIGHTS_NAME} (as written by vitlab.save_checkpoint)",
+            fix=[(Setting("spec", Placeholder("TIMM_NAME")), Setting("weights", Placeholder("FILE")))])
     meta = _read_meta(cfg_file)
     cfg = config_from_dict(meta["config"])
     pretrained_cfg = check_pretrained_cfg(meta.get("pretrained_cfg"), cfg_file)
@@ -470,9 +469,9 @@ def load_run_state(directory: str | os.PathLike, opt: torch.optim.Optimizer, ema
             _check_state(ema_state, ema.state_dict(), directory / "ema.safetensors")
         config = _read_json(directory / CONFIG_NAME)
     except ModelLoadError as e:
-        raise ModelLoadError(f"{e}. The run cannot resume from it: start a new leg from the checkpoint's model "
-                             f"weights with train(dataclasses.replace(cfg, init_from={str(directory)!r}), "
-                             "run_dir=NEW), or train the run afresh") from None
+        raise ParameterModelError("resume", True, problem=f"{e}. The run cannot resume from it", fix=[
+            (Setting("init_from", str(directory), config=True), Setting("run_dir", Placeholder("NEW"))),
+            "train the run afresh"]) from None
     for name, module in (modules or {}).items():
         ref = module.state_dict()
         module.load_state_dict({k: v.to(ref[k].dtype) for k, v in states[name].items()}, strict=True)

@@ -21,7 +21,7 @@ from safetensors import safe_open
 from torch import nn
 
 from vitlab.base.choices import DEFAULT_CHECKPOINT
-from vitlab.base.errors import ModelLoadError
+from vitlab.base.errors import ModelLoadError, ParameterModelError, Placeholder, Setting
 from vitlab.base.shipped import data_path
 from vitlab.models.checkpoint import WEIGHTS_NAME, load_checkpoint, recover_checkpoint
 from vitlab.models.zoo import (
@@ -64,11 +64,11 @@ def load_model(spec: str | os.PathLike | ModelConfig | None = None, *, pretraine
     if spec is None:
         _no_extras("the default model", weights, overrides, pretrained)
         if not (DEFAULT_CHECKPOINT / WEIGHTS_NAME).is_file():
-            raise ModelLoadError(
-                f"the embedded default model is not here ({DEFAULT_CHECKPOINT} has no {WEIGHTS_NAME}). "
-                "Train it with `vitlab train --preset vit_cifar10` or pass a model: "
-                "vitlab.load_model('vit_base_patch16_224', pretrained=False) or a checkpoint folder"
-            )
+            raise ParameterModelError(
+                "spec", None, problem=f"the embedded default model is not here ({DEFAULT_CHECKPOINT} has no "
+                f"{WEIGHTS_NAME})", fix=["train it with `vitlab train --preset vit_cifar10`",
+                                         (Setting("spec", "vit_base_patch16_224"), Setting("pretrained", False)),
+                                         Setting("spec", Placeholder("CHECKPOINT_FOLDER"))])
         return load_checkpoint(DEFAULT_CHECKPOINT)
     if isinstance(spec, (ViTConfig, HybridConfig, BiTConfig, CifarNetConfig)):
         _no_extras("a config", weights, {})
@@ -79,7 +79,8 @@ def load_model(spec: str | os.PathLike | ModelConfig | None = None, *, pretraine
                              f"BiTConfig, CifarNetConfig), got {type(spec).__name__}")
     if name.startswith(_HUB_PREFIXES):
         if weights is not None:
-            raise ModelLoadError("weights= needs a timm architecture name (e.g. 'vit_base_patch16_224'), not a hub id")
+            raise ParameterModelError("weights", os.fspath(weights), problem=f"needs a timm architecture name (e.g. "
+                                      f"'vit_base_patch16_224'), not the hub id {name!r}")
         return _create_timm(name, pretrained, overrides)
     path = Path(name)
     if not path.exists():  # a kill between the two renames of its replacement left its previous copy beside it
@@ -92,9 +93,8 @@ def load_model(spec: str | os.PathLike | ModelConfig | None = None, *, pretraine
     _check_timm_name(name)
     if weights is not None:
         if not pretrained:
-            raise ModelLoadError("a weights file and pretrained=False contradict each other: the file is the "
-                                 "pretrained weights. Leave out the file for random weights, or pretrained=False to "
-                                 "load it")
+            raise ParameterModelError("pretrained", False, problem="contradicts a weights file, which is the "
+                                      "pretrained weights", fix=[Setting("weights", None), Setting("pretrained", True)])
         return _load_timm_with_file(name, Path(weights), overrides)
     return _create_timm(name, pretrained, overrides)
 
@@ -102,10 +102,11 @@ def load_model(spec: str | os.PathLike | ModelConfig | None = None, *, pretraine
 def _no_extras(what: str, weights: Any, overrides: dict[str, Any], pretrained: bool = True) -> None:
     """Options that only make sense for timm names must not be silently ignored."""
     if not pretrained:
-        raise ModelLoadError(f"pretrained=False is for timm model names; {what} always loads its saved weights "
-                             "(for random ones, build its config with vitlab.build_model)")
+        raise ParameterModelError("pretrained", False, problem=f"only timm model names take it; {what} always loads "
+                                  "its saved weights", fix=["for random ones, build its config with vitlab.build_model"])
     if weights is not None:
-        raise ModelLoadError(f"weights= is for timm model names; {what} already says where its weights come from")
+        raise ParameterModelError("weights", os.fspath(weights), problem=f"only timm model names take it; {what} "
+                                  "already says where its weights come from", fix=[Setting("weights", None)])
     if overrides:
         raise ModelLoadError(
             f"overrides {sorted(overrides)} are for timm names and configs; {what} is loaded as saved "
@@ -168,12 +169,12 @@ def _create_timm(name: str, pretrained: bool, overrides: dict[str, Any]) -> nn.M
             model = timm.create_model(name, pretrained=pretrained, **overrides)
     except Exception as e:  # the hub raises a zoo of connection errors; all mean the same to a user
         if pretrained and _looks_offline(e):
-            raise ModelLoadError(
-                f"could not download pretrained weights for {name!r} ({type(e).__name__}: {str(e)[:200]}). "
-                "This machine seems to be offline or the hub is unreachable. Download the weights elsewhere "
-                f"and pass them as a local file: vitlab.load_model({name!r}, weights='path/to/model.safetensors'), "
-                "or use pretrained=False for random weights"
-            ) from e
+            raise ParameterModelError(
+                "spec", name, problem=f"could not download its pretrained weights ({type(e).__name__}: "
+                f"{str(e)[:200]}). This machine seems to be offline or the hub is unreachable: download the weights "
+                "elsewhere and pass them as a local file",
+                fix=[(Setting("spec", name), Setting("weights", Placeholder("path/to/model.safetensors"))),
+                     Setting("pretrained", False)]) from e
         args = f" with {overrides}" if overrides else ""
         raise ModelLoadError(f"timm could not build {name!r}{args}: {type(e).__name__}: {e}") from e
     return model.eval()
@@ -186,9 +187,11 @@ def _load_timm_with_file(name: str, wpath: Path, overrides: dict[str, Any]) -> n
     own class count is put into the config: a fine-tuned 10-class file keeps its head.
     """
     if not wpath.is_file():  # a folder "did not exist"
-        raise ModelLoadError(f"weights file {wpath} " + ("is a folder: pass the weights file inside it (.safetensors, "
-                             ".pth, .bin), or a vitlab checkpoint folder as the model itself, without weights="
-                             if wpath.is_dir() else "does not exist"))
+        if not wpath.is_dir():
+            raise ParameterModelError("weights", str(wpath), problem="does not exist")
+        raise ParameterModelError("weights", str(wpath), problem="is a folder",
+                                  fix=["the weights file inside it (.safetensors, .pth, .bin)",
+                                       (Setting("spec", str(wpath)), Setting("weights", None))])
     kwargs = dict(overrides)
     file_classes = _file_num_classes(wpath, _classifier_names(name))
     wanted = kwargs.pop("num_classes", file_classes)

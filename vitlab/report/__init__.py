@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from vitlab.base.atomic import refuse_foreign_dir, replace_dir, temp_dir_beside
 from vitlab.base.checks import check_int
 from vitlab.base.devices import resolve_device
+from vitlab.base.errors import FolderError, ParameterError, Placeholder, Setting
 from vitlab.base.intervals import n_units
 from vitlab.base.provenance import VERSION, versions
 from vitlab.data.images import (
@@ -75,9 +76,9 @@ def check_report_dir(out: Path) -> None:
     folder holds only what the report writes (``report_entries``) and a ``metrics.json`` that the report wrote."""
     problem = not_a_report(out) if out.is_dir() and any(out.iterdir()) else None
     if problem is not None:
-        raise FileExistsError(f"{out} holds no earlier report: {problem}. vitlab reproduce replaces the whole folder "
-                              "and would delete them, so give out= a new or empty folder")
-    refuse_foreign_dir(out, lambda d: True, "vitlab reproduce", "earlier report", "out=")  # a file
+        raise FolderError("out", str(out), problem=f"holds no earlier report: {problem}. vitlab reproduce replaces "
+                          "the whole folder and would delete them", fix=[Setting("out", Placeholder("NEW_OR_EMPTY_FOLDER"))])
+    refuse_foreign_dir(out, lambda d: True, "vitlab reproduce", "earlier report", "out")  # a file
 
 
 def report_target(out: str | os.PathLike) -> Path:
@@ -87,9 +88,8 @@ def report_target(out: str | os.PathLike) -> Path:
     target = Path(os.path.abspath(out))
     here = Path(os.path.abspath(os.curdir))
     if target == here or target in here.parents:
-        raise ValueError(f"out={out} is the current folder or one that holds it ({target}); vitlab reproduce "
-                         f"replaces its folder as a whole: give out= a new folder's name, e.g. out="
-                         f"{Path(out) / 'report'}")
+        raise ParameterError("out", str(out), problem=f"the current folder or one that holds it ({target}); vitlab "
+                             "reproduce replaces its folder as a whole", fix=[Setting("out", str(Path(out) / "report"))])
     return target
 
 
@@ -198,8 +198,8 @@ def _check_arguments(runs: list, weights: str | None, formats: Sequence[str], nu
     """``reproduce``'s arguments that can be refused before any work (``ValueError``, ``TypeError``)."""
     if not runs or (len(runs) > 1 and (weights or any(m is None or not isinstance(m, (str, os.PathLike))
                                                       for m in runs))):
-        raise ValueError(f"model={runs!r}: several runs of a recipe are checkpoints or timm names, one at least, "
-                         "without weights=; give one model, or a list of checkpoint folders")
+        raise ParameterError("model", runs if len(runs) > 1 else runs[0], "one model, or a list of checkpoint folders or timm names (at least "
+                             "one) without weights", problem="not one model or several runs of a recipe")
     if isinstance(formats, str):  # its letters were read as formats ("unknown figure format(s) ['g', 'n', 'p']")
         raise TypeError(f"formats must be a list of figure formats, got the string {formats!r}: pass [{formats!r}]")
     check_int("num_images", num_images, 1, allowed="a whole number of at least 1, or None for the default", none=True)
@@ -231,8 +231,9 @@ def _inputs(net, info, model: Any, pretrained: bool, weights: str | None, images
     else:
         most = default_image_count(net)
         if num_images is not None and num_images > most:  # default_images' own error named its argument n
-            raise ValueError(f"num_images={num_images}: this model's default images are {default_source(net)}, at "
-                             f"most {most}; ask for fewer, or pass images= a folder of your own")
+            raise ParameterError("num_images", num_images, f"at most {most}", problem=f"this model's default images "
+                                 f"are {default_source(net)}", fix=[Setting("num_images", most),
+                                                                    Setting("images", Placeholder("FOLDER"))])
         names, x, shown = default_images(net, num_images)
         labels, _ = default_labels(net, len(names))  # the CIFAR sample's true classes (named by Inputs)
         source = default_source(net)

@@ -36,6 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vitlab.base.checks import check_int
+from vitlab.base.errors import ParameterError, Setting
 from vitlab.base.provenance import provenance
 from vitlab.base.records import append_record, read_records
 from vitlab.base.stats import percent_cell
@@ -333,7 +334,8 @@ def _ray_runtime(address: str | None, workers: int) -> Iterator[Any]:
     try:
         import ray
     except ImportError as e:
-        raise RuntimeError("executor='ray' needs Ray: pip install 'vitlab[ray]' (or pip install ray)") from e
+        raise ParameterError("executor", "ray", problem="needs Ray", fix=[
+            "pip install 'vitlab[ray]' (or pip install ray)", Setting("executor", "local")]) from e
     started = not ray.is_initialized()
     if started:
         if address:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 # torch-free, so that the command line reads the presets and refuses a bad --set without loading torch or timm
 from vitlab.base.checks import check_choice, check_flag, check_int, check_real, check_tta_level
 from vitlab.base.choices import MPP_TARGETS
+from vitlab.base.errors import ParameterError, Placeholder, Setting
 from vitlab.models.config import (
     CIFAR_PRE,
     BiTConfig,
@@ -44,15 +45,15 @@ def _check_randaugment(spec: object) -> None:
         return
     from timm.data.auto_augment import rand_augment_transform
 
-    example = ("e.g. dataclasses.replace(cfg, randaugment='rand-m9-n2-mstd0.5'), or dataclasses.replace(cfg, "
-               "randaugment=None) for none")
+    fix = [Setting("randaugment", "rand-m9-n2-mstd0.5", config=True), Setting("randaugment", None, config=True)]
     if not isinstance(spec, str) or not spec.startswith("rand"):
-        raise ValueError(f"randaugment must be a timm RandAugment spec starting with 'rand' ({example}), got {spec!r}")
+        raise ParameterError("randaugment", spec, "a timm RandAugment spec starting with 'rand', or None for none",
+                             config=True, fix=fix)
     try:
         rand_augment_transform(spec, {"translate_const": 10, "img_mean": (128, 128, 128)})
     except Exception as e:  # noqa: BLE001  (timm raises AssertionError, ValueError or KeyError on a bad part)
-        raise ValueError(f"randaugment={spec!r} is not a spec timm understands ({type(e).__name__}: {e}; "
-                         f"{example})") from None
+        raise ParameterError("randaugment", spec, problem=f"not a spec timm understands ({type(e).__name__}: {e})",
+                             config=True, fix=fix) from None
 
 
 @dataclass(frozen=True)
@@ -147,95 +148,130 @@ class TrainConfig:
         for name, choices in (("optimizer", ("adamw", "sgd")), ("schedule", ("cosine", "triangle")),
                               ("crop_pad_mode", ("constant", "reflect")), ("distill", ("hard", "soft")),
                               ("objective", ("classify", "mpp")), ("flip", ("random", "alternating", "none"))):
-            check_choice(name, getattr(self, name), choices)
-        check_tta_level("eval_tta", self.eval_tta)
-        check_tta_level("distill_tta", self.distill_tta)
+            check_choice(name, getattr(self, name), choices, config=True)
+        check_tta_level("eval_tta", self.eval_tta, config=True)
+        check_tta_level("distill_tta", self.distill_tta, config=True)
         if self.distill_tta and self.teacher is None:
-            raise ValueError(f"distill_tta must be 0, 1 or 2 and needs a teacher, got {self.distill_tta!r} with teacher="
-                             f"{self.teacher!r}")
+            raise ParameterError("distill_tta", self.distill_tta, config=True, problem="needs a teacher",
+                                 fix=[Setting("distill_tta", 0, config=True)])
         if self.teacher is not None and not (isinstance(self.model, ViTConfig) and self.model.distilled):
-            raise ValueError("teacher= needs a ViT with a distillation token: set the model's distilled=True")
+            raise ParameterError("teacher", self.teacher, config=True, problem="needs a ViT with a distillation token",
+                                 fix=[Setting("model.distilled", True, config=True)])
         if self.objective == "mpp":
-            if not isinstance(self.model, ViTConfig) or self.model.patch_drop_rate or self.model.distilled:
-                raise ValueError("objective='mpp' needs a plain ViT (no patch dropping, no distillation token)")
-            if self.lookahead_every:
-                raise ValueError("objective='mpp' with lookahead_every: the prediction head lives beside the model "
-                                 "and would not be averaged; set lookahead_every=0")
-            if self.mixup_prob or self.teacher:
-                raise ValueError("objective='mpp' reads no labels: set mixup_prob=0 and no teacher")
-            if self.mpp_target == "patch4x4" and self.model.patch_size % 4:
-                raise ValueError(f"mpp_target='patch4x4' averages each patch over 4 x 4 cells: it needs a patch size "
-                                 f"that is a multiple of 4, got model.patch_size={self.model.patch_size}; use "
-                                 "mpp_target='color3' or 'l2', or another patch size")
-            unread = [fix for bad, fix in ((self.label_smoothing, "label_smoothing=0"),
-                                           (self.ema_decay, "ema_decay=None"), (self.eval_tta, "eval_tta=0")) if bad]
-            if unread:  # the MPP loss and evaluate_mpp read none of them: a run would record them and do nothing
-                raise ValueError(f"objective='mpp' smooths no labels and evaluates neither an EMA nor test-time "
-                                 f"augmentation: dataclasses.replace(cfg, {', '.join(unread)})")
-            if self.mpp_target not in MPP_TARGETS or not 0 < self.mpp_rate <= 1:
-                raise ValueError(f"mpp_target must be one of {MPP_TARGETS} and mpp_rate in (0, 1], got "
-                                 f"{self.mpp_target!r}, {self.mpp_rate!r}")
+            self._check_mpp()
         if self.randaugment is not None:
             _check_randaugment(self.randaugment)
         if self.fig7_every and not (isinstance(self.model, ViTConfig) and self.objective == "classify"):
-            raise ValueError("fig7_every measures a plain ViT classifier's attention and filters: leave fig7_every 0 "
-                             "for this model or objective")
+            raise ParameterError("fig7_every", self.fig7_every, config=True, problem="measures a plain ViT "
+                                 "classifier's attention and filters", fix=[Setting("fig7_every", 0, config=True)])
         if self.val_per_class and self.objective != "classify":
-            raise ValueError("val_per_class measures classification accuracy, which masked patch prediction does not "
-                             "train for: leave val_per_class 0")
-        best = "keep_best keeps the checkpoint of the best test accuracy, which"
+            raise ParameterError("val_per_class", self.val_per_class, config=True, problem="measures classification "
+                                 "accuracy, which masked patch prediction does not train for",
+                                 fix=[Setting("val_per_class", 0, config=True)])
+        best = "keeps the checkpoint of the best test accuracy, which"
         if self.keep_best and self.objective != "classify":
-            raise ValueError(f"{best} masked patch prediction does not measure: leave keep_best false")
+            raise ParameterError("keep_best", True, config=True, problem=f"{best} masked patch prediction does not "
+                                 "measure", fix=[Setting("keep_best", False, config=True)])
         if self.keep_best and not self.eval_every:
-            raise ValueError(f"{best} eval_every=0 never measures: leave keep_best false, or evaluate "
-                             "(dataclasses.replace(cfg, eval_every=1))")
+            raise ParameterError("keep_best", True, config=True, problem=f"{best} a run that never evaluates does not "
+                                 "measure", fix=[Setting("keep_best", False, config=True),
+                                                 Setting("eval_every", 1, config=True)])
         # True is no step count (it averaged after every step)
-        check_int("lookahead_every", self.lookahead_every, 0, allowed="an int >= 0 (0 turns Lookahead off)")
+        check_int("lookahead_every", self.lookahead_every, 0, allowed="an int >= 0 (0 turns Lookahead off)", config=True)
         if self.patience and (self.objective != "classify" or not self.eval_every):
-            raise ValueError(f"patience={self.patience} stops a run when its classification accuracy stops rising, "
-                             "which needs evaluations (eval_every > 0) of a classifier (objective='classify'): leave "
-                             "patience 0, or set eval_every (e.g. dataclasses.replace(cfg, eval_every=1))")
-        if not 0 <= self.lookahead_decay < 1 or self.lookahead_power < 0:
-            raise ValueError(f"lookahead_decay must be in [0, 1) and lookahead_power >= 0, got "
-                             f"{self.lookahead_decay!r}, {self.lookahead_power!r}")
+            raise ParameterError("patience", self.patience, config=True, problem="stops a run when its classification "
+                                 "accuracy stops rising, which needs evaluations of a classifier",
+                                 fix=[Setting("patience", 0, config=True), Setting("eval_every", 1, config=True)])
+        if not 0 <= self.lookahead_decay < 1:
+            raise ParameterError("lookahead_decay", self.lookahead_decay, "in [0, 1)", config=True)
+        if self.lookahead_power < 0:
+            raise ParameterError("lookahead_power", self.lookahead_power, ">= 0", config=True)
         if not isinstance(self.progressive_fraction, (int, float)) or not 0 <= self.progressive_fraction < 1:
-            raise ValueError(f"progressive_fraction must be a share of the epochs in [0, 1), got "
-                             f"{self.progressive_fraction!r}")
+            raise ParameterError("progressive_fraction", self.progressive_fraction, "a share of the epochs in [0, 1)",
+                                 config=True)
         if self.init_from is not None and not self.progressive_epochs:  # a warm start: no share (see the fields)
             object.__setattr__(self, "progressive_size", None)
         if self.progressive_size is None or self.progressive_epochs:  # the share is not in effect: one config, one
             object.__setattr__(self, "progressive_fraction", 0.0)  # form (a resumed run's saved config compares equal)
         if self.progressive_size is not None or self.progressive_epochs:
-            m = self.model
-            if not isinstance(m, ViTConfig) or self.objective != "classify":
-                raise ValueError("progressive resizing needs a plain ViT (ViTConfig) trained to classify: its position "
-                                 "embeddings are resampled to the smaller grid; leave progressive_size None and "
-                                 "progressive_epochs 0 otherwise")
-            size = self.progressive_size
-            if size is None:
-                raise ValueError(f"progressive_epochs={self.progressive_epochs} needs progressive_size (px)")
-            h, w = size2(m.img_size)
-            if h != w:
-                raise ValueError(f"progressive resizing shrinks square images; the model's img_size is {m.img_size}")
-            if not isinstance(size, int) or not 0 < size < h or size % m.patch_size:
-                raise ValueError(f"progressive_size must be a multiple of the patch size ({m.patch_size}) below the "
-                                 f"image size {m.img_size}, got {size!r}")
-            by_share = self.progressive_epochs == 0 and self.progressive_fraction > 0  # small_epochs: a share
-            if not by_share:
-                check_int("progressive_epochs", self.progressive_epochs, 1, self.epochs,
-                          f"an int in [1, epochs={self.epochs}] with progressive_size (or 0 with a "
-                          "progressive_fraction > 0)")
+            self._check_progressive()
+        self._check_epoch_switches()
+
+    def _check_mpp(self) -> None:
+        """Masked patch prediction's constraints: a plain ViT, no labels read, its target and rate."""
+        if not isinstance(self.model, ViTConfig) or self.model.patch_drop_rate or self.model.distilled:
+            raise ParameterError("objective", "mpp", config=True, problem="needs a plain ViT (no patch dropping, "
+                                 "no distillation token)")
+        if self.lookahead_every:
+            raise ParameterError("lookahead_every", self.lookahead_every, config=True, problem="masked patch "
+                                 "prediction's head lives beside the model and would not be averaged",
+                                 fix=[Setting("lookahead_every", 0, config=True)])
+        if self.mixup_prob or self.teacher:
+            raise ParameterError("objective", "mpp", config=True, problem="reads no labels", fix=[(
+                Setting("mixup_prob", 0, config=True), Setting("teacher", None, config=True))])
+        if self.mpp_target == "patch4x4" and self.model.patch_size % 4:
+            raise ParameterError("mpp_target", "patch4x4", config=True, problem="averages each patch over 4 x 4 "
+                                 f"cells: it needs a patch size that is a multiple of 4, not "
+                                 f"{self.model.patch_size}", fix=[Setting("mpp_target", "color3", config=True),
+                                                                  Setting("mpp_target", "l2", config=True),
+                                                                  "another patch size"])
+        unread = tuple(Setting(name, off, config=True) for name, off in (
+            ("label_smoothing", 0), ("ema_decay", None), ("eval_tta", 0)) if getattr(self, name))
+        if unread:  # the MPP loss and evaluate_mpp read none of them: a run would record them and do nothing
+            raise ParameterError(unread[0].param, getattr(self, unread[0].param), config=True, fix=[unread],
+                                 problem="masked patch prediction smooths no labels and evaluates neither an EMA "
+                                 "nor test-time augmentation")
+        if self.mpp_target not in MPP_TARGETS or not 0 < self.mpp_rate <= 1:
+            bad = "mpp_target" if self.mpp_target not in MPP_TARGETS else "mpp_rate"
+            raise ParameterError(bad, getattr(self, bad), f"one of {MPP_TARGETS}" if bad == "mpp_target" else
+                                 "in (0, 1]", config=True)
+
+    def _check_progressive(self) -> None:
+        """Progressive resizing: a plain ViT classifier, square images, a size below them, its epochs."""
+        m, size = self.model, self.progressive_size
+        if not isinstance(m, ViTConfig) or self.objective != "classify":
+            raise ParameterError("progressive_size", size, config=True, problem="progressive resizing needs a plain "
+                                 "ViT (ViTConfig) trained to classify: its position embeddings are resampled to "
+                                 "the smaller grid", fix=[(Setting("progressive_size", None, config=True),
+                                                           Setting("progressive_epochs", 0, config=True))])
+        if size is None:
+            raise ParameterError("progressive_epochs", self.progressive_epochs, config=True,
+                                 problem="needs a progressive_size (px)")
+        h, w = size2(m.img_size)
+        if h != w:
+            raise ParameterError("progressive_size", size, config=True, problem="progressive resizing shrinks "
+                                 f"square images; the model's img_size is {m.img_size}")
+        if not isinstance(size, int) or not 0 < size < h or size % m.patch_size:
+            raise ParameterError("progressive_size", size, f"a multiple of the patch size ({m.patch_size}) below "
+                                 f"the image size {m.img_size}", config=True)
+        by_share = self.progressive_epochs == 0 and self.progressive_fraction > 0  # small_epochs: a share
+        if not by_share and (isinstance(self.progressive_epochs, bool)
+                             or not isinstance(self.progressive_epochs, int)
+                             or not 0 < self.progressive_epochs <= self.epochs):
+            raise ParameterError("progressive_epochs", self.progressive_epochs, f"an int in [1, epochs="
+                                 f"{self.epochs}] with progressive_size (or 0 with a progressive_fraction > 0)",
+                                 config=True)
+
+    def _check_epoch_switches(self) -> None:
+        """The settings that switch something off for some epochs: full tokens, the whitening bias."""
         if self.full_token_epochs:
-            check_int("full_token_epochs", self.full_token_epochs, 1, self.epochs,
-                      f"an int in [0, epochs={self.epochs}]")
+            if (isinstance(self.full_token_epochs, bool) or not isinstance(self.full_token_epochs, int)
+                    or not 0 < self.full_token_epochs <= self.epochs):
+                raise ParameterError("full_token_epochs", self.full_token_epochs, f"an int in [0, epochs="
+                                     f"{self.epochs}]", config=True)
             if not (isinstance(self.model, ViTConfig) and self.model.patch_drop_rate):
-                raise ValueError("full_token_epochs turns patch dropping off for the last epochs, but this model drops "
-                                 "no patches: set model.patch_drop_rate (e.g. 0.5) or leave full_token_epochs 0")
+                raise ParameterError("full_token_epochs", self.full_token_epochs, config=True, problem="turns patch "
+                                     "dropping off for the last epochs, but this model drops no patches",
+                                     fix=[Setting("model.patch_drop_rate", 0.5, config=True),
+                                          Setting("full_token_epochs", 0, config=True)])
         if self.whiten_bias_epochs is not None:
-            check_int("whiten_bias_epochs", self.whiten_bias_epochs, 0, allowed="None (always trained) or an int >= 0")
+            check_int("whiten_bias_epochs", self.whiten_bias_epochs, 0, allowed="None (always trained) or an int >= 0",
+                      config=True)
             if not isinstance(self.model, CifarNetConfig):
-                raise ValueError("whiten_bias_epochs needs a model with a whitening stem (CifarNetConfig); leave it "
-                                 "None for other models")
+                raise ParameterError("whiten_bias_epochs", self.whiten_bias_epochs, config=True, problem="needs a "
+                                     "model with a whitening stem (CifarNetConfig)",
+                                     fix=[Setting("whiten_bias_epochs", None, config=True)])
+
 
     @property
     def small_epochs(self) -> int:
@@ -253,15 +289,15 @@ class TrainConfig:
         """The plain numeric fields: type and range, each refused with its name, the value and what is allowed
         (a batch_size of 0 is refused here, not met as a ZeroDivisionError deep inside the run)."""
         for name in ("bf16", "channels_last", "explicit_attention", "keep_best"):  # e.g. the text 'False', true
-            check_flag(name, getattr(self, name), f" (e.g. dataclasses.replace(cfg, {name}=False))")
+            check_flag(name, getattr(self, name), config=True)
         for name, least in (("epochs", 1), ("batch_size", 1), ("crop_padding", 0), ("eval_every", 0),
                             ("val_per_class", 0), ("snapshot_every", 0), ("fig7_every", 0), ("patience", 0)):
-            check_int(name, getattr(self, name), least)
-        check_int("seed", self.seed, None, allowed="a whole number")
-        check_int("max_train_examples", self.max_train_examples, 1, none=True)
+            check_int(name, getattr(self, name), least, config=True)
+        check_int("seed", self.seed, None, allowed="a whole number", config=True)
+        check_int("max_train_examples", self.max_train_examples, 1, none=True, config=True)
 
         def real(name: str, ok: Callable[[float], bool], allowed: str, none: bool = False) -> None:
-            check_real(name, getattr(self, name), ok, allowed, none)
+            check_real(name, getattr(self, name), ok, allowed, none, config=True)
 
         real("lr", lambda v: v >= 0, "a number >= 0")
         real("min_lr", lambda v: v >= 0, "a number >= 0")
@@ -278,18 +314,23 @@ class TrainConfig:
         real("norm_bias_lr_scale", lambda v: v > 0, "a number > 0")
         real("distill_tau", lambda v: v > 0, "a number > 0")
         if self.min_lr > self.lr:
-            raise ValueError(f"min_lr={self.min_lr:g} exceeds the peak lr={self.lr:g}: the schedule would climb instead "
-                             f"of decaying; lower min_lr too (e.g. dataclasses.replace(cfg, min_lr={self.lr / 100:g}))")
+            raise ParameterError("min_lr", self.min_lr, config=True, problem=f"exceeds the peak lr {self.lr:g}: the "
+                                 "schedule would climb instead of decaying", fix=[Setting("min_lr", float(
+                                     f"{self.lr / 100:g}"), config=True)])
         if self.warmup_epochs > self.epochs:
-            raise ValueError(f"warmup_epochs={self.warmup_epochs:g} exceeds epochs={self.epochs}: the learning rate would "
-                             "still be climbing when the run ends and never come down; lower it (dataclasses.replace("
-                             f"cfg, warmup_epochs={self.epochs / 5:g}), a fifth of the run) or train longer")
+            raise ParameterError("warmup_epochs", self.warmup_epochs, config=True, problem=f"exceeds the {self.epochs} "
+                                 "epochs: the learning rate would still be climbing when the run ends and never come "
+                                 "down", fix=[Setting("warmup_epochs", self.epochs / 5, config=True), "train longer"])
         if self.mixup_prob > 0 and self.mixup_alpha == 0 and self.cutmix_alpha == 0:
-            raise ValueError("mixup_prob > 0 with mixup_alpha = cutmix_alpha = 0 mixes nothing: to switch mixing off set "
-                             "mixup_prob=0, else give mixup_alpha or cutmix_alpha a value > 0")
+            raise ParameterError("mixup_prob", self.mixup_prob, config=True, problem="mixes nothing with mixup_alpha "
+                                 "and cutmix_alpha both 0", fix=[Setting("mixup_prob", 0, config=True),
+                                                                 Setting("mixup_alpha", Placeholder("ABOVE_0"), config=True),
+                                                                 Setting("cutmix_alpha", Placeholder("ABOVE_0"), config=True)])
         if self.mixup_prob > 0 and self.batch_size % 2:
-            raise ValueError(f"batch_size={self.batch_size} is odd, but mixup and cutmix pair the batch with its mirror "
-                             "(timm's Mixup): use an even batch_size, or mixup_prob=0")
+            raise ParameterError("batch_size", self.batch_size, "even with mixup", config=True, problem="odd, but "
+                                 "mixup and cutmix pair the batch with its mirror (timm's Mixup)",
+                                 fix=[Setting("batch_size", self.batch_size + 1, config=True),
+                                      Setting("mixup_prob", 0, config=True)])
 
 
 #: The distillation teacher's checkpoint (``vitlab train --preset resnet_cifar10_fast`` exported there).

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitlab.base.errors import MissingPathError, Placeholder, Setting
 from vitlab.models.checkpoint import load_checkpoint, resolve_folder
 from vitlab.models.cifarnet import CifarResNet
 from vitlab.train.config import TrainConfig
@@ -25,9 +26,9 @@ def load_teacher(path: str | os.PathLike, device: torch.device) -> nn.Module:
     forward is faster that way on a CPU (``benchmarks/train_speed.py``). Other teachers keep their layout."""
     p = resolve_folder(path)
     if not (p / "config.json").is_file():
-        raise FileNotFoundError(f"teacher checkpoint {path} not found: train it first (vitlab train --preset "
-                                f"resnet_cifar10_fast, then vitlab export) or give its folder: "
-                                "dataclasses.replace(cfg, teacher='FOLDER')")
+        raise MissingPathError("teacher", os.fspath(path), problem="no teacher checkpoint there", config=True, fix=[
+            "train it first (vitlab train --preset resnet_cifar10_fast, then vitlab export)",
+            Setting("teacher", Placeholder("FOLDER"), config=True)])
     teacher = load_checkpoint(p).to(device).eval()
     for q in teacher.parameters():
         q.requires_grad_(False)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from vitlab.base.devices import resolve_device
+from vitlab.base.errors import ParameterError, Setting
 from vitlab.train.config import TrainConfig
 
 __all__ = ["Dist", "dist_setup", "per_process_batchnorm", "mean_over_ranks", "barrier"]
@@ -37,8 +38,8 @@ def dist_setup(device: str | None) -> Dist:
     if world == 1:
         return Dist(device=dev)
     if dev.type not in ("cpu", "cuda"):  # it would have trained on the CPU without a word
-        raise ValueError(f"device={str(dev)!r} under torchrun: distributed training runs on CPUs (gloo) or CUDA GPUs "
-                         "(nccl); run on one device without torchrun, or pass device='cpu'")
+        raise ParameterError("device", str(dev), problem="under torchrun: distributed training runs on CPUs (gloo) or "
+                             "CUDA GPUs (nccl)", fix=["run on one device without torchrun", Setting("device", "cpu")])
     cuda = dev.type == "cuda"
     import torch.distributed as dist
 

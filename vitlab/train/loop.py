@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from vitlab.base.atomic import atomic_write_text
 from vitlab.base.checks import check_count
+from vitlab.base.errors import MissingPathError, ParameterError, Placeholder, Refusal, Setting
 from vitlab.base.modes import all_patch_tokens, any_image_size, eval_mode, explicit_attention
 from vitlab.base.precision import use_bf16
 from vitlab.base.provenance import provenance
@@ -83,8 +84,9 @@ from vitlab.train.warm_start import check_init_from, warm_start, warm_start_obje
 __all__ = ["train", "TrainingDiverged", "evaluate", "Patience"]
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the last good checkpoint is kept."""
+class TrainingDiverged(Refusal, RuntimeError):
+    """The loss became NaN or infinite; the last good checkpoint is kept. ``Refusal``'s fields: ``param`` ``lr``
+    (its peak, the setting most often at fault), the fixes a lower lr or a longer warmup."""
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -327,17 +329,20 @@ def _stop_agreed(stop: bool, d: Dist) -> bool:
 # ---------------------------------------------------------------------------------------------- the run
 
 
-def _diverged_text(loss: float, epoch: int, step: int, ck: Path, cfg: TrainConfig) -> str:
+def _diverged(loss: float, epoch: int, step: int, ck: Path, cfg: TrainConfig) -> TrainingDiverged:
     """What a run whose loss stopped being finite in ``epoch`` (0-based) says: where it stands and how to go on (a
     resume refuses a changed lr, so a new run folder warm-started from the last good checkpoint), in Python's terms
-    (``vitlab.cli.cli_words`` gives the command line's)."""
-    head = f"loss became {loss} by epoch {epoch + 1}, step {step}: stopping. "
-    fix = f"a lower peak lr (now {cfg.lr:g}) or a longer warmup (now {cfg.warmup_epochs:g} epochs)"
+    (its fields; the command line writes them as flags)."""
+    head = f"loss became {loss} by epoch {epoch + 1}, step {step}: stopping"
+    lower = [Setting("lr", Placeholder("LOWER"), config=True), Setting("warmup_epochs", Placeholder("LONGER"), config=True)]
     if not (ck / "config.json").is_file():
-        return head + f"No checkpoint was written (it diverged in the first epoch); start again with {fix}"
-    return (head + f"The last good checkpoint ({ck}, epoch {epoch}) is kept. Go on from it in a new run folder with "
-            f"{fix}: train(dataclasses.replace(cfg, init_from={str(ck)!r}, lr=...), run_dir=NEW) (resume=True keeps "
-            "the saved settings)")
+        return TrainingDiverged("lr", cfg.lr, config=True, fix=lower, problem=f"{head}. No checkpoint was written (it "
+                                "diverged in the first epoch); start again with a lower peak lr or a longer warmup")
+    start = (Setting("init_from", str(ck), config=True),)
+    return TrainingDiverged("lr", cfg.lr, config=True, problem=f"{head}. The last good checkpoint ({ck}, epoch {epoch}) "
+                            "is kept; go on from it in a new run folder with a lower peak lr or a longer warmup (a "
+                            "resume keeps the saved settings)",
+                            fix=[(*start, s, Setting("run_dir", Placeholder("NEW"))) for s in lower])
 
 
 def _at_most_half(n: int) -> int:
@@ -350,10 +355,11 @@ def _check_crop_padding(cfg: TrainConfig, train_data: ImageArray) -> None:
     at the first step otherwise, without naming the setting)."""
     side = min(train_data.images.shape[1:3])
     if cfg.crop_pad_mode == "reflect" and cfg.crop_padding >= side:
-        raise ValueError(f"crop_padding={cfg.crop_padding} with crop_pad_mode='reflect' needs images larger than "
-                         f"the padding, but these are {side} px on their short side: lower it (e.g. "
-                         f"dataclasses.replace(cfg, crop_padding={max(side // 8, 1) if side > 1 else 0})) or pad with "
-                         "zeros (dataclasses.replace(cfg, crop_pad_mode='constant'))")
+        raise ParameterError("crop_padding", cfg.crop_padding, f"below {side} with reflect padding", config=True,
+                             problem=f"reflect padding needs images larger than the padding, but these are {side} px "
+                             "on their short side", fix=[Setting("crop_padding", max(side // 8, 1) if side > 1 else 0,
+                                                                 config=True),
+                                                         Setting("crop_pad_mode", "constant", config=True)])
 
 
 def _check_image_size(cfg: TrainConfig, train_data: ImageArray, test_data: ImageArray) -> None:
@@ -363,16 +369,14 @@ def _check_image_size(cfg: TrainConfig, train_data: ImageArray, test_data: Image
     if not isinstance(m, ViTConfig):
         return  # the CNNs take any size
     want = size2(m.img_size)
-    size = "img_size={}"
-    if isinstance(cfg.model, HybridConfig):
-        size = f"vit=dataclasses.replace(cfg.model.vit, {size})"
+    field = "model.vit.img_size" if isinstance(cfg.model, HybridConfig) else "model.img_size"
     for split, data in (("training", train_data), ("test", test_data)):
         got = tuple(data.images.shape[1:3])
         if got != want:
-            raise ValueError(f"the {split} images of {data.source} are {got[0]} x {got[1]} px but the model is built "
-                             f"for {want[0]} x {want[1]}: build it for them with dataclasses.replace(cfg, model="
-                             f"dataclasses.replace(cfg.model, {size.format(got[0] if got[0] == got[1] else list(got))})"
-                             ") (or resize the data)")
+            raise ParameterError(field, m.img_size, config=True, problem=f"the {split} images of {data.source} are "
+                                 f"{got[0]} x {got[1]} px but the model is built for {want[0]} x {want[1]}",
+                                 fix=[Setting(field, got[0] if got[0] == got[1] else list(got), config=True),
+                                      "resize the data"])
 
 
 def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False, progress: bool = True,
@@ -414,8 +418,8 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
     from tqdm.auto import tqdm
 
     if compile and cfg.objective != "classify":
-        raise ValueError(f"compile=True is for classification runs; objective={cfg.objective!r} trains eagerly: leave "
-                         "compile=None (auto) or pass compile=False")
+        raise ParameterError("compile", True, problem=f"only classification runs compile; a {cfg.objective!r} run "
+                             "trains eagerly", fix=[Setting("compile", None), Setting("compile", False)])
     d = dist_setup(device)
     run = Path(run_dir)
     if not resume:  # again under the lock: another process may have written into it since
@@ -427,12 +431,14 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
 
         dist.barrier()
     if resume and not (run / "checkpoint" / "config.json").is_file():
-        raise FileNotFoundError(f"resume=True: {run} has no checkpoint to resume from; start with resume=False")
+        raise MissingPathError("resume", True, problem=f"{run} has no checkpoint to resume from",
+                               fix=[Setting("resume", False)])
     if cfg.batch_size % d.world:
-        raise ValueError(f"batch_size={cfg.batch_size} must be divisible by the {d.world} processes")
+        raise ParameterError("batch_size", cfg.batch_size, f"a multiple of the {d.world} processes", config=True)
     if cfg.mixup_prob > 0 and (cfg.batch_size // d.world) % 2:
-        raise ValueError(f"batch_size={cfg.batch_size} gives each of the {d.world} processes an odd batch, which mixup "
-                         "cannot pair: use a batch_size that is an even multiple of the processes, or mixup_prob=0")
+        raise ParameterError("batch_size", cfg.batch_size, f"an even multiple of the {d.world} processes", config=True,
+                             problem=f"gives each of the {d.world} processes an odd batch, which mixup cannot pair",
+                             fix=[Setting("mixup_prob", 0, config=True)])
     train_data = train_data if train_data is not None else load_dataset(cfg.data, "train", progress and d.main)
     test_data = test_data if test_data is not None else load_dataset(cfg.data, "test", progress and d.main)
     check_same_classes(train_data, test_data, cfg.data)
@@ -445,8 +451,8 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
     train_data = training_subset(train_data, cfg.max_train_examples, cfg.seed)
     steps_per_epoch = len(train_data) // cfg.batch_size
     if steps_per_epoch == 0:
-        raise ValueError(f"batch_size={cfg.batch_size} exceeds the {len(train_data)} training examples: lower it "
-                         f"(dataclasses.replace(cfg, batch_size={_at_most_half(len(train_data))}))")
+        raise ParameterError("batch_size", cfg.batch_size, config=True, problem=f"exceeds the {len(train_data)} "
+                             "training examples", fix=[Setting("batch_size", _at_most_half(len(train_data)), config=True)])
     if cfg.objective == "mpp" and d.world > 1:
         raise ValueError("objective='mpp' runs in one process: its head lives outside the DDP wrapper; run it "
                          "without torchrun")
@@ -463,9 +469,10 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
         saved = train_config_from_dict(json.loads(cfg_file.read_text()))
         cfg = dataclasses.replace(cfg, init_from=saved.init_from)  # where it started no longer matters on resume
         if saved != cfg:
-            raise ValueError(f"resume=True: {run} was started with a different config ({config_changes(saved, cfg)}): "
-                             "resume with the run's own settings (as saved in its train_config.json), or use a new "
-                             "run folder")
+            raise ParameterError("resume", True, problem=f"{run} was started with a different config "
+                                 f"({config_changes(saved, cfg)})", fix=[
+                                     f"resume with the run's own settings, as saved in {cfg_file}",
+                                     Setting("run_dir", Placeholder("NEW"))])
     if d.main:
         run.mkdir(parents=True, exist_ok=True)
         if not resume:  # a resumed run's file already says this (checked above); never rewritten, never torn
@@ -630,7 +637,7 @@ def _epochs(cfg: TrainConfig, run: Path, d: Dist, model: nn.Module, net: nn.Modu
                 if it % 10 == 0 or it == steps_per_epoch - 1:
                     mean_loss = loss_sum.item() / seen
                     if not math.isfinite(mean_loss):  # before the epoch's checkpoint: the last one on disk is good
-                        raise TrainingDiverged(_diverged_text(mean_loss, epoch, it, ck, cfg))
+                        raise _diverged(mean_loss, epoch, it, ck, cfg)
                     bar.set_postfix(loss=f"{mean_loss:.3f}")
         if lookahead is not None:
             lookahead.finish((epoch + 1) * steps_per_epoch)  # evaluation and the checkpoint see the slow weights

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vitlab.base.atomic import atomic_write_text
+from vitlab.base.errors import FolderError, Placeholder, Refusal, Setting
 from vitlab.base.records import read_records
 from vitlab.models.checkpoint import RUN_ID, recover_checkpoint
 from vitlab.train.history import history_as_of
@@ -26,7 +27,11 @@ from vitlab.train.history import history_as_of
 if TYPE_CHECKING:
     from vitlab.train.config import TrainConfig
 
-__all__ = ["RUN_LOCK", "run_lock", "check_fresh", "settle_history", "continue_run"]
+__all__ = ["RUN_LOCK", "RunInUse", "run_lock", "check_fresh", "settle_history", "continue_run"]
+
+
+class RunInUse(Refusal, RuntimeError):
+    """A run folder (``param`` ``run_dir``) another process is training into now (``Refusal``'s fields)."""
 
 
 RUN_LOCK = ".lock"
@@ -58,8 +63,8 @@ def run_lock(run: Path):
             if e.errno not in (errno.EACCES, errno.EAGAIN):  # a file system without locks (some network mounts,
                 pass  # ENOLCK): train unguarded
             else:
-                raise RuntimeError(f"{run} is in use: another process is training into it now. Wait for it to "
-                                   "finish, or give this run its own folder (run_dir=NEW)") from None
+                raise RunInUse("run_dir", str(run), problem="in use: another process is training into it now",
+                               fix=["wait for it to finish", Setting("run_dir", Placeholder("NEW"))]) from None
         yield
     finally:
         f.close()  # releases the lock
@@ -89,24 +94,25 @@ def check_fresh(run: Path) -> None:
     if not run.is_dir():
         return
     if (run / "checkpoint").exists():
-        raise FileExistsError(f"{run} already holds a checkpoint: pass resume=True to continue it, or choose a new "
-                              "folder")
+        raise FolderError("run_dir", str(run), problem="already holds a checkpoint",
+                          fix=[Setting("resume", True), Setting("run_dir", Placeholder("NEW"))])
     names = sorted(p.name for p in run.iterdir())
     aside = [n for n in names if n.startswith(".checkpoint.old.")]
     if aside:
-        raise FileExistsError(f"{run} holds its last checkpoint set aside as {aside[0]} (a kill interrupted its "
-                              "replacement): pass resume=True, which puts it back and continues, or choose a new "
-                              "folder")
+        raise FolderError("run_dir", str(run), problem=f"holds its last checkpoint set aside as {aside[0]} (a kill "
+                          "interrupted its replacement); resuming puts it back and continues",
+                          fix=[Setting("resume", True), Setting("run_dir", Placeholder("NEW"))])
     other = [n for n in names if not _left_by_a_first_epoch(n)]
     earlier = [n for n in other if n in ("metrics.jsonl", "best")]
     if earlier:
-        raise FileExistsError(f"{run} holds an earlier run's records ({', '.join(earlier)}) but no checkpoint to "
-                              "resume: a new run would add to them. Move them away, or choose a new folder "
-                              "(run_dir=NEW)")
+        raise FolderError("run_dir", str(run), problem=f"holds an earlier run's records ({', '.join(earlier)}) but "
+                          "no checkpoint to resume: a new run would add to them",
+                          fix=["move them away", Setting("run_dir", Placeholder("NEW"))])
     if other:
         shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
-        raise FileExistsError(f"{run} is not a vitlab run folder (it holds {shown}): a new run writes its checkpoint, "
-                              "records and settings there. Give run_dir= a new or empty folder")
+        raise FolderError("run_dir", str(run), problem=f"not a vitlab run folder (it holds {shown}): a new run writes "
+                          "its checkpoint, records and settings there",
+                          fix=[Setting("run_dir", Placeholder("NEW_OR_EMPTY_FOLDER"))])
 
 
 def settle_history(path: Path, meta: dict) -> None:
