@@ -22,7 +22,7 @@ from vitlab.static import find_chromium
 #: the smallest metrics.json that reads as an earlier report's
 EARLIER = {"summary": {"vitlab": "0.1"}, "verdicts": [], "figures": [{"slug": "filters"}]}
 FIGURES = {"filters", "positions", "positions_resampled", "distance", "rollout", "faithfulness", "faithfulness_curves",
-           "readout_attention", "entropy", "few_shot", "scaling"}
+           "readout_attention", "entropy", "head_atlas", "prefix_attention", "token_norms", "few_shot", "scaling"}
 
 
 @pytest.fixture
@@ -140,7 +140,7 @@ def test_reproduce_moves_its_bar_within_long_steps_and_says_when_pngs_were_skipp
     # one step per method begun after the first, then the step's end: each a part further on
     assert [label for label, _ in maps] == [f"maps: {m}" for m in methods]
     assert [n for _, n in maps] == list(range(maps[0][1], maps[0][1] + len(methods)))
-    assert events[-1][1] == 5 + len(methods)  # the other five steps count one part each: the bar ends full
+    assert events[-1][1] == 7 + len(methods)  # the other seven steps count one part each: the bar ends full
     png = json.loads((out / "metrics.json").read_text())["png"]
     assert png.startswith("skipped: ")
     assert f"not written: {png.removeprefix('skipped: ')}" in capsys.readouterr().out

@@ -42,6 +42,7 @@ from vitlab.judge import model_label
 from vitlab.models import SHAPES_CHECKPOINT
 from vitlab.plots import layer_span
 from vitlab.provenance import versions
+from vitlab.report import atlas as A
 from vitlab.report import sections as S
 from vitlab.report.render import render_html, stamp_line
 from vitlab.shipped import data_name, data_path
@@ -266,7 +267,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
                    name=model_label(net, model), data=data)
     summary = _summary(net, info, model, wdesc, source, len(names))
 
-    steps = ["predictions", "filters", "positions", "distance", "maps", "readout"]
+    steps = ["predictions", "filters", "positions", "distance", "maps", "readout", "heads", "tokens"]
     steps += (["localisation"] if shapes else []) + (["few-shot"] if few_shot else []) + (["scaling"] if scaling else [])
     # the bar counts parts: a long step says when each of its parts begins (a map method, a split's features), so
     # the bar moves within it and names what runs (the maps step alone took 35 to 170 s on 2 cores)
@@ -305,6 +306,8 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     localised = shapes and S.localisation_possible(SHAPES_CHECKPOINT)
     run("maps", lambda tick: S.maps_and_faithfulness(inp, pred, localisation=localised, tick=tick))
     run("readout", lambda tick: S.readout_and_entropy(inp, pred))
+    run("heads", lambda tick: A.head_atlas(inp, pred))
+    run("tokens", lambda tick: A.token_sections(inp, pred))
     if shapes:
         run("localisation", lambda tick: S.localisation(SHAPES_CHECKPOINT, versions(), device=dev, tick=tick))
     if few_shot:
