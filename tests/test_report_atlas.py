@@ -151,3 +151,11 @@ def test_prefix_removal_renormalises_rows_over_the_patches_and_keeps_rows_withou
     assert (out[..., :2][rest] == 0).all() and torch.allclose(out.sum(-1), torch.ones(2, 3, 5))
     assert torch.allclose(out[1, 2, 3, 2:], maps[1, 2, 3, 2:] / maps[1, 2, 3, 2:].sum())
 
+
+
+def test_true_classes_are_targets_only_for_a_head_with_the_samples_classes():
+    from vitlab.images import default_labels, head_labels
+
+    default = vitlab.load_model(None)  # a CIFAR-10 checkpoint: the CIFAR sample's labels are its classes
+    assert torch.equal(head_labels(default, 5), default_labels(default, 5)[0])
+    assert head_labels(tiny_vit(), 5) is None  # 10 classes of nothing in particular: no true class of its head

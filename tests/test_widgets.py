@@ -535,3 +535,36 @@ def test_an_uploaded_file_name_and_pillow_s_error_are_shown_as_text_not_html(exp
     assert "predicted <b>&lt;i&gt;cat&lt;/i&gt;</b>" in ex.status.value
     ex.method.value = "occlusion"
     assert "for &lt;i&gt;cat&lt;/i&gt; (p = " in ex.figure.layout.title.text
+
+
+def test_head_importance_colours_the_distance_plot_once_and_a_click_shows_the_heads_effect(explorer):
+    """The dots' colours are head_importance's (L, H) table of these images (mean ablation, the model's predictions
+    as targets without labels); computed on the first ask only; a click names the head's drop and interval."""
+    d = DistanceExplorer(explorer.model, explorer.x, explorer)
+    assert d.head_importance is None and not d.button.disabled  # nothing computed before it is asked for
+    heads = [t for t in d.figure.data if t.mode == "markers"]
+    assert all(t.marker.color is None for t in heads)
+    res = d.importance()
+    with torch.no_grad():
+        want = vitlab.head_importance(explorer.model, explorer.x, explorer.model(explorer.x).argmax(-1),
+                                      progress=False)
+    assert torch.allclose(res.logprob_drop, want.logprob_drop)
+    for h, t in enumerate(heads):
+        np.testing.assert_allclose(np.array(t.marker.color, dtype=float), want.logprob_drop[:, h].numpy(), rtol=1e-6)
+        assert t.marker.cmin == -t.marker.cmax  # one diverging scale, 0 in its middle
+    assert heads[0].marker.showscale and not heads[1].marker.showscale and d.button.disabled
+    assert d.importance() is res  # once
+    assert d.open(4) == (2, 1)
+    lo, hi = res.logprob_interval[1, 1].tolist()
+    assert "<b>layer 2, head 1</b>" in d.status.value and f"by {float(res.logprob_drop[1, 1]):.3g} nats" in d.status.value
+    assert f"[{lo:.3g}, {hi:.3g}]" in d.status.value and "log p(predicted class)" in d.status.value
+
+
+def test_the_distance_explorer_follows_given_labels():
+    model = tiny_vit()
+    x, y = torch.randn(3, 3, 32, 32), torch.tensor([1, 2, 3])
+    d = DistanceExplorer(model, x, labels=y)
+    res = d.importance()
+    assert torch.equal(res.base_logprob, vitlab.head_importance(model, x, y, progress=False).base_logprob)
+    d.open(0)
+    assert "log p(true class)" in d.status.value

@@ -117,9 +117,11 @@ def group_effect(res: HeadImportance, mask: Tensor, distance: Tensor) -> GroupEf
 def ablation_targets(inp: Inputs, pred: dict[str, Any]) -> tuple[Tensor, str]:
     """The classes whose log-probability the ablations follow, and their name: the images' true classes when they
     are classes of the model's head (the CIFAR sample for a CIFAR-10 model), else the model's own predictions."""
-    names = inp.class_names
-    if inp.labels is not None and names and all(inp.true_class_name(c) == names[c] for c in range(len(names))):
-        return inp.labels.to(inp.x.device), "the images' true classes"
+    from vitlab.images import head_labels
+
+    y = head_labels(inp.net, len(inp.x)) if inp.labels is not None else None  # labels: the default images'
+    if y is not None:
+        return y.to(inp.x.device), "the images' true classes"
     return pred["pred"].to(inp.x.device), "the unablated model's predicted classes (no true class of its head)"
 
 
