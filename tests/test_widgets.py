@@ -178,6 +178,11 @@ def test_a_headless_model_offers_attention_and_rollout_without_a_made_up_class()
                  lambda: vitlab.deletion_insertion(model, x, torch.rand(2, 8, 8), torch.zeros(2, dtype=torch.long))):
         with pytest.raises(ValueError, match="no classifier head .*augreg2_in21k_ft_in1k"):
             call()
+    d = DistanceExplorer(model, x, ex)  # a click opens the head; no ablation effect to show, and none made up
+    assert d.button.disabled and d.open(1) == (1, 1) and d.head_importance is None
+    assert "no classifier head" in d.status.value and "nats" not in d.status.value
+    with pytest.raises(ValueError, match="head importance .* no classifier head"):
+        d.importance()
     no_positions = vitlab.build_model(vitlab.vit_config("Ti/4", img_size=32, depth=2, num_classes=10,
                                                         pos_embed="none")).eval()
     att, positions, distance = explorers(no_positions, (["a", "b"], x, shown))

@@ -386,6 +386,7 @@ class DistanceExplorer:
         self.button = ipw.Button(description="head importance", tooltip="ablate each head in turn (mean ablation) "
                                  "on these images and colour the dots by the drop in log p of the target class")
         self.button.on_click(lambda _b: self.importance())
+        self.button.disabled = not has_classifier(model)  # nothing to ablate towards without class scores
         self.progress = ipw.Output()  # head_importance's progress bar (tqdm) is drawn here
         self.status = ipw.HTML("click a dot: its attention maps and its ablation effect")
         H = self.distance.shape[1]
@@ -406,7 +407,10 @@ class DistanceExplorer:
         if not whole_index(point) or not 0 <= point < L * H:
             raise ValueError(f"dot {point} does not exist: the {L} layers x {H} heads are dots 0 to {L * H - 1}")
         layer, head = point // H + 1, point % H
-        self.status.value = self.head_words(layer - 1, head, self.importance())
+        self.status.value = (self.head_words(layer - 1, head, self.importance()) if has_classifier(self.model) else
+                             f"<b>layer {layer}, head {head}</b>: mean attention distance "
+                             f"{float(self.distance[layer - 1, head]):.1f} px; no classifier head (the model outputs "
+                             "features): no class whose probability an ablation could lower")
         if self.explorer is not None:
             ex = self.explorer
             query, shown = ex.query, (ex.method.value, ex.head.value, ex.layer.value)
@@ -425,6 +429,8 @@ class DistanceExplorer:
         if self.head_importance is not None:
             return self.head_importance
         from vitlab.inspect.heads import head_importance
+
+        require_classifier(self.model, "head importance (the drop in a class's log-probability)")
 
         x = _as_input(self.model, self.images)
         self.button.disabled, self.button.description = True, "computing head importance"
