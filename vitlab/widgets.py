@@ -383,7 +383,7 @@ class DistanceExplorer:
         self.explorer = explorer
         self.model, self.images, self.labels = model, images, labels
         self.head_importance = None  # vitlab.inspect.heads.HeadImportance once computed
-        self.button = ipw.Button(description="head importance", tooltip="ablate each head in turn (mean ablation) "
+        self.button = ipw.Button(description="head importance", layout=ipw.Layout(width="auto"), tooltip="ablate each head in turn (mean ablation) "
                                  "on these images and colour the dots by the drop in log p of the target class")
         self.button.on_click(lambda _b: self.importance())
         self.button.disabled = not has_classifier(model)  # nothing to ablate towards without class scores
@@ -443,11 +443,12 @@ class DistanceExplorer:
                 res = head_importance(self.model, x, y.to(x.device), progress=True)
         finally:
             self.button.disabled, self.button.description = False, "head importance"
+            self.progress.clear_output()  # the bar closes itself when done: a page would show a closed widget
         if tuple(res.logprob_drop.shape) != tuple(self.distance.shape):  # e.g. two parallel attentions per block
             raise ValueError(f"the {tuple(res.logprob_drop.shape)} ablated heads are not the "
                              f"{tuple(self.distance.shape)} dots of this plot")
         self.head_importance = res
-        self.button.disabled, self.button.description = True, "head importance: shown"
+        self.button.disabled, self.button.description = True, "head importance shown"
         self._colour(res.logprob_drop.float().numpy())
         return res
 
