@@ -150,3 +150,11 @@ def test_bad_arguments_are_refused(constructed):
     with pytest.raises(ValueError, match="block index"):
         head_importance(model, x, labels, layers=[3])
     assert vitlab.head_importance is head_importance
+
+
+def test_on_progress_counts_every_ablated_run(constructed):
+    model, x, labels = constructed
+    seen = []
+    head_importance(model, x[:8], labels[:8], layers=[1, 2], batch_size=5, progress=False,
+                    on_progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(k, 12) for k in range(1, 13)]  # 2 batches x 2 blocks x 3 heads

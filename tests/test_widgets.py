@@ -559,6 +559,7 @@ def test_head_importance_colours_the_distance_plot_once_and_a_click_shows_the_he
         assert t.marker.cmin == -t.marker.cmax  # one diverging scale, 0 in its middle
     assert heads[0].marker.showscale and not heads[1].marker.showscale and d.button.disabled
     assert d.importance() is res  # once
+    assert (d.progress.value, d.progress.max, d.progress.description) == (9, 9, "9/9")  # 3 x 3 heads, one batch
     assert d.open(4) == (2, 1)
     lo, hi = res.logprob_interval[1, 1].tolist()
     assert "<b>layer 2, head 1</b>" in d.status.value and f"by {float(res.logprob_drop[1, 1]):.3g} nats" in d.status.value

@@ -387,7 +387,9 @@ class DistanceExplorer:
                                  "on these images and colour the dots by the drop in log p of the target class")
         self.button.on_click(lambda _b: self.importance())
         self.button.disabled = not has_classifier(model)  # nothing to ablate towards without class scores
-        self.progress = ipw.Output()  # head_importance's progress bar (tqdm) is drawn here
+        # head_importance's progress, one step per ablated run (an Output widget holding tqdm's bar stopped the
+        # page's figures from updating under Voila)
+        self.progress = ipw.IntProgress(value=0, min=0, max=1, description="", layout=ipw.Layout(width="200px"))
         self.status = ipw.HTML("click a dot: its attention maps and its ablation effect")
         H = self.distance.shape[1]
         self.figure = go.FigureWidget(layer_lines(  # one trace (and colour, and legend entry) per head
@@ -439,11 +441,9 @@ class DistanceExplorer:
             if y is None:
                 with torch.no_grad():
                     y = self.model(x).argmax(-1)
-            with self.progress:
-                res = head_importance(self.model, x, y.to(x.device), progress=True)
+            res = head_importance(self.model, x, y.to(x.device), progress=False, on_progress=self._step)
         finally:
             self.button.disabled, self.button.description = False, "head importance"
-            self.progress.clear_output()  # the bar closes itself when done: a page would show a closed widget
         if tuple(res.logprob_drop.shape) != tuple(self.distance.shape):  # e.g. two parallel attentions per block
             raise ValueError(f"the {tuple(res.logprob_drop.shape)} ablated heads are not the "
                              f"{tuple(self.distance.shape)} dots of this plot")
@@ -451,6 +451,11 @@ class DistanceExplorer:
         self.button.disabled, self.button.description = True, "head importance shown"
         self._colour(res.logprob_drop.float().numpy())
         return res
+
+    def _step(self, done: int, total: int) -> None:
+        """``head_importance``'s progress: ``done`` of ``total`` ablated runs."""
+        self.progress.max, self.progress.value = total, done
+        self.progress.description = f"{done}/{total}"
 
     def _colour(self, drop: np.ndarray) -> None:
         """Colour every head's dots by ``drop`` (L, H) on one diverging scale centred at 0, symbols per head."""
@@ -465,6 +470,7 @@ class DistanceExplorer:
                 self.figure.data[h].customdata = drop[:, h]
                 self.figure.data[h].hovertemplate = (f"layer %{{x}}, head {h}: %{{y:.2f}} px, importance "
                                                      "%{customdata:.3g} nats<extra></extra>")
+            self.figure.layout.legend = dict(orientation="h", y=-0.2)  # the colour bar takes the right side
             self.figure.layout.title = (f"Mean attention distance per head ({len(self.images)} images); colour: "
                                         f"importance (mean ablation); click a dot")
 
@@ -480,7 +486,7 @@ class DistanceExplorer:
 
     def widget(self):
         ipw = _ipw()
-        return ipw.VBox([ipw.HBox([self.button, self.status]), self.progress, self.figure])
+        return ipw.VBox([ipw.HBox([self.button, self.progress]), self.status, self.figure])
 
     def _query(self, layer: int) -> int | None:
         """The linked explorer's query for ``layer`` (1-based): the centre patch in place of a ConViT's readout
