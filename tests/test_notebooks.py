@@ -18,7 +18,7 @@ SOURCES = sorted(NOTEBOOKS.glob("*.py"))
 def test_every_experiment_has_a_notebook():
     names = " ".join(p.stem for p in SOURCES)
     for topic in ("tour", "patch_embedding", "position", "attention_distance", "rollout", "few_shot", "scaling",
-                  "masked_patch", "heads_tokens"):
+                  "masked_patch"):
         assert topic in names
 
 
@@ -162,16 +162,3 @@ def test_mpp_notebook_budget_line_never_says_zero_hours():
     line = next(t for t in _smoke_output("07_masked_patch_prediction").splitlines() if t.startswith("Budgets:"))
     assert "0.00 h" not in line and re.search(r"without labels in \d+ s \(the supervised run trained \d+x", line)
 
-
-def test_heads_tokens_notebook_judges_the_default_and_a_register_model():
-    """Notebook 10 prints the report's group verdicts for the default's lowest layers and the outlier verdict of the
-    default and of the random-init ViT-S with 4 registers (whose prefix tokens it names)."""
-    out = _smoke_output("10_heads_tokens")
-    assert "8 images; 7 blocks x 4 heads; prefix tokens class, dist" in out
-    groups = re.findall(r"(mean|zero) ablation, lowest layers' (local|global) +heads: .* -> (.+)", out)
-    assert sorted((a, g) for a, g, _ in groups) == [("mean", "global"), ("mean", "local"), ("zero", "global"),
-                                                     ("zero", "local")]
-    assert {v for _, _, v in groups} <= {"matters", "does not matter", "undecided"}
-    assert "prefix tokens: class, reg, reg, reg, reg" in out
-    for model in ("default", "random-init register model"):
-        assert re.search(rf"outlier verdict \({model}\): (present|absent|undecided)\n", out)
