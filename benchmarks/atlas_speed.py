@@ -1,7 +1,7 @@
 """Speed and memory of the analyses beyond the paper (issue 49): layer similarity (mini-batch CKA) and the causal
 head atlas, each against a plain loop and plain forwards measured in the same process.
 
-    python benchmarks/atlas_speed.py [--cka-images 64] [--head-images 4] [--memory-images 32] [--threads 1] [--json PATH]
+    python benchmarks/atlas_speed.py [--cka-images 64] [--head-images 4] [--memory-images 128] [--threads 1] [--json PATH]
 
 * CKA: ``vitlab.layer_similarity`` of ``--cka-a`` against ``--cka-b`` (token sequences flattened, the default) against
   (a) the plain forwards of both models over the same images and (b) the loop most published mini-batch CKA code
@@ -11,11 +11,13 @@ head atlas, each against a plain loop and plain forwards measured in the same pr
   block (shared) against the same atlas from L x H full forwards (``share=False``) and against L x H plain forwards
   (one plain forward timed, times L x H: the cost the issue names). Plain forwards are the model's own (fused attention,
   no_grad), as the analyses run it.
-* Peak memory (resident memory sampled every 2 ms above the warmed-up model, a lower bound, each in a fresh process):
-  ``head_importance`` on ``--memory-model`` (last block's heads only: the peak is one batch's activations, the same
-  for every block) and ``layer_similarity`` of that model with itself, over half of ``--memory-images`` and over all
-  of them in batches of ``--memory-batch``, against a plain forward of one batch. The issue's 128 images are not run
-  on a 2-core machine; equal peaks at two image counts show what 128 would need.
+* Peak memory, each in a fresh process: resident memory sampled every 2 ms above the warmed-up model (a lower bound)
+  and the process's own peak resident memory (``resource.getrusage``: Python, torch, the model and the images
+  included), for ``head_importance`` on ``--memory-model`` (last block's heads only: the peak is one batch's
+  activations, the same for every block) and ``layer_similarity`` of that model with itself, over half of
+  ``--memory-images`` and over all of them (default 128, the issue's ViT-B/16 at 224 px) in batches of
+  ``--memory-batch``, against a plain forward of one batch: equal peaks at two image counts say that memory does not
+  grow with the number of images.
 """
 
 from __future__ import annotations
@@ -134,7 +136,10 @@ def run_heads(name: str, images: int, batch: int, repeats: int) -> dict:
 
 def _peak_child(task: str, name: str, images: int, batch: int, threads: int, out) -> None:
     """In a fresh process: build ``name``, warm it up on 2 images, then run ``task`` over ``images`` images in batches
-    of ``batch``; put the sampled peak resident memory above the warmed-up level, in bytes, on ``out``."""
+    of ``batch``; put (the sampled peak resident memory above the warmed-up level, the process's peak resident memory
+    from ``getrusage``), in bytes, on ``out``."""
+    import resource
+
     import scipy.stats  # noqa: F401  (the intervals' t quantile: code, not the analysis's data)
     import tqdm.auto  # noqa: F401
 
@@ -150,36 +155,40 @@ def _peak_child(task: str, name: str, images: int, batch: int, threads: int, out
             vitlab.head_importance(model, x, y, layers=[len(model.blocks) - 1], batch_size=batch, progress=False)
         else:
             vitlab.layer_similarity(model, model, x, batch_size=batch, progress=False)
-    out.put(peak.extra)
+    out.put((peak.extra, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))  # Linux: KiB
 
 
-def _peak(task: str, name: str, images: int, batch: int) -> float:
-    """MiB of peak resident memory above the warmed-up model that ``task`` needs, measured in a fresh process (in
-    this one, pages freed by earlier work would hide it)."""
+def _peak(task: str, name: str, images: int, batch: int) -> tuple[float, float]:
+    """MiB of peak resident memory above the warmed-up model that ``task`` needs, and the process's whole peak
+    resident memory (MiB), measured in a fresh process (in this one, pages freed by earlier work would hide it)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=_peak_child, args=(task, name, images, batch, torch.get_num_threads(), q))
     p.start()
-    got = q.get()
+    extra, whole = q.get()
     p.join()
-    return got / 2 ** 20
+    return extra / 2 ** 20, whole / 2 ** 20
 
 
-def run_memory(name: str, images: int, batch: int) -> dict:
-    """Peak memory of a plain forward of one batch, and of the head atlas and CKA over ``images // 2`` and ``images``
-    images in batches of ``batch``: equal peaks say that memory does not grow with the number of images."""
-    few = max(2 * batch, images // 2)
+def run_memory(name: str, images: int, batch: int, few: int | None = None) -> dict:
+    """Peak memory of a plain forward of one batch, and of the head atlas and CKA over ``few`` (default
+    ``images // 2``, at least two batches) and ``images`` images in batches of ``batch``: equal peaks say that memory
+    does not grow with the number of images."""
+    few = max(2 * batch, images // 2) if few is None else few
+    fwd = _peak("forward", name, batch, batch)
+    heads = [_peak("heads", name, n, batch) for n in (few, images)]
+    cka = [_peak("cka", name, n, batch) for n in (few, images)]
     return {"model": name, "images": [few, images], "batch": batch,
-            "forward_peak_mib": _peak("forward", name, batch, batch),
-            "heads_peak_mib": [_peak("heads", name, n, batch) for n in (few, images)],
-            "cka_peak_mib": [_peak("cka", name, n, batch) for n in (few, images)]}
+            "forward_peak_mib": fwd[0], "heads_peak_mib": [h[0] for h in heads], "cka_peak_mib": [c[0] for c in cka],
+            "forward_process_peak_mib": fwd[1], "heads_process_peak_mib": [h[1] for h in heads],
+            "cka_process_peak_mib": [c[1] for c in cka]}
 
 
 def run(cka_a: str = "vit_small_patch16_224", cka_b: str = "vit_tiny_patch16_224", cka_images: int = 64,
         head_model: str = "vit_small_patch16_224", head_images: int = 4, memory_model: str = "vit_base_patch16_224",
-        memory_images: int = 32, memory_batch: int = 8, batch: int = 32, repeats: int = 3) -> dict:
+        memory_images: int = 128, memory_batch: int = 8, batch: int = 32, repeats: int = 3) -> dict:
     torch.manual_seed(0)
     return {"threads": torch.get_num_threads(),
             "cka": run_cka(cka_a, cka_b, cka_images, batch, repeats),
@@ -208,7 +217,24 @@ def format_table(res: dict) -> str:
         f"in a fresh process: plain forward of one batch {m['forward_peak_mib']:.0f} MiB; head atlas "
         f"{m['heads_peak_mib'][0]:.0f} MiB over {m['images'][0]} images and {m['heads_peak_mib'][1]:.0f} MiB over "
         f"{m['images'][1]}; CKA with itself {m['cka_peak_mib'][0]:.0f} MiB and {m['cka_peak_mib'][1]:.0f} MiB.",
+        *memory_rows(m),
     ])
+
+
+def memory_rows(m: dict) -> list[str]:
+    """The table of the whole processes' peak resident memory (getrusage), for results that recorded it."""
+    if "heads_process_peak_mib" not in m:
+        return []
+    (few, many), h, c = m["images"], m["heads_process_peak_mib"], m["cka_process_peak_mib"]
+    rows = ["", f"| peak resident memory of the whole process (getrusage), {m['model']} at 224 px | {few} images (MiB) "
+            f"| {many} images (MiB) |", "|---|---|---|",
+            f"| plain forward of one batch of {m['batch']} | {m['forward_process_peak_mib']:.0f} | |",
+            f"| head atlas (`head_importance`, batches of {m['batch']}) | {h[0]:.0f} | {h[1]:.0f} |",
+            f"| CKA with itself (`layer_similarity`, batches of {m['batch']}) | {c[0]:.0f} | {c[1]:.0f} |"]
+    if "machine" in m:  # the memory part rerun alone (--memory-only): its own moment and load
+        rows += ["", f"The memory rows were measured alone, {m['machine']['date']} (load average at the start "
+                     f"{m['machine']['load_average']})."]
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,15 +245,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-model", default="vit_small_patch16_224")
     ap.add_argument("--head-images", type=int, default=4)
     ap.add_argument("--memory-model", default="vit_base_patch16_224")
-    ap.add_argument("--memory-images", type=int, default=32)
+    ap.add_argument("--memory-images", type=int, default=128)
     ap.add_argument("--memory-batch", type=int, default=8)
+    ap.add_argument("--memory-few", type=int, help="the smaller image count of the memory rows (default: half)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds, interleaved; the median of each")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the shared 2-core machine's setting)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--memory-only", action="store_true",
+                    help="rerun the peak-memory part alone and replace it in --json's earlier result (which must "
+                         "exist); the part records its own machine and date")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     info = machine_info()
+    if a.memory_only:
+        if a.json is None or not a.json.is_file():
+            ap.error("--memory-only replaces the memory part of an earlier result: give --json an existing file")
+        import json
+
+        res = json.loads(a.json.read_text())
+        res["memory"] = {**run_memory(a.memory_model, a.memory_images, a.memory_batch, a.memory_few),
+                         "machine": info}
+        return report(res, format_table(res), a.json)
     res = {"machine": info, **run(a.cka_a, a.cka_b, a.cka_images, a.head_model, a.head_images, a.memory_model,
                                   a.memory_images, a.memory_batch,
                                   a.batch, a.repeats)}

@@ -288,7 +288,13 @@ def atlas_section(res: dict) -> tuple[str, str]:
         "images).",
         f"Memory follows the batch, not the number of images: head atlas {m['heads_peak_mib'][0]:.0f} and "
         f"{m['heads_peak_mib'][1]:.0f} MiB, CKA {m['cka_peak_mib'][0]:.0f} and {m['cka_peak_mib'][1]:.0f} MiB over "
-        f"{m['images'][0]} and {m['images'][1]} images ({m['model']}).",
+        f"{m['images'][0]} and {m['images'][1]} images ({m['model']})"
+        + (f"; the whole process peaks at {m['heads_process_peak_mib'][1] / 1024:.2f} GiB (head atlas) and "
+           f"{m['cka_process_peak_mib'][1] / 1024:.2f} GiB (CKA) over {m['images'][1]} images at 224 px, "
+           f"{m['heads_process_peak_mib'][1] - m['heads_process_peak_mib'][0]:.0f} MiB (head atlas) above its peak "
+           f"over {m['images'][0]}, where the {m['images'][1] - m['images'][0]} more input images alone take "
+           f"{(m['images'][1] - m['images'][0]) * 3 * 224 * 224 * 4 / 2 ** 20:.0f} MiB."
+           if "heads_process_peak_mib" in m else "."),
     ]
     return atlas_speed.format_table(res), "\n".join(reading)
 

@@ -14,21 +14,22 @@ from vitlab.inspect.heads import HeadImportance, head_importance
 LAYER, HEAD, WIDTH = 1, 2, 64  # tiny_vit: 3 blocks of 3 heads of width 64
 
 
-def one_head_model() -> torch.nn.Module:
+def one_head_model(layer: int = LAYER, head: int = HEAD) -> torch.nn.Module:
     """tiny_vit with every attention output projection and every MLP output zeroed, except the projection columns of
-    head 2 of block 1: the blocks are the identity but for that head, so the class token learns about the image
-    through it alone. Its weights are scaled up so that the predictions differ between images."""
+    ``head`` of block ``layer`` (default head 2 of block 1): the blocks are the identity but for that head, so the
+    class token learns about the image through it alone. Its weights are scaled up so that the predictions differ
+    between images."""
     torch.manual_seed(0)
     model = tiny_vit()
     with torch.no_grad():
         for i, blk in enumerate(model.blocks):
-            keep = blk.attn.proj.weight[:, HEAD * WIDTH:(HEAD + 1) * WIDTH].clone() * 20
+            keep = blk.attn.proj.weight[:, head * WIDTH:(head + 1) * WIDTH].clone() * 20
             blk.attn.proj.weight.zero_()
             blk.attn.proj.bias.zero_()
             blk.mlp.fc2.weight.zero_()
             blk.mlp.fc2.bias.zero_()
-            if i == LAYER:
-                blk.attn.proj.weight[:, HEAD * WIDTH:(HEAD + 1) * WIDTH] = keep
+            if i == layer:
+                blk.attn.proj.weight[:, head * WIDTH:(head + 1) * WIDTH] = keep
         model.head.weight.mul_(20)
     return model
 
@@ -149,3 +150,11 @@ def test_bad_arguments_are_refused(constructed):
     with pytest.raises(ValueError, match="block index"):
         head_importance(model, x, labels, layers=[3])
     assert vitlab.head_importance is head_importance
+
+
+def test_on_progress_counts_every_ablated_run(constructed):
+    model, x, labels = constructed
+    seen = []
+    head_importance(model, x[:8], labels[:8], layers=[1, 2], batch_size=5, progress=False,
+                    on_progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(k, 12) for k in range(1, 13)]  # 2 batches x 2 blocks x 3 heads

@@ -161,3 +161,4 @@ def test_mpp_notebook_budget_line_never_says_zero_hours():
     long)'; a run under 36 s is now given in seconds."""
     line = next(t for t in _smoke_output("07_masked_patch_prediction").splitlines() if t.startswith("Budgets:"))
     assert "0.00 h" not in line and re.search(r"without labels in \d+ s \(the supervised run trained \d+x", line)
+

@@ -123,3 +123,28 @@ def test_layer_lines_name_their_error_bars_in_the_legend():
     mean = fig.data[-1]
     assert mean.error_y.array is not None and "error bars: std over images" in mean.name
     assert "error bars" not in plots.layer_lines(values, "px", "t").data[-1].name
+
+
+def test_head_atlas_draws_each_head_at_its_distance_and_drop_with_its_interval():
+    dist = np.array([[1.0, 2.0], [3.0, 4.0]])
+    drop = np.array([[0.1, -0.2], [0.3, 0.0]])
+    iv = np.stack([drop - 0.05, drop + 0.1], -1)
+    iv[1, 1] = np.nan  # no interval: no error bar
+    groups = np.array([[1, 2], [0, 0]])
+    fig = plots.head_atlas(dist, {"mean": drop}, {"mean": iv}, groups)
+    by_name = {t.name: t for t in fig.data}
+    assert set(by_name) == {"higher layers", "lowest layers: local heads", "lowest layers: global heads"}
+    hi = by_name["higher layers"]
+    assert list(hi.x) == [3.0, 4.0] and list(hi.y) == [0.3, 0.0] and hi.marker.symbol == "circle"
+    assert np.allclose(hi.error_y.array, [0.1, 0.0]) and np.allclose(hi.error_y.arrayminus, [0.05, 0.0])
+    assert [list(c[:2]) for c in hi.customdata] == [[2, 0], [2, 1]]  # layer (1-based), head
+    assert by_name["lowest layers: local heads"].marker.symbol == "square"
+
+
+def test_prefix_share_heatmaps_name_repeated_kinds_and_token_norms_draw_the_fence():
+    share = np.random.default_rng(0).random((3, 2, 3)) / 3
+    fig = plots.prefix_share_heatmaps(share, ["class", "reg", "reg"])
+    assert [a.text for a in fig.layout.annotations] == ["class", "reg token 1", "reg token 2"]
+    assert np.allclose(np.array(fig.data[2].z, dtype=float), share[:, :, 2])
+    lines = plots.token_norm_lines({"patches: median": np.array([1.0, 2.0])}, np.array([5.0, 6.0]))
+    assert [t.name for t in lines.data] == ["patches: median", "outlier fence"] and lines.layout.yaxis.type == "log"

@@ -178,6 +178,11 @@ def test_a_headless_model_offers_attention_and_rollout_without_a_made_up_class()
                  lambda: vitlab.deletion_insertion(model, x, torch.rand(2, 8, 8), torch.zeros(2, dtype=torch.long))):
         with pytest.raises(ValueError, match="no classifier head .*augreg2_in21k_ft_in1k"):
             call()
+    d = DistanceExplorer(model, x, ex)  # a click opens the head; no ablation effect to show, and none made up
+    assert d.button.disabled and d.open(1) == (1, 1) and d.head_importance is None
+    assert "no classifier head" in d.status.value and "nats" not in d.status.value
+    with pytest.raises(ValueError, match="head importance .* no classifier head"):
+        d.importance()
     no_positions = vitlab.build_model(vitlab.vit_config("Ti/4", img_size=32, depth=2, num_classes=10,
                                                         pos_embed="none")).eval()
     att, positions, distance = explorers(no_positions, (["a", "b"], x, shown))
@@ -535,3 +540,37 @@ def test_an_uploaded_file_name_and_pillow_s_error_are_shown_as_text_not_html(exp
     assert "predicted <b>&lt;i&gt;cat&lt;/i&gt;</b>" in ex.status.value
     ex.method.value = "occlusion"
     assert "for &lt;i&gt;cat&lt;/i&gt; (p = " in ex.figure.layout.title.text
+
+
+def test_head_importance_colours_the_distance_plot_once_and_a_click_shows_the_heads_effect(explorer):
+    """The dots' colours are head_importance's (L, H) table of these images (mean ablation, the model's predictions
+    as targets without labels); computed on the first ask only; a click names the head's drop and interval."""
+    d = DistanceExplorer(explorer.model, explorer.x, explorer)
+    assert d.head_importance is None and not d.button.disabled  # nothing computed before it is asked for
+    heads = [t for t in d.figure.data if t.mode == "markers"]
+    assert all(t.marker.color is None for t in heads)
+    res = d.importance()
+    with torch.no_grad():
+        want = vitlab.head_importance(explorer.model, explorer.x, explorer.model(explorer.x).argmax(-1),
+                                      progress=False)
+    assert torch.allclose(res.logprob_drop, want.logprob_drop)
+    for h, t in enumerate(heads):
+        np.testing.assert_allclose(np.array(t.marker.color, dtype=float), want.logprob_drop[:, h].numpy(), rtol=1e-6)
+        assert t.marker.cmin == -t.marker.cmax  # one diverging scale, 0 in its middle
+    assert heads[0].marker.showscale and not heads[1].marker.showscale and d.button.disabled
+    assert d.importance() is res  # once
+    assert (d.progress.value, d.progress.max, d.progress.description) == (9, 9, "9/9")  # 3 x 3 heads, one batch
+    assert d.open(4) == (2, 1)
+    lo, hi = res.logprob_interval[1, 1].tolist()
+    assert "<b>layer 2, head 1</b>" in d.status.value and f"by {float(res.logprob_drop[1, 1]):.3g} nats" in d.status.value
+    assert f"[{lo:.3g}, {hi:.3g}]" in d.status.value and "log p(predicted class)" in d.status.value
+
+
+def test_the_distance_explorer_follows_given_labels():
+    model = tiny_vit()
+    x, y = torch.randn(3, 3, 32, 32), torch.tensor([1, 2, 3])
+    d = DistanceExplorer(model, x, labels=y)
+    res = d.importance()
+    assert torch.equal(res.base_logprob, vitlab.head_importance(model, x, y, progress=False).base_logprob)
+    d.open(0)
+    assert "log p(true class)" in d.status.value

@@ -346,17 +346,30 @@ def _gpsa_note(info) -> str:
     return f"<br><sup>{words}</sup>" if words else ""
 
 
+#: the marker of each head's dots once their colour shows importance (the legend's only way to tell heads apart)
+HEAD_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "triangle-down", "cross", "x", "pentagon", "hexagon",
+                "star", "triangle-left", "triangle-right")
+
+
 class DistanceExplorer:
     """Mean attention distance per head against depth; hover a dot for its layer and head, click it to open that
-    head in a linked ``AttentionExplorer``."""
+    head in a linked ``AttentionExplorer`` and to see its ablation effect.
+
+    Head importance (``vitlab.head_importance``, mean ablation, on the same images) is computed once, when first
+    asked for (the "head importance" button, or the first click on a dot), with a progress bar; the dots are then
+    coloured by it (the drop in log p of the target class, nats; symbols tell the heads apart). Targets: ``labels``
+    ((B,) classes of the model's head), by default the images' true classes where they are classes of the model's
+    head (``vitlab.data.images.head_labels``, for the default images), else the model's own predictions."""
 
     def __init__(self, model: nn.Module, images: Tensor | None = None, explorer: AttentionExplorer | None = None,
-                 num_images: int = 16) -> None:
-        from vitlab.data.images import default_images
+                 num_images: int = 16, labels: Tensor | None = None) -> None:
+        from vitlab.data.images import default_images, head_labels
 
+        ipw = _ipw()
         model = unwrapped(model)
         if images is None:
             images = default_images(model, num_images)[1]
+            labels = head_labels(model, len(images)) if labels is None else labels
         elif not isinstance(images, Tensor):
             raise TypeError(f"images must be a (B, C, H, W) batch, got {type(images).__name__}: pass the batch alone "
                             "(load_images(model, folder)[1])")
@@ -367,6 +380,16 @@ class DistanceExplorer:
         self.distance = mean_attention_distance(model, _as_input(model, images),
                                                 progress=False).detach().float().cpu()  # (L, H) pixels
         self.explorer = explorer
+        self.model, self.images, self.labels = model, images, labels
+        self.head_importance = None  # vitlab.inspect.heads.HeadImportance once computed
+        self.button = ipw.Button(description="head importance", layout=ipw.Layout(width="auto"), tooltip="ablate each head in turn (mean ablation) "
+                                 "on these images and colour the dots by the drop in log p of the target class")
+        self.button.on_click(lambda _b: self.importance())
+        self.button.disabled = not has_classifier(model)  # nothing to ablate towards without class scores
+        # head_importance's progress, one step per ablated run (an Output widget holding tqdm's bar stopped the
+        # page's figures from updating under Voila)
+        self.progress = ipw.IntProgress(value=0, min=0, max=1, description="", layout=ipw.Layout(width="200px"))
+        self.status = ipw.HTML("click a dot: its attention maps and its ablation effect")
         H = self.distance.shape[1]
         self.figure = go.FigureWidget(layer_lines(  # one trace (and colour, and legend entry) per head
             self.distance.numpy(), "mean attention distance (pixels)",
@@ -385,6 +408,10 @@ class DistanceExplorer:
         if not whole_index(point) or not 0 <= point < L * H:
             raise ValueError(f"dot {point} does not exist: the {L} layers x {H} heads are dots 0 to {L * H - 1}")
         layer, head = point // H + 1, point % H
+        self.status.value = (self.head_words(layer - 1, head, self.importance()) if has_classifier(self.model) else
+                             f"<b>layer {layer}, head {head}</b>: mean attention distance "
+                             f"{float(self.distance[layer - 1, head]):.1f} px; no classifier head (the model outputs "
+                             "features): no class whose probability an ablation could lower")
         if self.explorer is not None:
             ex = self.explorer
             query, shown = ex.query, (ex.method.value, ex.head.value, ex.layer.value)
@@ -395,6 +422,70 @@ class DistanceExplorer:
             if ex.query != query and shown == (ex.method.value, ex.head.value, ex.layer.value):
                 ex.update()  # only the query changed: no control's observer redraws
         return layer, head
+
+    def importance(self):
+        """The (L, H) head atlas of these images under mean ablation (``HeadImportance``), computed on the first call
+        with its progress shown in ``progress``, then the dots recoloured by its ``logprob_drop``; later calls return
+        it at once."""
+        if self.head_importance is not None:
+            return self.head_importance
+        from vitlab.inspect.heads import head_importance
+
+        require_classifier(self.model, "head importance (the drop in a class's log-probability)")
+
+        x = _as_input(self.model, self.images)
+        self.button.disabled, self.button.description = True, "computing head importance"
+        try:
+            y = self.labels
+            if y is None:
+                with torch.no_grad():
+                    y = self.model(x).argmax(-1)
+            res = head_importance(self.model, x, y.to(x.device), progress=False, on_progress=self._step)
+        finally:
+            self.button.disabled, self.button.description = False, "head importance"
+        if tuple(res.logprob_drop.shape) != tuple(self.distance.shape):  # e.g. two parallel attentions per block
+            raise ValueError(f"the {tuple(res.logprob_drop.shape)} ablated heads are not the "
+                             f"{tuple(self.distance.shape)} dots of this plot")
+        self.head_importance = res
+        self.button.disabled, self.button.description = True, "head importance shown"
+        self._colour(res.logprob_drop.float().numpy())
+        return res
+
+    def _step(self, done: int, total: int) -> None:
+        """``head_importance``'s progress: ``done`` of ``total`` ablated runs."""
+        self.progress.max, self.progress.value = total, done
+        self.progress.description = f"{done}/{total}"
+
+    def _colour(self, drop: np.ndarray) -> None:
+        """Colour every head's dots by ``drop`` (L, H) on one diverging scale centred at 0, symbols per head."""
+        top = float(np.nanmax(np.abs(drop))) or 1.0
+        target = "true class" if self.labels is not None else "predicted class"
+        with self.figure.batch_update():
+            for h in range(drop.shape[1]):
+                self.figure.data[h].marker = dict(
+                    color=drop[:, h], colorscale="RdBu_r", cmin=-top, cmax=top, size=10,
+                    symbol=HEAD_SYMBOLS[h % len(HEAD_SYMBOLS)], line=dict(width=1, color="black"), showscale=h == 0,
+                    colorbar=dict(title=f"drop in<br>log p({target})<br>(nats)", x=1.02, len=0.7))
+                self.figure.data[h].customdata = drop[:, h]
+                self.figure.data[h].hovertemplate = (f"layer %{{x}}, head {h}: %{{y:.2f}} px, importance "
+                                                     "%{customdata:.3g} nats<extra></extra>")
+            self.figure.layout.legend = dict(orientation="h", y=-0.2)  # the colour bar takes the right side
+            self.figure.layout.title = (f"Mean attention distance per head ({len(self.images)} images); colour: "
+                                        f"importance (mean ablation); click a dot")
+
+    def head_words(self, layer: int, head: int, res) -> str:
+        """One head's distance and ablation effect (``res``: a ``HeadImportance``) as the status line's HTML;
+        ``layer`` 0-based."""
+        lo, hi = res.logprob_interval[layer, head].tolist()
+        iv = f" [{lo:.3g}, {hi:.3g}]" if lo == lo else " (no interval)"
+        target = "true class" if self.labels is not None else "predicted class"
+        return (f"<b>layer {layer + 1}, head {head}</b>: mean attention distance {float(self.distance[layer, head]):.1f}"
+                f" px; mean ablation lowers log p({target}) by {float(res.logprob_drop[layer, head]):.3g} nats{iv} "
+                f"and accuracy by {float(res.accuracy_drop[layer, head]):.3g} over {len(self.images)} images")
+
+    def widget(self):
+        ipw = _ipw()
+        return ipw.VBox([ipw.HBox([self.button, self.progress]), self.status, self.figure])
 
     def _query(self, layer: int) -> int | None:
         """The linked explorer's query for ``layer`` (1-based): the centre patch in place of a ConViT's readout
@@ -415,13 +506,16 @@ class DistanceExplorer:
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
-        display(self.figure)
+        display(self.widget())
 
 
 def explorers(model: nn.Module, images: tuple[list[str], Tensor, list[np.ndarray]] | None = None,
               num_images: int = 8) -> Sequence[object]:
     """The three explorers, the distance explorer linked to the attention explorer; the position explorer is None
     for a model without a position embedding (e.g. ``pos_embed="none"``): there is nothing for it to show."""
+    from vitlab.data.images import head_labels
+
     att = AttentionExplorer(model, images, num_images)
     positions = PositionExplorer(model) if att.info.pos_embed != "none" else None
-    return att, positions, DistanceExplorer(model, att.x, att)
+    labels = head_labels(att.model, len(att.x)) if images is None else None  # the default images' true classes
+    return att, positions, DistanceExplorer(model, att.x, att, labels=labels)

@@ -35,7 +35,7 @@ from vitlab.data.datasets import (
 )
 from vitlab.models.info import data_config
 
-__all__ = ["model_transform", "head_class_names", "load_images", "embedded_images", "cifar_test_sample", "default_image_count", "default_images", "default_labels", "default_source", "default_data_words", "trained_on", "CIFAR_SAMPLE"]
+__all__ = ["model_transform", "head_class_names", "head_labels", "load_images", "embedded_images", "cifar_test_sample", "default_image_count", "default_images", "default_labels", "default_source", "default_data_words", "trained_on", "CIFAR_SAMPLE"]
 
 #: 128 CIFAR-10 test images (13 of each of the first 8 classes, 12 of the last 2, drawn with seed 0, classes
 #: interleaved so that any first n are balanced; ``index`` holds
@@ -242,6 +242,15 @@ def default_labels(model: nn.Module, n: int) -> tuple[Tensor | None, tuple[str, 
         return None, None
     data = _shapes_sample(model) if kind == "shapes" else cifar_test_sample()
     return data.labels[:n], data.classes
+
+
+def head_labels(model: nn.Module, n: int) -> Tensor | None:
+    """The true classes of the first ``n`` ``default_images`` when they are classes of ``model``'s head (its
+    recorded class names are the sample's, e.g. a CIFAR-10 checkpoint on the CIFAR sample), else None: a label of
+    the sample indexes another head's classes as nothing in particular."""
+    labels, classes = default_labels(model, n)
+    names = head_class_names(model)
+    return labels if labels is not None and names is not None and tuple(names) == tuple(classes) else None
 
 
 def head_class_names(model: nn.Module) -> tuple[str, ...] | None:

@@ -377,3 +377,80 @@ def similarity_figure(aa: np.ndarray, bb: np.ndarray, ab: np.ndarray, vit_layers
                          (f"{resnet} against itself", bb, resnet_layers, resnet_layers),
                          (f"{vit} (rows) against {resnet}", ab, vit_layers, resnet_layers)],
                         title=f"Linear CKA between layers<br><sup>{subtitle}</sup>")
+
+
+#: the head atlas's marker per group of heads: (symbol, legend name), keyed by the group code ``head_atlas`` reads
+ATLAS_GROUPS = {0: ("circle", "higher layers"), 1: ("square", "lowest layers: local heads"),
+                2: ("diamond", "lowest layers: global heads")}
+
+
+def head_atlas(distance: np.ndarray, drops: dict[str, np.ndarray], intervals: dict[str, np.ndarray],
+               groups: np.ndarray, title: str = "", colour_label: str = "layer") -> go.Figure:
+    """One panel per ablation: each head as a dot at its mean attention distance (x, pixels) and its importance
+    (y: the drop in the true class's log-probability, nats), with its 95% interval as an error bar (none where the
+    interval is NaN); colour: the head's layer (1-based); symbol: its group (``groups`` (L, H) codes of
+    ``ATLAS_GROUPS``). ``distance``, each of ``drops`` (L, H); each of ``intervals`` (L, H, 2)."""
+    L, H = distance.shape
+    layer = np.repeat(np.arange(1, L + 1), H)
+    head = np.tile(np.arange(H), L)
+    fig = make_subplots(rows=1, cols=len(drops), subplot_titles=[f"{name} ablation" for name in drops],
+                        horizontal_spacing=0.1)
+    for k, (name, drop) in enumerate(drops.items()):
+        iv = intervals[name].reshape(-1, 2)
+        y = drop.reshape(-1)
+        up, down = np.nan_to_num(iv[:, 1] - y), np.nan_to_num(y - iv[:, 0])
+        for code, (symbol, label) in ATLAS_GROUPS.items():
+            sel = groups.reshape(-1) == code
+            if not sel.any():
+                continue
+            fig.add_trace(go.Scatter(
+                x=distance.reshape(-1)[sel], y=y[sel], mode="markers", name=label, legendgroup=label,
+                showlegend=k == 0, customdata=np.stack([layer[sel], head[sel], iv[sel, 0], iv[sel, 1]], -1),
+                error_y=dict(type="data", array=up[sel], arrayminus=down[sel], thickness=1, width=0,
+                             color="rgba(80,80,80,0.5)"),
+                marker=dict(symbol=symbol, size=9, color=layer[sel], colorscale="Viridis", cmin=1, cmax=max(L, 2),
+                            line=dict(width=1, color="black"), showscale=k == 0 and code == 0,
+                            colorbar=dict(title=colour_label, x=1.02, len=0.7)),
+                hovertemplate="layer %{customdata[0]}, head %{customdata[1]}: %{x:.1f} px, drop %{y:.3g} nats "
+                              "[%{customdata[2]:.3g}, %{customdata[3]:.3g}]<extra></extra>"), row=1, col=k + 1)
+        fig.update_xaxes(title_text="mean attention distance (pixels)", row=1, col=k + 1)
+        fig.update_yaxes(title_text="drop in log p(true class) (nats)" if k == 0 else None, row=1, col=k + 1)
+    fig.add_hline(y=0, line_dash="dot", line_color="grey")
+    fig.update_layout(title=title, width=480 * len(drops) + 100, height=500,
+                      legend=dict(orientation="h", y=-0.18), margin=dict(t=90, b=110))
+    return fig
+
+
+def prefix_share_heatmaps(share: np.ndarray, kinds: Sequence[str], title: str = "") -> go.Figure:
+    """(L, H, P) shares of attention on each of the P prefix tokens (named by ``kinds``) as one (layer x head)
+    heatmap per prefix token, one colour scale from 0 to the largest share (NaN cells, a token not yet joined, blank)."""
+    L, H, P = share.shape
+    fig = make_subplots(rows=1, cols=P, subplot_titles=[f"{kind} token {i}" if kinds.count(kind) > 1 else kind
+                                                        for i, kind in enumerate(kinds)], horizontal_spacing=0.04)
+    top = float(np.nanmax(share)) if np.isfinite(share).any() else 1.0
+    for j in range(P):
+        fig.add_trace(go.Heatmap(z=share[:, :, j], x=np.arange(H), y=np.arange(1, L + 1), zmin=0, zmax=top or 1.0,
+                                 colorscale="Viridis", showscale=j == 0, hoverongaps=False,
+                                 colorbar=dict(title="share of<br>attention"),
+                                 hovertemplate="layer %{y}, head %{x}: %{z:.3f}<extra></extra>"), row=1, col=j + 1)
+        fig.update_xaxes(title_text="head", dtick=1, row=1, col=j + 1)
+    fig.update_yaxes(title_text="layer", dtick=1, autorange="reversed", row=1, col=1)
+    fig.update_yaxes(autorange="reversed", dtick=1)
+    fig.update_layout(title=title, width=max(420, 230 * P + 160), height=160 + 26 * L, margin=dict(t=100))
+    return fig
+
+
+def token_norm_lines(lines: dict[str, np.ndarray], fences: np.ndarray, title: str = "") -> go.Figure:
+    """Token norms against depth: each of ``lines`` ({name: (L,) norms}, e.g. the patches' median and maximum and
+    each prefix token's mean) as a line, and the outlier fence ``fences`` (L,) dashed; log y axis."""
+    L = len(fences)
+    x = np.arange(1, L + 1)
+    fig = go.Figure()
+    for name, v in lines.items():
+        fig.add_trace(go.Scatter(x=x, y=v, mode="lines+markers", name=name,
+                                 hovertemplate=f"{name}, layer %{{x}}: %{{y:.3g}}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=x, y=fences, mode="lines", name="outlier fence", line=dict(dash="dash", color="grey"),
+                             hovertemplate="fence, layer %{x}: %{y:.3g}<extra></extra>"))
+    fig.update_layout(title=title, xaxis_title="network depth (layer)", yaxis_title="token L2 norm (log scale)",
+                      yaxis_type="log", width=760, height=470, xaxis=dict(tickmode="linear", dtick=1))
+    return fig

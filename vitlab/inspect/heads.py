@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -176,13 +176,15 @@ def _true_logprob(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
 @torch.no_grad()
 def head_importance(model: nn.Module, images: Tensor, labels: Tensor, *, ablation: Ablation = "mean",
                     layers: Sequence[int] | None = None, batch_size: int = 32, share: bool | None = None,
-                    n_boot: int = N_BOOT, seed: int = SEED, progress: bool | None = None) -> HeadImportance:
+                    n_boot: int = N_BOOT, seed: int = SEED, progress: bool | None = None,
+                    on_progress: Callable[[int, int], None] | None = None) -> HeadImportance:
     """The (L, H) head atlas of ``model`` on ``images`` (a preprocessed (B, C, H, W) batch) with true ``labels``
     ((B,) class indices): see the module and ``HeadImportance``. ``ablation``: "mean" or "zero"; ``layers``: the
     blocks to measure (default all); ``batch_size``: images per forward; ``share``: True starts each ablated run at
     its block (refused for a model ``run_from`` does not follow), False runs full forwards, None picks True where the
-    model passes ``tail_matches``. ``n_boot``, ``seed``: the bootstrap's. The model comes back unchanged (modes,
-    hooks), also when a forward raises."""
+    model passes ``tail_matches``. ``n_boot``, ``seed``: the bootstrap's. ``on_progress``: called with (ablated runs
+    done, runs in all) after each run (e.g. a widget's progress bar; ``progress`` draws tqdm's). The model comes back
+    unchanged (modes, hooks), also when a forward raises."""
     from tqdm.auto import tqdm
 
     model = unwrapped(model)
@@ -227,8 +229,8 @@ def head_importance(model: nn.Module, images: Tensor, labels: Tensor, *, ablatio
         drop = torch.full((len(rows), width, len(images)), float("nan"))
         right = torch.zeros((len(rows), width, len(images)), dtype=torch.bool)
         show = progress if progress is not None else len(chunks) * len(rows) > 1
-        bar = tqdm(total=len(chunks) * sum(len(slices[i]) for i in rows), desc="head ablations", disable=not show,
-                   leave=False)
+        done, total = 0, len(chunks) * sum(len(slices[i]) for i in rows)
+        bar = tqdm(total=total, desc="head ablations", disable=not show, leave=False)
         start = 0
         for x, t in chunks:
             end = start + len(x)
@@ -243,6 +245,9 @@ def head_importance(model: nn.Module, images: Tensor, labels: Tensor, *, ablatio
                     drop[r, g, start:end] = (base_lp_all[start:end] - lp).float()
                     right[r, g, start:end] = ok
                     bar.update(1)
+                    done += 1
+                    if on_progress is not None:
+                        on_progress(done, total)
             start = end
         bar.close()
 

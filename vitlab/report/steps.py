@@ -15,6 +15,7 @@ from vitlab.base.provenance import versions
 from vitlab.base.shipped import data_path
 from vitlab.inspect import ATTRIBUTION_METHODS
 from vitlab.models.load import SHAPES_CHECKPOINT
+from vitlab.report import atlas as A
 from vitlab.report import sections as S
 from vitlab.report.similarity import similarity as similarity_section
 
@@ -65,6 +66,8 @@ STEPS: tuple[Step, ...] = (
          parts=len(ATTRIBUTION_METHODS) + 1),
     Step("readout", lambda ctx, tick: S.readout_and_entropy(ctx.inp, ctx.pred)),
     Step("similarity", lambda ctx, tick: similarity_section(ctx.inp)),
+    Step("heads", lambda ctx, tick: A.head_atlas(ctx.inp, ctx.pred)),
+    Step("tokens", lambda ctx, tick: A.token_sections(ctx.inp, ctx.pred)),
     Step("localisation", lambda ctx, tick: S.localisation(SHAPES_CHECKPOINT, versions(), device=ctx.device, tick=tick),
          parts=len(ATTRIBUTION_METHODS) + 1, option="shapes"),
     Step("few-shot", lambda ctx, tick: S.few_shot(ctx.inp, tick=tick), parts=3, option="few_shot"),
