@@ -60,8 +60,10 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch, no
         "airplane #0", "automobile #1", "bird #2"]
     assert {f["slug"] for f in metrics["figures"]} == FIGURES
     # no CIFAR-10 here: the few-shot section stays, without a figure, and says how to get the data, once
-    [missing] = metrics["not_judged"]
+    missing, recipes = metrics["not_judged"]  # and no shipped recipes: no recipes section, a note naming the command
     assert (missing["section"], missing["finding"]) == ("few_shot", FEW_SHOT)
+    assert recipes["section"] == "recipes" and "vitlab export-recipe" in recipes["reason"]
+    assert "recipes" not in {f["slug"] for f in metrics["figures"]}
     assert f"`vitlab data cifar10` while online (it downloads into {no_cifar / 'cifar10'})" in missing["reason"]
     few_shot = next(f for f in metrics["figures"] if f["slug"] == "few_shot")
     assert missing["reason"] in few_shot["ours"] and "download=True" not in text
@@ -98,7 +100,7 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch, no
     assert all(f"id='{slug}'" in page for slug in FIGURES)
     assert page.count("class=\"badge") >= 2 * len(metrics["verdicts"])  # in the summary table and under the figure
     assert page.count("<h2>Criterion validation</h2>") == 1
-    assert page.count('class="badge not-judged"') == 1 and str(markupsafe.escape(missing["reason"])) in page
+    assert page.count('class="badge not-judged"') == 2 and str(markupsafe.escape(missing["reason"])) in page
     assert '"model_info"' not in page and "{&#34;" not in page  # no raw JSON on the page
     assert metrics["png"] == "not asked for" and not list(out.glob("*.png"))
     # every figure fits the page's text width (the two-panel scaling figure was 1,400 px wide and cut off)

@@ -272,6 +272,23 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_recipe(args: argparse.Namespace) -> int:
+    out = Path(args.out).resolve()
+    for r in args.runs:  # the export replaces each seed's folder as a whole
+        run = Path(r).resolve()
+        if out == run or run in out.parents or out in run.parents:
+            raise ValueError(f"--out {args.out} is the run {r}, inside it or above it: the export would replace the run's "
+                             "training state; give --out a folder outside the runs, e.g. data/checkpoints/recipes/NAME")
+    from vitlab.train.export import export_recipe
+
+    facts = export_recipe(args.runs, args.out, name=args.name, full_epochs=args.full_epochs, command=args.command_line,
+                          hardware=args.hardware, allow_unfinished=args.allow_unfinished, progress=not args.quiet)
+    for f in facts:
+        print(json.dumps({k: f.get(k) for k in ("path", "recipe", "seed", "epochs_done", "epochs_planned",
+                                                "full_epochs", "shortened", "test_accuracy", "hardware")}))
+    return 0
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
     if args.l2 is not None and not (args.l2 > 0 and args.l2 != float("inf")):  # at once, before torch loads
         raise ValueError(f"--l2 must be a positive finite number (the ridge penalty), got {args.l2:g}")
@@ -787,6 +804,20 @@ def build_parser() -> argparse.ArgumentParser:
                     "recorded when it trained)")
     sp.add_argument("--goal", type=float, help="accuracy goal drawn on the learning curve, e.g. 0.9")
     sp.set_defaults(func=cmd_export)
+
+    sp = sub.add_parser("export-recipe", help="ship the seeds of one recipe (run folders) as OUT/seed<n>, each in half "
+                        "precision with a card holding its history and the Fig. 7 statistics of its snapshots")
+    sp.add_argument("runs", nargs="+", type=user_path, help="the recipe's run folders (vitlab train --run-dir)")
+    sp.add_argument("--out", type=user_path, required=True, help="e.g. data/checkpoints/recipes/vit_cifar10_noteacher")
+    sp.add_argument("--name", help="the recipe's name (default: --out's folder name, e.g. the preset's)")
+    sp.add_argument("--full-epochs", type=positive_int, help="the recipe's full schedule in epochs; runs planned "
+                    "for fewer are cards of a shortened schedule")
+    sp.add_argument("--command-line", help="the training command on each card, {seed} for the seed (default: vitlab "
+                    "train --preset NAME --set seed={seed})")
+    sp.add_argument("--hardware", help="where they trained (default: as each run recorded it)")
+    sp.add_argument("--allow-unfinished", action="store_true", help="ship runs that have not trained all their epochs")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
+    sp.set_defaults(func=cmd_export_recipe)
 
     sp = sub.add_parser("probe", help="few-shot linear probe (paper section 4.1) of a model's frozen features")
     model_args(sp)
