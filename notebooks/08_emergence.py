@@ -40,7 +40,14 @@ import numpy as np
 from IPython.display import Markdown, display
 
 from vitlab.figures.plots import emergence_curves, notebook_figures
-from vitlab.findings.recipe import RECIPE_COMMAND, emergence_summary, recipe_accuracy, recipe_cards, shipped_recipes
+from vitlab.findings.recipe import (
+    RECIPE_COMMAND,
+    emergence_summary,
+    images_words,
+    recipe_accuracy,
+    recipe_cards,
+    shipped_recipes,
+)
 
 notebook_figures()
 found = shipped_recipes(Path(RECIPES))
@@ -96,7 +103,7 @@ for name, t in times.items():
             lines.append(f"* **{name}**, {what}: not recorded.")
             continue
         h = t[key]
-        seen = f" ({h['images_seen'] / 1e6:.2f}M training images)" if h.get("images_seen") else ""
+        seen = f" ({images_words(h['images_seen'])})" if h.get("images_seen") else ""
         lines.append(f"* **{name}**, {what}: {h['start']:.3f} at the first epoch to {h['end']:.3f} at the last, "
                      f"half-way by epoch {h['epoch']}{seen}.")
     if {"lowest_min", "position_spearman"} <= set(t):

@@ -88,6 +88,7 @@ def test_the_recipes_sections_from_two_toy_recipes(recipes):
     assert compare.metrics["rows"] == compare_recipes(judged)
     assert {r["key"] for r in compare.metrics["rows"]} >= {KEY_POSITION_DISTANCE, KEY_LOWEST_SPREAD, KEY_DEPTH_TREND}
     assert all(v.n_runs == 2 for v in compare.verdicts) and len(compare.verdicts) == sum(map(len, judged.values()))
+    assert {v.subject.split(":")[0] for v in compare.verdicts} == {"plain", "slow"}  # each names its recipe
     for name, (_, facts) in got.items():
         acc = [f["test_accuracy"] for f in facts]
         assert accuracy.metrics[name]["test_accuracy"] == acc
@@ -138,3 +139,20 @@ def test_the_emergence_notebook_states_the_records_numbers(recipes):
         assert (f"**{name}**, 2D position structure (position-embedding Spearman): {h['start']:.3f} at the first "
                 f"epoch to {h['end']:.3f} at the last, half-way by epoch {h['epoch']}") in text
     assert any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs)  # the bands are drawn
+
+
+def test_the_export_recipe_command(recipes, tmp_path, capsys):
+    from vitlab.cli import main
+
+    _, got = recipes
+    runs, facts = got["plain"]
+    assert main(["export-recipe", *map(str, runs), "--out", str(tmp_path / "vit_x"), "--full-epochs", "2",
+                 "--quiet"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["seed"], r["recipe"], r["shortened"]) for r in lines] == [(0, "vit_x", False), (1, "vit_x", False)]
+    assert [r["test_accuracy"] for r in lines] == [f["test_accuracy"] for f in facts]  # the same fp16 weights
+    card = json.loads((tmp_path / "vit_x" / "seed1" / "card.json").read_text())
+    assert card["command"] == "vitlab train --preset vit_x --set seed=1"
+    assert card["emergence"] == facts[1]["emergence"]
+    assert main(["export-recipe", str(runs[0]), "--out", str(runs[0] / "shipped")]) == 1  # inside a run: refused
+    assert "inside it or above it" in capsys.readouterr().err and not (runs[0] / "shipped").exists()

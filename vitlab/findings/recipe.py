@@ -38,7 +38,7 @@ from vitlab.base.intervals import fmt_value, mean_interval, n_units
 from vitlab.findings.verdict import Verdict, make_verdict
 
 __all__ = ["combine_runs", "compare_recipes", "recipe_runs", "MixedFindings", "IDENTITY_FIELDS", "Z_95",
-           "RECIPE_COMMAND", "shipped_recipes", "recipe_cards", "recipe_accuracy", "emergence_summary"]
+           "RECIPE_COMMAND", "shipped_recipes", "recipe_cards", "recipe_accuracy", "emergence_summary", "images_words"]
 
 #: how shipped recipe folders (``data/checkpoints/recipes/NAME/seed<n>``) are made; docs/recipes.md has the sequence
 RECIPE_COMMAND = "vitlab export-recipe RUN_FOLDER... --out data/checkpoints/recipes/NAME (docs/recipes.md)"
@@ -256,3 +256,10 @@ def recipe_accuracy(cards: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
                      "teacher": cs[0].get("teacher"), "epochs": cs[0].get("epochs_done"),
                      "shortened": cs[0].get("shortened")}
     return out
+
+
+def images_words(n: int | None) -> str:
+    """A count of training images seen, in a few words ("" for None): millions from one million on."""
+    if not n:
+        return ""
+    return f"{n / 1e6:.2f}M training images" if n >= 1_000_000 else f"{n:,} training images"

@@ -27,7 +27,14 @@ from vitlab.base.intervals import fmt_value, n_units
 from vitlab.base.provenance import versions
 from vitlab.data.images import default_data_words, default_images, default_labels, default_source, head_class_names
 from vitlab.figures.plots import emergence_curves, table_figure
-from vitlab.findings.recipe import RECIPE_COMMAND, emergence_summary, recipe_accuracy, recipe_cards, shipped_recipes
+from vitlab.findings.recipe import (
+    RECIPE_COMMAND,
+    emergence_summary,
+    images_words,
+    recipe_accuracy,
+    recipe_cards,
+    shipped_recipes,
+)
 from vitlab.findings.verdict import Verdict
 from vitlab.models.info import data_config, model_info
 from vitlab.models.load import load_model
@@ -118,11 +125,11 @@ def recipe_verdicts(sections: list[S.Section], inp: S.Inputs, runs: Sequence[Any
         s.verdicts = combined
 
 
-def recipe_judgement(runs: Sequence[Path], device: Any = "cpu") -> list[Verdict]:
+def recipe_judgement(runs: Sequence[Path], device: Any = "cpu", name: str | None = None) -> list[Verdict]:
     """The Fig. 7 verdicts (filters, position embeddings, attention distance) of the recipe whose seeds are the
     checkpoints ``runs``, each seed judged on its default images (for 32 px models the 128 shipped CIFAR-10 test
-    images, the same for every seed) and combined over the seeds (``recipe_verdicts``). Raises ValueError for runs
-    of different shapes or preprocessing."""
+    images, the same for every seed) and combined over the seeds (``recipe_verdicts``); ``name``: the recipe, leading
+    each verdict's subject. Raises ValueError for runs of different shapes or preprocessing."""
     runs = [str(r) for r in runs]
     net = load_model(runs[0]).to(device).eval()
     info = model_info(net)
@@ -135,7 +142,8 @@ def recipe_judgement(runs: Sequence[Path], device: Any = "cpu") -> list[Verdict]
     pred = S.prediction_pass(inp)
     sections = [S.filters(inp), *S.positions(inp), S.distance(inp, pred)]
     recipe_verdicts(sections, inp, runs, others, True, progress=False)
-    return [v for s in sections for v in s.verdicts]
+    lead = f"{name}: " if name else ""
+    return [replace(v, subject=lead + (v.subject or "")) for s in sections for v in s.verdicts]
 
 
 def _holds_words(row: dict, names: Sequence[str]) -> str:
@@ -152,13 +160,13 @@ def _accuracy_rows(cards: dict[str, list[dict]]) -> tuple[list[list], dict[str, 
     rows = []
     for name, v in numbers.items():
         lo, hi = v["interval"]
-        interval = f"[{lo:.2%}, {hi:.2%}]" if np.isfinite(lo) else v["method"]
+        interval = f"[{lo:.2%}, {hi:.2%}]" if np.isfinite(lo) else "none (why: below)"
         rows.append([name, len(v["test_accuracy"]), f"{v['mean']:.2%}" if v["mean"] is not None else "-", interval,
                      ", ".join(f"{a:.2%}" for a in v["test_accuracy"])])
     return rows, numbers
 
 def _when(t: dict) -> str:
-    seen = f" ({t['images_seen'] / 1e6:.2f}M training images)" if t.get("images_seen") else ""
+    seen = f" ({images_words(t.get('images_seen'))})" if t.get("images_seen") else ""
     return f"from {fmt_value(t['start'])} to {fmt_value(t['end'])}, half-way by epoch {t['epoch']}{seen}"
 
 
@@ -176,15 +184,16 @@ def recipes_sections(root: Path, device: Any = "cpu", tick: Callable[[str], None
     judged: dict[str, list[Verdict]] = {}
     for name, seeds in found.items():
         tick(f"judging {name}")
-        judged[name] = recipe_judgement(seeds, device)
+        judged[name] = recipe_judgement(seeds, device, name)
     from vitlab.findings.recipe import compare_recipes
 
     rows = compare_recipes(judged)
     names = list(found)
     cards = {name: recipe_cards(seeds) for name, seeds in found.items()}
     teachers = {n: cs[0].get("teacher") for n, cs in cards.items()}
-    table = table_figure(["finding", *names, "holds"],
-                         [[r["finding"], *(r["verdicts"][n] for n in names), _holds_words(r, names)] for r in rows],
+    table = table_figure(["finding (its key; named in the verdicts below)", *names, "holds"],
+                         [[r["key"], *(r["verdicts"][n].split(" (")[0] for n in names), _holds_words(r, names)]
+                          for r in rows],  # the verdicts' qualifiers are in their lines below the table
                          "Fig. 7 findings by recipe (each judged over its seeds on the same images)")
     counts = {w: sum(1 for r in rows if _holds_words(r, names) == w) for w in dict.fromkeys(
         _holds_words(r, names) for r in rows)}
