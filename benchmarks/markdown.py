@@ -23,6 +23,7 @@ from benchmarks import (
     atlas_speed,
     cli_startup,
     compile_ab,
+    fig7_cost,
     from_scratch,
     inspect_speed,
     jpeg_quality,
@@ -299,6 +300,22 @@ def atlas_section(res: dict) -> tuple[str, str]:
     return atlas_speed.format_table(res), "\n".join(reading)
 
 
+def fig7_section(res: dict) -> tuple[str, str]:
+    worst, mean = res["ratio_shortest_epoch"], res["ratio_mean_epoch"]
+    reading = [
+        f"The Fig. 7 statistics of one epoch ({res['fig7_images']} images, {res['fig7_seconds']:.2f} s) cost "
+        f"{worst:.2%} of the shorter ({min(res['step_seconds'], key=lambda k: res['epoch_seconds'][k])} px) epoch of "
+        f"`{res['preset']}` and {mean:.2%} of its schedule's mean epoch: the {res['target']:.0%} target is "
+        f"{_met(worst < res['target'])}.",
+        f"The epochs are estimated from the bare training step ({res['steps']} timed steps, {res['precision']}), "
+        "without augmentation, data loading, evaluation or a teacher: real epochs are longer, so the share is an "
+        "upper bound.",
+        f"Both were timed in one process under the load average the stamp gives ({res['machine']['load_average']}): "
+        "absolute seconds are that moment's, the share is the result.",
+    ]
+    return fig7_cost.format_table(res), "\n".join(reading)
+
+
 #: (title, script, result files, section function)
 SECTIONS: list[tuple[str, str | None, tuple[str, ...], Callable[..., tuple[str, str]]]] = [
     ("Capture speed: capture against a plain forward", "capture_speed.py", ("capture_speed.json",),
@@ -320,6 +337,7 @@ SECTIONS: list[tuple[str, str | None, tuple[str, ...], Callable[..., tuple[str, 
     ("JPEG quality of the training data", "jpeg_quality.py", ("jpeg_quality.json",), jpeg_section),
     ("The inspection work on a GPU", "device_speed.py", ("device_speed.json",), device_section),
     ("Command-line start-up", "cli_startup.py", ("cli_startup.json",), startup_section),
+    ("Fig. 7 statistics against an epoch", "fig7_cost.py", ("fig7_cost.json",), fig7_section),
 ]
 
 

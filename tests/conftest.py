@@ -228,3 +228,12 @@ def convit_raw_attention(model: torch.nn.Module, x: torch.Tensor) -> list[torch.
         q, k, _ = qkv.permute(2, 0, 3, 1, 4)
         out.append(((q @ k.transpose(-2, -1)) * at.scale).softmax(-1))
     return out
+
+
+@pytest.fixture(autouse=True)
+def _no_shipped_recipes(monkeypatch, tmp_path_factory):
+    """The report's recipes step (``vitlab.report.steps.RECIPES``) finds no shipped recipes, so a report made in a
+    test does not judge every shipped seed; a test of the step gives it its own toy recipes."""
+    import vitlab.report.steps as steps
+
+    monkeypatch.setattr(steps, "RECIPES", tmp_path_factory.getbasetemp() / "no-shipped-recipes")

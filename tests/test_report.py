@@ -64,8 +64,12 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch, no
     assert {f["slug"] for f in metrics["figures"]} == FIGURES
     # no CIFAR-10 here: the few-shot section stays, without a figure, and says how to get the data, once
     [missing] = [n for n in metrics["not_judged"] if n["section"] == "few_shot"]
-    assert [n["section"] for n in metrics["not_judged"]] == ["similarity", "few_shot"]  # 3 images: too few for CKA
+    [recipes] = [n for n in metrics["not_judged"] if n["section"] == "recipes"]
+    # 3 images: too few for CKA; no shipped recipes: no recipes section, a note naming the command
+    assert [n["section"] for n in metrics["not_judged"]] == ["similarity", "few_shot", "recipes"]
     assert (missing["section"], missing["finding"]) == ("few_shot", FEW_SHOT)
+    assert recipes["section"] == "recipes" and "vitlab export-recipe" in recipes["reason"]
+    assert "recipes" not in {f["slug"] for f in metrics["figures"]}
     assert f"`vitlab data cifar10` while online (it downloads into {no_cifar / 'cifar10'})" in missing["reason"]
     few_shot = next(f for f in metrics["figures"] if f["slug"] == "few_shot")
     assert missing["reason"] in few_shot["ours"] and "download=True" not in text

@@ -18,11 +18,11 @@ def test_step_names_are_unique_and_options_are_reproduce_keywords():
 
 
 def test_chosen_leaves_out_the_steps_switched_off():
-    every = [s.name for s in chosen({"shapes": True, "few_shot": True, "scaling": True})]
+    every = [s.name for s in chosen({"shapes": True, "few_shot": True, "scaling": True, "recipes": True})]
     assert every == [s.name for s in STEPS]
-    fewer = [s.name for s in chosen({"shapes": False, "few_shot": True, "scaling": False})]
-    assert fewer == [s.name for s in STEPS if s.option not in ("shapes", "scaling")]
-    assert "localisation" not in fewer and "scaling" not in fewer and "few-shot" in fewer
+    fewer = [s.name for s in chosen({"shapes": False, "few_shot": True, "scaling": False, "recipes": False})]
+    assert fewer == [s.name for s in STEPS if s.option not in ("shapes", "scaling", "recipes")]
+    assert "localisation" not in fewer and "scaling" not in fewer and "recipes" not in fewer and "few-shot" in fewer
 
 
 def _section(slug: str) -> Section:

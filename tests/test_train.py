@@ -60,7 +60,7 @@ def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
     env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     common = ["train", "--preset", "tiny", "--data", str(tiny_data), "--epochs", "6", "--quiet",
               "--set", "mixup_prob=0.5", "--set", "crop_padding=4", "--set", "randaugment=rand-m9-n2-mstd0.5",
-              "--set", "fig7_every=1"]
+              "--set", "fig7_every=1", "--set", "snapshot_every=1", "--set", "val_per_class=4"]
     full = _cli(*common, "--run-dir", str(tmp_path / "full"), "--workers", "0", env=env)
     assert full.wait(timeout=300) == 0, full.stdout.read()
 
@@ -90,6 +90,12 @@ def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
     fig7 = [[json.loads(line)["fig7"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
             for run in ("full", "killed")]
     assert len(fig7[0]) == 6 and fig7[0] == fig7[1]
+    # and the records an export ships (issue 46): every snapshot's statistics with its epoch's validation accuracy
+    from vitlab.train.emergence import snapshot_history
+
+    shipped = [snapshot_history(tmp_path / run) for run in ("full", "killed")]
+    assert [r["epoch"] for r in shipped[0]] == list(range(1, 7)) and shipped[0] == shipped[1]
+    assert all(r["val_accuracy"] is not None for r in shipped[0]) and "test_accuracy" in shipped[0][-1]
     model = vitlab.load_model(tmp_path / "killed" / "checkpoint")  # a checkpoint is a loadable model
     assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 3)
 

@@ -20,7 +20,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: the subcommands, in the order ``vitlab --help`` lists them: each the name of its module in this package. A new
 #: command is a new module and one name here.
-COMMANDS = ("info", "capture", "train", "export", "probe", "sweep", "mpp_study", "app", "reproduce", "cache", "data")
+COMMANDS = ("info", "capture", "train", "export", "export_recipe", "probe", "sweep", "mpp_study", "app", "reproduce", "cache", "data")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,9 @@
 """A finding judged for a training recipe rather than one training run: the verdicts of the same finding measured on
 several checkpoints (seeds of one recipe, on the same images) combined into one (``combine_runs``), and the
-checkpoints a ``--model`` argument names (``recipe_runs``: a checkpoint, or a folder of them).
+checkpoints a ``--model`` argument names (``recipe_runs``: a checkpoint, or a folder of them). For shipped recipes
+(``data/checkpoints/recipes/NAME/seed<n>``, ``vitlab export-recipe``): their seeds (``shipped_recipes``), cards
+(``recipe_cards``), test accuracies over seeds (``recipe_accuracy``) and emergence during training
+(``emergence_summary``).
 
 The rule, on the records alone (``vitlab.findings.verdict.Verdict``): with n >= 2 runs, the statistic is the mean of the
 runs' statistics, and its 95% interval is a Student t interval with n - 1 degrees of freedom,
@@ -21,16 +24,24 @@ leaves the interval touching it (t(0.975, n - 1) >= n - 1); from 5 runs one diss
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from vitlab.base.intervals import fmt_value, n_units
+import numpy as np
+
+from vitlab.base.intervals import fmt_value, mean_interval, n_units
 from vitlab.findings.verdict import Verdict, make_verdict
 
-__all__ = ["combine_runs", "compare_recipes", "recipe_runs", "MixedFindings", "IDENTITY_FIELDS", "Z_95"]
+__all__ = ["combine_runs", "compare_recipes", "recipe_runs", "MixedFindings", "IDENTITY_FIELDS", "Z_95",
+           "RECIPE_COMMAND", "shipped_recipes", "recipe_cards", "recipe_accuracy", "emergence_summary", "images_words"]
+
+#: how shipped recipe folders (``data/checkpoints/recipes/NAME/seed<n>``) are made; docs/recipes.md has the sequence
+RECIPE_COMMAND = "vitlab export-recipe RUN_FOLDER... --out data/checkpoints/recipes/NAME (docs/recipes.md)"
 
 #: the fields that make two verdicts judgements of the same finding by the same criterion (the per-run fields
 #: statistic, interval, verdict, details, subject and n_runs may differ)
@@ -188,3 +199,67 @@ def compare_recipes(recipes: dict[str, Sequence[Verdict]]) -> list[dict[str, obj
                      "holds_in": [r for r in recipes if got[r].verdict == "reproduced"],
                      "n_runs": {r: got[r].n_runs for r in recipes}})
     return rows
+
+
+def shipped_recipes(root: Path) -> dict[str, list[Path]]:
+    """``{recipe: its seed folders}`` under ``root`` (``root/NAME/seed<n>``, each a checkpoint with ``card.json``),
+    recipes and seeds sorted by name; recipes without a seed are left out, a missing ``root`` gives {}."""
+    out: dict[str, list[Path]] = {}
+    for folder in sorted(p for p in Path(root).glob("*") if p.is_dir()) if Path(root).is_dir() else []:
+        seeds = sorted(s for s in folder.glob("seed*") if (s / "card.json").is_file() and (s / "config.json").is_file())
+        if seeds:
+            out[folder.name] = seeds
+    return out
+
+
+def recipe_cards(seeds: Sequence[Path]) -> list[dict]:
+    """The ``card.json`` facts of each seed folder, in order."""
+    return [json.loads((s / "card.json").read_text()) for s in seeds]
+
+
+def emergence_summary(cards: dict[str, list[dict]]) -> tuple[dict, dict, list[str]]:
+    """From each recipe's cards (``{recipe: recipe_cards(...)}``): ``bands`` (``{recipe: {key: emergence_bands}}``
+    for every statistic ``vitlab.figures.plots.EMERGENCE_PANELS`` draws that every seed recorded), ``times`` (``{recipe:
+    {key: halfway}}`` for ``lowest_min``, the local heads, and ``position_spearman``, the 2D position structure) and
+    the recipes whose cards hold no emergence records."""
+    from vitlab.figures.plots import EMERGENCE_PANELS
+    from vitlab.train.emergence import emergence_bands, halfway
+
+    bands: dict[str, dict] = {}
+    times: dict[str, dict] = {}
+    missing = []
+    for name, cs in cards.items():
+        hist = [c.get("emergence") or [] for c in cs]
+        if not all(hist):
+            missing.append(name)
+            continue
+        bands[name] = {}
+        for key, _ in EMERGENCE_PANELS:
+            try:
+                bands[name][key] = emergence_bands(hist, key)
+            except ValueError:  # no epoch has it in every seed (e.g. a table without learned positions)
+                continue
+        times[name] = {k: halfway(bands[name][k]) for k in ("lowest_min", "position_spearman") if k in bands[name]}
+    return bands, times, missing
+
+
+def recipe_accuracy(cards: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
+    """Per recipe (``{recipe: recipe_cards(...)}``): its seeds, their test accuracies as shipped (measured once, on
+    export), the ``mean``, the 95% ``interval`` of the mean over seeds and its ``method``
+    (``vitlab.base.intervals.mean_interval``: none for one seed), the ``teacher``, ``epochs`` and ``shortened``."""
+    out = {}
+    for name, cs in cards.items():
+        acc = np.array([c["test_accuracy"] for c in cs if c.get("test_accuracy") is not None], dtype=np.float64)
+        (lo, hi), method = mean_interval(acc, 2000, 0, "seeds")
+        out[name] = {"seeds": [c.get("seed") for c in cs], "test_accuracy": acc.tolist(),
+                     "mean": float(acc.mean()) if len(acc) else None, "interval": [lo, hi], "method": method,
+                     "teacher": cs[0].get("teacher"), "epochs": cs[0].get("epochs_done"),
+                     "shortened": cs[0].get("shortened")}
+    return out
+
+
+def images_words(n: int | None) -> str:
+    """A count of training images seen, in a few words ("" for None): millions from one million on."""
+    if not n:
+        return ""
+    return f"{n / 1e6:.2f}M training images" if n >= 1_000_000 else f"{n:,} training images"

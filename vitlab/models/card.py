@@ -198,7 +198,7 @@ def card_text(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -
 * Learning curve: `learning_curve.png` ({metric} against training hours; {f['learning_curve']}).
 * Command: `{f['command']}`
 * Epochs: {f['epochs_done']} of {f['epochs_planned']} planned{'' if done else ' (the run is not finished; it resumes with --resume)'}.
-* Training wall time: {wall} on {f['hardware']}{_compiled_note(f, history)}.
+{_recipe_line(f)}* Training wall time: {wall} on {f['hardware']}{_compiled_note(f, history)}.
 * Data: {_data_line(f.get('data'))}.
 * Parameters: {f['parameters']:,}; file: {f['file_bytes'] / 1e6:.1f} MB ({f['dtype']}).
 * Preprocessing (from the model's pretrained config): input {tuple(pc['input_size'])}, mean {tuple(pc['mean'])},
@@ -219,6 +219,24 @@ Load it with `vitlab.load_model("{f['path']}")`{' or `vitlab.load_model()` (it i
 |---|---|---|---|
 {rows}
 """
+
+
+def _recipe_line(f: dict) -> str:
+    """The card's line on a seed of a recipe (``vitlab.train.export.export_recipe``): the recipe and seed, whether its
+    schedule is the full one, and where the emergence records are; empty for any other model."""
+    if not f.get("recipe"):
+        return ""
+    full = f.get("full_epochs")
+    if full is None:
+        schedule = "the full schedule was not stated at export"
+    elif f.get("shortened"):
+        schedule = f"**a shortened schedule**: {f['epochs_planned']} of the full recipe's {full} epochs"
+    else:
+        schedule = f"the full schedule of {full} epochs"
+    n = len(f.get("emergence") or [])
+    return (f"* Recipe `{f['recipe']}`, seed {f['seed']}: {schedule}. `card.json` holds the run's per-epoch history "
+            f"(`history`) and the paper's Fig. 7 statistics of its {n} snapshots (`emergence`, from "
+            "`vitlab.train.emergence.snapshot_history`).\n")
 
 
 def _compiled_note(f: dict, history: list[dict]) -> str:

@@ -16,7 +16,6 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +39,13 @@ from vitlab.data.images import (
 from vitlab.figures.static import write_images
 from vitlab.findings.controls import validation_table
 from vitlab.findings.judge import model_label
-from vitlab.findings.verdict import Verdict, json_types
+from vitlab.findings.verdict import json_types
 from vitlab.models.card import model_facts, random_weights, weights_description
 from vitlab.models.checkpoint import model_card
-from vitlab.models.info import data_config, has_attention, model_info
+from vitlab.models.info import has_attention, model_info
 from vitlab.models.load import load_model
 from vitlab.report import sections as S
+from vitlab.report.recipes import other_runs, recipe_verdicts, run_labels
 from vitlab.report.render import render_html, stamp_line
 from vitlab.report.steps import SCALING_RESULTS, Context, Step, chosen
 
@@ -152,14 +152,15 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
               pretrained: bool = True, num_images: int | None = None, shapes: bool = True, png: bool = True,
               progress: bool | None = None, weights: str | None = None, few_shot: bool = True,
               scaling: bool = True, image_scale: float = 1.0, formats: Sequence[str] = ("png",),
-              skip_bad: bool = False, device: str | None = None) -> Path:
+              skip_bad: bool = False, device: str | None = None, recipes: bool = True) -> Path:
     """Write ``report.html``, ``metrics.json`` (and static figures when a Chromium is found) into ``out``.
 
     ``model``: anything ``load_model`` takes (default: the embedded checkpoint), ``weights`` a local weights file
     for it; a list of checkpoint folders or timm names: several training runs of one recipe, whose verdicts are
     combined. ``images``: a folder (default: for 32 px models the 128 shipped CIFAR-10 test images, otherwise crops
     of scikit-learn's photos), ``num_images`` of them. ``shapes``: the localisation table of the shipped shapes
-    ViT; ``few_shot``: the few-shot probe on CIFAR-10 when it is readable; ``scaling``: the shipped sweep.
+    ViT; ``few_shot``: the few-shot probe on CIFAR-10 when it is readable; ``scaling``: the shipped sweep;
+    ``recipes``: the shipped training recipes compared (``vitlab.report.recipes``).
     ``formats`` and ``image_scale``: static figures (e.g. ``("png", "svg")``, 2.0 for high resolution);
     ``skip_bad``: skip unreadable or too small images of ``images`` with a warning instead of failing.
     ``device``: where the model and the analyses run (``vitlab.base.devices.resolve_device``: default CUDA when
@@ -177,7 +178,7 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     net, info = _load(runs[0], pretrained, weights, dev)
     others = other_runs(runs, net, info, pretrained, dev)  # before any work: runs of another shape are refused
     inp, summary = _inputs(net, info, runs[0], pretrained, weights, images, num_images, skip_bad, dev)
-    ctx = Context(inp, dev, {"shapes": shapes, "few_shot": few_shot, "scaling": scaling})
+    ctx = Context(inp, dev, {"shapes": shapes, "few_shot": few_shot, "scaling": scaling, "recipes": recipes})
     sections, step_seconds = run_steps(ctx, chosen(ctx.options), progress)
     if len(runs) > 1:  # the verdicts measured on each run's weights and images, combined into the recipe's
         t = time.time()
@@ -198,7 +199,7 @@ def _check_arguments(runs: list, weights: str | None, formats: Sequence[str], nu
     """``reproduce``'s arguments that can be refused before any work (``ValueError``, ``TypeError``)."""
     if not runs or (len(runs) > 1 and (weights or any(m is None or not isinstance(m, (str, os.PathLike))
                                                       for m in runs))):
-        raise ParameterError("model", runs if len(runs) > 1 else runs[0], "one model, or a list of checkpoint folders or timm names (at least "
+        raise ParameterError("model", runs, "one model, or a list of checkpoint folders or timm names (at least "
                              "one) without weights", problem="not one model or several runs of a recipe")
     if isinstance(formats, str):  # its letters were read as formats ("unknown figure format(s) ['g', 'n', 'p']")
         raise TypeError(f"formats must be a list of figure formats, got the string {formats!r}: pass [{formats!r}]")
@@ -296,7 +297,7 @@ def report_metrics(inp: S.Inputs, summary: dict[str, Any], runs: Sequence[Any], 
                        for what, why in s.not_judged],
         "figures": [{"slug": s.slug, "title": s.title, "paper": s.paper, "ours": s.ours, "stamp": s.stamp,
                      "stamp_line": stamp_line(s.stamp), "metrics": s.metrics,
-                     "verdicts": [v.to_dict() for v in s.verdicts]} for s in sections],
+                     "verdicts": [v.to_dict() for v in s.verdicts]} for s in sections if not s.hidden],
         # flat keys kept for scripts that read earlier reports
         "mean_attention_distance_px": by_slug["distance"].metrics["mean_attention_distance_px"],
         "methods": by_slug["faithfulness"].metrics["methods"] if "faithfulness" in by_slug else [],
@@ -304,76 +305,6 @@ def report_metrics(inp: S.Inputs, summary: dict[str, Any], runs: Sequence[Any], 
     if "localisation" in by_slug:
         metrics["shapes_localisation"] = by_slug["localisation"].metrics
     return metrics
-
-
-def run_labels(runs: Sequence[Any]) -> list[str]:
-    """Short names for several runs' models that still tell them apart: the fewest last parts of their paths that
-    do ("s0", "s1"; "r0/checkpoint" for training run folders), else the specs as given."""
-    parts = [Path(os.fspath(r)).parts if isinstance(r, (str, os.PathLike)) else () for r in runs]
-    for k in range(1, max((len(p) for p in parts), default=0) + 1):
-        names = ["/".join(p[-k:]) for p in parts]
-        if all(parts) and len(set(names)) == len(names):
-            return names
-    return [str(r) for r in runs]
-
-
-def other_runs(runs: Sequence[Any], net, info, pretrained: bool, device: Any) -> list:
-    """The models of ``runs[1:]`` (several training runs of one recipe), loaded on ``device`` and checked against the
-    first run's ``net``: the same shape (``ModelInfo``) and preprocessing, else ``ValueError`` naming what differs."""
-    out = []
-    for spec in runs[1:]:
-        other = load_model(spec, pretrained=pretrained).to(device)
-        try:
-            other_info = model_info(other)
-        except TypeError as e:
-            raise ValueError(f"{spec} cannot be inspected ({e}): it is no run of the recipe of {runs[0]}") from e
-        differ = [k for k in info.__dict__ if getattr(other_info, k) != getattr(info, k)]
-        if differ:
-            raise ValueError(f"{spec} is not a run of the same recipe as {runs[0]}: its {', '.join(differ)} differ "
-                             f"({'; '.join(f'{getattr(other_info, k)!r} against {getattr(info, k)!r}' for k in differ)})"
-                             "; a recipe's runs are models of one shape")
-        if data_config(other) != data_config(net):
-            raise ValueError(f"{spec} preprocesses its images otherwise than {runs[0]} ({data_config(other)} against "
-                             f"{data_config(net)}): the runs of one recipe are shown the same images")
-        out.append(other)
-    return out
-
-
-def recipe_verdicts(sections: list[S.Section], inp: S.Inputs, runs: Sequence[Any], others: Sequence[Any],
-                    pretrained: bool, progress: bool | None = None) -> None:
-    """Replace the verdicts measured on the first run (``inp``: its sections' filters, positions and distance
-    verdicts) by those of the recipe: each other run (``others``, the models of ``runs[1:]``, ``other_runs``) is
-    shown the same images (``inp.x``) and judged the same way, and each finding's verdicts on all runs are combined
-    by ``vitlab.findings.recipe.combine_runs`` (each run's numbers in the verdict's ``details["runs"]``; the image error
-    shared by the runs for the distance section's, not for the weights' own). Runs that judge
-    different findings are refused (``ValueError``)."""
-    from vitlab.findings.recipe import combine_runs
-
-    labels = run_labels(runs)
-    # the sections whose verdicts are measured on the model: on the images every run is shown (their sampling error
-    # is shared by the runs), or on each run's own weights (filters, position embeddings: errors of its own)
-    judged = {"filters": False, "positions": False, "distance": True}
-    per_run: list[dict[str, list[Verdict]]] = [{s.slug: s.verdicts for s in sections if s.slug in judged}]
-    for spec, label, net in tqdm(list(zip(runs[1:], labels[1:], others)), desc="other runs",
-                                 disable=progress is False):
-        other = replace(inp, net=net, name=label, untrained=random_weights(net, spec, pretrained, None))
-        pred = S.prediction_pass(other)
-        made = [S.filters(other), *S.positions(other), S.distance(other, pred)]
-        per_run.append({s.slug: s.verdicts for s in made if s.slug in judged})
-    recipe = f"{len(runs)} runs ({', '.join(labels)})"
-    for s in sections:
-        if s.slug not in per_run[0]:
-            continue
-        found = [[v.finding for v in r.get(s.slug, [])] for r in per_run]
-        if any(f != found[0] for f in found):
-            raise ValueError(f"the runs judge different findings in the {s.slug} section ({found}): they are no "
-                             "runs of one recipe")
-        combined = []
-        for i, v0 in enumerate(s.verdicts):
-            rest = v0.subject.removeprefix(inp.name)  # " on 128 CIFAR-10 test images", ", weights alone"
-            each = [replace(v0, subject=labels[0] + rest)] + [r[s.slug][i] for r in per_run[1:]]
-            combined.append(combine_runs(each, subject=recipe + rest, shared=judged[s.slug]))
-        s.verdicts = combined
 
 
 def write_report(out: Path, page: str, metrics: dict[str, Any], figures: dict[str, Any] | None,

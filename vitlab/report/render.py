@@ -88,6 +88,8 @@ def render_html(summary: dict[str, Any], sections: list[Section]) -> str:
                              undefined=jinja2.StrictUndefined)
     rows, first = [], True
     for s in sections:
+        if s.hidden:
+            continue
         html = None
         if s.figure is not None:
             html = s.figure.to_html(full_html=False, include_plotlyjs=first)
@@ -95,7 +97,8 @@ def render_html(summary: dict[str, Any], sections: list[Section]) -> str:
         rows.append({"slug": s.slug, "title": s.title, "figure_html": html, "paper": s.paper, "ours": s.ours,
                      "verdicts": [verdict_row(v, s.slug) for v in s.verdicts], "stamp_line": stamp_line(s.stamp)})
     verdicts = [verdict_row(v, s.slug) for s in sections for v in s.verdicts]
-    not_judged = [{"slug": s.slug, "finding": what, "reason": why} for s in sections for what, why in s.not_judged]
+    not_judged = [{"slug": "" if s.hidden else s.slug, "finding": what, "reason": why} for s in sections
+                  for what, why in s.not_judged]  # a hidden section has no anchor to link to
     return env.get_template("report.html.j2").render(summary=summary, sections=rows, verdicts=verdicts,
                                                         validation=validation_rows(sections),
                                                         not_judged=not_judged, page_width=PAGE_WIDTH)

@@ -75,6 +75,9 @@ class Section:
     #: what this section would have judged but could not here, with why: (what, reason) pairs, listed beside the
     #: verdicts (the report's table, metrics.json's ``not_judged``, the console)
     not_judged: list[tuple[str, str]] = field(default_factory=list)
+    #: a section that only carries ``not_judged`` notes (what is missing, and how to make it): the page and
+    #: metrics.json's ``figures`` leave it out, its notes stay in the not-judged rows
+    hidden: bool = False
 
 
 @dataclass

@@ -17,10 +17,13 @@ from vitlab.inspect import ATTRIBUTION_METHODS
 from vitlab.models.load import SHAPES_CHECKPOINT
 from vitlab.report import atlas as A
 from vitlab.report import sections as S
+from vitlab.report.recipes import recipes_sections
 from vitlab.report.similarity import similarity as similarity_section
 
 #: The shipped data-scaling sweep drawn in the report's scaling section.
 SCALING_RESULTS = data_path("results/scaling_cifar10.jsonl")
+#: The shipped training recipes (``vitlab export-recipe``): a folder per recipe, a checkpoint per seed.
+RECIPES = data_path("checkpoints/recipes")
 
 #: A step's progress callback: a part of the step begins, named in a few words.
 Tick = Callable[[str], None]
@@ -72,6 +75,7 @@ STEPS: tuple[Step, ...] = (
          parts=len(ATTRIBUTION_METHODS) + 1, option="shapes"),
     Step("few-shot", lambda ctx, tick: S.few_shot(ctx.inp, tick=tick), parts=3, option="few_shot"),
     Step("scaling", lambda ctx, tick: S.scaling(SCALING_RESULTS, versions()), option="scaling"),
+    Step("recipes", lambda ctx, tick: recipes_sections(RECIPES, ctx.device, tick), parts=2, option="recipes"),
 )
 
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["EMERGENCE_KEYS", "LOCAL_HEAD", "fig7_statistics", "sample_batch", "snapshot_history", "emergence_bands"]
+__all__ = ["EMERGENCE_KEYS", "LOCAL_HEAD", "fig7_statistics", "sample_batch", "snapshot_history", "emergence_bands", "halfway"]
 
 #: the scalar statistics of a record, in the order they are drawn
 EMERGENCE_KEYS = ("position_spearman", "lowest_min", "lowest_max", "lowest_spread", "depth_trend", "filter_frequency")
@@ -172,3 +172,16 @@ def emergence_bands(histories: Sequence[Sequence[dict[str, Any]]], key: str) -> 
     vals = np.array([[b[e][key] for b in by_epoch] for e in epochs], dtype=np.float64)  # (E, S)
     return {"epoch": epochs, "images_seen": [by_epoch[0][e].get("images_seen") for e in epochs],
             "mean": vals.mean(1).tolist(), "min": vals.min(1).tolist(), "max": vals.max(1).tolist()}
+
+
+def halfway(band: dict[str, list]) -> dict[str, Any]:
+    """When a statistic's seed mean has made half its change over training: ``start`` and ``end`` (the mean at the
+    band's first and last epoch), and the first ``epoch`` (with its ``images_seen``) at which the mean has moved at
+    least half-way from ``start`` to ``end``. ``band``: one ``emergence_bands`` output. For a mean that does not
+    change (``end == start``) the epoch is the first one. Raises ValueError for an empty band."""
+    mean = band["mean"]
+    if not mean:
+        raise ValueError("halfway needs a band with at least one epoch (emergence_bands' output)")
+    start, end = float(mean[0]), float(mean[-1])
+    i = next(i for i, m in enumerate(mean) if (m - start) * (1 if end >= start else -1) >= abs(end - start) / 2)
+    return {"start": start, "end": end, "epoch": band["epoch"][i], "images_seen": band["images_seen"][i]}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -109,8 +109,14 @@ def distillation_facts(student: nn.Module, teacher: nn.Module, data: ImageArray,
 
 
 def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: str,
-               dtype: torch.dtype = torch.float16, hardware: str | None = None, goal: float | None = None) -> dict:
+               dtype: torch.dtype = torch.float16, hardware: str | None = None, goal: float | None = None,
+               recipe: dict | None = None) -> dict:
     """Write ``out`` (checkpoint + ``MODEL_CARD.md``) from the last checkpoint of ``run_dir``; returns the card facts.
+
+    ``recipe``: facts of a run shipped as a seed of a recipe (``export_recipe``), added to the card's facts and named
+    on the card: ``recipe`` (its name), ``full_epochs`` (the recipe's full schedule; fewer epochs planned make the
+    card say it is a shortened one) and ``emergence`` (``vitlab.train.emergence.snapshot_history``'s records);
+    the card's JSON then holds the run's per-epoch ``history`` too.
 
     A run pre-trained by masked patch prediction (``objective="mpp"``) ships its prediction head too
     (``objective.safetensors``, same dtype, same atomic folder swap; ``vitlab.train.mpp.load_mpp`` reads both), and its card
@@ -145,7 +151,7 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
                 "epoch": meta["epoch"], "train": train_cfg, "metrics": meta.get("metrics"), "data": meta.get("data"),
                 "environment": meta.get("environment"), "train_seconds": meta.get("train_seconds")})
             facts = _measure_and_describe(run, meta, train_cfg, tmp_out, out, test, command, dtype, hardware, goal,
-                                          is_mpp, modules)
+                                          is_mpp, modules, recipe)
         replace_dir(tmp_out, out)
     finally:
         rmtree_quiet(staging)
@@ -154,9 +160,9 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
 
 def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path, out: Path, test: ImageArray,
                           command: str, dtype: torch.dtype, hardware: str | None, goal: float | None, is_mpp: bool,
-                          modules: dict | None) -> dict:
+                          modules: dict | None, recipe: dict | None = None) -> dict:
     """Measure the checkpoint written to ``tmp_out`` and write its card, card.json and learning curve there; the
-    card names ``out``, where the folder will live."""
+    card names ``out``, where the folder will live (``recipe``: as ``export_run`` takes it)."""
     history = run_history(run, meta)
     tta = train_cfg.get("eval_tta") or 0
     acc = acc_tta = mpp_test = None
@@ -221,11 +227,22 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
     facts["path"] = _portable(str(Path(out).absolute()))
     facts["is_default"] = out.resolve() == Path(DEFAULT_CHECKPOINT).resolve()
     # the outcome as the card records it: the folder by its name, never the staging folder's temporary path
+    if recipe is not None:
+        facts.update(_recipe_facts(recipe, facts, history))
     facts["learning_curve"] = _learning_curve(history, tmp_out / "learning_curve.png", facts, goal,
                                               out.name).replace(str(tmp_out), out.name)
     (tmp_out / CARD_NAME).write_text(card_text(facts, train_cfg, history, shipped), encoding="utf-8")
     (tmp_out / "card.json").write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
     return facts
+
+
+def _recipe_facts(recipe: dict, facts: dict, history: list[dict]) -> dict:
+    """The facts a seed of a recipe adds to its card (``export_run``'s ``recipe``): its name, the full schedule and
+    whether this run's is shortened, the emergence records and the per-epoch history."""
+    full = recipe.get("full_epochs")
+    return {"recipe": recipe.get("recipe"), "seed": recipe.get("seed"), "full_epochs": full,
+            "shortened": bool(full is not None and facts["epochs_planned"] < full),
+            "emergence": list(recipe.get("emergence") or []), "history": history}
 
 
 def _distillation(shipped: nn.Module, teacher: str, trained_with: str, test: ImageArray) -> dict:
@@ -376,3 +393,62 @@ def _precision(history: list[dict], train_cfg: dict) -> str:
         if not seen or seen[-1] != p:
             seen.append(p)
     return ", then ".join(seen) or configured
+
+
+def export_recipe(runs: Sequence[str | os.PathLike], out: str | os.PathLike, *, name: str | None = None,
+                  full_epochs: int | None = None, command: str | None = None, hardware: str | None = None,
+                  allow_unfinished: bool = False, progress: bool = False) -> list[dict]:
+    """Ship the runs of one recipe (its seeds, trained by one preset) as ``out/seed<n>/``, n each run's training
+    seed: ``export_run`` of each, with the Fig. 7 statistics of every snapshot (``snapshot_history``) and the
+    per-epoch history in its card's JSON, and the test accuracy measured once, on export. Returns the cards' facts
+    in seed order.
+
+    ``name``: the recipe (default: ``out``'s folder name, e.g. ``vit_cifar10_noteacher``); ``command``: the
+    training command on each card, ``{seed}`` standing for the seed (default ``vitlab train --preset NAME --set
+    seed={seed}``); ``full_epochs``: the recipe's full schedule (a card of a run planned for fewer says it is a
+    shortened one). Raises ``ValueError`` for no runs, runs whose training configurations differ other than in the
+    seed (naming the keys), two runs of one seed, or an unfinished run (unless ``allow_unfinished``);
+    ``FileNotFoundError`` for a run without a checkpoint or snapshots; all before any export."""
+    from vitlab.train.emergence import snapshot_history
+
+    if not runs:
+        raise ValueError("export_recipe needs at least one run folder (RUN/checkpoint written by vitlab train)")
+    if full_epochs is not None and full_epochs < 1:
+        raise ValueError(f"full_epochs must be a whole number of at least 1, got {full_epochs}")
+    out = Path(out)
+    name = name or out.name
+    metas = [_recipe_run_meta(Path(r), allow_unfinished) for r in runs]
+    first = {k: v for k, v in metas[0]["train"].items() if k != "seed"}
+    for run, meta in zip(runs[1:], metas[1:]):
+        differ = sorted(k for k in set(first) | set(meta["train"]) - {"seed"}
+                        if first.get(k) != meta["train"].get(k))
+        if differ:
+            raise ValueError(f"{run} is not a seed of the recipe of {runs[0]}: its training configuration differs in "
+                             f"{', '.join(differ)}; a recipe's runs differ in their seed only")
+    seeds = [int(m["train"]["seed"]) for m in metas]
+    if len(set(seeds)) < len(seeds):
+        raise ValueError(f"two runs have the same seed ({seeds}): a recipe's runs are distinct seeds")
+    template = command or f"vitlab train --preset {name} --set seed={{seed}}"
+    facts = []
+    for run, seed in sorted(zip(runs, seeds), key=lambda rs: rs[1]):
+        records = snapshot_history(run, progress=progress)
+        facts.append(export_run(run, out / f"seed{seed}", command=template.format(seed=seed), hardware=hardware,
+                                recipe={"recipe": name, "seed": seed, "full_epochs": full_epochs,
+                                        "emergence": records}))
+    return facts
+
+
+def _recipe_run_meta(run: Path, allow_unfinished: bool) -> dict:
+    """The checkpoint record of a run of a recipe, checked to be exportable as one (``export_recipe``)."""
+    ck = run / "checkpoint" / "config.json"
+    if not ck.is_file():
+        raise FileNotFoundError(f"{run} holds no training checkpoint ({ck} is missing): pass the run folders that "
+                                "vitlab train wrote")
+    if not (run / "snapshots").is_dir():
+        raise FileNotFoundError(f"{run} has no snapshots (RUN/snapshots/epoch_NNNN): train it with snapshot_every=1 "
+                                "(the recipe presets do)")
+    meta = json.loads(ck.read_text())
+    if meta["epoch"] < meta["train"]["epochs"] and not allow_unfinished:
+        raise ValueError(f"{run} is not finished: {meta['epoch']} of {meta['train']['epochs']} epochs; resume it "
+                         "(vitlab train --resume) or ship it as it is with allow_unfinished (--allow-unfinished)")
+    return meta
