@@ -25,8 +25,12 @@ $(STAMP): pyproject.toml
 reproduce: $(STAMP)
 	$(VENV)/bin/vitlab reproduce --out $(OUT)
 
+# The suite on every core: one pytest-xdist worker per core (tests/conftest.py keeps each on one torch thread), a
+# test file's tests on one worker, so what they share (module fixtures, notebook runs) is made once. TEST_WORKERS=0
+# runs it in one process.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow

@@ -103,6 +103,7 @@ def test_filters_low_frequency():
     v = filters_low_frequency(comps)
     assert v.verdict == "reproduced" and v.statistic == pytest.approx(1.0) and v.details["k"] == 10
     assert v.interval == (1.0, 1.0)
+    assert v.details["first_component_radius_rank"] == 1  # 1-based: the lowest frequency comes first
     assert filters_low_frequency(comps[::-1].copy()).verdict == "not reproduced"
     # U-shaped order (high, ..., lowest, ..., high again, symmetric about the middle): Spearman exactly 0
     v = filters_low_frequency(comps[[4, 3, 2, 1, 0, 1, 2, 3, 4]])
@@ -494,6 +495,8 @@ def test_replicates_that_spread_less_than_the_measurement_resolves_give_no_inter
     step = (1e-3, "1 of 1,000 test images")
     (lo, hi), method = mean_interval(np.array([0.5, 0.5001, 0.5002]), N_BOOT, 0, "seeds", step)
     assert math.isnan(lo) and math.isnan(hi) and "spread less (sd 0.0001)" in method
+    (lo, hi), method = mean_interval(np.array([0.5, 0.5005, 0.501]), N_BOOT, 0, "seeds", step)  # half a step
+    assert math.isnan(lo) and math.isnan(hi) and "spread less (sd 0.0005)" in method
     (lo, hi), method = mean_interval(np.array([0.50, 0.51, 0.52]), N_BOOT, 0, "seeds", step)
     assert method.startswith("Student t") and lo < 0.51 < hi
 

@@ -43,43 +43,41 @@ def test_only_the_py_sources_are_tracked():
     assert ignored.returncode == 0
 
 
-@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
-def test_runs_in_smoke_mode(src, monkeypatch, tmp_path):
-    nb = jupytext.read(src)
-    monkeypatch.setenv("VITLAB_SMOKE", "1")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOKS)}})
-    client.execute(env={**os.environ})
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
-    assert not errors
-    assert any(c.get("outputs") for c in nb.cells if c.cell_type == "code")
-
-
-def test_html_export_keeps_the_plotly_figures(tmp_path, monkeypatch):
-    nbconvert = pytest.importorskip("nbconvert")
-    nb = jupytext.read(NOTEBOOKS / "02_position_embeddings.py")
-    monkeypatch.setenv("VITLAB_SMOKE", "1")
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute(env={**os.environ})
-    html, _ = nbconvert.HTMLExporter().from_notebook_node(nb)
-    assert "not able to be represented" not in html
-    assert html.count("Plotly.newPlot") >= 1 and "plotly" in html.lower()
-
-
 _EXECUTED: dict[str, object] = {}
 
 
-def _smoke_output(stem: str) -> str:
-    """The printed text of notebook ``stem`` run in smoke mode (once per session for the checks below)."""
+def _smoke_run(stem: str):
+    """Notebook ``stem`` executed in smoke mode, once per test process: the smoke test, the HTML export and the
+    checks of its printed text below all read this one run (each notebook is the slowest part of its tests; `make
+    test`'s pytest-xdist keeps a file's tests on one worker, ``--dist loadfile``)."""
     if stem not in _EXECUTED:
         nb = jupytext.read(NOTEBOOKS / f"{stem}.py")
         nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                                 resources={"metadata": {"path": str(NOTEBOOKS)}}).execute(
             env={**os.environ, "VITLAB_SMOKE": "1", "OMP_NUM_THREADS": "1"})
-        _EXECUTED[stem] = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                                  for o in c.get("outputs", []) if o.output_type == "stream")
+        _EXECUTED[stem] = nb
     return _EXECUTED[stem]
+
+
+def _smoke_output(stem: str) -> str:
+    """The printed text of notebook ``stem`` run in smoke mode (``_smoke_run``)."""
+    return "".join(o.get("text", "") for c in _smoke_run(stem).cells if c.cell_type == "code"
+                   for o in c.get("outputs", []) if o.output_type == "stream")
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
+def test_runs_in_smoke_mode(src):
+    nb = _smoke_run(src.stem)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
+    assert any(c.get("outputs") for c in nb.cells if c.cell_type == "code")
+
+
+def test_html_export_keeps_the_plotly_figures():
+    nbconvert = pytest.importorskip("nbconvert")
+    html, _ = nbconvert.HTMLExporter().from_notebook_node(_smoke_run("02_position_embeddings"))
+    assert "not able to be represented" not in html
+    assert html.count("Plotly.newPlot") >= 1 and "plotly" in html.lower()
 
 
 def test_few_shot_notebook_says_what_it_probed():
