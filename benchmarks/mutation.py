@@ -57,69 +57,69 @@ CAPTURE = ("tests/test_capture.py", "tests/test_inspect.py")
 FAITH = ("tests/test_attribution.py",)
 
 MUTANTS: tuple[Mutant, ...] = (
-    # vitlab/stats.py
-    _m("stats.spearman.no_centring", "vitlab/stats.py",
+    # vitlab/base/stats.py
+    _m("stats.spearman.no_centring", "vitlab/base/stats.py",
        "ra, rb = ra - ra.mean(1, keepdim=True), rb - rb.mean(1, keepdim=True)", "ra, rb = ra, rb - rb.mean(1, keepdim=True)",
        *STATS),
-    _m("stats.average_ranks.tie_mean", "vitlab/stats.py", "index_add_(0, inv, r[i]) / counts",
+    _m("stats.average_ranks.tie_mean", "vitlab/base/stats.py", "index_add_(0, inv, r[i]) / counts",
        "index_add_(0, inv, r[i]) / (counts + 1)", *STATS),
-    _m("stats.spearman.nan_second_input", "vitlab/stats.py", "a.double().isnan().any(1) | b.double().isnan().any(1)",
+    _m("stats.spearman.nan_second_input", "vitlab/base/stats.py", "a.double().isnan().any(1) | b.double().isnan().any(1)",
        "a.double().isnan().any(1)", *STATS),
-    _m("stats.percent_cell.ddof", "vitlab/stats.py", "/ (n - 1)) if n > 1", "/ n) if n > 1", *CELLS),
-    _m("stats.probability_words.boundary", "vitlab/stats.py", 'return f"{p:.1%}" if p >= 0.00095',
+    _m("stats.percent_cell.ddof", "vitlab/base/stats.py", "/ (n - 1)) if n > 1", "/ n) if n > 1", *CELLS),
+    _m("stats.probability_words.boundary", "vitlab/base/stats.py", 'return f"{p:.1%}" if p >= 0.00095',
        'return f"{p:.1%}" if p >= 0.001', *CELLS),
-    # vitlab/verdict.py
-    _m("verdict.decide.touching", "vitlab/verdict.py", "above, below = lo > threshold, hi < threshold",
+    # vitlab/findings/verdict.py
+    _m("verdict.decide.touching", "vitlab/findings/verdict.py", "above, below = lo > threshold, hi < threshold",
        "above, below = lo >= threshold, hi <= threshold", *VERDICT),
-    _m("verdict.decide.side_lt_swapped", "vitlab/verdict.py",
+    _m("verdict.decide.side_lt_swapped", "vitlab/findings/verdict.py",
        'return "reproduced" if below else "not reproduced" if above else "inconclusive"',
        'return "reproduced" if above else "not reproduced" if below else "inconclusive"', *VERDICT),
-    _m("verdict.mean_interval.t_df", "vitlab/verdict.py",
+    _m("verdict.mean_interval.t_df", "vitlab/findings/verdict.py",
        "half = float(t.ppf(0.975, n - 1)) * values.std(ddof=1) / math.sqrt(n)",
        "half = float(t.ppf(0.975, n)) * values.std(ddof=1) / math.sqrt(n)", *VERDICT),
-    _m("verdict.mean_interval.bootstrap_from", "vitlab/verdict.py", "    if n < MIN_MEAN_BOOTSTRAP:",
+    _m("verdict.mean_interval.bootstrap_from", "vitlab/findings/verdict.py", "    if n < MIN_MEAN_BOOTSTRAP:",
        "    if n < MIN_MEAN_BOOTSTRAP // 2:", *VERDICT),
-    _m("verdict.percentile_interval.level", "vitlab/verdict.py",
+    _m("verdict.percentile_interval.level", "vitlab/findings/verdict.py",
        "    a = (1 - LEVEL) / 2\n    return float(np.quantile(s, a))",
        "    a = (1 - LEVEL)\n    return float(np.quantile(s, a))", *VERDICT),
-    _m("verdict.prediction_interval.one_more", "vitlab/verdict.py", "values.std(ddof=1) * math.sqrt(1 + 1 / n)",
+    _m("verdict.prediction_interval.one_more", "vitlab/findings/verdict.py", "values.std(ddof=1) * math.sqrt(1 + 1 / n)",
        "values.std(ddof=1) * math.sqrt(1 / n)", *VERDICT),
-    _m("verdict.prediction_interval.rank", "vitlab/verdict.py", "i, j = math.floor(a * (n + 1) + 1e-9)",
+    _m("verdict.prediction_interval.rank", "vitlab/findings/verdict.py", "i, j = math.floor(a * (n + 1) + 1e-9)",
        "i, j = math.floor(a * n + 1e-9)", *VERDICT),
-    _m("verdict.weighted_ranks.mid", "vitlab/verdict.py", "- total + (total + 1) / 2", "- total + total / 2",
+    _m("verdict.weighted_ranks.mid", "vitlab/findings/verdict.py", "- total + (total + 1) / 2", "- total + total / 2",
        *VERDICT),
-    _m("verdict.validated.keeps_reproduced", "vitlab/verdict.py",
+    _m("verdict.validated.keeps_reproduced", "vitlab/findings/verdict.py",
        'verdict="inconclusive" if v.verdict == "reproduced" else v.verdict', "verdict=v.verdict", *VERDICT),
-    _m("verdict.no_spread.resolution", "vitlab/verdict.py", "sd < resolution[0]:", "sd < resolution[0] / 10:",
+    _m("verdict.no_spread.resolution", "vitlab/findings/verdict.py", "sd < resolution[0]:", "sd < resolution[0] / 10:",
        *VERDICT),
-    _m("verdict.across_conventions.agree", "vitlab/verdict.py", "if len({v.verdict for v in verdicts.values()}) == 1:",
+    _m("verdict.across_conventions.agree", "vitlab/findings/verdict.py", "if len({v.verdict for v in verdicts.values()}) == 1:",
        "if len({v.verdict for v in verdicts.values()}) >= 1:", *VERDICT),
-    # vitlab/findings.py
-    _m("findings.dct.half_sample", "vitlab/findings.py", "np.cos(np.pi * (2 * i + 1) * k / (2 * n))",
+    # vitlab/findings/model.py
+    _m("findings.dct.half_sample", "vitlab/inspect/filters.py", "np.cos(np.pi * (2 * i + 1) * k / (2 * n))",
        "np.cos(np.pi * (2 * i) * k / (2 * n))", *FINDINGS),
-    _m("findings.filters.rank_plus_one", "vitlab/findings.py", "(radius < radius[0]).sum() + 1)",
+    _m("findings.filters.rank_plus_one", "vitlab/findings/model.py", "(radius < radius[0]).sum() + 1)",
        "(radius < radius[0]).sum())", *FINDINGS),
-    _m("findings.structure.unnormalised_weights", "vitlab/findings.py", "w = er[:k] / er[:k].sum()", "w = er[:k]",
+    _m("findings.structure.unnormalised_weights", "vitlab/findings/model.py", "w = er[:k] / er[:k].sum()", "w = er[:k]",
        *FINDINGS),
-    _m("findings.lowest_spread.no_min", "vitlab/findings.py", "return (heads.max(1) - heads.min(1)) / ceiling",
+    _m("findings.lowest_spread.no_min", "vitlab/findings/model.py", "return (heads.max(1) - heads.min(1)) / ceiling",
        "return heads.max(1) / ceiling", *FINDINGS),
-    _m("findings.lowest_spread.threshold", "vitlab/findings.py",
+    _m("findings.lowest_spread.threshold", "vitlab/findings/model.py",
        "LOWEST_SPREAD_THRESHOLD = PAPER_LOWEST_SPREAD / 2", "LOWEST_SPREAD_THRESHOLD = PAPER_LOWEST_SPREAD / 4",
        *FINDINGS),
-    _m("findings.depth_trend.flipped", "vitlab/findings.py", "stat = float((np.diff(profile) > tol).mean())",
+    _m("findings.depth_trend.flipped", "vitlab/findings/model.py", "stat = float((np.diff(profile) > tol).mean())",
        "stat = float((np.diff(profile) < tol).mean())", *FINDINGS),
-    _m("findings.distance_shift.sign", "vitlab/findings.py", "diff = da.mean(-1) - db.mean(-1)",
+    _m("findings.distance_shift.sign", "vitlab/findings/model.py", "diff = da.mean(-1) - db.mean(-1)",
        "diff = db.mean(-1) - da.mean(-1)", *FINDINGS),
-    _m("findings.distance_shift.lower_end", "vitlab/findings.py", '"a < b" if hi < 0 else', '"a < b" if lo < 0 else',
+    _m("findings.distance_shift.lower_end", "vitlab/findings/model.py", '"a < b" if hi < 0 else', '"a < b" if lo < 0 else',
        *FINDINGS),
-    # vitlab/capture.py
-    _m("capture.fuse.max_is_min", "vitlab/capture.py", "return attn.amax(dim=dim, keepdim=keepdim)",
+    # vitlab/inspect/capture.py
+    _m("capture.fuse.max_is_min", "vitlab/inspect/capture.py", "return attn.amax(dim=dim, keepdim=keepdim)",
        "return attn.amin(dim=dim, keepdim=keepdim)", *CAPTURE),
-    _m("capture.class_token_diagonal", "vitlab/capture.py", "    out[..., 0, 0] = diagonal", "    out[..., 0, 0] = 0.0",
+    _m("capture.class_token_diagonal", "vitlab/inspect/capture.py", "    out[..., 0, 0] = diagonal", "    out[..., 0, 0] = 0.0",
        *CAPTURE),
-    _m("capture.negative_layer", "vitlab/capture.py", "j = i + depth if i < 0 else i", "j = i + depth - 1 if i < 0 else i",
+    _m("capture.negative_layer", "vitlab/inspect/capture.py", "j = i + depth if i < 0 else i", "j = i + depth - 1 if i < 0 else i",
        *CAPTURE),
-    _m("capture.prefix_queries", "vitlab/capture.py", "attn = attn[..., : self.num_prefix_tokens, :]",
+    _m("capture.prefix_queries", "vitlab/inspect/capture.py", "attn = attn[..., : self.num_prefix_tokens, :]",
        "attn = attn[..., : self.num_prefix_tokens + 1, :]", *CAPTURE),
     # vitlab/inspect/distance.py
     _m("distance.one_axis", "vitlab/inspect/distance.py", "(xs[:, None] - xs[None]) ** 2)",
@@ -197,8 +197,10 @@ def resolve(root: Path, mutant: Mutant) -> Path:
         return own
     name = Path(mutant.path).name
     found = [p for p in sorted((root / "vitlab").rglob(name)) if p.read_text().count(mutant.old) == 1]
+    if not found:  # a function that moved to another module: the one module that holds its snippet
+        found = [p for p in sorted((root / "vitlab").rglob("*.py")) if p.read_text().count(mutant.old) == 1]
     if len(found) != 1:
-        raise LookupError(f"mutant {mutant.name}: {len(found)} files named {name} hold its snippet exactly once "
+        raise LookupError(f"mutant {mutant.name}: {len(found)} files under vitlab/ hold its snippet exactly once "
                           f"({mutant.old!r})")
     return found[0]
 
