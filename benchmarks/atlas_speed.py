@@ -210,13 +210,8 @@ def format_table(res: dict) -> str:
         f"| head atlas vs its own L x H full forwards | same | {h['images']} | {h['shared_s']:.1f} | "
         f"{h['full_s']:.1f} | {h['full/shared']:.2f} |",
         "",
-        f"Seconds: the median of {c['repeats']} interleaved rounds; the L x H plain forwards are one plain forward's "
-        "median time L x H times; forwards are the model's own (fused attention, no_grad).",
-        "",
-        f"Peak resident memory (sampled) above the warmed-up model, {m['model']} at 224 px, batches of {m['batch']} images, each "
-        f"in a fresh process: plain forward of one batch {m['forward_peak_mib']:.0f} MiB; head atlas "
-        f"{m['heads_peak_mib'][0]:.0f} MiB over {m['images'][0]} images and {m['heads_peak_mib'][1]:.0f} MiB over "
-        f"{m['images'][1]}; CKA with itself {m['cka_peak_mib'][0]:.0f} MiB and {m['cka_peak_mib'][1]:.0f} MiB.",
+        f"Seconds: medians of {c['repeats']} interleaved rounds; L x H plain forwards: one forward's median times "
+        "L x H (fused attention, no_grad).",
         *memory_rows(m),
     ])
 

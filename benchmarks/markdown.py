@@ -283,18 +283,15 @@ def atlas_section(res: dict) -> tuple[str, str]:
     c, h, m = res["cka"], res["heads"], res["memory"]
     reading = [
         f"Layer similarity costs {c['ours/forward']:.2f}x the plain forwards of both models; its analysis step is "
-        f"{c['loop/ours step']:.0f}x faster than the per-pair loop on the same features (the same numbers).",
+        f"{c['loop/ours step']:.0f}x faster than the per-pair loop on the same features.",
         f"The head atlas starts each ablated run at its block: {h['plain_lxh/shared']:.2f}x faster than L x H plain "
         f"forwards and {h['full/shared']:.2f}x faster than its own full-forward runs ({h['model']}, {h['images']} "
         "images).",
         f"Memory follows the batch, not the number of images: head atlas {m['heads_peak_mib'][0]:.0f} and "
         f"{m['heads_peak_mib'][1]:.0f} MiB, CKA {m['cka_peak_mib'][0]:.0f} and {m['cka_peak_mib'][1]:.0f} MiB over "
         f"{m['images'][0]} and {m['images'][1]} images ({m['model']})"
-        + (f"; the whole process peaks at {m['heads_process_peak_mib'][1] / 1024:.2f} GiB (head atlas) and "
-           f"{m['cka_process_peak_mib'][1] / 1024:.2f} GiB (CKA) over {m['images'][1]} images at 224 px, "
-           f"{m['heads_process_peak_mib'][1] - m['heads_process_peak_mib'][0]:.0f} MiB (head atlas) above its peak "
-           f"over {m['images'][0]}, where the {m['images'][1] - m['images'][0]} more input images alone take "
-           f"{(m['images'][1] - m['images'][0]) * 3 * 224 * 224 * 4 / 2 ** 20:.0f} MiB."
+        + (f"; the process's extra {m['heads_process_peak_mib'][1] - m['heads_process_peak_mib'][0]:.0f} MiB (head "
+           f"atlas) over {m['images'][1]} images is about their input tensor."
            if "heads_process_peak_mib" in m else "."),
     ]
     return atlas_speed.format_table(res), "\n".join(reading)
@@ -303,15 +300,13 @@ def atlas_section(res: dict) -> tuple[str, str]:
 def fig7_section(res: dict) -> tuple[str, str]:
     worst, mean = res["ratio_shortest_epoch"], res["ratio_mean_epoch"]
     reading = [
-        f"The Fig. 7 statistics of one epoch ({res['fig7_images']} images, {res['fig7_seconds']:.2f} s) cost "
+        f"The Fig. 7 statistics of one epoch cost "
         f"{worst:.2%} of the shorter ({min(res['step_seconds'], key=lambda k: res['epoch_seconds'][k])} px) epoch of "
         f"`{res['preset']}` and {mean:.2%} of its schedule's mean epoch: the {res['target']:.0%} target is "
         f"{_met(worst < res['target'])}.",
         f"The epochs are estimated from the bare training step ({res['steps']} timed steps, {res['precision']}), "
         "without augmentation, data loading, evaluation or a teacher: real epochs are longer, so the share is an "
         "upper bound.",
-        f"Both were timed in one process under the load average the stamp gives ({res['machine']['load_average']}): "
-        "absolute seconds are that moment's, the share is the result.",
     ]
     return fig7_cost.format_table(res), "\n".join(reading)
 
