@@ -679,7 +679,7 @@ def test_portable_source_never_names_a_machine_path(tmp_path, monkeypatch):
     import vitlab.data.datasets
     from vitlab.data.datasets import portable_source
 
-    repo = Path(vitlab.data.datasets.__file__).resolve().parent.parent
+    repo = Path(vitlab.data.datasets.__file__).resolve().parents[2]  # vitlab/data/datasets.py -> the checkout
     assert portable_source(repo / "data" / "checkpoints" / "vit_cifar10") == "data/checkpoints/vit_cifar10"
     monkeypatch.setattr(vitlab.data.datasets, "SHARED_CIFAR10", tmp_path / "shared" / "datasets" / "cifar10")
     assert portable_source(tmp_path / "shared/datasets/cifar10/test.zip") == "shared/datasets/cifar10/test.zip"

@@ -32,8 +32,8 @@ def test_the_docs_site_builds_strictly(tmp_path):
                                                        "HOME": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-4000:]
     reference = (site / "reference" / "index.html").read_text()
-    for name in ("models.load_model", "capture.attention_maps", "inspect.distance.mean_attention_distance",
-                 "probe.few_shot_accuracy"):
+    for name in ("models.load.load_model", "inspect.capture.attention_maps", "inspect.distance.mean_attention_distance",
+                 "probe.linear.few_shot_accuracy"):
         assert f'id="vitlab.{name}"' in reference, name
     shutil.rmtree(site)
 

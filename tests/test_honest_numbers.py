@@ -335,6 +335,8 @@ def test_readme_shell_blocks_name_real_commands():
     assert lines
     for line in lines:
         argv = shlex.split(line, comments=True)
+        if not argv:  # a comment line
+            continue
         if argv[0] == "make":
             assert set(argv[1:]) <= targets, line
             continue

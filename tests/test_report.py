@@ -106,7 +106,7 @@ def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch, no
     assert all(f"id='{slug}'" in page for slug in FIGURES)
     assert page.count("class=\"badge") >= 2 * len(metrics["verdicts"])  # in the summary table and under the figure
     assert page.count("<h2>Criterion validation</h2>") == 1
-    assert page.count('class="badge not-judged"') == 2 and str(markupsafe.escape(missing["reason"])) in page
+    assert page.count('class="badge not-judged"') == 3 and str(markupsafe.escape(missing["reason"])) in page
     assert '"model_info"' not in page and "{&#34;" not in page  # no raw JSON on the page
     assert metrics["png"] == "not asked for" and not list(out.glob("*.png"))
     # every figure fits the page's text width (the two-panel scaling figure was 1,400 px wide and cut off)
@@ -151,8 +151,8 @@ def test_reproduce_moves_its_bar_within_long_steps_and_says_when_pngs_were_skipp
     from vitlab.report.steps import chosen
 
     # every other step counts one part: the bar ends full
-    assert events[-1][1] == sum(s.parts for s in chosen({"shapes": False, "few_shot": False, "scaling": False}))
-    assert events[-1][1] == len(chosen({})) - 1 + len(methods)
+    ran = chosen({"shapes": False, "few_shot": False, "scaling": False, "recipes": True})
+    assert events[-1][1] == sum(s.parts for s in ran)
     png = json.loads((out / "metrics.json").read_text())["png"]
     assert png.startswith("skipped: ")
     assert f"not written: {png.removeprefix('skipped: ')}" in capsys.readouterr().out
@@ -685,7 +685,7 @@ def test_a_model_with_random_weights_reproduces_no_finding(tmp_path):
     judged = [v for v in metrics["verdicts"] if v["section"] in ("filters", "positions", "distance")]
     assert len(judged) >= 4 and all(v["verdict"] == "inconclusive" and v["details"]["untrained"] for v in judged)
     # the CKA section is there, and says why 4 images are too few for it (its verdicts: tests/test_similarity.py)
-    assert [n["section"] for n in metrics["not_judged"]] == ["similarity"]
+    assert [n["section"] for n in metrics["not_judged"]] == ["similarity", "recipes"]  # no shipped recipes here
     from vitlab.findings.explain import UNTRAINED_REASON
 
     page = (out / "report.html").read_text()

@@ -325,7 +325,7 @@ def test_code_hash_is_the_code_the_process_imported(tmp_path):
 
     copied = source_hash()  # the copy's files, before the edit (the same names and contents as this package's)
     script = (f"import vitlab.base.provenance as p, pathlib; assert p.__file__.startswith({str(tmp_path)!r}); "
-              f"f = pathlib.Path({str(pkg / 'stats.py')!r}); f.write_text(f.read_text() + '# edited'); "
+              f"f = pathlib.Path({str(pkg / 'base' / 'stats.py')!r}); f.write_text(f.read_text() + '# edited'); "
               "print(p.code_hash(), p.source_hash())")  # asked for the first time after the edit
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                          env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})

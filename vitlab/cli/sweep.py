@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "largest subset (validation split), then write the frozen config (--save-config)")
     parser.add_argument("--save-config", type=user_path, help="with --tune: where to write the tuned sweep config (JSON; default: "
                     "beside the results, RESULTS with the suffix .tuned.json)")
+    parser.add_argument("--hours", type=float, help="start no run after this many hours (the runs in flight finish); "
+                        "run the same command again to go on: a long sweep in sessions (local executor)")
     parser.add_argument("--table", action="store_true", help="run nothing: print the README's tables (the grid at --shots, "
                     "default 10 where the sweep probes it, else its largest, and the tuning trials) and the Fig. 3/4 verdict from the results store; with --plot, "
                     "draw the stored runs")
@@ -44,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
     if args.table and args.tune:
         raise ValueError("--table runs nothing (it prints what the results store holds) and --tune runs the tuning: "
                          "pass one of them")
+    if args.hours is not None and (args.tune or args.table):
+        raise ValueError("--hours limits the grid's runs; --tune runs every trial (an interrupted tuning skips its "
+                         "finished trials when run again) and --table runs nothing: leave --hours out")
     if args.save_config and not args.tune:
         raise ValueError("--save-config writes the config --tune freezes: pass --tune too, or leave --save-config out")
     from vitlab.studies.sweep_config import load_sweep_config  # torch-free: the checks below come before torch loads
@@ -78,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
               f"{out}: run the sweep with --config {out}")
         return 0
     new = run_sweep(sweep, results, executor=args.executor, workers=args.workers, address=args.address,
-                    work_dir=args.work_dir, progress=not args.quiet)
+                    work_dir=args.work_dir, progress=not args.quiet, hours=args.hours)
     in_grid = {s.run_id for s in sweep.runs()}
     records = [r for k, r in ResultsStore(results).latest(sweep.name, sweep.fingerprint()).items() if k in in_grid]
     failed = [r for r in records if r["status"] != "ok"]
@@ -154,11 +159,35 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
         if trials:
             print(tuning_table(trials, shots, chosen))
             print("\n" + "\n".join(recipe_grid_positions(trials, chosen)))
+    _study_tables(sweep, records, shots)
     families = {r["spec"]["family"] for r in ok}
-    if {"vit", "bit"} <= families:
-        verdicts = [scaling_gap_narrows(records, shots)]
+    verdicts = [scaling_gap_narrows(records, shots)] if {"vit", "bit"} <= families else []
+    from vitlab.findings.controls import locality_verdicts
+
+    verdicts += locality_verdicts(records)
+    if verdicts:
         print("\n```\n" + verdict_table(verdicts) + "\n```\n")
         print(explain(verdicts, width=115))
     if plot:
         _scaling_plot(records, sweep.name, shots, plot)
     return 0
+
+
+def _study_tables(sweep: SweepConfig, records: list[dict], shots: int) -> None:
+    """``vitlab sweep --table``'s study tables: the paired per-size differences against the ResNet with the interval
+    width reached, each run's best and last epoch (flagging runs whose best is their last), the CPU hours and the
+    wall time, and the sizes the config leaves out and why."""
+    from vitlab.findings.studies import TARGET_HALF_WIDTH, difference_table
+    from vitlab.studies.scaling import cost_table, stopping_table
+
+    families = list(dict.fromkeys(r["spec"]["family"] for r in records if r["status"] == "ok"))
+    for fam in [f for f in families if f != "bit"] if "bit" in families else []:
+        print(f"\nPaired differences ({fam} - bit, the same subsets and probe pools per seed), points, with the "
+              f"95% interval's half-width against the target of ±{TARGET_HALF_WIDTH:g}:\n")
+        print(difference_table(records, shots, fam, "bit"))
+    print("\nBest / last epoch (median over seeds) and the runs early stopping ended:\n")
+    print(stopping_table(records))
+    print("\nCPU hours per family and size (summed over seeds):\n")
+    print(cost_table(records))
+    for n, why in sweep.omitted_sizes:
+        print(f"\nLeft out: {n:,} images: {why}")
