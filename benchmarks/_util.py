@@ -7,11 +7,15 @@ import datetime as dt
 import json
 import os
 import platform
+import statistics
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import timm
 import torch
+import torch.nn.functional as F
 
 from vitlab.base.atomic import atomic_write_text
 from vitlab.base.modes import explicit_attention
@@ -97,3 +101,21 @@ def report(result: Any, table: str, out: str | os.PathLike | None) -> int:
     if out:  # atomic_write: a failure or kill mid-write leaves the previous file, no half-written one beside it
         atomic_write_text(out, json.dumps(result, indent=1) + "\n")
     return 0
+
+
+def median_step_seconds(model: torch.nn.Module, opt: torch.optim.Optimizer,
+                        batch_at: Callable[[int], tuple[torch.Tensor, torch.Tensor]], steps: int, bf16: bool) -> float:
+    """The median seconds of ``steps`` training steps (cross-entropy, backward, ``opt`` step; bf16 autocast when
+    ``bf16``) on the (images, labels) that ``batch_at(i)`` gives for step i, after one warm-up step (which also
+    compiles)."""
+    times = []
+    for i in range(steps + 1):
+        x, y = batch_at(i)
+        t = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(x).float(), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[1:])

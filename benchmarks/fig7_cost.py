@@ -27,10 +27,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-import torch.nn.functional as F
 
 import vitlab
-from benchmarks._util import machine_info, report
+from benchmarks._util import machine_info, median_step_seconds, report
 from vitlab.base.precision import use_bf16
 from vitlab.train.config import PRESETS
 from vitlab.train.emergence import fig7_statistics, sample_batch
@@ -50,16 +49,7 @@ def step_seconds(img_size: int, steps: int, bf16: bool) -> float:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
     x = torch.randn(cfg.batch_size, 3, img_size, img_size)
     y = torch.randint(0, cfg.model.num_classes, (cfg.batch_size,))
-    times = []
-    for _ in range(steps + 1):
-        t = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = F.cross_entropy(model(x).float(), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times[1:])
+    return median_step_seconds(model, opt, lambda i: (x, y), steps, bf16)
 
 
 def fig7_seconds(rounds: int) -> tuple[float, int]:

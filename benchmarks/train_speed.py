@@ -43,10 +43,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-import torch.nn.functional as F
 
 import vitlab
-from benchmarks._util import report
+from benchmarks._util import median_step_seconds, report
 from vitlab.base.modes import any_image_size, explicit_attention
 from vitlab.base.precision import use_bf16
 from vitlab.data.datasets import ImageArray, find_cifar, load_dataset, load_shapes, normalize
@@ -126,17 +125,10 @@ def _loop(model: torch.nn.Module, x_all: torch.Tensor, y_all: torch.Tensor, batc
     step."""
     impl = {"foreach": True} if adamw == "foreach" else {"fused": True}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05, **impl)
-    times = []
-    for i in range(steps + 1):
-        x, y = x_all[i * batch:(i + 1) * batch], y_all[i * batch:(i + 1) * batch]
-        t = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = F.cross_entropy(model(x).float(), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - t)
-    return batch / statistics.median(times[1:])  # the first step warms up (and compiles)
+    def batch_at(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return x_all[i * batch:(i + 1) * batch], y_all[i * batch:(i + 1) * batch]
+
+    return batch / median_step_seconds(model, opt, batch_at, steps, bf16)
 
 
 def vit_levers(data: ImageArray, steps: int, peak: float) -> list[dict]:
