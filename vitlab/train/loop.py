@@ -411,17 +411,95 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
                       device=device, workers=workers, compile=compile)
 
 
+@dataclasses.dataclass(eq=False)
+class Run:
+    """One training run's state while it trains. What it is given stays frozen (``cfg``, a ``TrainConfig`` with its
+    ``num_classes`` set from the data); the rest is what ``_build_run`` set up from it and what the epochs change:
+    ``model`` (``net`` is the module a step calls: ``model`` itself, or its DDP wrapper under ``torchrun``), the
+    optimizer ``opt``, the EMA copy, masked patch prediction's ``objective``, ``mixup``, the data splits,
+    ``start_epoch`` and ``elapsed`` (training seconds so far; both from the checkpoint on resume), early stopping's
+    count ``stopper``, the precision (``bf16``: autocast to bfloat16), ``workers`` (processes making the batches ahead,
+    ``vitlab.train.batches.training_batches``) and ``compile`` (``net``'s and the teacher's training forward through
+    ``torch.compile``). ``compiler``, ``forward``, ``teacher_forward`` and ``batches`` (the iterator of
+    ``(uint8 images (B, H, W, 3), labels (B,))`` for every step from ``start_epoch`` on) are set when the epochs
+    start (``_start_steps``)."""
+
+    cfg: TrainConfig
+    folder: Path
+    d: Dist
+    model: nn.Module
+    net: nn.Module
+    opt: torch.optim.Optimizer
+    ema: nn.Module | None
+    teacher: nn.Module | None
+    objective: nn.Module | None
+    mixup: Any
+    train_data: ImageArray
+    test_data: ImageArray
+    val_data: ImageArray | None
+    steps_per_epoch: int
+    progress: bool
+    start_epoch: int = 0
+    elapsed: float = 0.0
+    stopper: Patience | None = None
+    bf16: bool = False
+    workers: int = 0
+    compile: bool = False
+    compiler: Compiler | None = None
+    forward: Any = None
+    teacher_forward: Any = None
+    batches: Any = None
+
+    @property
+    def total_steps(self) -> int:
+        return self.cfg.epochs * self.steps_per_epoch
+
+    @property
+    def mine(self) -> slice:
+        """This process's share of every global batch."""
+        per_rank = self.cfg.batch_size // self.d.world
+        return slice(self.d.rank * per_rank, (self.d.rank + 1) * per_rank)
+
+    @property
+    def amp(self) -> dict[str, Any]:
+        """``torch.autocast``'s arguments for a training or evaluation forward."""
+        return dict(device_type=self.d.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+    @property
+    def says(self) -> bool:
+        """Whether this process writes notes (the main one, with ``progress``)."""
+        return bool(self.progress and self.d.main)
+
+
 def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progress: bool,
            train_data: ImageArray | None, test_data: ImageArray | None, device: str | None, workers: int | None,
            compile: bool | None) -> nn.Module:
-    """``train``, with ``run_dir``'s lock held."""
-    from tqdm.auto import tqdm
-
+    """``train``, with ``run_dir``'s lock held: the checks, the run's state (``Run``), its epochs."""
     if compile and cfg.objective != "classify":
         raise ParameterError("compile", True, problem=f"only classification runs compile; a {cfg.objective!r} run "
                              "trains eagerly", fix=[Setting("compile", None), Setting("compile", False)])
     d = dist_setup(device)
-    run = Path(run_dir)
+    folder = Path(run_dir)
+    _check_run_folder(cfg, folder, d, resume, progress)
+    cfg, train_data, val_data, test_data = _datasets(cfg, d, progress, train_data, test_data)
+    teacher = _checked_teacher(cfg, d, resume)
+    cfg = _settle_config(cfg, folder, d, resume)
+    r = _build_run(cfg, folder, d, (train_data, val_data, test_data), teacher, resume, progress)
+    r.workers = default_workers(d.device) if workers is None else workers
+    r.compile = compile_by_default(cfg, d.device, (cfg.epochs - r.start_epoch) * r.steps_per_epoch, d.world) \
+        if compile is None else compile
+    try:
+        with explicit_attention(r.model, cfg.explicit_attention and d.device.type == "cpu"):
+            _epochs(r)
+    finally:
+        if teacher is not None:
+            r.model.set_distilled_training(False)
+    return r.model.eval()
+
+
+def _check_run_folder(cfg: TrainConfig, run: Path, d: Dist, resume: bool, progress: bool) -> None:
+    """Refuse a run folder that is not fresh (a new run) or has no checkpoint (a resume; one interrupted between
+    its renames is restored first), and a batch the processes cannot share."""
     if not resume:  # again under the lock: another process may have written into it since
         check_fresh(run)
     if resume and d.main and recover_checkpoint(run / "checkpoint") and progress:  # killed between replace_dir's renames
@@ -439,6 +517,13 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
         raise ParameterError("batch_size", cfg.batch_size, f"an even multiple of the {d.world} processes", config=True,
                              problem=f"gives each of the {d.world} processes an odd batch, which mixup cannot pair",
                              fix=[Setting("mixup_prob", 0, config=True)])
+
+
+def _datasets(cfg: TrainConfig, d: Dist, progress: bool, train_data: ImageArray | None,
+              test_data: ImageArray | None) -> tuple[TrainConfig, ImageArray, ImageArray | None, ImageArray]:
+    """``(cfg, train, val, test)``: the splits (loaded from ``cfg.data`` where not given), checked against each
+    other and the model, the validation split drawn and the training subset taken; ``cfg`` with the data's number
+    of classes. Raises ``ParameterError`` for a batch larger than the training images."""
     train_data = train_data if train_data is not None else load_dataset(cfg.data, "train", progress and d.main)
     test_data = test_data if test_data is not None else load_dataset(cfg.data, "test", progress and d.main)
     check_same_classes(train_data, test_data, cfg.data)
@@ -449,10 +534,15 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
     if cfg.val_per_class:  # before the subset: the split is the same for every max_train_examples and seed
         train_data, val_data = validation_split(train_data, cfg.val_per_class)
     train_data = training_subset(train_data, cfg.max_train_examples, cfg.seed)
-    steps_per_epoch = len(train_data) // cfg.batch_size
-    if steps_per_epoch == 0:
+    if len(train_data) // cfg.batch_size == 0:
         raise ParameterError("batch_size", cfg.batch_size, config=True, problem=f"exceeds the {len(train_data)} "
                              "training examples", fix=[Setting("batch_size", _at_most_half(len(train_data)), config=True)])
+    return cfg, train_data, val_data, test_data
+
+
+def _checked_teacher(cfg: TrainConfig, d: Dist, resume: bool) -> nn.Module | None:
+    """The distillation teacher (None without one), after the settings that need one process or a checkpoint to
+    start from are checked; raises ValueError for a teacher of another number of classes."""
     if cfg.objective == "mpp" and d.world > 1:
         raise ValueError("objective='mpp' runs in one process: its head lives outside the DDP wrapper; run it "
                          "without torchrun")
@@ -464,6 +554,12 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
         if t_classes != cfg_num_classes(cfg):
             raise ValueError(f"the teacher {cfg.teacher} predicts {t_classes} classes but the data has "
                              f"{cfg_num_classes(cfg)}: distil from a teacher trained on the same classes")
+    return teacher
+
+
+def _settle_config(cfg: TrainConfig, run: Path, d: Dist, resume: bool) -> TrainConfig:
+    """The config the run trains with: on resume the saved one (refused when ``cfg`` asks for another), else ``cfg``,
+    written with a new run id into the run folder."""
     cfg_file = run / "train_config.json"
     if resume:
         saved = train_config_from_dict(json.loads(cfg_file.read_text()))
@@ -478,17 +574,25 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
         if not resume:  # a resumed run's file already says this (checked above); never rewritten, never torn
             atomic_write_text(cfg_file, json.dumps(train_config_to_dict(cfg), indent=2) + "\n")
             atomic_write_text(run / RUN_ID, uuid.uuid4().hex + "\n")  # this run, whatever legs share its folder
+    return cfg
+
+
+def _built_model(cfg: TrainConfig, run: Path, d: Dist, train_data: ImageArray, teacher: nn.Module | None,
+                 resume: bool, progress: bool) -> tuple[nn.Module, nn.Module | None]:
+    """``(model, objective)`` on the run's device: the model built from ``cfg.seed`` and then loaded from the
+    checkpoint (resume), warm-started (``init_from``) or initialised from the data; masked patch prediction's
+    objective (None for classification)."""
+    from tqdm.auto import tqdm
 
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model)
-    start_epoch, elapsed = 0, 0.0
-    ck = run / "checkpoint"
     pc = model.pretrained_cfg
+    says = progress and d.main
     if resume:
-        model.load_state_dict(load_checkpoint(ck).state_dict())
+        model.load_state_dict(load_checkpoint(run / "checkpoint").state_dict())
     elif cfg.init_from:
         fresh = warm_start(model, cfg.init_from)
-        if progress and d.main:
+        if says:
             tqdm.write(f"warm start from {cfg.init_from}; not copied as saved (left at their initialisation, or "
                        f"resampled where noted): {', '.join(fresh) or 'nothing'}")
     elif hasattr(model, "init_from_data"):  # e.g. the CNN's whitening layer, from 5,000 random training images
@@ -504,210 +608,265 @@ def _train(cfg: TrainConfig, run_dir: str | os.PathLike, *, resume: bool, progre
         objective = MaskedPatchPrediction.for_model(model, cfg.mpp_target, cfg.mpp_rate)
         if cfg.init_from and not resume:
             note = warm_start_objective(objective, cfg.init_from)
-            if progress and d.main:
+            if says:
                 tqdm.write(f"masked patch prediction: {note}")
         objective.to(d.device)
+    return model, objective
+
+
+def _build_run(cfg: TrainConfig, run: Path, d: Dist, data: tuple[ImageArray, ImageArray | None, ImageArray],
+               teacher: nn.Module | None, resume: bool, progress: bool) -> Run:
+    """The run's state: the model and objective (``_built_model``), the optimizer and EMA (from the checkpoint on
+    resume, where ``metrics.jsonl`` is settled to it), the DDP wrapper, mixup, early stopping's count, the
+    precision; the model left in training mode."""
+    train_data, val_data, test_data = data
+    model, objective = _built_model(cfg, run, d, train_data, teacher, resume, progress)
     opt = _optimizer(model, cfg, objective)
     ema = timm.utils.ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema_decay else None
+    r = Run(cfg, run, d, model, model, opt, ema, teacher, objective, None, train_data, test_data, val_data,
+            len(train_data) // cfg.batch_size, progress)
+    meta: dict[str, Any] = {}
     if resume:
-        meta = load_run_state(ck, opt, ema, d.device, {"objective": objective} if objective is not None else None)
-        start_epoch, elapsed = meta["epoch"], meta.get("train_seconds", 0.0)
+        meta = load_run_state(run / "checkpoint", opt, ema, d.device,
+                              {"objective": objective} if objective is not None else None)
+        r.start_epoch, r.elapsed = meta["epoch"], meta.get("train_seconds", 0.0)
         if d.main:
             settle_history(run / "metrics.jsonl", meta)
-    net = model
     if d.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        net = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
-        if progress and d.main and (note := per_process_batchnorm(model, cfg, d)):
-            tqdm.write(note)
-
-    mixup = None
-    n_cls = cfg_num_classes(cfg)
+        r.net = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+        if r.says and (note := per_process_batchnorm(model, cfg, d)):
+            _note(note)
     if cfg.mixup_prob > 0:
         from timm.data import Mixup
 
-        mixup = Mixup(mixup_alpha=cfg.mixup_alpha, cutmix_alpha=cfg.cutmix_alpha, prob=cfg.mixup_prob,
-                      label_smoothing=cfg.label_smoothing, num_classes=n_cls)
-    stopper = Patience.from_state(cfg.patience, meta.get("early_stop") if resume else None) if cfg.patience else None
-    if progress and d.main and (start_epoch >= cfg.epochs or (stopper is not None and stopper.stopped)):
-        why = (f"it stopped early at epoch {start_epoch} ({cfg.patience} evaluations without a gain since epoch "
-               f"{stopper.best_epoch})" if stopper is not None and stopper.stopped else
+        r.mixup = Mixup(mixup_alpha=cfg.mixup_alpha, cutmix_alpha=cfg.cutmix_alpha, prob=cfg.mixup_prob,
+                        label_smoothing=cfg.label_smoothing, num_classes=cfg_num_classes(cfg))
+    r.stopper = Patience.from_state(cfg.patience, meta.get("early_stop")) if cfg.patience else None
+    if r.says and (r.start_epoch >= cfg.epochs or (r.stopper is not None and r.stopper.stopped)):
+        why = (f"it stopped early at epoch {r.start_epoch} ({cfg.patience} evaluations without a gain since epoch "
+               f"{r.stopper.best_epoch})" if r.stopper is not None and r.stopper.stopped else
                f"all {cfg.epochs} epochs are done")
-        tqdm.write(f"{run} is finished: {why} (export it with vitlab export, or start a new run folder to train "
-                   "longer)")
-    bf16 = use_bf16(cfg.bf16, d.device)
-    if cfg.bf16 and not bf16 and progress and d.main:
-        tqdm.write(f"bf16 autocast is slow on this {d.device.type} (no native bf16: an AVX2-only CPU); training in "
-                   "float32 instead (the run records which precision each epoch used)")
+        _note(f"{run} is finished: {why} (export it with vitlab export, or start a new run folder to train longer)")
+    r.bf16 = use_bf16(cfg.bf16, d.device)
+    if cfg.bf16 and not r.bf16 and r.says:
+        _note(f"bf16 autocast is slow on this {d.device.type} (no native bf16: an AVX2-only CPU); training in "
+              "float32 instead (the run records which precision each epoch used)")
     model.train()
-    if compile is None:
-        compile = compile_by_default(cfg, d.device, (cfg.epochs - start_epoch) * steps_per_epoch, d.world)
-    try:
-        with explicit_attention(model, cfg.explicit_attention and d.device.type == "cpu"):
-            _epochs(cfg, run, d, model, net, opt, ema, teacher, mixup, train_data, test_data, start_epoch, elapsed,
-                    steps_per_epoch, progress, objective, bf16,
-                    default_workers(d.device) if workers is None else workers, compile, val_data, stopper)
-    finally:
-        if teacher is not None:
-            model.set_distilled_training(False)
-    return model.eval()
+    return r
 
 
-def _epochs(cfg: TrainConfig, run: Path, d: Dist, model: nn.Module, net: nn.Module, opt: torch.optim.Optimizer,
-            ema: nn.Module | None, teacher: nn.Module | None, mixup: Any, train_data: ImageArray,
-            test_data: ImageArray, start_epoch: int, elapsed: float, steps_per_epoch: int, progress: bool,
-            objective: nn.Module | None = None, bf16: bool = False, workers: int = 0, compile: bool = False,
-            val_data: ImageArray | None = None, stopper: Patience | None = None) -> None:
-    """The epochs from ``start_epoch`` (none when ``stopper``, early stopping's count, says the run stopped);
-    ``bf16``: autocast to bfloat16 (``cfg.bf16`` where it is fast); ``workers``:
-    processes making the batches ahead (``vitlab.train.batches.training_batches``); ``compile``: ``net``'s training
-    forward (and so its backward) and the teacher's forward through ``torch.compile``; ``val_data``: the validation
-    split every evaluated epoch measures (``val_accuracy``), the test images then measured after the last epoch only."""
+def _note(text: str) -> None:
+    """A line between the progress bars."""
     from tqdm.auto import tqdm
 
-    compiler = Compiler(compile)  # False for masked patch prediction: train refuses True, the default is False
-    forward = compiler(net)
-    teacher_forward = compiler(teacher) if teacher is not None else None
+    tqdm.write(text)
 
-    pc = model.pretrained_cfg
-    ck = run / "checkpoint"
-    n_cls = cfg_num_classes(cfg)
-    total, warmup = cfg.epochs * steps_per_epoch, int(cfg.warmup_epochs * steps_per_epoch)
-    per_rank = cfg.batch_size // d.world
-    mine = slice(d.rank * per_rank, (d.rank + 1) * per_rank)
-    amp = dict(device_type=d.device.type, dtype=torch.bfloat16, enabled=bf16)
-    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    batches = iter(training_batches(train_data, cfg.batch_size, steps_per_epoch, _augment(cfg),
-                                    start_epoch * steps_per_epoch, total, workers, d.device.type == "cuda"))
-    for epoch in range(start_epoch, cfg.epochs if stopper is None or not stopper.stopped else start_epoch):
-        t0 = time.time()
-        g = _seed_epoch(cfg, epoch, d.rank)
-        frozen = _frozen_params(cfg, model, epoch)
-        lookahead = (Lookahead(model, cfg.lookahead_every, total, cfg.lookahead_decay, cfg.lookahead_power)
-                     if cfg.lookahead_every else None)  # an epoch starts with the network = the slow weights
-        loss_sum, seen = torch.zeros((), dtype=torch.float64, device=d.device), 0
-        small = cfg.progressive_size if epoch < cfg.small_epochs else None
-        full = epoch >= cfg.epochs - cfg.full_token_epochs  # patch dropping off (never when full_token_epochs is 0)
-        desc = f"epoch {epoch + 1}/{cfg.epochs}" + (f" at {small} px" if small else "") + (" all tokens" if full else "")
-        bar = tqdm(range(steps_per_epoch), desc=desc, disable=not (progress and d.main), leave=False)
-        with (any_image_size(model) if small else contextlib.nullcontext(),
-              all_patch_tokens(model) if full else contextlib.nullcontext()):
-            for it in bar:
-                step = epoch * steps_per_epoch + it
-                imgs, labels = next(batches)
-                x = normalize(imgs[mine].to(d.device, non_blocking=True), pc["mean"], pc["std"])
-                x = x.contiguous(memory_format=fmt)
-                y = labels[mine].to(d.device, non_blocking=True)
-                if mixup is not None:
-                    x, target = mixup(x, y)
-                else:
-                    target = F.one_hot(y, n_cls).float() * (1 - cfg.label_smoothing) + cfg.label_smoothing / n_cls
-                xs = shrink(x, small) if small else x  # the student sees them downsampled; the teacher whole
-                lr = lr_at(step, total, warmup, cfg.lr, cfg.min_lr, cfg.schedule, cfg.lr_start)
-                for group in opt.param_groups:
-                    group["lr"] = lr * group.get("lr_scale", 1.0)
-                if objective is not None:  # masked patch prediction: labels are not read
-                    images01 = imgs[mine].permute(0, 3, 1, 2).float().div_(255).to(d.device)
-                    with torch.autocast(**amp):
-                        loss, _ = objective(model, x, images01, g, all_predictions=False)
-                    logits = None
-                else:
-                    with torch.autocast(**amp):
-                        logits = forward(xs)
-                if teacher is not None:
-                    with torch.autocast(**amp), torch.no_grad():
-                        teacher_logits = tta_logits(teacher_forward, teacher_input(x, pc, teacher), cfg.distill_tta)
-                    loss = distill_loss(logits[0], logits[1], teacher_logits, target, cfg)
-                elif objective is None:
-                    loss = soft_cross_entropy(logits, target)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                for p in frozen:  # no gradient: the optimizer skips it (no step, no momentum, no weight decay)
-                    p.grad = None
-                if cfg.grad_clip:
-                    torch.nn.utils.clip_grad_norm_([p for grp in opt.param_groups for p in grp["params"]], cfg.grad_clip)
-                opt.step()
-                if lookahead is not None:
-                    lookahead.after_step(step + 1)
-                if ema is not None:
-                    ema.update(model, step=step)
-                loss_sum += loss.detach().double() * len(y)  # read (a device sync) every 10 steps and at the end
-                seen += len(y)
-                if it % 10 == 0 or it == steps_per_epoch - 1:
-                    mean_loss = loss_sum.item() / seen
-                    if not math.isfinite(mean_loss):  # before the epoch's checkpoint: the last one on disk is good
-                        raise _diverged(mean_loss, epoch, it, ck, cfg)
-                    bar.set_postfix(loss=f"{mean_loss:.3f}")
-        if lookahead is not None:
-            lookahead.finish((epoch + 1) * steps_per_epoch)  # evaluation and the checkpoint see the slow weights
-        elapsed += time.time() - t0
-        record: dict[str, Any] = {"epoch": epoch + 1, "train_loss": mean_over_ranks(mean_loss, d),
-                                  "lr": lr, "epoch_seconds": round(time.time() - t0, 2),
-                                  "images_per_second": round(seen * d.world / (time.time() - t0), 1),
-                                  "precision": "bf16" if bf16 else "fp32"}
-        if small:
-            record["img_size"] = small  # progressive resizing: this epoch trained on smaller images
-        if full:
-            record["all_tokens"] = True  # patch dropping off for this epoch
-        if compiler.enabled:
-            record["compiled"] = True  # the training step ran through torch.compile
-        if d.main:
-            last = epoch + 1 == cfg.epochs
-            t_eval = time.time()
-            due = bool(cfg.eval_every) and ((epoch + 1) % cfg.eval_every == 0 or last)
-            chosen = "val_accuracy" if val_data is not None else "test_accuracy"
-            if due and objective is not None:
-                record["mpp_test"] = evaluate_mpp(model, objective, test_data, bf16=bf16)
-            elif due or (last and val_data is not None):
-                shown = "test" if progress else False
-                if due:  # the watched accuracy first: early stopping decides whether this epoch is the last
-                    on = val_data if val_data is not None else test_data
-                    record[chosen] = evaluate(model, on, bf16=bf16, progress=progress and ("validation" if
-                                                                                         val_data is not None else shown))
-                if stopper is not None and stopper.update(record.get(chosen), epoch + 1) and not last:
-                    last = True
-                    record["early_stop"] = {"best_epoch": stopper.best_epoch, "patience": cfg.patience}
-                if val_data is not None and last:  # with a validation split the test images are read once, at the end
-                    record["test_accuracy"] = evaluate(model, test_data, bf16=bf16, progress=shown)
-                if ema is not None and due:
-                    on, split = (val_data, "val") if val_data is not None else (test_data, "test")
-                    record[f"{split}_accuracy_ema"] = evaluate(ema.module, on, bf16=bf16,
-                                                               progress=shown and f"{split} (EMA weights)")
-                if cfg.eval_tta and last:
-                    record["test_accuracy_tta"] = evaluate(model, test_data, bf16=bf16, tta=cfg.eval_tta,
-                                                           progress=shown and "test (test-time augmentation)")
-            record["eval_seconds"] = round(time.time() - t_eval, 2)
-            if cfg.keep_best and record.get(chosen) is not None:
-                best_file = run / "best" / "config.json"
-                best = json.loads(best_file.read_text()).get("metrics", {}).get(chosen, -1.0) \
-                    if best_file.is_file() else -1.0
-                if record[chosen] > best:  # the best evaluated point, as the paper reports its runs
-                    save_checkpoint(model, run / "best", extra={"epoch": epoch + 1, "metrics": record})
-            if cfg.fig7_every and ((epoch + 1) % cfg.fig7_every == 0 or last):
-                from vitlab.train.emergence import fig7_statistics, sample_batch
 
-                t_fig7 = time.time()
-                record["fig7"] = fig7_statistics(model, sample_batch(model).to(d.device))
-                record["fig7_seconds"] = round(time.time() - t_fig7, 2)
-            if cfg.snapshot_every and ((epoch + 1) % cfg.snapshot_every == 0 or last):
-                save_checkpoint(model, run / "snapshots" / f"epoch_{epoch + 1:04d}",
-                                extra={"epoch": epoch + 1, "metrics": record})
-            state = {"epoch": epoch + 1, "train_seconds": round(elapsed, 1), "metrics": record,
-                     "data": {"train": train_data.source, "test": test_data.source,
-                              "train_examples": len(train_data), "classes": list(train_data.classes)},
-                     "environment": provenance(world_size=d.world, device=str(d.device))}
-            if stopper is not None:
-                state["early_stop"] = stopper.state()
-            save_run_checkpoint(run / "checkpoint", model, opt, ema, {"train": train_config_to_dict(cfg), **state},
-                                {"objective": objective} if objective is not None else None)
-            with open(run / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
-            if progress:
-                tqdm.write(json.dumps(record))
-        barrier(d)
-        if stopper is not None and _stop_agreed(stopper.stopped, d):
+# ---------------------------------------------------------------------------------------------- the epochs
+
+
+def _epochs(r: Run) -> None:
+    """The epochs from ``r.start_epoch`` (none when ``r.stopper``, early stopping's count, says the run stopped),
+    each trained, evaluated (``val_data``: the validation split every evaluated epoch measures, ``val_accuracy``; the
+    test images then measured after the last epoch only) and saved by the main process; stops early where the main
+    process's count says so."""
+    _start_steps(r)
+    stopped = r.stopper is not None and r.stopper.stopped
+    for epoch in range(r.start_epoch, r.start_epoch if stopped else r.cfg.epochs):
+        record = _train_epoch(r, epoch)
+        if r.d.main:
+            last = _evaluate_epoch(r, epoch, record)
+            _save_epoch(r, epoch, record, last)
+        barrier(r.d)
+        if r.stopper is not None and _stop_agreed(r.stopper.stopped, r.d):
             break
+
+
+def _start_steps(r: Run) -> None:
+    """Set ``r``'s compiled forwards (``torch.compile`` where ``r.compile``; never for masked patch prediction, which
+    train refuses to compile) and its batches from ``r.start_epoch`` on."""
+    r.compiler = Compiler(r.compile)
+    r.forward = r.compiler(r.net)
+    r.teacher_forward = r.compiler(r.teacher) if r.teacher is not None else None
+    spe = r.steps_per_epoch
+    r.batches = iter(training_batches(r.train_data, r.cfg.batch_size, spe, _augment(r.cfg), r.start_epoch * spe,
+                                      r.total_steps, r.workers, r.d.device.type == "cuda"))
+
+
+def _train_epoch(r: Run, epoch: int) -> dict[str, Any]:
+    """Train ``epoch`` (0-based): its seeds, its phase (progressive resizing's small images, the last epochs' every
+    patch), its steps; return its record (loss, lr, speed, precision, phase). Raises ``TrainingDiverged`` when the
+    mean loss stops being finite (before the epoch's checkpoint, so the last one on disk is good)."""
+    from tqdm.auto import tqdm
+
+    cfg, d, spe = r.cfg, r.d, r.steps_per_epoch
+    t0 = time.time()
+    g = _seed_epoch(cfg, epoch, d.rank)
+    frozen = _frozen_params(cfg, r.model, epoch)
+    lookahead = (Lookahead(r.model, cfg.lookahead_every, r.total_steps, cfg.lookahead_decay, cfg.lookahead_power)
+                 if cfg.lookahead_every else None)  # an epoch starts with the network = the slow weights
+    loss_sum, seen = torch.zeros((), dtype=torch.float64, device=d.device), 0
+    small = cfg.progressive_size if epoch < cfg.small_epochs else None
+    full = epoch >= cfg.epochs - cfg.full_token_epochs  # patch dropping off (never when full_token_epochs is 0)
+    desc = f"epoch {epoch + 1}/{cfg.epochs}" + (f" at {small} px" if small else "") + (" all tokens" if full else "")
+    bar = tqdm(range(spe), desc=desc, disable=not r.says, leave=False)
+    with (any_image_size(r.model) if small else contextlib.nullcontext(),
+          all_patch_tokens(r.model) if full else contextlib.nullcontext()):
+        for it in bar:
+            step = epoch * spe + it
+            lr, loss, n = _step(r, step, g, small, frozen, lookahead)
+            loss_sum += loss.detach().double() * n  # read (a device sync) every 10 steps and at the end
+            seen += n
+            if it % 10 == 0 or it == spe - 1:
+                mean_loss = loss_sum.item() / seen
+                if not math.isfinite(mean_loss):  # before the epoch's checkpoint: the last one on disk is good
+                    raise _diverged(mean_loss, epoch, it, r.folder / "checkpoint", cfg)
+                bar.set_postfix(loss=f"{mean_loss:.3f}")
+    if lookahead is not None:
+        lookahead.finish((epoch + 1) * spe)  # evaluation and the checkpoint see the slow weights
+    r.elapsed += time.time() - t0
+    record: dict[str, Any] = {"epoch": epoch + 1, "train_loss": mean_over_ranks(mean_loss, d),
+                              "lr": lr, "epoch_seconds": round(time.time() - t0, 2),
+                              "images_per_second": round(seen * d.world / (time.time() - t0), 1),
+                              "precision": "bf16" if r.bf16 else "fp32"}
+    if small:
+        record["img_size"] = small  # progressive resizing: this epoch trained on smaller images
+    if full:
+        record["all_tokens"] = True  # patch dropping off for this epoch
+    if r.compiler.enabled:
+        record["compiled"] = True  # the training step ran through torch.compile
+    return record
+
+
+def _step(r: Run, step: int, g: torch.Generator, small: int | None, frozen: list[nn.Parameter],
+          lookahead: Lookahead | None) -> tuple[float, Tensor, int]:
+    """One training step (``step`` counts from the run's start) on the next batch: ``(lr, loss, images)`` (this
+    process's loss, a 0-dim tensor, and how many images it saw). ``g``: the epoch's generator (masked patch
+    prediction's corruption); ``small``: the side the student sees the images at (None: as stored)."""
+    cfg, d, pc = r.cfg, r.d, r.model.pretrained_cfg
+    imgs, labels = next(r.batches)
+    x = normalize(imgs[r.mine].to(d.device, non_blocking=True), pc["mean"], pc["std"])
+    x = x.contiguous(memory_format=torch.channels_last if cfg.channels_last else torch.contiguous_format)
+    y = labels[r.mine].to(d.device, non_blocking=True)
+    if r.mixup is not None:
+        x, target = r.mixup(x, y)
+    else:
+        n_cls = cfg_num_classes(cfg)
+        target = F.one_hot(y, n_cls).float() * (1 - cfg.label_smoothing) + cfg.label_smoothing / n_cls
+    xs = shrink(x, small) if small else x  # the student sees them downsampled; the teacher whole
+    lr = lr_at(step, r.total_steps, int(cfg.warmup_epochs * r.steps_per_epoch), cfg.lr, cfg.min_lr, cfg.schedule,
+               cfg.lr_start)
+    for group in r.opt.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+    loss = _loss(r, x, xs, target, imgs, g)
+    r.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    for p in frozen:  # no gradient: the optimizer skips it (no step, no momentum, no weight decay)
+        p.grad = None
+    if cfg.grad_clip:
+        torch.nn.utils.clip_grad_norm_([p for grp in r.opt.param_groups for p in grp["params"]], cfg.grad_clip)
+    r.opt.step()
+    if lookahead is not None:
+        lookahead.after_step(step + 1)
+    if r.ema is not None:
+        r.ema.update(r.model, step=step)
+    return lr, loss, len(y)
+
+
+def _loss(r: Run, x: Tensor, xs: Tensor, target: Tensor, imgs: Tensor, g: torch.Generator) -> Tensor:
+    """The step's loss: masked patch prediction's on ``x`` (labels unread), else the cross-entropy of the student's
+    logits on ``xs`` with ``target`` (soft labels (B, classes)), or with a teacher the distillation loss, the teacher
+    seeing ``x``."""
+    if r.objective is not None:  # masked patch prediction: labels are not read
+        images01 = imgs[r.mine].permute(0, 3, 1, 2).float().div_(255).to(r.d.device)
+        with torch.autocast(**r.amp):
+            loss, _ = r.objective(r.model, x, images01, g, all_predictions=False)
+        logits = None
+    else:
+        with torch.autocast(**r.amp):
+            logits = r.forward(xs)
+    if r.teacher is not None:
+        with torch.autocast(**r.amp), torch.no_grad():
+            teacher_logits = tta_logits(r.teacher_forward, teacher_input(x, r.model.pretrained_cfg, r.teacher),
+                                        r.cfg.distill_tta)
+        loss = distill_loss(logits[0], logits[1], teacher_logits, target, r.cfg)
+    elif r.objective is None:
+        loss = soft_cross_entropy(logits, target)
+    return loss
+
+
+def _evaluate_epoch(r: Run, epoch: int, record: dict[str, Any]) -> bool:
+    """Add to ``record`` what ``epoch`` measures (by ``eval_every``; the watched accuracy first, which early stopping
+    counts; the test images at the last epoch with a validation split; EMA weights; test-time augmentation at the
+    last) and ``eval_seconds``; return whether the epoch is the run's last (early stopping may make it so)."""
+    cfg, val_data, test_data, bf16 = r.cfg, r.val_data, r.test_data, r.bf16
+    last = epoch + 1 == cfg.epochs
+    t_eval = time.time()
+    due = bool(cfg.eval_every) and ((epoch + 1) % cfg.eval_every == 0 or last)
+    chosen = _watched(r)
+    if due and r.objective is not None:
+        record["mpp_test"] = evaluate_mpp(r.model, r.objective, test_data, bf16=bf16)
+    elif due or (last and val_data is not None):
+        shown = "test" if r.progress else False
+        if due:  # the watched accuracy first: early stopping decides whether this epoch is the last
+            on = val_data if val_data is not None else test_data
+            record[chosen] = evaluate(r.model, on, bf16=bf16, progress=r.progress and ("validation" if
+                                                                                     val_data is not None else shown))
+        if r.stopper is not None and r.stopper.update(record.get(chosen), epoch + 1) and not last:
+            last = True
+            record["early_stop"] = {"best_epoch": r.stopper.best_epoch, "patience": cfg.patience}
+        if val_data is not None and last:  # with a validation split the test images are read once, at the end
+            record["test_accuracy"] = evaluate(r.model, test_data, bf16=bf16, progress=shown)
+        if r.ema is not None and due:
+            on, split = (val_data, "val") if val_data is not None else (test_data, "test")
+            record[f"{split}_accuracy_ema"] = evaluate(r.ema.module, on, bf16=bf16,
+                                                       progress=shown and f"{split} (EMA weights)")
+        if cfg.eval_tta and last:
+            record["test_accuracy_tta"] = evaluate(r.model, test_data, bf16=bf16, tta=cfg.eval_tta,
+                                                   progress=shown and "test (test-time augmentation)")
+    record["eval_seconds"] = round(time.time() - t_eval, 2)
+    return last
+
+
+def _watched(r: Run) -> str:
+    """The accuracy early stopping and ``keep_best`` watch: the validation split's where there is one."""
+    return "val_accuracy" if r.val_data is not None else "test_accuracy"
+
+
+def _save_epoch(r: Run, epoch: int, record: dict[str, Any], last: bool) -> None:
+    """What the main process keeps of ``epoch`` (0-based), in this order: the best checkpoint (``keep_best``), the
+    Fig. 7 statistics into ``record`` (``fig7_every``), a snapshot (``snapshot_every``), the run checkpoint (model,
+    optimizer, EMA, objective and the run's state, written atomically) and then ``record`` in ``metrics.jsonl``."""
+    cfg, run, model = r.cfg, r.folder, r.model
+    chosen = _watched(r)
+    if cfg.keep_best and record.get(chosen) is not None:
+        best_file = run / "best" / "config.json"
+        best = json.loads(best_file.read_text()).get("metrics", {}).get(chosen, -1.0) if best_file.is_file() else -1.0
+        if record[chosen] > best:  # the best evaluated point, as the paper reports its runs
+            save_checkpoint(model, run / "best", extra={"epoch": epoch + 1, "metrics": record})
+    if cfg.fig7_every and ((epoch + 1) % cfg.fig7_every == 0 or last):
+        from vitlab.train.emergence import fig7_statistics, sample_batch
+
+        t_fig7 = time.time()
+        record["fig7"] = fig7_statistics(model, sample_batch(model).to(r.d.device))
+        record["fig7_seconds"] = round(time.time() - t_fig7, 2)
+    if cfg.snapshot_every and ((epoch + 1) % cfg.snapshot_every == 0 or last):
+        save_checkpoint(model, run / "snapshots" / f"epoch_{epoch + 1:04d}",
+                        extra={"epoch": epoch + 1, "metrics": record})
+    state = {"epoch": epoch + 1, "train_seconds": round(r.elapsed, 1), "metrics": record,
+             "data": {"train": r.train_data.source, "test": r.test_data.source,
+                      "train_examples": len(r.train_data), "classes": list(r.train_data.classes)},
+             "environment": provenance(world_size=r.d.world, device=str(r.d.device))}
+    if r.stopper is not None:
+        state["early_stop"] = r.stopper.state()
+    save_run_checkpoint(run / "checkpoint", model, r.opt, r.ema, {"train": train_config_to_dict(cfg), **state},
+                        {"objective": r.objective} if r.objective is not None else None)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    if r.progress:
+        _note(json.dumps(record))
 
 
 def _frozen_params(cfg: TrainConfig, model: nn.Module, epoch: int) -> list[nn.Parameter]:
