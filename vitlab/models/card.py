@@ -134,67 +134,16 @@ def card_text(f: dict, train_cfg: dict, history: list[dict], model: nn.Module) -
                      f"{value(h) if value(h) is not None else float('nan'):.4f} | "
                      f"{h.get('images_per_second', '')} |" for h in history)
     done = f["epochs_done"] == f["epochs_planned"]
-    lines_below = (f"\n* With test-time augmentation (level {f['tta_level']}: mirror"
-                   f"{' and 1 px shifts' if f['tta_level'] == 2 else ''}): **{f['test_accuracy_tta']:.2%}**."
-                   if f.get("test_accuracy_tta") is not None else "")
-    dist = f.get("distillation")
-    if dist and "missing" not in dist:
-        lines_below += (f"\n* Its two heads alone: class token {dist['class_head']:.2%}, distillation token "
-                        f"{dist['distillation_head']:.2%} (the readout averages their logits). The teacher scores "
-                        f"{dist['teacher']:.2%} through its own transform; the readout takes the teacher's decision "
-                        f"on {dist['readout_agrees_with_teacher']:.2%} of the images, the distillation head on "
-                        f"{dist['distillation_head_agrees_with_teacher']:.2%}."
-                        + (f" Where the teacher is wrong the readout is right on "
-                           f"{dist['readout_where_teacher_wrong']:.2%} of the images; "
-                           if dist.get("readout_where_teacher_wrong") is not None else " ")
-                        + (f"{dist['readout_errors_shared_with_teacher']:.2%} of the readout's errors are the "
-                           "teacher's own (the same wrong class)"
-                           if dist.get("readout_errors_shared_with_teacher") is not None else "the readout makes no errors")
-                        + " (`vitlab.train.export.distillation_facts`).")
-    elif dist:
-        lines_below += f"\n* Its heads against the teacher: not measured, {dist['missing']}."
-    start = (f"the checkpoint `{f['warm_start_from']}` held before this export replaced it"
-             if f.get("warm_start_from") == f.get("path") else f"`{f['warm_start_from']}`")
-    start_line = (f", warm-started with a fresh schedule from {start}" if f.get("warm_start_from")
-                  else ", from random initialisation" + _init_words(train_cfg.get("model") or {}))
-    if f.get("total_train_hours") is not None:
-        was = (f", {f['warm_start_test_accuracy']:.2%} test accuracy" if f.get("warm_start_test_accuracy") is not None
-               else "")
-        start_line += (f" (which had trained {f['warm_start_hours']:.2f} h{was}): **{f['total_train_hours']:.2f} h "
-                       "in all**")
+    title, lead = _mpp_lead(f, train_cfg) if mpp else _accuracy_lead(f, train_cfg)
     teacher_line = (f"; distilled ({f['distill']} targets) from the teacher `{f['teacher']}`" if f.get("teacher")
                     else "")
-    test_split = f["test_split"]  # the split measured on export, not the run's own test images (``Data`` below)
     wall = (f"{f['train_seconds']:.0f} s" if f.get("train_seconds") is not None
             else "not recorded (the run's checkpoint has no train_seconds)")
-    if f.get("objective") == "mpp":
-        m = f["mpp_test"]
-        chance = {"color3": " (chance 0.20%)", "patch4x4": " (per 4 x 4 sub-patch colour; chance 0.20%)"}.get(
-            f["mpp_target"], "")
-        score = f"**Masked-patch accuracy: {m['accuracy']:.2%}**{chance}, " if "accuracy" in m else ""
-        what = {"color3": "3-bit mean colour", "patch4x4": "4 x 4 downsized patch in 3-bit colours",
-                "l2": "pixels (squared error)"}[f["mpp_target"]]
-        title = f"{train_cfg['model']['kind']} encoder pre-trained by masked patch prediction on {train_cfg['data']}"
-        lead = f"""* {score}loss {m['loss']:.4f}: the {what} of the corrupted patches, predicted from their output tokens,
-  on all {f['mpp_test_images']:,} images of the {test_split} split with one fixed corruption draw (seed 0, batches
-  of 250 in split order: `vitlab.train.loop.evaluate_mpp`'s defaults; {f['mpp_rate']:.0%} of patches corrupted), from the
-  {f['dtype']} weights as shipped.
-* **Self-supervised**: labels were never read, so the classification head is untrained and the card reports no
-  test accuracy. `vitlab.load_model(path)` gives the encoder (with that head: replace or fine-tune it; a warm start
-  through `--set init_from=...` leaves it fresh); `vitlab.train.mpp.load_mpp(path)` gives the encoder and the prediction
-  head (`objective.safetensors`). The learning curve's points are the evaluations during training, in
-  {f['training_precision']}, on {f['curve_images']}."""
-    else:
-        title = f"{train_cfg['model']['kind']} trained on {train_cfg['data']}" + (
-            f", distilled from `{f['teacher']}`" if f.get("teacher") else "")  # said first: a teacher shapes what it learns
-        lead = f"""* **Test accuracy: {f['test_accuracy']:.2%}** on all {f['test_images']:,} images of the {test_split}
-  split ({f['dtype']} weights as shipped, through `timm.data.resolve_data_config({{}}, model=model)` and
-  `timm.data.create_transform(**cfg)`).{lines_below}"""
     lineage = _lineage_section(f.get("lineage") or [])
     return f"""# Model card: {title}
 
 {lead}
-* Training time: {f['train_hours']:.2f} h of wall clock, evaluations included{start_line}{teacher_line}.
+* Training time: {f['train_hours']:.2f} h of wall clock, evaluations included{_start_line(f, train_cfg)}{teacher_line}.
 * Learning curve: `learning_curve.png` ({metric} against training hours; {f['learning_curve']}).
 * Command: `{f['command']}`
 * Epochs: {f['epochs_done']} of {f['epochs_planned']} planned{'' if done else ' (the run is not finished; it resumes with --resume)'}.
@@ -219,6 +168,77 @@ Load it with `vitlab.load_model("{f['path']}")`{' or `vitlab.load_model()` (it i
 |---|---|---|---|
 {rows}
 """
+
+
+def _accuracy_lead(f: dict, train_cfg: dict) -> tuple[str, str]:
+    """``(title, lead)`` of a classifier's card: what it was trained on (and distilled from), its test accuracy as
+    measured on export, with test-time augmentation and its heads against the teacher where measured."""
+    title = f"{train_cfg['model']['kind']} trained on {train_cfg['data']}" + (
+        f", distilled from `{f['teacher']}`" if f.get("teacher") else "")  # said first: a teacher shapes what it learns
+    lines_below = (f"\n* With test-time augmentation (level {f['tta_level']}: mirror"
+                   f"{' and 1 px shifts' if f['tta_level'] == 2 else ''}): **{f['test_accuracy_tta']:.2%}**."
+                   if f.get("test_accuracy_tta") is not None else "") + _distillation_line(f.get("distillation"))
+    lead = f"""* **Test accuracy: {f['test_accuracy']:.2%}** on all {f['test_images']:,} images of the {f['test_split']}
+  split ({f['dtype']} weights as shipped, through `timm.data.resolve_data_config({{}}, model=model)` and
+  `timm.data.create_transform(**cfg)`).{lines_below}"""
+    return title, lead
+
+
+def _distillation_line(dist: dict | None) -> str:
+    """The card's line on a distilled model's heads against its teacher (``vitlab.train.export.distillation_facts``:
+    shares in [0, 1], or ``missing`` with the reason); empty for a model without a teacher."""
+    if not dist:
+        return ""
+    if "missing" in dist:
+        return f"\n* Its heads against the teacher: not measured, {dist['missing']}."
+    return (f"\n* Its two heads alone: class token {dist['class_head']:.2%}, distillation token "
+            f"{dist['distillation_head']:.2%} (the readout averages their logits). The teacher scores "
+            f"{dist['teacher']:.2%} through its own transform; the readout takes the teacher's decision "
+            f"on {dist['readout_agrees_with_teacher']:.2%} of the images, the distillation head on "
+            f"{dist['distillation_head_agrees_with_teacher']:.2%}."
+            + (f" Where the teacher is wrong the readout is right on "
+               f"{dist['readout_where_teacher_wrong']:.2%} of the images; "
+               if dist.get("readout_where_teacher_wrong") is not None else " ")
+            + (f"{dist['readout_errors_shared_with_teacher']:.2%} of the readout's errors are the "
+               "teacher's own (the same wrong class)"
+               if dist.get("readout_errors_shared_with_teacher") is not None else "the readout makes no errors")
+            + " (`vitlab.train.export.distillation_facts`).")
+
+
+def _mpp_lead(f: dict, train_cfg: dict) -> tuple[str, str]:
+    """``(title, lead)`` of an encoder pre-trained by masked patch prediction: its masked-patch accuracy and loss as
+    measured on export, and how to load the encoder and its prediction head."""
+    m = f["mpp_test"]
+    chance = {"color3": " (chance 0.20%)", "patch4x4": " (per 4 x 4 sub-patch colour; chance 0.20%)"}.get(
+        f["mpp_target"], "")
+    score = f"**Masked-patch accuracy: {m['accuracy']:.2%}**{chance}, " if "accuracy" in m else ""
+    what = {"color3": "3-bit mean colour", "patch4x4": "4 x 4 downsized patch in 3-bit colours",
+            "l2": "pixels (squared error)"}[f["mpp_target"]]
+    title = f"{train_cfg['model']['kind']} encoder pre-trained by masked patch prediction on {train_cfg['data']}"
+    lead = f"""* {score}loss {m['loss']:.4f}: the {what} of the corrupted patches, predicted from their output tokens,
+  on all {f['mpp_test_images']:,} images of the {f['test_split']} split with one fixed corruption draw (seed 0, batches
+  of 250 in split order: `vitlab.train.loop.evaluate_mpp`'s defaults; {f['mpp_rate']:.0%} of patches corrupted), from the
+  {f['dtype']} weights as shipped.
+* **Self-supervised**: labels were never read, so the classification head is untrained and the card reports no
+  test accuracy. `vitlab.load_model(path)` gives the encoder (with that head: replace or fine-tune it; a warm start
+  through `--set init_from=...` leaves it fresh); `vitlab.train.mpp.load_mpp(path)` gives the encoder and the prediction
+  head (`objective.safetensors`). The learning curve's points are the evaluations during training, in
+  {f['training_precision']}, on {f['curve_images']}."""
+    return title, lead
+
+
+def _start_line(f: dict, train_cfg: dict) -> str:
+    """How the run started (warm-started from a checkpoint, else from random initialisation as its model's config
+    says) and, over every warm-started leg, the training time in all."""
+    start = (f"the checkpoint `{f['warm_start_from']}` held before this export replaced it"
+             if f.get("warm_start_from") == f.get("path") else f"`{f['warm_start_from']}`")
+    line = (f", warm-started with a fresh schedule from {start}" if f.get("warm_start_from")
+            else ", from random initialisation" + _init_words(train_cfg.get("model") or {}))
+    if f.get("total_train_hours") is not None:
+        was = (f", {f['warm_start_test_accuracy']:.2%} test accuracy" if f.get("warm_start_test_accuracy") is not None
+               else "")
+        line += f" (which had trained {f['warm_start_hours']:.2f} h{was}): **{f['total_train_hours']:.2f} h in all**"
+    return line
 
 
 def _recipe_line(f: dict) -> str:
