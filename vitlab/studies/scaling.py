@@ -30,7 +30,7 @@ import traceback
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -43,6 +43,9 @@ from vitlab.base.stats import percent_cell
 from vitlab.data.datasets import ImageArray, load_splits, nested_subsets
 from vitlab.studies.sweep_config import FAMILIES, SWEEPS, RunSpec, SweepConfig, load_sweep_config
 from vitlab.train.history import read_history
+
+if TYPE_CHECKING:
+    from vitlab.train.config import TrainConfig
 
 __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "run_one", "run_sweep", "execute_runs",
            "check_executor", "one_config", "summarise", "summarise_compute", "recipe_provenance",
@@ -149,56 +152,19 @@ def _train_config(sweep: SweepConfig, spec: RunSpec, n: int):
 def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | None = None,
             device: str | None = None) -> dict:
     """Pre-train one model on its nested subset, probe it few-shot on the held-out classes: the metrics."""
-    from vitlab.models.zoo import build_model as vitlab_build
     from vitlab.probe.features import extract_features
     from vitlab.probe.linear import few_shot_accuracy
-    from vitlab.train.loop import train, validation_split
 
     t0, cpu_start = time.time(), time.process_time()
     full_train, full_test = load_splits(sweep.data, progress=False)  # the same classes in both splits; a worker
     # draws no bar of its own (the sweep's bar counts runs)
-    missing = sorted(set(sweep.pretrain_classes + sweep.probe_classes) - set(range(len(full_train.classes))))
-    if missing:
-        raise ValueError(f"classes {missing} do not exist in {sweep.data}, which has {len(full_train.classes)} classes")
-    pre = _classes(full_train, sweep.pretrain_classes)
-    if spec.size > len(pre):
-        raise ValueError(f"subset size {spec.size} exceeds the {len(pre)} pre-training images of classes "
-                         f"{list(sweep.pretrain_classes)}")
-    pre_test = _classes(full_test, sweep.pretrain_classes)
-    val = None
-    if sweep.val_per_class:  # a fixed validation split of the pre-training classes' training images
-        pre, val = validation_split(pre, sweep.val_per_class)
-        if spec.size > len(pre):
-            raise ValueError(f"subset size {spec.size} exceeds the {len(pre)} pre-training images left after the "
-                             f"validation split")
-    picked = nested_subsets(pre.labels, [spec.size], seed=spec.seed)[0]  # the seed's subset, every family's
-    subset = pre.subset(picked)
+    subset, picked, val, pre_test = _pretrain_splits(sweep, spec, full_train, full_test)
     cfg = _train_config(sweep, spec, spec.size)
     cpu0 = time.process_time()
-    with tempfile.TemporaryDirectory(dir=work_dir, prefix=f"{spec.run_id}.") as tmp:
-        # eager, as the first sweep's runs (all under COMPILE_MIN_STEPS) trained: an early-stopped run's length is
-        # unknown at its start (its cap decided compiling for the ViT alone), and compiling costs minutes of CPU per
-        # run that a short run never earns back
-        model = train(cfg, Path(tmp) / "run", progress=False, train_data=subset,
-                      test_data=val if val is not None else pre_test, device=device, compile=False)
-        log = read_history(Path(tmp) / "run")
-        best = None
-        if val is not None:  # the model at its best validation epoch, as the paper reports each run
-            from vitlab.models.checkpoint import load_checkpoint
-
-            best_meta = json.loads((Path(tmp) / "run" / "best" / "config.json").read_text())
-            model = load_checkpoint(Path(tmp) / "run" / "best").to(next(model.parameters()).device)
-            best = {"epoch": best_meta["epoch"], "val_accuracy": best_meta["metrics"]["test_accuracy"]}
+    model, log, best = _pretrain(cfg, subset, val, pre_test, spec, work_dir, device)
     train_cpu = time.process_time() - cpu0
     model.eval()
-    from vitlab.base.precision import use_bf16
-    from vitlab.data.datasets import normalize
-    from vitlab.train.loop import step_flops
-
-    pc = model.pretrained_cfg
-    xb = normalize(subset.images[: cfg.batch_size], pc["mean"], pc["std"])
-    flops_per_step = step_flops(vitlab_build(cfg.model), xb, subset.labels[: cfg.batch_size],
-                                bf16=use_bf16(cfg.bf16, xb.device))  # the same count, at the training's speed
+    flops_per_step = _flops_per_step(cfg, model, subset)
     last_epoch = int(log[-1]["epoch"])  # the cap, or the epoch early stopping stopped at
     steps = last_epoch * (spec.size // cfg.batch_size)
     probe_train = _classes(full_train, sweep.probe_classes, sweep.probe_pool_per_class, seed=spec.seed)
@@ -230,6 +196,70 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
         "train_seconds": round(sum(x["epoch_seconds"] for x in log), 2),
         "seconds": round(time.time() - t0, 2),
     }
+
+
+def _pretrain_splits(sweep: SweepConfig, spec: RunSpec, full_train: ImageArray,
+                     full_test: ImageArray) -> tuple[ImageArray, torch.Tensor, ImageArray | None, ImageArray]:
+    """``(subset, picked, val, pre_test)`` of a run: its nested subset of the pre-training classes' training images
+    (``picked``: their indices, the seed's, every family's), the fixed validation split (None without
+    ``val_per_class``) and the pre-training classes' test images. Raises ValueError for a class the data lacks or
+    a subset larger than the images."""
+    from vitlab.train.loop import validation_split
+
+    missing = sorted(set(sweep.pretrain_classes + sweep.probe_classes) - set(range(len(full_train.classes))))
+    if missing:
+        raise ValueError(f"classes {missing} do not exist in {sweep.data}, which has {len(full_train.classes)} classes")
+    pre = _classes(full_train, sweep.pretrain_classes)
+    if spec.size > len(pre):
+        raise ValueError(f"subset size {spec.size} exceeds the {len(pre)} pre-training images of classes "
+                         f"{list(sweep.pretrain_classes)}")
+    pre_test = _classes(full_test, sweep.pretrain_classes)
+    val = None
+    if sweep.val_per_class:  # a fixed validation split of the pre-training classes' training images
+        pre, val = validation_split(pre, sweep.val_per_class)
+        if spec.size > len(pre):
+            raise ValueError(f"subset size {spec.size} exceeds the {len(pre)} pre-training images left after the "
+                             f"validation split")
+    picked = nested_subsets(pre.labels, [spec.size], seed=spec.seed)[0]  # the seed's subset, every family's
+    return pre.subset(picked), picked, val, pre_test
+
+
+def _pretrain(cfg: TrainConfig, subset: ImageArray, val: ImageArray | None, pre_test: ImageArray, spec: RunSpec,
+              work_dir: str | os.PathLike | None, device: str | None) -> tuple[torch.nn.Module, list[dict], dict | None]:
+    """Train ``cfg`` on ``subset`` in a temporary run folder under ``work_dir``, evaluating on
+    ``val`` (else ``pre_test``): ``(model, history, best)``, with a validation split the model of the best
+    validation epoch and ``best`` = ``{"epoch", "val_accuracy"}`` (else the last model and None)."""
+    from vitlab.train.loop import train
+
+    with tempfile.TemporaryDirectory(dir=work_dir, prefix=f"{spec.run_id}.") as tmp:
+        # eager, as the first sweep's runs (all under COMPILE_MIN_STEPS) trained: an early-stopped run's length is
+        # unknown at its start (its cap decided compiling for the ViT alone), and compiling costs minutes of CPU per
+        # run that a short run never earns back
+        model = train(cfg, Path(tmp) / "run", progress=False, train_data=subset,
+                      test_data=val if val is not None else pre_test, device=device, compile=False)
+        log = read_history(Path(tmp) / "run")
+        best = None
+        if val is not None:  # the model at its best validation epoch, as the paper reports each run
+            from vitlab.models.checkpoint import load_checkpoint
+
+            best_meta = json.loads((Path(tmp) / "run" / "best" / "config.json").read_text())
+            model = load_checkpoint(Path(tmp) / "run" / "best").to(next(model.parameters()).device)
+            best = {"epoch": best_meta["epoch"], "val_accuracy": best_meta["metrics"]["test_accuracy"]}
+    return model, log, best
+
+
+def _flops_per_step(cfg: TrainConfig, model: torch.nn.Module, subset: ImageArray) -> float:
+    """FLOPs of one training step of ``cfg``'s model (built afresh) on the first batch of ``subset``, at the
+    training's precision (``vitlab.train.loop.step_flops``)."""
+    from vitlab.base.precision import use_bf16
+    from vitlab.data.datasets import normalize
+    from vitlab.models.zoo import build_model as vitlab_build
+    from vitlab.train.loop import step_flops
+
+    pc = model.pretrained_cfg
+    xb = normalize(subset.images[: cfg.batch_size], pc["mean"], pc["std"])
+    return step_flops(vitlab_build(cfg.model), xb, subset.labels[: cfg.batch_size],
+                      bf16=use_bf16(cfg.bf16, xb.device))  # the same count, at the training's speed
 
 
 #: how many of the 128 shipped CIFAR-10 test images the Fig. 7 statistics of a run read (``vitlab.train.emergence``)
