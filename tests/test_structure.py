@@ -88,3 +88,30 @@ def test_the_docs_layout_names_every_module():
 def test_layout_sections_split_by_folder():
     text = "## Layout\n```\nbase/   a.py, b.py\n        c.py\nmodels/ d.py\n```\n"
     assert layout_sections(text) == {"base/": "base/   a.py, b.py\n        c.py\n", "models/": "models/ d.py\n"}
+
+
+#: the longest function vitlab/ may hold, in lines from its ``def`` to its last line (issue 47: a reader takes a
+#: function in at once; a longer one is split into named steps)
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """``(name, lines)`` of every function or method in ``source`` (nested ones too) longer than ``limit`` lines,
+    decorators not counted."""
+    return [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(ast.parse(source))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > limit]
+
+
+def test_no_function_in_vitlab_is_longer_than_80_lines():
+    long = [(str(p.relative_to(ROOT)), name, n) for p in sorted(PACKAGE.rglob("*.py"))
+            for name, n in long_functions(p.read_text())]
+    assert long == []
+
+
+def test_long_functions_counts_from_def_to_the_last_line_methods_and_nested_ones_too():
+    body = "".join(f"    x{i} = {i}\n" for i in range(3))
+    source = (f"@decorator\ndef three():\n{body}\n"
+              f"class C:\n    async def method(self):\n{body.replace('    ', '        ')}"
+              f"        def inner():\n            return 1\n")
+    assert long_functions(source, limit=3) == [("three", 4), ("method", 6)]
+    assert long_functions(source, limit=4) == [("method", 6)]
