@@ -204,5 +204,20 @@ def test_group_effects_refuse_distances_of_other_heads(lowest_head):
     assert res.most_important() == (0, 1)  # the one head that carries the class signal
     groups = F.head_group_effects({"mean": res}, pred["distance"].double().mean(1))
     assert groups.lowest == 1 and groups.effects["mean"]["local"] is not None
+    carrier = 1 if groups.codes[0, 1] == 1 else -1  # +1: the carrier is a local head
+    diff, (lo, hi), _ = F.local_minus_global(res, groups.codes)
+    per_head = groups.effects["mean"]["local"].drop - groups.effects["mean"]["global"].drop
+    assert diff == pytest.approx(per_head) and carrier * lo > 0 and lo <= diff <= hi
+    assert F.local_minus_global(res, torch.zeros_like(groups.codes)) is None
     with pytest.raises(ValueError, match=r"heads \(3, 3\) are not the \(3, 2\) heads"):
         F.head_group_effects({"mean": res}, torch.zeros(3, 2))
+
+
+def test_a_model_without_patches_above_the_fence_reads_none_not_a_missing_ratio():
+    """Random weights put no patch above the fence: the sentence said "their median norm n/ax the layer's"."""
+    rows = F.outlier_layers(_norms(0.0, 0.0))[1]
+    top = max(rows, key=lambda r: r["share"])
+    assert top["share"] == 0 and np.isnan(top["norm_ratio"])
+    assert F.fence_words(top) == "none in any layer"
+    present = F.outlier_layers(_norms(0.03, 100.0))[1][1]
+    assert F.fence_words(present).startswith("at most 0.03 [0.03, 0.03] (layer 2, ") and "n/a" not in F.fence_words(present)

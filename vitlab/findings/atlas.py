@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vitlab.base.intervals import N_BOOT, SEED, mean_interval
+from vitlab.base.intervals import N_BOOT, SEED, fmt_value, mean_interval
 from vitlab.findings import model as findings
 from vitlab.findings.verdict import decide
 from vitlab.inspect.heads import GLOBAL, LOCAL, HeadImportance, head_groups
@@ -33,7 +33,7 @@ from vitlab.inspect.tokens import TokenNorms
 
 __all__ = ["LOWEST_SHARE", "MATTERS_NATS", "GROUP_CRITERION", "MATTERS", "OUTLIER_SHARE", "OUTLIER_RATIO",
            "OUTLIER_CRITERION", "GroupEffect", "HeadGroups", "mean_and_interval", "lowest_layers", "group_effect",
-           "head_group_effects", "outlier_layers", "distance_convention_change", "rollout_convention_change"]
+           "head_group_effects", "local_minus_global", "outlier_layers", "fence_words", "distance_convention_change", "rollout_convention_change"]
 
 #: the share of the blocks counted as the lowest layers (at least one block)
 LOWEST_SHARE = 0.25
@@ -131,6 +131,17 @@ def head_group_effects(res: Mapping[str, HeadImportance], distance: Tensor) -> H
     return HeadGroups(lowest=k, codes=codes, effects=effects)
 
 
+def local_minus_global(res: HeadImportance, codes: Tensor) -> tuple[float, tuple[float, float], str] | None:
+    """How much more the lowest layers' local heads matter than their global heads under ``res``'s ablation: per
+    image, the local group's mean drop in log p(true class) per head minus the global group's (nats), its mean over
+    images, 95% interval and the interval's method. ``codes``: ``HeadGroups.codes``. None when a group is empty."""
+    local, far = codes == LOCAL, codes == GLOBAL
+    if not (bool(local.any()) and bool(far.any())):
+        return None
+    diff = res.per_image_drop[local].double().mean(0) - res.per_image_drop[far].double().mean(0)  # (B,)
+    return mean_and_interval(diff.numpy())
+
+
 def outlier_layers(norms: TokenNorms) -> tuple[str, list[dict[str, Any]]]:
     """The outlier verdict ("present", "absent" or "undecided", ``OUTLIER_CRITERION``) and per layer (1-based
     ``layer``): the ``share`` of outlier patches with its ``interval`` over images and its ``method``, the
@@ -150,6 +161,16 @@ def outlier_layers(norms: TokenNorms) -> tuple[str, list[dict[str, Any]]]:
                      "fence": float(norms.fences[layer]), "verdict": state})
     states = {r["verdict"] for r in rows}
     return ("present" if "present" in states else "undecided" if "undecided" in states else "absent"), rows
+
+
+def fence_words(row: dict[str, Any]) -> str:
+    """The share of patches above the fence in a row of ``outlier_layers`` (the layer with the most, as the report
+    and notebook 10 pick it), in words: "none in any layer" when that share is 0."""
+    if not row["share"] > 0:
+        return "none in any layer"
+    lo, hi = row["interval"]
+    return (f"at most {fmt_value(row['share'])} [{fmt_value(lo)}, {fmt_value(hi)}] (layer {row['layer']}, their median "
+            f"norm {fmt_value(row['norm_ratio'])}x the layer's)")
 
 
 def distance_convention_change(conventions: Mapping[str, Tensor], ceiling: float) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from vitlab.findings.atlas import (
     GroupEffect,
     HeadGroups,
     distance_convention_change,
+    fence_words,
     head_group_effects,
     outlier_layers,
     rollout_convention_change,
@@ -200,9 +201,7 @@ def norms_section(inp: Inputs, batch_size: int = 32) -> Section:
             f"{fmt_value(float(lines['patches: median'][-1]))} in layer {L}, largest "
             f"{fmt_value(float(lines['patches: largest'].max()))}" + (f"; last layer's prefix tokens: {prefix}" if prefix
                                                                        else "")
-            + f". Share of patches above their layer's fence: at most {fmt_value(top['share'])} "
-            f"[{fmt_value(top['interval'][0])}, {fmt_value(top['interval'][1])}] (layer {top['layer']}, their median "
-            f"norm {fmt_value(top['norm_ratio'])}x the layer's). High-norm outliers: {verdict}"
+            + f". Share of patches above their layer's fence: {fence_words(top)}. High-norm outliers: {verdict}"
             + (f" (layers {', '.join(map(str, present))})" if present else "")
             + f". Criterion: {OUTLIER_CRITERION}. Darcet et al. find about 2% of patches far above the rest in large "
             "models trained long, from the middle layers on.")
