@@ -55,6 +55,8 @@ def test_the_atlas_finds_the_one_lowest_layer_head_that_carries_the_class_signal
         # the other heads' outputs reach nothing (zero projection columns): exactly no drop, a degenerate interval
         assert groups[other]["matters"] == "does not matter"
         assert groups[other]["drop"] == 0 and groups[other]["interval"] == [0.0, 0.0]
+        lo, hi = m["ablations"][ablation]["local_minus_global"]["interval"]
+        assert (lo > 0) if carrier == "local" else (hi < 0)  # the carrier's group matters more
         drop = np.array(m["ablations"][ablation]["logprob_drop"])
         assert np.unravel_index(drop.argmax(), drop.shape) == (0, 1)
     assert f"{F.MATTERS_NATS} nats" in sec.ours and "does not matter" in sec.ours

@@ -35,6 +35,7 @@ from vitlab.findings.atlas import (
     distance_convention_change,
     fence_words,
     head_group_effects,
+    local_minus_global,
     outlier_layers,
     rollout_convention_change,
 )
@@ -107,8 +108,11 @@ def _atlas_words(res: dict[str, HeadImportance], groups: HeadGroups, distance: T
     parts = [f"Targets: {targets}; unablated accuracy {fmt_value(float(mean.base_correct.double().mean()))}."]
     for a in ABLATIONS:
         e = groups.effects[a]
+        diff = local_minus_global(res[a], groups.codes)
+        contrast = ("" if diff is None else f"; local minus global {fmt_value(diff[0])} nats per head "
+                    f"[{fmt_value(diff[1][0])}, {fmt_value(diff[1][1])}]")
         parts.append(f"{a.capitalize()} ablation, {layer_span(1, k)}: {_group_words('local', e['local'], ceiling)}; "
-                     f"{_group_words('global', e['global'], ceiling)}.")
+                     f"{_group_words('global', e['global'], ceiling)}{contrast}.")
     parts.append(f"Most important head under mean ablation: layer {i + 1}, head {j} ({float(distance[i, j]):.1f} px), "
                  f"{fmt_value(float(mean.logprob_drop[i, j]))} nats [{fmt_value(lo)}, {fmt_value(hi)}], accuracy "
                  f"drop {fmt_value(float(mean.accuracy_drop[i, j]))}; heads whose interval lies above "
@@ -117,6 +121,11 @@ def _atlas_words(res: dict[str, HeadImportance], groups: HeadGroups, distance: T
     parts.append(f"Criterion: {GROUP_CRITERION}; local and global: the nearer and the farther half of the lowest "
                  f"layers' heads by mean attention distance (uniform attention: {ceiling:.1f} px).")
     return " ".join(parts)
+
+
+def _contrast(res: HeadImportance, groups: HeadGroups) -> dict[str, Any] | None:
+    diff = local_minus_global(res, groups.codes)
+    return None if diff is None else {"mean": diff[0], "interval": list(diff[1]), "method": diff[2]}
 
 
 def _atlas_metrics(res: dict[str, HeadImportance], groups: HeadGroups, distance: Tensor, targets: str
@@ -129,7 +138,8 @@ def _atlas_metrics(res: dict[str, HeadImportance], groups: HeadGroups, distance:
                               "accuracy_drop": r.accuracy_drop.tolist(),
                               "accuracy_interval": r.accuracy_interval.tolist(),
                               "groups": {g: None if e is None else json_types(asdict(e))
-                                         for g, e in groups.effects[a].items()}}
+                                         for g, e in groups.effects[a].items()},
+                              "local_minus_global": _contrast(r, groups)}
                           for a, r in res.items()}}
 
 
