@@ -234,11 +234,11 @@ def format_table(res: dict) -> str:
     rows = [
         "| analysis | model(s) | images | ours (s) | baseline (s) | baseline / ours |",
         "|---|---|---|---|---|---|",
-        f"| CKA, end to end vs plain forwards of both | {c['a']} x {c['b']} ({c['layers'][0]}x{c['layers'][1]}) | "
+        f"| CKA vs plain forwards of both | {c['a']} x {c['b']} ({c['layers'][0]}x{c['layers'][1]}) | "
         f"{c['images']} | {c['ours_s']:.1f} | {c['forward_s']:.1f} | {c['forward_s'] / c['ours_s']:.2f} |",
     ]
     if "full_batch_s" in c:
-        rows.append(f"| CKA, end to end vs plain full-batch loop | same | {c['images']} | {c['ours_s']:.1f} | "
+        rows.append(f"| CKA vs plain full-batch loop | same | {c['images']} | {c['ours_s']:.1f} | "
                     f"{c['full_batch_s']:.1f} | **{c['full_batch/ours']:.2f}** |")
     rows += [
         f"| CKA, analysis step vs per-pair loop | same | {c['images']} | {c['ours_step_s']:.3f} | "
@@ -248,10 +248,9 @@ def format_table(res: dict) -> str:
         f"| head atlas vs its own L x H full forwards | same | {h['images']} | {h['shared_s']:.1f} | "
         f"{h['full_s']:.1f} | {h['full/shared']:.2f} |",
         "",
-        f"Medians of {c['repeats']} interleaved rounds; L x H plain forwards: one forward's median times L x H."
-        + (f" CKA rows: process CPU seconds (one torch thread: the shared machine's load does not inflate them), "
-           f"{c.get('machine', res.get('machine', {})).get('date', '')}; head atlas rows: wall seconds."
-           if c.get("clock") == "process CPU seconds" else ""),
+        f"Medians of {c['repeats']} interleaved rounds; L x H plain forwards: one forward's median x L x H."
+        + (f" CKA: process CPU seconds, one torch thread, {c.get('machine', res.get('machine', {})).get('date', '')};"
+           " head atlas: wall seconds." if c.get("clock") == "process CPU seconds" else ""),
         *memory_rows(m),
     ]
     return "\n".join(rows)
@@ -262,7 +261,7 @@ def memory_rows(m: dict) -> list[str]:
     if "heads_process_peak_mib" not in m:
         return []
     (few, many), h, c = m["images"], m["heads_process_peak_mib"], m["cka_process_peak_mib"]
-    rows = ["", f"| peak resident memory (getrusage), {m['model']} at 224 px, batches of {m['batch']} | {few} images "
+    rows = ["", f"| process peak memory, {m['model']}, 224 px, batches of {m['batch']} | {few} images "
             f"(MiB) | {many} images (MiB) |", "|---|---|---|",
             f"| plain forward of one batch | {m['forward_process_peak_mib']:.0f} | |",
             f"| head atlas (`head_importance`) | {h[0]:.0f} | {h[1]:.0f} |",
@@ -271,8 +270,7 @@ def memory_rows(m: dict) -> list[str]:
         f = m["cka_full_process_peak_mib"]
         rows.append(f"| CKA with itself, plain full-batch loop | {f[0]:.0f} | {f[1]:.0f} |")
     if "machine" in m:  # the memory part rerun alone (--memory-only): its own moment and load
-        rows += ["", f"Memory measured alone, {m['machine']['date']} (load average at the start "
-                     f"{m['machine']['load_average']})."]
+        rows += ["", f"Memory measured alone, {m['machine']['date']}, load {m['machine']['load_average']}."]
     return rows
 
 

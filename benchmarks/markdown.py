@@ -281,20 +281,19 @@ def startup_section(res: dict) -> tuple[str, str]:
 
 def atlas_section(res: dict) -> tuple[str, str]:
     c, h, m = res["cka"], res["heads"], res["memory"]
-    full = (f"; the plain full-batch loop takes {c['full_batch/ours']:.2f}x its time (the matrices differ by at most "
+    full = (f"; the plain full-batch loop {c['full_batch/ours']:.2f}x its time (matrices differ by at most "
             f"{c['full_batch_max_abs_diff']:.2g}: two estimators of one CKA)" if "full_batch_s" in c else "")
     reading = [
         f"Layer similarity costs {c['ours/forward']:.2f}x the plain forwards of both models{full}.",
-        f"The head atlas, each ablated run starting at its block, is {h['plain_lxh/shared']:.2f}x faster than L x H "
-        f"plain forwards and {h['full/shared']:.2f}x faster than its own full forwards ({h['model']}, {h['images']} "
-        "images).",
-        f"Memory above the model follows the batch, not the images: head atlas {m['heads_peak_mib'][0]:.0f} and "
-        f"{m['heads_peak_mib'][1]:.0f} MiB, CKA {m['cka_peak_mib'][0]:.0f} and {m['cka_peak_mib'][1]:.0f} MiB over "
-        f"{m['images'][0]} and {m['images'][1]} images"
-        + (f"; the full-batch loop's {m['cka_full_peak_mib'][0]:.0f} and {m['cka_full_peak_mib'][1]:.0f} MiB grow with "
-           "them" if "cka_full_peak_mib" in m else "")
-        + f"; the process peaks also hold the {m['images'][1]} images' "
-          f"{m['images'][1] * 3 * 224 * 224 * 4 / 2 ** 20:.0f} MiB.",
+        f"Starting each ablated run at its block makes the head atlas {h['plain_lxh/shared']:.2f}x faster than L x H "
+        "plain forwards.",
+        f"Memory above the model, {m['images'][0]} and {m['images'][1]} images: head atlas "
+        f"{m['heads_peak_mib'][0]:.0f} and {m['heads_peak_mib'][1]:.0f} MiB, CKA {m['cka_peak_mib'][0]:.0f} and "
+        f"{m['cka_peak_mib'][1]:.0f} MiB"
+        + (f", the full-batch loop {m['cka_full_peak_mib'][0]:.0f} and {m['cka_full_peak_mib'][1]:.0f} MiB"
+           if "cka_full_peak_mib" in m else "")
+        + f"; the process peaks also hold the images ({m['images'][1] * 3 * 224 * 224 * 4 / 2 ** 20:.0f} MiB at "
+          f"{m['images'][1]}).",
     ]
     return atlas_speed.format_table(res), "\n".join(reading)
 
