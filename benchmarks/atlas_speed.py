@@ -6,7 +6,10 @@ head atlas, each against a plain loop and plain forwards measured in the same pr
 * CKA: ``vitlab.layer_similarity`` of ``--cka-a`` against ``--cka-b`` (token sequences flattened, the default) against
   (a) the plain forwards of both models over the same images and (b) the loop most published mini-batch CKA code
   runs (one Gram matrix pair built per layer pair and batch, the HSIC formula written out), on the same features:
-  ours builds each layer's centred Gram once per batch and takes all pairs in one matrix product.
+  ours builds each layer's centred Gram once per batch and takes all pairs in one matrix product; and (c) the plain
+  full-batch loop (``cka_full_batch``: every image's features of every layer kept, then ``vitlab.cka`` per layer
+  pair), end to end, with the largest difference between its matrix and ours (the two estimators agree in
+  expectation, not to the digit).
 * Head atlas: ``vitlab.head_importance`` (mean ablation) on ``--head-model`` with its runs starting at the ablated
   block (shared) against the same atlas from L x H full forwards (``share=False``) and against L x H plain forwards
   (one plain forward timed, times L x H: the cost the issue names). Plain forwards are the model's own (fused attention,
@@ -17,7 +20,8 @@ head atlas, each against a plain loop and plain forwards measured in the same pr
   activations, the same for every block) and ``layer_similarity`` of that model with itself, over half of
   ``--memory-images`` and over all of them (default 128, the issue's ViT-B/16 at 224 px) in batches of
   ``--memory-batch``, against a plain forward of one batch: equal peaks at two image counts say that memory does not
-  grow with the number of images.
+  grow with the number of images. The plain full-batch CKA loop's peak over the same counts shows what the
+  mini-batches save: its features of every image grow with their number.
 """
 
 from __future__ import annotations
@@ -39,10 +43,16 @@ from benchmarks._util import PeakRSS, machine_info, report
 from vitlab.inspect.cka import MinibatchCKA, layer_features
 
 
-def _timed(fn, *args, **kwargs) -> tuple[float, object]:
-    t = time.perf_counter()
+def _timed(fn, *args, clock=time.perf_counter, **kwargs) -> tuple[float, object]:
+    t = clock()
     out = fn(*args, **kwargs)
-    return time.perf_counter() - t, out
+    return clock() - t, out
+
+
+def _cpu(fn, *args, **kwargs) -> tuple[float, object]:
+    """``_timed`` in this process's CPU seconds: with one torch thread, what the work costs, which the other
+    processes of a shared machine do not inflate."""
+    return _timed(fn, *args, clock=time.process_time, **kwargs)
 
 
 @torch.no_grad()
@@ -85,31 +95,50 @@ def cka_loop(batches: list[tuple[list[torch.Tensor], list[torch.Tensor]]]) -> to
     return cross / (sa * sb).sqrt()
 
 
+@torch.no_grad()
+def cka_full_batch(model_a: torch.nn.Module, model_b: torch.nn.Module, x: torch.Tensor, batch: int) -> torch.Tensor:
+    """(La, Lb) linear CKA the plain way: every image's features of every layer kept (forwards in batches of
+    ``batch``, features joined), then the full-batch formula, ``vitlab.cka``, once per layer pair. A model compared
+    with itself is run once."""
+    def features(model: torch.nn.Module) -> list[torch.Tensor]:
+        parts = [layer_features(model, c) for c in x.split(batch)]
+        return [torch.cat(layer) for layer in zip(*parts)]
+
+    fa = features(model_a)
+    fb = fa if model_b is model_a else features(model_b)
+    return torch.stack([torch.stack([vitlab.cka(a, b) for b in fb]) for a in fa])
+
+
 # ------------------------------------------------------------------------------------ benchmark
 def run_cka(name_a: str, name_b: str, images: int, batch: int, repeats: int) -> dict:
     a, b = _model(name_a), _model(name_b)
     x = torch.randn(images, 3, 224, 224)
     model_forward(a, x[:batch], batch)  # warm-up
     model_forward(b, x[:batch], batch)
-    fwd, mine = [], []
+    fwd, mine, full = [], [], []
     for _ in range(repeats):  # interleaved, the median of each: the load of a shared machine moves both alike
-        fwd.append(_timed(model_forward, a, x, batch)[0] + _timed(model_forward, b, x, batch)[0])
-        t, ours = _timed(vitlab.layer_similarity, a, b, x, batch_size=batch, progress=False)
+        fwd.append(_cpu(model_forward, a, x, batch)[0] + _cpu(model_forward, b, x, batch)[0])
+        t, ours = _cpu(vitlab.layer_similarity, a, b, x, batch_size=batch, progress=False)
         mine.append(t)
-    t_fwd, t_ours = statistics.median(fwd), statistics.median(mine)
+        t, whole = _cpu(cka_full_batch, a, b, x, batch)
+        full.append(t)
+    t_fwd, t_ours, t_full = statistics.median(fwd), statistics.median(mine), statistics.median(full)
     with torch.no_grad():  # the same features for both analysis steps
         feats = [(layer_features(a, c), layer_features(b, c)) for c in x.split(batch)]
     acc = MinibatchCKA(len(feats[0][0]), len(feats[0][1]))
-    t_step = time.perf_counter()
+    t_step = time.process_time()
     for fa, fb in feats:
         acc.update(fa, fb)
     step = acc.result()
-    t_step = time.perf_counter() - t_step
-    t_loop, loop = _timed(cka_loop, feats)
+    t_step = time.process_time() - t_step
+    t_loop, loop = _cpu(cka_loop, feats)
     torch.testing.assert_close(loop, step, rtol=1e-6, atol=1e-9)  # the same numbers
     torch.testing.assert_close(ours, step, rtol=1e-6, atol=1e-9)
     return {"a": name_a, "b": name_b, "images": images, "batch": batch, "layers": list(step.shape), "repeats": repeats,
+            "clock": "process CPU seconds",
             "forward_s": t_fwd, "ours_s": t_ours, "ours/forward": t_ours / t_fwd,
+            "full_batch_s": t_full, "full_batch/ours": t_full / t_ours,
+            "full_batch_max_abs_diff": float((whole - ours).abs().max()),
             "ours_step_s": t_step, "loop_step_s": t_loop, "loop/ours step": t_loop / t_step}
 
 
@@ -151,6 +180,8 @@ def _peak_child(task: str, name: str, images: int, batch: int, threads: int, out
     with PeakRSS() as peak:
         if task == "forward":
             model_forward(model, x, batch)
+        elif task == "cka_full":
+            cka_full_batch(model, model, x, batch)
         elif task == "heads":  # the last block's heads: the peak is one batch's activations, the same for every block
             vitlab.head_importance(model, x, y, layers=[len(model.blocks) - 1], batch_size=batch, progress=False)
         else:
@@ -180,10 +211,12 @@ def run_memory(name: str, images: int, batch: int, few: int | None = None) -> di
     fwd = _peak("forward", name, batch, batch)
     heads = [_peak("heads", name, n, batch) for n in (few, images)]
     cka = [_peak("cka", name, n, batch) for n in (few, images)]
+    full = [_peak("cka_full", name, n, batch) for n in (few, images)]
     return {"model": name, "images": [few, images], "batch": batch,
             "forward_peak_mib": fwd[0], "heads_peak_mib": [h[0] for h in heads], "cka_peak_mib": [c[0] for c in cka],
+            "cka_full_peak_mib": [f[0] for f in full],
             "forward_process_peak_mib": fwd[1], "heads_process_peak_mib": [h[1] for h in heads],
-            "cka_process_peak_mib": [c[1] for c in cka]}
+            "cka_process_peak_mib": [c[1] for c in cka], "cka_full_process_peak_mib": [f[1] for f in full]}
 
 
 def run(cka_a: str = "vit_small_patch16_224", cka_b: str = "vit_tiny_patch16_224", cka_images: int = 64,
@@ -198,11 +231,16 @@ def run(cka_a: str = "vit_small_patch16_224", cka_b: str = "vit_tiny_patch16_224
 
 def format_table(res: dict) -> str:
     c, h, m = res["cka"], res["heads"], res["memory"]
-    return "\n".join([
+    rows = [
         "| analysis | model(s) | images | ours (s) | baseline (s) | baseline / ours |",
         "|---|---|---|---|---|---|",
-        f"| CKA, end to end vs plain forwards of both | {c['a']} x {c['b']} ({c['layers'][0]}x{c['layers'][1]}) | "
+        f"| CKA vs plain forwards of both | {c['a']} x {c['b']} ({c['layers'][0]}x{c['layers'][1]}) | "
         f"{c['images']} | {c['ours_s']:.1f} | {c['forward_s']:.1f} | {c['forward_s'] / c['ours_s']:.2f} |",
+    ]
+    if "full_batch_s" in c:
+        rows.append(f"| CKA vs plain full-batch loop | same | {c['images']} | {c['ours_s']:.1f} | "
+                    f"{c['full_batch_s']:.1f} | **{c['full_batch/ours']:.2f}** |")
+    rows += [
         f"| CKA, analysis step vs per-pair loop | same | {c['images']} | {c['ours_step_s']:.3f} | "
         f"{c['loop_step_s']:.2f} | **{c['loop/ours step']:.0f}** |",
         f"| head atlas vs L x H plain forwards | {h['model']} ({h['layers']}x{h['heads']}) | {h['images']} | "
@@ -210,10 +248,12 @@ def format_table(res: dict) -> str:
         f"| head atlas vs its own L x H full forwards | same | {h['images']} | {h['shared_s']:.1f} | "
         f"{h['full_s']:.1f} | {h['full/shared']:.2f} |",
         "",
-        f"Seconds: medians of {c['repeats']} interleaved rounds; L x H plain forwards: one forward's median times "
-        "L x H (fused attention, no_grad).",
+        f"Medians of {c['repeats']} interleaved rounds; L x H plain forwards: one forward's median x L x H."
+        + (f" CKA: process CPU seconds, one torch thread, {c.get('machine', res.get('machine', {})).get('date', '')};"
+           " head atlas: wall seconds." if c.get("clock") == "process CPU seconds" else ""),
         *memory_rows(m),
-    ])
+    ]
+    return "\n".join(rows)
 
 
 def memory_rows(m: dict) -> list[str]:
@@ -221,14 +261,16 @@ def memory_rows(m: dict) -> list[str]:
     if "heads_process_peak_mib" not in m:
         return []
     (few, many), h, c = m["images"], m["heads_process_peak_mib"], m["cka_process_peak_mib"]
-    rows = ["", f"| peak resident memory of the whole process (getrusage), {m['model']} at 224 px | {few} images (MiB) "
-            f"| {many} images (MiB) |", "|---|---|---|",
-            f"| plain forward of one batch of {m['batch']} | {m['forward_process_peak_mib']:.0f} | |",
-            f"| head atlas (`head_importance`, batches of {m['batch']}) | {h[0]:.0f} | {h[1]:.0f} |",
-            f"| CKA with itself (`layer_similarity`, batches of {m['batch']}) | {c[0]:.0f} | {c[1]:.0f} |"]
+    rows = ["", f"| process peak memory, {m['model']}, 224 px, batches of {m['batch']} | {few} images "
+            f"(MiB) | {many} images (MiB) |", "|---|---|---|",
+            f"| plain forward of one batch | {m['forward_process_peak_mib']:.0f} | |",
+            f"| head atlas (`head_importance`) | {h[0]:.0f} | {h[1]:.0f} |",
+            f"| CKA with itself (`layer_similarity`) | {c[0]:.0f} | {c[1]:.0f} |"]
+    if "cka_full_process_peak_mib" in m:
+        f = m["cka_full_process_peak_mib"]
+        rows.append(f"| CKA with itself, plain full-batch loop | {f[0]:.0f} | {f[1]:.0f} |")
     if "machine" in m:  # the memory part rerun alone (--memory-only): its own moment and load
-        rows += ["", f"The memory rows were measured alone, {m['machine']['date']} (load average at the start "
-                     f"{m['machine']['load_average']})."]
+        rows += ["", f"Memory measured alone, {m['machine']['date']}, load {m['machine']['load_average']}."]
     return rows
 
 
@@ -247,20 +289,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds, interleaved; the median of each")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the shared 2-core machine's setting)")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--memory-only", action="store_true",
-                    help="rerun the peak-memory part alone and replace it in --json's earlier result (which must "
-                         "exist); the part records its own machine and date")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--memory-only", action="store_true",
+                      help="rerun the peak-memory part alone and replace it in --json's earlier result (which must "
+                           "exist); the part records its own machine and date")
+    only.add_argument("--cka-only", action="store_true",
+                      help="rerun the CKA timing part alone and replace it in --json's earlier result (which must "
+                           "exist); the part records its own machine and date")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     info = machine_info()
-    if a.memory_only:
+    if a.memory_only or a.cka_only:
         if a.json is None or not a.json.is_file():
-            ap.error("--memory-only replaces the memory part of an earlier result: give --json an existing file")
+            ap.error("--memory-only and --cka-only replace a part of an earlier result: give --json an existing file")
         import json
 
         res = json.loads(a.json.read_text())
-        res["memory"] = {**run_memory(a.memory_model, a.memory_images, a.memory_batch, a.memory_few),
-                         "machine": info}
+        if a.memory_only:
+            res["memory"] = {**run_memory(a.memory_model, a.memory_images, a.memory_batch, a.memory_few),
+                             "machine": info}
+        else:
+            torch.manual_seed(0)
+            res["cka"] = {**run_cka(a.cka_a, a.cka_b, a.cka_images, a.batch, a.repeats), "machine": info}
         return report(res, format_table(res), a.json)
     res = {"machine": info, **run(a.cka_a, a.cka_b, a.cka_images, a.head_model, a.head_images, a.memory_model,
                                   a.memory_images, a.memory_batch,

@@ -281,18 +281,19 @@ def startup_section(res: dict) -> tuple[str, str]:
 
 def atlas_section(res: dict) -> tuple[str, str]:
     c, h, m = res["cka"], res["heads"], res["memory"]
+    full = (f"; the plain full-batch loop {c['full_batch/ours']:.2f}x its time (matrices differ by at most "
+            f"{c['full_batch_max_abs_diff']:.2g}: two estimators of one CKA)" if "full_batch_s" in c else "")
     reading = [
-        f"Layer similarity costs {c['ours/forward']:.2f}x the plain forwards of both models; its analysis step is "
-        f"{c['loop/ours step']:.0f}x faster than the per-pair loop on the same features.",
-        f"The head atlas starts each ablated run at its block: {h['plain_lxh/shared']:.2f}x faster than L x H plain "
-        f"forwards and {h['full/shared']:.2f}x faster than its own full-forward runs ({h['model']}, {h['images']} "
-        "images).",
-        f"Memory follows the batch, not the number of images: head atlas {m['heads_peak_mib'][0]:.0f} and "
-        f"{m['heads_peak_mib'][1]:.0f} MiB, CKA {m['cka_peak_mib'][0]:.0f} and {m['cka_peak_mib'][1]:.0f} MiB over "
-        f"{m['images'][0]} and {m['images'][1]} images ({m['model']})"
-        + (f"; the process's extra {m['heads_process_peak_mib'][1] - m['heads_process_peak_mib'][0]:.0f} MiB (head "
-           f"atlas) over {m['images'][1]} images is about their input tensor."
-           if "heads_process_peak_mib" in m else "."),
+        f"Layer similarity costs {c['ours/forward']:.2f}x the plain forwards of both models{full}.",
+        f"Starting each ablated run at its block makes the head atlas {h['plain_lxh/shared']:.2f}x faster than L x H "
+        "plain forwards.",
+        f"Memory above the model, {m['images'][0]} and {m['images'][1]} images: head atlas "
+        f"{m['heads_peak_mib'][0]:.0f} and {m['heads_peak_mib'][1]:.0f} MiB, CKA {m['cka_peak_mib'][0]:.0f} and "
+        f"{m['cka_peak_mib'][1]:.0f} MiB"
+        + (f", the full-batch loop {m['cka_full_peak_mib'][0]:.0f} and {m['cka_full_peak_mib'][1]:.0f} MiB"
+           if "cka_full_peak_mib" in m else "")
+        + f"; the process peaks also hold the images ({m['images'][1] * 3 * 224 * 224 * 4 / 2 ** 20:.0f} MiB at "
+          f"{m['images'][1]}).",
     ]
     return atlas_speed.format_table(res), "\n".join(reading)
 

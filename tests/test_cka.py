@@ -179,3 +179,20 @@ def test_block_capture_restores_the_model_when_the_body_raises():
             model(x)
             raise RuntimeError("inside")
     assert model.training and all(not m._forward_hooks for m in model.modules())
+
+
+def test_the_benchmarks_full_batch_loop_is_the_estimator_on_one_batch():
+    """benchmarks/atlas_speed.py times layer_similarity against a plain full-batch loop (every image's features kept,
+    vitlab.cka per layer pair): with all images in one batch the mini-batch estimator is that formula, so the two
+    agree to rounding; with several batches they are two estimators of one CKA and differ."""
+    from benchmarks.atlas_speed import cka_full_batch
+
+    a, b = tiny_vit(), tiny_convit()
+    torch.manual_seed(0)
+    x = torch.randn(12, 3, 32, 32)
+    full = cka_full_batch(a, b, x, batch=5)
+    assert full.shape == (3, 4)
+    torch.testing.assert_close(full, layer_similarity(a, b, x, batch_size=12, progress=False), rtol=1e-9, atol=1e-12)
+    assert not torch.allclose(full, layer_similarity(a, b, x, batch_size=6, progress=False), atol=1e-6)
+    same = cka_full_batch(a, a, x, batch=5)
+    torch.testing.assert_close(same.diagonal(), torch.ones(3, dtype=torch.float64))

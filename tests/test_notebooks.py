@@ -18,7 +18,7 @@ SOURCES = sorted(NOTEBOOKS.glob("*.py"))
 def test_every_experiment_has_a_notebook():
     names = " ".join(p.stem for p in SOURCES)
     for topic in ("tour", "patch_embedding", "position", "attention_distance", "rollout", "few_shot", "scaling",
-                  "masked_patch", "similarity"):
+                  "masked_patch", "similarity", "heads_and_tokens"):
         assert topic in names
 
 
@@ -160,3 +160,40 @@ def test_mpp_notebook_budget_line_never_says_zero_hours():
     line = next(t for t in _smoke_output("07_masked_patch_prediction").splitlines() if t.startswith("Budgets:"))
     assert "0.00 h" not in line and re.search(r"without labels in \d+ s \(the supervised run trained \d+x", line)
 
+
+
+def test_heads_and_tokens_notebook_formats_what_the_analysis_layers_compute():
+    """Notebook 10 reads the head atlas and token diagnostics from vitlab.inspect and vitlab.findings, never from
+    the report, and its sentences carry their numbers: the smoke run's rollout and prefix-share lines for the default
+    and for the random-init register model are those of the same functions on the same 16 images, and both
+    ablations' local-minus-global lines are printed."""
+    import torch
+    from timm.models.vision_transformer import VisionTransformer
+
+    import vitlab
+    from vitlab.base.intervals import fmt_value
+    from vitlab.data.images import default_images
+    from vitlab.findings import atlas as FA
+    from vitlab.inspect.tokens import rollout_prefix_change
+
+    source = (NOTEBOOKS / "10_heads_and_tokens.py").read_text()
+    assert "vitlab.report" not in source
+    out = _smoke_output("10_heads_and_tokens")
+    model = vitlab.load_model()
+    info = vitlab.model_info(model)
+    _, x, _ = default_images(model, 16)
+    torch.manual_seed(0)
+    registers = VisionTransformer(img_size=info.img_size, patch_size=info.patch_size, embed_dim=info.embed_dim,
+                                  depth=info.depth, num_heads=info.num_heads, reg_tokens=4, num_classes=10).eval()
+    for label, net in (("vit_cifar10 (embedded default)", model), ("random-init ViT with 4 registers (seed 0)",
+                                                                   registers)):
+        r = FA.rollout_convention_change(rollout_prefix_change(net, x, batch_size=8))["spearman"]
+        line = next(t for t in out.splitlines() if t.startswith(f"{label}: the layers' head-mean distances"))
+        assert (f"Spearman {fmt_value(r['mean'])} [{fmt_value(r['interval'][0])}, {fmt_value(r['interval'][1])}]"
+                in line), line
+        share = vitlab.prefix_attention(net, x, batch_size=8, progress=False).nansum(-1).mean(1)
+        p = vitlab.model_info(net).num_prefix_tokens
+        line = next(t for t in out.splitlines() if t.startswith(f"{label}: the {p} prefix tokens"))
+        assert f"take {fmt_value(float(share[0]))} of the attention in layer 1" in line, line
+    for ablation in ("mean", "zero"):
+        assert re.search(rf"^{ablation} ablation, local minus global: -?[0-9.e-]+ nats per head \[", out, re.M)

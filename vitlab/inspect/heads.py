@@ -23,6 +23,7 @@ L x H full forwards become about L x H / 2 block stacks. A model whose forward `
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -38,7 +39,8 @@ from vitlab.base.modes import eval_mode, no_checkpointing, unwrapped
 from vitlab.inspect.capture import AttentionCaptureError, check_images, find_attention_modules
 from vitlab.inspect.residual import block_zero_input, run_from, tail_matches
 
-__all__ = ["ABLATIONS", "Ablation", "HeadImportance", "head_importance", "head_slices", "ablate_head"]
+__all__ = ["ABLATIONS", "Ablation", "HeadImportance", "head_importance", "head_slices", "ablate_head", "head_groups",
+           "LOCAL", "GLOBAL"]
 
 Ablation = Literal["mean", "zero"]
 ABLATIONS = ("mean", "zero")
@@ -69,6 +71,34 @@ class HeadImportance:
     base_correct: Tensor
     interval_method: str
     shared: bool
+
+    def most_important(self) -> tuple[int, int]:
+        """(row, head), 0-based, of the largest ``logprob_drop`` (the row indexes ``layers``); absent heads left
+        out."""
+        flat = int(torch.nan_to_num(self.logprob_drop, nan=-math.inf).argmax())
+        row, head = divmod(flat, self.logprob_drop.shape[1])
+        return row, head
+
+
+#: ``head_groups``' codes of the lowest blocks' nearer and farther heads (0: a head above the lowest blocks)
+LOCAL, GLOBAL = 1, 2
+
+
+def head_groups(distance: Tensor, lowest: int) -> Tensor:
+    """(L, H) mean attention distances -> (L, H) long codes: 0 for the heads above the ``lowest`` blocks; among the
+    lowest blocks' heads ranked by distance (ties in index order), ``LOCAL`` for the nearer half (rounded down) and
+    ``GLOBAL`` for the rest. Raises ValueError when ``lowest`` is not 1 to L."""
+    if distance.dim() != 2:
+        raise ValueError(f"distance must be (L, H) mean attention distances per head, got shape {tuple(distance.shape)}")
+    if not whole_index(lowest) or not 1 <= lowest <= len(distance):
+        raise ValueError(f"lowest must be a number of blocks from 1 to {len(distance)}, got {lowest!r}")
+    codes = torch.zeros(distance.shape, dtype=torch.long)
+    low = distance[:lowest].reshape(-1)
+    order = torch.argsort(low, stable=True)
+    flat = torch.full_like(low, GLOBAL, dtype=torch.long)
+    flat[order[: len(low) // 2]] = LOCAL
+    codes[:lowest] = flat.reshape(lowest, -1)
+    return codes
 
 
 def head_slices(model: nn.Module) -> list[list[tuple[nn.Module, int, int]]]:

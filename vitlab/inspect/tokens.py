@@ -19,12 +19,15 @@ import torch
 from torch import Tensor, nn
 
 from vitlab.base.checks import check_count
-from vitlab.base.modes import unwrapped
+from vitlab.base.modes import eval_mode, unwrapped
+from vitlab.base.stats import spearman
 from vitlab.inspect.capture import capture_attention, check_images
 from vitlab.inspect.residual import capture_blocks, prefix_counts
+from vitlab.inspect.rollout import JointRollout, readout_vector
 from vitlab.models.info import model_info
 
-__all__ = ["prefix_attention", "prefix_share_from_maps", "token_norms", "TokenNorms", "outlier_fence", "QUERIES"]
+__all__ = ["prefix_attention", "prefix_share_from_maps", "token_norms", "TokenNorms", "outlier_fence", "QUERIES",
+           "norm_summary", "prefix_removed", "rollout_prefix_change"]
 
 Queries = Literal["all", "patches", "prefix"]
 #: whose attention ``prefix_attention`` averages: every token's, the patches' alone, or the prefix tokens' alone
@@ -149,3 +152,63 @@ def token_norms(model: nn.Module, images: Tensor, *, fence: float = 3.0, thresho
               else outlier_fence(patches, fence))
     return TokenNorms(norms=per, prefix_kinds=info.prefix_kinds, fences=fences,
                       outliers=patches.double() > fences[:, None, None])
+
+
+def norm_summary(norms: TokenNorms) -> dict[str, Tensor]:
+    """Per layer, (L,) float64 each: the patches' median, 99th percentile and largest norm over every image and patch
+    ("patches: median", "patches: 99th percentile", "patches: largest"), and each prefix token's mean norm over the
+    images ("class token: mean", "reg token 2: mean" where a kind repeats; NaN in a ConViT's blocks before its class
+    token joins)."""
+    flat = norms.patch_norms.double().flatten(1)  # (L, B * N)
+    out = {"patches: median": flat.median(1).values, "patches: 99th percentile": flat.quantile(0.99, dim=1),
+           "patches: largest": flat.amax(1)}
+    kinds = norms.prefix_kinds
+    for t, kind in enumerate(kinds):
+        name = f"{kind} token {t}" if kinds.count(kind) > 1 else f"{kind} token"
+        out[f"{name}: mean"] = norms.norms[:, :, t].double().mean(1)
+    return out
+
+
+def prefix_removed(maps: Tensor, num_prefix: int) -> Tensor:
+    """(B, H, T, T) maps with the attention on the first ``num_prefix`` keys removed and each row renormalised over
+    the patch keys; a row with nothing on the patches (a ConViT's class token before it joins) is left as it was."""
+    patches = maps[..., num_prefix:]
+    total = patches.sum(-1, keepdim=True)
+    moved = torch.cat([torch.zeros_like(maps[..., :num_prefix]), patches / total.clamp_min(1e-30)], -1)
+    return torch.where(total > 0, moved, maps)
+
+
+@torch.no_grad()
+def rollout_prefix_change(model: nn.Module, images: Tensor, *, batch_size: int = 32) -> dict[str, Tensor]:
+    """How much the readout's rollout (head mean, residual 0.5, no discard) of ``images`` (a preprocessed (B, C, H, W)
+    batch) changes between two prefix conventions: the prefix tokens kept in every layer's attention (vitlab's) and
+    their keys removed with each row renormalised over the patches in every layer (``prefix_removed``).
+
+    Per image, (B,) float64 CPU each: "spearman", the Spearman correlation of the two patch maps; "total_variation",
+    their total-variation distance with each map scaled to sum 1 (0 to 1); "prefix_mass", the share of the readout's
+    rollout mass on the prefix tokens in vitlab's convention. A model without prefix tokens gives 1, 0 and 0."""
+    model = unwrapped(model)
+    check_images(images, model)
+    check_count("batch_size", batch_size)
+    info = model_info(model, img_size=tuple(images.shape[-2:]))
+    p = info.num_prefix_tokens
+    out: dict[str, list[Tensor]] = {"spearman": [], "total_variation": [], "prefix_mass": []}
+    with eval_mode(model):
+        for x in images.split(batch_size):
+            kept, removed = JointRollout(), JointRollout()
+
+            def reduce(layer: int, maps: Tensor) -> None:
+                kept(layer, maps)
+                removed(layer, prefix_removed(maps, p))
+
+            with capture_attention(model, head_fusion="mean", reduce=reduce) as cap:
+                model(x)
+                pool = cap.pool_maps()
+            v = readout_vector(info, len(x), pool, device=x.device).unsqueeze(1)
+            a, b = (v @ kept.joint).squeeze(1).cpu(), (v @ removed.joint).squeeze(1).cpu()  # (b, T)
+            out["prefix_mass"].append(a[:, :p].sum(1))
+            a, b = a[:, p:], b[:, p:]
+            a, b = a / a.sum(1, keepdim=True), b / b.sum(1, keepdim=True)
+            out["spearman"].append(spearman(a, b))
+            out["total_variation"].append(0.5 * (a - b).abs().sum(1))
+    return {k: torch.cat(v).double() for k, v in out.items()}

@@ -2,118 +2,50 @@
 
 ``head_atlas``: every head's importance (``vitlab.head_importance``, mean and zero ablation, 95% intervals over
 images) against its mean attention distance, and whether the lowest layers' local heads and their global heads
-matter for the prediction, by ``GROUP_CRITERION``. ``token_sections``: the share of attention on each prefix token
-per layer and head (``vitlab.prefix_attention``), how much mean attention distance and rollout change between the
-prefix conventions, and the token norms per layer with the high-norm outlier verdict (``vitlab.token_norms``,
-``OUTLIER_CRITERION``; Darcet et al. 2024, "Vision Transformers Need Registers").
+matter for the prediction. ``token_sections``: the share of attention on each prefix token per layer and head
+(``vitlab.prefix_attention``), how much mean attention distance and rollout change between the prefix conventions,
+and the token norms per layer with the high-norm outlier verdict (``vitlab.token_norms``; Darcet et al. 2024,
+"Vision Transformers Need Registers").
 
-Statements here are not the paper's findings, so they are no ``Verdict`` rows of the findings table: each is a
-stated criterion on a 95% interval, decided by ``vitlab.findings.verdict.decide`` and kept in the section's metrics.
+The criteria and what they decide live in ``vitlab.findings.atlas``, the tensors in ``vitlab.inspect.heads`` and
+``vitlab.inspect.tokens`` (notebook 10 uses the same functions); this module runs them on the report's inputs and
+formats their numbers into figures and sentences.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from vitlab.base.intervals import N_BOOT, SEED, fmt_value, mean_interval
-from vitlab.base.stats import spearman
+from vitlab.base.intervals import fmt_value
 from vitlab.figures.plots import head_atlas as atlas_figure
 from vitlab.figures.plots import layer_span, prefix_share_heatmaps, token_norm_lines
-from vitlab.findings import model as findings
-from vitlab.findings.verdict import decide, json_types
-from vitlab.inspect.capture import capture_attention
+from vitlab.findings.atlas import (
+    GROUP_CRITERION,
+    MATTERS_NATS,
+    OUTLIER_CRITERION,
+    OUTLIER_RATIO,
+    OUTLIER_SHARE,
+    GroupEffect,
+    HeadGroups,
+    distance_convention_change,
+    fence_words,
+    head_group_effects,
+    local_minus_global,
+    outlier_layers,
+    rollout_convention_change,
+)
+from vitlab.findings.verdict import json_types
 from vitlab.inspect.distance import uniform_attention_distance
 from vitlab.inspect.heads import ABLATIONS, HeadImportance, head_importance
-from vitlab.inspect.rollout import JointRollout, readout_vector
-from vitlab.inspect.tokens import TokenNorms, prefix_attention, token_norms
+from vitlab.inspect.tokens import norm_summary, prefix_attention, rollout_prefix_change, token_norms
 from vitlab.report.sections import Inputs, Section
 
-__all__ = ["head_atlas", "token_sections", "GroupEffect", "head_groups", "ablation_targets", "outlier_layers",
-           "rollout_conventions", "MATTERS_NATS", "LOWEST_SHARE", "OUTLIER_SHARE", "OUTLIER_RATIO", "GROUP_CRITERION",
-           "OUTLIER_CRITERION"]
-
-#: the share of the blocks counted as the lowest layers (at least one block)
-LOWEST_SHARE = 0.25
-#: a group of heads matters when the 95% interval of its mean drop per head lies above this many nats (a drop of
-#: 0.01 nats is a 1% lower probability of the true class), does not when it lies below
-MATTERS_NATS = 0.01
-GROUP_CRITERION = (f"a group of heads matters for the prediction when the 95% interval over images of its mean drop "
-                   f"in log p(true class) per head, with one head ablated at a time, lies above {MATTERS_NATS} nats; "
-                   "it does not when the interval lies below; otherwise undecided")
-#: outlier patches: above their layer's Tukey far-out fence (``vitlab.inspect.tokens``) in at least this share of
-#: the patches (interval over images), with a median norm at least ``OUTLIER_RATIO`` times the layer's median
-OUTLIER_SHARE = 0.005
-OUTLIER_RATIO = 2.0
-OUTLIER_CRITERION = (f"high-norm outliers are present in a layer when the share of its patches above the far-out "
-                     f"fence Q3 + 3 IQR of its patch norms has a 95% interval over images above {OUTLIER_SHARE:.1%} "
-                     f"and those patches' median norm is at least {OUTLIER_RATIO:g}x the layer's median patch norm; "
-                     f"absent when the interval lies below {OUTLIER_SHARE:.1%} or the norm ratio is under "
-                     f"{OUTLIER_RATIO:g}x; present in the model when in any layer, absent when in none is it present "
-                     "or undecided")
-#: how ``decide``'s words read for a group of heads
-MATTERS = {"reproduced": "matters", "not reproduced": "does not matter", "inconclusive": "undecided"}
-
-
-def _mean_and_interval(values: np.ndarray) -> tuple[float, tuple[float, float], str]:
-    """The mean of per-image ``values`` and its 95% interval (``mean_interval``); values without spread (every image
-    alike, e.g. a head whose output no weight reads) have the degenerate interval at their value."""
-    v = np.asarray(values, dtype=np.float64)
-    iv, method = mean_interval(v, N_BOOT, SEED, "images")
-    if not math.isfinite(iv[0]) and len(v) >= 2 and np.all(v == v[0]):
-        iv, method = (float(v[0]), float(v[0])), f"none needed: all {len(v)} images give {v[0]:.3g}"
-    return float(v.mean()) if len(v) else math.nan, (float(iv[0]), float(iv[1])), method
-
-
-@dataclass(frozen=True)
-class GroupEffect:
-    """One group of heads under one ablation: its heads ((layer, head), 0-based), their mean attention distances
-    (px, min and max), the mean over images of the group's mean drop in log p(true class) per head (nats) with its
-    95% interval and the interval's method, the mean accuracy drop per head (a fraction), and ``matters``: "matters",
-    "does not matter" or "undecided" (``GROUP_CRITERION``)."""
-
-    heads: tuple[tuple[int, int], ...]
-    distance_px: tuple[float, float]
-    drop: float
-    interval: tuple[float, float]
-    method: str
-    accuracy_drop: float
-    matters: str
-
-
-def lowest_layers(depth: int) -> int:
-    """How many blocks count as the lowest layers: ``LOWEST_SHARE`` of ``depth``, rounded, at least one."""
-    return max(1, round(LOWEST_SHARE * depth))
-
-
-def head_groups(distance: Tensor, lowest: int) -> Tensor:
-    """(L, H) mean attention distances -> (L, H) int codes: 0 for the heads above the ``lowest`` blocks; among the
-    lowest blocks' heads ranked by distance, 1 (local) for the nearer half (rounded down), 2 (global) for the rest."""
-    codes = torch.zeros(distance.shape, dtype=torch.long)
-    low = distance[:lowest].reshape(-1)
-    order = torch.argsort(low, stable=True)
-    flat = torch.full_like(low, 2, dtype=torch.long)
-    flat[order[: len(low) // 2]] = 1
-    codes[:lowest] = flat.reshape(lowest, -1)
-    return codes
-
-
-def group_effect(res: HeadImportance, mask: Tensor, distance: Tensor) -> GroupEffect | None:
-    """The effect of the heads in ``mask`` (L, H) under ``res``'s ablation; None for an empty group."""
-    if not bool(mask.any()):
-        return None
-    per_image = res.per_image_drop[mask].double().mean(0).numpy()  # (B,) the group's mean drop per head
-    drop, iv, method = _mean_and_interval(per_image)
-    d = distance[mask]
-    return GroupEffect(heads=tuple((int(i), int(j)) for i, j in mask.nonzero().tolist()),
-                       distance_px=(float(d.min()), float(d.max())), drop=drop, interval=iv, method=method,
-                       accuracy_drop=float(res.accuracy_drop[mask].mean()),
-                       matters=MATTERS[decide(iv, MATTERS_NATS, ">")])
+__all__ = ["head_atlas", "token_sections", "prefix_section", "norms_section", "ablation_targets"]
 
 
 def ablation_targets(inp: Inputs, pred: dict[str, Any]) -> tuple[Tensor, str]:
@@ -155,31 +87,32 @@ def head_atlas(inp: Inputs, pred: dict[str, Any], batch_size: int = 32) -> Secti
                        f"the distance figure are not the {tuple(res['mean'].logprob_drop.shape)} heads ablated.",
                        inp.stamp())
     ceiling = uniform_attention_distance(inp.info.grid_size, inp.info.patch_size)
-    k = lowest_layers(len(distance))
-    codes = head_groups(distance, k)
-    effects = {a: {"local": group_effect(r, codes == 1, distance), "global": group_effect(r, codes == 2, distance)}
-               for a, r in res.items()}
+    groups = head_group_effects(res, distance)
+    k = groups.lowest
     fig = atlas_figure(distance.numpy(), {a: r.logprob_drop.numpy() for a, r in res.items()},
-                       {a: r.logprob_interval.numpy() for a, r in res.items()}, codes.numpy(),
+                       {a: r.logprob_interval.numpy() for a, r in res.items()}, groups.codes.numpy(),
                        f"Head importance against mean attention distance<br><sup>{len(inp.x)} images; error bars: "
                        f"95% interval over images; lowest layers: {layer_span(1, k)}</sup>")
-    return Section("head_atlas", title, fig, paper, _atlas_words(res, effects, distance, k, ceiling, targets),
+    return Section("head_atlas", title, fig, paper, _atlas_words(res, groups, distance, ceiling, targets),
                    inp.stamp(targets=targets, ablations=list(ABLATIONS), lowest_layers=k,
                              threshold_nats=MATTERS_NATS, interval=res["mean"].interval_method,
                              shared_prefix=res["mean"].shared),
-                   metrics=_atlas_metrics(res, effects, distance, codes, k, targets))
+                   metrics=_atlas_metrics(res, groups, distance, targets))
 
 
-def _atlas_words(res: dict[str, HeadImportance], effects: dict[str, dict[str, GroupEffect | None]], distance: Tensor,
-                 k: int, ceiling: float, targets: str) -> str:
-    mean = res["mean"]
-    i, j = divmod(int(torch.nan_to_num(mean.logprob_drop, nan=-math.inf).argmax()), mean.logprob_drop.shape[1])
+def _atlas_words(res: dict[str, HeadImportance], groups: HeadGroups, distance: Tensor, ceiling: float,
+                 targets: str) -> str:
+    mean, k = res["mean"], groups.lowest
+    i, j = mean.most_important()
     lo, hi = mean.logprob_interval[i, j].tolist()
     parts = [f"Targets: {targets}; unablated accuracy {fmt_value(float(mean.base_correct.double().mean()))}."]
     for a in ABLATIONS:
-        e = effects[a]
+        e = groups.effects[a]
+        diff = local_minus_global(res[a], groups.codes)
+        contrast = ("" if diff is None else f"; local minus global {fmt_value(diff[0])} nats per head "
+                    f"[{fmt_value(diff[1][0])}, {fmt_value(diff[1][1])}]")
         parts.append(f"{a.capitalize()} ablation, {layer_span(1, k)}: {_group_words('local', e['local'], ceiling)}; "
-                     f"{_group_words('global', e['global'], ceiling)}.")
+                     f"{_group_words('global', e['global'], ceiling)}{contrast}.")
     parts.append(f"Most important head under mean ablation: layer {i + 1}, head {j} ({float(distance[i, j]):.1f} px), "
                  f"{fmt_value(float(mean.logprob_drop[i, j]))} nats [{fmt_value(lo)}, {fmt_value(hi)}], accuracy "
                  f"drop {fmt_value(float(mean.accuracy_drop[i, j]))}; heads whose interval lies above "
@@ -190,96 +123,27 @@ def _atlas_words(res: dict[str, HeadImportance], effects: dict[str, dict[str, Gr
     return " ".join(parts)
 
 
-def _atlas_metrics(res: dict[str, HeadImportance], effects: dict[str, dict[str, GroupEffect | None]],
-                   distance: Tensor, codes: Tensor, k: int, targets: str) -> dict[str, Any]:
-    return {"targets": targets, "lowest_layers": k, "threshold_nats": MATTERS_NATS, "criterion": GROUP_CRITERION,
-            "distance_px": distance.tolist(), "groups": codes.tolist(),
+def _contrast(res: HeadImportance, groups: HeadGroups) -> dict[str, Any] | None:
+    diff = local_minus_global(res, groups.codes)
+    return None if diff is None else {"mean": diff[0], "interval": list(diff[1]), "method": diff[2]}
+
+
+def _atlas_metrics(res: dict[str, HeadImportance], groups: HeadGroups, distance: Tensor, targets: str
+                   ) -> dict[str, Any]:
+    return {"targets": targets, "lowest_layers": groups.lowest, "threshold_nats": MATTERS_NATS,
+            "criterion": GROUP_CRITERION, "distance_px": distance.tolist(), "groups": groups.codes.tolist(),
             "interval_method": res["mean"].interval_method, "shared": res["mean"].shared,
             "base_accuracy": float(res["mean"].base_correct.double().mean()),
             "ablations": {a: {"logprob_drop": r.logprob_drop.tolist(), "logprob_interval": r.logprob_interval.tolist(),
                               "accuracy_drop": r.accuracy_drop.tolist(),
                               "accuracy_interval": r.accuracy_interval.tolist(),
-                              "groups": {g: None if e is None else json_types(asdict(e)) for g, e in effects[a].items()}}
+                              "groups": {g: None if e is None else json_types(asdict(e))
+                                         for g, e in groups.effects[a].items()},
+                              "local_minus_global": _contrast(r, groups)}
                           for a, r in res.items()}}
 
 
 # ---------------------------------------------------------------------------------------------- tokens
-
-
-def outlier_layers(norms: TokenNorms) -> tuple[str, list[dict[str, Any]]]:
-    """The outlier verdict ("present", "absent" or "undecided", ``OUTLIER_CRITERION``) and per layer: the share of
-    outlier patches with its interval over images, the norm ratio of the outliers' median to the layer's median
-    patch norm (NaN without outliers), the fence and the layer's verdict."""
-    rows = []
-    patches = norms.patch_norms.double()  # (L, B, N)
-    for layer in range(len(patches)):
-        per_image = norms.outliers[layer].double().mean(1).numpy()  # (B,)
-        share, iv, method = _mean_and_interval(per_image)
-        flat, out = patches[layer].reshape(-1), norms.outliers[layer].reshape(-1)
-        ratio = float(flat[out].median() / flat.median()) if bool(out.any()) else math.nan
-        big = ratio >= OUTLIER_RATIO
-        state = ("present" if big and iv[0] > OUTLIER_SHARE else
-                 "absent" if iv[1] < OUTLIER_SHARE or not big else "undecided")
-        rows.append({"layer": layer + 1, "share": share, "interval": list(iv), "method": method, "norm_ratio": ratio,
-                     "fence": float(norms.fences[layer]), "verdict": state})
-    states = {r["verdict"] for r in rows}
-    return ("present" if "present" in states else "undecided" if "undecided" in states else "absent"), rows
-
-
-def _prefix_removed(maps: Tensor, p: int) -> Tensor:
-    """(B, H, T, T) maps with the attention on the ``p`` prefix keys removed and each row renormalised over the
-    patch keys; a row with nothing on the patches (a ConViT's class token before it joins) is left as it was."""
-    patches = maps[..., p:]
-    total = patches.sum(-1, keepdim=True)
-    moved = torch.cat([torch.zeros_like(maps[..., :p]), patches / total.clamp_min(1e-30)], -1)
-    return torch.where(total > 0, moved, maps)
-
-
-@torch.no_grad()
-def rollout_conventions(inp: Inputs, batch_size: int = 32) -> dict[str, Any]:
-    """The readout's rollout (head mean, residual 0.5) with the prefix tokens in every layer's attention (vitlab's
-    convention) against with the prefix keys removed and rows renormalised in every layer: per image, the Spearman
-    correlation of the two patch maps and their total-variation distance (each map scaled to sum 1), means with 95%
-    intervals over images; and the share of the readout's rollout mass on the prefix tokens in vitlab's convention."""
-    p = inp.info.num_prefix_tokens
-    rho, tv, mass = [], [], []
-    for x in inp.x.split(batch_size):
-        kept, removed = JointRollout(), JointRollout()
-
-        def reduce(layer: int, maps: Tensor) -> None:
-            kept(layer, maps)
-            removed(layer, _prefix_removed(maps, p))
-
-        with capture_attention(inp.net, head_fusion="mean", reduce=reduce) as cap:
-            inp.net(x)
-            pool = cap.pool_maps()
-        v = readout_vector(inp.info, len(x), pool, device=x.device).unsqueeze(1)
-        a, b = (v @ kept.joint).squeeze(1).cpu(), (v @ removed.joint).squeeze(1).cpu()  # (b, T)
-        mass.append(a[:, :p].sum(1))
-        a, b = a[:, p:], b[:, p:]
-        a, b = a / a.sum(1, keepdim=True), b / b.sum(1, keepdim=True)
-        rho.append(spearman(a, b))
-        tv.append(0.5 * (a - b).abs().sum(1))
-    out = {}
-    for name, v in (("spearman", rho), ("total_variation", tv), ("prefix_mass", mass)):
-        m, iv, method = _mean_and_interval(torch.cat(v).double().numpy())
-        out[name] = {"mean": m, "interval": list(iv), "method": method}
-    return out
-
-
-def distance_convention_change(pred: dict[str, Any], ceiling: float) -> dict[str, Any]:
-    """How much mean attention distance changes when the prefix keys' share is renormalised away (the first two
-    ``findings.DISTANCE_CONVENTIONS``): per layer the head mean in both (px), the largest change of a layer's head
-    mean and of a single head (px and as a share of the uniform-attention distance ``ceiling``)."""
-    plain, renorm = (pred["distance_conventions"][n].mean(1) for n in findings.DISTANCE_CONVENTIONS[:2])  # (L, H)
-    layer_change = (renorm.mean(1) - plain.mean(1)).abs()
-    head_change = (renorm - plain).abs()
-    i = int(layer_change.argmax())
-    return {"plain_px": plain.mean(1).tolist(), "renormalised_px": renorm.mean(1).tolist(),
-            "largest_layer_change_px": float(layer_change[i]), "largest_layer": i + 1,
-            "largest_head_change_px": float(head_change.max()),
-            "largest_layer_change_share": float(layer_change[i]) / ceiling,
-            "largest_head_change_share": float(head_change.max()) / ceiling}
 
 
 def _interval_words(d: dict[str, Any]) -> str:
@@ -297,13 +161,13 @@ def prefix_section(inp: Inputs, pred: dict[str, Any], batch_size: int = 32) -> S
              "and register tokens take decides how much the prefix convention of the distance and rollout figures "
              "matters.")
     ceiling = uniform_attention_distance(info.grid_size, info.patch_size)
-    dist = distance_convention_change(pred, ceiling)
+    dist = distance_convention_change(pred["distance_conventions"], ceiling)
     if not info.num_prefix_tokens:
         return Section("prefix_attention", title, None, paper, "This model has no prefix tokens: every query attends "
                        "to patches alone, and the prefix conventions of distance and rollout coincide.", inp.stamp(),
                        metrics={"prefix_kinds": [], "distance": dist})
     share = prefix_attention(inp.net, inp.x, batch_size=batch_size, progress=False).cpu()  # (L, H, P)
-    roll = rollout_conventions(inp, batch_size)
+    roll = rollout_convention_change(rollout_prefix_change(inp.net, inp.x, batch_size=batch_size))
     per_layer = share.nansum(-1).mean(1)  # (L,) head mean of the share on all prefix tokens
     flat = torch.nan_to_num(share, nan=-1.0)
     i, j, t = np.unravel_index(int(flat.argmax()), tuple(share.shape))
@@ -335,14 +199,8 @@ def norms_section(inp: Inputs, batch_size: int = 32) -> Section:
     """The token-norm section (slug ``token_norms``): the norms per layer and the high-norm outlier verdict."""
     norms = token_norms(inp.net, inp.x, batch_size=batch_size, progress=False)
     verdict, rows = outlier_layers(norms)
-    patches = norms.patch_norms.double()
-    L = len(patches)
-    flat = patches.reshape(L, -1)
-    lines = {"patches: median": flat.median(1).values.numpy(),
-             "patches: 99th percentile": flat.quantile(0.99, dim=1).numpy(), "patches: largest": flat.amax(1).numpy()}
-    for t, kind in enumerate(norms.prefix_kinds):
-        name = f"{kind} token {t}" if norms.prefix_kinds.count(kind) > 1 else f"{kind} token"
-        lines[f"{name}: mean"] = norms.norms[:, :, t].double().mean(1).numpy()
+    lines = {name: v.numpy() for name, v in norm_summary(norms).items()}
+    L = len(norms.norms)
     fig = token_norm_lines(lines, norms.fences.numpy(), f"Token norms per layer<br><sup>{len(inp.x)} images; "
                            "dashed: the outlier fence Q3 + 3 IQR of each layer's patch norms</sup>")
     present = [r["layer"] for r in rows if r["verdict"] == "present"]
@@ -353,9 +211,7 @@ def norms_section(inp: Inputs, batch_size: int = 32) -> Section:
             f"{fmt_value(float(lines['patches: median'][-1]))} in layer {L}, largest "
             f"{fmt_value(float(lines['patches: largest'].max()))}" + (f"; last layer's prefix tokens: {prefix}" if prefix
                                                                        else "")
-            + f". Share of patches above their layer's fence: at most {fmt_value(top['share'])} "
-            f"[{fmt_value(top['interval'][0])}, {fmt_value(top['interval'][1])}] (layer {top['layer']}, their median "
-            f"norm {fmt_value(top['norm_ratio'])}x the layer's). High-norm outliers: {verdict}"
+            + f". Share of patches above their layer's fence: {fence_words(top)}. High-norm outliers: {verdict}"
             + (f" (layers {', '.join(map(str, present))})" if present else "")
             + f". Criterion: {OUTLIER_CRITERION}. Darcet et al. find about 2% of patches far above the rest in large "
             "models trained long, from the middle layers on.")
