@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from vitlab.base.checks import check_count, check_seed, whole_index
-from vitlab.base.intervals import N_BOOT, SEED, mean_interval
+from vitlab.base.intervals import N_BOOT, SEED, NoInterval, mean_interval, none_reason
 from vitlab.base.modes import eval_mode, no_checkpointing, unwrapped
 from vitlab.inspect.capture import AttentionCaptureError, check_images, find_attention_modules
 from vitlab.inspect.residual import block_zero_input, run_from, tail_matches
@@ -274,6 +274,6 @@ def _intervals(values: Tensor, n_boot: int, seed: int) -> tuple[Tensor, str]:
                 continue
             iv, how = mean_interval(v, n_boot, seed, "images")
             out[i, j] = torch.tensor(iv, dtype=torch.float64)
-            if not how.startswith("none"):
+            if none_reason(how) is None:
                 method = how
-    return out, method or f"none: no head's per-image values over {values.shape[-1]} images have a spread"
+    return out, method or NoInterval(f"no head's per-image values over {values.shape[-1]} images have a spread")
