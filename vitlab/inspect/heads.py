@@ -173,6 +173,27 @@ def _true_logprob(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     return lp.gather(1, y[:, None]).squeeze(1).cpu(), (logits.argmax(-1) == y).cpu()
 
 
+def _unablated(model: nn.Module, chunks: list[tuple[Tensor, Tensor]], projs: list[nn.Module]
+               ) -> tuple[Tensor, Tensor, Tensor, dict[nn.Module, Tensor]]:
+    """Pass 1 of ``head_importance`` over the (images, labels) ``chunks``: the unablated model's (B,) log-probability
+    of the true class and (B,) correctness, the first chunk's logits, and each of ``projs``' mean (N, C) input over
+    the images (the mean ablation's replacement; {} for no ``projs``). Refuses labels outside the model's classes."""
+    base_lp, base_ok, first = [], [], None
+    with _summing_inputs(projs) as sums:
+        for x, t in chunks:
+            logits = model(x)
+            classes = logits.shape[-1]
+            if int(t.min()) < 0 or int(t.max()) >= classes:
+                raise ValueError(f"labels must be class indices 0 to {classes - 1} for this model's {classes} "
+                                 f"outputs, got values from {int(t.min())} to {int(t.max())}")
+            lp, ok = _true_logprob(logits, t)
+            base_lp.append(lp)
+            base_ok.append(ok)
+            first = logits if first is None else first
+    n = sum(len(x) for x, _ in chunks)
+    return torch.cat(base_lp), torch.cat(base_ok), first, {p: sums[k] / n for k, p in enumerate(projs)}
+
+
 @torch.no_grad()
 def head_importance(model: nn.Module, images: Tensor, labels: Tensor, *, ablation: Ablation = "mean",
                     layers: Sequence[int] | None = None, batch_size: int = 32, share: bool | None = None,
@@ -203,22 +224,8 @@ def head_importance(model: nn.Module, images: Tensor, labels: Tensor, *, ablatio
     chunks = list(zip(images.split(batch_size), y.split(batch_size)))
 
     with eval_mode(model), no_checkpointing(model):
-        # pass 1: the unablated model's predictions and (mean ablation) every head's mean output per token
         projs = list(dict.fromkeys(p for i in rows for p, _, _ in slices[i]))
-        base_lp, base_ok, first = [], [], None
-        with _summing_inputs(projs if ablation == "mean" else []) as sums:
-            for x, t in chunks:
-                logits = model(x)
-                classes = logits.shape[-1]
-                if int(t.min()) < 0 or int(t.max()) >= classes:
-                    raise ValueError(f"labels must be class indices 0 to {classes - 1} for this model's {classes} "
-                                     f"outputs, got values from {int(t.min())} to {int(t.max())}")
-                lp, ok = _true_logprob(logits, t)
-                base_lp.append(lp)
-                base_ok.append(ok)
-                first = logits if first is None else first
-        means = {p: sums[k] / len(images) for k, p in enumerate(projs)} if ablation == "mean" else {}
-        base_lp_all, base_ok_all = torch.cat(base_lp), torch.cat(base_ok)
+        base_lp_all, base_ok_all, first, means = _unablated(model, chunks, projs if ablation == "mean" else [])
         matches = tail_matches(model, chunks[0][0], first)
         if share and not matches:
             raise ValueError(f"share=True: running {type(model).__name__} from a block's input does not give its own "
