@@ -277,6 +277,38 @@ def test_vitlab_info_and_the_report_name_the_architecture_alike(tmp_path, capsys
     assert facts["architecture"].split(": ")[0] == rows["architecture"]
 
 
+def test_vitlab_info_words_the_weights_as_the_model_facts_do(tmp_path, capsys):
+    """`vitlab info` wrote where the weights came from its own way ("random initialisation", "timm pretrained", a
+    checkpoint's path as given) where the report wrote ``weights_description``'s words; both now come from there,
+    and the JSON keeps a checkpoint's path in its own field."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from vitlab.cli import main
+    from vitlab.models.card import weights_description
+
+    def info(*argv: str) -> dict:
+        assert main(["info", *argv, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    name = "vit_tiny_patch16_224"
+    net = vitlab.load_model(name, pretrained=False)
+    d = info("--model", name, "--no-pretrained")
+    assert d["weights"] == weights_description(net, name, False, None) == "random initialisation (no pretrained weights)"
+    assert d["checkpoint"] is None
+    w = tmp_path / "w.safetensors"
+    save_file(net.state_dict(), str(w))
+    d = info("--model", name, "--weights", str(w))
+    assert d["weights"] == f"{w} (local file)" and d["checkpoint"] is None
+    ck = vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
+    d = info("--model", str(ck))
+    assert d["weights"] == weights_description(vitlab.load_model(str(ck)), str(ck), True, None)
+    assert d["checkpoint"] == str(ck)
+    assert main(["info", "--model", str(ck)]) == 0
+    assert dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())["weights"] == d["weights"]
+
+
 def test_model_facts_word_one_models_architecture_parameters_and_weights(tmp_path):
     """One wording of a model's facts for `vitlab info`, the report and the notebooks (vitlab.models.card.model_facts)."""
     from safetensors.torch import save_file
