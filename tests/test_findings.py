@@ -85,6 +85,21 @@ def cosine(u: int, v: int, p: int = 4, channels: int = 3) -> np.ndarray:
 FREQS = [(0, 0), (0, 1), (1, 1), (2, 0), (1, 2), (2, 2), (0, 3), (3, 1), (2, 3), (3, 3)]
 
 
+def test_one_dct_matrix_measures_filters_and_builds_the_controls():
+    """``dct_matrix`` (the home of the DCT that ``dct_radius`` measures with and the DCT controls are built from) is
+    orthonormal, its row u the u-th cosine; a control built as one basis function has exactly that basis's radius."""
+    from vitlab.findings.controls import dct_filters
+    from vitlab.inspect.filters import dct_matrix
+
+    m = dct_matrix(4)
+    np.testing.assert_allclose(m @ m.T, np.eye(4), atol=1e-12)
+    np.testing.assert_allclose(m[2] / m[2, 0], cosine(0, 2, channels=1)[0, 0] / cosine(0, 2, channels=1)[0, 0, 0])
+    low = dct_filters((200, 1, 4, 4), "low", seed=0)  # the lowest radius dominates: the constant basis first
+    assert np.median(dct_radius(low)) < np.median(dct_radius(dct_filters((200, 1, 4, 4), "high", seed=0)))
+    basis = np.outer(m[1], m[2])[None, None]  # (u, v) = (1, 2): radius sqrt(5)
+    assert dct_radius(basis)[0] == pytest.approx(math.sqrt(5))
+
+
 def test_dct_radius_known_answers():
     assert dct_radius(np.ones((1, 3, 4, 4)))[0] == pytest.approx(0.0, abs=1e-12)
     assert dct_radius(cosine(3, 3)[None])[0] == pytest.approx(math.sqrt(18))  # the highest frequency: the maximum

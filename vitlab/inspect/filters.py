@@ -104,19 +104,21 @@ def embedding_filters(model: nn.Module) -> Tensor:
     return _filters(model)
 
 
+def dct_matrix(n: int) -> np.ndarray:
+    """(n, n) float64 orthonormal DCT-II matrix: row u is the u-th cosine over n samples, so ``m @ x`` are the DCT
+    coefficients of ``x`` and ``m.T @ c`` the signal of coefficients ``c``."""
+    k, i = np.arange(n)[:, None], np.arange(n)[None]
+    m = np.sqrt(2.0 / n) * np.cos(np.pi * (2 * i + 1) * k / (2 * n))
+    m[0] /= np.sqrt(2.0)
+    return m
+
+
 def _dct_energy(components: Array) -> np.ndarray:
     """(k, P, Q) squared orthonormal 2D DCT-II coefficients of (k, C, P, Q) filters, pooled over channels."""
     w = as_float64(components)
     if w.ndim != 4:
         raise ValueError(f"components must be (k, C, P, Q) filters, got shape {w.shape}")
     p, q = w.shape[-2:]
-
-    def dct_matrix(n: int) -> np.ndarray:  # (n, n) orthonormal DCT-II: row u is the u-th cosine
-        k, i = np.arange(n)[:, None], np.arange(n)[None]
-        m = np.sqrt(2.0 / n) * np.cos(np.pi * (2 * i + 1) * k / (2 * n))
-        m[0] /= np.sqrt(2.0)
-        return m
-
     coef = dct_matrix(p) @ w @ dct_matrix(q).T  # (k, C, P, Q) DCT coefficients
     return (coef**2).sum(1)  # (k, P, Q) pooled over channels
 
