@@ -12,13 +12,13 @@ import torch
 from torch import Tensor, nn
 
 from vitlab.base.checks import check_count, check_int
-from vitlab.base.modes import unwrapped
 from vitlab.base.stats import Array, as_float64
+from vitlab.models.info import AnyModel, resolve_model
 
 
-def _filters(model: nn.Module) -> Tensor:
+def _filters(model: AnyModel) -> Tensor:
     """(D, C, P, P) patch-embedding filters."""
-    model = unwrapped(model)
+    model = resolve_model(model).module
     pe = getattr(model, "patch_embed", None)
     if pe is None:
         raise TypeError(f"{type(model).__name__} has no patch_embed: not a ViT-family model")
@@ -55,7 +55,7 @@ def filter_pca(w: Tensor, k: int = 28) -> tuple[Tensor, Tensor]:
     return comps.reshape(k, c, ph, pw).float(), ratio[:k].float()
 
 
-def filter_component_count(model: nn.Module, k: int = 28) -> int:
+def filter_component_count(model: AnyModel, k: int = 28) -> int:
     """How many components ``embedding_filter_pca`` can give, at most ``k`` (the paper's 28): never more than the
     D filters or their C*P*P values, whatever the width, patch size or channel count."""
     check_int("k", k, 1, allowed="a whole number of at least 1", numpy=True)  # 1.5 is no count, True no 1
@@ -63,18 +63,19 @@ def filter_component_count(model: nn.Module, k: int = 28) -> int:
     return min(int(k), d, c * ph * pw)
 
 
-def embedding_filter_pca(model: nn.Module, k: int = 28) -> tuple[Tensor, Tensor]:
+def embedding_filter_pca(model: AnyModel, k: int = 28) -> tuple[Tensor, Tensor]:
     """(components (k, C, P, P), explained_variance_ratio (k,)) of the mean-centred patch-embedding filters."""
     return filter_pca(_filters(model), k)
 
 
-def random_filter_pca_ratios(model: nn.Module, k: int = 28, draws: int = 5) -> Tensor:
+def random_filter_pca_ratios(model: AnyModel, k: int = 28, draws: int = 5) -> Tensor:
     """(draws, k) explained-variance ratios of the model's own patch embedding re-initialised ``draws`` times (its
     projection's ``reset_parameters``, seeds 0.., on a copy): the reference the learned filters' structure is judged
     against, drawn from exactly the distribution training started from."""
     import copy
 
-    model = unwrapped(model)
+    rm = resolve_model(model)
+    model = rm.module
     check_count("draws", draws)
     pe = getattr(model, "patch_embed", None)
     proj = getattr(pe, "proj", None)
@@ -85,7 +86,7 @@ def random_filter_pca_ratios(model: nn.Module, k: int = 28, draws: int = 5) -> T
                  else None)
         if fresh is None:  # no projection to re-initialise: i.i.d. normal filters of the same shape
             g = torch.Generator().manual_seed(seed)
-            w = torch.randn(_filters(model).shape, generator=g)
+            w = torch.randn(_filters(rm).shape, generator=g)
         else:
             with torch.random.fork_rng(devices=[]):  # the CPU generator only: no GPU's random state is touched
                 torch.default_generator.manual_seed(seed)
@@ -99,7 +100,7 @@ def random_filter_pca_ratios(model: nn.Module, k: int = 28, draws: int = 5) -> T
     return torch.stack(out)
 
 
-def embedding_filters(model: nn.Module) -> Tensor:
+def embedding_filters(model: AnyModel) -> Tensor:
     """(D, C, P, P) float32 patch-embedding filters of a pixel-patch ViT (conv or linear layout; a hybrid refused)."""
     return _filters(model)
 

@@ -34,9 +34,10 @@ from torch import Tensor, nn
 
 from vitlab.base.checks import check_count, check_seed, whole_index
 from vitlab.base.intervals import N_BOOT, SEED, NoInterval, mean_interval, none_reason
-from vitlab.base.modes import eval_mode, no_checkpointing, unwrapped
+from vitlab.base.modes import eval_mode, no_checkpointing
 from vitlab.inspect.capture import AttentionCaptureError, check_images, find_attention_modules
 from vitlab.inspect.residual import block_zero_input, run_from, tail_matches
+from vitlab.models.info import AnyModel, resolve_model
 
 __all__ = ["ABLATIONS", "Ablation", "HeadImportance", "head_importance", "head_slices", "ablate_head"]
 
@@ -71,12 +72,12 @@ class HeadImportance:
     shared: bool
 
 
-def head_slices(model: nn.Module) -> list[list[tuple[nn.Module, int, int]]]:
+def head_slices(model: AnyModel) -> list[list[tuple[nn.Module, int, int]]]:
     """Per block, per head (the branches of a parallel block in order): (the attention's output projection, the
     head's index in its module, the head's width d). Refuses an attention without a linear ``proj`` whose input is
     its heads' outputs side by side (``AttentionCaptureError``)."""
     out = []
-    for layer in find_attention_modules(unwrapped(model)):
+    for layer in find_attention_modules(model):
         heads = []
         for name, m in zip(layer.names, layer.modules):
             proj, n = getattr(m, "proj", None), int(m.num_heads)
@@ -195,7 +196,7 @@ def _unablated(model: nn.Module, chunks: list[tuple[Tensor, Tensor]], projs: lis
 
 
 @torch.no_grad()
-def head_importance(model: nn.Module, images: Tensor, labels: Tensor, *, ablation: Ablation = "mean",
+def head_importance(model: AnyModel, images: Tensor, labels: Tensor, *, ablation: Ablation = "mean",
                     layers: Sequence[int] | None = None, batch_size: int = 32, share: bool | None = None,
                     n_boot: int = N_BOOT, seed: int = SEED, progress: bool | None = None,
                     on_progress: Callable[[int, int], None] | None = None) -> HeadImportance:
@@ -208,8 +209,9 @@ def head_importance(model: nn.Module, images: Tensor, labels: Tensor, *, ablatio
     unchanged (modes, hooks), also when a forward raises."""
     from tqdm.auto import tqdm
 
-    model = unwrapped(model)
-    check_images(images, model)
+    rm = resolve_model(model)
+    model = rm.module
+    check_images(images, rm)
     check_count("batch_size", batch_size)
     check_count("n_boot", n_boot)
     seed = check_seed("seed", seed)
@@ -218,7 +220,7 @@ def head_importance(model: nn.Module, images: Tensor, labels: Tensor, *, ablatio
     if share not in (None, True, False):
         raise ValueError(f"share must be True, False or None, got {share!r}")
     y = _labels(labels, len(images)).to(images.device)
-    slices = head_slices(model)
+    slices = head_slices(rm)
     rows = _layers(layers, len(slices))
     width = max(len(slices[i]) for i in rows)
     chunks = list(zip(images.split(batch_size), y.split(batch_size)))
@@ -226,7 +228,7 @@ def head_importance(model: nn.Module, images: Tensor, labels: Tensor, *, ablatio
     with eval_mode(model), no_checkpointing(model):
         projs = list(dict.fromkeys(p for i in rows for p, _, _ in slices[i]))
         base_lp_all, base_ok_all, first, means = _unablated(model, chunks, projs if ablation == "mean" else [])
-        matches = tail_matches(model, chunks[0][0], first)
+        matches = tail_matches(rm, chunks[0][0], first)
         if share and not matches:
             raise ValueError(f"share=True: running {type(model).__name__} from a block's input does not give its own "
                              "logits (its blocks take more than the tokens, or its forward adds steps): pass "
@@ -241,13 +243,13 @@ def head_importance(model: nn.Module, images: Tensor, labels: Tensor, *, ablatio
         start = 0
         for x, t in chunks:
             end = start + len(x)
-            h_in, at = (block_zero_input(model, x), 0) if shared else (None, 0)
+            h_in, at = (block_zero_input(rm, x), 0) if shared else (None, 0)
             for r, layer in enumerate(rows):
                 if shared:
-                    h_in, at = run_from(model, at, h_in, stop=layer), layer  # block `layer`'s input, once
+                    h_in, at = run_from(rm, at, h_in, stop=layer), layer  # block `layer`'s input, once
                 for g, (proj, head, d) in enumerate(slices[layer]):
                     with ablate_head(proj, head, d, means.get(proj)):
-                        logits = run_from(model, layer, h_in) if shared else model(x)
+                        logits = run_from(rm, layer, h_in) if shared else model(x)
                     lp, ok = _true_logprob(logits, t)
                     drop[r, g, start:end] = (base_lp_all[start:end] - lp).float()
                     right[r, g, start:end] = ok

@@ -12,19 +12,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
-from torch import Tensor, nn
+from torch import Tensor
 
-from vitlab.base.modes import unwrapped
 from vitlab.base.stats import spearman
 from vitlab.inspect.distance import patch_distances
-from vitlab.models.info import model_info
+from vitlab.models.info import AnyModel, resolve_model
 from vitlab.models.zoo import size2
 
 
-def _grid_embeddings(model: nn.Module, grid: tuple[int, int] | None = None) -> tuple[Tensor, tuple[int, int]]:
+def _grid_embeddings(model: AnyModel, grid: tuple[int, int] | None = None) -> tuple[Tensor, tuple[int, int]]:
     """(gh, gw, D) patch position embeddings, optionally resampled (bicubic, as timm) to ``grid``."""
-    model = unwrapped(model)
-    info = model_info(model)
+    rm = resolve_model(model)
+    model = rm.module
+    info = rm.info()
     pe = getattr(model, "pos_embed", None)
     if info.pos_embed == "none" or pe is None:
         raise ValueError(f"{info.architecture} has no absolute position embedding (pos_embed is None): "
@@ -39,7 +39,7 @@ def _grid_embeddings(model: nn.Module, grid: tuple[int, int] | None = None) -> t
     return patches[0].reshape(*src, -1), src
 
 
-def position_embedding_similarity(model: nn.Module, grid: tuple[int, int] | None = None) -> Tensor:
+def position_embedding_similarity(model: AnyModel, grid: tuple[int, int] | None = None) -> Tensor:
     """(gh, gw, gh, gw) cosine similarity of patch position embeddings; ``grid`` (gh, gw), or one int for a square
     grid, resamples them first."""
     emb, (gh, gw) = _grid_embeddings(model, grid)
@@ -59,7 +59,7 @@ def position_structure_score(similarity: Tensor) -> float:
     return float(spearman(sim[None], dist[iu[0], iu[1]][None])[0])
 
 
-def position_table(model: nn.Module) -> Tensor:
+def position_table(model: AnyModel) -> Tensor:
     """(gh, gw, D) float32 patch position embeddings in the table's own grid, prefix rows excluded (raises
     ValueError for a model without an absolute position-embedding table)."""
     return _grid_embeddings(model)[0]

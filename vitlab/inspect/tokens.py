@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from vitlab.base.checks import check_count
-from vitlab.base.modes import unwrapped
 from vitlab.inspect.capture import capture_attention, check_images
 from vitlab.inspect.residual import capture_blocks, prefix_counts
-from vitlab.models.info import model_info
+from vitlab.models.info import AnyModel, resolve_model
 
 __all__ = ["prefix_attention", "prefix_share_from_maps", "token_norms", "TokenNorms", "outlier_fence", "QUERIES"]
 
@@ -48,7 +47,7 @@ def prefix_share_from_maps(maps: Tensor, num_prefix: int, present: int, queries:
 
 
 @torch.no_grad()
-def prefix_attention(model: nn.Module, images: Tensor, *, queries: Queries = "all", batch_size: int = 32,
+def prefix_attention(model: AnyModel, images: Tensor, *, queries: Queries = "all", batch_size: int = 32,
                      per_image: bool = False, progress: bool | None = None) -> Tensor:
     """(L, H, P) float64: per block and head, the share of attention that goes to each of the P prefix tokens (columns
     in ``model_info(model).prefix_kinds`` order: class, distillation, registers), averaged over the ``queries``
@@ -58,18 +57,19 @@ def prefix_attention(model: nn.Module, images: Tensor, *, queries: Queries = "al
     joins. Maps are reduced inside the capture hook, batch by batch."""
     from tqdm.auto import tqdm
 
-    model = unwrapped(model)
-    check_images(images, model)
+    rm = resolve_model(model)
+    model = rm.module
+    check_images(images, rm)
     check_count("batch_size", batch_size)
     if queries not in QUERIES:
         raise ValueError(f"queries must be one of {QUERIES}, got {queries!r}")
-    p = model_info(model, img_size=tuple(images.shape[-2:])).num_prefix_tokens
-    present = prefix_counts(model)
+    p = rm.info_for(images).num_prefix_tokens
+    present = prefix_counts(rm)
     chunks = images.split(batch_size)
     out = []
     show = len(chunks) > 1 if progress is None else progress
     for chunk in tqdm(chunks, desc="prefix attention", disable=not show, leave=False):
-        with capture_attention(model, reduce=lambda i, maps: prefix_share_from_maps(maps, p, present[i], queries)) as cap:
+        with capture_attention(rm, reduce=lambda i, maps: prefix_share_from_maps(maps, p, present[i], queries)) as cap:
             model(chunk)
             out.append(cap.stack())  # (L, B, H, P)
     per = torch.cat(out, dim=1)
@@ -114,22 +114,23 @@ def outlier_fence(patch_norms: Tensor, fence: float = 3.0) -> Tensor:
 
 
 @torch.no_grad()
-def token_norms(model: nn.Module, images: Tensor, *, fence: float = 3.0, threshold: float | None = None,
+def token_norms(model: AnyModel, images: Tensor, *, fence: float = 3.0, threshold: float | None = None,
                 batch_size: int = 32, progress: bool | None = None) -> TokenNorms:
     """Per block, the norm of every token of ``images`` (a preprocessed (B, C, H, W) batch) and the outlier patches
     (``TokenNorms``; the rule in the module's docstring: Tukey's fence with ``fence``, or the absolute ``threshold``).
     Norms are reduced inside the block hooks, batch by batch."""
     from tqdm.auto import tqdm
 
-    model = unwrapped(model)
-    check_images(images, model)
+    rm = resolve_model(model)
+    model = rm.module
+    check_images(images, rm)
     check_count("batch_size", batch_size)
     if isinstance(fence, bool) or not isinstance(fence, (int, float)) or not fence >= 0:
         raise ValueError(f"fence must be a number >= 0 (Tukey's far-out fence is 3.0), got {fence!r}")
     if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
                                   or not threshold > 0):
         raise ValueError(f"threshold must be a norm > 0 or None, got {threshold!r}")
-    info = model_info(model, img_size=tuple(images.shape[-2:]))
+    info = rm.info_for(images)
     p = info.num_prefix_tokens
 
     def norms(_layer: int, tokens: Tensor, present: int) -> Tensor:  # (B, T_l, D) -> (B, T) float32
@@ -140,7 +141,7 @@ def token_norms(model: nn.Module, images: Tensor, *, fence: float = 3.0, thresho
 
     chunks = images.split(batch_size)
     show = len(chunks) > 1 if progress is None else progress
-    with capture_blocks(model, norms) as kept:
+    with capture_blocks(rm, norms) as kept:
         for chunk in tqdm(chunks, desc="token norms", disable=not show, leave=False):
             model(chunk)
     per = torch.stack([torch.cat(kept[i], dim=0) for i in sorted(kept)])  # (L, B, T)
