@@ -225,7 +225,7 @@ def test_positions_the_attention_adds_are_named(capsys):
 
 
 def test_bad_img_size():
-    """In the words of vitlab.models.zoo.size2 (model building and resize_for_finetuning), whatever is wrong with it."""
+    """In the words of vitlab.models.config.size2 (model building and resize_for_finetuning), whatever is wrong with it."""
     # "88" was read as the pair ("8", "8"): a 2x2 grid described without a word; 64.0 reached a bare error
     # a float tensor has __index__ too (it raises when called): (32.5, 32) was truncated to a 32 x 32 grid
     for bad in (0, (32, -1), "88", 64.0, (32,), (32.0, 32.0), (torch.tensor(32.5), 32)):

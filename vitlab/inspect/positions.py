@@ -16,8 +16,8 @@ from torch import Tensor
 
 from vitlab.base.stats import spearman
 from vitlab.inspect.distance import patch_distances
+from vitlab.models.config import size2
 from vitlab.models.info import AnyModel, resolve_model
-from vitlab.models.zoo import size2
 
 
 def _grid_embeddings(model: AnyModel, grid: tuple[int, int] | None = None) -> tuple[Tensor, tuple[int, int]]:

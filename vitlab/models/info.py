@@ -107,7 +107,7 @@ def _pair(v) -> tuple[int, int]:
 
 def _img_size_arg(img_size: int | tuple[int, int]) -> tuple[int, int]:
     """``img_size`` as (H, W): a positive int or a tuple or list of two (NumPy integers too; a string such as "88" is
-    no pair), refused otherwise in the words of ``vitlab.models.zoo.size2``."""
+    no pair), refused otherwise in the words of ``vitlab.models.config.size2``."""
     pair = (img_size, img_size) if isinstance(img_size, int) else img_size
     if (isinstance(img_size, (bool, str)) or not isinstance(pair, (tuple, list)) or len(pair) != 2
             or not all(whole_index(v) for v in pair) or min(_pair(pair)) < 1):
