@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from vitlab.base.checks import check_count
 from vitlab.base.modes import eval_mode, frozen_parameters
@@ -58,9 +58,9 @@ def predicted_class(model: AnyModel, images: Tensor, batch_size: int = 64) -> Te
         return torch.cat([model(images[i:i + batch_size]).argmax(-1) for i in range(0, len(images), batch_size)])
 
 
-def _num_classes(model: AnyModel, images: Tensor) -> int:
-    """The width of the model's class scores: its ``num_classes`` (timm's), else one forward pass on an image."""
-    model = resolve_model(model).module
+def _num_classes(model: nn.Module, images: Tensor) -> int:
+    """The width of the class scores of ``model``, the module itself (``ResolvedModel.module``): its ``num_classes``
+    (timm's), else one forward pass on an image."""
     n = getattr(model, "num_classes", None)
     if isinstance(n, int) and n > 0:
         return n
@@ -81,9 +81,10 @@ def _entries(t: Tensor, bad: Tensor, limit: int = 5) -> str:
 def target_classes(model: AnyModel, images: Tensor, target: Tensor | int | None, batch_size: int = 64) -> Tensor:
     """(B,) int64 class indices on ``images``' device: ``target`` as one index for every image or one per image,
     checked to be whole numbers in [0, num_classes); None: the model's prediction."""
-    require_classifier(model, "a class-specific map")
+    rm = resolve_model(model)
+    require_classifier(rm, "a class-specific map")
     if target is None:
-        return predicted_class(model, images, batch_size)
+        return predicted_class(rm, images, batch_size)
     try:
         raw = torch.as_tensor(target).detach().cpu()
     except (TypeError, ValueError, RuntimeError):  # a class name, a ragged list: torch's "new(): invalid data type"
@@ -98,7 +99,7 @@ def target_classes(model: AnyModel, images: Tensor, target: Tensor | int | None,
     if raw.dim() != 0 and raw.shape != (len(images),):
         raise ValueError(f"target must be one class index or one per image ({len(images)}), got shape "
                          f"{tuple(raw.shape)}")
-    n = _num_classes(model, images)
+    n = _num_classes(rm.module, images)
     bad = (raw < 0) | (raw >= n)
     if bool(bad.any()):
         raise ValueError(f"{_entries(raw, bad)}: not a class index of this model, which has {n} classes (valid: 0 "

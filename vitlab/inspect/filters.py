@@ -16,9 +16,8 @@ from vitlab.base.stats import Array, as_float64
 from vitlab.models.info import AnyModel, resolve_model
 
 
-def _filters(model: AnyModel) -> Tensor:
-    """(D, C, P, P) patch-embedding filters."""
-    model = resolve_model(model).module
+def _filters(model: nn.Module) -> Tensor:
+    """(D, C, P, P) patch-embedding filters of ``model``, the module itself (``ResolvedModel.module``)."""
     pe = getattr(model, "patch_embed", None)
     if pe is None:
         raise TypeError(f"{type(model).__name__} has no patch_embed: not a ViT-family model")
@@ -59,13 +58,13 @@ def filter_component_count(model: AnyModel, k: int = 28) -> int:
     """How many components ``embedding_filter_pca`` can give, at most ``k`` (the paper's 28): never more than the
     D filters or their C*P*P values, whatever the width, patch size or channel count."""
     check_int("k", k, 1, allowed="a whole number of at least 1", numpy=True)  # 1.5 is no count, True no 1
-    d, c, ph, pw = _filters(model).shape
+    d, c, ph, pw = _filters(resolve_model(model).module).shape
     return min(int(k), d, c * ph * pw)
 
 
 def embedding_filter_pca(model: AnyModel, k: int = 28) -> tuple[Tensor, Tensor]:
     """(components (k, C, P, P), explained_variance_ratio (k,)) of the mean-centred patch-embedding filters."""
-    return filter_pca(_filters(model), k)
+    return filter_pca(_filters(resolve_model(model).module), k)
 
 
 def random_filter_pca_ratios(model: AnyModel, k: int = 28, draws: int = 5) -> Tensor:
@@ -74,8 +73,7 @@ def random_filter_pca_ratios(model: AnyModel, k: int = 28, draws: int = 5) -> Te
     against, drawn from exactly the distribution training started from."""
     import copy
 
-    rm = resolve_model(model)
-    model = rm.module
+    model = resolve_model(model).module
     check_count("draws", draws)
     pe = getattr(model, "patch_embed", None)
     proj = getattr(pe, "proj", None)
@@ -86,7 +84,7 @@ def random_filter_pca_ratios(model: AnyModel, k: int = 28, draws: int = 5) -> Te
                  else None)
         if fresh is None:  # no projection to re-initialise: i.i.d. normal filters of the same shape
             g = torch.Generator().manual_seed(seed)
-            w = torch.randn(_filters(rm).shape, generator=g)
+            w = torch.randn(_filters(model).shape, generator=g)
         else:
             with torch.random.fork_rng(devices=[]):  # the CPU generator only: no GPU's random state is touched
                 torch.default_generator.manual_seed(seed)
@@ -102,7 +100,7 @@ def random_filter_pca_ratios(model: AnyModel, k: int = 28, draws: int = 5) -> Te
 
 def embedding_filters(model: AnyModel) -> Tensor:
     """(D, C, P, P) float32 patch-embedding filters of a pixel-patch ViT (conv or linear layout; a hybrid refused)."""
-    return _filters(model)
+    return _filters(resolve_model(model).module)
 
 
 def dct_matrix(n: int) -> np.ndarray:
