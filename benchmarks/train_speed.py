@@ -50,7 +50,7 @@ from vitlab.base.modes import any_image_size, explicit_attention
 from vitlab.base.precision import use_bf16
 from vitlab.data.datasets import ImageArray, find_cifar, load_dataset, load_shapes, normalize
 from vitlab.models.checkpoint import save_checkpoint
-from vitlab.models.zoo import size2
+from vitlab.models.config import size2
 from vitlab.train.augment import shrink
 from vitlab.train.compiling import COMPILE_MIN_STEPS, compile_by_default
 from vitlab.train.config import PRESETS, TrainConfig, with_num_classes

@@ -15,7 +15,7 @@ from timm.data import resolve_data_config
 import vitlab
 import vitlab.models.checkpoint as vc
 from vitlab import ModelLoadError, vit_config
-from vitlab.models.zoo import Preprocess
+from vitlab.models.config import Preprocess
 
 
 @pytest.mark.parametrize("make", [tiny_vit, tiny_hybrid, tiny_bit, lambda: tiny_vit(pos_embed="sincos", readout="avg"),

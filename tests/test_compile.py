@@ -16,7 +16,7 @@ from _reference import three_class_split
 
 import vitlab
 from vitlab.models.checkpoint import save_checkpoint
-from vitlab.models.zoo import CifarNetConfig
+from vitlab.models.config import CifarNetConfig
 from vitlab.train.compiling import COMPILE_MIN_STEPS, compile_by_default
 from vitlab.train.config import PRESETS
 from vitlab.train.export import export_run

@@ -16,7 +16,8 @@ import vitlab
 from vitlab.base.modes import eval_mode, explicit_attention
 from vitlab.models.checkpoint import load_checkpoint, save_checkpoint
 from vitlab.models.cifarnet import CifarResNet, tta_logits, whitening_filters
-from vitlab.models.zoo import CifarNetConfig, ViTConfig, sincos_grid
+from vitlab.models.config import CifarNetConfig, ViTConfig
+from vitlab.models.zoo import sincos_grid
 from vitlab.train.augment import random_crop_flip
 from vitlab.train.config import PRESETS, TrainConfig
 from vitlab.train.distill import distill_loss, load_teacher, teacher_input

@@ -85,6 +85,21 @@ def cosine(u: int, v: int, p: int = 4, channels: int = 3) -> np.ndarray:
 FREQS = [(0, 0), (0, 1), (1, 1), (2, 0), (1, 2), (2, 2), (0, 3), (3, 1), (2, 3), (3, 3)]
 
 
+def test_one_dct_matrix_measures_filters_and_builds_the_controls():
+    """``dct_matrix`` (the home of the DCT that ``dct_radius`` measures with and the DCT controls are built from) is
+    orthonormal, its row u the u-th cosine; a control built as one basis function has exactly that basis's radius."""
+    from vitlab.findings.controls import dct_filters
+    from vitlab.inspect.filters import dct_matrix
+
+    m = dct_matrix(4)
+    np.testing.assert_allclose(m @ m.T, np.eye(4), atol=1e-12)
+    np.testing.assert_allclose(m[2] / m[2, 0], cosine(0, 2, channels=1)[0, 0] / cosine(0, 2, channels=1)[0, 0, 0])
+    low = dct_filters((200, 1, 4, 4), "low", seed=0)  # the lowest radius dominates: the constant basis first
+    assert np.median(dct_radius(low)) < np.median(dct_radius(dct_filters((200, 1, 4, 4), "high", seed=0)))
+    basis = np.outer(m[1], m[2])[None, None]  # (u, v) = (1, 2): radius sqrt(5)
+    assert dct_radius(basis)[0] == pytest.approx(math.sqrt(5))
+
+
 def test_dct_radius_known_answers():
     assert dct_radius(np.ones((1, 3, 4, 4)))[0] == pytest.approx(0.0, abs=1e-12)
     assert dct_radius(cosine(3, 3)[None])[0] == pytest.approx(math.sqrt(18))  # the highest frequency: the maximum
@@ -470,21 +485,48 @@ def test_the_bootstrap_interval_of_a_mean_is_central_and_moves_with_the_values()
 def test_replicates_without_spread_give_no_interval():
     """Equal replicates (up to rounding in the last digits) give no interval, by Student t or by bootstrap, and no
     prediction interval: a zero-width interval would decide a finding on no measured uncertainty."""
-    from vitlab.base.intervals import mean_interval, prediction_interval
+    from vitlab.base.intervals import NoInterval, mean_interval, prediction_interval
     from vitlab.findings.explain import no_interval_reason
 
     for n in (2, 5, 30):
         values = np.full(n, 0.3) - np.full(n, 0.25)  # equal up to rounding: 0.04999999999999999
         values[-1] = 0.305 - 0.255
         (lo, hi), method = mean_interval(values, N_BOOT, 0, "seeds")
-        assert math.isnan(lo) and math.isnan(hi) and method.startswith("none: ")
-        assert "same value, 0.05, so there is no spread" in method
+        assert math.isnan(lo) and math.isnan(hi) and isinstance(method, NoInterval)
+        assert "same value, 0.05, so there is no spread" in method.reason
         assert math.isnan(prediction_interval(values, "random draws")[0][0])
     assert math.isnan(mean_interval(np.zeros(4), N_BOOT, 0, "images")[0][0])
     v = scaling_gap_narrows(sweep([-0.05, -0.05, -0.05], [0.10, 0.10, 0.10]))
     assert v.verdict == "inconclusive" and "no spread" in no_interval_reason(v)
     v = filters_structured(np.ones((1, 1, 1, 1)), [1.0], k=1)  # one value per filter: every direction the same
     assert v.verdict == "inconclusive" and "no spread" in no_interval_reason(v)
+
+
+def test_the_reason_for_no_interval_is_a_field_not_read_from_text():
+    """Each interval maker's "no interval" carries its reason as ``NoInterval.reason`` (also through a copy and a
+    pickle); a method string that merely starts with "none: " (written by hand, or read back from JSON) is no
+    reason, and the text the records store stays "none: <reason>"."""
+    import copy
+    import pickle
+
+    from vitlab.base.intervals import (
+        NOT_FINITE,
+        NoInterval,
+        jackknife_interval,
+        mean_interval,
+        none_reason,
+        prediction_interval,
+    )
+
+    _, method = mean_interval(np.array([1.0]), N_BOOT, 0, "seeds")
+    assert none_reason(method) == method.reason == "1 seed, at least 2 needed"
+    assert method == "none: 1 seed, at least 2 needed"  # what verdict details and records store
+    assert none_reason(prediction_interval(np.ones(3), "draws")[1]).startswith("all 3 draws give the same value")
+    assert none_reason(jackknife_interval(math.nan, np.array([1.0, 2.0]), "images")[1]) == NOT_FINITE
+    for same in (copy.deepcopy(method), pickle.loads(pickle.dumps(method))):
+        assert isinstance(same, NoInterval) and same.reason == method.reason and same == method
+    assert none_reason("none: written by hand") is None
+    assert none_reason(mean_interval(np.array([1.0, 2.0, 4.0]), N_BOOT, 0, "seeds")[1]) is None
 
 
 def test_replicates_that_spread_less_than_the_measurement_resolves_give_no_interval():

@@ -158,3 +158,20 @@ def test_on_progress_counts_every_ablated_run(constructed):
     head_importance(model, x[:8], labels[:8], layers=[1, 2], batch_size=5, progress=False,
                     on_progress=lambda done, total: seen.append((done, total)))
     assert seen == [(k, 12) for k in range(1, 13)]  # 2 batches x 2 blocks x 3 heads
+
+
+def test_heads_without_spread_say_why_there_is_no_interval_in_a_field():
+    """Per-image drops with no spread in any head (or NaN, an absent head) give NaN intervals and a ``NoInterval``
+    method whose reason counts the images; one head with a spread gives its method, no reason."""
+    from vitlab.base.intervals import NoInterval, none_reason
+    from vitlab.inspect.heads import _intervals
+
+    flat = torch.zeros(2, 3, 5, dtype=torch.float64)
+    flat[1, 2] = float("nan")
+    iv, method = _intervals(flat, 200, 0)
+    assert torch.isnan(iv).all() and isinstance(method, NoInterval)
+    assert none_reason(method) == "no head's per-image values over 5 images have a spread"
+    flat[0, 1] = torch.arange(5.0)
+    iv, method = _intervals(flat, 200, 0)
+    assert none_reason(method) is None and method.startswith("Student t over 5 images")
+    assert torch.isfinite(iv[0, 1]).all() and torch.isnan(iv[0, 0]).all()

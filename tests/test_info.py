@@ -225,7 +225,7 @@ def test_positions_the_attention_adds_are_named(capsys):
 
 
 def test_bad_img_size():
-    """In the words of vitlab.models.zoo.size2 (model building and resize_for_finetuning), whatever is wrong with it."""
+    """In the words of vitlab.models.config.size2 (model building and resize_for_finetuning), whatever is wrong with it."""
     # "88" was read as the pair ("8", "8"): a 2x2 grid described without a word; 64.0 reached a bare error
     # a float tensor has __index__ too (it raises when called): (32.5, 32) was truncated to a 32 x 32 grid
     for bad in (0, (32, -1), "88", 64.0, (32,), (32.0, 32.0), (torch.tensor(32.5), 32)):
@@ -275,6 +275,38 @@ def test_vitlab_info_and_the_report_name_the_architecture_alike(tmp_path, capsys
     facts = dict(_summary(net, model_info(net), str(ck), True, None, "images", 1)["facts"])
     assert rows["architecture"] == architecture_words(net, model_info(net)) == "vitlab_vit (VisionTransformer)"
     assert facts["architecture"].split(": ")[0] == rows["architecture"]
+
+
+def test_vitlab_info_words_the_weights_as_the_model_facts_do(tmp_path, capsys):
+    """`vitlab info` wrote where the weights came from its own way ("random initialisation", "timm pretrained", a
+    checkpoint's path as given) where the report wrote ``weights_description``'s words; both now come from there,
+    and the JSON keeps a checkpoint's path in its own field."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from vitlab.cli import main
+    from vitlab.models.card import weights_description
+
+    def info(*argv: str) -> dict:
+        assert main(["info", *argv, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    name = "vit_tiny_patch16_224"
+    net = vitlab.load_model(name, pretrained=False)
+    d = info("--model", name, "--no-pretrained")
+    assert d["weights"] == weights_description(net, name, False, None) == "random initialisation (no pretrained weights)"
+    assert d["checkpoint"] is None
+    w = tmp_path / "w.safetensors"
+    save_file(net.state_dict(), str(w))
+    d = info("--model", name, "--weights", str(w))
+    assert d["weights"] == f"{w} (local file)" and d["checkpoint"] is None
+    ck = vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
+    d = info("--model", str(ck))
+    assert d["weights"] == weights_description(vitlab.load_model(str(ck)), str(ck), True, None)
+    assert d["checkpoint"] == str(ck)
+    assert main(["info", "--model", str(ck)]) == 0
+    assert dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())["weights"] == d["weights"]
 
 
 def test_model_facts_word_one_models_architecture_parameters_and_weights(tmp_path):

@@ -11,8 +11,8 @@ import torch
 from timm.models.vision_transformer import Attention
 
 import vitlab
+from vitlab.models.config import cifar_vit, config_from_dict, config_to_dict
 from vitlab.models.mimetic import mimetic_, mimetic_attention_
-from vitlab.models.zoo import cifar_vit, config_from_dict, config_to_dict
 
 
 def _targets(seed: int, d: int, heads: int) -> tuple[list[np.ndarray], np.ndarray]:

@@ -18,7 +18,8 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_is_fitted
 
 from vitlab.data.datasets import ImageArray, load_shapes
-from vitlab.models.zoo import build_model, cifar_vit
+from vitlab.models.config import cifar_vit
+from vitlab.models.zoo import build_model
 from vitlab.probe.features import extract_features, extract_readouts, feature_key
 from vitlab.probe.linear import FewShotRidge, few_shot_accuracy, linear_probe_accuracy
 
@@ -401,7 +402,7 @@ def test_feature_key_tells_images_of_the_same_bytes_in_another_shape_apart():
 def test_a_batchnorm_cnn_is_probed():
     """`vitlab probe --model data/checkpoints/resnet_cifar10_fast` failed with 'self.dim() cannot be 0 to view Long
     as Byte': the feature cache's key could not hash BatchNorm's 0-d num_batches_tracked."""
-    from vitlab.models.zoo import CifarNetConfig
+    from vitlab.models.config import CifarNetConfig
 
     model, data = build_model(CifarNetConfig(widths=(8, 8, 8))).eval(), _shapes()
     key = feature_key(model, data)

@@ -89,7 +89,8 @@ assert attention_rollout is vitlab.attention_rollout is vitlab.inspect.attention
 for name in vitlab.__all__:
     assert getattr(vitlab, name).__name__ == name, name
 import vitlab.models.zoo
-assert vitlab.ViTConfig is vitlab.models.zoo.ViTConfig
+assert vitlab.ViTConfig is vitlab.models.config.ViTConfig and vitlab.build_model is vitlab.models.zoo.build_model
+assert not hasattr(vitlab.models.zoo, "vit_config")  # the configs' names have one home, vitlab.models.config
 print(type(vitlab.models.checkpoint).__name__)
 """
     assert _python(script).stdout.split() == ["module"]

@@ -14,7 +14,7 @@ from torch import nn
 
 import vitlab.train.batches as B
 import vitlab.train.loop as T
-from vitlab.models.zoo import CifarNetConfig
+from vitlab.models.config import CifarNetConfig
 from vitlab.train.augment import alternating_flips, random_crop_flip
 from vitlab.train.config import PRESETS, TrainConfig, train_config_from_dict, train_config_to_dict
 from vitlab.train.lookahead import Lookahead, lookahead_decay

@@ -241,7 +241,7 @@ def test_bad_settings_are_refused_by_name_before_the_run_folder_is_written(tmp_p
 
     from vitlab.cli import main
     from vitlab.cli.train import preset_config
-    from vitlab.models.zoo import ViTConfig
+    from vitlab.models.config import ViTConfig
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     tiny = dataclasses.replace(PRESETS["tiny"], data=str(tiny_data), epochs=1)

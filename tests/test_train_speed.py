@@ -68,7 +68,8 @@ def test_step_flops_matches_a_hand_count_whatever_attention_path_the_model_runs(
     import torch
 
     from vitlab.base.modes import explicit_attention
-    from vitlab.models.zoo import build_model, cifar_vit
+    from vitlab.models.config import cifar_vit
+    from vitlab.models.zoo import build_model
     from vitlab.train.loop import step_flops
 
     D, M, C, L, T, B = 32, 64, 5, 2, 8 * 8 + 1, 4  # width, MLP, classes, blocks, tokens (64 patches + class), batch

@@ -86,7 +86,7 @@ def test_the_wheel_runs_vitlab_info_outside_the_checkout(wheel_env):
     assert Path(where[1]) == w["site"] / "vitlab" / "_embedded" / "checkpoints" / "vit_cifar10"
     assert "_EditableFinder" not in where[2]
     info = json.loads(_run([str(w["venv"] / "bin" / "vitlab"), "info", "--json"], w["cwd"], w["env"]).stdout)
-    assert Path(info["weights"]) == Path(where[1])
+    assert Path(info["checkpoint"]) == Path(where[1]) and info["weights"] == "data/checkpoints/vit_cifar10"
     card = json.loads((ROOT / "data" / "checkpoints" / "vit_cifar10" / "card.json").read_text())
     assert info["card_accuracy"] == card["test_accuracy"]
     assert info["parameters"] > 0 and info["depth"] >= 1

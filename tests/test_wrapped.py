@@ -146,3 +146,44 @@ def test_data_parallel_shapes_model_shown_shapes(vit):
     names = default_images(vit, 2)[0]
     assert default_images(torch.nn.DataParallel(vit), 2)[0] == names
     assert not names[0].startswith("airplane")  # the shapes' test draw, not CIFAR-10's
+
+
+def test_a_model_resolved_once_is_never_unwrapped_or_read_again(vit, x32, monkeypatch):
+    """A wrapped model resolved where it enters (``vitlab.resolve_model``) holds the module it wraps and its facts:
+    handed to the analyses, none of them unwraps it again, its ``ModelInfo`` is read once per input size, and the
+    numbers are those of the plain model. A resolved model resolves to itself; no model (a path) is refused."""
+    import vitlab.models.info as I
+    from vitlab.inspect.compare import compare_methods
+
+    want = _analyses(vit, x32)
+    rm = vitlab.resolve_model(torch.nn.DataParallel(vit))
+    assert rm.module is vit and vitlab.resolve_model(rm) is rm
+    reads, unwraps = [], []
+    read, unwrap = I._read_info, I.unwrapped
+    monkeypatch.setattr(I, "_read_info", lambda m, size: reads.append(size) or read(m, size))
+    monkeypatch.setattr(I, "unwrapped", lambda m: unwraps.append(m) or unwrap(m))
+    got = _analyses(rm, x32)
+    rows, _ = compare_methods(rm, x32, sanity=False, progress=False)
+    assert unwraps == [] and len(reads) == 2 and set(reads) == {None, (32, 32)}, reads  # own size, the images' once
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-6, msg=k)
+    assert vitlab.model_info(rm) is rm.info() and rm.info_for(x32) is rm.info((32, 32)) == vitlab.model_info(vit, 32)
+    assert len(rows) > 1
+    with pytest.raises(TypeError, match="load_model"):
+        vitlab.resolve_model("data/checkpoints/vit_cifar10")
+
+
+def test_the_report_hands_its_sections_the_model_resolved_once(vit):
+    """``report.sections.Inputs`` takes a plain or a resolved model: ``model`` is it resolved (what the builders hand
+    the analyses), ``net`` the module they run; a copy with another run's model (``replace``) resolves that one."""
+    import dataclasses
+
+    from vitlab.report import sections as S
+
+    rm = vitlab.resolve_model(vit)
+    inp = S.Inputs(rm, rm.info(), [], None, [], {})
+    assert inp.model is rm and inp.net is vit
+    other = copy.deepcopy(vit)
+    moved = dataclasses.replace(inp, net=torch.nn.DataParallel(other))
+    assert moved.net is other and moved.model.module is other and moved.model is not rm
+    assert S.Inputs(vit, None, [], None, [], {}).model.module is vit and S.Inputs(None, None, [], None, [], {}).model is None

@@ -15,7 +15,7 @@ from torch import nn
 
 import vitlab
 from vitlab import BiTConfig, HybridConfig, vit_config
-from vitlab.models.zoo import Preprocess
+from vitlab.models.config import Preprocess
 
 
 def n_params(model: nn.Module) -> int:
@@ -207,7 +207,7 @@ def test_model_configs_refuse_a_bool_for_a_count():
     """vit_config(num_classes=True), BiTConfig(width_factor=True), BiTConfig(layers=(True, 1)),
     CifarNetConfig(whiten_kernel=True) and CifarNetConfig(widths=(True, 8)) were accepted, each True to be read as 1
     (a bool is an int to Python); they are refused with their fields' messages."""
-    from vitlab.models.zoo import CifarNetConfig
+    from vitlab.models.config import CifarNetConfig
 
     for make, match in ((lambda: vit_config("Ti/16", num_classes=True), "num_classes must be an int >= 0"),
                         (lambda: BiTConfig(width_factor=True), "width_factor must be a positive int"),
@@ -341,7 +341,7 @@ def test_group_norm_keeps_at_least_k_channels_per_group():
 def test_the_mlp_is_built_as_wide_as_asked():
     """mlp_dim / embed_dim times embed_dim rounds down for some pairs in floating point (88, 120: 119.99...); every
     block's hidden layer is exactly mlp_dim wide."""
-    from vitlab.models.zoo import cifar_vit
+    from vitlab.models.config import cifar_vit
 
     for embed_dim, mlp_dim in ((88, 120), (256, 512), (24, 100), (96, 312)):
         model = vitlab.build_model(cifar_vit(depth=1, embed_dim=embed_dim, num_heads=2, mlp_dim=mlp_dim))

@@ -42,7 +42,7 @@ if _typing.TYPE_CHECKING:
     from vitlab.models.checkpoint import load_checkpoint, save_checkpoint
     from vitlab.models.config import BiTConfig, HybridConfig, ViTConfig, vit_config
     from vitlab.models.finetune import resize_for_finetuning
-    from vitlab.models.info import ModelInfo, model_info
+    from vitlab.models.info import ModelInfo, ResolvedModel, model_info, resolve_model
     from vitlab.models.load import load_model
     from vitlab.models.zoo import build_model
 
@@ -55,6 +55,7 @@ __all__ = [
     "HybridConfig",
     "ModelInfo",
     "ModelLoadError",
+    "ResolvedModel",
     "ViTConfig",
     "attention_maps",
     "attention_rollout",
@@ -80,6 +81,7 @@ __all__ = [
     "load_checkpoint",
     "load_model",
     "model_info",
+    "resolve_model",
     "resize_for_finetuning",
     "save_checkpoint",
     "vit_config",
@@ -92,7 +94,7 @@ _SOURCES = {
     **dict.fromkeys(["load_checkpoint", "save_checkpoint"], "vitlab.models.checkpoint"),
     "ModelLoadError": "vitlab.base.errors",
     "resize_for_finetuning": "vitlab.models.finetune",
-    **dict.fromkeys(["ModelInfo", "model_info"], "vitlab.models.info"),
+    **dict.fromkeys(["ModelInfo", "model_info", "ResolvedModel", "resolve_model"], "vitlab.models.info"),
     **dict.fromkeys(["attention_rollout", "compare_methods", "deletion_insertion", "embedding_filter_pca",
                      "gradient_rollout", "integrated_gradients", "localisation", "mean_attention_distance", "occlusion",
                      "position_embedding_similarity", "position_structure_score", "randomization_sanity", "cka",

@@ -17,13 +17,12 @@ import torch
 from torch import Tensor, nn
 
 from vitlab.base.checks import whole_index
-from vitlab.base.modes import unwrapped
 from vitlab.base.stats import probability_words
 from vitlab.figures.plots import gpsa_words, heatmap_over_image, layer_lines
 from vitlab.inspect import attention_view, attribution, mean_attention_distance, position_embedding_similarity
 from vitlab.inspect.attribution import has_classifier, require_classifier
 from vitlab.inspect.capture import capture_attention, check_images, check_input_channels, check_input_size
-from vitlab.models.info import model_info
+from vitlab.models.info import AnyModel, resolve_model
 
 __all__ = ["AttentionExplorer", "PositionExplorer", "DistanceExplorer", "METHODS", "HEADS", "UNITS"]
 
@@ -99,20 +98,22 @@ class AttentionExplorer:
     predicted class). This class only wires controls to those functions and draws through ``vitlab.figures.plots``.
     """
 
-    def __init__(self, model: nn.Module, images: tuple[list[str], Tensor, list[np.ndarray]] | None = None,
+    def __init__(self, model: AnyModel, images: tuple[list[str], Tensor, list[np.ndarray]] | None = None,
                  num_images: int = 8, class_names: Sequence[str] | None = None) -> None:
         ipw = _ipw()
         from vitlab.data.images import default_images, head_class_names
 
-        model = unwrapped(model)  # a compiled or DataParallel model: the module it runs
+        rm = resolve_model(model)  # a compiled or DataParallel model: the module it runs
+        model = rm.module
         self.model = model  # its modes are left alone: capture and the methods run in eval mode temporarily
+        self.resolved = rm  # what the analyses are handed: the module and its facts, read once
         names, x, shown = _explorer_images(model, images) if images is not None else default_images(model, num_images)
         self.names, self.x, self.shown = list(names), x.detach().float().cpu(), list(shown)  # cast at each use
-        self.info = model_info(model, img_size=tuple(x.shape[-2:]))
+        self.info = rm.info_for(x)
         n_cls = int(getattr(model, "num_classes", 0) or 0)
-        self.has_head = has_classifier(model)  # without one: attention and rollout only, no predicted class
+        self.has_head = has_classifier(rm)  # without one: attention and rollout only, no predicted class
         if class_names is None and n_cls:
-            class_names = head_class_names(model)  # recorded by the checkpoint, never guessed from the head's size
+            class_names = head_class_names(rm)  # recorded by the checkpoint, never guessed from the head's size
         elif class_names is not None and len(class_names) != n_cls:  # extra names offered classes the head lacks
             raise ValueError(f"class_names has {len(class_names)} names but the model has {n_cls} classes: give one "
                              "name per class, in the head's order, or None for the checkpoint's own")
@@ -149,7 +150,7 @@ class AttentionExplorer:
     # ------------------------------------------------------------------ inputs to the public functions (cached)
     def _run(self, x: Tensor) -> tuple[tuple[Tensor, Tensor | None], Tensor | None]:
         """One image (1, C, H, W): its captured maps (L, 1, H, T, T) and pool maps, and its class probabilities."""
-        with torch.no_grad(), capture_attention(self.model) as cap:
+        with torch.no_grad(), capture_attention(self.resolved) as cap:
             out = self.model(_as_input(self.model, x)).float()
         probs = out.softmax(-1)[0].cpu() if self.has_head else None  # a headless model's output is its features
         return (cap.stack().clone(), cap.pool_maps()), probs
@@ -164,7 +165,7 @@ class AttentionExplorer:
     def prediction(self, i: int | None = None) -> tuple[int, float]:
         """(class, probability) the model predicts for image ``i`` (default: the one shown)."""
         i = self.image.value if i is None else i
-        require_classifier(self.model, "a predicted class")
+        require_classifier(self.resolved, "a predicted class")
         self._captured(i)
         p = self._probs[i]
         return int(p.argmax()), float(p.max())
@@ -182,7 +183,7 @@ class AttentionExplorer:
                                             self.discard.value, pool)[0])
         key = (i, method, self.target_class())
         if key not in self._class_maps:
-            self._class_maps[key] = attribution(method, self.model, _as_input(self.model, self.x[i:i + 1]),
+            self._class_maps[key] = attribution(method, self.resolved, _as_input(self.model, self.x[i:i + 1]),
                                                 key[2])[0].detach().cpu()
         return _drawable(self._class_maps[key])
 
@@ -310,7 +311,7 @@ class AttentionExplorer:
 class PositionExplorer:
     """Click a patch: the cosine similarity of its position embedding with every other patch's."""
 
-    def __init__(self, model: nn.Module, grid: tuple[int, int] | None = None) -> None:
+    def __init__(self, model: AnyModel, grid: tuple[int, int] | None = None) -> None:
         self.sim = position_embedding_similarity(model, grid=grid).detach().float().cpu()  # (gh, gw, gh, gw)
         gh, gw = self.sim.shape[:2]
         self.patch = (gh // 2, gw // 2)
@@ -361,12 +362,13 @@ class DistanceExplorer:
     ((B,) classes of the model's head), by default the images' true classes where they are classes of the model's
     head (``vitlab.data.images.head_labels``, for the default images), else the model's own predictions."""
 
-    def __init__(self, model: nn.Module, images: Tensor | None = None, explorer: AttentionExplorer | None = None,
+    def __init__(self, model: AnyModel, images: Tensor | None = None, explorer: AttentionExplorer | None = None,
                  num_images: int = 16, labels: Tensor | None = None) -> None:
         from vitlab.data.images import default_images, head_labels
 
         ipw = _ipw()
-        model = unwrapped(model)
+        rm = resolve_model(model)
+        model = rm.module
         if images is None:
             images = default_images(model, num_images)[1]
             labels = head_labels(model, len(images)) if labels is None else labels
@@ -377,15 +379,16 @@ class DistanceExplorer:
         if explorer is not None and explorer.model is not model:  # its sliders would clamp this model's layer
             raise ValueError(f"explorer shows another model ({type(explorer.model).__name__}) than this one "
                              f"({type(model).__name__}): link the AttentionExplorer of the same model")
-        self.distance = mean_attention_distance(model, _as_input(model, images),
+        self.distance = mean_attention_distance(rm, _as_input(model, images),
                                                 progress=False).detach().float().cpu()  # (L, H) pixels
         self.explorer = explorer
         self.model, self.images, self.labels = model, images, labels
+        self.resolved = rm
         self.head_importance = None  # vitlab.inspect.heads.HeadImportance once computed
         self.button = ipw.Button(description="head importance", layout=ipw.Layout(width="auto"), tooltip="ablate each head in turn (mean ablation) "
                                  "on these images and colour the dots by the drop in log p of the target class")
         self.button.on_click(lambda _b: self.importance())
-        self.button.disabled = not has_classifier(model)  # nothing to ablate towards without class scores
+        self.button.disabled = not has_classifier(rm)  # nothing to ablate towards without class scores
         # head_importance's progress, one step per ablated run (an Output widget holding tqdm's bar stopped the
         # page's figures from updating under Voila)
         self.progress = ipw.IntProgress(value=0, min=0, max=1, description="", layout=ipw.Layout(width="200px"))
@@ -393,7 +396,7 @@ class DistanceExplorer:
         H = self.distance.shape[1]
         self.figure = go.FigureWidget(layer_lines(  # one trace (and colour, and legend entry) per head
             self.distance.numpy(), "mean attention distance (pixels)",
-            f"Mean attention distance per head ({len(images)} images); click a dot{_gpsa_note(model_info(model))}"))
+            f"Mean attention distance per head ({len(images)} images); click a dot{_gpsa_note(rm.info())}"))
         self.figure.update_layout(width=600, height=440, legend=dict(orientation="h", y=-0.2),
                                   margin=dict(l=60, r=10, t=50, b=80))
         self.figure.update_traces(marker_size=8, selector=dict(mode="markers"))  # dots big enough to click
@@ -408,7 +411,7 @@ class DistanceExplorer:
         if not whole_index(point) or not 0 <= point < L * H:
             raise ValueError(f"dot {point} does not exist: the {L} layers x {H} heads are dots 0 to {L * H - 1}")
         layer, head = point // H + 1, point % H
-        self.status.value = (self.head_words(layer - 1, head, self.importance()) if has_classifier(self.model) else
+        self.status.value = (self.head_words(layer - 1, head, self.importance()) if has_classifier(self.resolved) else
                              f"<b>layer {layer}, head {head}</b>: mean attention distance "
                              f"{float(self.distance[layer - 1, head]):.1f} px; no classifier head (the model outputs "
                              "features): no class whose probability an ablation could lower")
@@ -431,7 +434,7 @@ class DistanceExplorer:
             return self.head_importance
         from vitlab.inspect.heads import head_importance
 
-        require_classifier(self.model, "head importance (the drop in a class's log-probability)")
+        require_classifier(self.resolved, "head importance (the drop in a class's log-probability)")
 
         x = _as_input(self.model, self.images)
         self.button.disabled, self.button.description = True, "computing head importance"
@@ -440,7 +443,7 @@ class DistanceExplorer:
             if y is None:
                 with torch.no_grad():
                     y = self.model(x).argmax(-1)
-            res = head_importance(self.model, x, y.to(x.device), progress=False, on_progress=self._step)
+            res = head_importance(self.resolved, x, y.to(x.device), progress=False, on_progress=self._step)
         finally:
             self.button.disabled, self.button.description = False, "head importance"
         if tuple(res.logprob_drop.shape) != tuple(self.distance.shape):  # e.g. two parallel attentions per block

@@ -39,10 +39,25 @@ def n_units(n: int, unit: str) -> str:
     return f"{n} {unit.removesuffix('s') if n == 1 else unit}"
 
 
+class NoInterval(str):
+    """The method an interval maker returns when it gives no interval: written "none: <reason>" (as verdicts and
+    records store it), with the reason itself in the field ``reason``, so no caller reads it back out of the text."""
+
+    reason: str
+
+    def __new__(cls, reason: str) -> NoInterval:
+        self = super().__new__(cls, f"none: {reason}")
+        self.reason = reason
+        return self
+
+    def __getnewargs__(self) -> tuple[str]:  # a copy or a pickle is made from the reason, not from the text
+        return (self.reason,)
+
+
 def none_reason(method: str) -> str | None:
-    """Why ``mean_interval`` or ``prediction_interval`` gave no interval ("2 seeds, at least ... needed"), from the
-    method it returned; None when it gave one."""
-    return method.removeprefix("none: ") if method.startswith("none: ") else None
+    """Why ``mean_interval``, ``prediction_interval`` or ``jackknife_interval`` gave no interval ("2 seeds, at least
+    ... needed"): the ``reason`` of the ``NoInterval`` it returned as its method; None when it gave one."""
+    return method.reason if isinstance(method, NoInterval) else None
 
 
 def bootstrap_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
@@ -88,10 +103,10 @@ def mean_interval(values: np.ndarray, n_boot: int, seed: int, unit: str, resolut
     percentile bootstrap from there on, none for 1 or for replicates without spread (``_no_spread``)."""
     n = len(values)
     if n < 2:
-        return (math.nan, math.nan), f"none: {n_units(n, unit)}, at least 2 needed"
+        return (math.nan, math.nan), NoInterval(f"{n_units(n, unit)}, at least 2 needed")
     flat = _no_spread(values, unit, resolution)
     if flat is not None:
-        return (math.nan, math.nan), f"none: {flat}"
+        return (math.nan, math.nan), NoInterval(flat)
     if n < MIN_MEAN_BOOTSTRAP:
         from scipy.stats import t
 
@@ -112,10 +127,10 @@ def prediction_interval(values: np.ndarray, unit: str) -> tuple[tuple[float, flo
     hold one more only 87% of the time at 20 replicates, 90% at 30.) None for 1 or for replicates without spread."""
     n = len(values)
     if n < 2:
-        return (math.nan, math.nan), f"none: {n_units(n, unit)}, at least 2 needed"
+        return (math.nan, math.nan), NoInterval(f"{n_units(n, unit)}, at least 2 needed")
     flat = _no_spread(values, unit)
     if flat is not None:
-        return (math.nan, math.nan), f"none: {flat}"
+        return (math.nan, math.nan), NoInterval(flat)
     if n < MIN_ORDER_PREDICTION:
         from scipy.stats import t
 
@@ -138,12 +153,12 @@ def jackknife_interval(statistic: float, leave_one_out: np.ndarray, unit: str) -
     values = as_float64(leave_one_out)
     n = len(values)
     if n < 2:
-        return (math.nan, math.nan), f"none: {n_units(n, unit)}, at least 2 needed"
+        return (math.nan, math.nan), NoInterval(f"{n_units(n, unit)}, at least 2 needed")
     if not (np.isfinite(values).all() and math.isfinite(statistic)):
-        return (math.nan, math.nan), f"none: {NOT_FINITE}"
+        return (math.nan, math.nan), NoInterval(NOT_FINITE)
     flat = _no_spread(values, unit)
     if flat is not None:
-        return (math.nan, math.nan), f"none: {flat}"
+        return (math.nan, math.nan), NoInterval(flat)
     from scipy.stats import t
 
     half = float(t.ppf(0.975, n - 1)) * math.sqrt((n - 1) / n * float(((values - values.mean()) ** 2).sum()))

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.data.datasets import image_files
     from vitlab.data.images import load_images
     from vitlab.inspect.capture import attention_maps
-    from vitlab.models.info import model_info
+    from vitlab.models.info import resolve_model
     from vitlab.models.load import load_model
 
     images = image_files(Path(args.images)) if args.images and Path(args.images).is_dir() else []
@@ -53,13 +53,13 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.base.devices import resolve_device
 
     dev = resolve_device(args.device)
-    model = load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev)
-    names, x, _ = load_images(model, args.images, limit=args.num_images, skip_bad=args.skip_bad)
+    model = resolve_model(load_model(args.model, pretrained=args.pretrained, weights=args.weights).to(dev))
+    names, x, _ = load_images(model.module, args.images, limit=args.num_images, skip_bad=args.skip_bad)
     maps = attention_maps(model, x.to(dev), head_fusion=args.head_fusion, queries=args.queries,
                                  batch_size=args.batch_size).cpu()
     meta = {"images": json.dumps(names)}
     try:  # the token layout, so that a reader of the file alone tells prefix tokens (class, registers) from patches
-        info = model_info(model, img_size=tuple(x.shape[-2:]))
+        info = model.info_for(x)
     except TypeError:  # a model vitlab captures but cannot describe (timm's NaFlexVit)
         pass
     else:

@@ -19,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vitlab.models.card import weights_description
     from vitlab.models.checkpoint import card_line, card_metric, model_card
     from vitlab.models.info import model_info
     from vitlab.models.load import load_model
@@ -26,9 +27,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, pretrained=args.pretrained, weights=args.weights)
     params = sum(p.numel() for p in model.parameters())
     card = model_card(model)
-    source = (getattr(model, "vitlab_checkpoint", {}).get("path") or (f"{args.weights} (local file)" if args.weights
-              else (model.pretrained_cfg.get("hf_hub_id") or "timm pretrained") if args.pretrained and args.model
-              else "random initialisation"))
+    source = weights_description(model, args.model, args.pretrained, args.weights)  # as the report words it
     try:
         info = model_info(model, img_size=tuple(args.img_size) if args.img_size else None)
     except TypeError:  # a CNN: no tokens to describe
@@ -39,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     d = dataclasses.asdict(info) if info is not None else {"architecture": type(model).__name__}
     if info is not None:
         d.update(num_tokens=info.num_tokens, prefix_kinds=list(info.prefix_kinds))
-    d.update(parameters=params, weights=source, card_accuracy=card.get("test_accuracy") if card else None,
+    d.update(parameters=params, weights=source, checkpoint=getattr(model, "vitlab_checkpoint", {}).get("path"),
+             card_accuracy=card.get("test_accuracy") if card else None,
              card_metric=card_metric(card) if card else None)
     if args.json:
         print(json.dumps(d, indent=2))

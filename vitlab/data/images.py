@@ -20,7 +20,6 @@ from torch import Tensor, nn
 
 from vitlab.base.checks import check_int
 from vitlab.base.errors import Setting
-from vitlab.base.modes import unwrapped
 from vitlab.base.shipped import data_path
 from vitlab.data.datasets import (
     DECODE_ERRORS,
@@ -33,7 +32,7 @@ from vitlab.data.datasets import (
     rgb8,
     sample_images,
 )
-from vitlab.models.info import data_config
+from vitlab.models.info import AnyModel, data_config, resolve_model
 
 __all__ = ["model_transform", "head_class_names", "head_labels", "load_images", "embedded_images", "cifar_test_sample", "default_image_count", "default_images", "default_labels", "default_source", "default_data_words", "trained_on", "CIFAR_SAMPLE"]
 
@@ -192,10 +191,10 @@ def _preprocessed(model: nn.Module, items: list[tuple[str, Image.Image]]) -> tup
     return [n for n, _ in items], x, shown
 
 
-def trained_on(model: nn.Module) -> str:
+def trained_on(model: AnyModel) -> str:
     """The data set a vitlab checkpoint's card records its training on (``cifar10``, ``shapes``, a folder), without
     its root, as ``load_dataset`` names it; "" for a model that is not a vitlab checkpoint."""
-    ck = getattr(unwrapped(model), "vitlab_checkpoint", None) or {}  # a DataParallel wrapper: its module's card
+    ck = getattr(resolve_model(model).module, "vitlab_checkpoint", None) or {}  # a wrapper: its module's card
     return str((ck.get("train") or {}).get("data", "")).split(":")[0]
 
 
@@ -253,18 +252,19 @@ def head_labels(model: nn.Module, n: int) -> Tensor | None:
     return labels if labels is not None and names is not None and tuple(names) == tuple(classes) else None
 
 
-def head_class_names(model: nn.Module) -> tuple[str, ...] | None:
+def head_class_names(model: AnyModel) -> tuple[str, ...] | None:
     """The names of the model's output classes, where known: the training set's classes a vitlab checkpoint records
     (``data.classes``), or CIFAR-10's for a 10-class checkpoint trained on ``cifar10`` and the shapes' for a 4-class
     one trained on ``shapes`` (checkpoints from before the names were recorded); None otherwise (e.g. a timm model or a checkpoint of another data set): never a guess
     from the head's size."""
-    model = unwrapped(model)  # a DataParallel wrapper: its module's head and card
+    rm = resolve_model(model)  # a DataParallel wrapper: its module's head and card
+    model = rm.module
     n_cls = int(getattr(model, "num_classes", 0) or 0)
     ck = getattr(model, "vitlab_checkpoint", None) or {}
     names = (ck.get("data") or {}).get("classes")
     if names and len(names) == n_cls:
         return tuple(str(c) for c in names)
-    trained = trained_on(model)
+    trained = trained_on(rm)
     if n_cls == 10 and trained == "cifar10":
         return cifar_test_sample().classes
     from vitlab.data.shapes import SHAPE_CLASSES

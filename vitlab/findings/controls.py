@@ -43,7 +43,7 @@ The suite per finding (``CONTROLS``: key -> (control, kind)):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -56,6 +56,7 @@ from vitlab.findings import similarity as SF
 from vitlab.findings.studies import KEY_LOCALITY, KEY_SCALING
 from vitlab.findings.verdict import Verdict, json_types, validated
 from vitlab.inspect.distance import patch_distances
+from vitlab.inspect.filters import dct_matrix
 
 __all__ = ["ControlResult", "CONTROLS", "filter_controls", "position_controls", "distance_controls",
            "rollout_controls", "scaling_controls", "locality_controls", "locality_verdicts", "mpp_controls", "similarity_controls", "interleaved", "validate", "validation_table", "dct_filters", "sincos_similarity",
@@ -141,12 +142,6 @@ def dct_filters(shape: Sequence[int], order: str = "low", seed: int = 0) -> np.n
     d, c, p, q = (int(x) for x in shape)
     if order not in ("low", "high"):
         raise ValueError(f"order must be 'low' or 'high', got {order!r}")
-
-    def dct_matrix(n: int) -> np.ndarray:
-        k, i = np.arange(n)[:, None], np.arange(n)[None]
-        m = np.sqrt(2.0 / n) * np.cos(np.pi * (2 * i + 1) * k / (2 * n))
-        m[0] /= np.sqrt(2.0)
-        return m
 
     cells = [(math.hypot(u, v), ch, u, v) for ch in range(c) for u in range(p) for v in range(q)]
     cells.sort(key=lambda t: (t[0] if order == "low" else -t[0], t[1], t[2], t[3]))
@@ -309,14 +304,28 @@ LARGE_GAIN = f"the ViT gains {SCALING_GAIN:g} points more at the largest size"
 CONTROLS[KEY_SCALING] = ((LARGE_GAIN, POSITIVE), (EQUAL_GAINS, NEGATIVE))
 
 
+def _rewritten_runs(records: Sequence[Mapping], family: str, edit: Callable[[dict, dict], None]) -> list[dict]:
+    """A deep copy of the sweep's ``records`` in which ``edit(spec, metrics)`` rewrote, in place, the copy of each
+    finished ("ok") run of ``family`` (its spec and its metrics, {} where it has none); the other records as they
+    were. How the Fig. 3/4 and locality controls make sweeps with a known answer."""
+    import copy
+
+    out = []
+    for r in records:
+        r = copy.deepcopy(dict(r))
+        spec = r.get("spec") or {}
+        if spec.get("family") == family and r.get("status") == "ok":
+            edit(spec, r.get("metrics") or {})
+        out.append(r)
+    return out
+
+
 def scaling_controls(records: Sequence[Mapping], shots: int = 10, vit: str = "vit",
                      resnet: str = "bit") -> dict[str, list[ControlResult]]:
     """The Fig. 3/4 controls from the sweep's own records (``study_findings.scaling_gap_narrows`` takes them): the
     ViT's runs rewritten to gain exactly what the ResNet's gain from the smallest size on, seed by seed (negative),
     and raised by ``SCALING_GAIN`` points at the largest size (positive: a large gain must be seen over these
     seeds' spread)."""
-    import copy
-
     from vitlab.findings.studies import POINTS, scaling_accuracies, scaling_gap_narrows
 
     acc = scaling_accuracies(records, shots)
@@ -326,17 +335,13 @@ def scaling_controls(records: Sequence[Mapping], shots: int = 10, vit: str = "vi
     lo, hi = sizes[0], sizes[-1]
 
     def rewritten(value) -> list[dict]:
-        out = []
-        for r in records:
-            r = copy.deepcopy(dict(r))
-            spec = r.get("spec") or {}
-            few = ((r.get("metrics") or {}).get("few_shot") or {}).get(str(shots))
-            if spec.get("family") == vit and r.get("status") == "ok" and isinstance(few, dict):
+        def edit(spec: dict, metrics: dict) -> None:
+            few = (metrics.get("few_shot") or {}).get(str(shots))
+            if isinstance(few, dict):
                 new = value(int(spec["size"]), int(spec["seed"]), float(few["mean"]))
                 if new is not None:
                     few["mean"] = new
-            out.append(r)
-        return out
+        return _rewritten_runs(records, vit, edit)
 
     def equal(n: int, s: int, a: float) -> float | None:
         if not all(k in acc for k in ((resnet, n, s), (vit, lo, s), (resnet, lo, s))):
@@ -364,8 +369,6 @@ def locality_controls(records: Sequence[Mapping], family: str = "vit") -> dict[s
     seed by seed (negative: no change), and raised by ``LOCALITY_GAIN`` points of the heads (positive: a large gain
     must be seen over these seeds' spread; a share may then pass 1, as the Fig. 3/4 control's accuracy may). {} when
     the records hold Fig. 7 statistics at fewer than 2 sizes."""
-    import copy
-
     from vitlab.findings.studies import POINTS, fig7_by_run, locality_grows_with_data
 
     stats = fig7_by_run(records, family)
@@ -375,15 +378,11 @@ def locality_controls(records: Sequence[Mapping], family: str = "vit") -> dict[s
     lo, hi = sizes[0], sizes[-1]
 
     def rewritten(value) -> list[dict]:
-        out = []
-        for r in records:
-            r = copy.deepcopy(dict(r))
-            spec, fig7 = r.get("spec") or {}, (r.get("metrics") or {}).get("fig7")
-            if spec.get("family") == family and r.get("status") == "ok" and isinstance(fig7, dict) \
-                    and int(spec["size"]) == hi:
+        def edit(spec: dict, metrics: dict) -> None:
+            fig7 = metrics.get("fig7")
+            if isinstance(fig7, dict) and int(spec["size"]) == hi:
                 fig7["lowest_local_share"] = value(int(spec["seed"]), float(fig7["lowest_local_share"]))
-            out.append(r)
-        return out
+        return _rewritten_runs(records, family, edit)
 
     built = {MORE_LOCAL: rewritten(lambda s, share: share + LOCALITY_GAIN / POINTS),
              SAME_LOCAL: rewritten(lambda s, share: stats[lo, s]["lowest_local_share"] if (lo, s) in stats else share)}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from vitlab.findings import controls, similarity, studies
 from vitlab.findings import model as findings
@@ -24,7 +24,7 @@ from vitlab.inspect.capture import capture_attention
 from vitlab.inspect.cka import SimilarityTables, similarity_tables
 from vitlab.inspect.distance import attention_distance_from_maps, uniform_attention_distance
 from vitlab.inspect.positions import position_embedding_similarity, position_table
-from vitlab.models.info import ModelInfo
+from vitlab.models.info import AnyModel, ModelInfo, resolve_model
 from vitlab.probe.features import READOUTS
 
 __all__ = ["model_label", "convention_distances", "distance_conventions", "distance_verdicts", "position_verdicts"]
@@ -41,13 +41,13 @@ def convention_distances(maps: Tensor, info: ModelInfo) -> tuple[Tensor, Tensor,
 
 
 @torch.no_grad()
-def distance_conventions(net: nn.Module, x: Tensor, batch_size: int = 32) -> dict[str, Tensor]:
+def distance_conventions(net: AnyModel, x: Tensor, batch_size: int = 32) -> dict[str, Tensor]:
     """{``findings.DISTANCE_CONVENTIONS`` name: (L, B, H) float64 CPU distances} of ``net`` on the preprocessed
     (B, C, H, W) images ``x``, batch by batch, each layer's maps reduced inside the capture: what the prediction pass
-    gives ``distance`` (the report), for a model outside the report (notebook 07)."""
-    from vitlab.models.info import model_info
-
-    info = model_info(net, img_size=tuple(x.shape[-2:]))
+    gives ``distance`` (the report), for a model outside the report (notebook 07). A wrapped model runs as the module
+    it wraps."""
+    rm = resolve_model(net)
+    info = rm.info_for(x)
     parts: list[list[Tensor]] = [[], [], []]
     for chunk in x.split(batch_size):
         got: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
@@ -55,8 +55,8 @@ def distance_conventions(net: nn.Module, x: Tensor, batch_size: int = 32) -> dic
         def reduce(layer: int, maps: Tensor) -> None:
             got[layer] = convention_distances(maps, info)
 
-        with capture_attention(net, reduce=reduce):
-            net(chunk)
+        with capture_attention(rm, reduce=reduce):
+            rm.module(chunk)
         for i in range(3):
             parts[i].append(torch.stack([got[layer][i] for layer in sorted(got)]))  # (L, b, H)
     return {name: torch.cat(part, dim=1).double().cpu() for name, part in zip(findings.DISTANCE_CONVENTIONS, parts)}
@@ -73,14 +73,15 @@ def distance_verdicts(conventions: dict[str, Tensor], info: ModelInfo) -> list[V
                              controls.distance_controls(conventions[findings.DISTANCE_CONVENTIONS[0]], ceiling))
 
 
-def position_verdicts(net: nn.Module, info: ModelInfo) -> list[Verdict]:
+def position_verdicts(net: AnyModel, info: ModelInfo) -> list[Verdict]:
     """The Fig. 7 centre verdicts (``findings.judge_positions``) on ``net``'s learned position-embedding table, each
     criterion checked on its controls (``controls.position_controls``); [] for a model with no table or a fixed one
     (e.g. 2D sin-cos: its structure is built in, not learned). The one way the report and notebook 07 judge them."""
     if info.pos_embed in ("none", "fixed"):
         return []
-    sim = position_embedding_similarity(net).cpu()  # (gh, gw, gh, gw)
-    return controls.validate(findings.judge_positions(sim), controls.position_controls(position_table(net).cpu()))
+    rm = resolve_model(net)
+    sim = position_embedding_similarity(rm).cpu()  # (gh, gw, gh, gw)
+    return controls.validate(findings.judge_positions(sim), controls.position_controls(position_table(rm).cpu()))
 
 
 def model_label(net, model: Any) -> str:
@@ -113,7 +114,7 @@ def mpp_verdicts(records: Sequence[dict], shots: int = 10) -> list:
 
 
 @torch.no_grad()
-def similarity_pair(vit: nn.Module, resnet: nn.Module, x: torch.Tensor, batch_size: int = 64,
+def similarity_pair(vit: AnyModel, resnet: AnyModel, x: torch.Tensor, batch_size: int = 64,
                     x_resnet: torch.Tensor | None = None, subject: str = ""
                     ) -> tuple[dict[str, SimilarityTables], list[Verdict]]:
     """{representation: tables} of ``vit`` (model a) against ``resnet`` (model b) on the preprocessed (B, C, H, W)
@@ -121,6 +122,7 @@ def similarity_pair(vit: nn.Module, resnet: nn.Module, x: torch.Tensor, batch_si
     each of ``similarity.REPRESENTATION_CONVENTIONS``, and the two Raghu et al. verdicts (``similarity.judge_similarity``) checked on
     their controls (``controls.similarity_controls``, on the first representation's tables), each with ``subject``
     (what it judges: the two models and the images)."""
+    vit, resnet = resolve_model(vit), resolve_model(resnet)  # once for the three representations
     tables = {rep: similarity_tables(vit, resnet, x, representation=rep, batch_size=batch_size, progress=False,
                                      images_b=x_resnet) for rep in similarity.REPRESENTATION_CONVENTIONS}
     verdicts = controls.validate(similarity.judge_similarity(tables),

@@ -22,24 +22,24 @@ import torch
 from torch import Tensor, nn
 
 from vitlab.base.checks import check_count
-from vitlab.base.modes import eval_mode, frozen_parameters, unwrapped
+from vitlab.base.modes import eval_mode, frozen_parameters
 from vitlab.inspect.capture import capture_attention, check_images
 from vitlab.inspect.rollout import attention_rollout, check_readout, check_start_layer, readout_vector
-from vitlab.models.info import ModelInfo, model_info
+from vitlab.models.info import AnyModel, ModelInfo, resolve_model
 
 __all__ = ["gradient_rollout", "integrated_gradients", "occlusion", "patch_mask", "ATTRIBUTION_METHODS",
            "attribution", "attribution_method", "predicted_class", "has_classifier", "require_classifier",
            "target_classes"]
 
 
-def has_classifier(model: nn.Module) -> bool:
+def has_classifier(model: AnyModel) -> bool:
     """False for a model built without a classifier head (timm's ``num_classes=0``, e.g. the paper's own
     ``.orig_in21k`` weights), whose output is its features, not class scores."""
-    model = unwrapped(model)
+    model = resolve_model(model).module
     return getattr(model, "num_classes", None) != 0
 
 
-def require_classifier(model: nn.Module, what: str) -> None:
+def require_classifier(model: AnyModel, what: str) -> None:
     """Refuse a class-specific method on a model without a classifier head: its argmax would be a feature index."""
     if not has_classifier(model):
         raise ValueError(f"{what} needs class scores, but this model has no classifier head (num_classes=0: its "
@@ -48,18 +48,19 @@ def require_classifier(model: nn.Module, what: str) -> None:
 
 
 @torch.no_grad()
-def predicted_class(model: nn.Module, images: Tensor, batch_size: int = 64) -> Tensor:
+def predicted_class(model: AnyModel, images: Tensor, batch_size: int = 64) -> Tensor:
     """(B,) argmax of the logits (eval mode)."""
-    model = unwrapped(model)
-    require_classifier(model, "a predicted class")
-    check_images(images, model)
+    rm = resolve_model(model)
+    model = rm.module
+    require_classifier(rm, "a predicted class")
+    check_images(images, rm)
     with eval_mode(model):
         return torch.cat([model(images[i:i + batch_size]).argmax(-1) for i in range(0, len(images), batch_size)])
 
 
 def _num_classes(model: nn.Module, images: Tensor) -> int:
-    """The width of the model's class scores: its ``num_classes`` (timm's), else one forward pass on an image."""
-    model = unwrapped(model)
+    """The width of the class scores of ``model``, the module itself (``ResolvedModel.module``): its ``num_classes``
+    (timm's), else one forward pass on an image."""
     n = getattr(model, "num_classes", None)
     if isinstance(n, int) and n > 0:
         return n
@@ -77,12 +78,13 @@ def _entries(t: Tensor, bad: Tensor, limit: int = 5) -> str:
     return text + (f" and {len(idx) - limit} more" if len(idx) > limit else "")
 
 
-def target_classes(model: nn.Module, images: Tensor, target: Tensor | int | None, batch_size: int = 64) -> Tensor:
+def target_classes(model: AnyModel, images: Tensor, target: Tensor | int | None, batch_size: int = 64) -> Tensor:
     """(B,) int64 class indices on ``images``' device: ``target`` as one index for every image or one per image,
     checked to be whole numbers in [0, num_classes); None: the model's prediction."""
-    require_classifier(model, "a class-specific map")
+    rm = resolve_model(model)
+    require_classifier(rm, "a class-specific map")
     if target is None:
-        return predicted_class(model, images, batch_size)
+        return predicted_class(rm, images, batch_size)
     try:
         raw = torch.as_tensor(target).detach().cpu()
     except (TypeError, ValueError, RuntimeError):  # a class name, a ragged list: torch's "new(): invalid data type"
@@ -97,7 +99,7 @@ def target_classes(model: nn.Module, images: Tensor, target: Tensor | int | None
     if raw.dim() != 0 and raw.shape != (len(images),):
         raise ValueError(f"target must be one class index or one per image ({len(images)}), got shape "
                          f"{tuple(raw.shape)}")
-    n = _num_classes(model, images)
+    n = _num_classes(rm.module, images)
     bad = (raw < 0) | (raw >= n)
     if bool(bad.any()):
         raise ValueError(f"{_entries(raw, bad)}: not a class index of this model, which has {n} classes (valid: 0 "
@@ -107,24 +109,25 @@ def target_classes(model: nn.Module, images: Tensor, target: Tensor | int | None
     return t.to(images.device)
 
 
-def gradient_rollout(model: nn.Module, images: Tensor, target: Tensor | int | None = None,
+def gradient_rollout(model: AnyModel, images: Tensor, target: Tensor | int | None = None,
                      start_layer: int = 0) -> Tensor:
     """(B, gh, gw) gradient-weighted rollout of the readout over the patches, for class ``target``.
 
     Per layer l (from ``start_layer``): ``A_l = mean_heads(relu(grad_l * attn_l))`` with ``grad_l`` the
     gradient of the target logit with respect to that layer's attention; ``R <- R + A_l R`` from ``R = I``.
     """
-    model = unwrapped(model)
-    check_images(images, model)
-    info = model_info(model, img_size=tuple(images.shape[-2:]))
+    rm = resolve_model(model)
+    model = rm.module
+    check_images(images, rm)
+    info = rm.info_for(images)
     check_readout(info)
     check_start_layer(start_layer, info.depth)
-    t = target_classes(model, images, target)
+    t = target_classes(rm, images, target)
     # autograd also inside a caller's torch.inference_mode(): the clones made here are ordinary tensors it can save
     with torch.inference_mode(False):
         x, t = images.detach().clone().requires_grad_(True), t.clone()
     with (torch.inference_mode(False), frozen_parameters(model), torch.enable_grad(),
-          capture_attention(model, keep_grad=True) as cap):
+          capture_attention(rm, keep_grad=True) as cap):
         logits = model(x)
         logits.gather(1, t[:, None]).sum().backward()
         maps, grads, pool = cap.stack(), cap.grads(), cap.pool_maps()
@@ -166,7 +169,7 @@ def _check_baseline(baseline: object) -> None:
                          f"image), got {baseline!r}")
 
 
-def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int | None = None, steps: int = 32,
+def integrated_gradients(model: AnyModel, images: Tensor, target: Tensor | int | None = None, steps: int = 32,
                          baseline: float = 0.0, internal_batch_size: int = 256) -> Tensor:
     """(B, gh, gw) integrated gradients (captum) of the target logit, summed per patch.
 
@@ -174,13 +177,14 @@ def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int 
     """
     from captum.attr import IntegratedGradients
 
-    model = unwrapped(model)
-    check_images(images, model)
+    rm = resolve_model(model)
+    model = rm.module
+    check_images(images, rm)
     check_count("steps", steps)
     check_count("internal_batch_size", internal_batch_size)
     _check_baseline(baseline)
-    info = model_info(model, img_size=tuple(images.shape[-2:]))
-    t = target_classes(model, images, target)
+    info = rm.info_for(images)
+    t = target_classes(rm, images, target)
     with torch.inference_mode(False):  # autograd also inside a caller's torch.inference_mode(), on ordinary clones
         images, t = images.clone(), t.clone()
     with torch.inference_mode(False), eval_mode(model), frozen_parameters(model), torch.enable_grad():
@@ -190,17 +194,18 @@ def integrated_gradients(model: nn.Module, images: Tensor, target: Tensor | int 
 
 
 @torch.no_grad()
-def occlusion(model: nn.Module, images: Tensor, target: Tensor | int | None = None, baseline: float = 0.0,
+def occlusion(model: AnyModel, images: Tensor, target: Tensor | int | None = None, baseline: float = 0.0,
               perturbations_per_eval: int = 64) -> Tensor:
     """(B, gh, gw) drop of the target logit when each patch alone is replaced by ``baseline`` (captum)."""
     from captum.attr import FeatureAblation
 
-    model = unwrapped(model)
-    check_images(images, model)
+    rm = resolve_model(model)
+    model = rm.module
+    check_images(images, rm)
     check_count("perturbations_per_eval", perturbations_per_eval)
     _check_baseline(baseline)
-    info = model_info(model, img_size=tuple(images.shape[-2:]))
-    t = target_classes(model, images, target)
+    info = rm.info_for(images)
+    t = target_classes(rm, images, target)
     mask = patch_mask(info, images.device)
     with eval_mode(model):
         attr = FeatureAblation(model).attribute(images, baselines=baseline, target=t, feature_mask=mask,
@@ -210,7 +215,7 @@ def occlusion(model: nn.Module, images: Tensor, target: Tensor | int | None = No
     return attr[:, 0, ::ph, ::pw][:, : info.grid_size[0], : info.grid_size[1]].float()
 
 
-def _rollout(model: nn.Module, images: Tensor, target: Tensor | int | None = None) -> Tensor:
+def _rollout(model: AnyModel, images: Tensor, target: Tensor | int | None = None) -> Tensor:
     return attention_rollout(model, images)
 
 
@@ -229,6 +234,6 @@ def attribution_method(name: str) -> Callable[..., Tensor]:
     return ATTRIBUTION_METHODS[name]
 
 
-def attribution(method: str, model: nn.Module, images: Tensor, target: Tensor | int | None = None) -> Tensor:
+def attribution(method: str, model: AnyModel, images: Tensor, target: Tensor | int | None = None) -> Tensor:
     """(B, gh, gw) map of ``method`` (a key of ``ATTRIBUTION_METHODS``); rollout ignores ``target``."""
     return attribution_method(method)(model, images, target)

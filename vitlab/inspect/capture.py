@@ -38,8 +38,8 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from vitlab.base.checks import check_count, whole_index
-from vitlab.base.modes import eval_mode, no_checkpointing, unwrapped
-from vitlab.models.info import class_token_join, class_token_never_joins
+from vitlab.base.modes import eval_mode, no_checkpointing
+from vitlab.models.info import AnyModel, class_token_join, class_token_never_joins, resolve_model
 
 __all__ = [
     "HEAD_FUSIONS",
@@ -114,14 +114,14 @@ def _layer(index: int, prefix: str, hits: list[tuple[str, nn.Module]]) -> Attent
     return AttentionLayer(index, names, tuple(m for _, m in hits))
 
 
-def find_attention_modules(model: nn.Module) -> list[AttentionLayer]:
+def find_attention_modules(model: AnyModel) -> list[AttentionLayer]:
     """The self-attention of each transformer block, in depth order.
 
     A block with several attention modules in parallel (timm's ``ParallelThingsBlock``) is one layer whose
     heads are the branches' heads, concatenated in branch order. Attentions whose applied map is not a
     post-softmax map (differential, talking-heads) and CaiT's class attention raise ``AttentionCaptureError``.
     """
-    model = unwrapped(model)
+    model = resolve_model(model).module
     blocks = getattr(model, "blocks", None)
     if isinstance(getattr(model, "blocks_token_only", None), (nn.Sequential, nn.ModuleList)):
         raise AttentionCaptureError(
@@ -464,7 +464,7 @@ def _normalise_layers(layers: Sequence[int] | None, depth: int) -> tuple[int, ..
 
 @contextlib.contextmanager
 def capture_attention(
-    model: nn.Module,
+    model: AnyModel,
     *,
     layers: Sequence[int] | None = None,
     head_fusion: HeadFusion | None = None,
@@ -491,14 +491,15 @@ def capture_attention(
     recorded with the class token's identity row and column around their patch-by-patch maps (see the module's
     docstring), so that every layer has the same T.
     """
-    model = unwrapped(model)
+    rm = resolve_model(model)
+    model = rm.module
     if head_fusion not in (None, "mean", "max", "min"):
         raise ValueError(f"head_fusion must be None, 'mean', 'max' or 'min', got {head_fusion!r}")
     if preallocate is not None:
         check_count("preallocate", preallocate)
     if keep_grad and (head_fusion is not None or queries not in (None, "all") or reduce is not None):
         raise ValueError("keep_grad=True records full maps; fuse heads, select queries or reduce after reading grads()")
-    found = find_attention_modules(model)
+    found = find_attention_modules(rm)
     chosen = _normalise_layers(layers, len(found))
     cap = _new_capture(model, found, chosen, head_fusion, queries, keep_grad, preallocate, reduce)
     hooks = _Hooks()
@@ -602,7 +603,7 @@ def fuse_heads(attn: Tensor, how: str, dim: int = 1, keepdim: bool = False) -> T
     raise ValueError(f"head fusion must be one of {HEAD_FUSIONS}, got {how!r}")
 
 
-def check_images(images: Tensor, model: nn.Module | None = None) -> None:
+def check_images(images: Tensor, model: AnyModel | None = None) -> None:
     """Refuse anything but a ``(B, C, H, W)`` batch of at least one image: the check every analysis that runs a
     model on ``images`` makes first, so a single image without its batch axis or an empty batch is named here
     instead of failing inside timm (or returning NaNs). With ``model``, also images the model cannot take: another
@@ -623,26 +624,27 @@ def check_images(images: Tensor, model: nn.Module | None = None) -> None:
                         "images (resized and normalised for the model), not raw pixels: load them with "
                         "vitlab.data.images.load_images(model, folder), or normalise them with vitlab.data.datasets.normalize")
     if model is not None:
-        check_input_channels(model, images)
-        check_input_size(model, tuple(images.shape[-2:]))
-        check_input_device(model, images)
-        check_input_dtype(model, images)
+        rm = resolve_model(model)
+        check_input_channels(rm, images)
+        check_input_size(rm, tuple(images.shape[-2:]))
+        check_input_device(rm, images)
+        check_input_dtype(rm, images)
 
 
-def check_input_device(model: nn.Module, images: Tensor) -> None:
+def check_input_device(model: AnyModel, images: Tensor) -> None:
     """Refuse images on another device than the model's weights (CPU images for a model on the GPU), which fail
     inside the first layer with torch's bare device error. A model spread over several devices is not checked."""
-    devices = {p.device for p in unwrapped(model).parameters()}
+    devices = {p.device for p in resolve_model(model).module.parameters()}
     if len(devices) == 1 and images.device != (dev := devices.pop()):
         raise ValueError(f"images are on {images.device} but the model is on {dev}: pass images.to('{dev}'), or move "
                          f"the model with model.to('{images.device}')")
 
 
-def check_input_channels(model: nn.Module, images: Tensor) -> None:
+def check_input_channels(model: AnyModel, images: Tensor) -> None:
     """Refuse a (B, C, H, W) batch whose C is not the channel count of the model's first convolution: a channels-last
     (B, H, W, C) batch (which the size check would misread as C x H px images) or greyscale images on an RGB model,
     which fail inside that convolution with a bare shape error. A model without a convolution is not checked."""
-    conv = _input_conv(unwrapped(model))
+    conv = _input_conv(resolve_model(model).module)
     if conv is None or images.shape[1] == conv.in_channels:
         return
     want, have = conv.in_channels, images.shape[1]
@@ -668,11 +670,11 @@ def _input_conv(model: nn.Module) -> nn.Conv2d | None:
     return next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
 
 
-def check_input_dtype(model: nn.Module, images: Tensor) -> None:
+def check_input_dtype(model: AnyModel, images: Tensor) -> None:
     """Refuse float images of another precision than the model's weights (float32 images on a bfloat16 model,
     float64 on a float32 one), which fail inside the first convolution with a bare dtype error; inside an autocast
     region the model casts them itself."""
-    dtypes = [p.dtype for p in unwrapped(model).parameters() if p.is_floating_point()]
+    dtypes = [p.dtype for p in resolve_model(model).module.parameters() if p.is_floating_point()]
     if not dtypes or images.dtype in dtypes or torch.is_autocast_enabled(images.device.type):
         return
     want = str(dtypes[0]).removeprefix("torch.")
@@ -681,12 +683,12 @@ def check_input_dtype(model: nn.Module, images: Tensor) -> None:
                     f"the model in {have} (model.to(torch.{have})) or inside torch.autocast")
 
 
-def check_input_size(model: nn.Module, size: tuple[int, int]) -> None:
+def check_input_size(model: AnyModel, size: tuple[int, int]) -> None:
     """Refuse an (H, W) input that a ViT without a dynamic input size cannot take: its patch grid and position
     embeddings are built for one size (timm's own check is a bare AssertionError, and a hybrid's a raw tensor size
     mismatch deep in the forward). Models with ``dynamic_img_size`` and models without a patch embedding (CNNs)
     take any size."""
-    model = unwrapped(model)
+    model = resolve_model(model).module
     pe = getattr(model, "patch_embed", None)
     built = getattr(pe, "img_size", None)
     if built is None or getattr(model, "dynamic_img_size", False) or not getattr(pe, "strict_img_size", True):
@@ -702,7 +704,7 @@ def check_input_size(model: nn.Module, size: tuple[int, int]) -> None:
 
 
 def attention_maps(
-    model: nn.Module,
+    model: AnyModel,
     images: Tensor,
     *,
     batch_size: int | None = None,
@@ -718,13 +720,14 @@ def attention_maps(
     """
     from tqdm.auto import tqdm
 
-    model = unwrapped(model)
-    check_images(images, model)
+    rm = resolve_model(model)
+    model = rm.module
+    check_images(images, rm)
     if batch_size is not None:
         check_count("batch_size", batch_size)
     chunks = images.split(batch_size or len(images))
     show = len(chunks) > 1 if progress is None else progress
-    with torch.no_grad(), capture_attention(model, layers=layers, head_fusion=head_fusion, queries=queries,
+    with torch.no_grad(), capture_attention(rm, layers=layers, head_fusion=head_fusion, queries=queries,
                                             preallocate=len(images)) as cap:
         for chunk in tqdm(chunks, desc="attention", disable=not show, leave=False):
             model(chunk)

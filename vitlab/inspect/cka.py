@@ -29,9 +29,10 @@ import torch
 from torch import Tensor, nn
 
 from vitlab.base.checks import check_count
-from vitlab.base.modes import eval_mode, unwrapped
+from vitlab.base.modes import eval_mode
 from vitlab.inspect.capture import check_images
 from vitlab.inspect.residual import block_list, capture_blocks
+from vitlab.models.info import AnyModel, resolve_model
 
 __all__ = ["cka", "hsic_gram", "centred_gram", "MinibatchCKA", "layer_similarity", "layer_features",
            "REPRESENTATIONS", "Representation", "SimilarityTables", "feature_tables", "layer_names", "similarity_tables", "batch_bounds"]
@@ -150,13 +151,14 @@ def _is_vit(model: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def layer_features(model: nn.Module, images: Tensor, representation: Representation = "tokens") -> list[Tensor]:
+def layer_features(model: AnyModel, images: Tensor, representation: Representation = "tokens") -> list[Tensor]:
     """Per layer, the (B, F) features of ``images`` that ``layer_similarity`` compares: for a ViT, each block's output
     tokens (before the final norm) read as ``representation`` (``REPRESENTATIONS``); for a CNN with timm's
     ``forward_intermediates`` (ResNet, BiT), each stage's output feature map (``tokens``: flattened; ``patch_mean``:
     the spatial mean; ``cls`` is refused). A ConViT's blocks before its class token joins give a constant class token
     (``cls``: CKA NaN there) and their patches alone (``tokens``)."""
-    model = unwrapped(model)
+    rm = resolve_model(model)
+    model = rm.module
     if representation not in REPRESENTATIONS:
         raise ValueError(f"representation must be one of {REPRESENTATIONS}, got {representation!r}")
     if _is_vit(model):
@@ -164,9 +166,9 @@ def layer_features(model: nn.Module, images: Tensor, representation: Representat
         if representation == "cls" and not has_class:
             raise ValueError(f"representation='cls' needs a class token, and this {type(model).__name__} has none: "
                              "use 'patch_mean' or 'tokens'")
-        with capture_blocks(model, lambda _i, t, p: _representation(t, p, representation)) as kept:
+        with capture_blocks(rm, lambda _i, t, p: _representation(t, p, representation)) as kept:
             model(images)
-        return [kept[i][0] for i in range(len(block_list(model)))]
+        return [kept[i][0] for i in range(len(block_list(rm)))]
     if not callable(getattr(model, "forward_intermediates", None)):
         raise TypeError(f"{type(model).__name__} is neither a ViT with transformer blocks nor a CNN with timm's "
                         "forward_intermediates: layer_similarity reads one or the other")
@@ -178,12 +180,13 @@ def layer_features(model: nn.Module, images: Tensor, representation: Representat
     return [m.flatten(1) if representation == "tokens" else m.mean((-2, -1)) for m in maps]
 
 
-def layer_names(model: nn.Module) -> list[str]:
+def layer_names(model: AnyModel) -> list[str]:
     """The names of the layers ``layer_features`` reads, in its order: "block 1", ... for a ViT; for a CNN, the
     modules of timm's ``feature_info`` ("stem.conv", "stages.0", ...), or "stage 1", ... where it has none."""
-    model = unwrapped(model)
+    rm = resolve_model(model)
+    model = rm.module
     if _is_vit(model):
-        return [f"block {i + 1}" for i in range(len(block_list(model)))]
+        return [f"block {i + 1}" for i in range(len(block_list(rm)))]
     info = getattr(model, "feature_info", None)
     if isinstance(info, list) and all(isinstance(f, dict) and "module" in f for f in info):
         return [str(f["module"]) for f in info]
@@ -191,7 +194,7 @@ def layer_names(model: nn.Module) -> list[str]:
 
 
 @torch.no_grad()
-def layer_similarity(model_a: nn.Module, model_b: nn.Module, images: Tensor, *,
+def layer_similarity(model_a: AnyModel, model_b: AnyModel, images: Tensor, *,
                      representation: Representation = "tokens", batch_size: int = 64, debiased: bool = True,
                      progress: bool | None = None) -> Tensor:
     """(La, Lb) float64 mini-batch linear CKA between every layer of ``model_a`` and every layer of ``model_b`` on the
@@ -205,7 +208,7 @@ def layer_similarity(model_a: nn.Module, model_b: nn.Module, images: Tensor, *,
     images."""
     from tqdm.auto import tqdm
 
-    model_a, model_b = unwrapped(model_a), unwrapped(model_b)
+    model_a, model_b = resolve_model(model_a), resolve_model(model_b)
     check_images(images, model_a)
     check_images(images, model_b)
     bounds = batch_bounds(len(images), batch_size, 4 if debiased else 2, "layer_similarity")
@@ -307,7 +310,7 @@ def _grams_with_leave_one_out(feats: Sequence[Tensor], debiased: bool) -> tuple[
 
 
 @torch.no_grad()
-def similarity_tables(model_a: nn.Module, model_b: nn.Module, images: Tensor, *,
+def similarity_tables(model_a: AnyModel, model_b: AnyModel, images: Tensor, *,
                       representation: Representation = "tokens", batch_size: int = 64, debiased: bool = True,
                       progress: bool | None = None, images_b: Tensor | None = None) -> SimilarityTables:
     """The HSIC tables (``SimilarityTables``) of ``model_a`` against itself, ``model_b`` against itself and the two
@@ -319,7 +322,7 @@ def similarity_tables(model_a: nn.Module, model_b: nn.Module, images: Tensor, *,
     (O(n L^2) numbers)."""
     from tqdm.auto import tqdm
 
-    model_a, model_b = unwrapped(model_a), unwrapped(model_b)
+    model_a, model_b = resolve_model(model_a), resolve_model(model_b)
     images_b = images if images_b is None else images_b
     if len(images_b) != len(images):
         raise ValueError(f"images_b must be the same images as images: {len(images_b)} against {len(images)}")

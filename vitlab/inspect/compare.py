@@ -12,7 +12,6 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from vitlab.base.checks import check_count, check_seed
-from vitlab.base.modes import unwrapped
 from vitlab.data.shapes import LOCALISATION_SHAPES
 from vitlab.inspect.attribution import ATTRIBUTION_METHODS, attribution_method, require_classifier, target_classes
 from vitlab.inspect.capture import check_images
@@ -23,7 +22,7 @@ from vitlab.inspect.faithfulness import (
     randomization_sanity,
     randomized_copy,
 )
-from vitlab.models.info import model_info
+from vitlab.models.info import AnyModel, resolve_model
 
 if TYPE_CHECKING:
     from vitlab.data.datasets import ImageArray
@@ -47,7 +46,7 @@ class MethodScores:
     fraction: list[float] = field(default_factory=list, repr=False)  # x of the curves: share of patches changed
 
 
-def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | None = None, masks: Tensor | None = None,
+def compare_methods(model: AnyModel, images: Tensor, target: Tensor | int | None = None, masks: Tensor | None = None,
                     methods: Sequence[str] = tuple(ATTRIBUTION_METHODS), steps: int = 16, sanity: bool = True,
                     random_baseline: bool = True, seed: int = 0, progress: bool | None = None,
                     on_method: Callable[[str], None] | None = None) -> tuple[list[MethodScores], dict[str, Tensor]]:
@@ -57,32 +56,33 @@ def compare_methods(model: nn.Module, images: Tensor, target: Tensor | int | Non
     ``on_method``: called with each method's name (``"random map"`` last) as its work begins, for a caller's own
     progress display (``vitlab reproduce``'s bar).
     """
-    model = unwrapped(model)
+    rm = resolve_model(model)
+    model = rm.module
     if isinstance(methods, str):  # one name, not a list: its letters are no method names
         raise TypeError(f"methods must be a list of method names, got the string {methods!r}: pass [{methods!r}]")
     fns = {m: attribution_method(m) for m in methods}  # every name checked before any work
-    require_classifier(model, "compare_methods (its scores follow a class's probability)")
-    check_images(images, model)
+    require_classifier(rm, "compare_methods (its scores follow a class's probability)")
+    check_images(images, rm)
     check_count("steps", steps)  # before the prediction and the sanity copy, not in the scorer after them
     seed = check_seed("seed", seed)  # before the prediction, not at the random map after every method
     if masks is not None:  # before any map is computed, not after the first method's minutes
-        check_masks(masks, len(images), model_info(model, img_size=tuple(images.shape[-2:])).grid_size)
-    target = target_classes(model, images, target)  # checked once, the same (B,) classes for every method
+        check_masks(masks, len(images), rm.info_for(images).grid_size)
+    target = target_classes(rm, images, target)  # checked once, the same (B,) classes for every method
     rows, maps = [], {}
     names = list(methods) + (["random map"] if random_baseline else [])
     randomized = randomized_copy(model, seed) if sanity and methods else None  # one copy serves every method
     # the baseline and the curves' two ends (unchanged images, baseline) are the same for every map: made once
-    faithfulness = deletion_insertion_scorer(model, images, target, steps=steps) if names else None
+    faithfulness = deletion_insertion_scorer(rm, images, target, steps=steps) if names else None
     for name in tqdm(names, desc="methods", disable=progress is False or (progress is None and len(names) < 3)):
         if on_method is not None:
             on_method(name)
         t0 = time.perf_counter()
         if name == "random map":
             g = torch.Generator().manual_seed(seed)
-            grid = model_info(model, img_size=tuple(images.shape[-2:])).grid_size
+            grid = rm.info_for(images).grid_size
             m = torch.rand(len(images), *grid, generator=g).to(images.device)
         else:
-            m = fns[name](model, images, target)
+            m = fns[name](rm, images, target)
         seconds = time.perf_counter() - t0
         maps[name] = m
         di = faithfulness(m)

@@ -12,12 +12,11 @@ that falls on patch keys instead.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from vitlab.base.checks import check_count
-from vitlab.base.modes import unwrapped
 from vitlab.inspect.capture import capture_attention, check_images
-from vitlab.models.info import model_info
+from vitlab.models.info import AnyModel, resolve_model
 
 
 def patch_distances(grid: tuple[int, int], patch: tuple[int, int], dtype=torch.float64) -> Tensor:
@@ -55,7 +54,7 @@ def attention_distance_from_maps(maps: Tensor, grid: tuple[int, int], patch: tup
 
 
 @torch.no_grad()
-def mean_attention_distance(model: nn.Module, images: Tensor, *, batch_size: int = 32, renormalize: bool = False,
+def mean_attention_distance(model: AnyModel, images: Tensor, *, batch_size: int = 32, renormalize: bool = False,
                             per_image: bool = False, progress: bool | None = None) -> Tensor:
     """(L, H) mean attention distance in pixels over ``images`` (or (L, B, H) with ``per_image=True``).
 
@@ -65,10 +64,11 @@ def mean_attention_distance(model: nn.Module, images: Tensor, *, batch_size: int
     """
     from tqdm.auto import tqdm
 
-    model = unwrapped(model)
-    check_images(images, model)
+    rm = resolve_model(model)
+    model = rm.module
+    check_images(images, rm)
     check_count("batch_size", batch_size)
-    info = model_info(model, img_size=tuple(images.shape[-2:]))
+    info = rm.info_for(images)
     chunks = images.split(batch_size)
     out = []
     show = len(chunks) > 1 if progress is None else progress
@@ -77,7 +77,7 @@ def mean_attention_distance(model: nn.Module, images: Tensor, *, batch_size: int
                                             renormalize)[0]
 
     for chunk in tqdm(chunks, desc="attention distance", disable=not show, leave=False):
-        with capture_attention(model, reduce=per_head) as cap:
+        with capture_attention(rm, reduce=per_head) as cap:
             model(chunk)
             out.append(cap.stack())  # (L, B, H)
     per = torch.cat(out, dim=1).float()  # (L, B, H)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitlab.base.checks import check_count, check_seed
-from vitlab.base.modes import eval_mode, unwrapped
+from vitlab.base.modes import eval_mode
 from vitlab.base.stats import spearman
 from vitlab.inspect.attribution import (
     attribution_method,
@@ -32,7 +32,7 @@ from vitlab.inspect.attribution import (
 )
 from vitlab.inspect.capture import check_images
 from vitlab.inspect.rollout import attention_rollout
-from vitlab.models.info import model_info
+from vitlab.models.info import AnyModel, resolve_model
 
 __all__ = ["deletion_insertion", "deletion_insertion_scorer", "randomization_sanity", "localisation", "rank_correlation",
            "randomized_copy", "check_masks"]
@@ -46,7 +46,7 @@ def _check_maps(maps: Tensor, images: Tensor, grid: tuple[int, int]) -> None:
         raise ValueError("maps contain NaN or infinite values")
 
 
-def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: Tensor | int | None = None,
+def deletion_insertion(model: AnyModel, images: Tensor, maps: Tensor, target: Tensor | int | None = None,
                        steps: int = 16, baseline: str | float = "blur", batch_size: int = 64) -> dict[str, Tensor]:
     """Deletion and insertion curves and AUCs for each image.
 
@@ -57,24 +57,26 @@ def deletion_insertion(model: nn.Module, images: Tensor, maps: Tensor, target: T
     normalisation mean). Returns ``deletion``/``insertion`` (B,) AUCs in [0, 1] and the (B, steps + 1) curves.
     Several maps of the same images: ``deletion_insertion_scorer``, which does the shared work once.
     """
-    model = unwrapped(model)
-    require_classifier(model, "deletion and insertion (the probability of a class)")
-    check_images(images, model)
-    _check_maps(maps, images, model_info(model, img_size=tuple(images.shape[-2:])).grid_size)
-    return deletion_insertion_scorer(model, images, target, steps, baseline, batch_size)(maps)
+    rm = resolve_model(model)
+    model = rm.module
+    require_classifier(rm, "deletion and insertion (the probability of a class)")
+    check_images(images, rm)
+    _check_maps(maps, images, rm.info_for(images).grid_size)
+    return deletion_insertion_scorer(rm, images, target, steps, baseline, batch_size)(maps)
 
 
 @torch.no_grad()
-def deletion_insertion_scorer(model: nn.Module, images: Tensor, target: Tensor | int | None = None, steps: int = 16,
+def deletion_insertion_scorer(model: AnyModel, images: Tensor, target: Tensor | int | None = None, steps: int = 16,
                               baseline: str | float = "blur", batch_size: int = 64
                               ) -> Callable[[Tensor], dict[str, Tensor]]:
     """``deletion_insertion`` of these images as a function of the (B, gh, gw) maps alone: the checks, the target
     classes, the baseline and both ends of the curves (the unchanged images and the baseline, the same for every
     map) are done once here, so each map costs only its steps 1 to ``steps - 1``."""
-    model = unwrapped(model)
-    require_classifier(model, "deletion and insertion (the probability of a class)")
-    check_images(images, model)
-    info = model_info(model, img_size=tuple(images.shape[-2:]))
+    rm = resolve_model(model)
+    model = rm.module
+    require_classifier(rm, "deletion and insertion (the probability of a class)")
+    check_images(images, rm)
+    info = rm.info_for(images)
     check_count("steps", steps)
     check_count("batch_size", batch_size)
     blur = isinstance(baseline, str) and baseline == "blur"
@@ -82,7 +84,7 @@ def deletion_insertion_scorer(model: nn.Module, images: Tensor, target: Tensor |
     if not blur and (isinstance(baseline, bool) or not isinstance(baseline, (int, float))):
         raise ValueError(f"baseline must be 'blur' or a number, got {baseline!r}")
     B, N = len(images), info.num_patches
-    target = target_classes(model, images, target, batch_size)
+    target = target_classes(rm, images, target, batch_size)
     if blur:
         k = max(3, (min(images.shape[-2:]) // 4) | 1)
         base = _gaussian_blur(images, k, sigma=k / 3)
@@ -184,8 +186,9 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
     ``randomized_copy(model, seed)`` when already made (``seed`` is then not used). ``target`` None: the model's
     prediction, or, for a model without a classifier head, no class (rollout, which needs none, still runs there;
     the class-specific methods refuse such a model)."""
-    model = unwrapped(model)
-    check_images(images, model)
+    rm = resolve_model(model)
+    model = rm.module
+    check_images(images, rm)
     if randomized is None:  # before the original map's forward passes, not at the copy after them
         seed = check_seed("seed", seed)
     if method is attention_rollout:  # its third argument is head_fusion, not a target: the wrapper takes one
@@ -193,9 +196,9 @@ def randomization_sanity(method: Callable[..., Tensor] | str, model: nn.Module, 
     if isinstance(method, str):
         method = attribution_method(method)
     if original is not None:  # a map of these images on this model, checked before the prediction's forward pass
-        _check_maps(original, images, model_info(model, img_size=tuple(images.shape[-2:])).grid_size)
-    if target is None and has_classifier(model):
-        target = predicted_class(model, images)
+        _check_maps(original, images, rm.info_for(images).grid_size)
+    if target is None and has_classifier(rm):
+        target = predicted_class(rm, images)
     if original is None:
         original = method(model, images, target)
     if randomized is None:

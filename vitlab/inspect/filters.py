@@ -12,13 +12,12 @@ import torch
 from torch import Tensor, nn
 
 from vitlab.base.checks import check_count, check_int
-from vitlab.base.modes import unwrapped
 from vitlab.base.stats import Array, as_float64
+from vitlab.models.info import AnyModel, resolve_model
 
 
 def _filters(model: nn.Module) -> Tensor:
-    """(D, C, P, P) patch-embedding filters."""
-    model = unwrapped(model)
+    """(D, C, P, P) patch-embedding filters of ``model``, the module itself (``ResolvedModel.module``)."""
     pe = getattr(model, "patch_embed", None)
     if pe is None:
         raise TypeError(f"{type(model).__name__} has no patch_embed: not a ViT-family model")
@@ -55,26 +54,26 @@ def filter_pca(w: Tensor, k: int = 28) -> tuple[Tensor, Tensor]:
     return comps.reshape(k, c, ph, pw).float(), ratio[:k].float()
 
 
-def filter_component_count(model: nn.Module, k: int = 28) -> int:
+def filter_component_count(model: AnyModel, k: int = 28) -> int:
     """How many components ``embedding_filter_pca`` can give, at most ``k`` (the paper's 28): never more than the
     D filters or their C*P*P values, whatever the width, patch size or channel count."""
     check_int("k", k, 1, allowed="a whole number of at least 1", numpy=True)  # 1.5 is no count, True no 1
-    d, c, ph, pw = _filters(model).shape
+    d, c, ph, pw = _filters(resolve_model(model).module).shape
     return min(int(k), d, c * ph * pw)
 
 
-def embedding_filter_pca(model: nn.Module, k: int = 28) -> tuple[Tensor, Tensor]:
+def embedding_filter_pca(model: AnyModel, k: int = 28) -> tuple[Tensor, Tensor]:
     """(components (k, C, P, P), explained_variance_ratio (k,)) of the mean-centred patch-embedding filters."""
-    return filter_pca(_filters(model), k)
+    return filter_pca(_filters(resolve_model(model).module), k)
 
 
-def random_filter_pca_ratios(model: nn.Module, k: int = 28, draws: int = 5) -> Tensor:
+def random_filter_pca_ratios(model: AnyModel, k: int = 28, draws: int = 5) -> Tensor:
     """(draws, k) explained-variance ratios of the model's own patch embedding re-initialised ``draws`` times (its
     projection's ``reset_parameters``, seeds 0.., on a copy): the reference the learned filters' structure is judged
     against, drawn from exactly the distribution training started from."""
     import copy
 
-    model = unwrapped(model)
+    model = resolve_model(model).module
     check_count("draws", draws)
     pe = getattr(model, "patch_embed", None)
     proj = getattr(pe, "proj", None)
@@ -99,9 +98,18 @@ def random_filter_pca_ratios(model: nn.Module, k: int = 28, draws: int = 5) -> T
     return torch.stack(out)
 
 
-def embedding_filters(model: nn.Module) -> Tensor:
+def embedding_filters(model: AnyModel) -> Tensor:
     """(D, C, P, P) float32 patch-embedding filters of a pixel-patch ViT (conv or linear layout; a hybrid refused)."""
-    return _filters(model)
+    return _filters(resolve_model(model).module)
+
+
+def dct_matrix(n: int) -> np.ndarray:
+    """(n, n) float64 orthonormal DCT-II matrix: row u is the u-th cosine over n samples, so ``m @ x`` are the DCT
+    coefficients of ``x`` and ``m.T @ c`` the signal of coefficients ``c``."""
+    k, i = np.arange(n)[:, None], np.arange(n)[None]
+    m = np.sqrt(2.0 / n) * np.cos(np.pi * (2 * i + 1) * k / (2 * n))
+    m[0] /= np.sqrt(2.0)
+    return m
 
 
 def _dct_energy(components: Array) -> np.ndarray:
@@ -110,13 +118,6 @@ def _dct_energy(components: Array) -> np.ndarray:
     if w.ndim != 4:
         raise ValueError(f"components must be (k, C, P, Q) filters, got shape {w.shape}")
     p, q = w.shape[-2:]
-
-    def dct_matrix(n: int) -> np.ndarray:  # (n, n) orthonormal DCT-II: row u is the u-th cosine
-        k, i = np.arange(n)[:, None], np.arange(n)[None]
-        m = np.sqrt(2.0 / n) * np.cos(np.pi * (2 * i + 1) * k / (2 * n))
-        m[0] /= np.sqrt(2.0)
-        return m
-
     coef = dct_matrix(p) @ w @ dct_matrix(q).T  # (k, C, P, Q) DCT coefficients
     return (coef**2).sum(1)  # (k, P, Q) pooled over channels
 

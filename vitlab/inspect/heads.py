@@ -34,10 +34,11 @@ import torch
 from torch import Tensor, nn
 
 from vitlab.base.checks import check_count, check_seed, whole_index
-from vitlab.base.intervals import N_BOOT, SEED, mean_interval
-from vitlab.base.modes import eval_mode, no_checkpointing, unwrapped
+from vitlab.base.intervals import N_BOOT, SEED, NoInterval, mean_interval, none_reason
+from vitlab.base.modes import eval_mode, no_checkpointing
 from vitlab.inspect.capture import AttentionCaptureError, check_images, find_attention_modules
 from vitlab.inspect.residual import block_zero_input, run_from, tail_matches
+from vitlab.models.info import AnyModel, resolve_model
 
 __all__ = ["ABLATIONS", "Ablation", "HeadImportance", "head_importance", "head_slices", "ablate_head", "head_groups",
            "LOCAL", "GLOBAL"]
@@ -101,12 +102,12 @@ def head_groups(distance: Tensor, lowest: int) -> Tensor:
     return codes
 
 
-def head_slices(model: nn.Module) -> list[list[tuple[nn.Module, int, int]]]:
+def head_slices(model: AnyModel) -> list[list[tuple[nn.Module, int, int]]]:
     """Per block, per head (the branches of a parallel block in order): (the attention's output projection, the
     head's index in its module, the head's width d). Refuses an attention without a linear ``proj`` whose input is
     its heads' outputs side by side (``AttentionCaptureError``)."""
     out = []
-    for layer in find_attention_modules(unwrapped(model)):
+    for layer in find_attention_modules(model):
         heads = []
         for name, m in zip(layer.names, layer.modules):
             proj, n = getattr(m, "proj", None), int(m.num_heads)
@@ -203,8 +204,29 @@ def _true_logprob(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     return lp.gather(1, y[:, None]).squeeze(1).cpu(), (logits.argmax(-1) == y).cpu()
 
 
+def _unablated(model: nn.Module, chunks: list[tuple[Tensor, Tensor]], projs: list[nn.Module]
+               ) -> tuple[Tensor, Tensor, Tensor, dict[nn.Module, Tensor]]:
+    """Pass 1 of ``head_importance`` over the (images, labels) ``chunks``: the unablated model's (B,) log-probability
+    of the true class and (B,) correctness, the first chunk's logits, and each of ``projs``' mean (N, C) input over
+    the images (the mean ablation's replacement; {} for no ``projs``). Refuses labels outside the model's classes."""
+    base_lp, base_ok, first = [], [], None
+    with _summing_inputs(projs) as sums:
+        for x, t in chunks:
+            logits = model(x)
+            classes = logits.shape[-1]
+            if int(t.min()) < 0 or int(t.max()) >= classes:
+                raise ValueError(f"labels must be class indices 0 to {classes - 1} for this model's {classes} "
+                                 f"outputs, got values from {int(t.min())} to {int(t.max())}")
+            lp, ok = _true_logprob(logits, t)
+            base_lp.append(lp)
+            base_ok.append(ok)
+            first = logits if first is None else first
+    n = sum(len(x) for x, _ in chunks)
+    return torch.cat(base_lp), torch.cat(base_ok), first, {p: sums[k] / n for k, p in enumerate(projs)}
+
+
 @torch.no_grad()
-def head_importance(model: nn.Module, images: Tensor, labels: Tensor, *, ablation: Ablation = "mean",
+def head_importance(model: AnyModel, images: Tensor, labels: Tensor, *, ablation: Ablation = "mean",
                     layers: Sequence[int] | None = None, batch_size: int = 32, share: bool | None = None,
                     n_boot: int = N_BOOT, seed: int = SEED, progress: bool | None = None,
                     on_progress: Callable[[int, int], None] | None = None) -> HeadImportance:
@@ -217,8 +239,9 @@ def head_importance(model: nn.Module, images: Tensor, labels: Tensor, *, ablatio
     unchanged (modes, hooks), also when a forward raises."""
     from tqdm.auto import tqdm
 
-    model = unwrapped(model)
-    check_images(images, model)
+    rm = resolve_model(model)
+    model = rm.module
+    check_images(images, rm)
     check_count("batch_size", batch_size)
     check_count("n_boot", n_boot)
     seed = check_seed("seed", seed)
@@ -227,29 +250,15 @@ def head_importance(model: nn.Module, images: Tensor, labels: Tensor, *, ablatio
     if share not in (None, True, False):
         raise ValueError(f"share must be True, False or None, got {share!r}")
     y = _labels(labels, len(images)).to(images.device)
-    slices = head_slices(model)
+    slices = head_slices(rm)
     rows = _layers(layers, len(slices))
     width = max(len(slices[i]) for i in rows)
     chunks = list(zip(images.split(batch_size), y.split(batch_size)))
 
     with eval_mode(model), no_checkpointing(model):
-        # pass 1: the unablated model's predictions and (mean ablation) every head's mean output per token
         projs = list(dict.fromkeys(p for i in rows for p, _, _ in slices[i]))
-        base_lp, base_ok, first = [], [], None
-        with _summing_inputs(projs if ablation == "mean" else []) as sums:
-            for x, t in chunks:
-                logits = model(x)
-                classes = logits.shape[-1]
-                if int(t.min()) < 0 or int(t.max()) >= classes:
-                    raise ValueError(f"labels must be class indices 0 to {classes - 1} for this model's {classes} "
-                                     f"outputs, got values from {int(t.min())} to {int(t.max())}")
-                lp, ok = _true_logprob(logits, t)
-                base_lp.append(lp)
-                base_ok.append(ok)
-                first = logits if first is None else first
-        means = {p: sums[k] / len(images) for k, p in enumerate(projs)} if ablation == "mean" else {}
-        base_lp_all, base_ok_all = torch.cat(base_lp), torch.cat(base_ok)
-        matches = tail_matches(model, chunks[0][0], first)
+        base_lp_all, base_ok_all, first, means = _unablated(model, chunks, projs if ablation == "mean" else [])
+        matches = tail_matches(rm, chunks[0][0], first)
         if share and not matches:
             raise ValueError(f"share=True: running {type(model).__name__} from a block's input does not give its own "
                              "logits (its blocks take more than the tokens, or its forward adds steps): pass "
@@ -264,13 +273,13 @@ def head_importance(model: nn.Module, images: Tensor, labels: Tensor, *, ablatio
         start = 0
         for x, t in chunks:
             end = start + len(x)
-            h_in, at = (block_zero_input(model, x), 0) if shared else (None, 0)
+            h_in, at = (block_zero_input(rm, x), 0) if shared else (None, 0)
             for r, layer in enumerate(rows):
                 if shared:
-                    h_in, at = run_from(model, at, h_in, stop=layer), layer  # block `layer`'s input, once
+                    h_in, at = run_from(rm, at, h_in, stop=layer), layer  # block `layer`'s input, once
                 for g, (proj, head, d) in enumerate(slices[layer]):
                     with ablate_head(proj, head, d, means.get(proj)):
-                        logits = run_from(model, layer, h_in) if shared else model(x)
+                        logits = run_from(rm, layer, h_in) if shared else model(x)
                     lp, ok = _true_logprob(logits, t)
                     drop[r, g, start:end] = (base_lp_all[start:end] - lp).float()
                     right[r, g, start:end] = ok
@@ -304,6 +313,6 @@ def _intervals(values: Tensor, n_boot: int, seed: int) -> tuple[Tensor, str]:
                 continue
             iv, how = mean_interval(v, n_boot, seed, "images")
             out[i, j] = torch.tensor(iv, dtype=torch.float64)
-            if not how.startswith("none"):
+            if none_reason(how) is None:
                 method = how
-    return out, method or f"none: no head's per-image values over {values.shape[-1]} images have a spread"
+    return out, method or NoInterval(f"no head's per-image values over {values.shape[-1]} images have a spread")

@@ -12,20 +12,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
-from torch import Tensor, nn
+from torch import Tensor
 
-from vitlab.base.modes import unwrapped
 from vitlab.base.stats import spearman
 from vitlab.inspect.distance import patch_distances
-from vitlab.models.info import model_info
-from vitlab.models.zoo import size2
+from vitlab.models.config import size2
+from vitlab.models.info import AnyModel, ResolvedModel, resolve_model
 
 
-def _grid_embeddings(model: nn.Module, grid: tuple[int, int] | None = None) -> tuple[Tensor, tuple[int, int]]:
-    """(gh, gw, D) patch position embeddings, optionally resampled (bicubic, as timm) to ``grid``."""
-    model = unwrapped(model)
-    info = model_info(model)
-    pe = getattr(model, "pos_embed", None)
+def _grid_embeddings(rm: ResolvedModel, grid: tuple[int, int] | None = None) -> tuple[Tensor, tuple[int, int]]:
+    """(gh, gw, D) patch position embeddings of the resolved model ``rm``, optionally resampled (bicubic, as timm) to
+    ``grid``."""
+    info = rm.info()
+    pe = getattr(rm.module, "pos_embed", None)
     if info.pos_embed == "none" or pe is None:
         raise ValueError(f"{info.architecture} has no absolute position embedding (pos_embed is None): "
                          "nothing to compare")
@@ -39,10 +38,10 @@ def _grid_embeddings(model: nn.Module, grid: tuple[int, int] | None = None) -> t
     return patches[0].reshape(*src, -1), src
 
 
-def position_embedding_similarity(model: nn.Module, grid: tuple[int, int] | None = None) -> Tensor:
+def position_embedding_similarity(model: AnyModel, grid: tuple[int, int] | None = None) -> Tensor:
     """(gh, gw, gh, gw) cosine similarity of patch position embeddings; ``grid`` (gh, gw), or one int for a square
     grid, resamples them first."""
-    emb, (gh, gw) = _grid_embeddings(model, grid)
+    emb, (gh, gw) = _grid_embeddings(resolve_model(model), grid)
     flat = F.normalize(emb.reshape(gh * gw, -1), dim=-1)
     return (flat @ flat.T).reshape(gh, gw, gh, gw)
 
@@ -59,7 +58,7 @@ def position_structure_score(similarity: Tensor) -> float:
     return float(spearman(sim[None], dist[iu[0], iu[1]][None])[0])
 
 
-def position_table(model: nn.Module) -> Tensor:
+def position_table(model: AnyModel) -> Tensor:
     """(gh, gw, D) float32 patch position embeddings in the table's own grid, prefix rows excluded (raises
     ValueError for a model without an absolute position-embedding table)."""
-    return _grid_embeddings(model)[0]
+    return _grid_embeddings(resolve_model(model))[0]

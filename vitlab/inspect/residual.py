@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from vitlab.base.modes import eval_mode, no_checkpointing, unwrapped
+from vitlab.base.modes import eval_mode, no_checkpointing
 from vitlab.inspect.capture import AttentionCaptureError, find_attention_modules
-from vitlab.models.info import class_token_join, class_token_never_joins
+from vitlab.models.info import AnyModel, class_token_join, class_token_never_joins, resolve_model
 
 __all__ = ["BlockReduction", "block_list", "prefix_counts", "capture_blocks", "block_zero_input", "run_from",
            "tail_matches"]
@@ -28,12 +28,13 @@ __all__ = ["BlockReduction", "block_list", "prefix_counts", "capture_blocks", "b
 BlockReduction = Callable[[int, Tensor, int], "Tensor | None"]
 
 
-def block_list(model: nn.Module) -> nn.Module:
+def block_list(model: AnyModel) -> nn.Module:
     """``model.blocks``, the ViT's transformer blocks in depth order, after checking that vitlab captures the model
     (``find_attention_modules``: CaiT, CNNs and differential or talking-heads attention are refused with its
     ``AttentionCaptureError``) and that the blocks are its top-level ``blocks``."""
-    model = unwrapped(model)
-    find_attention_modules(model)  # refuses what vitlab does not capture, with the reason
+    rm = resolve_model(model)
+    model = rm.module
+    find_attention_modules(rm)  # refuses what vitlab does not capture, with the reason
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, (nn.Sequential, nn.ModuleList)) or len(blocks) == 0:
         raise AttentionCaptureError(f"{type(model).__name__} keeps its transformer blocks elsewhere than in a "
@@ -41,11 +42,12 @@ def block_list(model: nn.Module) -> nn.Module:
     return blocks
 
 
-def prefix_counts(model: nn.Module) -> list[int]:
+def prefix_counts(model: AnyModel) -> list[int]:
     """Per block, how many prefix tokens lead its input and output: the model's ``num_prefix_tokens``, one less in a
     ConViT's blocks before its class token joins (or in all of them when it never joins)."""
-    model = unwrapped(model)
-    n, depth = int(getattr(model, "num_prefix_tokens", 0) or 0), len(block_list(model))
+    rm = resolve_model(model)
+    model = rm.module
+    n, depth = int(getattr(model, "num_prefix_tokens", 0) or 0), len(block_list(rm))
     if class_token_never_joins(model):
         return [n - 1] * depth
     join = class_token_join(model)
@@ -53,16 +55,17 @@ def prefix_counts(model: nn.Module) -> list[int]:
 
 
 @contextlib.contextmanager
-def capture_blocks(model: nn.Module, reduce: BlockReduction, layers: tuple[int, ...] | None = None
+def capture_blocks(model: AnyModel, reduce: BlockReduction, layers: tuple[int, ...] | None = None
                    ) -> Iterator[dict[int, list[Tensor]]]:
     """Inside the block, every forward of ``model`` hands each chosen block's (B, T_l, D) output (detached) to
     ``reduce``; the dict yielded keeps, per layer, what ``reduce`` returned for each call. The model runs in eval mode
     and without gradient checkpointing; its modes and hooks are restored on exit, also when the body raises. A block
     whose output is no (B, T, D) sequence (windowed attention keeps a (B, h, w, D) grid) raises
     ``AttentionCaptureError`` naming it."""
-    model = unwrapped(model)
-    blocks = block_list(model)
-    prefix = prefix_counts(model)
+    rm = resolve_model(model)
+    model = rm.module
+    blocks = block_list(rm)
+    prefix = prefix_counts(rm)
     chosen = tuple(range(len(blocks))) if layers is None else tuple(layers)
     kept: dict[int, list[Tensor]] = {i: [] for i in chosen}
     handles: list[torch.utils.hooks.RemovableHandle] = []
@@ -94,10 +97,11 @@ class _Stop(Exception):
 
 
 @torch.no_grad()
-def block_zero_input(model: nn.Module, images: Tensor) -> Tensor:
+def block_zero_input(model: AnyModel, images: Tensor) -> Tensor:
     """(B, T_0, D): the tokens block 0 receives for ``images`` (patch embedding, position embedding, prefix tokens
     and ``norm_pre`` applied by the model itself); the forward stops there, so no block runs."""
-    model = unwrapped(model)
+    rm = resolve_model(model)
+    model = rm.module
     got: list[Tensor] = []
 
     def grab(_m: nn.Module, args: tuple) -> None:
@@ -105,7 +109,7 @@ def block_zero_input(model: nn.Module, images: Tensor) -> Tensor:
         raise _Stop
 
     with eval_mode(model):
-        handle = block_list(model)[0].register_forward_pre_hook(grab)
+        handle = block_list(rm)[0].register_forward_pre_hook(grab)
         try:
             model(images)
         except _Stop:
@@ -117,14 +121,15 @@ def block_zero_input(model: nn.Module, images: Tensor) -> Tensor:
     return got[0]
 
 
-def run_from(model: nn.Module, layer: int, x: Tensor, stop: int | None = None) -> Tensor:
+def run_from(model: AnyModel, layer: int, x: Tensor, stop: int | None = None) -> Tensor:
     """Run ``model`` from block ``layer``'s input ``x`` (B, T_layer, D): blocks ``layer`` .. ``stop - 1`` (a ConViT's
     class token joining before its block ``class_token_join``, as its own forward does it), then, with ``stop=None``,
     the final ``norm`` and ``forward_head``: the (B, K) logits. With ``stop``, the input of block ``stop`` instead.
     Valid for a model whose forward is exactly that sequence (timm's VisionTransformer, DeiT, ConViT); check a model
     with ``tail_matches`` before trusting it (blocks that take extra arguments, as EVA's rotary embedding, differ)."""
-    model = unwrapped(model)
-    blocks = block_list(model)
+    rm = resolve_model(model)
+    model = rm.module
+    blocks = block_list(rm)
     join = class_token_join(model)
     end = len(blocks) if stop is None else stop
     for i in range(layer, end):
@@ -137,19 +142,20 @@ def run_from(model: nn.Module, layer: int, x: Tensor, stop: int | None = None) -
 
 
 @torch.no_grad()
-def tail_matches(model: nn.Module, images: Tensor, logits: Tensor | None = None, rtol: float = 1e-4,
+def tail_matches(model: AnyModel, images: Tensor, logits: Tensor | None = None, rtol: float = 1e-4,
                  atol: float = 1e-4) -> bool:
     """Whether ``run_from(model, 0, block_zero_input(model, images))`` gives the model's own logits for ``images``
     (``logits``, computed when not given), within ``rtol``/``atol``: the check that ``run_from`` follows this model's
     forward. False for a model without ``norm`` and ``forward_head``."""
-    model = unwrapped(model)
+    rm = resolve_model(model)
+    model = rm.module
     if not isinstance(getattr(model, "norm", None), nn.Module) or not callable(getattr(model, "forward_head", None)):
         return False
     with eval_mode(model):
         if logits is None:
             logits = model(images)
         try:
-            ours = run_from(model, 0, block_zero_input(model, images))
+            ours = run_from(rm, 0, block_zero_input(rm, images))
         except (TypeError, RuntimeError):  # blocks that need more than x
             return False
     return isinstance(ours, Tensor) and ours.shape == logits.shape and torch.allclose(ours, logits, rtol=rtol,

@@ -14,12 +14,11 @@ import operator
 from typing import Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from vitlab.base.checks import whole_index
-from vitlab.base.modes import unwrapped
 from vitlab.inspect.capture import HEAD_FUSIONS, capture_attention, check_images, find_attention_modules, fuse_heads
-from vitlab.models.info import model_info
+from vitlab.models.info import AnyModel, resolve_model
 
 
 def _check(maps: Tensor, discard_ratio: float, residual: float, start_layer: int, head_fusion: str) -> None:
@@ -194,7 +193,7 @@ class JointRollout:
 
 
 @torch.no_grad()
-def attention_rollout(model: nn.Module, images: Tensor, head_fusion: Literal["mean", "max", "min"] = "mean",
+def attention_rollout(model: AnyModel, images: Tensor, head_fusion: Literal["mean", "max", "min"] = "mean",
                       discard_ratio: float = 0.0, residual: float = 0.5, start_layer: int = 0) -> Tensor:
     """(B, gh, gw) raw rollout weights of the readout over the patch tokens (not rescaled).
 
@@ -203,14 +202,15 @@ def attention_rollout(model: nn.Module, images: Tensor, head_fusion: Literal["me
     fused inside the capture and the joint attention is accumulated layer by layer during the forward pass
     (``JointRollout``), so peak memory is one (B, T, T) product, not one map per layer.
     """
-    model = unwrapped(model)
-    check_images(images, model)
-    info = model_info(model, img_size=tuple(images.shape[-2:]))
+    rm = resolve_model(model)
+    model = rm.module
+    check_images(images, rm)
+    info = rm.info_for(images)
     check_readout(info)
-    depth = len(find_attention_modules(model))
+    depth = len(find_attention_modules(rm))
     _check_settings(depth, discard_ratio, residual, start_layer, head_fusion)
     acc = JointRollout("mean", discard_ratio, residual, start_layer)  # heads are fused by the capture
-    with capture_attention(model, head_fusion=head_fusion, reduce=acc) as cap:
+    with capture_attention(rm, head_fusion=head_fusion, reduce=acc) as cap:
         model(images)
         pool = cap.pool_maps()
     v = readout_vector(info, len(images), pool, device=images.device)

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from vitlab.base.checks import check_count
-from vitlab.base.modes import eval_mode, unwrapped
+from vitlab.base.modes import eval_mode
 from vitlab.base.stats import spearman
 from vitlab.inspect.capture import capture_attention, check_images
 from vitlab.inspect.residual import capture_blocks, prefix_counts
 from vitlab.inspect.rollout import JointRollout, readout_vector
-from vitlab.models.info import model_info
+from vitlab.models.info import AnyModel, resolve_model
 
 __all__ = ["prefix_attention", "prefix_share_from_maps", "token_norms", "TokenNorms", "outlier_fence", "QUERIES",
            "norm_summary", "prefix_removed", "rollout_prefix_change"]
@@ -51,7 +51,7 @@ def prefix_share_from_maps(maps: Tensor, num_prefix: int, present: int, queries:
 
 
 @torch.no_grad()
-def prefix_attention(model: nn.Module, images: Tensor, *, queries: Queries = "all", batch_size: int = 32,
+def prefix_attention(model: AnyModel, images: Tensor, *, queries: Queries = "all", batch_size: int = 32,
                      per_image: bool = False, progress: bool | None = None) -> Tensor:
     """(L, H, P) float64: per block and head, the share of attention that goes to each of the P prefix tokens (columns
     in ``model_info(model).prefix_kinds`` order: class, distillation, registers), averaged over the ``queries``
@@ -61,18 +61,19 @@ def prefix_attention(model: nn.Module, images: Tensor, *, queries: Queries = "al
     joins. Maps are reduced inside the capture hook, batch by batch."""
     from tqdm.auto import tqdm
 
-    model = unwrapped(model)
-    check_images(images, model)
+    rm = resolve_model(model)
+    model = rm.module
+    check_images(images, rm)
     check_count("batch_size", batch_size)
     if queries not in QUERIES:
         raise ValueError(f"queries must be one of {QUERIES}, got {queries!r}")
-    p = model_info(model, img_size=tuple(images.shape[-2:])).num_prefix_tokens
-    present = prefix_counts(model)
+    p = rm.info_for(images).num_prefix_tokens
+    present = prefix_counts(rm)
     chunks = images.split(batch_size)
     out = []
     show = len(chunks) > 1 if progress is None else progress
     for chunk in tqdm(chunks, desc="prefix attention", disable=not show, leave=False):
-        with capture_attention(model, reduce=lambda i, maps: prefix_share_from_maps(maps, p, present[i], queries)) as cap:
+        with capture_attention(rm, reduce=lambda i, maps: prefix_share_from_maps(maps, p, present[i], queries)) as cap:
             model(chunk)
             out.append(cap.stack())  # (L, B, H, P)
     per = torch.cat(out, dim=1)
@@ -117,22 +118,23 @@ def outlier_fence(patch_norms: Tensor, fence: float = 3.0) -> Tensor:
 
 
 @torch.no_grad()
-def token_norms(model: nn.Module, images: Tensor, *, fence: float = 3.0, threshold: float | None = None,
+def token_norms(model: AnyModel, images: Tensor, *, fence: float = 3.0, threshold: float | None = None,
                 batch_size: int = 32, progress: bool | None = None) -> TokenNorms:
     """Per block, the norm of every token of ``images`` (a preprocessed (B, C, H, W) batch) and the outlier patches
     (``TokenNorms``; the rule in the module's docstring: Tukey's fence with ``fence``, or the absolute ``threshold``).
     Norms are reduced inside the block hooks, batch by batch."""
     from tqdm.auto import tqdm
 
-    model = unwrapped(model)
-    check_images(images, model)
+    rm = resolve_model(model)
+    model = rm.module
+    check_images(images, rm)
     check_count("batch_size", batch_size)
     if isinstance(fence, bool) or not isinstance(fence, (int, float)) or not fence >= 0:
         raise ValueError(f"fence must be a number >= 0 (Tukey's far-out fence is 3.0), got {fence!r}")
     if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
                                   or not threshold > 0):
         raise ValueError(f"threshold must be a norm > 0 or None, got {threshold!r}")
-    info = model_info(model, img_size=tuple(images.shape[-2:]))
+    info = rm.info_for(images)
     p = info.num_prefix_tokens
 
     def norms(_layer: int, tokens: Tensor, present: int) -> Tensor:  # (B, T_l, D) -> (B, T) float32
@@ -143,7 +145,7 @@ def token_norms(model: nn.Module, images: Tensor, *, fence: float = 3.0, thresho
 
     chunks = images.split(batch_size)
     show = len(chunks) > 1 if progress is None else progress
-    with capture_blocks(model, norms) as kept:
+    with capture_blocks(rm, norms) as kept:
         for chunk in tqdm(chunks, desc="token norms", disable=not show, leave=False):
             model(chunk)
     per = torch.stack([torch.cat(kept[i], dim=0) for i in sorted(kept)])  # (L, B, T)
@@ -179,7 +181,7 @@ def prefix_removed(maps: Tensor, num_prefix: int) -> Tensor:
 
 
 @torch.no_grad()
-def rollout_prefix_change(model: nn.Module, images: Tensor, *, batch_size: int = 32) -> dict[str, Tensor]:
+def rollout_prefix_change(model: AnyModel, images: Tensor, *, batch_size: int = 32) -> dict[str, Tensor]:
     """How much the readout's rollout (head mean, residual 0.5, no discard) of ``images`` (a preprocessed (B, C, H, W)
     batch) changes between two prefix conventions: the prefix tokens kept in every layer's attention (vitlab's) and
     their keys removed with each row renormalised over the patches in every layer (``prefix_removed``).
@@ -187,10 +189,11 @@ def rollout_prefix_change(model: nn.Module, images: Tensor, *, batch_size: int =
     Per image, (B,) float64 CPU each: "spearman", the Spearman correlation of the two patch maps; "total_variation",
     their total-variation distance with each map scaled to sum 1 (0 to 1); "prefix_mass", the share of the readout's
     rollout mass on the prefix tokens in vitlab's convention. A model without prefix tokens gives 1, 0 and 0."""
-    model = unwrapped(model)
-    check_images(images, model)
+    rm = resolve_model(model)
+    model = rm.module
+    check_images(images, rm)
     check_count("batch_size", batch_size)
-    info = model_info(model, img_size=tuple(images.shape[-2:]))
+    info = rm.info_for(images)
     p = info.num_prefix_tokens
     out: dict[str, list[Tensor]] = {"spearman": [], "total_variation": [], "prefix_mass": []}
     with eval_mode(model):
@@ -201,7 +204,7 @@ def rollout_prefix_change(model: nn.Module, images: Tensor, *, batch_size: int =
                 kept(layer, maps)
                 removed(layer, prefix_removed(maps, p))
 
-            with capture_attention(model, head_fusion="mean", reduce=reduce) as cap:
+            with capture_attention(rm, head_fusion="mean", reduce=reduce) as cap:
                 model(x)
                 pool = cap.pool_maps()
             v = readout_vector(info, len(x), pool, device=x.device).unsqueeze(1)

@@ -30,15 +30,8 @@ from vitlab.base.errors import ModelLoadError, ParameterModelError, Placeholder,
 from vitlab.base.modes import unwrapped
 from vitlab.base.provenance import versions
 from vitlab.base.shipped import CHECKOUT, data_path
-from vitlab.models.zoo import (
-    BiTConfig,
-    HybridConfig,
-    ModelConfig,
-    ViTConfig,
-    build_model,
-    config_from_dict,
-    config_to_dict,
-)
+from vitlab.models.config import BiTConfig, HybridConfig, ModelConfig, ViTConfig, config_from_dict, config_to_dict
+from vitlab.models.zoo import build_model
 
 __all__ = ["save_checkpoint", "load_checkpoint", "load_module_weights", "model_card", "save_run_checkpoint",
            "load_run_state", "CONFIG_NAME", "WEIGHTS_NAME"]

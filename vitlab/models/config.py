@@ -1,8 +1,8 @@
 """The model zoo's configs, without torch: ``ViTConfig``, ``HybridConfig``, ``BiTConfig`` and ``CifarNetConfig``
 (each checked when it is made), the paper's ViT names (``vit_config``), the CIFAR presets' shapes and the configs'
-JSON form (``config_to_dict`` / ``config_from_dict``, as stored in checkpoints). ``vitlab.models.zoo`` builds them into timm
-modules and imports every name here back, so ``from vitlab.models.zoo import ViTConfig`` works as before; a training config
-(``vitlab.train.config``) and the command line read them without loading torch or timm.
+JSON form (``config_to_dict`` / ``config_from_dict``, as stored in checkpoints): their one home. ``vitlab.models.zoo``
+builds them into timm modules; a training config (``vitlab.train.config``) and the command line read them without
+loading torch or timm.
 """
 
 from __future__ import annotations

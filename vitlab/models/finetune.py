@@ -9,7 +9,8 @@ from timm.layers import HybridEmbed, resample_abs_pos_embed
 from timm.models import VisionTransformer
 from torch import nn
 
-from vitlab.models.zoo import HybridConfig, ModelConfig, ViTConfig, sincos_grid, size2
+from vitlab.models.config import HybridConfig, ModelConfig, ViTConfig, size2
+from vitlab.models.zoo import sincos_grid
 
 __all__ = ["resize_for_finetuning", "resample_grid", "INTERPOLATIONS"]
 

@@ -1,4 +1,6 @@
 """``model_info``: everything inspection code needs to know about a ViT, read from the model itself.
+``resolve_model``: a model resolved once where it enters vitlab (``ResolvedModel``: the module a wrapper runs and its
+``ModelInfo`` per input size), passed down so that the layers below neither unwrap it nor read its facts again.
 
 Never guess the grid from ``sqrt(N)`` or assume a class token: prefix tokens may be 0, 1 (class),
 2 (class + DeiT distillation) or 1 + registers; ``pos_embed`` may or may not have rows for them
@@ -8,7 +10,7 @@ Never guess the grid from ``sqrt(N)`` or assume a class token: prefix tokens may
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
@@ -17,17 +19,17 @@ from torch import nn
 from vitlab.base.checks import whole_index
 from vitlab.base.modes import unwrapped
 
-__all__ = ["ModelInfo", "model_info", "data_config", "architecture_words", "attention_position_words"]
+__all__ = ["ModelInfo", "model_info", "ResolvedModel", "resolve_model", "AnyModel", "data_config", "architecture_words", "attention_position_words"]
 
 
-def data_config(model: nn.Module) -> dict:
+def data_config(model: AnyModel) -> dict:
     """``timm.data.resolve_data_config({}, model=model)`` with the input size the model is built for: a timm model
     created with an ``img_size`` override (or a bare ``VisionTransformer``) keeps the ``pretrained_cfg`` of its
     name (224 px), which would resize every image to a size its fixed patch grid refuses. A model with a dynamic
     input size (``dynamic_img_size=True``) built at another size gets that size too: the size it was built for."""
     import timm.data
 
-    model = unwrapped(model)
+    model = resolve_model(model).module
     cfg = dict(timm.data.resolve_data_config({}, model=model))
     pe = getattr(model, "patch_embed", None)
     size = getattr(pe, "img_size", None)
@@ -105,7 +107,7 @@ def _pair(v) -> tuple[int, int]:
 
 def _img_size_arg(img_size: int | tuple[int, int]) -> tuple[int, int]:
     """``img_size`` as (H, W): a positive int or a tuple or list of two (NumPy integers too; a string such as "88" is
-    no pair), refused otherwise in the words of ``vitlab.models.zoo.size2``."""
+    no pair), refused otherwise in the words of ``vitlab.models.config.size2``."""
     pair = (img_size, img_size) if isinstance(img_size, int) else img_size
     if (isinstance(img_size, (bool, str)) or not isinstance(pair, (tuple, list)) or len(pair) != 2
             or not all(whole_index(v) for v in pair) or min(_pair(pair)) < 1):
@@ -113,12 +115,56 @@ def _img_size_arg(img_size: int | tuple[int, int]) -> tuple[int, int]:
     return _pair(pair)
 
 
-def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> ModelInfo:
-    """Facts about ``model``; ``img_size`` (H, W) gives the grid for inputs of another size.
+@dataclass(frozen=True, eq=False)
+class ResolvedModel:
+    """A model resolved once where it enters vitlab: ``module``, the module a wrapper (``torch.compile``,
+    ``nn.DataParallel``) runs, which the analyses read, hook and run; and its ``ModelInfo`` per input size
+    (``info``), read on first use and kept. Every public analysis takes one in place of a model and passes it on;
+    the facts are those of the model when first read (a model whose weights are later frozen or resized needs a new
+    ``resolve_model``)."""
+
+    module: nn.Module
+    _infos: dict = field(default_factory=dict, repr=False)
+
+    def info(self, img_size: int | tuple[int, int] | None = None) -> ModelInfo:
+        """``model_info`` of the module for (H, W) inputs ``img_size`` (None: its own size), read once per size.
+        Raises ``TypeError`` for a model that is no ViT (see ``model_info``)."""
+        key = None if img_size is None else _img_size_arg(img_size)
+        if key not in self._infos:
+            self._infos[key] = _read_info(self.module, key)
+        return self._infos[key]
+
+    def info_for(self, images: torch.Tensor) -> ModelInfo:
+        """``info`` for the size of a (B, C, H, W) batch ``images``."""
+        return self.info(tuple(images.shape[-2:]))
+
+
+#: what a public function takes as its model: a module (wrapped or not) or a ``ResolvedModel``
+AnyModel = nn.Module | ResolvedModel
+
+
+def resolve_model(model: AnyModel) -> ResolvedModel:
+    """``model`` resolved: a ``ResolvedModel`` as it is; a module (also a compiled or DataParallel one,
+    ``vitlab.base.modes.unwrapped``) held with its facts, read when first asked for. Anything else (a path, a name,
+    None) raises ``TypeError`` saying how to load a model."""
+    if isinstance(model, ResolvedModel):
+        return model
+    return ResolvedModel(unwrapped(model))
+
+
+def model_info(model: AnyModel, img_size: int | tuple[int, int] | None = None) -> ModelInfo:
+    """Facts about ``model``; ``img_size`` (H, W) gives the grid for inputs of another size. A ``ResolvedModel``
+    answers from the facts it keeps.
 
     Raises ``TypeError`` for models without a patch embedding and transformer blocks (e.g. a ResNet).
     """
-    model = unwrapped(model)
+    if isinstance(model, ResolvedModel):
+        return model.info(img_size)
+    return _read_info(unwrapped(model), None if img_size is None else _img_size_arg(img_size))
+
+
+def _read_info(model: nn.Module, img_size: tuple[int, int] | None) -> ModelInfo:
+    """``model_info`` of the unwrapped ``model`` for an (H, W) size already checked (None: its own)."""
     pe = getattr(model, "patch_embed", None)
     blocks = getattr(model, "blocks", None)
     if pe is None and blocks is not None and hasattr(model, "embeds"):  # timm's NaFlexVit: a ViT all the same
@@ -138,7 +184,7 @@ def model_info(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
     hybrid = hasattr(pe, "backbone")
     pcfg = getattr(model, "pretrained_cfg", None) or {}
     default_img = _pair(getattr(pe, "img_size", None) or pcfg.get("input_size", (3, 224, 224))[-2:])
-    size = default_img if img_size is None else _img_size_arg(img_size)
+    size = default_img if img_size is None else img_size
     default_grid, patch = _default_grid_and_patch(pe, default_img, hybrid)
     padded = bool(getattr(pe, "dynamic_img_pad", False))  # timm's grid_size floors, its padded tokens ceil
     grid = default_grid if size == default_img and not padded else _grid_for(pe, size, patch)
@@ -269,8 +315,8 @@ def _prefix_counts(model: nn.Module) -> tuple[int, int, int, int]:
 
 def _late_join(model: nn.Module) -> tuple[int, int] | None:
     """(``local_up_to_layer``, number of blocks) of a ConViT with a class token (timm's: the class token joins the
-    patches before block ``local_up_to_layer``); None for any other model."""
-    model = unwrapped(model)
+    patches before block ``local_up_to_layer``); None for any other model. ``model`` is the module itself (as
+    ``ResolvedModel.module``), not a wrapper."""
     join, blocks = getattr(model, "local_up_to_layer", None), getattr(model, "blocks", None)
     if not whole_index(join) or getattr(model, "cls_token", None) is None or blocks is None:
         return None
@@ -328,10 +374,10 @@ def _is_sincos_table(pos: torch.Tensor, grid: tuple[int, int]) -> bool:
     return bool(torch.allclose(pos.detach()[0, -n:], table, atol=1e-5))
 
 
-def architecture_words(model: nn.Module, info: ModelInfo) -> str:
+def architecture_words(model: AnyModel, info: ModelInfo) -> str:
     """The architecture as ``vitlab info`` and the report's facts both name it: the model's architecture name and
     its class, e.g. ``vitlab_vit (VisionTransformerDistilled)``; the name alone where it is the class's."""
-    cls = type(unwrapped(model)).__name__
+    cls = type(resolve_model(model).module).__name__
     return info.architecture if info.architecture == cls else f"{info.architecture} ({cls})"
 
 

@@ -24,15 +24,8 @@ from vitlab.base.choices import DEFAULT_CHECKPOINT
 from vitlab.base.errors import ModelLoadError, ParameterModelError, Placeholder, Setting
 from vitlab.base.shipped import data_path
 from vitlab.models.checkpoint import WEIGHTS_NAME, load_checkpoint, recover_checkpoint
-from vitlab.models.zoo import (
-    BiTConfig,
-    CifarNetConfig,
-    HybridConfig,
-    ModelConfig,
-    ViTConfig,
-    build_model,
-    replace_fields,
-)
+from vitlab.models.config import BiTConfig, CifarNetConfig, HybridConfig, ModelConfig, ViTConfig, replace_fields
+from vitlab.models.zoo import build_model
 
 __all__ = ["load_model", "DEFAULT_CHECKPOINT", "SHAPES_CHECKPOINT"]
 

@@ -15,8 +15,8 @@ Three families, each described by a small frozen config:
 
 Every model is a plain timm module (``VisionTransformer`` or ``ResNetV2``), so timm's named stages
 (``forward_features``, ``forward_head(pre_logits=True)``) and ``timm.data.resolve_data_config`` work on it.
-``config_to_dict`` / ``config_from_dict`` give the configs' JSON form (as stored in checkpoints). The configs
-themselves live in the torch-free ``vitlab.models.config``; every name of it is importable from here as before.
+The configs themselves, their presets and their JSON form (``config_to_dict`` / ``config_from_dict``, as stored in
+checkpoints) live in the torch-free ``vitlab.models.config``, their one home.
 """
 
 from __future__ import annotations
@@ -32,49 +32,16 @@ from timm.models.resnetv2 import ResNetV2
 from torch import nn
 
 from vitlab.models.config import (
-    CIFAR_MEAN,
-    CIFAR_PRE,
-    CIFAR_STD,
-    IMAGENET_INCEPTION,
-    VIT_SIZES,
     BiTConfig,
     CifarNetConfig,
     HybridConfig,
     ModelConfig,
     Preprocess,
     ViTConfig,
-    cifar_bit,
-    cifar_vit,
-    config_from_dict,
-    config_to_dict,
-    replace_fields,
     size2,
-    vit_config,
 )
 
-__all__ = [
-    "replace_fields",
-    "VIT_SIZES",
-    "CIFAR_MEAN",
-    "CIFAR_STD",
-    "CIFAR_PRE",
-    "cifar_vit",
-    "cifar_bit",
-    "IMAGENET_INCEPTION",
-    "Preprocess",
-    "ViTConfig",
-    "HybridConfig",
-    "BiTConfig",
-    "CifarNetConfig",
-    "ModelConfig",
-    "vit_config",
-    "build_model",
-    "group_count",
-    "size2",
-    "sincos_grid",
-    "config_to_dict",
-    "config_from_dict",
-]
+__all__ = ["build_model", "group_count", "sincos_grid"]
 
 # ---------------------------------------------------------------------------------------------- build
 

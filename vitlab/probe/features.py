@@ -24,9 +24,9 @@ from tqdm.auto import tqdm
 
 from vitlab.base.checks import check_count
 from vitlab.base.choices import READOUT_NAMES, READOUTS, Readout
-from vitlab.base.modes import eval_mode, unwrapped
+from vitlab.base.modes import eval_mode
 from vitlab.data.datasets import ImageArray, cache_file, normalize, touch_cache, write_cache
-from vitlab.models.info import model_info
+from vitlab.models.info import AnyModel, model_info, resolve_model
 
 __all__ = ["extract_features", "extract_readouts", "feature_key", "patch_mean", "preprocess_uint8", "READOUTS",
            "READOUT_NAMES", "READOUT_VERSIONS", "readout_description"]
@@ -38,13 +38,13 @@ __all__ = ["extract_features", "extract_readouts", "feature_key", "patch_mean", 
 READOUT_VERSIONS = {"model": 1, "patch_mean": 2}
 
 
-def readout_description(model: nn.Module, readout: str) -> str:
+def readout_description(model: AnyModel, readout: str) -> str:
     """``READOUT_NAMES[readout]`` said of ``model``: what its own readout is (the class token, the class and
     distillation tokens' mean, an average or attention pool, a CNN's pooled feature map)."""
     if readout != "model":
         return READOUT_NAMES[readout]
     try:
-        info = model_info(model)  # a wrapped model: the one it holds
+        info = model_info(model)  # a wrapped model: the one it holds; a resolved one: the facts it keeps
     except (TypeError, ValueError):  # no tokens: a CNN's head pools its last feature map
         return "the model's own readout (its globally pooled final feature map)"
     if info.readout == "token" and not info.num_class_tokens:  # a ConViT whose class token never joins its blocks
@@ -119,12 +119,12 @@ def _structure(model: nn.Module) -> list[str]:
             for name, m in model.named_modules()]
 
 
-def feature_key(model: nn.Module, data: ImageArray, device: str | torch.device | None = None) -> str:
+def feature_key(model: AnyModel, data: ImageArray, device: str | torch.device | None = None) -> str:
     """A hex digest of (model config, modules and weights, data, transform, numerics on ``device``: default the
     model's); the config includes the readout settings that no weight holds (``global_pool``, timm's
     ``pool_include_prefix``), the modules each layer's class and settings (an activation holds no weight). A
     wrapped model (``torch.compile``, ``DataParallel``) has the key of the module it wraps."""
-    model = unwrapped(model)
+    model = resolve_model(model).module
     device = torch.device(device) if device is not None else next(model.parameters()).device
     h = hashlib.blake2b(digest_size=16)
     h.update(json.dumps(_numerics(device), sort_keys=True).encode())
@@ -174,12 +174,13 @@ def extract_features(model: nn.Module, data: ImageArray, batch_size: int = 128, 
 
 
 @torch.no_grad()
-def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Readout] = READOUTS,
+def extract_readouts(model: AnyModel, data: ImageArray, readouts: Sequence[Readout] = READOUTS,
                      batch_size: int = 128, cache: bool = True, progress: bool | None = None,
                      device: str | torch.device | None = None) -> dict[str, Tensor]:
     """{readout: (N, D) float32 features} of ``data`` for each of ``readouts`` (as ``extract_features`` defines
     them) from one forward pass over the images; each readout is cached on its own."""
-    model = unwrapped(model)
+    rm = resolve_model(model)
+    model = rm.module
     if not hasattr(model, "forward_head") or not hasattr(model, "forward_features"):
         raise TypeError(f"{type(model).__name__} has no forward_features/forward_head: extract_features needs a "
                         "timm model (a ViT, hybrid or ResNet)")
@@ -191,7 +192,7 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
     n_prefix = 0
     if "patch_mean" in readouts:
         try:
-            n_prefix = model_info(model).num_prefix_tokens
+            n_prefix = rm.info().num_prefix_tokens
         except (TypeError, ValueError) as e:
             raise TypeError(f"readout='patch_mean' needs a ViT with patch tokens; {type(model).__name__}: {e}. Use "
                             "readout='model'") from e
@@ -205,7 +206,7 @@ def extract_readouts(model: nn.Module, data: ImageArray, readouts: Sequence[Read
     paths: dict[str, Path | None] = dict.fromkeys(readouts)
     found: dict[str, Tensor] = {}
     if cache:
-        key = feature_key(model, data, device)
+        key = feature_key(rm, data, device)
         for r in readouts:
             paths[r] = cache_file("features", _cache_name(key, r))
             if paths[r] is not None and paths[r].exists():

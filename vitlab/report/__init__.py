@@ -42,7 +42,7 @@ from vitlab.findings.judge import model_label
 from vitlab.findings.verdict import json_types
 from vitlab.models.card import model_facts, random_weights, weights_description
 from vitlab.models.checkpoint import model_card
-from vitlab.models.info import has_attention, model_info
+from vitlab.models.info import ModelInfo, ResolvedModel, has_attention, resolve_model
 from vitlab.models.load import load_model
 from vitlab.report import sections as S
 from vitlab.report.recipes import other_runs, recipe_verdicts, run_labels
@@ -175,9 +175,9 @@ def reproduce(model: str | None = None, images: str | None = None, out: str | os
     out = report_target(out)
     dev = resolve_device(device)
     check_report_dir(out)  # before any work: the report replaces the whole folder
-    net, info = _load(runs[0], pretrained, weights, dev)
-    others = other_runs(runs, net, info, pretrained, dev)  # before any work: runs of another shape are refused
-    inp, summary = _inputs(net, info, runs[0], pretrained, weights, images, num_images, skip_bad, dev)
+    rm, info = _load(runs[0], pretrained, weights, dev)  # resolved here, once: the sections are handed rm
+    others = other_runs(runs, rm, info, pretrained, dev)  # before any work: runs of another shape are refused
+    inp, summary = _inputs(rm, info, runs[0], pretrained, weights, images, num_images, skip_bad, dev)
     ctx = Context(inp, dev, {"shapes": shapes, "few_shot": few_shot, "scaling": scaling, "recipes": recipes})
     sections, step_seconds = run_steps(ctx, chosen(ctx.options), progress)
     if len(runs) > 1:  # the verdicts measured on each run's weights and images, combined into the recipe's
@@ -211,21 +211,24 @@ def _check_arguments(runs: list, weights: str | None, formats: Sequence[str], nu
         raise ValueError(f"unknown figure format(s) {bad}: choose from {list(IMAGE_FORMATS)}")
 
 
-def _load(model: Any, pretrained: bool, weights: str | None, dev: Any):
-    """The model on ``dev`` and its ``ModelInfo``; ``ValueError`` for a model vitlab cannot inspect."""
+def _load(model: Any, pretrained: bool, weights: str | None, dev: Any) -> tuple[ResolvedModel, ModelInfo]:
+    """The model on ``dev``, resolved once for every section (``ResolvedModel``), and its ``ModelInfo``;
+    ``ValueError`` for a model vitlab cannot inspect."""
     net = load_model(model, pretrained=pretrained, weights=weights).to(dev)
+    rm = resolve_model(net)
     try:
-        return net, model_info(net)  # a model without attention fails here, before any work
+        return rm, rm.info()  # a model without attention fails here, before any work
     except TypeError as e:
         what = "cannot be inspected" if has_attention(net) else "has no self-attention to inspect"
         raise ValueError(f"{model or 'this model'} {what} ({e}). `vitlab reproduce` needs a ViT-family model that "
                          "vitlab reads: a timm ViT/DeiT name or a vitlab ViT or hybrid checkpoint") from e
 
 
-def _inputs(net, info, model: Any, pretrained: bool, weights: str | None, images: str | None,
+def _inputs(rm: ResolvedModel, info: ModelInfo, model: Any, pretrained: bool, weights: str | None, images: str | None,
             num_images: int | None, skip_bad: bool, dev: Any) -> tuple[S.Inputs, dict[str, Any]]:
-    """The builders' ``Inputs`` (the model, its images preprocessed on ``dev``, their labels when known) and the
-    report's summary."""
+    """The builders' ``Inputs`` (the resolved model ``rm``, its images preprocessed on ``dev``, their labels when
+    known) and the report's summary."""
+    net = rm.module
     if images:
         names, x, shown = load_images(net, images, limit=num_images or 16, skip_bad=skip_bad)
         labels, source = None, str(images)
@@ -243,7 +246,7 @@ def _inputs(net, info, model: Any, pretrained: bool, weights: str | None, images
     base = {"model": str(model or "embedded default"), "weights": wdesc, "versions": versions(),
             "images": f"{len(names)} of {source}"}
     data = f"{n_units(len(names), 'images')} of {images}" if images else default_data_words(net, len(names))
-    inp = S.Inputs(net, info, names, x.to(dev), shown, base, labels, classes,
+    inp = S.Inputs(rm, info, names, x.to(dev), shown, base, labels, classes,
                    untrained=random_weights(net, model, pretrained, weights), source=source,
                    name=model_label(net, model), data=data)
     return inp, _summary(net, info, model, pretrained, weights, source, len(names))

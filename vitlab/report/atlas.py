@@ -79,7 +79,7 @@ def head_atlas(inp: Inputs, pred: dict[str, Any], batch_size: int = 32) -> Secti
         return Section("head_atlas", title, None, paper, "Not measured: this model has no trained classifier head, "
                        "so there is no class whose probability an ablation could lower.", inp.stamp())
     y, targets = ablation_targets(inp, pred)
-    res = {a: head_importance(inp.net, inp.x, y, ablation=a, batch_size=batch_size, progress=False)
+    res = {a: head_importance(inp.model, inp.x, y, ablation=a, batch_size=batch_size, progress=False)
            for a in ABLATIONS}
     distance = pred["distance"].double().mean(1)  # (L, H) px
     if tuple(distance.shape) != tuple(res["mean"].logprob_drop.shape):  # e.g. a block of two parallel attentions
@@ -166,8 +166,8 @@ def prefix_section(inp: Inputs, pred: dict[str, Any], batch_size: int = 32) -> S
         return Section("prefix_attention", title, None, paper, "This model has no prefix tokens: every query attends "
                        "to patches alone, and the prefix conventions of distance and rollout coincide.", inp.stamp(),
                        metrics={"prefix_kinds": [], "distance": dist})
-    share = prefix_attention(inp.net, inp.x, batch_size=batch_size, progress=False).cpu()  # (L, H, P)
-    roll = rollout_convention_change(rollout_prefix_change(inp.net, inp.x, batch_size=batch_size))
+    share = prefix_attention(inp.model, inp.x, batch_size=batch_size, progress=False).cpu()  # (L, H, P)
+    roll = rollout_convention_change(rollout_prefix_change(inp.model, inp.x, batch_size=batch_size))
     per_layer = share.nansum(-1).mean(1)  # (L,) head mean of the share on all prefix tokens
     flat = torch.nan_to_num(share, nan=-1.0)
     i, j, t = np.unravel_index(int(flat.argmax()), tuple(share.shape))
@@ -197,7 +197,7 @@ def prefix_section(inp: Inputs, pred: dict[str, Any], batch_size: int = 32) -> S
 
 def norms_section(inp: Inputs, batch_size: int = 32) -> Section:
     """The token-norm section (slug ``token_norms``): the norms per layer and the high-norm outlier verdict."""
-    norms = token_norms(inp.net, inp.x, batch_size=batch_size, progress=False)
+    norms = token_norms(inp.model, inp.x, batch_size=batch_size, progress=False)
     verdict, rows = outlier_layers(norms)
     lines = {name: v.numpy() for name, v in norm_summary(norms).items()}
     L = len(norms.norms)

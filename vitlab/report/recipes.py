@@ -37,7 +37,7 @@ from vitlab.findings.recipe import (
 )
 from vitlab.findings.verdict import Verdict
 from vitlab.models.card import random_weights
-from vitlab.models.info import data_config, model_info
+from vitlab.models.info import AnyModel, ModelInfo, ResolvedModel, data_config, resolve_model
 from vitlab.models.load import load_model
 from vitlab.report import sections as S
 
@@ -59,14 +59,16 @@ def run_labels(runs: Sequence[Any]) -> list[str]:
     return [str(r) for r in runs]
 
 
-def other_runs(runs: Sequence[Any], net, info, pretrained: bool, device: Any) -> list:
-    """The models of ``runs[1:]`` (several training runs of one recipe), loaded on ``device`` and checked against the
-    first run's ``net``: the same shape (``ModelInfo``) and preprocessing, else ``ValueError`` naming what differs."""
+def other_runs(runs: Sequence[Any], net: AnyModel, info: ModelInfo, pretrained: bool, device: Any
+               ) -> list[ResolvedModel]:
+    """The models of ``runs[1:]`` (several training runs of one recipe), loaded on ``device``, resolved and checked
+    against the first run's ``net``: the same shape (``ModelInfo``) and preprocessing, else ``ValueError`` naming
+    what differs."""
     out = []
     for spec in runs[1:]:
-        other = load_model(spec, pretrained=pretrained).to(device)
+        other = resolve_model(load_model(spec, pretrained=pretrained).to(device))
         try:
-            other_info = model_info(other)
+            other_info = other.info()
         except TypeError as e:
             raise ValueError(f"{spec} cannot be inspected ({e}): it is no run of the recipe of {runs[0]}") from e
         differ = [k for k in info.__dict__ if getattr(other_info, k) != getattr(info, k)]
@@ -98,7 +100,7 @@ def recipe_verdicts(sections: list[S.Section], inp: S.Inputs, runs: Sequence[Any
     per_run: list[dict[str, list[Verdict]]] = [{s.slug: s.verdicts for s in sections if s.slug in judged}]
     for spec, label, net in tqdm(list(zip(runs[1:], labels[1:], others)), desc="other runs",
                                  disable=progress is False):
-        other = replace(inp, net=net, name=label, untrained=random_weights(net, spec, pretrained, None))
+        other = replace(inp, net=net, name=label, untrained=random_weights(net.module, spec, pretrained, None))
         pred = S.prediction_pass(other)
         made = [S.filters(other), *S.positions(other), S.distance(other, pred)]
         per_run.append({s.slug: s.verdicts for s in made if s.slug in judged})
@@ -124,13 +126,13 @@ def recipe_judgement(runs: Sequence[Path], device: Any = "cpu", name: str | None
     images, the same for every seed) and combined over the seeds (``recipe_verdicts``); ``name``: the recipe, leading
     each verdict's subject. Raises ValueError for runs of different shapes or preprocessing."""
     runs = [str(r) for r in runs]
-    net = load_model(runs[0]).to(device).eval()
-    info = model_info(net)
-    others = other_runs(runs, net, info, True, device)
+    rm = resolve_model(load_model(runs[0]).to(device).eval())
+    net, info = rm.module, rm.info()
+    others = other_runs(runs, rm, info, True, device)
     names, x, shown = default_images(net)
     labels, _ = default_labels(net, len(names))
     base = {"model": runs[0], "weights": runs[0], "versions": versions(), "images": default_source(net)}
-    inp = S.Inputs(net, info, names, x.to(device), shown, base, labels, head_class_names(net),
+    inp = S.Inputs(rm, info, names, x.to(device), shown, base, labels, head_class_names(net),
                    source=default_source(net), name=run_labels(runs)[0], data=default_data_words(net, len(names)))
     pred = S.prediction_pass(inp)
     sections = [S.filters(inp), *S.positions(inp), S.distance(inp, pred)]

@@ -53,7 +53,7 @@ from vitlab.inspect.capture import capture_attention
 from vitlab.inspect.compare import MethodScores, compare_methods, shapes_localisation
 from vitlab.inspect.distance import uniform_attention_distance
 from vitlab.inspect.rollout import attention_rollout
-from vitlab.models.info import ModelInfo, attention_position_words
+from vitlab.models.info import ModelInfo, ResolvedModel, attention_position_words, resolve_model
 
 __all__ = ["Section", "Inputs", "prediction_pass", "convention_distances", "distance_conventions", "distance_verdicts",
            "position_verdicts", "filters", "positions", "distance", "maps_and_faithfulness",
@@ -82,10 +82,12 @@ class Section:
 
 @dataclass
 class Inputs:
-    """What every builder reads: the model, its geometry, the images (and their true classes when known)."""
+    """What every builder reads: the model, its geometry, the images (and their true classes when known). ``net``
+    may be given resolved (``vitlab.models.info.ResolvedModel``); ``model`` is it resolved, what the builders hand
+    the analyses, and ``net`` the module they run."""
 
-    net: nn.Module
-    info: ModelInfo
+    net: nn.Module | ResolvedModel | None
+    info: ModelInfo | None
     names: list[str]
     x: Tensor  # (B, C, H, W) preprocessed
     shown: list[np.ndarray]  # (H, W, 3) uint8 views at the input size
@@ -97,6 +99,12 @@ class Inputs:
     source: str = ""  # where the images come from, e.g. "the 128 shipped CIFAR-10 test images (...)"
     name: str = ""  # the model as a verdict's subject names it (default: the stamp's model)
     data: str = ""  # the images in a few words, as a verdict's subject names them, e.g. "128 CIFAR-10 test images"
+
+    model: ResolvedModel | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.model = None if self.net is None else resolve_model(self.net)
+        self.net = None if self.model is None else self.model.module
 
     def stamp(self, images: int | str | None = None, **settings: Any) -> dict[str, Any]:
         """The base stamp with ``settings``. ``images``: the first N of the images when the section reads fewer than
@@ -157,13 +165,13 @@ def prediction_pass(inp: Inputs) -> dict[str, Any]:
         dist[layer], renorm[layer], patches[layer] = convention_distances(maps, inp.info)  # (B, H) each
         return None
 
-    with capture_attention(inp.net, reduce=reduce) as cap:
+    with capture_attention(inp.model, reduce=reduce) as cap:
         logits = inp.net(inp.x)
         pool = cap.pool_maps()
     v = readout_vector(inp.info, len(inp.x), pool, device=inp.x.device).float()  # (B, T)
     layers = sorted(readout_rows)
     readout = torch.stack([(v[:, None] @ readout_rows[i]).squeeze(1)[:, p:] for i in layers])  # (L, B, N)
-    if has_classifier(inp.net) and not untrained_head(inp.net):
+    if has_classifier(inp.model) and not untrained_head(inp.net):
         probs = logits.float().softmax(-1)
         top = probs.max(-1)
         classes = {"probs": probs, "pred": top.indices, "prob": top.values}
@@ -221,10 +229,10 @@ def filters(inp: Inputs) -> Section:
                        "Not shown for this model: a hybrid's patches are cells of a ResNet feature map (paper "
                        "section 3.1), embedded from the ResNet's channels, so it has no filters over pixels to "
                        "decompose.", inp.stamp(NO_IMAGES))
-    k = filter_component_count(inp.net)  # the paper's 28, or fewer where the filters allow fewer
-    comps, ratio = (t.cpu() for t in embedding_filter_pca(inp.net, k=k))  # on the model's device: the figure's on the CPU
-    random = random_filter_pca_ratios(inp.net, k=k, draws=20).cpu()
-    weights = embedding_filters(inp.net).cpu()
+    k = filter_component_count(inp.model)  # the paper's 28, or fewer where the filters allow fewer
+    comps, ratio = (t.cpu() for t in embedding_filter_pca(inp.model, k=k))  # on the model's device: the figure's on the CPU
+    random = random_filter_pca_ratios(inp.model, k=k, draws=20).cpu()
+    weights = embedding_filters(inp.model).cpu()
     # both component-count conventions, each criterion checked on its controls (vitlab.findings.controls)
     verdicts = controls.validate(findings.judge_filters(weights, k), controls.filter_controls(weights, k))
     return Section(
@@ -255,7 +263,7 @@ def positions(inp: Inputs) -> list[Section]:
                if how else "it is told nothing about where a patch lies")
         return [Section("positions", POSITIONS_TITLE, None, POSITIONS_PAPER,
                         f"Not shown for this model: it has no position-embedding table; {why}.", inp.stamp(NO_IMAGES))]
-    sim = position_embedding_similarity(inp.net).cpu()  # (gh, gw, gh, gw)
+    sim = position_embedding_similarity(inp.model).cpu()  # (gh, gw, gh, gw)
     score = position_structure_score(sim)
     gh, gw = inp.info.grid_size
     if inp.info.pos_embed == "fixed":  # a fixed table (sin-cos) has the topology by construction: nothing learned
@@ -263,7 +271,7 @@ def positions(inp: Inputs) -> list[Section]:
         row_col_note = (" Not judged: this model's position embedding is fixed (e.g. the 2D sin-cos table), not "
                         "learned, so its structure says nothing about what the model learned.")
     else:
-        verdicts = position_verdicts(inp.net, inp.info)
+        verdicts = position_verdicts(inp.model, inp.info)
         row_col_note = ""
         if len(verdicts) < 2:  # grids too small to have pairs at equal distance in and off rows
             row_col_note = (f" Row/column structure not judged: no grid distance in a {gh}x{gw} grid is reached by "
@@ -282,7 +290,7 @@ def positions(inp: Inputs) -> list[Section]:
         inp.stamp(NO_IMAGES, prefix_rows="excluded", grid=[gh, gw]), inp.judged(verdicts, images=False),
         {"spearman": score})]
     hi = (2 * gh, 2 * gw)
-    sim_hi = position_embedding_similarity(inp.net, grid=hi).cpu()
+    sim_hi = position_embedding_similarity(inp.model, grid=hi).cpu()
     score_hi = position_structure_score(sim_hi)
     out.append(Section(
         "positions_resampled", f"Position embeddings resampled to {hi[0]}x{hi[1]} (fine-tuning at 2x resolution)",
@@ -371,7 +379,7 @@ def maps_and_faithfulness(inp: Inputs, pred: dict[str, Any], max_images: int | N
     if pred["pred"] is None:
         return [rollout_only(inp, pred)]
     n_attr = min(len(inp.x), max_images or (16 if inp.info.num_tokens <= 100 else 4))
-    rows, method_maps = compare_methods(inp.net, inp.x[:n_attr], progress=False, on_method=tick)
+    rows, method_maps = compare_methods(inp.model, inp.x[:n_attr], progress=False, on_method=tick)
     n = min(inp.n_show, n_attr)
     show = torch.stack([method_maps[m][:n] for m in ATTRIBUTION_METHODS], 1).cpu()  # (n, K, gh, gw)
     grid = Section(
@@ -413,7 +421,7 @@ def rollout_only(inp: Inputs, pred: dict[str, Any]) -> Section:
     """Fig. 6 for a model without a classifier head: rollout alone, since the class-specific maps and their
     faithfulness scores need class scores."""
     n = min(inp.n_show, len(inp.x))
-    roll = attention_rollout(inp.net, inp.x[:n], head_fusion="mean", residual=0.5).cpu()  # (n, gh, gw)
+    roll = attention_rollout(inp.model, inp.x[:n], head_fusion="mean", residual=0.5).cpu()  # (n, gh, gw)
     return Section(
         "rollout", "Attention rollout (Fig. 6 and 14)",
         image_grid_with_maps(inp.shown[:n], roll[:, None].numpy(), map_titles(inp, pred, n), ["rollout"],
@@ -553,9 +561,9 @@ def few_shot(inp: Inputs, train_per_class: int | None = None, test_images: int |
     train = train.subset(nested_subsets(train.labels, [train_per_class * len(train.classes)], seed=0)[0])
     test = test.subset(nested_subsets(test.labels, [min(test_images, len(test))], seed=0)[0])
     tick(f"features of {len(train)} training images")
-    ftr = extract_features(inp.net, train, progress=False)
+    ftr = extract_features(inp.model, train, progress=False)
     tick(f"features of {len(test)} test images")
-    fte = extract_features(inp.net, test, progress=False)
+    fte = extract_features(inp.model, test, progress=False)
     res = few_shot_accuracy(ftr, train.labels, fte, test.labels)
     shots = sorted(res)
     fig = table_figure(["shots", "accuracy (mean over seeds)", "std over seeds", "chance"],

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-
 from vitlab.base.intervals import fmt_value, n_units
 from vitlab.base.shipped import data_path
 from vitlab.figures.plots import similarity_figure
@@ -19,6 +17,7 @@ from vitlab.findings import similarity as SF
 from vitlab.findings.judge import similarity_pair
 from vitlab.findings.verdict import Verdict
 from vitlab.inspect.cka import layer_names
+from vitlab.models.info import AnyModel, data_config, resolve_model
 from vitlab.models.load import load_model
 from vitlab.report.sections import Inputs, Section
 
@@ -36,10 +35,8 @@ PAPER = ("Raghu et al. 2021 (\"Do Vision Transformers See Like Convolutional Neu
          "layers is similar to about the lowest quarter of the ViT's.")
 
 
-def _why_not(inp: Inputs, resnet: nn.Module) -> str | None:
+def _why_not(inp: Inputs, resnet: AnyModel) -> str | None:
     """Why the pair cannot be compared on the report's images, None when it can."""
-    from vitlab.models.info import data_config
-
     need = 5  # the jackknife leaves one image out of a batch: the unbiased estimator keeps its 4
     if len(inp.x) < need:
         return f"the report has {n_units(len(inp.x), 'images')}; CKA with its jackknife needs at least {need}"
@@ -69,7 +66,7 @@ def _ours(v_uni: Verdict, v_low: Verdict, n: int) -> str:
             f"{fmt_value(e['upper_half_cka'])}." + alt)
 
 
-def similarity(inp: Inputs, resnet: nn.Module | None = None, resnet_name: str = "bit_cifar10 (shipped)",
+def similarity(inp: Inputs, resnet: AnyModel | None = None, resnet_name: str = "bit_cifar10 (shipped)",
                batch_size: int = 64) -> Section:
     """The section for the report's model against ``resnet`` (default: the shipped ``bit_cifar10``, loaded on the
     images' device) on the report's images; where the two cannot be shown the same images, a section that says why,
@@ -81,18 +78,19 @@ def similarity(inp: Inputs, resnet: nn.Module | None = None, resnet_name: str = 
                        not_judged=[(SIMILARITY_FINDING, why)])
     if resnet is None:
         resnet = load_model(str(RESNET_CHECKPOINT)).to(inp.x.device)
-    resnet = resnet.eval()
+    resnet = resolve_model(resnet)  # once, for the CKA pair and the layer names
+    resnet.module.eval()
     why = _why_not(inp, resnet)
     if why is not None:
         return Section("similarity", SIMILARITY_TITLE, None, PAPER, f"Not computed: {why}.", stamp,
                        not_judged=[(SIMILARITY_FINDING, why)])
-    tables, judged = similarity_pair(inp.net, resnet, inp.x, batch_size,
+    tables, judged = similarity_pair(inp.model, resnet, inp.x, batch_size,
                                      subject=f"{inp.subject()} against {resnet_name}")
     first = tables[SF.REPRESENTATION_CONVENTIONS[0]]
     v_uni, v_low = (next(v for v in judged if v.key == k) for k in SF.KEYS)
     subtitle = (f"{n_units(len(inp.x), 'images')}, each layer read as {SF.REPRESENTATION_WORDS[first.representation]}; mini-batch "
                 f"unbiased CKA, batches of {min(batch_size, len(inp.x))}")
-    fig = similarity_figure(*first.cka(), layer_names(inp.net), layer_names(resnet), subtitle=subtitle)
+    fig = similarity_figure(*first.cka(), layer_names(inp.model), layer_names(resnet), subtitle=subtitle)
     metrics: dict[str, Any] = {rep: dict(zip(("vit_vit", "resnet_resnet", "vit_resnet"),
                                              (m.tolist() for m in t.cka()))) for rep, t in tables.items()}
     stamp["settings"] = {"compared_with": resnet_name, "representations": list(tables), "batch_size": batch_size,
@@ -102,4 +100,4 @@ def similarity(inp: Inputs, resnet: nn.Module | None = None, resnet_name: str = 
 
         judged = [untrained(v) for v in judged]
     return Section("similarity", SIMILARITY_TITLE, fig, PAPER, _ours(v_uni, v_low, len(inp.x)), stamp, judged,
-                   {"cka": metrics, "layers": {"vit": layer_names(inp.net), "resnet": layer_names(resnet)}})
+                   {"cka": metrics, "layers": {"vit": layer_names(inp.model), "resnet": layer_names(resnet)}})

@@ -61,7 +61,8 @@ from vitlab.base.records import of_newest_code
 from vitlab.base.shipped import CHECKOUT_DATA
 from vitlab.base.stats import percent_cell
 from vitlab.data.datasets import ImageArray, cache_dir, load_splits, nested_subsets
-from vitlab.models.zoo import ViTConfig, build_model, cifar_vit, config_to_dict
+from vitlab.models.config import ViTConfig, cifar_vit, config_to_dict
+from vitlab.models.zoo import build_model
 from vitlab.probe.features import READOUTS
 from vitlab.probe.linear import DEFAULT_L2
 from vitlab.train.config import (
@@ -286,7 +287,7 @@ def _examples_for(study: MPPStudyConfig, init: str) -> int | None:
 def _supervised_checkpoint(study: MPPStudyConfig) -> tuple[Path, ViTConfig, str]:
     """(folder, model config, sha256 of its weights) of the supervised initialisation, checked against the shape."""
     from vitlab.models.checkpoint import CONFIG_NAME, WEIGHTS_NAME, resolve_folder
-    from vitlab.models.zoo import config_from_dict
+    from vitlab.models.config import config_from_dict
 
     p = resolve_folder(study.supervised)
     if not (p / WEIGHTS_NAME).is_file() or not (p / CONFIG_NAME).is_file():

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitlab.models.zoo import ViTConfig
+from vitlab.models.config import ViTConfig
 from vitlab.train.config import TrainConfig
 
 __all__ = ["COMPILE_MIN_STEPS", "compile_by_default", "Compiler"]

@@ -60,11 +60,11 @@ def _spearman(a: Sequence[float], b: Sequence[float]) -> float:
 
 def sample_batch(model: nn.Module, n: int = 128) -> Tensor:
     """(n, 3, H, W): the first ``n`` of the 128 shipped CIFAR-10 test images, preprocessed for ``model``."""
-    from vitlab.base.modes import unwrapped
     from vitlab.data.datasets import normalize
     from vitlab.data.images import cifar_test_sample
+    from vitlab.models.info import resolve_model
 
-    pc = unwrapped(model).pretrained_cfg
+    pc = resolve_model(model).module.pretrained_cfg
     return normalize(cifar_test_sample().images[:n], pc["mean"], pc["std"])
 
 
@@ -74,27 +74,27 @@ def fig7_statistics(model: nn.Module, images: Tensor) -> dict[str, Any]:
 
     The model is measured in eval mode with all patch tokens and put back as it was. Raises what the analyses raise
     for a model they cannot read (e.g. no attention to capture)."""
-    from vitlab.base.modes import all_patch_tokens, eval_mode, unwrapped
+    from vitlab.base.modes import all_patch_tokens, eval_mode
     from vitlab.inspect.distance import mean_attention_distance, uniform_attention_distance
     from vitlab.inspect.filters import dct_radius, embedding_filter_pca, filter_component_count
     from vitlab.inspect.positions import position_embedding_similarity, position_structure_score
-    from vitlab.models.info import model_info
+    from vitlab.models.info import resolve_model
 
-    net = unwrapped(model)
-    info = model_info(net, img_size=tuple(images.shape[-2:]))
+    rm = resolve_model(model)
+    net, info = rm.module, rm.info_for(images)
     with eval_mode(net), all_patch_tokens(net):
-        dist = mean_attention_distance(net, images, progress=False).double().cpu()  # (L, H) px
+        dist = mean_attention_distance(rm, images, progress=False).double().cpu()  # (L, H) px
     ceiling = uniform_attention_distance(info.grid_size, info.patch_size)
     low = dist[0] / ceiling
     layer_mean = dist.mean(1)
     freq = None
     if not info.hybrid:  # a hybrid's patch embedding is no filter over pixels
-        k = filter_component_count(net)
-        comps, _ = embedding_filter_pca(net, k=k)
+        k = filter_component_count(rm)
+        comps, _ = embedding_filter_pca(rm, k=k)
         freq = _spearman(range(k), dct_radius(comps.cpu())) if k > 1 else None
     pos = None
     if info.pos_embed == "learn":
-        pos = position_structure_score(position_embedding_similarity(net).cpu())
+        pos = position_structure_score(position_embedding_similarity(rm).cpu())
     return {
         "position_spearman": pos,
         "lowest_min": float(low.min()),

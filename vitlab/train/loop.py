@@ -62,7 +62,8 @@ from vitlab.models.checkpoint import (
     save_run_checkpoint,
 )
 from vitlab.models.cifarnet import check_tta_level, tta_logits
-from vitlab.models.zoo import HybridConfig, ViTConfig, build_model, size2
+from vitlab.models.config import HybridConfig, ViTConfig, size2
+from vitlab.models.zoo import build_model
 from vitlab.train.augment import shrink
 from vitlab.train.batches import Augment, default_workers, epoch_seed, training_batches
 from vitlab.train.compiling import Compiler, compile_by_default

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from vitlab.base.errors import ModelLoadError
 from vitlab.models.checkpoint import CONFIG_NAME, WEIGHTS_NAME, load_checkpoint, load_module_weights, resolve_folder
 from vitlab.models.finetune import resample_grid
-from vitlab.models.info import model_info
+from vitlab.models.info import ResolvedModel, resolve_model
 from vitlab.train.mpp import OBJECTIVE_NAME, MaskedPatchPrediction
 
 __all__ = ["warm_start", "warm_start_objective", "check_init_from"]
@@ -56,7 +56,8 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
     own = model.state_dict()
     fresh = []
     untrained = _untrained_heads(src_model)
-    fixed_pos = "pos_embed" in own and model_info(model).pos_embed == "fixed"  # e.g. its own exact sin-cos table
+    dst, src_resolved = resolve_model(model), resolve_model(src_model)  # their facts read once, when first asked
+    fixed_pos = "pos_embed" in own and dst.info().pos_embed == "fixed"  # e.g. its own exact sin-cos table
     copies: dict[str, Tensor] = {}  # every tensor made first, then copied: a failure leaves the model as it was
     with torch.no_grad():
         for k, v in own.items():
@@ -67,7 +68,7 @@ def warm_start(model: nn.Module, path: str | os.PathLike) -> list[str]:
                 continue  # built for this model's grid; resampling another grid's table would only blur it
             elif w is not None and k == "pos_embed" and w.shape != v.shape and w.shape[-1] == v.shape[-1]:
                 copies[k] = v.clone()
-                fresh += _warm_pos_embed(copies[k], w, model, src_model)
+                fresh += _warm_pos_embed(copies[k], w, dst, src_resolved)
             elif w is not None and w.shape == v.shape:
                 copies[k] = w.to(v.dtype)
             else:
@@ -112,10 +113,10 @@ def _untrained_heads(model: nn.Module) -> tuple[str, ...]:
     return (heads,) if isinstance(heads, str) else tuple(heads)
 
 
-def _warm_pos_embed(v: Tensor, w: Tensor, model: nn.Module, src_model: nn.Module) -> list[str]:
+def _warm_pos_embed(v: Tensor, w: Tensor, model: ResolvedModel, src_model: ResolvedModel) -> list[str]:
     """Fill ``v`` (1, P + N, D) in place from ``w`` (1, P' + N', D); returns what stayed fresh."""
-    def layout(m: nn.Module) -> tuple[int, tuple[int, int]]:  # prefix rows of pos_embed and the grid, per ModelInfo
-        info = model_info(m)
+    def layout(m: ResolvedModel) -> tuple[int, tuple[int, int]]:  # prefix rows of pos_embed and the grid, per ModelInfo
+        info = m.info()
         return (info.num_prefix_tokens if info.pos_embed_has_prefix else 0), tuple(info.grid_size)
 
     (p_dst, g_dst), (p_src, g_src) = layout(model), layout(src_model)
