@@ -490,8 +490,8 @@ def test_a_small_probability_is_not_printed_as_zero_percent():
     status; below 1% the caption now keeps a decimal, and under 0.1% says so."""
     from vitlab.base.stats import probability_words
 
-    assert [probability_words(p) for p in (0.734, 0.01, 0.0099, 0.001, 0.00094, 0.0)] == \
-        ["73%", "1%", "1.0%", "0.1%", "< 0.1%", "< 0.1%"]
+    assert [probability_words(p) for p in (0.734, 0.01, 0.0099, 0.001, 0.00096, 0.00094, 0.0)] == \
+        ["73%", "1%", "1.0%", "0.1%", "0.1%", "< 0.1%", "< 0.1%"]  # 0.00096 rounds to 0.1%: it is no "< 0.1%"
     assert probability_words(float("nan")) == "n/a"
 
 
