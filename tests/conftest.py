@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 
 import pytest
+import threadpoolctl
 import timm
 import torch
 
@@ -15,6 +17,11 @@ from vitlab.data.datasets import cifar_places, data_dir, find_cifar
 # Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP's waits for a
 # descheduled thread make every small op many times slower: tests run on one thread.
 torch.set_num_threads(1)
+# numpy's BLAS too, even where numpy was loaded before this file: a QR of a 768 x 28 matrix (the filter verdicts' null
+# draws) costs some 25 times the CPU time on two threads as on one while another process holds the other core.
+threadpoolctl.threadpool_limits(1)
+# and in the processes the tests start (CLI runs, sweep workers, Voila kernels, notebooks)
+os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 
 @pytest.fixture(autouse=True)

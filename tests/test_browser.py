@@ -41,6 +41,27 @@ HEATMAP_Z = """() => {
 }"""
 
 
+def _slide_to_layer_one(page, before: str, timeout: float) -> str:
+    """Press Home on the layer slider (it starts at the last layer) and return the heatmap's z once the page shows
+    another one. The wait ends on the first frame that shows the change; a key press that a busy page dropped (the
+    handle focused before its view listened) is pressed again every few seconds, which changes nothing once the
+    slider is at layer 1. TimeoutError after ``timeout`` seconds without a change."""
+    from playwright.sync_api import TimeoutError as NoChangeYet
+
+    changed = f"() => ({HEATMAP_Z})() !== {json.dumps(before)}"
+    deadline = time.monotonic() + timeout
+    while True:
+        handle = page.locator(".widget-slider .noUi-handle").first
+        handle.focus()
+        page.keyboard.press("Home")
+        try:
+            page.wait_for_function(changed, timeout=5_000)
+            return page.evaluate(HEATMAP_Z)
+        except NoChangeYet:
+            if time.monotonic() > deadline:
+                raise
+
+
 def test_layer_slider_changes_the_heatmap_in_chromium(tmp_path):
     playwright = pytest.importorskip("playwright.sync_api")
     from vitlab.app import new_token, page_url, serve, stop
@@ -56,11 +77,7 @@ def test_layer_slider_changes_the_heatmap_in_chromium(tmp_path):
             page.wait_for_function(HEATMAP_Z, timeout=180_000)
             before = page.evaluate(HEATMAP_Z)
             page.screenshot(path=str(tmp_path / "explorer_first_view.png"))
-            handle = page.locator(".widget-slider .noUi-handle").first
-            handle.focus()
-            page.keyboard.press("Home")  # layer slider to layer 1 (it starts at the last layer)
-            page.wait_for_function(f"() => ({HEATMAP_Z})() !== {json.dumps(before)}", timeout=60_000)
-            after = page.evaluate(HEATMAP_Z)
+            after = _slide_to_layer_one(page, before, timeout=180)
             page.screenshot(path=str(tmp_path / "explorer.png"))
             browser.close()
         assert json.loads(after) != json.loads(before)
@@ -78,6 +95,9 @@ def test_layer_slider_changes_the_heatmap_in_chromium(tmp_path):
         maps = vitlab.attention_maps(model, x[:1])
         expected = attention_view(maps, vitlab.model_info(model), "attention", None, "mean")[0].numpy()
         np.testing.assert_allclose(np.array(json.loads(before), dtype=float), expected, rtol=1e-4, atol=1e-6)
+        # and after the slider moved: layer 1's map (not merely another one)
+        layer_one = attention_view(maps, vitlab.model_info(model), "attention", 1, "mean")[0].numpy()
+        np.testing.assert_allclose(np.array(json.loads(after), dtype=float), layer_one, rtol=1e-4, atol=1e-6)
     finally:
         stop(proc)
 
