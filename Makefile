@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 reproduce: $(STAMP)
 	$(VENV)/bin/vitlab reproduce --out $(OUT)
 
-# The suite on every core: one pytest-xdist worker per core (tests/conftest.py keeps each on one torch thread), a
+# The suite on every core: pytest-xdist's -n auto, two workers per core (tests/conftest.py; each on one thread), a
 # test file's tests on one worker, so what they share (module fixtures, notebook runs) is made once. TEST_WORKERS=0
 # runs it in one process.
 TEST_WORKERS ?= auto

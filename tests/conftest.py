@@ -24,6 +24,12 @@ threadpoolctl.threadpool_limits(1)
 os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto`` (``make test``, ``.ci/run``): two workers per core, at most 8. Each worker runs one thread, and
+    many tests wait on a subprocess, a browser or a server, so a second worker fills the core meanwhile."""
+    return min(8, 2 * (os.cpu_count() or 1))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

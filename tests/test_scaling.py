@@ -109,14 +109,6 @@ def test_local_process_pool(tmp_path):
     assert all(r["status"] == "ok" for r in new)
 
 
-def test_two_runs_on_a_local_ray_runtime(tmp_path):
-    pytest.importorskip("ray")
-    sweep = dataclasses.replace(QUICK, name="ray", sizes=(40,))
-    new = run_sweep(sweep, tmp_path / "r.jsonl", executor="ray", workers=2, progress=False)
-    assert sorted(r["run_id"] for r in new) == ["bit_tiny-n40-s0", "vit_tiny-n40-s0"]
-    assert all(r["status"] == "ok" for r in new), [r.get("traceback") for r in new]
-
-
 def test_summarise_means_and_spreads_over_seeds():
     def rec(fam, n, seed, acc, status="ok"):
         return {"status": status, "spec": {"family": fam, "size": n, "seed": seed},
