@@ -27,10 +27,11 @@ reproduce: $(STAMP)
 
 # The suite on every core: pytest-xdist's -n auto, two workers per core (tests/conftest.py; each on one thread), a
 # test file's tests on one worker, so what they share (module fixtures, notebook runs) is made once. TEST_WORKERS=0
-# runs it in one process.
+# runs it in one process; PYTEST_ARGS adds pytest options (a selection such as -m cifar10).
 TEST_WORKERS ?= auto
+PYTEST_ARGS  ?=
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
