@@ -32,13 +32,31 @@ def checkpoint(tmp_path):
     return vitlab.save_checkpoint(tiny_vit(), tmp_path / "ck")
 
 
-@pytest.fixture
-def shallow_checkpoint(tmp_path):
-    """A one-block ViT-Ti/4 at 32 px: for the tests of what a report run does around the model (its folder, its
-    static figures, the shipped shapes model's table), which read nothing of its depth. A report of it costs a
-    fraction of the 3-block model's: the map methods' backward passes and sanity checks run through every block."""
+@pytest.fixture(scope="module")
+def figures_report(tmp_path_factory):
+    """``(checkpoint, out, exit code)`` of one `vitlab reproduce` of a one-block ViT-Ti/4 at 32 px on 2 images into
+    ``out``, an empty folder made before: every section but the few-shot probe (the shipped shapes model's
+    localisation table too), each figure written as PNG and SVG where a Chromium is found. Made once for the tests of
+    what a run does around the model (its folder, its static figures, the shapes table), which read nothing of its
+    depth: the map methods and the figures' export were most of three such tests' time. Set up as conftest.py's
+    function-scoped autouse fixtures set up a test, which do not reach a module's fixture: caches in the session's
+    temporary folder, the hub unreachable, no shipped recipes."""
+    import vitlab.report.steps as steps
+
+    base = tmp_path_factory.getbasetemp()
+    root = tmp_path_factory.mktemp("figures_report")
+    torch.manual_seed(0)
     cfg = vitlab.vit_config("Ti/4", img_size=32, depth=1, num_classes=10)
-    return vitlab.save_checkpoint(vitlab.build_model(cfg).eval(), tmp_path / "ck1")
+    ck = vitlab.save_checkpoint(vitlab.build_model(cfg).eval(), root / "ck1")
+    out = root / "out"
+    out.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VITLAB_CACHE", str(base / "vitlab-cache"))
+        mp.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+        mp.setattr(steps, "RECIPES", base / "no-shipped-recipes")
+        code = main(["reproduce", "--model", str(ck), "--out", str(out), "--num-images", "2", "--no-few-shot",
+                     "--formats", "png,svg", "--quiet"])
+    return ck, out, code
 
 
 def test_reproduce_writes_a_stamped_report(tmp_path, checkpoint, monkeypatch, no_cifar, capsys):
@@ -187,16 +205,13 @@ def test_the_few_shot_section_probes_the_cifar10_in_the_data_folder(no_cifar, ch
     assert section.stamp["images"] == "250 CIFAR-10 training and 30 test images"
 
 
-def test_reproduce_scores_localisation_on_the_shipped_shapes_model(tmp_path, shallow_checkpoint):
+def test_reproduce_scores_localisation_on_the_shipped_shapes_model(figures_report):
     from vitlab.models.load import SHAPES_CHECKPOINT
 
     if not (SHAPES_CHECKPOINT / "model.safetensors").exists():
         pytest.skip("no shapes checkpoint shipped yet")
-    out = tmp_path / "out"
-    # the localisation table alone: the few-shot probe and the scaling section tell it nothing, and the table is the
-    # shipped shapes model's whatever --model is (so a one-block model on one image)
-    assert main(["reproduce", "--model", str(shallow_checkpoint), "--out", str(out), "--num-images", "1", "--no-png",
-                 "--no-few-shot", "--no-scaling", "--quiet"]) == 0
+    _, out, code = figures_report  # the table is the shipped shapes model's, whatever --model is
+    assert code == 0
     loc = json.loads((out / "metrics.json").read_text())["shapes_localisation"]
     rows = {r["method"]: r for r in loc["methods"]}
     assert 0 < loc["stamp"]["chance"] < 0.5
@@ -209,13 +224,16 @@ def test_reproduce_scores_localisation_on_the_shipped_shapes_model(tmp_path, sha
 
 
 @pytest.mark.skipif(find_chromium() is None, reason="no Chromium for static export")
-def test_reproduce_writes_pngs_with_chromium(tmp_path, shallow_checkpoint):
-    out = tmp_path / "out"
-    assert main(["reproduce", "--model", str(shallow_checkpoint), "--out", str(out), "--num-images", "2", "--no-shapes",
-                 "--no-few-shot", "--formats", "png,svg", "--quiet"]) == 0
+def test_reproduce_writes_pngs_with_chromium(figures_report):
+    from vitlab.models.load import SHAPES_CHECKPOINT
+    from vitlab.report.sections import localisation_possible
+
+    _, out, code = figures_report
+    assert code == 0
     assert json.loads((out / "metrics.json").read_text())["png"].startswith("written")
     pngs = {p.stem: p.read_bytes() for p in out.glob("*.png")}
-    assert set(pngs) == FIGURES - NO_FIGURE and all(b.startswith(b"\x89PNG") for b in pngs.values())
+    drawn = FIGURES - NO_FIGURE | ({"localisation"} if localisation_possible(SHAPES_CHECKPOINT) else set())
+    assert set(pngs) == drawn and all(b.startswith(b"\x89PNG") for b in pngs.values())
     assert {p.stem for p in out.glob("*.svg")} == set(pngs)
     assert all(p.read_text().lstrip().startswith("<svg") for p in out.glob("*.svg"))
 
@@ -364,11 +382,15 @@ def test_random_weights_are_stamped_as_random_initialisation(tmp_path, capsys):
     assert "finding" in printed and "verdict" in printed  # the one-line-per-finding summary table
 
 
-def test_reproduce_refuses_a_folder_that_is_not_a_report(tmp_path, shallow_checkpoint, capsys):
+def test_reproduce_refuses_a_folder_that_is_not_a_report(tmp_path, figures_report, capsys):
     """The report replaces its whole folder: a folder holding other files, or a file, is refused untouched, before
     the model is even loaded; an empty folder is written into and an earlier report's folder is replaced."""
-    args = ["reproduce", "--model", str(shallow_checkpoint), "--num-images", "1", "--no-png", "--no-shapes",
-            "--no-few-shot", "--no-scaling", "--quiet"]
+    import shutil
+
+    ck, earlier, code = figures_report
+    assert code == 0  # written into an empty folder
+    args = ["reproduce", "--model", str(ck), "--num-images", "1", "--no-png", "--no-shapes", "--no-few-shot",
+            "--no-scaling", "--quiet"]
     notes = tmp_path / "my_results"
     notes.mkdir()
     (notes / "thesis_notes.txt").write_text("keep me")
@@ -379,10 +401,11 @@ def test_reproduce_refuses_a_folder_that_is_not_a_report(tmp_path, shallow_check
     a_file.write_text("x")
     assert main([*args, "--out", str(a_file)]) != 0
     assert "is not a folder" in capsys.readouterr().err and a_file.read_text() == "x"
-    out = tmp_path / "empty"
-    out.mkdir()
-    assert main([*args, "--out", str(out)]) == 0 and main([*args, "--out", str(out)]) == 0  # a report replaces itself
+    out = tmp_path / "out"
+    shutil.copytree(earlier, out)
+    assert main([*args, "--out", str(out)]) == 0  # a report replaces itself, its static figures too
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "report.html"]
+    assert json.loads((out / "metrics.json").read_text())["png"] == "not asked for"
     # an earlier report with the user's own file in it: refused, naming the file, nothing deleted
     (out / "thesis_notes.txt").write_text("keep me")
     assert main([*args, "--out", str(out)]) != 0
