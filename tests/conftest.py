@@ -24,6 +24,7 @@ threadpoolctl.threadpool_limits(1)
 os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 
+@pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs the suite in one process without this hook's plugin
 def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto`` (``make test``, ``.ci/run``): two workers per core, at most 8. Each worker runs one thread, and
     many tests wait on a subprocess, a browser or a server, so a second worker fills the core meanwhile."""

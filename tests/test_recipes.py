@@ -23,12 +23,18 @@ def _train(run, data, seed: int, **changes):
 
 @pytest.fixture(scope="module")
 def recipes(tmp_path_factory, tiny_data):
-    """Two toy recipes of two seeds each, trained and shipped by export_recipe: {name: (run folders, facts)}."""
+    """Two toy recipes of two seeds each, trained and shipped by export_recipe: {name: (run folders, facts)}. Their
+    learning curves are not drawn (no Chromium found): each seed's PNG took a browser start, and no test here reads
+    it (tests/test_train.py's export tests do)."""
+    import vitlab.figures.static
+
     root = tmp_path_factory.mktemp("recipes")
     out = {}
-    for name, changes in (("plain", {}), ("slow", {"lr": 1e-4})):
-        runs = [_train(root / "runs" / name / f"s{seed}", tiny_data, seed, **changes) for seed in (1, 0)]
-        out[name] = (runs, export_recipe(runs, root / "shipped" / name, full_epochs=5))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(vitlab.figures.static, "find_chromium", lambda: None)
+        for name, changes in (("plain", {}), ("slow", {"lr": 1e-4})):
+            runs = [_train(root / "runs" / name / f"s{seed}", tiny_data, seed, **changes) for seed in (1, 0)]
+            out[name] = (runs, export_recipe(runs, root / "shipped" / name, full_epochs=5))
     return root, out
 
 
@@ -74,17 +80,27 @@ def test_export_recipe_refuses_runs_of_different_recipes_or_one_seed_twice(recip
     assert not (tmp_path / "mixed").exists() and not (tmp_path / "u").exists()  # refused before any export
 
 
-def test_the_recipes_sections_from_two_toy_recipes(recipes):
+def test_the_recipes_sections_from_two_toy_recipes(recipes, monkeypatch):
+    import vitlab.report.recipes
     from vitlab.findings.model import KEY_DEPTH_TREND, KEY_LOWEST_SPREAD, KEY_POSITION_DISTANCE
     from vitlab.findings.recipe import compare_recipes
     from vitlab.report.recipes import recipe_judgement, recipes_sections
 
+    calls = []  # each recipe's judgement as the sections made it: (its seeds, device, name), its verdicts
+
+    def judgement(runs, device="cpu", name=None):
+        calls.append(((sorted(map(str, runs)), str(device), name), recipe_judgement(runs, device, name)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(vitlab.report.recipes, "recipe_judgement", judgement)
     root, got = recipes
     made = recipes_sections(root / "shipped")
     assert [s.slug for s in made] == ["recipes", "recipe_accuracy", "emergence"] and not any(s.hidden for s in made)
     compare, accuracy, emergence = made
     seeds = {n: sorted((root / "shipped" / n).glob("seed*")) for n in ("plain", "slow")}
-    judged = {n: recipe_judgement(s) for n, s in seeds.items()}
+    # every recipe judged once, over all its shipped seeds, on the CPU, and the table compares those judgements
+    assert [args for args, _ in calls] == [(sorted(map(str, s)), "cpu", n) for n, s in seeds.items()]
+    judged = {n: verdicts for (_, _, n), verdicts in calls}
     assert compare.metrics["rows"] == compare_recipes(judged)
     assert {r["key"] for r in compare.metrics["rows"]} >= {KEY_POSITION_DISTANCE, KEY_LOWEST_SPREAD, KEY_DEPTH_TREND}
     assert all(v.n_runs == 2 for v in compare.verdicts) and len(compare.verdicts) == sum(map(len, judged.values()))

@@ -25,9 +25,39 @@ from vitlab.train.loop import TrainingDiverged, lr_at, train
 NEW = Placeholder("NEW")
 
 
-def _cli(*args: str, env=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "vitlab.cli", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _forked_cli(*args: str, env: dict[str, str] | None = None) -> int:
+    """The pid of a fork of this process that runs the command ``args`` (``vitlab.cli.main``) with ``env`` added to
+    its environment and exits with its code: a command in a process of its own, without a fresh interpreter
+    importing torch and timm."""
+    from vitlab.cli import main
+
+    pid = os.fork()
+    if pid == 0:  # the command's process: never back into pytest
+        code = 1
+        try:
+            os.environ.update(env or {})
+            code = main(list(args))
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _exit_codes(pids: list[int], timeout: float = 300) -> list[int]:
+    """The exit codes of the forked commands ``pids``, waited for up to ``timeout`` seconds in all (then every one
+    still running is killed and the test fails: one rank of a process group waits for ever on a failed other)."""
+    deadline, codes = time.time() + timeout, {}
+    while len(codes) < len(pids) and time.time() < deadline:
+        for pid in set(pids) - set(codes):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes[pid] = os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    for pid in set(pids) - set(codes):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    if len(codes) < len(pids):
+        pytest.fail(f"{len(pids) - len(codes)} of {len(pids)} commands still ran after {timeout} s")
+    return [codes[pid] for pid in pids]
 
 
 def _epoch(run: Path) -> int:
@@ -56,25 +86,27 @@ def test_cosine_schedule_known_values_with_a_floor():
 
 def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
     """Also: batches made in worker processes (2 before the kill, 1 after) train exactly what the training process
-    alone does."""
-    env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    common = ["train", "--preset", "tiny", "--data", str(tiny_data), "--epochs", "6", "--quiet",
+    alone does. The killed run is a process of its own, a fork of this one; the uninterrupted run and the resumption
+    run the same command in this one (``vitlab.cli.main``): no interpreter imports vitlab again."""
+    from vitlab.cli import main
+
+    common = ["train", "--preset", "tiny", "--data", str(tiny_data), "--epochs", "4", "--quiet",
               "--set", "mixup_prob=0.5", "--set", "crop_padding=4", "--set", "randaugment=rand-m9-n2-mstd0.5",
               "--set", "fig7_every=1", "--set", "snapshot_every=1", "--set", "val_per_class=4"]
-    full = _cli(*common, "--run-dir", str(tmp_path / "full"), "--workers", "0", env=env)
-    assert full.wait(timeout=300) == 0, full.stdout.read()
-
-    killed = _cli(*common, "--run-dir", str(tmp_path / "killed"), "--workers", "2", env=env)  # batches made apart
-    deadline = time.time() + 240
-    while _epoch(tmp_path / "killed") < 2 and time.time() < deadline and killed.poll() is None:
+    killed = _forked_cli(*common, "--run-dir", str(tmp_path / "killed"), "--workers", "2")  # batches made apart
+    deadline, ended = time.time() + 240, None  # ended: the wait status of a run that ended by itself
+    while _epoch(tmp_path / "killed") < 2 and time.time() < deadline and ended is None:
+        pid, status = os.waitpid(killed, os.WNOHANG)
+        ended = status if pid else None
         time.sleep(0.05)
-    if killed.poll() is not None:
+    if ended is not None:
+        assert os.waitstatus_to_exitcode(ended) == 0, "the run to be killed failed"
         pytest.skip("the run finished before it could be killed")
-    os.kill(killed.pid, signal.SIGKILL)
-    killed.wait()
-    assert 2 <= _epoch(tmp_path / "killed") < 6
-    resumed = _cli(*common, "--run-dir", str(tmp_path / "killed"), "--resume", "--workers", "1", env=env)
-    assert resumed.wait(timeout=300) == 0, resumed.stdout.read()
+    os.kill(killed, signal.SIGKILL)
+    os.waitpid(killed, 0)
+    assert 2 <= _epoch(tmp_path / "killed") < 4  # killed in its third or fourth epoch: two or one left to resume
+    assert main([*common, "--run-dir", str(tmp_path / "killed"), "--resume", "--workers", "1"]) == 0
+    assert main([*common, "--run-dir", str(tmp_path / "full"), "--workers", "0"]) == 0
 
     a = load_file(str(tmp_path / "full" / "checkpoint" / "model.safetensors"))
     b = load_file(str(tmp_path / "killed" / "checkpoint" / "model.safetensors"))
@@ -85,16 +117,16 @@ def test_resume_after_kill_9_matches_uninterrupted(tmp_path, tiny_data):
     opt_b = load_file(str(tmp_path / "killed" / "checkpoint" / "optimizer.safetensors"))
     assert all(torch.equal(opt_a[k], opt_b[k]) for k in opt_a)
     lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
-    assert json.loads(lines[-1])["epoch"] == 6
+    assert json.loads(lines[-1])["epoch"] == 4
     # the Fig. 7 statistics of every epoch, as an uninterrupted run records them (issue 46: emergence in training)
     fig7 = [[json.loads(line)["fig7"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
             for run in ("full", "killed")]
-    assert len(fig7[0]) == 6 and fig7[0] == fig7[1]
+    assert len(fig7[0]) == 4 and fig7[0] == fig7[1]
     # and the records an export ships (issue 46): every snapshot's statistics with its epoch's validation accuracy
     from vitlab.train.emergence import snapshot_history
 
     shipped = [snapshot_history(tmp_path / run) for run in ("full", "killed")]
-    assert [r["epoch"] for r in shipped[0]] == list(range(1, 7)) and shipped[0] == shipped[1]
+    assert [r["epoch"] for r in shipped[0]] == list(range(1, 5)) and shipped[0] == shipped[1]
     assert all(r["val_accuracy"] is not None for r in shipped[0]) and "test_accuracy" in shipped[0][-1]
     model = vitlab.load_model(tmp_path / "killed" / "checkpoint")  # a checkpoint is a loadable model
     assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 3)
@@ -366,20 +398,19 @@ def test_a_run_folder_on_a_file_system_without_locks_still_trains(tmp_path, tiny
 
 
 def test_two_process_ddp_matches_single_process(tmp_path, tiny_data):
-    """torchrun with 2 CPU processes (gloo) follows the single-process run with the same global batch."""
-    env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    common = ["train", "--preset", "tiny", "--data", str(tiny_data), "--epochs", "2", "--quiet", "--device", "cpu"]
-    single = _cli(*common, "--run-dir", str(tmp_path / "single"), env=env)
-    assert single.wait(timeout=300) == 0, single.stdout.read()
-    import socket
+    """2 CPU processes (gloo) follow the single-process run with the same global batch. The command runs in this
+    process (``vitlab.cli.main``), and in two forks of it given the environment torchrun gives its processes (the
+    command under torchrun itself: test_a_batchnorm_model_under_torchrun_is_told_its_statistics_are_per_process)."""
+    from conftest import free_port
 
-    with socket.socket() as sock:  # a port free now: a fixed one can be held by another process on a busy machine
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                          "--master_port", str(port), "-m", "vitlab.cli", *common, "--run-dir", str(tmp_path / "ddp")],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert ddp.returncode == 0, ddp.stdout + ddp.stderr
+    from vitlab.cli import main
+
+    common = ["train", "--preset", "tiny", "--data", str(tiny_data), "--epochs", "2", "--quiet", "--device", "cpu"]
+    assert main([*common, "--run-dir", str(tmp_path / "single")]) == 0
+    torchrun = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    ranks = [_forked_cli(*common, "--run-dir", str(tmp_path / "ddp"), env={**torchrun, "RANK": r, "LOCAL_RANK": r})
+             for r in ("0", "1")]
+    assert _exit_codes(ranks) == [0, 0]
     meta = json.loads((tmp_path / "ddp" / "checkpoint" / "config.json").read_text())
     assert meta["environment"]["world_size"] == 2
     a = load_file(str(tmp_path / "single" / "checkpoint" / "model.safetensors"))
