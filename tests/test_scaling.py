@@ -616,6 +616,27 @@ def test_a_worker_running_other_code_than_the_sweeps_refuses_and_records_the_par
     assert records[0]["status"] == "ok" and records[0]["fingerprint"] == sweep.fingerprint() and len(calls) == 1
 
 
+def test_a_run_sets_torchs_threads_for_itself_and_leaves_the_callers_as_they_were(monkeypatch):
+    """A run given a thread count (its worker's share of the cores) set it for the rest of its process: a pool
+    stand-in running runs in this process (the test above) left torch on two threads, and every later test of the
+    process ran several times slower on the busy test machine. The count is the run's while it runs, as its record
+    says, and the caller's again afterwards, after a failed run too."""
+    import torch
+
+    from vitlab.studies.scaling import _run_record
+
+    seen = []
+    _stub_runs(monkeypatch, val=lambda sweep, spec: seen.append(torch.get_num_threads()) or 0.5)
+    before = torch.get_num_threads()
+    rec = _run_record(QUICK, RunSpec("vit_tiny", 40, 0), None, before + 1)
+    assert rec["status"] == "ok" and seen == [before + 1] and rec["provenance"]["threads"] == before + 1
+    assert torch.get_num_threads() == before
+    _stub_runs(monkeypatch, fail=lambda sweep, spec: RuntimeError("out of memory"))
+    assert _run_record(QUICK, RunSpec("vit_tiny", 40, 0), None, before + 1)["status"] == "failed"
+    assert torch.get_num_threads() == before
+    assert _run_record(QUICK, RunSpec("vit_tiny", 40, 0), None, None)["provenance"]["threads"] == before
+
+
 def test_a_run_that_imports_vitlab_code_after_the_files_changed_is_not_kept(tmp_path, monkeypatch):
     """A worker that imported the sweep's code, then first imports another vitlab module during its run (the training
     code imports some lazily) after the package's files were edited, may have run other code: its result is refused.
