@@ -10,7 +10,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitlab.inspect.capture import capture_attention
 from vitlab.studies.scaling import SweepConfig
 
 
@@ -57,6 +56,9 @@ def damaged_pngs() -> dict[str, bytes]:
 def reference_gradient_rollout(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """(B, T, T) float64 (I + A_L) ... (I + A_1) with A_l = mean over heads of relu(a_l * grad_l), each layer's map
     paired with its own gradient through ``torch.autograd.grad``: the definition, computed independently."""
+    # imported here: the sweep workers that unpickle CrashFirstWorker import this module, and need no timm for it
+    from vitlab.inspect.capture import capture_attention
+
     xg = x.clone().requires_grad_(True)
     with capture_attention(model, keep_grad=True) as cap:
         logits = model(xg)

@@ -102,13 +102,6 @@ def test_a_failed_run_is_recorded_and_the_others_go_on(tmp_path, capsys):
     assert "failed vit_tiny-n1000000-s0" in capsys.readouterr().out
 
 
-def test_local_process_pool(tmp_path):
-    sweep = dataclasses.replace(QUICK, name="pool", families=("bit_tiny",), sizes=(40,), seeds=(0, 1))
-    new = run_sweep(sweep, tmp_path / "r.jsonl", workers=2, progress=False)
-    assert sorted(r["run_id"] for r in new) == ["bit_tiny-n40-s0", "bit_tiny-n40-s1"]
-    assert all(r["status"] == "ok" for r in new)
-
-
 def test_summarise_means_and_spreads_over_seeds():
     def rec(fam, n, seed, acc, status="ok"):
         return {"status": status, "spec": {"family": fam, "size": n, "seed": seed},
@@ -256,9 +249,11 @@ def test_tuning_freezes_the_best_recipe_and_runs_report_their_best_validation_ep
     assert tuned.recipes == (("vit_tiny", rec["optimizer"], rec["lr"], rec["weight_decay"]),)
     assert tune(sweep, tmp_path / "tuning.jsonl", grid=grid, progress=False) == tuned  # trials are not rerun
     assert len(ResultsStore(tmp_path / "tuning.jsonl").records()) == 2
-    # the same trials in a worker process (the sweep's executor): the same validation accuracies and choice
-    pooled = tune(sweep, tmp_path / "pooled.jsonl", grid=grid, progress=False, workers=1)
+    # the same trials in a local pool of two worker processes, both submitted at once (the sweep's executor, as
+    # `run_sweep(..., workers=2)` runs a grid): both finish, with the same validation accuracies and choice
+    pooled = tune(sweep, tmp_path / "pooled.jsonl", grid=grid, progress=False, workers=2)
     assert pooled == tuned
+    assert sorted(r["status"] for r in ResultsStore(tmp_path / "pooled.jsonl").records()) == ["ok", "ok"]
     val = lambda path: sorted(r["metrics"]["best"]["val_accuracy"] for r in ResultsStore(path).records())  # noqa: E731
     assert val(tmp_path / "pooled.jsonl") == val(tmp_path / "tuning.jsonl")
     new = run_sweep(tuned, tmp_path / "sweep.jsonl", workers=0, progress=False)
@@ -614,6 +609,27 @@ def test_a_worker_running_other_code_than_the_sweeps_refuses_and_records_the_par
     records.clear()
     execute_runs([(sweep, RunSpec("vit_tiny", 40, 0))], records.append, "local", 0)  # the same code: it runs
     assert records[0]["status"] == "ok" and records[0]["fingerprint"] == sweep.fingerprint() and len(calls) == 1
+
+
+def test_a_run_sets_torchs_threads_for_itself_and_leaves_the_callers_as_they_were(monkeypatch):
+    """A run given a thread count (its worker's share of the cores) set it for the rest of its process: a pool
+    stand-in running runs in this process (the test above) left torch on two threads, and every later test of the
+    process ran several times slower on the busy test machine. The count is the run's while it runs, as its record
+    says, and the caller's again afterwards, after a failed run too."""
+    import torch
+
+    from vitlab.studies.scaling import _run_record
+
+    seen = []
+    _stub_runs(monkeypatch, val=lambda sweep, spec: seen.append(torch.get_num_threads()) or 0.5)
+    before = torch.get_num_threads()
+    rec = _run_record(QUICK, RunSpec("vit_tiny", 40, 0), None, before + 1)
+    assert rec["status"] == "ok" and seen == [before + 1] and rec["provenance"]["threads"] == before + 1
+    assert torch.get_num_threads() == before
+    _stub_runs(monkeypatch, fail=lambda sweep, spec: RuntimeError("out of memory"))
+    assert _run_record(QUICK, RunSpec("vit_tiny", 40, 0), None, before + 1)["status"] == "failed"
+    assert torch.get_num_threads() == before
+    assert _run_record(QUICK, RunSpec("vit_tiny", 40, 0), None, None)["provenance"]["threads"] == before
 
 
 def test_a_run_that_imports_vitlab_code_after_the_files_changed_is_not_kept(tmp_path, monkeypatch):

@@ -89,6 +89,31 @@ def test_objects_differ_from_background_and_split_loader():
             load_shapes("test", n=n)
 
 
+
+def test_a_shapes_draw_is_generated_once_per_process_and_every_call_gets_its_own_copy(monkeypatch):
+    """A sweep on the shapes loads both splits in every run, and each load generated the 10,000 images again (most of
+    a tiny run's time); a draw is now generated once per process. Changing one call's tensors leaves the next call's
+    as drawn, and a size that is no whole number is still refused, not served from the entry of its int."""
+    import vitlab.data.shapes as shapes
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append((args, kwargs))
+        return make_shapes(*args, **kwargs)
+
+    monkeypatch.setattr(shapes, "make_shapes", counted)
+    first = load_shapes("test", n=6, size=13)  # a draw no other test loads: generated here
+    for t in (first.images, first.labels, first.masks):
+        t.zero_()
+    again = load_shapes("test", n=6, size=13)
+    assert len(calls) == 1
+    for got, want in zip((again.images, again.labels, again.masks), make_shapes(6, size=13, seed=1), strict=True):
+        assert torch.equal(got, want)
+    assert len(load_shapes("train", n=6, size=13)) == 6 and len(calls) == 2  # the other split: its own draw
+    with pytest.raises(ValueError, match="at least 11 px.*got size=13.0"):
+        load_shapes("test", n=6, size=13.0)
+
 @pytest.mark.slow
 def test_the_shapes_recipe_leaves_the_chance_plateau_for_at_least_four_of_five_seeds(tmp_path):
     """The shapes preset on a 10-epoch schedule, seeds 0-4 (about 2 minutes each on one core). With learned position

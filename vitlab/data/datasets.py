@@ -8,6 +8,7 @@ decodes JPEGs again. Augmentation then runs on whole batches of tensors (``vitla
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import os
@@ -638,16 +639,26 @@ SHAPES_SIZES = {"train": (8000, 0), "test": (2000, 1)}
 def load_shapes(split: str = "train", n: int | None = None, size: int = 32) -> ImageArray:
     """The synthetic shapes dataset with object masks (train: 8,000 images, seed 0; test: 2,000, seed 1); ``n``: draw
     ``n`` images with the split's seed instead (not a prefix of the split: the draw depends on ``n``), None: the
-    split."""
-    from vitlab.data.shapes import SHAPE_CLASSES, make_shapes
+    split. A draw is generated once per process (``_drawn_shapes`` keeps the last few: a sweep on the shapes loads
+    both splits for every run) and each call gets its own copy of the tensors, free to change."""
+    from vitlab.data.shapes import SHAPE_CLASSES
 
     if split not in SHAPES_SIZES:
         raise DataError(f"split must be 'train' or 'test', got {split!r}")
     check_int("n", n, 1, allowed="at least 1 image, a whole number (or None for the whole split)", none=True,
               numpy=True, error=DataError)  # True is no 1 image, 1.5 no count
     count, seed = SHAPES_SIZES[split]
-    images, labels, masks = make_shapes(count if n is None else n, size=size, seed=seed)
+    images, labels, masks = (t.clone() for t in _drawn_shapes(count if n is None else n, size, seed))
     return ImageArray(images, labels, SHAPE_CLASSES, f"shapes:{split}:seed{seed}", masks)
+
+
+@functools.lru_cache(maxsize=4, typed=True)  # typed: size=32.0 is refused by make_shapes, never 32's entry
+def _drawn_shapes(n: int, size: int, seed: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``vitlab.data.shapes.make_shapes(n, size, seed)``, kept for the next call with the same arguments (both full
+    splits at 32 px hold about 40 MB). Callers copy the tensors before handing them out."""
+    from vitlab.data.shapes import make_shapes
+
+    return make_shapes(n, size=size, seed=seed)
 
 
 def load_dataset(spec: str, split: str = "train", progress: bool = True) -> ImageArray:

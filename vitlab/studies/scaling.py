@@ -292,23 +292,39 @@ def _run_record(sweep: SweepConfig, spec: RunSpec, work_dir: str | None, threads
     ``fingerprint``: the run's fingerprint as the process that started the sweep computed it (the record is matched
     against that one; a worker process recomputing it would hash its own import of the code). ``code``: that
     process's ``code_hash``; a worker whose own differs (the package's files changed after the sweep started, and
-    the worker imported the changed files) records a failure instead of running other code under the fingerprint."""
-    if threads:
-        torch.set_num_threads(threads)
+    the worker imported the changed files) records a failure instead of running other code under the fingerprint.
+    ``threads``: torch's intra-op threads for the run (None: as they are), restored afterwards (``_torch_threads``)."""
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     rec: dict[str, Any] = {"sweep": sweep.name, "run_id": spec.run_id, "spec": dataclasses.asdict(spec),
                            "config": dataclasses.asdict(sweep),
                            "fingerprint": fingerprint if fingerprint is not None else sweep.fingerprint(),
                            "started": started}
-    try:
-        with _worker_code_checked(code):
-            metrics = run_one(sweep, spec, work_dir)
-        rec.update(status="ok", metrics=metrics)
-    except Exception as e:  # recorded, and the sweep goes on
-        rec.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8))
-    rec["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    rec["provenance"] = provenance()
+    with _torch_threads(threads):
+        try:
+            with _worker_code_checked(code):
+                metrics = run_one(sweep, spec, work_dir)
+            rec.update(status="ok", metrics=metrics)
+        except Exception as e:  # recorded, and the sweep goes on
+            rec.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8))
+        rec["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        rec["provenance"] = provenance()  # with the run's thread count
     return rec
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to ``threads`` for the body (None: left as it is) and set back after it, so
+    that a run in a process that goes on (a Ray worker's next task, a caller running ``_run_record`` itself) leaves
+    that process's own count as it was."""
+    if not threads:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _vitlab_modules() -> set[str]:
