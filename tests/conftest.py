@@ -64,12 +64,25 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=NO_CIFAR10))
 
 
+def isolate(monkeypatch: pytest.MonkeyPatch, base) -> None:
+    """What every test runs under, set through ``monkeypatch`` with ``base`` the session's temporary folder:
+    decoded-image caches there, never the user's ~/.cache/vitlab; data sets read from the user's data folder (an
+    empty one where there is none); the Hugging Face hub at this machine's port 9, where nothing listens
+    (``vitlab.models.load.hub_reachable`` finds it unreachable without leaving the machine); and no shipped recipes
+    for the report's recipes step (``vitlab.report.steps.RECIPES``), so a report made in a test does not judge every
+    shipped seed (a test of the step gives it its own toy recipes). The autouse fixture ``_isolated`` calls it for
+    each test; a module-scoped fixture, which that does not reach, calls it itself."""
+    import vitlab.report.steps as steps
+
+    monkeypatch.setenv("VITLAB_CACHE", str(base / "vitlab-cache"))
+    monkeypatch.setenv("VITLAB_DATA", str(USER_DATA or base / "no-data"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(steps, "RECIPES", base / "no-shipped-recipes")
+
+
 @pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    """Decoded-image caches go to a temporary folder, never the user's ~/.cache/vitlab; data sets are read from the
-    user's data folder (an empty one where there is none)."""
-    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path_factory.getbasetemp() / "vitlab-cache"))
-    monkeypatch.setenv("VITLAB_DATA", str(USER_DATA or tmp_path_factory.getbasetemp() / "no-data"))
+def _isolated(tmp_path_factory, monkeypatch):
+    isolate(monkeypatch, tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture
@@ -112,9 +125,7 @@ def free_port() -> int:
 def _no_network(request, monkeypatch):
     """No test reaches the network: a connection (or a name lookup) to anything but this machine is refused with
     ``NetworkBlocked``, so the code under test sees an offline machine on every machine, and the test fails
-    afterwards naming the address. Child processes are not watched. The Hugging Face hub is this machine's port 9,
-    where nothing listens: ``vitlab.models.load.hub_reachable`` finds it unreachable without leaving the machine."""
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    afterwards naming the address. Child processes are not watched (the hub's address: ``isolate``)."""
     tried = []
 
     def refuse(what):
@@ -251,12 +262,3 @@ def convit_raw_attention(model: torch.nn.Module, x: torch.Tensor) -> list[torch.
         q, k, _ = qkv.permute(2, 0, 3, 1, 4)
         out.append(((q @ k.transpose(-2, -1)) * at.scale).softmax(-1))
     return out
-
-
-@pytest.fixture(autouse=True)
-def _no_shipped_recipes(monkeypatch, tmp_path_factory):
-    """The report's recipes step (``vitlab.report.steps.RECIPES``) finds no shipped recipes, so a report made in a
-    test does not judge every shipped seed; a test of the step gives it its own toy recipes."""
-    import vitlab.report.steps as steps
-
-    monkeypatch.setattr(steps, "RECIPES", tmp_path_factory.getbasetemp() / "no-shipped-recipes")

@@ -38,12 +38,10 @@ def figures_report(tmp_path_factory):
     ``out``, an empty folder made before: every section but the few-shot probe (the shipped shapes model's
     localisation table too), each figure written as PNG and SVG where a Chromium is found. Made once for the tests of
     what a run does around the model (its folder, its static figures, the shapes table), which read nothing of its
-    depth: the map methods and the figures' export were most of three such tests' time. Set up as conftest.py's
-    function-scoped autouse fixtures set up a test, which do not reach a module's fixture: caches in the session's
-    temporary folder, the hub unreachable, no shipped recipes."""
-    import vitlab.report.steps as steps
+    depth: the map methods and the figures' export were most of three such tests' time. Isolated as every test is
+    (``conftest.isolate``: the per-test fixture does not reach a module's fixture)."""
+    from conftest import isolate
 
-    base = tmp_path_factory.getbasetemp()
     root = tmp_path_factory.mktemp("figures_report")
     torch.manual_seed(0)
     cfg = vitlab.vit_config("Ti/4", img_size=32, depth=1, num_classes=10)
@@ -51,9 +49,7 @@ def figures_report(tmp_path_factory):
     out = root / "out"
     out.mkdir()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VITLAB_CACHE", str(base / "vitlab-cache"))
-        mp.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-        mp.setattr(steps, "RECIPES", base / "no-shipped-recipes")
+        isolate(mp, tmp_path_factory.getbasetemp())
         code = main(["reproduce", "--model", str(ck), "--out", str(out), "--num-images", "2", "--no-few-shot",
                      "--formats", "png,svg", "--quiet"])
     return ck, out, code

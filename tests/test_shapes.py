@@ -89,7 +89,6 @@ def test_objects_differ_from_background_and_split_loader():
             load_shapes("test", n=n)
 
 
-
 def test_a_shapes_draw_is_generated_once_per_process_and_every_call_gets_its_own_copy(monkeypatch):
     """A sweep on the shapes loads both splits in every run, and each load generated the 10,000 images again (most of
     a tiny run's time); a draw is now generated once per process. Changing one call's tensors leaves the next call's
@@ -113,6 +112,7 @@ def test_a_shapes_draw_is_generated_once_per_process_and_every_call_gets_its_own
     assert len(load_shapes("train", n=6, size=13)) == 6 and len(calls) == 2  # the other split: its own draw
     with pytest.raises(ValueError, match="at least 11 px.*got size=13.0"):
         load_shapes("test", n=6, size=13.0)
+
 
 @pytest.mark.slow
 def test_the_shapes_recipe_leaves_the_chance_plateau_for_at_least_four_of_five_seeds(tmp_path):
