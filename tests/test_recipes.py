@@ -8,6 +8,8 @@ import json
 import pytest
 
 import vitlab
+from vitlab.base.errors import FolderError
+from vitlab.data.datasets import DataError
 from vitlab.train.config import PRESETS, with_num_classes
 from vitlab.train.emergence import fig7_statistics, sample_batch
 from vitlab.train.export import export_recipe
@@ -78,6 +80,31 @@ def test_export_recipe_refuses_runs_of_different_recipes_or_one_seed_twice(recip
         (run / "checkpoint" / "config.json").write_text(json.dumps(cfg))
         export_recipe([run], tmp_path / "u")
     assert not (tmp_path / "mixed").exists() and not (tmp_path / "u").exists()  # refused before any export
+
+
+def test_export_recipe_refuses_missing_data_or_a_foreign_out_before_measuring_snapshots(recipes, tmp_path,
+                                                                                          monkeypatch):
+    import shutil
+
+    import vitlab.train.emergence
+
+    _, got = recipes
+    measured = []
+    monkeypatch.setattr(vitlab.train.emergence, "snapshot_history", lambda run, progress=False: measured.append(run))
+    run = shutil.copytree(got["plain"][0][0], tmp_path / "moved")
+    cfg = json.loads((run / "checkpoint" / "config.json").read_text())
+    cfg["train"]["data"] = str(tmp_path / "gone")  # its data set was moved away since training
+    (run / "checkpoint" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DataError):
+        export_recipe([run], tmp_path / "out")
+    foreign = tmp_path / "foreign" / "seed1"
+    foreign.mkdir(parents=True)
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(FolderError) as refused:
+        export_recipe([got["plain"][0][0]], tmp_path / "foreign")
+    assert refused.value.value == str(foreign)
+    assert measured == [] and not (tmp_path / "out").exists()
+    assert (foreign / "notes.txt").read_text() == "mine"
 
 
 def test_the_recipes_sections_from_two_toy_recipes(recipes, monkeypatch):

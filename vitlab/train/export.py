@@ -110,7 +110,7 @@ def distillation_facts(student: nn.Module, teacher: nn.Module, data: ImageArray,
 
 def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: str,
                dtype: torch.dtype = torch.float16, hardware: str | None = None, goal: float | None = None,
-               recipe: dict | None = None) -> dict:
+               recipe: dict | None = None, test: ImageArray | None = None) -> dict:
     """Write ``out`` (checkpoint + ``MODEL_CARD.md``) from the last checkpoint of ``run_dir``; returns the card facts.
 
     ``recipe``: facts of a run shipped as a seed of a recipe (``export_recipe``), added to the card's facts and named
@@ -121,7 +121,9 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
     A run pre-trained by masked patch prediction (``objective="mpp"``) ships its prediction head too
     (``objective.safetensors``, same dtype, same atomic folder swap; ``vitlab.train.mpp.load_mpp`` reads both), and its card
     leads with what it learned: the masked-patch accuracy on every test image (one fixed corruption draw), measured
-    from the shipped weights. Its classification head was never trained, so it reports no test accuracy."""
+    from the shipped weights. Its classification head was never trained, so it reports no test accuracy.
+
+    ``test``: the run's test split when the caller has loaded it (default: loaded here)."""
     if goal is not None and not 0 < goal <= 1:  # a fraction, as the accuracies are: 90 drew "goal 9000%"
         raise ValueError(f"goal must be a fraction in (0, 1], e.g. 0.9 for a 90% accuracy goal, got {goal:g}")
     run = Path(run_dir)
@@ -141,7 +143,8 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
     else:
         model = load_checkpoint(ck)
     # the data set's whole test split; a qualified label (an MPP study's "shapes[n=256]") names the same data set
-    test = load_dataset(base_dataset(meta["train"]["data"]), "test")
+    if test is None:
+        test = load_dataset(base_dataset(meta["train"]["data"]), "test")
     out = Path(out)
     check_replaceable(out)  # before the work: a folder that is not a checkpoint is never replaced
     staging = temp_dir_beside(out)  # a failure to make it names --out, not the temporary folder
@@ -408,7 +411,9 @@ def export_recipe(runs: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
     seed={seed}``); ``full_epochs``: the recipe's full schedule (a card of a run planned for fewer says it is a
     shortened one). Raises ``ValueError`` for no runs, runs whose training configurations differ other than in the
     seed (naming the keys), two runs of one seed, or an unfinished run (unless ``allow_unfinished``);
-    ``FileNotFoundError`` for a run without a checkpoint or snapshots; all before any export."""
+    ``FileNotFoundError`` for a run without a checkpoint or snapshots; ``DataError`` (``load_dataset``) when the test split
+    cannot be read, and ``FolderError`` for an ``out/seed<n>`` that holds something else; all before any
+    snapshot is measured."""
     from vitlab.train.emergence import snapshot_history
 
     if not runs:
@@ -429,12 +434,16 @@ def export_recipe(runs: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
     if len(set(seeds)) < len(seeds):
         raise ValueError(f"two runs have the same seed ({seeds}): a recipe's runs are distinct seeds")
     template = command or f"vitlab train --preset {name} --set seed={{seed}}"
+    for seed in seeds:
+        check_replaceable(out / f"seed{seed}")
+    # one recipe, one data set (checked above): missing data stops here, not after minutes of snapshot statistics
+    test = load_dataset(base_dataset(metas[0]["train"]["data"]), "test")
     facts = []
     for run, seed in sorted(zip(runs, seeds), key=lambda rs: rs[1]):
         records = snapshot_history(run, progress=progress)
         facts.append(export_run(run, out / f"seed{seed}", command=template.format(seed=seed), hardware=hardware,
                                 recipe={"recipe": name, "seed": seed, "full_epochs": full_epochs,
-                                        "emergence": records}))
+                                        "emergence": records}, test=test))
     return facts
 
 
