@@ -310,6 +310,9 @@ def test_the_cards_data_line_is_sentences_for_any_record():
     assert _data_line({"train": "t.zip", "test": "v.zip", "train_examples": 50000}) == (
         "trained on `t.zip` (50,000 images); evaluated during training on `v.zip`")
     assert _data_line({"test": "v.zip", "note": "x"}) == "evaluated during training on `v.zip`; note: x"
+    assert _data_line({"train": "t.zip", "test": "v.zip", "validation_images": 5000}) == (
+        "trained on `t.zip`; validated during training on 5,000 images held out of the training split; tested once, "
+        "after the last epoch, on `v.zip`")
 
 
 def test_a_full_disk_stops_the_export_and_no_card_names_a_temporary_path(tmp_path, two_class_folder, monkeypatch,

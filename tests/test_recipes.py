@@ -50,6 +50,8 @@ def test_each_seeds_card_holds_the_emergence_of_its_snapshots_as_computed_direct
         assert card["full_epochs"] == 5 and card["shortened"] is True  # 2 of 5 epochs
         assert card["command"] == f"vitlab train --preset plain --set seed={seed}"
         assert [r["epoch"] for r in card["emergence"]] == [1, 2]
+        recorded = json.loads((run / "checkpoint" / "config.json").read_text())["data"]
+        assert recorded["validation_images"] == card["data"]["validation_images"] == 4 * 3  # val_per_class x classes
         history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert [h["val_accuracy"] for h in card["history"]] == [h["val_accuracy"] for h in history]
         assert "test_accuracy" not in history[0] and 0 <= card["test_accuracy"] <= 1  # read once, at the end
@@ -199,3 +201,13 @@ def test_the_export_recipe_command(recipes, tmp_path, capsys):
     assert card["emergence"] == facts[1]["emergence"]
     assert main(["export-recipe", str(runs[0]), "--out", str(runs[0] / "shipped")]) == 1  # inside a run: refused
     assert "inside it or above it" in capsys.readouterr().err and not (runs[0] / "shipped").exists()
+
+
+def test_a_run_that_did_not_record_its_validation_split_gets_it_from_its_config():
+    from vitlab.train.export import _data_record
+
+    data = {"train": "t.zip", "test": "v.zip", "classes": ["a", "b", "c"]}
+    assert _data_record({"data": data, "train": {"val_per_class": 7}})["validation_images"] == 21
+    assert _data_record({"data": data, "train": {"val_per_class": 0}}) == data  # no split: the record as it was
+    assert _data_record({"data": {**data, "validation_images": 5}, "train": {"val_per_class": 7}})[
+        "validation_images"] == 5  # a run's own count is kept

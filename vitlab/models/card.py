@@ -266,19 +266,25 @@ def _compiled_note(f: dict, history: list[dict]) -> str:
 
 
 def _data_line(data: dict | None) -> str:
-    """The card's data line from the run's record (``{"train", "test", "train_examples", "classes"}``, each
-    optional): sentences, not the dict's repr."""
+    """The card's data line from the run's record (``{"train", "test", "train_examples", "classes",
+    "validation_images"}``, each optional): sentences, not the dict's repr. With ``validation_images`` the run chose
+    on a validation split and read the test split once, after its last epoch."""
     if not data:
         return "not recorded by the run"
     parts = []
     if data.get("train"):
         n = data.get("train_examples")
         parts.append(f"trained on `{data['train']}`" + (f" ({n:,} images)" if isinstance(n, int) else ""))
+    n_val = data.get("validation_images")
+    if n_val:
+        parts.append(f"validated during training on {n_val:,} images held out of the training split")
     if data.get("test"):
-        parts.append(f"evaluated during training on `{data['test']}`")
+        parts.append(f"tested once, after the last epoch, on `{data['test']}`" if n_val else
+                     f"evaluated during training on `{data['test']}`")
     if data.get("classes"):
         parts.append(f"{len(data['classes'])} classes ({', '.join(map(str, data['classes']))})")
-    rest = {k: v for k, v in data.items() if k not in ("train", "test", "train_examples", "classes")}
+    rest = {k: v for k, v in data.items() if k not in ("train", "test", "train_examples", "classes",
+                                                       "validation_images")}
     parts += [f"{k}: {v}" for k, v in rest.items()]
     return "; ".join(parts)
 

@@ -192,7 +192,7 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
         "epochs_planned": train_cfg["epochs"],
         "train_seconds": meta.get("train_seconds"),
         "hardware": hardware or _hardware(meta.get("environment") or {}, precision),
-        "data": meta.get("data"),
+        "data": _data_record(meta),
         "test_accuracy": acc,
         "test_split": test.source,  # what the shipped model's numbers were measured on (all of it)
         "test_images": len(test),
@@ -237,6 +237,15 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
     (tmp_out / CARD_NAME).write_text(card_text(facts, train_cfg, history, shipped), encoding="utf-8")
     (tmp_out / "card.json").write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
     return facts
+
+
+def _data_record(meta: dict) -> dict | None:
+    """The run's data record, with ``validation_images`` (the images held out of the training split for every
+    choice) for a run that kept a validation split and trained before its checkpoint recorded the count."""
+    data, per_class = meta.get("data"), int(meta["train"].get("val_per_class") or 0)
+    if not data or not per_class or "validation_images" in data:
+        return data
+    return {**data, "validation_images": per_class * len(data.get("classes") or [])}
 
 
 def _recipe_facts(recipe: dict, facts: dict, history: list[dict]) -> dict:

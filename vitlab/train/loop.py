@@ -858,7 +858,8 @@ def _save_epoch(r: Run, epoch: int, record: dict[str, Any], last: bool) -> None:
                         extra={"epoch": epoch + 1, "metrics": record})
     state = {"epoch": epoch + 1, "train_seconds": round(r.elapsed, 1), "metrics": record,
              "data": {"train": r.train_data.source, "test": r.test_data.source,
-                      "train_examples": len(r.train_data), "classes": list(r.train_data.classes)},
+                      "train_examples": len(r.train_data), "classes": list(r.train_data.classes),
+                      **({"validation_images": len(r.val_data)} if r.val_data is not None else {})},
              "environment": provenance(world_size=r.d.world, device=str(r.d.device))}
     if r.stopper is not None:
         state["early_stop"] = r.stopper.state()
