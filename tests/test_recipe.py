@@ -279,8 +279,19 @@ def test_compare_recipes_says_which_findings_hold_in_which_recipe():
     rows = compare_recipes({"no teacher": a, "distilled": b})
     assert [r["key"] for r in rows] == ["pos", "depth", "spread"]  # the first recipe's order; only shared keys
     assert [r["holds_in"] for r in rows] == [["no teacher", "distilled"], ["no teacher"], []]
+    assert [r["undecided_in"] for r in rows] == [[], [], ["no teacher", "distilled"]]
+    assert rows[2]["outcomes"] == {"no teacher": "inconclusive", "distilled": "inconclusive"}
     assert rows[2]["verdicts"] == {"no teacher": "inconclusive", "distilled": "inconclusive (depends on convention)"}
     assert rows[0]["n_runs"] == {"no teacher": 3, "distilled": 3}
+    from vitlab.report.recipes import _holds_words
+
+    names = ["no teacher", "distilled"]
+    assert [_holds_words(r, names) for r in rows] == [
+        "in every recipe", "only in no teacher", "undecided in every recipe"]
+    mixed = compare_recipes({"no teacher": [v("x", "not reproduced"), v("y", "reproduced")],
+                             "distilled": [v("x", "inconclusive"), v("y", "inconclusive")]})
+    assert [_holds_words(r, names) for r in mixed] == [  # "in neither" only where both recipes decided
+        "in neither; undecided in distilled", "only in no teacher; undecided in distilled"]
     with pytest.raises(ValueError):
         compare_recipes({"one": a})
     with pytest.raises(ValueError):

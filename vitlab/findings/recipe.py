@@ -175,9 +175,9 @@ def recipe_runs(specs: Sequence[str | os.PathLike]) -> list[str]:
 
 def compare_recipes(recipes: dict[str, Sequence[Verdict]]) -> list[dict[str, object]]:
     """Which findings hold in which recipe: one row per finding key that every recipe judged, in the first recipe's
-    order, as ``{"key", "finding", "verdicts": {recipe: verdict label}, "holds_in": [recipes where reproduced],
-    "n_runs": {recipe: runs}}``. ``holds_in`` is empty where the finding holds in none; a recipe whose verdict is
-    inconclusive is in no list (it neither holds nor fails). Raises ValueError for fewer than two recipes or a verdict
+    order, as ``{"key", "finding", "verdicts": {recipe: verdict label}, "outcomes": {recipe: verdict (no
+    qualifier)}, "holds_in": [recipes where reproduced], "undecided_in": [recipes where inconclusive], "n_runs":
+    {recipe: runs}}``. A recipe in neither list judged the finding not reproduced. Raises ValueError for fewer than two recipes or a verdict
     without a key (a record written before verdicts had keys)."""
     if len(recipes) < 2:
         raise ValueError(f"compare_recipes needs at least two recipes, got {len(recipes)}")
@@ -196,7 +196,9 @@ def compare_recipes(recipes: dict[str, Sequence[Verdict]]) -> list[dict[str, obj
             continue
         rows.append({"key": key, "finding": got[next(iter(recipes))].finding,
                      "verdicts": {r: got[r].label for r in recipes},
+                     "outcomes": {r: got[r].verdict for r in recipes},
                      "holds_in": [r for r in recipes if got[r].verdict == "reproduced"],
+                     "undecided_in": [r for r in recipes if got[r].verdict == "inconclusive"],
                      "n_runs": {r: got[r].n_runs for r in recipes}})
     return rows
 

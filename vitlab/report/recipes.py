@@ -104,7 +104,7 @@ def recipe_verdicts(sections: list[S.Section], inp: S.Inputs, runs: Sequence[Any
         pred = S.prediction_pass(other)
         made = [S.filters(other), *S.positions(other), S.distance(other, pred)]
         per_run.append({s.slug: s.verdicts for s in made if s.slug in judged})
-    recipe = f"{len(runs)} runs ({', '.join(labels)})"
+    recipe = f"{n_units(len(runs), 'runs')} ({', '.join(labels)})"
     for s in sections:
         if s.slug not in per_run[0]:
             continue
@@ -142,10 +142,15 @@ def recipe_judgement(runs: Sequence[Path], device: Any = "cpu", name: str | None
 
 
 def _holds_words(row: dict, names: Sequence[str]) -> str:
-    held = row["holds_in"]
-    if not held:
-        return "in neither" if len(names) == 2 else "in none"
-    return "in every recipe" if len(held) == len(names) else "only in " + ", ".join(held)
+    """Where a ``compare_recipes`` row's finding holds; "in neither" (or "in none") only where every recipe judged
+    it not reproduced, never where one of them could not decide."""
+    held, undecided = row["holds_in"], row["undecided_in"]
+    if len(held) == len(names):
+        return "in every recipe"
+    if len(undecided) == len(names):
+        return "undecided in every recipe"
+    where = ("only in " + ", ".join(held)) if held else ("in neither" if len(names) == 2 else "in none")
+    return where + (f"; undecided in {', '.join(undecided)}" if undecided else "")
 
 
 def _accuracy_rows(cards: dict[str, list[dict]]) -> tuple[list[list], dict[str, Any]]:
@@ -187,7 +192,7 @@ def recipes_sections(root: Path, device: Any = "cpu", tick: Callable[[str], None
     cards = {name: recipe_cards(seeds) for name, seeds in found.items()}
     teachers = {n: cs[0].get("teacher") for n, cs in cards.items()}
     table = table_figure(["finding (its key; named in the verdicts below)", *names, "holds"],
-                         [[r["key"], *(r["verdicts"][n].split(" (")[0] for n in names), _holds_words(r, names)]
+                         [[r["key"], *(r["outcomes"][n] for n in names), _holds_words(r, names)]
                           for r in rows],  # the verdicts' qualifiers are in their lines below the table
                          "Fig. 7 findings by recipe (each judged over its seeds on the same images)")
     counts = {w: sum(1 for r in rows if _holds_words(r, names) == w) for w in dict.fromkeys(
