@@ -39,11 +39,12 @@ from pathlib import Path
 import numpy as np
 from IPython.display import Markdown, display
 
+from vitlab.base.intervals import n_units
 from vitlab.figures.plots import emergence_curves, notebook_figures
 from vitlab.findings.recipe import (
     RECIPE_COMMAND,
+    emergence_lines,
     emergence_summary,
-    images_words,
     recipe_accuracy,
     recipe_cards,
     shipped_recipes,
@@ -58,7 +59,7 @@ if not found:
           f"{RECIPE_COMMAND}.")
 else:
     for name, cs in cards.items():
-        print(f"{name}: {len(cs)} seeds ({', '.join(str(c['seed']) for c in cs)}), teacher {cs[0].get('teacher') or 'none'}, "
+        print(f"{name}: {n_units(len(cs), 'seeds')} ({', '.join(str(c['seed']) for c in cs)}), teacher {cs[0].get('teacher') or 'none'}, "
               f"{cs[0]['epochs_done']} epochs" + (" (a shortened schedule)" if cs[0].get("shortened") else ""))
     if len(found) < 2:
         print(f"Only one recipe is shipped ({', '.join(found)}): the comparison needs two; {RECIPE_COMMAND}.")
@@ -91,25 +92,9 @@ if bands:
 # Local heads: the lowest layer's most local head, its mean attention distance as a share of uniform attention's
 # (falls as a head becomes local). 2D position structure: the Spearman correlation between position-embedding
 # similarity and grid distance (falls towards -1 as the table learns the grid). Each: the first epoch at which the
-# seeds' mean has made half of its change from the first to the last epoch.
+# seeds' mean has made half of its change from the first to the last epoch. A most local head that moves part of the
+# way is not yet a local head: the share of lowest-layer heads below half the uniform distance says whether any is.
 
 # %%
-NAMES = {"lowest_min": "local heads (lowest layer's most local head, share of uniform distance)",
-         "position_spearman": "2D position structure (position-embedding Spearman)"}
-lines = []
-for name, t in times.items():
-    for key, what in NAMES.items():
-        if key not in t:
-            lines.append(f"* **{name}**, {what}: not recorded.")
-            continue
-        h = t[key]
-        seen = f" ({images_words(h['images_seen'])})" if h.get("images_seen") else ""
-        lines.append(f"* **{name}**, {what}: {h['start']:.3f} at the first epoch to {h['end']:.3f} at the last, "
-                     f"half-way by epoch {h['epoch']}{seen}.")
-    if {"lowest_min", "position_spearman"} <= set(t):
-        a, b = t["lowest_min"]["epoch"], t["position_spearman"]["epoch"]
-        order = ("both in the same epoch" if a == b else
-                 f"local heads first, {b - a} epochs before the position structure" if a < b else
-                 f"position structure first, {a - b} epochs before the local heads")
-        lines.append(f"* **{name}**: {order}.")
-display(Markdown("\n".join(lines) if lines else "Nothing to state: no recipe with emergence records is shipped."))
+lines = emergence_lines(times)
+display(Markdown("\n".join(f"* {line}" for line in lines) if lines else "Nothing to state: no recipe with emergence records is shipped."))

@@ -167,7 +167,7 @@ def test_the_emergence_notebook_states_the_records_numbers(recipes):
     import jupytext
     import nbclient
 
-    from vitlab.findings.recipe import emergence_summary, recipe_cards, shipped_recipes
+    from vitlab.findings.recipe import emergence_lines, emergence_summary, recipe_cards, shipped_recipes
 
     root, got = recipes
     nb = jupytext.read(Path(__file__).resolve().parent.parent / "notebooks" / "08_emergence.py")
@@ -181,8 +181,9 @@ def test_the_emergence_notebook_states_the_records_numbers(recipes):
         acc = [f["test_accuracy"] for f in facts]
         assert f"{name}: mean {sum(acc) / 2:.2%}" in text
         h = times[name]["position_spearman"]
-        assert (f"**{name}**, 2D position structure (position-embedding Spearman): {h['start']:.3f} at the first "
+        assert (f"{name}, 2D position structure (position-embedding Spearman): {h['start']:.3f} at the first "
                 f"epoch to {h['end']:.3f} at the last, half-way by epoch {h['epoch']}") in text
+    assert all(f"* {line}" in text for line in emergence_lines(times))
     assert any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs)  # the bands are drawn
 
 
@@ -211,3 +212,20 @@ def test_a_run_that_did_not_record_its_validation_split_gets_it_from_its_config(
     assert _data_record({"data": data, "train": {"val_per_class": 0}}) == data  # no split: the record as it was
     assert _data_record({"data": {**data, "validation_images": 5}, "train": {"val_per_class": 7}})[
         "validation_images"] == 5  # a run's own count is kept
+
+
+def test_local_heads_get_a_time_only_where_a_lowest_layer_head_became_local():
+    from vitlab.findings.recipe import emergence_lines
+
+    def h(start, end, epoch):
+        return {"start": start, "end": end, "epoch": epoch, "images_seen": epoch * 1000}
+
+    base = {"lowest_min": h(0.98, 0.77, 6), "position_spearman": h(-0.02, -0.57, 2)}
+    none_local = emergence_lines({"r": {**base, "lowest_local_share": h(0.0, 0.0, 1)}})
+    some_local = emergence_lines({"r": {**base, "lowest_local_share": h(0.0, 0.25, 9)}})
+    old_cards = emergence_lines({"r": base})  # records without the share: the order as before
+    assert any("0% of the lowest layer's heads" in line for line in none_local)
+    assert not any("epochs before" in line for line in none_local)
+    assert any("25% of the lowest layer's heads" in line for line in some_local)
+    assert "r: position structure first, 4 epochs before the local heads." in some_local
+    assert old_cards[-1] == "r: position structure first, 4 epochs before the local heads."

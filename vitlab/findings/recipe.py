@@ -38,7 +38,8 @@ from vitlab.base.intervals import fmt_value, mean_interval, n_units
 from vitlab.findings.verdict import Verdict, make_verdict
 
 __all__ = ["combine_runs", "compare_recipes", "recipe_runs", "MixedFindings", "IDENTITY_FIELDS", "Z_95",
-           "RECIPE_COMMAND", "shipped_recipes", "recipe_cards", "recipe_accuracy", "emergence_summary", "images_words"]
+           "RECIPE_COMMAND", "shipped_recipes", "recipe_cards", "recipe_accuracy", "emergence_summary", "emergence_lines",
+           "EMERGENCE_WHAT", "images_words"]
 
 #: how shipped recipe folders (``data/checkpoints/recipes/NAME/seed<n>``) are made; docs/recipes.md has the sequence
 RECIPE_COMMAND = "vitlab export-recipe RUN_FOLDER... --out data/checkpoints/recipes/NAME (docs/recipes.md)"
@@ -242,7 +243,51 @@ def emergence_summary(cards: dict[str, list[dict]]) -> tuple[dict, dict, list[st
             except ValueError:  # no epoch has it in every seed (e.g. a table without learned positions)
                 continue
         times[name] = {k: halfway(bands[name][k]) for k in ("lowest_min", "position_spearman") if k in bands[name]}
+        try:  # did the most local head become a local one (below LOCAL_HEAD of uniform)?
+            times[name]["lowest_local_share"] = halfway(emergence_bands(hist, "lowest_local_share"))
+        except ValueError:  # records written before the share was kept
+            pass
     return bands, times, missing
+
+
+#: what ``emergence_lines`` calls each statistic whose half-way epoch it states
+EMERGENCE_WHAT = {"lowest_min": "local heads (lowest layer's most local head, share of uniform distance)",
+                  "position_spearman": "2D position structure (position-embedding Spearman)"}
+
+
+def emergence_lines(times: dict[str, dict]) -> list[str]:
+    """Sentences from ``emergence_summary``'s ``times``: per recipe, each statistic's start, end and half-way
+    epoch, the share of lowest-layer heads that are local at the last epoch, and which came first. The local heads'
+    time is compared only where some lowest-layer head became local: a most local head that moved part of the way
+    has no time of local heads to compare."""
+    from vitlab.train.emergence import LOCAL_HEAD
+
+    lines = []
+    for name, t in times.items():
+        for key, what in EMERGENCE_WHAT.items():
+            if key not in t:
+                lines.append(f"{name}, {what}: not recorded.")
+                continue
+            h = t[key]
+            seen = f" ({images_words(h['images_seen'])})" if h.get("images_seen") else ""
+            lines.append(f"{name}, {what}: {h['start']:.3f} at the first epoch to {h['end']:.3f} at the last, "
+                         f"half-way by epoch {h['epoch']}{seen}.")
+        share = t.get("lowest_local_share", {}).get("end")
+        if share is not None:
+            lines.append(f"{name}: {share:.0%} of the lowest layer's heads are local (mean distance below "
+                         f"{LOCAL_HEAD:g} of uniform attention's) at the last epoch.")
+        if not {"lowest_min", "position_spearman"} <= set(t):
+            continue
+        a, b = t["lowest_min"]["epoch"], t["position_spearman"]["epoch"]
+        if share == 0:
+            lines.append(f"{name}: the position structure half-way by epoch {b}; no lowest-layer head became "
+                         "local, so there is no time of local heads to compare.")
+            continue
+        order = ("both in the same epoch" if a == b else
+                 f"local heads first, {b - a} epochs before the position structure" if a < b else
+                 f"position structure first, {a - b} epochs before the local heads")
+        lines.append(f"{name}: {order}.")
+    return lines
 
 
 def recipe_accuracy(cards: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:

@@ -23,14 +23,14 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from vitlab.base.intervals import fmt_value, n_units
+from vitlab.base.intervals import n_units
 from vitlab.base.provenance import versions
 from vitlab.data.images import default_data_words, default_images, default_labels, default_source, head_class_names
 from vitlab.figures.plots import emergence_curves, table_figure
 from vitlab.findings.recipe import (
     RECIPE_COMMAND,
+    emergence_lines,
     emergence_summary,
-    images_words,
     recipe_accuracy,
     recipe_cards,
     shipped_recipes,
@@ -165,11 +165,6 @@ def _accuracy_rows(cards: dict[str, list[dict]]) -> tuple[list[list], dict[str, 
                      ", ".join(f"{a:.2%}" for a in v["test_accuracy"])])
     return rows, numbers
 
-def _when(t: dict) -> str:
-    seen = f" ({images_words(t.get('images_seen'))})" if t.get("images_seen") else ""
-    return f"from {fmt_value(t['start'])} to {fmt_value(t['end'])}, half-way by epoch {t['epoch']}{seen}"
-
-
 def recipes_sections(root: Path, device: Any = "cpu", tick: Callable[[str], None] | None = None) -> list[S.Section]:
     """The report's recipe sections (the module docstring) from the shipped recipes under ``root``; with fewer than
     two, one hidden section that only notes what is missing and the command that makes it."""
@@ -228,16 +223,11 @@ def _accuracy_and_emergence(cards: dict[str, list[dict]], stamp: dict, tick: Cal
     bands, times, missing = emergence_summary(cards)
     if not bands:
         return [accuracy]
-    words = "; ".join(f"{n}: the lowest layer's most local head (share of uniform distance) "
-                      + (_when(t["lowest_min"]) if "lowest_min" in t else "not recorded")
-                      + ", position-embedding Spearman "
-                      + (_when(t["position_spearman"]) if "position_spearman" in t else "not recorded")
-                      for n, t in times.items())
     emergence = S.Section(
         "emergence", "Training recipes: the Fig. 7 statistics as they emerge", emergence_curves(
             bands, title="Fig. 7 statistics during training: mean over seeds, band min to max"),
         "The paper shows the trained model only; when its findings appear during training is not reported.",
-        words + "." + (f" No emergence records for {', '.join(missing)}." if missing else ""),
+        " ".join(emergence_lines(times)) + (f" No emergence records for {', '.join(missing)}." if missing else ""),
         stamp, metrics={"halfway": times, "bands": bands},
         not_judged=[(f"emergence of {n}", "its cards hold no emergence records: export its runs again with "
                      + RECIPE_COMMAND) for n in missing])
