@@ -587,11 +587,19 @@ def _shown(figure) -> None:
     _answer(figure, figure._last_trace_edit_id)
 
 
-def test_a_figure_whose_page_stopped_applying_edits_is_replaced_by_one_showing_the_current_map(explorer):
+def test_a_figure_whose_page_stopped_applying_edits_is_replaced_by_one_showing_the_current_map(explorer, monkeypatch):
     """Under load anywidget gave up on the heatmap's model in the page (its 5 MB module took over 2 s to load) and
     dropped every edit the kernel sent it: the slider moved, the status line followed, the heatmap stayed at layer 3
-    for good. An edit no view answers within the timeout now puts a new figure, built with the current map, in the
-    explorer's box; the old one is closed, clicks reach the new one and later edits go to it."""
+    for good. An edit no view answers within the timeout, and still not at the check after, now puts a new figure in
+    the explorer's box whose model the page creates with the current map (so that even a model the page gives up on
+    draws it); the old one is closed, clicks reach the new one and later edits go to it."""
+    import comm
+
+    from vitlab.app.livefigure import CONFIRM
+
+    opened = []
+    create = comm.create_comm
+    monkeypatch.setattr(comm, "create_comm", lambda **kw: opened.append(kw["data"]["state"]) or create(**kw))
     now = [0.0]
     explorer.live.clock = lambda: now[0]
     old = explorer.figure
@@ -600,13 +608,16 @@ def test_a_figure_whose_page_stopped_applying_edits_is_replaced_by_one_showing_t
     now[0] = explorer.live.timeout - 0.1
     assert explorer.live.check() is False and explorer.figure is old
     now[0] = explorer.live.timeout
+    assert explorer.live.check() is False and explorer.figure is old  # overdue once: looked at again
+    now[0] += CONFIRM
     assert explorer.live.check() is True and explorer.live.rebuilds == 1
     new = explorer.figure
     assert new is not old and old.comm is None  # closed: the page drops its view
     assert explorer.live.box.children == (new,) and explorer.live.box in explorer.widget().children
-    # what the page gets with the new figure (plotly sends the state it was built with) is layer 1's map
-    np.testing.assert_allclose(np.array(new._widget_data[1]["z"], dtype=float), explorer.current_map())
-    assert "layer 1" in new._widget_layout["title"]["text"]
+    # the page creates the new model from the state sent when its comm opens: layer 1's map and title
+    state = next(st for st in opened if st.get("_widget_data"))
+    np.testing.assert_allclose(np.array(state["_widget_data"][1]["z"], dtype=float), explorer.current_map())
+    assert "layer 1" in state["_widget_layout"]["title"]["text"]
     from plotly.callbacks import Points
 
     for cb in new.data[1]._click_callbacks:
@@ -633,7 +644,13 @@ def test_a_figure_is_kept_while_its_view_answers_or_no_page_shows_it(explorer):
     now[0] = 300.0
     assert explorer.live.check() is False
     fig._view_count = 1
-    assert explorer.live.unanswered() == 100.0 and explorer.live.check() is True
+    assert explorer.live.unanswered() == 100.0 and explorer.live.check() is False  # overdue: looked at again
+    _answer(fig, fig._last_trace_edit_id)  # the answer had queued while the kernel was busy
+    now[0] = 400.0
+    assert explorer.live.check() is False and explorer.figure is fig
+    explorer.layer.value = 1
+    now[0] = 500.0
+    assert explorer.live.check() is False and explorer.live.check() is True
     assert explorer.figure is not fig and explorer.live.rebuilds == 1
 
 

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 import torch
 from torch import Tensor, nn
 
-from vitlab.app.livefigure import LiveFigure
+from vitlab.app.livefigure import LiveFigure, WholeFigureWidget
 from vitlab.base.checks import whole_index
 from vitlab.base.stats import probability_words
 from vitlab.figures.plots import gpsa_words, heatmap_over_image, layer_lines
@@ -148,7 +148,7 @@ class AttentionExplorer:
         # the browser draws the figure as built: changes made before it is displayed never reach it
         first.data[1].colorbar.title.text = UNITS[self.method.value]
         first.data[1].update(_colour_range(z))
-        self.live = LiveFigure(go.FigureWidget(first), on_new=self._bind_figure)
+        self.live = LiveFigure(WholeFigureWidget(first), on_new=self._bind_figure)
         self._bind_figure(self.figure)
         for w in (self.image, self.layer, self.head, self.method, self.discard, self.target):
             w.observe(lambda _change: self.update(), names="value")
@@ -328,7 +328,7 @@ class PositionExplorer:
         self.sim = position_embedding_similarity(model, grid=grid).detach().float().cpu()  # (gh, gw, gh, gw)
         gh, gw = self.sim.shape[:2]
         self.patch = (gh // 2, gw // 2)
-        self.live = LiveFigure(go.FigureWidget(
+        self.live = LiveFigure(WholeFigureWidget(
             data=[go.Heatmap(z=self.sim[self.patch].numpy(), zmin=-1, zmax=1, colorscale="Viridis",
                              colorbar=dict(title="cosine"),
                              hovertemplate="row %{y}, col %{x}: %{z:.3f}<extra></extra>")],
@@ -411,7 +411,7 @@ class DistanceExplorer:
         # page's figures from updating under Voila)
         self.progress = ipw.IntProgress(value=0, min=0, max=1, description="", layout=ipw.Layout(width="200px"))
         self.status = ipw.HTML("click a dot: its attention maps and its ablation effect")
-        figure = go.FigureWidget(layer_lines(  # one trace (and colour, and legend entry) per head
+        figure = WholeFigureWidget(layer_lines(  # one trace (and colour, and legend entry) per head
             self.distance.numpy(), "mean attention distance (pixels)",
             f"Mean attention distance per head ({len(images)} images); click a dot{_gpsa_note(rm.info())}"))
         figure.update_layout(width=600, height=440, legend=dict(orientation="h", y=-0.2),
