@@ -574,3 +574,111 @@ def test_the_distance_explorer_follows_given_labels():
     assert torch.equal(res.base_logprob, vitlab.head_importance(model, x, y, progress=False).base_logprob)
     d.open(0)
     assert "log p(true class)" in d.status.value
+
+
+def _answer(figure, edit_id: int) -> None:
+    """What a view sends once it drew (or applied) the figure's edit ``edit_id``."""
+    figure._js2py_traceDeltas = {"trace_deltas": [], "trace_edit_id": edit_id}
+
+
+def _shown(figure) -> None:
+    """A page shows the figure: one view, which rendered and answered with the edit id it drew."""
+    figure._view_count = 1
+    _answer(figure, figure._last_trace_edit_id)
+
+
+def test_a_figure_whose_page_stopped_applying_edits_is_replaced_by_one_showing_the_current_map(explorer, monkeypatch):
+    """Under load anywidget gave up on the heatmap's model in the page (its 5 MB module took over 2 s to load) and
+    dropped every edit the kernel sent it: the slider moved, the status line followed, the heatmap stayed at layer 3
+    for good. An edit no view answers within the timeout, and still not at the check after, now puts a new figure in
+    the explorer's box whose model the page creates with the current map (so that even a model the page gives up on
+    draws it); the old one is closed, clicks reach the new one and later edits go to it."""
+    import comm
+
+    from vitlab.app.livefigure import CONFIRM
+
+    opened = []
+    create = comm.create_comm
+    monkeypatch.setattr(comm, "create_comm", lambda **kw: opened.append(kw["data"]["state"]) or create(**kw))
+    now = [0.0]
+    explorer.live.clock = lambda: now[0]
+    old = explorer.figure
+    _shown(old)
+    explorer.layer.value = 1  # sent; the page never answers
+    now[0] = explorer.live.timeout - 0.1
+    assert explorer.live.check() is False and explorer.figure is old
+    now[0] = explorer.live.timeout
+    assert explorer.live.check() is False and explorer.figure is old  # overdue once: looked at again
+    now[0] += CONFIRM
+    assert explorer.live.check() is True and explorer.live.rebuilds == 1
+    new = explorer.figure
+    assert new is not old and old.comm is None  # closed: the page drops its view
+    assert explorer.live.box.children == (new,) and explorer.live.box in explorer.widget().children
+    # the page creates the new model from the state sent when its comm opens: layer 1's map and title
+    state = next(st for st in opened if st.get("_widget_data"))
+    np.testing.assert_allclose(np.array(state["_widget_data"][1]["z"], dtype=float), explorer.current_map())
+    assert "layer 1" in state["_widget_layout"]["title"]["text"]
+    from plotly.callbacks import Points
+
+    for cb in new.data[1]._click_callbacks:
+        cb(new.data[1], Points(point_inds=[[2, 5]], xs=[], ys=[], trace_name="map", trace_index=1), None)
+    assert explorer.query == 2 * 8 + 5 and "query patch (2, 5)" in new.layout.title.text
+    explorer.layer.value = 2
+    assert "layer 2" in explorer.figure.layout.title.text and explorer.figure is new
+
+
+def test_a_figure_is_kept_while_its_view_answers_or_no_page_shows_it(explorer):
+    now = [0.0]
+    explorer.live.clock = lambda: now[0]
+    fig = explorer.figure
+    explorer.layer.value = 1  # not shown yet: a page that renders it later draws the current state
+    now[0] = 100.0
+    assert explorer.live.unanswered() is None and explorer.live.check() is False
+    _shown(fig)
+    explorer.layer.value = 2
+    _answer(fig, fig._last_trace_edit_id)  # applied
+    now[0] = 200.0
+    assert explorer.live.check() is False
+    explorer.layer.value = 3
+    fig._view_count = 0  # the page went away: nothing to repair
+    now[0] = 300.0
+    assert explorer.live.check() is False
+    fig._view_count = 1
+    assert explorer.live.unanswered() == 100.0 and explorer.live.check() is False  # overdue: looked at again
+    _answer(fig, fig._last_trace_edit_id)  # the answer had queued while the kernel was busy
+    now[0] = 400.0
+    assert explorer.live.check() is False and explorer.figure is fig
+    explorer.layer.value = 1
+    now[0] = 500.0
+    assert explorer.live.check() is False and explorer.live.check() is True
+    assert explorer.figure is not fig and explorer.live.rebuilds == 1
+
+
+def test_rebuilt_position_and_distance_figures_keep_their_clicks(explorer):
+    from plotly.callbacks import Points
+
+    pos = PositionExplorer(explorer.model)
+    pos.live.rebuild()
+    for cb in pos.figure.data[0]._click_callbacks:
+        cb(pos.figure.data[0], Points(point_inds=[[1, 2]], xs=[], ys=[], trace_name="", trace_index=0), None)
+    assert pos.patch == (1, 2) and "patch (1, 2)" in pos.figure.layout.title.text
+    dist = DistanceExplorer(explorer.model, explorer.x, explorer)
+    dist.live.rebuild()
+    for cb in dist.figure.data[1]._click_callbacks:  # head 1's trace, its third dot: layer 3
+        cb(dist.figure.data[1], Points(point_inds=[2], xs=[], ys=[], trace_name="head 1", trace_index=1), None)
+    assert explorer.layer.value == 3 and explorer.head.value == "head 1"
+    assert dist.live.box in dist.widget().children
+
+
+def test_live_figure_refuses_a_timeout_that_is_not_a_positive_number():
+    import plotly.graph_objects as go
+
+    from vitlab.app.livefigure import LiveFigure
+    from vitlab.base.errors import ParameterError
+
+    for bad in (0, -1.0, float("nan"), True, "5"):
+        with pytest.raises(ParameterError) as err:
+            LiveFigure(go.FigureWidget(), timeout=bad)
+        assert err.value.param == "timeout" and err.value.value is bad
+    with pytest.raises(TypeError):
+        LiveFigure(go.Figure())

@@ -3,6 +3,8 @@
 Each explorer holds its controls (ipywidgets) and one plotly ``FigureWidget`` whose traces are updated in place;
 the computation lives in ``vitlab.inspect`` and is cached per image, so moving a slider only re-slices. All the
 logic runs without a browser: set a control's ``value`` and the figure's data changes (the unit tests do this).
+The figure is shown through ``live.box`` (``vitlab.app.livefigure.LiveFigure``): a figure whose view stopped
+applying edits is replaced there, and ``figure`` is always the current one.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import plotly.graph_objects as go
 import torch
 from torch import Tensor, nn
 
+from vitlab.app.livefigure import LiveFigure, WholeFigureWidget
 from vitlab.base.checks import whole_index
 from vitlab.base.stats import probability_words
 from vitlab.figures.plots import gpsa_words, heatmap_over_image, layer_lines
@@ -75,6 +78,11 @@ def _check_patch(row: object, col: object, grid: tuple[int, int]) -> tuple[int, 
 def _drawable(t: Tensor) -> np.ndarray:
     """A result on whatever device and dtype, as the float32 NumPy array a figure draws."""
     return t.detach().float().cpu().numpy()
+
+
+def _current_figure(explorer) -> go.FigureWidget:
+    """An explorer's figure now: ``live.figure`` (a figure whose view stopped applying edits is replaced)."""
+    return explorer.live.figure
 
 
 def _colour_range(z: np.ndarray) -> dict:
@@ -140,12 +148,17 @@ class AttentionExplorer:
         # the browser draws the figure as built: changes made before it is displayed never reach it
         first.data[1].colorbar.title.text = UNITS[self.method.value]
         first.data[1].update(_colour_range(z))
-        self.figure = go.FigureWidget(first)
-        self.figure.data[1].on_click(self._on_click)
+        self.live = LiveFigure(WholeFigureWidget(first), on_new=self._bind_figure)
+        self._bind_figure(self.figure)
         for w in (self.image, self.layer, self.head, self.method, self.discard, self.target):
             w.observe(lambda _change: self.update(), names="value")
         self.upload.observe(self._on_upload, names="value")
         self.update()
+
+    figure = property(_current_figure)
+
+    def _bind_figure(self, figure: go.FigureWidget) -> None:
+        figure.data[1].on_click(self._on_click)
 
     # ------------------------------------------------------------------ inputs to the public functions (cached)
     def _run(self, x: Tensor) -> tuple[tuple[Tensor, Tensor | None], Tensor | None]:
@@ -300,7 +313,7 @@ class AttentionExplorer:
         ipw = _ipw()
         controls = ipw.VBox([self.image, self.upload, self.method, self.layer, self.head, self.discard, self.target,
                              self.status])
-        return ipw.HBox([controls, self.figure])
+        return ipw.HBox([controls, self.live.box])
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -315,16 +328,21 @@ class PositionExplorer:
         self.sim = position_embedding_similarity(model, grid=grid).detach().float().cpu()  # (gh, gw, gh, gw)
         gh, gw = self.sim.shape[:2]
         self.patch = (gh // 2, gw // 2)
-        self.figure = go.FigureWidget(
+        self.live = LiveFigure(WholeFigureWidget(
             data=[go.Heatmap(z=self.sim[self.patch].numpy(), zmin=-1, zmax=1, colorscale="Viridis",
                              colorbar=dict(title="cosine"),
                              hovertemplate="row %{y}, col %{x}: %{z:.3f}<extra></extra>")],
             layout=go.Layout(width=460, height=460, margin=dict(l=60, r=10, t=50, b=50), title=self._title(),
                              xaxis=dict(title="patch column", range=[-0.5, gw - 0.5], dtick=1, constrain="domain"),
                              yaxis=dict(title="patch row", range=[gh - 0.5, -0.5], dtick=1, scaleanchor="x",
-                                        constrain="domain")))
-        self.figure.data[0].on_click(lambda _t, pts, _s: pts.point_inds and self.select(*pts.point_inds[0]))
+                                        constrain="domain"))), on_new=self._bind_figure)
+        self._bind_figure(self.figure)
         self.select(*self.patch)
+
+    figure = property(_current_figure)
+
+    def _bind_figure(self, figure: go.FigureWidget) -> None:
+        figure.data[0].on_click(lambda _t, pts, _s: pts.point_inds and self.select(*pts.point_inds[0]))
 
     def select(self, row: int, col: int) -> None:
         self.patch = _check_patch(row, col, tuple(self.sim.shape[:2]))
@@ -338,7 +356,7 @@ class PositionExplorer:
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
-        display(self.figure)
+        display(self.live.box)
 
 
 def _gpsa_note(info) -> str:
@@ -393,15 +411,21 @@ class DistanceExplorer:
         # page's figures from updating under Voila)
         self.progress = ipw.IntProgress(value=0, min=0, max=1, description="", layout=ipw.Layout(width="200px"))
         self.status = ipw.HTML("click a dot: its attention maps and its ablation effect")
-        H = self.distance.shape[1]
-        self.figure = go.FigureWidget(layer_lines(  # one trace (and colour, and legend entry) per head
+        figure = WholeFigureWidget(layer_lines(  # one trace (and colour, and legend entry) per head
             self.distance.numpy(), "mean attention distance (pixels)",
             f"Mean attention distance per head ({len(images)} images); click a dot{_gpsa_note(rm.info())}"))
-        self.figure.update_layout(width=600, height=440, legend=dict(orientation="h", y=-0.2),
-                                  margin=dict(l=60, r=10, t=50, b=80))
-        self.figure.update_traces(marker_size=8, selector=dict(mode="markers"))  # dots big enough to click
+        figure.update_layout(width=600, height=440, legend=dict(orientation="h", y=-0.2),
+                             margin=dict(l=60, r=10, t=50, b=80))
+        figure.update_traces(marker_size=8, selector=dict(mode="markers"))  # dots big enough to click
+        self.live = LiveFigure(figure, on_new=self._bind_figure)
+        self._bind_figure(figure)
+
+    figure = property(_current_figure)
+
+    def _bind_figure(self, figure: go.FigureWidget) -> None:
+        H = self.distance.shape[1]
         for h in range(H):  # dot i of head h's trace is layer i + 1
-            self.figure.data[h].on_click(lambda _t, pts, _s, h=h: pts.point_inds and self.open(pts.point_inds[0] * H + h))
+            figure.data[h].on_click(lambda _t, pts, _s, h=h: pts.point_inds and self.open(pts.point_inds[0] * H + h))
 
     def open(self, point: int) -> tuple[int, int]:
         """The (layer, head) of dot ``point`` (1-based layer); shown in the linked explorer when there is one (for a
@@ -488,7 +512,7 @@ class DistanceExplorer:
 
     def widget(self):
         ipw = _ipw()
-        return ipw.VBox([ipw.HBox([self.button, self.progress]), self.status, self.figure])
+        return ipw.VBox([ipw.HBox([self.button, self.progress]), self.status, self.live.box])
 
     def _query(self, layer: int) -> int | None:
         """The linked explorer's query for ``layer`` (1-based): the centre patch in place of a ConViT's readout
