@@ -120,6 +120,9 @@ def test_distance_explorer_opens_a_head_in_the_attention_explorer(explorer):
     heads = [t for t in d.figure.data if t.mode == "markers"]
     assert [t.name for t in heads] == ["head 0", "head 1", "head 2"]  # a legend entry and colour per head
     assert all(np.allclose(t.y, d.distance[:, h].numpy()) and list(t.x) == [1, 2, 3] for h, t in enumerate(heads))
+    # the page creates the figure from the state it was opened with: its size and its clickable dots are in it
+    assert (d.figure._widget_layout["width"], d.figure._widget_layout["height"]) == (600, 440)
+    assert [t["marker"]["size"] for t in d.figure._widget_data if t.get("mode") == "markers"] == [8, 8, 8]
     assert d.open(5) == (2, 2)  # dot 5 = layer 2, head 2
     assert explorer.layer.value == 2 and explorer.head.value == "head 2" and explorer.method.value == "attention"
 

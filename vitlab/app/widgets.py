@@ -411,12 +411,14 @@ class DistanceExplorer:
         # page's figures from updating under Voila)
         self.progress = ipw.IntProgress(value=0, min=0, max=1, description="", layout=ipw.Layout(width="200px"))
         self.status = ipw.HTML("click a dot: its attention maps and its ablation effect")
-        figure = WholeFigureWidget(layer_lines(  # one trace (and colour, and legend entry) per head
+        built = layer_lines(  # one trace (and colour, and legend entry) per head
             self.distance.numpy(), "mean attention distance (pixels)",
-            f"Mean attention distance per head ({len(images)} images); click a dot{_gpsa_note(rm.info())}"))
-        figure.update_layout(width=600, height=440, legend=dict(orientation="h", y=-0.2),
-                             margin=dict(l=60, r=10, t=50, b=80))
-        figure.update_traces(marker_size=8, selector=dict(mode="markers"))  # dots big enough to click
+            f"Mean attention distance per head ({len(images)} images); click a dot{_gpsa_note(rm.info())}")
+        # sized before it becomes a widget: the page draws the figure as built, later edits before it shows are lost
+        built.update_layout(width=600, height=440, legend=dict(orientation="h", y=-0.2),
+                            margin=dict(l=60, r=10, t=50, b=80))
+        built.update_traces(marker_size=8, selector=dict(mode="markers"))  # dots big enough to click
+        figure = WholeFigureWidget(built)
         self.live = LiveFigure(figure, on_new=self._bind_figure)
         self._bind_figure(figure)
 
