@@ -278,6 +278,8 @@ def test_the_colour_bar_names_what_each_method_maps_and_the_title_its_discard_ra
     assert max(len(line) for line in _title(explorer).split("<br>")) <= 60, _title(explorer)
     explorer.method.value = "attention"  # the discard ratio does not change a raw attention map: not in its title
     assert "discard" not in _title(explorer)
+    # the title's words change, its font stays the first view's (replacing the whole title reset it to 17 px)
+    assert explorer.figure.layout.title.font.size == explorer.figure._widget_layout["title"]["font"]["size"] == 13
 
 
 def _title(ex) -> str:

@@ -231,7 +231,7 @@ class AttentionExplorer:
             self.figure.data[0].z = self.shown[i]
             self.figure.data[1].z = z
             self.figure.data[1].update(_colour_range(z))
-            self.figure.layout.title = self._title()
+            self.figure.layout.title.text = self._title()  # its font stays the first view's
             self.figure.data[1].colorbar.title.text = UNITS[self.method.value]
         stats = f"map max {float(np.max(z)):.4f}, sum {float(np.sum(z)):.4f}"
         if not self.has_head:
