@@ -38,8 +38,8 @@ from vitlab.base.intervals import fmt_value, mean_interval, n_units
 from vitlab.findings.verdict import Verdict, make_verdict
 
 __all__ = ["combine_runs", "compare_recipes", "recipe_runs", "MixedFindings", "IDENTITY_FIELDS", "Z_95",
-           "RECIPE_COMMAND", "shipped_recipes", "recipe_cards", "recipe_accuracy", "emergence_summary", "emergence_lines",
-           "EMERGENCE_WHAT", "images_words"]
+           "RECIPE_COMMAND", "shipped_recipes", "recipe_cards", "recipe_accuracy", "emergence_summary",
+           "emergence_lines", "EMERGENCE_WHAT", "images_words"]
 
 #: how shipped recipe folders (``data/checkpoints/recipes/NAME/seed<n>``) are made; docs/recipes.md has the sequence
 RECIPE_COMMAND = "vitlab export-recipe RUN_FOLDER... --out data/checkpoints/recipes/NAME (docs/recipes.md)"
@@ -178,8 +178,8 @@ def compare_recipes(recipes: dict[str, Sequence[Verdict]]) -> list[dict[str, obj
     """Which findings hold in which recipe: one row per finding key that every recipe judged, in the first recipe's
     order, as ``{"key", "finding", "verdicts": {recipe: verdict label}, "outcomes": {recipe: verdict (no
     qualifier)}, "holds_in": [recipes where reproduced], "undecided_in": [recipes where inconclusive], "n_runs":
-    {recipe: runs}}``. A recipe in neither list judged the finding not reproduced. Raises ValueError for fewer than two recipes or a verdict
-    without a key (a record written before verdicts had keys)."""
+    {recipe: runs}}``. A recipe in neither list judged the finding not reproduced. Raises ValueError for fewer than
+    two recipes or a verdict without a key (a record written before verdicts had keys)."""
     if len(recipes) < 2:
         raise ValueError(f"compare_recipes needs at least two recipes, got {len(recipes)}")
     by_key: dict[str, dict[str, Verdict]] = {}

@@ -15,6 +15,7 @@ recipe given as the report's model.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -186,13 +187,13 @@ def recipes_sections(root: Path, device: Any = "cpu", tick: Callable[[str], None
     names = list(found)
     cards = {name: recipe_cards(seeds) for name, seeds in found.items()}
     teachers = {n: cs[0].get("teacher") for n, cs in cards.items()}
+    holds = [_holds_words(r, names) for r in rows]
     table = table_figure(["finding (its key; named in the verdicts below)", *names, "holds"],
-                         [[r["key"], *(r["outcomes"][n] for n in names), _holds_words(r, names)]
-                          for r in rows],  # the verdicts' qualifiers are in their lines below the table
+                         [[r["key"], *(r["outcomes"][n] for n in names), w]  # qualifiers: in the verdicts' lines
+                          for r, w in zip(rows, holds)],
                          "Fig. 7 findings by recipe (each judged over its seeds on the same images)")
-    counts = {w: sum(1 for r in rows if _holds_words(r, names) == w) for w in dict.fromkeys(
-        _holds_words(r, names) for r in rows)}
-    stamp = {"model": ", ".join(f"{n} ({len(s)} seeds)" for n, s in found.items()), "weights": str(root),
+    counts = Counter(holds)
+    stamp = {"model": ", ".join(f"{n} ({n_units(len(s), 'seeds')})" for n, s in found.items()), "weights": str(root),
              "versions": versions(), "images": "each recipe's default images (the same for every seed)",
              "settings": {"teachers": {n: t or "none" for n, t in teachers.items()}}}
     compare = S.Section(

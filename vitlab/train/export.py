@@ -420,8 +420,8 @@ def export_recipe(runs: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
     seed={seed}``); ``full_epochs``: the recipe's full schedule (a card of a run planned for fewer says it is a
     shortened one). Raises ``ValueError`` for no runs, runs whose training configurations differ other than in the
     seed (naming the keys), two runs of one seed, or an unfinished run (unless ``allow_unfinished``);
-    ``FileNotFoundError`` for a run without a checkpoint or snapshots; ``DataError`` (``load_dataset``) when the test split
-    cannot be read, and ``FolderError`` for an ``out/seed<n>`` that holds something else; all before any
+    ``FileNotFoundError`` for a run without a checkpoint or snapshots; ``DataError`` (``load_dataset``) when the
+    test split cannot be read, and ``FolderError`` for an ``out/seed<n>`` that holds something else; all before any
     snapshot is measured."""
     from vitlab.train.emergence import snapshot_history
 
