@@ -4,8 +4,11 @@ locality verdict and its controls, cost, and the resumable sweep that records th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -296,3 +299,44 @@ def test_the_reports_scaling_section_judges_locality_beside_the_gap(tmp_path):
     keys = [v.key for v in section.verdicts]
     assert keys == ["fig3_4.scaling.gap_narrows", KEY_LOCALITY]
     assert [c["passed"] for c in section.verdicts[1].controls] == [True, True]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a worker ends with its parent on Linux only")
+def test_a_killed_sweeps_workers_end_with_it(tmp_path):
+    """kill -9 of the sweep's process (a session's end) ends its pool worker too: before, the worker trained its run
+    to the end, for a record nobody writes, beside the next session's workers, and then waited forever."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    long = dataclasses.replace(SWEEPS["quick"], name="killed", families=("bit_tiny",), sizes=(40,), min_steps=10**6)
+    config = tmp_path / "killed.json"
+    config.write_text(json.dumps(dataclasses.asdict(long)))
+    work = tmp_path / "work"
+    root = Path(__file__).resolve().parents[1]
+    sweep = subprocess.Popen([sys.executable, "-m", "vitlab", "sweep", "--config", str(config), "--results",
+                              str(tmp_path / "r.jsonl"), "--work-dir", str(work), "--workers", "1", "--quiet"],
+                             cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    workers: list[psutil.Process] = []
+    try:
+        deadline = time.time() + 120
+        while not (work.is_dir() and any(work.iterdir())) and time.time() < deadline:  # the run has started
+            time.sleep(0.5)
+        assert work.is_dir() and any(work.iterdir()), "the run never started"
+        workers = [p for p in psutil.Process(sweep.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) == 1
+        os.kill(sweep.pid, signal.SIGKILL)
+        sweep.wait()
+        _, alive = psutil.wait_procs(workers, timeout=20)
+        assert not alive, "the worker outlived the sweep"
+    finally:  # whatever failed: nothing of this test goes on running
+        if sweep.poll() is None:
+            sweep.kill()
+        for p in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()

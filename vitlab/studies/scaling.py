@@ -531,13 +531,19 @@ def _execute_local(queue: list[tuple[SweepConfig, RunSpec, str]], finish, worker
                    threads: int, code: str | None = None, past=lambda: False) -> None:
     """Process pool, at most ``workers`` runs in flight. A worker that dies (out of memory, a signal) breaks the
     pool: the runs in flight then are recorded as crashed (a resume reruns them) and the runs not yet started go
-    on in a new pool, instead of every pending run failing with the broken pool."""
+    on in a new pool, instead of every pending run failing with the broken pool. Each worker ends when this process
+    ends, however it ends (``vitlab.base.processes.die_with_parent``)."""
     import concurrent.futures as cf
     import multiprocessing as mp
     from concurrent.futures.process import BrokenProcessPool
 
+    from vitlab.base.processes import die_with_parent
+
     while queue and not past():  # past(): no run starts after the deadline
-        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        # a worker dies with this process: killed (kill -9, a session's end), it would otherwise finish its run, whose
+        # record nobody writes, beside the next session's workers, and then wait forever
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                    initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             running: dict[cf.Future, tuple[SweepConfig, RunSpec, str]] = {}
             broken, submitted = False, 0
             while (queue or running) and not broken:
