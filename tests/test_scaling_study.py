@@ -161,7 +161,32 @@ def test_cost_table_sums_cpu_hours_per_family_and_size_and_spans_the_wall_time()
     table = cost_table(records)
     assert "| vit | 1.50 |  | 1.50 |" in table and "| bit |  | 2.00 | 2.00 |" in table
     assert "CPU hours (whole runs): 3.50 in all over 3 finished runs" in table
-    assert "Wall time: 2.00 h from the first run's start" in table and "1.75 h summed" in table
+    assert "Wall time: 1.75 h with a run in flight; 2.00 h from the first run's start" in table
+    assert "1.75 h summed" in table and "Tuning" not in table
+
+
+def test_the_studys_wall_time_counts_parallel_runs_once_and_no_gap_between_sessions():
+    """Two workers, two sessions a day apart: the study was busy 3 h, not the 26 h from its first start to its last
+    finish nor the 4.5 h its runs' clocks add up to; the tuning trials add their CPU hours and their time."""
+    from vitlab.studies.scaling import busy_hours
+
+    spans = [("06T10:00", "06T11:00"), ("06T10:30", "06T11:30"), ("06T11:00", "06T11:15"),  # session 1: 10:00-11:30
+             ("07T10:00", "07T11:30"), ("07T10:00", "07T10:45")]  # session 2, both workers: 10:00-11:30
+    records = []
+    for i, (a, b) in enumerate(spans):
+        r = _record("vit", 100, i, .4, cpu_seconds=1800.0)
+        r["started"], r["finished"] = f"2026-12-{a}:00+00:00", f"2026-12-{b}:00+00:00"
+        records.append(r)
+    assert busy_hours(records) == pytest.approx(3.0) and busy_hours([]) == 0.0
+    assert busy_hours(records[:1] + [{"started": None, "finished": "2026-12-06T12:00:00+00:00"}]) == 1.0  # crashed
+    table = cost_table(records)
+    assert "Wall time: 3.00 h with a run in flight; 25.50 h from the first run's start" in table
+    trial = _record("vit", 10000, 0, .4, cpu_seconds=7200.0)
+    trial["started"], trial["finished"] = "2026-12-05T09:00:00+00:00", "2026-12-05T10:00:00+00:00"
+    failed = {**trial, "status": "failed", "metrics": {}}
+    table = cost_table(records, [trial, failed])
+    assert table.endswith("Tuning: 2.00 CPU hours over 1 finished trials; with it the study took 4.50 CPU hours and "
+                          "4.00 h of wall time with a run or trial in flight.")
 
 
 # ---------------------------------------------------------------------------------------------- the sweep

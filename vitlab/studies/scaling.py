@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "run_one", "run_sweep", "execute_runs",
            "check_executor", "one_config", "summarise", "summarise_compute", "recipe_provenance",
            "RecipeProvenanceWarning", "markdown_table", "load_sweep_config", "best_at_last", "stopping_table",
-           "cost_table", "FIG7_IMAGES"]
+           "cost_table", "busy_hours", "FIG7_IMAGES"]
 
 
 # ---------------------------------------------------------------------------------------------- results store
@@ -683,11 +683,31 @@ def _when(stamp: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(stamp) if stamp else None
 
 
-def cost_table(records: Sequence[Mapping]) -> str:
+def busy_hours(records: Sequence[Mapping]) -> float:
+    """Hours during which at least one of ``records`` (with ``started`` and ``finished`` timestamps) was in flight:
+    the union of their intervals, so that runs in parallel count once and the gaps between sessions not at all. 0.0
+    for none."""
+    spans = sorted((a, b) for a, b in ((_when(r.get("started")), _when(r.get("finished"))) for r in records) if a and b)
+    total, end = 0.0, None
+    for a, b in spans:
+        if end is None or a > end:
+            total, end = total + (b - a).total_seconds(), b
+        elif b > end:
+            total, end = total + (b - end).total_seconds(), b
+    return total / 3600
+
+
+def _cpu_hours(records: Sequence[Mapping], key: str = "cpu_seconds") -> float:
+    return sum(float(r["metrics"].get(key) or 0.0) for r in _ok(records)) / 3600
+
+
+def cost_table(records: Sequence[Mapping], tuning: Sequence[Mapping] = ()) -> str:
     """Markdown: CPU hours per family and size (summed over the finished runs' seeds: ``cpu_seconds``, the whole run,
     where recorded, else ``train_cpu_seconds``, the training alone, marked "train"), each family's total and the
-    study's; then the study's wall time: from the first run's start to the last run's finish (idle gaps between
-    sessions included) and the sum of the runs' own wall seconds."""
+    study's; then the study's wall time: the hours with a run in flight (``busy_hours``), from the first run's start
+    to the last run's finish (idle gaps between sessions included) and the sum of the runs' own wall seconds (runs
+    in parallel each counted). ``tuning``: the finished tuning trials behind the runs (``vitlab.studies.tuning``),
+    whose CPU hours and wall time a last line adds to the study's."""
     whole = all("cpu_seconds" in r["metrics"] for r in _ok(records))
     key = "cpu_seconds" if whole else "train_cpu_seconds"
     sizes, grid = _grid(records, lambda m: float(m.get(key) or 0.0))
@@ -704,8 +724,12 @@ def cost_table(records: Sequence[Mapping]) -> str:
     span = (max(ends) - min(starts)).total_seconds() / 3600 if starts and ends else float("nan")
     runs = sum(float(r["metrics"].get("seconds") or 0.0) for r in ok) / 3600
     what = "CPU hours (whole runs)" if whole else "CPU hours of training (train: these records predate whole-run counts)"
-    lines += ["", f"{what}: {total:.2f} in all over {len(ok)} finished runs. Wall time: {span:.2f} h from the first "
-                  f"run's start to the last one's finish; {runs:.2f} h summed over the runs' own wall clocks."]
+    lines += ["", f"{what}: {total:.2f} in all over {len(ok)} finished runs. Wall time: {busy_hours(ok):.2f} h with a "
+                  f"run in flight; {span:.2f} h from the first run's start to the last one's finish; {runs:.2f} h "
+                  "summed over the runs' own wall clocks."]
+    trials = _ok(tuning)
+    if trials:
+        lines.append(f"Tuning: {_cpu_hours(trials, key):.2f} CPU hours over {len(trials)} finished trials; with it the "
+                     f"study took {total + _cpu_hours(trials, key):.2f} CPU hours and {busy_hours([*ok, *trials]):.2f} h "
+                     "of wall time with a run or trial in flight.")
     return "\n".join(lines)
-
-
