@@ -532,7 +532,8 @@ def _execute_local(queue: list[tuple[SweepConfig, RunSpec, str]], finish, worker
     """Process pool, at most ``workers`` runs in flight. A worker that dies (out of memory, a signal) breaks the
     pool: the runs in flight then are recorded as crashed (a resume reruns them) and the runs not yet started go
     on in a new pool, instead of every pending run failing with the broken pool. Each worker ends when this process
-    ends, however it ends (``vitlab.base.processes.die_with_parent``)."""
+    ends, however it ends (``vitlab.base.processes.die_with_parent``), and when this function raises (SIGTERM:
+    ``_workers_killed_on_error``)."""
     import concurrent.futures as cf
     import multiprocessing as mp
     from concurrent.futures.process import BrokenProcessPool
@@ -543,7 +544,8 @@ def _execute_local(queue: list[tuple[SweepConfig, RunSpec, str]], finish, worker
         # a worker dies with this process: killed (kill -9, a session's end), it would otherwise finish its run, whose
         # record nobody writes, beside the next session's workers, and then wait forever
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                                    initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+                                    initializer=die_with_parent, initargs=(os.getpid(),)) as pool, \
+                _workers_killed_on_error(pool):
             running: dict[cf.Future, tuple[SweepConfig, RunSpec, str]] = {}
             broken, submitted = False, 0
             while (queue or running) and not broken:
@@ -565,6 +567,19 @@ def _execute_local(queue: list[tuple[SweepConfig, RunSpec, str]], finish, worker
                     broken |= _settle(fut, running.pop(fut), finish)
             for fut, job in running.items():  # in flight when the pool broke: a finished one keeps its record
                 _settle(fut, job, finish)
+
+
+@contextlib.contextmanager
+def _workers_killed_on_error(pool) -> Iterator[None]:
+    """Kill ``pool``'s worker processes when the body raises (SIGTERM, as the command raises it, Ctrl-C, a record
+    that cannot be stored), before the pool's own exit, which would otherwise wait for the runs in flight to finish
+    (hours at a study's largest size) only to drop their records."""
+    try:
+        yield
+    except BaseException:
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.kill()
+        raise
 
 
 def _settle(fut, job: tuple[SweepConfig, RunSpec, str], finish) -> bool:
