@@ -224,6 +224,25 @@ def test_a_patience_sweep_records_stopping_fig7_and_pairing_and_a_resume_gives_t
     assert len(ResultsStore(results).done("patient", PATIENT.fingerprint())) == 10
 
 
+def test_a_missing_fig7_sample_fails_a_run_before_its_training(tmp_path, monkeypatch):
+    """The Fig. 7 statistics read the 128 shipped test images after the training: a checkout without them (a copy
+    of vitlab/ alone) failed every ViT and hybrid run only after its training, hours each at the study's largest
+    size. They are read first now; the ResNet, which records none, trains as before."""
+    import vitlab.data.images as I
+    import vitlab.studies.scaling as S
+
+    monkeypatch.setattr(I, "CIFAR_SAMPLE", tmp_path / "missing.npz")
+    trained = []
+    real = S._pretrain
+    monkeypatch.setattr(S, "_pretrain", lambda cfg, *a: trained.append(cfg.model) or real(cfg, *a))
+    one = dataclasses.replace(PATIENT, sizes=(40,), seeds=(0,))
+    got = {r["run_id"]: r for r in run_sweep(one, tmp_path / "r.jsonl", workers=0, progress=False)}
+    assert got["vit_tiny-n40-s0"]["status"] == "failed"
+    assert got["vit_tiny-n40-s0"]["error"].startswith("FileNotFoundError") and "missing.npz" in \
+        got["vit_tiny-n40-s0"]["error"]
+    assert got["bit_tiny-n40-s0"]["status"] == "ok" and len(trained) == 1  # the ResNet's training alone
+
+
 def test_hours_start_no_run_after_the_deadline_and_the_next_session_goes_on(tmp_path, monkeypatch, capsys):
     import vitlab.studies.scaling as S
 

@@ -160,6 +160,10 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
     # draws no bar of its own (the sweep's bar counts runs)
     subset, picked, val, pre_test = _pretrain_splits(sweep, spec, full_train, full_test)
     cfg = _train_config(sweep, spec, spec.size)
+    if _has_fig7(cfg.model):  # read now: a missing sample fails the run at once, not after its training
+        from vitlab.data.images import cifar_test_sample
+
+        cifar_test_sample()
     cpu0 = time.process_time()
     model, log, best = _pretrain(cfg, subset, val, pre_test, spec, work_dir, device)
     train_cpu = time.process_time() - cpu0
@@ -266,13 +270,20 @@ def _flops_per_step(cfg: TrainConfig, model: torch.nn.Module, subset: ImageArray
 FIG7_IMAGES = 128
 
 
+def _has_fig7(config: Any) -> bool:
+    """Whether a run of the model of ``config`` records Fig. 7 statistics: a ViT or a hybrid (a ResNet has no
+    attention)."""
+    from vitlab.models.config import HybridConfig, ViTConfig
+
+    return isinstance(config, (ViTConfig, HybridConfig))
+
+
 def _fig7(model: torch.nn.Module, config: Any) -> dict | None:
     """``vitlab.train.emergence.fig7_statistics`` of a ViT or hybrid (the model of ``config``) on the fixed sample of
-    ``FIG7_IMAGES`` shipped test images, on the model's device; None for another model (a ResNet has no attention)."""
-    from vitlab.models.config import HybridConfig, ViTConfig
+    ``FIG7_IMAGES`` shipped test images, on the model's device; None for another model (``_has_fig7``)."""
     from vitlab.train.emergence import fig7_statistics, sample_batch
 
-    if not isinstance(config, (ViTConfig, HybridConfig)):
+    if not _has_fig7(config):
         return None
     return fig7_statistics(model, sample_batch(model, FIG7_IMAGES).to(next(model.parameters()).device))
 
