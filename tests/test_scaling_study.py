@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy.stats import t
 
+from vitlab.base.precision import use_bf16
 from vitlab.findings import controls as C
 from vitlab.findings.studies import (
     KEY_LOCALITY,
@@ -202,6 +203,7 @@ def test_a_patience_sweep_records_stopping_fig7_and_pairing_and_a_resume_gives_t
         assert m["steps"] == m["last_epoch"] * (int(run_id.split("-n")[1].split("-")[0]) // 16)
         assert m["stopped_early"] == (m["last_epoch"] < 6)
         assert ("fig7" in m) == run_id.startswith("vit_tiny")  # the ResNet has no attention
+        assert m["bf16"] is use_bf16(True, "cpu")  # the numerics this machine trained it in
     assert by["vit_tiny-n40-s0"]["fig7"]["lowest_local_share"] in (0.0, 0.5, 1.0)  # 2 heads
     for n in (40, 80):
         for s in (0, 1):  # a seed's subset and probe pool are every family's
@@ -222,6 +224,16 @@ def test_a_patience_sweep_records_stopping_fig7_and_pairing_and_a_resume_gives_t
     added = run_sweep(dataclasses.replace(more, sizes=(40,)), results, workers=0, progress=False)
     assert sorted(r["run_id"] for r in added) == ["bit_tiny-n40-s2", "vit_tiny-n40-s2"]
     assert len(ResultsStore(results).done("patient", PATIENT.fingerprint())) == 10
+
+
+def test_the_table_says_when_machines_gave_the_runs_different_numerics():
+    """bf16 or float32 is the machine's choice (an AVX2-only CPU trains in float32) and no part of the fingerprint:
+    a study run in sessions on different CPUs mixes them silently unless its records say which."""
+    from vitlab.studies.scaling import numerics_line
+
+    runs = [_record("vit", 100, s, .4, bf16=b) for s, b in enumerate([True, True, False])] + [_record("vit", 100, 3, .4)]
+    assert numerics_line(runs[:2]) == "Training numerics: 2 run(s) in bf16, 0 in float32"
+    assert numerics_line(runs).startswith("Training numerics: 2 run(s) in bf16, 1 in float32, 1 not recorded (MIXED")
 
 
 def test_a_missing_fig7_sample_fails_a_run_before_its_training(tmp_path, monkeypatch):

@@ -179,7 +179,7 @@ def _study_tables(sweep: SweepConfig, records: list[dict], shots: int, trials: l
     width reached, each run's best and last epoch (flagging runs whose best is their last), the CPU hours and the
     wall time (with the tuning ``trials`` behind the runs), and the sizes the config leaves out and why."""
     from vitlab.findings.studies import TARGET_HALF_WIDTH, difference_table
-    from vitlab.studies.scaling import cost_table, stopping_table
+    from vitlab.studies.scaling import cost_table, numerics_line, stopping_table
 
     families = list(dict.fromkeys(r["spec"]["family"] for r in records if r["status"] == "ok"))
     for fam in [f for f in families if f != "bit"] if "bit" in families else []:
@@ -190,5 +190,6 @@ def _study_tables(sweep: SweepConfig, records: list[dict], shots: int, trials: l
     print(stopping_table(records))
     print("\nCPU hours per family and size (summed over seeds):\n")
     print(cost_table(records, trials))
+    print("\n" + numerics_line(records))
     for n, why in sweep.omitted_sizes:
         print(f"\nLeft out: {n:,} images: {why}")

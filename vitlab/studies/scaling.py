@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "run_one", "run_sweep", "execute_runs",
            "check_executor", "one_config", "summarise", "summarise_compute", "recipe_provenance",
            "RecipeProvenanceWarning", "markdown_table", "load_sweep_config", "best_at_last", "stopping_table",
-           "cost_table", "busy_hours", "FIG7_IMAGES"]
+           "cost_table", "busy_hours", "numerics_line", "FIG7_IMAGES"]
 
 
 # ---------------------------------------------------------------------------------------------- results store
@@ -187,6 +187,7 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
         **({"fig7": fig7, "fig7_images": FIG7_IMAGES} if fig7 is not None else {}),
         "cpu_seconds": round(time.process_time() - cpu_start, 2),  # the whole run: data, training, Fig. 7, probe
         "threads": torch.get_num_threads(),
+        "bf16": _trained_in_bf16(cfg, model),  # the numerics this machine gave it: not in the fingerprint
         "few_shot": {str(k): {"mean": r.mean, "std": r.std, "per_seed": list(r.per_seed)} for k, r in fs.items()},
         "pretrain_test_accuracy": log[-1].get("test_accuracy") if val is None else None,
         "best": best,  # {"epoch", "val_accuracy"} of the reported model, with a validation split
@@ -200,6 +201,15 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
         "train_seconds": round(sum(x["epoch_seconds"] for x in log), 2),
         "seconds": round(time.time() - t0, 2),
     }
+
+
+def _trained_in_bf16(cfg: TrainConfig, model: torch.nn.Module) -> bool:
+    """Whether the run trained under bf16 autocast: as ``vitlab.train.loop.train`` decides it, from the config and
+    the device (``vitlab.base.precision.use_bf16``: an AVX2-only CPU trains in float32), so the same config and code
+    give bf16 runs on one machine and float32 runs on another."""
+    from vitlab.base.precision import use_bf16
+
+    return use_bf16(cfg.bf16, next(model.parameters()).device)
 
 
 def _pretrain_splits(sweep: SweepConfig, spec: RunSpec, full_train: ImageArray,
@@ -680,6 +690,18 @@ def _grid(records: Sequence[Mapping], cell) -> tuple[list[int], dict[str, dict[i
     for r in _ok(records):
         out.setdefault(r["spec"]["family"], {}).setdefault(int(r["spec"]["size"]), []).append(cell(r["metrics"]))
     return sorted({n for by in out.values() for n in by}), out
+
+
+def numerics_line(records: Sequence[Mapping]) -> str:
+    """One sentence: how many finished runs trained in bf16 and how many in float32 (``metrics["bf16"]``; the
+    machine decides it, the fingerprint does not hold it), "MIXED" when both occur, so that a study run in sessions on
+    machines of different CPUs shows it; runs from before it was recorded counted apart."""
+    flags = [r["metrics"].get("bf16") for r in _ok(records)]
+    bf16, fp32, unknown = flags.count(True), flags.count(False), sum(f is None for f in flags)
+    line = f"Training numerics: {bf16} run(s) in bf16, {fp32} in float32" + (f", {unknown} not recorded" if unknown
+                                                                             else "")
+    return line + (" (MIXED: the runs' numerics differ by machine; compare them knowing it)" if bf16 and fp32
+                   else "")
 
 
 def stopping_table(records: Sequence[Mapping]) -> str:
