@@ -204,6 +204,10 @@ def test_a_patience_sweep_records_stopping_fig7_and_pairing_and_a_resume_gives_t
         assert m["stopped_early"] == (m["last_epoch"] < 6)
         assert ("fig7" in m) == run_id.startswith("vit_tiny")  # the ResNet has no attention
         assert m["bf16"] is use_bf16(True, "cpu")  # the numerics this machine trained it in
+        curve = dict(m["val_curve"])  # every validation pass; the best is the first of the highest
+        assert len(curve) == m["evaluations"] and max(curve) == m["last_epoch"]
+        assert curve[m["best"]["epoch"]] == m["best"]["val_accuracy"] == max(curve.values())
+        assert min(e for e, v in curve.items() if v == max(curve.values())) == m["best"]["epoch"]
     assert by["vit_tiny-n40-s0"]["fig7"]["lowest_local_share"] in (0.0, 0.5, 1.0)  # 2 heads
     for n in (40, 80):
         for s in (0, 1):  # a seed's subset and probe pool are every family's

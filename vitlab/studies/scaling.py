@@ -182,6 +182,11 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
         "last_epoch": last_epoch,  # with "best": the best validation epoch against the last one trained
         "stopped_early": "early_stop" in log[-1],
         "evaluations": sum("val_accuracy" in x or "test_accuracy" in x for x in log),
+        # [epoch, validation accuracy] of every validation pass (the split ``_pretrain`` trains against as its test
+        # data): what early stopping saw, for questions asked after the study (a later best with more patience?)
+        # without training again; None without a validation split
+        "val_curve": [[int(x["epoch"]), x["test_accuracy"]] for x in log if "test_accuracy" in x]
+        if val is not None else None,
         "subset_digest": _digest(picked),  # the same for every family of a seed: the pairing, checkable
         "probe_pool_digest": _digest(probe_train.images),
         **({"fig7": fig7, "fig7_images": FIG7_IMAGES} if fig7 is not None else {}),
