@@ -141,7 +141,7 @@ vit_name, resnet_name = ("vit_tiny", "bit_tiny") if SMOKE else ("vit", "bit")
 for fam in sorted({r["spec"]["family"] for r in records if r["status"] == "ok"} - {resnet_name}):
     display(Markdown(difference_table(records, SHOTS, fam, resnet_name)))
 display(Markdown(stopping_table(records)))
-display(Markdown(cost_table(records)))
+display(Markdown(cost_table(records, trials if tuning.exists() else ())))  # with the tuning's cost
 
 # %% [markdown]
 # **Raghu et al. 2021 along the data axis:** ViTs pre-trained on less data learn fewer local heads in their lowest

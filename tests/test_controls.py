@@ -296,6 +296,27 @@ def test_the_scaling_controls_give_their_known_answers():
     assert rows[0].statistic == pytest.approx(v.statistic + 20.0) and rows[1].statistic == pytest.approx(0.0)
 
 
+def test_the_equal_gains_control_is_not_decided_by_float_rounding():
+    """The ViT made to gain what the ResNet gains has a gap change of 0 on every seed; summed in floats it came out
+    as 5.6e-15 points on four seeds and 1.1e-14 on the fifth, whose t interval lay above 0: "reproduced", so the
+    negative control failed and spoiled the real verdict. (ResNet at 1,000, ViT and ResNet at 100 images per seed.)"""
+    from vitlab.findings.studies import scaling_gap_narrows
+
+    accs = [(0.3, 0.349, 0.3)] * 4 + [(0.3, 0.51, 0.307)]
+    records = []
+    for seed, (bit_hi, vit_lo, bit_lo) in enumerate(accs):
+        for family, size, acc in (("bit", 1000, bit_hi), ("vit", 100, vit_lo), ("bit", 100, bit_lo),
+                                  ("vit", 1000, vit_lo + 0.01 * seed)):
+            records.append({"run_id": f"{family}-n{size}-s{seed}", "spec": {"family": family, "size": size,
+                                                                            "seed": seed},
+                            "status": "ok", "fingerprint": "f", "metrics": {"few_shot": {"10": {"mean": acc}}}})
+    equal = C.scaling_controls(records)["fig3_4.scaling.gap_narrows"][1]
+    assert (equal.control, equal.observed, equal.passed) == (C.EQUAL_GAINS, "inconclusive", True)
+    assert equal.statistic == 0.0 and all(math.isnan(x) for x in equal.interval)
+    v = scaling_gap_narrows(records)  # the real values keep their digits
+    assert list(v.details["per_seed"]) == pytest.approx([0.0, 1.0, 2.0, 3.0, 4.7], abs=1e-9)
+
+
 def test_the_mpp_controls_give_their_known_answers_on_the_shipped_study():
     """Every Sec. 4.6 comparison of the shipped study: the initialisation expected ahead raised by 20 points is
     seen, the two made equal seed by seed are not; the verdicts keep their own words and keys."""

@@ -479,7 +479,7 @@ class InlinePool:
     """A stand-in for ``ProcessPoolExecutor`` (same constructor, a context manager): subclasses run each submitted job
     in this process."""
 
-    def __init__(self, max_workers, mp_context):
+    def __init__(self, max_workers, mp_context, initializer=None, initargs=()):
         pass
 
     def __enter__(self):

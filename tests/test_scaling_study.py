@@ -4,13 +4,17 @@ locality verdict and its controls, cost, and the resumable sweep that records th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.stats import t
 
+from vitlab.base.precision import use_bf16
 from vitlab.findings import controls as C
 from vitlab.findings.studies import (
     KEY_LOCALITY,
@@ -158,7 +162,32 @@ def test_cost_table_sums_cpu_hours_per_family_and_size_and_spans_the_wall_time()
     table = cost_table(records)
     assert "| vit | 1.50 |  | 1.50 |" in table and "| bit |  | 2.00 | 2.00 |" in table
     assert "CPU hours (whole runs): 3.50 in all over 3 finished runs" in table
-    assert "Wall time: 2.00 h from the first run's start" in table and "1.75 h summed" in table
+    assert "Wall time: 1.75 h with a run in flight; 2.00 h from the first run's start" in table
+    assert "1.75 h summed" in table and "Tuning" not in table
+
+
+def test_the_studys_wall_time_counts_parallel_runs_once_and_no_gap_between_sessions():
+    """Two workers, two sessions a day apart: the study was busy 3 h, not the 26 h from its first start to its last
+    finish nor the 4.5 h its runs' clocks add up to; the tuning trials add their CPU hours and their time."""
+    from vitlab.studies.scaling import busy_hours
+
+    spans = [("06T10:00", "06T11:00"), ("06T10:30", "06T11:30"), ("06T11:00", "06T11:15"),  # session 1: 10:00-11:30
+             ("07T10:00", "07T11:30"), ("07T10:00", "07T10:45")]  # session 2, both workers: 10:00-11:30
+    records = []
+    for i, (a, b) in enumerate(spans):
+        r = _record("vit", 100, i, .4, cpu_seconds=1800.0)
+        r["started"], r["finished"] = f"2026-12-{a}:00+00:00", f"2026-12-{b}:00+00:00"
+        records.append(r)
+    assert busy_hours(records) == pytest.approx(3.0) and busy_hours([]) == 0.0
+    assert busy_hours(records[:1] + [{"started": None, "finished": "2026-12-06T12:00:00+00:00"}]) == 1.0  # crashed
+    table = cost_table(records)
+    assert "Wall time: 3.00 h with a run in flight; 25.50 h from the first run's start" in table
+    trial = _record("vit", 10000, 0, .4, cpu_seconds=7200.0)
+    trial["started"], trial["finished"] = "2026-12-05T09:00:00+00:00", "2026-12-05T10:00:00+00:00"
+    failed = {**trial, "status": "failed", "metrics": {}}
+    table = cost_table(records, [trial, failed])
+    assert table.endswith("Tuning: 2.00 CPU hours over 1 finished trials; with it the study took 4.50 CPU hours and "
+                          "4.00 h of wall time with a run or trial in flight.")
 
 
 # ---------------------------------------------------------------------------------------------- the sweep
@@ -174,6 +203,11 @@ def test_a_patience_sweep_records_stopping_fig7_and_pairing_and_a_resume_gives_t
         assert m["steps"] == m["last_epoch"] * (int(run_id.split("-n")[1].split("-")[0]) // 16)
         assert m["stopped_early"] == (m["last_epoch"] < 6)
         assert ("fig7" in m) == run_id.startswith("vit_tiny")  # the ResNet has no attention
+        assert m["bf16"] is use_bf16(True, "cpu")  # the numerics this machine trained it in
+        curve = dict(m["val_curve"])  # every validation pass; the best is the first of the highest
+        assert len(curve) == m["evaluations"] and max(curve) == m["last_epoch"]
+        assert curve[m["best"]["epoch"]] == m["best"]["val_accuracy"] == max(curve.values())
+        assert min(e for e, v in curve.items() if v == max(curve.values())) == m["best"]["epoch"]
     assert by["vit_tiny-n40-s0"]["fig7"]["lowest_local_share"] in (0.0, 0.5, 1.0)  # 2 heads
     for n in (40, 80):
         for s in (0, 1):  # a seed's subset and probe pool are every family's
@@ -194,6 +228,35 @@ def test_a_patience_sweep_records_stopping_fig7_and_pairing_and_a_resume_gives_t
     added = run_sweep(dataclasses.replace(more, sizes=(40,)), results, workers=0, progress=False)
     assert sorted(r["run_id"] for r in added) == ["bit_tiny-n40-s2", "vit_tiny-n40-s2"]
     assert len(ResultsStore(results).done("patient", PATIENT.fingerprint())) == 10
+
+
+def test_the_table_says_when_machines_gave_the_runs_different_numerics():
+    """bf16 or float32 is the machine's choice (an AVX2-only CPU trains in float32) and no part of the fingerprint:
+    a study run in sessions on different CPUs mixes them silently unless its records say which."""
+    from vitlab.studies.scaling import numerics_line
+
+    runs = [_record("vit", 100, s, .4, bf16=b) for s, b in enumerate([True, True, False])] + [_record("vit", 100, 3, .4)]
+    assert numerics_line(runs[:2]) == "Training numerics: 2 run(s) in bf16, 0 in float32"
+    assert numerics_line(runs).startswith("Training numerics: 2 run(s) in bf16, 1 in float32, 1 not recorded (MIXED")
+
+
+def test_a_missing_fig7_sample_fails_a_run_before_its_training(tmp_path, monkeypatch):
+    """The Fig. 7 statistics read the 128 shipped test images after the training: a checkout without them (a copy
+    of vitlab/ alone) failed every ViT and hybrid run only after its training, hours each at the study's largest
+    size. They are read first now; the ResNet, which records none, trains as before."""
+    import vitlab.data.images as I
+    import vitlab.studies.scaling as S
+
+    monkeypatch.setattr(I, "CIFAR_SAMPLE", tmp_path / "missing.npz")
+    trained = []
+    real = S._pretrain
+    monkeypatch.setattr(S, "_pretrain", lambda cfg, *a: trained.append(cfg.model) or real(cfg, *a))
+    one = dataclasses.replace(PATIENT, sizes=(40,), seeds=(0,))
+    got = {r["run_id"]: r for r in run_sweep(one, tmp_path / "r.jsonl", workers=0, progress=False)}
+    assert got["vit_tiny-n40-s0"]["status"] == "failed"
+    assert got["vit_tiny-n40-s0"]["error"].startswith("FileNotFoundError") and "missing.npz" in \
+        got["vit_tiny-n40-s0"]["error"]
+    assert got["bit_tiny-n40-s0"]["status"] == "ok" and len(trained) == 1  # the ResNet's training alone
 
 
 def test_hours_start_no_run_after_the_deadline_and_the_next_session_goes_on(tmp_path, monkeypatch, capsys):
@@ -296,3 +359,47 @@ def test_the_reports_scaling_section_judges_locality_beside_the_gap(tmp_path):
     keys = [v.key for v in section.verdicts]
     assert keys == ["fig3_4.scaling.gap_narrows", KEY_LOCALITY]
     assert [c["passed"] for c in section.verdicts[1].controls] == [True, True]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a worker ends with its parent on Linux only")
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_killed_sweeps_workers_end_with_it(tmp_path, how):
+    """kill -9 of the sweep's process (a session's end) ends its pool worker too: before, the worker trained its run
+    to the end, for a record nobody writes, beside the next session's workers, and then waited forever. kill (SIGTERM)
+    ends the sweep and its worker at once: before, the sweep waited for the run in flight to finish (hours at the
+    study's largest size), then dropped its record."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    long = dataclasses.replace(SWEEPS["quick"], name="killed", families=("bit_tiny",), sizes=(40,), min_steps=10**6)
+    config = tmp_path / "killed.json"
+    config.write_text(json.dumps(dataclasses.asdict(long)))
+    work = tmp_path / "work"
+    root = Path(__file__).resolve().parents[1]
+    sweep = subprocess.Popen([sys.executable, "-m", "vitlab", "sweep", "--config", str(config), "--results",
+                              str(tmp_path / "r.jsonl"), "--work-dir", str(work), "--workers", "1", "--quiet"],
+                             cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    workers: list[psutil.Process] = []
+    try:
+        deadline = time.time() + 120
+        while not (work.is_dir() and any(work.iterdir())) and time.time() < deadline:  # the run has started
+            time.sleep(0.5)
+        assert work.is_dir() and any(work.iterdir()), "the run never started"
+        workers = [p for p in psutil.Process(sweep.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) == 1
+        os.kill(sweep.pid, getattr(signal, how))
+        sweep.wait(timeout=30)
+        _, alive = psutil.wait_procs(workers, timeout=20)
+        assert not alive, "the worker outlived the sweep"
+    finally:  # whatever failed: nothing of this test goes on running
+        if sweep.poll() is None:
+            sweep.kill()
+        for p in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()

@@ -9,31 +9,18 @@ once if it is already gone; its kernels exit by themselves once it is gone)."""
 
 from __future__ import annotations
 
-import ctypes
 import html
 import os
-import signal
 import sys
 import tempfile
 import threading
+
+from vitlab.base.processes import die_with_parent
 
 #: kernels idle this long with no page connected are shut down by jupyter_server's culler (seconds)
 CULL_IDLE_TIMEOUT = 600
 #: how often the culler looks (seconds)
 CULL_INTERVAL = 60
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Linux: have the kernel send this process SIGTERM when ``parent_pid`` (its parent) exits, however it exits;
-    exit now if the parent is already gone. Elsewhere nothing (no such facility)."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent_pid:  # it died before prctl took effect
-        os._exit(1)
 
 
 def server_config(token: str, hosts: tuple[str, ...], max_pages: int):

@@ -151,6 +151,7 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
     print(f"{shots}-shot accuracy on the held-out classes, % (mean ± std over seeds):\n")
     print(markdown_table(summarise(records, shots)))
     tuning = results.with_suffix(".tuning.jsonl")
+    trials: list[dict] = []
     if tuning.exists():  # the trials behind these runs, the recipes they trained with marked (from their own config)
         trials, note = tuning_trials_for(records, ResultsStore(tuning).records())
         chosen = plotted_recipes(records)
@@ -159,7 +160,7 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
         if trials:
             print(tuning_table(trials, shots, chosen))
             print("\n" + "\n".join(recipe_grid_positions(trials, chosen)))
-    _study_tables(sweep, records, shots)
+    _study_tables(sweep, records, shots, trials)
     families = {r["spec"]["family"] for r in ok}
     verdicts = [scaling_gap_narrows(records, shots)] if {"vit", "bit"} <= families else []
     from vitlab.findings.controls import locality_verdicts
@@ -173,12 +174,12 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
     return 0
 
 
-def _study_tables(sweep: SweepConfig, records: list[dict], shots: int) -> None:
+def _study_tables(sweep: SweepConfig, records: list[dict], shots: int, trials: list[dict]) -> None:
     """``vitlab sweep --table``'s study tables: the paired per-size differences against the ResNet with the interval
     width reached, each run's best and last epoch (flagging runs whose best is their last), the CPU hours and the
-    wall time, and the sizes the config leaves out and why."""
+    wall time (with the tuning ``trials`` behind the runs), and the sizes the config leaves out and why."""
     from vitlab.findings.studies import TARGET_HALF_WIDTH, difference_table
-    from vitlab.studies.scaling import cost_table, stopping_table
+    from vitlab.studies.scaling import cost_table, numerics_line, stopping_table
 
     families = list(dict.fromkeys(r["spec"]["family"] for r in records if r["status"] == "ok"))
     for fam in [f for f in families if f != "bit"] if "bit" in families else []:
@@ -188,6 +189,7 @@ def _study_tables(sweep: SweepConfig, records: list[dict], shots: int) -> None:
     print("\nBest / last epoch (median over seeds) and the runs early stopping ended:\n")
     print(stopping_table(records))
     print("\nCPU hours per family and size (summed over seeds):\n")
-    print(cost_table(records))
+    print(cost_table(records, trials))
+    print("\n" + numerics_line(records))
     for n, why in sweep.omitted_sizes:
         print(f"\nLeft out: {n:,} images: {why}")

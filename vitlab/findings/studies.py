@@ -26,6 +26,11 @@ __all__ = ["KEY_SCALING", "mpp_key", "scaling_accuracies", "scaling_gap_narrows"
 
 #: accuracy differences are reported in percentage points: a difference of accuracies (fractions of 1) times this
 POINTS = 100.0
+#: a gap change closer to 0 than this, in points, is 0: accuracies are ratios of image counts, so a true gap change
+#: is 0 or at least 1e-7 points up to a billion test images, while the float sum of four accuracies leaves a few
+#: 1e-15 points where it is 0 (the equal-gains control's), which ``mean_interval`` would take for a spread with an
+#: interval above 0
+ZERO_POINTS = 1e-9
 
 
 # ---------------------------------------------------------------------------------------------- Fig. 3/4
@@ -77,6 +82,7 @@ def scaling_gap_narrows(records: Sequence[Mapping[str, Any]], shots: int = 10, v
     complete = [s for s in seeds if all((f, n, s) in acc for f in (vit, resnet) for n in (lo, hi))]
     per_seed = POINTS * np.array([(acc[vit, hi, s] - acc[resnet, hi, s]) - (acc[vit, lo, s] - acc[resnet, lo, s])
                                   for s in complete])  # (S,) points
+    per_seed[np.abs(per_seed) < ZERO_POINTS] = 0.0  # float rounding of a gap change of 0
     interval, method = mean_interval(per_seed, n_boot, seed, "seeds")
 
     def at(f: str, n: int) -> list[float]:

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["SweepConfig", "RunSpec", "ResultsStore", "FAMILIES", "SWEEPS", "run_one", "run_sweep", "execute_runs",
            "check_executor", "one_config", "summarise", "summarise_compute", "recipe_provenance",
            "RecipeProvenanceWarning", "markdown_table", "load_sweep_config", "best_at_last", "stopping_table",
-           "cost_table", "FIG7_IMAGES"]
+           "cost_table", "busy_hours", "numerics_line", "FIG7_IMAGES"]
 
 
 # ---------------------------------------------------------------------------------------------- results store
@@ -160,6 +160,10 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
     # draws no bar of its own (the sweep's bar counts runs)
     subset, picked, val, pre_test = _pretrain_splits(sweep, spec, full_train, full_test)
     cfg = _train_config(sweep, spec, spec.size)
+    if _has_fig7(cfg.model):  # read now: a missing sample fails the run at once, not after its training
+        from vitlab.data.images import cifar_test_sample
+
+        cifar_test_sample()
     cpu0 = time.process_time()
     model, log, best = _pretrain(cfg, subset, val, pre_test, spec, work_dir, device)
     train_cpu = time.process_time() - cpu0
@@ -178,11 +182,17 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
         "last_epoch": last_epoch,  # with "best": the best validation epoch against the last one trained
         "stopped_early": "early_stop" in log[-1],
         "evaluations": sum("val_accuracy" in x or "test_accuracy" in x for x in log),
+        # [epoch, validation accuracy] of every validation pass (the split ``_pretrain`` trains against as its test
+        # data): what early stopping saw, for questions asked after the study (a later best with more patience?)
+        # without training again; None without a validation split
+        "val_curve": [[int(x["epoch"]), x["test_accuracy"]] for x in log if "test_accuracy" in x]
+        if val is not None else None,
         "subset_digest": _digest(picked),  # the same for every family of a seed: the pairing, checkable
         "probe_pool_digest": _digest(probe_train.images),
         **({"fig7": fig7, "fig7_images": FIG7_IMAGES} if fig7 is not None else {}),
         "cpu_seconds": round(time.process_time() - cpu_start, 2),  # the whole run: data, training, Fig. 7, probe
         "threads": torch.get_num_threads(),
+        "bf16": _trained_in_bf16(cfg, model),  # the numerics this machine gave it: not in the fingerprint
         "few_shot": {str(k): {"mean": r.mean, "std": r.std, "per_seed": list(r.per_seed)} for k, r in fs.items()},
         "pretrain_test_accuracy": log[-1].get("test_accuracy") if val is None else None,
         "best": best,  # {"epoch", "val_accuracy"} of the reported model, with a validation split
@@ -196,6 +206,15 @@ def run_one(sweep: SweepConfig, spec: RunSpec, work_dir: str | os.PathLike | Non
         "train_seconds": round(sum(x["epoch_seconds"] for x in log), 2),
         "seconds": round(time.time() - t0, 2),
     }
+
+
+def _trained_in_bf16(cfg: TrainConfig, model: torch.nn.Module) -> bool:
+    """Whether the run trained under bf16 autocast: as ``vitlab.train.loop.train`` decides it, from the config and
+    the device (``vitlab.base.precision.use_bf16``: an AVX2-only CPU trains in float32), so the same config and code
+    give bf16 runs on one machine and float32 runs on another."""
+    from vitlab.base.precision import use_bf16
+
+    return use_bf16(cfg.bf16, next(model.parameters()).device)
 
 
 def _pretrain_splits(sweep: SweepConfig, spec: RunSpec, full_train: ImageArray,
@@ -266,13 +285,20 @@ def _flops_per_step(cfg: TrainConfig, model: torch.nn.Module, subset: ImageArray
 FIG7_IMAGES = 128
 
 
+def _has_fig7(config: Any) -> bool:
+    """Whether a run of the model of ``config`` records Fig. 7 statistics: a ViT or a hybrid (a ResNet has no
+    attention)."""
+    from vitlab.models.config import HybridConfig, ViTConfig
+
+    return isinstance(config, (ViTConfig, HybridConfig))
+
+
 def _fig7(model: torch.nn.Module, config: Any) -> dict | None:
     """``vitlab.train.emergence.fig7_statistics`` of a ViT or hybrid (the model of ``config``) on the fixed sample of
-    ``FIG7_IMAGES`` shipped test images, on the model's device; None for another model (a ResNet has no attention)."""
-    from vitlab.models.config import HybridConfig, ViTConfig
+    ``FIG7_IMAGES`` shipped test images, on the model's device; None for another model (``_has_fig7``)."""
     from vitlab.train.emergence import fig7_statistics, sample_batch
 
-    if not isinstance(config, (ViTConfig, HybridConfig)):
+    if not _has_fig7(config):
         return None
     return fig7_statistics(model, sample_batch(model, FIG7_IMAGES).to(next(model.parameters()).device))
 
@@ -531,13 +557,21 @@ def _execute_local(queue: list[tuple[SweepConfig, RunSpec, str]], finish, worker
                    threads: int, code: str | None = None, past=lambda: False) -> None:
     """Process pool, at most ``workers`` runs in flight. A worker that dies (out of memory, a signal) breaks the
     pool: the runs in flight then are recorded as crashed (a resume reruns them) and the runs not yet started go
-    on in a new pool, instead of every pending run failing with the broken pool."""
+    on in a new pool, instead of every pending run failing with the broken pool. Each worker ends when this process
+    ends, however it ends (``vitlab.base.processes.die_with_parent``), and when this function raises (SIGTERM:
+    ``_workers_killed_on_error``)."""
     import concurrent.futures as cf
     import multiprocessing as mp
     from concurrent.futures.process import BrokenProcessPool
 
+    from vitlab.base.processes import die_with_parent
+
     while queue and not past():  # past(): no run starts after the deadline
-        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        # a worker dies with this process: killed (kill -9, a session's end), it would otherwise finish its run, whose
+        # record nobody writes, beside the next session's workers, and then wait forever
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                    initializer=die_with_parent, initargs=(os.getpid(),)) as pool, \
+                _workers_killed_on_error(pool):
             running: dict[cf.Future, tuple[SweepConfig, RunSpec, str]] = {}
             broken, submitted = False, 0
             while (queue or running) and not broken:
@@ -559,6 +593,19 @@ def _execute_local(queue: list[tuple[SweepConfig, RunSpec, str]], finish, worker
                     broken |= _settle(fut, running.pop(fut), finish)
             for fut, job in running.items():  # in flight when the pool broke: a finished one keeps its record
                 _settle(fut, job, finish)
+
+
+@contextlib.contextmanager
+def _workers_killed_on_error(pool) -> Iterator[None]:
+    """Kill ``pool``'s worker processes when the body raises (SIGTERM, as the command raises it, Ctrl-C, a record
+    that cannot be stored), before the pool's own exit, which would otherwise wait for the runs in flight to finish
+    (hours at a study's largest size) only to drop their records."""
+    try:
+        yield
+    except BaseException:
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.kill()
+        raise
 
 
 def _settle(fut, job: tuple[SweepConfig, RunSpec, str], finish) -> bool:
@@ -650,6 +697,18 @@ def _grid(records: Sequence[Mapping], cell) -> tuple[list[int], dict[str, dict[i
     return sorted({n for by in out.values() for n in by}), out
 
 
+def numerics_line(records: Sequence[Mapping]) -> str:
+    """One sentence: how many finished runs trained in bf16 and how many in float32 (``metrics["bf16"]``; the
+    machine decides it, the fingerprint does not hold it), "MIXED" when both occur, so that a study run in sessions on
+    machines of different CPUs shows it; runs from before it was recorded counted apart."""
+    flags = [r["metrics"].get("bf16") for r in _ok(records)]
+    bf16, fp32, unknown = flags.count(True), flags.count(False), sum(f is None for f in flags)
+    line = f"Training numerics: {bf16} run(s) in bf16, {fp32} in float32" + (f", {unknown} not recorded" if unknown
+                                                                             else "")
+    return line + (" (MIXED: the runs' numerics differ by machine; compare them knowing it)" if bf16 and fp32
+                   else "")
+
+
 def stopping_table(records: Sequence[Mapping]) -> str:
     """Markdown: per family and size, the runs' best / last epoch (medians over seeds) and how many runs stopped
     early; then a line naming every run whose best epoch is its last (``best_at_last``), or saying there is none."""
@@ -677,11 +736,31 @@ def _when(stamp: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(stamp) if stamp else None
 
 
-def cost_table(records: Sequence[Mapping]) -> str:
+def busy_hours(records: Sequence[Mapping]) -> float:
+    """Hours during which at least one of ``records`` (with ``started`` and ``finished`` timestamps) was in flight:
+    the union of their intervals, so that runs in parallel count once and the gaps between sessions not at all. 0.0
+    for none."""
+    spans = sorted((a, b) for a, b in ((_when(r.get("started")), _when(r.get("finished"))) for r in records) if a and b)
+    total, end = 0.0, None
+    for a, b in spans:
+        if end is None or a > end:
+            total, end = total + (b - a).total_seconds(), b
+        elif b > end:
+            total, end = total + (b - end).total_seconds(), b
+    return total / 3600
+
+
+def _cpu_hours(records: Sequence[Mapping], key: str = "cpu_seconds") -> float:
+    return sum(float(r["metrics"].get(key) or 0.0) for r in _ok(records)) / 3600
+
+
+def cost_table(records: Sequence[Mapping], tuning: Sequence[Mapping] = ()) -> str:
     """Markdown: CPU hours per family and size (summed over the finished runs' seeds: ``cpu_seconds``, the whole run,
     where recorded, else ``train_cpu_seconds``, the training alone, marked "train"), each family's total and the
-    study's; then the study's wall time: from the first run's start to the last run's finish (idle gaps between
-    sessions included) and the sum of the runs' own wall seconds."""
+    study's; then the study's wall time: the hours with a run in flight (``busy_hours``), from the first run's start
+    to the last run's finish (idle gaps between sessions included) and the sum of the runs' own wall seconds (runs
+    in parallel each counted). ``tuning``: the finished tuning trials behind the runs (``vitlab.studies.tuning``),
+    whose CPU hours and wall time a last line adds to the study's."""
     whole = all("cpu_seconds" in r["metrics"] for r in _ok(records))
     key = "cpu_seconds" if whole else "train_cpu_seconds"
     sizes, grid = _grid(records, lambda m: float(m.get(key) or 0.0))
@@ -698,8 +777,12 @@ def cost_table(records: Sequence[Mapping]) -> str:
     span = (max(ends) - min(starts)).total_seconds() / 3600 if starts and ends else float("nan")
     runs = sum(float(r["metrics"].get("seconds") or 0.0) for r in ok) / 3600
     what = "CPU hours (whole runs)" if whole else "CPU hours of training (train: these records predate whole-run counts)"
-    lines += ["", f"{what}: {total:.2f} in all over {len(ok)} finished runs. Wall time: {span:.2f} h from the first "
-                  f"run's start to the last one's finish; {runs:.2f} h summed over the runs' own wall clocks."]
+    lines += ["", f"{what}: {total:.2f} in all over {len(ok)} finished runs. Wall time: {busy_hours(ok):.2f} h with a "
+                  f"run in flight; {span:.2f} h from the first run's start to the last one's finish; {runs:.2f} h "
+                  "summed over the runs' own wall clocks."]
+    trials = _ok(tuning)
+    if trials:
+        lines.append(f"Tuning: {_cpu_hours(trials, key):.2f} CPU hours over {len(trials)} finished trials; with it the "
+                     f"study took {total + _cpu_hours(trials, key):.2f} CPU hours and {busy_hours([*ok, *trials]):.2f} h "
+                     "of wall time with a run or trial in flight.")
     return "\n".join(lines)
-
-
