@@ -194,7 +194,9 @@ def test_the_export_recipe_command(recipes, tmp_path, capsys):
     runs, facts = got["plain"]
     assert main(["export-recipe", *map(str, runs), "--out", str(tmp_path / "vit_x"), "--full-epochs", "2",
                  "--quiet"]) == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    said = capsys.readouterr()
+    lines = [json.loads(line) for line in said.out.splitlines()]
+    assert "accuracy:" not in said.err  # --quiet: no bar while each seed's test accuracy is measured either
     assert [(r["seed"], r["recipe"], r["shortened"]) for r in lines] == [(0, "vit_x", False), (1, "vit_x", False)]
     assert [r["test_accuracy"] for r in lines] == [f["test_accuracy"] for f in facts]  # the same fp16 weights
     card = json.loads((tmp_path / "vit_x" / "seed1" / "card.json").read_text())

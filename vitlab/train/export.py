@@ -53,28 +53,31 @@ def _float_copy(model: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def timm_pipeline_accuracy(model: nn.Module, data: ImageArray, batch_size: int = 500) -> float:
-    """Top-1 accuracy with the model's own timm eval transform applied to each image as a PIL image."""
+def timm_pipeline_accuracy(model: nn.Module, data: ImageArray, batch_size: int = 500, progress: bool = True) -> float:
+    """Top-1 accuracy with the model's own timm eval transform applied to each image as a PIL image; ``progress``:
+    a progress bar over the batches."""
     from tqdm.auto import tqdm
 
     check_count("batch_size", batch_size)  # before any forward pass
     model = _float_copy(model)  # the caller's model keeps its dtype and mode
     inputs, dev = _timm_inputs(model), next(model.parameters()).device
     correct = 0
-    for i in tqdm(range(0, len(data), batch_size), desc="accuracy", leave=False):
+    for i in tqdm(range(0, len(data), batch_size), desc="accuracy", leave=False, disable=not progress):
         x = inputs(data.images[i : i + batch_size]).to(dev)
         correct += int((model(x).argmax(-1).cpu() == data.labels[i : i + batch_size]).sum())
     return correct / len(data)
 
 
 @torch.no_grad()
-def distillation_facts(student: nn.Module, teacher: nn.Module, data: ImageArray, batch_size: int = 500) -> dict:
+def distillation_facts(student: nn.Module, teacher: nn.Module, data: ImageArray, batch_size: int = 500,
+                       progress: bool = True) -> dict:
     """What a DeiT-distilled ViT (timm ``VisionTransformerDistilled``: a class and a distillation token, each with
     its head) learned from its teacher, on ``data`` with each model's own timm eval transform: the test accuracy of
     the class head alone, the distillation head alone and the readout (the mean of their logits, what the model
     predicts), the teacher's own accuracy, how often the readout and the distillation head take the teacher's
     decision, and two numbers about the teacher's errors: the readout's accuracy on the images the teacher gets
-    wrong, and the share of the readout's errors that are the teacher's very mistake (the same wrong class)."""
+    wrong, and the share of the readout's errors that are the teacher's very mistake (the same wrong class).
+    ``progress``: a progress bar over the batches."""
     from tqdm.auto import tqdm
 
     check_count("batch_size", batch_size)
@@ -84,7 +87,7 @@ def distillation_facts(student: nn.Module, teacher: nn.Module, data: ImageArray,
     hits = dict.fromkeys(("class_head", "distillation_head", "readout", "teacher"), 0)
     agree = dict.fromkeys(("readout", "distillation_head"), 0)
     teacher_wrong = right_where_teacher_wrong = student_wrong = same_mistake = 0
-    for i in tqdm(range(0, len(data), batch_size), desc="distillation", leave=False):
+    for i in tqdm(range(0, len(data), batch_size), desc="distillation", leave=False, disable=not progress):
         images, y = data.images[i : i + batch_size], data.labels[i : i + batch_size]
         feats = student.forward_features(student_inputs(images).to(sdev))  # (B, T, D): class token 0, distillation 1
         cls, dist = student.head(feats[:, 0]), student.head_dist(feats[:, 1])  # (B, K) each
@@ -110,7 +113,7 @@ def distillation_facts(student: nn.Module, teacher: nn.Module, data: ImageArray,
 
 def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: str,
                dtype: torch.dtype = torch.float16, hardware: str | None = None, goal: float | None = None,
-               recipe: dict | None = None, test: ImageArray | None = None) -> dict:
+               recipe: dict | None = None, test: ImageArray | None = None, progress: bool = True) -> dict:
     """Write ``out`` (checkpoint + ``MODEL_CARD.md``) from the last checkpoint of ``run_dir``; returns the card facts.
 
     ``recipe``: facts of a run shipped as a seed of a recipe (``export_recipe``), added to the card's facts and named
@@ -123,7 +126,8 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
     leads with what it learned: the masked-patch accuracy on every test image (one fixed corruption draw), measured
     from the shipped weights. Its classification head was never trained, so it reports no test accuracy.
 
-    ``test``: the run's test split when the caller has loaded it (default: loaded here)."""
+    ``test``: the run's test split when the caller has loaded it (default: loaded here); ``progress``: progress bars
+    while the test accuracy is measured."""
     if goal is not None and not 0 < goal <= 1:  # a fraction, as the accuracies are: 90 drew "goal 9000%"
         raise ValueError(f"goal must be a fraction in (0, 1], e.g. 0.9 for a 90% accuracy goal, got {goal:g}")
     run = Path(run_dir)
@@ -154,7 +158,7 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
                 "epoch": meta["epoch"], "train": train_cfg, "metrics": meta.get("metrics"), "data": meta.get("data"),
                 "environment": meta.get("environment"), "train_seconds": meta.get("train_seconds")})
             facts = _measure_and_describe(run, meta, train_cfg, tmp_out, out, test, command, dtype, hardware, goal,
-                                          is_mpp, modules, recipe)
+                                          is_mpp, modules, recipe, progress)
         replace_dir(tmp_out, out)
     finally:
         rmtree_quiet(staging)
@@ -163,7 +167,7 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, command: s
 
 def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path, out: Path, test: ImageArray,
                           command: str, dtype: torch.dtype, hardware: str | None, goal: float | None, is_mpp: bool,
-                          modules: dict | None, recipe: dict | None = None) -> dict:
+                          modules: dict | None, recipe: dict | None = None, progress: bool = True) -> dict:
     """Measure the checkpoint written to ``tmp_out`` and write its card, card.json and learning curve there; the
     card names ``out``, where the folder will live (``recipe``: as ``export_run`` takes it)."""
     history = run_history(run, meta)
@@ -178,8 +182,9 @@ def _measure_and_describe(run: Path, meta: dict, train_cfg: dict, tmp_out: Path,
     else:
         shipped = load_checkpoint(tmp_out)
         if train_cfg.get("teacher") and hasattr(shipped, "head_dist"):  # its readout is the shipped accuracy
-            distillation = _distillation(shipped, train_cfg["teacher"], meta["train"]["teacher"], test)
-        acc = distillation["readout"] if "readout" in distillation else timm_pipeline_accuracy(shipped, test)
+            distillation = _distillation(shipped, train_cfg["teacher"], meta["train"]["teacher"], test, progress)
+        acc = (distillation["readout"] if "readout" in distillation
+               else timm_pipeline_accuracy(shipped, test, progress=progress))
     if tta and not is_mpp:
         from vitlab.train.loop import evaluate
 
@@ -257,7 +262,7 @@ def _recipe_facts(recipe: dict, facts: dict, history: list[dict]) -> dict:
             "emergence": list(recipe.get("emergence") or []), "history": history}
 
 
-def _distillation(shipped: nn.Module, teacher: str, trained_with: str, test: ImageArray) -> dict:
+def _distillation(shipped: nn.Module, teacher: str, trained_with: str, test: ImageArray, progress: bool) -> dict:
     """``distillation_facts`` of the shipped student against the teacher it learned from, looked for where the card
     names it (``teacher``, relative to the checkout), then where the run found it (``trained_with``); or why they
     are missing."""
@@ -266,7 +271,7 @@ def _distillation(shipped: nn.Module, teacher: str, trained_with: str, test: Ima
             t = load_teacher(path, torch.device("cpu"))
         except FileNotFoundError:
             continue
-        return distillation_facts(shipped, t, test)
+        return distillation_facts(shipped, t, test, progress=progress)
     return {"missing": f"its teacher `{teacher}` was not found at export"}
 
 
@@ -452,7 +457,7 @@ def export_recipe(runs: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
         records = snapshot_history(run, progress=progress)
         facts.append(export_run(run, out / f"seed{seed}", command=template.format(seed=seed), hardware=hardware,
                                 recipe={"recipe": name, "seed": seed, "full_epochs": full_epochs,
-                                        "emergence": records}, test=test))
+                                        "emergence": records}, test=test, progress=progress))
     return facts
 
 
