@@ -63,9 +63,15 @@ def test_results_readme_shows_the_tuning_evidence_and_the_verdict():
 
 
 CARDS = sorted(p.parent for p in CHECKPOINTS.glob("*/card.json"))
+#: the seeds of the shipped training recipes (vitlab export-recipe): data/checkpoints/recipes/NAME/seed<n>
+RECIPE_CARDS = sorted(p.parent for p in CHECKPOINTS.glob("recipes/*/seed*/card.json"))
 
 
-@pytest.mark.parametrize("folder", CARDS, ids=lambda p: p.name)
+def _card_id(folder: Path) -> str:
+    return folder.relative_to(CHECKPOINTS).as_posix()
+
+
+@pytest.mark.parametrize("folder", CARDS + RECIPE_CARDS, ids=_card_id)
 def test_model_card_text_matches_its_json(folder):
     card = json.loads((folder / "card.json").read_text())
     text = (folder / "MODEL_CARD.md").read_text()
@@ -119,11 +125,27 @@ def test_checkpoints_readme_quotes_the_cards():
         assert quoted == [f"{100 * value:.2f}"], (row, name, value)
 
 
+@pytest.mark.skipif(not RECIPE_CARDS, reason="no shipped recipes")
+def test_checkpoints_readme_quotes_the_recipes_mean_accuracies():
+    """The recipes' row names each shipped recipe with its seeds' mean test accuracy and its 95% interval over seeds,
+    as the report and notebook 08 compute them (``vitlab.findings.recipe.recipe_accuracy``)."""
+    from vitlab.findings.recipe import recipe_accuracy, recipe_cards, shipped_recipes
+
+    row = next(line for line in (CHECKPOINTS / "README.md").read_text().splitlines()
+               if line.startswith("| `recipes/`"))
+    accuracy = recipe_accuracy({n: recipe_cards(s) for n, s in shipped_recipes(CHECKPOINTS / "recipes").items()})
+    quoted = re.findall(r"`(\w+)/`[^|%]*?(\d+\.\d+)% mean test accuracy of (\d+) seeds \(95% interval "
+                        r"\[(\d+\.\d+), (\d+\.\d+)\]\)", row)
+    assert quoted == [(name, f"{100 * a['mean']:.2f}", str(len(a['seeds'])), f"{100 * a['interval'][0]:.2f}",
+                       f"{100 * a['interval'][1]:.2f}") for name, a in accuracy.items()], row
+
+
 def test_checkpoints_readme_is_one_short_line_per_checkpoint():
     """data/checkpoints/README.md is an index, one table row per shipped folder with no cell over 300 characters; a
     model's history lives in its card (the lineage) and in git (one cell had grown to 2,956 characters)."""
     rows = [line for line in (CHECKPOINTS / "README.md").read_text().splitlines() if line.startswith("| `")]
-    assert sorted(re.match(r"\| `([\w]+)/`", row)[1] for row in rows) == sorted(f.name for f in CARDS)
+    folders = [f.name for f in CARDS] + (["recipes"] if RECIPE_CARDS else [])
+    assert sorted(re.match(r"\| `([\w]+)/`", row)[1] for row in rows) == sorted(folders)
     cells = [cell.strip() for row in rows for cell in row.strip("|").split(" | ")]
     assert max(len(c) for c in cells) <= 300, max(cells, key=len)
 
@@ -301,7 +323,7 @@ def test_readme_scaling_result_quotes_the_records():
     assert f"(change {v.statistic:+.1f} points, 95% interval [{lo:+.1f}, {hi:+.1f}]: {v.verdict})" in readme
 
 
-@pytest.mark.parametrize("folder", CARDS, ids=lambda p: p.name)
+@pytest.mark.parametrize("folder", CARDS + RECIPE_CARDS, ids=_card_id)
 def test_card_commands_run_as_written(folder):
     """Each command a card shows (its own and each leg's) is one a user can paste: the shell reads it (a remark
     after `#`) and vitlab's parser accepts it, so it names no removed option."""
