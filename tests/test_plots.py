@@ -95,6 +95,16 @@ def test_a_table_is_tall_enough_for_its_wrapped_header_and_every_row():
     assert plots.wrapped_lines("shots", 20) == 1 and plots.wrapped_lines("accuracy (mean over seeds)", 20) == 2
 
 
+def test_a_table_is_tall_enough_for_cells_that_wrap():
+    """The report's recipe accuracy table cut its last row: a cell of three seeds' accuracies ("66.25%, 66.77%,
+    66.02%") wraps onto two lines, and the figure was sized for rows of one line each."""
+    one = plots.table_figure(["recipe", "each seed"], [["a", "1"], ["b", "2"]])
+    wrapped = plots.table_figure(["recipe", "each seed"], [["a", "71.46%, 71.25%, 71.45%"], ["b", "66.25%, 66.77%, "
+                                                                                              "66.02%"]])
+    assert plots.wrapped_lines("71.46%, 71.25%, 71.45%", plots.TABLE_COLUMN_CHARS) == 2
+    assert wrapped.layout.height - one.layout.height >= 2 * 14  # a second line of 12 px text in each row
+
+
 def test_deletion_and_insertion_curves_of_a_method_share_its_colour_and_differ_in_dash():
     """The report's curves figure gave each of its ten curves its own colour, so a method's deletion and insertion
     curves could not be paired; each method now has one colour, deletion solid and insertion dashed."""
