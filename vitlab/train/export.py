@@ -262,7 +262,8 @@ def _recipe_facts(recipe: dict, facts: dict, history: list[dict]) -> dict:
             "emergence": list(recipe.get("emergence") or []), "history": history}
 
 
-def _distillation(shipped: nn.Module, teacher: str, trained_with: str, test: ImageArray, progress: bool) -> dict:
+def _distillation(shipped: nn.Module, teacher: str, trained_with: str, test: ImageArray,
+                  progress: bool = True) -> dict:
     """``distillation_facts`` of the shipped student against the teacher it learned from, looked for where the card
     names it (``teacher``, relative to the checkout), then where the run found it (``trained_with``); or why they
     are missing."""
