@@ -213,14 +213,19 @@ def wrapped_lines(text: str, chars: int) -> int:
     return lines
 
 
+def _row_px(texts: Sequence[object]) -> int:
+    """The height in px of a table row holding ``texts``, one per column: a line each, plus one more for every extra
+    line its most wrapped text takes at the column width."""
+    lines = max((wrapped_lines(str(t), TABLE_COLUMN_CHARS) for t in texts), default=1)
+    return TABLE_ROW_PX + 16 * (lines - 1)
+
+
 def table_figure(header: Sequence[str], rows: Sequence[Sequence[object]], title: str = "") -> go.Figure:
     """A plotly table; floats shown with 3 decimals. Tall enough for every row, each cell and the header wrapped to
     its column width: plotly scrolls a table that does not fit, which in a report or a PNG hides its last rows."""
     cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in col] for col in zip(*rows)]
-    header_lines = max((wrapped_lines(str(h), TABLE_COLUMN_CHARS) for h in header), default=1)
-    header_px = TABLE_ROW_PX + 16 * (header_lines - 1)
-    rows_px = sum(TABLE_ROW_PX + 16 * (max(wrapped_lines(c, TABLE_COLUMN_CHARS) for c in row) - 1)
-                  for row in zip(*cells))
+    header_px = _row_px(header)
+    rows_px = sum(_row_px(row) for row in zip(*cells))
     fig = go.Figure(go.Table(header=dict(values=list(header), align="left", fill_color="#e8e8f0", height=header_px),
                              cells=dict(values=cells, align="left", height=TABLE_ROW_PX)))
     fig.update_layout(title=title, width=TABLE_COLUMN_PX * len(header) + 40,
