@@ -761,7 +761,8 @@ def cost_table(records: Sequence[Mapping], tuning: Sequence[Mapping] = ()) -> st
     to the last run's finish (idle gaps between sessions included) and the sum of the runs' own wall seconds (runs
     in parallel each counted). ``tuning``: the finished tuning trials behind the runs (``vitlab.studies.tuning``),
     whose CPU hours and wall time a last line adds to the study's."""
-    whole = all("cpu_seconds" in r["metrics"] for r in _ok(records))
+    ok = _ok(records)
+    whole = all("cpu_seconds" in r["metrics"] for r in ok)
     key = "cpu_seconds" if whole else "train_cpu_seconds"
     sizes, grid = _grid(records, lambda m: float(m.get(key) or 0.0))
     lines = ["| family | " + " | ".join(f"{n:,}" for n in sizes) + " | all sizes |", "|---|" + "---|" * (len(sizes) + 1)]
@@ -771,7 +772,6 @@ def cost_table(records: Sequence[Mapping], tuning: Sequence[Mapping] = ()) -> st
         total += sum(hours.values())
         lines.append(f"| {fam} | " + " | ".join(f"{hours[n]:.2f}" if n in hours else "" for n in sizes)
                      + f" | {sum(hours.values()):.2f} |")
-    ok = _ok(records)
     starts = [t for t in (_when(r.get("started")) for r in ok) if t]
     ends = [t for t in (_when(r.get("finished")) for r in ok) if t]
     span = (max(ends) - min(starts)).total_seconds() / 3600 if starts and ends else float("nan")
@@ -782,7 +782,8 @@ def cost_table(records: Sequence[Mapping], tuning: Sequence[Mapping] = ()) -> st
                   "summed over the runs' own wall clocks."]
     trials = _ok(tuning)
     if trials:
-        lines.append(f"Tuning: {_cpu_hours(trials, key):.2f} CPU hours over {len(trials)} finished trials; with it the "
-                     f"study took {total + _cpu_hours(trials, key):.2f} CPU hours and {busy_hours([*ok, *trials]):.2f} h "
+        tuned = _cpu_hours(trials, key)
+        lines.append(f"Tuning: {tuned:.2f} CPU hours over {len(trials)} finished trials; with it the "
+                     f"study took {total + tuned:.2f} CPU hours and {busy_hours([*ok, *trials]):.2f} h "
                      "of wall time with a run or trial in flight.")
     return "\n".join(lines)
