@@ -26,9 +26,9 @@ The suite per finding (``CONTROLS``: key -> (control, kind)):
 - ``fig6.rollout.localises``: a map equal to the object's mask (positive); a uniform map (negative).
 - ``fig3_4.scaling.gap_narrows``: the sweep's records with the ViT raised by 20 points at the largest size
   (positive), and with the ViT gaining exactly what the ResNet gains (negative).
-- ``fig3_4.locality`` (``study_findings.locality_key``): the sweep's records with the ViT's share of local
-  lowest-layer heads raised by 50 points at the largest size (positive), and with it the same at the largest size as
-  at the smallest, seed by seed (negative).
+- ``fig3_4.locality`` (``study_findings.locality_key``): the sweep's records with the ViT's lowest-layer heads at
+  the largest size set, seed by seed, to the smallest size's with their most global half made local (positive), and
+  to another seed's at the smallest size (negative).
 - ``raghu.uniformity``: the ViT with its layers shuffled (first, last, second, ...) against the ViT, a model whose
   every layer is the ViT's first against the ResNet (positive); the ViT against its shuffled copy (negative).
 - ``raghu.lower_layers``: the ResNet against itself, the ViT against itself (positive: a model's lowest layers
@@ -356,36 +356,53 @@ def scaling_controls(records: Sequence[Mapping], shots: int = 10, vit: str = "vi
 # ---------------------------------------------------------------------------------------------- locality
 
 
-#: the gain, in points of the heads, the locality positive control adds to the share of local heads at the largest size
-LOCALITY_GAIN = 50.0
-MORE_LOCAL = f"the share of local lowest-layer heads raised by {LOCALITY_GAIN:g} points at the largest size"
-SAME_LOCAL = "the same share of local heads at the largest size as at the smallest, seed by seed"
+#: where the locality positive control moves the most global half of the lowest layer's heads: a local head at the
+#: paper's span (Fig. 7 right: about 0.1 of the uniform-attention distance, ``SPAN``)
+LOCAL_AT = 0.1
+MORE_LOCAL = (f"the smallest size's heads at the largest, their most global half moved to {LOCAL_AT:g} of uniform, "
+              "seed by seed")
+SAME_LOCAL = "another seed's smallest-size heads at the largest size (no change, the seeds' own spread)"
 CONTROLS[KEY_LOCALITY] = ((MORE_LOCAL, POSITIVE), (SAME_LOCAL, NEGATIVE))
+
+
+def _half_local(heads: Sequence[float]) -> list[float]:
+    """``heads`` (H,) distances with the ceil(H / 2) largest moved to ``LOCAL_AT`` (ties: the later heads)."""
+    order = sorted(range(len(heads)), key=lambda h: (heads[h], h))
+    moved = set(order[len(heads) // 2:])
+    return [LOCAL_AT if h in moved else float(d) for h, d in enumerate(heads)]
 
 
 def locality_controls(records: Sequence[Mapping], family: str = "vit") -> dict[str, list[ControlResult]]:
     """The locality finding's controls (``study_findings.locality_grows_with_data`` with the same ``family``) from
-    the sweep's own records: ``family``'s share of local heads at the largest size set to its share at the smallest,
-    seed by seed (negative: no change), and raised by ``LOCALITY_GAIN`` points of the heads (positive: a large gain
-    must be seen over these seeds' spread; a share may then pass 1, as the Fig. 3/4 control's accuracy may). {} when
-    the records hold Fig. 7 statistics at fewer than 2 sizes."""
-    from vitlab.findings.studies import POINTS, fig7_by_run, locality_grows_with_data
+    the sweep's own records, each rewriting the lowest layer's heads (``lowest_heads``, and the share and extremes
+    made from them) of ``family``'s runs at the largest size, seed by seed: to the smallest size's heads of the next
+    seed in order (negative: no change with data, the seeds' own spread; the mean change is 0), and to the smallest
+    size's heads of the same seed with their most global half moved to ``LOCAL_AT`` of uniform (positive: local heads
+    that more data made must be seen). Seeds without both runs keep their records. {} when the records hold Fig. 7
+    statistics at fewer than 2 sizes."""
+    from vitlab.findings.studies import fig7_by_run, locality_grows_with_data
+    from vitlab.train.emergence import LOCAL_HEAD
 
     stats = fig7_by_run(records, family)
     sizes = sorted({n for n, _ in stats})
     if len(sizes) < 2:
         return {}
     lo, hi = sizes[0], sizes[-1]
+    seeds = sorted(s for n, s in stats if n == lo and (hi, s) in stats)
+    other = dict(zip(seeds, seeds[1:] + seeds[:1]))
 
-    def rewritten(value) -> list[dict]:
+    def rewritten(heads_of) -> list[dict]:
         def edit(spec: dict, metrics: dict) -> None:
-            fig7 = metrics.get("fig7")
-            if isinstance(fig7, dict) and int(spec["size"]) == hi:
-                fig7["lowest_local_share"] = value(int(spec["seed"]), float(fig7["lowest_local_share"]))
+            fig7, s = metrics.get("fig7"), int(spec["seed"])
+            if isinstance(fig7, dict) and int(spec["size"]) == hi and s in other:
+                heads = heads_of(s)
+                fig7.update(lowest_heads=heads, lowest_min=min(heads), lowest_max=max(heads),
+                            lowest_spread=max(heads) - min(heads),
+                            lowest_local_share=float(np.mean([d < LOCAL_HEAD for d in heads])))
         return _rewritten_runs(records, family, edit)
 
-    built = {MORE_LOCAL: rewritten(lambda s, share: share + LOCALITY_GAIN / POINTS),
-             SAME_LOCAL: rewritten(lambda s, share: stats[lo, s]["lowest_local_share"] if (lo, s) in stats else share)}
+    built = {MORE_LOCAL: rewritten(lambda s: _half_local(stats[lo, s]["lowest_heads"])),
+             SAME_LOCAL: rewritten(lambda s: [float(d) for d in stats[lo, other[s]]["lowest_heads"]])}
     results = [ControlResult.of(name, kind, locality_grows_with_data(built[name], family))
                for name, kind in CONTROLS[KEY_LOCALITY]]
     return {results[0].key: results}
