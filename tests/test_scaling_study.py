@@ -360,6 +360,7 @@ def test_the_sweep_table_prints_the_study_tables_and_the_locality_verdict_with_i
     assert "| gap change, 100 to 5,000 |" in out and "Best epoch = last epoch (stopped while still improving): 0" in out
     assert "| vit | 0.04 | 0.04 | 0.08 |" in out  # 4 seeds x 36 CPU seconds per size
     assert LOCALITY in out and "13.4" in out  # the verdict table's row: the locality statistic, points of uniform
+    assert C.LARGE_GAIN in out  # the gap verdict is checked on its controls too (one fails: no spread to see 20 on)
 
 
 def test_the_plan_in_the_docs_is_the_timing_runs_plan():

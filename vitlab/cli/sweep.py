@@ -162,9 +162,10 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
             print("\n" + "\n".join(recipe_grid_positions(trials, chosen)))
     _study_tables(sweep, records, shots, trials)
     families = {r["spec"]["family"] for r in ok}
-    verdicts = [scaling_gap_narrows(records, shots)] if {"vit", "bit"} <= families else []
-    from vitlab.findings.controls import locality_verdicts
+    from vitlab.findings.controls import locality_verdicts, scaling_controls, validate
 
+    verdicts = (validate([scaling_gap_narrows(records, shots)], scaling_controls(records, shots))
+                if {"vit", "bit"} <= families else [])
     verdicts += locality_verdicts(records)
     if verdicts:
         print("\n```\n" + verdict_table(verdicts) + "\n```\n")
