@@ -197,3 +197,18 @@ def test_heads_and_tokens_notebook_formats_what_the_analysis_layers_compute():
         assert f"take {fmt_value(float(share[0]))} of the attention in layer 1" in line, line
     for ablation in ("mean", "zero"):
         assert re.search(rf"^{ablation} ablation, local minus global: -?[0-9.e-]+ nats per head \[", out, re.M)
+
+
+def test_scaling_notebook_draws_and_judges_locality_along_the_data_axis():
+    """Notebook 06 judges the lowest layer's locality of every attention family its sweep recorded Fig. 7 statistics
+    for, with the figure and the controls: the smoke sweep's ViT at its two sizes."""
+    from vitlab.findings import controls
+    from vitlab.findings.studies import LOCALITY
+
+    nb = _smoke_run("06_data_scaling")
+    out = _smoke_output("06_data_scaling")
+    assert f"{LOCALITY}  sweep quick: vit_tiny at 40 and 80 images" in out
+    assert f"control {controls.MORE_LOCAL!r} (positive)" in out and f"control {controls.SAME_LOCAL!r} (negative)" in out
+    titles = [str(o["data"]["application/vnd.plotly.v1+json"]["layout"]["title"]["text"]) for c in nb.cells
+              if c.cell_type == "code" for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    assert any(t.startswith("The lowest layer's attention distance against pre-training images") for t in titles)

@@ -388,7 +388,7 @@ def test_hours_is_for_the_grid_only(other, capsys):
     assert "--hours limits the grid's runs" in capsys.readouterr().err
 
 
-def test_the_reports_scaling_section_judges_locality_beside_the_gap(tmp_path):
+def test_the_reports_scaling_sections_draw_and_judge_locality_beside_the_gap(tmp_path):
     import json
 
     from vitlab.report.sections import scaling
@@ -398,10 +398,20 @@ def test_the_reports_scaling_section_judges_locality_beside_the_gap(tmp_path):
         r["finished"] = "2026-12-06T10:00:00+00:00"
     store = tmp_path / "s.jsonl"
     store.write_text("".join(json.dumps(r) + "\n" for r in records))
-    section = scaling(store, {})
-    keys = [v.key for v in section.verdicts]
-    assert keys == ["fig3_4.scaling.gap_narrows", KEY_LOCALITY]
-    assert [c["passed"] for c in section.verdicts[1].controls] == [True, True]
+    gap, locality = scaling(store, {})
+    assert (gap.slug, [v.key for v in gap.verdicts]) == ("scaling", ["fig3_4.scaling.gap_narrows"])
+    assert (locality.slug, [v.key for v in locality.verdicts]) == ("scaling_locality", [KEY_LOCALITY])
+    assert [c["passed"] for c in locality.verdicts[0].controls] == [True, True]
+    drawn = {t.name: t for t in locality.figure.data}  # one family: its mean and most local head, its local share
+    assert set(drawn) == {"vit: mean head", "vit: most local head", "vit: local heads"}
+    assert list(drawn["vit: mean head"].y) == pytest.approx([100 * np.mean(LO), 100 * np.mean(HI)])
+    assert list(drawn["vit: local heads"].y) == pytest.approx([100 * 2 / 16, 100 * 5 / 16])
+    means = [100 * np.mean(h) for h in HI]
+    assert drawn["vit: mean head"].error_y.array[1] == pytest.approx(_half(means))
+    for r in records:  # a sweep from before runs recorded Fig. 7 statistics: the gap section alone
+        r["metrics"].pop("fig7", None)
+    store.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert [s.slug for s in scaling(store, {})] == ["scaling"]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a worker ends with its parent on Linux only")

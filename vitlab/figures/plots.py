@@ -284,6 +284,44 @@ def scaling_curves(summary: dict[str, dict[int, dict[str, float]]], title: str =
     return fig
 
 
+def _interval_bars(rows: Sequence[dict]) -> dict:
+    """Asymmetric error bars from ``{"mean", "interval": (lo, hi)}`` rows; none (0) where an interval is NaN."""
+    up = [0.0 if np.isnan(r["interval"][1]) else 100 * (r["interval"][1] - r["mean"]) for r in rows]
+    down = [0.0 if np.isnan(r["interval"][0]) else 100 * (r["mean"] - r["interval"][0]) for r in rows]
+    return dict(type="data", symmetric=False, array=up, arrayminus=down, visible=True)
+
+
+def locality_curves(by_family: dict[str, dict[int, dict]], local_head: float, title: str = "") -> go.Figure:
+    """The lowest layer's locality against pre-training images (log x), one colour per family, error bars = 95%
+    interval over seeds. ``by_family``: {family: ``vitlab.findings.studies.locality_by_size`` output} (shares of
+    1, drawn in %). Left: the mean head distance (solid) and the most local head's (dashed), % of the
+    uniform-attention distance, with the ``local_head`` line below which a head counts as local; right: the share
+    of local heads (%)."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=["lowest-layer head distance", "share of local lowest-layer heads"])
+    colours = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]
+    for i, (fam, by_size) in enumerate(by_family.items()):
+        sizes, colour = sorted(by_size), colours[i % len(colours)]
+        for series, dash, shown, col in (("mean_distance", "solid", "mean head", 1), ("min_distance", "dash",
+                                                                                       "most local head", 1),
+                                         ("local_share", "solid", "local heads", 2)):
+            rows = [by_size[n][series] for n in sizes]
+            fig.add_trace(go.Scatter(x=sizes, y=[100 * r["mean"] for r in rows], mode="lines+markers",
+                                     name=f"{fam}: {shown}", legendgroup=fam, error_y=_interval_bars(rows),
+                                     line=dict(color=colour, dash=dash), showlegend=col == 1,
+                                     hovertemplate=f"{fam}, {shown}: %{{x:,}} images, %{{y:.1f}}%<extra></extra>"),
+                          row=1, col=col)
+    fig.add_hline(y=100 * local_head, line=dict(color="grey", dash="dot"), row=1, col=1,
+                  annotation_text=f"a head below is local ({local_head:.0%})", annotation_position="bottom left")
+    all_sizes = sorted({n for by in by_family.values() for n in by})
+    fig.update_xaxes(type="log", title="pre-training images", tickvals=all_sizes,
+                     ticktext=[f"{n:,}" for n in all_sizes])
+    fig.update_yaxes(title="% of the uniform-attention distance", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title="% of the lowest layer's heads", range=[-5, 105], row=1, col=2)
+    fig.update_layout(title=title, width=1080, height=470, legend=dict(orientation="h", y=-0.22))
+    return fig
+
+
 def learning_curve(hours: Sequence[float], accuracy: Sequence[float], title: str = "", final: float | None = None,
                    goal: float | None = 0.9, metric: str = "test accuracy",
                    final_label: str = "as shipped (fp16, timm transform)", curve_label: str | None = None,

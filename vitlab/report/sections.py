@@ -586,8 +586,9 @@ def few_shot(inp: Inputs, train_per_class: int | None = None, test_images: int |
 # ---------------------------------------------------------------------------------------------- Fig. 3/4
 
 
-def scaling(results: Path, versions: dict) -> Section | None:
-    """The shipped data-scaling sweep as a figure, with the verdict on the ResNet-ViT gap."""
+def scaling(results: Path, versions: dict) -> list[Section] | None:
+    """The shipped data-scaling sweep as a figure, with the verdict on the ResNet-ViT gap; and, where its runs hold
+    Fig. 7 statistics, the lowest layer's locality against data size with its verdicts (``scaling_locality``)."""
     if not results.is_file():
         return None
     from vitlab.studies.scaling import ResultsStore, summarise, summarise_compute
@@ -599,7 +600,6 @@ def scaling(results: Path, versions: dict) -> Section | None:
     try:
         verdict = study_findings.scaling_gap_narrows(records)
         verdicts = controls.validate([verdict], controls.scaling_controls(records))
-        verdicts += controls.locality_verdicts(records)  # Raghu et al. 2021, where the runs hold Fig. 7 statistics
     except ValueError as e:
         verdicts, verdict = [], None
         note = f" Not judged: {e}"
@@ -609,10 +609,41 @@ def scaling(results: Path, versions: dict) -> Section | None:
     fig = scaling_curves(summary, title="10-shot accuracy on held-out classes<br><sup>error bars: std over seeds"
                                         "</sup>", compute=summarise_compute(records) or None)
     sizes = sorted({int(r["spec"]["size"]) for r in records})
-    return Section(
+    stamp = {"model": "see the sweep's records", "weights": str(results.name), "versions": versions,
+             "settings": {"shots": 10}}
+    gap = Section(
         "scaling", "Data scaling in miniature (Fig. 3/4)", fig,
         "Fig. 3/4: with small pre-training data ResNets (BiT) lead; as data grows ViTs catch up and overtake them.",
         f"From the shipped sweep ({results.name}, {len(records)} runs"
-        + (f", {sizes[0]:,} to {sizes[-1]:,} images" if sizes else "") + ")." + note,
-        {"model": "see the sweep's records", "weights": str(results.name), "versions": versions,
-         "settings": {"shots": 10}}, verdicts)
+        + (f", {sizes[0]:,} to {sizes[-1]:,} images" if sizes else "") + ")." + note, stamp, verdicts)
+    locality = scaling_locality(records, results.name, stamp)
+    return [gap] + ([locality] if locality else [])
+
+
+def scaling_locality(records: list[dict], name: str, stamp: dict) -> Section | None:
+    """The lowest layer's locality against pre-training data size, per family whose runs hold Fig. 7 statistics
+    (``study_findings.locality_by_size``), with each family's locality verdict and its controls; None for a sweep
+    whose runs predate them."""
+    from vitlab.figures.plots import locality_curves
+    from vitlab.train.emergence import LOCAL_HEAD
+
+    verdicts = controls.locality_verdicts(records)
+    if not verdicts:
+        return None
+    by_family = {v.details["family"]: study_findings.locality_by_size(records, v.details["family"]) for v in verdicts}
+
+    def words(fam: str, by: dict) -> str:
+        lo, hi = min(by), max(by)
+        return (f"{fam}: mean head distance {by[lo]['mean_distance']['mean']:.0%} of uniform at {lo:,} images, "
+                f"{by[hi]['mean_distance']['mean']:.0%} at {hi:,}; local heads {by[lo]['local_share']['mean']:.0%} "
+                f"and {by[hi]['local_share']['mean']:.0%}")
+
+    fig = locality_curves(by_family, LOCAL_HEAD, title="The lowest layer's attention distance against pre-training "
+                          "images<br><sup>128 fixed test images; error bars: 95% interval over seeds</sup>")
+    return Section(
+        "scaling_locality", "Lowest-layer locality along the data axis (Raghu et al. 2021)", fig,
+        "Raghu et al. 2021: ViTs pre-trained on less data (ImageNet rather than JFT-300M) learn fewer local heads in "
+        "their lowest layer.",
+        f"From the same sweep ({name}), each run's Fig. 7 statistics: " + "; ".join(
+            words(f, by) for f, by in by_family.items()) + f" (a head is local below {LOCAL_HEAD:.0%} of uniform).",
+        stamp, verdicts)
