@@ -224,7 +224,7 @@ def lowest_mean(fig7: Mapping[str, Any]) -> float:
     return float(np.mean(fig7["lowest_heads"]))
 
 
-#: the per-size series of ``locality_by_size``: name -> (what it is, from one run's Fig. 7 statistics)
+#: the per-size series of ``locality_by_size``: name -> its value (a share of 1) from one run's Fig. 7 statistics
 LOCALITY_SERIES = {"mean_distance": lowest_mean,
                    "min_distance": lambda f: float(min(f["lowest_heads"])),
                    "local_share": lambda f: float(f["lowest_local_share"])}
