@@ -85,7 +85,7 @@ def test_the_study_config_is_sized_for_the_issue():
     for n in sweep.sizes:  # a validation pass after the fewest whole epochs that reach 2,500 training images
         cfg = sweep.train_config(RunSpec("vit", n, 0), n)
         epoch = (n // cfg.batch_size) * cfg.batch_size  # images per epoch
-        assert cfg.patience == 5 and cfg.keep_best and (cfg.eval_every - 1) * epoch < 2500 <= cfg.eval_every * epoch
+        assert cfg.patience == 10 and cfg.keep_best and (cfg.eval_every - 1) * epoch < 2500 <= cfg.eval_every * epoch
 
 
 def test_patience_needs_a_validation_split():
