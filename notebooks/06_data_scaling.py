@@ -155,7 +155,7 @@ display(Markdown(cost_table(records, trials if tuning.exists() else ())))  # wit
 # %%
 from vitlab.figures.plots import locality_curves
 from vitlab.findings import controls
-from vitlab.findings.studies import locality_by_size
+from vitlab.findings.studies import locality_by_size, locality_words
 from vitlab.train.emergence import LOCAL_HEAD
 
 families = [f for f in (vit_name, "hybrid") if f in {r["spec"]["family"] for r in records if r["status"] == "ok"}]
@@ -165,10 +165,7 @@ if local:
     display(locality_curves(by_family, LOCAL_HEAD, title="The lowest layer's attention distance against "
                             "pre-training images (error bars: 95% interval over seeds)"))
     for fam, by in by_family.items():
-        lo, hi = min(by), max(by)
-        print(f"{fam}: mean head distance {by[lo]['mean_distance']['mean']:.0%} of uniform at {lo:,} images, "
-              f"{by[hi]['mean_distance']['mean']:.0%} at {hi:,}; local heads {by[lo]['local_share']['mean']:.0%} "
-              f"and {by[hi]['local_share']['mean']:.0%}")
+        print(f"{fam}: {locality_words(by)}")
     print()
     print(verdict_table(local))
     print()

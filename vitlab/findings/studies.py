@@ -20,7 +20,7 @@ from vitlab.studies.scaling import one_config
 
 __all__ = ["KEY_SCALING", "mpp_key", "scaling_accuracies", "scaling_gap_narrows", "few_shot_key", "mpp_accuracies",
            "paired_size_differences", "difference_table", "difference_words", "seeds_for", "TARGET_HALF_WIDTH", "KEY_LOCALITY", "locality_key",
-           "fig7_by_run", "lowest_mean", "LOCALITY_SERIES", "locality_by_size", "locality_grows_with_data",
+           "fig7_by_run", "lowest_mean", "LOCALITY_SERIES", "locality_by_size", "locality_words", "locality_grows_with_data",
            "MixedCodeVersions",
            "mpp_ordering", "INIT_NAMES", "POINTS"]
 
@@ -247,6 +247,15 @@ def locality_by_size(records: Sequence[Mapping[str, Any]], family: str = "vit", 
             row[name] = {"mean": float(vals.mean()), "interval": interval, "method": str(method)}
         out[n] = row
     return out
+
+
+def locality_words(by_size: Mapping[int, Mapping[str, Any]]) -> str:
+    """One family's ``locality_by_size`` in words: its mean head distance and share of local heads at the smallest
+    and the largest size, as the report and notebook 06 write them."""
+    lo, hi = min(by_size), max(by_size)
+    return (f"mean head distance {by_size[lo]['mean_distance']['mean']:.0%} of uniform at {lo:,} images, "
+            f"{by_size[hi]['mean_distance']['mean']:.0%} at {hi:,}; local heads "
+            f"{by_size[lo]['local_share']['mean']:.0%} and {by_size[hi]['local_share']['mean']:.0%}")
 
 
 def locality_grows_with_data(records: Sequence[Mapping[str, Any]], family: str = "vit", n_boot: int = N_BOOT,

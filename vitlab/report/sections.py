@@ -632,12 +632,6 @@ def scaling_locality(records: list[dict], name: str, stamp: dict) -> Section | N
         return None
     by_family = {v.details["family"]: study_findings.locality_by_size(records, v.details["family"]) for v in verdicts}
 
-    def words(fam: str, by: dict) -> str:
-        lo, hi = min(by), max(by)
-        return (f"{fam}: mean head distance {by[lo]['mean_distance']['mean']:.0%} of uniform at {lo:,} images, "
-                f"{by[hi]['mean_distance']['mean']:.0%} at {hi:,}; local heads {by[lo]['local_share']['mean']:.0%} "
-                f"and {by[hi]['local_share']['mean']:.0%}")
-
     fig = locality_curves(by_family, LOCAL_HEAD, title="The lowest layer's attention distance against pre-training "
                           "images<br><sup>128 fixed test images; error bars: 95% interval over seeds</sup>")
     return Section(
@@ -645,5 +639,5 @@ def scaling_locality(records: list[dict], name: str, stamp: dict) -> Section | N
         "Raghu et al. 2021: ViTs pre-trained on less data (ImageNet rather than JFT-300M) learn fewer local heads in "
         "their lowest layer.",
         f"From the same sweep ({name}), each run's Fig. 7 statistics: " + "; ".join(
-            words(f, by) for f, by in by_family.items()) + f" (a head is local below {LOCAL_HEAD:.0%} of uniform).",
+            f"{f}: {study_findings.locality_words(by)}" for f, by in by_family.items()) + f" (a head is local below {LOCAL_HEAD:.0%} of uniform).",
         stamp, verdicts)
