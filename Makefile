@@ -59,14 +59,31 @@ sweep: $(STAMP)
 # tune once on the largest subset (skipped once the frozen config exists; an interrupted tuning skips its finished
 # trials), then run the grid for at most HOURS hours (runs in flight finish), then print the tables. Resumable: run it
 # again, day after day, until the table counts every run. The plan of its CPU hours: docs/studies.md.
+# One code version across those days: a record counts as done only for the code that made it (its fingerprint holds
+# the package's source hash), so the study runs the package of commit STUDY_CODE, checked out once into a git
+# worktree (STUDY_TREE), whatever this checkout holds meanwhile. STUDY_CODE= (empty) runs this checkout's code: a new
+# study, which finds none of the shipped records done.
 STUDY_RESULTS ?= data/results/scaling_cifar10_10k
+STUDY_CONFIG  ?= cifar10_10k
+STUDY_CODE    ?= 32f5b38
+STUDY_TREE    ?= .study/$(STUDY_CODE)
 HOURS ?= 8
+STUDY_AT  := $(if $(STUDY_CODE),$(abspath $(STUDY_TREE)),$(CURDIR))
+STUDY_OUT := $(abspath $(STUDY_RESULTS))
+STUDY_RUN := cd $(STUDY_AT) && PYTHONPATH=$(STUDY_AT) $(abspath $(PY)) -m vitlab sweep
 scaling-study: $(STAMP)
-	test -f $(STUDY_RESULTS).tuned.json || $(VENV)/bin/vitlab sweep --config cifar10_10k --tune \
-		--results $(STUDY_RESULTS).jsonl --save-config $(STUDY_RESULTS).tuned.json --workers 2
-	$(VENV)/bin/vitlab sweep --config $(STUDY_RESULTS).tuned.json --results $(STUDY_RESULTS).jsonl --workers 2 \
-		--shots 10 --hours $(HOURS)
-	$(VENV)/bin/vitlab sweep --config $(STUDY_RESULTS).tuned.json --results $(STUDY_RESULTS).jsonl --table
+ifneq ($(STUDY_CODE),)
+	@git rev-parse --verify --quiet "$(STUDY_CODE)^{commit}" >/dev/null || { echo "STUDY_CODE=$(STUDY_CODE) is no \
+	commit of this git checkout: the study runs one commit's code; run it from a git clone, or set STUDY_CODE= to run \
+	this checkout's code as a new study" >&2; exit 1; }
+	test -d $(STUDY_AT) || git worktree add --detach $(STUDY_AT) $(STUDY_CODE)
+	@test "$$(git -C $(STUDY_AT) rev-parse HEAD)" = "$$(git rev-parse "$(STUDY_CODE)^{commit}")" || { echo \
+	"$(STUDY_AT) holds another commit than STUDY_CODE=$(STUDY_CODE): remove it (git worktree remove) or set STUDY_TREE" >&2; exit 1; }
+endif
+	test -f $(STUDY_OUT).tuned.json || ( $(STUDY_RUN) --config $(STUDY_CONFIG) --tune \
+		--results $(STUDY_OUT).jsonl --save-config $(STUDY_OUT).tuned.json --workers 2 )
+	$(STUDY_RUN) --config $(STUDY_OUT).tuned.json --results $(STUDY_OUT).jsonl --workers 2 --shots 10 --hours $(HOURS)
+	$(STUDY_RUN) --config $(STUDY_OUT).tuned.json --results $(STUDY_OUT).jsonl --table
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache site

@@ -456,3 +456,74 @@ def test_a_killed_sweeps_workers_end_with_it(tmp_path, how):
         for p in workers:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
+
+
+def _git(repo: Path, *args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def _package_hash(package: Path) -> str:
+    """vitlab.base.provenance.source_hash of another checkout's package, computed here independently."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=8)
+    for p in sorted(package.rglob("*.py")):
+        h.update(p.relative_to(package).as_posix().encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.mark.skipif(not __import__("shutil").which("git") or not __import__("shutil").which("make"),
+                    reason="needs git and make")
+def test_make_scaling_study_runs_one_commits_code_while_the_checkout_moves_on(tmp_path):
+    """The study spans sessions while the project's code changes, and a record counts as done only for the code that
+    made it. `make scaling-study STUDY_CODE=C` runs commit C's package from a git worktree: a commit made to the
+    checkout later neither stamps the records with other code nor reruns what C finished; STUDY_CODE= (the
+    control) runs the checkout's own code, a new study that finds none of them done."""
+    import json
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    repo = tmp_path / "repo"
+    shutil.copytree(root / "vitlab", repo / "vitlab", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("Makefile", "pyproject.toml", "data/cifar10_test_128.npz"):  # the sample: Fig. 7 statistics per run
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / name, repo / name)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "study code")
+    study = _git(repo, "rev-parse", "HEAD")
+    results = tmp_path / "study"
+    tuned = dataclasses.replace(SWEEPS["quick"], families=("vit_tiny",), shots=(1, 10), probe_pool_per_class=12,
+                                recipes=(("vit_tiny", "adamw", 1e-3, 0.05),))
+    Path(f"{results}.tuned.json").write_text(json.dumps(dataclasses.asdict(tuned)))  # tuned: the grid runs at once
+    venv = Path(sys.executable).parents[1]
+
+    def make(code: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["make", "-C", str(repo), "-o", str(venv / ".vitlab-installed"), "scaling-study",
+                               f"STUDY_CODE={code}", f"STUDY_RESULTS={results}", "HOURS=1", f"VENV={venv}"],
+                              capture_output=True, text=True)
+
+    def stamps() -> list[tuple[str, str]]:
+        return [(r["provenance"]["git_commit"], r["provenance"]["code_hash"])
+                for r in ResultsStore(Path(f"{results}.jsonl")).records() if r["status"] == "ok"]
+
+    first = make(study)
+    assert first.returncode == 0, first.stderr[-2000:]
+    study_hash = _package_hash(repo / "vitlab")
+    assert stamps() == [(study, study_hash)] * 2
+    with (repo / "vitlab" / "__init__.py").open("a") as f:
+        f.write("# a later commit\n")
+    _git(repo, "commit", "-qam", "later")
+    again = make(study)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert stamps() == [(study, study_hash)] * 2  # nothing rerun, nothing stamped with the later code
+    assert make("no-such-commit").returncode != 0 and stamps() == [(study, study_hash)] * 2
+    control = make("")
+    assert control.returncode == 0, control.stderr[-2000:]
+    later = (_git(repo, "rev-parse", "HEAD"), _package_hash(repo / "vitlab"))
+    assert later[1] != study_hash and stamps() == [(study, study_hash)] * 2 + [later] * 2
