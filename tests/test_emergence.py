@@ -14,7 +14,14 @@ from scipy.fft import idctn
 import vitlab
 from vitlab.inspect.distance import mean_attention_distance, uniform_attention_distance
 from vitlab.train.config import PRESETS, TrainConfig, with_num_classes
-from vitlab.train.emergence import LOCAL_HEAD, emergence_bands, fig7_statistics, sample_batch, snapshot_history
+from vitlab.train.emergence import (
+    LOCAL_HEAD,
+    emergence_bands,
+    fig7_statistics,
+    lowest_layer,
+    sample_batch,
+    snapshot_history,
+)
 from vitlab.train.loop import train
 
 
@@ -52,6 +59,15 @@ def test_fig7_statistics_known_answers_on_constructed_weights():
     assert rec["depth_trend"] == pytest.approx(1.0 if dist[1].mean() > dist[0].mean() else -1.0)  # 2 layers: +-1
     assert rec["lowest_heads"] == pytest.approx((dist[0] / ceiling).tolist())
     assert rec["lowest_local_share"] == pytest.approx(float((dist[0] / ceiling < LOCAL_HEAD).double().mean()))
+
+
+def test_lowest_layer_fields_known_answer_and_no_heads():
+    """The lowest-layer fields that fig7_statistics records and the locality controls rewrite, from one formula."""
+    rec = lowest_layer([0.9, 0.2, LOCAL_HEAD, 0.7])
+    assert rec == {"lowest_min": 0.2, "lowest_max": 0.9, "lowest_spread": pytest.approx(0.7),
+                   "lowest_heads": [0.9, 0.2, LOCAL_HEAD, 0.7], "lowest_local_share": 0.25}  # at LOCAL_HEAD: not local
+    with pytest.raises(ValueError, match="at least one head"):
+        lowest_layer([])
 
 
 def test_fig7_statistics_of_a_hybrid_leave_out_the_pixel_filters_only():

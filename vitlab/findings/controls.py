@@ -381,7 +381,7 @@ def locality_controls(records: Sequence[Mapping], family: str = "vit") -> dict[s
     that more data made must be seen). Seeds without both runs keep their records. {} when the records hold Fig. 7
     statistics at fewer than 2 sizes."""
     from vitlab.findings.studies import fig7_by_run, locality_grows_with_data
-    from vitlab.train.emergence import LOCAL_HEAD
+    from vitlab.train.emergence import lowest_layer
 
     stats = fig7_by_run(records, family)
     sizes = sorted({n for n, _ in stats})
@@ -395,10 +395,7 @@ def locality_controls(records: Sequence[Mapping], family: str = "vit") -> dict[s
         def edit(spec: dict, metrics: dict) -> None:
             fig7, s = metrics.get("fig7"), int(spec["seed"])
             if isinstance(fig7, dict) and int(spec["size"]) == hi and s in other:
-                heads = heads_of(s)
-                fig7.update(lowest_heads=heads, lowest_min=min(heads), lowest_max=max(heads),
-                            lowest_spread=max(heads) - min(heads),
-                            lowest_local_share=float(np.mean([d < LOCAL_HEAD for d in heads])))
+                fig7.update(lowest_layer(heads_of(s)))
         return _rewritten_runs(records, family, edit)
 
     built = {MORE_LOCAL: rewritten(lambda s: _half_local(stats[lo, s]["lowest_heads"])),

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["EMERGENCE_KEYS", "LOCAL_HEAD", "fig7_statistics", "sample_batch", "snapshot_history", "emergence_bands", "halfway"]
+__all__ = ["EMERGENCE_KEYS", "LOCAL_HEAD", "fig7_statistics", "lowest_layer", "sample_batch", "snapshot_history", "emergence_bands", "halfway"]
 
 #: the scalar statistics of a record, in the order they are drawn
 EMERGENCE_KEYS = ("position_spearman", "lowest_min", "lowest_max", "lowest_spread", "depth_trend", "filter_frequency")
@@ -69,6 +69,17 @@ def sample_batch(model: nn.Module, n: int = 128) -> Tensor:
 
 
 @torch.no_grad()
+def lowest_layer(heads: Sequence[float]) -> dict[str, Any]:
+    """The lowest-layer fields of ``fig7_statistics`` from its heads' mean attention distances (H,), each a share of
+    the uniform-attention distance: ``lowest_heads``, ``lowest_min``, ``lowest_max``, ``lowest_spread`` and
+    ``lowest_local_share`` (the share of heads below ``LOCAL_HEAD``). ValueError for no heads."""
+    if not len(heads):
+        raise ValueError("lowest_layer needs the mean attention distance of at least one head")
+    low = [float(v) for v in heads]
+    return {"lowest_min": min(low), "lowest_max": max(low), "lowest_spread": max(low) - min(low), "lowest_heads": low,
+            "lowest_local_share": sum(v < LOCAL_HEAD for v in low) / len(low)}
+
+
 def fig7_statistics(model: nn.Module, images: Tensor) -> dict[str, Any]:
     """The record described in the module docstring for ``model`` on ``images`` (B, 3, H, W), preprocessed.
 
@@ -97,11 +108,7 @@ def fig7_statistics(model: nn.Module, images: Tensor) -> dict[str, Any]:
         pos = position_structure_score(position_embedding_similarity(rm).cpu())
     return {
         "position_spearman": pos,
-        "lowest_min": float(low.min()),
-        "lowest_max": float(low.max()),
-        "lowest_spread": float(low.max() - low.min()),
-        "lowest_heads": [float(v) for v in low],
-        "lowest_local_share": float((low < LOCAL_HEAD).double().mean()),
+        **lowest_layer(low.tolist()),
         "depth_trend": _spearman(range(len(layer_mean)), layer_mean.tolist()) if len(layer_mean) > 1 else None,
         "layer_mean_px": [float(v) for v in layer_mean],
         "filter_frequency": freq,
