@@ -61,6 +61,20 @@ def test_fig7_statistics_known_answers_on_constructed_weights():
     assert rec["lowest_local_share"] == pytest.approx(float((dist[0] / ceiling < LOCAL_HEAD).double().mean()))
 
 
+def test_fig7_statistics_measures_without_autograd(monkeypatch):
+    """A record is a measurement: the analyses run with autograd off (a model's forward builds no graph)."""
+    import vitlab.inspect.distance as distance
+
+    seen = []
+    measure = distance.mean_attention_distance
+    monkeypatch.setattr(distance, "mean_attention_distance",
+                        lambda *a, **k: seen.append(torch.is_grad_enabled()) or measure(*a, **k))
+    model = vitlab.build_model(vitlab.vit_config("Ti/8", img_size=32, patch_size=8, depth=2, embed_dim=64,
+                                                 num_heads=2, num_classes=10))
+    fig7_statistics(model, torch.randn(2, 3, 32, 32))
+    assert seen == [False]
+
+
 def test_lowest_layer_fields_known_answer_and_no_heads():
     """The lowest-layer fields that fig7_statistics records and the locality controls rewrite, from one formula."""
     rec = lowest_layer([0.9, 0.2, LOCAL_HEAD, 0.7])

@@ -68,7 +68,6 @@ def sample_batch(model: nn.Module, n: int = 128) -> Tensor:
     return normalize(cifar_test_sample().images[:n], pc["mean"], pc["std"])
 
 
-@torch.no_grad()
 def lowest_layer(heads: Sequence[float]) -> dict[str, Any]:
     """The lowest-layer fields of ``fig7_statistics`` from its heads' mean attention distances (H,), each a share of
     the uniform-attention distance: ``lowest_heads``, ``lowest_min``, ``lowest_max``, ``lowest_spread`` and
@@ -80,6 +79,7 @@ def lowest_layer(heads: Sequence[float]) -> dict[str, Any]:
             "lowest_local_share": sum(v < LOCAL_HEAD for v in low) / len(low)}
 
 
+@torch.no_grad()
 def fig7_statistics(model: nn.Module, images: Tensor) -> dict[str, Any]:
     """The record described in the module docstring for ``model`` on ``images`` (B, 3, H, W), preprocessed.
 
