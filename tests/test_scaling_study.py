@@ -465,17 +465,6 @@ def _git(repo: Path, *args: str) -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
-def _package_hash(package: Path) -> str:
-    """vitlab.base.provenance.source_hash of another checkout's package, computed here independently."""
-    import hashlib
-
-    h = hashlib.blake2b(digest_size=8)
-    for p in sorted(package.rglob("*.py")):
-        h.update(p.relative_to(package).as_posix().encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
-
-
 @pytest.mark.skipif(not __import__("shutil").which("git") or not __import__("shutil").which("make"),
                     reason="needs git and make")
 def test_make_scaling_study_runs_one_commits_code_while_the_checkout_moves_on(tmp_path):
@@ -486,6 +475,8 @@ def test_make_scaling_study_runs_one_commits_code_while_the_checkout_moves_on(tm
     import json
     import shutil
     import subprocess
+
+    from vitlab.base.provenance import source_hash
 
     root = Path(__file__).resolve().parents[1]
     repo = tmp_path / "repo"
@@ -514,7 +505,7 @@ def test_make_scaling_study_runs_one_commits_code_while_the_checkout_moves_on(tm
 
     first = make(study)
     assert first.returncode == 0, first.stderr[-2000:]
-    study_hash = _package_hash(repo / "vitlab")
+    study_hash = source_hash(repo / "vitlab")
     assert stamps() == [(study, study_hash)] * 2
     with (repo / "vitlab" / "__init__.py").open("a") as f:
         f.write("# a later commit\n")
@@ -525,5 +516,5 @@ def test_make_scaling_study_runs_one_commits_code_while_the_checkout_moves_on(tm
     assert make("no-such-commit").returncode != 0 and stamps() == [(study, study_hash)] * 2
     control = make("")
     assert control.returncode == 0, control.stderr[-2000:]
-    later = (_git(repo, "rev-parse", "HEAD"), _package_hash(repo / "vitlab"))
+    later = (_git(repo, "rev-parse", "HEAD"), source_hash(repo / "vitlab"))
     assert later[1] != study_hash and stamps() == [(study, study_hash)] * 2 + [later] * 2

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from vitlab.base.shipped import PACKAGE
@@ -45,11 +46,12 @@ def git_commit() -> str | None:
     return None
 
 
-def source_hash() -> str:
-    """A short digest of every ``.py`` file of the vitlab package as the files are now (names and contents)."""
+def source_hash(package: Path = _PACKAGE) -> str:
+    """A short digest of every ``.py`` file of the vitlab package as the files are now (names and contents);
+    ``package``: another checkout's package folder (e.g. a study's worktree), hashed the same way."""
     h = hashlib.blake2b(digest_size=8)
-    for p in sorted(_PACKAGE.rglob("*.py")):
-        h.update(p.relative_to(_PACKAGE).as_posix().encode())
+    for p in sorted(package.rglob("*.py")):
+        h.update(p.relative_to(package).as_posix().encode())
         h.update(p.read_bytes())
     return h.hexdigest()
 
