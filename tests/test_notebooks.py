@@ -209,6 +209,9 @@ def test_scaling_notebook_draws_and_judges_locality_along_the_data_axis():
     out = _smoke_output("06_data_scaling")
     assert f"{LOCALITY}  sweep quick: vit_tiny at 40 and 80 images" in out
     assert f"control {controls.MORE_LOCAL!r} (positive)" in out and f"control {controls.SAME_LOCAL!r} (negative)" in out
+    # what the intervals allow, in the words of vitlab.findings.studies.study_words (the report's)
+    assert "vit_tiny - bit_tiny 5-shot accuracy, paired by seed (mean [95% interval] over seeds, points): " in out
+    assert "The change of the vit_tiny - bit_tiny gap from 40 to 80 images (Fig. 3/4): " in out
     titles = [str(o["data"]["application/vnd.plotly.v1+json"]["layout"]["title"]["text"]) for c in nb.cells
               if c.cell_type == "code" for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
     assert any(t.startswith("The lowest layer's attention distance against pre-training images") for t in titles)

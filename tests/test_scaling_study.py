@@ -22,6 +22,7 @@ from vitlab.findings.studies import (
     locality_by_size,
     locality_grows_with_data,
     paired_size_differences,
+    scaling_gap_narrows,
     seeds_for,
 )
 from vitlab.studies.scaling import SWEEPS, ResultsStore, best_at_last, cost_table, run_sweep, stopping_table
@@ -66,6 +67,33 @@ def test_paired_differences_per_size_are_per_seed_differences_with_their_t_inter
     gap = np.array(diffs[1000]) - np.array(diffs[100])
     assert f"±{_half(gap):.1f} | 3 | {seeds_for(float(gap.std(ddof=1)))} |" in table
     assert table.endswith("reached by 1 of 3 rows; not by 1,000 images, gap change, 100 to 1,000")  # 100: ±2.5
+
+
+def test_the_words_say_which_sizes_the_intervals_resolve_and_each_verdict_with_its_interval():
+    """Known answers: at 100 images the ViT is ahead on every seed by 4 to 8 points (resolved, half-width above 3),
+    at 1,000 the ResNet by 5 +- 1 (resolved), at 5,000 the ResNet by 1 to 2 (not resolved over 3 seeds)."""
+    from vitlab.findings.studies import resolved_words, study_words, verdict_words
+
+    diff = {100: [4, 6, 8], 1000: [-4, -5, -6], 5000: [-1, -2, -1]}  # points, per seed
+    records = [r for n, d in diff.items() for s, x in enumerate(d)
+               for r in (_record("vit", n, s, .5 + x / 100), _record("bit", n, s, .5))]
+    half = {n: _half(d) for n, d in diff.items()}
+    assert resolved_words(records) == (f"vit ahead at 100 images; bit ahead at 1,000 images; not resolved at the other "
+                                       f"1 size; half-widths {min(half.values()):.1f} to {max(half.values()):.1f} "
+                                       f"points, within ±3 at 2 of 3 sizes")
+    gap = C.validate([scaling_gap_narrows(records)], C.scaling_controls(records))
+    change = np.array(diff[5000]) - np.array(diff[100])  # -5, -8, -9: the ViT's lead turns into a deficit
+    lo, hi = np.mean(change) - _half(change), np.mean(change) + _half(change)
+    assert verdict_words(gap) == (f"The change of the vit - bit gap from 100 to 5,000 images (Fig. 3/4): "
+                                  f"{np.mean(change):+.1f} points [{lo:+.1f}, {hi:+.1f}] over 3 seeds: not reproduced.")
+    words = study_words(records, gap)
+    assert words.startswith("vit - bit 10-shot accuracy, paired by seed (mean [95% interval] over seeds, points): "
+                            "6.0 [") and words.endswith(verdict_words(gap))
+    assert resolved_words([r for r in records if r["spec"]["size"] == 5000]).startswith("no size resolved")
+    local = C.locality_verdicts(_locality_records(LO, HI))
+    assert verdict_words(local).startswith("The drop of the vit's lowest-layer mean head distance from 100 to 5,000 "
+                                           "images (Raghu et al. 2021): +")
+    assert verdict_words(local).endswith("over 4 seeds: reproduced.")
 
 
 def test_seeds_for_is_the_smallest_count_whose_t_interval_fits():

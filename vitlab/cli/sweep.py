@@ -124,7 +124,6 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
     """``vitlab sweep --table``: the README's tables and verdict from a results store, running nothing. The records
     are the latest of each grid run of ``sweep.name`` whatever code made them (one fingerprint, or an error)."""
     from vitlab.findings.explain import explain
-    from vitlab.findings.studies import scaling_gap_narrows
     from vitlab.findings.verdict import verdict_table
     from vitlab.studies.scaling import ResultsStore, markdown_table, one_config, summarise
     from vitlab.studies.tuning import plotted_recipes, recipe_grid_positions, tuning_table, tuning_trials_for
@@ -133,9 +132,11 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
     records = [r for k, r in ResultsStore(results).latest(sweep.name).items() if k in in_grid]
     if not records:
         from vitlab.report import SCALING_RESULTS as shipped
-        hint = (f"; the shipped sweep's results are in {shipped}: pass --results {shipped}"
-                if shipped.is_file() and results.resolve() != shipped and ResultsStore(shipped).latest(sweep.name)
-                else "")
+        hint = ""
+        if shipped.is_file() and results.resolve() != shipped:
+            names = sorted({str(r.get("sweep")) for r in ResultsStore(shipped).newest_sweep().values()})
+            hint = (f"; the shipped data-scaling results are in {shipped}: pass --config {names[0]} --results {shipped}"
+                    if names else "")
         print(f"no records of sweep {sweep.name!r} in {results}: run `vitlab sweep --config ...` first{hint}",
               file=sys.stderr)
         return 1
@@ -161,15 +162,14 @@ def _sweep_tables(sweep: SweepConfig, results: Path, shots: int, plot: str | Non
             print(tuning_table(trials, shots, chosen))
             print("\n" + "\n".join(recipe_grid_positions(trials, chosen)))
     _study_tables(sweep, records, shots, trials)
-    families = {r["spec"]["family"] for r in ok}
-    from vitlab.findings.controls import locality_verdicts, scaling_controls, validate
+    from vitlab.findings.controls import study_verdicts
+    from vitlab.findings.studies import study_words
 
-    verdicts = (validate([scaling_gap_narrows(records, shots)], scaling_controls(records, shots))
-                if {"vit", "bit"} <= families else [])
-    verdicts += locality_verdicts(records)
+    verdicts = study_verdicts(records, shots)
     if verdicts:
         print("\n```\n" + verdict_table(verdicts) + "\n```\n")
         print(explain(verdicts, width=115))
+        print("\nWhat the intervals allow: " + study_words(records, verdicts, shots))
     if plot:
         _scaling_plot(records, sweep.name, shots, plot)
     return 0

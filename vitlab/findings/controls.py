@@ -59,7 +59,9 @@ from vitlab.inspect.distance import patch_distances
 from vitlab.inspect.filters import dct_matrix
 
 __all__ = ["ControlResult", "CONTROLS", "filter_controls", "position_controls", "distance_controls",
-           "rollout_controls", "scaling_controls", "locality_controls", "locality_verdicts", "mpp_controls", "similarity_controls", "interleaved", "validate", "validation_table", "dct_filters", "sincos_similarity",
+           "rollout_controls", "scaling_controls", "locality_controls", "locality_verdicts", "study_verdicts",
+           "mpp_controls", "similarity_controls", "interleaved", "validate", "validation_table", "dct_filters",
+           "sincos_similarity",
            "isotropic_similarity", "permuted_similarity", "NEGATIVE", "POSITIVE"]
 
 NEGATIVE, POSITIVE = "negative", "positive"
@@ -416,6 +418,19 @@ def locality_verdicts(records: Sequence[Mapping], families: Sequence[str] = ("vi
         if len({n for n, _ in fig7_by_run(records, fam)}) >= 2:
             out += validate([locality_grows_with_data(records, fam)], locality_controls(records, fam))
     return out
+
+
+def study_verdicts(records: Sequence[Mapping], shots: int = 10, vit: str = "vit", resnet: str = "bit") -> list[Verdict]:
+    """A data-scaling study's verdicts, each validated with its controls: the Fig. 3/4 gap change
+    (``study_findings.scaling_gap_narrows`` with ``scaling_controls``) where ``records`` hold finished runs of both
+    ``vit`` and ``resnet``, then the locality verdicts (``locality_verdicts``). Raises ValueError as
+    ``scaling_gap_narrows`` does (the two families at fewer than 2 common sizes)."""
+    from vitlab.findings.studies import scaling_gap_narrows
+
+    families = {r["spec"]["family"] for r in records if r.get("status") == "ok"}
+    gap = (validate([scaling_gap_narrows(records, shots, vit, resnet)], scaling_controls(records, shots, vit, resnet))
+           if {vit, resnet} <= families else [])
+    return gap + locality_verdicts(records)
 
 
 # ---------------------------------------------------------------------------------------------- Sec. 4.6

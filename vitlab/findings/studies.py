@@ -19,7 +19,8 @@ from vitlab.studies.mpp import few_shot_key
 from vitlab.studies.scaling import one_config
 
 __all__ = ["KEY_SCALING", "mpp_key", "scaling_accuracies", "scaling_gap_narrows", "few_shot_key", "mpp_accuracies",
-           "paired_size_differences", "difference_table", "difference_words", "seeds_for", "TARGET_HALF_WIDTH", "KEY_LOCALITY", "locality_key",
+           "paired_size_differences", "difference_table", "difference_words", "resolved_words", "verdict_words",
+           "study_words", "seeds_for", "TARGET_HALF_WIDTH", "KEY_LOCALITY", "locality_key",
            "fig7_by_run", "lowest_mean", "LOCALITY_SERIES", "locality_by_size", "locality_words", "locality_grows_with_data",
            "MixedCodeVersions",
            "mpp_ordering", "INIT_NAMES", "POINTS"]
@@ -178,6 +179,74 @@ def difference_words(records: Sequence[Mapping[str, Any]], shots: int = 10, a: s
     if parts:
         parts[0] += " images"
     return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1] if parts else ""
+
+
+def _sizes_words(sizes: Sequence[int]) -> str:
+    """[1000, 10000] -> "1,000 and 10,000 images"."""
+    head = ", ".join(f"{n:,}" for n in sizes[:-1])
+    return f"{head} and {sizes[-1]:,} images" if head else f"{sizes[-1]:,} images"
+
+
+def resolved_words(records: Sequence[Mapping[str, Any]], shots: int = 10, a: str = "vit", b: str = "bit",
+                   target: float = TARGET_HALF_WIDTH) -> str:
+    """What the 95% intervals of ``paired_size_differences`` resolve, in words: the sizes whose interval lies above 0
+    (``a`` ahead) or below it (``b`` ahead), how many hold 0, and the half-widths reached against ``target`` (points),
+    e.g. "bit ahead at 1,000 images; not resolved at the other 6 sizes; half-widths 1.4 to 3.4 points, within ±3 at
+    5 of 7 sizes". "" without a size common to both families."""
+    by = paired_size_differences(records, shots, a, b)
+    if not by:
+        return ""
+    ahead = {a: [n for n, d in by.items() if d["interval"][0] > 0],
+             b: [n for n, d in by.items() if d["interval"][1] < 0]}
+    parts = [f"{f} ahead at {_sizes_words(ns)}" for f, ns in ahead.items() if ns]
+    rest = len(by) - len(ahead[a]) - len(ahead[b])  # intervals that hold 0, and sizes without one
+    if rest:
+        parts.append("no size resolved" if rest == len(by) else f"not resolved at the other {n_units(rest, 'sizes')}")
+    halves = [d["half_width"] for d in by.values() if math.isfinite(d["half_width"])]
+    if halves:
+        parts.append(f"half-widths {min(halves):.1f} to {max(halves):.1f} points, within ±{target:g} at "
+                     f"{sum(h <= target for h in halves)} of {len(by)} sizes")
+    return "; ".join(parts)
+
+
+def _verdict_words(v: Verdict) -> str:
+    """"+3.1 points [-1.8, +8.0] over 5 seeds: inconclusive" (the statistic, its 95% interval and its label)."""
+    lo, hi = v.interval
+    return (f"{v.statistic:+.1f} {v.unit} [{lo:+.1f}, {hi:+.1f}] over {n_units(v.n_runs, 'seeds')}: {v.label}"
+            if math.isfinite(lo) and math.isfinite(hi) else f"{v.statistic:+.1f} {v.unit}, no interval: {v.label}")
+
+
+def verdict_words(verdicts: Sequence[Verdict], vit: str = "vit", resnet: str = "bit") -> str:
+    """A data-scaling study's verdicts in one sentence each, as the top README and the studies page state them: the
+    Fig. 3/4 gap change (``KEY_SCALING``, ``vit``'s against ``resnet``'s) and each family's lowest-layer locality drop
+    (``KEY_LOCALITY``), with its 95% interval, seeds and label; other verdicts are left out."""
+    out = []
+    for v in verdicts:
+        d = v.details
+        if v.key == KEY_SCALING:
+            out.append(f"The change of the {vit} - {resnet} gap from {d['smallest']:,} to {d['largest']:,} images "
+                       f"(Fig. 3/4): {_verdict_words(v)}.")
+        elif v.key.startswith(KEY_LOCALITY):
+            out.append(f"The drop of the {d['family']}'s lowest-layer mean head distance from {d['smallest']:,} to "
+                       f"{d['largest']:,} images (Raghu et al. 2021): {_verdict_words(v)}.")
+    return " ".join(out)
+
+
+def study_words(records: Sequence[Mapping[str, Any]], verdicts: Sequence[Verdict], shots: int = 10, vit: str = "vit",
+                resnet: str = "bit") -> str:
+    """What a data-scaling study's intervals allow, in words, as the results README, notebook 06 and the report
+    state it: per family other than ``resnet``, its paired differences against ``resnet`` by size
+    (``difference_words``) and what they resolve (``resolved_words``); per family judged for locality, its lowest
+    layer by size (``locality_words``); then ``verdict_words`` of ``verdicts`` (e.g.
+    ``vitlab.findings.controls.study_verdicts``: checked on their controls, so a criterion that failed one says so
+    in its label)."""
+    acc = scaling_accuracies(records, shots)
+    out = [f"{fam} - {resnet} {shots}-shot accuracy, paired by seed (mean [95% interval] over seeds, points): "
+           f"{difference_words(records, shots, fam, resnet)}; {resolved_words(records, shots, fam, resnet)}."
+           for fam in dict.fromkeys(f for f, _, _ in acc) if fam != resnet]
+    out += [f"The {v.details['family']}'s lowest layer: {locality_words(locality_by_size(records, v.details['family']))}."
+            for v in verdicts if v.key.startswith(KEY_LOCALITY)]
+    return " ".join(out + [verdict_words(verdicts, vit, resnet)])
 
 
 def _sweep_subject(records: Sequence[Mapping[str, Any]], vit: str, resnet: str, lo: int, hi: int) -> str:

@@ -598,13 +598,15 @@ def scaling(results: Path, versions: dict) -> list[Section] | None:
     if not records:
         return None
     try:
-        verdict = study_findings.scaling_gap_narrows(records)
-        verdicts = controls.validate([verdict], controls.scaling_controls(records))
+        verdicts = controls.study_verdicts(records)
     except ValueError as e:
-        verdicts, verdict = [], None
+        verdicts = controls.locality_verdicts(records)
         note = f" Not judged: {e}"
     else:
         note = ""
+    gap_verdicts = [v for v in verdicts if v.key == study_findings.KEY_SCALING]
+    local = [v for v in verdicts if v.key != study_findings.KEY_SCALING]
+    words = study_findings.study_words(records, verdicts) if verdicts else ""
     summary = summarise(records, shots=10)
     fig = scaling_curves(summary, title="10-shot accuracy on held-out classes<br><sup>error bars: std over seeds"
                                         "</sup>", compute=summarise_compute(records) or None)
@@ -615,19 +617,19 @@ def scaling(results: Path, versions: dict) -> list[Section] | None:
         "scaling", "Data scaling in miniature (Fig. 3/4)", fig,
         "Fig. 3/4: with small pre-training data ResNets (BiT) lead; as data grows ViTs catch up and overtake them.",
         f"From the shipped sweep ({results.name}, {len(records)} runs"
-        + (f", {sizes[0]:,} to {sizes[-1]:,} images" if sizes else "") + ")." + note, stamp, verdicts)
-    locality = scaling_locality(records, results.name, stamp)
+        + (f", {sizes[0]:,} to {sizes[-1]:,} images" if sizes else "") + ")." + note + (f" {words}" if words else ""),
+        stamp, gap_verdicts)
+    locality = scaling_locality(records, results.name, stamp, local)
     return [gap] + ([locality] if locality else [])
 
 
-def scaling_locality(records: list[dict], name: str, stamp: dict) -> Section | None:
+def scaling_locality(records: list[dict], name: str, stamp: dict, verdicts: list[Verdict]) -> Section | None:
     """The lowest layer's locality against pre-training data size, per family whose runs hold Fig. 7 statistics
-    (``study_findings.locality_by_size``), with each family's locality verdict and its controls; None for a sweep
-    whose runs predate them."""
+    (``study_findings.locality_by_size``), with each family's locality verdict and its controls (``verdicts``, as
+    ``controls.locality_verdicts`` gives them); None without one (a sweep whose runs predate them)."""
     from vitlab.figures.plots import locality_curves
     from vitlab.train.emergence import LOCAL_HEAD
 
-    verdicts = controls.locality_verdicts(records)
     if not verdicts:
         return None
     by_family = {v.details["family"]: study_findings.locality_by_size(records, v.details["family"]) for v in verdicts}
