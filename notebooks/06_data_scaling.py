@@ -118,15 +118,17 @@ from vitlab.findings.explain import explain
 from vitlab.findings.verdict import verdict_table
 
 vit_name, resnet_name = ("vit_tiny", "bit_tiny") if SMOKE else ("vit", "bit")
-verdicts = []
-try:  # checked on its controls, as the report does
-    verdicts = controls.validate([study_findings.scaling_gap_narrows(records, SHOTS, vit_name, resnet_name)],
-                                 controls.scaling_controls(records, SHOTS, vit_name, resnet_name))
+try:  # the gap and the locality verdicts, each checked on its controls, as the report judges them
+    judged = controls.study_verdicts(records, SHOTS, vit_name, resnet_name)
+except ValueError as e:
+    judged = controls.locality_verdicts(records, (vit_name, "hybrid"))
+    print(f"not judged: {e}")
+verdicts = [v for v in judged if v.key == study_findings.KEY_SCALING]
+local = [v for v in judged if v.key != study_findings.KEY_SCALING]
+if verdicts:
     print(verdict_table(verdicts))
     print()
     print(explain(verdicts, width=110))
-except ValueError as e:
-    print(f"not judged: {e}")
 
 # %% [markdown]
 # **What the intervals allow.** The same runs as paired differences: at each size, the ViT (and the hybrid) minus the
@@ -159,9 +161,7 @@ from vitlab.figures.plots import locality_curves
 from vitlab.findings.studies import locality_by_size, locality_words, study_words
 from vitlab.train.emergence import LOCAL_HEAD
 
-families = [f for f in (vit_name, "hybrid") if f in {r["spec"]["family"] for r in records if r["status"] == "ok"}]
-local = controls.locality_verdicts(records, families)
-if local:
+if local:  # judged with the gap above
     by_family = {v.details["family"]: locality_by_size(records, v.details["family"]) for v in local}
     display(locality_curves(by_family, LOCAL_HEAD, title="The lowest layer's attention distance against "
                             "pre-training images (error bars: 95% interval over seeds)"))

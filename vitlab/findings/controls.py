@@ -423,14 +423,14 @@ def locality_verdicts(records: Sequence[Mapping], families: Sequence[str] = ("vi
 def study_verdicts(records: Sequence[Mapping], shots: int = 10, vit: str = "vit", resnet: str = "bit") -> list[Verdict]:
     """A data-scaling study's verdicts, each validated with its controls: the Fig. 3/4 gap change
     (``study_findings.scaling_gap_narrows`` with ``scaling_controls``) where ``records`` hold finished runs of both
-    ``vit`` and ``resnet``, then the locality verdicts (``locality_verdicts``). Raises ValueError as
-    ``scaling_gap_narrows`` does (the two families at fewer than 2 common sizes)."""
+    ``vit`` and ``resnet``, then the locality verdicts of ``vit`` and the hybrid (``locality_verdicts``). Raises
+    ValueError as ``scaling_gap_narrows`` does (the two families at fewer than 2 common sizes)."""
     from vitlab.findings.studies import scaling_gap_narrows
 
     families = {r["spec"]["family"] for r in records if r.get("status") == "ok"}
     gap = (validate([scaling_gap_narrows(records, shots, vit, resnet)], scaling_controls(records, shots, vit, resnet))
            if {vit, resnet} <= families else [])
-    return gap + locality_verdicts(records)
+    return gap + locality_verdicts(records, (vit, "hybrid"))
 
 
 # ---------------------------------------------------------------------------------------------- Sec. 4.6
