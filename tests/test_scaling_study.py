@@ -88,7 +88,7 @@ def test_the_words_say_which_sizes_the_intervals_resolve_and_each_verdict_with_i
                                   f"{np.mean(change):+.1f} points [{lo:+.1f}, {hi:+.1f}] over 3 seeds: not reproduced.")
     words = study_words(records, gap)
     assert words.startswith("vit - bit 10-shot accuracy, paired by seed (mean [95% interval] over seeds, points): "
-                            "6.0 [") and words.endswith(verdict_words(gap))
+                            "+6.0 [") and words.endswith(verdict_words(gap))
     assert resolved_words([r for r in records if r["spec"]["size"] == 5000]).startswith("no size resolved")
     local = C.locality_verdicts(_locality_records(LO, HI))
     assert verdict_words(local).startswith("The drop of the vit's lowest-layer mean head distance from 100 to 5,000 "

@@ -172,10 +172,9 @@ def difference_table(records: Sequence[Mapping[str, Any]], shots: int = 10, a: s
 
 def difference_words(records: Sequence[Mapping[str, Any]], shots: int = 10, a: str = "vit", b: str = "bit") -> str:
     """``paired_size_differences`` in words, as the README quotes them: "-1.7 [-12.4, +9.0] at 100 images, -3.0
-    [-7.2, +1.1] at 250, ... and -3.1 [-8.6, +2.4] at 5,000" (mean and 95% interval over seeds, points)."""
+    [-7.2, +1.1] at 250, ... and -3.1 [-8.6, +2.4] at 5,000" (signed mean and 95% interval over seeds, points)."""
     by = paired_size_differences(records, shots, a, b)
     parts = [f"{d['mean']:+.1f} [{d['interval'][0]:+.1f}, {d['interval'][1]:+.1f}] at {n:,}" for n, d in by.items()]
-    parts = [p.lstrip("+") for p in parts[:1]] + parts[1:]  # as a sentence starts: no sign before a first positive
     if parts:
         parts[0] += " images"
     return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1] if parts else ""
