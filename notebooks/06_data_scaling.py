@@ -118,11 +118,10 @@ from vitlab.findings.explain import explain
 from vitlab.findings.verdict import verdict_table
 
 vit_name, resnet_name = ("vit_tiny", "bit_tiny") if SMOKE else ("vit", "bit")
-try:  # the gap and the locality verdicts, each checked on its controls, as the report judges them
-    judged = controls.study_verdicts(records, SHOTS, vit_name, resnet_name)
-except ValueError as e:
-    judged = controls.locality_verdicts(records, (vit_name, "hybrid"))
-    print(f"not judged: {e}")
+# the gap and the locality verdicts, each checked on its controls, as the report judges them
+judged, why = controls.judge_study(records, SHOTS, vit_name, resnet_name)
+if why:
+    print(f"not judged: {why}")
 verdicts = [v for v in judged if v.key == study_findings.KEY_SCALING]
 local = [v for v in judged if v.key != study_findings.KEY_SCALING]
 if verdicts:

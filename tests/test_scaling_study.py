@@ -96,6 +96,23 @@ def test_the_words_say_which_sizes_the_intervals_resolve_and_each_verdict_with_i
     assert verdict_words(local).endswith("over 4 seeds: reproduced.")
 
 
+def test_judge_study_keeps_the_locality_verdict_where_the_gap_cannot_be_judged():
+    """With the ResNet at one size only, the gap has no two common sizes: ``judge_study`` says why and still judges
+    the ViT's locality on its controls; ``study_verdicts`` raises. With both sizes, both verdicts and no reason."""
+    from vitlab.findings.studies import KEY_SCALING
+
+    full = _locality_records(LO, HI)
+    verdicts, why = C.judge_study(full)
+    assert why == "" and [v.key for v in verdicts] == [KEY_SCALING, KEY_LOCALITY]
+    assert [v.key for v in C.study_verdicts(full)] == [KEY_SCALING, KEY_LOCALITY]
+    short = [r for r in full if not (r["spec"]["family"] == "bit" and r["spec"]["size"] == 5000)]
+    verdicts, why = C.judge_study(short)
+    assert "2 or more common sizes" in why and [v.key for v in verdicts] == [KEY_LOCALITY]
+    assert verdicts[0].verdict == C.locality_verdicts(short)[0].verdict == "reproduced"
+    with pytest.raises(ValueError, match="2 or more common sizes"):
+        C.study_verdicts(short)
+
+
 def test_seeds_for_is_the_smallest_count_whose_t_interval_fits():
     assert seeds_for(0.0) == 2 and seeds_for(math.nan) is None
     n = seeds_for(4.39)

@@ -59,7 +59,7 @@ from vitlab.inspect.distance import patch_distances
 from vitlab.inspect.filters import dct_matrix
 
 __all__ = ["ControlResult", "CONTROLS", "filter_controls", "position_controls", "distance_controls",
-           "rollout_controls", "scaling_controls", "locality_controls", "locality_verdicts", "study_verdicts",
+           "rollout_controls", "scaling_controls", "locality_controls", "locality_verdicts", "judge_study", "study_verdicts",
            "mpp_controls", "similarity_controls", "interleaved", "validate", "validation_table", "dct_filters",
            "sincos_similarity",
            "isotropic_similarity", "permuted_similarity", "NEGATIVE", "POSITIVE"]
@@ -420,18 +420,32 @@ def locality_verdicts(records: Sequence[Mapping], families: Sequence[str] = ("vi
     return out
 
 
-def study_verdicts(records: Sequence[Mapping], shots: int = 10, vit: str = "vit", resnet: str = "bit") -> list[Verdict]:
-    """A data-scaling study's verdicts, each validated with its controls: the Fig. 3/4 gap change
-    (``study_findings.scaling_gap_narrows`` with ``scaling_controls``) where ``records`` hold finished runs of both
-    ``vit`` and ``resnet``, then the locality verdicts of ``vit`` and the hybrid (``locality_verdicts``). Raises
-    ValueError as ``scaling_gap_narrows`` does (the two families at fewer than 2 common sizes)."""
+def judge_study(records: Sequence[Mapping], shots: int = 10, vit: str = "vit",
+                resnet: str = "bit") -> tuple[list[Verdict], str]:
+    """A data-scaling study's verdicts, each validated with its controls, and why the gap was not judged: the Fig.
+    3/4 gap change (``study_findings.scaling_gap_narrows`` with ``scaling_controls``) where ``records`` hold finished
+    runs of both ``vit`` and ``resnet``, then the locality verdicts of ``vit`` and the hybrid (``locality_verdicts``).
+    ``why``: "" when the gap was judged or a family is missing, else the ValueError ``scaling_gap_narrows`` raised
+    (the two families at fewer than 2 common sizes); the locality verdicts come either way."""
     from vitlab.findings.studies import scaling_gap_narrows
 
     families = {r["spec"]["family"] for r in records if r.get("status") == "ok"}
-    gap = (validate([scaling_gap_narrows(records, shots, vit, resnet)], scaling_controls(records, shots, vit, resnet))
-           if {vit, resnet} <= families else [])
-    return gap + locality_verdicts(records, (vit, "hybrid"))
+    gap, why = [], ""
+    if {vit, resnet} <= families:
+        try:
+            gap = validate([scaling_gap_narrows(records, shots, vit, resnet)],
+                           scaling_controls(records, shots, vit, resnet))
+        except ValueError as e:
+            why = str(e)
+    return gap + locality_verdicts(records, (vit, "hybrid")), why
 
+
+def study_verdicts(records: Sequence[Mapping], shots: int = 10, vit: str = "vit", resnet: str = "bit") -> list[Verdict]:
+    """``judge_study``'s verdicts. Raises ValueError with its ``why`` where the gap could not be judged."""
+    verdicts, why = judge_study(records, shots, vit, resnet)
+    if why:
+        raise ValueError(why)
+    return verdicts
 
 # ---------------------------------------------------------------------------------------------- Sec. 4.6
 

@@ -597,13 +597,8 @@ def scaling(results: Path, versions: dict) -> list[Section] | None:
     records = [r for r in ResultsStore(results).newest_sweep().values() if r["status"] == "ok"]
     if not records:
         return None
-    try:
-        verdicts = controls.study_verdicts(records)
-    except ValueError as e:
-        verdicts = controls.locality_verdicts(records)
-        note = f" Not judged: {e}"
-    else:
-        note = ""
+    verdicts, why = controls.judge_study(records)
+    note = f" Not judged: {why}" if why else ""
     gap_verdicts = [v for v in verdicts if v.key == study_findings.KEY_SCALING]
     local = [v for v in verdicts if v.key != study_findings.KEY_SCALING]
     words = study_findings.study_words(records, verdicts) if verdicts else ""
